@@ -1,0 +1,247 @@
+"""The vocabulary of the engine: sampling parameters, requests, batches and the forward context.
+
+`Req` keeps three counters over its token list (``input_ids``: prompt, then generated tokens)::
+
+    0 ........ cached_len ........ device_len ........ len(input_ids) .... max_device_len
+    |  KV stored  |  KV being computed |  known, not yet fed  |  room left to generate  |
+
+Everything else (extend length, remaining budget, ...) is derived from them.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from minisgl.attention.base import BaseAttnBackend, BaseAttnMetadata
+    from minisgl.kvcache.base import BaseCacheHandle, BaseKVCachePool
+
+__all__ = ["SamplingParams", "Req", "Batch", "Context"]
+
+_MAX_TOP_LOGPROBS = 20
+
+
+def _check(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples. Validated at construction; a bad value raises ``ValueError`` naming it.
+
+    ``temperature == 0`` means greedy. ``top_k == -1`` (or 0) disables top-k. ``seed=None`` draws a
+    fresh seed per request; a fixed seed gives the same tokens whatever else shares the batch.
+    ``logprobs`` asks for the chosen token's log-probability, ``top_logprobs`` for that many
+    alternatives as well.
+    """
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            _check(
+                isinstance(value, (int, float)) and not isinstance(value, bool),
+                name,
+                f"must be a number, got {value!r}",
+            )
+            _check(math.isfinite(value), name, f"must be finite, got {value!r}")
+            return value
+
+        def integer(name: str) -> int:
+            value = getattr(self, name)
+            _check(
+                isinstance(value, int) and not isinstance(value, bool),
+                name,
+                f"must be an integer, got {value!r}",
+            )
+            return value
+
+        _check(number("temperature") >= 0, "temperature", "must be >= 0")
+        _check(integer("top_k") >= -1, "top_k", "must be -1 (disabled) or >= 1")
+        _check(0 < number("top_p") <= 1, "top_p", "must be in (0, 1]")
+        _check(0 <= number("min_p") <= 1, "min_p", "must be in [0, 1]")
+        _check(-2 <= number("presence_penalty") <= 2, "presence_penalty", "must be in [-2, 2]")
+        _check(-2 <= number("frequency_penalty") <= 2, "frequency_penalty", "must be in [-2, 2]")
+        _check(number("repetition_penalty") > 0, "repetition_penalty", "must be > 0")
+        _check(integer("max_tokens") >= 1, "max_tokens", "must be >= 1")
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
+        _check(isinstance(self.logprobs, bool), "logprobs", "must be a boolean")
+        top = integer("top_logprobs")
+        _check(0 <= top <= _MAX_TOP_LOGPROBS, "top_logprobs", f"must be in [0, {_MAX_TOP_LOGPROBS}]")
+        if self.seed is not None:
+            _check(integer("seed") >= 0, "seed", "must be a non-negative integer")
+        object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, int, "stop_token_ids"))
+        object.__setattr__(self, "stop", _as_tuple(self.stop, str, "stop"))
+        for token in self.stop_token_ids:
+            _check(token >= 0, "stop_token_ids", f"token ids must be >= 0, got {token}")
+        for text in self.stop:
+            _check(len(text) > 0, "stop", "stop strings must not be empty")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+
+def _as_tuple(value: Any, kind: type, name: str) -> tuple:
+    """Normalise a scalar or a sequence to a tuple of ``kind`` (the frozen dataclass stays hashable)."""
+    if value is None:
+        return ()
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return (value,)
+    _check(isinstance(value, (list, tuple)), name, f"must be a list of {kind.__name__}")
+    for item in value:
+        _check(
+            isinstance(item, kind) and not isinstance(item, bool),
+            name,
+            f"every item must be a {kind.__name__}, got {item!r}",
+        )
+    return tuple(value)
+
+
+@dataclass(eq=False)
+class Req:
+    """One request inside the scheduler. See the module docstring for the three counters."""
+
+    uid: int
+    input_ids: list[int]
+    prompt_len: int
+    sampling_params: SamplingParams
+    max_device_len: int
+    table_idx: int = -1
+    cached_len: int = 0
+    device_len: int = 0
+    cache_handle: BaseCacheHandle | None = None
+    seed: int = 0
+    output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.cached_len <= self.device_len <= self.max_device_len, self
+
+    @property
+    def extend_len(self) -> int:
+        """Tokens computed in the current forward."""
+        return self.device_len - self.cached_len
+
+    @property
+    def pending_len(self) -> int:
+        """Known tokens not yet fed to the model (1 for a request that is decoding)."""
+        return len(self.input_ids) - self.device_len
+
+    @property
+    def output_len(self) -> int:
+        return len(self.input_ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.input_ids[self.prompt_len :]
+
+    @property
+    def remain_len(self) -> int:
+        """Tokens this request may still generate."""
+        return self.sampling_params.max_tokens - self.output_len
+
+    def append_token(self, token: int) -> None:
+        self.input_ids.append(token)
+
+
+Phase = Literal["prefill", "decode"]
+
+
+@dataclass(eq=False)
+class Batch:
+    """The requests of one forward and the tensors built for it.
+
+    ``input_ids``/``positions``/``out_loc`` hold one entry per computed token (requests back to back);
+    ``out_loc`` is the KV slot each token's K/V is written to. ``logits_idx`` picks, per request, the
+    row whose logits are sampled (the last computed token).
+    """
+
+    reqs: list[Req]
+    phase: Phase
+    input_ids: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    out_loc: torch.Tensor | None = None
+    logits_idx: torch.Tensor | None = None
+    attn_metadata: BaseAttnMetadata | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(req.extend_len for req in self.reqs)
+
+    @property
+    def sampled_reqs(self) -> list[Req]:
+        """Requests whose every known token is fed by this forward: they get a new token."""
+        return [req for req in self.reqs if req.device_len == len(req.input_ids)]
+
+
+class Context:
+    """What the layers need during one forward: the attention backend, the KV pool and the batch.
+
+    The batch is bound only inside ``with ctx.forward_batch(batch):``; nesting is an error and the
+    binding is always cleared, so no layer can see a stale batch.
+    """
+
+    def __init__(
+        self,
+        page_table: torch.Tensor,
+        kv_pool: BaseKVCachePool,
+        attn_backend: BaseAttnBackend,
+    ) -> None:
+        self.page_table = page_table
+        self.kv_pool = kv_pool
+        self.attn_backend = attn_backend
+        self._batch: Batch | None = None
+
+    @property
+    def batch(self) -> Batch:
+        assert self._batch is not None, "no batch is bound: use `with ctx.forward_batch(batch)`"
+        return self._batch
+
+    @contextmanager
+    def forward_batch(self, batch: Batch) -> Iterator[Batch]:
+        assert self._batch is None, "forward_batch cannot be nested"
+        self._batch = batch
+        try:
+            yield batch
+        finally:
+            self._batch = None

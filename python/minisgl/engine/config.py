@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.distributed import DistributedInfo
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What one TP worker needs to build its model, KV pool and attention backend.
+
+    ``auto`` values are resolved before this is built (see ``minisgl.llm.config``); every field here is
+    concrete.
+    """
+
+    model_path: str
+    device: torch.device
+    dtype: torch.dtype
+    page_size: int = 1
+    num_pages: int | None = None  # None: size the pool from memory (kv_cache_memory_gb on CPU)
+    kv_cache_memory_gb: float = 1.0
+    mem_fraction: float = 0.9
+    max_running_reqs: int = 256
+    max_seq_len: int | None = None  # None: the model's max_position_embeddings
+    attention_backend: str = "torch"
+    moe_backend: str = "torch"
+    dummy_weights: bool = False
+    seed: int = 0
+    tp: DistributedInfo = DistributedInfo()

@@ -1,0 +1,142 @@
+"""The two halves of KV caching: where K/V live (the pool), who owns which slots (the prefix cache).
+
+Slots are token positions in the pool: ``slot = page * page_size + offset``. A prefix cache never
+allocates or frees slots itself; it only takes ownership of slots the caller offers and hands back
+the ones it lets go of, so the caller's allocator stays the single source of truth for free memory.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+__all__ = ["BaseKVCachePool", "BaseCacheHandle", "MatchResult", "BasePrefixCache"]
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Reject bools and non-positive values early, so a bad config names the argument at fault."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    return value
+
+
+def empty_slots() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int32)
+
+
+class BaseKVCachePool(ABC):
+    """Per-layer K and V buffers of shape ``[num_slots, num_kv_heads, head_dim]``.
+
+    Contract: ``k_cache``/``v_cache`` return views (writes through them land in the pool), and
+    ``store_kv`` writes row ``i`` of ``k``/``v`` to slot ``out_loc[i]`` of layer ``layer_id``.
+    Slots are addressed as ``page * page_size + offset``, so a page is ``page_size`` adjacent rows.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.num_pages = check_positive_int("num_pages", num_pages)
+        self.page_size = check_positive_int("page_size", page_size)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"dtype: must be a torch.dtype, got {dtype!r}")
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @abstractmethod
+    def k_cache(self, layer_id: int) -> torch.Tensor: ...
+
+    @abstractmethod
+    def v_cache(self, layer_id: int) -> torch.Tensor: ...
+
+    @abstractmethod
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int
+    ) -> None: ...
+
+
+class BaseCacheHandle(ABC):
+    """An opaque token for a matched prefix; only the cache that issued it may interpret it.
+
+    Contract: ``cached_len`` is the number of matched tokens, always a multiple of ``page_size``.
+    """
+
+    cached_len: int
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """A matched prefix: ``indices`` (int32, CPU) are its slots, ``handle.cached_len`` of them."""
+
+    handle: BaseCacheHandle
+    indices: torch.Tensor
+
+
+class BasePrefixCache(ABC):
+    """Shares the KV of common prompt prefixes between requests, at page granularity.
+
+    Contract:
+
+    * ``match_prefix`` returns the longest cached prefix rounded down to a multiple of
+      ``page_size`` and marks it recently used. The slots it returns stay owned by the cache.
+    * ``lock_handle(h)`` pins the matched path (the node and all its ancestors) against eviction
+      until ``lock_handle(h, unlock=True)``. Lock a handle before anything else may call
+      ``evict``: an unlocked match can be evicted and its handle then dangles.
+    * ``insert_prefix(ids, idx)`` offers the first ``L = len(ids) // page_size * page_size`` tokens
+      with slots ``idx[:L]``. The cache takes ownership of the slots it keeps and returns the rest
+      of ``idx[:L]`` for the caller to free; the caller always frees ``idx[L:]`` itself.
+    * ``evict(n)`` releases unlocked, least recently used leaves until at least ``n`` tokens are
+      freed, returns their slots (now the caller's to free), and raises ``RuntimeError`` when fewer
+      than ``n`` tokens are evictable.
+    * ``evictable_size``/``protected_size`` count tokens held in the cache, unlocked/locked.
+    """
+
+    def __init__(self, page_size: int, device: torch.device | str = "cpu") -> None:
+        self.page_size = check_positive_int("page_size", page_size)
+        self.device = torch.device(device)
+
+    def aligned_len(self, n: int) -> int:
+        return n // self.page_size * self.page_size
+
+    @abstractmethod
+    def match_prefix(self, input_ids: Sequence[int]) -> MatchResult: ...
+
+    @abstractmethod
+    def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None: ...
+
+    @abstractmethod
+    def insert_prefix(self, input_ids: Sequence[int], indices: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> torch.Tensor: ...
+
+    @property
+    @abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def protected_size(self) -> int: ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` if an internal invariant is broken (for tests and debugging)."""

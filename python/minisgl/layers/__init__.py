@@ -1,0 +1,23 @@
+from .activation import gelu_and_mul, silu_and_mul
+from .attention import AttentionLayer
+from .embedding import ParallelLMHead, VocabParallelEmbedding
+from .linear import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel, ReplicatedLinear
+from .moe import MoELayer
+from .norm import RMSNorm, RMSNormFused
+from .rotary import RotaryEmbedding
+
+__all__ = [
+    "AttentionLayer",
+    "LinearColParallelMerged",
+    "LinearQKVMerged",
+    "LinearRowParallel",
+    "MoELayer",
+    "ParallelLMHead",
+    "RMSNorm",
+    "RMSNormFused",
+    "ReplicatedLinear",
+    "RotaryEmbedding",
+    "VocabParallelEmbedding",
+    "gelu_and_mul",
+    "silu_and_mul",
+]

@@ -1,0 +1,66 @@
+"""Rotary position embedding (neox layout: the two halves of each head rotate together).
+
+cos/sin are precomputed once per (config, device) for every position up to the model's maximum.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from minisgl.models.config import RotaryConfig
+
+
+def _inv_freq(cfg: RotaryConfig) -> torch.Tensor:
+    exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim
+    inv_freq = 1.0 / (cfg.base**exponents)
+    scaling = dict(cfg.scaling or ())
+    kind = scaling.get("rope_type", "default")
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1: long wavelengths slowed by ``factor``, short ones kept, a smooth ramp between."""
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+@lru_cache(maxsize=8)
+def _cos_sin(cfg: RotaryConfig, device: torch.device) -> torch.Tensor:
+    positions = torch.arange(cfg.max_position, dtype=torch.float32)
+    freqs = torch.outer(positions, _inv_freq(cfg))
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, cfg: RotaryConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, qo_heads, head_dim], k: [T, kv_heads, head_dim]; positions: [T]."""
+        cos, sin = _cos_sin(self.cfg, q.device)[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -1,0 +1,116 @@
+"""User-facing engine options, shared by the offline ``LLM`` and the server's CLI.
+
+``auto`` values (device, dtype, attention backend) are resolved here, once, before the frozen
+engine and scheduler configs are built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minisgl.attention import ATTN_BACKENDS, resolve_attention_backend
+from minisgl.engine import EngineConfig
+from minisgl.kvcache import PREFIX_CACHES
+from minisgl.models import ModelConfig
+from minisgl.scheduler import SchedulerConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    device: str = "auto"  # "auto": cuda when a GPU is present, else cpu
+    dtype: str = "auto"  # "auto": float32 on CPU; on GPU the checkpoint's dtype (float32 -> bfloat16)
+    page_size: int = 1
+    cache: str = "radix"
+    max_prefill_tokens: int = 8192
+    num_pages: int | None = None
+    kv_cache_memory_gb: float = 1.0
+    mem_fraction: float = 0.9
+    max_running_requests: int = 256
+    max_seq_len: int | None = None
+    attn: str = "auto"
+    dummy_weights: bool = False
+    seed: int = 0
+
+    @classmethod
+    def from_kwargs(cls, owner: str, options: dict[str, Any]) -> EngineOptions:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"{owner} got unknown option(s) {unknown}; valid: {sorted(names)}")
+        return cls(**options)
+
+    def __post_init__(self) -> None:
+        def positive(name: str, allow_none: bool = False) -> None:
+            value = getattr(self, name)
+            if allow_none and value is None:
+                return
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+        for name in ("page_size", "max_prefill_tokens", "max_running_requests"):
+            positive(name)
+        positive("num_pages", allow_none=True)
+        positive("max_seq_len", allow_none=True)
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+        if self.cache not in PREFIX_CACHES:
+            raise ValueError(f"cache: {self.cache!r} is not one of {', '.join(sorted(PREFIX_CACHES))}")
+        for name in self.attn.split(","):
+            if name != "auto" and name not in ATTN_BACKENDS:
+                raise ValueError(f"attn: {name!r} is not one of auto, {', '.join(ATTN_BACKENDS.names)}")
+        if not 0 < self.mem_fraction <= 1:
+            raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
+        if not self.kv_cache_memory_gb > 0:
+            raise ValueError(f"kv_cache_memory_gb: must be > 0, got {self.kv_cache_memory_gb}")
+        _resolve_device(self.device)
+
+    def scheduler_config(self, model_path: str, eos_token_ids: tuple[int, ...]) -> SchedulerConfig:
+        device = _resolve_device(self.device)
+        engine = EngineConfig(
+            model_path=model_path,
+            device=device,
+            dtype=self._resolve_dtype(model_path, device),
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+            kv_cache_memory_gb=self.kv_cache_memory_gb,
+            mem_fraction=self.mem_fraction,
+            max_running_reqs=self.max_running_requests,
+            max_seq_len=self.max_seq_len,
+            attention_backend=resolve_attention_backend(self.attn, device),
+            dummy_weights=self.dummy_weights,
+            seed=self.seed,
+        )
+        return SchedulerConfig(
+            engine=engine,
+            max_prefill_tokens=self.max_prefill_tokens,
+            cache=self.cache,
+            eos_token_ids=eos_token_ids,
+        )
+
+    def _resolve_dtype(self, model_path: str, device: torch.device) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        if device.type == "cpu":
+            return torch.float32
+        dtype = ModelConfig.from_path(model_path).dtype
+        return torch.bfloat16 if dtype == torch.float32 else dtype
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device: {name!r} is not a valid device (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for, but no CUDA GPU is available")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: {name!r} is not supported (cpu, cuda)")
+    return device

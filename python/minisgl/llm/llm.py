@@ -1,0 +1,182 @@
+"""The offline interface: the same scheduler and engine as the server, in-process, no ZMQ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from tqdm import tqdm
+
+from minisgl.core import SamplingParams
+from minisgl.models import load_eos_token_ids
+from minisgl.models.weight import resolve_model_path
+from minisgl.scheduler import Scheduler, TokenOutput
+from minisgl.utils.hf import load_tokenizer
+
+from .config import EngineOptions
+
+Prompt = Union[str, Sequence[int]]
+Message = dict
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
+
+
+@dataclass
+class GenerateOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" or "length"
+    logprobs: list[TokenLogprob] | None = None
+
+
+class LLM:
+    """``LLM(model=None, **options)``; ``model=None`` is the built-in default model.
+
+    Options are the fields of ``EngineOptions`` (device, dtype, page_size, cache, max_prefill_tokens,
+    num_pages, max_running_requests, ...); an unknown one raises ``TypeError``.
+    """
+
+    def __init__(self, model: str | None = None, **options) -> None:
+        opts = EngineOptions.from_kwargs("LLM()", options)
+        self.model_path = resolve_model_path(model)
+        self.tokenizer = load_tokenizer(self.model_path)
+        eos = set(load_eos_token_ids(self.model_path))
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.scheduler = Scheduler(opts.scheduler_config(self.model_path, tuple(sorted(eos))))
+        self._next_uid = 0
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[GenerateOutput]:
+        """Generate for every prompt (text or token ids); results come back in input order."""
+        batch = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(batch))
+        token_lists = [self._encode(p) for p in batch]
+        uids = []
+        try:
+            for ids, sp in zip(token_lists, params):
+                uids.append(self._add(ids, sp))
+        except ValueError:
+            for uid in uids:
+                self.scheduler.abort(uid)
+            raise
+        return self._run(uids, token_lists, params, use_tqdm)
+
+    def chat(
+        self,
+        conversations: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[GenerateOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        prompts = [self.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(self, messages: list[Message]) -> list[int]:
+        tokenizer = self._require_tokenizer("chat")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages: must be a list of {'role': ..., 'content': ...} dicts")
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def _require_tokenizer(self, what: str):
+        if self.tokenizer is None:
+            raise ValueError(f"{what}: the model at {self.model_path!r} has no tokenizer; pass token ids")
+        return self.tokenizer
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self._require_tokenizer("prompts").encode(prompt)
+        return list(prompt)
+
+    def _add(self, ids: list[int], params: SamplingParams) -> int:
+        uid, self._next_uid = self._next_uid, self._next_uid + 1
+        self.scheduler.add_request(uid, ids, params)
+        return uid
+
+    def _run(self, uids, token_lists, params, use_tqdm) -> list[GenerateOutput]:
+        index = {uid: i for i, uid in enumerate(uids)}
+        outputs = [
+            GenerateOutput(ids, [], "", "length", [] if _wants_logprobs(sp) else None)
+            for ids, sp in zip(token_lists, params)
+        ]
+        show = use_tqdm if use_tqdm is not None else len(uids) >= 16
+        bar = tqdm(total=len(uids), desc="Generating", unit="req", disable=not show)
+        pending = set(uids)
+        while pending:
+            for tok in self.scheduler.step():
+                if tok.uid not in pending:
+                    continue
+                i = index[tok.uid]
+                if self._append(outputs[i], tok, params[i]):
+                    pending.discard(tok.uid)
+                    bar.update(1)
+        bar.close()
+        return outputs
+
+    def _append(self, out: GenerateOutput, tok: TokenOutput, params: SamplingParams) -> bool:
+        """Record one token; True when the request is done (finished, or a stop string matched)."""
+        out.token_ids.append(tok.token)
+        if out.logprobs is not None and tok.logprob is not None:
+            out.logprobs.append(TokenLogprob(tok.token, tok.logprob, tok.top_logprobs or []))
+        done = tok.finish_reason is not None
+        if done:
+            out.finish_reason = tok.finish_reason
+        if self.tokenizer is not None:
+            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        cut = _find_stop(out.text, params.stop)
+        if cut is not None:
+            out.text, out.finish_reason = out.text[:cut], "stop"
+            if not done:
+                self.scheduler.abort(tok.uid)
+            return True
+        return done
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _wants_logprobs(params: SamplingParams) -> bool:
+    return params.logprobs or params.top_logprobs > 0
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt of token ids
+    if not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError("prompts: must be a non-empty string, token-id list, or list of them")
+    for p in prompts:
+        if isinstance(p, str):
+            continue
+        if not isinstance(p, Sequence) or not all(isinstance(t, int) for t in p):
+            raise ValueError(f"prompts: each prompt must be a string or a list of token ids, got {p!r}")
+    return list(prompts)
+
+
+def _as_params_list(params, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
+        raise ValueError(f"sampling_params: expected one SamplingParams or a list of {n}")
+    return params

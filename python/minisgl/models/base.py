@@ -1,0 +1,144 @@
+"""The decoder-only LM every supported architecture is built from.
+
+Llama, Mistral, Qwen2 and Qwen3 differ only in switches of ``ModelConfig`` (QKV bias, q/k norm,
+RoPE scaling); Qwen3-MoE swaps the MLP of sparse layers for ``MoELayer``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+from torch import nn
+
+from minisgl.distributed import DistributedCommunicator
+from minisgl.layers.base import copy_weight
+from minisgl.layers import (
+    AttentionLayer,
+    LinearColParallelMerged,
+    LinearRowParallel,
+    MoELayer,
+    ParallelLMHead,
+    RMSNormFused,
+    VocabParallelEmbedding,
+    silu_and_mul,
+)
+from minisgl.moe import BaseMoeBackend
+
+from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from minisgl.core import Context
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator) -> None:
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (silu)")
+        inter = cfg.intermediate_size
+        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False, comm.info)
+        self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator, moe: BaseMoeBackend
+    ) -> None:
+        super().__init__()
+        self.self_attn = AttentionLayer(cfg, layer_id, comm)
+        self.mlp = MoELayer(cfg, comm, moe) if cfg.is_sparse_layer(layer_id) else GatedMLP(cfg, comm)
+        self.input_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+# checkpoint name -> (our parameter name, shard id)
+_MERGED = [
+    (re.compile(r"(.*)\.self_attn\.([qkv])_proj\.(weight|bias)$"), r"\1.self_attn.qkv_proj.\3", 2),
+    (re.compile(r"(.*)\.mlp\.gate_proj\.weight$"), r"\1.mlp.gate_up_proj.weight", 0),
+    (re.compile(r"(.*)\.mlp\.up_proj\.weight$"), r"\1.mlp.gate_up_proj.weight", 1),
+]
+_EXPERT = re.compile(r"(.*)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+class BaseLLMModel(nn.Module):
+    """``forward(input_ids, positions, ctx)`` returns the hidden states of every computed token;
+    ``compute_logits`` projects only the rows that are sampled."""
+
+    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator, moe: BaseMoeBackend):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, comm)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, comm, moe) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
+        tied = self.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, ctx)
+        return self.norm(x, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
+        """Map a Hugging Face tensor name to (our parameter, shard id); None to skip it."""
+        name = name.removeprefix("model.")
+        if name.startswith("lm_head.") and self.cfg.tie_word_embeddings:
+            return None
+        if "rotary_emb.inv_freq" in name:
+            return None
+        for pattern, target, shard in _MERGED:
+            match = pattern.match(name)
+            if match:
+                shard_id = match.group(2) if shard == 2 else shard
+                return match.expand(target), shard_id
+        match = _EXPERT.match(name)
+        if match:
+            prefix, expert, kind = match.group(1), int(match.group(2)), match.group(3)
+            if kind == "down":
+                return f"{prefix}.mlp.w2", expert
+            return f"{prefix}.mlp.w13", (expert, 0 if kind == "gate" else 1)
+        return name, None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for ckpt_name, tensor in weights:
+            mapped = self.checkpoint_names(ckpt_name)
+            if mapped is None:
+                continue
+            name, shard_id = mapped
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} matches no parameter of the model")
+            param = params[name]
+            tensor = tensor.to(param.dtype)
+            loader = getattr(param, "weight_loader", None)
+            try:
+                if loader is not None:
+                    loader(param, tensor, shard_id)
+                else:
+                    copy_weight(param, tensor)
+            except ValueError as e:
+                raise ValueError(f"{ckpt_name}: {e}") from None
+            loaded.add(name)
+        missing = set(params) - loaded
+        if missing:
+            raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing)[:8])}")
+

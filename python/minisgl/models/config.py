@@ -1,0 +1,136 @@
+"""Model configuration read from a Hugging Face ``config.json`` dict.
+
+Accepts both transformers-4 and transformers-5 spellings: ``rope_theta``/``rope_scaling`` versus
+``rope_parameters``, ``torch_dtype`` versus ``dtype``, ``num_experts`` versus ``num_local_experts``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class RotaryConfig:
+    head_dim: int
+    base: float
+    max_position: int
+    # sorted (key, value) pairs, e.g. (("factor", 8.0), ("rope_type", "llama3"), ...): hashable
+    scaling: tuple[tuple[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rotary: RotaryConfig
+    tie_word_embeddings: bool
+    max_position: int
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    qk_norm: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    eos_token_ids: tuple[int, ...] = ()
+    # MoE (Qwen3-MoE); num_experts == 0 means dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        return (
+            self.is_moe
+            and layer_id not in self.mlp_only_layers
+            and (layer_id + 1) % self.decoder_sparse_step == 0
+        )
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry")
+        model_type = cfg.get("model_type", "")
+        hidden = cfg["hidden_size"]
+        num_heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or hidden // num_heads
+        rope_params = dict(cfg.get("rope_parameters") or {})
+        scaling = cfg.get("rope_scaling") or None
+        base = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        if scaling is None and rope_params.get("rope_type", "default") != "default":
+            scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        if scaling is not None:
+            scaling = dict(scaling)
+            scaling.setdefault("rope_type", scaling.get("type", "default"))
+            if scaling["rope_type"] == "default":
+                scaling = None
+            else:
+                scaling = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                       for k, v in scaling.items()))
+        max_pos = cfg.get("max_position_embeddings", 4096)
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        dtype_name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+        num_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+        return cls(
+            architecture=archs[0],
+            model_type=model_type,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg.get("intermediate_size", 0),
+            num_layers=cfg["num_hidden_layers"],
+            num_qo_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rotary=RotaryConfig(head_dim, float(base), max_pos, scaling),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position=max_pos,
+            hidden_act=cfg.get("hidden_act", "silu"),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            dtype=getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name,
+            eos_token_ids=eos_ids,
+            num_experts=num_experts,
+            num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
+            moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+            decoder_sparse_step=cfg.get("decoder_sparse_step") or 1,
+            raw=cfg,
+        )
+
+    @classmethod
+    def from_path(cls, model_dir: str) -> ModelConfig:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            return cls.from_dict(json.load(f))
+
+
+def load_eos_token_ids(model_dir: str) -> tuple[int, ...]:
+    """Every EOS id of ``config.json`` and ``generation_config.json`` (instruct models add some)."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                eos = json.load(f).get("eos_token_id")
+            ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
+    return tuple(sorted(set(ids)))

@@ -1,0 +1,4 @@
+from .config import SchedulerConfig
+from .scheduler import Scheduler, TokenOutput
+
+__all__ = ["Scheduler", "SchedulerConfig", "TokenOutput"]

@@ -1,0 +1,108 @@
+"""KV slots of requests: free pages, the prefix cache, and the page table rows that point into them.
+
+A request's row of the page table maps its positions to KV slots::
+
+    position  0 ............ handle.cached_len ............ device_len .. alloc_len
+              | shared with the prefix cache | owned by the request (whole pages) |
+
+``alloc_len`` is ``device_len`` rounded up to a page: pages are allocated whole and never shared
+partially. On release the request offers its computed prefix to the prefix cache, which keeps what
+it does not already hold; everything else returns to the free list.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.core import Req
+from minisgl.kvcache import BasePrefixCache
+
+
+def _round_up(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+class CacheManager:
+    def __init__(self, num_pages: int, page_size: int, prefix_cache: BasePrefixCache,
+                 page_table: torch.Tensor) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        self.prefix_cache, self.page_table = prefix_cache, page_table
+        self.free_pages = torch.arange(num_pages, dtype=torch.int32)
+        self.num_hit_tokens = 0  # tokens served from the prefix cache, over all matches
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def available_tokens(self) -> int:
+        """Tokens that can be allocated now, evicting unreferenced cached prefixes if needed."""
+        return len(self.free_pages) * self.page_size + self.prefix_cache.evictable_size
+
+    def alloc_len(self, req: Req) -> int:
+        return _round_up(req.device_len, self.page_size)
+
+    def tokens_needed(self, req: Req, new_device_len: int) -> int:
+        return _round_up(new_device_len, self.page_size) - self.alloc_len(req)
+
+    def match(self, req: Req) -> None:
+        """Reuse the longest cached prefix; at least one token is left to compute (its logits)."""
+        result = self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1])
+        self.prefix_cache.lock_handle(result.handle)
+        n = result.handle.cached_len
+        self.num_hit_tokens += n
+        req.cache_handle, req.cached_len, req.device_len = result.handle, n, n
+        if n:
+            self.page_table[req.table_idx, :n] = result.indices.to(self.page_table.device)
+
+    def allocate(self, req: Req, new_device_len: int) -> None:
+        """Give ``req`` the pages to hold ``new_device_len`` tokens. Check ``available_tokens`` first."""
+        start = self.alloc_len(req)
+        num_new = _round_up(new_device_len, self.page_size) - start
+        if num_new <= 0:
+            return
+        pages = self._take_pages(num_new // self.page_size)
+        offsets = torch.arange(self.page_size, dtype=torch.int32)
+        slots = (pages[:, None] * self.page_size + offsets).flatten()
+        self.page_table[req.table_idx, start : start + num_new] = slots.to(self.page_table.device)
+
+    def _take_pages(self, n: int) -> torch.Tensor:
+        short = n - len(self.free_pages)
+        if short > 0:
+            self._free_slots(self.prefix_cache.evict(short * self.page_size))
+        if n > len(self.free_pages):
+            raise RuntimeError(f"out of KV pages: need {n}, have {len(self.free_pages)}")
+        pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]
+        return pages
+
+    def _free_slots(self, slots: torch.Tensor) -> None:
+        if len(slots):
+            pages = torch.unique(slots.to(torch.int32) // self.page_size)
+            self.free_pages = torch.cat([self.free_pages, pages])
+
+    def release(self, req: Req) -> None:
+        """Return a request's slots: its computed prefix goes to the prefix cache, the rest is freed."""
+        alloc_len = self.alloc_len(req)
+        slots = self.page_table[req.table_idx, :alloc_len].cpu()
+        done = req.cached_len
+        aligned = done - done % self.page_size
+        self._free_slots(self.prefix_cache.insert_prefix(req.input_ids[:aligned], slots[:aligned]))
+        self._free_slots(slots[aligned:])
+        if req.cache_handle is not None:
+            self.prefix_cache.lock_handle(req.cache_handle, unlock=True)
+        req.cache_handle = None
+
+    def check_integrity(self, live_reqs: list[Req]) -> None:
+        """free + cached + owned by live requests == total, and no page is in two places."""
+        self.prefix_cache.check_integrity()
+        owned = []
+        for req in live_reqs:
+            shared = req.cache_handle.cached_len if req.cache_handle is not None else 0
+            row = self.page_table[req.table_idx, shared : self.alloc_len(req)].cpu()
+            owned.append(row[:: self.page_size] // self.page_size)
+        owned_pages = torch.cat(owned) if owned else torch.empty(0, dtype=torch.int32)
+        cached = self.prefix_cache.evictable_size + self.prefix_cache.protected_size
+        total = (len(self.free_pages) + len(owned_pages)) * self.page_size + cached
+        assert total == self.num_tokens, f"KV slots leaked: {total} accounted of {self.num_tokens}"
+        everything = torch.cat([self.free_pages, owned_pages.to(torch.int32)])
+        assert len(torch.unique(everything)) == len(everything), "a KV page is owned twice"

@@ -1,0 +1,42 @@
+"""Running requests and decode batches: one new token each, retracting requests when KV runs out.
+
+Memory is not reserved for a request's whole ``max_tokens`` up front; instead, when the pool cannot
+hold one more token for every running request, the most recently admitted ones are retracted: their
+KV is released (its prefix offered to the prefix cache) and they wait again with the tokens they have,
+to be re-fed later. Greedy outputs are unchanged by this.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from minisgl.core import Batch, Req
+
+from .cache import CacheManager
+
+
+class DecodeManager:
+    def __init__(self, cache: CacheManager, retract: Callable[[Req], None]) -> None:
+        self.cache, self.retract = cache, retract
+        self.running: list[Req] = []
+
+    def __len__(self) -> int:
+        return len(self.running)
+
+    def add(self, req: Req) -> None:
+        self.running.append(req)
+
+    def remove(self, req: Req) -> None:
+        self.running.remove(req)
+
+    def tokens_needed(self) -> int:
+        return sum(self.cache.tokens_needed(req, req.device_len + 1) for req in self.running)
+
+    def schedule(self) -> Batch | None:
+        """The decode batch of every running request, retracting the newest ones to make room."""
+        while self.running and self.tokens_needed() > self.cache.available_tokens:
+            self.retract(self.running.pop())
+        for req in self.running:
+            self.cache.allocate(req, req.device_len + 1)
+            req.device_len += 1
+        return Batch(list(self.running), "decode") if self.running else None

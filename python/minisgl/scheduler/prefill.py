@@ -1,0 +1,72 @@
+"""The waiting queue and prefill batches: admit requests under a token budget, chunking long prompts.
+
+A request stays in the queue until all its known tokens are fed; a prompt longer than the budget is
+fed over several forwards (chunked prefill). Each batch is a prefix of the queue, so at most its last
+request is left half-fed, and it is first in line next time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from minisgl.core import Batch, Req
+
+from .cache import CacheManager
+from .table import TableManager
+
+
+class PrefillManager:
+    def __init__(self, cache: CacheManager, table: TableManager, max_prefill_tokens: int) -> None:
+        self.cache, self.table, self.budget = cache, table, max_prefill_tokens
+        self.waiting: deque[Req] = deque()
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def add_front(self, reqs: Iterable[Req]) -> None:
+        self.waiting.extendleft(reversed(list(reqs)))
+
+    def remove(self, req: Req) -> None:
+        self.waiting.remove(req)
+
+    def admitted(self) -> list[Req]:
+        """Waiting requests that hold a page-table row (and KV pages)."""
+        return [req for req in self.waiting if req.table_idx >= 0]
+
+    def schedule(self, decode_reserve: int) -> Batch | None:
+        """Take as many waiting tokens as the budget and memory allow.
+
+        ``decode_reserve`` tokens stay free so that running requests can make progress (a heuristic
+        that keeps retractions rare; correctness does not depend on it).
+        """
+        budget, reqs = self.budget, []
+        for req in self.waiting:
+            if budget == 0:
+                break
+            newly_admitted = req.table_idx < 0
+            if newly_admitted:
+                if self.table.num_free == 0:
+                    break
+                req.table_idx = self.table.allocate()
+                self.cache.match(req)
+            chunk = min(budget, req.pending_len)
+            needed = self.cache.tokens_needed(req, req.device_len + chunk)
+            if needed + decode_reserve > self.cache.available_tokens:
+                if newly_admitted:
+                    self.release(req)
+                break
+            self.cache.allocate(req, req.device_len + chunk)
+            req.device_len += chunk
+            budget -= chunk
+            reqs.append(req)
+        return Batch(reqs, "prefill") if reqs else None
+
+    def release(self, req: Req) -> None:
+        """Give back a request's row and KV; it keeps its tokens and may be admitted again."""
+        self.cache.release(req)
+        self.table.free(req.table_idx)
+        req.table_idx, req.cached_len, req.device_len = -1, 0, 0

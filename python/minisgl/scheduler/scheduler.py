@@ -1,0 +1,197 @@
+"""The scheduler of one TP worker: the five steps of a forward, around one engine.
+
+pick a batch (prefill first, else decode) -> allocate KV -> build the batch tensors -> engine forward
+and sampling -> append tokens, check stop conditions, release finished requests.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, ForwardOutput
+from minisgl.engine.sample import BatchSamplingArgs
+from minisgl.kvcache import create_prefix_cache
+from minisgl.utils import init_logger
+
+from .batch import prepare_batch
+from .cache import CacheManager
+from .config import SchedulerConfig
+from .decode import DecodeManager
+from .prefill import PrefillManager
+from .table import TableManager
+
+logger = init_logger(__name__)
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class TokenOutput:
+    """One new token of one request."""
+
+    uid: int
+    token: int
+    finish_reason: FinishReason | None = None
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.engine = engine or Engine(config.engine)
+        page_size = config.engine.page_size
+        self.table = TableManager(config.max_running_reqs)
+        prefix_cache = create_prefix_cache(config.cache, page_size, self.engine.device)
+        self.cache = CacheManager(
+            self.engine.num_pages, page_size, prefix_cache, self.engine.page_table
+        )
+        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens)
+        self.decode = DecodeManager(self.cache, self._retract)
+        self.reqs: dict[int, Req] = {}
+        self.eos_token_ids = frozenset(config.eos_token_ids)
+        self.num_retractions = 0
+        self._seeds = random.Random(config.engine.seed)
+
+    # ---- requests in and out ----------------------------------------------------------------
+
+    @property
+    def max_context_len(self) -> int:
+        """The longest sequence (prompt + output) one request may reach."""
+        return min(self.engine.max_seq_len, self.cache.num_tokens)
+
+    def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> Req:
+        """Queue a request; raise ``ValueError`` for an unusable prompt."""
+        self._validate_prompt(uid, input_ids)
+        req = Req(
+            uid=uid,
+            input_ids=list(input_ids),
+            prompt_len=len(input_ids),
+            sampling_params=params,
+            max_device_len=min(len(input_ids) + params.max_tokens, self.max_context_len),
+            seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
+        )
+        self.reqs[uid] = req
+        self.prefill.add(req)
+        return req
+
+    def _validate_prompt(self, uid: int, input_ids: list[int]) -> None:
+        if uid in self.reqs:
+            raise ValueError(f"request id {uid} is already in use")
+        if len(input_ids) == 0:
+            raise ValueError("prompt: must not be empty")
+        vocab = self.engine.vocab_size
+        bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        if len(input_ids) >= self.max_context_len:
+            raise ValueError(
+                f"prompt: {len(input_ids)} tokens is too long; the maximum context length is "
+                f"{self.max_context_len} tokens (prompt and output together)"
+            )
+
+    def abort(self, uid: int) -> bool:
+        """Drop a request wherever it is and free its KV. False if it is unknown or finished."""
+        req = self.reqs.get(uid)
+        if req is None:
+            return False
+        self._release(req)
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.reqs)
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def step(self) -> list[TokenOutput]:
+        batch = self._schedule()
+        if batch is None:
+            return []
+        prepare_batch(batch, self.engine.page_table)
+        args = BatchSamplingArgs.from_reqs(
+            batch.sampled_reqs, self.engine.vocab_size, self.engine.device
+        )
+        return self._process(batch, self.engine.forward(batch, args))
+
+    def _schedule(self) -> Batch | None:
+        batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
+        return batch if batch is not None else self.decode.schedule()
+
+    def _process(self, batch: Batch, out: ForwardOutput) -> list[TokenOutput]:
+        sampled = batch.sampled_reqs
+        for req in batch.reqs:
+            req.cached_len = req.device_len
+        tokens = out.next_tokens.tolist()
+        logprobs = _logprob_rows(out, sampled)
+        results = []
+        for i, (req, token) in enumerate(zip(sampled, tokens)):
+            req.append_token(token)
+            result = TokenOutput(req.uid, token, self._finish_reason(req, token), *logprobs[i])
+            if result.finish_reason is not None:
+                self._release(req)
+            elif batch.is_prefill:
+                self.prefill.remove(req)
+                self.decode.add(req)
+            results.append(result)
+        return results
+
+    def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
+        params = req.sampling_params
+        if token in params.stop_token_ids or (
+            token in self.eos_token_ids and not params.ignore_eos
+        ):
+            return "stop"
+        if req.output_len >= params.max_tokens or len(req.input_ids) >= req.max_device_len:
+            return "length"
+        return None
+
+    # ---- releasing requests -----------------------------------------------------------------
+
+    def _release(self, req: Req) -> None:
+        """Finished or aborted: free everything the request holds."""
+        if req in self.decode.running:
+            self.decode.remove(req)
+            self._free(req)
+        else:
+            if req.table_idx >= 0:
+                self._free(req)
+            self.prefill.remove(req)
+        del self.reqs[req.uid]
+
+    def _free(self, req: Req) -> None:
+        self.cache.release(req)
+        self.table.free(req.table_idx)
+        req.table_idx = -1
+
+    def _retract(self, req: Req) -> None:
+        """Out of KV during decode: release ``req`` and queue it again at the front, tokens kept."""
+        self._free(req)
+        req.cached_len = req.device_len = 0
+        self.prefill.add_front([req])
+        self.num_retractions += 1
+        logger.debug("retracted request %d at %d tokens", req.uid, len(req.input_ids))
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity(self.decode.running + self.prefill.admitted())
+
+
+def _logprob_rows(out: ForwardOutput, reqs: list[Req]) -> list[tuple]:
+    """Per request: (chosen token's logprob, [(id, logprob)] of its top_logprobs), or () if unasked."""
+    s = out.sample
+    if s.logprobs is None:
+        return [()] * len(reqs)
+    chosen = s.logprobs.tolist()
+    ids = s.top_ids.tolist() if s.top_ids is not None else [[] for _ in reqs]
+    lps = s.top_logprobs.tolist() if s.top_logprobs is not None else [[] for _ in reqs]
+    rows: list[tuple] = []
+    for i, req in enumerate(reqs):
+        k = req.sampling_params.top_logprobs
+        if not req.sampling_params.logprobs and k == 0:
+            rows.append(())
+        else:
+            rows.append((chosen[i], list(zip(ids[i][:k], lps[i][:k]))))
+    return rows

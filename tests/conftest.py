@@ -9,6 +9,9 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests import their helpers (hf_
 import pytest
 import torch
 
+# MINISGL_TEST_DEVICE=cuda runs the engine tests on the GPU (float32, against CPU transformers)
+TEST_DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -162,7 +162,7 @@ def _build_config(
 # Mixed into the perturbation seed, per arch.  Picked so that with the default
 # seed=0 every arch has clear greedy top-1/top-2 margins (min >= 0.07 over
 # random_prompts(4, [5, 17, 33, 60], 256, seed=0 and seed=1) x 24 steps).
-_PERTURB_SALT = {"llama": 15, "qwen2": 30, "qwen3": 56, "qwen3_moe": 76, "mistral": 0}
+_PERTURB_SALT = {"llama": 3, "qwen2": 8, "qwen3": 53, "qwen3_moe": 25, "mistral": 99}
 
 
 def _perturb_seed(arch: str, seed: int) -> int:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import TEST_DEVICE
 from hf_models import random_prompts
 from minisgl import LLM, SamplingParams
 
 VOCAB = 256
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def make_llm(model, **options):
+    return LLM(model, device=TEST_DEVICE, dtype="float32", **options)
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +25,10 @@ def llama(tiny_checkpoints):
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_small_pool_retracts_and_matches_unconstrained(llama, page_size, cache):
     prompts = random_prompts(6, [20, 25, 30, 18, 22, 27], VOCAB, seed=5)
-    roomy = LLM(llama, num_pages=4096 // page_size, page_size=page_size, cache=cache)
+    roomy = make_llm(llama, num_pages=4096 // page_size, page_size=page_size, cache=cache)
     expected = [o.token_ids for o in roomy.generate(prompts, GREEDY)]
     # room for about three requests at full length: decode must retract some and re-run them later
-    tight = LLM(llama, num_pages=150 // page_size, page_size=page_size, cache=cache)
+    tight = make_llm(llama, num_pages=150 // page_size, page_size=page_size, cache=cache)
     outputs = tight.generate(prompts, GREEDY)
     sched = tight.scheduler
     assert sched.num_retractions > 0
@@ -36,7 +41,7 @@ def test_small_pool_retracts_and_matches_unconstrained(llama, page_size, cache):
 
 
 def test_abort_frees_everything(llama):
-    llm = LLM(llama, num_pages=512)
+    llm = make_llm(llama, num_pages=512)
     sched = llm.scheduler
     for uid, prompt in enumerate(random_prompts(3, [10, 40, 70], VOCAB, seed=6)):
         sched.add_request(uid, prompt, GREEDY)
@@ -51,7 +56,7 @@ def test_abort_frees_everything(llama):
 
 
 def test_stop_conditions(llama):
-    llm = LLM(llama, num_pages=512)
+    llm = make_llm(llama, num_pages=512)
     prompt = random_prompts(1, [12], VOCAB, seed=7)[0]
     free_run = llm.generate([prompt], GREEDY)[0].token_ids
     stop_at = free_run[5]
@@ -61,7 +66,7 @@ def test_stop_conditions(llama):
     short = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
     assert short.finish_reason == "length" and short.token_ids == free_run[:3]
     # EOS (id 2 in the tiny checkpoints) stops unless ignore_eos
-    eos_llm = LLM(llama, num_pages=512)
+    eos_llm = make_llm(llama, num_pages=512)
     eos_llm.scheduler.eos_token_ids = frozenset({stop_at})
     out = eos_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24))[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == stop_at
@@ -70,7 +75,7 @@ def test_stop_conditions(llama):
 
 
 def test_seeded_sampling_is_batch_independent(llama):
-    llm = LLM(llama, num_pages=1024)
+    llm = make_llm(llama, num_pages=1024)
     prompts = random_prompts(4, [8, 16, 24, 32], VOCAB, seed=8)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=1234, ignore_eos=True)
     alone = llm.generate([prompts[2]], params)[0].token_ids
@@ -83,7 +88,7 @@ def test_seeded_sampling_is_batch_independent(llama):
 
 
 def test_top_k_one_equals_greedy(llama):
-    llm = LLM(llama, num_pages=1024)
+    llm = make_llm(llama, num_pages=1024)
     prompts = random_prompts(2, [9, 21], VOCAB, seed=9)
     greedy = [o.token_ids for o in llm.generate(prompts, GREEDY)]
     topk1 = SamplingParams(temperature=1.5, top_k=1, max_tokens=24, ignore_eos=True)
@@ -91,7 +96,7 @@ def test_top_k_one_equals_greedy(llama):
 
 
 def test_logprobs_are_consistent(llama):
-    llm = LLM(llama, num_pages=1024)
+    llm = make_llm(llama, num_pages=1024)
     prompt = random_prompts(1, [15], VOCAB, seed=10)[0]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, logprobs=True, top_logprobs=3))[0]
     assert len(out.logprobs) == 8
@@ -129,7 +134,7 @@ def test_bad_sampling_params_name_the_field(field, value):
 
 
 def test_bad_prompts_raise_clear_errors(llama):
-    llm = LLM(llama, num_pages=256, max_seq_len=128)
+    llm = make_llm(llama, num_pages=256, max_seq_len=128)
     with pytest.raises(ValueError, match="empty"):
         llm.generate([[]], GREEDY)
     with pytest.raises(ValueError, match="vocabulary"):
@@ -147,17 +152,17 @@ def test_bad_prompts_raise_clear_errors(llama):
 
 def test_bad_options_and_models(tmp_path, llama):
     with pytest.raises(TypeError, match="no_such_option"):
-        LLM(llama, no_such_option=1)
+        make_llm(llama, no_such_option=1)
     with pytest.raises(ValueError, match="page_size"):
-        LLM(llama, page_size=0)
+        make_llm(llama, page_size=0)
     with pytest.raises(ValueError, match="cache"):
-        LLM(llama, cache="lru")
+        make_llm(llama, cache="lru")
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
-        LLM(str(tmp_path / "does-not-exist"))
+        make_llm(str(tmp_path / "does-not-exist"))
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text('{"architectures": ["GPTNeoXForCausalLM"], "model_type": "x",'
                                      ' "hidden_size": 8, "num_attention_heads": 2, "vocab_size": 8,'
                                      ' "num_hidden_layers": 1}')
     with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*LlamaForCausalLM"):
-        LLM(str(bad))
+        make_llm(str(bad))

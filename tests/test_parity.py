@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import TEST_DEVICE
 from hf_models import ARCHS, hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
@@ -39,7 +40,8 @@ def reference(tiny_checkpoints, prompts):
 
 
 def make_llm(path, **options) -> LLM:
-    return LLM(str(path), device="cpu", dtype="float32", num_pages=2048 // options.get("page_size", 1), **options)
+    pages = 2048 // options.get("page_size", 1)
+    return LLM(str(path), device=TEST_DEVICE, dtype="float32", num_pages=pages, **options)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -66,7 +68,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, tiny_checkpoints, pr
         engine.attn_backend.prepare_metadata(batch)
         logits = engine.model.compute_logits(engine.model(batch.input_ids, batch.positions, engine.ctx))
     expected = torch.cat(hf_prefill_logits(path, prompts))
-    torch.testing.assert_close(logits, expected, atol=1e-3, rtol=0)
+    torch.testing.assert_close(logits.cpu(), expected, atol=1e-3, rtol=0)
     for uid in range(100, 104):
         sched.abort(uid)
 
@@ -86,7 +88,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, tiny_checkpoints, pr
         seq = torch.tensor([prompt + out.token_ids[:-1]])
         with torch.no_grad():
             ref = model(seq).logits[0, len(prompt) - 1 :]
-        torch.testing.assert_close(torch.stack(recorded[uid]), ref, atol=1e-3, rtol=0)
+        torch.testing.assert_close(torch.stack(recorded[uid]).cpu(), ref, atol=1e-3, rtol=0)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

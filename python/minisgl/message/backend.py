@@ -1,0 +1,35 @@
+"""Tokenizer workers / detokenizer -> scheduler (rank 0 forwards them to the other ranks)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+from minisgl.core import SamplingParams
+
+from .base import Codec, Msg
+
+
+class BaseBackendMsg(Msg):
+    pass
+
+
+class UserMsg(BaseBackendMsg):
+    uid: int
+    input_ids: list[int]
+    sampling_params: SamplingParams
+
+
+class AbortBackendMsg(BaseBackendMsg):
+    uid: int
+
+
+class ExitMsg(BaseBackendMsg):
+    """Finish what is running (up to the launcher's timeout), then exit."""
+
+
+class BatchBackendMsg(BaseBackendMsg):
+    msgs: list[Union[UserMsg, AbortBackendMsg, ExitMsg]]
+
+
+BackendMsg = Union[UserMsg, AbortBackendMsg, ExitMsg, BatchBackendMsg]
+BACKEND_CODEC: Codec[BackendMsg] = Codec(BackendMsg)

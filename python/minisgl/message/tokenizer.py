@@ -1,0 +1,35 @@
+"""API server -> tokenizer workers."""
+
+from __future__ import annotations
+
+from typing import Union
+
+from minisgl.core import SamplingParams
+
+from .base import Codec, Msg
+
+
+class BaseTokenizerMsg(Msg):
+    pass
+
+
+class TokenizeMsg(BaseTokenizerMsg):
+    """Exactly one of ``text``, ``input_ids`` and ``messages`` (a chat, templated by the worker)."""
+
+    uid: int
+    sampling_params: SamplingParams
+    text: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[dict] | None = None
+
+
+class AbortMsg(BaseTokenizerMsg):
+    uid: int
+
+
+class BatchTokenizerMsg(BaseTokenizerMsg):
+    msgs: list[Union[TokenizeMsg, AbortMsg]]
+
+
+TokenizerMsg = Union[TokenizeMsg, AbortMsg, BatchTokenizerMsg]
+TOKENIZER_CODEC: Codec[TokenizerMsg] = Codec(TokenizerMsg)

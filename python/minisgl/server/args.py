@@ -1,0 +1,118 @@
+"""The server's configuration and command line (defaults come from the dataclasses)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+from minisgl.attention import ATTN_BACKENDS
+from minisgl.kvcache import PREFIX_CACHES
+from minisgl.llm.config import EngineOptions
+from minisgl.utils.mp import ipc_address
+
+
+@dataclass(frozen=True)
+class ServerAddrs:
+    """ZMQ addresses of one launch (inside its private runtime directory).
+
+    tokenizer: API (binds, PUSH) -> tokenizer workers (PULL)
+    backend: tokenizer workers and detokenizer (PUSH) -> scheduler rank 0 (binds, PULL)
+    detokenizer: scheduler rank 0 (PUSH) -> detokenizer (binds, PULL)
+    frontend: tokenizer workers and detokenizer (PUSH) -> API (binds, PULL)
+    """
+
+    runtime_dir: str
+    tokenizer: str
+    backend: str
+    detokenizer: str
+    frontend: str
+
+    @classmethod
+    def create(cls, runtime_dir: str) -> ServerAddrs:
+        names = ("tokenizer", "backend", "detokenizer", "frontend")
+        return cls(runtime_dir, *(ipc_address(runtime_dir, n) for n in names))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 1919
+    served_model_name: str | None = None
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    tp: int = 1
+    num_tokenizer: int = 0
+    max_queued_requests: int = 1024
+    api_key: str | None = None
+    max_body_bytes: int = 32 << 20
+    shutdown_timeout: float = 30.0
+    shell: bool = False
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model is None:
+            from minisgl.utils.default_model import DEFAULT_MODEL_NAME
+
+            return DEFAULT_MODEL_NAME
+        return self.model.rstrip("/")
+
+
+_HELP = {
+    "model": "HF directory, Hugging Face repo id or .gguf file (default: SmolLM2-135M-Instruct)",
+    "host": "address to bind (127.0.0.1 keeps the server local)",
+    "port": "HTTP port",
+    "served_model_name": "the model name clients use (default: --model)",
+    "tp": "tensor-parallel size (one scheduler process per rank)",
+    "num_tokenizer": "extra tokenizer processes (0: the detokenizer process also tokenizes)",
+    "max_queued_requests": "requests allowed to wait beyond the running ones; more get HTTP 503",
+    "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise)",
+    "max_body_bytes": "largest accepted request body",
+    "shutdown_timeout": "seconds to drain in-flight requests on SIGTERM/SIGINT",
+    "shell": "chat in the terminal instead of serving HTTP",
+    "device": "cpu, cuda, cuda:N or auto",
+    "dtype": "auto, float32, bfloat16 or float16",
+    "page_size": "tokens per KV page",
+    "cache": f"prefix cache: {', '.join(sorted(PREFIX_CACHES))}",
+    "max_prefill_tokens": "token budget of one prefill forward (longer prompts are chunked)",
+    "num_pages": "KV pages (default: sized from memory)",
+    "kv_cache_memory_gb": "KV cache budget on CPU, in GiB",
+    "mem_fraction": "fraction of GPU memory the server may use",
+    "max_running_requests": "requests decoded together at most",
+    "max_seq_len": "longest sequence, prompt and output (default: the model's)",
+    "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
+    "dummy_weights": "random weights (benchmarks without a checkpoint)",
+    "seed": "seed of the sampling of requests that give none",
+}
+
+
+def _add(parser: argparse.ArgumentParser, f: dataclasses.Field, default) -> None:
+    flag = "--" + f.name.replace("_", "-")
+    if isinstance(default, bool):
+        parser.add_argument(flag, action="store_true", default=default, help=_HELP[f.name])
+        return
+    kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0].replace("| None", "").strip(), str)
+    parser.add_argument(flag, type=kind, default=default, help=f"{_HELP[f.name]} (default: {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m minisgl", description="minisgl: an OpenAI-compatible LLM server."
+    )
+    for f in dataclasses.fields(ServerConfig):
+        if f.name != "engine":
+            _add(parser, f, f.default)
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineOptions):
+        _add(group, f, f.default)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    ns = vars(build_parser().parse_args(argv))
+    engine_names = {f.name for f in dataclasses.fields(EngineOptions)}
+    engine = EngineOptions(**{k: v for k, v in ns.items() if k in engine_names})
+    return ServerConfig(engine=engine, **{k: v for k, v in ns.items() if k not in engine_names})
+

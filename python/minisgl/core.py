@@ -139,6 +139,7 @@ class Req:
     cached_len: int = 0
     device_len: int = 0
     cache_handle: BaseCacheHandle | None = None
+    cache_hit_len: int = 0  # prompt tokens served from the prefix cache at first admission
     seed: int = 0
     output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
 

@@ -46,10 +46,8 @@ class LLM:
         opts = EngineOptions.from_kwargs("LLM()", options)
         self.model_path = resolve_model_path(model)
         self.tokenizer = load_tokenizer(self.model_path)
-        eos = set(load_eos_token_ids(self.model_path))
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.scheduler = Scheduler(opts.scheduler_config(self.model_path, tuple(sorted(eos))))
+        eos = load_eos_token_ids(self.model_path, self.tokenizer)
+        self.scheduler = Scheduler(opts.scheduler_config(self.model_path, eos))
         self._next_uid = 0
 
     def generate(

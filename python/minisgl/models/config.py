@@ -124,9 +124,12 @@ class ModelConfig:
             return cls.from_dict(json.load(f))
 
 
-def load_eos_token_ids(model_dir: str) -> tuple[int, ...]:
-    """Every EOS id of ``config.json`` and ``generation_config.json`` (instruct models add some)."""
+def load_eos_token_ids(model_dir: str, tokenizer=None) -> tuple[int, ...]:
+    """Every EOS id of ``config.json``, ``generation_config.json`` (instruct models add some) and
+    the tokenizer."""
     ids: list[int] = []
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
     for name in ("config.json", "generation_config.json"):
         path = os.path.join(model_dir, name)
         if os.path.isfile(path):

@@ -51,6 +51,8 @@ class CacheManager:
         self.prefix_cache.lock_handle(result.handle)
         n = result.handle.cached_len
         self.num_hit_tokens += n
+        if req.output_len == 0:
+            req.cache_hit_len = n
         req.cache_handle, req.cached_len, req.device_len = result.handle, n, n
         if n:
             self.page_table[req.table_idx, :n] = result.indices.to(self.page_table.device)

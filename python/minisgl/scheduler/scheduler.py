@@ -37,6 +37,7 @@ class TokenOutput:
     finish_reason: FinishReason | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    first: Req | None = None  # the request, on its first token only (prompt length, cache hit)
 
 
 class Scheduler:
@@ -131,6 +132,8 @@ class Scheduler:
         for i, (req, token) in enumerate(zip(sampled, tokens)):
             req.append_token(token)
             result = TokenOutput(req.uid, token, self._finish_reason(req, token), *logprobs[i])
+            if req.output_len == 1:
+                result.first = req
             if result.finish_reason is not None:
                 self._release(req)
             elif batch.is_prefill:

@@ -1,0 +1,146 @@
+"""The scheduler process of the server: messages in, one engine step, tokens out, in a loop.
+
+Rank 0 receives user messages from the tokenizer workers and sends new tokens to the detokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+
+from minisgl.message import (
+    BACKEND_CODEC,
+    DETOKENIZER_CODEC,
+    AbortBackendMsg,
+    BackendMsg,
+    BatchBackendMsg,
+    BatchDetokenizerMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    RequestErrorMsg,
+    SchedulerStatsMsg,
+    UserMsg,
+)
+from minisgl.utils import init_logger
+from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+
+from .scheduler import Scheduler, TokenOutput
+
+logger = init_logger(__name__)
+
+_STATS_INTERVAL_S = 0.5
+_IDLE_POLL_MS = 100
+
+
+class SchedulerIO:
+    """Runs a ``Scheduler`` against its ZMQ queues until an ``ExitMsg`` or a signal."""
+
+    def __init__(self, scheduler: Scheduler, backend_addr: str, detokenizer_addr: str) -> None:
+        self.scheduler = scheduler
+        self.inbox = ZmqPullQueue(backend_addr, bind=True, codec=BACKEND_CODEC)
+        self.outbox = ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
+        self.running = True
+        self.num_aborted = 0
+        self._last_stats = 0.0
+        self._parent = os.getppid()
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        try:
+            while self.running and os.getppid() == self._parent:
+                self._receive()
+                if self.scheduler.has_work:
+                    self._send(self.scheduler.step())
+                else:
+                    self.scheduler.check_integrity()
+                self._maybe_send_stats()
+        finally:
+            self.inbox.close()
+            self.outbox.close()
+
+    def stop(self) -> None:
+        self.running = False
+
+    def _receive(self) -> None:
+        if self.scheduler.has_work:
+            msgs = self.inbox.get_all_nowait()
+        else:
+            first = self.inbox.get(timeout_ms=_IDLE_POLL_MS)
+            msgs = [] if first is None else [first, *self.inbox.get_all_nowait()]
+        for msg in msgs:
+            self._handle(msg)
+
+    def _handle(self, msg: BackendMsg) -> None:
+        if isinstance(msg, BatchBackendMsg):
+            for m in msg.msgs:
+                self._handle(m)
+        elif isinstance(msg, UserMsg):
+            try:
+                self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
+            except ValueError as e:
+                param = str(e).split(":", 1)[0] if ":" in str(e) else None
+                self.outbox.put(RequestErrorMsg(uid=msg.uid, message=str(e), param=param))
+        elif isinstance(msg, AbortBackendMsg):
+            self.num_aborted += self.scheduler.abort(msg.uid)
+        elif isinstance(msg, ExitMsg):
+            self.stop()
+
+    def _send(self, outputs: list[TokenOutput]) -> None:
+        if not outputs:
+            return
+        msgs = [self._detokenize_msg(out) for out in outputs]
+        self.outbox.put(msgs[0] if len(msgs) == 1 else BatchDetokenizerMsg(msgs=msgs))
+
+    @staticmethod
+    def _detokenize_msg(out: TokenOutput) -> DetokenizeMsg:
+        msg = DetokenizeMsg(
+            uid=out.uid, token=out.token, finish_reason=out.finish_reason,
+            logprob=out.logprob, top_logprobs=out.top_logprobs,
+        )
+        if out.first is not None:
+            msg.prompt_len = out.first.prompt_len
+            msg.cached_len = out.first.cache_hit_len
+            msg.stop = out.first.sampling_params.stop
+        return msg
+
+    def _maybe_send_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats < _STATS_INTERVAL_S:
+            return
+        self._last_stats = now
+        self.outbox.put(self.stats())
+
+    def stats(self) -> SchedulerStatsMsg:
+        s = self.scheduler
+        cache = s.cache
+        free = len(cache.free_pages) * cache.page_size + cache.prefix_cache.evictable_size
+        return SchedulerStatsMsg(
+            num_running=len(s.decode),
+            num_waiting=len(s.prefill),
+            num_aborted=self.num_aborted,
+            num_retractions=s.num_retractions,
+            kv_used_tokens=cache.num_tokens - free,
+            kv_total_tokens=cache.num_tokens,
+            cache_hit_tokens=cache.num_hit_tokens,
+            max_context_len=s.max_context_len,
+        )
+
+
+def run_scheduler_process(
+    options, model_path: str, backend_addr: str, detokenizer_addr: str, ready: Connection
+) -> None:
+    """Entry point of the scheduler child process; reports ``("ok", info)`` or ``("error", line)``."""
+    from minisgl.models import load_eos_token_ids
+    from minisgl.utils.hf import load_tokenizer
+
+    try:
+        eos = load_eos_token_ids(model_path, load_tokenizer(model_path))
+        scheduler = Scheduler(options.scheduler_config(model_path, eos))
+        io = SchedulerIO(scheduler, backend_addr, detokenizer_addr)
+    except Exception as e:  # report any start-up failure in one line
+        ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))
+        return
+    ready.send(("ok", {"max_context_len": scheduler.max_context_len}))
+    io.run()

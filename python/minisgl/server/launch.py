@@ -1,0 +1,187 @@
+"""Start the server's processes, serve HTTP until a signal, then take everything down.
+
+Start-up is acknowledged: every child sends ``("ok", info)`` or ``("error", line)`` on a pipe; one
+error (or a child dying) stops the launch with that line and no process left behind. While serving,
+a monitor thread watches the children: if one dies, the server turns unhealthy and every in-flight
+request fails at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from minisgl.utils import init_logger
+from minisgl.utils.mp import make_runtime_dir, remove_runtime_dir
+
+from .args import ServerAddrs, ServerConfig
+
+logger = init_logger(__name__)
+
+_START_TIMEOUT_S = 900.0
+
+
+class LaunchError(RuntimeError):
+    """A start-up failure, with the one line to show the user."""
+
+
+@dataclass
+class Child:
+    name: str
+    process: BaseProcess
+    ready: Connection
+
+
+class ProcessGroup:
+    """The children of one launch, their runtime directory, and their orderly shutdown."""
+
+    def __init__(self, config: ServerConfig, model_path: str) -> None:
+        self.config, self.model_path = config, model_path
+        self.runtime_dir = make_runtime_dir()
+        self.addrs = ServerAddrs.create(self.runtime_dir)
+        self.children: list[Child] = []
+        self.info: dict = {}
+        self.stopping = False
+
+    def _spawn(self, name: str, target, *args, **kwargs) -> None:
+        ctx = mp.get_context("spawn")
+        parent_end, child_end = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=target, args=(*args, child_end), kwargs=kwargs, name=name, daemon=True)
+        proc.start()
+        child_end.close()
+        self.children.append(Child(name, proc, parent_end))
+
+    def start(self) -> None:
+        from minisgl.scheduler.io import run_scheduler_process
+        from minisgl.tokenizer.server import tokenize_worker
+
+        cfg, addrs = self.config, self.addrs
+        self._spawn("scheduler", _worker, run_scheduler_process, cfg.engine, self.model_path,
+                    addrs.backend, addrs.detokenizer)
+        self._spawn("detokenizer", _worker, tokenize_worker, self.model_path, addrs,
+                    tokenize=cfg.num_tokenizer == 0, detokenize=True)
+        for i in range(cfg.num_tokenizer):
+            self._spawn(f"tokenizer-{i}", _worker, tokenize_worker, self.model_path, addrs,
+                        tokenize=True, detokenize=False)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        pending = list(self.children)
+        while pending:
+            for child in list(pending):
+                if child.ready.poll(0.05):
+                    try:
+                        status, payload = child.ready.recv()
+                    except EOFError:
+                        status, payload = "error", f"{child.name} exited during start-up"
+                    if status != "ok":
+                        raise LaunchError(payload)
+                    self.info[child.name] = payload
+                    pending.remove(child)
+                elif not child.process.is_alive():
+                    raise LaunchError(f"{child.name} exited during start-up "
+                                      f"(exit code {child.process.exitcode})")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"start-up timed out waiting for {pending[0].name}")
+
+    def dead_child(self) -> Child | None:
+        return next((c for c in self.children if not c.process.is_alive()), None)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self.stopping = True
+        for child in self.children:
+            if child.process.is_alive():
+                child.process.terminate()
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join(2.0)
+        remove_runtime_dir(self.runtime_dir)
+
+
+def _worker(target, *args, **kwargs) -> None:
+    """Children ignore Ctrl-C (the terminal sends it to the whole group): the launcher decides."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    target(*args, **kwargs)
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LaunchError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def _monitor(group: ProcessGroup, frontend_ref) -> None:
+    """Turn the server unhealthy and fail in-flight requests as soon as a child dies."""
+    while not group.stopping:
+        dead = group.dead_child()
+        frontend = frontend_ref()
+        if dead is not None and frontend is not None:
+            message = f"the {dead.name} process died (exit code {dead.process.exitcode})"
+            logger.error("%s; the server is unhealthy", message)
+            frontend.healthy = False
+            frontend.fail_all_threadsafe(message)
+            return
+        time.sleep(0.2)
+
+
+def start_stack(config: ServerConfig):
+    """Start every child and build the app: ``(group, app)``; raise ``LaunchError`` on failure."""
+    from minisgl.models.weight import resolve_model_path
+
+    from .api_server import create_app
+
+    group: ProcessGroup | None = None
+    try:
+        check_port_free(config.host, config.port)
+        model_path = resolve_model_path(config.model)
+        group = ProcessGroup(config, model_path)
+        group.start()
+    except (LaunchError, FileNotFoundError, ValueError, RuntimeError) as e:
+        if group is not None:
+            group.shutdown()
+        raise LaunchError(str(e)) from None
+    app = create_app(config, model_path, group.addrs, group.info["scheduler"])
+    monitor = threading.Thread(
+        target=_monitor, args=(group, lambda: getattr(app.state, "frontend", None)), daemon=True
+    )
+    monitor.start()
+    return group, app
+
+
+def make_http_server(config: ServerConfig, app):
+    import uvicorn
+
+    return uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level="warning",
+        timeout_graceful_shutdown=int(config.shutdown_timeout),
+    ))
+
+
+def launch_server(config: ServerConfig) -> int:
+    """Run the server until SIGINT/SIGTERM; return the process exit code."""
+    try:
+        group, app = start_stack(config)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    logger.info("serving %s on http://%s:%d", config.model_name, config.host, config.port)
+    try:
+        make_http_server(config, app).run()
+    finally:
+        group.shutdown()
+    return 0

@@ -129,7 +129,7 @@ class SchedulerIO:
 
 
 def run_scheduler_process(
-    options, model_path: str, backend_addr: str, detokenizer_addr: str, ready: Connection
+    options, model_path: str, backend_addr: str, detokenizer_addr: str, *, ready: Connection
 ) -> None:
     """Entry point of the scheduler child process; reports ``("ok", info)`` or ``("error", line)``."""
     from minisgl.models import load_eos_token_ids

@@ -8,7 +8,9 @@ request fails at once.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import signal
 import socket
 import sys
 import threading
@@ -50,9 +52,11 @@ class ProcessGroup:
         self.stopping = False
 
     def _spawn(self, name: str, target, *args, **kwargs) -> None:
+        """Start ``target(*args, ready=pipe, **kwargs)`` in a child; it reports on the pipe."""
         ctx = mp.get_context("spawn")
         parent_end, child_end = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=target, args=(*args, child_end), kwargs=kwargs, name=name, daemon=True)
+        proc = ctx.Process(target=target, args=args, kwargs={**kwargs, "ready": child_end},
+                           name=name, daemon=True)
         proc.start()
         child_end.close()
         self.children.append(Child(name, proc, parent_end))
@@ -144,6 +148,7 @@ def start_stack(config: ServerConfig):
     from minisgl.models.weight import resolve_model_path
 
     from .api_server import create_app
+    from .frontend import FrontendManager
 
     group: ProcessGroup | None = None
     try:
@@ -155,7 +160,9 @@ def start_stack(config: ServerConfig):
         if group is not None:
             group.shutdown()
         raise LaunchError(str(e)) from None
-    app = create_app(config, model_path, group.addrs, group.info["scheduler"])
+    processes = {c.name: c.process.pid for c in group.children}
+    app = create_app(config, lambda: FrontendManager(group.addrs), model_path,
+                     {**group.info["scheduler"], "processes": processes})
     monitor = threading.Thread(
         target=_monitor, args=(group, lambda: getattr(app.state, "frontend", None)), daemon=True
     )
@@ -166,7 +173,22 @@ def start_stack(config: ServerConfig):
 def make_http_server(config: ServerConfig, app):
     import uvicorn
 
-    return uvicorn.Server(uvicorn.Config(
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """SIGINT/SIGTERM start a graceful shutdown (a second one forces it). Unlike uvicorn's
+            own, the signal is not re-raised afterwards: the launcher still has children to stop."""
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level="warning",
         timeout_graceful_shutdown=int(config.shutdown_timeout),
     ))

@@ -1,0 +1,304 @@
+"""The HTTP front end: OpenAI-compatible endpoints and the native ``/generate``.
+
+Every request fans out into one backend request per choice; the handler collects their replies
+from the ``FrontendManager``. Streams wait for every choice's first reply before the 200 headers go
+out, so that an error the backend finds (a prompt longer than the context) is still a JSON 4xx. A
+client that goes away aborts its requests, so its KV cache is freed at once.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+import msgspec
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from minisgl.core import SamplingParams
+from minisgl.message import TokenizeMsg, UserReply
+from minisgl.server.args import ServerConfig
+from minisgl.server.frontend import Call, FrontendManager, respond
+from minisgl.server.protocol import (
+    ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
+    chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
+)
+from minisgl.utils import init_logger
+
+logger = init_logger(__name__)
+router = APIRouter()
+
+
+# ------------------------------------------------------------------------------ request checks
+def _conf(request: Request) -> ServerConfig:
+    return request.app.state.config
+
+
+def _authorize(request: Request) -> None:
+    key = _conf(request).api_key
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())):
+        raise ApiError(401, "missing or invalid API key", code="invalid_api_key")
+
+
+async def _read_json(request: Request) -> Any:
+    """The body as JSON, refusing oversized bodies before and while reading them."""
+    _authorize(request)
+    limit, length = _conf(request).max_body_bytes, request.headers.get("content-length")
+    too_large = ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise too_large if length.isdigit() else ApiError(400, "invalid Content-Length")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:  # nobody reads the answer; this only keeps it out of the error log
+        raise ApiError(400, "the client disconnected while sending the body") from None
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=_int64)
+    except UnicodeDecodeError:
+        raise ApiError(400, "request body is not valid UTF-8", code="invalid_json") from None
+    except (ValueError, RecursionError) as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _int64(text: str) -> int:
+    """Integers must fit the 64 bits the messages carry (else encoding them would be a 500)."""
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"integer {text[:24]} does not fit in 64 bits")
+    return value
+
+
+def _check_model(request: Request, model: str | None) -> str:
+    state = request.app.state
+    names = {state.config.model_name, state.config.model, state.tokens.model_path}
+    if model is not None and model.rstrip("/") not in {n.rstrip("/") for n in names if n}:
+        raise ApiError(404, f"model {model!r} does not exist; this server serves "
+                       f"{state.config.model_name!r}", "model", "model_not_found")
+    return state.config.model_name
+
+
+def _frontend(request: Request, new: int = 0) -> FrontendManager:
+    """The frontend, if it may take ``new`` more requests (503 while down or overloaded)."""
+    frontend: FrontendManager | None = request.app.state.frontend
+    if frontend is None or not frontend.ready:
+        raise ApiError(503, "the server is starting", code="starting")
+    if not frontend.healthy:
+        raise ApiError(503, "the server is unhealthy (a worker process died)", code="unhealthy")
+    conf = _conf(request)
+    capacity = conf.engine.max_running_requests + conf.max_queued_requests
+    if new > capacity:
+        raise ApiError(400, f"n: {new} choices exceed the server's capacity {capacity}", "n")
+    if frontend.in_flight + new > capacity:
+        raise ApiError(503, "the server is overloaded, retry later", code="overloaded")
+    return frontend
+
+
+async def _start(request: Request, specs: list[tuple[dict, SamplingParams, int]]) -> Call:
+    """Submit one backend request per (prompt fields, params, prompt index)."""
+    frontend = _frontend(request, len(specs))
+    msgs = [TokenizeMsg(uid=frontend.new_uid(), sampling_params=p, **fields)
+            for fields, p, _ in specs]
+    states = [ChoiceState(m.uid, i, spec[2]) for i, (m, spec) in enumerate(zip(msgs, specs))]
+    return await Call(frontend, request.is_disconnected, states).start(msgs)
+
+
+# ------------------------------------------------------------------------------ endpoints
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    req = parse(ChatCompletionRequest, await _read_json(request))
+    model = _check_model(request, req.model)
+    messages = [m.to_dict() for m in req.messages]
+    specs = [({"messages": messages}, req.params(i), 0) for i in range(req.n or 1)]
+    text_of = await request.app.state.tokens.get() if req.logprobs else None
+    top = req.top_logprobs or 0
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    call = await _start(request, specs)
+    states = list(call.states.values())
+
+    def lps(entries: list) -> dict | None:
+        return chat_logprobs(entries, text_of, top) if text_of else None
+
+    chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
+
+    def piece(s: ChoiceState, r: UserReply) -> dict:
+        delta = {"content": r.text} if r.text else {}
+        return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
+                       "finish_reason": r.finish_reason}])
+
+    async def render() -> dict:
+        choices = [{"index": s.index, "message": {"role": "assistant", "content": "".join(s.text)},
+                    "logprobs": lps(s.logprobs), "finish_reason": s.finish_reason} for s in states]
+        return response("chat.completion", rid, created, model, choices, usage=usage(states))
+
+    head = [chunk([{"index": s.index, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None, "finish_reason": None}]) for s in states]
+    tail = lambda: [chunk([], usage=usage(states))] if req.include_usage else []  # noqa: E731
+    return await respond(call, bool(req.stream), render, head, piece, tail)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    req = parse(CompletionRequest, await _read_json(request))
+    model = _check_model(request, req.model)
+    n = req.n or 1
+    params = [req.params(i) for i in range(n)]
+    specs = [({"text": p} if isinstance(p, str) else {"input_ids": p}, params[i], k)
+             for k, p in enumerate(req.prompt) for i in range(n)]
+    text_of = await request.app.state.tokens.get() if req.logprobs is not None else None
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    call = await _start(request, specs)
+    states = list(call.states.values())
+
+    def lps(s: ChoiceState, entries: list) -> dict | None:
+        return completion_logprobs(entries, text_of, req.logprobs, s) if text_of else None
+
+    chunk = chunker("text_completion", rid, created, model, req.include_usage)
+
+    def piece(s: ChoiceState, r: UserReply) -> dict:
+        return chunk([{"index": s.index, "text": r.text, "logprobs": lps(s, r.logprobs or []),
+                       "finish_reason": r.finish_reason}])
+
+    async def render() -> dict:
+        choices = [{"index": s.index, "text": "".join(s.text), "logprobs": lps(s, s.logprobs),
+                    "finish_reason": s.finish_reason} for s in states]
+        return response("text_completion", rid, created, model, choices, usage=usage(states))
+
+    tail = lambda: [chunk([], usage=usage(states))] if req.include_usage else []  # noqa: E731
+    return await respond(call, bool(req.stream), render, [], piece, tail)
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    req = parse(GenerateRequest, await _read_json(request))
+    _check_model(request, req.model)
+    fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
+    call = await _start(request, [(fields, req.params(), 0)])
+    (state,) = call.states.values()
+
+    def body() -> dict:
+        meta = {"id": str(state.uid), "prompt_tokens": state.prompt_tokens,
+                "completion_tokens": len(state.token_ids), "cached_tokens": state.cached_tokens,
+                "finish_reason": state.finish_reason}
+        if state.logprobs:
+            meta["output_token_logprobs"] = [[finite(lp), t] for t, lp, _ in state.logprobs]
+            meta["output_top_logprobs"] = [[[finite(b), a] for a, b in top]
+                                           for _, _, top in state.logprobs]
+        return {"text": "".join(state.text), "output_ids": state.token_ids, "meta_info": meta}
+
+    async def render() -> dict:
+        return body()
+
+    return await respond(call, req.stream, render, [], lambda s, r: body(), lambda: [])
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    _authorize(request)
+    state, frontend = request.app.state, request.app.state.frontend
+    card = {"id": state.config.model_name, "object": "model", "created": state.created,
+            "owned_by": "minisgl", "root": state.tokens.model_path}
+    if frontend is not None and frontend.stats is not None:
+        card["max_model_len"] = frontend.stats.max_context_len
+    elif "max_context_len" in state.server_info:
+        card["max_model_len"] = state.server_info["max_context_len"]
+    return {"object": "list", "data": [card]}
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    _frontend(request)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/v1/server_info")
+async def server_info(request: Request) -> dict:
+    _authorize(request)
+    conf, frontend = _conf(request), request.app.state.frontend
+    stats = frontend.stats if frontend is not None else None
+    return {
+        **request.app.state.server_info,
+        "model": conf.model_name,
+        "ready": bool(frontend and frontend.ready),
+        "healthy": bool(frontend and frontend.healthy),
+        "in_flight": frontend.in_flight if frontend is not None else 0,
+        "max_running_requests": conf.engine.max_running_requests,
+        "max_queued_requests": conf.max_queued_requests,
+        "scheduler": msgspec.structs.asdict(stats) if stats is not None else None,
+    }
+
+
+# ------------------------------------------------------------------------------ the app
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error, user's or ours, answers OpenAI's ``{"error": {...}}`` shape (never a 422)."""
+
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        err = (e.errors() or [{}])[0]
+        param = ".".join(str(p) for p in err.get("loc", ())) or None
+        message = f"{param}: {err.get('msg', 'invalid request')}"
+        return JSONResponse(error_body(message, "invalid_request_error", param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if e.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+        # Starlette re-raises it after this answer, so uvicorn logs the traceback
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), 500)
+
+
+def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendManager],
+               model_path: str | None = None, server_info: dict | None = None) -> FastAPI:
+    """The app; ``frontend_factory()`` runs inside the lifespan, on the serving event loop.
+
+    ``app.state.frontend`` is the FrontendManager once ``app.state.frontend_created`` (a
+    ``threading.Event``) is set. ``model_path`` is the resolved checkpoint (logprob token texts);
+    ``server_info`` is merged into ``/v1/server_info`` (e.g. max_context_len, process ids).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.frontend = frontend_factory()
+        app.state.frontend_created.set()
+        try:
+            yield
+        finally:
+            await app.state.frontend.close()
+
+    app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.config, app.state.frontend = config, None
+    app.state.frontend_created = threading.Event()
+    app.state.tokens = TokenTexts(model_path or config.model)
+    app.state.created = int(time.time())
+    app.state.server_info = dict(server_info or {})
+    _install_error_handlers(app)
+    app.include_router(router)
+    return app

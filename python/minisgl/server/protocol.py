@@ -1,0 +1,328 @@
+"""OpenAI-compatible request models and response builders.
+
+Requests are validated strictly (no "1" for 1, no true for 1.0), as OpenAI does, so that a client's
+mistake is a 400 naming the field instead of a silent coercion; fields we do not know are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from minisgl.core import SamplingParams
+from minisgl.message import UserReply
+from minisgl.utils import init_logger
+
+logger = init_logger(__name__)
+M = TypeVar("M", bound=BaseModel)
+TokenText = Callable[[int], str]
+LogprobEntry = tuple[int, float, list[tuple[int, float]]]
+MAX_N, MAX_STOP = 128, 16
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's ``{"error": {...}}`` body with an HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return error_body(self.message, kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def parse(model: type[M], data: Any) -> M:
+    """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]) or None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ApiError(400, f"{param}: {msg}" if param else msg, param) from None
+
+
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by chat and completions; ``None`` (JSON null) always means the default."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(value)}")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int, top_logprobs: int | None,
+                        choice: int) -> SamplingParams:
+        """The engine's parameters of choice ``choice`` (seeded ``seed + choice``)."""
+        given = {
+            name: getattr(self, name)
+            for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                         "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids",
+                         "ignore_eos")
+            if getattr(self, name) is not None
+        }
+        if self.seed is not None:
+            given["seed"] = self.seed + choice
+        if top_logprobs is not None:
+            given.update(logprobs=True, top_logprobs=top_logprobs)
+        try:
+            return SamplingParams(max_tokens=max_tokens, **given)
+        except ValueError as e:
+            param = str(e).split(":", 1)[0]
+            raise ApiError(400, str(e), param) from None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: Any) -> Any:
+        """OpenAI's content parts: only text ones are supported; they are joined."""
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ValueError("only text content parts are supported")
+            if not isinstance(part.get("text"), str):
+                raise ValueError("a text part needs a string 'text'")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    def to_dict(self) -> dict:
+        out = self.model_dump(exclude_none=True)
+        out["role"] = "system" if self.role == "developer" else self.role
+        out["content"] = self.content or ""
+        return out
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def params(self, choice: int) -> SamplingParams:
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs")
+        top = (self.top_logprobs or 0) if self.logprobs else None
+        max_tokens = _first(self.max_completion_tokens, self.max_tokens, 1024)
+        return self.sampling_params(max_tokens, top, choice)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Any
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompts(cls, value: Any) -> list[str | list[int]]:
+        """Normalise to a list of prompts: texts or token-id lists."""
+        def ids(x: Any) -> bool:
+            return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                               and i >= 0 for i in x)
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list) and value:
+            if all(isinstance(p, str) and p for p in value):
+                return value
+            if ids(value):
+                return [value]
+            if all(ids(p) and p for p in value):
+                return value
+        raise ValueError("must be a non-empty string, a list of them, a list of token ids (>= 0) "
+                         "or a list of non-empty token-id lists")
+
+    def params(self, choice: int) -> SamplingParams:
+        if self.echo:
+            raise ApiError(400, "echo: is not supported", "echo")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise ApiError(400, "best_of: only best_of == n is supported", "best_of")
+        return self.sampling_params(_first(self.max_tokens, 16), self.logprobs, choice)
+
+
+class GenerateRequest(_Strict):
+    """The native endpoint: ``sampling_params`` are ``SamplingParams``' own fields."""
+
+    model: str | None = None
+    text: str | None = None
+    input_ids: list[int] | None = Field(None, min_length=1)
+    sampling_params: dict[str, Any] = {}
+    stream: bool = False
+
+    def params(self) -> SamplingParams:
+        if (self.text is None) == (self.input_ids is None):
+            raise ApiError(400, "text: give exactly one of text and input_ids", "text")
+        given = dict(self.sampling_params)
+        given.setdefault("max_tokens", given.pop("max_new_tokens", 128))
+        names = SamplingParams.__dataclass_fields__
+        for name in given:
+            if name not in names:
+                param = f"sampling_params.{name}"
+                raise ApiError(400, f"{param}: unknown parameter", param)
+        try:
+            return SamplingParams(**given)
+        except ValueError as e:
+            param = "sampling_params." + str(e).split(":")[0]
+            raise ApiError(400, f"sampling_params.{e}", param) from None
+
+
+# ------------------------------------------------------------------------------ responses
+@dataclass
+class ChoiceState:
+    """What one choice (one backend request) produced so far."""
+
+    uid: int
+    index: int
+    prompt_index: int = 0
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    started: bool = False
+    text_offset: int = 0  # of the next logprob token (legacy completions format)
+
+    def add(self, reply: UserReply) -> None:
+        self.started = True
+        self.text.append(reply.text)
+        self.token_ids += reply.token_ids
+        self.logprobs += reply.logprobs or []
+        self.prompt_tokens = reply.prompt_tokens or self.prompt_tokens
+        self.cached_tokens = reply.cached_tokens or self.cached_tokens
+        self.finish_reason = reply.finish_reason or self.finish_reason
+
+
+def usage(choices: list[ChoiceState]) -> dict:
+    """Prompts count once each (not once per choice), as OpenAI counts them."""
+    firsts: dict[int, ChoiceState] = {}
+    for c in choices:
+        firsts.setdefault(c.prompt_index, c)
+    prompt = sum(c.prompt_tokens for c in firsts.values())
+    completion = sum(len(c.token_ids) for c in choices)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts.values())},
+    }
+
+
+class TokenTexts:
+    """The text of single tokens (for logprobs); the tokenizer loads on first use, off the loop."""
+
+    def __init__(self, model_path: str | None) -> None:
+        self.model_path, self._decode = model_path, None
+
+    async def get(self) -> TokenText:
+        if self._decode is None:
+            tok = await asyncio.to_thread(self._load)
+            cache: dict[int, str] = {}
+            self._decode = lambda t: cache.get(t) or cache.setdefault(
+                t, tok.decode([t]) if tok is not None else f"token_id:{t}")
+        return self._decode
+
+    def _load(self) -> Any:
+        from minisgl.utils.hf import load_tokenizer
+
+        try:
+            return load_tokenizer(self.model_path) if self.model_path else None
+        except Exception:
+            logger.exception("no tokenizer for logprobs: tokens are shown as ids")
+            return None
+
+
+def finite(logprob: float) -> float:
+    """JSON has no -inf (a token the filters removed): clamp to -9999.0, as vLLM does."""
+    return logprob if logprob > -9999.0 else -9999.0
+
+
+def chat_logprobs(entries: list[LogprobEntry], text_of: TokenText, top: int) -> dict:
+    def one(tid: int, lp: float) -> dict:
+        text = text_of(tid)
+        return {"token": text, "logprob": finite(lp), "bytes": list(text.encode())}
+
+    content = [{**one(t, lp), "top_logprobs": [one(a, b) for a, b in alts[:top]]}
+               for t, lp, alts in entries]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[LogprobEntry], text_of: TokenText, top: int,
+                        state: ChoiceState) -> dict:
+    """OpenAI's legacy format; the top dict holds the sampled token too (up to top + 1 keys)."""
+    out: dict[str, list] = {k: [] for k in ("tokens", "token_logprobs", "top_logprobs",
+                                            "text_offset")}
+    for tid, lp, alts in entries:
+        text = text_of(tid)
+        tops = {text_of(a): finite(b) for a, b in alts[:top]}
+        tops.setdefault(text, finite(lp))
+        for key, value in zip(out, (text, finite(lp), tops, state.text_offset)):
+            out[key].append(value)
+        state.text_offset += len(text)
+    return out
+
+
+def response(kind: str, rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices,
+            **extra}
+
+
+def chunker(kind: str, rid: str, created: int, model: str, include_usage: bool) -> Callable:
+    """Stream chunks; with include_usage every one has ``usage: null`` but the last, as OpenAI's."""
+    more = {"usage": None} if include_usage else {}
+    return lambda choices, **kw: response(kind, rid, created, model, choices, **{**more, **kw})
+
+
+def sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

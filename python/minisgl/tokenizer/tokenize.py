@@ -1,0 +1,63 @@
+"""Prompt -> token ids for one TokenizeMsg (text, chat messages or ids given as they are)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minisgl.message import TokenizeMsg
+from minisgl.utils import init_logger
+
+logger = init_logger(__name__)
+
+
+class TokenizeManager:
+    """Tokenizes prompts. Every problem the client caused is a ``ValueError`` whose message names
+    the field at fault ("prompt" or "messages"), so the API can answer it with an HTTP 400."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer  # None: the model ships no tokenizer, only ids are accepted
+
+    def tokenize(self, msg: TokenizeMsg) -> list[int]:
+        if msg.input_ids is not None:
+            ids = list(msg.input_ids)
+            if any(i < 0 for i in ids):
+                raise ValueError("prompt: token ids must be >= 0")
+        elif msg.messages is not None:
+            ids = self._encode(self._template(msg.messages), add_special_tokens=False)
+        elif msg.text is not None:
+            ids = self._encode(msg.text, add_special_tokens=True)
+        else:
+            raise ValueError("prompt: one of a prompt or messages is required")
+        if not ids:
+            field = "messages" if msg.messages is not None else "prompt"
+            raise ValueError(f"{field}: the prompt is empty (no tokens)")
+        return ids
+
+    def _require_tokenizer(self, field: str) -> Any:
+        if self.tokenizer is None:
+            raise ValueError(f"{field}: this model has no tokenizer; send token ids instead")
+        return self.tokenizer
+
+    def _template(self, messages: list[dict]) -> str:
+        tokenizer = self._require_tokenizer("messages")
+        if not messages:
+            raise ValueError("messages: at least one message is required")
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as e:  # jinja errors, a missing template, malformed messages...
+            raise ValueError(f"messages: the chat template failed: {one_line(e)}") from e
+        if not isinstance(text, str):
+            raise ValueError(f"messages: the chat template gave {type(text).__name__}, not text")
+        return text
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        tokenizer = self._require_tokenizer("prompt")
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: first line of the message``: errors travel as one line (logs, HTTP bodies)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__

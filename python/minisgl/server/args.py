@@ -41,7 +41,6 @@ class ServerConfig:
     port: int = 1919
     served_model_name: str | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
-    tp: int = 1
     num_tokenizer: int = 0
     max_queued_requests: int = 1024
     api_key: str | None = None
@@ -65,7 +64,6 @@ _HELP = {
     "host": "address to bind (127.0.0.1 keeps the server local)",
     "port": "HTTP port",
     "served_model_name": "the model name clients use (default: --model)",
-    "tp": "tensor-parallel size (one scheduler process per rank)",
     "num_tokenizer": "extra tokenizer processes (0: the detokenizer process also tokenizes)",
     "max_queued_requests": "requests allowed to wait beyond the running ones; more get HTTP 503",
     "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise)",
@@ -94,7 +92,8 @@ def _add(parser: argparse.ArgumentParser, f: dataclasses.Field, default) -> None
         parser.add_argument(flag, action="store_true", default=default, help=_HELP[f.name])
         return
     kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0].replace("| None", "").strip(), str)
-    parser.add_argument(flag, type=kind, default=default, help=f"{_HELP[f.name]} (default: {default})")
+    text = _HELP[f.name] if "default" in _HELP[f.name] else f"{_HELP[f.name]} (default: {default})"
+    parser.add_argument(flag, type=kind, default=default, help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:

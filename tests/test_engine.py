@@ -21,14 +21,16 @@ def llama(tiny_checkpoints):
     return str(tiny_checkpoints["llama"])
 
 
+@pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("cache", ["radix", "naive"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_small_pool_retracts_and_matches_unconstrained(llama, page_size, cache):
+def test_small_pool_retracts_and_matches_unconstrained(llama, page_size, cache, overlap):
     prompts = random_prompts(6, [20, 25, 30, 18, 22, 27], VOCAB, seed=5)
     roomy = make_llm(llama, num_pages=4096 // page_size, page_size=page_size, cache=cache)
     expected = [o.token_ids for o in roomy.generate(prompts, GREEDY)]
     # room for about three requests at full length: decode must retract some and re-run them later
-    tight = make_llm(llama, num_pages=150 // page_size, page_size=page_size, cache=cache)
+    tight = make_llm(llama, num_pages=150 // page_size, page_size=page_size, cache=cache,
+                     disable_overlap=not overlap)
     outputs = tight.generate(prompts, GREEDY)
     sched = tight.scheduler
     assert sched.num_retractions > 0
@@ -74,8 +76,9 @@ def test_stop_conditions(llama):
     assert out.token_ids == free_run
 
 
-def test_seeded_sampling_is_batch_independent(llama):
-    llm = make_llm(llama, num_pages=1024)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_seeded_sampling_is_batch_independent(llama, overlap):
+    llm = make_llm(llama, num_pages=1024, disable_overlap=not overlap)
     prompts = random_prompts(4, [8, 16, 24, 32], VOCAB, seed=8)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=1234, ignore_eos=True)
     alone = llm.generate([prompts[2]], params)[0].token_ids

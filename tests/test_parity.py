@@ -13,7 +13,7 @@ from conftest import TEST_DEVICE
 from hf_models import ARCHS, hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
-from minisgl.scheduler.batch import prepare_batch
+from minisgl.engine.batch import prepare_batch
 
 VOCAB = 256
 LENGTHS = [5, 17, 33, 60]
@@ -26,6 +26,7 @@ SETTINGS = {
     "chunked": dict(page_size=1, max_prefill_tokens=16),
     "chunked_page4": dict(page_size=4, max_prefill_tokens=13),
     "naive": dict(page_size=4, cache="naive"),
+    "no_overlap": dict(page_size=1, max_prefill_tokens=16, disable_overlap=True),
 }
 
 
@@ -63,7 +64,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, tiny_checkpoints, pr
     reqs = [sched.add_request(100 + i, p, GREEDY) for i, p in enumerate(prompts)]
     batch = sched.prefill.schedule(decode_reserve=0)
     assert batch is not None and batch.reqs == reqs
-    prepare_batch(batch, engine.page_table)
+    prepare_batch(batch, engine.page_table, engine.token_pool)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
         engine.attn_backend.prepare_metadata(batch)
         logits = engine.model.compute_logits(engine.model(batch.input_ids, batch.positions, engine.ctx))

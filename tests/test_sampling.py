@@ -26,13 +26,14 @@ def make_req(
     prompt: list[int], output: list[int] = (), seed: int = 0, uid: int = 0, **params
 ) -> Req:
     ids = list(prompt) + list(output)
-    return Req(
+    return Req(  # as the scheduler hands it to sampling: every known token fed
         uid=uid,
         input_ids=ids,
         prompt_len=len(prompt),
         sampling_params=SamplingParams(**params),
         max_device_len=len(ids) + 16,
         seed=seed,
+        device_len=len(ids),
     )
 
 

@@ -5,7 +5,9 @@
     0 ........ cached_len ........ device_len ........ len(input_ids) .... max_device_len
     |  KV stored  |  KV being computed |  known, not yet fed  |  room left to generate  |
 
-Everything else (extend length, remaining budget, ...) is derived from them.
+"Stored" includes KV written by forwards already launched on the device (stream order makes it
+available to every later forward). Under overlap scheduling ``input_ids`` may lag one token behind
+``device_len`` while a decode forward is in flight. Everything else is derived from the counters.
 """
 
 from __future__ import annotations
@@ -181,8 +183,9 @@ class Batch:
     """The requests of one forward and the tensors built for it.
 
     ``input_ids``/``positions``/``out_loc`` hold one entry per computed token (requests back to back);
-    ``out_loc`` is the KV slot each token's K/V is written to. ``logits_idx`` picks, per request, the
-    row whose logits are sampled (the last computed token).
+    ``out_loc`` is the KV slot each token's K/V is written to. ``logits_idx`` picks the rows whose
+    logits are sampled (the last token of each sampled request), ``sample_loc`` where the sampled
+    tokens go in the engine's token pool.
     """
 
     reqs: list[Req]
@@ -191,6 +194,7 @@ class Batch:
     positions: torch.Tensor | None = None
     out_loc: torch.Tensor | None = None
     logits_idx: torch.Tensor | None = None
+    sample_loc: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, position) of new tokens
     attn_metadata: BaseAttnMetadata | None = None
 
     @property
@@ -211,7 +215,11 @@ class Batch:
 
     @property
     def sampled_reqs(self) -> list[Req]:
-        """Requests whose every known token is fed by this forward: they get a new token."""
+        """Requests that get a new token: every decode request, and the prefills that feed their
+        last known token. (Under overlap scheduling a decoding request's ``input_ids`` may lag one
+        token behind its counters, so decode does not look at them.)"""
+        if self.is_decode:
+            return self.reqs
         return [req for req in self.reqs if req.device_len == len(req.input_ids)]
 
 

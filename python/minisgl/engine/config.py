@@ -26,6 +26,8 @@ class EngineConfig:
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "torch"
     moe_backend: str = "torch"
+    cuda_graph_max_bs: int = 0  # decode batches up to this size replay CUDA graphs; 0 disables
+    max_forward_tokens: int = 8192  # the largest forward (prefill budget): sizes the profiling run
     dummy_weights: bool = False
     seed: int = 0
     tp: DistributedInfo = DistributedInfo()

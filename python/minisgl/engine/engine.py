@@ -7,12 +7,13 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.attention import create_attention_backend
-from minisgl.core import Batch, Context
+from minisgl.core import Batch, Context, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
 from minisgl.models.weight import init_dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
+from .batch import prepare_batch
 from minisgl.utils import init_logger
 
 from .config import EngineConfig
@@ -23,45 +24,73 @@ logger = init_logger(__name__)
 
 @dataclass
 class ForwardOutput:
-    """What one forward hands back to the scheduler: one row per sampled request."""
+    """What one forward hands back to the scheduler: one row per sampled request.
 
-    next_tokens: torch.Tensor  # [B] int64, on the CPU
+    The host copies are started without waiting; ``wait()`` before reading them.
+    """
+
+    next_tokens: torch.Tensor  # [B] int64, on the CPU (valid after wait())
     sample: SampleOutput  # device tensors, including log-probabilities when asked
     logits: torch.Tensor  # [B, vocab] on the device (for tests and debugging)
+    logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
+    copy_done: torch.cuda.Event | None = None
+
+    def wait(self) -> None:
+        if self.copy_done is not None:
+            self.copy_done.synchronize()
 
 
 class Engine:
+    """Model, KV pool, page table and attention backend of one TP worker.
+
+    Page 0 of the pool is a scratch page that no request owns: padding rows of CUDA-graph batches
+    and the profiling run write their K/V there. The page table's last row is the dummy request.
+    """
+
     def __init__(self, config: EngineConfig, comm: DistributedCommunicator | None = None) -> None:
         self.config = config
         self.device = config.device
         self.comm = comm or DistributedCommunicator(config.tp)
-        self.model_config = ModelConfig.from_path(config.model_path)
+        self.model_config = mc = ModelConfig.from_path(config.model_path)
         self.model = self._build_model()
-        max_pos = self.model_config.max_position
-        self.max_seq_len = min(config.max_seq_len or max_pos, max_pos)
+        self.local_kv_heads = self.model.layers[0].self_attn.qkv_proj.local_kv
+        self.max_seq_len = min(config.max_seq_len or mc.max_position, mc.max_position)
+        self.dummy_row = config.max_running_reqs
+        table_shape = (config.max_running_reqs + 1, self.max_seq_len)
+        self.page_table = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
+        # token_pool[row, pos]: the token at position pos of the request in that row, written on the
+        # device by sampling, read by the next decode (see batch.py)
+        self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
         self.num_pages = config.num_pages or self._pages_from_memory()
-        mc = self.model_config
-        self.kv_pool = create_kvcache_pool(
-            num_layers=mc.num_layers,
-            num_kv_heads=self.model.layers[0].self_attn.qkv_proj.local_kv,
-            head_dim=mc.head_dim,
-            num_pages=self.num_pages,
-            page_size=config.page_size,
-            dtype=config.dtype,
-            device=self.device,
-        )
-        # one row per running request, plus a dummy row (padding for CUDA graphs)
-        self.page_table = torch.zeros(
-            config.max_running_reqs + 1, self.max_seq_len, dtype=torch.int32, device=self.device
-        )
-        self.attn_backend = create_attention_backend(
-            config.attention_backend, self.kv_pool, self.page_table, mc.head_dim**-0.5
-        )
+        self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend)
+        self.graph_runner = None
+        if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
+            from .graph import GraphRunner
+
+            max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
+            self.graph_runner = GraphRunner(self, max_bs)
         logger.info(
-            "engine ready: %s on %s (%s), %d KV pages of %d tokens",
+            "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s",
             mc.architecture, self.device, config.dtype, self.num_pages, config.page_size,
+            config.attention_backend, ", CUDA graphs" if self.graph_runner else "",
         )
+
+    def _make_pool(self, num_pages: int):
+        mc, config = self.model_config, self.config
+        pool = create_kvcache_pool(
+            num_layers=mc.num_layers, num_kv_heads=self.local_kv_heads, head_dim=mc.head_dim,
+            num_pages=num_pages, page_size=config.page_size, dtype=config.dtype, device=self.device,
+        )
+        backend = create_attention_backend(
+            config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
+        )
+        return pool, backend
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        mc = self.model_config
+        return 2 * mc.num_layers * self.local_kv_heads * mc.head_dim * self.config.dtype.itemsize
 
     def _build_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)
@@ -75,20 +104,50 @@ class Engine:
         return model
 
     def _pages_from_memory(self) -> int:
-        mc = self.model_config
-        local_kv = self.model.layers[0].self_attn.qkv_proj.local_kv
-        bytes_per_token = 2 * mc.num_layers * local_kv * mc.head_dim * self.config.dtype.itemsize
+        """CPU: a fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and the
+        activations of one worst-case forward (measured by running it)."""
+        config = self.config
+        page_bytes = self.kv_bytes_per_token * config.page_size
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - (1 - self.config.mem_fraction) * total
+            peak = self._profile_forward()
+            total = torch.cuda.mem_get_info(self.device)[1]
+            budget = total * config.mem_fraction - peak
         else:
-            budget = self.config.kv_cache_memory_gb * (1 << 30)
-        pages = int(budget // (bytes_per_token * self.config.page_size))
-        # more than every request at full length could ever use is wasted memory
-        pages = min(pages, -(-self.config.max_running_reqs * self.max_seq_len // self.config.page_size))
-        if pages < 1:
-            raise RuntimeError("no memory left for the KV cache; lower the model size or raise the budget")
+            budget = config.kv_cache_memory_gb * (1 << 30)
+        pages = int(budget // page_bytes)
+        # more than every request at full length could ever use is wasted memory (+1: scratch page)
+        pages = min(pages, -(-config.max_running_reqs * self.max_seq_len // config.page_size) + 1)
+        if pages < 2:
+            raise RuntimeError(
+                "no memory left for the KV cache: use a smaller model, a higher mem_fraction, "
+                "or a smaller max_prefill_tokens"
+            )
         return pages
+
+    @torch.inference_mode()
+    def _profile_forward(self) -> int:
+        """Peak bytes of one prefill of ``max_forward_tokens`` tokens (weights included)."""
+        tokens = min(self.config.max_forward_tokens, self.max_seq_len - 1)
+        pages = -(-tokens // self.config.page_size) + 1
+        pool, backend = self._make_pool(pages)
+        req = Req(uid=-1, input_ids=[0] * (tokens + 1), prompt_len=tokens + 1,
+                  sampling_params=SamplingParams(), max_device_len=tokens + 1,
+                  table_idx=self.dummy_row, device_len=tokens)
+        batch = Batch([req], "prefill")
+        self.page_table[self.dummy_row, :tokens] = torch.arange(tokens, dtype=torch.int32)
+        prepare_batch(batch, self.page_table, self.token_pool)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        ctx = Context(self.page_table, pool, backend)
+        with ctx.forward_batch(batch):
+            backend.prepare_metadata(batch)
+            hidden = self.model(batch.input_ids, batch.positions, ctx)
+        self.model.compute_logits(hidden[-1:])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - pages * self.kv_bytes_per_token * self.config.page_size
+        self.page_table[self.dummy_row].zero_()
+        del pool, backend, ctx, hidden
+        torch.cuda.empty_cache()
+        return peak
 
     @property
     def vocab_size(self) -> int:
@@ -96,9 +155,22 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
-        with self.ctx.forward_batch(batch):
-            self.attn_backend.prepare_metadata(batch)
-            hidden = self.model(batch.input_ids, batch.positions, self.ctx)
-        logits = self.model.compute_logits(hidden[batch.logits_idx])
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            logits = self.graph_runner.replay(batch)
+        else:
+            with self.ctx.forward_batch(batch):
+                self.attn_backend.prepare_metadata(batch)
+                hidden = self.model(batch.input_ids, batch.positions, self.ctx)
+            logits = self.model.compute_logits(hidden[batch.logits_idx])
         out = sample(logits, args)
-        return ForwardOutput(next_tokens=out.next_tokens.cpu(), sample=out, logits=logits)
+        self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
+        non_blocking = self.device.type == "cuda"
+        host = [out.next_tokens.to("cpu", non_blocking=non_blocking)]
+        if out.logprobs is not None:
+            host += [t.to("cpu", non_blocking=non_blocking) if t is not None else None
+                     for t in (out.logprobs, out.top_ids, out.top_logprobs)]
+        event = None
+        if non_blocking:
+            event = torch.cuda.Event()
+            event.record()
+        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event)

@@ -171,7 +171,9 @@ class BatchSamplingArgs:
             top_p=_to_device(top_p, f32, device) if any(p < 1 for p in top_p) else None,
             min_p=_to_device(min_p, f32, device) if any(p > 0 for p in min_p) else None,
             seeds=_to_device([_i64(req.seed) for req in reqs], i64, device),
-            steps=_to_device([req.output_len for req in reqs], i64, device),
+            # the output index of the token being sampled; read from the counters, not from
+            # input_ids, which lags one token behind under overlap scheduling
+            steps=_to_device([req.device_len - req.prompt_len for req in reqs], i64, device),
             penalties=_penalty_args(reqs, vocab_size, device),
             all_greedy=all(greedy),
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),

@@ -16,6 +16,7 @@ from minisgl.attention import ATTN_BACKENDS, resolve_attention_backend
 from minisgl.engine import EngineConfig
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.models import ModelConfig
+from minisgl.moe import MOE_BACKENDS, resolve_moe_backend
 from minisgl.scheduler import SchedulerConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,6 +35,9 @@ class EngineOptions:
     max_running_requests: int = 256
     max_seq_len: int | None = None
     attn: str = "auto"
+    moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
+    cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs (GPU only)
+    disable_overlap: bool = False  # read every forward back before launching the next
     dummy_weights: bool = False
     seed: int = 0
 
@@ -64,6 +68,11 @@ class EngineOptions:
         for name in self.attn.split(","):
             if name != "auto" and name not in ATTN_BACKENDS:
                 raise ValueError(f"attn: {name!r} is not one of auto, {', '.join(ATTN_BACKENDS.names)}")
+        if self.moe_backend != "auto" and self.moe_backend not in MOE_BACKENDS:
+            raise ValueError(f"moe_backend: {self.moe_backend!r} is not one of auto, "
+                             f"{', '.join(MOE_BACKENDS.names)}")
+        if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
+            raise ValueError(f"cuda_graph_max_bs: must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
         if not self.kv_cache_memory_gb > 0:
@@ -83,6 +92,9 @@ class EngineOptions:
             max_running_reqs=self.max_running_requests,
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
+            moe_backend=resolve_moe_backend(self.moe_backend, device),
+            cuda_graph_max_bs=self.cuda_graph_max_bs if device.type == "cuda" else 0,
+            max_forward_tokens=self.max_prefill_tokens,
             dummy_weights=self.dummy_weights,
             seed=self.seed,
         )
@@ -91,6 +103,7 @@ class EngineOptions:
             max_prefill_tokens=self.max_prefill_tokens,
             cache=self.cache,
             eos_token_ids=eos_token_ids,
+            overlap=not self.disable_overlap,
         )
 
     def _resolve_dtype(self, model_path: str, device: torch.device) -> torch.dtype:

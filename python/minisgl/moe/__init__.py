@@ -16,8 +16,24 @@ def _create_torch() -> BaseMoeBackend:
     return TorchMoeBackend()
 
 
+@MOE_BACKENDS.register("triton")
+def _create_triton() -> BaseMoeBackend:
+    try:
+        from .fused import TritonMoeBackend  # imports triton
+    except ImportError as e:
+        raise ImportError("MoE backend 'triton' needs the triton package (pip install triton)") from e
+    return TritonMoeBackend()
+
+
+def resolve_moe_backend(name: str, device) -> str:
+    """Turn ``auto`` into a concrete name: the fused Triton kernel on CUDA when registered."""
+    if name != "auto":
+        return name
+    return "triton" if device.type == "cuda" and "triton" in MOE_BACKENDS else "torch"
+
+
 def create_moe_backend(name: str) -> BaseMoeBackend:
     return MOE_BACKENDS.get(name)()
 
 
-__all__ = ["MOE_BACKENDS", "BaseMoeBackend", "create_moe_backend"]
+__all__ = ["MOE_BACKENDS", "BaseMoeBackend", "create_moe_backend", "resolve_moe_backend"]

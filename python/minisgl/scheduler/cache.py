@@ -27,12 +27,14 @@ class CacheManager:
                  page_table: torch.Tensor) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         self.prefix_cache, self.page_table = prefix_cache, page_table
-        self.free_pages = torch.arange(num_pages, dtype=torch.int32)
+        # page 0 is the engine's scratch page (padding rows write there): never handed out
+        self.free_pages = torch.arange(1, num_pages, dtype=torch.int32)
         self.num_hit_tokens = 0  # tokens served from the prefix cache, over all matches
 
     @property
     def num_tokens(self) -> int:
-        return self.num_pages * self.page_size
+        """Tokens the requests can use (the scratch page excluded)."""
+        return (self.num_pages - 1) * self.page_size
 
     @property
     def available_tokens(self) -> int:

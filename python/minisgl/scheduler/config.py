@@ -13,6 +13,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 8192  # token budget of one prefill forward (chunked prefill)
     cache: str = "radix"  # prefix cache: "radix" or "naive"
     eos_token_ids: tuple[int, ...] = ()
+    overlap: bool = True  # launch step N+1 before reading step N back
 
     def __post_init__(self) -> None:
         if self.max_prefill_tokens < 1:

@@ -29,14 +29,21 @@ class DecodeManager:
     def remove(self, req: Req) -> None:
         self.running.remove(req)
 
+    def schedulable(self) -> list[Req]:
+        """Running requests that still need a forward. Under overlap scheduling a request whose
+        last token is being computed right now is still running, but needs no further step."""
+        return [req for req in self.running if req.device_len + 1 < req.max_device_len]
+
     def tokens_needed(self) -> int:
-        return sum(self.cache.tokens_needed(req, req.device_len + 1) for req in self.running)
+        return sum(self.cache.tokens_needed(req, req.device_len + 1) for req in self.schedulable())
 
     def schedule(self) -> Batch | None:
         """The decode batch of every running request, retracting the newest ones to make room."""
         while self.running and self.tokens_needed() > self.cache.available_tokens:
             self.retract(self.running.pop())
-        for req in self.running:
+        reqs = self.schedulable()
+        for req in reqs:
             self.cache.allocate(req, req.device_len + 1)
+            req.cached_len = req.device_len  # computed by an earlier (launched) forward
             req.device_len += 1
-        return Batch(list(self.running), "decode") if self.running else None
+        return Batch(reqs, "decode") if reqs else None

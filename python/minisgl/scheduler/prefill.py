@@ -47,6 +47,8 @@ class PrefillManager:
         for req in self.waiting:
             if budget == 0:
                 break
+            if req.pending_len == 0:
+                continue  # its last chunk is in flight (overlap): it moves to decode when read back
             newly_admitted = req.table_idx < 0
             if newly_admitted:
                 if self.table.num_free == 0:
@@ -60,6 +62,7 @@ class PrefillManager:
                     self.release(req)
                 break
             self.cache.allocate(req, req.device_len + chunk)
+            req.cached_len = req.device_len  # earlier chunks: computed by launched forwards
             req.device_len += chunk
             budget -= chunk
             reqs.append(req)

@@ -16,7 +16,7 @@ from minisgl.engine.sample import BatchSamplingArgs
 from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import init_logger
 
-from .batch import prepare_batch
+from minisgl.engine.batch import prepare_batch
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
@@ -55,6 +55,7 @@ class Scheduler:
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.num_retractions = 0
+        self._inflight: tuple[Batch, ForwardOutput] | None = None
         self._seeds = random.Random(config.engine.seed)
 
     # ---- requests in and out ----------------------------------------------------------------
@@ -104,39 +105,70 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.reqs)
+        return bool(self.reqs) or self._inflight is not None
 
     # ---- one step ---------------------------------------------------------------------------
 
     def step(self) -> list[TokenOutput]:
+        """Run one forward and return new tokens.
+
+        With overlap scheduling the forward just launched is read back on the next call: this call
+        returns the tokens of the previous forward, so the host prepares step N+1 while the device
+        still computes step N. Penalties need the latest tokens on the host, so a batch with them
+        runs synchronously.
+        """
+        prev, self._inflight = self._inflight, None
+        outputs: list[TokenOutput] = []
+        if prev is not None and (not self.config.overlap or self._needs_sync()):
+            outputs, prev = self._finish(*prev), None
+        launched = self._launch()
+        if prev is not None:
+            outputs = self._finish(*prev)
+        if launched is not None:
+            if self.config.overlap:
+                self._inflight = launched
+            else:
+                outputs += self._finish(*launched)
+        return outputs
+
+    def _needs_sync(self) -> bool:
+        return any(req.sampling_params.needs_penalties for req in self.reqs.values())
+
+    def _launch(self) -> tuple[Batch, ForwardOutput] | None:
         batch = self._schedule()
         if batch is None:
-            return []
-        prepare_batch(batch, self.engine.page_table)
+            return None
+        prepare_batch(batch, self.engine.page_table, self.engine.token_pool)
         args = BatchSamplingArgs.from_reqs(
             batch.sampled_reqs, self.engine.vocab_size, self.engine.device
         )
-        return self._process(batch, self.engine.forward(batch, args))
+        return batch, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
         batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
         return batch if batch is not None else self.decode.schedule()
 
-    def _process(self, batch: Batch, out: ForwardOutput) -> list[TokenOutput]:
+    def _finish(self, batch: Batch, out: ForwardOutput) -> list[TokenOutput]:
+        """Read a forward back: append its tokens, check stops, release finished requests.
+
+        A request may have finished or been aborted since the batch was launched: its tokens are
+        dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
+        """
+        out.wait()
         sampled = batch.sampled_reqs
-        for req in batch.reqs:
-            req.cached_len = req.device_len
         tokens = out.next_tokens.tolist()
         logprobs = _logprob_rows(out, sampled)
         results = []
         for i, (req, token) in enumerate(zip(sampled, tokens)):
+            if self.reqs.get(req.uid) is not req:
+                continue  # finished or aborted while this forward ran
             req.append_token(token)
             result = TokenOutput(req.uid, token, self._finish_reason(req, token), *logprobs[i])
             if req.output_len == 1:
                 result.first = req
             if result.finish_reason is not None:
                 self._release(req)
-            elif batch.is_prefill:
+            elif batch.is_prefill and req.table_idx >= 0:
                 self.prefill.remove(req)
                 self.decode.add(req)
             results.append(result)
@@ -184,12 +216,12 @@ class Scheduler:
 
 def _logprob_rows(out: ForwardOutput, reqs: list[Req]) -> list[tuple]:
     """Per request: (chosen token's logprob, [(id, logprob)] of its top_logprobs), or () if unasked."""
-    s = out.sample
-    if s.logprobs is None:
+    if out.logprobs is None:
         return [()] * len(reqs)
-    chosen = s.logprobs.tolist()
-    ids = s.top_ids.tolist() if s.top_ids is not None else [[] for _ in reqs]
-    lps = s.top_logprobs.tolist() if s.top_logprobs is not None else [[] for _ in reqs]
+    logprobs, top_ids, top_logprobs = out.logprobs
+    chosen = logprobs.tolist()
+    ids = top_ids.tolist() if top_ids is not None else [[] for _ in reqs]
+    lps = top_logprobs.tolist() if top_logprobs is not None else [[] for _ in reqs]
     rows: list[tuple] = []
     for i, req in enumerate(reqs):
         k = req.sampling_params.top_logprobs

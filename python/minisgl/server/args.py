@@ -82,6 +82,9 @@ _HELP = {
     "max_seq_len": "longest sequence, prompt and output (default: the model's)",
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",
+    "moe_backend": "MoE backend: auto, torch, triton",
+    "disable_overlap": "read every forward back before launching the next (ablation)",
+    "cuda_graph_max_bs": "decode batches up to this size replay CUDA graphs (0: off; GPU only)",
     "seed": "seed of the sampling of requests that give none",
 }
 

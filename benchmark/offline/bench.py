@@ -1,0 +1,205 @@
+"""Offline throughput: DESIGN.md section 9's workload through `LLM.generate`, next to transformers.
+
+    python benchmark/offline/bench.py --model ../shared/model-configs/qwen3-0.6b.json \
+        --variants default,no-cuda-graph,torch-attn --hf-requests 64 --out benchmark/results
+
+A ``.json`` model is a bare config: the weights are random (``--dummy-weights``). Output tok/s is
+reported with its fraction of the bandwidth ceiling (output tok/s at peak HBM bandwidth with no CPU
+overhead); transformers runs on a subset of the same workload in the same process, on the same GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+from minisgl import LLM, SamplingParams  # noqa: E402
+
+# output tok/s at peak HBM bandwidth, DESIGN.md section 9
+CEILINGS = {
+    ("qwen3-0.6b", "H100"): 28_300, ("qwen3-0.6b", "H200"): 39_800,
+    ("qwen3-8b", "H100"): 10_500, ("qwen3-8b", "H200"): 13_800,
+    ("llama-3.1-8b-instruct", "H100"): 11_100, ("llama-3.1-8b-instruct", "H200"): 14_500,
+}
+
+VARIANTS = {
+    "default": {},
+    "no-cuda-graph": {"cuda_graph_max_bs": 0},
+    "torch-attn": {"attn": "torch"},
+    "page16": {"page_size": 16},
+}
+
+
+def workload(n: int = 256) -> tuple[list[list[int]], list[int]]:
+    """256 prompts of 100-1024 random ids, then 256 output lengths of 100-1024 (seed 0)."""
+    random.seed(0)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(n)]
+    max_tokens = [random.randint(100, 1024) for _ in range(n)]
+    return prompts, max_tokens
+
+
+def gpu_name() -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return next((k for k in ("H100", "H200", "A100", "B200") if k in name), name)
+
+
+def model_dir(model: str) -> tuple[str, bool]:
+    """A directory for ``model``; a bare config.json is copied into a temp dir (dummy weights)."""
+    if model.endswith(".json"):
+        tmp = tempfile.mkdtemp(prefix="minisgl-bench-")
+        shutil.copy(model, os.path.join(tmp, "config.json"))
+        return tmp, True
+    return model, False
+
+
+def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict) -> dict:
+    llm = LLM(path, dummy_weights=dummy, **options)
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    llm.generate(prompts[:8], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8,
+                 use_tqdm=False)  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    result = {"output_tokens": sum(len(o.token_ids) for o in outs), "seconds": seconds,
+              "retractions": llm.scheduler.num_retractions, "kv_pages": llm.scheduler.engine.num_pages}
+    del llm, outs
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> dict:
+    """Decode latency of one request: (total - time to first token) / (tokens - 1)."""
+    llm = LLM(path, dummy_weights=dummy, **options)
+    prompt = [random.Random(1).randint(0, 10000) for _ in range(128)]
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    full = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    llm.generate([prompt], full, use_tqdm=False)  # warm-up
+    times = []
+    for params in (first, full):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate([prompt], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"ms_per_token": 1000 * (times[1] - times[0]) / (new_tokens - 1)}
+
+
+def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict:
+    """transformers' batched generate (bf16, SDPA, KV cache), left-padded, longest first."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(path)
+    if dummy:
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
+    model.eval()
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    useful = 0
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)
+        mask = torch.zeros(len(idx), width, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]):] = 1
+        steps = max(max_tokens[i] for i in idx)
+        gen = GenerationConfig(do_sample=False, max_new_tokens=steps, min_new_tokens=steps,
+                               pad_token_id=0, eos_token_id=None)
+        with torch.no_grad():
+            model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gen)
+        useful += sum(max_tokens[i] for i in idx)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"output_tokens": useful, "seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
+    parser.add_argument("--variants", default="default", help=f"comma list of {list(VARIANTS)}")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--hf-requests", type=int, default=64, help="0 skips transformers")
+    parser.add_argument("--hf-batch", type=int, default=64)
+    parser.add_argument("--batch1", action="store_true", help="also measure batch-1 decode latency")
+    parser.add_argument("--out", default="benchmark/results")
+    args = parser.parse_args()
+
+    path, dummy = model_dir(args.model)
+    name = os.path.basename(args.model).removesuffix(".json")
+    prompts, max_tokens = workload()
+    prompts, max_tokens = prompts[: args.num_requests], max_tokens[: args.num_requests]
+    gpu = gpu_name()
+    ceiling = CEILINGS.get((name, gpu))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    base = {"model": name, "gpu": gpu, "date": datetime.date.today().isoformat(), "commit": commit,
+            "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts))}
+    records = []
+
+    def record(engine: str, result: dict, **extra) -> None:
+        tps = result["output_tokens"] / result["seconds"]
+        rec = {**base, "engine": engine, **result, "output_tok_per_s": round(tps, 1),
+               "ceiling_tok_per_s": ceiling,
+               "ceiling_fraction": round(tps / ceiling, 3) if ceiling else None, **extra}
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    for variant in args.variants.split(","):
+        record(f"minisgl[{variant}]", run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant]))
+    if args.batch1:
+        res = run_batch1(path, dummy, {})
+        records.append({**base, "engine": "minisgl[batch1]", **res})
+        print(json.dumps(records[-1]), flush=True)
+    if args.hf_requests:
+        n = args.hf_requests
+        record("transformers", run_hf(path, dummy, prompts[:n], max_tokens[:n], args.hf_batch),
+               hf_requests=n)
+    write(records, args.out, f"offline_{name}_{gpu}_{base['date']}")
+
+
+def write(records: list[dict], out_dir: str, stem: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+        json.dump(records, f, indent=1)
+    lines = ["| engine | model | gpu | output tok/s | fraction of ceiling | seconds | output tokens |",
+             "|---|---|---|---|---|---|---|"]
+    for r in records:
+        if "output_tok_per_s" in r:
+            lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['output_tok_per_s']:,.0f} | "
+                         f"{r['ceiling_fraction']} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
+        else:
+            lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['ms_per_token']:.2f} ms/token | | | |")
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

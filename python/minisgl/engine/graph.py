@@ -1,0 +1,95 @@
+"""CUDA graphs for decode: one graph per captured batch size, replayed with a padded batch.
+
+A decode step of a small model is dominated by kernel-launch overhead; replaying a captured graph
+removes it. Every input of the graph lives in a static buffer::
+
+    input_ids / positions / out_loc : [max_bs]   rows >= batch size are padding
+    attention metadata              : owned by the backend (``init_cuda_graph``)
+
+Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
+page (page 0, never handed to a request) and attending over that one slot.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.utils import init_logger
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = init_logger(__name__)
+
+
+def capture_sizes(max_bs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, max_bs + 1, 16))
+    return sorted({s for s in sizes if s <= max_bs} | {max_bs})
+
+
+class GraphRunner:
+    def __init__(self, engine: Engine, max_bs: int) -> None:
+        self.engine = engine
+        self.sizes = capture_sizes(max_bs)
+        self.max_bs = self.sizes[-1]
+        device = engine.device
+        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.out_loc = torch.zeros(self.max_bs, dtype=torch.int32, device=device)
+        self.logits: dict[int, torch.Tensor] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.dummy = Req(uid=-1, input_ids=[0, 0], prompt_len=1, sampling_params=SamplingParams(),
+                         max_device_len=2, table_idx=engine.dummy_row, cached_len=0, device_len=1)
+        engine.attn_backend.init_cuda_graph(self.max_bs)
+        self._capture_all()
+
+    def can_run(self, batch: Batch) -> bool:
+        return batch.is_decode and batch.size <= self.max_bs
+
+    def _static_batch(self, bs: int) -> Batch:
+        batch = Batch([self.dummy] * bs, "decode")
+        batch.input_ids, batch.positions = self.input_ids[:bs], self.positions[:bs]
+        batch.out_loc = self.out_loc[:bs]
+        return batch
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        engine = self.engine
+        stream = torch.cuda.Stream()
+        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
+            batch = self._static_batch(bs)
+            engine.attn_backend.prepare_for_capture(batch)
+            with torch.cuda.stream(stream):
+                self._run(batch)  # warm-up: compiles every kernel variant before capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self.logits[bs] = self._run(batch)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.pool = graph.pool()
+            self.graphs[bs] = graph
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def _run(self, batch: Batch) -> torch.Tensor:
+        engine = self.engine
+        with engine.ctx.forward_batch(batch):
+            hidden = engine.model(batch.input_ids, batch.positions, engine.ctx)
+        return engine.model.compute_logits(hidden)
+
+    def replay(self, batch: Batch) -> torch.Tensor:
+        """Logits of a live decode batch (its tensors prepared as for an eager forward)."""
+        bs = batch.size
+        padded = next(s for s in self.sizes if s >= bs)
+        self.input_ids[:bs].copy_(batch.input_ids)
+        self.positions[:bs].copy_(batch.positions)
+        self.out_loc[:bs].copy_(batch.out_loc)
+        if padded > bs:
+            self.input_ids[bs:padded].zero_()
+            self.positions[bs:padded].zero_()
+            self.out_loc[bs:padded].zero_()
+        self.engine.attn_backend.prepare_for_replay(batch, padded)
+        self.graphs[padded].replay()
+        return self.logits[padded][:bs]

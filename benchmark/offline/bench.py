@@ -38,6 +38,7 @@ CEILINGS = {
 VARIANTS = {
     "default": {},
     "no-cuda-graph": {"cuda_graph_max_bs": 0},
+    "no-overlap": {"disable_overlap": True},
     "torch-attn": {"attn": "torch"},
     "page16": {"page_size": 16},
 }

@@ -1,0 +1,64 @@
+"""GPU-only checks of the full engine (skipped on CPU): bf16 against transformers, and the fast
+paths (Triton attention, CUDA graphs, overlap) against the reference paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_models import hf_model, hf_prefill_logits, random_prompts
+from minisgl import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+VOCAB = 256
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
+def test_fast_paths_match_reference_paths_fp32(arch, tiny_checkpoints):
+    """triton vs torch attention, CUDA graphs vs eager, overlap vs not: the same greedy tokens."""
+    prompts = random_prompts(6, [5, 17, 33, 60, 90, 130], VOCAB, seed=4)
+    path = str(tiny_checkpoints[arch])
+    base = dict(device="cuda", dtype="float32", num_pages=4096)
+    variants = {
+        "torch_eager_sync": dict(attn="torch", cuda_graph_max_bs=0, disable_overlap=True,
+                                 moe_backend="torch"),
+        "triton_graph_overlap": dict(attn="triton"),
+        "triton_eager": dict(attn="triton", cuda_graph_max_bs=0),
+        "triton_graph_sync": dict(attn="triton", disable_overlap=True),
+        "triton_page16": dict(attn="triton", page_size=16, num_pages=256),
+    }
+    outputs = {name: [o.token_ids for o in LLM(path, **{**base, **v}).generate(prompts, GREEDY)]
+               for name, v in variants.items()}
+    reference = outputs.pop("torch_eager_sync")
+    for name, tokens in outputs.items():
+        assert tokens == reference, name
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3_moe"])
+def test_bf16_prefill_logits_close_to_fp32_transformers(arch, tiny_checkpoints):
+    """bf16 keeps 8 bits of mantissa: after a few layers logits carry errors of ~1% of their
+    scale, so we bound the error relative to the logits' spread and require the same argmax
+    wherever the fp32 top-1 margin exceeds that error."""
+    path = str(tiny_checkpoints[arch])
+    prompts = random_prompts(4, [7, 29, 64, 100], VOCAB, seed=6)
+    llm = LLM(path, device="cuda", dtype="bfloat16", num_pages=4096)
+    sched, engine = llm.scheduler, llm.scheduler.engine
+    from minisgl.engine.batch import prepare_batch
+
+    for i, p in enumerate(prompts):
+        sched.add_request(1000 + i, p, GREEDY)
+    batch = sched.prefill.schedule(decode_reserve=0)
+    prepare_batch(batch, engine.page_table, engine.token_pool)
+    with torch.inference_mode(), engine.ctx.forward_batch(batch):
+        engine.attn_backend.prepare_metadata(batch)
+        logits = engine.model.compute_logits(engine.model(batch.input_ids, batch.positions, engine.ctx))
+    expected = torch.cat(hf_prefill_logits(path, prompts)).cuda()
+    err = (logits.float() - expected).abs()
+    scale = expected.std()
+    assert err.max() < 0.05 * scale, (err.max(), scale)
+    top2 = expected.topk(2, dim=-1).values
+    decisive = (top2[:, 0] - top2[:, 1]) > 2 * err.max()
+    assert (logits.argmax(-1) == expected.argmax(-1))[decisive].all()
+    hf_model(path)  # keep the cached reference model warm for other tests

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.models.config import ModelConfig
 
 from .linear import LinearQKVMerged, LinearRowParallel
 from .norm import RMSNorm
@@ -17,6 +16,7 @@ from .rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
     from minisgl.core import Context
+    from minisgl.models.config import ModelConfig
 
 
 class AttentionLayer(nn.Module):
@@ -24,8 +24,12 @@ class AttentionLayer(nn.Module):
         super().__init__()
         self.layer_id, self.head_dim = layer_id, cfg.head_dim
         self.qkv_proj = LinearQKVMerged(
-            cfg.hidden_size, cfg.head_dim, cfg.num_qo_heads, cfg.num_kv_heads,
-            cfg.attention_bias, comm.info,
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.num_qo_heads,
+            cfg.num_kv_heads,
+            cfg.attention_bias,
+            comm.info,
         )
         self.o_proj = LinearRowParallel(
             cfg.num_qo_heads * cfg.head_dim, cfg.hidden_size, False, comm

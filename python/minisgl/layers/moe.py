@@ -3,15 +3,19 @@ sharded on their intermediate dimension, so each rank computes a partial sum tha
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.models.config import ModelConfig
 from minisgl.moe import BaseMoeBackend
 
 from .base import copy_weight, divide, new_param, shard
 from .linear import ReplicatedLinear
+
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
 
 
 class MoELayer(nn.Module):
@@ -30,10 +34,14 @@ class MoELayer(nn.Module):
         self.w2 = new_param(experts, hidden, inter, loader=self._load_w2)
         self.inter = inter
 
-    def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, int]) -> None:
+    def _load_w13(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, int]
+    ) -> None:
         expert, which = shard_id
-        copy_weight(param.data[expert, which * self.inter : (which + 1) * self.inter],
-                    shard(loaded, 0, self.comm.info))
+        copy_weight(
+            param.data[expert, which * self.inter : (which + 1) * self.inter],
+            shard(loaded, 0, self.comm.info),
+        )
 
     def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, expert: int) -> None:
         copy_weight(param.data[expert], shard(loaded, 1, self.comm.info))

@@ -1,4 +1,9 @@
-"""RMSNorm, and its fused form that adds the residual first (one kernel on GPU, one pass here)."""
+"""RMSNorm, and its fused form that adds the residual first.
+
+On CUDA tensors these run the Triton kernels in ``minisgl.kernel.triton.norm`` (one pass over memory,
+imported lazily so CPU-only machines never import triton); the torch code here is the reference they
+are tested against and what CPU runs.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,10 @@ class RMSNorm(nn.Module):
         self.weight = new_param(size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
+
+            return triton_rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -31,6 +40,13 @@ class RMSNormFused(RMSNorm):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.is_cuda:
+            from minisgl.kernel.triton.norm import fused_add_rms_norm
+            from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
+
+            if residual is None:
+                return triton_rms_norm(x, self.weight, self.eps), x
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
         return rms_norm(x, self.weight, self.eps), x

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from minisgl.models.config import RotaryConfig
+if TYPE_CHECKING:
+    from minisgl.models.config import RotaryConfig
 
 
 def _inv_freq(cfg: RotaryConfig) -> torch.Tensor:
@@ -52,6 +54,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: RotaryConfig) -> None:
         super().__init__()
@@ -60,7 +66,15 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, qo_heads, head_dim], k: [T, kv_heads, head_dim]; positions: [T]."""
+        """q: [T, qo_heads, head_dim], k: [T, kv_heads, head_dim]; positions: [T].
+
+        On CUDA the Triton kernel rotates q and k in place (they are fresh activations) and returns
+        them; elsewhere new tensors come back from the torch reference."""
+        if q.is_cuda and _pow2(q.shape[-1]):
+            from minisgl.kernel.triton.rotary import apply_rope_
+
+            apply_rope_(positions, q, k, _cos_sin(self.cfg, q.device))
+            return q, k
         cos, sin = _cos_sin(self.cfg, q.device)[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

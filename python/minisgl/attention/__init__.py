@@ -23,17 +23,50 @@ def _create_torch(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: flo
     return TorchBackend(kv_pool, page_table, scale)
 
 
+@ATTN_BACKENDS.register("triton")
+def _create_triton(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float):
+    from .triton_backend import TritonBackend  # raises ImportError naming what to install
+
+    return TritonBackend(kv_pool, page_table, scale)
+
+
+@ATTN_BACKENDS.register("fa")
+def _create_fa(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float):
+    from .fa_backend import FlashAttnBackend
+
+    return FlashAttnBackend(kv_pool, page_table, scale)
+
+
 def resolve_attention_backend(name: str, device: torch.device) -> str:
-    """Turn ``auto`` into a concrete name for this device."""
+    """Turn ``auto`` into a concrete name for this device: our Triton kernels on CUDA (when triton
+    is installed), the reference elsewhere. ``auto`` inside ``PREFILL,DECODE`` resolves the same.
+
+    Not ``fa,triton``: on an H100 (torch 2.11's built-in FlashAttention 2, no flash_attn package)
+    the Triton extend kernel measured as fast for one 8K prompt (1.69 vs 1.69 ms) and faster for
+    batches (8x1K: 0.29 vs 0.33 ms; 32x256: 0.14 vs 0.17 ms), and it also serves cached prefixes.
+    """
+    if "," in name:
+        return ",".join(resolve_attention_backend(part, device) for part in name.split(","))
     if name != "auto":
         return name
-    return "torch"
+    from minisgl.kernel import triton_available
+
+    return "triton" if device.type == "cuda" and triton_available() else "torch"
 
 
 def create_attention_backend(
     name: str, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float
 ) -> BaseAttnBackend:
-    return ATTN_BACKENDS.get(name)(kv_pool, page_table, scale)
+    """``NAME`` or ``PREFILL,DECODE`` (e.g. ``fa,triton``): one backend per phase."""
+    names = name.split(",")
+    if len(names) == 2 and names[0] != names[1]:
+        from .fa_backend import HybridBackend
+
+        prefill, decode = (ATTN_BACKENDS.get(n)(kv_pool, page_table, scale) for n in names)
+        return HybridBackend(prefill, decode)
+    if len(names) > 2:
+        raise ValueError(f"attention backend {name!r}: give NAME or PREFILL,DECODE")
+    return ATTN_BACKENDS.get(names[0])(kv_pool, page_table, scale)
 
 
 __all__ = [

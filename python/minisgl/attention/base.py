@@ -5,6 +5,22 @@ once per forward, before the model runs (host-side work, and host-to-device copi
 layer then calls ``forward(q, k, v, layer_id, batch)``, which must first store this step's K/V at
 ``batch.out_loc`` and then attend over each request's whole context ``[0, device_len)``, causally for
 the new tokens (token ``i`` of a request sits at position ``cached_len + i``).
+
+CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_graph = True`` and
+implements three methods; the graph runner calls them in this order::
+
+    init_cuda_graph(max_bs)          once: static metadata buffers for up to max_bs requests
+    for bs in captured sizes:        (largest first)
+        prepare_for_capture(batch)   batch: bs dummy requests; sets batch.attn_metadata to views of
+                                     the static buffers, then model.forward is warmed up + captured
+    per step:
+        prepare_for_replay(batch, padded_bs)
+                                     copies the live batch's metadata into the static buffers; rows
+                                     batch.size .. padded_bs-1 become the dummy request (the page
+                                     table's last row, context length 1)
+
+Everything a captured forward reads (lengths, page-table rows, split workspace) must therefore live
+in buffers the backend owns, and no launch may depend on device data (grids from host-side bounds).
 """
 
 from __future__ import annotations
@@ -23,6 +39,8 @@ class BaseAttnMetadata:
 
 
 class BaseAttnBackend(ABC):
+    supports_cuda_graph: bool = False
+
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
         """Fill ``batch.attn_metadata``."""
@@ -32,3 +50,17 @@ class BaseAttnBackend(ABC):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
     ) -> torch.Tensor:
         """q: [T, qo_heads, head_dim], k/v: [T, kv_heads, head_dim] -> [T, qo_heads, head_dim]."""
+
+    # -- CUDA graphs (see the module docstring); backends without them keep these defaults --------
+
+    def init_cuda_graph(self, max_bs: int) -> None:
+        """Allocate static metadata buffers for decode batches of up to ``max_bs`` requests."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        """Point ``batch.attn_metadata`` (``batch.size`` dummy requests) at the static buffers."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_for_replay(self, batch: Batch, padded_bs: int) -> None:
+        """Copy ``batch``'s metadata into the static buffers; pad up to ``padded_bs`` with the dummy."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

@@ -65,7 +65,8 @@ class Engine:
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend)
         self.graph_runner = None
-        if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
+        if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0
+                and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)

@@ -1,0 +1,180 @@
+"""The Triton backend: our own paged kernels, split-K decode and causal extend with a prefix.
+
+Metadata is a handful of int32 device vectors built on the host in one pinned copy::
+
+    decode : rows [B], seq_lens [B]                      + num_splits (host int, from B only)
+    prefill: rows [B], seq_lens [B], cu_seqlens [B+1]    + max_extend, no_prefix (host)
+
+For CUDA graphs, decode reads rows/seq_lens from static buffers ``[2, max_bs]`` that the runner's
+``prepare_for_replay`` refreshes, and the split workspace is one static allocation sized for the
+largest ``bs * num_splits(bs)``; ``num_splits`` depends on the batch size alone, so eager and
+replayed decode of the same batch run the same launches and give the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .base import BaseAttnBackend, BaseAttnMetadata
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch
+    from minisgl.kvcache import BaseKVCachePool
+
+try:
+    from minisgl.kernel.triton.decode_attention import (
+        choose_num_splits,
+        decode_attention,
+        decode_workspace,
+    )
+    from minisgl.kernel.triton.extend_attention import extend_attention
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        f"the 'triton' attention backend needs the triton package ({exc}); install it with "
+        "`pip install triton` (it ships with CUDA builds of torch), or use --attn torch"
+    ) from exc
+
+
+@dataclass
+class TritonDecodeMetadata(BaseAttnMetadata):
+    rows: torch.Tensor  # [B] int32 page-table row of each request
+    seq_lens: torch.Tensor  # [B] int32 context length incl. the new token
+    num_splits: int
+    static: bool = False  # views of the CUDA-graph buffers: use the backend's static workspace
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None  # eager: made by the first layer
+
+
+@dataclass
+class TritonPrefillMetadata(BaseAttnMetadata):
+    rows: torch.Tensor  # [B] int32
+    seq_lens: torch.Tensor  # [B] int32
+    cu_seqlens: torch.Tensor  # [B+1] int32 offsets of each request's new tokens
+    max_extend: int
+    max_seq_len: int
+    no_prefix: bool  # every request starts at position 0 (FlashAttention may skip the pool)
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=torch.int32, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
+class TritonBackend(BaseAttnBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
+        self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
+        self.device = page_table.device
+        self.num_kv_heads = kv_pool.num_kv_heads
+        self.max_seq_len = page_table.shape[1]
+        self.dummy_row = page_table.shape[0] - 1
+        self.num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda" else 16
+        )
+        self._graph_bufs: torch.Tensor | None = None  # [2, max_bs]: rows, seq_lens
+        self._graph_ws: tuple[torch.Tensor, torch.Tensor] | None = None  # flat part_out, part_lse
+
+    def num_splits(self, batch_size: int) -> int:
+        return choose_num_splits(batch_size, self.num_kv_heads, self.max_seq_len, self.num_sms)
+
+    # -- metadata -----------------------------------------------------------------------------
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        reqs = batch.reqs
+        n = len(reqs)
+        if batch.is_decode:
+            flat = _to_device([r.table_idx for r in reqs] + [r.device_len for r in reqs], self.device)
+            batch.attn_metadata = TritonDecodeMetadata(flat[:n], flat[n:], self.num_splits(n))
+            return
+        extend = [r.extend_len for r in reqs]
+        cu = [0]
+        for e in extend:
+            cu.append(cu[-1] + e)
+        flat = _to_device(
+            [r.table_idx for r in reqs] + [r.device_len for r in reqs] + cu, self.device
+        )
+        batch.attn_metadata = TritonPrefillMetadata(
+            rows=flat[:n], seq_lens=flat[n : 2 * n], cu_seqlens=flat[2 * n :],
+            max_extend=max(extend), max_seq_len=max(r.device_len for r in reqs),
+            no_prefix=all(r.cached_len == 0 for r in reqs),
+        )
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        self.kv_pool.store_kv(k, v, batch.out_loc, layer_id)
+        return self.attend(q, layer_id, batch.attn_metadata)  # type: ignore[arg-type]
+
+    def attend(self, q: torch.Tensor, layer_id: int, meta: BaseAttnMetadata) -> torch.Tensor:
+        """Attention over the pool only (K/V already stored)."""
+        k_cache, v_cache = self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id)
+        if isinstance(meta, TritonDecodeMetadata):
+            return decode_attention(
+                q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
+                meta.num_splits, workspace=self._workspace(meta, q),
+            )
+        assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
+        return extend_attention(
+            q, k_cache, v_cache, self.page_table, meta.rows, meta.cu_seqlens, meta.seq_lens,
+            meta.max_extend, self.scale,
+        )
+
+    def _workspace(self, meta: TritonDecodeMetadata, q: torch.Tensor):
+        """Split workspace shared by all layers of one forward (none when ``num_splits == 1``)."""
+        if meta.num_splits == 1:
+            return None
+        bs, hq, dim = q.shape
+        if not meta.static:
+            if meta.workspace is None:
+                meta.workspace = decode_workspace(bs, hq, meta.num_splits, dim, q.device)
+            return meta.workspace
+        assert self._graph_bufs is not None, "init_cuda_graph was not called"
+        if self._graph_ws is None:  # sized once for every capturable batch size
+            max_bs = self._graph_bufs.shape[1]
+            most = max(b * self.num_splits(b) for b in range(1, max_bs + 1))
+            self._graph_ws = (
+                torch.empty(most * hq * dim, dtype=torch.float32, device=q.device),
+                torch.empty(most * hq, dtype=torch.float32, device=q.device),
+            )
+        part_out, part_lse = self._graph_ws
+        s = meta.num_splits
+        return (part_out[: bs * hq * s * dim].view(bs, hq, s, dim),
+                part_lse[: bs * hq * s].view(bs, hq, s))
+
+    # -- CUDA graphs ----------------------------------------------------------------------------
+
+    def init_cuda_graph(self, max_bs: int) -> None:
+        self._graph_bufs = torch.empty(2, max_bs, dtype=torch.int32, device=self.device)
+        self._graph_bufs[0].fill_(self.dummy_row)
+        self._graph_bufs[1].fill_(1)
+        self._graph_ws = None
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        bufs = self._graph_bufs
+        assert bufs is not None, "init_cuda_graph was not called"
+        bs = batch.size
+        assert bs <= bufs.shape[1], f"batch of {bs} > max_bs {bufs.shape[1]}"
+        self._fill(batch, bs)
+        batch.attn_metadata = TritonDecodeMetadata(
+            bufs[0, :bs], bufs[1, :bs], self.num_splits(bs), static=True
+        )
+
+    def prepare_for_replay(self, batch: Batch, padded_bs: int | None = None) -> None:
+        self._fill(batch, padded_bs or batch.size)
+
+    def _fill(self, batch: Batch, padded_bs: int) -> None:
+        bufs = self._graph_bufs
+        assert bufs is not None, "init_cuda_graph was not called"
+        pad = padded_bs - batch.size
+        host = torch.tensor(
+            [[r.table_idx for r in batch.reqs] + [self.dummy_row] * pad,
+             [r.device_len for r in batch.reqs] + [1] * pad],
+            dtype=torch.int32, pin_memory=self.device.type == "cuda",
+        )
+        bufs[:, :padded_bs].copy_(host, non_blocking=True)

@@ -12,6 +12,7 @@ page (page 0, never handed to a request) and attending over that one slot.
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,6 +59,17 @@ class GraphRunner:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
+        # NOTE: a garbage-collected CUDA graph (e.g. of an engine dropped earlier) frees itself in
+        # its destructor, which is illegal while another graph is capturing: collect first, and
+        # keep the collector off until every graph is captured.
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture_sizes()
+        finally:
+            gc.enable()
+
+    def _capture_sizes(self) -> None:
         engine = self.engine
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool

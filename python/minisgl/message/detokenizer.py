@@ -12,8 +12,12 @@ class BaseDetokenizerMsg(Msg):
 
 
 class DetokenizeMsg(BaseDetokenizerMsg):
-    """One new token of a request. ``prompt_len``, ``cached_len`` and ``stop`` (the request's stop
-    strings) come with its first token only."""
+    """One new token of a request. ``prompt_len``, ``cached_len``, ``stop`` (the request's stop
+    strings) and ``first_forward_time`` come with its first token only.
+
+    ``first_forward_time`` is the Unix time at which the request's first forward was launched
+    (0.0: unknown); the API subtracts the request's arrival from it to get its queue time, so the
+    wait in the tokenizer and in the scheduler's queue are both counted."""
 
     uid: int
     token: int
@@ -23,6 +27,7 @@ class DetokenizeMsg(BaseDetokenizerMsg):
     prompt_len: int = 0
     cached_len: int = 0
     stop: tuple[str, ...] = ()
+    first_forward_time: float = 0.0
 
 
 class RequestErrorMsg(BaseDetokenizerMsg):

@@ -14,7 +14,8 @@ class BaseFrontendMsg(Msg):
 
 class UserReply(BaseFrontendMsg):
     """What a request produced since the last reply. ``text`` is the new, complete text (never a
-    broken UTF-8 character, never part of a stop string); ``finish_reason`` ends the request."""
+    broken UTF-8 character, never part of a stop string); ``finish_reason`` ends the request.
+    ``first_forward_time`` (with the first reply only) is ``DetokenizeMsg``'s, forwarded."""
 
     uid: int
     text: str = ""
@@ -23,6 +24,7 @@ class UserReply(BaseFrontendMsg):
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    first_forward_time: float = 0.0
     error: str | None = None
     error_param: str | None = None
     status: int = 200

@@ -1,6 +1,8 @@
 """The scheduler process of the server: messages in, one engine step, tokens out, in a loop.
 
-Rank 0 receives user messages from the tokenizer workers and sends new tokens to the detokenizer.
+Rank 0 receives user messages from the tokenizer workers and sends new tokens to the detokenizer,
+the scheduler's state every 0.5 s (for ``/metrics``), and logs its throughput every
+``log_stats_interval`` seconds.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 from .scheduler import Scheduler, TokenOutput
+from .stats import FirstForwards, LiveStats
 
 logger = init_logger(__name__)
 
@@ -37,13 +40,16 @@ _IDLE_POLL_MS = 100
 class SchedulerIO:
     """Runs a ``Scheduler`` against its ZMQ queues until an ``ExitMsg`` or a signal."""
 
-    def __init__(self, scheduler: Scheduler, backend_addr: str, detokenizer_addr: str) -> None:
+    def __init__(self, scheduler: Scheduler, backend_addr: str, detokenizer_addr: str,
+                 log_stats_interval: float = 10.0) -> None:
         self.scheduler = scheduler
         self.inbox = ZmqPullQueue(backend_addr, bind=True, codec=BACKEND_CODEC)
         self.outbox = ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
         self.running = True
         self.num_aborted = 0
         self._last_stats = 0.0
+        self.first_forwards = FirstForwards()
+        self.live = LiveStats(log_stats_interval)
         self._parent = os.getppid()
 
     def run(self) -> None:
@@ -52,7 +58,7 @@ class SchedulerIO:
             while self.running and os.getppid() == self._parent:
                 self._receive()
                 if self.scheduler.has_work:
-                    self._send(self.scheduler.step())
+                    self._send(self._step())
                 else:
                     self.scheduler.check_integrity()
                 self._maybe_send_stats()
@@ -62,6 +68,13 @@ class SchedulerIO:
 
     def stop(self) -> None:
         self.running = False
+
+    def _step(self) -> list[TokenOutput]:
+        launched_at = time.time()
+        outputs = self.scheduler.step()
+        self.first_forwards.mark(launched_at, self.scheduler.reqs)
+        self.live.add(outputs)
+        return outputs
 
     def _receive(self) -> None:
         if self.scheduler.has_work:
@@ -78,12 +91,14 @@ class SchedulerIO:
                 self._handle(m)
         elif isinstance(msg, UserMsg):
             try:
-                self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
+                req = self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
+                self.first_forwards.add(req)
             except ValueError as e:
                 param = str(e).split(":", 1)[0] if ":" in str(e) else None
                 self.outbox.put(RequestErrorMsg(uid=msg.uid, message=str(e), param=param))
         elif isinstance(msg, AbortBackendMsg):
             self.num_aborted += self.scheduler.abort(msg.uid)
+            self.first_forwards.forget(msg.uid)
         elif isinstance(msg, ExitMsg):
             self.stop()
 
@@ -93,8 +108,7 @@ class SchedulerIO:
         msgs = [self._detokenize_msg(out) for out in outputs]
         self.outbox.put(msgs[0] if len(msgs) == 1 else BatchDetokenizerMsg(msgs=msgs))
 
-    @staticmethod
-    def _detokenize_msg(out: TokenOutput) -> DetokenizeMsg:
+    def _detokenize_msg(self, out: TokenOutput) -> DetokenizeMsg:
         msg = DetokenizeMsg(
             uid=out.uid, token=out.token, finish_reason=out.finish_reason,
             logprob=out.logprob, top_logprobs=out.top_logprobs,
@@ -103,6 +117,7 @@ class SchedulerIO:
             msg.prompt_len = out.first.prompt_len
             msg.cached_len = out.first.cache_hit_len
             msg.stop = out.first.sampling_params.stop
+            msg.first_forward_time = self.first_forwards.pop(out.uid)
         return msg
 
     def _maybe_send_stats(self) -> None:
@@ -110,7 +125,10 @@ class SchedulerIO:
         if now - self._last_stats < _STATS_INTERVAL_S:
             return
         self._last_stats = now
-        self.outbox.put(self.stats())
+        stats = self.stats()
+        self.outbox.put(stats)
+        if self.live.due(now) and (line := self.live.roll(now, stats)) is not None:
+            logger.info(line)
 
     def stats(self) -> SchedulerStatsMsg:
         s = self.scheduler
@@ -129,16 +147,18 @@ class SchedulerIO:
 
 
 def run_scheduler_process(
-    options, model_path: str, backend_addr: str, detokenizer_addr: str, *, ready: Connection
+    options, model_path: str, backend_addr: str, detokenizer_addr: str, *, ready: Connection,
+    log_stats_interval: float = 10.0,
 ) -> None:
-    """Entry point of the scheduler child process; reports ``("ok", info)`` or ``("error", line)``."""
+    """Entry point of the scheduler child process; reports ``("ok", info)`` or ``("error", line)``.
+    ``log_stats_interval``: seconds between throughput log lines (0: none)."""
     from minisgl.models import load_eos_token_ids
     from minisgl.utils.hf import load_tokenizer
 
     try:
         eos = load_eos_token_ids(model_path, load_tokenizer(model_path))
         scheduler = Scheduler(options.scheduler_config(model_path, eos))
-        io = SchedulerIO(scheduler, backend_addr, detokenizer_addr)
+        io = SchedulerIO(scheduler, backend_addr, detokenizer_addr, log_stats_interval)
     except Exception as e:  # report any start-up failure in one line
         ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))
         return

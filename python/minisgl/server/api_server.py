@@ -20,6 +20,7 @@ import msgspec
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -27,6 +28,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerConfig
 from minisgl.server.frontend import Call, FrontendManager, respond
+from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.protocol import (
     ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
     chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
@@ -120,7 +122,9 @@ async def _start(request: Request, specs: list[tuple[dict, SamplingParams, int]]
     msgs = [TokenizeMsg(uid=frontend.new_uid(), sampling_params=p, **fields)
             for fields, p, _ in specs]
     states = [ChoiceState(m.uid, i, spec[2]) for i, (m, spec) in enumerate(zip(msgs, specs))]
-    return await Call(frontend, request.is_disconnected, states).start(msgs)
+    arrival = getattr(request.state, "arrival", None)
+    call = Call(frontend, request.is_disconnected, states, request.app.state.metrics, arrival)
+    return await call.start(msgs)
 
 
 # ------------------------------------------------------------------------------ endpoints
@@ -231,6 +235,12 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text format; open like ``/health`` (a scraper carries no API key)."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
 @router.get("/v1/server_info")
 async def server_info(request: Request) -> dict:
     _authorize(request)
@@ -299,6 +309,8 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.tokens = TokenTexts(model_path or config.model)
     app.state.created = int(time.time())
     app.state.server_info = dict(server_info or {})
+    app.state.metrics = ServerMetrics(lambda: app.state.frontend and app.state.frontend.stats)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     _install_error_handlers(app)
     app.include_router(router)
     return app

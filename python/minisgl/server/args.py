@@ -46,7 +46,12 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 32 << 20
     shutdown_timeout: float = 30.0
+    log_stats_interval: float = 10.0
     shell: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.log_stats_interval >= 0:
+            raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
 
     @property
     def model_name(self) -> str:
@@ -69,6 +74,7 @@ _HELP = {
     "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise)",
     "max_body_bytes": "largest accepted request body",
     "shutdown_timeout": "seconds to drain in-flight requests on SIGTERM/SIGINT",
+    "log_stats_interval": "seconds between the scheduler's throughput log lines (0: off)",
     "shell": "chat in the terminal instead of serving HTTP",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",

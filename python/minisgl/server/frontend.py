@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable
 
 import msgspec
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -25,6 +25,9 @@ from minisgl.server.args import ServerAddrs
 from minisgl.server.protocol import ApiError, ChoiceState, error_body, sse
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+
+if TYPE_CHECKING:
+    from minisgl.server.metrics import ServerMetrics
 
 logger = init_logger(__name__)
 POLL_S = 0.5  # how often a waiting handler checks that its client is still there
@@ -156,18 +159,25 @@ class ClientGone(Exception):
 
 
 class Call:
-    """The backend requests (one per choice) of one HTTP request and what they produced."""
+    """The backend requests (one per choice) of one HTTP request and what they produced.
+
+    With ``metrics``, the call is recorded once, when it closes; ``arrival`` (Unix time) is when
+    the HTTP request reached the server, the start of its latencies."""
 
     def __init__(self, frontend: FrontendManager, is_disconnected: Callable[[], Awaitable[bool]],
-                 states: list[ChoiceState]) -> None:
+                 states: list[ChoiceState], metrics: ServerMetrics | None = None,
+                 arrival: float | None = None) -> None:
         self.frontend, self.is_disconnected = frontend, is_disconnected
         self.states = {s.uid: s for s in states}
         self._checked = time.monotonic()
+        self.metrics, self.arrival = metrics, arrival if arrival is not None else time.time()
+        self.failed = False  # an error reply ended it (counted by its status, not as an abort)
 
     async def start(self, msgs: list[TokenizeMsg]) -> Call:
         try:
             self.queue = await self.frontend.submit(msgs)
         except BaseException:
+            self.failed = True
             self.close()
             raise
         return self
@@ -197,9 +207,11 @@ class Call:
             except asyncio.TimeoutError:
                 pass
         if reply.error is not None:
+            self.failed = True
             status = reply.status if reply.status >= 400 else 500
             raise ApiError(status, reply.error, reply.error_param)
         if reply.finish_reason == "abort":
+            self.failed = True
             raise ApiError(503, "the server aborted the request", code="aborted")
         state = self.states[reply.uid]
         state.add(reply)
@@ -214,6 +226,9 @@ class Call:
     def close(self) -> None:
         """Abort what still runs and forget every queue (idempotent; never awaits)."""
         self.frontend.abort_nowait(list(self.states))
+        if self.metrics is not None:
+            metrics, self.metrics = self.metrics, None
+            metrics.finish(self.states.values(), self.arrival, self.failed)
 
 
 class _CallStream(StreamingResponse):
@@ -263,6 +278,8 @@ async def _events(call: Call, buffered: list, head: list[dict], piece, tail) -> 
             yield sse(event)
         yield "data: [DONE]\n\n"
     except ApiError as e:
+        if call.metrics is not None:  # the 200 went out: the middleware saw no error
+            call.metrics.error(e.status)
         yield sse(e.body())
     except ClientGone:
         pass

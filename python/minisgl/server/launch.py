@@ -67,7 +67,7 @@ class ProcessGroup:
 
         cfg, addrs = self.config, self.addrs
         self._spawn("scheduler", _worker, run_scheduler_process, cfg.engine, self.model_path,
-                    addrs.backend, addrs.detokenizer)
+                    addrs.backend, addrs.detokenizer, log_stats_interval=cfg.log_stats_interval)
         self._spawn("detokenizer", _worker, tokenize_worker, self.model_path, addrs,
                     tokenize=cfg.num_tokenizer == 0, detokenize=True)
         for i in range(cfg.num_tokenizer):

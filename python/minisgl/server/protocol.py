@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, TypeVar
 
@@ -233,8 +234,15 @@ class ChoiceState:
     cached_tokens: int = 0
     started: bool = False
     text_offset: int = 0  # of the next logprob token (legacy completions format)
+    first_token_at: float = 0.0  # Unix times, for the latency metrics
+    last_token_at: float = 0.0
+    first_forward_time: float = 0.0
 
     def add(self, reply: UserReply) -> None:
+        if reply.token_ids:
+            self.last_token_at = time.time()
+            self.first_token_at = self.first_token_at or self.last_token_at
+        self.first_forward_time = reply.first_forward_time or self.first_forward_time
         self.started = True
         self.text.append(reply.text)
         self.token_ids += reply.token_ids

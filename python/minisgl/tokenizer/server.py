@@ -237,7 +237,8 @@ class _DetokenizeRole:
         if uid not in self.reqs:  # the first token: it carries the stop strings and lengths
             self.reqs[uid] = self._new_detokenizer(msg.stop)
             replies[uid] = UserReply(
-                uid=uid, token_ids=[], prompt_tokens=msg.prompt_len, cached_tokens=msg.cached_len
+                uid=uid, token_ids=[], prompt_tokens=msg.prompt_len, cached_tokens=msg.cached_len,
+                first_forward_time=msg.first_forward_time,
             )
         detok = self.reqs[uid]
         self.reqs.move_to_end(uid)

@@ -1,6 +1,6 @@
 """Offline throughput: DESIGN.md section 9's workload through `LLM.generate`, next to transformers.
 
-    python benchmark/offline/bench.py --model ../shared/model-configs/qwen3-0.6b.json \
+    python benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
         --variants default,no-cuda-graph,torch-attn --hf-requests 64 --out benchmark/results
 
 A ``.json`` model is a bare config: the weights are random (``--dummy-weights``). Output tok/s is

@@ -50,6 +50,7 @@ def test_bf16_prefill_logits_close_to_fp32_transformers(arch, tiny_checkpoints):
     for i, p in enumerate(prompts):
         sched.add_request(1000 + i, p, GREEDY)
     batch = sched.prefill.schedule(decode_reserve=0)
+    sched.cache.flush()
     prepare_batch(batch, engine.page_table, engine.token_pool)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
         engine.attn_backend.prepare_metadata(batch)

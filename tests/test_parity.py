@@ -63,6 +63,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, tiny_checkpoints, pr
     sched, engine = llm.scheduler, llm.scheduler.engine
     reqs = [sched.add_request(100 + i, p, GREEDY) for i, p in enumerate(prompts)]
     batch = sched.prefill.schedule(decode_reserve=0)
+    sched.cache.flush()
     assert batch is not None and batch.reqs == reqs
     prepare_batch(batch, engine.page_table, engine.token_pool)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):

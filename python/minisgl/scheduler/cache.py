@@ -8,6 +8,10 @@ A request's row of the page table maps its positions to KV slots::
 ``alloc_len`` is ``device_len`` rounded up to a page: pages are allocated whole and never shared
 partially. On release the request offers its computed prefix to the prefix cache, which keeps what
 it does not already hold; everything else returns to the free list.
+
+The host keeps the truth (``host_table``); changes reach the device table in one batched,
+non-blocking copy per step (``flush``). Reading or writing the device table per request would make
+the host wait for the device, which overlap scheduling must never do.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ class CacheManager:
                  page_table: torch.Tensor) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         self.prefix_cache, self.page_table = prefix_cache, page_table
+        on_host = page_table.device.type == "cpu"
+        self.host_table = page_table if on_host else torch.zeros_like(page_table, device="cpu")
+        self._dirty: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows, cols) not yet on device
         # page 0 is the engine's scratch page (padding rows write there): never handed out
         self.free_pages = torch.arange(1, num_pages, dtype=torch.int32)
         self.num_hit_tokens = 0  # tokens served from the prefix cache, over all matches
@@ -57,18 +64,50 @@ class CacheManager:
             req.cache_hit_len = n
         req.cache_handle, req.cached_len, req.device_len = result.handle, n, n
         if n:
-            self.page_table[req.table_idx, :n] = result.indices.to(self.page_table.device)
+            self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
 
     def allocate(self, req: Req, new_device_len: int) -> None:
         """Give ``req`` the pages to hold ``new_device_len`` tokens. Check ``available_tokens`` first."""
-        start = self.alloc_len(req)
-        num_new = _round_up(new_device_len, self.page_size) - start
-        if num_new <= 0:
+        self.allocate_many([req], [new_device_len])
+
+    def allocate_many(self, reqs: list[Req], new_device_lens: list[int]) -> None:
+        """``allocate`` for a whole batch with a handful of tensor ops (decode calls it every step)."""
+        rows, starts, counts = [], [], []
+        for req, new_len in zip(reqs, new_device_lens):
+            start = self.alloc_len(req)
+            count = _round_up(new_len, self.page_size) - start
+            if count > 0:
+                rows.append(req.table_idx)
+                starts.append(start)
+                counts.append(count)
+        if not rows:
             return
-        pages = self._take_pages(num_new // self.page_size)
-        offsets = torch.arange(self.page_size, dtype=torch.int32)
-        slots = (pages[:, None] * self.page_size + offsets).flatten()
-        self.page_table[req.table_idx, start : start + num_new] = slots.to(self.page_table.device)
+        total = sum(counts)
+        pages = self._take_pages(total // self.page_size)
+        slots = (pages[:, None] * self.page_size + torch.arange(self.page_size, dtype=torch.int32))
+        n = torch.tensor(counts)
+        first = torch.cumsum(n, 0) - n  # where each request's run starts in ``slots``
+        offset = torch.arange(total) - first.repeat_interleave(n)
+        cols = torch.tensor(starts).repeat_interleave(n) + offset
+        self._write(torch.tensor(rows).repeat_interleave(n), cols, slots.flatten())
+
+    def _write(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        self.host_table[rows, cols] = slots
+        if self.host_table is not self.page_table:
+            self._dirty.append((rows, cols))
+
+    def flush(self) -> None:
+        """Copy this step's page-table changes to the device (before the batch is prepared)."""
+        if not self._dirty:
+            return
+        rows = torch.cat([r for r, _ in self._dirty])
+        cols = torch.cat([c for _, c in self._dirty])
+        self._dirty.clear()
+        values = self.host_table[rows, cols].pin_memory()
+        index = torch.stack([rows, cols]).pin_memory()
+        device = self.page_table.device
+        index = index.to(device, non_blocking=True)
+        self.page_table[index[0], index[1]] = values.to(device, non_blocking=True)
 
     def _take_pages(self, n: int) -> torch.Tensor:
         short = n - len(self.free_pages)
@@ -87,7 +126,7 @@ class CacheManager:
     def release(self, req: Req) -> None:
         """Return a request's slots: its computed prefix goes to the prefix cache, the rest is freed."""
         alloc_len = self.alloc_len(req)
-        slots = self.page_table[req.table_idx, :alloc_len].cpu()
+        slots = self.host_table[req.table_idx, :alloc_len].clone()
         done = req.cached_len
         aligned = done - done % self.page_size
         self._free_slots(self.prefix_cache.insert_prefix(req.input_ids[:aligned], slots[:aligned]))
@@ -102,7 +141,7 @@ class CacheManager:
         owned = []
         for req in live_reqs:
             shared = req.cache_handle.cached_len if req.cache_handle is not None else 0
-            row = self.page_table[req.table_idx, shared : self.alloc_len(req)].cpu()
+            row = self.host_table[req.table_idx, shared : self.alloc_len(req)]
             owned.append(row[:: self.page_size] // self.page_size)
         owned_pages = torch.cat(owned) if owned else torch.empty(0, dtype=torch.int32)
         cached = self.prefix_cache.evictable_size + self.prefix_cache.protected_size

@@ -42,8 +42,8 @@ class DecodeManager:
         while self.running and self.tokens_needed() > self.cache.available_tokens:
             self.retract(self.running.pop())
         reqs = self.schedulable()
+        self.cache.allocate_many(reqs, [req.device_len + 1 for req in reqs])
         for req in reqs:
-            self.cache.allocate(req, req.device_len + 1)
             req.cached_len = req.device_len  # computed by an earlier (launched) forward
             req.device_len += 1
         return Batch(reqs, "decode") if reqs else None

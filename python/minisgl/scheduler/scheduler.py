@@ -146,7 +146,10 @@ class Scheduler:
 
     def _schedule(self) -> Batch | None:
         batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
-        return batch if batch is not None else self.decode.schedule()
+        if batch is None:
+            batch = self.decode.schedule()
+        self.cache.flush()
+        return batch
 
     def _finish(self, batch: Batch, out: ForwardOutput) -> list[TokenOutput]:
         """Read a forward back: append its tokens, check stops, release finished requests.

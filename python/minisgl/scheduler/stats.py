@@ -1,0 +1,97 @@
+"""What the scheduler process knows about time: each request's first forward, and the live log line.
+
+Both are read from the outside of ``Scheduler`` (its queues and outputs after each step), so the
+scheduling code stays free of bookkeeping that only the server needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from minisgl.core import Req
+from minisgl.message import SchedulerStatsMsg
+
+from .scheduler import TokenOutput
+
+
+class FirstForwards:
+    """When each request's first forward was launched (Unix time, for the API's queue time).
+
+    New requests are admitted in arrival order (a prefill batch is a prefix of the waiting queue;
+    only retracted requests, already stamped, jump ahead), so after a step the newly started ones
+    are a prefix of ``unstarted`` and the scan stops at the first request still waiting.
+    """
+
+    def __init__(self) -> None:
+        self.unstarted: OrderedDict[int, Req] = OrderedDict()
+        self.started: dict[int, float] = {}
+
+    def add(self, req: Req) -> None:
+        self.unstarted[req.uid] = req
+
+    def forget(self, uid: int) -> None:
+        self.unstarted.pop(uid, None)
+        self.started.pop(uid, None)
+
+    def mark(self, launched_at: float, live: dict[int, Req]) -> None:
+        """Once a step launched at ``launched_at`` returns: stamp the requests it fed first."""
+        while self.unstarted:
+            uid, req = next(iter(self.unstarted.items()))
+            if req.device_len > 0 or req.output_len > 0:
+                self.started[uid] = launched_at
+            elif live.get(uid) is req:
+                return  # still waiting, and so is everyone behind it
+            del self.unstarted[uid]
+
+    def pop(self, uid: int) -> float:
+        """The stamp of ``uid`` (0.0 if unknown), forgotten: it is sent with the first token."""
+        self.unstarted.pop(uid, None)
+        return self.started.pop(uid, 0.0)
+
+
+@dataclass
+class LiveStats:
+    """Tokens of one logging window, counted from the outputs rank 0 sends.
+
+    A first token stands for its request's prefill (prompt minus prefix-cache hit), every later one
+    for one decode step; prompts that retraction re-feeds are not counted twice: the line shows the
+    work the users asked for, not the work redone.
+    """
+
+    interval: float
+    started: float = field(default_factory=time.monotonic)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+
+    def add(self, outputs: list[TokenOutput]) -> None:
+        for out in outputs:
+            req = out.first
+            if req is None:
+                self.decode_tokens += 1
+                continue
+            self.prompt_tokens += req.prompt_len
+            self.hit_tokens += req.cache_hit_len
+            self.prefill_tokens += req.prompt_len - req.cache_hit_len
+
+    def due(self, now: float) -> bool:
+        return self.interval > 0 and now - self.started >= self.interval
+
+    def roll(self, now: float, stats: SchedulerStatsMsg) -> str | None:
+        """The line of the window ending ``now`` (None when nothing happened); start a new one."""
+        elapsed = max(now - self.started, 1e-9)
+        busy = self.prefill_tokens or self.decode_tokens or stats.num_running or stats.num_waiting
+        line = None
+        if busy:
+            kv = stats.kv_used_tokens / max(stats.kv_total_tokens, 1)
+            hit = self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+            line = (f"prefill throughput: {self.prefill_tokens / elapsed:.1f} tok/s, "
+                    f"decode throughput: {self.decode_tokens / elapsed:.1f} tok/s, "
+                    f"#running: {stats.num_running}, #queued: {stats.num_waiting}, "
+                    f"KV usage: {kv:.1%}, cache hit rate: {hit:.1%}")
+        self.started, self.prefill_tokens, self.decode_tokens = now, 0, 0
+        self.prompt_tokens = self.hit_tokens = 0
+        return line

@@ -1,0 +1,44 @@
+"""Where a decode step's time goes: torch.profiler over batch-1 decode, kernels ranked by GPU time.
+
+    python benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-8b.json --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench import model_dir  # noqa: E402
+from minisgl import LLM, SamplingParams  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    path, dummy = model_dir(args.model)
+    llm = LLM(path, dummy_weights=dummy, num_pages=65536)
+    prompts = [[(7 * i + j) % 10000 for j in range(128)] for i in range(args.batch)]
+    params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"profile_decode_bs{args.batch}.txt"), "w") as f:
+        f.write(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
+from .comm import DistributedCommunicator, init_distributed
 from .info import DistributedInfo
-from .comm import DistributedCommunicator
 
-__all__ = ["DistributedCommunicator", "DistributedInfo"]
+__all__ = ["DistributedCommunicator", "DistributedInfo", "init_distributed"]

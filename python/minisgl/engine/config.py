@@ -31,3 +31,4 @@ class EngineConfig:
     dummy_weights: bool = False
     seed: int = 0
     tp: DistributedInfo = DistributedInfo()
+    dist_init_addr: str = "127.0.0.1:29500"  # rendezvous of the TP group (host:port), tp > 1 only

@@ -8,10 +8,10 @@ import torch
 
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams
-from minisgl.distributed import DistributedCommunicator
+from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
-from minisgl.models.weight import init_dummy_weights, iter_weights
+from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
 from .batch import prepare_batch
 from minisgl.utils import init_logger
@@ -50,7 +50,12 @@ class Engine:
     def __init__(self, config: EngineConfig, comm: DistributedCommunicator | None = None) -> None:
         self.config = config
         self.device = config.device
-        self.comm = comm or DistributedCommunicator(config.tp)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if comm is None:
+            comm = (init_distributed(config.tp, config.dist_init_addr, self.device)
+                    if config.tp.size > 1 else DistributedCommunicator(config.tp))
+        self.comm = comm
         self.model_config = mc = ModelConfig.from_path(config.model_path)
         self.model = self._build_model()
         self.local_kv_heads = self.model.layers[0].self_attn.qkv_proj.local_kv
@@ -61,7 +66,8 @@ class Engine:
         # token_pool[row, pos]: the token at position pos of the request in that row, written on the
         # device by sampling, read by the next decode (see batch.py)
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
-        self.num_pages = config.num_pages or self._pages_from_memory()
+        # every rank must hold the same number of pages: the schedulers make identical decisions
+        self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend)
         self.graph_runner = None
@@ -99,7 +105,8 @@ class Engine:
             model = cls(self.model_config, self.comm, create_moe_backend(self.config.moe_backend))
         model = model.to(self.config.dtype).eval()
         if self.config.dummy_weights:
-            init_dummy_weights(model, self.config.seed)
+            model.load_weights(dummy_weights(self.model_config, self.config.seed, self.device,
+                                             self.config.dtype))
         else:
             model.load_weights(iter_weights(self.config.model_path))
         return model

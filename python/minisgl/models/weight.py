@@ -9,12 +9,15 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import zlib
 from typing import Iterator
 
 import torch
 from tqdm import tqdm
 
 from minisgl.utils import init_logger
+
+from .config import ModelConfig
 
 logger = init_logger(__name__)
 
@@ -74,14 +77,50 @@ def iter_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-@torch.no_grad()
-def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
-    """Random weights of a realistic scale, for benchmarks without a checkpoint."""
-    gen: torch.Generator | None = None
-    for name, param in model.named_parameters():
-        if gen is None:
-            gen = torch.Generator(device=param.device).manual_seed(seed)
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
+def _checkpoint_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Names and full (unsharded) shapes of a Hugging Face checkpoint of ``cfg``."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_qo_heads * d, cfg.num_kv_heads * d
+    yield "model.embed_tokens.weight", (cfg.vocab_size, h)
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", (cfg.vocab_size, h)
+    yield "model.norm.weight", (h,)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (h,)
+        yield p + "post_attention_layernorm.weight", (h,)
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            yield p + f"self_attn.{name}_proj.weight", (rows, h)
+            if cfg.attention_bias:
+                yield p + f"self_attn.{name}_proj.bias", (rows,)
+        yield p + "self_attn.o_proj.weight", (h, q)
+        if cfg.qk_norm:
+            yield p + "self_attn.q_norm.weight", (d,)
+            yield p + "self_attn.k_norm.weight", (d,)
+        if cfg.is_sparse_layer(i):
+            moe = cfg.moe_intermediate_size
+            yield p + "mlp.gate.weight", (cfg.num_experts, h)
+            for e in range(cfg.num_experts):
+                yield p + f"mlp.experts.{e}.gate_proj.weight", (moe, h)
+                yield p + f"mlp.experts.{e}.up_proj.weight", (moe, h)
+                yield p + f"mlp.experts.{e}.down_proj.weight", (h, moe)
         else:
-            param.normal_(0.0, 0.02, generator=gen)
+            yield p + "mlp.gate_proj.weight", (inter, h)
+            yield p + "mlp.up_proj.weight", (inter, h)
+            yield p + "mlp.down_proj.weight", (h, inter)
+
+
+def dummy_weights(
+    cfg: ModelConfig, seed: int, device: torch.device, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random weights of a realistic scale, for benchmarks without a checkpoint.
+
+    Each full tensor is drawn from a generator seeded by (seed, name) and then sharded by the
+    normal loader, so every TP size sees the same model.
+    """
+    for name, shape in _checkpoint_shapes(cfg):
+        if name.endswith("norm.weight"):
+            yield name, torch.ones(shape, dtype=dtype, device=device)
+            continue
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        yield name, torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)

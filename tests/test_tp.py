@@ -1,0 +1,106 @@
+"""Tensor parallelism on CPU: two gloo ranks in two processes against one process.
+
+Both ranks run their own scheduler on the same requests (as the server's ranks do on the same
+messages), so they build the same batches; rank 0 reports logits and tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import socket
+
+import pytest
+import torch
+
+from hf_models import ARCHS, make_tiny_checkpoint, random_prompts
+from minisgl.core import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+def _free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def run_rank(path: str, prompts, rank: int, size: int, addr: str):
+    """Prefill logits of every prompt, then greedy tokens, on one rank of a TP group."""
+    from minisgl.distributed import DistributedInfo
+    from minisgl.engine.batch import prepare_batch
+    from minisgl.llm.config import EngineOptions
+    from minisgl.scheduler import Scheduler
+
+    torch.set_num_threads(1)
+    cfg = EngineOptions(device="cpu", dtype="float32", num_pages=2048, page_size=4)
+    cfg = cfg.scheduler_config(path, ())
+    engine = dataclasses.replace(cfg.engine, tp=DistributedInfo(rank, size), dist_init_addr=addr)
+    sched = Scheduler(dataclasses.replace(cfg, engine=engine))
+    eng = sched.engine
+    for i, p in enumerate(prompts):
+        sched.add_request(1000 + i, p, GREEDY)
+    batch = sched.prefill.schedule(decode_reserve=0)
+    sched.cache.flush()
+    prepare_batch(batch, eng.page_table, eng.token_pool)
+    with torch.inference_mode(), eng.ctx.forward_batch(batch):
+        eng.attn_backend.prepare_metadata(batch)
+        logits = eng.model.compute_logits(eng.model(batch.input_ids, batch.positions, eng.ctx))
+    for i in range(len(prompts)):
+        sched.abort(1000 + i)
+    tokens: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        sched.add_request(i, p, GREEDY)
+    while sched.has_work:
+        for out in sched.step():
+            tokens.setdefault(out.uid, []).append(out.token)
+    sched.check_integrity()
+    return logits, [tokens[i] for i in range(len(prompts))]
+
+
+def _rank_main(path, prompts, rank, size, addr, queue):
+    import torch.distributed as dist
+
+    logits, tokens = run_rank(path, prompts, rank, size, addr)
+    if rank == 0:
+        queue.put((logits.numpy(), tokens))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_tp(path: str, prompts, size: int):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    addr = _free_addr()
+    procs = [ctx.Process(target=_rank_main, args=(path, prompts, r, size, addr, queue))
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    try:
+        logits, tokens = queue.get(timeout=120)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * size
+    return torch.from_numpy(logits), tokens
+
+
+CASES = [(arch, {}) for arch in ARCHS] + [
+    ("llama", {"num_kv_heads": 1, "vocab_size": 255}),
+    ("qwen3_moe", {"num_kv_heads": 1, "vocab_size": 251}),
+]
+
+
+@pytest.mark.parametrize("arch, overrides", CASES,
+                         ids=[a + ("-kv1-oddvocab" if o else "") for a, o in CASES])
+def test_tp2_matches_tp1(arch, overrides, tmp_path):
+    path = str(make_tiny_checkpoint(arch, tmp_path / arch, **overrides))
+    vocab = overrides.get("vocab_size", 256)
+    prompts = random_prompts(3, [6, 19, 40], vocab, seed=11)
+    logits1, tokens1 = run_rank(path, prompts, 0, 1, "")
+    logits2, tokens2 = run_tp(path, prompts, 2)
+    assert logits2.shape == logits1.shape
+    torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=0)
+    assert tokens2 == tokens1

@@ -7,11 +7,15 @@ the scheduler's state every 0.5 s (for ``/metrics``), and logs its throughput ev
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
 from multiprocessing.connection import Connection
 
+import torch
+
+from minisgl.distributed import DistributedInfo
 from minisgl.message import (
     BACKEND_CODEC,
     DETOKENIZER_CODEC,
@@ -37,14 +41,32 @@ _STATS_INTERVAL_S = 0.5
 _IDLE_POLL_MS = 100
 
 
+class _NoOutbox:
+    """Ranks other than 0 compute the same tokens but tell nobody."""
+
+    def put(self, msg) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class SchedulerIO:
-    """Runs a ``Scheduler`` against its ZMQ queues until an ``ExitMsg`` or a signal."""
+    """Runs a ``Scheduler`` against its ZMQ queues until an ``ExitMsg`` or a signal.
+
+    With tensor parallelism, rank 0 alone owns the queues: every loop it broadcasts the messages it
+    received (possibly none) to the other ranks, so that every rank handles the same messages in
+    the same order and builds the same batches.
+    """
 
     def __init__(self, scheduler: Scheduler, backend_addr: str, detokenizer_addr: str,
                  log_stats_interval: float = 10.0) -> None:
         self.scheduler = scheduler
-        self.inbox = ZmqPullQueue(backend_addr, bind=True, codec=BACKEND_CODEC)
-        self.outbox = ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
+        self.comm = scheduler.engine.comm
+        self.primary = self.comm.info.is_primary
+        self.inbox = ZmqPullQueue(backend_addr, bind=True, codec=BACKEND_CODEC) if self.primary else None
+        self.outbox = (ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
+                       if self.primary else _NoOutbox())
         self.running = True
         self.num_aborted = 0
         self._last_stats = 0.0
@@ -63,7 +85,8 @@ class SchedulerIO:
                     self.scheduler.check_integrity()
                 self._maybe_send_stats()
         finally:
-            self.inbox.close()
+            if self.inbox is not None:
+                self.inbox.close()
             self.outbox.close()
 
     def stop(self) -> None:
@@ -77,11 +100,16 @@ class SchedulerIO:
         return outputs
 
     def _receive(self) -> None:
-        if self.scheduler.has_work:
-            msgs = self.inbox.get_all_nowait()
-        else:
-            first = self.inbox.get(timeout_ms=_IDLE_POLL_MS)
-            msgs = [] if first is None else [first, *self.inbox.get_all_nowait()]
+        msgs: list[BackendMsg] = []
+        if self.inbox is not None:
+            if self.scheduler.has_work:
+                msgs = self.inbox.get_all_nowait()
+            else:
+                first = self.inbox.get(timeout_ms=_IDLE_POLL_MS)
+                msgs = [] if first is None else [first, *self.inbox.get_all_nowait()]
+        if self.comm.info.size > 1:
+            data = BACKEND_CODEC.encode(BatchBackendMsg(msgs=msgs)) if self.primary else None
+            msgs = [BACKEND_CODEC.decode(self.comm.broadcast_bytes(data))]
         for msg in msgs:
             self._handle(msg)
 
@@ -148,16 +176,24 @@ class SchedulerIO:
 
 def run_scheduler_process(
     options, model_path: str, backend_addr: str, detokenizer_addr: str, *, ready: Connection,
-    log_stats_interval: float = 10.0,
+    log_stats_interval: float = 10.0, tp: DistributedInfo = DistributedInfo(),
+    dist_init_addr: str = "", local_index: int = 0,
 ) -> None:
-    """Entry point of the scheduler child process; reports ``("ok", info)`` or ``("error", line)``.
-    ``log_stats_interval``: seconds between throughput log lines (0: none)."""
+    """Entry point of a scheduler child process (one per TP rank); reports ``("ok", info)`` or
+    ``("error", line)``. ``log_stats_interval``: seconds between throughput log lines (0: none);
+    ``local_index``: which GPU of this machine the rank uses."""
     from minisgl.models import load_eos_token_ids
     from minisgl.utils.hf import load_tokenizer
 
     try:
         eos = load_eos_token_ids(model_path, load_tokenizer(model_path))
-        scheduler = Scheduler(options.scheduler_config(model_path, eos))
+        config = options.scheduler_config(model_path, eos)
+        device = config.engine.device
+        if device.type == "cuda":
+            device = torch.device("cuda", local_index)
+        engine = dataclasses.replace(config.engine, tp=tp, dist_init_addr=dist_init_addr,
+                                     device=device)
+        scheduler = Scheduler(dataclasses.replace(config, engine=engine))
         io = SchedulerIO(scheduler, backend_addr, detokenizer_addr, log_stats_interval)
     except Exception as e:  # report any start-up failure in one line
         ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))

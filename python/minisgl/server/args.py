@@ -36,11 +36,17 @@ class ServerAddrs:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """Server options; ``engine`` holds the engine's (shared with the offline ``LLM``)."""
+
     model: str | None = None
     host: str = "127.0.0.1"
     port: int = 1919
     served_model_name: str | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
+    tp: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # None: a free local port (one node only)
     num_tokenizer: int = 0
     max_queued_requests: int = 1024
     api_key: str | None = None
@@ -52,6 +58,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
+        if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:
+            raise ValueError(f"tp: must be a positive multiple of nnodes ({self.nnodes}), got {self.tp}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("dist_init_addr: required with nnodes > 1 (host:port of node 0)")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
 
     @property
     def model_name(self) -> str:
@@ -69,6 +81,11 @@ _HELP = {
     "host": "address to bind (127.0.0.1 keeps the server local)",
     "port": "HTTP port",
     "served_model_name": "the model name clients use (default: --model)",
+    "tp": "tensor-parallel size: one scheduler process per rank (GPU), over all nodes",
+    "nnodes": "machines the TP group spans (--tp is split evenly over them)",
+    "node_rank": "this machine's index; node 0 serves HTTP, the others only run scheduler ranks",
+    "dist_init_addr": "host:port of the TP group's rendezvous on node 0, the same on every node "
+                      "(default: a free local port; required with --nnodes > 1)",
     "num_tokenizer": "extra tokenizer processes (0: the detokenizer process also tokenizes)",
     "max_queued_requests": "requests allowed to wait beyond the running ones; more get HTTP 503",
     "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise)",

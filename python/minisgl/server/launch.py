@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import signal
 import socket
 import sys
@@ -50,6 +51,7 @@ class ProcessGroup:
         self.children: list[Child] = []
         self.info: dict = {}
         self.stopping = False
+        self.failed = False  # a child died while serving
 
     def _spawn(self, name: str, target, *args, **kwargs) -> None:
         """Start ``target(*args, ready=pipe, **kwargs)`` in a child; it reports on the pipe."""
@@ -65,9 +67,21 @@ class ProcessGroup:
         from minisgl.scheduler.io import run_scheduler_process
         from minisgl.tokenizer.server import tokenize_worker
 
+        from minisgl.distributed import DistributedInfo
+
         cfg, addrs = self.config, self.addrs
-        self._spawn("scheduler", _worker, run_scheduler_process, cfg.engine, self.model_path,
-                    addrs.backend, addrs.detokenizer, log_stats_interval=cfg.log_stats_interval)
+        dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"
+        per_node = cfg.tp // cfg.nnodes
+        for local in range(per_node):
+            rank = cfg.node_rank * per_node + local
+            self._spawn("scheduler" if rank == 0 else f"scheduler-{rank}", _worker,
+                        run_scheduler_process, cfg.engine, self.model_path, addrs.backend,
+                        addrs.detokenizer, log_stats_interval=cfg.log_stats_interval,
+                        tp=DistributedInfo(rank, cfg.tp), dist_init_addr=dist_addr,
+                        local_index=local)
+        if cfg.node_rank > 0:  # only node 0 talks to clients
+            self._wait_ready()
+            return
         self._spawn("detokenizer", _worker, tokenize_worker, self.model_path, addrs,
                     tokenize=cfg.num_tokenizer == 0, detokenize=True)
         for i in range(cfg.num_tokenizer):
@@ -120,6 +134,12 @@ def _worker(target, *args, **kwargs) -> None:
     target(*args, **kwargs)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -130,7 +150,11 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def _monitor(group: ProcessGroup, frontend_ref) -> None:
-    """Turn the server unhealthy and fail in-flight requests as soon as a child dies."""
+    """Turn the server unhealthy and fail in-flight requests as soon as a child dies.
+
+    A single-machine server stays up (unhealthy) for inspection; one spread over several machines
+    cannot recover a lost rank, so it then shuts down.
+    """
     while not group.stopping:
         dead = group.dead_child()
         frontend = frontend_ref()
@@ -139,6 +163,10 @@ def _monitor(group: ProcessGroup, frontend_ref) -> None:
             logger.error("%s; the server is unhealthy", message)
             frontend.healthy = False
             frontend.fail_all_threadsafe(message)
+            if group.config.nnodes > 1:
+                group.failed = True
+                time.sleep(1.0)  # let the failed requests' replies go out
+                os.kill(os.getpid(), signal.SIGTERM)
             return
         time.sleep(0.2)
 
@@ -196,6 +224,8 @@ def make_http_server(config: ServerConfig, app):
 
 def launch_server(config: ServerConfig) -> int:
     """Run the server until SIGINT/SIGTERM; return the process exit code."""
+    if config.node_rank > 0:
+        return _serve_worker_node(config)
     try:
         group, app = start_stack(config)
     except LaunchError as e:
@@ -206,4 +236,31 @@ def launch_server(config: ServerConfig) -> int:
         make_http_server(config, app).run()
     finally:
         group.shutdown()
-    return 0
+    return 1 if group.failed else 0
+
+
+def _serve_worker_node(config: ServerConfig) -> int:
+    """A node other than 0 runs only its scheduler ranks, until a signal or one of them exits."""
+    from minisgl.models.weight import resolve_model_path
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    group: ProcessGroup | None = None
+    try:
+        group = ProcessGroup(config, resolve_model_path(config.model))
+        group.start()
+        logger.info("node %d: %d scheduler ranks ready", config.node_rank, len(group.children))
+        while not stop.wait(0.2):
+            dead = group.dead_child()
+            if dead is not None:
+                logger.error("%s exited (code %s): stopping this node", dead.name,
+                             dead.process.exitcode)
+                return 1
+        return 0
+    except (LaunchError, FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if group is not None:
+            group.shutdown()

@@ -7,21 +7,14 @@ so it exercises exactly what HTTP users get. ``/reset`` clears the history, ``/e
 from __future__ import annotations
 
 import dataclasses
-import socket
 import sys
 import threading
 import time
 
 from .args import ServerConfig
-from .launch import LaunchError, make_http_server, start_stack
+from .launch import LaunchError, _free_port, make_http_server, start_stack
 
 HELP = "Type a message. /reset clears the history, /exit (or Ctrl-D) quits."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_shell(config: ServerConfig) -> int:

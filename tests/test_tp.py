@@ -13,6 +13,7 @@ import socket
 import pytest
 import torch
 
+from conftest import TEST_DEVICE
 from hf_models import ARCHS, make_tiny_checkpoint, random_prompts
 from minisgl.core import SamplingParams
 
@@ -33,7 +34,8 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str):
     from minisgl.scheduler import Scheduler
 
     torch.set_num_threads(1)
-    cfg = EngineOptions(device="cpu", dtype="float32", num_pages=2048, page_size=4)
+    device = f"cuda:{rank}" if TEST_DEVICE == "cuda" else "cpu"
+    cfg = EngineOptions(device=device, dtype="float32", num_pages=2048, page_size=4)
     cfg = cfg.scheduler_config(path, ())
     engine = dataclasses.replace(cfg.engine, tp=DistributedInfo(rank, size), dist_init_addr=addr)
     sched = Scheduler(dataclasses.replace(cfg, engine=engine))
@@ -63,7 +65,7 @@ def _rank_main(path, prompts, rank, size, addr, queue):
 
     logits, tokens = run_rank(path, prompts, rank, size, addr)
     if rank == 0:
-        queue.put((logits.numpy(), tokens))
+        queue.put((logits.cpu().numpy(), tokens))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -101,6 +103,24 @@ def test_tp2_matches_tp1(arch, overrides, tmp_path):
     prompts = random_prompts(3, [6, 19, 40], vocab, seed=11)
     logits1, tokens1 = run_rank(path, prompts, 0, 1, "")
     logits2, tokens2 = run_tp(path, prompts, 2)
+    logits1 = logits1.cpu()
     assert logits2.shape == logits1.shape
     torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=0)
     assert tokens2 == tokens1
+
+
+def test_offline_llm_tp2_matches_tp1(tiny_checkpoints):
+    from minisgl import LLM
+
+    path = str(tiny_checkpoints["qwen3"])
+    prompts = random_prompts(5, [4, 9, 30, 51, 77], 256, seed=12)
+    opts = dict(device=TEST_DEVICE, dtype="float32", num_pages=1024)
+    expected = [o.token_ids for o in LLM(path, **opts).generate(prompts, GREEDY)]
+    llm = LLM(path, tp=2, **opts)
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+        seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=8, ignore_eos=True)
+        assert llm.generate(prompts[:2], seeded)[0].token_ids == \
+            LLM(path, **opts).generate(prompts[:2], seeded)[0].token_ids
+    finally:
+        llm.scheduler.close()

@@ -66,8 +66,8 @@ def model_dir(model: str) -> tuple[str, bool]:
     return model, False
 
 
-def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict) -> dict:
-    llm = LLM(path, dummy_weights=dummy, **options)
+def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: int = 1) -> dict:
+    llm = LLM(path, tp=tp, dummy_weights=dummy, **options)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     llm.generate(prompts[:8], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8,
                  use_tqdm=False)  # warm-up
@@ -77,7 +77,10 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict) -> d
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     result = {"output_tokens": sum(len(o.token_ids) for o in outs), "seconds": seconds,
-              "retractions": llm.scheduler.num_retractions, "kv_pages": llm.scheduler.engine.num_pages}
+              "retractions": llm.scheduler.num_retractions, "kv_pages": llm.scheduler.engine.num_pages,
+              "tp": tp}
+    if tp > 1:
+        llm.scheduler.close()
     del llm, outs
     gc.collect()
     torch.cuda.empty_cache()
@@ -146,6 +149,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
     parser.add_argument("--variants", default="default", help=f"comma list of {list(VARIANTS)}")
     parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes to run")
     parser.add_argument("--hf-requests", type=int, default=64, help="0 skips transformers")
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--batch1", action="store_true", help="also measure batch-1 decode latency")
@@ -172,8 +176,10 @@ def main() -> None:
         records.append(rec)
         print(json.dumps(rec), flush=True)
 
-    for variant in args.variants.split(","):
-        record(f"minisgl[{variant}]", run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant]))
+    for tp in map(int, args.tp.split(",")):
+        for variant in args.variants.split(","):
+            name = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
+            record(name, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
     if args.batch1:
         res = run_batch1(path, dummy, {})
         records.append({**base, "engine": "minisgl[batch1]", **res})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -36,18 +37,28 @@ class GenerateOutput:
 
 
 class LLM:
-    """``LLM(model=None, **options)``; ``model=None`` is the built-in default model.
+    """``LLM(model=None, tp=1, **options)``; ``model=None`` is the built-in default model.
 
     Options are the fields of ``EngineOptions`` (device, dtype, page_size, cache, max_prefill_tokens,
-    num_pages, max_running_requests, ...); an unknown one raises ``TypeError``.
+    num_pages, max_running_requests, ...); an unknown one raises ``TypeError``. ``tp > 1`` runs
+    ranks 1.. in child processes (one GPU each).
     """
 
-    def __init__(self, model: str | None = None, **options) -> None:
+    def __init__(self, model: str | None = None, tp: int = 1, **options) -> None:
         opts = EngineOptions.from_kwargs("LLM()", options)
+        if not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp: must be a positive integer, got {tp!r}")
         self.model_path = resolve_model_path(model)
         self.tokenizer = load_tokenizer(self.model_path)
         eos = load_eos_token_ids(self.model_path, self.tokenizer)
-        self.scheduler = Scheduler(opts.scheduler_config(self.model_path, eos))
+        config = opts.scheduler_config(self.model_path, eos)
+        if tp == 1:
+            self.scheduler = Scheduler(config)
+        else:
+            from .tp import TPScheduler
+
+            self.scheduler = TPScheduler(config, tp)
+            weakref.finalize(self, self.scheduler.close)
         self._next_uid = 0
 
     def generate(

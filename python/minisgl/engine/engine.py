@@ -51,6 +51,8 @@ class Engine:
         self.config = config
         self.device = config.device
         if self.device.type == "cuda":
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         if comm is None:
             comm = (init_distributed(config.tp, config.dist_init_addr, self.device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine_utils import prefill_logits
 from hf_models import hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
 
@@ -44,17 +45,7 @@ def test_bf16_prefill_logits_close_to_fp32_transformers(arch, tiny_checkpoints):
     path = str(tiny_checkpoints[arch])
     prompts = random_prompts(4, [7, 29, 64, 100], VOCAB, seed=6)
     llm = LLM(path, device="cuda", dtype="bfloat16", num_pages=4096)
-    sched, engine = llm.scheduler, llm.scheduler.engine
-    from minisgl.engine.batch import prepare_batch
-
-    for i, p in enumerate(prompts):
-        sched.add_request(1000 + i, p, GREEDY)
-    batch = sched.prefill.schedule(decode_reserve=0)
-    sched.cache.flush()
-    prepare_batch(batch, engine.page_table, engine.token_pool)
-    with torch.inference_mode(), engine.ctx.forward_batch(batch):
-        engine.attn_backend.prepare_metadata(batch)
-        logits = engine.model.compute_logits(engine.model(batch.input_ids, batch.positions, engine.ctx))
+    logits = prefill_logits(llm.scheduler, prompts)
     expected = torch.cat(hf_prefill_logits(path, prompts)).cuda()
     err = (logits.float() - expected).abs().amax(dim=-1)  # per position
     scale = expected.std()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE
+from engine_utils import prefill_logits
 from hf_models import ARCHS, hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
-from minisgl.engine.batch import prepare_batch
 
 VOCAB = 256
 LENGTHS = [5, 17, 33, 60]
@@ -60,19 +60,10 @@ def test_prefill_and_decode_logits_match_transformers(arch, tiny_checkpoints, pr
     """All positions of a batched prefill, then the sampled rows of every decode step."""
     path = tiny_checkpoints[arch]
     llm = make_llm(path, page_size=4)
-    sched, engine = llm.scheduler, llm.scheduler.engine
-    reqs = [sched.add_request(100 + i, p, GREEDY) for i, p in enumerate(prompts)]
-    batch = sched.prefill.schedule(decode_reserve=0)
-    sched.cache.flush()
-    assert batch is not None and batch.reqs == reqs
-    prepare_batch(batch, engine.page_table, engine.token_pool)
-    with torch.inference_mode(), engine.ctx.forward_batch(batch):
-        engine.attn_backend.prepare_metadata(batch)
-        logits = engine.model.compute_logits(engine.model(batch.input_ids, batch.positions, engine.ctx))
+    engine = llm.scheduler.engine
+    logits = prefill_logits(llm.scheduler, prompts)
     expected = torch.cat(hf_prefill_logits(path, prompts))
     torch.testing.assert_close(logits.cpu(), expected, atol=1e-3, rtol=0)
-    for uid in range(100, 104):
-        sched.abort(uid)
 
     recorded: dict[int, list[torch.Tensor]] = {}
     forward = engine.forward

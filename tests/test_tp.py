@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE
+from engine_utils import prefill_logits
 from hf_models import ARCHS, make_tiny_checkpoint, random_prompts
 from minisgl.core import SamplingParams
 
@@ -29,7 +30,6 @@ def _free_addr() -> str:
 def run_rank(path: str, prompts, rank: int, size: int, addr: str):
     """Prefill logits of every prompt, then greedy tokens, on one rank of a TP group."""
     from minisgl.distributed import DistributedInfo
-    from minisgl.engine.batch import prepare_batch
     from minisgl.llm.config import EngineOptions
     from minisgl.scheduler import Scheduler
 
@@ -39,17 +39,7 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str):
     cfg = cfg.scheduler_config(path, ())
     engine = dataclasses.replace(cfg.engine, tp=DistributedInfo(rank, size), dist_init_addr=addr)
     sched = Scheduler(dataclasses.replace(cfg, engine=engine))
-    eng = sched.engine
-    for i, p in enumerate(prompts):
-        sched.add_request(1000 + i, p, GREEDY)
-    batch = sched.prefill.schedule(decode_reserve=0)
-    sched.cache.flush()
-    prepare_batch(batch, eng.page_table, eng.token_pool)
-    with torch.inference_mode(), eng.ctx.forward_batch(batch):
-        eng.attn_backend.prepare_metadata(batch)
-        logits = eng.model.compute_logits(eng.model(batch.input_ids, batch.positions, eng.ctx))
-    for i in range(len(prompts)):
-        sched.abort(1000 + i)
+    logits = prefill_logits(sched, prompts)
     tokens: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         sched.add_request(i, p, GREEDY)

@@ -1,0 +1,31 @@
+"""Reach into the real engine path for tests: the logits of every position of a batched prefill."""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.engine.batch import prepare_batch
+
+_PARAMS = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+_FIRST_UID = 1 << 40  # out of the way of the ids the callers use
+
+
+def prefill_logits(scheduler, prompts: list[list[int]]) -> torch.Tensor:
+    """``[sum(len(p)), vocab]``: one batched prefill of ``prompts`` through scheduler, KV cache,
+    attention backend and model (all positions, not just the sampled rows). The requests are
+    aborted afterwards, so the scheduler is left as it was."""
+    uids = [_FIRST_UID + i for i in range(len(prompts))]
+    reqs = [scheduler.add_request(uid, p, _PARAMS) for uid, p in zip(uids, prompts)]
+    batch = scheduler.prefill.schedule(decode_reserve=0)
+    scheduler.cache.flush()
+    assert batch is not None and batch.reqs == reqs, "the prompts must fit in one prefill"
+    engine = scheduler.engine
+    prepare_batch(batch, engine.page_table, engine.token_pool)
+    with torch.inference_mode(), engine.ctx.forward_batch(batch):
+        engine.attn_backend.prepare_metadata(batch)
+        hidden = engine.model(batch.input_ids, batch.positions, engine.ctx)
+        logits = engine.model.compute_logits(hidden)
+    for uid in uids:
+        scheduler.abort(uid)
+    return logits

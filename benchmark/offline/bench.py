@@ -162,8 +162,9 @@ def main() -> None:
     prompts, max_tokens = prompts[: args.num_requests], max_tokens[: args.num_requests]
     gpu = gpu_name()
     ceiling = CEILINGS.get((name, gpu))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    # a copy of the tree without .git (e.g. on a lent GPU machine) passes MINISGL_COMMIT
+    commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     base = {"model": name, "gpu": gpu, "date": datetime.date.today().isoformat(), "commit": commit,
             "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts))}
     records = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 
 from minisgl.attention import ATTN_BACKENDS
@@ -112,26 +113,35 @@ _HELP = {
 }
 
 
-def _add(parser: argparse.ArgumentParser, f: dataclasses.Field, default) -> None:
+def _value_type(annotation) -> type:
+    """``int | None`` -> int: the type argparse converts a flag's text to."""
+    kinds = [t for t in typing.get_args(annotation) if t is not type(None)] or [annotation]
+    return kinds[0]
+
+
+def _add(parser: argparse.ArgumentParser, f: dataclasses.Field, annotation) -> None:
     flag = "--" + f.name.replace("_", "-")
-    if isinstance(default, bool):
-        parser.add_argument(flag, action="store_true", default=default, help=_HELP[f.name])
+    if annotation is bool:
+        parser.add_argument(flag, action="store_true", default=f.default, help=_HELP[f.name])
         return
-    kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0].replace("| None", "").strip(), str)
-    text = _HELP[f.name] if "default" in _HELP[f.name] else f"{_HELP[f.name]} (default: {default})"
-    parser.add_argument(flag, type=kind, default=default, help=text)
+    help_text = _HELP[f.name]
+    if "default" not in help_text:
+        help_text += f" (default: {f.default})"
+    parser.add_argument(flag, type=_value_type(annotation), default=f.default, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m minisgl", description="minisgl: an OpenAI-compatible LLM server."
     )
+    hints = typing.get_type_hints(ServerConfig)
     for f in dataclasses.fields(ServerConfig):
         if f.name != "engine":
-            _add(parser, f, f.default)
+            _add(parser, f, hints[f.name])
     group = parser.add_argument_group("engine")
+    hints = typing.get_type_hints(EngineOptions)
     for f in dataclasses.fields(EngineOptions):
-        _add(group, f, f.default)
+        _add(group, f, hints[f.name])
     return parser
 
 

@@ -52,3 +52,15 @@ def test_default_model_when_none_is_given(default_model_dir, monkeypatch):
     assert llm.model_path == default_model_dir
     out = llm.generate(["The first three digits of pi are"], SamplingParams(temperature=0, max_tokens=8))
     assert out[0].token_ids and out[0].finish_reason in ("stop", "length")
+
+
+def test_stop_strings_cut_the_text(default_model_dir):
+    llm = LLM(default_model_dir, device="cpu", num_pages=4096)
+    free = llm.chat([CHATS[1]], SamplingParams(temperature=0, max_tokens=32))[0]
+    words = free.text.split()
+    stop = words[len(words) // 2]
+    cut = llm.chat([CHATS[1]], SamplingParams(temperature=0, max_tokens=32, stop=[stop]))[0]
+    assert cut.finish_reason == "stop" and stop not in cut.text
+    assert free.text.startswith(cut.text) and len(cut.text) < len(free.text)
+    assert not llm.scheduler.has_work  # the scheduler was told to stop the request
+    llm.scheduler.check_integrity()

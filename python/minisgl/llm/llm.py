@@ -12,6 +12,7 @@ from minisgl.core import SamplingParams
 from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
 from minisgl.scheduler import Scheduler, TokenOutput
+from minisgl.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl.utils.hf import load_tokenizer
 
 from .config import EngineOptions
@@ -123,6 +124,8 @@ class LLM:
             GenerateOutput(ids, [], "", "length", [] if _wants_logprobs(sp) else None)
             for ids, sp in zip(token_lists, params)
         ]
+        detoks = [IncrementalDetokenizer(self.tokenizer, sp.stop) if self.tokenizer else None
+                  for sp in params]
         show = use_tqdm if use_tqdm is not None else len(uids) >= 16
         bar = tqdm(total=len(uids), desc="Generating", unit="req", disable=not show)
         pending = set(uids)
@@ -131,34 +134,26 @@ class LLM:
                 if tok.uid not in pending:
                     continue
                 i = index[tok.uid]
-                if self._append(outputs[i], tok, params[i]):
+                if self._append(outputs[i], tok, detoks[i]):
                     pending.discard(tok.uid)
                     bar.update(1)
         bar.close()
         return outputs
 
-    def _append(self, out: GenerateOutput, tok: TokenOutput, params: SamplingParams) -> bool:
+    def _append(self, out: GenerateOutput, tok: TokenOutput, detok) -> bool:
         """Record one token; True when the request is done (finished, or a stop string matched)."""
         out.token_ids.append(tok.token)
         if out.logprobs is not None and tok.logprob is not None:
             out.logprobs.append(TokenLogprob(tok.token, tok.logprob, tok.top_logprobs or []))
-        done = tok.finish_reason is not None
-        if done:
-            out.finish_reason = tok.finish_reason
-        if self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        cut = _find_stop(out.text, params.stop)
-        if cut is not None:
-            out.text, out.finish_reason = out.text[:cut], "stop"
-            if not done:
-                self.scheduler.abort(tok.uid)
-            return True
-        return done
-
-
-def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
+        finish = tok.finish_reason
+        if detok is not None:
+            text, finish = detok.step(tok.token, finish)
+            out.text += text
+            if detok.stopped and tok.finish_reason is None:
+                self.scheduler.abort(tok.uid)  # a stop string matched: the scheduler can stop
+        if finish is not None:
+            out.finish_reason = finish
+        return finish is not None
 
 
 def _wants_logprobs(params: SamplingParams) -> bool:

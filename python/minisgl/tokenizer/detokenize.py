@@ -52,6 +52,15 @@ class IncrementalDetokenizer:
         self._ids.extend(token_ids)
         return self._emit(self._decode_delta(final=False), final=False)
 
+    def step(self, token: int, finish_reason: str | None) -> tuple[str, str | None]:
+        """One token with the scheduler's finish reason: the text to show and the request's finish
+        reason ("stop" once a stop string matched). The token that stops a request (EOS, a stop
+        token id: finish reason "stop") is never shown."""
+        text = self.add([token]) if finish_reason != "stop" else ""
+        if finish_reason is not None:
+            text += self.finish()
+        return text, "stop" if self.stopped else finish_reason
+
     def finish(self) -> str:
         """The request ended: return everything still held back (unresolved bytes included)."""
         if self.stopped:

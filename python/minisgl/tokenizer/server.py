@@ -13,7 +13,7 @@ import signal
 import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -38,13 +38,15 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
-from minisgl.server.args import ServerAddrs
 from minisgl.utils import init_logger
 from minisgl.utils.hf import load_tokenizer
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 from .detokenize import IncrementalDetokenizer
 from .tokenize import TokenizeManager, one_line
+
+if TYPE_CHECKING:
+    from minisgl.server.args import ServerAddrs
 
 logger = init_logger(__name__)
 
@@ -249,13 +251,10 @@ class _DetokenizeRole:
             reply.logprobs = reply.logprobs or []
             reply.logprobs.append((msg.token, msg.logprob, list(msg.top_logprobs or [])))
         if detok is not None:
-            # finish_reason "stop" comes with the stopping token (EOS / stop_token_ids): not shown
-            reply.text += detok.add([msg.token]) if end != "stop" else ""
-            reply.text += detok.finish() if end is not None else ""
-            if detok.stopped:
-                end = "stop"
-                if msg.finish_reason is None:
-                    self._stop(uid, back)
+            text, end = detok.step(msg.token, end)
+            reply.text += text
+            if detok.stopped and msg.finish_reason is None:
+                self._stop(uid, back)
         if end is not None:
             reply.finish_reason = end
             self._drop(uid)

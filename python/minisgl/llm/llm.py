@@ -137,6 +137,7 @@ class LLM:
                 if self._append(outputs[i], tok, detoks[i]):
                     pending.discard(tok.uid)
                     bar.update(1)
+        self.scheduler.drain()  # a request stopped by a stop string may still have a step in flight
         bar.close()
         return outputs
 

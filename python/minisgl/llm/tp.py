@@ -82,6 +82,11 @@ class TPScheduler:
         self._broadcast()
         return self.inner.step()
 
+    def drain(self) -> list[TokenOutput]:
+        # NOTE: draining rank 0 alone would let the ranks schedule from different states; the
+        # forward in flight is read back by the next step, on every rank alike.
+        return []
+
     def _broadcast(self) -> None:
         msgs, self._pending = self._pending, []
         self.comm.broadcast_bytes(BACKEND_CODEC.encode(BatchBackendMsg(msgs=msgs)))

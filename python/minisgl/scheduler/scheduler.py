@@ -131,6 +131,11 @@ class Scheduler:
                 outputs += self._finish(*launched)
         return outputs
 
+    def drain(self) -> list[TokenOutput]:
+        """Read back the forward in flight, if any (overlap leaves one after the last step)."""
+        prev, self._inflight = self._inflight, None
+        return self._finish(*prev) if prev is not None else []
+
     def _needs_sync(self) -> bool:
         return any(req.sampling_params.needs_penalties for req in self.reqs.values())
 

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .extend_attention import _attend_keys
+
 __all__ = ["choose_num_splits", "decode_attention", "decode_workspace"]
 
 _LOG2E = 1.4426950408889634
@@ -57,7 +59,6 @@ def _decode_stage1(
 
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     heads = kvh * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
@@ -69,21 +70,11 @@ def _decode_stage1(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     pt_row = PageTable + row * stride_pt
-    for n in range(start, end, BLOCK_N):
-        pos = n + offs_n
-        valid = pos < end
-        slot = tl.load(pt_row + pos, mask=valid, other=0).to(tl.int64)
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(K + slot[:, None] * stride_kn + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, offs_g, K, V, pt_row, kvh, start, end, qk_scale,
+        stride_kn, stride_kh, stride_vn, stride_vh, d_mask,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, CAUSAL=False, DOT_PREC=DOT_PREC,
+    )
 
     out_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:

@@ -169,3 +169,28 @@ def test_bad_options_and_models(tmp_path, llama):
                                      ' "num_hidden_layers": 1}')
     with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*LlamaForCausalLM"):
         make_llm(str(bad))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_twins_share_a_prefix_computed_once(llama, overlap):
+    """Requests with the same long prompt (n > 1, a shared system prompt) admitted together: one
+    computes the prompt, the others reuse it from the radix cache, and outputs are unchanged."""
+    shared = random_prompts(1, [80], VOCAB, seed=13)[0]
+    prompts = [shared + [5 + i] for i in range(4)] + [shared] * 2
+    reference = [o.token_ids for o in make_llm(llama, num_pages=4096, cache="naive")
+                 .generate(prompts, GREEDY)]
+    llm = make_llm(llama, num_pages=4096, disable_overlap=not overlap)
+    computed = []
+    forward = llm.scheduler.engine.forward
+
+    def spy(batch, args):
+        if batch.is_prefill:
+            computed.append(sum(r.extend_len for r in batch.reqs))
+        return forward(batch, args)
+
+    llm.scheduler.engine.forward = spy
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference
+    # the 80 shared tokens once, then each request's uncached tail (a few tokens each)
+    assert sum(computed) < 80 + 6 * 10, computed
+    assert llm.scheduler.cache.num_hit_tokens >= 5 * 79
+    llm.scheduler.check_integrity()

@@ -107,6 +107,8 @@ class BasePrefixCache(ABC):
     * ``evictable_size``/``protected_size`` count tokens held in the cache, unlocked/locked.
     """
 
+    shares_prefixes = True  # False for a cache that never returns a hit (naive)
+
     def __init__(self, page_size: int, device: torch.device | str = "cpu") -> None:
         self.page_size = check_positive_int("page_size", page_size)
         self.device = torch.device(device)

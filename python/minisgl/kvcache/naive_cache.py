@@ -23,6 +23,8 @@ class NaivePrefixCache(BasePrefixCache):
     It honours the full contract, so the scheduler needs no special case for it.
     """
 
+    shares_prefixes = False
+
     def match_prefix(self, input_ids: Sequence[int]) -> MatchResult:
         return MatchResult(NaiveCacheHandle(), empty_slots())
 

@@ -54,6 +54,14 @@ class CacheManager:
     def tokens_needed(self, req: Req, new_device_len: int) -> int:
         return _round_up(new_device_len, self.page_size) - self.alloc_len(req)
 
+    @property
+    def shares_prefixes(self) -> bool:
+        return self.prefix_cache.shares_prefixes
+
+    def hit_len(self, req: Req) -> int:
+        """How many tokens ``match`` would reuse now (nothing is locked)."""
+        return self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1]).handle.cached_len
+
     def match(self, req: Req) -> None:
         """Reuse the longest cached prefix; at least one token is left to compute (its logits)."""
         result = self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1])
@@ -127,13 +135,38 @@ class CacheManager:
         """Return a request's slots: its computed prefix goes to the prefix cache, the rest is freed."""
         alloc_len = self.alloc_len(req)
         slots = self.host_table[req.table_idx, :alloc_len].clone()
-        done = req.cached_len
+        # every fed token's KV is computed, or being computed by a launched forward (stream order
+        # makes it available to every later one)
+        done = req.device_len
         aligned = done - done % self.page_size
         self._free_slots(self.prefix_cache.insert_prefix(req.input_ids[:aligned], slots[:aligned]))
         self._free_slots(slots[aligned:])
         if req.cache_handle is not None:
             self.prefix_cache.lock_handle(req.cache_handle, unlock=True)
         req.cache_handle = None
+
+    def cache_prefix(self, req: Req) -> None:
+        """Share a running request's computed prefix now, not only when it finishes.
+
+        The prefix goes into the prefix cache and the request holds it through a new handle; where
+        the cache already had those tokens (another request computed them meanwhile), the request's
+        row is pointed at the cache's pages and its own copies are freed.
+        """
+        # called when the forward that fed the prompt has been read back: all of it is computed
+        done = req.device_len - req.device_len % self.page_size
+        old = req.cache_handle
+        if not self.shares_prefixes or old is None or done <= old.cached_len:
+            return
+        ids = req.input_ids[:done]
+        duplicates = self.prefix_cache.insert_prefix(ids, self.host_table[req.table_idx, :done].clone())
+        result = self.prefix_cache.match_prefix(ids)
+        self.prefix_cache.lock_handle(result.handle)
+        self.prefix_cache.lock_handle(old, unlock=True)
+        req.cache_handle = result.handle
+        if len(duplicates):
+            n = result.handle.cached_len
+            self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
+            self._free_slots(duplicates)
 
     def check_integrity(self, live_reqs: list[Req]) -> None:
         """free + cached + owned by live requests == total, and no page is in two places."""

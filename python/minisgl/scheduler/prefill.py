@@ -3,6 +3,10 @@
 A request stays in the queue until all its known tokens are fed; a prompt longer than the budget is
 fed over several forwards (chunked prefill). Each batch is a prefix of the queue, so at most its last
 request is left half-fed, and it is first in line next time.
+
+A request that starts like one being prefilled right now (the same first tokens: ``n`` > 1, a
+shared system prompt) and finds nothing cached waits until its twin's prefix enters the prefix
+cache, instead of computing the same prefix a second time in the same batch.
 """
 
 from __future__ import annotations
@@ -14,6 +18,13 @@ from minisgl.core import Batch, Req
 
 from .cache import CacheManager
 from .table import TableManager
+
+
+_SHARED_HEAD = 32  # requests whose first this-many tokens agree are assumed to share a prefix
+
+
+def _head(req: Req) -> tuple[int, ...] | None:
+    return tuple(req.input_ids[:_SHARED_HEAD]) if len(req.input_ids) > _SHARED_HEAD else None
 
 
 class PrefillManager:
@@ -44,13 +55,19 @@ class PrefillManager:
         that keeps retractions rare; correctness does not depend on it).
         """
         budget, reqs = self.budget, []
+        computing: set[tuple[int, ...]] = set()  # prompt heads whose prefill is under way
         for req in self.waiting:
             if budget == 0:
                 break
+            head = _head(req)
             if req.pending_len == 0:
+                computing.add(head)
                 continue  # its last chunk is in flight (overlap): it moves to decode when read back
             newly_admitted = req.table_idx < 0
             if newly_admitted:
+                if (head is not None and head in computing and self.cache.shares_prefixes
+                        and self.cache.hit_len(req) < _SHARED_HEAD):
+                    continue  # wait for the twin's prefix to be cached instead of recomputing it
                 if self.table.num_free == 0:
                     break
                 req.table_idx = self.table.allocate()
@@ -66,6 +83,7 @@ class PrefillManager:
             req.device_len += chunk
             budget -= chunk
             reqs.append(req)
+            computing.add(head)
         return Batch(reqs, "prefill") if reqs else None
 
     def release(self, req: Req) -> None:

@@ -179,6 +179,7 @@ class Scheduler:
             elif batch.is_prefill and req.table_idx >= 0:
                 self.prefill.remove(req)
                 self.decode.add(req)
+                self.cache.cache_prefix(req)  # later requests with this prompt reuse it now
             results.append(result)
         return results
 

@@ -9,7 +9,6 @@ import argparse
 import os
 import sys
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))

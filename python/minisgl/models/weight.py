@@ -71,10 +71,13 @@ def iter_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir!r}")
-    for file in tqdm(files, desc="Loading weights", unit="file", disable=len(files) < 2):
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+    handles = [safe_open(file, framework="pt") for file in files]
+    total = sum(len(h.keys()) for h in handles)
+    with tqdm(total=total, desc="Loading weights", unit="tensor") as bar:
+        for handle in handles:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+                bar.update(1)
 
 
 def _checkpoint_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:

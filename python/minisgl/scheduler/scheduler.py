@@ -55,7 +55,7 @@ class Scheduler:
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.num_retractions = 0
-        self._inflight: tuple[Batch, ForwardOutput] | None = None
+        self._inflight: tuple[Batch, list[Req], ForwardOutput] | None = None
         self._seeds = random.Random(config.engine.seed)
 
     # ---- requests in and out ----------------------------------------------------------------
@@ -139,15 +139,14 @@ class Scheduler:
     def _needs_sync(self) -> bool:
         return any(req.sampling_params.needs_penalties for req in self.reqs.values())
 
-    def _launch(self) -> tuple[Batch, ForwardOutput] | None:
+    def _launch(self) -> tuple[Batch, list[Req], ForwardOutput] | None:
         batch = self._schedule()
         if batch is None:
             return None
         prepare_batch(batch, self.engine.page_table, self.engine.token_pool)
-        args = BatchSamplingArgs.from_reqs(
-            batch.sampled_reqs, self.engine.vocab_size, self.engine.device
-        )
-        return batch, self.engine.forward(batch, args)
+        sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
+        args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device)
+        return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
         batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
@@ -156,14 +155,13 @@ class Scheduler:
         self.cache.flush()
         return batch
 
-    def _finish(self, batch: Batch, out: ForwardOutput) -> list[TokenOutput]:
+    def _finish(self, batch: Batch, sampled: list[Req], out: ForwardOutput) -> list[TokenOutput]:
         """Read a forward back: append its tokens, check stops, release finished requests.
 
         A request may have finished or been aborted since the batch was launched: its tokens are
         dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
         """
         out.wait()
-        sampled = batch.sampled_reqs
         tokens = out.next_tokens.tolist()
         logprobs = _logprob_rows(out, sampled)
         results = []

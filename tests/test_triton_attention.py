@@ -22,6 +22,7 @@ from minisgl.attention import create_attention_backend, resolve_attention_backen
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine.graph import dummy_decode_batch
 from minisgl.kernel.triton.decode_attention import decode_attention
 from minisgl.kernel.triton.extend_attention import extend_attention
 from minisgl.kvcache.mha_pool import MHAKVCache
@@ -186,9 +187,7 @@ def test_graph_contract_pads_with_the_dummy_row():
     scene = Scene([5, 40, 90], [1, 1, 1], 8, 4, 64, torch.float32, seed=2)
     backend, batch, qkv, eager = compare_backends(scene, "decode")
     backend.init_cuda_graph(8)
-    dummy = Req(uid=-1, input_ids=[0, 0], prompt_len=1, sampling_params=SamplingParams(),
-                max_device_len=2, table_idx=backend.dummy_row, cached_len=0, device_len=1)
-    static = Batch([dummy] * 8, "decode")
+    static = dummy_decode_batch(backend.dummy_row, 8)
     backend.prepare_for_capture(static)
     meta = static.attn_metadata
     assert meta.static and meta.rows.shape == (8,)
@@ -272,9 +271,7 @@ def test_gpu_cuda_graph_replay_matches_eager():
     scene = Scene([100, 2000, 7], [1, 1, 1], 16, 8, 128, torch.bfloat16, seed=7)
     backend, batch, qkv, eager = compare_backends(scene, "decode")
     backend.init_cuda_graph(4)
-    dummy = Req(uid=-1, input_ids=[0, 0], prompt_len=1, sampling_params=SamplingParams(),
-                max_device_len=2, table_idx=backend.dummy_row, cached_len=0, device_len=1)
-    static = Batch([dummy] * 4, "decode")
+    static = dummy_decode_batch(backend.dummy_row, 4)
     backend.prepare_for_capture(static)
     q_static = torch.zeros(4, 16, 128, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()

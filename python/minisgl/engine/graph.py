@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
+def dummy_decode_batch(dummy_row: int, batch_size: int) -> Batch:
+    """A decode batch of ``batch_size`` copies of the dummy request (what graphs are captured on)."""
+    dummy = Req(uid=-1, input_ids=[0, 0], prompt_len=1, sampling_params=SamplingParams(),
+                max_device_len=2, table_idx=dummy_row, cached_len=0, device_len=1)
+    return Batch([dummy] * batch_size, "decode")
+
+
 def capture_sizes(max_bs: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, max_bs + 1, 16))
     return sorted({s for s in sizes if s <= max_bs} | {max_bs})
@@ -43,8 +50,6 @@ class GraphRunner:
         self.logits: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.dummy = Req(uid=-1, input_ids=[0, 0], prompt_len=1, sampling_params=SamplingParams(),
-                         max_device_len=2, table_idx=engine.dummy_row, cached_len=0, device_len=1)
         engine.attn_backend.init_cuda_graph(self.max_bs)
         self._capture_all()
 
@@ -52,7 +57,7 @@ class GraphRunner:
         return batch.is_decode and batch.size <= self.max_bs
 
     def _static_batch(self, bs: int) -> Batch:
-        batch = Batch([self.dummy] * bs, "decode")
+        batch = dummy_decode_batch(self.engine.dummy_row, bs)
         batch.input_ids, batch.positions = self.input_ids[:bs], self.positions[:bs]
         batch.out_loc = self.out_loc[:bs]
         return batch

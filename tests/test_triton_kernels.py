@@ -20,10 +20,10 @@ triton = pytest.importorskip("triton")
 from minisgl.kernel.triton.activation import silu_and_mul
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, moe_align
 from minisgl.kernel.triton.norm import fused_add_rms_norm, rms_norm
-from minisgl.kernel.triton.rotary import apply_rope_
+from minisgl.kernel.triton.rotary import apply_rope_, norm_rope_store_
 from minisgl.layers.activation import silu_and_mul_ref
 from minisgl.layers.norm import rms_norm as rms_norm_ref
-from minisgl.layers.rotary import _cos_sin, _rotate
+from minisgl.layers.rotary import cos_sin_cache, _rotate
 from minisgl.models.config import RotaryConfig
 from minisgl.moe.reference import TorchMoeBackend
 
@@ -36,8 +36,9 @@ ULP = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 INTERPRETED = DEV == "cpu"
 
 
-def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
-    ulps = 2.0 if INTERPRETED and dtype == torch.bfloat16 else 1.0
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, roundings: int = 2) -> None:
+    """Equal up to one ulp (compiled), or ``roundings`` ulps in interpreted bf16 (truncation)."""
+    ulps = float(roundings) if INTERPRETED and dtype == torch.bfloat16 else 1.0
     torch.testing.assert_close(a.float(), b.float(), rtol=ULP[dtype] * ulps, atol=ULP[dtype] * ulps)
 
 
@@ -189,12 +190,44 @@ def test_rope_in_place(dtype, heads):
     cfg = RotaryConfig(head_dim=32, base=10000.0, max_position=512)
     _, q, k, v, pos = rope_case(9, *heads, 32, dtype, DEV)
     v_before = v.clone()
-    cos, sin = _cos_sin(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1)
+    cos, sin = cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1)
     q_ref, k_ref = _rotate(q, cos.to(dtype), sin.to(dtype)), _rotate(k, cos.to(dtype), sin.to(dtype))
-    apply_rope_(pos, q, k, _cos_sin(cfg, q.device))
+    apply_rope_(pos, q, k, cos_sin_cache(cfg, q.device))
     close(q, q_ref, dtype)
     close(k, k_ref, dtype)
     assert torch.equal(v, v_before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
+def test_norm_rope_store(dtype, qk_norm, loc_dtype):
+    """The fused kernel equals q/k RMSNorm, then RoPE, then the pool's store_kv."""
+    from minisgl.kvcache.mha_pool import MHAKVCache
+
+    cfg = RotaryConfig(head_dim=32, base=10000.0, max_position=512)
+    tokens, n_q, n_kv = 7, 6, 2
+    _, q, k, v, pos = rope_case(tokens, n_q, n_kv, 32, dtype, DEV, seed=3)
+    v = v.view(tokens, n_kv, 32)
+    g = torch.Generator().manual_seed(1)
+    qw, kw = ((1 + 0.1 * torch.randn(32, generator=g)).to(DEV, dtype) for _ in range(2))
+    loc = torch.randperm(20, generator=g)[:tokens].to(DEV, loc_dtype)
+    pools = [MHAKVCache(2, n_kv, 32, 20, 1, dtype, DEV) for _ in range(2)]
+    q_ref, k_ref = (rms_norm_ref(q, qw, 1e-6), rms_norm_ref(k, kw, 1e-6)) if qk_norm else (q, k)
+    cos, sin = (t.to(dtype) for t in cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1))
+    q_ref, k_ref = _rotate(q_ref, cos, sin), _rotate(k_ref, cos, sin)
+    pools[0].store_kv(k_ref, v, loc, layer_id=1)
+    v_before = v.clone()
+    norm_rope_store_(pos, q, k, v, cos_sin_cache(cfg, q.device), pools[1].k_cache(1),
+                     pools[1].v_cache(1), loc, *((qw, kw, 1e-6) if qk_norm else ()))
+    chain = 5 if qk_norm else 2  # norm, weight, two products, sum: each truncates when interpreted
+    close(q, q_ref, dtype, chain)
+    close(k, k_ref, dtype, chain)
+    assert torch.equal(v, v_before)
+    close(pools[1].k_cache(1), pools[0].k_cache(1), dtype, chain)
+    assert torch.equal(pools[1].v_cache(1), pools[0].v_cache(1))
+    assert torch.equal(pools[1].k_cache(1)[loc.long()], k)  # the pool holds the returned k
+    assert not pools[1].k_cache(0).any() and not pools[1].v_cache(0).any()  # other layer untouched
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -285,9 +318,9 @@ def test_norm_rope_silu_real_sizes(dtype):
     wq = (1 + 0.1 * torch.randn(128, generator=g, device="cuda")).to(dtype)
     q_normed = rms_norm(q, wq, 1e-6)  # Qwen3 q norm on the strided view
     close(q_normed, rms_norm_ref(q, wq, 1e-6), dtype)
-    cos, sin = (t.to(dtype) for t in _cos_sin(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1))
+    cos, sin = (t.to(dtype) for t in cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1))
     q_ref, k_ref = _rotate(q_normed, cos, sin), _rotate(k, cos, sin)
-    apply_rope_(pos, q_normed, k, _cos_sin(cfg, q.device))
+    apply_rope_(pos, q_normed, k, cos_sin_cache(cfg, q.device))
     close(q_normed, q_ref, dtype)
     close(k, k_ref, dtype)
     a = torch.randn(2048, 2 * 6144, generator=g, device="cuda").to(dtype)

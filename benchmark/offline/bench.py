@@ -66,12 +66,81 @@ def model_dir(model: str) -> tuple[str, bool]:
     return model, False
 
 
+class StepTrace:
+    """Where the time of a run goes: the wall time of every scheduler step, by the batch it read back.
+
+    A step launches batch N+1 and reads back batch N (overlap), so the time between two steps' returns
+    is batch N's device time when the GPU is the bottleneck (else the host's time per step). Decode
+    steps are also reported as bytes moved per second (weights + the KV of every request read once),
+    the quantity the bandwidth ceiling assumes.
+    """
+
+    def __init__(self, llm: LLM) -> None:
+        sched = self.sched = llm.scheduler
+        self.rows: list[tuple[float, str, int, int]] = []  # (end time, phase, requests, KV tokens)
+        self.overlap = sched.config.overlap
+        engine = sched.engine
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+        self.kv_bytes_per_token = engine.kv_pool.mem_bytes / engine.kv_pool.num_slots
+        launch, step = sched._launch, sched.step
+        launched: list[tuple[str, int, int]] = []  # (phase, requests, KV tokens) per launch
+
+        def traced_launch():
+            res = launch()
+            if res is not None:
+                batch = res[0]
+                launched.append((batch.phase, batch.size, sum(r.device_len for r in batch.reqs)))
+            return res
+
+        def traced_step():
+            n, inflight = len(launched), sched._inflight is not None
+            out = step()
+            # the batch read back: the one launched by the previous step (overlap) or by this one
+            done = (n - 1 if inflight else None) if self.overlap else (n if len(launched) > n else None)
+            self.rows.append((time.perf_counter(),) + (launched[done] if done is not None else ("idle", 0, 0)))
+            return out
+
+        sched._launch, sched.step = traced_launch, traced_step
+
+    def start(self) -> None:
+        self.rows.clear()
+        self.t0 = time.perf_counter()
+
+    def summary(self) -> dict:
+        prev, acc = self.t0, {}
+        decode_bytes = 0.0
+        for end, phase, size, kv_tokens in self.rows:
+            key = phase if phase != "decode" else f"decode_bs{_bucket(size)}"
+            n, secs, toks = acc.get(key, (0, 0.0, 0))
+            acc[key] = (n + 1, secs + end - prev, toks + size)
+            if phase == "decode":
+                decode_bytes += self.weight_bytes + kv_tokens * self.kv_bytes_per_token
+            prev = end
+        decode_s = sum(v[1] for k, v in acc.items() if k.startswith("decode"))
+        return {
+            "steps": {k: {"steps": n, "seconds": round(t, 3), "requests": toks}
+                      for k, (n, t, toks) in sorted(acc.items())},
+            "decode_seconds": round(decode_s, 3),
+            "decode_tb_per_s": round(decode_bytes / decode_s / 1e12, 3) if decode_s else None,
+        }
+
+
+def _bucket(size: int) -> str:
+    for lo, hi in ((1, 15), (16, 63), (64, 191), (192, 256)):
+        if size <= hi:
+            return f"{lo}-{hi}"
+    return "257+"
+
+
 def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: int = 1) -> dict:
     llm = LLM(path, tp=tp, dummy_weights=dummy, **options)
+    trace = StepTrace(llm) if tp == 1 else None
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     llm.generate(prompts[:8], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8,
                  use_tqdm=False)  # warm-up
     torch.cuda.synchronize()
+    if trace:
+        trace.start()
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     torch.cuda.synchronize()
@@ -79,6 +148,8 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: 
     result = {"output_tokens": sum(len(o.token_ids) for o in outs), "seconds": seconds,
               "retractions": llm.scheduler.num_retractions, "kv_pages": llm.scheduler.engine.num_pages,
               "tp": tp}
+    if trace:
+        result["trace"] = trace.summary()
     if tp > 1:
         llm.scheduler.close()
     del llm, outs
@@ -204,6 +275,17 @@ def write(records: list[dict], out_dir: str, stem: str) -> None:
                          f"{r['ceiling_fraction']} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
         else:
             lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['ms_per_token']:.2f} ms/token | | | |")
+    traced = [r for r in records if r.get("trace")]
+    if traced:
+        lines += ["", "Where the time goes (scheduler steps of the timed run, by the batch read back; "
+                  "decode TB/s = weights + every request's KV read once per step):", "",
+                  "| engine | phase | steps | seconds | requests/step |", "|---|---|---|---|---|"]
+        for r in traced:
+            for phase, v in r["trace"]["steps"].items():
+                lines.append(f"| {r['engine']} | {phase} | {v['steps']} | {v['seconds']:.2f} | "
+                             f"{v['requests'] / v['steps']:.0f} |")
+            lines.append(f"| {r['engine']} | decode TB/s | | {r['trace']['decode_seconds']:.2f} | "
+                         f"{r['trace']['decode_tb_per_s']} |")
     with open(os.path.join(out_dir, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -2,9 +2,10 @@
 
 A backend owns how attention reads the paged KV pool. The engine calls ``prepare_metadata(batch)``
 once per forward, before the model runs (host-side work, and host-to-device copies); every attention
-layer then calls ``forward(q, k, v, layer_id, batch)``, which must first store this step's K/V at
-``batch.out_loc`` and then attend over each request's whole context ``[0, device_len)``, causally for
-the new tokens (token ``i`` of a request sits at position ``cached_len + i``).
+layer stores this step's K/V at ``batch.out_loc`` and then calls ``forward(q, k, v, layer_id, batch)``,
+which attends over each request's whole context ``[0, device_len)`` in the pool, causally for the
+new tokens (token ``i`` of a request sits at position ``cached_len + i``). ``k``/``v`` are this
+step's rows too, for backends that can attend without reading them back (no cached prefix).
 
 CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_graph = True`` and
 implements three methods; the graph runner calls them in this order::
@@ -49,7 +50,8 @@ class BaseAttnBackend(ABC):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
     ) -> torch.Tensor:
-        """q: [T, qo_heads, head_dim], k/v: [T, kv_heads, head_dim] -> [T, qo_heads, head_dim]."""
+        """q: [T, qo_heads, head_dim], k/v: [T, kv_heads, head_dim] (already in the pool)
+        -> [T, qo_heads, head_dim]."""
 
     # -- CUDA graphs (see the module docstring); backends without them keep these defaults --------
 

@@ -106,7 +106,6 @@ class FlashAttnBackend(BaseAttnBackend):
         )
         if not usable:
             return self.triton.forward(q, k, v, layer_id, batch)
-        self.kv_pool.store_kv(k, v, batch.out_loc, layer_id)
         return self.varlen(q, k, v, meta.cu_seqlens, meta.max_extend, self.scale)
 
     def init_cuda_graph(self, max_bs: int) -> None:

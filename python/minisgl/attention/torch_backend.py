@@ -50,7 +50,6 @@ class TorchBackend(BaseAttnBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
     ) -> torch.Tensor:
         meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
-        self.kv_pool.store_kv(k, v, batch.out_loc, layer_id)
         num_reqs, max_ext = meta.mask.shape[0], meta.mask.shape[2]
         q_pad = q.new_zeros(num_reqs * max_ext, *q.shape[1:])
         q_pad[meta.token_index] = q

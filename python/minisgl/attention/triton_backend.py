@@ -108,11 +108,7 @@ class TritonBackend(BaseAttnBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
     ) -> torch.Tensor:
-        self.kv_pool.store_kv(k, v, batch.out_loc, layer_id)
-        return self.attend(q, layer_id, batch.attn_metadata)  # type: ignore[arg-type]
-
-    def attend(self, q: torch.Tensor, layer_id: int, meta: BaseAttnMetadata) -> torch.Tensor:
-        """Attention over the pool only (K/V already stored)."""
+        meta = batch.attn_metadata
         k_cache, v_cache = self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id)
         if isinstance(meta, TritonDecodeMetadata):
             return decode_attention(

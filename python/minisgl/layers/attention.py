@@ -1,5 +1,6 @@
 """Self-attention of one decoder layer: merged QKV, optional per-head q/k RMSNorm (Qwen3), RoPE,
-the attention backend over the paged KV pool, and the row-parallel output projection."""
+the K/V store into the paged pool, the attention backend over it, and the row-parallel output
+projection. On CUDA the norms, RoPE and the store are one Triton kernel."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from minisgl.distributed import DistributedCommunicator
 
 from .linear import LinearQKVMerged, LinearRowParallel
 from .norm import RMSNorm
-from .rotary import RotaryEmbedding
+from .rotary import RotaryEmbedding, cos_sin_cache, pow2
 
 if TYPE_CHECKING:
     from minisgl.core import Context
@@ -44,8 +45,27 @@ class AttentionLayer(nn.Module):
         q = q.view(-1, proj.local_qo, self.head_dim)
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
+        q, k = self._norm_rope_store(q, k, v, positions, ctx)
+        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        return self.o_proj(out.reshape(out.shape[0], -1))
+
+    def _norm_rope_store(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, ctx: Context
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q/k norms and RoPE, then this step's K/V into the pool at ``batch.out_loc``."""
+        pool, out_loc = ctx.kv_pool, ctx.batch.out_loc
+        if q.is_cuda and pow2(self.head_dim) and pool.dtype == q.dtype:
+            from minisgl.kernel.triton.rotary import norm_rope_store_
+
+            qw = self.q_norm.weight if self.q_norm is not None else None
+            kw = self.k_norm.weight if self.k_norm is not None else None
+            eps = self.q_norm.eps if self.q_norm is not None else 0.0
+            norm_rope_store_(positions, q, k, v, cos_sin_cache(self.rotary.cfg, q.device),
+                             pool.k_cache(self.layer_id), pool.v_cache(self.layer_id), out_loc,
+                             qw, kw, eps)
+            return q, k
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
-        return self.o_proj(out.reshape(out.shape[0], -1))
+        pool.store_kv(k, v, out_loc, self.layer_id)
+        return q, k

@@ -43,7 +43,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 @lru_cache(maxsize=8)
-def _cos_sin(cfg: RotaryConfig, device: torch.device) -> torch.Tensor:
+def cos_sin_cache(cfg: RotaryConfig, device: torch.device) -> torch.Tensor:
     positions = torch.arange(cfg.max_position, dtype=torch.float32)
     freqs = torch.outer(positions, _inv_freq(cfg))
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
@@ -54,7 +54,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def _pow2(n: int) -> bool:
+def pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
@@ -70,11 +70,11 @@ class RotaryEmbedding(nn.Module):
 
         On CUDA the Triton kernel rotates q and k in place (they are fresh activations) and returns
         them; elsewhere new tensors come back from the torch reference."""
-        if q.is_cuda and _pow2(q.shape[-1]):
+        if q.is_cuda and pow2(q.shape[-1]):
             from minisgl.kernel.triton.rotary import apply_rope_
 
-            apply_rope_(positions, q, k, _cos_sin(self.cfg, q.device))
+            apply_rope_(positions, q, k, cos_sin_cache(self.cfg, q.device))
             return q, k
-        cos, sin = _cos_sin(self.cfg, q.device)[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = cos_sin_cache(self.cfg, q.device)[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

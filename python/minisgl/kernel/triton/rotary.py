@@ -1,9 +1,14 @@
-"""Neox-style rotary embedding applied in place to q and k.
+"""Neox-style rotary embedding applied in place to q and k, optionally fused with Qwen3's per-head
+q/k RMSNorm before it and the KV-cache store after it.
 
 One program per token: the token's cos/sin row is read once and applied to all its q and k heads.
-q and k may be strided views (sliced from the fused QKV output); only the last dimension must be
-contiguous. The arithmetic mirrors the torch reference (``layers/rotary.py``): cos/sin are rounded to
-the activation dtype and each product and the sum are rounded to it, so bf16 results match.
+q, k and v may be strided views (sliced from the fused QKV output); only the last dimension must be
+contiguous. The arithmetic mirrors the torch references (``layers/norm.py``, ``layers/rotary.py``):
+the normalised row is rounded to the activation dtype before the weight multiply, cos/sin are rounded
+to the activation dtype and each product and the sum are rounded to it, so bf16 results match.
+
+``norm_rope_store_`` is what a decoder layer runs on CUDA between the QKV projection and attention:
+one launch instead of five (q norm, k norm, RoPE, K store, V store).
 """
 
 from __future__ import annotations
@@ -14,26 +19,45 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s,
-                  BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
+                       HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """Norm (optional) and rotate one token's heads in place; return the rotated halves."""
     heads = tl.arange(0, BLOCK_H)
     cols = tl.arange(0, HALF)
     mask = (heads < n_heads)[:, None]
     p = ptr + tok * stride_t + heads[:, None] * stride_h + cols[None, :]
-    x1 = tl.load(p, mask=mask, other=0.0)
-    x2 = tl.load(p + HALF, mask=mask, other=0.0)
     dt = ptr.dtype.element_ty
-    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    o1 = (x1 * c).to(dt).to(tl.float32) - (x2 * s).to(dt).to(tl.float32)
-    o2 = (x2 * c).to(dt).to(tl.float32) + (x1 * s).to(dt).to(tl.float32)
-    tl.store(p, o1.to(dt), mask=mask)
-    tl.store(p + HALF, o2.to(dt), mask=mask)
+    x1 = tl.load(p, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p + HALF, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)[None, :]
+        x1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    o1 = ((x1 * c).to(dt).to(tl.float32) - (x2 * s).to(dt).to(tl.float32)).to(dt)
+    o2 = ((x2 * c).to(dt).to(tl.float32) + (x1 * s).to(dt).to(tl.float32)).to(dt)
+    tl.store(p, o1, mask=mask)
+    tl.store(p + HALF, o2, mask=mask)
+    return o1, o2
+
+
+@triton.jit
+def _copy_heads(src, src_off, stride_h, dst, dst_off, dst_stride_h, n_heads,
+                BLOCK_H: tl.constexpr, DIM: tl.constexpr):
+    heads = tl.arange(0, BLOCK_H)
+    cols = tl.arange(0, DIM)
+    mask = (heads < n_heads)[:, None]
+    x = tl.load(src + src_off + heads[:, None] * stride_h + cols[None, :], mask=mask)
+    tl.store(dst + dst_off + heads[:, None] * dst_stride_h + cols[None, :], x, mask=mask)
 
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, pos_ptr, cache_ptr,
-    q_stride_t, q_stride_h, k_stride_t, k_stride_h, n_q, n_k, cache_stride,
+    q_ptr, k_ptr, v_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr, kc_ptr, vc_ptr, loc_ptr,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+    c_stride_slot, c_stride_h, n_q, n_k, cache_stride, eps,
+    HAS_NORM: tl.constexpr, STORE: tl.constexpr,
     HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
@@ -42,25 +66,68 @@ def _rope_kernel(
     dt = q_ptr.dtype.element_ty
     c = tl.load(cache_ptr + pos * cache_stride + cols).to(dt).to(tl.float32)[None, :]
     s = tl.load(cache_ptr + pos * cache_stride + HALF + cols).to(dt).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr, tok, q_stride_t, q_stride_h, n_q, c, s, BLOCK_Q, HALF)
-    _rotate_heads(k_ptr, tok, k_stride_t, k_stride_h, n_k, c, s, BLOCK_K, HALF)
+    _norm_rotate_heads(q_ptr, tok, q_stride_t, q_stride_h, n_q, c, s, qw_ptr, eps,
+                       HAS_NORM, BLOCK_Q, HALF)
+    k1, k2 = _norm_rotate_heads(k_ptr, tok, k_stride_t, k_stride_h, n_k, c, s, kw_ptr, eps,
+                                HAS_NORM, BLOCK_K, HALF)
+    if STORE:
+        slot = tl.load(loc_ptr + tok).to(tl.int64)
+        heads = tl.arange(0, BLOCK_K)
+        mask = (heads < n_k)[:, None]
+        kc = kc_ptr + slot * c_stride_slot + heads[:, None] * c_stride_h + cols[None, :]
+        tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        _copy_heads(v_ptr, tok * v_stride_t, v_stride_h, vc_ptr, slot * c_stride_slot, c_stride_h,
+                    n_k, BLOCK_K, 2 * HALF)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> None:
+    tokens, _, dim = q.shape
+    assert k.shape[0] == tokens and k.shape[2] == dim and cos_sin.shape[1] == dim
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin.stride(-1) == 1
+    assert dim % 2 == 0 and triton.next_power_of_2(dim) == dim, "head_dim must be a power of two"
+    assert q.dtype == k.dtype
+
+
+def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc):
+    tokens, n_q, dim = q.shape
+    n_k = k.shape[1]
+    if tokens == 0:
+        return
+    has_norm, store = q_weight is not None, k_cache is not None
+    block_q, block_k = triton.next_power_of_2(n_q), triton.next_power_of_2(n_k)
+    warps = 4 if block_q * dim <= 4096 else 8
+    _rope_kernel[(tokens,)](
+        q, k, v if store else q, positions, cos_sin,
+        q_weight if has_norm else q, k_weight if has_norm else q,
+        k_cache if store else q, v_cache if store else q, out_loc if store else positions,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0) if store else 0, v.stride(1) if store else 0,
+        k_cache.stride(0) if store else 0, k_cache.stride(1) if store else 0,
+        n_q, n_k, cos_sin.stride(0), eps,
+        HAS_NORM=has_norm, STORE=store, HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=block_k,
+        num_warps=warps,
+    )
 
 
 def apply_rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 cos_sin: torch.Tensor) -> None:
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place. ``cos_sin`` is [max_pos, D]: cos | sin halves
     (float32), ``positions`` [T] integer. D must be a power of two (64, 128, 256 in practice)."""
-    tokens, n_q, dim = q.shape
-    assert k.shape[0] == tokens and k.shape[2] == dim and cos_sin.shape[1] == dim
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin.stride(-1) == 1
-    assert dim % 2 == 0 and triton.next_power_of_2(dim) == dim, "head_dim must be a power of two"
-    assert q.dtype == k.dtype
-    if tokens == 0:
-        return
-    block_q, block_k = triton.next_power_of_2(n_q), triton.next_power_of_2(k.shape[1])
-    warps = 4 if block_q * dim <= 4096 else 8
-    _rope_kernel[(tokens,)](
-        q, k, positions, cos_sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        n_q, k.shape[1], cos_sin.stride(0),
-        HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=block_k, num_warps=warps,
-    )
+    _check(q, k, cos_sin)
+    _launch(positions, q, k, None, cos_sin, None, None, 0.0, None, None, None)
+
+
+def norm_rope_store_(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+    q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0,
+) -> None:
+    """q/k: per-head RMSNorm with ``q_weight``/``k_weight`` (when given), then RoPE, in place; then
+    rotated k and v [T, Hk, D] go to slots ``out_loc`` [T] of ``k_cache``/``v_cache`` [slots, Hk, D]."""
+    _check(q, k, cos_sin)
+    assert v.shape == k.shape and v.stride(-1) == 1 and out_loc.shape == (q.shape[0],)
+    assert k_cache.shape[1:] == k.shape[1:] and v_cache.stride() == k_cache.stride()
+    assert k_cache.stride(-1) == 1 and v.dtype == k_cache.dtype == v_cache.dtype == k.dtype
+    assert (q_weight is None) == (k_weight is None)
+    _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc)

@@ -150,6 +150,7 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: 
               "tp": tp}
     if trace:
         result["trace"] = trace.summary()
+        del trace  # it holds the scheduler: the next run needs the memory back
     if tp > 1:
         llm.scheduler.close()
     del llm, outs

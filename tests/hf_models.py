@@ -330,18 +330,25 @@ def hf_model(path: str | Path) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def hf_prefill_logits(path: str | Path, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """Logits of every position (``[len, vocab]``, float32) for each prompt.
+def hf_prefill_logits(
+    path: str | Path, prompts: list[list[int]], dtype: torch.dtype | None = None, device: str = "cpu"
+) -> list[torch.Tensor]:
+    """Logits of every position (``[len, vocab]``, float32, on CPU) for each prompt.
 
-    Each prompt runs alone (no padding).
+    Each prompt runs alone (no padding). ``dtype``/``device``: run a copy of the float32 model
+    there (e.g. bfloat16 on CUDA, to measure transformers' own rounding error).
     """
     model = hf_model(path)
+    if dtype is not None or device != "cpu":
+        import copy
+
+        model = copy.deepcopy(model).to(device=device, dtype=dtype or torch.float32)
     out = []
     with _one_thread():
         for prompt in prompts:
-            ids = torch.tensor([list(prompt)], dtype=torch.long)
+            ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
             logits = model(input_ids=ids, use_cache=False).logits[0]
-            out.append(logits.float().clone())
+            out.append(logits.float().cpu())
     return out
 
 

@@ -51,9 +51,12 @@ def test_bf16_prefill_logits_close_to_fp32_transformers(arch, tiny_checkpoints):
     scale = expected.std()
     if arch == "qwen3_moe":
         # bf16 router logits can flip a near-tie expert choice (the tiny checkpoint's closest
-        # 2nd/3rd router gap is ~0.01), which moves that position's logits by ~10%: bound the
-        # typical position, and allow a few flipped ones.
-        assert err.median() < 0.02 * scale and (err < 0.05 * scale).float().mean() > 0.9, err
+        # 2nd/3rd router gap is ~0.01), which moves that position's logits by ~10%: transformers
+        # itself in bf16 shows such errors, so the bound is its own bf16 error against fp32.
+        hf_bf16 = torch.cat(hf_prefill_logits(path, prompts, torch.bfloat16, "cuda")).cuda()
+        hf_err = (hf_bf16 - expected).abs().amax(dim=-1)
+        assert err.median() < 1.5 * hf_err.median() + 0.005 * scale, (err.median(), hf_err.median())
+        assert err.mean() < 1.5 * hf_err.mean() + 0.005 * scale, (err.mean(), hf_err.mean())
         return
     assert err.max() < 0.05 * scale, (err.max(), scale)
     top2 = expected.topk(2, dim=-1).values

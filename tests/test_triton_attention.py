@@ -277,10 +277,10 @@ def test_gpu_cuda_graph_replay_matches_eager():
     q_static = torch.zeros(4, 16, 128, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        backend.attend(q_static, 0, static.attn_metadata)  # warm-up: compile, allocate workspace
+        backend.forward(q_static, None, None, 0, static)  # warm-up: compile, allocate workspace
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            out_static = backend.attend(q_static, 0, static.attn_metadata)
+            out_static = backend.forward(q_static, None, None, 0, static)
     torch.cuda.current_stream().wait_stream(stream)
     q_static[:3].copy_(qkv[0])
     backend.prepare_for_replay(batch, 4)
@@ -292,7 +292,7 @@ def test_gpu_cuda_graph_replay_matches_eager():
         scene.page_table[r.table_idx, r.device_len - 1] = r.table_idx
     batch2, (q2, _, _) = scene.batch("decode")
     backend.prepare_metadata(batch2)
-    eager2 = backend.attend(q2, 0, batch2.attn_metadata)
+    eager2 = backend.forward(q2, None, None, 0, batch2)
     q_static[:3].copy_(q2)
     backend.prepare_for_replay(batch2, 4)
     graph.replay()

@@ -251,8 +251,8 @@ def main() -> None:
 
     for tp in map(int, args.tp.split(",")):
         for variant in args.variants.split(","):
-            name = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
-            record(name, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
+            engine = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
+            record(engine, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
     if args.batch1:
         res = run_batch1(path, dummy, {})
         records.append({**base, "engine": "minisgl[batch1]", **res})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import TEST_DEVICE
 from hf_models import random_prompts
@@ -194,3 +195,16 @@ def test_twins_share_a_prefix_computed_once(llama, overlap):
     assert sum(computed) < 80 + 6 * 10, computed
     assert llm.scheduler.cache.num_hit_tokens >= 5 * 79
     llm.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32])
+def test_to_device_sends_aligned_segments(dtype):
+    """One transfer, one tensor per list, each 16-byte aligned (Triton specialises on alignment)."""
+    from minisgl.utils.transfer import to_device
+
+    segments = [[1, 2, 3], [], [4], [5, 6, 7, 8, 9]]
+    out = to_device(segments, dtype, torch.device(TEST_DEVICE))
+    assert [t.tolist() for t in out] == [[float(v) if dtype.is_floating_point else v for v in s]
+                                         for s in segments]
+    assert all(t.dtype == dtype and t.data_ptr() % 16 == 0 for t in out)
+    assert len({t.untyped_storage().data_ptr() for t in out}) == 1

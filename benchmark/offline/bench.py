@@ -226,6 +226,7 @@ def main() -> None:
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--batch1", action="store_true", help="also measure batch-1 decode latency")
     parser.add_argument("--out", default="benchmark/results")
+    parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
 
     path, dummy = model_dir(args.model)
@@ -261,7 +262,8 @@ def main() -> None:
         n = args.hf_requests
         record("transformers", run_hf(path, dummy, prompts[:n], max_tokens[:n], args.hf_batch),
                hf_requests=n)
-    write(records, args.out, f"offline_{name}_{gpu}_{base['date']}")
+    suffix = f"_{args.tag}" if args.tag else ""
+    write(records, args.out, f"offline_{name}_{gpu}_{base['date']}{suffix}")
 
 
 def write(records: list[dict], out_dir: str, stem: str) -> None:

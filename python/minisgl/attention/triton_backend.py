@@ -1,6 +1,6 @@
 """The Triton backend: our own paged kernels, split-K decode and causal extend with a prefix.
 
-Metadata is a handful of int32 device vectors built on the host in one pinned copy::
+Metadata is a handful of int32 device vectors built on the host, sent in one pinned copy::
 
     decode : rows [B], seq_lens [B]                      + num_splits (host int, from B only)
     prefill: rows [B], seq_lens [B], cu_seqlens [B+1]    + max_extend, no_prefix (host)
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from minisgl.utils.transfer import to_device
 
 from .base import BaseAttnBackend, BaseAttnMetadata
 
@@ -57,11 +59,6 @@ class TritonPrefillMetadata(BaseAttnMetadata):
     no_prefix: bool  # every request starts at position 0 (FlashAttention may skip the pool)
 
 
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    host = torch.tensor(values, dtype=torch.int32, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
-
-
 class TritonBackend(BaseAttnBackend):
     supports_cuda_graph = True
 
@@ -87,18 +84,18 @@ class TritonBackend(BaseAttnBackend):
         reqs = batch.reqs
         n = len(reqs)
         if batch.is_decode:
-            flat = _to_device([r.table_idx for r in reqs] + [r.device_len for r in reqs], self.device)
-            batch.attn_metadata = TritonDecodeMetadata(flat[:n], flat[n:], self.num_splits(n))
+            rows, seq_lens = to_device(
+                [[r.table_idx for r in reqs], [r.device_len for r in reqs]], torch.int32, self.device)
+            batch.attn_metadata = TritonDecodeMetadata(rows, seq_lens, self.num_splits(n))
             return
         extend = [r.extend_len for r in reqs]
         cu = [0]
         for e in extend:
             cu.append(cu[-1] + e)
-        flat = _to_device(
-            [r.table_idx for r in reqs] + [r.device_len for r in reqs] + cu, self.device
-        )
+        rows, seq_lens, cu_seqlens = to_device(
+            [[r.table_idx for r in reqs], [r.device_len for r in reqs], cu], torch.int32, self.device)
         batch.attn_metadata = TritonPrefillMetadata(
-            rows=flat[:n], seq_lens=flat[n : 2 * n], cu_seqlens=flat[2 * n :],
+            rows=rows, seq_lens=seq_lens, cu_seqlens=cu_seqlens,
             max_extend=max(extend), max_seq_len=max(r.device_len for r in reqs),
             no_prefix=all(r.cached_len == 0 for r in reqs),
         )

@@ -10,11 +10,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import Batch
-
-
-def _to(device: torch.device, values: list[int], dtype=torch.int64) -> torch.Tensor:
-    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
+from minisgl.utils.transfer import to_device
 
 
 def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tensor) -> None:
@@ -27,19 +23,19 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
         positions += range(req.cached_len, req.device_len)
         rows += [req.table_idx] * req.extend_len
         last_rows.append(len(rows) - 1)
-    batch.positions = _to(device, positions)
-    row_ids = _to(device, rows)
-    batch.out_loc = page_table[row_ids, batch.positions]
+    sampled = batch.sampled_reqs
+    sample_loc = ([r.table_idx for r in sampled], [r.device_len for r in sampled])
     if batch.is_decode:
+        batch.positions, row_ids, *loc = to_device([positions, rows, *sample_loc], torch.int64, device)
         batch.input_ids = token_pool[row_ids, batch.positions].long()
         batch.logits_idx = torch.arange(batch.size, device=device)
     else:
         ids: list[int] = []
         for req in batch.reqs:
             ids += req.input_ids[req.cached_len : req.device_len]
-        batch.input_ids = _to(device, ids)
-        sampled = {id(r) for r in batch.sampled_reqs}
-        batch.logits_idx = _to(device, [i for r, i in zip(batch.reqs, last_rows) if id(r) in sampled])
-    sampled = batch.sampled_reqs
-    batch.sample_loc = (_to(device, [r.table_idx for r in sampled]),
-                        _to(device, [r.device_len for r in sampled]))
+        chosen = {id(r) for r in sampled}
+        logits_idx = [i for r, i in zip(batch.reqs, last_rows) if id(r) in chosen]
+        batch.positions, row_ids, batch.input_ids, batch.logits_idx, *loc = to_device(
+            [positions, rows, ids, logits_idx, *sample_loc], torch.int64, device)
+    batch.out_loc = page_table[row_ids, batch.positions]
+    batch.sample_loc = tuple(loc)

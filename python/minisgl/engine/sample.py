@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.utils.transfer import to_device
+
 if TYPE_CHECKING:
     from minisgl.core import Req
 
@@ -89,14 +91,6 @@ class PenaltyArgs:
     use_counts: bool
 
 
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Build on the CPU, then copy asynchronously (pinned only where that helps: a CUDA target)."""
-    cpu = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        cpu = cpu.pin_memory()
-    return cpu.to(device, non_blocking=True)
-
-
 def _penalty_args(reqs: list[Req], vocab_size: int, device: torch.device) -> PenaltyArgs | None:
     params = [req.sampling_params for req in reqs]
     if not any(p.needs_penalties for p in params):
@@ -116,16 +110,15 @@ def _penalty_args(reqs: list[Req], vocab_size: int, device: torch.device) -> Pen
             seen = {t for t in req.input_ids if 0 <= t < vocab_size}
             seen_rows += [row] * len(seen)
             seen_ids += seen
-    f32, i64 = torch.float32, torch.int64
+    presence, frequency, repetition, out_counts = to_device(
+        [[p.presence_penalty for p in params], [p.frequency_penalty for p in params],
+         [p.repetition_penalty for p in params], out_counts], torch.float32, device)
+    out_rows, out_ids, seen_rows, seen_ids = to_device(
+        [out_rows, out_ids, seen_rows, seen_ids], torch.int64, device)
     return PenaltyArgs(
-        presence=_to_device([p.presence_penalty for p in params], f32, device),
-        frequency=_to_device([p.frequency_penalty for p in params], f32, device),
-        repetition=_to_device([p.repetition_penalty for p in params], f32, device),
-        out_rows=_to_device(out_rows, i64, device),
-        out_ids=_to_device(out_ids, i64, device),
-        out_counts=_to_device(out_counts, f32, device),
-        seen_rows=_to_device(seen_rows, i64, device),
-        seen_ids=_to_device(seen_ids, i64, device),
+        presence=presence, frequency=frequency, repetition=repetition,
+        out_rows=out_rows, out_ids=out_ids, out_counts=out_counts,
+        seen_rows=seen_rows, seen_ids=seen_ids,
         use_repetition=any(p.repetition_penalty != 1 for p in params),
         use_counts=any(p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params),
     )
@@ -162,18 +155,23 @@ class BatchSamplingArgs:
         ]
         top_p = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
         min_p = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
-        f32, i64 = torch.float32, torch.int64
+        use_top_k = any(k < vocab_size for k in top_k)
+        use_top_p, use_min_p = any(p < 1 for p in top_p), any(p > 0 for p in min_p)
+        temperatures = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
+        floats = to_device([temperatures, top_p if use_top_p else [], min_p if use_min_p else []],
+                           torch.float32, device)
+        # steps: the output index of the token being sampled; read from the counters, not from
+        # input_ids, which lags one token behind under overlap scheduling
+        ints = to_device([[_i64(req.seed) for req in reqs],
+                          [req.device_len - req.prompt_len for req in reqs],
+                          top_k if use_top_k else []], torch.int64, device)
         return cls(
-            temperatures=_to_device(
-                [0.0 if g else p.temperature for p, g in zip(params, greedy)], f32, device
-            ),
-            top_k=_to_device(top_k, i64, device) if any(k < vocab_size for k in top_k) else None,
-            top_p=_to_device(top_p, f32, device) if any(p < 1 for p in top_p) else None,
-            min_p=_to_device(min_p, f32, device) if any(p > 0 for p in min_p) else None,
-            seeds=_to_device([_i64(req.seed) for req in reqs], i64, device),
-            # the output index of the token being sampled; read from the counters, not from
-            # input_ids, which lags one token behind under overlap scheduling
-            steps=_to_device([req.device_len - req.prompt_len for req in reqs], i64, device),
+            temperatures=floats[0],
+            top_k=ints[2] if use_top_k else None,
+            top_p=floats[1] if use_top_p else None,
+            min_p=floats[2] if use_min_p else None,
+            seeds=ints[0],
+            steps=ints[1],
             penalties=_penalty_args(reqs, vocab_size, device),
             all_greedy=all(greedy),
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),

@@ -275,7 +275,7 @@ def write(records: list[dict], out_dir: str, stem: str) -> None:
     for r in records:
         if "output_tok_per_s" in r:
             lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['output_tok_per_s']:,.0f} | "
-                         f"{r['ceiling_fraction']} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
+                         f"{r['ceiling_fraction'] or ''} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
         else:
             lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['ms_per_token']:.2f} ms/token | | | |")
     traced = [r for r in records if r.get("trace")]

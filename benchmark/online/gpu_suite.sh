@@ -18,7 +18,8 @@ mkdir -p "$out"
 serve() {  # serve CACHE [server args...]: start the server in the background, wait until healthy
     local cache=$1 log="$out/server_${tag}_$1.log"
     shift
-    "$py" -m minisgl --model "$model" --dummy-weights --port "$port" --cache "$cache" "$@" >"$log" 2>&1 &
+    "$py" -m minisgl --model "$model" --served-model-name "$tag" --dummy-weights --port "$port" \
+        --cache "$cache" "$@" >"$log" 2>&1 &
     server=$!
     for _ in $(seq 600); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
@@ -43,3 +44,4 @@ bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_naive"
 stop
 bench --compare "$out/${tag}_${gpu}_shared_prefix_radix.json" "$out/${tag}_${gpu}_shared_prefix_naive.json" \
       --tag "${tag}_${gpu}_shared_prefix_radix_vs_naive"
+tar -czf "$out/${tag}_${gpu}_online.tgz" -C "$out" --exclude='*.tgz' .  # one file to carry back

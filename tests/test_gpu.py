@@ -62,3 +62,16 @@ def test_bf16_prefill_logits_close_to_fp32_transformers(arch, tiny_checkpoints):
     top2 = expected.topk(2, dim=-1).values
     decisive = (top2[:, 0] - top2[:, 1]) > 2 * err.max()
     assert (logits.argmax(-1) == expected.argmax(-1))[decisive].all()
+
+
+def test_engine_close_frees_cuda_graphs(tiny_checkpoints):
+    """close() drops the graphs (NCCL cannot destroy a TP group while they live); the engine still
+    decodes, eagerly, with the same tokens."""
+    llm = LLM(str(tiny_checkpoints["qwen3"]), device="cuda", dtype="float32", num_pages=1024)
+    prompts = random_prompts(3, [5, 17, 33], VOCAB, seed=2)
+    runner = llm.scheduler.engine.graph_runner
+    assert runner is not None and runner.graphs
+    before = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    llm.scheduler.engine.close()
+    assert llm.scheduler.engine.graph_runner is None and not runner.graphs
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == before

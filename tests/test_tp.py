@@ -19,6 +19,8 @@ from hf_models import ARCHS, make_tiny_checkpoint, random_prompts
 from minisgl.core import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+pytestmark = pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                                reason="TP=2 on CUDA needs two GPUs")
 
 
 def _free_addr() -> str:
@@ -27,8 +29,9 @@ def _free_addr() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_rank(path: str, prompts, rank: int, size: int, addr: str):
-    """Prefill logits of every prompt, then greedy tokens, on one rank of a TP group."""
+def run_rank(path: str, prompts, rank: int, size: int, addr: str, close: bool = True):
+    """Prefill logits of every prompt, then greedy tokens, on one rank of a TP group; then the
+    engine is closed (CUDA graphs, then the process group), unless ``close`` is False."""
     from minisgl.distributed import DistributedInfo
     from minisgl.llm.config import EngineOptions
     from minisgl.scheduler import Scheduler
@@ -47,21 +50,19 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str):
         for out in sched.step():
             tokens.setdefault(out.uid, []).append(out.token)
     sched.check_integrity()
+    if close:
+        sched.engine.close()
     return logits, [tokens[i] for i in range(len(prompts))]
 
 
 def _rank_main(path, prompts, rank, size, addr, queue):
     import os
 
-    import torch.distributed as dist
-
-    logits, tokens = run_rank(path, prompts, rank, size, addr)
+    logits, tokens = run_rank(path, prompts, rank, size, addr)  # leaves the group at the end
     if rank == 0:
         queue.put((logits.cpu().numpy(), tokens))
         queue.close()
         queue.join_thread()  # the result is out of this process
-    dist.barrier()
-    dist.destroy_process_group()
     # NOTE: gloo's destructors at interpreter exit sometimes abort (SIGABRT) after a clean run;
     # the work is done and reported, so skip them.
     os._exit(0)

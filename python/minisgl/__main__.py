@@ -9,6 +9,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from minisgl.server.args import parse_args
+    from minisgl.utils.stacks import enable_stack_dumps
+
+    enable_stack_dumps()  # kill -USR1 PID: every thread's stack (any minisgl process)
 
     try:
         config = parse_args(argv)

@@ -69,6 +69,17 @@ class DistributedCommunicator:
         return bytes(buf.numpy()) if not self.info.is_primary else data  # type: ignore[return-value]
 
 
+    def close(self) -> None:
+        """Leave the group (every process group of this process). Free CUDA graphs that captured
+        collectives first: NCCL waits for them."""
+        if self.info.size == 1:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def init_distributed(
     info: DistributedInfo, init_addr: str, device: torch.device, timeout_s: float = 120.0
 ) -> DistributedCommunicator:

@@ -159,6 +159,13 @@ class Engine:
         torch.cuda.empty_cache()
         return peak
 
+    def close(self) -> None:
+        """Release the CUDA graphs, then leave the TP group (in this order: ``GraphRunner.close``)."""
+        if self.graph_runner is not None:
+            self.graph_runner.close()
+            self.graph_runner = None
+        self.comm.close()
+
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size

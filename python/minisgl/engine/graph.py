@@ -110,3 +110,13 @@ class GraphRunner:
         self.engine.attn_backend.prepare_for_replay(batch, padded)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]
+
+    def close(self) -> None:
+        """Free the graphs. NCCL will not destroy a communicator while a graph that captured one of
+        its collectives exists (destroying the TP group would hang): this must come first."""
+        torch.cuda.synchronize(self.engine.device)
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.logits.clear()
+        self.pool = None

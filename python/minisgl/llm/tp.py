@@ -43,11 +43,15 @@ def _apply(scheduler: Scheduler, msg) -> bool:
 
 def follower_main(config: SchedulerConfig, rank: int, size: int, addr: str) -> None:
     """A rank other than 0: receive, apply, step; forever, until rank 0 says exit."""
+    from minisgl.utils.stacks import enable_stack_dumps
+
+    enable_stack_dumps()  # kill -USR1 PID prints where a rank waits
     scheduler = Scheduler(rank_config(config, rank, size, addr))
     comm = scheduler.engine.comm
     while _apply(scheduler, BACKEND_CODEC.decode(comm.broadcast_bytes(None))):
         if scheduler.has_work:
             scheduler.step()
+    scheduler.engine.close()  # rank 0 closes its engine at the same time
 
 
 class TPScheduler:
@@ -96,11 +100,9 @@ class TPScheduler:
             return
         self._pending.append(ExitMsg())
         self._broadcast()
+        self.inner.engine.close()  # graphs, then the TP group, as every follower does now
         for proc in self.followers:
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
         self.followers = []
-        import torch.distributed as dist
-
-        dist.destroy_process_group()

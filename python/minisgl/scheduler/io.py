@@ -88,6 +88,8 @@ class SchedulerIO:
             if self.inbox is not None:
                 self.inbox.close()
             self.outbox.close()
+            if not self.running:  # asked to stop (not a crash, not a vanished launcher)
+                self.scheduler.engine.close()
 
     def stop(self) -> None:
         self.running = False

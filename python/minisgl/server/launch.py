@@ -127,10 +127,14 @@ class ProcessGroup:
 
 
 def _worker(target, *args, **kwargs) -> None:
-    """Children ignore Ctrl-C (the terminal sends it to the whole group): the launcher decides."""
+    """Children ignore Ctrl-C (the terminal sends it to the whole group): the launcher decides.
+    ``kill -USR1`` prints a child's stacks."""
     import signal
 
+    from minisgl.utils.stacks import enable_stack_dumps
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    enable_stack_dumps()
     target(*args, **kwargs)
 
 

@@ -75,10 +75,14 @@ class SchedulerIO:
         self._parent = os.getppid()
 
     def run(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        # TP: only rank 0 acts on SIGTERM; it forwards an ExitMsg, so every rank leaves the loop
+        # after the same step and the ranks close their engines together
+        signal.signal(signal.SIGTERM, (lambda *_: self.stop()) if self.primary else signal.SIG_IGN)
         try:
-            while self.running and os.getppid() == self._parent:
+            while os.getppid() == self._parent:
                 self._receive()
+                if not self.running:
+                    break
                 if self.scheduler.has_work:
                     self._send(self._step())
                 else:
@@ -110,6 +114,8 @@ class SchedulerIO:
                 first = self.inbox.get(timeout_ms=_IDLE_POLL_MS)
                 msgs = [] if first is None else [first, *self.inbox.get_all_nowait()]
         if self.comm.info.size > 1:
+            if not self.running:
+                msgs.append(ExitMsg())
             data = BACKEND_CODEC.encode(BatchBackendMsg(msgs=msgs)) if self.primary else None
             msgs = [BACKEND_CODEC.decode(self.comm.broadcast_bytes(data))]
         for msg in msgs:

@@ -1,4 +1,4 @@
-"""Tensor parallelism on CPU: two gloo ranks in two processes against one process.
+"""Tensor parallelism on CPU: two (or four) gloo ranks in as many processes against one process.
 
 Both ranks run their own scheduler on the same requests (as the server's ranks do on the same
 messages), so they build the same batches; rank 0 reports logits and tokens.
@@ -105,6 +105,18 @@ def test_tp2_matches_tp1(arch, overrides, tmp_path):
     assert logits2.shape == logits1.shape
     torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=0)
     assert tokens2 == tokens1
+
+
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 4, reason="needs 4 GPUs")
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
+def test_tp4_matches_tp1(arch, tiny_checkpoints):
+    """Four ranks: one query head each, the two KV heads replicated, a quarter of the vocabulary."""
+    path = str(tiny_checkpoints[arch])
+    prompts = random_prompts(3, [6, 19, 40], 256, seed=13)
+    logits1, tokens1 = run_rank(path, prompts, 0, 1, "")
+    logits4, tokens4 = run_tp(path, prompts, 4)
+    torch.testing.assert_close(logits4, logits1.cpu(), atol=1e-4, rtol=0)
+    assert tokens4 == tokens1
 
 
 def test_offline_llm_tp2_matches_tp1(tiny_checkpoints):

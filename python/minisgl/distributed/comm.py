@@ -68,7 +68,6 @@ class DistributedCommunicator:
             dist.broadcast(buf, src=0, group=self.cpu_group)
         return bytes(buf.numpy()) if not self.info.is_primary else data  # type: ignore[return-value]
 
-
     def close(self) -> None:
         """Leave the group (every process group of this process). Free CUDA graphs that captured
         collectives first: NCCL waits for them."""

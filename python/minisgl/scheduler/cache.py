@@ -93,11 +93,17 @@ class CacheManager:
         total = sum(counts)
         pages = self._take_pages(total // self.page_size)
         slots = (pages[:, None] * self.page_size + torch.arange(self.page_size, dtype=torch.int32))
-        n = torch.tensor(counts)
-        first = torch.cumsum(n, 0) - n  # where each request's run starts in ``slots``
-        offset = torch.arange(total) - first.repeat_interleave(n)
-        cols = torch.tensor(starts).repeat_interleave(n) + offset
-        self._write(torch.tensor(rows).repeat_interleave(n), cols, slots.flatten())
+        if counts.count(counts[0]) == len(counts):  # decode: as many slots for everyone
+            run = torch.arange(counts[0])
+            cols = (torch.tensor(starts)[:, None] + run).flatten()
+            row_ids = torch.tensor(rows)[:, None].expand(-1, counts[0]).flatten()
+        else:
+            n = torch.tensor(counts)
+            first = torch.cumsum(n, 0) - n  # where each request's run starts in ``slots``
+            offset = torch.arange(total) - first.repeat_interleave(n)
+            cols = torch.tensor(starts).repeat_interleave(n) + offset
+            row_ids = torch.tensor(rows).repeat_interleave(n)
+        self._write(row_ids, cols, slots.flatten())
 
     def _write(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
         self.host_table[rows, cols] = slots

@@ -35,7 +35,9 @@ class DecodeManager:
         return [req for req in self.running if req.device_len + 1 < req.max_device_len]
 
     def tokens_needed(self) -> int:
-        return sum(self.cache.tokens_needed(req, req.device_len + 1) for req in self.schedulable())
+        """KV tokens the next decode step allocates: one page for each request whose pages are full."""
+        page = self.cache.page_size
+        return page * sum(1 for req in self.schedulable() if req.device_len % page == 0)
 
     def schedule(self) -> Batch | None:
         """The decode batch of every running request, retracting the newest ones to make room."""

@@ -96,3 +96,37 @@ def test_two_nodes_serve_and_node1_death_stops_node0(tiny_chat_model, tmp_path):
     finally:
         node1.kill()
         node0.stop(signal.SIGKILL)
+
+
+def test_watchdog_ends_a_rank_stuck_in_a_collective(tiny_chat_model, tmp_path):
+    """Rank 1 frozen mid-generation: rank 0 waits in a collective until its watchdog prints its
+    stacks and ends it; the request fails and /health turns 503 instead of hanging forever."""
+    srv = start_server(tiny_chat_model, "--tp", "2", "--num-pages", "2048", "--watchdog-timeout", "3",
+                       log_dir=str(tmp_path))
+    rank1 = None
+    try:
+        time.sleep(4)  # idle longer than the timeout: an idle server is not stuck
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+        rank1 = psutil.Process(httpx.get(f"{srv.url}/v1/server_info").json()["processes"]["scheduler-1"])
+        results: list = []
+        body = {**CHAT, "max_tokens": 4000, "ignore_eos": True}
+
+        def post():
+            results.append(httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60))
+
+        import threading
+
+        t = threading.Thread(target=post)
+        t.start()
+        time.sleep(1)
+        rank1.suspend()  # SIGSTOP: rank 0's next collective never completes
+        t.join(30)
+        assert results and results[0].status_code >= 500, results
+        assert httpx.get(f"{srv.url}/health").status_code == 503
+        log = srv.log()
+        assert "no progress for" in log and "watchdog timeout 3 s" in log, log[-3000:]
+        assert "Thread" in log or "File" in log  # the stacks
+    finally:
+        if rank1 is not None:
+            rank1.resume()
+        srv.stop()  # and nothing is left behind

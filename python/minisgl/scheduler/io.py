@@ -31,6 +31,7 @@ from minisgl.message import (
 )
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+from minisgl.utils.watchdog import Watchdog
 
 from .scheduler import Scheduler, TokenOutput
 from .stats import FirstForwards, LiveStats
@@ -60,7 +61,7 @@ class SchedulerIO:
     """
 
     def __init__(self, scheduler: Scheduler, backend_addr: str, detokenizer_addr: str,
-                 log_stats_interval: float = 10.0) -> None:
+                 log_stats_interval: float = 10.0, watchdog_timeout: float = 0.0) -> None:
         self.scheduler = scheduler
         self.comm = scheduler.engine.comm
         self.primary = self.comm.info.is_primary
@@ -73,13 +74,16 @@ class SchedulerIO:
         self.first_forwards = FirstForwards()
         self.live = LiveStats(log_stats_interval)
         self._parent = os.getppid()
+        self.watchdog_timeout = watchdog_timeout
 
     def run(self) -> None:
         # TP: only rank 0 acts on SIGTERM; it forwards an ExitMsg, so every rank leaves the loop
         # after the same step and the ranks close their engines together
         signal.signal(signal.SIGTERM, (lambda *_: self.stop()) if self.primary else signal.SIG_IGN)
+        watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
         try:
             while os.getppid() == self._parent:
+                watchdog.beat()
                 self._receive()
                 if not self.running:
                     break
@@ -184,12 +188,13 @@ class SchedulerIO:
 
 def run_scheduler_process(
     options, model_path: str, backend_addr: str, detokenizer_addr: str, *, ready: Connection,
-    log_stats_interval: float = 10.0, tp: DistributedInfo = DistributedInfo(),
-    dist_init_addr: str = "", local_index: int = 0,
+    log_stats_interval: float = 10.0, watchdog_timeout: float = 0.0,
+    tp: DistributedInfo = DistributedInfo(), dist_init_addr: str = "", local_index: int = 0,
 ) -> None:
     """Entry point of a scheduler child process (one per TP rank); reports ``("ok", info)`` or
     ``("error", line)``. ``log_stats_interval``: seconds between throughput log lines (0: none);
-    ``local_index``: which GPU of this machine the rank uses."""
+    ``watchdog_timeout``: seconds one loop iteration may take before the process dumps its stacks
+    and exits (0: never); ``local_index``: which GPU of this machine the rank uses."""
     from minisgl.models import load_eos_token_ids
     from minisgl.utils.hf import load_tokenizer
 
@@ -202,7 +207,8 @@ def run_scheduler_process(
         engine = dataclasses.replace(config.engine, tp=tp, dist_init_addr=dist_init_addr,
                                      device=device)
         scheduler = Scheduler(dataclasses.replace(config, engine=engine))
-        io = SchedulerIO(scheduler, backend_addr, detokenizer_addr, log_stats_interval)
+        io = SchedulerIO(scheduler, backend_addr, detokenizer_addr, log_stats_interval,
+                         watchdog_timeout)
     except Exception as e:  # report any start-up failure in one line
         ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))
         return

@@ -54,11 +54,14 @@ class ServerConfig:
     max_body_bytes: int = 32 << 20
     shutdown_timeout: float = 30.0
     log_stats_interval: float = 10.0
+    watchdog_timeout: float = 300.0
     shell: bool = False
 
     def __post_init__(self) -> None:
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
+        if not self.watchdog_timeout >= 0:
+            raise ValueError(f"watchdog_timeout: must be >= 0, got {self.watchdog_timeout}")
         if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:
             raise ValueError(f"tp: must be a positive multiple of nnodes ({self.nnodes}), got {self.tp}")
         if self.nnodes > 1 and not self.dist_init_addr:
@@ -93,6 +96,8 @@ _HELP = {
     "max_body_bytes": "largest accepted request body",
     "shutdown_timeout": "seconds to drain in-flight requests on SIGTERM/SIGINT",
     "log_stats_interval": "seconds between the scheduler's throughput log lines (0: off)",
+    "watchdog_timeout": "seconds one scheduler step may take before the scheduler prints its "
+                        "stacks and exits, failing the requests in flight (0: off)",
     "shell": "chat in the terminal instead of serving HTTP",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",

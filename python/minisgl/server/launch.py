@@ -77,6 +77,7 @@ class ProcessGroup:
             self._spawn("scheduler" if rank == 0 else f"scheduler-{rank}", _worker,
                         run_scheduler_process, cfg.engine, self.model_path, addrs.backend,
                         addrs.detokenizer, log_stats_interval=cfg.log_stats_interval,
+                        watchdog_timeout=cfg.watchdog_timeout,
                         tp=DistributedInfo(rank, cfg.tp), dist_init_addr=dist_addr,
                         local_index=local)
         if cfg.node_rank > 0:  # only node 0 talks to clients

@@ -46,6 +46,8 @@ def follower_main(config: SchedulerConfig, rank: int, size: int, addr: str) -> N
     from minisgl.utils.stacks import enable_stack_dumps
 
     enable_stack_dumps()  # kill -USR1 PID prints where a rank waits
+    if config.engine.device.type == "cuda":
+        torch.set_num_threads(1)  # host work is bookkeeping; spare the cores for rank 0
     scheduler = Scheduler(rank_config(config, rank, size, addr))
     comm = scheduler.engine.comm
     while _apply(scheduler, BACKEND_CODEC.decode(comm.broadcast_bytes(None))):

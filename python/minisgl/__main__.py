@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from minisgl.env import set_process_defaults
     from minisgl.server.args import parse_args
     from minisgl.utils.stacks import enable_stack_dumps
 
+    set_process_defaults()
     enable_stack_dumps()  # kill -USR1 PID: every thread's stack (any minisgl process)
 
     try:

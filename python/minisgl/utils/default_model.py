@@ -61,7 +61,9 @@ _SKIPPED = ("rope_freqs.weight",)
 
 
 def cache_root() -> str:
-    return os.path.expanduser(os.environ.get("MINISGL_CACHE_DIR") or "~/.cache/minisgl")
+    from minisgl.env import CACHE_DIR
+
+    return os.path.expanduser(CACHE_DIR.get())
 
 
 def default_model_path() -> str:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from minisgl.env import LOG_LEVEL
 
 _FORMAT = "[%(asctime)s %(rank)s%(levelname)s %(name)s] %(message)s"
 
@@ -26,7 +27,7 @@ def init_logger(name: str, rank: int | None = None) -> logging.Logger:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         root.addHandler(handler)
-        root.setLevel(os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper())
+        root.setLevel(LOG_LEVEL.get().upper())
         root.propagate = False
     if rank is not None:
         for handler in root.handlers:

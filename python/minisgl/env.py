@@ -1,0 +1,31 @@
+"""The environment variables minisgl reads. Everything else is a flag (``python -m minisgl --help``)
+or an ``LLM`` option; these are the settings that must reach every process, including the ones the
+server spawns, or that apply before any configuration is parsed."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    help: str
+
+    def get(self) -> str:
+        return os.environ.get(self.name) or self.default
+
+
+CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
+                   "where the default model is converted to and kept")
+LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
+
+ALL = (CACHE_DIR, LOG_LEVEL)
+
+
+def set_process_defaults() -> None:
+    """Settings of third-party libraries that minisgl's processes want unless the user chose:
+    tokenizers' own thread pool off (the server runs tokenizers in processes of their own)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import importlib.util
 import json
 import math
+import os
 import random
 from types import SimpleNamespace
 
@@ -300,3 +301,25 @@ def test_benchmark_client_tokens_match_the_counters(server, tmp_path):
         delta(after, before, "minisgl:generation_tokens_total")
     assert delta(after, before, "minisgl:requests_total", finish_reason="length") == 20
     assert saved["ttft_ms"]["p50"] > 0 and saved["counts_from_usage"]
+
+
+def test_dummy_model_dir_streams_text_for_every_token(tmp_path):
+    """benchmark/online/dummy_model.py: a config plus a tokenizer over the whole vocabulary, so a
+    random-weight model served for benchmarks detokenizes every id it samples to text."""
+    from hf_models import make_tiny_checkpoint
+    from minisgl import LLM, SamplingParams
+    from minisgl.utils.hf import load_tokenizer
+
+    here = os.path.join(os.path.dirname(__file__), "..", "benchmark", "online", "dummy_model.py")
+    spec = importlib.util.spec_from_file_location("dummy_model", here)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = make_tiny_checkpoint("qwen3", tmp_path / "ckpt") / "config.json"
+    path = module.write_dummy_model(str(config), str(tmp_path / "dummy"))
+    vocab = json.load(open(config))["vocab_size"]
+    tok = load_tokenizer(path)
+    assert len(tok) == vocab and tok.decode([0, 7, vocab - 1]) == f"t0 t7 t{vocab - 1}"
+    out = LLM(path, device="cpu", dummy_weights=True).generate(
+        [[3, 4, 5]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    assert len(out.token_ids) == 8
+    assert out.text.split() == [f"t{t}" for t in out.token_ids]

@@ -76,7 +76,7 @@ class StepTrace:
     """
 
     def __init__(self, llm: LLM) -> None:
-        sched = self.sched = llm.scheduler
+        sched = llm.scheduler
         self.rows: list[tuple[float, str, int, int]] = []  # (end time, phase, requests, KV tokens)
         self.overlap = sched.config.overlap
         engine = sched.engine
@@ -150,7 +150,7 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: 
               "tp": tp}
     if trace:
         result["trace"] = trace.summary()
-        del trace  # it holds the scheduler: the next run needs the memory back
+        del trace  # its hooks hold the scheduler: the next run needs the memory back
     if tp > 1:
         llm.scheduler.close()
     del llm, outs

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Reproduce the GPU results, one stage at a time (each fits in about ten minutes on one H100/H200):
+#   scripts/gpu_validate.sh tests   OUT   # the GPU tests (parity, fast paths, kernels) on CUDA
+#   scripts/gpu_validate.sh offline OUT   # bench.py: Qwen3-0.6B with ablations, Qwen3-8B with batch 1
+#   scripts/gpu_validate.sh online  OUT   # the online suite: Qwen3-0.6B and Qwen3-8B, radix vs naive
+#   scripts/gpu_validate.sh tp      OUT   # two GPUs: TP=2 feature by feature, TP tests, 8B/14B TP=1,2
+# Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
+set -uo pipefail
+stage=$1 out=$2
+py=${PYTHON:-python3}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+export HF_HUB_OFFLINE=1 MINISGL_TEST_DEVICE=cuda
+
+case $stage in
+tests)
+    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
+        tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
+        >"$out/gpu_tests.log" 2>&1
+    tail -3 "$out/gpu_tests.log" ;;
+offline)
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
+        --variants default,no-overlap,no-cuda-graph,torch-attn --hf-requests 64 --out "$out" \
+        >"$out/bench_qwen3-0.6b.log" 2>&1
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --batch1 \
+        --hf-requests 32 --hf-batch 32 --out "$out" >"$out/bench_qwen3-8b.log" 2>&1
+    cat "$out"/offline_*.md ;;
+online)
+    PYTHON=$py benchmark/online/gpu_suite.sh benchmark/configs/qwen3-0.6b.json qwen3-0.6b \
+        16,32,64,inf 200 "$out" >"$out/suite_qwen3-0.6b.log" 2>&1
+    PYTHON=$py benchmark/online/gpu_suite.sh benchmark/configs/qwen3-8b.json qwen3-8b \
+        4,8,16,inf 100 "$out" >"$out/suite_qwen3-8b.log" 2>&1
+    grep -h "ratio\|TTFT (ms)\|output tok/s" "$out"/*radix_vs_naive.md ;;
+tp)
+    "$py" scripts/gpu_tp_check.py --out "$out/tp_check" | tee "$out/tp_check.txt"
+    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_tp.py >"$out/tp_tests.log" 2>&1
+    tail -3 "$out/tp_tests.log"
+    for m in qwen3-8b qwen3-14b; do
+        "$py" benchmark/offline/bench.py --model "benchmark/configs/$m.json" --tp 1,2 \
+            --hf-requests 0 --tag tp --out "$out" >"$out/bench_${m}_tp.log" 2>&1
+    done
+    cat "$out"/offline_*_tp.md ;;
+*)
+    echo "usage: $0 tests|offline|online|tp OUT" >&2
+    exit 2 ;;
+esac
+tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

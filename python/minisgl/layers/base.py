@@ -26,9 +26,11 @@ def new_param(*shape: int, loader: WeightLoader | None = None) -> nn.Parameter:
 
 
 def copy_weight(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """``loaded``: a tensor, or a checkpoint tensor not read yet (``models.weight.CheckpointTensor``,
+    which the loaders narrow to this rank's shard first, and which is read here)."""
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
-    param.data.copy_(loaded)
+    param.data.copy_(loaded.load() if hasattr(loaded, "load") else loaded)
 
 
 def shard(x: torch.Tensor, dim: int, tp: DistributedInfo) -> torch.Tensor:

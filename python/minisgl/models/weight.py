@@ -64,8 +64,42 @@ def _gguf_to_dir(path: str) -> str:
     return convert_gguf_cached(path, out)
 
 
-def iter_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream every tensor of the directory's safetensors files, with a progress bar."""
+class CheckpointTensor:
+    """A tensor of a safetensors file, read when a parameter loads it (``load()``).
+
+    ``narrow``, slicing along dim 0 and ``to(dtype)`` only record what to read, so a tensor-parallel
+    rank reads its shard of each weight from the file and never the whole tensor.
+    """
+
+    def __init__(self, part, shape, index: tuple[slice, ...] | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        self._part, self.shape, self._dtype = part, torch.Size(shape), dtype
+        self._index = index if index is not None else tuple(slice(0, n) for n in shape)
+
+    def narrow(self, dim: int, start: int, length: int) -> CheckpointTensor:
+        dim %= len(self.shape)
+        if not (0 <= start and start + length <= self.shape[dim]):
+            raise ValueError(f"narrow({dim}, {start}, {length}) is outside shape {tuple(self.shape)}")
+        first = self._index[dim].start + start
+        index, shape = list(self._index), list(self.shape)
+        index[dim], shape[dim] = slice(first, first + length), length
+        return CheckpointTensor(self._part, shape, tuple(index), self._dtype)
+
+    def __getitem__(self, rows: slice) -> CheckpointTensor:
+        start, stop, step = rows.indices(self.shape[0])
+        assert step == 1, "only contiguous row ranges"
+        return self.narrow(0, start, max(0, stop - start))
+
+    def to(self, dtype: torch.dtype) -> CheckpointTensor:
+        return CheckpointTensor(self._part, self.shape, self._index, dtype)
+
+    def load(self) -> torch.Tensor:
+        tensor = self._part[self._index]
+        return tensor.to(self._dtype) if self._dtype is not None else tensor
+
+
+def iter_weights(model_dir: str) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Every tensor of the directory's safetensors files, not read yet, with a progress bar."""
     from safetensors import safe_open
 
     files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
@@ -76,7 +110,8 @@ def iter_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     with tqdm(total=total, desc="Loading weights", unit="tensor") as bar:
         for handle in handles:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                part = handle.get_slice(name)
+                yield name, CheckpointTensor(part, part.get_shape())
                 bar.update(1)
 
 

@@ -46,8 +46,7 @@ def run_variant(model: str, name: str, out: str) -> None:
     tokens = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     with open(out, "w") as f:
         json.dump(tokens, f)
-    if tp > 1:
-        llm.scheduler.close()
+    llm.close()
 
 
 def _tree(pid: int) -> list:

@@ -208,3 +208,13 @@ def test_to_device_sends_aligned_segments(dtype):
                                          for s in segments]
     assert all(t.dtype == dtype and t.data_ptr() % 16 == 0 for t in out)
     assert len({t.untyped_storage().data_ptr() for t in out}) == 1
+
+
+def test_llm_close_and_context_manager(tiny_checkpoints):
+    """``with LLM(...)`` closes on exit; close() is idempotent and generate() afterwards is an error."""
+    prompts = random_prompts(2, [5, 9], VOCAB, seed=3)
+    with make_llm(str(tiny_checkpoints["llama"]), num_pages=256) as llm:
+        assert len(llm.generate(prompts, GREEDY)[0].token_ids) == 24
+    llm.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        llm.generate(prompts, GREEDY)

@@ -133,4 +133,4 @@ def test_offline_llm_tp2_matches_tp1(tiny_checkpoints):
         assert llm.generate(prompts[:2], seeded)[0].token_ids == \
             LLM(path, **opts).generate(prompts[:2], seeded)[0].token_ids
     finally:
-        llm.scheduler.close()
+        llm.close()

@@ -151,8 +151,7 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: 
     if trace:
         result["trace"] = trace.summary()
         del trace  # its hooks hold the scheduler: the next run needs the memory back
-    if tp > 1:
-        llm.scheduler.close()
+    llm.close()  # CUDA graphs (and the TP group) go now, before the next run allocates
     del llm, outs
     gc.collect()
     torch.cuda.empty_cache()

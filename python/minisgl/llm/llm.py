@@ -42,7 +42,9 @@ class LLM:
 
     Options are the fields of ``EngineOptions`` (device, dtype, page_size, cache, max_prefill_tokens,
     num_pages, max_running_requests, ...); an unknown one raises ``TypeError``. ``tp > 1`` runs
-    ranks 1.. in child processes (one GPU each).
+    ranks 1.. in child processes (one GPU each). ``close()`` (or leaving a ``with LLM(...) as llm``
+    block) releases the CUDA graphs, the TP group and its processes at once; otherwise that happens
+    when the object is collected or at exit.
     """
 
     def __init__(self, model: str | None = None, tp: int = 1, **options) -> None:
@@ -59,8 +61,18 @@ class LLM:
             from .tp import TPScheduler
 
             self.scheduler = TPScheduler(config, tp)
-            weakref.finalize(self, self.scheduler.close)
+        self._finalizer = weakref.finalize(self, self.scheduler.close)
         self._next_uid = 0
+
+    def close(self) -> None:
+        """Release the engine now (idempotent); the object cannot generate afterwards."""
+        self._finalizer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(
         self,
@@ -69,6 +81,8 @@ class LLM:
         use_tqdm: bool | None = None,
     ) -> list[GenerateOutput]:
         """Generate for every prompt (text or token ids); results come back in input order."""
+        if not self._finalizer.alive:
+            raise RuntimeError("LLM: generate() after close()")
         batch = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(batch))
         token_lists = [self._encode(p) for p in batch]

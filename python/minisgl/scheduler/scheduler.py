@@ -217,6 +217,10 @@ class Scheduler:
         self.num_retractions += 1
         logger.debug("retracted request %d at %d tokens", req.uid, len(req.input_ids))
 
+    def close(self) -> None:
+        """Release the engine's device resources (CUDA graphs, the TP group)."""
+        self.engine.close()
+
     def check_integrity(self) -> None:
         self.cache.check_integrity(self.decode.running + self.prefill.admitted())
 

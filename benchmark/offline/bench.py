@@ -76,7 +76,7 @@ class StepTrace:
     """
 
     def __init__(self, llm: LLM) -> None:
-        sched = llm.scheduler
+        sched = getattr(llm.scheduler, "inner", llm.scheduler)  # TP: rank 0's own scheduler
         self.rows: list[tuple[float, str, int, int]] = []  # (end time, phase, requests, KV tokens)
         self.overlap = sched.config.overlap
         engine = sched.engine
@@ -134,13 +134,12 @@ def _bucket(size: int) -> str:
 
 def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: int = 1) -> dict:
     llm = LLM(path, tp=tp, dummy_weights=dummy, **options)
-    trace = StepTrace(llm) if tp == 1 else None
+    trace = StepTrace(llm)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     llm.generate(prompts[:8], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8,
                  use_tqdm=False)  # warm-up
     torch.cuda.synchronize()
-    if trace:
-        trace.start()
+    trace.start()
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     torch.cuda.synchronize()
@@ -148,9 +147,8 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: 
     result = {"output_tokens": sum(len(o.token_ids) for o in outs), "seconds": seconds,
               "retractions": llm.scheduler.num_retractions, "kv_pages": llm.scheduler.engine.num_pages,
               "tp": tp}
-    if trace:
-        result["trace"] = trace.summary()
-        del trace  # its hooks hold the scheduler: the next run needs the memory back
+    result["trace"] = trace.summary()
+    del trace  # its hooks hold the scheduler: the next run needs the memory back
     llm.close()  # CUDA graphs (and the TP group) go now, before the next run allocates
     del llm, outs
     gc.collect()

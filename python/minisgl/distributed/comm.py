@@ -79,6 +79,16 @@ class DistributedCommunicator:
             dist.destroy_process_group()
 
 
+def set_rank_threads(device: torch.device, size: int) -> None:
+    """Torch CPU threads of one rank's process: one on GPU (the host only keeps books; more would
+    spin against the other processes), an equal share of torch's default on CPU (the ranks compute
+    side by side)."""
+    if device.type == "cuda":
+        torch.set_num_threads(1)
+    elif size > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // size))
+
+
 def init_distributed(
     info: DistributedInfo, init_addr: str, device: torch.device, timeout_s: float = 120.0
 ) -> DistributedCommunicator:

@@ -14,7 +14,7 @@ import socket
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.distributed import DistributedInfo
+from minisgl.distributed import DistributedInfo, set_rank_threads
 from minisgl.message import BACKEND_CODEC, AbortBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 
@@ -46,8 +46,7 @@ def follower_main(config: SchedulerConfig, rank: int, size: int, addr: str) -> N
     from minisgl.utils.stacks import enable_stack_dumps
 
     enable_stack_dumps()  # kill -USR1 PID prints where a rank waits
-    if config.engine.device.type == "cuda":
-        torch.set_num_threads(1)  # host work is bookkeeping; spare the cores for rank 0
+    set_rank_threads(config.engine.device, size)
     scheduler = Scheduler(rank_config(config, rank, size, addr))
     comm = scheduler.engine.comm
     while _apply(scheduler, BACKEND_CODEC.decode(comm.broadcast_bytes(None))):

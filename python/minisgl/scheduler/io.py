@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from minisgl.distributed import DistributedInfo
+from minisgl.distributed import DistributedInfo, set_rank_threads
 from minisgl.message import (
     BACKEND_CODEC,
     DETOKENIZER_CODEC,
@@ -204,9 +204,7 @@ def run_scheduler_process(
         device = config.engine.device
         if device.type == "cuda":
             device = torch.device("cuda", local_index)
-            # the host side only keeps books (small tensors): OpenMP threads would spin against the
-            # other processes of the server for nothing
-            torch.set_num_threads(1)
+        set_rank_threads(device, tp.size)
         engine = dataclasses.replace(config.engine, tp=tp, dist_init_addr=dist_init_addr,
                                      device=device)
         scheduler = Scheduler(dataclasses.replace(config, engine=engine))

@@ -29,9 +29,9 @@ def _free_addr() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_rank(path: str, prompts, rank: int, size: int, addr: str, close: bool = True):
+def run_rank(path: str, prompts, rank: int, size: int, addr: str):
     """Prefill logits of every prompt, then greedy tokens, on one rank of a TP group; then the
-    engine is closed (CUDA graphs, then the process group), unless ``close`` is False."""
+    engine is closed (CUDA graphs, then the process group)."""
     from minisgl.distributed import DistributedInfo
     from minisgl.llm.config import EngineOptions
     from minisgl.scheduler import Scheduler
@@ -50,8 +50,7 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str, close: bool = 
         for out in sched.step():
             tokens.setdefault(out.uid, []).append(out.token)
     sched.check_integrity()
-    if close:
-        sched.engine.close()
+    sched.close()
     return logits, [tokens[i] for i in range(len(prompts))]
 
 

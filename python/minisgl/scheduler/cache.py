@@ -54,6 +54,11 @@ class CacheManager:
     def tokens_needed(self, req: Req, new_device_len: int) -> int:
         return _round_up(new_device_len, self.page_size) - self.alloc_len(req)
 
+    def tokens_for_one_more(self, reqs: list[Req]) -> int:
+        """``tokens_needed(req, req.device_len + 1)`` summed over ``reqs`` (a decode step), without a
+        call per request: a new page for each request whose pages are full."""
+        return self.page_size * sum(1 for req in reqs if req.device_len % self.page_size == 0)
+
     @property
     def shares_prefixes(self) -> bool:
         return self.prefix_cache.shares_prefixes

@@ -35,9 +35,8 @@ class DecodeManager:
         return [req for req in self.running if req.device_len + 1 < req.max_device_len]
 
     def tokens_needed(self) -> int:
-        """KV tokens the next decode step allocates: one page for each request whose pages are full."""
-        page = self.cache.page_size
-        return page * sum(1 for req in self.schedulable() if req.device_len % page == 0)
+        """KV tokens the next decode step allocates."""
+        return self.cache.tokens_for_one_more(self.schedulable())
 
     def schedule(self) -> Batch | None:
         """The decode batch of every running request, retracting the newest ones to make room."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import torch
@@ -143,7 +143,6 @@ class Req:
     cache_handle: BaseCacheHandle | None = None
     cache_hit_len: int = 0  # prompt tokens served from the prefix cache at first admission
     seed: int = 0
-    output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert 0 <= self.cached_len <= self.device_len <= self.max_device_len, self
@@ -161,15 +160,6 @@ class Req:
     @property
     def output_len(self) -> int:
         return len(self.input_ids) - self.prompt_len
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.input_ids[self.prompt_len :]
-
-    @property
-    def remain_len(self) -> int:
-        """Tokens this request may still generate."""
-        return self.sampling_params.max_tokens - self.output_len
 
     def append_token(self, token: int) -> None:
         self.input_ids.append(token)

@@ -22,8 +22,6 @@ CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
                    "where the default model is converted to and kept")
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
 
-ALL = (CACHE_DIR, LOG_LEVEL)
-
 
 def set_process_defaults() -> None:
     """Settings of third-party libraries that minisgl's processes want unless the user chose:

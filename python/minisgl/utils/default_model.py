@@ -159,17 +159,6 @@ def convert_gguf(gguf_path: str, out_dir: str) -> None:
     logger.info("Converted %s -> %s in %.1fs", gguf_path, out_dir, time.perf_counter() - start)
 
 
-def load_gguf_state_dict(gguf_path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Return (HF config dict, HF-named float32 state dict) of a Llama GGUF.
-
-    Lets weight loaders read ``.gguf`` directly. q/k rows are already back in HF layout;
-    with tied embeddings there is no ``lm_head.weight`` (config["tie_word_embeddings"]).
-    """
-    import gguf
-
-    return _read_gguf(gguf.GGUFReader(gguf_path))
-
-
 def _read_gguf(reader: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     import gguf
     from tqdm import tqdm

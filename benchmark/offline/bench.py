@@ -241,9 +241,10 @@ def main() -> None:
 
     def record(engine: str, result: dict, **extra) -> None:
         tps = result["output_tokens"] / result["seconds"]
+        top = ceiling * result.get("tp", 1) if ceiling else None  # N GPUs: N times the bandwidth
         rec = {**base, "engine": engine, **result, "output_tok_per_s": round(tps, 1),
-               "ceiling_tok_per_s": ceiling,
-               "ceiling_fraction": round(tps / ceiling, 3) if ceiling else None, **extra}
+               "ceiling_tok_per_s": top, "ceiling_fraction": round(tps / top, 3) if top else None,
+               **extra}
         records.append(rec)
         print(json.dumps(rec), flush=True)
 
@@ -275,6 +276,14 @@ def write(records: list[dict], out_dir: str, stem: str) -> None:
                          f"{r['ceiling_fraction'] or ''} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
         else:
             lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['ms_per_token']:.2f} ms/token | | | |")
+    tp1 = {r["engine"]: r["output_tok_per_s"] for r in records if r.get("tp") == 1}
+    scaled = [r for r in records if r.get("tp", 1) > 1 and r["engine"].rsplit("[tp", 1)[0] in tp1]
+    if scaled:
+        lines += ["", "| engine | TP | output tok/s | speed-up over TP=1 | per GPU |", "|---|---|---|---|---|"]
+        for r in scaled:
+            speedup = r["output_tok_per_s"] / tp1[r["engine"].rsplit("[tp", 1)[0]]
+            lines.append(f"| {r['engine']} | {r['tp']} | {r['output_tok_per_s']:,.0f} | {speedup:.2f}x | "
+                         f"{speedup / r['tp']:.2f} |")
     traced = [r for r in records if r.get("trace")]
     if traced:
         lines += ["", "Where the time goes (scheduler steps of the timed run, by the batch read back; "

@@ -1,4 +1,4 @@
-"""Triton kernels (fused MoE, add+RMSNorm, RoPE, SiLU-and-mul) against the torch references.
+"""Triton kernels (fused MoE, add+RMSNorm, RoPE, SiLU-and-mul, small-batch matmul) against the torch references.
 
 Without a GPU the kernels run on CPU tensors under the Triton interpreter, at small sizes and in
 float32/float16/bfloat16 (bf16 only where no ``tl.dot`` is involved: the interpreter's bf16 dot is
@@ -19,6 +19,7 @@ triton = pytest.importorskip("triton")
 
 from minisgl.kernel.triton.activation import silu_and_mul
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, moe_align
+from minisgl.kernel.triton.gemv import gemv
 from minisgl.kernel.triton.norm import fused_add_rms_norm, rms_norm
 from minisgl.kernel.triton.rotary import apply_rope_, norm_rope_store_
 from minisgl.layers.activation import silu_and_mul_ref
@@ -238,6 +239,27 @@ def test_silu_and_mul(dtype, inter):
     assert silu_and_mul(x.view(5, 1, -1)).shape == (5, 1, inter)
 
 
+def linear_fp32(x, w, b=None) -> torch.Tensor:
+    return torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])  # the reduction path (M=1) and the padded dot (M>1)
+@pytest.mark.parametrize("shape", [(48, 1024), (37, 300)], ids=["even", "ragged"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv(m, shape, dtype, bias):
+    if INTERPRETED and dtype == torch.bfloat16 and m > 1:
+        pytest.skip("the interpreter's bf16 dot is wrong")
+    n, k = shape
+    g = torch.Generator().manual_seed(m * n)
+    x, w, b = (torch.randn(*s, generator=g).to(DEV, dtype) for s in [(m, k), (n, k), (n,)])
+    y = gemv(x, w, b if bias else None)
+    assert y.shape == (m, n) and y.dtype == dtype
+    # fp32 accumulation in another order, then one rounding to the dtype
+    ref = linear_fp32(x, w, b if bias else None)
+    torch.testing.assert_close(y.float(), ref, rtol=ULP[dtype], atol=ULP[dtype] * ref.abs().max().item())
+
+
 def test_kernel_package_imports_without_triton():
     import subprocess
     import sys
@@ -325,6 +347,19 @@ def test_norm_rope_silu_real_sizes(dtype):
     close(k, k_ref, dtype)
     a = torch.randn(2048, 2 * 6144, generator=g, device="cuda").to(dtype)
     close(silu_and_mul(a), silu_and_mul_ref(a), dtype)
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 12288), (151936, 1024)])
+def test_gemv_real_sizes_bf16(m, shape):
+    """Qwen3-8B's QKV and down projections and Qwen3-0.6B's LM head: as close to fp32 as cuBLAS is."""
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, shape[1], generator=g, device="cuda").bfloat16()
+    w = (0.02 * torch.randn(*shape, generator=g, device="cuda")).bfloat16()
+    ref = linear_fp32(x, w)
+    err = (gemv(x, w).float() - ref).abs().max()
+    assert err <= 1.5 * (torch.nn.functional.linear(x, w).float() - ref).abs().max() + 1e-6
 
 
 @gpu

@@ -13,6 +13,7 @@ from torch import nn
 from minisgl.distributed import DistributedCommunicator
 
 from .base import copy_weight, new_param
+from .linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -54,5 +55,5 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.weight = tied.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.comm.all_gather(F.linear(hidden, self.weight), dim=-1)
+        logits = self.comm.all_gather(linear(hidden, self.weight), dim=-1)
         return logits[..., : self.vocab_size]

@@ -6,9 +6,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl import env
 from minisgl.distributed import DistributedCommunicator, DistributedInfo
 
 from .base import copy_weight, divide, new_param, shard
+
+SMALL_BATCH = 8  # up to this many tokens, a linear layer only streams its weight (decode)
+USE_GEMV = env.GEMV.get() != "0"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``; a few tokens in half precision on CUDA go through the Triton skinny matmul,
+    which streams the weight faster than cuBLAS's small-M kernels (benchmark/kernels/bench_gemv.py)."""
+    if USE_GEMV and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SMALL_BATCH \
+            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:
+        from minisgl.kernel.triton.gemv import gemv
+
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class LinearQKVMerged(nn.Module):
@@ -44,7 +59,7 @@ class LinearQKVMerged(nn.Module):
         copy_weight(param.data.narrow(0, start, size), part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class LinearColParallelMerged(nn.Module):
@@ -62,7 +77,7 @@ class LinearColParallelMerged(nn.Module):
         copy_weight(param.data.narrow(0, start, self.local_sizes[shard_id]), shard(loaded, 0, self.tp))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class LinearRowParallel(nn.Module):
@@ -77,7 +92,7 @@ class LinearRowParallel(nn.Module):
         self.bias = new_param(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.comm.all_reduce(F.linear(x, self.weight))
+        y = self.comm.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -89,4 +104,4 @@ class ReplicatedLinear(nn.Module):
         self.weight = new_param(out_features, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return linear(x, self.weight)

@@ -3,12 +3,13 @@
 At batch 1-8 a linear layer reads its whole weight to produce a few rows, so it is bound by HBM
 bandwidth and the only thing that matters is streaming ``w`` at full speed. Each program owns
 ``BLOCK_N`` output columns, walks K in ``BLOCK_K`` chunks (rows of ``w`` are contiguous in K, so
-every load is coalesced) and keeps an fp32 accumulator per (row of x, column); there is no split-K,
-so no second pass and no atomics: small ``BLOCK_N`` gives enough programs to fill the GPU instead.
-M=1 reduces with plain multiply-adds; M>1 pads x to 16 rows and uses a tensor-core dot.
+every load is coalesced) and multiplies-and-adds into an fp32 accumulator per (row of x, column,
+k lane), summed once at the end; there is no split-K, so no second pass and no atomics: a small
+``BLOCK_N`` gives enough programs to fill the GPU instead. No tensor cores: at M <= 8 the FMA units
+keep up with HBM, and fp32 inputs stay exact (a ``tl.dot`` would round them to TF32).
 
-Configurations come from a table measured by ``benchmark/kernels/bench_gemv.py`` (no autotuning:
-the layer runs inside CUDA-graph capture, where timing candidates is not allowed).
+Block sizes come from ``pick_config``, a rule fitted to ``benchmark/kernels/bench_gemv.py --sweep``
+(no autotuning: the layers run inside CUDA-graph capture, where timing candidates is not allowed).
 """
 
 from __future__ import annotations
@@ -22,54 +23,42 @@ MAX_M = 8  # beyond this cuBLAS's tiled GEMMs win
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_x, stride_w, stride_y,
-                 M: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                 M: tl.constexpr, M_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, M_PAD)
     ks = tl.arange(0, BLOCK_K)
     col_ok = cols < N
     w_ptrs = w_ptr + cols[:, None].to(tl.int64) * stride_w + ks[None, :]
-    if M == 1:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            if EVEN:
-                w = tl.load(w_ptrs, eviction_policy="evict_first")
-                x = tl.load(x_ptr + k0 + ks)
-            else:
-                k_ok = k0 + ks < K
-                w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0,
-                            eviction_policy="evict_first")
-                x = tl.load(x_ptr + k0 + ks, mask=k_ok, other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-            w_ptrs += BLOCK_K
-        out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
-        rows = tl.arange(0, 1)
-    else:
-        rows = tl.arange(0, 16)  # tl.dot needs 16 rows; the padding rows load zeros
-        x_ptrs = x_ptr + rows[:, None] * stride_x + ks[None, :]
-        out = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+    x_ptrs = x_ptr + rows[:, None] * stride_x + ks[None, :]
+    # products summed over K only at the end: the loop is loads and multiply-adds, nothing else
+    acc = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=rows[:, None] < M, other=0.0)
+        else:
             k_ok = k0 + ks < K
+            w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")
             x = tl.load(x_ptrs, mask=(rows[:, None] < M) & k_ok[None, :], other=0.0)
-            if EVEN:
-                w = tl.load(w_ptrs, eviction_policy="evict_first")
-            else:
-                w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0,
-                            eviction_policy="evict_first")
-            out = tl.dot(x, tl.trans(w), out)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
+        acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    out = tl.sum(acc, axis=2)  # [M_PAD, BLOCK_N]
     if HAS_BIAS:
         out += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
     tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & col_ok[None, :])
 
 
-# (block_n, block_k, num_warps) by (M == 1, N): small N wants small blocks so that enough programs
-# run; see benchmark/kernels/results for the sweep these come from.
 def pick_config(m: int, n: int, k: int) -> tuple[int, int, int]:
-    if m == 1:
-        return (8, 512, 4) if n <= 8192 else (16, 512, 4)
-    return (16, 256, 4) if n <= 8192 else (32, 256, 4)
+    """(block_n, block_k, num_warps): four columns per program (enough programs for any layer),
+    and the accumulator kept at 8K fp32 values (64 registers a thread at 4 warps). Measured on
+    H100 by ``benchmark/kernels/bench_gemv.py --sweep`` (results in benchmark/kernels/results)."""
+    m_pad = triton.next_power_of_2(m)
+    block_k = min(1024 // m_pad, triton.next_power_of_2(k))
+    return 4, block_k, 8 if n <= 4096 or n > 65536 else 4
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
@@ -83,7 +72,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
     even = k % block_k == 0 and n % block_n == 0
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w if b is None else b, y, n, k, x.stride(0), w.stride(0), y.stride(0),
-        M=m, HAS_BIAS=b is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
+        M=m, M_PAD=triton.next_power_of_2(m), HAS_BIAS=b is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps,
     )
     return y

@@ -243,19 +243,27 @@ def linear_fp32(x, w, b=None) -> torch.Tensor:
     return torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
 
 
-@pytest.mark.parametrize("m", [1, 3, 8])  # 3: rows padded to 4
 @pytest.mark.parametrize("shape", [(48, 1024), (37, 300)], ids=["even", "ragged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv(m, shape, dtype, bias):
+def test_gemv(shape, dtype, bias):
     n, k = shape
-    g = torch.Generator().manual_seed(m * n)
-    x, w, b = (torch.randn(*s, generator=g).to(DEV, dtype) for s in [(m, k), (n, k), (n,)])
+    g = torch.Generator().manual_seed(n)
+    x, w, b = (torch.randn(*s, generator=g).to(DEV, dtype) for s in [(1, k), (n, k), (n,)])
     y = gemv(x, w, b if bias else None)
-    assert y.shape == (m, n) and y.dtype == dtype
+    assert y.shape == (1, n) and y.dtype == dtype
     # fp32 accumulation in another order, then one rounding to the dtype
     ref = linear_fp32(x, w, b if bias else None)
     torch.testing.assert_close(y.float(), ref, rtol=ULP[dtype], atol=ULP[dtype] * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [None, (2, 128, 4)])  # the second walks K in three chunks
+def test_gemv_gated_is_silu_and_mul_then_gemv(dtype, config):
+    g = torch.Generator().manual_seed(5)
+    x, w = (torch.randn(*s, generator=g).to(DEV, dtype) for s in [(1, 2 * 384), (40, 384)])
+    expect = gemv(silu_and_mul(x), w, config=config)  # same kernel, same order: only the gate moved
+    close(gemv(x, w, gated=True, config=config), expect, dtype, roundings=1)
 
 
 def test_kernel_package_imports_without_triton():
@@ -348,12 +356,12 @@ def test_norm_rope_silu_real_sizes(dtype):
 
 
 @gpu
-@pytest.mark.parametrize("m", [1, 2, 4, 8])
-@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 12288), (151936, 1024)])
-def test_gemv_real_sizes_bf16(m, shape):
-    """Qwen3-8B's QKV and down projections and Qwen3-0.6B's LM head: as close to fp32 as cuBLAS is."""
-    g = torch.Generator(device="cuda").manual_seed(m)
-    x = torch.randn(m, shape[1], generator=g, device="cuda").bfloat16()
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 12288), (5120, 17408), (151936, 1024)])
+def test_gemv_real_sizes_bf16(shape):
+    """Qwen3-8B's QKV and down, Qwen3-14B's down (K not a multiple of 2048), Qwen3-0.6B's LM head:
+    as close to fp32 as cuBLAS is."""
+    g = torch.Generator(device="cuda").manual_seed(shape[0])
+    x = torch.randn(1, shape[1], generator=g, device="cuda").bfloat16()
     w = (0.02 * torch.randn(*shape, generator=g, device="cuda")).bfloat16()
     ref = linear_fp32(x, w)
     err = (gemv(x, w).float() - ref).abs().max()

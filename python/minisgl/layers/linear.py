@@ -9,21 +9,23 @@ from torch import nn
 from minisgl import env
 from minisgl.distributed import DistributedCommunicator, DistributedInfo
 
+from .activation import silu_and_mul
 from .base import copy_weight, divide, new_param, shard
 
-SMALL_BATCH = 8  # up to this many tokens, a linear layer only streams its weight (decode)
 USE_GEMV = env.GEMV.get() != "0"
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``; a few tokens in half precision on CUDA go through the Triton skinny matmul,
-    which streams the weight faster than cuBLAS's small-M kernels (benchmark/kernels/bench_gemv.py)."""
-    if USE_GEMV and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= SMALL_BATCH \
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           gated: bool = False) -> torch.Tensor:
+    """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One token in
+    half precision on CUDA goes through the Triton GEMV, which streams the weight faster than cuBLAS
+    does at that shape and applies the gate as it reads x (benchmark/kernels/bench_gemv.py)."""
+    if USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 \
             and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:
         from minisgl.kernel.triton.gemv import gemv
 
-        return gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return gemv(x, weight, bias, gated)
+    return F.linear(silu_and_mul(x) if gated else x, weight, bias)
 
 
 class LinearQKVMerged(nn.Module):
@@ -91,8 +93,9 @@ class LinearRowParallel(nn.Module):
         # NOTE: the bias is added after the all-reduce, so it is counted once, not tp times.
         self.bias = new_param(out_features) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.comm.all_reduce(linear(x, self.weight))
+    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        """``gated``: x is ``[gate | up]`` of twice the input width; the input is silu(gate) * up."""
+        y = self.comm.all_reduce(linear(x, self.weight, gated=gated))
         return y if self.bias is None else y + self.bias
 
 

@@ -22,7 +22,6 @@ from minisgl.layers import (
     ParallelLMHead,
     RMSNormFused,
     VocabParallelEmbedding,
-    silu_and_mul,
 )
 from minisgl.moe import BaseMoeBackend
 
@@ -42,7 +41,7 @@ class GatedMLP(nn.Module):
         self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x), gated=True)
 
 
 class DecoderLayer(nn.Module):

@@ -170,6 +170,7 @@ def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> 
         llm.generate([prompt], params, use_tqdm=False)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    llm.close()
     del llm
     gc.collect()
     torch.cuda.empty_cache()

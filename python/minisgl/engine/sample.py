@@ -252,7 +252,8 @@ def _draw(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, args: BatchSamplingArgs) -> SampleOutput:
-    """Pick one token per row of ``logits`` [B, V] (any float dtype; computed in float32)."""
+    """Pick one token per row of ``logits`` [B, V] (any float dtype). Plain greedy batches take the
+    argmax of the logits as they are; everything else is computed in float32."""
     if args.all_greedy and args.penalties is None and not args.need_logprobs:
         return SampleOutput(logits.argmax(dim=-1), None, None, None)  # exact in any dtype
     raw = logits.float()

@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.minisgl-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# also when minisgl no longer imports (e.g. an editable install from a copy since deleted)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+    || ! (cd / && "$OLDPWD/.venv/bin/python" -c "import minisgl") 2>/dev/null; then
   .venv/bin/python -m pip install -q --upgrade pip
   if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduce the GPU results, one stage at a time (each fits in about ten minutes on one H100/H200):
 #   scripts/gpu_validate.sh tests   OUT   # the GPU tests (parity, fast paths, kernels) on CUDA
-#   scripts/gpu_validate.sh offline OUT   # bench.py: Qwen3-0.6B with ablations, Qwen3-8B with batch 1
+#   scripts/gpu_validate.sh offline OUT   # one-token GEMV vs cuBLAS; bench.py: Qwen3-0.6B with
+#                                         # ablations, Qwen3-8B with batch 1 (GEMV and cuBLAS)
 #   scripts/gpu_validate.sh online  OUT   # the online suite: Qwen3-0.6B and Qwen3-8B, radix vs naive
 #   scripts/gpu_validate.sh tp      OUT   # two GPUs: TP=2 feature by feature, TP tests, 8B/14B TP=1,2
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -19,6 +20,7 @@ tests)
         >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
 offline)
+    "$py" benchmark/kernels/bench_gemv.py --out "$out" >"$out/bench_gemv.log" 2>&1
     "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
         --variants default,no-overlap,no-cuda-graph,torch-attn --hf-requests 64 --out "$out" \
         >"$out/bench_qwen3-0.6b.log" 2>&1

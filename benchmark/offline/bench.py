@@ -11,6 +11,7 @@ overhead); transformers runs on a subset of the same workload in the same proces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -27,6 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 from minisgl import LLM, SamplingParams  # noqa: E402
+from minisgl.layers import linear as linear_layers  # noqa: E402
 
 # output tok/s at peak HBM bandwidth, DESIGN.md section 9
 CEILINGS = {
@@ -156,6 +158,22 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: 
     return result
 
 
+@contextlib.contextmanager
+def gemv_enabled(on: bool):
+    """One-token linear layers through the Triton GEMV (on) or cuBLAS, in this process and in the
+    rank processes it spawns (they read MINISGL_GEMV)."""
+    saved = linear_layers.USE_GEMV, os.environ.get("MINISGL_GEMV")
+    linear_layers.USE_GEMV, os.environ["MINISGL_GEMV"] = on, str(int(on))
+    try:
+        yield
+    finally:
+        linear_layers.USE_GEMV = saved[0]
+        if saved[1] is None:
+            del os.environ["MINISGL_GEMV"]
+        else:
+            os.environ["MINISGL_GEMV"] = saved[1]
+
+
 def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> dict:
     """Decode latency of one request: (total - time to first token) / (tokens - 1)."""
     llm = LLM(path, dummy_weights=dummy, **options)
@@ -222,7 +240,8 @@ def main() -> None:
     parser.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes to run")
     parser.add_argument("--hf-requests", type=int, default=64, help="0 skips transformers")
     parser.add_argument("--hf-batch", type=int, default=64)
-    parser.add_argument("--batch1", action="store_true", help="also measure batch-1 decode latency")
+    parser.add_argument("--batch1", action="store_true",
+                        help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--out", default="benchmark/results")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
@@ -254,9 +273,11 @@ def main() -> None:
             engine = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
             record(engine, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
     if args.batch1:
-        res = run_batch1(path, dummy, {})
-        records.append({**base, "engine": "minisgl[batch1]", **res})
-        print(json.dumps(records[-1]), flush=True)
+        for engine, gemv in (("minisgl[batch1]", True), ("minisgl[batch1][cublas]", False)):
+            with gemv_enabled(gemv):
+                res = run_batch1(path, dummy, {})
+            records.append({**base, "engine": engine, **res})
+            print(json.dumps(records[-1]), flush=True)
     if args.hf_requests:
         n = args.hf_requests
         record("transformers", run_hf(path, dummy, prompts[:n], max_tokens[:n], args.hf_batch),

@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
+from bench import gpu_name  # noqa: E402
 from minisgl.kernel.triton.activation import silu_and_mul  # noqa: E402
 from minisgl.kernel.triton.gemv import gemv, pick_config  # noqa: E402
 
@@ -67,7 +69,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmark/kernels/results")
     args = parser.parse_args()
 
-    gpu = torch.cuda.get_device_name().split()[1]
+    gpu = gpu_name()
     records = []
     for model, layers in SHAPES.items():
         for layer, (n, k) in layers.items():

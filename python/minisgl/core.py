@@ -57,6 +57,13 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    # token id -> bias in [-100, 100] added to the logit before temperature (OpenAI's logit_bias);
+    # a dict is accepted and kept as sorted (id, bias) pairs so that the params stay hashable
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # structured output: at most one grammar, whose allowed-token mask the sampler applies
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self) -> None:
         def number(name: str) -> float:
@@ -98,6 +105,20 @@ class SamplingParams:
             _check(token >= 0, "stop_token_ids", f"token ids must be >= 0, got {token}")
         for text in self.stop:
             _check(len(text) > 0, "stop", "stop strings must not be empty")
+        object.__setattr__(self, "logit_bias", _as_bias(self.logit_bias))
+        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        for name in grammars:
+            _check(isinstance(getattr(self, name), str), name, "must be a string")
+        _check(len(grammars) <= 1, grammars[-1] if grammars else "", "give at most one of "
+               "json_schema, regex and ebnf")
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """``(kind, source)`` of the structured-output grammar, or None."""
+        for kind in ("json_schema", "regex", "ebnf"):
+            if getattr(self, kind) is not None:
+                return kind, getattr(self, kind)
+        return None
 
     @property
     def is_greedy(self) -> bool:
@@ -110,6 +131,33 @@ class SamplingParams:
             or self.frequency_penalty != 0
             or self.repetition_penalty != 1
         )
+
+
+_MAX_LOGIT_BIAS = 100.0
+
+
+def _as_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """Normalise ``logit_bias`` (a mapping or (id, bias) pairs; JSON gives string keys) to sorted
+    pairs of ``(token id >= 0, bias in [-100, 100])``."""
+    if value is None:
+        return ()
+    items = value.items() if isinstance(value, dict) else value
+    _check(isinstance(items, (list, tuple)) or isinstance(value, dict), "logit_bias",
+           "must be a mapping of token id to bias")
+    pairs: dict[int, float] = {}
+    for item in items:
+        _check(isinstance(item, (list, tuple)) and len(item) == 2, "logit_bias",
+               "must be a mapping of token id to bias")
+        key, bias = item
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            key = int(key)
+        _check(isinstance(key, int) and not isinstance(key, bool) and key >= 0, "logit_bias",
+               f"keys must be token ids >= 0, got {key!r}")
+        _check(isinstance(bias, (int, float)) and not isinstance(bias, bool)
+               and math.isfinite(bias) and abs(bias) <= _MAX_LOGIT_BIAS, "logit_bias",
+               f"the bias of token {key} must be a number in [-100, 100], got {bias!r}")
+        pairs[key] = float(bias)
+    return tuple(sorted(pairs.items()))
 
 
 def _as_tuple(value: Any, kind: type, name: str) -> tuple:

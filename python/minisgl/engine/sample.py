@@ -144,6 +144,9 @@ class BatchSamplingArgs:
     all_greedy: bool
     max_top_logprobs: int
     need_logprobs: bool
+    # structured output: int32 [B, ceil(V / 32)], bit (id % 32) of word (id // 32) set = allowed
+    # (xgrammar's layout); None when no row is constrained. Filled by the scheduler's grammar code.
+    token_bitmask: torch.Tensor | None = None
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device) -> BatchSamplingArgs:

@@ -254,13 +254,28 @@ def _draw(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
     return (scaled - log_e).argmax(dim=-1)
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [B, ceil(V / 32)] bitmask -> bool [B, V] (True = allowed)."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = (bitmask.unsqueeze(-1) >> bits) & 1
+    return allowed.flatten(1)[:, :vocab_size].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Disallowed tokens -> -inf (a new tensor)."""
+    return logits.masked_fill(~unpack_bitmask(bitmask, logits.shape[-1]), float("-inf"))
+
+
 def sample(logits: torch.Tensor, args: BatchSamplingArgs) -> SampleOutput:
     """Pick one token per row of ``logits`` [B, V] (any float dtype). Plain greedy batches take the
     argmax of the logits as they are; everything else is computed in float32."""
-    if args.all_greedy and args.penalties is None and not args.need_logprobs:
+    plain = args.penalties is None and args.token_bitmask is None
+    if args.all_greedy and plain and not args.need_logprobs:
         return SampleOutput(logits.argmax(dim=-1), None, None, None)  # exact in any dtype
     raw = logits.float()
     penalised = apply_penalties(raw, args) if args.penalties is not None else raw
+    if args.token_bitmask is not None:
+        penalised = apply_token_bitmask(penalised, args.token_bitmask)
     greedy = penalised.argmax(dim=-1)
     if args.all_greedy:
         tokens = greedy

@@ -161,9 +161,10 @@ def _use_kernel(logits: torch.Tensor, args: BatchSamplingArgs) -> bool:
     return args.max_top_k <= CAND
 
 
-def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs,
+                  **sizes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tokens and raw logsumexp (when log-probs are asked) from the Triton kernel; counts the
-    sampled tokens of penalised rows."""
+    sampled tokens of penalised rows. ``sizes``: the kernel's ``block``/``cand`` (tests)."""
     from minisgl.kernel.triton.sampling import sample_rows
 
     pen, bias = args.penalties, args.bias
@@ -172,7 +173,7 @@ def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs) -> tuple[torch.
         counts=pen.counts if pen else None, count_rows=pen.rows if pen else None,
         penalties=(pen.presence, pen.frequency, pen.repetition) if pen else None,
         bias=bias.bias if bias else None, bias_rows=bias.rows if bias else None,
-        bitmask=args.token_bitmask, need_lse=args.need_logprobs,
+        bitmask=args.token_bitmask, need_lse=args.need_logprobs, **sizes,
     )
 
 

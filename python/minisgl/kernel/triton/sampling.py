@@ -269,7 +269,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                 penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                 bias: torch.Tensor | None = None, bias_rows: torch.Tensor | None = None,
                 bitmask: torch.Tensor | None = None, need_lse: bool = False,
-                block: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
+                block: int = 2048, cand: int = CAND) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sample one token per row of ``logits`` [B, V]; returns (tokens int64 [B], raw logsumexp [B]
     or None). ``top_k`` is int32 with ``V`` meaning off; ``count_rows``/``bias_rows`` give each
     row's counts/bias row or -1; ``penalties`` = (presence, frequency, repetition)."""
@@ -278,7 +278,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
     device = logits.device
     tokens = torch.empty(bsz, dtype=torch.int64, device=device)
     lse = torch.empty(bsz, dtype=torch.float32, device=device) if need_lse else tokens
-    scratch = torch.empty(bsz, CAND, dtype=torch.int64, device=device)
+    scratch = torch.empty(bsz, cand, dtype=torch.int64, device=device)
     dummy = temps
     pres, freq, rep = penalties if penalties is not None else (dummy, dummy, dummy)
     _sample_kernel[(bsz,)](
@@ -289,7 +289,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
         bitmask if bitmask is not None else dummy, bitmask.shape[1] if bitmask is not None else 0,
         scratch,
         HAS_COUNTS=counts is not None, HAS_BIAS=bias is not None, HAS_MASK=bitmask is not None,
-        NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET, BLOCK=block, CAND=CAND, P=_PIVOTS,
+        NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET, BLOCK=block, CAND=cand, P=_PIVOTS,
         MAX_SEARCH=_MAX_SEARCH, num_warps=8,
     )
     return tokens, (lse if need_lse else None)

@@ -161,7 +161,7 @@ def _sample_kernel(
             jj = tl.arange(0, P)
             frac = tl.where(jj <= 3, jj.to(tl.float32) * 0.25, 1.0 - tl.exp2(-(jj - 1).to(tl.float32)))
             frac = tl.where(jj == P - 1, 1.0, frac)
-            for _ in range(MAX_SEARCH):
+            for _search in range(MAX_SEARCH):
                 if done == 0:
                     piv = lo + (hi - lo) * frac  # piv[0] = lo ... piv[P - 1] = hi
                     cnt = tl.zeros([P], dtype=tl.int32)

@@ -38,6 +38,7 @@ PARAMS = [
     dict(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5),
     dict(temperature=0.8, top_k=10, logit_bias={3: 100.0, 7: -100.0}),
     dict(temperature=0.0, logit_bias={11: 5.0}),
+    dict(temperature=0.5, top_k=3, logprobs=True, top_logprobs=2),
 ]
 
 
@@ -62,8 +63,10 @@ def compare(logits: torch.Tensor, reqs: list[Req], bitmask: torch.Tensor | None 
     args.token_bitmask = bitmask
     want = sample_torch(logits, args)  # reads the counts before the kernel adds its tokens
     before = args.penalties.counts.clone() if args.penalties is not None else None
-    got, _ = kernel_sample(logits, args, **(sizes or SIZES))
+    got, lse = kernel_sample(logits, args, **(sizes or SIZES))
     assert got.tolist() == want.tolist()
+    if args.need_logprobs:  # the raw logsumexp for log-probs comes out of the same pass
+        torch.testing.assert_close(lse, logits.float().logsumexp(-1), rtol=1e-5, atol=1e-5)
     if before is not None:  # the kernel counted each penalised row's token, nothing else
         rows = args.penalties.rows.tolist()
         expect = before.clone()
@@ -73,11 +76,12 @@ def compare(logits: torch.Tensor, reqs: list[Req], bitmask: torch.Tensor | None 
         assert torch.equal(args.penalties.counts, expect)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_kernel_equals_reference(seed: int) -> None:
+@pytest.mark.parametrize("seed,dtype", [(0, torch.float32), (1, torch.float32),
+                                        (2, torch.bfloat16)])
+def test_kernel_equals_reference(seed: int, dtype: torch.dtype) -> None:
     vocab = 300
     g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(len(PARAMS), vocab, generator=g) * 3).to(DEV)
+    logits = (torch.randn(len(PARAMS), vocab, generator=g) * 3).to(DEV, dtype)
     compare(logits, make_reqs(PARAMS, seed, vocab))
 
 

@@ -21,6 +21,8 @@ class EnvVar:
 CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
                    "where the default model is converted to and kept")
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
+API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given (a flag is "
+                 "visible to every local user through ps and /proc)")
 GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLAS, not the Triton "
               "GEMV (for ablations)")
 

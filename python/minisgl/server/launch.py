@@ -159,7 +159,19 @@ def _worker(target, *args, **kwargs) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     enable_stack_dumps()
+    _thread_lock_for_progress_bars()
     target(*args, **kwargs)
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """tqdm's default lock is a multiprocessing semaphore, registered with the launcher's resource
+    tracker; a child killed with ``kill -9`` never unregisters it, and the launcher then warns of a
+    leaked semaphore at exit. A child's progress bars (weight loading) need only a thread lock."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def _free_port() -> int:

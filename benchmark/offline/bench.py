@@ -266,6 +266,25 @@ def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict
     return {"output_tokens": useful, "seconds": seconds}
 
 
+def project_commit() -> str:
+    """The commit of this project's checkout, or "unknown". A copy of the tree without .git (e.g.
+    on a lent GPU machine) passes MINISGL_COMMIT; git is asked about this file's own checkout, and
+    only believed when that checkout's top is this project (an exported tree inside another
+    repository must not record that repository's commit)."""
+    if os.environ.get("MINISGL_COMMIT"):
+        return os.environ["MINISGL_COMMIT"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or os.path.realpath(top) != os.path.realpath(root):
+        return "unknown"
+    return git("rev-parse", "--short", "HEAD") or "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
@@ -286,9 +305,7 @@ def main() -> None:
     prompts, max_tokens = prompts[: args.num_requests], max_tokens[: args.num_requests]
     gpu = gpu_name()
     ceiling = CEILINGS.get((name, gpu))
-    # a copy of the tree without .git (e.g. on a lent GPU machine) passes MINISGL_COMMIT
-    commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = project_commit()
     base = {"model": name, "gpu": gpu, "date": datetime.date.today().isoformat(), "commit": commit,
             "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts))}
     records = []

@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,14 +30,17 @@ from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerConfig
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
+from minisgl.server.openapi import install_openapi
 from minisgl.server.protocol import (
     ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
     chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
 )
+from minisgl.server.validation import check_limits, check_text
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
 router = APIRouter()
+RETRY_AFTER_S = 1
 
 
 # ------------------------------------------------------------------------------ request checks
@@ -76,6 +80,7 @@ async def _read_json(request: Request) -> Any:
         raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    check_text(data)
     return data
 
 
@@ -93,7 +98,7 @@ def _int64(text: str) -> int:
 
 def _check_model(request: Request, model: str | None) -> str:
     state = request.app.state
-    names = {state.config.model_name, state.config.model, state.tokens.model_path}
+    names = {state.config.model_name, state.config.model, state.model_path}
     if model is not None and model.rstrip("/") not in {n.rstrip("/") for n in names if n}:
         raise ApiError(404, f"model {model!r} does not exist; this server serves "
                        f"{state.config.model_name!r}", "model", "model_not_found")
@@ -116,14 +121,18 @@ def _frontend(request: Request, new: int = 0) -> FrontendManager:
     return frontend
 
 
-async def _start(request: Request, specs: list[tuple[dict, SamplingParams, int]]) -> Call:
-    """Submit one backend request per (prompt fields, params, prompt index)."""
+async def _start(request: Request, specs: list[tuple[dict, SamplingParams, int]],
+                 rid: str | None = None, prompt: Any = None) -> Call:
+    """Submit one backend request per (prompt fields, params, prompt index). ``rid`` and (with
+    ``--log-requests``) ``prompt`` go into the request's log line."""
     frontend = _frontend(request, len(specs))
     msgs = [TokenizeMsg(uid=frontend.new_uid(), sampling_params=p, **fields)
             for fields, p, _ in specs]
     states = [ChoiceState(m.uid, i, spec[2]) for i, (m, spec) in enumerate(zip(msgs, specs))]
     arrival = getattr(request.state, "arrival", None)
-    call = Call(frontend, request.is_disconnected, states, request.app.state.metrics, arrival)
+    prompt = prompt if _conf(request).log_requests else None
+    call = Call(frontend, request.is_disconnected, states, request.app.state.metrics, arrival,
+                rid, prompt)
     return await call.start(msgs)
 
 
@@ -133,11 +142,11 @@ async def chat_completions(request: Request) -> Response:
     req = parse(ChatCompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
-    specs = [({"messages": messages}, req.params(i), 0) for i in range(req.n or 1)]
+    specs = [({"messages": messages}, check_limits(req.params(i)), 0) for i in range(req.n or 1)]
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    call = await _start(request, specs)
+    call = await _start(request, specs, rid, messages)
     states = list(call.states.values())
 
     def lps(entries: list) -> dict | None:
@@ -166,12 +175,12 @@ async def completions(request: Request) -> Response:
     req = parse(CompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     n = req.n or 1
-    params = [req.params(i) for i in range(n)]
+    params = [check_limits(req.params(i)) for i in range(n)]
     specs = [({"text": p} if isinstance(p, str) else {"input_ids": p}, params[i], k)
              for k, p in enumerate(req.prompt) for i in range(n)]
     text_of = await request.app.state.tokens.get() if req.logprobs is not None else None
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    call = await _start(request, specs)
+    call = await _start(request, specs, rid, req.prompt)
     states = list(call.states.values())
 
     def lps(s: ChoiceState, entries: list) -> dict | None:
@@ -197,7 +206,8 @@ async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await _read_json(request))
     _check_model(request, req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
-    call = await _start(request, [(fields, req.params(), 0)])
+    params = check_limits(req.params(), "sampling_params.")
+    call = await _start(request, [(fields, params, 0)], None, req.text or req.input_ids)
     (state,) = call.states.values()
 
     def body() -> dict:
@@ -221,7 +231,7 @@ async def models(request: Request) -> dict:
     _authorize(request)
     state, frontend = request.app.state, request.app.state.frontend
     card = {"id": state.config.model_name, "object": "model", "created": state.created,
-            "owned_by": "minisgl", "root": state.tokens.model_path}
+            "owned_by": "minisgl", "root": state.model_path}
     if frontend is not None and frontend.stats is not None:
         card["max_model_len"] = frontend.stats.max_context_len
     elif "max_context_len" in state.server_info:
@@ -264,7 +274,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), e.status)
+        return JSONResponse(e.body(), e.status, headers=_retry_after(e.status))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -276,12 +286,18 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=e.headers)
+        headers = {**_retry_after(e.status_code), **(e.headers or {})}
+        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception) -> JSONResponse:
         # Starlette re-raises it after this answer, so uvicorn logs the traceback
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), 500)
+
+
+def _retry_after(status: int) -> dict[str, str]:
+    """Every 503 (starting, overloaded, shutting down) tells clients when to come back."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
 
 
 def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendManager],
@@ -302,15 +318,19 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
         finally:
             await app.state.frontend.close()
 
-    app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="minisgl", lifespan=lifespan, redoc_url=None)
     app.state.config, app.state.frontend = config, None
     app.state.frontend_created = threading.Event()
-    app.state.tokens = TokenTexts(model_path or config.model)
+    app.state.model_path = model_path or config.model
+    app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
     app.state.created = int(time.time())
     app.state.server_info = dict(server_info or {})
     app.state.metrics = ServerMetrics(lambda: app.state.frontend and app.state.frontend.stats)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    if config.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=["*"], allow_headers=["*"])
     _install_error_handlers(app)
     app.include_router(router)
+    install_openapi(app, bearer=config.api_key is not None)
     return app

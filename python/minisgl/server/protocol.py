@@ -22,7 +22,7 @@ logger = init_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 TokenText = Callable[[int], str]
 LogprobEntry = tuple[int, float, list[tuple[int, float]]]
-MAX_N, MAX_STOP = 128, 16
+MAX_N = 128
 
 
 class ApiError(Exception):
@@ -88,10 +88,7 @@ class _SamplingFields(_Strict):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
-        value = [value] if isinstance(value, str) else value
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(value)}")
-        return value
+        return [value] if isinstance(value, str) else value  # limits: validation.check_limits
 
     @property
     def include_usage(self) -> bool:

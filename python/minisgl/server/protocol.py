@@ -1,7 +1,8 @@
 """OpenAI-compatible request models and response builders.
 
 Requests are validated strictly (no "1" for 1, no true for 1.0), as OpenAI does, so that a client's
-mistake is a 400 naming the field instead of a silent coercion; fields we do not know are ignored.
+mistake is a 400 naming the field instead of a silent coercion. A field that no model here declares
+is refused or accepted on purpose by ``fields.py`` (never silently ignored).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from minisgl.core import SamplingParams
 from minisgl.message import UserReply
+from minisgl.server.fields import check_fields
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
@@ -45,12 +47,15 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 def parse(model: type[M], data: Any) -> M:
     """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
     try:
-        return model.model_validate(data)
+        parsed = model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         param = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]) or None
         msg = err["msg"].removeprefix("Value error, ")
         raise ApiError(400, f"{param}: {msg}" if param else msg, param) from None
+    if (ignored := check_fields(model, data)) is not None:
+        raise ApiError(400, ignored[1], ignored[0])
+    return parsed
 
 
 def _first(*values: Any) -> Any:

@@ -35,6 +35,8 @@ class GenerateOutput:
     text: str
     finish_reason: str  # "stop" or "length"
     logprobs: list[TokenLogprob] | None = None
+    # with SamplingParams.prompt_logprobs: from logprob_start_len on; index 0's logprob is None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class LLM:
@@ -157,6 +159,11 @@ class LLM:
 
     def _append(self, out: GenerateOutput, tok: TokenOutput, detok) -> bool:
         """Record one token; True when the request is done (finished, or a stop string matched)."""
+        if tok.prompt_logprobs is not None:
+            out.prompt_logprobs = [TokenLogprob(*entry) for entry in tok.prompt_logprobs]
+        if tok.token is None:  # max_tokens=0: the prompt only
+            out.finish_reason = tok.finish_reason or "length"
+            return True
         out.token_ids.append(tok.token)
         if out.logprobs is not None and tok.logprob is not None:
             out.logprobs.append(TokenLogprob(tok.token, tok.logprob, tok.top_logprobs or []))

@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerConfig
+from minisgl.server.echo import Echo, generate_prompt_logprobs, join_logprobs, prompt_text
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.protocol import (
@@ -169,23 +170,36 @@ async def completions(request: Request) -> Response:
     params = [req.params(i) for i in range(n)]
     specs = [({"text": p} if isinstance(p, str) else {"input_ids": p}, params[i], k)
              for k, p in enumerate(req.prompt) for i in range(n)]
-    text_of = await request.app.state.tokens.get() if req.logprobs is not None else None
+    tokens = request.app.state.tokens
+    text_of = await tokens.get() if req.logprobs is not None or req.echo else None
+    echo = None
+    if req.echo:
+        echo = Echo([prompt_text(p, tokens.tokenizer, text_of) for p in req.prompt],
+                    text_of, req.logprobs)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     call = await _start(request, specs)
     states = list(call.states.values())
 
     def lps(s: ChoiceState, entries: list) -> dict | None:
-        return completion_logprobs(entries, text_of, req.logprobs, s) if text_of else None
+        return completion_logprobs(entries, text_of, req.logprobs, s) \
+            if req.logprobs is not None else None
+
+    def output(s: ChoiceState, text: str, entries: list) -> tuple[str, dict | None]:
+        """The choice's new text and log-probs, after the echoed prompt the first time."""
+        head, head_lps = echo.prefix(s) if echo is not None else ("", None)
+        return head + text, join_logprobs(head_lps, lps(s, entries))
 
     chunk = chunker("text_completion", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        return chunk([{"index": s.index, "text": r.text, "logprobs": lps(s, r.logprobs or []),
+        text, logprobs = output(s, r.text, r.logprobs or [])
+        return chunk([{"index": s.index, "text": text, "logprobs": logprobs,
                        "finish_reason": r.finish_reason}])
 
     async def render() -> dict:
-        choices = [{"index": s.index, "text": "".join(s.text), "logprobs": lps(s, s.logprobs),
-                    "finish_reason": s.finish_reason} for s in states]
+        choices = [{"index": s.index, "finish_reason": s.finish_reason}
+                   | dict(zip(("text", "logprobs"), output(s, "".join(s.text), s.logprobs)))
+                   for s in states]
         return response("text_completion", rid, created, model, choices, usage=usage(states))
 
     tail = lambda: [chunk([], usage=usage(states))] if req.include_usage else []  # noqa: E731
@@ -204,10 +218,12 @@ async def generate(request: Request) -> Response:
         meta = {"id": str(state.uid), "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": len(state.token_ids), "cached_tokens": state.cached_tokens,
                 "finish_reason": state.finish_reason}
-        if state.logprobs:
+        if req.return_logprob or state.logprobs:
             meta["output_token_logprobs"] = [[finite(lp), t] for t, lp, _ in state.logprobs]
             meta["output_top_logprobs"] = [[[finite(b), a] for a, b in top]
                                            for _, _, top in state.logprobs]
+        if state.prompt_logprobs is not None:
+            meta.update(generate_prompt_logprobs(state))
         return {"text": "".join(state.text), "output_ids": state.token_ids, "meta_info": meta}
 
     async def render() -> dict:

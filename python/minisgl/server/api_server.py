@@ -28,6 +28,9 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerConfig
 from minisgl.server.echo import Echo, generate_prompt_logprobs, join_logprobs, prompt_text
+from minisgl.server.reasoning import (
+    ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
+)
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.protocol import (
@@ -134,12 +137,17 @@ async def chat_completions(request: Request) -> Response:
     req = parse(ChatCompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
-    specs = [({"messages": messages}, req.params(i), 0) for i in range(req.n or 1)]
+    kwargs = req.chat_template_kwargs
+    fields = {"messages": messages, "chat_template_kwargs": kwargs}
+    specs = [(fields, req.params(i), 0) for i in range(req.n or 1)]
+    think = (await request.app.state.reasoning.mode(request.app.state.tokens, kwargs)
+             if req.separate_reasoning is not False else None)  # see reasoning.py
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     call = await _start(request, specs)
     states = list(call.states.values())
+    splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}
 
     def lps(entries: list) -> dict | None:
         return chat_logprobs(entries, text_of, top) if text_of else None
@@ -147,12 +155,13 @@ async def chat_completions(request: Request) -> Response:
     chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        delta = {"content": r.text} if r.text else {}
+        delta = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
                        "finish_reason": r.finish_reason}])
 
     async def render() -> dict:
-        choices = [{"index": s.index, "message": {"role": "assistant", "content": "".join(s.text)},
+        choices = [{"index": s.index,
+                    "message": {"role": "assistant", **message_fields("".join(s.text), think)},
                     "logprobs": lps(s.logprobs), "finish_reason": s.finish_reason} for s in states]
         return response("chat.completion", rid, created, model, choices, usage=usage(states))
 
@@ -323,6 +332,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.config, app.state.frontend = config, None
     app.state.frontend_created = threading.Event()
     app.state.tokens = TokenTexts(model_path or config.model)
+    app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.created = int(time.time())
     app.state.server_info = dict(server_info or {})
     app.state.metrics = ServerMetrics(lambda: app.state.frontend and app.state.frontend.stats)

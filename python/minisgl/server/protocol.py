@@ -151,11 +151,29 @@ class ChatMessage(BaseModel):
         return out
 
 
+# apply_chat_template's own arguments: a template variable must not override them
+_TEMPLATE_ARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    separate_reasoning: bool | None = None  # SGLang's: false keeps <think>... in content
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict | None) -> dict | None:
+        for name in value or {}:
+            if name in _TEMPLATE_ARGS:
+                raise ValueError(f"{name!r} is an argument of the templating, not a variable")
+        return value
 
     def params(self, choice: int) -> SamplingParams:
         if self.top_logprobs and not self.logprobs:

@@ -192,3 +192,14 @@ def test_server_splits_reasoning(thinking_model, tmp_path):
         assert e.value.body["param"] == "chat_template_kwargs"
     finally:
         server.stop()
+
+
+def test_llm_chat_template_kwargs(thinking_model):
+    from minisgl import LLM
+
+    path, tok, word, *_ = thinking_model
+    with LLM(str(path), device="cpu", dtype="float32", num_pages=256) as llm:
+        chat = [{"role": "user", "content": word}]
+        assert llm.apply_chat_template(chat) == _prompt(tok, word)
+        off = llm.apply_chat_template(chat, enable_thinking=False)
+        assert off == _prompt(tok, word, enable_thinking=False) != _prompt(tok, word)

@@ -103,18 +103,22 @@ class LLM:
         conversations: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[GenerateOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+        """Apply the model's chat template to each conversation, then generate.
+        ``chat_template_kwargs`` are extra template variables (e.g. ``{"enable_thinking": False}``)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        prompts = [self.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+        prompts = [self.apply_chat_template(c, **(chat_template_kwargs or {}))
+                   for c in conversations]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def apply_chat_template(self, messages: list[Message]) -> list[int]:
+    def apply_chat_template(self, messages: list[Message], **kwargs) -> list[int]:
         tokenizer = self._require_tokenizer("chat")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages: must be a list of {'role': ..., 'content': ...} dicts")
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **kwargs)
         return tokenizer.encode(text, add_special_tokens=False)
 
     def _require_tokenizer(self, what: str):

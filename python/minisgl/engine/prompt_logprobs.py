@@ -28,6 +28,7 @@ from typing import Iterable
 import torch
 
 from minisgl.core import Batch, Req
+from minisgl.utils.transfer import to_device
 
 # one block of logits rows stays under this many bytes (float32)
 _BLOCK_BYTES = 256 << 20
@@ -103,9 +104,7 @@ def compute_prompt_logprobs(model, hidden: torch.Tensor, batch: Batch,
     if not spans:
         return None
     k = max(s[3] for s in spans)
-    device = hidden.device
-    row_idx = torch.tensor(rows, dtype=torch.long, device=device)
-    target_idx = torch.tensor(targets, dtype=torch.long, device=device)
+    row_idx, target_idx = to_device([rows, targets], torch.int64, hidden.device)  # no host sync
     block = max(1, _BLOCK_BYTES // (4 * vocab_size))
     lps, top_ids, top_lps = [], [], []
     for i in range(0, len(rows), block):

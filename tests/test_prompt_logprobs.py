@@ -130,6 +130,12 @@ def test_server_echo_and_generate(ckpt, prompts, reference, tmp_path):
         values = sum((c.logprobs.token_logprobs for c in chunks if c.logprobs), [])
         assert len(tokens) == len(prompts[0]) + 3 and values[0] is None
         _check([(t, v, []) for t, v in zip(prompts[0], values)], prompts[0], reference[0])
+        only = list(client.completions.create(model=str(ckpt), prompt=prompts[2], echo=True,
+                                              max_tokens=0, stream=True))
+        assert "".join(c.choices[0].text for c in only) == "".join(f"token_id:{t}"
+                                                                   for t in prompts[2])
+        assert only[-1].choices[0].finish_reason == "length"
+        assert all(c.choices[0].logprobs is None for c in only)
         r = httpx.post(f"{server.url}/generate", json={
             "input_ids": prompts[1], "return_logprob": True, "logprob_start_len": 5,
             "top_logprobs_num": 2, "sampling_params": {"max_new_tokens": 0}}).json()
@@ -142,3 +148,16 @@ def test_server_echo_and_generate(ckpt, prompts, reference, tmp_path):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_start_len"
     finally:
         server.stop()
+
+
+def test_tp2_prompt_logprobs(ckpt, prompts, reference):
+    """Two gloo ranks: every rank scores the same rows (the vocabulary-parallel LM head gathers)."""
+    if TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("TP=2 on CUDA needs two GPUs")
+    with LLM(str(ckpt), tp=2, device=TEST_DEVICE, dtype="float32", num_pages=512,
+             max_prefill_tokens=16) as llm:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=0, prompt_logprobs=True,
+                                                    top_logprobs=2))
+    for out, prompt, ref in zip(outs, prompts, reference):
+        _check([(e.token_id, e.logprob, e.top_logprobs) for e in out.prompt_logprobs], prompt,
+               ref, top=2)

@@ -37,12 +37,23 @@ CEILINGS = {
     ("llama-3.1-8b-instruct", "H100"): 11_100, ("llama-3.1-8b-instruct", "H200"): 14_500,
 }
 
+# LLM options, plus "sampling": SamplingParams fields of every request and "env": variables set
+# while the variant runs
+QWEN_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # Qwen3's recommended settings
 VARIANTS = {
     "default": {},
     "no-cuda-graph": {"cuda_graph_max_bs": 0},
     "no-overlap": {"disable_overlap": True},
     "torch-attn": {"attn": "torch"},
     "page16": {"page_size": 16},
+    "sample": {"sampling": QWEN_SAMPLING},
+    "sample-penalty": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
+                                    "repetition_penalty": 1.05}},
+    "sample-logprobs": {"sampling": {**QWEN_SAMPLING, "logprobs": True, "top_logprobs": 5}},
+    "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
+    "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
+                                          "repetition_penalty": 1.05},
+                             "env": {"MINISGL_SAMPLER": "torch"}},
 }
 
 
@@ -134,10 +145,33 @@ def _bucket(size: int) -> str:
     return "257+"
 
 
-def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: int = 1) -> dict:
+@contextlib.contextmanager
+def environment(values: dict):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_minisgl(path: str, dummy: bool, prompts, max_tokens, variant: dict, tp: int = 1) -> dict:
+    options = {k: v for k, v in variant.items() if k not in ("sampling", "env")}
+    with environment(variant.get("env", {})):
+        return _run_minisgl(path, dummy, prompts, max_tokens, options, variant.get("sampling"), tp)
+
+
+def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict | None,
+                 tp: int) -> dict:
     llm = LLM(path, tp=tp, dummy_weights=dummy, **options)
     trace = StepTrace(llm)
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    sampling = sampling or {"temperature": 0}
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, seed=i, **sampling)
+              for i, m in enumerate(max_tokens)]
     llm.generate(prompts[:8], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8,
                  use_tqdm=False)  # warm-up
     torch.cuda.synchronize()
@@ -272,6 +306,12 @@ def main() -> None:
         for variant in args.variants.split(","):
             engine = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
             record(engine, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
+            if variant != "default" and any(r["engine"].startswith("minisgl[default]")
+                                            and r["tp"] == tp for r in records):
+                ref = next(r for r in records if r["engine"].startswith("minisgl[default]")
+                           and r["tp"] == tp)
+                print(f"{engine}: {records[-1]['output_tok_per_s'] / ref['output_tok_per_s']:.3f}x "
+                      "of minisgl[default]", flush=True)
     if args.batch1:
         for engine, gemv in (("minisgl[batch1]", True), ("minisgl[batch1][cublas]", False)):
             with gemv_enabled(gemv):
@@ -298,6 +338,15 @@ def write(records: list[dict], out_dir: str, stem: str) -> None:
                          f"{r['ceiling_fraction'] or ''} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
         else:
             lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['ms_per_token']:.2f} ms/token | | | |")
+    default = {r.get("tp"): r["output_tok_per_s"] for r in records
+               if r["engine"].startswith("minisgl[default]")}
+    variants = [r for r in records if r["engine"].startswith("minisgl[") and "output_tok_per_s" in r
+                and r.get("tp") in default and not r["engine"].startswith("minisgl[default]")]
+    if variants:
+        lines += ["", "| engine | output tok/s | ratio to default (same run) |", "|---|---|---|"]
+        for r in variants:
+            lines.append(f"| {r['engine']} | {r['output_tok_per_s']:,.0f} | "
+                         f"{r['output_tok_per_s'] / default[r.get('tp')]:.3f}x |")
     tp1 = {r["engine"]: r["output_tok_per_s"] for r in records if r.get("tp") == 1}
     scaled = [r for r in records if r.get("tp", 1) > 1 and r["engine"].rsplit("[tp", 1)[0] in tp1]
     if scaled:

@@ -21,6 +21,8 @@ class EnvVar:
 CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
                    "where the default model is converted to and kept")
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
+SAMPLER = EnvVar("MINISGL_SAMPLER", "auto", "torch: sample with the torch reference on CUDA too, "
+                 "not the Triton kernel (for ablations)")
 GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLAS, not the Triton "
               "GEMV (for ablations)")
 

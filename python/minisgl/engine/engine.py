@@ -18,7 +18,7 @@ from minisgl.utils import init_logger
 
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
-from .sample import BatchSamplingArgs, SampleOutput, sample
+from .sample import BatchSamplingArgs, SampleOutput, SamplingState, sample
 
 logger = init_logger(__name__)
 
@@ -70,6 +70,8 @@ class Engine:
         # token_pool[row, pos]: the token at position pos of the request in that row, written on the
         # device by sampling, read by the next decode (see batch.py)
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
+        # penalty counts and logit biases of the request in each row (allocated on first use)
+        self.sampling_state = SamplingState(table_shape[0], mc.vocab_size, self.device)
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)

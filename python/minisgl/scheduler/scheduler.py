@@ -70,7 +70,7 @@ class Scheduler:
 
     def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> Req:
         """Queue a request; raise ``ValueError`` for an unusable prompt."""
-        self._validate_prompt(uid, input_ids)
+        self._validate_prompt(uid, input_ids, params)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),
@@ -83,7 +83,7 @@ class Scheduler:
         self.prefill.add(req)
         return req
 
-    def _validate_prompt(self, uid: int, input_ids: list[int]) -> None:
+    def _validate_prompt(self, uid: int, input_ids: list[int], params: SamplingParams) -> None:
         if uid in self.reqs:
             raise ValueError(f"request id {uid} is already in use")
         if len(input_ids) == 0:
@@ -92,6 +92,9 @@ class Scheduler:
         bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        bias = params.logit_bias
+        if bias and bias[-1][0] >= vocab:
+            raise ValueError(f"logit_bias: token {bias[-1][0]} is outside the vocabulary [0, {vocab})")
         if len(input_ids) >= self.max_context_len:
             raise ValueError(
                 f"prompt: {len(input_ids)} tokens is too long; the maximum context length is "
@@ -117,12 +120,11 @@ class Scheduler:
 
         With overlap scheduling the forward just launched is read back on the next call: this call
         returns the tokens of the previous forward, so the host prepares step N+1 while the device
-        still computes step N. Penalties need the latest tokens on the host, so a batch with them
-        runs synchronously.
+        still computes step N (penalties and biases live on the device, so they need no sync).
         """
         prev, self._inflight = self._inflight, None
         outputs: list[TokenOutput] = []
-        if prev is not None and (not self.config.overlap or self._needs_sync()):
+        if prev is not None and not self.config.overlap:
             outputs, prev = self._finish(*prev), None
         launched = self._launch()
         if prev is not None:
@@ -139,16 +141,14 @@ class Scheduler:
         prev, self._inflight = self._inflight, None
         return self._finish(*prev) if prev is not None else []
 
-    def _needs_sync(self) -> bool:
-        return any(req.sampling_params.needs_penalties for req in self.reqs.values())
-
     def _launch(self) -> tuple[Batch, list[Req], ForwardOutput] | None:
         batch = self._schedule()
         if batch is None:
             return None
         prepare_batch(batch, self.engine.page_table, self.engine.token_pool)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
-        args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device)
+        args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device,
+                                           self.engine.sampling_state)
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
@@ -216,6 +216,7 @@ class Scheduler:
         self.prompt_logprobs.forget(req.uid)
 
     def _free(self, req: Req) -> None:
+        self.engine.sampling_state.release(req.table_idx)
         self.cache.release(req)
         self.table.free(req.table_idx)
         req.table_idx = -1

@@ -17,6 +17,7 @@ from .batch import prepare_batch
 from minisgl.utils import init_logger
 
 from .config import EngineConfig
+from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .sample import BatchSamplingArgs, SampleOutput, SamplingState, sample
 
 logger = init_logger(__name__)
@@ -34,6 +35,7 @@ class ForwardOutput:
     logits: torch.Tensor  # [B, vocab] on the device (for tests and debugging)
     logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
     copy_done: torch.cuda.Event | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # host copies (echo, logprob_start_len)
 
     def wait(self) -> None:
         if self.copy_done is not None:
@@ -174,6 +176,7 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        prompt_lps = None
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             logits = self.graph_runner.replay(batch)
         else:
@@ -181,6 +184,8 @@ class Engine:
                 self.attn_backend.prepare_metadata(batch)
                 hidden = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = self.model.compute_logits(hidden[batch.logits_idx])
+            if batch.is_prefill:  # prompt log-probs, for the requests that ask (prompt_logprobs.py)
+                prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
         out = sample(logits, args)
         self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"
@@ -188,8 +193,10 @@ class Engine:
         if out.logprobs is not None:
             host += [t.to("cpu", non_blocking=non_blocking) if t is not None else None
                      for t in (out.logprobs, out.top_ids, out.top_logprobs)]
+        if prompt_lps is not None:
+            prompt_lps = prompt_lps.to_host(non_blocking)
         event = None
         if non_blocking:
             event = torch.cuda.Event()
             event.record()
-        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event)
+        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps)

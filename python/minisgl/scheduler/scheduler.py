@@ -17,6 +17,7 @@ from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import init_logger
 
 from minisgl.engine.batch import prepare_batch
+from minisgl.engine.prompt_logprobs import Entry, PromptLogprobStore
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
@@ -30,14 +31,15 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass
 class TokenOutput:
-    """One new token of one request."""
+    """One new token of one request (``token`` None: a ``max_tokens=0`` request, prompt only)."""
 
     uid: int
-    token: int
+    token: int | None
     finish_reason: FinishReason | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     first: Req | None = None  # the request, on its first token only (prompt length, cache hit)
+    prompt_logprobs: list[Entry] | None = None  # on its first token, when asked
 
 
 class Scheduler:
@@ -57,6 +59,7 @@ class Scheduler:
         self.num_retractions = 0
         self._inflight: tuple[Batch, list[Req], ForwardOutput] | None = None
         self._seeds = random.Random(config.engine.seed)
+        self.prompt_logprobs = PromptLogprobStore()
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -162,16 +165,23 @@ class Scheduler:
         dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
         """
         out.wait()
+        self.prompt_logprobs.add(out.prompt_logprobs, self.reqs)
         tokens = out.next_tokens.tolist()
         logprobs = _logprob_rows(out, sampled)
         results = []
         for i, (req, token) in enumerate(zip(sampled, tokens)):
             if self.reqs.get(req.uid) is not req:
                 continue  # finished or aborted while this forward ran
+            if req.sampling_params.max_tokens == 0:  # the prompt alone: its token is dropped
+                results.append(TokenOutput(req.uid, None, "length", first=req,
+                                           prompt_logprobs=self.prompt_logprobs.pop(req)))
+                self._release(req)
+                continue
             req.append_token(token)
             result = TokenOutput(req.uid, token, self._finish_reason(req, token), *logprobs[i])
             if req.output_len == 1:
                 result.first = req
+                result.prompt_logprobs = self.prompt_logprobs.pop(req)
             if result.finish_reason is not None:
                 self._release(req)
             elif batch.is_prefill and req.table_idx >= 0:
@@ -203,6 +213,7 @@ class Scheduler:
                 self._free(req)
             self.prefill.remove(req)
         del self.reqs[req.uid]
+        self.prompt_logprobs.forget(req.uid)
 
     def _free(self, req: Req) -> None:
         self.engine.sampling_state.release(req.table_idx)

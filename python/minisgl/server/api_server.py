@@ -28,6 +28,10 @@ from starlette.requests import ClientDisconnect
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerConfig
+from minisgl.server.echo import Echo, generate_prompt_logprobs, join_logprobs, prompt_text
+from minisgl.server.reasoning import (
+    ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
+)
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
@@ -142,12 +146,17 @@ async def chat_completions(request: Request) -> Response:
     req = parse(ChatCompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
-    specs = [({"messages": messages}, check_limits(req.params(i)), 0) for i in range(req.n or 1)]
+    kwargs = req.chat_template_kwargs
+    fields = {"messages": messages, "chat_template_kwargs": kwargs}
+    specs = [(fields, check_limits(req.params(i)), 0) for i in range(req.n or 1)]
+    think = (await request.app.state.reasoning.mode(request.app.state.tokens, kwargs)
+             if req.separate_reasoning is not False else None)  # see reasoning.py
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     call = await _start(request, specs, rid, messages)
     states = list(call.states.values())
+    splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}
 
     def lps(entries: list) -> dict | None:
         return chat_logprobs(entries, text_of, top) if text_of else None
@@ -155,12 +164,13 @@ async def chat_completions(request: Request) -> Response:
     chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        delta = {"content": r.text} if r.text else {}
+        delta = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
                        "finish_reason": r.finish_reason}])
 
     async def render() -> dict:
-        choices = [{"index": s.index, "message": {"role": "assistant", "content": "".join(s.text)},
+        choices = [{"index": s.index,
+                    "message": {"role": "assistant", **message_fields("".join(s.text), think)},
                     "logprobs": lps(s.logprobs), "finish_reason": s.finish_reason} for s in states]
         return response("chat.completion", rid, created, model, choices, usage=usage(states))
 
@@ -178,23 +188,36 @@ async def completions(request: Request) -> Response:
     params = [check_limits(req.params(i)) for i in range(n)]
     specs = [({"text": p} if isinstance(p, str) else {"input_ids": p}, params[i], k)
              for k, p in enumerate(req.prompt) for i in range(n)]
-    text_of = await request.app.state.tokens.get() if req.logprobs is not None else None
+    tokens = request.app.state.tokens
+    text_of = await tokens.get() if req.logprobs is not None or req.echo else None
+    echo = None
+    if req.echo:
+        echo = Echo([prompt_text(p, tokens.tokenizer, text_of) for p in req.prompt],
+                    text_of, req.logprobs)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     call = await _start(request, specs, rid, req.prompt)
     states = list(call.states.values())
 
     def lps(s: ChoiceState, entries: list) -> dict | None:
-        return completion_logprobs(entries, text_of, req.logprobs, s) if text_of else None
+        return completion_logprobs(entries, text_of, req.logprobs, s) \
+            if req.logprobs is not None else None
+
+    def output(s: ChoiceState, text: str, entries: list) -> tuple[str, dict | None]:
+        """The choice's new text and log-probs, after the echoed prompt the first time."""
+        head, head_lps = echo.prefix(s) if echo is not None else ("", None)
+        return head + text, join_logprobs(head_lps, lps(s, entries))
 
     chunk = chunker("text_completion", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        return chunk([{"index": s.index, "text": r.text, "logprobs": lps(s, r.logprobs or []),
+        text, logprobs = output(s, r.text, r.logprobs or [])
+        return chunk([{"index": s.index, "text": text, "logprobs": logprobs,
                        "finish_reason": r.finish_reason}])
 
     async def render() -> dict:
-        choices = [{"index": s.index, "text": "".join(s.text), "logprobs": lps(s, s.logprobs),
-                    "finish_reason": s.finish_reason} for s in states]
+        choices = [{"index": s.index, "finish_reason": s.finish_reason}
+                   | dict(zip(("text", "logprobs"), output(s, "".join(s.text), s.logprobs)))
+                   for s in states]
         return response("text_completion", rid, created, model, choices, usage=usage(states))
 
     tail = lambda: [chunk([], usage=usage(states))] if req.include_usage else []  # noqa: E731
@@ -214,10 +237,12 @@ async def generate(request: Request) -> Response:
         meta = {"id": str(state.uid), "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": len(state.token_ids), "cached_tokens": state.cached_tokens,
                 "finish_reason": state.finish_reason}
-        if state.logprobs:
+        if req.return_logprob or state.logprobs:
             meta["output_token_logprobs"] = [[finite(lp), t] for t, lp, _ in state.logprobs]
             meta["output_top_logprobs"] = [[[finite(b), a] for a, b in top]
                                            for _, _, top in state.logprobs]
+        if state.prompt_logprobs is not None:
+            meta.update(generate_prompt_logprobs(state))
         return {"text": "".join(state.text), "output_ids": state.token_ids, "meta_info": meta}
 
     async def render() -> dict:
@@ -323,6 +348,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.frontend_created = threading.Event()
     app.state.model_path = model_path or config.model
     app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
+    app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.created = int(time.time())
     app.state.server_info = dict(server_info or {})
     app.state.metrics = ServerMetrics(lambda: app.state.frontend and app.state.frontend.stats)

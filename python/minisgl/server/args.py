@@ -66,8 +66,14 @@ class ServerConfig:
     log_level: str | None = None  # None: MINISGL_LOG_LEVEL, else INFO
     log_requests: bool = False
     shell: bool = False
+    reasoning_parser: str = "auto"
 
     def __post_init__(self) -> None:
+        from .reasoning import PARSERS
+
+        if self.reasoning_parser not in PARSERS:
+            raise ValueError(f"reasoning_parser: must be one of {', '.join(PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
         if not self.shutdown_timeout >= 0:
@@ -130,6 +136,9 @@ _HELP = {
     "log_requests": "put each request's prompt in its log line (default: only token counts and "
                     "times)",
     "shell": "chat in the terminal instead of serving HTTP",
+    "reasoning_parser": "split <think>...</think> into reasoning_content: auto (when the chat "
+                        "template uses <think>), none, qwen3, deepseek-r1 (the output starts "
+                        "inside the reasoning)",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
     "page_size": "tokens per KV page",

@@ -244,12 +244,17 @@ class _DetokenizeRole:
             self.reqs[uid] = self._new_detokenizer(msg.stop)
             replies[uid] = UserReply(
                 uid=uid, token_ids=[], prompt_tokens=msg.prompt_len, cached_tokens=msg.cached_len,
-                first_forward_time=msg.first_forward_time,
+                first_forward_time=msg.first_forward_time, prompt_logprobs=msg.prompt_logprobs,
             )
         detok = self.reqs[uid]
         self.reqs.move_to_end(uid)
         self.seen[uid] = time.monotonic()
         reply = replies.get(uid) or replies.setdefault(uid, UserReply(uid=uid, token_ids=[]))
+        if msg.token is None:  # max_tokens=0: the request ends with its prompt
+            if end is not None:
+                reply.finish_reason = end
+                self._drop(uid)
+            return
         reply.token_ids.append(msg.token)
         if msg.logprob is not None:
             reply.logprobs = reply.logprobs or []

@@ -23,7 +23,8 @@ class TokenizeManager:
             if any(i < 0 for i in ids):
                 raise ValueError("prompt: token ids must be >= 0")
         elif msg.messages is not None:
-            ids = self._encode(self._template(msg.messages), add_special_tokens=False)
+            text = self._template(msg.messages, msg.chat_template_kwargs or {})
+            ids = self._encode(text, add_special_tokens=False)
         elif msg.text is not None:
             ids = self._encode(msg.text, add_special_tokens=True)
         else:
@@ -38,13 +39,13 @@ class TokenizeManager:
             raise ValueError(f"{field}: this model has no tokenizer; send token ids instead")
         return self.tokenizer
 
-    def _template(self, messages: list[dict]) -> str:
+    def _template(self, messages: list[dict], kwargs: dict[str, Any]) -> str:
         tokenizer = self._require_tokenizer("messages")
         if not messages:
             raise ValueError("messages: at least one message is required")
         try:
             text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **kwargs
             )
         except Exception as e:  # jinja errors, a missing template, malformed messages...
             raise ValueError(f"messages: the chat template failed: {one_line(e)}") from e

@@ -20,6 +20,7 @@ from minisgl.engine.batch import prepare_batch
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .grammar import GrammarManager
 from .prefill import PrefillManager
 from .table import TableManager
 
@@ -57,6 +58,9 @@ class Scheduler:
         self.num_retractions = 0
         self._inflight: tuple[Batch, list[Req], ForwardOutput] | None = None
         self._seeds = random.Random(config.engine.seed)
+        self.grammar = GrammarManager(config.engine.model_path, self.engine.vocab_size,
+                                      tuple(config.eos_token_ids),
+                                      synchronous=config.engine.tp.size > 1)
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -68,6 +72,7 @@ class Scheduler:
     def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> Req:
         """Queue a request; raise ``ValueError`` for an unusable prompt."""
         self._validate_prompt(uid, input_ids)
+        self._validate_params(params)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),
@@ -77,8 +82,16 @@ class Scheduler:
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
         )
         self.reqs[uid] = req
-        self.prefill.add(req)
+        if self.grammar.add(req):  # else it waits for its grammar to compile
+            self.prefill.add(req)
         return req
+
+    def _validate_params(self, params: SamplingParams) -> None:
+        vocab = self.engine.vocab_size
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        self.grammar.check(params)
 
     def _validate_prompt(self, uid: int, input_ids: list[int]) -> None:
         if uid in self.reqs:
@@ -118,12 +131,12 @@ class Scheduler:
         runs synchronously.
         """
         prev, self._inflight = self._inflight, None
-        outputs: list[TokenOutput] = []
+        outputs: list[TokenOutput] = self._admit_compiled()
         if prev is not None and (not self.config.overlap or self._needs_sync()):
-            outputs, prev = self._finish(*prev), None
+            outputs, prev = outputs + self._finish(*prev), None
         launched = self._launch()
         if prev is not None:
-            outputs = self._finish(*prev)
+            outputs += self._finish(*prev)
         if launched is not None:
             if self.config.overlap:
                 self._inflight = launched
@@ -137,7 +150,17 @@ class Scheduler:
         return self._finish(*prev) if prev is not None else []
 
     def _needs_sync(self) -> bool:
-        return any(req.sampling_params.needs_penalties for req in self.reqs.values())
+        return self.grammar.active or any(
+            req.sampling_params.needs_penalties for req in self.reqs.values())
+
+    def _admit_compiled(self) -> list[TokenOutput]:
+        """Queue the requests whose grammar compiled; end (abort) those whose grammar failed."""
+        done, failed = self.grammar.ready()
+        for req in done:
+            self.prefill.add(req)
+        for req in failed:
+            del self.reqs[req.uid]
+        return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
 
     def _launch(self) -> tuple[Batch, list[Req], ForwardOutput] | None:
         batch = self._schedule()
@@ -146,6 +169,7 @@ class Scheduler:
         prepare_batch(batch, self.engine.page_table, self.engine.token_pool)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
         args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device)
+        args.token_bitmask = self.grammar.bitmask(sampled, self.engine.device)
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
@@ -169,7 +193,10 @@ class Scheduler:
             if self.reqs.get(req.uid) is not req:
                 continue  # finished or aborted while this forward ran
             req.append_token(token)
-            result = TokenOutput(req.uid, token, self._finish_reason(req, token), *logprobs[i])
+            reason = self._finish_reason(req, token)
+            if reason is None and self.grammar.accept(req, token):
+                reason = "stop"  # the grammar is complete
+            result = TokenOutput(req.uid, token, reason, *logprobs[i])
             if req.output_len == 1:
                 result.first = req
             if result.finish_reason is not None:
@@ -195,6 +222,9 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         """Finished or aborted: free everything the request holds."""
+        if self.grammar.remove(req):  # still compiling: in no queue, holds nothing
+            del self.reqs[req.uid]
+            return
         if req in self.decode.running:
             self.decode.remove(req)
             self._free(req)
@@ -219,6 +249,7 @@ class Scheduler:
 
     def close(self) -> None:
         """Release the engine's device resources (CUDA graphs, the TP group)."""
+        self.grammar.close()
         self.engine.close()
 
     def check_integrity(self) -> None:

@@ -21,6 +21,7 @@ class TokenizeMsg(BaseTokenizerMsg):
     text: str | None = None
     input_ids: list[int] | None = None
     messages: list[dict] | None = None
+    tools: list[dict] | None = None  # OpenAI tool definitions for the chat template
 
 
 class AbortMsg(BaseTokenizerMsg):

@@ -29,6 +29,8 @@ from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerConfig
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
+from minisgl.server import structured
+from minisgl.server.tools import ChatTools, finish_reason, model_parser
 from minisgl.server.protocol import (
     ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
     chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
@@ -100,6 +102,10 @@ def _check_model(request: Request, model: str | None) -> str:
     return state.config.model_name
 
 
+def _tool_parser(request: Request) -> str:
+    return model_parser(request.app.state.tokens.model_path, _conf(request).tool_call_parser)
+
+
 def _frontend(request: Request, new: int = 0) -> FrontendManager:
     """The frontend, if it may take ``new`` more requests (503 while down or overloaded)."""
     frontend: FrontendManager | None = request.app.state.frontend
@@ -133,12 +139,19 @@ async def chat_completions(request: Request) -> Response:
     req = parse(ChatCompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
-    specs = [({"messages": messages}, req.params(i), 0) for i in range(req.n or 1)]
+    tools = ChatTools.from_request(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                   _tool_parser(request))
+    grammar = structured.requested_grammar(req, tools and tools.schema())
+    await structured.check(grammar)
+    extra = {grammar[0]: grammar[1]} if grammar else None
+    fields = {"messages": messages, "tools": tools.tools if tools else None}
+    specs = [(fields, req.params(i, extra), 0) for i in range(req.n or 1)]
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     call = await _start(request, specs)
     states = list(call.states.values())
+    streams = {s.index: tools.stream() for s in states} if tools else {}
 
     def lps(entries: list) -> dict | None:
         return chat_logprobs(entries, text_of, top) if text_of else None
@@ -146,13 +159,27 @@ async def chat_completions(request: Request) -> Response:
     chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        delta = {"content": r.text} if r.text else {}
+        delta, reason = {"content": r.text} if r.text else {}, r.finish_reason
+        if tools:
+            text, calls = streams[s.index].feed(r.text, r.finish_reason is not None)
+            delta = {**({"content": text} if text else {}), **({"tool_calls": calls} if calls else {})}
+            reason = finish_reason(streams[s.index], reason)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
-                       "finish_reason": r.finish_reason}])
+                       "finish_reason": reason}])
+
+    def message(s: ChoiceState) -> tuple[dict, str | None]:
+        text = "".join(s.text)
+        if not tools:
+            return {"role": "assistant", "content": text}, s.finish_reason
+        stream = streams[s.index]
+        content, _ = stream.feed(text, final=True)
+        calls = stream.tool_calls()
+        return ({"role": "assistant", "content": content or (None if calls else ""),
+                 **({"tool_calls": calls} if calls else {})}, finish_reason(stream, s.finish_reason))
 
     async def render() -> dict:
-        choices = [{"index": s.index, "message": {"role": "assistant", "content": "".join(s.text)},
-                    "logprobs": lps(s.logprobs), "finish_reason": s.finish_reason} for s in states]
+        choices = [{"index": s.index, "message": msg, "logprobs": lps(s.logprobs),
+                    "finish_reason": reason} for s in states for msg, reason in [message(s)]]
         return response("chat.completion", rid, created, model, choices, usage=usage(states))
 
     head = [chunk([{"index": s.index, "delta": {"role": "assistant", "content": ""},
@@ -166,7 +193,9 @@ async def completions(request: Request) -> Response:
     req = parse(CompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     n = req.n or 1
-    params = [req.params(i) for i in range(n)]
+    grammar = structured.requested_grammar(req)
+    await structured.check(grammar)
+    params = [req.params(i, {grammar[0]: grammar[1]} if grammar else None) for i in range(n)]
     specs = [({"text": p} if isinstance(p, str) else {"input_ids": p}, params[i], k)
              for k, p in enumerate(req.prompt) for i in range(n)]
     text_of = await request.app.state.tokens.get() if req.logprobs is not None else None
@@ -197,7 +226,10 @@ async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await _read_json(request))
     _check_model(request, req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
-    call = await _start(request, [(fields, req.params(), 0)])
+    params = req.params()
+    if params.grammar is not None:
+        await structured.check((*params.grammar, f"sampling_params.{params.grammar[0]}"))
+    call = await _start(request, [(fields, params, 0)])
     (state,) = call.states.values()
 
     def body() -> dict:

@@ -56,8 +56,12 @@ class ServerConfig:
     log_stats_interval: float = 10.0
     watchdog_timeout: float = 300.0
     shell: bool = False
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
+        from minisgl.server.tools import check_parser
+
+        check_parser(self.tool_call_parser)
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
         if not self.watchdog_timeout >= 0:
@@ -99,6 +103,8 @@ _HELP = {
     "watchdog_timeout": "seconds one scheduler step may take before the scheduler prints its "
                         "stacks and exits, failing the requests in flight (0: off)",
     "shell": "chat in the terminal instead of serving HTTP",
+    "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
+                        "hermes, llama3, mistral or json",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
     "page_size": "tokens per KV page",

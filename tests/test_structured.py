@@ -94,6 +94,7 @@ def _chat(llm, text: str) -> str:
                                              add_generation_prompt=True)
 
 
+@pytest.mark.slow
 def test_constrained_and_free_requests_share_a_batch(llm):
     """Free rows of a constrained batch are all-ones: their tokens do not change."""
     import jsonschema

@@ -105,8 +105,8 @@ class StepTrace:
         launch, step = sched._launch, sched.step
         launched: list[tuple[str, int, int]] = []  # (phase, requests, KV tokens) per launch
 
-        def traced_launch():
-            res = launch()
+        def traced_launch(*args):
+            res = launch(*args)
             if res is not None:
                 batch = res[0]
                 launched.append((batch.phase, batch.size, sum(r.device_len for r in batch.reqs)))

@@ -179,6 +179,8 @@ class Engine:
                 self.attn_backend.prepare_metadata(batch)
                 hidden = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = self.model.compute_logits(hidden[batch.logits_idx])
+        if args.late_bitmask is not None:  # the device computes the logits meanwhile
+            args.token_bitmask = args.late_bitmask()
         out = sample(logits, args)
         self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"

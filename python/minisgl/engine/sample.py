@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -147,6 +147,9 @@ class BatchSamplingArgs:
     # structured output: int32 [B, ceil(V / 32)], bit (id % 32) of word (id // 32) set = allowed
     # (xgrammar's layout); None when no row is constrained. Filled by the scheduler's grammar code.
     token_bitmask: torch.Tensor | None = None
+    # when set, the engine calls it after the forward, before sampling, for ``token_bitmask``: the
+    # scheduler reads the previous step back meanwhile (a grammar's mask needs its last token)
+    late_bitmask: Callable[[], torch.Tensor | None] | None = None
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device) -> BatchSamplingArgs:

@@ -4,8 +4,9 @@ A constrained request waits here while its grammar compiles on a worker thread (
 keeps stepping the others), then joins the prefill queue. Before each forward the manager fills the
 bitmask rows of the sampled requests (unconstrained rows allow everything); after it, each
 constrained request's matcher accepts the sampled token, and a grammar that has terminated ends its
-request. The mask of step N+1 depends on token N, so batches with a constrained request run without
-overlap (see ``Scheduler._needs_sync``).
+request. The mask of step N+1 depends on token N: the engine runs the forward of N+1 first and asks
+for the mask (``BatchSamplingArgs.late_bitmask``) just before sampling, while the host reads N back
+and advances the matchers, so only the sampling of a constrained batch waits for the host.
 
 With tensor parallelism every rank must build the same batches, so there compilation is
 synchronous (a worker thread would finish at a different step on each rank).
@@ -14,7 +15,7 @@ synchronous (a worker thread would finish at a different step on each rank).
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -95,8 +96,19 @@ class GrammarManager:
         self.matchers.pop(req.uid, None)
         return self.compiling.pop(req.uid, None) is not None
 
-    def bitmask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:
-        """The allowed-token mask of a batch's sampled requests, or None if none is constrained."""
+    def constrains(self, reqs: list[Req]) -> bool:
+        return any(req.uid in self.matchers for req in reqs)
+
+    def bitmask(self, reqs: list[Req], device: torch.device,
+                before: Callable[[], None] | None = None) -> torch.Tensor | None:
+        """The allowed-token mask of a batch's sampled requests, or None if none is constrained.
+
+        ``before`` runs first: it reads the previous forward back, so that every matcher has
+        accepted the latest token. The engine calls this between the forward and sampling, inside
+        inference mode; host bookkeeping must not create inference tensors, hence the exit."""
+        if before is not None:
+            with torch.inference_mode(False):
+                before()
         rows = [(i, self.matchers[req.uid]) for i, req in enumerate(reqs)
                 if req.uid in self.matchers]
         if not rows:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
@@ -128,15 +128,23 @@ class Scheduler:
         With overlap scheduling the forward just launched is read back on the next call: this call
         returns the tokens of the previous forward, so the host prepares step N+1 while the device
         still computes step N. Penalties need the latest tokens on the host, so a batch with them
-        runs synchronously.
+        runs synchronously. A grammar's mask for step N+1 needs token N: the forward of N+1 is
+        launched first, and its sampler waits while the host reads N back and advances the
+        grammars (``_launch``'s ``before_mask``).
         """
         prev, self._inflight = self._inflight, None
         outputs: list[TokenOutput] = self._admit_compiled()
         if prev is not None and (not self.config.overlap or self._needs_sync()):
             outputs, prev = outputs + self._finish(*prev), None
-        launched = self._launch()
-        if prev is not None:
-            outputs += self._finish(*prev)
+
+        def finish_prev() -> None:
+            nonlocal prev
+            if prev is not None:
+                done, prev = prev, None
+                outputs.extend(self._finish(*done))
+
+        launched = self._launch(finish_prev)
+        finish_prev()
         if launched is not None:
             if self.config.overlap:
                 self._inflight = launched
@@ -150,8 +158,7 @@ class Scheduler:
         return self._finish(*prev) if prev is not None else []
 
     def _needs_sync(self) -> bool:
-        return self.grammar.active or any(
-            req.sampling_params.needs_penalties for req in self.reqs.values())
+        return any(req.sampling_params.needs_penalties for req in self.reqs.values())
 
     def _admit_compiled(self) -> list[TokenOutput]:
         """Queue the requests whose grammar compiled; end (abort) those whose grammar failed."""
@@ -162,14 +169,18 @@ class Scheduler:
             del self.reqs[req.uid]
         return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
 
-    def _launch(self) -> tuple[Batch, list[Req], ForwardOutput] | None:
+    def _launch(self, before_mask: Callable[[], None]) -> tuple[Batch, list[Req], ForwardOutput] | None:
+        """Schedule and launch a forward; ``before_mask`` reads the previous one back (at the
+        latest when the grammars' mask is built, which the sampler asks for)."""
         batch = self._schedule()
         if batch is None:
             return None
         prepare_batch(batch, self.engine.page_table, self.engine.token_pool)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
         args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device)
-        args.token_bitmask = self.grammar.bitmask(sampled, self.engine.device)
+        if self.grammar.constrains(sampled):
+            args.late_bitmask = lambda: self.grammar.bitmask(sampled, self.engine.device,
+                                                             before_mask)
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:

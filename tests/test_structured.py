@@ -3,6 +3,7 @@ constrained generation through the offline ``LLM`` (the server path is tests/tes
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 
@@ -111,6 +112,15 @@ def test_constrained_and_free_requests_share_a_batch(llm):
         assert out.finish_reason == "stop"
     again = llm.generate([prompt], schema[1])[0]
     assert again.token_ids == outs[2].token_ids  # a seed gives the same tokens in any batch
+    # overlap (the mask is built while the next forward runs) against reading every step back
+    scheduler = llm.scheduler
+    config = scheduler.config
+    scheduler.config = dataclasses.replace(config, overlap=False)
+    try:
+        synced = llm.generate([prompt] * 3, [free, *schema])
+    finally:
+        scheduler.config = config
+    assert [o.token_ids for o in synced] == [o.token_ids for o in outs]
 
 
 def test_grammar_ends_the_request_even_with_ignore_eos(llm):

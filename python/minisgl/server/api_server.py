@@ -30,7 +30,7 @@ from minisgl.server.args import ServerConfig
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server import structured
-from minisgl.server.tools import ChatTools, finish_reason, model_parser
+from minisgl.server.tools import ChatTools, model_parser, tool_delta, tool_message
 from minisgl.server.protocol import (
     ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
     chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
@@ -161,21 +161,14 @@ async def chat_completions(request: Request) -> Response:
     def piece(s: ChoiceState, r: UserReply) -> dict:
         delta, reason = {"content": r.text} if r.text else {}, r.finish_reason
         if tools:
-            text, calls = streams[s.index].feed(r.text, r.finish_reason is not None)
-            delta = {**({"content": text} if text else {}), **({"tool_calls": calls} if calls else {})}
-            reason = finish_reason(streams[s.index], reason)
+            delta, reason = tool_delta(streams[s.index], r.text, r.finish_reason)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
                        "finish_reason": reason}])
 
     def message(s: ChoiceState) -> tuple[dict, str | None]:
-        text = "".join(s.text)
-        if not tools:
-            return {"role": "assistant", "content": text}, s.finish_reason
-        stream = streams[s.index]
-        content, _ = stream.feed(text, final=True)
-        calls = stream.tool_calls()
-        return ({"role": "assistant", "content": content or (None if calls else ""),
-                 **({"tool_calls": calls} if calls else {})}, finish_reason(stream, s.finish_reason))
+        if tools:
+            return tool_message(streams[s.index], "".join(s.text), s.finish_reason)
+        return {"role": "assistant", "content": "".join(s.text)}, s.finish_reason
 
     async def render() -> dict:
         choices = [{"index": s.index, "message": msg, "logprobs": lps(s.logprobs),

@@ -114,8 +114,25 @@ class ChatTools:
         return ToolCallStream(self.parser)
 
 
-def finish_reason(stream: ToolCallStream, reason: str | None) -> str | None:
+def _finish_reason(stream: ToolCallStream, reason: str | None) -> str | None:
     return "tool_calls" if reason == "stop" and stream.called else reason
+
+
+def tool_delta(stream: ToolCallStream, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """A streamed choice's delta (content and/or tool-call deltas) and finish reason."""
+    content, calls = stream.feed(text, final=reason is not None)
+    delta = {**({"content": content} if content else {}), **({"tool_calls": calls} if calls else {})}
+    return delta, _finish_reason(stream, reason)
+
+
+def tool_message(stream: ToolCallStream, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """A whole choice's message (content is null when only tools were called) and finish reason."""
+    content, _ = stream.feed(text, final=True)
+    calls = stream.tool_calls()
+    message = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    return message, _finish_reason(stream, reason)
 
 
 def check_parser(name: str) -> str:

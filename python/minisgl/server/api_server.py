@@ -35,6 +35,8 @@ from minisgl.server.reasoning import (
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
+from minisgl.server import structured
+from minisgl.server.tools import ChatTools, model_parser, tool_delta, tool_message
 from minisgl.server.protocol import (
     ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
     chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
@@ -109,6 +111,10 @@ def _check_model(request: Request, model: str | None) -> str:
     return state.config.model_name
 
 
+def _tool_parser(request: Request) -> str:
+    return model_parser(request.app.state.tokens.model_path, _conf(request).tool_call_parser)
+
+
 def _frontend(request: Request, new: int = 0) -> FrontendManager:
     """The frontend, if it may take ``new`` more requests (503 while down or overloaded)."""
     frontend: FrontendManager | None = request.app.state.frontend
@@ -147,8 +153,14 @@ async def chat_completions(request: Request) -> Response:
     model = _check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
     kwargs = req.chat_template_kwargs
-    fields = {"messages": messages, "chat_template_kwargs": kwargs}
-    specs = [(fields, check_limits(req.params(i)), 0) for i in range(req.n or 1)]
+    tools = ChatTools.from_request(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                   _tool_parser(request))
+    grammar = structured.requested_grammar(req, tools and tools.schema())
+    await structured.check(grammar)
+    extra = {grammar[0]: grammar[1]} if grammar else None
+    fields = {"messages": messages, "chat_template_kwargs": kwargs,
+              "tools": tools.tools if tools else None}
+    specs = [(fields, check_limits(req.params(i, extra)), 0) for i in range(req.n or 1)]
     think = (await request.app.state.reasoning.mode(request.app.state.tokens, kwargs)
              if req.separate_reasoning is not False else None)  # see reasoning.py
     text_of = await request.app.state.tokens.get() if req.logprobs else None
@@ -157,6 +169,7 @@ async def chat_completions(request: Request) -> Response:
     call = await _start(request, specs, rid, messages)
     states = list(call.states.values())
     splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}
+    streams = {s.index: tools.stream() for s in states} if tools else {}
 
     def lps(entries: list) -> dict | None:
         return chat_logprobs(entries, text_of, top) if text_of else None
@@ -164,14 +177,25 @@ async def chat_completions(request: Request) -> Response:
     chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        delta = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None)
+        # the reasoning is split off first; tool calls are parsed from the content that is left
+        delta, reason = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None), r.finish_reason
+        if tools:
+            content = delta.pop("content", "")
+            parsed, reason = tool_delta(streams[s.index], content, r.finish_reason)
+            delta.update(parsed)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
-                       "finish_reason": r.finish_reason}])
+                       "finish_reason": reason}])
+
+    def message(s: ChoiceState) -> tuple[dict, str | None]:
+        fields = message_fields("".join(s.text), think)
+        if not tools:
+            return {"role": "assistant", **fields}, s.finish_reason
+        msg, reason = tool_message(streams[s.index], fields.pop("content"), s.finish_reason)
+        return {**msg, **fields}, reason
 
     async def render() -> dict:
-        choices = [{"index": s.index,
-                    "message": {"role": "assistant", **message_fields("".join(s.text), think)},
-                    "logprobs": lps(s.logprobs), "finish_reason": s.finish_reason} for s in states]
+        choices = [{"index": s.index, "message": msg, "logprobs": lps(s.logprobs),
+                    "finish_reason": reason} for s in states for msg, reason in [message(s)]]
         return response("chat.completion", rid, created, model, choices, usage=usage(states))
 
     head = [chunk([{"index": s.index, "delta": {"role": "assistant", "content": ""},
@@ -185,7 +209,10 @@ async def completions(request: Request) -> Response:
     req = parse(CompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     n = req.n or 1
-    params = [check_limits(req.params(i)) for i in range(n)]
+    grammar = structured.requested_grammar(req)
+    await structured.check(grammar)
+    params = [check_limits(req.params(i, {grammar[0]: grammar[1]} if grammar else None))
+              for i in range(n)]
     specs = [({"text": p} if isinstance(p, str) else {"input_ids": p}, params[i], k)
              for k, p in enumerate(req.prompt) for i in range(n)]
     tokens = request.app.state.tokens
@@ -230,6 +257,8 @@ async def generate(request: Request) -> Response:
     _check_model(request, req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
     params = check_limits(req.params(), "sampling_params.")
+    if params.grammar is not None:
+        await structured.check((*params.grammar, f"sampling_params.{params.grammar[0]}"))
     call = await _start(request, [(fields, params, 0)], None, req.text or req.input_ids)
     (state,) = call.states.values()
 

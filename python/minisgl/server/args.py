@@ -67,13 +67,17 @@ class ServerConfig:
     log_requests: bool = False
     shell: bool = False
     reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
+        from minisgl.server.tools import check_parser
+
         from .reasoning import PARSERS
 
         if self.reasoning_parser not in PARSERS:
             raise ValueError(f"reasoning_parser: must be one of {', '.join(PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
+        check_parser(self.tool_call_parser)
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
         if not self.shutdown_timeout >= 0:
@@ -139,6 +143,8 @@ _HELP = {
     "reasoning_parser": "split <think>...</think> into reasoning_content: auto (when the chat "
                         "template uses <think>), none, qwen3, deepseek-r1 (the output starts "
                         "inside the reasoning)",
+    "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
+                        "hermes, llama3, mistral or json",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
     "page_size": "tokens per KV page",

@@ -193,6 +193,17 @@ BAD_REQUESTS = [
     ("presence_penalty 9", "/v1/completions", {"prompt": "a", "presence_penalty": 9}, 400, "presence_penalty"),
     ("empty prompt", "/v1/completions", {"prompt": ""}, 400, None),
     ("over-long prompt", "/v1/completions", {"prompt": "hello " * 9000}, 400, None),
+    ("lone surrogate content", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "messages.[0].content"),
+    ("lone surrogate name", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "a", "name": "\\udfff"}]}', 400,
+     "messages.[0].name"),
+    ("lone surrogate prompt", "/v1/completions", b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    ("lone surrogate stop", "/v1/completions", b'{"prompt": "a", "stop": ["\\ud800"]}', 400,
+     "stop.[0]"),
+    ("lone surrogate generate", "/generate", b'{"text": "\\udfff"}', 400, "text"),
+    ("generate 10000 stops", "/generate", {"text": "a", "sampling_params": {"stop": ["x"] * 10000}},
+     400, "sampling_params.stop"),
 ]
 
 

@@ -80,7 +80,7 @@ SURROGATES = [  # (path, body with S in one string field, the param the 400 must
     ("/v1/chat/completions", f'{{"messages": [{{"role": "user", "content": "a"}}], "user": {S}}}',
      "user"),
     ("/v1/completions", f'{{"prompt": {S}}}', "prompt"),
-    ("/v1/completions", f'{{"prompt": ["ok", "\\udfff"]}}', "prompt.[1]"),
+    ("/v1/completions", '{"prompt": ["ok", "\\udfff"]}', "prompt.[1]"),
     ("/v1/completions", f'{{"prompt": "a", "stop": ["x", {S}]}}', "stop.[1]"),
     ("/v1/completions", f'{{"prompt": "a", {S}: 1}}', "<key>"),
     ("/generate", f'{{"text": {S}}}', "text"),

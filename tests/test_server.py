@@ -196,6 +196,17 @@ BAD_REQUESTS = [
     ("unsupported field", "/v1/chat/completions", {"messages": CHAT, "prediction": {}}, 400,
      "prediction"),
     ("unknown field", "/v1/completions", {"prompt": "a", "max_token": 3}, 400, "max_token"),
+    ("lone surrogate content", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "messages.[0].content"),
+    ("lone surrogate name", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "a", "name": "\\udfff"}]}', 400,
+     "messages.[0].name"),
+    ("lone surrogate prompt", "/v1/completions", b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    ("lone surrogate stop", "/v1/completions", b'{"prompt": "a", "stop": ["\\ud800"]}', 400,
+     "stop.[0]"),
+    ("lone surrogate generate", "/generate", b'{"text": "\\udfff"}', 400, "text"),
+    ("generate 10000 stops", "/generate", {"text": "a", "sampling_params": {"stop": ["x"] * 10000}},
+     400, "sampling_params.stop"),
 ]
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from minisgl.server.validation import MAX_STOP
 
 REF = "#/components/schemas/{model}"
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
@@ -34,6 +35,18 @@ ERROR_SCHEMA = {
                        "param": _NULLABLE_STRING, "code": _NULLABLE_STRING},
     }},
 }
+# what the handlers accept beyond their pydantic annotations (validators normalise these)
+_PROMPT = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+    {"type": "array", "minItems": 1,
+     "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}},
+]}
+_STOP = {"anyOf": [{"type": "string"}, {"type": "null"},
+                   {"type": "array", "maxItems": MAX_STOP, "items": {"type": "string"}}]}
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 _WHY = {400: "Invalid request (the error names the parameter)", 401: "Missing or wrong API key",
         404: "Unknown model", 413: "Request body too large",
         503: "Starting, overloaded, unhealthy or shutting down (see Retry-After)"}
@@ -59,7 +72,11 @@ def _schema(app: FastAPI, bearer: bool) -> dict[str, Any]:
     refs, defs = models_json_schema([(m, "validation") for m in REQUEST_MODELS.values()],
                                     ref_template=REF)
     components = schema.setdefault("components", {})
-    components.setdefault("schemas", {}).update(defs["$defs"])
+    models = defs["$defs"]
+    models["CompletionRequest"]["properties"]["prompt"] = _PROMPT
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        models[name]["properties"]["stop"] = _STOP
+    components.setdefault("schemas", {}).update(models)
     components["schemas"]["ErrorResponse"] = ERROR_SCHEMA
     if bearer:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -72,10 +89,12 @@ def _schema(app: FastAPI, bearer: bool) -> dict[str, Any]:
                 op["responses"]["200"] = {"description": "The answer, or with stream=true a "
                                           "server-sent event stream", "content": {
                     "application/json": {"schema": {"type": "object"}},
-                    "text/event-stream": {"schema": {"type": "string"}}}}
+                    "text/event-stream": {"schema": _SSE_EVENT}}}
             for status in _ERRORS.get("post" if model else path, ()):
                 op["responses"][str(status)] = {"description": _WHY[status], "content": {
                     "application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}}
+            if path == "/metrics":
+                op["responses"]["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
             if bearer and path not in ("/health", "/metrics"):
                 op["security"] = [{"bearer": []}]
     return schema

@@ -150,3 +150,24 @@ def test_grammar_manager_forgets_aborted_requests(llm):
 @pytest.mark.parametrize("mask_rows", [torch.tensor([[-1, 0]], dtype=torch.int32)])
 def test_bitmask_layout_matches_the_sampler(mask_rows):
     assert unpack_bitmask(mask_rows, 40)[0].tolist() == [True] * 32 + [False] * 8
+
+
+@pytest.mark.gpu
+def test_constrained_batches_on_cuda_with_graphs_and_overlap(default_model_dir):
+    """CUDA graphs and overlap (the mask arrives while the next forward runs) against sync."""
+    import jsonschema
+
+    from minisgl import LLM
+
+    prompts = [f"Person number {i} as JSON:" for i in range(16)]
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=60,
+                             json_schema=json.dumps(PERSON) if i % 2 == 0 else None)
+              for i in range(16)]
+    runs = []
+    for disable_overlap in (False, True):
+        with LLM(default_model_dir, device="cuda", dtype="float32",
+                 disable_overlap=disable_overlap) as gpu_llm:
+            runs.append(gpu_llm.generate(prompts, params))
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    for out in runs[0][::2]:
+        jsonschema.validate(json.loads(out.text), PERSON)

@@ -150,3 +150,44 @@ def test_grammar_manager_forgets_aborted_requests(llm):
 @pytest.mark.parametrize("mask_rows", [torch.tensor([[-1, 0]], dtype=torch.int32)])
 def test_bitmask_layout_matches_the_sampler(mask_rows):
     assert unpack_bitmask(mask_rows, 40)[0].tolist() == [True] * 32 + [False] * 8
+
+
+@pytest.mark.gpu
+def test_constrained_batches_on_cuda_with_graphs_and_overlap(default_model_dir):
+    """CUDA graphs and overlap (the mask arrives while the next forward runs) against sync."""
+    import jsonschema
+
+    from minisgl import LLM
+
+    prompts = [f"Person number {i} as JSON:" for i in range(16)]
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=60,
+                             json_schema=json.dumps(PERSON) if i % 2 == 0 else None)
+              for i in range(16)]
+    runs = []
+    for disable_overlap in (False, True):
+        with LLM(default_model_dir, device="cuda", dtype="float32",
+                 disable_overlap=disable_overlap) as gpu_llm:
+            runs.append(gpu_llm.generate(prompts, params))
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    for out in runs[0][::2]:
+        jsonschema.validate(json.loads(out.text), PERSON)
+
+
+def test_grammar_manager_compiles_in_place_under_tensor_parallelism(default_model_dir, tokenizer):
+    """TP ranks must build the same batches: there a grammar compiles inside ``add``."""
+    from minisgl.core import Req
+    from minisgl.scheduler.grammar import GrammarManager
+
+    manager = GrammarManager(default_model_dir, len(tokenizer), (2,), synchronous=True)
+
+    def req(uid: int, **grammar) -> Req:
+        return Req(uid, [1, 2], 2, SamplingParams(max_tokens=4, **grammar), 6)
+
+    assert manager.add(req(0)) and not manager.active  # no grammar
+    constrained = req(1, regex="(ab)+")
+    assert manager.add(constrained) and manager.constrains([constrained])
+    mask = manager.bitmask([req(0), constrained], torch.device("cpu"))
+    allowed = unpack_bitmask(mask, len(tokenizer))
+    assert allowed[0].all() and 0 < allowed[1].sum() < 10
+    assert not manager.accept(constrained, allowed[1].nonzero()[0].item())
+    assert manager.remove(constrained) is False and not manager.active  # it was not compiling

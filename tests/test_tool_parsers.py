@@ -1,4 +1,5 @@
-"""Tool-call parsers and tool requests, without a server: whole texts and every streaming split."""
+"""Tool-call parsers, tool requests and response formats, without a server: whole texts and every
+streaming split."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import json
 
 import pytest
 
-from minisgl.server.protocol import ApiError
+from minisgl.server.protocol import ApiError, ChatCompletionRequest
+from minisgl.server.structured import requested_grammar
 from minisgl.server.tool_parsers import ToolCallStream, detect_parser, parse_tool_calls, scan_value
 from minisgl.server.tools import ChatTools
 from minisgl.tokenizer.tool_prompt import describe_tools, with_argument_objects
@@ -142,3 +144,25 @@ def test_history_for_templates_with_and_without_tools():
     assert plain[3] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
     assert parse_tool_calls(plain[2]["content"], "hermes")[1][0]["function"]["arguments"] == \
         '{"a": 1}'
+
+
+def _grammar(**body):
+    return requested_grammar(ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], **body}))
+
+
+def test_response_formats_become_one_grammar():
+    assert _grammar() is None and _grammar(response_format={"type": "text"}) is None
+    assert _grammar(response_format={"type": "json_object"}) == \
+        ("json_schema", '{"type": "object"}', "response_format")
+    kind, source, param = _grammar(response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "strict": True, "schema": {"type": "array"}}})
+    assert (kind, json.loads(source), param) == \
+        ("json_schema", {"type": "array"}, "response_format.json_schema.schema")
+    assert _grammar(regex="a+") == ("regex", "a+", "regex")
+    with pytest.raises(ApiError, match="only one output constraint") as e:
+        _grammar(regex="a+", response_format={"type": "json_object"})
+    assert e.value.param == "regex"
+    with pytest.raises(ApiError) as e:
+        _grammar(response_format={"type": "json_schema", "json_schema": {"schema": {}}})
+    assert e.value.param == "response_format.json_schema.name"

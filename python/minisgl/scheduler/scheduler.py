@@ -28,6 +28,7 @@ from .table import TableManager
 logger = init_logger(__name__)
 
 FinishReason = Literal["stop", "length", "abort"]
+Launched = tuple[Batch, list[Req], ForwardOutput]
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Scheduler:
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.num_retractions = 0
-        self._inflight: tuple[Batch, list[Req], ForwardOutput] | None = None
+        self._inflight: Launched | None = None
         self._seeds = random.Random(config.engine.seed)
         self.prompt_logprobs = PromptLogprobStore()
         self.grammar = GrammarManager(config.engine.model_path, self.engine.vocab_size,
@@ -84,8 +85,9 @@ class Scheduler:
             max_device_len=min(len(input_ids) + params.max_tokens, self.max_context_len),
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
         )
+        ready = self.grammar.add(req)  # False: it waits for its grammar to compile
         self.reqs[uid] = req
-        if self.grammar.add(req):  # else it waits for its grammar to compile
+        if ready:
             self.prefill.add(req)
         return req
 
@@ -169,7 +171,7 @@ class Scheduler:
             del self.reqs[req.uid]
         return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
 
-    def _launch(self, before_mask: Callable[[], None]) -> tuple[Batch, list[Req], ForwardOutput] | None:
+    def _launch(self, before_mask: Callable[[], None]) -> Launched | None:
         """Schedule and launch a forward; ``before_mask`` reads the previous one back (at the
         latest when the grammars' mask is built, which the sampler asks for)."""
         batch = self._schedule()

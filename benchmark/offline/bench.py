@@ -57,6 +57,13 @@ VARIANTS = {
 }
 
 
+# --structured: half the requests carry this schema; a string of at least 8192 characters keeps the
+# grammar open for more than the longest output (1024 tokens), so every request still ends by length
+# and both runs produce the same tokens count
+LONG_JSON = json.dumps({"type": "object", "required": ["id", "text"], "properties": {
+    "id": {"type": "integer"}, "text": {"type": "string", "minLength": 8192}}})
+
+
 def workload(n: int = 256) -> tuple[list[list[int]], list[int]]:
     """256 prompts of 100-1024 random ids, then 256 output lengths of 100-1024 (seed 0)."""
     random.seed(0)
@@ -79,6 +86,17 @@ def model_dir(model: str) -> tuple[str, bool]:
     return model, False
 
 
+def borrow_tokenizer(path: str) -> None:
+    """Grammars need a tokenizer: a bare config (random weights) borrows the default model's. Its
+    vocabulary is smaller than most models'; the ids past it are masked off, as padding is."""
+    from minisgl.utils.default_model import default_model_path
+
+    source = default_model_path()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(source, name), os.path.join(path, name))
+    print(f"--structured: the dummy model uses the tokenizer of {source}", flush=True)
+
+
 class StepTrace:
     """Where the time of a run goes: the wall time of every scheduler step, by the batch it read back.
 
@@ -98,8 +116,8 @@ class StepTrace:
         launch, step = sched._launch, sched.step
         launched: list[tuple[str, int, int]] = []  # (phase, requests, KV tokens) per launch
 
-        def traced_launch():
-            res = launch()
+        def traced_launch(*args):
+            res = launch(*args)
             if res is not None:
                 batch = res[0]
                 launched.append((batch.phase, batch.size, sum(r.device_len for r in batch.reqs)))
@@ -159,21 +177,26 @@ def environment(values: dict):
                 os.environ[k] = v
 
 
-def run_minisgl(path: str, dummy: bool, prompts, max_tokens, variant: dict, tp: int = 1) -> dict:
+def run_minisgl(path: str, dummy: bool, prompts, max_tokens, variant: dict, tp: int = 1,
+                structured: bool = False) -> dict:
+    """``structured``: every other request is constrained by ``LONG_JSON``."""
     options = {k: v for k, v in variant.items() if k not in ("sampling", "env")}
     with environment(variant.get("env", {})):
-        return _run_minisgl(path, dummy, prompts, max_tokens, options, variant.get("sampling"), tp)
+        return _run_minisgl(path, dummy, prompts, max_tokens, options, variant.get("sampling"), tp,
+                            structured)
 
 
 def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict | None,
-                 tp: int) -> dict:
+                 tp: int, structured: bool) -> dict:
     llm = LLM(path, tp=tp, dummy_weights=dummy, **options)
     trace = StepTrace(llm)
     sampling = sampling or {"temperature": 0}
-    params = [SamplingParams(max_tokens=m, ignore_eos=True, seed=i, **sampling)
-              for i, m in enumerate(max_tokens)]
-    llm.generate(prompts[:8], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8,
-                 use_tqdm=False)  # warm-up
+    schema = lambda i: LONG_JSON if structured and i % 2 == 0 else None  # noqa: E731
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, seed=i, json_schema=schema(i),
+                             **sampling) for i, m in enumerate(max_tokens)]
+    warm = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, json_schema=schema(i))
+            for i in range(8)]
+    llm.generate(prompts[:8], warm, use_tqdm=False)  # warm-up (compiles the grammar)
     torch.cuda.synchronize()
     trace.start()
     start = time.perf_counter()
@@ -266,6 +289,25 @@ def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict
     return {"output_tokens": useful, "seconds": seconds}
 
 
+def project_commit() -> str:
+    """The commit of this project's checkout, or "unknown". A copy of the tree without .git (e.g.
+    on a lent GPU machine) passes MINISGL_COMMIT; git is asked about this file's own checkout, and
+    only believed when that checkout's top is this project (an exported tree inside another
+    repository must not record that repository's commit)."""
+    if os.environ.get("MINISGL_COMMIT"):
+        return os.environ["MINISGL_COMMIT"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or os.path.realpath(top) != os.path.realpath(root):
+        return "unknown"
+    return git("rev-parse", "--short", "HEAD") or "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
@@ -274,6 +316,8 @@ def main() -> None:
     parser.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes to run")
     parser.add_argument("--hf-requests", type=int, default=64, help="0 skips transformers")
     parser.add_argument("--hf-batch", type=int, default=64)
+    parser.add_argument("--structured", action="store_true",
+                        help="run each variant again with a JSON schema on half the requests")
     parser.add_argument("--batch1", action="store_true",
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--out", default="benchmark/results")
@@ -281,14 +325,14 @@ def main() -> None:
     args = parser.parse_args()
 
     path, dummy = model_dir(args.model)
+    if args.structured and dummy:
+        borrow_tokenizer(path)
     name = os.path.basename(args.model).removesuffix(".json")
     prompts, max_tokens = workload()
     prompts, max_tokens = prompts[: args.num_requests], max_tokens[: args.num_requests]
     gpu = gpu_name()
     ceiling = CEILINGS.get((name, gpu))
-    # a copy of the tree without .git (e.g. on a lent GPU machine) passes MINISGL_COMMIT
-    commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = project_commit()
     base = {"model": name, "gpu": gpu, "date": datetime.date.today().isoformat(), "commit": commit,
             "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts))}
     records = []
@@ -312,6 +356,9 @@ def main() -> None:
                            and r["tp"] == tp)
                 print(f"{engine}: {records[-1]['output_tok_per_s'] / ref['output_tok_per_s']:.3f}x "
                       "of minisgl[default]", flush=True)
+            if args.structured:
+                record(engine + "[json-half]", run_minisgl(path, dummy, prompts, max_tokens,
+                                                           VARIANTS[variant], tp, structured=True))
     if args.batch1:
         for engine, gemv in (("minisgl[batch1]", True), ("minisgl[batch1][cublas]", False)):
             with gemv_enabled(gemv):

@@ -186,6 +186,8 @@ class Engine:
             logits = self.model.compute_logits(hidden[batch.logits_idx])
             if batch.is_prefill:  # prompt log-probs, for the requests that ask (prompt_logprobs.py)
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
+        if args.late_bitmask is not None:  # the device computes the logits meanwhile
+            args.token_bitmask = args.late_bitmask()
         out = sample(logits, args)
         self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"

@@ -10,7 +10,7 @@ penalties and the logit biases live on the device (``sample_state.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -89,6 +89,9 @@ class BatchSamplingArgs:
     bias: BiasArgs | None = None
     filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     max_top_k: int = 0  # the largest top_k in use (0: none); the kernel gathers at most CAND
+    # when set, the engine calls it after the forward, before sampling, for ``token_bitmask``: the
+    # scheduler reads the previous step back meanwhile (a grammar's mask needs its last token)
+    late_bitmask: Callable[[], torch.Tensor | None] | None = None
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,

@@ -22,6 +22,7 @@ class TokenizeMsg(BaseTokenizerMsg):
     input_ids: list[int] | None = None
     messages: list[dict] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables of the chat template
+    tools: list[dict] | None = None  # OpenAI tool definitions for the chat template
 
 
 class AbortMsg(BaseTokenizerMsg):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
@@ -21,6 +21,7 @@ from minisgl.engine.prompt_logprobs import Entry, PromptLogprobStore
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .grammar import GrammarManager
 from .prefill import PrefillManager
 from .table import TableManager
 
@@ -60,6 +61,9 @@ class Scheduler:
         self._inflight: tuple[Batch, list[Req], ForwardOutput] | None = None
         self._seeds = random.Random(config.engine.seed)
         self.prompt_logprobs = PromptLogprobStore()
+        self.grammar = GrammarManager(config.engine.model_path, self.engine.vocab_size,
+                                      tuple(config.eos_token_ids),
+                                      synchronous=config.engine.tp.size > 1)
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -70,7 +74,8 @@ class Scheduler:
 
     def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> Req:
         """Queue a request; raise ``ValueError`` for an unusable prompt."""
-        self._validate_prompt(uid, input_ids, params)
+        self._validate_prompt(uid, input_ids)
+        self._validate_params(params)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),
@@ -80,10 +85,18 @@ class Scheduler:
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
         )
         self.reqs[uid] = req
-        self.prefill.add(req)
+        if self.grammar.add(req):  # else it waits for its grammar to compile
+            self.prefill.add(req)
         return req
 
-    def _validate_prompt(self, uid: int, input_ids: list[int], params: SamplingParams) -> None:
+    def _validate_params(self, params: SamplingParams) -> None:
+        vocab = self.engine.vocab_size
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        self.grammar.check(params)
+
+    def _validate_prompt(self, uid: int, input_ids: list[int]) -> None:
         if uid in self.reqs:
             raise ValueError(f"request id {uid} is already in use")
         if len(input_ids) == 0:
@@ -92,9 +105,6 @@ class Scheduler:
         bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        bias = params.logit_bias
-        if bias and bias[-1][0] >= vocab:
-            raise ValueError(f"logit_bias: token {bias[-1][0]} is outside the vocabulary [0, {vocab})")
         if len(input_ids) >= self.max_context_len:
             raise ValueError(
                 f"prompt: {len(input_ids)} tokens is too long; the maximum context length is "
@@ -120,15 +130,24 @@ class Scheduler:
 
         With overlap scheduling the forward just launched is read back on the next call: this call
         returns the tokens of the previous forward, so the host prepares step N+1 while the device
-        still computes step N (penalties and biases live on the device, so they need no sync).
+        still computes step N (penalties and biases live on the device, so they need no sync). A
+        grammar's mask for step N+1 needs token N: the forward of N+1 is
+        launched first, and its sampler waits while the host reads N back and advances the
+        grammars (``_launch``'s ``before_mask``).
         """
         prev, self._inflight = self._inflight, None
-        outputs: list[TokenOutput] = []
+        outputs: list[TokenOutput] = self._admit_compiled()
         if prev is not None and not self.config.overlap:
-            outputs, prev = self._finish(*prev), None
-        launched = self._launch()
-        if prev is not None:
-            outputs = self._finish(*prev)
+            outputs, prev = outputs + self._finish(*prev), None
+
+        def finish_prev() -> None:
+            nonlocal prev
+            if prev is not None:
+                done, prev = prev, None
+                outputs.extend(self._finish(*done))
+
+        launched = self._launch(finish_prev)
+        finish_prev()
         if launched is not None:
             if self.config.overlap:
                 self._inflight = launched
@@ -141,7 +160,18 @@ class Scheduler:
         prev, self._inflight = self._inflight, None
         return self._finish(*prev) if prev is not None else []
 
-    def _launch(self) -> tuple[Batch, list[Req], ForwardOutput] | None:
+    def _admit_compiled(self) -> list[TokenOutput]:
+        """Queue the requests whose grammar compiled; end (abort) those whose grammar failed."""
+        done, failed = self.grammar.ready()
+        for req in done:
+            self.prefill.add(req)
+        for req in failed:
+            del self.reqs[req.uid]
+        return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
+
+    def _launch(self, before_mask: Callable[[], None]) -> tuple[Batch, list[Req], ForwardOutput] | None:
+        """Schedule and launch a forward; ``before_mask`` reads the previous one back (at the
+        latest when the grammars' mask is built, which the sampler asks for)."""
         batch = self._schedule()
         if batch is None:
             return None
@@ -149,6 +179,9 @@ class Scheduler:
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
         args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device,
                                            self.engine.sampling_state)
+        if self.grammar.constrains(sampled):
+            args.late_bitmask = lambda: self.grammar.bitmask(sampled, self.engine.device,
+                                                             before_mask)
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
@@ -178,7 +211,10 @@ class Scheduler:
                 self._release(req)
                 continue
             req.append_token(token)
-            result = TokenOutput(req.uid, token, self._finish_reason(req, token), *logprobs[i])
+            reason = self._finish_reason(req, token)
+            if reason is None and self.grammar.accept(req, token):
+                reason = "stop"  # the grammar is complete
+            result = TokenOutput(req.uid, token, reason, *logprobs[i])
             if req.output_len == 1:
                 result.first = req
                 result.prompt_logprobs = self.prompt_logprobs.pop(req)
@@ -205,6 +241,9 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         """Finished or aborted: free everything the request holds."""
+        if self.grammar.remove(req):  # still compiling: in no queue, holds nothing
+            del self.reqs[req.uid]
+            return
         if req in self.decode.running:
             self.decode.remove(req)
             self._free(req)
@@ -231,6 +270,7 @@ class Scheduler:
 
     def close(self) -> None:
         """Release the engine's device resources (CUDA graphs, the TP group)."""
+        self.grammar.close()
         self.engine.close()
 
     def check_integrity(self) -> None:

@@ -25,7 +25,7 @@ logger = init_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 TokenText = Callable[[int], str]
 LogprobEntry = tuple[int, float, list[tuple[int, float]]]
-MAX_N, MAX_STOP = 128, 16
+MAX_N = 128
 
 
 class ApiError(Exception):
@@ -90,29 +90,33 @@ class _SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    # structured output (server/structured.py turns these into the request's grammar)
+    response_format: Any = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
-        value = [value] if isinstance(value, str) else value
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(value)}")
-        return value
+        return [value] if isinstance(value, str) else value  # limits: validation.check_limits
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, top_logprobs: int | None,
-                        choice: int) -> SamplingParams:
-        """The engine's parameters of choice ``choice`` (seeded ``seed + choice``)."""
+    def sampling_params(self, max_tokens: int, top_logprobs: int | None, choice: int,
+                        extra: dict | None = None) -> SamplingParams:
+        """The engine's parameters of choice ``choice`` (seeded ``seed + choice``); ``extra``:
+        more ``SamplingParams`` fields (the grammar)."""
         given = {
             name: getattr(self, name)
             for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                          "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids",
-                         "ignore_eos")
+                         "ignore_eos", "logit_bias")
             if getattr(self, name) is not None
         }
+        given.update(extra or {})
         if self.seed is not None:
             given["seed"] = self.seed + choice
         if top_logprobs is not None:
@@ -174,13 +178,16 @@ class ChatCompletionRequest(_SamplingFields):
             if name in _TEMPLATE_ARGS:
                 raise ValueError(f"{name!r} is an argument of the templating, not a variable")
         return value
+    tools: Any = None  # validated in server/tools.py
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
 
-    def params(self, choice: int) -> SamplingParams:
+    def params(self, choice: int, extra: dict | None = None) -> SamplingParams:
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs")
         top = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = _first(self.max_completion_tokens, self.max_tokens, 1024)
-        return self.sampling_params(max_tokens, top, choice)
+        return self.sampling_params(max_tokens, top, choice, extra)
 
 
 class CompletionRequest(_SamplingFields):
@@ -209,10 +216,10 @@ class CompletionRequest(_SamplingFields):
         raise ValueError("must be a non-empty string, a list of them, a list of token ids (>= 0) "
                          "or a list of non-empty token-id lists")
 
-    def params(self, choice: int) -> SamplingParams:
+    def params(self, choice: int, extra: dict | None = None) -> SamplingParams:
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise ApiError(400, "best_of: only best_of == n is supported", "best_of")
-        params = self.sampling_params(_first(self.max_tokens, 16), self.logprobs, choice)
+        params = self.sampling_params(_first(self.max_tokens, 16), self.logprobs, choice, extra)
         if self.echo and self.logprobs is not None:  # the prompt's log-probs go before the output's
             params = dataclasses.replace(params, prompt_logprobs=True)
         return params

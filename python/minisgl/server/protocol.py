@@ -334,7 +334,8 @@ class TokenTexts:
         try:
             return load_tokenizer(self.model_path) if self.model_path else None
         except Exception:
-            logger.exception("no tokenizer for logprobs: tokens are shown as ids")
+            logger.exception("no tokenizer in the API process: logprob tokens are shown as ids, no "
+                             "reasoning split")
             return None
 
 

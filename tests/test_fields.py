@@ -28,6 +28,7 @@ REFUSED = [  # (path, field, value): each is a 400 whose param is the field
     ("/v1/chat/completions", "function_call", "auto"),
     ("/v1/chat/completions", "max_token", 3),  # misspelt: unknown
     ("/v1/completions", "suffix", "end"),
+    ("/v1/completions", "json_schema", "{}"),  # top level: response_format carries the schema
     ("/v1/completions", "prompt_logprobs", 1),  # vLLM's, not ours: unknown
     ("/generate", "image_data", "x.png"),
     ("/generate", "lora_path", "a"),

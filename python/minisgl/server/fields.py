@@ -30,20 +30,13 @@ METADATA: dict[str, frozenset[str]] = {
     "GenerateRequest": frozenset({"rid"}),
 }
 
-_STRUCTURED = "handled by structured output and tool calls, which this build does not include"
 _COMMON_UNSUPPORTED = {
-    "logit_bias": _STRUCTURED,
-    "response_format": _STRUCTURED,
-    "regex": _STRUCTURED,
-    "ebnf": _STRUCTURED,
-    "json_schema": _STRUCTURED,
+    "json_schema": "give the schema as response_format {\"type\": \"json_schema\", ...} (a top-level "
+                   "json_schema is /generate's sampling_params field)",
 }
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "ChatCompletionRequest": {
         **_COMMON_UNSUPPORTED,
-        "tools": _STRUCTURED,
-        "tool_choice": _STRUCTURED,
-        "parallel_tool_calls": _STRUCTURED,
         "functions": "the deprecated function-calling API is not supported (use tools)",
         "function_call": "the deprecated function-calling API is not supported (use tool_choice)",
         "modalities": "only the text modality is supported",

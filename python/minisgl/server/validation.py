@@ -46,6 +46,8 @@ def _unencodable(value: Any, path: tuple) -> tuple | None:
 
 
 def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

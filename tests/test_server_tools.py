@@ -155,6 +155,8 @@ def _stream_calls(client, **kw) -> tuple[dict, str]:
     for chunk in client.chat.completions.create(stream=True, **kw):
         choice = chunk.choices[0]
         reason = choice.finish_reason or reason
+        delta = choice.delta
+        assert delta.role or delta.content or delta.tool_calls or reason  # no empty chunks
         for d in choice.delta.tool_calls or []:
             if d.id is not None:
                 assert d.index not in calls and d.function.name and d.function.arguments == ""

@@ -158,10 +158,12 @@ async def chat_completions(request: Request) -> Response:
 
     chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
 
-    def piece(s: ChoiceState, r: UserReply) -> dict:
+    def piece(s: ChoiceState, r: UserReply) -> dict | None:
         delta, reason = {"content": r.text} if r.text else {}, r.finish_reason
         if tools:
             delta, reason = tool_delta(streams[s.index], r.text, r.finish_reason)
+            if not (delta or reason or r.logprobs):
+                return None  # text held back (a tool call's start, not yet its name)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
                        "finish_reason": reason}])
 

@@ -176,13 +176,15 @@ async def chat_completions(request: Request) -> Response:
 
     chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
 
-    def piece(s: ChoiceState, r: UserReply) -> dict:
+    def piece(s: ChoiceState, r: UserReply) -> dict | None:
         # the reasoning is split off first; tool calls are parsed from the content that is left
-        delta, reason = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None), r.finish_reason
+        delta = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None)
+        reason = r.finish_reason
         if tools:
-            content = delta.pop("content", "")
-            parsed, reason = tool_delta(streams[s.index], content, r.finish_reason)
+            parsed, reason = tool_delta(streams[s.index], delta.pop("content", ""), r.finish_reason)
             delta.update(parsed)
+            if not (delta or reason or r.logprobs):
+                return None  # text held back (a tool call's start, not yet its name)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
                        "finish_reason": reason}])
 

@@ -274,7 +274,7 @@ class _CallStream(StreamingResponse):
 
 
 async def respond(call: Call, stream: bool, render: Callable[[], Any], head: list[dict],
-                  piece: Callable[[ChoiceState, UserReply], dict],
+                  piece: Callable[[ChoiceState, UserReply], dict | None],
                   tail: Callable[[], list[dict]]) -> Response:
     """Collect a started call into ``render()``'s JSON, or stream it as SSE: ``head`` events, one
     ``piece`` per reply with news, ``tail`` events, ``[DONE]``. A stream starts only once every
@@ -301,7 +301,8 @@ async def _events(call: Call, buffered: list, head: list[dict], piece, tail) -> 
             yield sse(event)
         async for state, reply in call.replies(buffered):
             if reply.text or reply.logprobs or reply.finish_reason:
-                yield sse(piece(state, reply))
+                if (event := piece(state, reply)) is not None:  # None: nothing to say yet
+                    yield sse(event)
         for event in tail():
             yield sse(event)
         yield "data: [DONE]\n\n"

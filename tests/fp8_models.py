@@ -3,7 +3,8 @@
 ``make_fp8_checkpoint`` turns a tiny float32 checkpoint (``hf_models.make_tiny_checkpoint``) into
 one: every projection weight of the decoder layers (q/k/v/o, gate/up/down, each expert's) becomes
 e4m3 with a float32 ``weight_scale_inv`` per block, and ``config.json`` gains a
-``quantization_config``; embeddings, the LM head, norms and the MoE router stay as they were.
+``quantization_config``; embeddings, the LM head, norms and the MoE router stay as they were
+(float32 here, bf16 in the published ones).
 ``make_dequantized_checkpoint`` writes the same model with the weights ``q * scale_inv`` in float32:
 the reference an FP8 model must match. The quantizer here is written independently of
 ``minisgl.quant`` (a loop over blocks), so a shared mistake cannot hide.
@@ -66,7 +67,7 @@ def make_fp8_checkpoint(src: str | Path, out: str | Path, block: tuple[int, int]
             q, s = quantize(t, block)
             result[name], result[name + "_scale_inv"] = q, s
         else:
-            result[name] = t.to(torch.bfloat16) if t.dtype == torch.float32 else t
+            result[name] = t
     for layer, (ks, vs) in (kv_scales or {}).items():
         result[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor(ks)
         result[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(vs)

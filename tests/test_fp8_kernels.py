@@ -155,3 +155,67 @@ def test_norm_rope_store_into_fp8_cache():
 def test_kernels_compile_for_hopper(tmp_path):
     """sm_90 cubins of every FP8 kernel variant (bf16 activations, e4m3 weights and caches)."""
     compile_for_hopper(tmp_path, "fp8")
+
+
+# ---------------------------------------------------------------- GPU, real sizes, bf16
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [2, 16, 300, 2048])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288)])
+def test_gpu_block_gemm_within_one_percent(m, n, k):
+    """The issue's bound: error against fp32 over the same quantized operands <= 1e-2 relative."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wq, ws = quantize_block(torch.randn(n, k, device="cuda") * 0.02, (128, 128))
+    xq, xs = quantize_act(x, 128)
+    ref_q, ref_s = quantize_groups(x, 128)
+    torch.testing.assert_close(xs, ref_s, rtol=1e-6, atol=0)
+    same_fp8(xq, ref_q)
+    out = fp8_block_gemm(xq, xs, wq, ws, (128, 128), torch.bfloat16)
+    assert rel_err(out, block_gemm_reference(xq, xs, wq, ws, (128, 128))) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288), (1024, 2048)])
+def test_gpu_gemv_real_sizes(gated, n, k):
+    x = torch.randn(1, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+    wq, ws = quantize_block(torch.randn(n, k, device="cuda") * 0.02, (128, 128))
+    xin = silu_and_mul_ref(x.float()).to(torch.bfloat16) if gated else x
+    ref = xin.float() @ dequantize_block(wq, ws, (128, 128)).T
+    assert rel_err(fp8_gemv(x, wq, ws, (128, 128), gated=gated), ref) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 64, 600])
+def test_gpu_fused_moe_fp8_bf16(tokens):
+    e, h, inter, top_k, block = 16, 2048, 768, 4, (128, 128)
+    x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
+    w13, s13 = quantize_block(torch.randn(e, 2 * inter, h, device="cuda") * 0.02, block)
+    w2, s2 = quantize_block(torch.randn(e, h, inter, device="cuda") * 0.02, block)
+    ids = torch.stack([torch.randperm(e, device="cuda")[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, device="cuda").softmax(-1).to(torch.bfloat16)
+    scales = (s13, s2, block)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales)
+    assert rel_err(fused_moe(x, w13, w2, weights, ids, scales=scales), ref) <= 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_attention_fp8_kv_bf16():
+    hq, hkv, dim, scales = 32, 8, 128, (0.05, 0.02)
+    seq_lens = [1, 300, 2000]
+    k8, v8, k, v, table, rows = fp8_paged_cache(seq_lens, hkv, dim, scales, seed=5)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    q = rand(len(seq_lens), hq, dim, seed=6).to(torch.bfloat16)
+    ref = dense_reference(q.float(), k, v, table, rows, list(range(len(seq_lens) + 1)), lens, dim**-0.5)
+    out = decode_attention(q, k8, v8, table, rows, lens, dim**-0.5, 8, kv_scales=scales)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    cu = torch.tensor([0, 1, 101, 301], dtype=torch.int32, device=DEV)
+    q = rand(301, hq, dim, seed=7).to(torch.bfloat16)
+    ref = dense_reference(q.float(), k, v, table, rows, cu.tolist(), lens, dim**-0.5)
+    out = extend_attention(q, k8, v8, table, rows, cu, lens, 200, dim**-0.5, kv_scales=scales)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)

@@ -81,7 +81,8 @@ def test_online_fp8_matches_the_checkpoint_format(arch, tmp_path):
 
 def test_fp8_weights_are_stored_as_fp8(tmp_path):
     src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **WIDE)
-    for path, opts in ((make_fp8_checkpoint(src, tmp_path / "fp8"), {}), (src, {"quantization": "fp8"})):
+    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8")
+    for path, opts in ((fp8, {}), (src, {"quantization": "fp8"}), (fp8, {"dummy_weights": True})):
         sched = scheduler(path, **opts)
         model = sched.engine.model
         layer = model.layers[0]

@@ -46,7 +46,8 @@ def logits_and_tokens(path, **options) -> tuple[torch.Tensor, list[list[int]]]:
     return logits, [tokens[i] for i in range(len(PROMPTS))]
 
 
-CASES = [("llama", (16, 16), {}), ("qwen3", (16, 16), {}), ("qwen3_moe", (16, 16), {}),
+CASES = [("llama", (16, 16), {}), ("qwen2", (16, 16), {}), ("qwen3", (16, 16), {}),
+         ("qwen3_moe", (16, 16), {}),
          ("qwen3", (128, 128), WIDE), ("qwen3_moe", (128, 128), WIDE)]
 
 

@@ -23,7 +23,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its block
     scales -> ``[M, N]`` in x's dtype."""
     if x.is_cuda and x.dim() == 2:
-        if x.shape[0] == 1 and x.stride(1) == 1:
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if x.shape[0] == 1:
             from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 
             return fp8_gemv(x, weight, scale_inv, block, bias, gated)

@@ -49,14 +49,15 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
 
 
 def pick_config(n: int, k: int) -> tuple[int, int, int]:
-    """(block_n, block_k, num_warps): ``gemv.py``'s rule with chunks twice as many elements (the same
-    bytes per load). Unmeasured: ``benchmark/kernels/bench_fp8.py --sweep`` on the GPU decides."""
+    """(block_n, block_k, num_warps): ``gemv.py``'s rule, the same fp32 accumulator per thread (a
+    wider chunk would double its registers). Unmeasured for e4m3: ``benchmark/kernels/bench_fp8.py
+    --sweep`` on the GPU decides."""
     if k >= 4096:
-        block_k = 4096
-        while k % block_k and block_k > 1024:
+        block_k = 2048
+        while k % block_k and block_k > 512:
             block_k //= 2
         return 4, block_k, 4
-    return (4, 2048, 8) if n <= 2048 else (4, 1024, 4)
+    return (4, 1024, 8) if n <= 2048 else (4, 512, 4)
 
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int],

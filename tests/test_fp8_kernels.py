@@ -219,3 +219,38 @@ def test_gpu_attention_fp8_kv_bf16():
     ref = dense_reference(q.float(), k, v, table, rows, cu.tolist(), lens, dim**-0.5)
     out = extend_attention(q, k8, v8, table, rows, cu, lens, 200, dim**-0.5, kv_scales=scales)
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="test_fp8.py's GPU test runs the engine compiled")
+def test_engine_fp8_kv_triton_matches_torch_backend(tmp_path):
+    """The engine with an FP8 KV cache and per-layer scales, --attn triton (interpreted, chunked
+    prefill so the extend kernel reads a prefix) = --attn torch: both read the same e4m3 values, and
+    the Triton backend must hand each layer's scales to its kernels."""
+    from engine_utils import prefill_logits
+    from fp8_models import make_fp8_checkpoint
+    from hf_models import make_tiny_checkpoint, random_prompts
+    from minisgl.core import SamplingParams
+    from minisgl.llm.config import EngineOptions
+    from minisgl.scheduler import Scheduler
+
+    src = make_tiny_checkpoint("qwen3", tmp_path / "src")
+    path = make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16), kv_scales={0: (0.5, 0.25), 1: (2.0, 0.5)})
+    prompts = random_prompts(3, [5, 17, 40], 256, seed=0)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    results = []
+    for attn in ("torch", "triton"):
+        opts = EngineOptions(device="cpu", dtype="float32", attn=attn, num_pages=512, page_size=4,
+                             kv_cache_dtype="fp8_e4m3", max_prefill_tokens=16)
+        sched = Scheduler(opts.scheduler_config(str(path), ()))
+        assert sched.engine.kv_pool.kv_scales(1) == (2.0, 0.5)
+        tokens: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            sched.add_request(i, p, greedy)
+        while sched.has_work:
+            for out in sched.step():
+                tokens.setdefault(out.uid, []).append(out.token)
+        logits = prefill_logits(sched, [prompts[0][:12]])
+        sched.close()
+        results.append((logits, [tokens[i] for i in range(3)]))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-4, rtol=0)
+    assert results[1][1] == results[0][1]

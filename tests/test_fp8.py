@@ -223,6 +223,21 @@ def test_fp8_checkpoint_tp2_matches_tp1(arch, tmp_path):
     assert tokens2 == tokens1
 
 
+@pytest.mark.slow
+def test_online_fp8_and_fp8_kv_tp2_matches_tp1(tmp_path):
+    """``--quantization fp8`` quantizes each rank's shard: with 128-row/column boundaries at the
+    shard edges that is TP=1's quantization; the FP8 KV pool holds each rank's KV heads."""
+    from test_tp import run_rank, run_tp
+
+    dims = WIDE | {"moe_intermediate_size": 256}  # 128 expert rows per rank: whole blocks
+    src = str(make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **dims))
+    opts = {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}
+    logits1, tokens1 = run_rank(src, PROMPTS, 0, 1, "", opts)
+    logits2, tokens2 = run_tp(src, PROMPTS, 2, opts)
+    torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-4, rtol=0)
+    assert tokens2 == tokens1
+
+
 def test_tp_shard_that_splits_a_block_is_an_error():
     """moe_intermediate_size 32 over two ranks is 16 rows per rank: rank 1 would start inside the
     first 32-row block of the checkpoint's scales."""

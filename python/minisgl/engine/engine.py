@@ -14,7 +14,7 @@ from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
 from minisgl.layers.base import restore_param_dtypes
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
-from minisgl.quant.setup import load_model_config, set_kv_scales
+from minisgl.quant.loading import load_model_config, set_kv_scales
 from .batch import prepare_batch
 from minisgl.utils import init_logger
 

@@ -7,6 +7,9 @@
 #                                         # variants (Qwen3-0.6B, Qwen3-8B) next to greedy
 #   scripts/gpu_validate.sh online  OUT   # the online suite: Qwen3-0.6B and Qwen3-8B, radix vs naive
 #   scripts/gpu_validate.sh tp      OUT   # two GPUs: TP=2 feature by feature, TP tests, 8B/14B TP=1,2
+#   scripts/gpu_validate.sh fp8     OUT   # FP8 tests; kernels vs _scaled_mm and bf16 (GEMM error,
+#                                         # GEMV bandwidth); Qwen3-8B batch 1 and offline fp8 vs
+#                                         # default; logits fp8 vs bf16; Qwen3-0.6B fp8-kv vs default
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -57,6 +60,20 @@ tp)
             --hf-requests 0 --tag tp --out "$out" >"$out/bench_${m}_tp.log" 2>&1
     done
     cat "$out"/offline_*_tp.md ;;
+fp8)
+    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8.py tests/test_fp8_kernels.py \
+        >"$out/fp8_tests.log" 2>&1
+    tail -3 "$out/fp8_tests.log"
+    "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,fp8 --batch1 --batch1-variants default,fp8 --tag fp8 --out "$out" \
+        >"$out/bench_qwen3-8b_fp8.log" 2>&1
+    "$py" benchmark/offline/fp8_accuracy.py --model benchmark/configs/qwen3-8b.json --variant fp8 \
+        --out "$out" >"$out/fp8_accuracy_qwen3-8b.log" 2>&1
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json --hf-requests 0 \
+        --variants default,fp8-kv,fp8,fp8+fp8-kv --tag fp8 --out "$out" \
+        >"$out/bench_qwen3-0.6b_fp8.log" 2>&1
+    cat "$out"/*_fp8_*.md "$out"/fp8_accuracy_*.json ;;
 *)
     echo "usage: $0 tests|offline|sampling|online|tp OUT" >&2
     exit 2 ;;

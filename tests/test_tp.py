@@ -29,16 +29,16 @@ def _free_addr() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_rank(path: str, prompts, rank: int, size: int, addr: str):
+def run_rank(path: str, prompts, rank: int, size: int, addr: str, options: dict | None = None):
     """Prefill logits of every prompt, then greedy tokens, on one rank of a TP group; then the
-    engine is closed (CUDA graphs, then the process group)."""
+    engine is closed (CUDA graphs, then the process group). ``options``: more ``EngineOptions``."""
     from minisgl.distributed import DistributedInfo
     from minisgl.llm.config import EngineOptions
     from minisgl.scheduler import Scheduler
 
     torch.set_num_threads(1)
     device = f"cuda:{rank}" if TEST_DEVICE == "cuda" else "cpu"
-    cfg = EngineOptions(device=device, dtype="float32", num_pages=2048, page_size=4)
+    cfg = EngineOptions(device=device, dtype="float32", num_pages=2048, page_size=4, **(options or {}))
     cfg = cfg.scheduler_config(path, ())
     engine = dataclasses.replace(cfg.engine, tp=DistributedInfo(rank, size), dist_init_addr=addr)
     sched = Scheduler(dataclasses.replace(cfg, engine=engine))
@@ -54,10 +54,10 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str):
     return logits, [tokens[i] for i in range(len(prompts))]
 
 
-def _rank_main(path, prompts, rank, size, addr, queue):
+def _rank_main(path, prompts, rank, size, addr, queue, options=None):
     import os
 
-    logits, tokens = run_rank(path, prompts, rank, size, addr)  # leaves the group at the end
+    logits, tokens = run_rank(path, prompts, rank, size, addr, options)  # leaves the group at the end
     if rank == 0:
         queue.put((logits.cpu().numpy(), tokens))
         queue.close()
@@ -67,11 +67,11 @@ def _rank_main(path, prompts, rank, size, addr, queue):
     os._exit(0)
 
 
-def run_tp(path: str, prompts, size: int):
+def run_tp(path: str, prompts, size: int, options: dict | None = None):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     addr = _free_addr()
-    procs = [ctx.Process(target=_rank_main, args=(path, prompts, r, size, addr, queue))
+    procs = [ctx.Process(target=_rank_main, args=(path, prompts, r, size, addr, queue, options))
              for r in range(size)]
     for p in procs:
         p.start()

@@ -50,6 +50,9 @@ VARIANTS = {
     "sample-penalty": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                     "repetition_penalty": 1.05}},
     "sample-logprobs": {"sampling": {**QWEN_SAMPLING, "logprobs": True, "top_logprobs": 5}},
+    "fp8": {"quantization": "fp8"},  # weights quantized at load (random bf16 weights of --model)
+    "fp8-kv": {"kv_cache_dtype": "fp8_e4m3"},
+    "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},
@@ -205,6 +208,7 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
     seconds = time.perf_counter() - start
     result = {"output_tokens": sum(len(o.token_ids) for o in outs), "seconds": seconds,
               "retractions": llm.scheduler.num_retractions, "kv_pages": llm.scheduler.engine.num_pages,
+              "kv_tokens": llm.scheduler.engine.num_pages * llm.scheduler.engine.config.page_size,
               "tp": tp}
     result["trace"] = trace.summary()
     del trace  # its hooks hold the scheduler: the next run needs the memory back
@@ -320,6 +324,8 @@ def main() -> None:
                         help="run each variant again with a JSON schema on half the requests")
     parser.add_argument("--batch1", action="store_true",
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
+    parser.add_argument("--batch1-variants", default="default",
+                        help="variants whose batch-1 latency --batch1 measures (default adds cuBLAS)")
     parser.add_argument("--out", default="benchmark/results")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
@@ -360,9 +366,12 @@ def main() -> None:
                 record(engine + "[json-half]", run_minisgl(path, dummy, prompts, max_tokens,
                                                            VARIANTS[variant], tp, structured=True))
     if args.batch1:
-        for engine, gemv in (("minisgl[batch1]", True), ("minisgl[batch1][cublas]", False)):
+        runs = [("minisgl[batch1]", True, {}), ("minisgl[batch1][cublas]", False, {})]
+        runs += [(f"minisgl[batch1][{v}]", True, VARIANTS[v])
+                 for v in args.batch1_variants.split(",") if v != "default"]
+        for engine, gemv, options in runs:
             with gemv_enabled(gemv):
-                res = run_batch1(path, dummy, {})
+                res = run_batch1(path, dummy, options)
             records.append({**base, "engine": engine, **res})
             print(json.dumps(records[-1]), flush=True)
     if args.hf_requests:
@@ -390,10 +399,14 @@ def write(records: list[dict], out_dir: str, stem: str) -> None:
     variants = [r for r in records if r["engine"].startswith("minisgl[") and "output_tok_per_s" in r
                 and r.get("tp") in default and not r["engine"].startswith("minisgl[default]")]
     if variants:
-        lines += ["", "| engine | output tok/s | ratio to default (same run) |", "|---|---|---|"]
+        kv = {r.get("tp"): r.get("kv_tokens") for r in records if r["engine"].startswith("minisgl[default]")}
+        lines += ["", "| engine | output tok/s | ratio to default (same run) | KV tokens (ratio) |",
+                  "|---|---|---|---|"]
         for r in variants:
+            ref_kv = kv.get(r.get("tp"))
+            kv_ratio = f"{r['kv_tokens']:,} ({r['kv_tokens'] / ref_kv:.2f}x)" if ref_kv and r.get("kv_tokens") else ""
             lines.append(f"| {r['engine']} | {r['output_tok_per_s']:,.0f} | "
-                         f"{r['output_tok_per_s'] / default[r.get('tp')]:.3f}x |")
+                         f"{r['output_tok_per_s'] / default[r.get('tp')]:.3f}x | {kv_ratio} |")
     tp1 = {r["engine"]: r["output_tok_per_s"] for r in records if r.get("tp") == 1}
     scaled = [r for r in records if r.get("tp", 1) > 1 and r["engine"].rsplit("[tp", 1)[0] in tp1]
     if scaled:

@@ -54,8 +54,8 @@ class TorchBackend(BaseAttnBackend):
         q_pad = q.new_zeros(num_reqs * max_ext, *q.shape[1:])
         q_pad[meta.token_index] = q
         q_pad = q_pad.view(num_reqs, max_ext, *q.shape[1:]).transpose(1, 2)
-        k_ctx = self.kv_pool.k_cache(layer_id)[meta.slots].transpose(1, 2)
-        v_ctx = self.kv_pool.v_cache(layer_id)[meta.slots].transpose(1, 2)
+        k_ctx, v_ctx = self.kv_pool.read_kv(layer_id, meta.slots, q.dtype)
+        k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q_pad, k_ctx, v_ctx, attn_mask=meta.mask, scale=self.scale,
             enable_gqa=q.shape[1] != k.shape[1],

@@ -107,15 +107,16 @@ class TritonBackend(BaseAttnBackend):
     ) -> torch.Tensor:
         meta = batch.attn_metadata
         k_cache, v_cache = self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id)
+        kv_scales = self.kv_pool.kv_scales(layer_id)
         if isinstance(meta, TritonDecodeMetadata):
             return decode_attention(
                 q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
-                meta.num_splits, workspace=self._workspace(meta, q),
+                meta.num_splits, workspace=self._workspace(meta, q), kv_scales=kv_scales,
             )
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
         return extend_attention(
             q, k_cache, v_cache, self.page_table, meta.rows, meta.cu_seqlens, meta.seq_lens,
-            meta.max_extend, self.scale,
+            meta.max_extend, self.scale, kv_scales=kv_scales,
         )
 
     def _workspace(self, meta: TritonDecodeMetadata, q: torch.Tensor):

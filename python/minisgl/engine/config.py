@@ -18,6 +18,8 @@ class EngineConfig:
     model_path: str
     device: torch.device
     dtype: torch.dtype
+    quantization: str | None = None  # "fp8": quantize an unquantized checkpoint's weights at load
+    kv_cache_dtype: torch.dtype | None = None  # None: ``dtype``; float8_e4m3fn: the FP8 KV cache
     page_size: int = 1
     num_pages: int | None = None  # None: size the pool from memory (kv_cache_memory_gb on CPU)
     kv_cache_memory_gb: float = 1.0
@@ -32,3 +34,7 @@ class EngineConfig:
     seed: int = 0
     tp: DistributedInfo = DistributedInfo()
     dist_init_addr: str = "127.0.0.1:29500"  # rendezvous of the TP group (host:port), tp > 1 only
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.kv_cache_dtype or self.dtype

@@ -11,8 +11,10 @@ from minisgl.core import Batch, Context, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
+from minisgl.layers.base import restore_param_dtypes
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
+from minisgl.quant.loading import load_model_config, set_kv_scales
 from .batch import prepare_batch
 from minisgl.utils import init_logger
 
@@ -60,7 +62,7 @@ class Engine:
             comm = (init_distributed(config.tp, config.dist_init_addr, self.device)
                     if config.tp.size > 1 else DistributedCommunicator(config.tp))
         self.comm = comm
-        self.model_config = mc = ModelConfig.from_path(config.model_path)
+        self.model_config = mc = load_model_config(config, self.device)
         self.model = self._build_model()
         self.local_kv_heads = self.model.layers[0].self_attn.qkv_proj.local_kv
         self.max_seq_len = min(config.max_seq_len or mc.max_position, mc.max_position)
@@ -93,8 +95,9 @@ class Engine:
         mc, config = self.model_config, self.config
         pool = create_kvcache_pool(
             num_layers=mc.num_layers, num_kv_heads=self.local_kv_heads, head_dim=mc.head_dim,
-            num_pages=num_pages, page_size=config.page_size, dtype=config.dtype, device=self.device,
+            num_pages=num_pages, page_size=config.page_size, dtype=config.kv_dtype, device=self.device,
         )
+        set_kv_scales(pool, self.model.kv_scales)
         backend = create_attention_backend(
             config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
         )
@@ -103,13 +106,14 @@ class Engine:
     @property
     def kv_bytes_per_token(self) -> int:
         mc = self.model_config
-        return 2 * mc.num_layers * self.local_kv_heads * mc.head_dim * self.config.dtype.itemsize
+        return 2 * mc.num_layers * self.local_kv_heads * mc.head_dim * self.config.kv_dtype.itemsize
 
     def _build_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)
         with torch.device(self.device):
             model = cls(self.model_config, self.comm, create_moe_backend(self.config.moe_backend))
         model = model.to(self.config.dtype).eval()
+        restore_param_dtypes(model)
         if self.config.dummy_weights:
             model.load_weights(dummy_weights(self.model_config, self.config.seed, self.device,
                                              self.config.dtype))

@@ -33,6 +33,9 @@ class BaseKVCachePool(ABC):
     Contract: ``k_cache``/``v_cache`` return views (writes through them land in the pool), and
     ``store_kv`` writes row ``i`` of ``k``/``v`` to slot ``out_loc[i]`` of layer ``layer_id``.
     Slots are addressed as ``page * page_size + offset``, so a page is ``page_size`` adjacent rows.
+
+    An FP8 pool (``dtype == float8_e4m3fn``) stores ``K / k_scale`` and ``V / v_scale`` per layer
+    (1.0 unless the checkpoint gives scales); readers multiply back by ``kv_scales(layer_id)``.
     """
 
     def __init__(
@@ -54,6 +57,30 @@ class BaseKVCachePool(ABC):
             raise ValueError(f"dtype: must be a torch.dtype, got {dtype!r}")
         self.dtype = dtype
         self.device = torch.device(device)
+        self._scales = [(1.0, 1.0)] * self.num_layers
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == torch.float8_e4m3fn
+
+    def kv_scales(self, layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of an FP8 layer: stored value * scale = the real K/V."""
+        return self._scales[layer_id]
+
+    def set_kv_scales(self, layer_id: int, k_scale: float, v_scale: float) -> None:
+        if not (k_scale > 0 and v_scale > 0):
+            raise ValueError(f"KV-cache scales of layer {layer_id} must be > 0, got {k_scale}, {v_scale}")
+        self._scales = list(self._scales)
+        self._scales[layer_id] = (float(k_scale), float(v_scale))
+
+    def read_kv(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``slots`` (any index shape) in ``dtype``, scales applied: the reference read."""
+        k, v = self.k_cache(layer_id)[slots], self.v_cache(layer_id)[slots]
+        if not self.is_fp8:
+            return k, v
+        ks, vs = self.kv_scales(layer_id)
+        return (k.to(torch.float32) * ks).to(dtype), (v.to(torch.float32) * vs).to(dtype)
 
     @property
     def num_slots(self) -> int:

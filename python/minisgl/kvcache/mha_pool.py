@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.quant.fp8 import quantize_kv
+
 from .base import BaseKVCachePool
 
 __all__ = ["MHAKVCache"]
@@ -46,5 +48,8 @@ class MHAKVCache(BaseKVCachePool):
         """Scatter rows of ``k``/``v`` (``[T, num_kv_heads, head_dim]``) to slots ``out_loc[T]``."""
         if not 0 <= layer_id < self.num_layers:
             raise IndexError(f"layer_id {layer_id} out of range [0, {self.num_layers})")
+        if self.is_fp8:
+            ks, vs = self.kv_scales(layer_id)
+            k, v = quantize_kv(k, ks), quantize_kv(v, vs)
         self._kv[0, layer_id][out_loc] = k.to(self.dtype)
         self._kv[1, layer_id][out_loc] = v.to(self.dtype)

@@ -31,9 +31,10 @@ class AttentionLayer(nn.Module):
             cfg.num_kv_heads,
             cfg.attention_bias,
             comm.info,
+            cfg.quant,
         )
         self.o_proj = LinearRowParallel(
-            cfg.num_qo_heads * cfg.head_dim, cfg.hidden_size, False, comm
+            cfg.num_qo_heads * cfg.head_dim, cfg.hidden_size, False, comm, cfg.quant
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -54,7 +55,7 @@ class AttentionLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q/k norms and RoPE, then this step's K/V into the pool at ``batch.out_loc``."""
         pool, out_loc = ctx.kv_pool, ctx.batch.out_loc
-        if q.is_cuda and pow2(self.head_dim) and pool.dtype == q.dtype:
+        if q.is_cuda and pow2(self.head_dim) and pool.dtype in (q.dtype, torch.float8_e4m3fn):
             from minisgl.kernel.triton.rotary import norm_rope_store_
 
             qw = self.q_norm.weight if self.q_norm is not None else None
@@ -62,7 +63,7 @@ class AttentionLayer(nn.Module):
             eps = self.q_norm.eps if self.q_norm is not None else 0.0
             norm_rope_store_(positions, q, k, v, cos_sin_cache(self.rotary.cfg, q.device),
                              pool.k_cache(self.layer_id), pool.v_cache(self.layer_id), out_loc,
-                             qw, kw, eps)
+                             qw, kw, eps, pool.kv_scales(self.layer_id))
             return q, k
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -18,11 +18,25 @@ from minisgl.distributed import DistributedInfo
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, Any], None]
 
 
-def new_param(*shape: int, loader: WeightLoader | None = None) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
+def new_param(*shape: int, loader: WeightLoader | None = None,
+              dtype: torch.dtype | None = None) -> nn.Parameter:
+    """``dtype``: a storage type the model's cast to its compute dtype must keep (FP8 weights, their
+    float32 scales); ``restore_param_dtypes`` puts it back after ``model.to(dtype)``."""
+    param = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
     if loader is not None:
         param.weight_loader = loader  # type: ignore[attr-defined]
+    if dtype is not None:
+        param.keep_dtype = dtype  # type: ignore[attr-defined]
     return param
+
+
+def restore_param_dtypes(model: nn.Module) -> None:
+    """Undo ``model.to(dtype)`` for parameters made with a fixed storage dtype (not loaded yet, so
+    only the allocation changes)."""
+    for param in model.parameters():
+        keep = getattr(param, "keep_dtype", None)
+        if keep is not None and param.dtype != keep:
+            param.data = torch.empty(param.shape, dtype=keep, device=param.device)
 
 
 def copy_weight(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -31,6 +45,25 @@ def copy_weight(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded.load() if hasattr(loaded, "load") else loaded)
+
+
+def copy_part(param: nn.Parameter, loaded: torch.Tensor, dim: int, dst: int, src: int, size: int,
+              unit: int = 1) -> None:
+    """Copy ``loaded[src : src + size]`` into ``param[dst : dst + size]`` along ``dim``.
+
+    ``unit > 1``: both are block scales of a weight whose ranges are given in weight rows (or
+    columns); a range must start on a block boundary and end on one or at the tensor's end, since a
+    block split between two ranks or two merged projections has no scale of its own.
+    """
+    if unit > 1:
+        ends = (-(-(src + size) // unit) == loaded.shape[dim]
+                and -(-(dst + size) // unit) == param.shape[dim])
+        if dst % unit or src % unit or (size % unit and not ends):
+            raise ValueError(
+                f"FP8 block scales cannot be split at {src}..{src + size} (block size {unit}): each "
+                "tensor-parallel shard and merged projection must start and end on a block boundary")
+        dst, src, size = dst // unit, src // unit, -(-size // unit)
+    copy_weight(param.data.narrow(dim, dst, size), loaded.narrow(dim, src, size))
 
 
 def shard(x: torch.Tensor, dim: int, tp: DistributedInfo) -> torch.Tensor:

@@ -1,6 +1,14 @@
-"""Tensor-parallel linear layers: column-parallel (merged QKV, merged gate-up) and row-parallel."""
+"""Tensor-parallel linear layers: column-parallel (merged QKV, merged gate-up) and row-parallel.
+
+With an FP8 config (``minisgl.quant``) a layer's weight is e4m3 with block scales
+(``weight_scale_inv``), loaded shard by shard like the weight (the scales' ranges are the weight's,
+divided by the block size); with ``online`` it loads the checkpoint's weight as usual and quantizes
+it in ``quantize_weights_`` once loading is done.
+"""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -8,9 +16,10 @@ from torch import nn
 
 from minisgl import env
 from minisgl.distributed import DistributedCommunicator, DistributedInfo
+from minisgl.quant import FP8, Fp8Config, fp8_linear, quantize_block
 
 from .activation import silu_and_mul
-from .base import copy_weight, divide, new_param, shard
+from .base import copy_part, divide, new_param
 
 USE_GEMV = env.GEMV.get() != "0"
 
@@ -28,16 +37,54 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(silu_and_mul(x) if gated else x, weight, bias)
 
 
-class LinearQKVMerged(nn.Module):
+class _Linear(nn.Module):
+    """A weight ``[out, in]`` sharded along ``shard_dim`` by ``_place``, optionally FP8."""
+
+    shard_dim = 0
+
+    def _place(self, shard_id) -> tuple[int, int, int]:
+        """(first row of this part in the local weight, first row in the checkpoint, rows)."""
+        raise NotImplementedError
+
+    def _init_weight(self, out: int, inp: int, quant: Fp8Config | None) -> None:
+        self.quant = quant
+        fp8 = quant is not None and not quant.online
+        self.weight = new_param(out, inp, loader=self._load, dtype=FP8 if fp8 else None)
+        self.weight_scale_inv = None
+        if fp8:
+            bn, bk = quant.block
+            unit = quant.block[self.shard_dim]
+            self.weight_scale_inv = new_param(-(-out // bn), -(-inp // bk), dtype=torch.float32,
+                                              loader=functools.partial(self._load, unit=unit))
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id, unit: int = 1) -> None:
+        dim = self.shard_dim if param.dim() == 2 else 0
+        copy_part(param, loaded, dim, *self._place(shard_id), unit=unit)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+                gated: bool = False) -> torch.Tensor:
+        if self.weight_scale_inv is not None:
+            return fp8_linear(x, self.weight, self.weight_scale_inv, self.quant.block, bias, gated)
+        return linear(x, self.weight, bias, gated)
+
+    def quantize_weights_(self) -> None:
+        """``--quantization fp8``: replace the loaded weight by e4m3 and its block scales."""
+        if self.quant is None or not self.quant.online:
+            return
+        q, s = quantize_block(self.weight.data, self.quant.block)
+        self.weight = nn.Parameter(q, requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(s, requires_grad=False)
+
+
+class LinearQKVMerged(_Linear):
     """q, k and v projections in one GEMM; each rank holds its query heads and its KV heads.
 
     When there are fewer KV heads than ranks, KV heads are replicated: rank r uses KV head
     ``r * num_kv_heads // tp``.
     """
 
-    def __init__(
-        self, hidden: int, head_dim: int, num_qo: int, num_kv: int, bias: bool, tp: DistributedInfo
-    ) -> None:
+    def __init__(self, hidden: int, head_dim: int, num_qo: int, num_kv: int, bias: bool,
+                 tp: DistributedInfo, quant: Fp8Config | None = None) -> None:
         super().__init__()
         self.tp, self.head_dim = tp, head_dim
         self.num_kv_total = num_kv
@@ -47,60 +94,65 @@ class LinearQKVMerged(nn.Module):
             divide(tp.size, num_kv, "tp size over num_key_value_heads")
         self.q_size, self.kv_size = self.local_qo * head_dim, self.local_kv * head_dim
         out = self.q_size + 2 * self.kv_size
-        self.weight = new_param(out, hidden, loader=self._load)
+        self._init_weight(out, hidden, quant)
         self.bias = new_param(out, loader=self._load) if bias else None
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def _place(self, shard_id: str) -> tuple[int, int, int]:
         if shard_id == "q":
-            start, size, part = 0, self.q_size, shard(loaded, 0, self.tp)
-        else:
-            first_kv_head = self.tp.rank * self.num_kv_total // self.tp.size
-            part = loaded.narrow(0, first_kv_head * self.head_dim, self.kv_size)
-            start = self.q_size + (0 if shard_id == "k" else self.kv_size)
-            size = self.kv_size
-        copy_weight(param.data.narrow(0, start, size), part)
+            return 0, self.tp.rank * self.q_size, self.q_size
+        first_kv_head = self.tp.rank * self.num_kv_total // self.tp.size
+        dst = self.q_size + (0 if shard_id == "k" else self.kv_size)
+        return dst, first_kv_head * self.head_dim, self.kv_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
 
 
-class LinearColParallelMerged(nn.Module):
+class LinearColParallelMerged(_Linear):
     """Several column-parallel projections of the same input in one GEMM (gate and up)."""
 
-    def __init__(self, in_features: int, out_features: list[int], bias: bool, tp: DistributedInfo):
+    def __init__(self, in_features: int, out_features: list[int], bias: bool, tp: DistributedInfo,
+                 quant: Fp8Config | None = None):
         super().__init__()
         self.tp = tp
         self.local_sizes = [divide(n, tp.size, "intermediate_size") for n in out_features]
-        self.weight = new_param(sum(self.local_sizes), in_features, loader=self._load)
+        self._init_weight(sum(self.local_sizes), in_features, quant)
         self.bias = new_param(sum(self.local_sizes), loader=self._load) if bias else None
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
-        start = sum(self.local_sizes[:shard_id])
-        copy_weight(param.data.narrow(0, start, self.local_sizes[shard_id]), shard(loaded, 0, self.tp))
+    def _place(self, shard_id: int) -> tuple[int, int, int]:
+        size = self.local_sizes[shard_id]
+        return sum(self.local_sizes[:shard_id]), self.tp.rank * size, size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
 
 
-class LinearRowParallel(nn.Module):
+class LinearRowParallel(_Linear):
     """Each rank multiplies its slice of the input features; the partial sums are all-reduced."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, comm: DistributedCommunicator):
+    shard_dim = 1
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, comm: DistributedCommunicator,
+                 quant: Fp8Config | None = None):
         super().__init__()
         self.comm, tp = comm, comm.info
-        self.weight = new_param(out_features, divide(in_features, tp.size, "row-parallel input"),
-                                loader=lambda p, w, _: copy_weight(p, shard(w, 1, tp)))
+        self.local_in = divide(in_features, tp.size, "row-parallel input")
+        self._init_weight(out_features, self.local_in, quant)
         # NOTE: the bias is added after the all-reduce, so it is counted once, not tp times.
         self.bias = new_param(out_features) if bias else None
 
+    def _place(self, shard_id: None) -> tuple[int, int, int]:
+        return 0, self.comm.info.rank * self.local_in, self.local_in
+
     def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
         """``gated``: x is ``[gate | up]`` of twice the input width; the input is silu(gate) * up."""
-        y = self.comm.all_reduce(linear(x, self.weight, gated=gated))
+        y = self.comm.all_reduce(self._matmul(x, gated=gated))
         return y if self.bias is None else y + self.bias
 
 
 class ReplicatedLinear(nn.Module):
-    """A small linear layer every rank holds whole (the MoE router)."""
+    """A small linear layer every rank holds whole (the MoE router; never quantized, as in the
+    published FP8 checkpoints)."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()

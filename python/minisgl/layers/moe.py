@@ -1,8 +1,13 @@
 """Sparse MoE block (Qwen3-MoE): a replicated router picks top-k experts per token; the experts are
-sharded on their intermediate dimension, so each rank computes a partial sum that is all-reduced."""
+sharded on their intermediate dimension, so each rank computes a partial sum that is all-reduced.
+
+With FP8 (``minisgl.quant``) the stacked expert weights are e4m3 with per-expert block scales
+``w13_scale_inv [E, 2I/bn, H/bk]`` and ``w2_scale_inv [E, H/bn, I/bk]``; the router stays unquantized.
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,8 +15,9 @@ from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
 from minisgl.moe import BaseMoeBackend
+from minisgl.quant import FP8, Fp8Config, quantize_block
 
-from .base import copy_weight, divide, new_param, shard
+from .base import copy_part, divide, new_param
 from .linear import ReplicatedLinear
 
 if TYPE_CHECKING:
@@ -20,36 +26,59 @@ if TYPE_CHECKING:
 
 class MoELayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, comm: DistributedCommunicator, backend: BaseMoeBackend
+        self, cfg: ModelConfig, comm: DistributedCommunicator, backend: BaseMoeBackend,
+        quant: Fp8Config | None = None,
     ) -> None:
         super().__init__()
-        self.comm, self.backend = comm, backend
+        self.comm, self.backend, self.quant = comm, backend, quant
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         tp = comm.info
         inter = divide(cfg.moe_intermediate_size, tp.size, "moe_intermediate_size")
         experts, hidden = cfg.num_experts, cfg.hidden_size
         self.gate = ReplicatedLinear(hidden, experts)
+        fp8 = quant is not None and not quant.online
+        dtype = FP8 if fp8 else None
         # w13[e] = [gate_e | up_e] (this rank's rows); w2[e] = down_e (this rank's columns)
-        self.w13 = new_param(experts, 2 * inter, hidden, loader=self._load_w13)
-        self.w2 = new_param(experts, hidden, inter, loader=self._load_w2)
+        self.w13 = new_param(experts, 2 * inter, hidden, loader=self._load_w13, dtype=dtype)
+        self.w2 = new_param(experts, hidden, inter, loader=self._load_w2, dtype=dtype)
+        self.w13_scale_inv = self.w2_scale_inv = None
+        if fp8:
+            bn, bk = quant.block
+            self.w13_scale_inv = new_param(experts, -(-2 * inter // bn), -(-hidden // bk),
+                                           dtype=torch.float32,
+                                           loader=functools.partial(self._load_w13, unit=bn))
+            self.w2_scale_inv = new_param(experts, -(-hidden // bn), -(-inter // bk),
+                                          dtype=torch.float32,
+                                          loader=functools.partial(self._load_w2, unit=bk))
         self.inter = inter
 
-    def _load_w13(
-        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, int]
-    ) -> None:
+    def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, int],
+                  unit: int = 1) -> None:
         expert, which = shard_id
-        copy_weight(
-            param.data[expert, which * self.inter : (which + 1) * self.inter],
-            shard(loaded, 0, self.comm.info),
-        )
+        start = self.comm.info.rank * self.inter
+        copy_part(param.data[expert], loaded, 0, which * self.inter, start, self.inter, unit)
 
-    def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, expert: int) -> None:
-        copy_weight(param.data[expert], shard(loaded, 1, self.comm.info))
+    def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, expert: int,
+                 unit: int = 1) -> None:
+        start = self.comm.info.rank * self.inter
+        copy_part(param.data[expert], loaded, 1, 0, start, self.inter, unit)
+
+    def quantize_weights_(self) -> None:
+        """``--quantization fp8``: every expert's weights to e4m3 with block scales."""
+        if self.quant is None or not self.quant.online:
+            return
+        for name in ("w13", "w2"):
+            q, s = quantize_block(getattr(self, name).data, self.quant.block)
+            setattr(self, name, nn.Parameter(q, requires_grad=False))
+            setattr(self, name + "_scale_inv", nn.Parameter(s, requires_grad=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits = self.gate(x)
         weights, ids = torch.topk(router_logits.float().softmax(dim=-1), self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        out = self.backend.forward(x, self.w13, self.w2, weights.to(x.dtype), ids)
+        scales = None
+        if self.w13_scale_inv is not None:
+            scales = (self.w13_scale_inv, self.w2_scale_inv, self.quant.block)
+        out = self.backend.forward(x, self.w13, self.w2, weights.to(x.dtype), ids, scales)
         return self.comm.all_reduce(out)

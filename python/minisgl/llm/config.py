@@ -17,6 +17,7 @@ from minisgl.engine import EngineConfig
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.models import ModelConfig
 from minisgl.moe import MOE_BACKENDS, resolve_moe_backend
+from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
 from minisgl.scheduler import SchedulerConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,6 +27,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class EngineOptions:
     device: str = "auto"  # "auto": cuda when a GPU is present, else cpu
     dtype: str = "auto"  # "auto": float32 on CPU; on GPU the checkpoint's dtype (float32 -> bfloat16)
+    quantization: str | None = None  # "fp8": quantize the weights at load (FP8 checkpoints need none)
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8_e4m3": FP8 K/V with per-layer scales
     page_size: int = 1
     cache: str = "radix"
     max_prefill_tokens: int = 8192
@@ -63,6 +66,12 @@ class EngineOptions:
         positive("max_seq_len", allow_none=True)
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype: {self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization: {self.quantization!r} is not one of "
+                             f"{', '.join(QUANTIZATIONS)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}")
         if self.cache not in PREFIX_CACHES:
             raise ValueError(f"cache: {self.cache!r} is not one of {', '.join(sorted(PREFIX_CACHES))}")
         for name in self.attn.split(","):
@@ -85,6 +94,8 @@ class EngineOptions:
             model_path=model_path,
             device=device,
             dtype=self._resolve_dtype(model_path, device),
+            quantization=self.quantization,
+            kv_cache_dtype=torch.float8_e4m3fn if self.kv_cache_dtype == "fp8_e4m3" else None,
             page_size=self.page_size,
             num_pages=self.num_pages,
             kv_cache_memory_gb=self.kv_cache_memory_gb,

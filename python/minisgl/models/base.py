@@ -37,8 +37,9 @@ class GatedMLP(nn.Module):
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (silu)")
         inter = cfg.intermediate_size
-        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False, comm.info)
-        self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm)
+        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False, comm.info,
+                                                    cfg.quant)
+        self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm, cfg.quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x), gated=True)
@@ -50,7 +51,8 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = AttentionLayer(cfg, layer_id, comm)
-        self.mlp = MoELayer(cfg, comm, moe) if cfg.is_sparse_layer(layer_id) else GatedMLP(cfg, comm)
+        self.mlp = (MoELayer(cfg, comm, moe, cfg.quant) if cfg.is_sparse_layer(layer_id)
+                    else GatedMLP(cfg, comm))
         self.input_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -65,11 +67,14 @@ class DecoderLayer(nn.Module):
 
 # checkpoint name -> (our parameter name, shard id)
 _MERGED = [
-    (re.compile(r"(.*)\.self_attn\.([qkv])_proj\.(weight|bias)$"), r"\1.self_attn.qkv_proj.\3", 2),
-    (re.compile(r"(.*)\.mlp\.gate_proj\.weight$"), r"\1.mlp.gate_up_proj.weight", 0),
-    (re.compile(r"(.*)\.mlp\.up_proj\.weight$"), r"\1.mlp.gate_up_proj.weight", 1),
+    (re.compile(r"(.*)\.self_attn\.([qkv])_proj\.(weight|bias|weight_scale_inv)$"),
+     r"\1.self_attn.qkv_proj.\3", 2),
+    (re.compile(r"(.*)\.mlp\.gate_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 0),
+    (re.compile(r"(.*)\.mlp\.up_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 1),
 ]
-_EXPERT = re.compile(r"(.*)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+_EXPERT = re.compile(r"(.*)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale_inv)$")
+# per-layer FP8 KV-cache scales (``layers.N.self_attn.k_scale``), kept for the KV pool
+_KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
 
 
 class BaseLLMModel(nn.Module):
@@ -111,15 +116,25 @@ class BaseLLMModel(nn.Module):
         match = _EXPERT.match(name)
         if match:
             prefix, expert, kind = match.group(1), int(match.group(2)), match.group(3)
+            suffix = "_scale_inv" if match.group(4) == "weight_scale_inv" else ""
             if kind == "down":
-                return f"{prefix}.mlp.w2", expert
-            return f"{prefix}.mlp.w13", (expert, 0 if kind == "gate" else 1)
+                return f"{prefix}.mlp.w2{suffix}", expert
+            return f"{prefix}.mlp.w13{suffix}", (expert, 0 if kind == "gate" else 1)
         return name, None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load every tensor into its parameter; then quantize (``--quantization fp8``). Per-layer
+        KV-cache scales land in ``self.kv_scales`` ({layer: {"k": s, "v": s}}) for the KV pool."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        self.kv_scales: dict[int, dict[str, float]] = {}
         for ckpt_name, tensor in weights:
+            kv_scale = _KV_SCALE.search(ckpt_name)
+            if kv_scale:
+                value = tensor.load() if hasattr(tensor, "load") else tensor
+                self.kv_scales.setdefault(int(kv_scale.group(1)), {})[kv_scale.group(2)] = \
+                    float(value.float().reshape(-1)[0])
+                continue
             mapped = self.checkpoint_names(ckpt_name)
             if mapped is None:
                 continue
@@ -140,4 +155,7 @@ class BaseLLMModel(nn.Module):
         missing = set(params) - loaded
         if missing:
             raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing)[:8])}")
+        for module in self.modules():
+            if hasattr(module, "quantize_weights_"):
+                module.quantize_weights_()
 

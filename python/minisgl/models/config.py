@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from minisgl.quant import Fp8Config, fp8_config_from_checkpoint
+
 
 @dataclass(frozen=True)
 class RotaryConfig:
@@ -50,6 +52,8 @@ class ModelConfig:
     norm_topk_prob: bool = True
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
+    # FP8 weights: from the checkpoint's quantization_config, or online (--quantization fp8)
+    quant: Fp8Config | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -115,6 +119,7 @@ class ModelConfig:
             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
             decoder_sparse_step=cfg.get("decoder_sparse_step") or 1,
+            quant=fp8_config_from_checkpoint(cfg),
             raw=cfg,
         )
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import zlib
 from typing import Iterator
 
 import torch
 from tqdm import tqdm
 
+from minisgl.quant import quantize_block
 from minisgl.utils import init_logger
 
 from .config import ModelConfig
 
 logger = init_logger(__name__)
+_QUANTIZED = re.compile(r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$")
 
 
 def resolve_model_path(model: str | None, revision: str | None = None) -> str:
@@ -158,11 +161,19 @@ def dummy_weights(
     """Random weights of a realistic scale, for benchmarks without a checkpoint.
 
     Each full tensor is drawn from a generator seeded by (seed, name) and then sharded by the
-    normal loader, so every TP size sees the same model.
+    normal loader, so every TP size sees the same model. With an FP8 checkpoint's config the
+    projection weights come quantized, as that checkpoint would hold them.
     """
+    fp8_checkpoint = cfg.quant is not None and not cfg.quant.online
     for name, shape in _checkpoint_shapes(cfg):
         if name.endswith("norm.weight"):
             yield name, torch.ones(shape, dtype=dtype, device=device)
             continue
         gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-        yield name, torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
+        tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
+        if fp8_checkpoint and _QUANTIZED.search(name):  # the FP8 checkpoint format: e4m3 + scales
+            q, scale_inv = quantize_block(tensor, cfg.quant.block)
+            yield name, q
+            yield name + "_scale_inv", scale_inv
+            continue
+        yield name, tensor

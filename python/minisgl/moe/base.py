@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+FP8Scales = tuple[torch.Tensor, torch.Tensor, tuple[int, int]]
+
 
 class BaseMoeBackend(ABC):
     @abstractmethod
@@ -16,5 +18,9 @@ class BaseMoeBackend(ABC):
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
+        scales: FP8Scales | None = None,
     ) -> torch.Tensor:
-        """x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; topk_*: [T, K] -> [T, H] (this rank's partial sum)."""
+        """x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; topk_*: [T, K] -> [T, H] (this rank's partial sum).
+
+        ``scales``: with e4m3 ``w13``/``w2``, their block scales ``(w13_scale_inv, w2_scale_inv, block)``
+        (layout in ``minisgl.quant.fp8``)."""

@@ -15,7 +15,7 @@ from .base import BaseMoeBackend
 
 class TritonMoeBackend(BaseMoeBackend):
     def forward(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor, scales=None) -> torch.Tensor:
         if x.stride(-1) != 1:
             x = x.contiguous()
-        return fused_moe(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe(x, w13, w2, topk_weights, topk_ids, scales=scales)

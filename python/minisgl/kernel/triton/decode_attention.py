@@ -41,7 +41,8 @@ MAX_SPLITS = 32
 @triton.jit
 def _decode_stage1(
     Q, K, V, PageTable, Rows, SeqLens, PartOut, PartLse, Out,
-    qk_scale,  # softmax scale * log2(e): scores live in the log2 domain (exp2 is one instruction)
+    qk_scale,  # softmax scale * log2(e) (* k_scale of an FP8 cache): scores in the log2 domain
+    v_scale,  # of an FP8 cache (1.0 otherwise): multiplies the normalised output
     num_splits,  # a runtime value (one compiled kernel for all); DIRECT marks num_splits == 1
     stride_qb, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_pt,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
@@ -79,13 +80,13 @@ def _decode_stage1(
     out_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:
         o_ptr = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptr, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=out_mask)
+        tl.store(o_ptr, (acc * (v_scale / l_i)[:, None]).to(Out.dtype.element_ty), mask=out_mask)
     else:
         # an empty split leaves its slot unwritten: stage 2 never reads it
         g_mask = g_mask & (start + offs_g * 0 < end)
         l_i = tl.where(l_i > 0, l_i, 1.0)
         po = PartOut + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
-        tl.store(po, acc / l_i[:, None], mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(po, acc * (v_scale / l_i)[:, None], mask=g_mask[:, None] & d_mask[None, :])
         pl = PartLse + b * stride_lb + heads * stride_lh + split
         tl.store(pl, m_i + tl.log2(l_i), mask=g_mask)
 
@@ -161,8 +162,10 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """Attention of one new token per request over its paged context ``[0, seq_len)``.
+    ``kv_scales``: (k_scale, v_scale) of an FP8 cache, read as ``extend_attention`` reads it.
 
     ``workspace`` (from ``decode_workspace``, at least ``[B, Hq, num_splits, D]``) may be passed
     to keep allocations out of the call, e.g. a static buffer under CUDA graphs.
@@ -190,7 +193,7 @@ def decode_attention(
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1[(bs, hkv, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, part_out, part_lse, out,
-        scale * _LOG2E, num_splits,
+        scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if num_splits > 1 else 0,

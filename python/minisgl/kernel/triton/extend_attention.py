@@ -18,6 +18,10 @@ the call, so prefix and new keys are read the same way. Token ``i`` of a request
 
 ``max_extend`` is a host-side bound (the scheduler knows every request's extend length); programs
 past a request's end do no work. Online softmax in the log2 domain, fp32 accumulation.
+
+An FP8 cache (``float8_e4m3fn``) is read as e4m3 and converted to q's dtype in registers, half the
+bytes of a bf16 cache; its per-layer scales never touch the tiles: ``k_scale`` is folded into the
+softmax scale and ``v_scale`` multiplies the normalised output (``kv_scales``, host floats).
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ def _attend_keys(
         valid = pos < end
         slot = tl.load(pt_row + pos, mask=valid, other=0).to(tl.int64)
         kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(K + slot[:, None] * stride_kn + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(K + slot[:, None] * stride_kn + kvh * stride_kh + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(q.dtype)
+        v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         if CAUSAL:
             s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -64,7 +70,7 @@ def _attend_keys(
 @triton.jit
 def _extend_kernel(
     Q, K, V, Out, PageTable, Rows, CuSeqlens, SeqLens,
-    qk_scale,
+    qk_scale, v_scale,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh,
     stride_pt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -112,7 +118,8 @@ def _extend_kernel(
 
     l_i = tl.where(l_i > 0, l_i, 1.0)  # rows of an idle block: never stored, kept finite
     o_ptr = Out + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
-    tl.store(o_ptr, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    out = acc * (v_scale / l_i)[:, None]
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
 def _launch_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
@@ -140,8 +147,10 @@ def extend_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
-    """Causal attention of each request's new tokens over its paged context -> ``[T, Hq, D]``."""
+    """Causal attention of each request's new tokens over its paged context -> ``[T, Hq, D]``.
+    ``kv_scales``: (k_scale, v_scale) of an FP8 cache (stored value * scale = K, V)."""
     total, hq, dim = q.shape
     hkv = k_cache.shape[1]
     assert hq % hkv == 0, f"query heads {hq} not a multiple of KV heads {hkv}"
@@ -157,7 +166,7 @@ def extend_attention(
     grid = (triton.cdiv(max_extend, block_m), num_reqs, hq)
     _extend_kernel[grid](
         q, k_cache, v_cache, out, page_table, rows, cu_seqlens, seq_lens,
-        scale * _LOG2E,
+        scale * _LOG2E * kv_scales[0], kv_scales[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),

@@ -14,6 +14,11 @@
 Every buffer is sized from T, K, E and the block size alone, and the grids over row blocks are the
 worst case (programs past the padded total return at once), so the whole path is CUDA-graph safe.
 Intermediate roundings follow the torch reference backend (``moe/reference.py``).
+
+FP8 experts (``scales`` given): the weights are read as e4m3, half the bytes, and each tile is scaled
+by its block's ``scale_inv`` and cast to x's dtype in registers before the dot (weight-only: the
+activations stay in bf16, so nothing changes for the routing or the roundings above). ``BLOCK_K`` is
+capped at the block's column width, so a K step meets one scale per output column.
 """
 
 from __future__ import annotations
@@ -148,11 +153,12 @@ def _tile(n_tiles_n, n_blocks_m, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr,
     n_pairs, n_out, k_dim, top_k, n_blocks_m,
-    stride_am, stride_we, stride_wn, stride_om,
+    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn,
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    FP8_W: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
 ):
     """GATED: out[pair, n] = silu(a[tok] . w[e, n]) * (a[tok] . w[e, n_out + n])  (a = x, rows by token)
     else:     out[pair, n] = (a[pair] . w[e, n]) * weights[pair]                    (a = act, rows by pair)"""
@@ -170,6 +176,8 @@ def _moe_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + row[:, None] * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_k[:, None]
+    s_ptrs = ws_ptr + expert * stride_se + (offs_n_safe // SCALE_BN) * stride_sn
+    s_up_ptrs = ws_ptr + expert * stride_se + ((offs_n_safe + n_out) // SCALE_BN) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(tl.cdiv(k_dim, BLOCK_K)):
@@ -180,12 +188,17 @@ def _moe_gemm_kernel(
             k_ok = offs_k < k_dim - k * BLOCK_K
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        if FP8_W:
+            kb = k * BLOCK_K // SCALE_BK
+            w = (w.to(tl.float32) * tl.load(s_ptrs + kb)[None, :]).to(a.dtype)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
         if GATED:
             if EVEN_K:
                 w_up = tl.load(w_ptrs + n_out * stride_wn)
             else:
                 w_up = tl.load(w_ptrs + n_out * stride_wn, mask=k_ok[:, None], other=0.0)
+            if FP8_W:
+                w_up = (w_up.to(tl.float32) * tl.load(s_up_ptrs + kb)[None, :]).to(a.dtype)
             acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -201,27 +214,35 @@ def _moe_gemm_kernel(
              mask=valid[:, None] & n_ok[None, :])
 
 
-def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg):
+def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
+          w_scale=None, block=(1, 1)):
     n_out = w.shape[1] // 2 if gated else w.shape[1]
     k_dim = w.shape[2]
     n_blocks_m = sorted_ids.numel() // cfg.block_m
     block_k = min(cfg.block_k, max(16, triton.next_power_of_2(k_dim)))
+    if w_scale is not None:
+        block_k = min(block_k, block[1])
     block_n = min(block_n, max(16, triton.next_power_of_2(n_out)))
     grid = (n_blocks_m * triton.cdiv(n_out, block_n),)
+    fp8 = w_scale is not None
     _moe_gemm_kernel[grid](
-        a, w, out, weights, sorted_ids, expert_ids, total,
+        a, w, out, weights, sorted_ids, expert_ids, total, w_scale if fp8 else a,
         n_pairs, n_out, k_dim, top_k, n_blocks_m,
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        w_scale.stride(0) if fp8 else 0, w_scale.stride(1) if fp8 else 0,
         GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=cfg.group_m, EVEN_K=k_dim % block_k == 0,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        FP8_W=fp8, SCALE_BN=block[0], SCALE_BK=block[1],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, config: MoeConfig | None = None) -> torch.Tensor:
-    """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H]."""
+              topk_ids: torch.Tensor, config: MoeConfig | None = None,
+              scales: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None) -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H].
+    ``scales``: (w13_scale_inv, w2_scale_inv, block) when w13/w2 are e4m3."""
     tokens, hidden = x.shape
     n_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -235,11 +256,15 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m)
     act = torch.empty((n_pairs, two_i // 2), dtype=x.dtype, device=x.device)
-    _gemm(x, w13, act, act, sorted_ids, expert_ids, total, n_pairs, top_k, True, cfg.block_n1, cfg)
+    s13, s2, block = scales if scales is not None else (None, None, (1, 1))
+    if s13 is not None:
+        assert s13.stride(2) == 1 and s2.stride(2) == 1
+    _gemm(x, w13, act, act, sorted_ids, expert_ids, total, n_pairs, top_k, True, cfg.block_n1, cfg,
+          s13, block)
     out = torch.empty((n_pairs, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)
     if not weights.is_contiguous():
         weights = weights.contiguous()
     _gemm(act, w2, out, weights, sorted_ids, expert_ids, total, n_pairs, 1, False,
-          cfg.block_n2, cfg)
+          cfg.block_n2, cfg, s2, block)
     return out.view(tokens, top_k, hidden).sum(dim=1)

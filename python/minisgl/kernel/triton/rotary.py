@@ -43,21 +43,30 @@ def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
 
 
 @triton.jit
-def _copy_heads(src, src_off, stride_h, dst, dst_off, dst_stride_h, n_heads,
-                BLOCK_H: tl.constexpr, DIM: tl.constexpr):
+def _to_cache(x, inv_scale, dst_ptr, FP8: tl.constexpr):
+    """A value for the KV cache: as is, or divided by the layer's scale and saturated into e4m3."""
+    if FP8:
+        x = tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
+    return x.to(dst_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _copy_heads(src, src_off, stride_h, dst, dst_off, dst_stride_h, n_heads, inv_scale,
+                BLOCK_H: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr):
     heads = tl.arange(0, BLOCK_H)
     cols = tl.arange(0, DIM)
     mask = (heads < n_heads)[:, None]
     x = tl.load(src + src_off + heads[:, None] * stride_h + cols[None, :], mask=mask)
-    tl.store(dst + dst_off + heads[:, None] * dst_stride_h + cols[None, :], x, mask=mask)
+    tl.store(dst + dst_off + heads[:, None] * dst_stride_h + cols[None, :],
+             _to_cache(x, inv_scale, dst, FP8), mask=mask)
 
 
 @triton.jit
 def _rope_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr, kc_ptr, vc_ptr, loc_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-    c_stride_slot, c_stride_h, n_q, n_k, cache_stride, eps,
-    HAS_NORM: tl.constexpr, STORE: tl.constexpr,
+    c_stride_slot, c_stride_h, n_q, n_k, cache_stride, eps, k_inv_scale, v_inv_scale,
+    HAS_NORM: tl.constexpr, STORE: tl.constexpr, FP8: tl.constexpr,
     HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
@@ -75,10 +84,10 @@ def _rope_kernel(
         heads = tl.arange(0, BLOCK_K)
         mask = (heads < n_k)[:, None]
         kc = kc_ptr + slot * c_stride_slot + heads[:, None] * c_stride_h + cols[None, :]
-        tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(kc + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc, _to_cache(k1, k_inv_scale, kc_ptr, FP8), mask=mask)
+        tl.store(kc + HALF, _to_cache(k2, k_inv_scale, kc_ptr, FP8), mask=mask)
         _copy_heads(v_ptr, tok * v_stride_t, v_stride_h, vc_ptr, slot * c_stride_slot, c_stride_h,
-                    n_k, BLOCK_K, 2 * HALF)
+                    n_k, v_inv_scale, BLOCK_K, 2 * HALF, FP8)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> None:
@@ -89,7 +98,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> None:
     assert q.dtype == k.dtype
 
 
-def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc):
+def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc,
+            kv_scales=(1.0, 1.0)):
     tokens, n_q, dim = q.shape
     n_k = k.shape[1]
     if tokens == 0:
@@ -104,8 +114,9 @@ def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cac
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0) if store else 0, v.stride(1) if store else 0,
         k_cache.stride(0) if store else 0, k_cache.stride(1) if store else 0,
-        n_q, n_k, cos_sin.stride(0), eps,
-        HAS_NORM=has_norm, STORE=store, HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=block_k,
+        n_q, n_k, cos_sin.stride(0), eps, 1.0 / kv_scales[0], 1.0 / kv_scales[1],
+        HAS_NORM=has_norm, STORE=store, FP8=store and k_cache.dtype == torch.float8_e4m3fn,
+        HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=block_k,
         num_warps=warps,
     )
 
@@ -122,12 +133,16 @@ def norm_rope_store_(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """q/k: per-head RMSNorm with ``q_weight``/``k_weight`` (when given), then RoPE, in place; then
-    rotated k and v [T, Hk, D] go to slots ``out_loc`` [T] of ``k_cache``/``v_cache`` [slots, Hk, D]."""
+    rotated k and v [T, Hk, D] go to slots ``out_loc`` [T] of ``k_cache``/``v_cache`` [slots, Hk, D].
+    An FP8 cache (float8_e4m3fn) stores ``k / kv_scales[0]`` and ``v / kv_scales[1]``, saturated."""
     _check(q, k, cos_sin)
     assert v.shape == k.shape and v.stride(-1) == 1 and out_loc.shape == (q.shape[0],)
     assert k_cache.shape[1:] == k.shape[1:] and v_cache.stride() == k_cache.stride()
-    assert k_cache.stride(-1) == 1 and v.dtype == k_cache.dtype == v_cache.dtype == k.dtype
+    assert k_cache.stride(-1) == 1 and v.dtype == k.dtype and v_cache.dtype == k_cache.dtype
+    assert k_cache.dtype in (k.dtype, torch.float8_e4m3fn)
     assert (q_weight is None) == (k_weight is None)
-    _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc)
+    _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc,
+            kv_scales)

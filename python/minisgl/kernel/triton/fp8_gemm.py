@@ -1,0 +1,144 @@
+"""Block-scaled FP8 GEMM for prefill and batched decode: ``y = dequant(xq, xs) @ dequant(wq, ws)^T``.
+
+Operands in the format of the published FP8 checkpoints (``minisgl.quant.fp8``)::
+
+    xq [M, K] e4m3, xs [M, K/bk] fp32        one scale per token and bk columns (``quantize_act``)
+    wq [N, K] e4m3, ws [N/bn, K/bk] fp32     one scale per bn x bk block (``weight_scale_inv``)
+
+``BLOCK_K == bk``, so each K step multiplies two e4m3 tiles on the FP8 tensor cores (fp32 result)
+and adds it to the fp32 accumulator times ``xs[:, kb] (x) ws[n // bn, kb]``: the scales cost one
+multiply per accumulator element and step, the bytes half those of bf16. Tiles are visited in groups
+of ``GROUP_M`` row blocks so that the weight tiles a group shares stay in L2.
+
+``quantize_act`` is the dynamic activation quantization: one program per (token, group) takes the
+group's absolute maximum and maps it onto 448; ``gated=True`` first forms ``silu(gate) * up`` from
+``[gate | up]`` (rounded as ``silu_and_mul`` rounds), so the MLP's activation costs no extra pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def _quantize_act_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
+                         GATED: tl.constexpr, GROUP: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    cols = g * GROUP + tl.arange(0, GROUP)
+    ok = cols < K
+    x = tl.load(x_ptr + m * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    if GATED:
+        dt = x_ptr.dtype.element_ty
+        up = tl.load(x_ptr + m * stride_x + K + cols, mask=ok, other=0.0).to(tl.float32)
+        x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / FP8_MAX
+    q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
+    tl.store(q_ptr + m * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + m * stride_s + g, scale)
+
+
+def quantize_act(x: torch.Tensor, group: int, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> (e4m3 ``[M, K]``, fp32 ``[M, K/group]``)."""
+    m, width = x.shape
+    k = width // 2 if gated else width
+    assert x.stride(1) == 1 and group & (group - 1) == 0
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((m, triton.cdiv(k, group)), dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_act_kernel[(m, s.shape[1])](x, q, s, k, x.stride(0), q.stride(0), s.stride(0),
+                                              GATED=gated, GROUP=group, num_warps=1 if group <= 128 else 4)
+    return q, s
+
+
+@triton.jit
+def _fp8_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
+                     stride_am, stride_as, stride_bn, stride_bs, stride_cm,
+                     SCALE_BN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * tiles_n
+    first = (pid // width) * GROUP_M
+    size = tl.minimum(tiles_m - first, GROUP_M)
+    pid_m = first + (pid % width) % size
+    pid_n = (pid % width) // size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    rows = tl.where(m_ok, offs_m, 0).to(tl.int64)
+    cols = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + cols[None, :] * stride_bn + offs_k[:, None]
+    as_ptrs = as_ptr + rows * stride_as
+    bs_ptrs = bs_ptr + (cols // SCALE_BN) * stride_bs
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < K - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        a_s = tl.load(as_ptrs + kb)
+        b_s = tl.load(bs_ptrs + kb)
+        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def pick_config(m: int, n: int, k: int) -> GemmConfig:
+    """Tiles by the number of tokens: narrow M tiles for batched decode (weight-bandwidth bound,
+    many programs), tensor-core sized ones for prefill. A starting point for
+    ``benchmark/kernels/bench_fp8.py --sweep`` on the GPU, not a measured optimum."""
+    if m <= 16:
+        return GemmConfig(16, 64, 1, 4, 4)
+    if m <= 64:
+        return GemmConfig(32, 64, 4, 4, 4)
+    if m <= 256:
+        return GemmConfig(64, 128, 8, 4, 3)
+    return GemmConfig(128, 128, 8, 8, 3)
+
+
+def fp8_block_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
+                   block: tuple[int, int], out_dtype: torch.dtype,
+                   config: GemmConfig | None = None) -> torch.Tensor:
+    """``[M, N]`` in ``out_dtype``; shapes as in the module docstring."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    bn, bk = block
+    assert wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
+    assert xs.shape == (m, triton.cdiv(k, bk)) and ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk))
+    assert xs.stride(1) == 1 and ws.stride(1) == 1
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return out
+    cfg = config or pick_config(m, n, k)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _fp8_gemm_kernel[grid](
+        xq, xs, wq, ws, out, m, n, k,
+        xq.stride(0), xs.stride(0), wq.stride(0), ws.stride(0), out.stride(0),
+        SCALE_BN=bn, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, GROUP_M=cfg.group_m,
+        EVEN_K=k % bk == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

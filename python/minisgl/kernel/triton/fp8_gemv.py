@@ -1,0 +1,81 @@
+"""FP8 matrix-vector product for batch-1 decode: ``y[1, N] = x[1, K] @ dequant(wq, ws)^T (+ b)``.
+
+The bf16 GEMV (``gemv.py``) with the weight read as e4m3: half the bytes, so half the time of a
+bandwidth-bound step. Scales are applied in registers without touching the weight tile: a program's
+``BLOCK_N`` rows lie in one ``bn``-row block (``bn % BLOCK_N == 0``), so the scale of column ``k`` is
+the same for all of them, ``ws[row // bn, k // bk]``, and x is multiplied by it before the
+multiply-add. x stays in bf16/fp16 (no activation quantization in decode).
+``gated=True`` reads x as ``[gate | up]`` and applies ``silu(gate) * up`` as ``gemv.py`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
+                     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    first = tl.program_id(0) * BLOCK_N
+    rows = first + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < N
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + ks[None, :]
+    s_row = s_ptr + (first // SCALE_BN) * stride_s
+    dt = y_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k0 + ks < K
+        if EVEN:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        x = tl.load(x_ptr + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if GATED:
+            up = tl.load(x_ptr + K + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
+            x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        s = tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
+        acc += w.to(tl.float32) * (x * s)[None, :]
+        w_ptrs += BLOCK_K
+    out = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rows, out.to(dt), mask=row_ok)
+
+
+def pick_config(n: int, k: int) -> tuple[int, int, int]:
+    """(block_n, block_k, num_warps): ``gemv.py``'s rule, the same fp32 accumulator per thread (a
+    wider chunk would double its registers). Unmeasured for e4m3: ``benchmark/kernels/bench_fp8.py
+    --sweep`` on the GPU decides."""
+    if k >= 4096:
+        block_k = 2048
+        while k % block_k and block_k > 512:
+            block_k //= 2
+        return 4, block_k, 4
+    return (4, 1024, 8) if n <= 2048 else (4, 512, 4)
+
+
+def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int],
+             b: torch.Tensor | None = None, gated: bool = False,
+             config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], ws [N/bn, K/bk], b [N] -> [1, N]."""
+    n, k = w.shape
+    bn, bk = block
+    assert x.shape == (1, 2 * k if gated else k) and x.stride(1) == 1 and w.is_contiguous()
+    assert ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk)) and ws.stride(1) == 1
+    block_n, block_k, warps = config or pick_config(n, k)
+    block_n = min(block_n, bn)
+    assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, w, ws, w if b is None else b, y, n, k, w.stride(0), ws.stride(0),
+        SCALE_BN=bn, SCALE_BK=bk, GATED=gated, HAS_BIAS=b is not None,
+        EVEN=k % block_k == 0 and n % block_n == 0, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps,
+    )
+    return y

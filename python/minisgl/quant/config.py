@@ -1,0 +1,78 @@
+"""Which quantization a model runs with: parsed from the checkpoint's ``quantization_config`` or
+asked for with ``--quantization fp8`` (then the weights are quantized while loading).
+
+Only the format of the published FP8 checkpoints (Qwen3-*-FP8, DeepSeek-V3) is accepted: e4m3 weights
+with one ``weight_scale_inv`` per ``weight_block_size`` block and activations quantized dynamically
+per token and column group. Anything else is refused by name rather than loaded wrongly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+QUANTIZATIONS = ("fp8",)
+DEFAULT_BLOCK = (128, 128)
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """``block``: (rows, columns) of the weight that share one scale; the activation groups are
+    ``block[1]`` columns wide, so a GEMM's K loop meets one weight scale and one activation scale per
+    step. ``online``: the checkpoint holds bf16/fp16/fp32 weights that are quantized at load."""
+
+    block: tuple[int, int] = DEFAULT_BLOCK
+    online: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.block) != 2 or any(not isinstance(b, int) or b < 1 for b in self.block):
+            raise ValueError(f"quantization_config.weight_block_size: must be two positive integers, "
+                             f"got {list(self.block)}")
+        if self.block[1] & (self.block[1] - 1) or self.block[1] < 16:
+            raise ValueError(f"quantization_config.weight_block_size: the column block must be a "
+                             f"power of two >= 16 (the GEMM's K step), got {self.block[1]}")
+
+
+def fp8_config_from_checkpoint(raw: dict[str, Any]) -> Fp8Config | None:
+    """The ``quantization_config`` of a ``config.json`` dict, or None when the model is unquantized."""
+    q = raw.get("quantization_config")
+    if not q:
+        return None
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise ValueError(f"quantization_config.quant_method: {method!r} is not supported (fp8)")
+    fmt = q.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ValueError(f"quantization_config.fmt: {fmt!r} is not supported (e4m3)")
+    scheme = q.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise ValueError(f"quantization_config.activation_scheme: {scheme!r} is not supported "
+                         "(dynamic: activations are quantized per token and column group)")
+    block = q.get("weight_block_size")
+    if block is None:
+        raise ValueError("quantization_config.weight_block_size: missing; only block-scaled FP8 "
+                         "checkpoints (weight_scale_inv per block) are supported, not per-tensor ones")
+    return Fp8Config(block=tuple(int(b) for b in block))
+
+
+def resolve_quantization(checkpoint: Fp8Config | None, option: str | None) -> Fp8Config | None:
+    """The checkpoint's own format wins; ``option == "fp8"`` quantizes an unquantized checkpoint."""
+    if option is not None and option not in QUANTIZATIONS:
+        raise ValueError(f"quantization: {option!r} is not one of {', '.join(QUANTIZATIONS)}")
+    if checkpoint is not None or option is None:
+        return checkpoint
+    return Fp8Config(online=True)
+
+
+def fp8_device_error(device_type: str, capability: tuple[int, int] | None) -> str | None:
+    """Why ``device`` cannot run FP8 weights, or None. CPU runs the dequantizing reference; CUDA
+    needs e4m3 tensor cores and conversions: compute capability 8.9 (Ada) or 9.0 (Hopper) and up."""
+    if device_type == "cpu":
+        return None
+    if device_type != "cuda":
+        return f"FP8 is not supported on device type {device_type!r}"
+    if capability is None or capability < (8, 9):
+        cap = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
+        return (f"FP8 weights and KV cache need a GPU of compute capability 8.9 or newer "
+                f"(Ada, Hopper); this GPU has {cap}. Serve the bf16 checkpoint instead")
+    return None

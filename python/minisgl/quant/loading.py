@@ -1,0 +1,56 @@
+"""Engine-side glue: the model config with its quantization resolved, and the KV pool's scales."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from minisgl.utils import init_logger
+
+from .config import fp8_device_error, resolve_quantization
+
+if TYPE_CHECKING:
+    from minisgl.engine.config import EngineConfig
+    from minisgl.kvcache import BaseKVCachePool
+    from minisgl.models import ModelConfig
+
+logger = init_logger(__name__)
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def check_fp8_device(device: torch.device, what: str) -> None:
+    """Raise a ``ValueError`` naming ``what`` when ``device`` cannot run FP8."""
+    error = fp8_device_error(device.type, _capability(device))
+    if error is not None:
+        raise ValueError(f"{what}: {error}")
+
+
+def load_model_config(config: EngineConfig, device: torch.device) -> ModelConfig:
+    """``config.json`` with ``--quantization`` applied, checked against the device."""
+    from minisgl.models import ModelConfig
+
+    mc = ModelConfig.from_path(config.model_path)
+    quant = resolve_quantization(mc.quant, config.quantization)
+    if quant is not None:
+        what = "quantization" if quant.online else "FP8 checkpoint (quantization_config)"
+        check_fp8_device(device, what)
+    if config.kv_cache_dtype == torch.float8_e4m3fn:
+        check_fp8_device(device, "kv_cache_dtype")
+    return dataclasses.replace(mc, quant=quant)
+
+
+def set_kv_scales(pool: BaseKVCachePool, scales: dict[int, dict[str, float]]) -> None:
+    """Per-layer K/V scales of the checkpoint into an FP8 pool (1.0 where it has none). A pool in
+    the model's dtype stores K/V unscaled, so the scales do not apply to it."""
+    if not scales:
+        return
+    if pool.dtype != torch.float8_e4m3fn:
+        logger.info("the checkpoint's KV-cache scales apply to an FP8 KV cache only; not used")
+        return
+    for layer, kv in scales.items():
+        pool.set_kv_scales(layer, kv.get("k", 1.0), kv.get("v", 1.0))

@@ -1,0 +1,267 @@
+"""FP8 on CPU: checkpoints in the published format, ``--quantization fp8``, the FP8 KV cache.
+
+The CPU path dequantizes (``minisgl.quant.linear``): an FP8 model computes exactly what the model of
+its dequantized weights computes, so the reference is that model (ours and transformers', float32)
+and the tolerances are those of the float32 parity tests (1e-4 ours, 1e-3 transformers: only the
+order of the sums differs). What FP8 rounding costs is a GPU figure (``scripts/gpu_validate.sh fp8``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine_utils import prefill_logits
+from fp8_models import dequantize, make_dequantized_checkpoint, make_fp8_checkpoint, quantize
+from hf_models import hf_greedy, hf_prefill_logits, make_tiny_checkpoint, random_prompts
+from minisgl.core import SamplingParams
+from minisgl.llm.config import EngineOptions
+from minisgl.scheduler import Scheduler
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PROMPTS = random_prompts(3, [6, 19, 40], 256, seed=11)
+# head_dim 128 and widths that are multiples of 128: the real 128x128 blocks fall on the boundaries
+# of the merged projections (hidden 64 still leaves partial column blocks)
+WIDE = dict(head_dim=128, intermediate_size=256, moe_intermediate_size=128)
+
+
+def scheduler(path, **options) -> Scheduler:
+    opts = dict(device="cpu", dtype="float32", num_pages=512, page_size=4) | options
+    return Scheduler(EngineOptions(**opts).scheduler_config(str(path), ()))
+
+
+def logits_and_tokens(path, **options) -> tuple[torch.Tensor, list[list[int]]]:
+    sched = scheduler(path, **options)
+    logits = prefill_logits(sched, PROMPTS)
+    tokens: dict[int, list[int]] = {}
+    for i, p in enumerate(PROMPTS):
+        sched.add_request(i, p, GREEDY)
+    while sched.has_work:
+        for out in sched.step():
+            tokens.setdefault(out.uid, []).append(out.token)
+    sched.check_integrity()
+    sched.close()
+    return logits, [tokens[i] for i in range(len(PROMPTS))]
+
+
+CASES = [("llama", (16, 16), {}), ("qwen2", (16, 16), {}), ("qwen3", (16, 16), {}),
+         ("qwen3_moe", (16, 16), {}),
+         ("qwen3", (128, 128), WIDE), ("qwen3_moe", (128, 128), WIDE)]
+
+
+@pytest.mark.parametrize("arch, block, dims", CASES,
+                         ids=[f"{a}-{b[0]}x{b[1]}" for a, b, _ in CASES])
+def test_fp8_checkpoint_matches_dequantized_model(arch, block, dims, tmp_path):
+    src = make_tiny_checkpoint(arch, tmp_path / "src", **dims)
+    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8", block)
+    ref = make_dequantized_checkpoint(fp8, tmp_path / "ref")
+    logits, tokens = logits_and_tokens(fp8)
+    ref_logits, ref_tokens = logits_and_tokens(ref)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
+    assert tokens == ref_tokens
+    hf = torch.cat(hf_prefill_logits(str(ref), PROMPTS))
+    torch.testing.assert_close(logits, hf, atol=1e-3, rtol=0)
+    assert tokens == hf_greedy(str(ref), PROMPTS, GREEDY.max_tokens)
+    # the quantization is not a no-op: the original weights give other logits
+    assert (logits_and_tokens(src)[0] - logits).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_online_fp8_matches_the_checkpoint_format(arch, tmp_path):
+    """``--quantization fp8`` on a float32 checkpoint = the same weights quantized offline into
+    the published format (128x128 blocks, the independent quantizer of the tests)."""
+    src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
+    ref = make_dequantized_checkpoint(make_fp8_checkpoint(src, tmp_path / "fp8"), tmp_path / "ref")
+    logits, tokens = logits_and_tokens(src, quantization="fp8")
+    ref_logits, ref_tokens = logits_and_tokens(ref)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
+    assert tokens == ref_tokens
+
+
+def test_fp8_weights_are_stored_as_fp8(tmp_path):
+    src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **WIDE)
+    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8")
+    for path, opts in ((fp8, {}), (src, {"quantization": "fp8"}), (fp8, {"dummy_weights": True})):
+        sched = scheduler(path, **opts)
+        model = sched.engine.model
+        layer = model.layers[0]
+        for w in (layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.w13,
+                  layer.mlp.w2):
+            assert w.dtype == torch.float8_e4m3fn
+        assert layer.self_attn.qkv_proj.weight_scale_inv.shape == (8, 1)  # (512 + 2*256) / 128
+        assert layer.mlp.w13_scale_inv.shape == (4, 2, 1)
+        assert layer.mlp.gate.weight.dtype == torch.float32  # the router stays unquantized
+        assert model.embed_tokens.weight.dtype == torch.float32
+        sched.close()
+
+
+def test_independent_quantizer_agrees_with_minisgl():
+    from minisgl.quant import dequantize_block, quantize_block
+
+    w = torch.randn(100, 70) * 3
+    q, s = quantize_block(w, (32, 16))
+    q2, s2 = quantize(w, (32, 16))
+    torch.testing.assert_close(s, s2)
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    torch.testing.assert_close(dequantize_block(q, s, (32, 16)), dequantize(q2, s2, (32, 16)))
+    # e4m3 keeps 3 mantissa bits: every element within 2^-4 of its value (relative)
+    err = (dequantize_block(q, s, (32, 16)) - w).abs()
+    assert (err <= w.abs() / 16 + s.max() * 2 ** -9).all()
+
+
+# ---------------------------------------------------------------- FP8 KV cache
+
+
+def test_fp8_kv_pool_round_trips_within_fp8_error():
+    from minisgl.kvcache import create_kvcache_pool
+
+    pool = create_kvcache_pool(2, 2, 16, 8, 4, torch.float8_e4m3fn, "cpu")
+    assert pool.mem_bytes == 2 * 2 * 32 * 2 * 16  # one byte per element
+    pool.set_kv_scales(1, 0.05, 2.0)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(5, 2, 16, generator=g) * 4, torch.randn(5, 2, 16, generator=g) * 300
+    loc = torch.tensor([3, 7, 8, 20, 31])
+    for layer in (0, 1):
+        pool.store_kv(k, v, loc, layer)
+        k2, v2 = pool.read_kv(layer, loc, torch.float32)
+        ks, vs = pool.kv_scales(layer)
+        for x, y, s in ((k, k2, ks), (v, v2, vs)):
+            limit = 448 * s
+            exact = x.clamp(-limit, limit)  # beyond the scaled range: saturated, never NaN
+            assert torch.isfinite(y).all()
+            assert ((y - exact).abs() <= exact.abs() / 16 + s * 2 ** -9).all()
+    assert (pool.read_kv(0, loc, torch.float32)[1].abs().max() == 448)  # v * 300 saturates at scale 1
+    assert pool.read_kv(1, loc, torch.float32)[1].abs().max() > 448  # scale 2 holds it
+
+
+@pytest.mark.parametrize("arch", ["qwen3", pytest.param("qwen3_moe", marks=pytest.mark.slow)])
+def test_fp8_kv_cache_model(arch, tmp_path):
+    """FP8 K/V change the logits by FP8's rounding only: the stored K/V are within 2^-4 (relative)
+    of the exact ones, and attention averages such errors; so the logits stay within 5% of their
+    magnitude here, while a wrong scale (x2) or an unconverted read moves them by far more."""
+    src = make_tiny_checkpoint(arch, tmp_path / "src")
+    exact, _ = logits_and_tokens(src)
+    fp8_kv, _ = logits_and_tokens(src, kv_cache_dtype="fp8_e4m3")
+    mad, magnitude = (fp8_kv - exact).abs().mean(), exact.abs().mean()
+    assert 0 < mad < 0.05 * magnitude
+    # per-layer scales of the checkpoint reach the pool, and a consistent scale changes little
+    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16), kv_scales={0: (0.5, 0.25), 1: (2.0, 1.0)})
+    sched = scheduler(fp8, kv_cache_dtype="fp8_e4m3")
+    assert sched.engine.kv_pool.kv_scales(0) == (0.5, 0.25)
+    assert sched.engine.kv_pool.kv_scales(1) == (2.0, 1.0)
+    sched.close()
+    scaled, _ = logits_and_tokens(fp8, kv_cache_dtype="fp8_e4m3")
+    unscaled_ref, _ = logits_and_tokens(make_dequantized_checkpoint(fp8, tmp_path / "ref"))
+    assert (scaled - unscaled_ref).abs().mean() < 0.05 * unscaled_ref.abs().mean()
+
+
+def test_fp8_kv_cache_doubles_the_capacity(tmp_path):
+    src = make_tiny_checkpoint("qwen3", tmp_path / "src")
+    opts = dict(num_pages=None, kv_cache_memory_gb=2 ** -12, max_running_requests=64)
+    auto, fp8 = scheduler(src, **opts), scheduler(src, kv_cache_dtype="fp8_e4m3", **opts)
+    assert fp8.engine.kv_bytes_per_token * 4 == auto.engine.kv_bytes_per_token  # float32 -> 1 byte
+    assert fp8.engine.num_pages == 4 * auto.engine.num_pages
+    auto.close()
+    fp8.close()
+
+
+# ---------------------------------------------------------------- bad options
+
+
+def test_bad_options_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="quantization: 'int4'"):
+        EngineOptions(quantization="int4")
+    with pytest.raises(ValueError, match="kv_cache_dtype: 'fp8_e5m2'"):
+        EngineOptions(kv_cache_dtype="fp8_e5m2")
+    from minisgl.server.args import parse_args
+
+    engine = parse_args(["--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3"]).engine
+    assert (engine.quantization, engine.kv_cache_dtype) == ("fp8", "fp8_e4m3")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"quant_method": "awq"}, "quant_method: 'awq'"),
+    ({"activation_scheme": "static"}, "activation_scheme: 'static'"),
+    ({"fmt": "e5m2"}, "fmt: 'e5m2'"),
+    ({"weight_block_size": None}, "weight_block_size: missing"),
+    ({"weight_block_size": [128, 100]}, "power of two"),
+])
+def test_unsupported_checkpoint_formats_are_named(change, message, tmp_path):
+    from minisgl.models import ModelConfig
+
+    src = make_tiny_checkpoint("qwen3", tmp_path / "src")
+    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16))
+    cfg = json.loads((fp8 / "config.json").read_text())
+    cfg["quantization_config"].update(change)
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict(cfg)
+
+
+def test_fp8_needs_ada_or_hopper():
+    from minisgl.quant import fp8_device_error
+
+    assert fp8_device_error("cpu", None) is None  # the dequantizing reference
+    assert fp8_device_error("cuda", (9, 0)) is None and fp8_device_error("cuda", (8, 9)) is None
+    message = fp8_device_error("cuda", (8, 0))
+    assert "compute capability 8.9" in message and "8.0" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_fp8_checkpoint_tp2_matches_tp1(arch, tmp_path):
+    """Block scales shard with their weights: 16x16 blocks over two ranks (8 query heads of 16,
+    a KV head each, half the experts' rows)."""
+    from test_tp import run_rank, run_tp
+
+    src = make_tiny_checkpoint(arch, tmp_path / "src")
+    fp8 = str(make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16)))
+    logits1, tokens1 = run_rank(fp8, PROMPTS, 0, 1, "")
+    logits2, tokens2 = run_tp(fp8, PROMPTS, 2)
+    torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-4, rtol=0)
+    assert tokens2 == tokens1
+
+
+@pytest.mark.slow
+def test_online_fp8_and_fp8_kv_tp2_matches_tp1(tmp_path):
+    """``--quantization fp8`` quantizes each rank's shard: with 128-row/column boundaries at the
+    shard edges that is TP=1's quantization; the FP8 KV pool holds each rank's KV heads."""
+    from test_tp import run_rank, run_tp
+
+    dims = WIDE | {"moe_intermediate_size": 256}  # 128 expert rows per rank: whole blocks
+    src = str(make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **dims))
+    opts = {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}
+    logits1, tokens1 = run_rank(src, PROMPTS, 0, 1, "", opts)
+    logits2, tokens2 = run_tp(src, PROMPTS, 2, opts)
+    torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-4, rtol=0)
+    assert tokens2 == tokens1
+
+
+def test_tp_shard_that_splits_a_block_is_an_error():
+    """moe_intermediate_size 32 over two ranks is 16 rows per rank: rank 1 would start inside the
+    first 32-row block of the checkpoint's scales."""
+    from minisgl.distributed import DistributedInfo
+    from minisgl.layers import LinearColParallelMerged
+    from minisgl.quant import Fp8Config
+
+    layer = LinearColParallelMerged(64, [32, 32], False, DistributedInfo(1, 2), Fp8Config((32, 32)))
+    scale = layer.weight_scale_inv
+    with pytest.raises(ValueError, match="FP8 block scales cannot be split at 16..32 .block size 32."):
+        scale.weight_loader(scale, torch.ones(1, 2), 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+def test_gpu_fp8_model_close_to_dequantized_reference(kv, tmp_path):
+    """On CUDA (bf16, Triton GEMM/GEMV/fused MoE, CUDA graphs) the FP8 model also quantizes the
+    activations: its logits stay within 5% (mean) of the fp32 dequantized model on CPU, and decode
+    with CUDA graphs gives the tokens that eager decode gives."""
+    src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **WIDE)
+    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8")
+    ref, _ = logits_and_tokens(make_dequantized_checkpoint(fp8, tmp_path / "ref"))
+    opts = dict(device="cuda", dtype="bfloat16", kv_cache_dtype=kv, attn="triton")
+    logits, tokens = logits_and_tokens(fp8, **opts)
+    assert (logits.float().cpu() - ref).abs().mean() < 0.05 * ref.abs().mean()
+    _, eager = logits_and_tokens(fp8, cuda_graph_max_bs=0, **opts)
+    assert tokens == eager

@@ -8,13 +8,11 @@ client that goes away aborts its requests, so its KV cache is freed at once.
 
 from __future__ import annotations
 
-import hmac
-import json
 import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 import msgspec
 from fastapi import APIRouter, FastAPI, Request
@@ -23,25 +21,26 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
-from minisgl.core import SamplingParams
-from minisgl.message import TokenizeMsg, UserReply
+from minisgl.message import UserReply
 from minisgl.server.args import ServerConfig
 from minisgl.server.echo import Echo, generate_prompt_logprobs, join_logprobs, prompt_text
 from minisgl.server.reasoning import (
     ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
 )
-from minisgl.server.frontend import Call, FrontendManager, respond
+from minisgl.server.frontend import FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
 from minisgl.server import structured
-from minisgl.server.tools import ChatTools, model_parser, tool_delta, tool_message
+from minisgl.server.tools import ChatTools, tool_delta, tool_message
 from minisgl.server.protocol import (
     ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
     chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
 )
-from minisgl.server.validation import check_limits, check_text
+from minisgl.server.request_context import (
+    authorize, check_model, frontend_for, read_json, server_config, start_call, tool_parser,
+)
+from minisgl.server.validation import check_limits
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
@@ -49,112 +48,15 @@ router = APIRouter()
 RETRY_AFTER_S = 1
 
 
-# ------------------------------------------------------------------------------ request checks
-def _conf(request: Request) -> ServerConfig:
-    return request.app.state.config
-
-
-def _authorize(request: Request) -> None:
-    key = _conf(request).api_key
-    if key is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())):
-        raise ApiError(401, "missing or invalid API key", code="invalid_api_key")
-
-
-async def _read_json(request: Request) -> Any:
-    """The body as JSON, refusing oversized bodies before and while reading them."""
-    _authorize(request)
-    limit, length = _conf(request).max_body_bytes, request.headers.get("content-length")
-    too_large = ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        raise too_large if length.isdigit() else ApiError(400, "invalid Content-Length")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
-    except ClientDisconnect:  # nobody reads the answer; this only keeps it out of the error log
-        raise ApiError(400, "the client disconnected while sending the body") from None
-    try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=_int64)
-    except UnicodeDecodeError:
-        raise ApiError(400, "request body is not valid UTF-8", code="invalid_json") from None
-    except (ValueError, RecursionError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
-    check_text(data)
-    return data
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
-
-
-def _int64(text: str) -> int:
-    """Integers must fit the 64 bits the messages carry (else encoding them would be a 500)."""
-    value = int(text)
-    if not -(1 << 63) <= value < 1 << 63:
-        raise ValueError(f"integer {text[:24]} does not fit in 64 bits")
-    return value
-
-
-def _check_model(request: Request, model: str | None) -> str:
-    state = request.app.state
-    names = {state.config.model_name, state.config.model, state.model_path}
-    if model is not None and model.rstrip("/") not in {n.rstrip("/") for n in names if n}:
-        raise ApiError(404, f"model {model!r} does not exist; this server serves "
-                       f"{state.config.model_name!r}", "model", "model_not_found")
-    return state.config.model_name
-
-
-def _tool_parser(request: Request) -> str:
-    return model_parser(request.app.state.tokens.model_path, _conf(request).tool_call_parser)
-
-
-def _frontend(request: Request, new: int = 0) -> FrontendManager:
-    """The frontend, if it may take ``new`` more requests (503 while down or overloaded)."""
-    frontend: FrontendManager | None = request.app.state.frontend
-    if frontend is None or not frontend.ready:
-        raise ApiError(503, "the server is starting", code="starting")
-    if not frontend.healthy:
-        raise ApiError(503, "the server is unhealthy (a worker process died)", code="unhealthy")
-    conf = _conf(request)
-    capacity = conf.engine.max_running_requests + conf.max_queued_requests
-    if new > capacity:
-        raise ApiError(400, f"n: {new} choices exceed the server's capacity {capacity}", "n")
-    if frontend.in_flight + new > capacity:
-        raise ApiError(503, "the server is overloaded, retry later", code="overloaded")
-    return frontend
-
-
-async def _start(request: Request, specs: list[tuple[dict, SamplingParams, int]],
-                 rid: str | None = None, prompt: Any = None) -> Call:
-    """Submit one backend request per (prompt fields, params, prompt index). ``rid`` and (with
-    ``--log-requests``) ``prompt`` go into the request's log line."""
-    frontend = _frontend(request, len(specs))
-    msgs = [TokenizeMsg(uid=frontend.new_uid(), sampling_params=p, **fields)
-            for fields, p, _ in specs]
-    states = [ChoiceState(m.uid, i, spec[2]) for i, (m, spec) in enumerate(zip(msgs, specs))]
-    arrival = getattr(request.state, "arrival", None)
-    prompt = prompt if _conf(request).log_requests else None
-    call = Call(frontend, request.is_disconnected, states, request.app.state.metrics, arrival,
-                rid, prompt)
-    return await call.start(msgs)
-
-
 # ------------------------------------------------------------------------------ endpoints
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    req = parse(ChatCompletionRequest, await _read_json(request))
-    model = _check_model(request, req.model)
+    req = parse(ChatCompletionRequest, await read_json(request))
+    model = check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
     kwargs = req.chat_template_kwargs
     tools = ChatTools.from_request(req.tools, req.tool_choice, req.parallel_tool_calls,
-                                   _tool_parser(request))
+                                   tool_parser(request))
     grammar = structured.requested_grammar(req, tools and tools.schema())
     await structured.check(grammar)
     extra = {grammar[0]: grammar[1]} if grammar else None
@@ -166,7 +68,7 @@ async def chat_completions(request: Request) -> Response:
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    call = await _start(request, specs, rid, messages)
+    call = await start_call(request, specs, rid, messages)
     states = list(call.states.values())
     splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}
     streams = {s.index: tools.stream() for s in states} if tools else {}
@@ -208,8 +110,8 @@ async def chat_completions(request: Request) -> Response:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    req = parse(CompletionRequest, await _read_json(request))
-    model = _check_model(request, req.model)
+    req = parse(CompletionRequest, await read_json(request))
+    model = check_model(request, req.model)
     n = req.n or 1
     grammar = structured.requested_grammar(req)
     await structured.check(grammar)
@@ -224,7 +126,7 @@ async def completions(request: Request) -> Response:
         echo = Echo([prompt_text(p, tokens.tokenizer, text_of) for p in req.prompt],
                     text_of, req.logprobs)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    call = await _start(request, specs, rid, req.prompt)
+    call = await start_call(request, specs, rid, req.prompt)
     states = list(call.states.values())
 
     def lps(s: ChoiceState, entries: list) -> dict | None:
@@ -255,13 +157,13 @@ async def completions(request: Request) -> Response:
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    req = parse(GenerateRequest, await _read_json(request))
-    _check_model(request, req.model)
+    req = parse(GenerateRequest, await read_json(request))
+    check_model(request, req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
     params = check_limits(req.params(), "sampling_params.")
     if params.grammar is not None:
         await structured.check((*params.grammar, f"sampling_params.{params.grammar[0]}"))
-    call = await _start(request, [(fields, params, 0)], None, req.text or req.input_ids)
+    call = await start_call(request, [(fields, params, 0)], None, req.text or req.input_ids)
     (state,) = call.states.values()
 
     def body() -> dict:
@@ -284,7 +186,7 @@ async def generate(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict:
-    _authorize(request)
+    authorize(request)
     state, frontend = request.app.state, request.app.state.frontend
     card = {"id": state.config.model_name, "object": "model", "created": state.created,
             "owned_by": "minisgl", "root": state.model_path}
@@ -297,7 +199,7 @@ async def models(request: Request) -> dict:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    _frontend(request)
+    frontend_for(request)
     return JSONResponse({"status": "ok"})
 
 
@@ -309,8 +211,8 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/server_info")
 async def server_info(request: Request) -> dict:
-    _authorize(request)
-    conf, frontend = _conf(request), request.app.state.frontend
+    authorize(request)
+    conf, frontend = server_config(request), request.app.state.frontend
     stats = frontend.stats if frontend is not None else None
     return {
         **request.app.state.server_info,

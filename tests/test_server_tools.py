@@ -141,7 +141,8 @@ def test_regex_ebnf_and_generate_json_schema(server, client, model):
 def test_bad_constraints_are_400s_naming_the_field(server, model, path, body, param):
     base = ({"messages": ASK} if path == "/v1/chat/completions" else
             {"prompt": "hi"} if path == "/v1/completions" else {"text": "hi"})
-    res = httpx.post(f"{server.url}{path}", json={"model": model, "max_tokens": 2, **base, **body},
+    limit = {} if path == "/generate" else {"max_tokens": 2}  # /generate's lives in sampling_params
+    res = httpx.post(f"{server.url}{path}", json={"model": model, **limit, **base, **body},
                      timeout=60)
     assert res.status_code == 400, res.text
     assert res.json()["error"]["param"] == param

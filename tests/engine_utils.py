@@ -1,4 +1,5 @@
-"""Reach into the real engine path for tests: the logits of every position of a batched prefill."""
+"""Reach into the real engine path for tests: the logits of every position of a batched prefill,
+and the greedy tokens of a whole run."""
 
 from __future__ import annotations
 
@@ -29,3 +30,19 @@ def prefill_logits(scheduler, prompts: list[list[int]]) -> torch.Tensor:
     for uid in uids:
         scheduler.abort(uid)
     return logits
+
+
+def logits_and_tokens(scheduler, prompts: list[list[int]],
+                      params: SamplingParams) -> tuple[torch.Tensor, list[list[int]]]:
+    """``prefill_logits`` of ``prompts``, then every token of running them with ``params`` to the
+    end; checks the scheduler's integrity and closes it."""
+    logits = prefill_logits(scheduler, prompts)
+    tokens: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        scheduler.add_request(i, p, params)
+    while scheduler.has_work:
+        for out in scheduler.step():
+            tokens.setdefault(out.uid, []).append(out.token)
+    scheduler.check_integrity()
+    scheduler.close()
+    return logits, [tokens[i] for i in range(len(prompts))]

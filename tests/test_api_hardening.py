@@ -13,16 +13,10 @@ import threading
 
 import httpx
 import pytest
-import uvicorn
-from minisgl.llm.config import EngineOptions
 from minisgl.message import SchedulerStatsMsg, StatsReply
-from minisgl.server.api_server import create_app
-from minisgl.server.args import ServerAddrs, ServerConfig
-from minisgl.server.frontend import FrontendManager
 from minisgl.server.validation import MAX_STOP, MAX_STOP_TOKEN_IDS
-from minisgl.utils.mp import make_runtime_dir, remove_runtime_dir
 
-from test_api_server import FakeWorker, _free_port, wait_until
+from test_api_server import fake_server, wait_until
 
 KEY, MODEL = "secret", "fake-model"
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -30,25 +24,8 @@ CHAT = [{"role": "user", "content": "Hi"}]
 
 @pytest.fixture(scope="module")
 def server():
-    runtime = make_runtime_dir()
-    addrs = ServerAddrs.create(runtime)
-    config = ServerConfig(model="/models/fake/", served_model_name=MODEL, api_key=KEY,
-                          max_queued_requests=1, allowed_origins=("https://ui.example",),
-                          engine=EngineOptions(device="cpu", max_running_requests=1))
-    app = create_app(config, lambda: FrontendManager(addrs), server_info={"processes": {}})
-    port = _free_port()
-    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=http.run, daemon=True)
-    thread.start()
-    worker = FakeWorker(addrs)
-    worker.start()
-    assert wait_until(lambda: http.started, 10)
-    yield type("Srv", (), {"url": f"http://127.0.0.1:{port}", "app": app, "worker": worker})
-    http.should_exit = True
-    thread.join(10)
-    worker.stopping.set()
-    worker.join(5)
-    remove_runtime_dir(runtime)
+    with fake_server(1, max_queued_requests=1, allowed_origins=("https://ui.example",)) as srv:
+        yield srv
 
 
 @pytest.fixture()

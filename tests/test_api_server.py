@@ -6,6 +6,7 @@ chunks (token ids 1, 2, 3), or obeys a keyword in the prompt (HOLD, SLOW, TOOLON
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -109,13 +110,14 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
     return False
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def fake_server(max_running: int, **options):
+    """The real app on a real socket, with ``FakeWorker`` behind it; ``options``: ServerConfig's."""
     runtime = make_runtime_dir()
     addrs = ServerAddrs.create(runtime)
     config = ServerConfig(model="/models/fake/", served_model_name=MODEL, api_key=KEY,
-                          max_queued_requests=2, max_body_bytes=1 << 16,
-                          engine=EngineOptions(device="cpu", max_running_requests=2))
+                          engine=EngineOptions(device="cpu", max_running_requests=max_running),
+                          **options)
     app = create_app(config, lambda: FrontendManager(addrs), server_info={"processes": {}})
     port = _free_port()
     http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -124,12 +126,20 @@ def server():
     worker = FakeWorker(addrs)
     worker.start()
     assert wait_until(lambda: http.started, 10)
-    yield type("Srv", (), {"url": f"http://127.0.0.1:{port}", "app": app, "worker": worker})
-    http.should_exit = True
-    thread.join(10)
-    worker.stopping.set()
-    worker.join(5)
-    remove_runtime_dir(runtime)
+    try:
+        yield type("Srv", (), {"url": f"http://127.0.0.1:{port}", "app": app, "worker": worker})
+    finally:
+        http.should_exit = True
+        thread.join(10)
+        worker.stopping.set()
+        worker.join(5)
+        remove_runtime_dir(runtime)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with fake_server(2, max_queued_requests=2, max_body_bytes=1 << 16) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

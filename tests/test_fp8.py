@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from engine_utils import prefill_logits
+from engine_utils import logits_and_tokens
 from fp8_models import dequantize, make_dequantized_checkpoint, make_fp8_checkpoint, quantize
 from hf_models import hf_greedy, hf_prefill_logits, make_tiny_checkpoint, random_prompts
 from minisgl.core import SamplingParams
@@ -32,18 +32,8 @@ def scheduler(path, **options) -> Scheduler:
     return Scheduler(EngineOptions(**opts).scheduler_config(str(path), ()))
 
 
-def logits_and_tokens(path, **options) -> tuple[torch.Tensor, list[list[int]]]:
-    sched = scheduler(path, **options)
-    logits = prefill_logits(sched, PROMPTS)
-    tokens: dict[int, list[int]] = {}
-    for i, p in enumerate(PROMPTS):
-        sched.add_request(i, p, GREEDY)
-    while sched.has_work:
-        for out in sched.step():
-            tokens.setdefault(out.uid, []).append(out.token)
-    sched.check_integrity()
-    sched.close()
-    return logits, [tokens[i] for i in range(len(PROMPTS))]
+def run_greedy(path, **options) -> tuple[torch.Tensor, list[list[int]]]:
+    return logits_and_tokens(scheduler(path, **options), PROMPTS, GREEDY)
 
 
 CASES = [("llama", (16, 16), {}), ("qwen2", (16, 16), {}), ("qwen3", (16, 16), {}),
@@ -57,15 +47,15 @@ def test_fp8_checkpoint_matches_dequantized_model(arch, block, dims, tmp_path):
     src = make_tiny_checkpoint(arch, tmp_path / "src", **dims)
     fp8 = make_fp8_checkpoint(src, tmp_path / "fp8", block)
     ref = make_dequantized_checkpoint(fp8, tmp_path / "ref")
-    logits, tokens = logits_and_tokens(fp8)
-    ref_logits, ref_tokens = logits_and_tokens(ref)
+    logits, tokens = run_greedy(fp8)
+    ref_logits, ref_tokens = run_greedy(ref)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens
     hf = torch.cat(hf_prefill_logits(str(ref), PROMPTS))
     torch.testing.assert_close(logits, hf, atol=1e-3, rtol=0)
     assert tokens == hf_greedy(str(ref), PROMPTS, GREEDY.max_tokens)
     # the quantization is not a no-op: the original weights give other logits
-    assert (logits_and_tokens(src)[0] - logits).abs().max() > 1e-2
+    assert (run_greedy(src)[0] - logits).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
@@ -74,8 +64,8 @@ def test_online_fp8_matches_the_checkpoint_format(arch, tmp_path):
     the published format (128x128 blocks, the independent quantizer of the tests)."""
     src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
     ref = make_dequantized_checkpoint(make_fp8_checkpoint(src, tmp_path / "fp8"), tmp_path / "ref")
-    logits, tokens = logits_and_tokens(src, quantization="fp8")
-    ref_logits, ref_tokens = logits_and_tokens(ref)
+    logits, tokens = run_greedy(src, quantization="fp8")
+    ref_logits, ref_tokens = run_greedy(ref)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens
 
@@ -142,8 +132,8 @@ def test_fp8_kv_cache_model(arch, tmp_path):
     of the exact ones, and attention averages such errors; so the logits stay within 5% of their
     magnitude here, while a wrong scale (x2) or an unconverted read moves them by far more."""
     src = make_tiny_checkpoint(arch, tmp_path / "src")
-    exact, _ = logits_and_tokens(src)
-    fp8_kv, _ = logits_and_tokens(src, kv_cache_dtype="fp8_e4m3")
+    exact, _ = run_greedy(src)
+    fp8_kv, _ = run_greedy(src, kv_cache_dtype="fp8_e4m3")
     mad, magnitude = (fp8_kv - exact).abs().mean(), exact.abs().mean()
     assert 0 < mad < 0.05 * magnitude
     # per-layer scales of the checkpoint reach the pool, and a consistent scale changes little
@@ -152,8 +142,8 @@ def test_fp8_kv_cache_model(arch, tmp_path):
     assert sched.engine.kv_pool.kv_scales(0) == (0.5, 0.25)
     assert sched.engine.kv_pool.kv_scales(1) == (2.0, 1.0)
     sched.close()
-    scaled, _ = logits_and_tokens(fp8, kv_cache_dtype="fp8_e4m3")
-    unscaled_ref, _ = logits_and_tokens(make_dequantized_checkpoint(fp8, tmp_path / "ref"))
+    scaled, _ = run_greedy(fp8, kv_cache_dtype="fp8_e4m3")
+    unscaled_ref, _ = run_greedy(make_dequantized_checkpoint(fp8, tmp_path / "ref"))
     assert (scaled - unscaled_ref).abs().mean() < 0.05 * unscaled_ref.abs().mean()
 
 
@@ -259,9 +249,9 @@ def test_gpu_fp8_model_close_to_dequantized_reference(kv, tmp_path):
     with CUDA graphs gives the tokens that eager decode gives."""
     src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **WIDE)
     fp8 = make_fp8_checkpoint(src, tmp_path / "fp8")
-    ref, _ = logits_and_tokens(make_dequantized_checkpoint(fp8, tmp_path / "ref"))
+    ref, _ = run_greedy(make_dequantized_checkpoint(fp8, tmp_path / "ref"))
     opts = dict(device="cuda", dtype="bfloat16", kv_cache_dtype=kv, attn="triton")
-    logits, tokens = logits_and_tokens(fp8, **opts)
+    logits, tokens = run_greedy(fp8, **opts)
     assert (logits.float().cpu() - ref).abs().mean() < 0.05 * ref.abs().mean()
-    _, eager = logits_and_tokens(fp8, cuda_graph_max_bs=0, **opts)
+    _, eager = run_greedy(fp8, cuda_graph_max_bs=0, **opts)
     assert tokens == eager

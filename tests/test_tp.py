@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE
-from engine_utils import prefill_logits
+from engine_utils import logits_and_tokens
 from hf_models import ARCHS, make_tiny_checkpoint, random_prompts
 from minisgl.core import SamplingParams
 
@@ -41,17 +41,7 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str, options: dict 
     cfg = EngineOptions(device=device, dtype="float32", num_pages=2048, page_size=4, **(options or {}))
     cfg = cfg.scheduler_config(path, ())
     engine = dataclasses.replace(cfg.engine, tp=DistributedInfo(rank, size), dist_init_addr=addr)
-    sched = Scheduler(dataclasses.replace(cfg, engine=engine))
-    logits = prefill_logits(sched, prompts)
-    tokens: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        sched.add_request(i, p, GREEDY)
-    while sched.has_work:
-        for out in sched.step():
-            tokens.setdefault(out.uid, []).append(out.token)
-    sched.check_integrity()
-    sched.close()
-    return logits, [tokens[i] for i in range(len(prompts))]
+    return logits_and_tokens(Scheduler(dataclasses.replace(cfg, engine=engine)), prompts, GREEDY)
 
 
 def _rank_main(path, prompts, rank, size, addr, queue, options=None):

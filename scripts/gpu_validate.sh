@@ -5,6 +5,10 @@
 #                                         # ablations, Qwen3-8B with batch 1 (GEMV and cuBLAS)
 #   scripts/gpu_validate.sh online  OUT   # the online suite: Qwen3-0.6B and Qwen3-8B, radix vs naive
 #   scripts/gpu_validate.sh tp      OUT   # two GPUs: TP=2 feature by feature, TP tests, 8B/14B TP=1,2
+#   scripts/gpu_validate.sh itl     OUT   # streaming smoothness: prefill-first vs mixed steps (8B at
+#                                         # concurrency 4/16/64, 0.6B at 128), mixed-batch attention,
+#                                         # offline default vs prefill-first; run itl-shared for
+#                                         # lpm vs fcfs on the shared-prefix workload (each ~10 min)
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -42,8 +46,19 @@ tp)
             --hf-requests 0 --tag tp --out "$out" >"$out/bench_${m}_tp.log" 2>&1
     done
     cat "$out"/offline_*_tp.md ;;
+itl)
+    "$py" benchmark/kernels/bench_mixed_attention.py >"$out/bench_mixed_attention.log" 2>&1
+    PYTHON=$py benchmark/online/gpu_itl.sh qwen3-8b "$out" >"$out/itl_qwen3-8b.log" 2>&1
+    PYTHON=$py benchmark/online/gpu_itl.sh qwen3-0.6b "$out" >"$out/itl_qwen3-0.6b.log" 2>&1
+    cat "$out/bench_mixed_attention.log" "$out"/*_itl.md ;;
+itl-shared)
+    PYTHON=$py benchmark/online/gpu_itl.sh shared "$out" >"$out/itl_shared.log" 2>&1
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
+        --variants default,prefill-first --hf-requests 0 --tag sched --out "$out" \
+        >"$out/bench_qwen3-0.6b_sched.log" 2>&1
+    cat "$out"/*lpm_vs_fcfs.md "$out"/offline_*sched.md ;;
 *)
-    echo "usage: $0 tests|offline|online|tp OUT" >&2
+    echo "usage: $0 tests|offline|online|tp|itl|itl-shared OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -43,6 +43,7 @@ VARIANTS = {
     "no-overlap": {"disable_overlap": True},
     "torch-attn": {"attn": "torch"},
     "page16": {"page_size": 16},
+    "prefill-first": {"schedule_mode": "prefill-first"},  # the ablation of mixed steps
 }
 
 

@@ -19,7 +19,7 @@ export HF_HUB_OFFLINE=1 MINISGL_TEST_DEVICE=cuda
 
 case $stage in
 tests)
-    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
+    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py tests/test_mixed_schedule.py \
         tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
         >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;

@@ -262,3 +262,31 @@ def test_default_model_stream_keeps_flowing_during_a_burst(default_model_dir, on
     assert len(gaps) >= 4000 // 256
     assert sorted(gaps)[len(gaps) // 2] < 1.0 and max(gaps) < 2.0, gaps
     sched.close()
+
+
+@pytest.mark.gpu
+def test_gpu_mixed_steps_keep_graphs_for_pure_decode(llama, workload):
+    """On CUDA (fp32, Triton attention): mixed steps run eagerly, pure decode steps still replay
+    CUDA graphs, and greedy tokens equal prefill-first's."""
+    results, replays = {}, {}
+    for mode in ("mixed", "prefill-first"):
+        llm = LLM(str(llama), device="cuda", dtype="float32", attn="triton", num_pages=1024,
+                  page_size=4, max_prefill_tokens=32, max_num_batched_tokens=32,
+                  cuda_graph_max_bs=8, schedule_mode=mode)
+        runner = llm.scheduler.engine.graph_runner
+        replay, count = runner.replay, [0]
+
+        def counted(batch, replay=replay, count=count):
+            assert batch.is_decode
+            count[0] += 1
+            return replay(batch)
+
+        runner.replay = counted
+        steps = record_steps(llm.scheduler)
+        results[mode] = run_burst(llm, *workload)[0]
+        replays[mode] = count[0]
+        if mode == "mixed":
+            assert sum(1 for b, _, _ in steps if b is not None and b.is_mixed) >= 10
+        llm.close()
+    assert results["mixed"] == results["prefill-first"]
+    assert replays["mixed"] > 0 and replays["prefill-first"] > 0

@@ -2,8 +2,8 @@
 
 A step with running requests carries every one of their decode tokens next to prefill chunks under
 ``max_num_batched_tokens``, so a burst of long prompts never pauses a stream for more than one step;
-greedy outputs equal those of ``prefill-first`` (today's order, kept as the ablation). ``lpm`` admits
-the longest cached prefix first and still admits everyone within ``max_wait_steps``.
+greedy outputs equal those of ``prefill-first`` (the former order, kept as an ablation). ``lpm``
+admits the longest cached prefix first and still admits everyone within ``max_wait_steps``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def make_llm(model, **options) -> LLM:
 
 
 def record_steps(scheduler) -> list[tuple[Batch | None, list, bool]]:
-    """Per scheduled step: (batch, the running requests that needed a token, whether it retracted)."""
+    """Per scheduled step: (batch, the running requests that needed a token, whether it
+    retracted)."""
     steps = []
     schedule = scheduler._schedule
 
@@ -147,7 +148,8 @@ def test_twins_wait_for_the_prefix_in_mixed_steps(llama):
     shared = random_prompts(1, [80], VOCAB, seed=13)[0]
     twins = [shared + [5 + i] for i in range(4)]
     streams = random_prompts(2, [6, 9], VOCAB, seed=3)
-    reference = run_burst(make_llm(llama, cache="naive", max_num_batched_tokens=48), streams, twins)[0]
+    naive = make_llm(llama, cache="naive", max_num_batched_tokens=48)
+    reference = run_burst(naive, streams, twins)[0]
     llm = make_llm(llama, max_num_batched_tokens=48)
     steps = record_steps(llm.scheduler)
     assert run_burst(llm, streams, twins)[0] == reference

@@ -1,5 +1,6 @@
 """Attention of a mixed batch (decode rows, then prefill chunks): decode rows through the split-K
-decode kernel, or through the extend kernel as one-token extends (``TritonBackend.mixed_decode_kernel``).
+decode kernel, or through the extend kernel as one-token extends
+(``TritonBackend.mixed_decode_kernel``).
 
     python benchmark/kernels/bench_mixed_attention.py [--out DIR]
 

@@ -51,7 +51,8 @@ def rows(results: list[dict], baseline: dict, max_itl_ms: float | None) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("results", nargs="+", help="bench_serving.py JSON results (--concurrencies runs)")
+    p.add_argument("results", nargs="+",
+                   help="bench_serving.py JSON results (--concurrencies runs)")
     p.add_argument("--baseline", required=True, help="the prefill-first result of the same session")
     p.add_argument("--max-itl-ms", type=float, help="target for the largest inter-token latency")
     p.add_argument("--out", help="write the markdown table here as well")

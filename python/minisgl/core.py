@@ -272,7 +272,8 @@ class Batch:
         if self.is_decode:
             return self.reqs
         n = self.num_decode_rows
-        return self.reqs[:n] + [req for req in self.reqs[n:] if req.device_len == len(req.input_ids)]
+        fed = [req for req in self.reqs[n:] if req.device_len == len(req.input_ids)]
+        return self.reqs[:n] + fed
 
 
 class Context:

@@ -76,7 +76,8 @@ class EngineOptions:
                              f"{', '.join(POLICIES)}")
         if (not isinstance(self.max_wait_steps, int) or isinstance(self.max_wait_steps, bool)
                 or self.max_wait_steps < 0):
-            raise ValueError(f"max_wait_steps: must be an integer >= 0, got {self.max_wait_steps!r}")
+            raise ValueError(
+                f"max_wait_steps: must be an integer >= 0, got {self.max_wait_steps!r}")
         positive("max_seq_len", allow_none=True)
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype: {self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from minisgl.core import Req
 
 POLICIES = ("lpm", "fcfs")
-LPM_WINDOW = 128  # prefix matches per step at most: the longer tail of the queue stays in arrival order
+LPM_WINDOW = 128  # prefix matches per step at most: the rest of the queue stays in arrival order
 
 
 class AdmissionPolicy:
@@ -46,7 +46,7 @@ class AdmissionPolicy:
         return self.step - self._seen[req][1]
 
     def tick(self) -> None:
-        """One scheduling step has passed (called every step, whether or not anything is admitted)."""
+        """One scheduling step has passed (every step, whether or not anything is admitted)."""
         self.step += 1
 
     def order(self, waiting: Iterable[Req]) -> list[Req]:

@@ -3,12 +3,15 @@
 #   scripts/gpu_validate.sh tests   OUT   # the GPU tests (parity, fast paths, kernels) on CUDA
 #   scripts/gpu_validate.sh offline OUT   # one-token GEMV vs cuBLAS; bench.py: Qwen3-0.6B with
 #                                         # ablations, Qwen3-8B with batch 1 (GEMV and cuBLAS)
+#   scripts/gpu_validate.sh sampling OUT  # sampling kernel tests and benchmark; bench.py sampling
+#                                         # variants (Qwen3-0.6B, Qwen3-8B) next to greedy
 #   scripts/gpu_validate.sh online  OUT   # the online suite: Qwen3-0.6B and Qwen3-8B, radix vs naive
 #   scripts/gpu_validate.sh tp      OUT   # two GPUs: TP=2 feature by feature, TP tests, 8B/14B TP=1,2
-#   scripts/gpu_validate.sh itl     OUT   # streaming smoothness: prefill-first vs mixed steps (8B at
-#                                         # concurrency 4/16/64, 0.6B at 128), mixed-batch attention,
-#                                         # offline default vs prefill-first; run itl-shared for
-#                                         # lpm vs fcfs on the shared-prefix workload (each ~10 min)
+#   scripts/gpu_validate.sh itl     OUT   # streaming smoothness: mixed-batch attention kernels;
+#                                         # prefill-first vs mixed steps (8B at concurrency 4/16/64,
+#                                         # 0.6B at 128), one session per model
+#   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs on the shared-prefix workload; offline
+#                                           # bench.py default vs prefill-first
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -19,8 +22,9 @@ export HF_HUB_OFFLINE=1 MINISGL_TEST_DEVICE=cuda
 
 case $stage in
 tests)
-    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py tests/test_mixed_schedule.py \
-        tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
+    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
+        tests/test_mixed_schedule.py tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
+        tests/test_sampling.py tests/test_sampling_kernel.py tests/test_penalties.py \
         >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
 offline)
@@ -31,6 +35,18 @@ offline)
     "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --batch1 \
         --hf-requests 32 --hf-batch 32 --out "$out" >"$out/bench_qwen3-8b.log" 2>&1
     cat "$out"/offline_*.md ;;
+sampling)
+    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling.py tests/test_sampling_kernel.py \
+        tests/test_penalties.py tests/test_engine.py >"$out/sampling_tests.log" 2>&1
+    tail -3 "$out/sampling_tests.log"
+    "$py" benchmark/kernels/bench_sampling.py --model benchmark/configs/qwen3-0.6b.json \
+        --out "$out" >"$out/bench_sampling.log" 2>&1
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json --hf-requests 0 \
+        --variants default,sample,sample-penalty,sample-logprobs,sample-torch --tag sampling \
+        --out "$out" >"$out/bench_qwen3-0.6b_sampling.log" 2>&1
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,sample --tag sampling --out "$out" >"$out/bench_qwen3-8b_sampling.log" 2>&1
+    cat "$out"/*_sampling_*.md ;;
 online)
     PYTHON=$py benchmark/online/gpu_suite.sh benchmark/configs/qwen3-0.6b.json qwen3-0.6b \
         16,32,64,inf 200 "$out" >"$out/suite_qwen3-0.6b.log" 2>&1
@@ -58,7 +74,7 @@ itl-shared)
         >"$out/bench_qwen3-0.6b_sched.log" 2>&1
     cat "$out"/*lpm_vs_fcfs.md "$out"/offline_*sched.md ;;
 *)
-    echo "usage: $0 tests|offline|online|tp|itl|itl-shared OUT" >&2
+    echo "usage: $0 tests|offline|sampling|online|tp|itl|itl-shared OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

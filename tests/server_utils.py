@@ -25,10 +25,11 @@ class ServerProcess:
     proc: subprocess.Popen
     port: int
     log_path: str
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def children(self) -> list[psutil.Process]:
         try:
@@ -55,21 +56,24 @@ class ServerProcess:
         return code
 
 
-def start_server(model_dir: str, *args: str, log_dir: str, timeout: float = 180.0) -> ServerProcess:
+def start_server(model_dir: str, *args: str, log_dir: str, timeout: float = 180.0,
+                 env: dict | None = None) -> ServerProcess:
+    """``env`` adds environment variables; ``--ssl-certfile`` in ``args`` makes it HTTPS."""
     port = free_port()
     log_path = os.path.join(log_dir, f"server-{port}.log")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           **(env or {})}
     cmd = [sys.executable, "-m", "minisgl", "--model", model_dir, "--port", str(port),
            "--device", "cpu", *args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(proc, port, log_path)
+    server = ServerProcess(proc, port, log_path, "https" if "--ssl-certfile" in args else "http")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
         try:
-            if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{server.url}/health", timeout=1, verify=False).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

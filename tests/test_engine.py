@@ -122,7 +122,7 @@ def test_logprobs_are_consistent(llama):
         ("top_p", 1.5),
         ("top_k", -2),
         ("min_p", 2.0),
-        ("max_tokens", 0),
+        ("max_tokens", -1),
         ("presence_penalty", 3.0),
         ("repetition_penalty", 0.0),
         ("top_logprobs", 50),

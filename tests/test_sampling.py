@@ -320,7 +320,9 @@ def test_logprobs_are_raw_and_top_ids_descending() -> None:
     assert (out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all()
     torch.testing.assert_close(out.top_logprobs, raw.gather(1, out.top_ids))
     assert torch.equal(out.top_ids[:, 0], logits.argmax(-1))
-    assert torch.equal(out.next_tokens, sample(logits, dataclasses.replace(args, need_logprobs=False)).next_tokens)
+    # sampling counts its tokens into the penalty rows: a second draw needs fresh args
+    again = dataclasses.replace(args_for(reqs, vocab), need_logprobs=False)
+    assert torch.equal(out.next_tokens, sample(logits, again).next_tokens)
 
 
 def test_no_logprobs_requested_gives_none() -> None:
@@ -374,3 +376,31 @@ def test_sampling_path_reads_nothing_back_to_the_host() -> None:
     with _NoHostSync():
         out = sample(logits, args)
     assert out.next_tokens.shape == (3,)
+
+
+def test_penalty_rows_are_built_once_and_then_counted_on_the_device() -> None:
+    """A request's counts row is built from its tokens when it enters the row; later steps only add
+    the sampled token on the device (no host work that grows with the output)."""
+    from minisgl.engine.sample import SamplingState
+    from minisgl.engine.sample_state import PROMPT_BIT
+
+    vocab = 16
+    state = SamplingState(4, vocab, CPU)
+    req = make_req([1, 2, 2], [3, 3, 5], seed=1, temperature=0.0, repetition_penalty=1.5,
+                   frequency_penalty=0.5)
+    req.table_idx = 2
+    args = BatchSamplingArgs.from_reqs([req], vocab, CPU, state)
+    row = state.counts[2]
+    assert row[1] == PROMPT_BIT and row[2] == PROMPT_BIT and row[3] == 2 and row[5] == 1
+    assert int(row.count_nonzero()) == 4
+    logits = torch.zeros(1, vocab)
+    logits[0, 7] = 1.0
+    assert sample(logits, args).next_tokens.tolist() == [7]
+    assert state.counts[2, 7] == 1  # counted in place by the sampler
+    req.input_ids.append(7)
+    req.input_ids[req.prompt_len] = 9  # the host list is not read again while the row is owned
+    BatchSamplingArgs.from_reqs([req], vocab, CPU, state)
+    assert state.counts[2, 9] == 0 and state.counts[2, 3] == 2
+    state.release(2)  # e.g. retracted: the next admission rebuilds from the tokens
+    BatchSamplingArgs.from_reqs([req], vocab, CPU, state)
+    assert state.counts[2, 9] == 1 and state.counts[2, 3] == 1 and state.counts[2, 7] == 1

@@ -193,6 +193,20 @@ BAD_REQUESTS = [
     ("presence_penalty 9", "/v1/completions", {"prompt": "a", "presence_penalty": 9}, 400, "presence_penalty"),
     ("empty prompt", "/v1/completions", {"prompt": ""}, 400, None),
     ("over-long prompt", "/v1/completions", {"prompt": "hello " * 9000}, 400, None),
+    ("unsupported field", "/v1/chat/completions", {"messages": CHAT, "prediction": {}}, 400,
+     "prediction"),
+    ("unknown field", "/v1/completions", {"prompt": "a", "max_token": 3}, 400, "max_token"),
+    ("lone surrogate content", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "messages.[0].content"),
+    ("lone surrogate name", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "a", "name": "\\udfff"}]}', 400,
+     "messages.[0].name"),
+    ("lone surrogate prompt", "/v1/completions", b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    ("lone surrogate stop", "/v1/completions", b'{"prompt": "a", "stop": ["\\ud800"]}', 400,
+     "stop.[0]"),
+    ("lone surrogate generate", "/generate", b'{"text": "\\udfff"}', 400, "text"),
+    ("generate 10000 stops", "/generate", {"text": "a", "sampling_params": {"stop": ["x"] * 10000}},
+     400, "sampling_params.stop"),
 ]
 
 
@@ -318,3 +332,28 @@ def test_startup_failures_exit_with_one_line(default_model_dir, tmp_path):
         assert busy.returncode != 0 and str(srv.port) in busy.stderr.strip().splitlines()[-1]
     finally:
         srv.stop()
+
+
+def test_echo_prompt_logprobs_equal_transformers(client, default_model_dir, tokenizer):
+    """lm-evaluation-harness's request: echo + logprobs + max_tokens 0, text prompts, the default
+    model; the prompt's log-probs equal transformers' float32 ones within 1e-3."""
+    import torch
+
+    from hf_models import hf_prefill_logits
+
+    prompts = [PROMPT + " red, yellow and blue.", "Paris is the capital of"]
+    resp = client.completions.create(model=client.models.list().data[0].id,
+                                     prompt=prompts, echo=True, logprobs=1, max_tokens=0,
+                                     user="harness")
+    for choice, prompt in zip(resp.choices, prompts):
+        ids = tokenizer.encode(prompt)
+        ref = torch.log_softmax(hf_prefill_logits(default_model_dir, [ids])[0], -1)
+        lp = choice.logprobs
+        assert choice.text == prompt and choice.finish_reason == "length"
+        assert "".join(lp.tokens) == prompt and len(lp.tokens) == len(ids)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), want, atol=1e-3, rtol=0)
+        for tops, row in zip(lp.top_logprobs[1:], ref):  # the top-1 and the prompt token
+            assert max(tops.values()) == pytest.approx(row.max().item(), abs=1e-3)
+    assert resp.usage.completion_tokens == 0

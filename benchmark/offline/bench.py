@@ -37,6 +37,9 @@ CEILINGS = {
     ("llama-3.1-8b-instruct", "H100"): 11_100, ("llama-3.1-8b-instruct", "H200"): 14_500,
 }
 
+# LLM options, plus "sampling": SamplingParams fields of every request and "env": variables set
+# while the variant runs
+QWEN_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # Qwen3's recommended settings
 VARIANTS = {
     "default": {},
     "no-cuda-graph": {"cuda_graph_max_bs": 0},
@@ -44,7 +47,22 @@ VARIANTS = {
     "torch-attn": {"attn": "torch"},
     "page16": {"page_size": 16},
     "prefill-first": {"schedule_mode": "prefill-first"},  # the ablation of mixed steps
+    "sample": {"sampling": QWEN_SAMPLING},
+    "sample-penalty": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
+                                    "repetition_penalty": 1.05}},
+    "sample-logprobs": {"sampling": {**QWEN_SAMPLING, "logprobs": True, "top_logprobs": 5}},
+    "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
+    "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
+                                          "repetition_penalty": 1.05},
+                             "env": {"MINISGL_SAMPLER": "torch"}},
 }
+
+
+# --structured: half the requests carry this schema; a string of at least 8192 characters keeps the
+# grammar open for more than the longest output (1024 tokens), so every request still ends by length
+# and both runs produce the same tokens count
+LONG_JSON = json.dumps({"type": "object", "required": ["id", "text"], "properties": {
+    "id": {"type": "integer"}, "text": {"type": "string", "minLength": 8192}}})
 
 
 def workload(n: int = 256) -> tuple[list[list[int]], list[int]]:
@@ -69,6 +87,17 @@ def model_dir(model: str) -> tuple[str, bool]:
     return model, False
 
 
+def borrow_tokenizer(path: str) -> None:
+    """Grammars need a tokenizer: a bare config (random weights) borrows the default model's. Its
+    vocabulary is smaller than most models'; the ids past it are masked off, as padding is."""
+    from minisgl.utils.default_model import default_model_path
+
+    source = default_model_path()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(source, name), os.path.join(path, name))
+    print(f"--structured: the dummy model uses the tokenizer of {source}", flush=True)
+
+
 class StepTrace:
     """Where the time of a run goes: the wall time of every scheduler step, by the batch it read back.
 
@@ -88,8 +117,8 @@ class StepTrace:
         launch, step = sched._launch, sched.step
         launched: list[tuple[str, int, int]] = []  # (phase, requests, KV tokens) per launch
 
-        def traced_launch():
-            res = launch()
+        def traced_launch(*args):
+            res = launch(*args)
             if res is not None:
                 batch = res[0]
                 launched.append((batch.phase, batch.size, sum(r.device_len for r in batch.reqs)))
@@ -135,12 +164,40 @@ def _bucket(size: int) -> str:
     return "257+"
 
 
-def run_minisgl(path: str, dummy: bool, prompts, max_tokens, options: dict, tp: int = 1) -> dict:
+@contextlib.contextmanager
+def environment(values: dict):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_minisgl(path: str, dummy: bool, prompts, max_tokens, variant: dict, tp: int = 1,
+                structured: bool = False) -> dict:
+    """``structured``: every other request is constrained by ``LONG_JSON``."""
+    options = {k: v for k, v in variant.items() if k not in ("sampling", "env")}
+    with environment(variant.get("env", {})):
+        return _run_minisgl(path, dummy, prompts, max_tokens, options, variant.get("sampling"), tp,
+                            structured)
+
+
+def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict | None,
+                 tp: int, structured: bool) -> dict:
     llm = LLM(path, tp=tp, dummy_weights=dummy, **options)
     trace = StepTrace(llm)
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
-    llm.generate(prompts[:8], [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)] * 8,
-                 use_tqdm=False)  # warm-up
+    sampling = sampling or {"temperature": 0}
+    schema = lambda i: LONG_JSON if structured and i % 2 == 0 else None  # noqa: E731
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, seed=i, json_schema=schema(i),
+                             **sampling) for i, m in enumerate(max_tokens)]
+    warm = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, json_schema=schema(i))
+            for i in range(8)]
+    llm.generate(prompts[:8], warm, use_tqdm=False)  # warm-up (compiles the grammar)
     torch.cuda.synchronize()
     trace.start()
     start = time.perf_counter()
@@ -233,6 +290,25 @@ def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict
     return {"output_tokens": useful, "seconds": seconds}
 
 
+def project_commit() -> str:
+    """The commit of this project's checkout, or "unknown". A copy of the tree without .git (e.g.
+    on a lent GPU machine) passes MINISGL_COMMIT; git is asked about this file's own checkout, and
+    only believed when that checkout's top is this project (an exported tree inside another
+    repository must not record that repository's commit)."""
+    if os.environ.get("MINISGL_COMMIT"):
+        return os.environ["MINISGL_COMMIT"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or os.path.realpath(top) != os.path.realpath(root):
+        return "unknown"
+    return git("rev-parse", "--short", "HEAD") or "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
@@ -241,6 +317,8 @@ def main() -> None:
     parser.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes to run")
     parser.add_argument("--hf-requests", type=int, default=64, help="0 skips transformers")
     parser.add_argument("--hf-batch", type=int, default=64)
+    parser.add_argument("--structured", action="store_true",
+                        help="run each variant again with a JSON schema on half the requests")
     parser.add_argument("--batch1", action="store_true",
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--out", default="benchmark/results")
@@ -248,14 +326,14 @@ def main() -> None:
     args = parser.parse_args()
 
     path, dummy = model_dir(args.model)
+    if args.structured and dummy:
+        borrow_tokenizer(path)
     name = os.path.basename(args.model).removesuffix(".json")
     prompts, max_tokens = workload()
     prompts, max_tokens = prompts[: args.num_requests], max_tokens[: args.num_requests]
     gpu = gpu_name()
     ceiling = CEILINGS.get((name, gpu))
-    # a copy of the tree without .git (e.g. on a lent GPU machine) passes MINISGL_COMMIT
-    commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = project_commit()
     base = {"model": name, "gpu": gpu, "date": datetime.date.today().isoformat(), "commit": commit,
             "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts))}
     records = []
@@ -273,6 +351,15 @@ def main() -> None:
         for variant in args.variants.split(","):
             engine = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
             record(engine, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
+            if variant != "default" and any(r["engine"].startswith("minisgl[default]")
+                                            and r["tp"] == tp for r in records):
+                ref = next(r for r in records if r["engine"].startswith("minisgl[default]")
+                           and r["tp"] == tp)
+                print(f"{engine}: {records[-1]['output_tok_per_s'] / ref['output_tok_per_s']:.3f}x "
+                      "of minisgl[default]", flush=True)
+            if args.structured:
+                record(engine + "[json-half]", run_minisgl(path, dummy, prompts, max_tokens,
+                                                           VARIANTS[variant], tp, structured=True))
     if args.batch1:
         for engine, gemv in (("minisgl[batch1]", True), ("minisgl[batch1][cublas]", False)):
             with gemv_enabled(gemv):
@@ -299,6 +386,15 @@ def write(records: list[dict], out_dir: str, stem: str) -> None:
                          f"{r['ceiling_fraction'] or ''} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
         else:
             lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['ms_per_token']:.2f} ms/token | | | |")
+    default = {r.get("tp"): r["output_tok_per_s"] for r in records
+               if r["engine"].startswith("minisgl[default]")}
+    variants = [r for r in records if r["engine"].startswith("minisgl[") and "output_tok_per_s" in r
+                and r.get("tp") in default and not r["engine"].startswith("minisgl[default]")]
+    if variants:
+        lines += ["", "| engine | output tok/s | ratio to default (same run) |", "|---|---|---|"]
+        for r in variants:
+            lines.append(f"| {r['engine']} | {r['output_tok_per_s']:,.0f} | "
+                         f"{r['output_tok_per_s'] / default[r.get('tp')]:.3f}x |")
     tp1 = {r["engine"]: r["output_tok_per_s"] for r in records if r.get("tp") == 1}
     scaled = [r for r in records if r.get("tp", 1) > 1 and r["engine"].rsplit("[tp", 1)[0] in tp1]
     if scaled:

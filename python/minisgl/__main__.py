@@ -18,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if config.log_level is not None:
+        from minisgl.utils.logger import set_log_level
+
+        set_log_level(config.log_level)
     if config.shell:
         from minisgl.server.shell import run_shell
 

@@ -40,7 +40,9 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``top_k == -1`` (or 0) disables top-k. ``seed=None`` draws a
     fresh seed per request; a fixed seed gives the same tokens whatever else shares the batch.
     ``logprobs`` asks for the chosen token's log-probability, ``top_logprobs`` for that many
-    alternatives as well.
+    alternatives as well. ``prompt_logprobs`` asks for the log-probs of the prompt's tokens from
+    index ``logprob_start_len`` on (index 0 has none), with ``top_logprobs`` alternatives each;
+    ``max_tokens == 0`` runs the prompt only (for its log-probs) and generates nothing.
     """
 
     temperature: float = 1.0
@@ -64,6 +66,8 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    prompt_logprobs: bool = False
+    logprob_start_len: int = 0
 
     def __post_init__(self) -> None:
         def number(name: str) -> float:
@@ -92,9 +96,11 @@ class SamplingParams:
         _check(-2 <= number("presence_penalty") <= 2, "presence_penalty", "must be in [-2, 2]")
         _check(-2 <= number("frequency_penalty") <= 2, "frequency_penalty", "must be in [-2, 2]")
         _check(number("repetition_penalty") > 0, "repetition_penalty", "must be > 0")
-        _check(integer("max_tokens") >= 1, "max_tokens", "must be >= 1")
+        _check(integer("max_tokens") >= 0, "max_tokens", "must be >= 0")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
         _check(isinstance(self.logprobs, bool), "logprobs", "must be a boolean")
+        _check(isinstance(self.prompt_logprobs, bool), "prompt_logprobs", "must be a boolean")
+        _check(integer("logprob_start_len") >= 0, "logprob_start_len", "must be >= 0")
         top = integer("top_logprobs")
         _check(0 <= top <= _MAX_TOP_LOGPROBS, "top_logprobs", f"must be in [0, {_MAX_TOP_LOGPROBS}]")
         if self.seed is not None:

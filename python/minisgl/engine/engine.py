@@ -17,7 +17,8 @@ from .batch import prepare_batch
 from minisgl.utils import init_logger
 
 from .config import EngineConfig
-from .sample import BatchSamplingArgs, SampleOutput, sample
+from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
+from .sample import BatchSamplingArgs, SampleOutput, SamplingState, sample
 
 logger = init_logger(__name__)
 
@@ -34,6 +35,7 @@ class ForwardOutput:
     logits: torch.Tensor  # [B, vocab] on the device (for tests and debugging)
     logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
     copy_done: torch.cuda.Event | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # host copies (echo, logprob_start_len)
 
     def wait(self) -> None:
         if self.copy_done is not None:
@@ -68,6 +70,8 @@ class Engine:
         # token_pool[row, pos]: the token at position pos of the request in that row, written on the
         # device by sampling, read by the next decode (see batch.py)
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
+        # penalty counts and logit biases of the request in each row (allocated on first use)
+        self.sampling_state = SamplingState(table_shape[0], mc.vocab_size, self.device)
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
@@ -172,6 +176,7 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        prompt_lps = None
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             logits = self.graph_runner.replay(batch)
         else:
@@ -179,6 +184,10 @@ class Engine:
                 self.attn_backend.prepare_metadata(batch)
                 hidden = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = self.model.compute_logits(hidden[batch.logits_idx])
+            if not batch.is_decode:  # prompt log-probs, for the requests that ask (prompt_logprobs.py)
+                prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
+        if args.late_bitmask is not None:  # the device computes the logits meanwhile
+            args.token_bitmask = args.late_bitmask()
         out = sample(logits, args)
         self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"
@@ -186,8 +195,10 @@ class Engine:
         if out.logprobs is not None:
             host += [t.to("cpu", non_blocking=non_blocking) if t is not None else None
                      for t in (out.logprobs, out.top_ids, out.top_logprobs)]
+        if prompt_lps is not None:
+            prompt_lps = prompt_lps.to_host(non_blocking)
         event = None
         if non_blocking:
             event = torch.cuda.Event()
             event.record()
-        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event)
+        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps)

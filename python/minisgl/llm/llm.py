@@ -35,6 +35,8 @@ class GenerateOutput:
     text: str
     finish_reason: str  # "stop" or "length"
     logprobs: list[TokenLogprob] | None = None
+    # with SamplingParams.prompt_logprobs: from logprob_start_len on; index 0's logprob is None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class LLM:
@@ -101,18 +103,22 @@ class LLM:
         conversations: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[GenerateOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+        """Apply the model's chat template to each conversation, then generate.
+        ``chat_template_kwargs`` are extra template variables (e.g. ``{"enable_thinking": False}``)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        prompts = [self.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+        prompts = [self.apply_chat_template(c, **(chat_template_kwargs or {}))
+                   for c in conversations]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def apply_chat_template(self, messages: list[Message]) -> list[int]:
+    def apply_chat_template(self, messages: list[Message], **kwargs) -> list[int]:
         tokenizer = self._require_tokenizer("chat")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages: must be a list of {'role': ..., 'content': ...} dicts")
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **kwargs)
         return tokenizer.encode(text, add_special_tokens=False)
 
     def _require_tokenizer(self, what: str):
@@ -157,6 +163,11 @@ class LLM:
 
     def _append(self, out: GenerateOutput, tok: TokenOutput, detok) -> bool:
         """Record one token; True when the request is done (finished, or a stop string matched)."""
+        if tok.prompt_logprobs is not None:
+            out.prompt_logprobs = [TokenLogprob(*entry) for entry in tok.prompt_logprobs]
+        if tok.token is None:  # max_tokens=0: the prompt only
+            out.finish_reason = tok.finish_reason or "length"
+            return True
         out.token_ids.append(tok.token)
         if out.logprobs is not None and tok.logprob is not None:
             out.logprobs.append(TokenLogprob(tok.token, tok.logprob, tok.top_logprobs or []))

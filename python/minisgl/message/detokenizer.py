@@ -20,7 +20,7 @@ class DetokenizeMsg(BaseDetokenizerMsg):
     wait in the tokenizer and in the scheduler's queue are both counted."""
 
     uid: int
-    token: int
+    token: int | None  # None: a max_tokens=0 request ends after its prompt (no token)
     finish_reason: str | None = None  # "stop", "length", "abort"
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
@@ -28,6 +28,9 @@ class DetokenizeMsg(BaseDetokenizerMsg):
     cached_len: int = 0
     stop: tuple[str, ...] = ()
     first_forward_time: float = 0.0
+    # with the first token, when asked: (token id, log-prob or None, [(id, log-prob)]) per prompt
+    # token from logprob_start_len on
+    prompt_logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] | None = None
 
 
 class RequestErrorMsg(BaseDetokenizerMsg):

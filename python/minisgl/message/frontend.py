@@ -25,6 +25,7 @@ class UserReply(BaseFrontendMsg):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     first_forward_time: float = 0.0
+    prompt_logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] | None = None
     error: str | None = None
     error_param: str | None = None
     status: int = 200

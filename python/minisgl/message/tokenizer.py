@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 from minisgl.core import SamplingParams
 
@@ -21,6 +21,8 @@ class TokenizeMsg(BaseTokenizerMsg):
     text: str | None = None
     input_ids: list[int] | None = None
     messages: list[dict] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables of the chat template
+    tools: list[dict] | None = None  # OpenAI tool definitions for the chat template
 
 
 class AbortMsg(BaseTokenizerMsg):

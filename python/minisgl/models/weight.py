@@ -22,8 +22,12 @@ from .config import ModelConfig
 logger = init_logger(__name__)
 
 
-def resolve_model_path(model: str | None) -> str:
-    """Return a local directory holding ``config.json`` (and weights, tokenizer) for ``model``."""
+def resolve_model_path(model: str | None, revision: str | None = None) -> str:
+    """Return a local directory holding ``config.json`` (and weights, tokenizer) for ``model``;
+    ``revision`` (a branch, tag or commit) only applies to a Hugging Face repo id."""
+    if revision is not None and (model is None or os.path.exists(model)):
+        raise ValueError(f"revision: applies to a Hugging Face repo id, not to the local model "
+                         f"{model or 'default'!r}")
     if model is None:
         from minisgl.utils.default_model import default_model_path
 
@@ -38,15 +42,15 @@ def resolve_model_path(model: str | None) -> str:
         raise FileNotFoundError(
             f"model {model!r} is neither a local directory, a .gguf file nor a Hugging Face repo id"
         )
-    return _download(model)
+    return _download(model, revision)
 
 
-def _download(repo_id: str) -> str:
+def _download(repo_id: str, revision: str | None = None) -> str:
     from huggingface_hub import snapshot_download
 
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
     try:
-        return snapshot_download(repo_id, allow_patterns=patterns)
+        return snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
     except Exception as e:  # offline, unknown repo, gated: one clear line
         raise FileNotFoundError(
             f"model {repo_id!r} is not a local path and could not be fetched from the Hugging Face "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import Req
+from minisgl.engine.prompt_logprobs import prefix_limit
 from minisgl.kvcache import BasePrefixCache
 
 
@@ -65,11 +66,12 @@ class CacheManager:
 
     def hit_len(self, req: Req) -> int:
         """How many tokens ``match`` would reuse now (nothing is locked)."""
-        return self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1]).handle.cached_len
+        return self.prefix_cache.match_prefix(req.input_ids[: prefix_limit(req)]).handle.cached_len
 
     def match(self, req: Req) -> None:
-        """Reuse the longest cached prefix; at least one token is left to compute (its logits)."""
-        result = self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1])
+        """Reuse the longest cached prefix; at least one token is left to compute (its logits), and
+        the tokens whose prompt log-probs are asked for are computed too."""
+        result = self.prefix_cache.match_prefix(req.input_ids[: prefix_limit(req)])
         self.prefix_cache.lock_handle(result.handle)
         n = result.handle.cached_len
         self.num_hit_tokens += n

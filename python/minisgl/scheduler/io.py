@@ -158,6 +158,7 @@ class SchedulerIO:
             msg.cached_len = out.first.cache_hit_len
             msg.stop = out.first.sampling_params.stop
             msg.first_forward_time = self.first_forwards.pop(out.uid)
+            msg.prompt_logprobs = out.prompt_logprobs
         return msg
 
     def _maybe_send_stats(self) -> None:

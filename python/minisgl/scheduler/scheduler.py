@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
@@ -18,9 +18,11 @@ from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import init_logger
 
 from minisgl.engine.batch import prepare_batch
+from minisgl.engine.prompt_logprobs import Entry, PromptLogprobStore
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .grammar import GrammarManager
 from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
@@ -28,18 +30,20 @@ from .table import TableManager
 logger = init_logger(__name__)
 
 FinishReason = Literal["stop", "length", "abort"]
+Launched = tuple[Batch, list[Req], ForwardOutput]
 
 
 @dataclass
 class TokenOutput:
-    """One new token of one request."""
+    """One new token of one request (``token`` None: a ``max_tokens=0`` request, prompt only)."""
 
     uid: int
-    token: int
+    token: int | None
     finish_reason: FinishReason | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     first: Req | None = None  # the request, on its first token only (prompt length, cache hit)
+    prompt_logprobs: list[Entry] | None = None  # on its first token, when asked
 
 
 class Scheduler:
@@ -58,8 +62,12 @@ class Scheduler:
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.num_retractions = 0
-        self._inflight: tuple[Batch, list[Req], ForwardOutput] | None = None
+        self._inflight: Launched | None = None
         self._seeds = random.Random(config.engine.seed)
+        self.prompt_logprobs = PromptLogprobStore()
+        self.grammar = GrammarManager(config.engine.model_path, self.engine.vocab_size,
+                                      tuple(config.eos_token_ids),
+                                      synchronous=config.engine.tp.size > 1)
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -71,6 +79,7 @@ class Scheduler:
     def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> Req:
         """Queue a request; raise ``ValueError`` for an unusable prompt."""
         self._validate_prompt(uid, input_ids)
+        self._validate_params(params)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),
@@ -79,9 +88,18 @@ class Scheduler:
             max_device_len=min(len(input_ids) + params.max_tokens, self.max_context_len),
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
         )
+        ready = self.grammar.add(req)  # False: it waits for its grammar to compile
         self.reqs[uid] = req
-        self.prefill.add(req)
+        if ready:
+            self.prefill.add(req)
         return req
+
+    def _validate_params(self, params: SamplingParams) -> None:
+        vocab = self.engine.vocab_size
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        self.grammar.check(params)
 
     def _validate_prompt(self, uid: int, input_ids: list[int]) -> None:
         if uid in self.reqs:
@@ -117,16 +135,24 @@ class Scheduler:
 
         With overlap scheduling the forward just launched is read back on the next call: this call
         returns the tokens of the previous forward, so the host prepares step N+1 while the device
-        still computes step N. Penalties need the latest tokens on the host, so a batch with them
-        runs synchronously.
+        still computes step N (penalties and biases live on the device, so they need no sync). A
+        grammar's mask for step N+1 needs token N: the forward of N+1 is
+        launched first, and its sampler waits while the host reads N back and advances the
+        grammars (``_launch``'s ``before_mask``).
         """
         prev, self._inflight = self._inflight, None
-        outputs: list[TokenOutput] = []
-        if prev is not None and (not self.config.overlap or self._needs_sync()):
-            outputs, prev = self._finish(*prev), None
-        launched = self._launch()
-        if prev is not None:
-            outputs = self._finish(*prev)
+        outputs: list[TokenOutput] = self._admit_compiled()
+        if prev is not None and not self.config.overlap:
+            outputs, prev = outputs + self._finish(*prev), None
+
+        def finish_prev() -> None:
+            nonlocal prev
+            if prev is not None:
+                done, prev = prev, None
+                outputs.extend(self._finish(*done))
+
+        launched = self._launch(finish_prev)
+        finish_prev()
         if launched is not None:
             if self.config.overlap:
                 self._inflight = launched
@@ -139,16 +165,28 @@ class Scheduler:
         prev, self._inflight = self._inflight, None
         return self._finish(*prev) if prev is not None else []
 
-    def _needs_sync(self) -> bool:
-        return any(req.sampling_params.needs_penalties for req in self.reqs.values())
+    def _admit_compiled(self) -> list[TokenOutput]:
+        """Queue the requests whose grammar compiled; end (abort) those whose grammar failed."""
+        done, failed = self.grammar.ready()
+        for req in done:
+            self.prefill.add(req)
+        for req in failed:
+            del self.reqs[req.uid]
+        return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
 
-    def _launch(self) -> tuple[Batch, list[Req], ForwardOutput] | None:
+    def _launch(self, before_mask: Callable[[], None]) -> Launched | None:
+        """Schedule and launch a forward; ``before_mask`` reads the previous one back (at the
+        latest when the grammars' mask is built, which the sampler asks for)."""
         batch = self._schedule()
         if batch is None:
             return None
         prepare_batch(batch, self.engine.page_table, self.engine.token_pool)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
-        args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device)
+        args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device,
+                                           self.engine.sampling_state)
+        if self.grammar.constrains(sampled):
+            args.late_bitmask = lambda: self.grammar.bitmask(sampled, self.engine.device,
+                                                             before_mask)
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
@@ -184,16 +222,26 @@ class Scheduler:
         dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
         """
         out.wait()
+        self.prompt_logprobs.add(out.prompt_logprobs, self.reqs)
         tokens = out.next_tokens.tolist()
         logprobs = _logprob_rows(out, sampled)
         results = []
         for i, (req, token) in enumerate(zip(sampled, tokens)):
             if self.reqs.get(req.uid) is not req:
                 continue  # finished or aborted while this forward ran
+            if req.sampling_params.max_tokens == 0:  # the prompt alone: its token is dropped
+                results.append(TokenOutput(req.uid, None, "length", first=req,
+                                           prompt_logprobs=self.prompt_logprobs.pop(req)))
+                self._release(req)
+                continue
             req.append_token(token)
-            result = TokenOutput(req.uid, token, self._finish_reason(req, token), *logprobs[i])
+            reason = self._finish_reason(req, token)
+            if reason is None and self.grammar.accept(req, token):
+                reason = "stop"  # the grammar is complete
+            result = TokenOutput(req.uid, token, reason, *logprobs[i])
             if req.output_len == 1:
                 result.first = req
+                result.prompt_logprobs = self.prompt_logprobs.pop(req)
             if result.finish_reason is not None:
                 self._release(req)
             elif i >= batch.num_decode_rows and req.table_idx >= 0:  # its prefill ended
@@ -217,6 +265,9 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         """Finished or aborted: free everything the request holds."""
+        if self.grammar.remove(req):  # still compiling: in no queue, holds nothing
+            del self.reqs[req.uid]
+            return
         if req in self.decode.running:
             self.decode.remove(req)
             self._free(req)
@@ -225,8 +276,10 @@ class Scheduler:
                 self._free(req)
             self.prefill.remove(req)
         del self.reqs[req.uid]
+        self.prompt_logprobs.forget(req.uid)
 
     def _free(self, req: Req) -> None:
+        self.engine.sampling_state.release(req.table_idx)
         self.cache.release(req)
         self.table.free(req.table_idx)
         req.table_idx = -1
@@ -241,6 +294,7 @@ class Scheduler:
 
     def close(self) -> None:
         """Release the engine's device resources (CUDA graphs, the TP group)."""
+        self.grammar.close()
         self.engine.close()
 
     def check_integrity(self) -> None:

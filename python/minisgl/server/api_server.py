@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -27,16 +28,25 @@ from starlette.requests import ClientDisconnect
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerConfig
+from minisgl.server.echo import Echo, generate_prompt_logprobs, join_logprobs, prompt_text
+from minisgl.server.reasoning import (
+    ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
+)
 from minisgl.server.frontend import Call, FrontendManager, respond
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
+from minisgl.server.openapi import install_openapi
+from minisgl.server import structured
+from minisgl.server.tools import ChatTools, model_parser, tool_delta, tool_message
 from minisgl.server.protocol import (
     ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
     chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
 )
+from minisgl.server.validation import check_limits, check_text
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
 router = APIRouter()
+RETRY_AFTER_S = 1
 
 
 # ------------------------------------------------------------------------------ request checks
@@ -76,6 +86,7 @@ async def _read_json(request: Request) -> Any:
         raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    check_text(data)
     return data
 
 
@@ -93,11 +104,15 @@ def _int64(text: str) -> int:
 
 def _check_model(request: Request, model: str | None) -> str:
     state = request.app.state
-    names = {state.config.model_name, state.config.model, state.tokens.model_path}
+    names = {state.config.model_name, state.config.model, state.model_path}
     if model is not None and model.rstrip("/") not in {n.rstrip("/") for n in names if n}:
         raise ApiError(404, f"model {model!r} does not exist; this server serves "
                        f"{state.config.model_name!r}", "model", "model_not_found")
     return state.config.model_name
+
+
+def _tool_parser(request: Request) -> str:
+    return model_parser(request.app.state.tokens.model_path, _conf(request).tool_call_parser)
 
 
 def _frontend(request: Request, new: int = 0) -> FrontendManager:
@@ -116,14 +131,18 @@ def _frontend(request: Request, new: int = 0) -> FrontendManager:
     return frontend
 
 
-async def _start(request: Request, specs: list[tuple[dict, SamplingParams, int]]) -> Call:
-    """Submit one backend request per (prompt fields, params, prompt index)."""
+async def _start(request: Request, specs: list[tuple[dict, SamplingParams, int]],
+                 rid: str | None = None, prompt: Any = None) -> Call:
+    """Submit one backend request per (prompt fields, params, prompt index). ``rid`` and (with
+    ``--log-requests``) ``prompt`` go into the request's log line."""
     frontend = _frontend(request, len(specs))
     msgs = [TokenizeMsg(uid=frontend.new_uid(), sampling_params=p, **fields)
             for fields, p, _ in specs]
     states = [ChoiceState(m.uid, i, spec[2]) for i, (m, spec) in enumerate(zip(msgs, specs))]
     arrival = getattr(request.state, "arrival", None)
-    call = Call(frontend, request.is_disconnected, states, request.app.state.metrics, arrival)
+    prompt = prompt if _conf(request).log_requests else None
+    call = Call(frontend, request.is_disconnected, states, request.app.state.metrics, arrival,
+                rid, prompt)
     return await call.start(msgs)
 
 
@@ -133,12 +152,24 @@ async def chat_completions(request: Request) -> Response:
     req = parse(ChatCompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
-    specs = [({"messages": messages}, req.params(i), 0) for i in range(req.n or 1)]
+    kwargs = req.chat_template_kwargs
+    tools = ChatTools.from_request(req.tools, req.tool_choice, req.parallel_tool_calls,
+                                   _tool_parser(request))
+    grammar = structured.requested_grammar(req, tools and tools.schema())
+    await structured.check(grammar)
+    extra = {grammar[0]: grammar[1]} if grammar else None
+    fields = {"messages": messages, "chat_template_kwargs": kwargs,
+              "tools": tools.tools if tools else None}
+    specs = [(fields, check_limits(req.params(i, extra)), 0) for i in range(req.n or 1)]
+    think = (await request.app.state.reasoning.mode(request.app.state.tokens, kwargs)
+             if req.separate_reasoning is not False else None)  # see reasoning.py
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    call = await _start(request, specs)
+    call = await _start(request, specs, rid, messages)
     states = list(call.states.values())
+    splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}
+    streams = {s.index: tools.stream() for s in states} if tools else {}
 
     def lps(entries: list) -> dict | None:
         return chat_logprobs(entries, text_of, top) if text_of else None
@@ -146,13 +177,25 @@ async def chat_completions(request: Request) -> Response:
     chunk = chunker("chat.completion.chunk", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        delta = {"content": r.text} if r.text else {}
+        # the reasoning is split off first; tool calls are parsed from the content that is left
+        delta, reason = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None), r.finish_reason
+        if tools:
+            content = delta.pop("content", "")
+            parsed, reason = tool_delta(streams[s.index], content, r.finish_reason)
+            delta.update(parsed)
         return chunk([{"index": s.index, "delta": delta, "logprobs": lps(r.logprobs or []),
-                       "finish_reason": r.finish_reason}])
+                       "finish_reason": reason}])
+
+    def message(s: ChoiceState) -> tuple[dict, str | None]:
+        fields = message_fields("".join(s.text), think)
+        if not tools:
+            return {"role": "assistant", **fields}, s.finish_reason
+        msg, reason = tool_message(streams[s.index], fields.pop("content"), s.finish_reason)
+        return {**msg, **fields}, reason
 
     async def render() -> dict:
-        choices = [{"index": s.index, "message": {"role": "assistant", "content": "".join(s.text)},
-                    "logprobs": lps(s.logprobs), "finish_reason": s.finish_reason} for s in states]
+        choices = [{"index": s.index, "message": msg, "logprobs": lps(s.logprobs),
+                    "finish_reason": reason} for s in states for msg, reason in [message(s)]]
         return response("chat.completion", rid, created, model, choices, usage=usage(states))
 
     head = [chunk([{"index": s.index, "delta": {"role": "assistant", "content": ""},
@@ -166,26 +209,42 @@ async def completions(request: Request) -> Response:
     req = parse(CompletionRequest, await _read_json(request))
     model = _check_model(request, req.model)
     n = req.n or 1
-    params = [req.params(i) for i in range(n)]
+    grammar = structured.requested_grammar(req)
+    await structured.check(grammar)
+    params = [check_limits(req.params(i, {grammar[0]: grammar[1]} if grammar else None))
+              for i in range(n)]
     specs = [({"text": p} if isinstance(p, str) else {"input_ids": p}, params[i], k)
              for k, p in enumerate(req.prompt) for i in range(n)]
-    text_of = await request.app.state.tokens.get() if req.logprobs is not None else None
+    tokens = request.app.state.tokens
+    text_of = await tokens.get() if req.logprobs is not None or req.echo else None
+    echo = None
+    if req.echo:
+        echo = Echo([prompt_text(p, tokens.tokenizer, text_of) for p in req.prompt],
+                    text_of, req.logprobs)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    call = await _start(request, specs)
+    call = await _start(request, specs, rid, req.prompt)
     states = list(call.states.values())
 
     def lps(s: ChoiceState, entries: list) -> dict | None:
-        return completion_logprobs(entries, text_of, req.logprobs, s) if text_of else None
+        return completion_logprobs(entries, text_of, req.logprobs, s) \
+            if req.logprobs is not None else None
+
+    def output(s: ChoiceState, text: str, entries: list) -> tuple[str, dict | None]:
+        """The choice's new text and log-probs, after the echoed prompt the first time."""
+        head, head_lps = echo.prefix(s) if echo is not None else ("", None)
+        return head + text, join_logprobs(head_lps, lps(s, entries))
 
     chunk = chunker("text_completion", rid, created, model, req.include_usage)
 
     def piece(s: ChoiceState, r: UserReply) -> dict:
-        return chunk([{"index": s.index, "text": r.text, "logprobs": lps(s, r.logprobs or []),
+        text, logprobs = output(s, r.text, r.logprobs or [])
+        return chunk([{"index": s.index, "text": text, "logprobs": logprobs,
                        "finish_reason": r.finish_reason}])
 
     async def render() -> dict:
-        choices = [{"index": s.index, "text": "".join(s.text), "logprobs": lps(s, s.logprobs),
-                    "finish_reason": s.finish_reason} for s in states]
+        choices = [{"index": s.index, "finish_reason": s.finish_reason}
+                   | dict(zip(("text", "logprobs"), output(s, "".join(s.text), s.logprobs)))
+                   for s in states]
         return response("text_completion", rid, created, model, choices, usage=usage(states))
 
     tail = lambda: [chunk([], usage=usage(states))] if req.include_usage else []  # noqa: E731
@@ -197,17 +256,22 @@ async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await _read_json(request))
     _check_model(request, req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
-    call = await _start(request, [(fields, req.params(), 0)])
+    params = check_limits(req.params(), "sampling_params.")
+    if params.grammar is not None:
+        await structured.check((*params.grammar, f"sampling_params.{params.grammar[0]}"))
+    call = await _start(request, [(fields, params, 0)], None, req.text or req.input_ids)
     (state,) = call.states.values()
 
     def body() -> dict:
         meta = {"id": str(state.uid), "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": len(state.token_ids), "cached_tokens": state.cached_tokens,
                 "finish_reason": state.finish_reason}
-        if state.logprobs:
+        if req.return_logprob or state.logprobs:
             meta["output_token_logprobs"] = [[finite(lp), t] for t, lp, _ in state.logprobs]
             meta["output_top_logprobs"] = [[[finite(b), a] for a, b in top]
                                            for _, _, top in state.logprobs]
+        if state.prompt_logprobs is not None:
+            meta.update(generate_prompt_logprobs(state))
         return {"text": "".join(state.text), "output_ids": state.token_ids, "meta_info": meta}
 
     async def render() -> dict:
@@ -221,7 +285,7 @@ async def models(request: Request) -> dict:
     _authorize(request)
     state, frontend = request.app.state, request.app.state.frontend
     card = {"id": state.config.model_name, "object": "model", "created": state.created,
-            "owned_by": "minisgl", "root": state.tokens.model_path}
+            "owned_by": "minisgl", "root": state.model_path}
     if frontend is not None and frontend.stats is not None:
         card["max_model_len"] = frontend.stats.max_context_len
     elif "max_context_len" in state.server_info:
@@ -264,7 +328,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), e.status)
+        return JSONResponse(e.body(), e.status, headers=_retry_after(e.status))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -276,12 +340,18 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=e.headers)
+        headers = {**_retry_after(e.status_code), **(e.headers or {})}
+        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception) -> JSONResponse:
         # Starlette re-raises it after this answer, so uvicorn logs the traceback
         return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), 500)
+
+
+def _retry_after(status: int) -> dict[str, str]:
+    """Every 503 (starting, overloaded, shutting down) tells clients when to come back."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
 
 
 def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendManager],
@@ -302,15 +372,20 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
         finally:
             await app.state.frontend.close()
 
-    app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="minisgl", lifespan=lifespan, redoc_url=None)
     app.state.config, app.state.frontend = config, None
     app.state.frontend_created = threading.Event()
-    app.state.tokens = TokenTexts(model_path or config.model)
+    app.state.model_path = model_path or config.model
+    app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
+    app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.created = int(time.time())
     app.state.server_info = dict(server_info or {})
     app.state.metrics = ServerMetrics(lambda: app.state.frontend and app.state.frontend.stats)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    if config.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=["*"], allow_headers=["*"])
     _install_error_handlers(app)
     app.include_router(router)
+    install_openapi(app, bearer=config.api_key is not None)
     return app

@@ -8,8 +8,10 @@ import typing
 from dataclasses import dataclass, field
 
 from minisgl.attention import ATTN_BACKENDS
+from minisgl.env import API_KEY, LOG_LEVEL
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.llm.config import EngineOptions
+from minisgl.server.cli_aliases import ALIASES, add_translated_aliases, parse_known_flags
 from minisgl.utils.mp import ipc_address
 
 
@@ -40,6 +42,9 @@ class ServerConfig:
     """Server options; ``engine`` holds the engine's (shared with the offline ``LLM``)."""
 
     model: str | None = None
+    tokenizer: str | None = None
+    revision: str | None = None
+    chat_template: str | None = None
     host: str = "127.0.0.1"
     port: int = 1919
     served_model_name: str | None = None
@@ -51,15 +56,32 @@ class ServerConfig:
     num_tokenizer: int = 0
     max_queued_requests: int = 1024
     api_key: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = 32 << 20
     shutdown_timeout: float = 30.0
     log_stats_interval: float = 10.0
     watchdog_timeout: float = 300.0
+    log_level: str | None = None  # None: MINISGL_LOG_LEVEL, else INFO
+    log_requests: bool = False
     shell: bool = False
+    reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
+        from minisgl.server.tools import check_parser
+
+        from .reasoning import PARSERS
+
+        if self.reasoning_parser not in PARSERS:
+            raise ValueError(f"reasoning_parser: must be one of {', '.join(PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
+        check_parser(self.tool_call_parser)
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
+        if not self.shutdown_timeout >= 0:
+            raise ValueError(f"shutdown_timeout: must be >= 0, got {self.shutdown_timeout}")
         if not self.watchdog_timeout >= 0:
             raise ValueError(f"watchdog_timeout: must be >= 0, got {self.watchdog_timeout}")
         if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:
@@ -68,6 +90,11 @@ class ServerConfig:
             raise ValueError("dist_init_addr: required with nnodes > 1 (host:port of node 0)")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ValueError("ssl_keyfile: give both ssl_keyfile and ssl_certfile, or neither")
+        if self.log_level is not None and self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level: {self.log_level!r} is not one of "
+                             f"{', '.join(n.lower() for n in LOG_LEVELS)}")
 
     @property
     def model_name(self) -> str:
@@ -80,8 +107,13 @@ class ServerConfig:
         return self.model.rstrip("/")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 _HELP = {
     "model": "HF directory, Hugging Face repo id or .gguf file (default: SmolLM2-135M-Instruct)",
+    "tokenizer": "tokenizer directory or Hugging Face repo id, if not the model's",
+    "revision": "branch, tag or commit of a Hugging Face repo id (model, and tokenizer if given)",
+    "chat_template": "Jinja chat template replacing the tokenizer's: a file, or the template text",
     "host": "address to bind (127.0.0.1 keeps the server local)",
     "port": "HTTP port",
     "served_model_name": "the model name clients use (default: --model)",
@@ -92,13 +124,27 @@ _HELP = {
                       "(default: a free local port; required with --nnodes > 1)",
     "num_tokenizer": "extra tokenizer processes (0: the detokenizer process also tokenizes)",
     "max_queued_requests": "requests allowed to wait beyond the running ones; more get HTTP 503",
-    "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise)",
+    "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise); prefer the "
+               f"{API_KEY.name} environment variable: a flag is visible to every local user (ps)",
+    "ssl_keyfile": "TLS private key file (serve HTTPS; needs --ssl-certfile)",
+    "ssl_certfile": "TLS certificate file (serve HTTPS; needs --ssl-keyfile)",
+    "allowed_origins": "CORS: origins whose browser pages may call the API ('*': any; default: "
+                       "none)",
     "max_body_bytes": "largest accepted request body",
     "shutdown_timeout": "seconds to drain in-flight requests on SIGTERM/SIGINT",
     "log_stats_interval": "seconds between the scheduler's throughput log lines (0: off)",
     "watchdog_timeout": "seconds one scheduler step may take before the scheduler prints its "
                         "stacks and exits, failing the requests in flight (0: off)",
+    "log_level": "debug, info, warning or error, for every process (default: "
+                 f"{LOG_LEVEL.name}, else info)",
+    "log_requests": "put each request's prompt in its log line (default: only token counts and "
+                    "times)",
     "shell": "chat in the terminal instead of serving HTTP",
+    "reasoning_parser": "split <think>...</think> into reasoning_content: auto (when the chat "
+                        "template uses <think>), none, qwen3, deepseek-r1 (the output starts "
+                        "inside the reasoning)",
+    "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
+                        "hermes, llama3, mistral or json",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
     "page_size": "tokens per KV page",
@@ -133,14 +179,16 @@ def _value_type(annotation) -> type:
 
 
 def _add(parser: argparse.ArgumentParser, f: dataclasses.Field, annotation) -> None:
-    flag = "--" + f.name.replace("_", "-")
+    flags = ["--" + f.name.replace("_", "-"), *ALIASES.get(f.name, ())]
     if annotation is bool:
-        parser.add_argument(flag, action="store_true", default=f.default, help=_HELP[f.name])
+        parser.add_argument(*flags, action="store_true", default=f.default, help=_HELP[f.name])
         return
     help_text = _HELP[f.name]
     if "default" not in help_text:
         help_text += f" (default: {f.default})"
-    parser.add_argument(flag, type=_value_type(annotation), default=f.default, help=help_text)
+    many = {"nargs": "+"} if typing.get_origin(annotation) is tuple else {}
+    parser.add_argument(*flags, type=_value_type(annotation), default=f.default, help=help_text,
+                        **many)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,11 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     hints = typing.get_type_hints(EngineOptions)
     for f in dataclasses.fields(EngineOptions):
         _add(group, f, hints[f.name])
+    add_translated_aliases(parser)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    ns = vars(build_parser().parse_args(argv))
+    ns = vars(parse_known_flags(build_parser(), argv))
+    ns["api_key"] = ns["api_key"] or API_KEY.get() or None
+    ns["allowed_origins"] = tuple(o for arg in ns["allowed_origins"] for o in arg.split(",") if o)
     engine_names = {f.name for f in dataclasses.fields(EngineOptions)}
     engine = EngineOptions(**{k: v for k, v in ns.items() if k in engine_names})
     return ServerConfig(engine=engine, **{k: v for k, v in ns.items() if k not in engine_names})

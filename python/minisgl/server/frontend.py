@@ -23,6 +23,7 @@ from minisgl.message import (
 )
 from minisgl.server.args import ServerAddrs
 from minisgl.server.protocol import ApiError, ChoiceState, error_body, sse
+from minisgl.server.request_log import log_request
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
@@ -114,6 +115,26 @@ class FrontendManager:
         except RuntimeError:  # the loop is already closed: nobody is waiting any more
             pass
 
+    def workers_lost(self, message: str) -> None:
+        """A worker process died: unhealthy from now on, in-flight requests fail, and the
+        scheduler's last stats are dropped (they describe a process that no longer exists)."""
+        self.healthy = False
+        self.stats = None
+        self.fail_all(message)
+
+    def workers_lost_threadsafe(self, message: str) -> None:
+        self.healthy = False
+        try:
+            self._loop.call_soon_threadsafe(self.workers_lost, message)
+        except RuntimeError:
+            pass
+
+    def cut_all(self, message: str) -> int:
+        """End every HTTP request still waiting (shutdown's deadline) with a 503; how many."""
+        calls = len({id(queue) for queue in self._queues.values()})
+        self.fail_all(message)
+        return calls
+
     # ----------------------------------------------------------------- receiving
     async def _recv_loop(self) -> None:
         while True:
@@ -124,8 +145,7 @@ class FrontendManager:
                 continue
             except Exception:  # the socket itself failed: nothing will ever arrive again
                 logger.exception("the frontend socket failed; the server is unhealthy")
-                self.healthy = False
-                self.fail_all("the API server lost its connection to the workers")
+                self.workers_lost("the API server lost its connection to the workers")
                 return
             self._dispatch(msg)
 
@@ -134,7 +154,8 @@ class FrontendManager:
             for sub in msg.msgs:
                 self._dispatch(sub)
         elif isinstance(msg, StatsReply):
-            self.stats = msg.stats
+            if self.healthy:  # a late message from before a worker died is no longer true
+                self.stats = msg.stats
         elif isinstance(msg, UserReply):
             if msg.finish_reason is not None or msg.error is not None:
                 self._running.discard(msg.uid)
@@ -166,8 +187,10 @@ class Call:
 
     def __init__(self, frontend: FrontendManager, is_disconnected: Callable[[], Awaitable[bool]],
                  states: list[ChoiceState], metrics: ServerMetrics | None = None,
-                 arrival: float | None = None) -> None:
+                 arrival: float | None = None, rid: str | None = None,
+                 prompt: Any = None) -> None:
         self.frontend, self.is_disconnected = frontend, is_disconnected
+        self.rid, self.prompt, self.closed = rid, prompt, False
         self.states = {s.uid: s for s in states}
         self._checked = time.monotonic()
         self.metrics, self.arrival = metrics, arrival if arrival is not None else time.time()
@@ -224,11 +247,16 @@ class Call:
             yield await self.next()
 
     def close(self) -> None:
-        """Abort what still runs and forget every queue (idempotent; never awaits)."""
+        """Abort what still runs and forget every queue (idempotent; never awaits); the first
+        close records the request (metrics, its log line)."""
         self.frontend.abort_nowait(list(self.states))
+        if self.closed:
+            return
+        self.closed = True
         if self.metrics is not None:
-            metrics, self.metrics = self.metrics, None
-            metrics.finish(self.states.values(), self.arrival, self.failed)
+            self.metrics.finish(self.states.values(), self.arrival, self.failed)
+        rid = self.rid or str(next(iter(self.states)))
+        log_request(rid, self.states.values(), self.arrival, self.failed, self.prompt)
 
 
 class _CallStream(StreamingResponse):

@@ -8,7 +8,6 @@ request fails at once.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -24,6 +23,7 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import make_runtime_dir, remove_runtime_dir
 
 from .args import ServerAddrs, ServerConfig
+from .http_server import make_http_server
 
 logger = init_logger(__name__)
 
@@ -46,6 +46,7 @@ class ProcessGroup:
 
     def __init__(self, config: ServerConfig, model_path: str) -> None:
         self.config, self.model_path = config, model_path
+        self.tokenizer_path = config.tokenizer or model_path
         self.runtime_dir = make_runtime_dir()
         self.addrs = ServerAddrs.create(self.runtime_dir)
         self.children: list[Child] = []
@@ -83,11 +84,13 @@ class ProcessGroup:
         if cfg.node_rank > 0:  # only node 0 talks to clients
             self._wait_ready()
             return
-        self._spawn("detokenizer", _worker, tokenize_worker, self.model_path, addrs,
-                    tokenize=cfg.num_tokenizer == 0, detokenize=True)
+        tokenizer = {"revision": cfg.revision if cfg.tokenizer else None,
+                     "chat_template": read_chat_template(cfg.chat_template)}
+        self._spawn("detokenizer", _worker, tokenize_worker, self.tokenizer_path, addrs,
+                    tokenize=cfg.num_tokenizer == 0, detokenize=True, **tokenizer)
         for i in range(cfg.num_tokenizer):
-            self._spawn(f"tokenizer-{i}", _worker, tokenize_worker, self.model_path, addrs,
-                        tokenize=True, detokenize=False)
+            self._spawn(f"tokenizer-{i}", _worker, tokenize_worker, self.tokenizer_path, addrs,
+                        tokenize=True, detokenize=False, **tokenizer)
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -127,6 +130,25 @@ class ProcessGroup:
         remove_runtime_dir(self.runtime_dir)
 
 
+def read_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a file's content, or the template text itself."""
+    if value is None or "{" in value:
+        return value
+    try:
+        with open(os.path.expanduser(value), encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise LaunchError(f"chat_template: {value!r} is neither a readable file ({e.strerror}) "
+                          "nor a Jinja template") from None
+
+
+def check_ssl_files(config: ServerConfig) -> None:
+    for name in ("ssl_keyfile", "ssl_certfile"):
+        path = getattr(config, name)
+        if path is not None and not os.path.isfile(path):
+            raise LaunchError(f"{name}: no such file {path!r}")
+
+
 def _worker(target, *args, **kwargs) -> None:
     """Children ignore Ctrl-C (the terminal sends it to the whole group): the launcher decides.
     ``kill -USR1`` prints a child's stacks."""
@@ -136,7 +158,19 @@ def _worker(target, *args, **kwargs) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     enable_stack_dumps()
+    _thread_lock_for_progress_bars()
     target(*args, **kwargs)
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """tqdm's default lock is a multiprocessing semaphore, registered with the launcher's resource
+    tracker; a child killed with ``kill -9`` never unregisters it, and the launcher then warns of a
+    leaked semaphore at exit. A child's progress bars (weight loading) need only a thread lock."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def _free_port() -> int:
@@ -166,8 +200,7 @@ def _monitor(group: ProcessGroup, frontend_ref) -> None:
         if dead is not None and frontend is not None:
             message = f"the {dead.name} process died (exit code {dead.process.exitcode})"
             logger.error("%s; the server is unhealthy", message)
-            frontend.healthy = False
-            frontend.fail_all_threadsafe(message)
+            frontend.workers_lost_threadsafe(message)
             if group.config.nnodes > 1:
                 group.failed = True
                 time.sleep(1.0)  # let the failed requests' replies go out
@@ -186,7 +219,8 @@ def start_stack(config: ServerConfig):
     group: ProcessGroup | None = None
     try:
         check_port_free(config.host, config.port)
-        model_path = resolve_model_path(config.model)
+        check_ssl_files(config)
+        model_path = resolve_model_path(config.model, config.revision)
         group = ProcessGroup(config, model_path)
         group.start()
     except (LaunchError, FileNotFoundError, ValueError, RuntimeError) as e:
@@ -203,30 +237,6 @@ def start_stack(config: ServerConfig):
     return group, app
 
 
-def make_http_server(config: ServerConfig, app):
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):
-            """SIGINT/SIGTERM start a graceful shutdown (a second one forces it). Unlike uvicorn's
-            own, the signal is not re-raised afterwards: the launcher still has children to stop."""
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level="warning",
-        timeout_graceful_shutdown=int(config.shutdown_timeout),
-    ))
-
-
 def launch_server(config: ServerConfig) -> int:
     """Run the server until SIGINT/SIGTERM; return the process exit code."""
     if config.node_rank > 0:
@@ -236,7 +246,8 @@ def launch_server(config: ServerConfig) -> int:
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    logger.info("serving %s on http://%s:%d", config.model_name, config.host, config.port)
+    scheme = "https" if config.ssl_certfile else "http"
+    logger.info("serving %s on %s://%s:%d", config.model_name, scheme, config.host, config.port)
     try:
         make_http_server(config, app).run()
     finally:
@@ -253,7 +264,7 @@ def _serve_worker_node(config: ServerConfig) -> int:
         signal.signal(sig, lambda *_: stop.set())
     group: ProcessGroup | None = None
     try:
-        group = ProcessGroup(config, resolve_model_path(config.model))
+        group = ProcessGroup(config, resolve_model_path(config.model, config.revision))
         group.start()
         logger.info("node %d: %d scheduler ranks ready", config.node_rank, len(group.children))
         while not stop.wait(0.2):

@@ -1,12 +1,14 @@
 """OpenAI-compatible request models and response builders.
 
 Requests are validated strictly (no "1" for 1, no true for 1.0), as OpenAI does, so that a client's
-mistake is a 400 naming the field instead of a silent coercion; fields we do not know are ignored.
+mistake is a 400 naming the field instead of a silent coercion. A field that no model here declares
+is refused or accepted on purpose by ``fields.py`` (never silently ignored).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -16,13 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from minisgl.core import SamplingParams
 from minisgl.message import UserReply
+from minisgl.server.fields import check_fields
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 TokenText = Callable[[int], str]
 LogprobEntry = tuple[int, float, list[tuple[int, float]]]
-MAX_N, MAX_STOP = 128, 16
+MAX_N = 128
 
 
 class ApiError(Exception):
@@ -45,12 +48,15 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 def parse(model: type[M], data: Any) -> M:
     """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
     try:
-        return model.model_validate(data)
+        parsed = model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         param = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]) or None
         msg = err["msg"].removeprefix("Value error, ")
         raise ApiError(400, f"{param}: {msg}" if param else msg, param) from None
+    if (ignored := check_fields(model, data)) is not None:
+        raise ApiError(400, ignored[1], ignored[0])
+    return parsed
 
 
 def _first(*values: Any) -> Any:
@@ -84,29 +90,33 @@ class _SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    # structured output (server/structured.py turns these into the request's grammar)
+    response_format: Any = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
-        value = [value] if isinstance(value, str) else value
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(value)}")
-        return value
+        return [value] if isinstance(value, str) else value  # limits: validation.check_limits
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, top_logprobs: int | None,
-                        choice: int) -> SamplingParams:
-        """The engine's parameters of choice ``choice`` (seeded ``seed + choice``)."""
+    def sampling_params(self, max_tokens: int, top_logprobs: int | None, choice: int,
+                        extra: dict | None = None) -> SamplingParams:
+        """The engine's parameters of choice ``choice`` (seeded ``seed + choice``); ``extra``:
+        more ``SamplingParams`` fields (the grammar)."""
         given = {
             name: getattr(self, name)
             for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                          "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids",
-                         "ignore_eos")
+                         "ignore_eos", "logit_bias")
             if getattr(self, name) is not None
         }
+        given.update(extra or {})
         if self.seed is not None:
             given["seed"] = self.seed + choice
         if top_logprobs is not None:
@@ -145,22 +155,44 @@ class ChatMessage(BaseModel):
         return out
 
 
+# apply_chat_template's own arguments: a template variable must not override them
+_TEMPLATE_ARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    separate_reasoning: bool | None = None  # SGLang's: false keeps <think>... in content
 
-    def params(self, choice: int) -> SamplingParams:
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict | None) -> dict | None:
+        for name in value or {}:
+            if name in _TEMPLATE_ARGS:
+                raise ValueError(f"{name!r} is an argument of the templating, not a variable")
+        return value
+    tools: Any = None  # validated in server/tools.py
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+
+    def params(self, choice: int, extra: dict | None = None) -> SamplingParams:
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs")
         top = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = _first(self.max_completion_tokens, self.max_tokens, 1024)
-        return self.sampling_params(max_tokens, top, choice)
+        return self.sampling_params(max_tokens, top, choice, extra)
 
 
 class CompletionRequest(_SamplingFields):
     prompt: Any
+    max_tokens: int | None = Field(None, ge=0)  # 0: the prompt only (its log-probs, with echo)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     best_of: int | None = None
@@ -184,12 +216,13 @@ class CompletionRequest(_SamplingFields):
         raise ValueError("must be a non-empty string, a list of them, a list of token ids (>= 0) "
                          "or a list of non-empty token-id lists")
 
-    def params(self, choice: int) -> SamplingParams:
-        if self.echo:
-            raise ApiError(400, "echo: is not supported", "echo")
+    def params(self, choice: int, extra: dict | None = None) -> SamplingParams:
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise ApiError(400, "best_of: only best_of == n is supported", "best_of")
-        return self.sampling_params(_first(self.max_tokens, 16), self.logprobs, choice)
+        params = self.sampling_params(_first(self.max_tokens, 16), self.logprobs, choice, extra)
+        if self.echo and self.logprobs is not None:  # the prompt's log-probs go before the output's
+            params = dataclasses.replace(params, prompt_logprobs=True)
+        return params
 
 
 class GenerateRequest(_Strict):
@@ -200,12 +233,23 @@ class GenerateRequest(_Strict):
     input_ids: list[int] | None = Field(None, min_length=1)
     sampling_params: dict[str, Any] = {}
     stream: bool = False
+    # SGLang's log-probs: of the output, and with logprob_start_len >= 0 of the prompt from there on
+    return_logprob: bool = False
+    logprob_start_len: int = Field(-1, ge=-1)
+    top_logprobs_num: int = Field(0, ge=0, le=20)
 
     def params(self) -> SamplingParams:
         if (self.text is None) == (self.input_ids is None):
             raise ApiError(400, "text: give exactly one of text and input_ids", "text")
         given = dict(self.sampling_params)
         given.setdefault("max_tokens", given.pop("max_new_tokens", 128))
+        for name in ("logprob_start_len", "top_logprobs_num"):
+            if name in self.model_fields_set and not self.return_logprob:
+                raise ApiError(400, f"{name}: requires return_logprob=true", name)
+        if self.return_logprob:
+            given.update(logprobs=True, top_logprobs=self.top_logprobs_num)
+        if self.return_logprob and self.logprob_start_len >= 0:
+            given.update(prompt_logprobs=True, logprob_start_len=self.logprob_start_len)
         names = SamplingParams.__dataclass_fields__
         for name in given:
             if name not in names:
@@ -229,6 +273,7 @@ class ChoiceState:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[LogprobEntry] = field(default_factory=list)
+    prompt_logprobs: list[tuple[int, float | None, list]] | None = None  # echo, logprob_start_len
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -247,6 +292,7 @@ class ChoiceState:
         self.text.append(reply.text)
         self.token_ids += reply.token_ids
         self.logprobs += reply.logprobs or []
+        self.prompt_logprobs = reply.prompt_logprobs or self.prompt_logprobs
         self.prompt_tokens = reply.prompt_tokens or self.prompt_tokens
         self.cached_tokens = reply.cached_tokens or self.cached_tokens
         self.finish_reason = reply.finish_reason or self.finish_reason
@@ -272,10 +318,11 @@ class TokenTexts:
 
     def __init__(self, model_path: str | None) -> None:
         self.model_path, self._decode = model_path, None
+        self.tokenizer: Any = None  # loaded by the first ``get``
 
     async def get(self) -> TokenText:
         if self._decode is None:
-            tok = await asyncio.to_thread(self._load)
+            tok = self.tokenizer = await asyncio.to_thread(self._load)
             cache: dict[int, str] = {}
             self._decode = lambda t: cache.get(t) or cache.setdefault(
                 t, tok.decode([t]) if tok is not None else f"token_id:{t}")
@@ -287,7 +334,8 @@ class TokenTexts:
         try:
             return load_tokenizer(self.model_path) if self.model_path else None
         except Exception:
-            logger.exception("no tokenizer for logprobs: tokens are shown as ids")
+            logger.exception("no tokenizer in the API process: logprob tokens are shown as ids, no "
+                             "reasoning split")
             return None
 
 

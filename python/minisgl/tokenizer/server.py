@@ -62,15 +62,19 @@ Outbox = tuple[list[FrontendMsg], list[BackendMsg]]
 
 
 def tokenize_worker(
-    model_path: str, addrs: ServerAddrs, *, tokenize: bool, detokenize: bool, ready: Connection
+    model_path: str, addrs: ServerAddrs, *, tokenize: bool, detokenize: bool, ready: Connection,
+    revision: str | None = None, chat_template: str | None = None,
 ) -> None:
     """Child-process entry point. Reports ``("ok", None)`` or ``("error", line)`` on ``ready``,
-    then serves until SIGTERM/SIGINT or until its parent dies (no orphan outlives the server)."""
+    then serves until SIGTERM/SIGINT or until its parent dies (no orphan outlives the server).
+    ``model_path`` is where the tokenizer is (a directory or a repo id at ``revision``);
+    ``chat_template`` replaces its template."""
     parent = os.getppid()  # now, while the launcher surely waits for ``ready``
     try:
         if not (tokenize or detokenize):
             raise ValueError("a tokenizer worker needs at least one role")
-        worker = _Worker(load_tokenizer(model_path), addrs, tokenize, detokenize)
+        tokenizer = load_tokenizer(model_path, revision, chat_template)
+        worker = _Worker(tokenizer, addrs, tokenize, detokenize)
     except Exception as e:  # any start-up failure is reported, never raised into the void
         ready.send(("error", f"tokenizer worker failed to start: {one_line(e)}"))
         return
@@ -240,12 +244,17 @@ class _DetokenizeRole:
             self.reqs[uid] = self._new_detokenizer(msg.stop)
             replies[uid] = UserReply(
                 uid=uid, token_ids=[], prompt_tokens=msg.prompt_len, cached_tokens=msg.cached_len,
-                first_forward_time=msg.first_forward_time,
+                first_forward_time=msg.first_forward_time, prompt_logprobs=msg.prompt_logprobs,
             )
         detok = self.reqs[uid]
         self.reqs.move_to_end(uid)
         self.seen[uid] = time.monotonic()
         reply = replies.get(uid) or replies.setdefault(uid, UserReply(uid=uid, token_ids=[]))
+        if msg.token is None:  # max_tokens=0: the request ends with its prompt
+            if end is not None:
+                reply.finish_reason = end
+                self._drop(uid)
+            return
         reply.token_ids.append(msg.token)
         if msg.logprob is not None:
             reply.logprobs = reply.logprobs or []

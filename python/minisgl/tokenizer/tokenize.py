@@ -7,6 +7,8 @@ from typing import Any
 from minisgl.message import TokenizeMsg
 from minisgl.utils import init_logger
 
+from .tool_prompt import describe_tools, template_takes_tools, with_argument_objects
+
 logger = init_logger(__name__)
 
 
@@ -23,7 +25,8 @@ class TokenizeManager:
             if any(i < 0 for i in ids):
                 raise ValueError("prompt: token ids must be >= 0")
         elif msg.messages is not None:
-            ids = self._encode(self._template(msg.messages), add_special_tokens=False)
+            text = self._template(msg.messages, msg.chat_template_kwargs or {}, msg.tools)
+            ids = self._encode(text, add_special_tokens=False)
         elif msg.text is not None:
             ids = self._encode(msg.text, add_special_tokens=True)
         else:
@@ -38,13 +41,20 @@ class TokenizeManager:
             raise ValueError(f"{field}: this model has no tokenizer; send token ids instead")
         return self.tokenizer
 
-    def _template(self, messages: list[dict]) -> str:
+    def _template(self, messages: list[dict], kwargs: dict[str, Any],
+                  tools: list[dict] | None = None) -> str:
         tokenizer = self._require_tokenizer("messages")
         if not messages:
             raise ValueError("messages: at least one message is required")
+        extra: dict[str, Any] = {}
+        if template_takes_tools(tokenizer):
+            messages = with_argument_objects(messages)
+            extra = {"tools": tools} if tools else {}
+        else:
+            messages = describe_tools(messages, tools)
         try:
             text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **kwargs, **extra
             )
         except Exception as e:  # jinja errors, a missing template, malformed messages...
             raise ValueError(f"messages: the chat template failed: {one_line(e)}") from e

@@ -12,11 +12,23 @@ logger = init_logger(__name__)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def load_tokenizer(model_dir: str):
-    """The model's fast tokenizer, or None when the directory ships none (token-id-only use)."""
+def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: str | None = None):
+    """The fast tokenizer of a directory (None when it ships none: token-id-only use) or of a
+    Hugging Face repo id at ``revision``; ``chat_template`` (Jinja text) replaces its template
+    and must render a one-message chat (else ``ValueError`` naming chat_template)."""
     from transformers import AutoTokenizer
 
-    if not any(glob.glob(os.path.join(model_dir, name)) for name in _TOKENIZER_FILES):
+    if os.path.isdir(model_dir) and not any(
+            glob.glob(os.path.join(model_dir, name)) for name in _TOKENIZER_FILES):
         logger.warning("%s has no tokenizer: only token-id prompts will work", model_dir)
         return None
-    return AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+        try:
+            tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                          add_generation_prompt=True)
+        except Exception as e:
+            raise ValueError(f"chat_template: does not render a chat ({type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from e
+    return tokenizer

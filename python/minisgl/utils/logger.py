@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from minisgl.env import LOG_LEVEL
@@ -37,3 +38,11 @@ def init_logger(name: str, rank: int | None = None) -> logging.Logger:
         for handler in root.handlers:
             handler.addFilter(_RankFilter(None))
     return logging.getLogger(name)
+
+
+def set_log_level(level: str) -> None:
+    """The level of this process and of every process it starts afterwards (through the
+    environment, which children read when they configure their logger)."""
+    os.environ[LOG_LEVEL.name] = level.upper()
+    init_logger("minisgl")
+    logging.getLogger("minisgl").setLevel(level.upper())

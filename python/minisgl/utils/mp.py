@@ -7,8 +7,6 @@ to the one scheduler, for instance). A queue carries the messages of one channel
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from typing import Generic, TypeVar
 
 import zmq
@@ -16,16 +14,9 @@ import zmq.asyncio
 
 from minisgl.message import Codec
 
+from .runtime_dir import make_runtime_dir, remove_runtime_dir  # noqa: F401 (launchers' names)
+
 T = TypeVar("T")
-
-
-def make_runtime_dir() -> str:
-    """A private directory (mode 700) for this launch's IPC socket files."""
-    return tempfile.mkdtemp(prefix="minisgl-")
-
-
-def remove_runtime_dir(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def ipc_address(runtime_dir: str, name: str) -> str:

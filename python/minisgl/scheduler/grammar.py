@@ -1,0 +1,137 @@
+"""Structured output in the scheduler: one grammar matcher per constrained request.
+
+A constrained request waits here while its grammar compiles on a worker thread (the scheduler
+keeps stepping the others), then joins the prefill queue. Before each forward the manager fills the
+bitmask rows of the sampled requests (unconstrained rows allow everything); after it, each
+constrained request's matcher accepts the sampled token, and a grammar that has terminated ends its
+request. The mask of step N+1 depends on token N: the engine runs the forward of N+1 first and asks
+for the mask (``BatchSamplingArgs.late_bitmask``) just before sampling, while the host reads N back
+and advances the matchers, so only the sampling of a constrained batch waits for the host.
+
+With tensor parallelism every rank must build the same batches, so there compilation is
+synchronous (a worker thread would finish at a different step on each rank).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from minisgl.utils import init_logger
+
+if TYPE_CHECKING:
+    from minisgl.core import Req, SamplingParams
+    from minisgl.structured import GrammarCompiler, Matcher
+
+logger = init_logger(__name__)
+
+
+class GrammarManager:
+    def __init__(self, model_path: str, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 synchronous: bool = False) -> None:
+        self.model_path, self.vocab_size, self.eos = model_path, vocab_size, eos_token_ids
+        self.synchronous = synchronous
+        self.matchers: dict[int, Matcher] = {}  # uid -> matcher of an admitted request
+        self.compiling: dict[int, tuple[Req, Future]] = {}
+        self._compiler: GrammarCompiler | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def check(params: SamplingParams) -> None:
+        """Raise ``ValueError`` naming the field for a grammar that does not parse."""
+        if params.grammar is not None:
+            from minisgl.structured import check_grammar
+
+            check_grammar(*params.grammar)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.matchers or self.compiling)
+
+    def add(self, req: Req) -> bool:
+        """Start ``req``'s grammar; True if the request may be scheduled now (no grammar, or
+        compiled synchronously), False if it comes back from ``ready()`` later."""
+        grammar = req.sampling_params.grammar
+        if grammar is None:
+            return True
+        if self.synchronous:
+            self.matchers[req.uid] = self._compile(*grammar)
+            return True
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self.compiling[req.uid] = (req, self._pool.submit(self._compile, *grammar))
+        return False
+
+    def _compile(self, kind: str, source: str) -> Matcher:
+        if self._compiler is None:
+            from minisgl.structured import GrammarCompiler
+            from minisgl.utils.hf import load_tokenizer
+
+            tokenizer = load_tokenizer(self.model_path)
+            if tokenizer is None:
+                raise ValueError(f"{kind}: structured output needs the model's tokenizer")
+            self._compiler = GrammarCompiler(tokenizer, self.vocab_size, self.eos)
+        return self._compiler.matcher(self._compiler.compile(kind, source))
+
+    def ready(self) -> tuple[list[Req], list[Req]]:
+        """Requests whose grammar compiled since the last call, and those whose grammar failed
+        (logged; the caller ends them)."""
+        done, failed = [], []
+        for uid, (req, future) in list(self.compiling.items()):
+            if not future.done():
+                continue
+            del self.compiling[uid]
+            try:
+                self.matchers[uid] = future.result()
+                done.append(req)
+            except Exception:
+                logger.exception("compiling the grammar of request %d failed", uid)
+                failed.append(req)
+        return done, failed
+
+    def remove(self, req: Req) -> bool:
+        """Forget ``req``; True if it was still compiling (so it is in no queue)."""
+        self.matchers.pop(req.uid, None)
+        return self.compiling.pop(req.uid, None) is not None
+
+    def constrains(self, reqs: list[Req]) -> bool:
+        return any(req.uid in self.matchers for req in reqs)
+
+    def bitmask(self, reqs: list[Req], device: torch.device,
+                before: Callable[[], None] | None = None) -> torch.Tensor | None:
+        """The allowed-token mask of a batch's sampled requests, or None if none is constrained.
+
+        ``before`` runs first: it reads the previous forward back, so that every matcher has
+        accepted the latest token. The engine calls this between the forward and sampling, inside
+        inference mode; host bookkeeping must not create inference tensors, hence the exit."""
+        if before is not None:
+            with torch.inference_mode(False):
+                before()
+        rows = [(i, self.matchers[req.uid]) for i, req in enumerate(reqs)
+                if req.uid in self.matchers]
+        if not rows:
+            return None
+        from minisgl.structured import new_bitmask
+
+        mask = new_bitmask(len(reqs), self._compiler.mask_vocab_size)
+        for i, matcher in rows:
+            matcher.fill(mask, i)
+        words = (self.vocab_size + 31) // 32
+        return mask[:, :words].to(device, non_blocking=True)
+
+    def accept(self, req: Req, token: int) -> bool:
+        """Advance ``req``'s grammar by ``token``; True when the request must end (its grammar
+        terminated, or, which the mask should make impossible, rejected the token)."""
+        matcher = self.matchers.get(req.uid)
+        if matcher is None:
+            return False
+        if not matcher.accept(token):
+            logger.error("request %d: token %d breaks its grammar; ending it", req.uid, token)
+            return True
+        return matcher.terminated
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,98 @@
+"""vLLM's and SGLang's spellings of minisgl's flags, so that a command line copied from either
+works.
+
+Three kinds: a flag that means exactly one of ours is a second name of it (``ALIASES``, shown in
+``--help``); a flag whose values need translating sets our option through a converter
+(``--attention-backend FLASHINFER`` is ``--attn fi``); a flag whose meaning differs, or that has no
+counterpart, fails with a message naming what to use instead (``DIFFERENT``). Any other unknown flag
+fails with argparse's usual error plus the closest minisgl flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "model": ("--model-path",),
+    "tp": ("--tensor-parallel-size", "--tp-size"),
+    "max_seq_len": ("--max-model-len", "--context-length"),
+    "mem_fraction": ("--gpu-memory-utilization", "--mem-fraction-static"),
+    "max_running_requests": ("--max-num-seqs",),
+    "max_prefill_tokens": ("--chunked-prefill-size", "--max-num-batched-tokens"),
+    "page_size": ("--block-size",),
+}
+
+# vLLM's backend names are upper case; SGLang's are lower case
+_ATTN_NAMES = {
+    "triton": "triton", "triton_attn": "triton", "flashinfer": "fi", "fa": "fa", "fa3": "fa",
+    "flash_attn": "fa", "torch_native": "torch", "torch_sdpa": "torch", "torch": "torch",
+    "trtllm_mha": "trtllm", "trtllm": "trtllm", "fi": "fi",
+}
+
+DIFFERENT: dict[str, str] = {
+    "--max-total-tokens": "the KV pool is sized in pages: use --num-pages (of --page-size tokens "
+                          "each), or --mem-fraction / --kv-cache-memory-gb",
+    "--enable-prefix-caching": "prefix caching is on by default (--cache radix)",
+    "--disable-log-requests": "minisgl logs one line per request at INFO: use --log-level warning "
+                              "to silence it (prompt texts are logged only with --log-requests)",
+    "--disable-log-stats": "use --log-stats-interval 0",
+    "--uvicorn-log-level": "use --log-level (it applies to every process)",
+    "--trust-remote-code": "minisgl runs its own model code only: drop the flag",
+    "--tokenizer-path": "use --tokenizer",
+    "--data-parallel-size": "minisgl has no data parallelism: run one server per replica",
+    "--dp-size": "minisgl has no data parallelism: run one server per replica",
+    "--pipeline-parallel-size": "minisgl has no pipeline parallelism: use --tp",
+    "--pp-size": "minisgl has no pipeline parallelism: use --tp",
+    "--swap-space": "minisgl does not swap KV to the host: requests are retracted and re-run",
+    "--served-model": "use --served-model-name",
+    "--load-format": "use --dummy-weights for random weights; checkpoints are detected by their "
+                     "files",
+}
+
+
+def _attention_backend(value: str) -> str:
+    from minisgl.attention import ATTN_BACKENDS
+
+    names = [_ATTN_NAMES.get(part.strip().lower()) for part in value.split(",")]
+    if not value or any(name not in ATTN_BACKENDS for name in names):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a backend this minisgl has: use --attn with auto, "
+            f"{', '.join(ATTN_BACKENDS.names)} (or PREFILL,DECODE)")
+    return ",".join(names)  # type: ignore[arg-type]
+
+
+def add_translated_aliases(parser: argparse.ArgumentParser) -> None:
+    """Flags that set one of our options through a translation (they never override a default)."""
+    group = parser.add_argument_group("vLLM / SGLang spellings")
+    group.add_argument("--attention-backend", dest="attn", type=_attention_backend,
+                       default=argparse.SUPPRESS, help="the same as --attn, with vLLM's or "
+                       "SGLang's backend names (FLASHINFER, fa3, triton, ...)")
+    for flag in ("--disable-radix-cache", "--no-enable-prefix-caching"):
+        group.add_argument(flag, dest="cache", action="store_const", const="naive",
+                           default=argparse.SUPPRESS, help="the same as --cache naive")
+    for flag in ("--enforce-eager", "--disable-cuda-graph"):
+        group.add_argument(flag, dest="cuda_graph_max_bs", action="store_const", const=0,
+                           default=argparse.SUPPRESS, help="the same as --cuda-graph-max-bs 0")
+
+
+def parse_known_flags(parser: argparse.ArgumentParser,
+                      argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, with a pointer to the minisgl flag for every unknown one."""
+    ns, rest = parser.parse_known_args(argv)
+    unknown = [arg.split("=", 1)[0] for arg in rest if arg.startswith("-")]
+    if not rest:
+        return ns
+    if not unknown:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    problems = []
+    known = [s for action in parser._actions for s in action.option_strings]
+    for flag in unknown:
+        if flag in DIFFERENT:
+            problems.append(f"{flag}: {DIFFERENT[flag]}")
+            continue
+        close = difflib.get_close_matches(flag, known, n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        problems.append(f"unrecognized argument {flag}{hint}")
+    parser.error("; ".join(problems))
+    raise AssertionError("unreachable")  # parser.error exits

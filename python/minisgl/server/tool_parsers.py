@@ -1,0 +1,223 @@
+"""Tool-call parsers: a model's text -> OpenAI ``tool_calls``, whole or as streamed deltas.
+
+Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Llama 3's bare JSON objects, Mistral's
+``[TOOL_CALLS] [...]``, and the plain JSON that a constrained ``tool_choice`` produces) only says
+where the content ends and where each call's JSON object starts. The rest is shared: a call object
+whose ``name`` comes first streams its arguments as the raw text arrives, cut by a JSON scanner at
+the end of the arguments value, so the fragments concatenate to exactly what a non-streamed
+response holds (which runs the same code over the whole text at once).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+_WS = " \t\r\n"
+_NAME_FIRST = re.compile(
+    r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+
+
+def scan_value(text: str, start: int) -> int | None:
+    """End (exclusive) of the JSON object/array/string at ``text[start]``, None if it is cut off."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+                if depth == 0:
+                    return i + 1
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+@dataclass
+class CallProgress:
+    """What is known of one call so far. ``args`` only grows while the text grows."""
+
+    name: str | None
+    args: str
+    complete: bool  # the call's object is closed
+    valid: bool = True
+
+
+def call_progress(raw: str) -> CallProgress:
+    """Progress of the call object that ``raw`` starts (with its ``{``)."""
+    end = scan_value(raw, 0)
+    m = _NAME_FIRST.match(raw)
+    if m is not None and raw[m.end()] in "{[":
+        name = json.loads(f'"{m.group(1)}"')
+        args_end = scan_value(raw, m.end())
+        return CallProgress(name, raw[m.end(): args_end or len(raw)], end is not None)
+    if end is None:
+        return CallProgress(None, "", False)
+    try:
+        obj = json.loads(raw[:end])
+    except ValueError:
+        return CallProgress(None, "", True, valid=False)
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return CallProgress(None, "", True, valid=False)
+    args = obj.get("arguments", obj.get("parameters", {}))
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return CallProgress(obj["name"], text, True)
+
+
+def _objects(text: str, pos: int, seps: str = ",;") -> list[str]:
+    """Call objects from ``pos`` on, separated by ``seps``; stops at anything else (``]``)."""
+    raws = []
+    while True:
+        while pos < len(text) and (text[pos] in _WS or text[pos] in seps):
+            pos += 1
+        if pos >= len(text) or text[pos] != "{":
+            return raws
+        end = scan_value(text, pos)
+        raws.append(text[pos: end or len(text)])
+        if end is None:
+            return raws
+        pos = end
+
+
+def _held(text: str, marker: str) -> int:
+    """Length of the longest tail of ``text`` that could start ``marker`` (held back)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+Split = tuple[str, list[str]]  # (content, raw call objects)
+
+
+def split_hermes(text: str, final: bool) -> Split:
+    start = text.find("<tool_call>")
+    if start < 0:
+        return text if final else text[: len(text) - _held(text, "<tool_call>")], []
+    raws: list[str] = []
+    pos = start
+    while pos >= 0:
+        body = pos + len("<tool_call>")
+        close = text.find("</tool_call>", body)
+        region = text[body: close if close >= 0 else len(text)]
+        raws += _objects(region, 0, "")[:1]
+        pos = text.find("<tool_call>", close) if close >= 0 else -1
+    return text[:start], raws
+
+
+def _split_leading(text: str, final: bool, marker: str, array: bool) -> Split:
+    """Calls when the (non-blank) text starts with ``marker`` or a JSON object/array."""
+    head = text.lstrip(_WS)
+    if marker and head.startswith(marker):
+        head = head[len(marker):].lstrip(_WS)
+    elif marker and not final and (not head or marker.startswith(head)):
+        return "", []  # cannot tell yet
+    if not head:
+        return (text if final else ""), []
+    pos = len(text) - len(head)
+    if array and head[0] == "[":
+        return "", _objects(text, pos + 1)
+    if head[0] == "{":
+        return "", _objects(text, pos)
+    return text, []
+
+
+def split_llama3(text: str, final: bool) -> Split:
+    return _split_leading(text, final, "<|python_tag|>", array=False)
+
+
+def split_json(text: str, final: bool) -> Split:
+    return _split_leading(text, final, "", array=True)
+
+
+def split_mistral(text: str, final: bool) -> Split:
+    start = text.find("[TOOL_CALLS]")
+    if start < 0:  # the marker is a special token: a detokenizer may have dropped it
+        content, raws = _split_leading(text, final, "", array=True)
+        if final or raws:
+            return (content or ("" if raws else text)), raws
+        return content[: len(content) - _held(content, "[TOOL_CALLS]")], []
+    rest = text[start + len("[TOOL_CALLS]"):]
+    head = rest.lstrip(_WS)
+    base = len(text) - len(head)
+    return text[:start], _objects(text, base + 1 if head.startswith("[") else base)
+
+
+TOOL_PARSERS: dict[str, Callable[[str, bool], Split]] = {
+    "hermes": split_hermes, "llama3": split_llama3, "mistral": split_mistral, "json": split_json,
+}
+
+
+def detect_parser(chat_template: str | None) -> str:
+    """The format a chat template teaches; Hermes also for templates without tool support, whose
+    tools are described in a system message that asks for that format."""
+    template = chat_template or ""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "<|python_tag|>" in template or "ipython" in template:
+        return "llama3"
+    return "hermes"
+
+
+class ToolCallStream:
+    """Feeds a choice's text in pieces; returns the content delta and the tool-call deltas."""
+
+    def __init__(self, parser: str) -> None:
+        self.split = TOOL_PARSERS[parser]
+        self.text = ""
+        self.content_sent = 0
+        self.sent: dict[int, list] = {}  # raw index -> [out index, id, name, args sent]
+
+    def feed(self, piece: str, final: bool) -> tuple[str, list[dict]]:
+        self.text += piece
+        content, raws = self.split(self.text, final)
+        new_content = content[self.content_sent:]
+        self.content_sent = len(content)
+        deltas: list[dict] = []
+        for i, raw in enumerate(raws):
+            p = call_progress(raw)
+            if p.name is None:
+                if p.complete or final:
+                    continue  # not a call: dropped
+                break  # later calls come after this one
+            if i not in self.sent:
+                self.sent[i] = [len(self.sent), f"call_{uuid.uuid4().hex[:24]}", p.name, ""]
+                index, cid = self.sent[i][:2]
+                deltas.append({"index": index, "id": cid, "type": "function",
+                               "function": {"name": p.name, "arguments": ""}})
+            entry = self.sent[i]
+            if len(p.args) > len(entry[3]):
+                deltas.append({"index": entry[0],
+                               "function": {"arguments": p.args[len(entry[3]):]}})
+                entry[3] = p.args
+        return new_content, deltas
+
+    @property
+    def called(self) -> bool:
+        return bool(self.sent)
+
+    def tool_calls(self) -> list[dict]:
+        return [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                for _, cid, name, args in sorted(self.sent.values())]
+
+
+def parse_tool_calls(text: str, parser: str) -> tuple[str, list[dict]]:
+    """The whole text -> (content, tool_calls)."""
+    stream = ToolCallStream(parser)
+    content, _ = stream.feed(text, final=True)
+    return content, stream.tool_calls()

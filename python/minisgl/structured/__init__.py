@@ -1,0 +1,10 @@
+"""Structured output: grammars (JSON schema, regex, EBNF) compiled into per-token masks.
+
+``check_grammar`` validates a grammar without a tokenizer (the API server answers a bad one with a
+400 before the request is queued); ``GrammarCompiler`` compiles for one tokenizer and caches by
+``(kind, source)``; a ``Matcher`` follows one request's tokens and fills its row of the bitmask.
+"""
+
+from .xgrammar_backend import GrammarCompiler, Matcher, check_grammar, new_bitmask
+
+__all__ = ["GrammarCompiler", "Matcher", "check_grammar", "new_bitmask"]

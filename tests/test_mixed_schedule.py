@@ -159,6 +159,27 @@ def test_twins_wait_for_the_prefix_in_mixed_steps(llama):
     llm.scheduler.check_integrity()
 
 
+def test_prompt_logprobs_of_chunks_in_mixed_steps(llama):
+    """Prompts chunked into mixed steps (a stream decodes meanwhile) get the same prompt log-probs
+    as with prefill-first."""
+    prompts = random_prompts(3, [5, 40, 33], VOCAB, seed=9)
+    params = [STREAM] + [SamplingParams(max_tokens=2, prompt_logprobs=True, top_logprobs=2,
+                                        temperature=0)] * 2
+    outs = {}
+    for mode in ("mixed", "prefill-first"):
+        llm = make_llm(llama, max_prefill_tokens=12, max_num_batched_tokens=12, schedule_mode=mode)
+        steps = record_steps(llm.scheduler)
+        outs[mode] = llm.generate(prompts, params)
+        mixed = sum(1 for b, _, _ in steps if b is not None and b.is_mixed)
+        assert (mixed >= 5) == (mode == "mixed")
+    for a, b in zip(outs["mixed"][1:], outs["prefill-first"][1:]):
+        assert [e.token_id for e in a.prompt_logprobs] == [e.token_id for e in b.prompt_logprobs]
+        for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert [t for t, _ in x.top_logprobs] == [t for t, _ in y.top_logprobs]
+    assert [o.token_ids for o in outs["mixed"]] == [o.token_ids for o in outs["prefill-first"]]
+
+
 def test_lpm_admits_the_longest_cached_prefix_first(llama):
     """With one prefill slot per step, lpm picks the request whose prompt is cached; fcfs the first
     to arrive. Outputs are the same either way."""

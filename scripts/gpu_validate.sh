@@ -10,6 +10,11 @@
 #   scripts/gpu_validate.sh fp8     OUT   # FP8 tests; kernels vs _scaled_mm and bf16 (GEMM error,
 #                                         # GEMV bandwidth); Qwen3-8B batch 1 and offline fp8 vs
 #                                         # default; logits fp8 vs bf16; Qwen3-0.6B fp8-kv vs default
+#   scripts/gpu_validate.sh itl     OUT   # streaming smoothness: mixed-batch attention kernels;
+#                                         # prefill-first vs mixed steps (8B at concurrency 4/16/64,
+#                                         # 0.6B at 128), one session per model
+#   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs on the shared-prefix workload; offline
+#                                           # bench.py default vs prefill-first
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -21,7 +26,7 @@ export HF_HUB_OFFLINE=1 MINISGL_TEST_DEVICE=cuda
 case $stage in
 tests)
     "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
-        tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
+        tests/test_mixed_schedule.py tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
         tests/test_sampling.py tests/test_sampling_kernel.py tests/test_penalties.py \
         >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
@@ -74,8 +79,19 @@ fp8)
         --variants default,fp8-kv,fp8,fp8+fp8-kv --tag fp8 --out "$out" \
         >"$out/bench_qwen3-0.6b_fp8.log" 2>&1
     cat "$out"/*_fp8_*.md "$out"/fp8_accuracy_*.json ;;
+itl)
+    "$py" benchmark/kernels/bench_mixed_attention.py >"$out/bench_mixed_attention.log" 2>&1
+    PYTHON=$py benchmark/online/gpu_itl.sh qwen3-8b "$out" >"$out/itl_qwen3-8b.log" 2>&1
+    PYTHON=$py benchmark/online/gpu_itl.sh qwen3-0.6b "$out" >"$out/itl_qwen3-0.6b.log" 2>&1
+    cat "$out/bench_mixed_attention.log" "$out"/*_itl.md ;;
+itl-shared)
+    PYTHON=$py benchmark/online/gpu_itl.sh shared "$out" >"$out/itl_shared.log" 2>&1
+    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
+        --variants default,prefill-first --hf-requests 0 --tag sched --out "$out" \
+        >"$out/bench_qwen3-0.6b_sched.log" 2>&1
+    cat "$out"/*lpm_vs_fcfs.md "$out"/offline_*sched.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|online|tp OUT" >&2
+    echo "usage: $0 tests|offline|sampling|online|tp|fp8|itl|itl-shared OUT" >    echo "usage: $0 tests|offline|sampling|online|tp|itl|itl-shared OUT" >&22
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_vllm_and_sglang_spellings_are_aliases():
     vllm = parse_args(["--model", "m", "--tensor-parallel-size", "2", "--max-model-len", "512",
                        "--gpu-memory-utilization", "0.5", "--max-num-seqs", "8",
-                       "--max-num-batched-tokens", "1024", "--enforce-eager",
+                       "--chunked-prefill-size", "1024", "--enforce-eager",
                        "--no-enable-prefix-caching", "--attention-backend", "TRITON_ATTN"])
     sglang = parse_args(["--model-path", "m", "--tp-size", "2", "--context-length", "512",
                          "--mem-fraction-static", "0.5", "--max-running-requests", "8",
@@ -29,6 +29,8 @@ def test_vllm_and_sglang_spellings_are_aliases():
                        "--cuda-graph-max-bs", "0", "--cache", "naive", "--attn", "triton"])
     assert vllm == sglang == ours
     assert parse_args(["--model", "m"]).engine.cache == "radix"  # aliases set no defaults
+    # vLLM's per-step token budget is a flag of ours with the same name and meaning
+    assert parse_args(["--max-num-batched-tokens", "1024"]).engine.max_num_batched_tokens == 1024
     assert parse_args(["--attention-backend", "torch_native"]).engine.attn == "torch"
 
 

@@ -45,7 +45,7 @@ def test_percentiles_match_numpy_and_summary_counts():
     for q in (0, 50, 90, 99, 100):
         assert percentile(data, q) == pytest.approx(np.percentile(data, q))
     assert math.isnan(percentile([], 50)) and describe([1.0, 3.0]) == pytest.approx(
-        {"mean": 2000.0, "p50": 2000.0, "p90": 2800.0, "p99": 2980.0})
+        {"mean": 2000.0, "p50": 2000.0, "p90": 2800.0, "p99": 2980.0, "max": 3000.0})
     results = [RequestResult(True, 10, 5, 5, ttft=0.1, e2e=0.5, itl=[0.1] * 4, from_usage=True),
                RequestResult(True, 20, 3, 8, ttft=0.3, e2e=0.7, itl=[0.2, 0.2], from_usage=True),
                RequestResult(False, error="HTTP 400")]
@@ -146,8 +146,8 @@ def test_server_metrics_bookkeeping():
 def test_report_files(tmp_path):
     runs = []
     for rate in (1.0, 2.0):
-        run = summarize([RequestResult(True, 4, 3, 3, ttft=0.1 * rate, e2e=0.5, itl=[0.2, 0.2])],
-                        1.0)
+        run = summarize([RequestResult(True, 4, 3, 3, ttft=0.1 * rate, e2e=0.5,
+                                       itl=[0.2, 0.2, 0.2, 0.9 * rate])], 1.0)
         runs.append({**run, "request_rate": rate, "max_concurrency": None, "model": "m",
                      "requests": [RequestResult(True, 4, 3, 3, ttft=0.1, e2e=0.5).row()]})
     result = {"tag": "t", "model": "m", "base_url": "u", "dataset": {"name": "random"},
@@ -155,7 +155,10 @@ def test_report_files(tmp_path):
     paths = write_reports(result, str(tmp_path))
     assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["t.json", "t.md", "t_cdf.png",
                                                           "t_rates.png"]
-    assert "| 2.0 |" in (tmp_path / "t.md").read_text()
+    text = (tmp_path / "t.md").read_text()
+    assert "| 2.0 |" in text
+    # the streaming table: median / P99 / max ITL, their ratio, mean and P99 TTFT
+    assert "| - | 2.0 | 3.0 | 200.0 | 1752.0 | 1800.0 | 8.76 | 200.0 | 200.0 |" in text
 
 
 # ------------------------------------------------------------------------------ real server

@@ -27,6 +27,9 @@ SETTINGS = {
     "chunked_page4": dict(page_size=4, max_prefill_tokens=13),
     "naive": dict(page_size=4, cache="naive"),
     "no_overlap": dict(page_size=1, max_prefill_tokens=16, disable_overlap=True),
+    # mixed steps: decode rows next to prefill chunks of at most 20 - running tokens
+    "mixed_small_budget": dict(page_size=4, max_prefill_tokens=16, max_num_batched_tokens=20),
+    "prefill_first": dict(page_size=1, max_prefill_tokens=16, schedule_mode="prefill-first"),
 }
 
 

@@ -183,6 +183,23 @@ def test_backend_decode(page_size):
     compare_backends(scene, "decode")
 
 
+@pytest.mark.parametrize("decode_kernel", [True, False])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_backend_mixed_batch(page_size, decode_kernel):
+    """Decode rows first (one token each), then prefill chunks with and without a prefix; the
+    decode rows go through the decode kernel or, as one-token extends, the extend kernel."""
+    scene = Scene([8, 70, 3, 0, 16], [1, 1, 1, 12, 9], 8, 2, 64, torch.float32, page_size, seed=8)
+    batch, qkv = scene.batch("mixed")
+    batch.num_decode = 3
+    backend = TritonBackend(scene.pool, scene.page_table, scene.dim**-0.5)
+    backend.mixed_decode_kernel = decode_kernel
+    out = scene.run(backend, batch, qkv)
+    assert type(batch.attn_metadata).__name__ == (
+        "TritonMixedMetadata" if decode_kernel else "TritonPrefillMetadata")
+    ref = scene.run(TorchBackend(scene.pool, scene.page_table, scene.dim**-0.5), batch, qkv)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=TOL[torch.float32])
+
+
 def test_graph_contract_pads_with_the_dummy_row():
     """Replay metadata: live rows give the eager result; padding rows attend over slot 0 only."""
     scene = Scene([5, 40, 90], [1, 1, 1], 8, 4, 64, torch.float32, seed=2)
@@ -252,6 +269,21 @@ def test_gpu_backend_real_sizes(dtype, heads):
     for r in scene.reqs:
         r.cached_len = r.device_len - 1
     compare_backends(scene, "decode")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode_kernel", [True, False])
+def test_gpu_backend_mixed_real_sizes(decode_kernel):
+    cached = [1000, 3000, 17, 4095, 0, 200]
+    extend = [1, 1, 1, 1, 512, 300]
+    scene = Scene(cached, extend, 32, 8, 128, torch.bfloat16, page_size=16, seed=9)
+    batch, qkv = scene.batch("mixed")
+    batch.num_decode = 4
+    backend = TritonBackend(scene.pool, scene.page_table, scene.dim**-0.5)
+    backend.mixed_decode_kernel = decode_kernel
+    out = scene.run(backend, batch, qkv)
+    ref = scene.run(TorchBackend(scene.pool, scene.page_table, scene.dim**-0.5), batch, qkv)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu

@@ -46,6 +46,7 @@ VARIANTS = {
     "no-overlap": {"disable_overlap": True},
     "torch-attn": {"attn": "torch"},
     "page16": {"page_size": 16},
+    "prefill-first": {"schedule_mode": "prefill-first"},  # the ablation of mixed steps
     "sample": {"sampling": QWEN_SAMPLING},
     "sample-penalty": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                     "repetition_penalty": 1.05}},

@@ -6,6 +6,8 @@
     python benchmark/online/bench_serving.py --dataset shared-prefix --groups 4 --per-group 8 \
         --prefix-len 512 --question-len 32 --output-len 16 --tag shared_prefix_radix
     python benchmark/online/bench_serving.py --dataset trace --trace-scale 0.5
+    python benchmark/online/bench_serving.py --input-len 512,1024 --output-len 128,256 \
+        --concurrencies 4,16,64 --rounds 4 --tag itl   # streaming smoothness at fixed concurrency
     python benchmark/online/bench_serving.py --compare results/a.json results/b.json --tag a_vs_b
 
 Writes ``<tag>.json``, ``<tag>.md`` and plots to ``--out``; with several ``--request-rates``,
@@ -70,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--request-rates", type=_rates, default=[math.inf],
         help="comma-separated request rates (req/s, Poisson); inf: all at once")
     add("--max-concurrency", type=int, help="at most this many requests in flight")
+    add("--concurrencies", type=lambda t: [int(p) for p in t.split(",")],
+        help="comma-separated: one run per concurrency, all requests sent at once and at most that "
+             "many in flight (replaces --request-rates and --max-concurrency)")
+    add("--rounds", type=int, help="with --concurrencies: send ROUNDS x concurrency requests per "
+                                   "run (default: --num-prompts)")
     add("--temperature", type=float, default=0.0)
     add("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
     add("--warmup", type=int, default=1, help="unmeasured requests sent first")
@@ -82,11 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_requests(args: argparse.Namespace, seed: int) -> tuple[list, dict]:
-    """The workload drawn with ``seed``, and its description for the JSON result."""
+def make_requests(args: argparse.Namespace, seed: int, num: int | None = None) -> tuple[list, dict]:
+    """The workload drawn with ``seed`` (random: ``num`` prompts, default ``--num-prompts``), and
+    its description for the JSON result."""
     kind = args.prompt_kind
     if args.dataset == "random":
-        reqs = random_requests(args.num_prompts, args.input_len, args.output_len, seed, kind)
+        reqs = random_requests(num or args.num_prompts, args.input_len, args.output_len, seed, kind)
         meta = {"num_prompts": args.num_prompts, "input_len": list(args.input_len)}
     elif args.dataset == "shared-prefix":
         reqs = shared_prefix_requests(args.groups, args.per_group, args.prefix_len,
@@ -113,13 +121,20 @@ def run_all(args: argparse.Namespace, cfg: ClientConfig) -> list[dict]:
         run_benchmark(warm, dataclasses.replace(cfg, progress=False))
     runs = []
     rates = [math.inf] if args.dataset == "trace" else args.request_rates
-    for i, rate in enumerate(rates):
-        run = run_benchmark(make_requests(args, args.seed + i)[0], cfg, rate)
+    plan = [(rate, cfg, None) for rate in rates]
+    if args.concurrencies:
+        plan = [(math.inf, dataclasses.replace(cfg, max_concurrency=c),
+                 c * args.rounds if args.rounds else None) for c in args.concurrencies]
+    for i, (rate, run_cfg, num) in enumerate(plan):
+        run = run_benchmark(make_requests(args, args.seed + i, num)[0], run_cfg, rate)
         run["dataset_seed"] = args.seed + i
         runs.append(run)
-        print(f"rate {rate}: {run['completed']} done, {run['failed']} failed in "
-              f"{run['duration_s']:.1f} s, {run['output_throughput']:.1f} output tok/s, mean "
-              f"TTFT {run['ttft_ms']['mean']:.1f} ms, mean TPOT {run['tpot_ms']['mean']:.1f} ms")
+        print(f"rate {rate}, concurrency {run_cfg.max_concurrency}: {run['completed']} done, "
+              f"{run['failed']} failed in {run['duration_s']:.1f} s, "
+              f"{run['output_throughput']:.1f} output tok/s, "
+              f"mean TTFT {run['ttft_ms']['mean']:.1f} ms, mean TPOT {run['tpot_ms']['mean']:.1f} ms, ITL "
+              f"median {run['itl_ms']['p50']:.1f} / P99 {run['itl_ms']['p99']:.1f} / max "
+              f"{run['itl_ms']['max']:.1f} ms")
         for error in run["errors"]:
             print("  error:", error)
     return runs

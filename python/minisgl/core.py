@@ -219,7 +219,7 @@ class Req:
         self.input_ids.append(token)
 
 
-Phase = Literal["prefill", "decode"]
+Phase = Literal["prefill", "decode", "mixed"]
 
 
 @dataclass(eq=False)
@@ -230,6 +230,9 @@ class Batch:
     ``out_loc`` is the KV slot each token's K/V is written to. ``logits_idx`` picks the rows whose
     logits are sampled (the last token of each sampled request), ``sample_loc`` where the sampled
     tokens go in the engine's token pool.
+
+    A ``mixed`` batch is a decode step and prefill chunks in one forward: its first ``num_decode``
+    requests are decoding (one token each, read from the token pool), the rest are prefilling.
     """
 
     reqs: list[Req]
@@ -240,6 +243,7 @@ class Batch:
     logits_idx: torch.Tensor | None = None
     sample_loc: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, position) of new tokens
     attn_metadata: BaseAttnMetadata | None = None
+    num_decode: int = 0  # mixed batches: the leading requests that decode
 
     @property
     def size(self) -> int:
@@ -254,6 +258,15 @@ class Batch:
         return self.phase == "decode"
 
     @property
+    def is_mixed(self) -> bool:
+        return self.phase == "mixed"
+
+    @property
+    def num_decode_rows(self) -> int:
+        """How many leading requests decode (all of a decode batch, none of a prefill)."""
+        return self.size if self.is_decode else self.num_decode if self.is_mixed else 0
+
+    @property
     def num_tokens(self) -> int:
         return sum(req.extend_len for req in self.reqs)
 
@@ -264,7 +277,9 @@ class Batch:
         token behind its counters, so decode does not look at them.)"""
         if self.is_decode:
             return self.reqs
-        return [req for req in self.reqs if req.device_len == len(req.input_ids)]
+        n = self.num_decode_rows
+        fed = [req for req in self.reqs[n:] if req.device_len == len(req.input_ids)]
+        return self.reqs[:n] + fed
 
 
 class Context:

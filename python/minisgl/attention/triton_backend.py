@@ -4,6 +4,9 @@ Metadata is a handful of int32 device vectors built on the host, sent in one pin
 
     decode : rows [B], seq_lens [B]                      + num_splits (host int, from B only)
     prefill: rows [B], seq_lens [B], cu_seqlens [B+1]    + max_extend, no_prefix (host)
+    mixed  : a decode part for the leading decode rows, a prefill part for the rest
+             (``mixed_decode_kernel``; otherwise one prefill part: the extend kernel takes a decode
+             row as a one-token extend)
 
 For CUDA graphs, decode reads rows/seq_lens from static buffers ``[2, max_bs]`` that the runner's
 ``prepare_for_replay`` refreshes, and the split workspace is one static allocation sized for the
@@ -59,8 +62,21 @@ class TritonPrefillMetadata(BaseAttnMetadata):
     no_prefix: bool  # every request starts at position 0 (FlashAttention may skip the pool)
 
 
+@dataclass
+class TritonMixedMetadata(BaseAttnMetadata):
+    """Decode rows (tokens ``[0, num_decode)``) through the split-K decode kernel, which reads each
+    KV head once for its whole GQA group; prefill chunks (the rest) through the extend kernel."""
+
+    decode: TritonDecodeMetadata
+    prefill: TritonPrefillMetadata
+    num_decode: int
+
+
 class TritonBackend(BaseAttnBackend):
     supports_cuda_graph = True
+    # mixed batches: decode rows through the decode kernel (True) or the extend kernel (False);
+    # benchmark/kernels/bench_mixed_attention.py measures both
+    mixed_decode_kernel = True
 
     def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
         self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
@@ -88,13 +104,25 @@ class TritonBackend(BaseAttnBackend):
                 [[r.table_idx for r in reqs], [r.device_len for r in reqs]], torch.int32, self.device)
             batch.attn_metadata = TritonDecodeMetadata(rows, seq_lens, self.num_splits(n))
             return
+        d = batch.num_decode_rows if self.mixed_decode_kernel else 0
+        if d == 0:
+            batch.attn_metadata = self._prefill_metadata(reqs)
+            return
+        rows, seq_lens = to_device(
+            [[r.table_idx for r in reqs[:d]], [r.device_len for r in reqs[:d]]], torch.int32,
+            self.device)
+        batch.attn_metadata = TritonMixedMetadata(
+            TritonDecodeMetadata(rows, seq_lens, self.num_splits(d)),
+            self._prefill_metadata(reqs[d:]), d)
+
+    def _prefill_metadata(self, reqs: list) -> TritonPrefillMetadata:
         extend = [r.extend_len for r in reqs]
         cu = [0]
         for e in extend:
             cu.append(cu[-1] + e)
         rows, seq_lens, cu_seqlens = to_device(
             [[r.table_idx for r in reqs], [r.device_len for r in reqs], cu], torch.int32, self.device)
-        batch.attn_metadata = TritonPrefillMetadata(
+        return TritonPrefillMetadata(
             rows=rows, seq_lens=seq_lens, cu_seqlens=cu_seqlens,
             max_extend=max(extend), max_seq_len=max(r.device_len for r in reqs),
             no_prefix=all(r.cached_len == 0 for r in reqs),
@@ -113,10 +141,24 @@ class TritonBackend(BaseAttnBackend):
                 q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
                 meta.num_splits, workspace=self._workspace(meta, q), kv_scales=kv_scales,
             )
+        if isinstance(meta, TritonMixedMetadata):
+            out = torch.empty_like(q)
+            d, dec = meta.num_decode, meta.decode
+            decode_attention(
+                q[:d], k_cache, v_cache, self.page_table, dec.rows, dec.seq_lens, self.scale,
+                dec.num_splits, out=out[:d], workspace=self._workspace(dec, q[:d]),
+                kv_scales=kv_scales,
+            )
+            self._extend(q[d:], k_cache, v_cache, meta.prefill, kv_scales, out[d:])
+            return out
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
+        return self._extend(q, k_cache, v_cache, meta, kv_scales)
+
+    def _extend(self, q, k_cache, v_cache, meta: TritonPrefillMetadata, kv_scales,
+                out=None) -> torch.Tensor:
         return extend_attention(
             q, k_cache, v_cache, self.page_table, meta.rows, meta.cu_seqlens, meta.seq_lens,
-            meta.max_extend, self.scale, kv_scales=kv_scales,
+            meta.max_extend, self.scale, out=out, kv_scales=kv_scales,
         )
 
     def _workspace(self, meta: TritonDecodeMetadata, q: torch.Tensor):

@@ -55,10 +55,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def describe(values: Iterable[float], scale: float = 1000.0) -> dict[str, float]:
-    """Mean and percentiles, multiplied by ``scale`` (seconds to milliseconds by default)."""
+    """Mean, percentiles and maximum, multiplied by ``scale`` (seconds to milliseconds by default).
+    The maximum matters for streams: one long pause is what a user watching one sees."""
     data = [v * scale for v in values]
     out = {"mean": sum(data) / len(data) if data else math.nan}
     out.update({f"p{q}": percentile(data, q) for q in PERCENTILES})
+    out["max"] = max(data) if data else math.nan
     return out
 
 

@@ -52,9 +52,26 @@ def markdown(result: dict) -> str:
         cells += [" / ".join(_num(run[key][s]) for s in ("mean", "p50", "p90", "p99"))
                   for key, _ in LATENCIES]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *streaming_table(result["runs"])]
     if result.get("ignore_eos_note"):
         lines += ["", f"Note: {result['ignore_eos_note']}."]
     return "\n".join(lines) + "\n"
+
+
+def streaming_table(runs: list[dict]) -> list[str]:
+    """What a user watching a stream sees, one row per run: output throughput, the inter-token
+    latency's median, P99 and maximum (a frozen stream), and TTFT's mean and P99."""
+    head = ["concurrency", "rate (req/s)", "output tok/s", "median ITL (ms)", "P99 ITL (ms)",
+            "max ITL (ms)", "P99/median ITL", "mean TTFT (ms)", "P99 TTFT (ms)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        itl, ttft = run["itl_ms"], run["ttft_ms"]
+        spread = itl["p99"] / itl["p50"] if _finite(itl["p50"]) and itl["p50"] else None
+        cells = [_num(run["max_concurrency"]), _num(run["request_rate"]),
+                 _num(run["output_throughput"]), _num(itl["p50"]), _num(itl["p99"]),
+                 _num(itl.get("max")), _num(spread, 2), _num(ttft["mean"]), _num(ttft["p99"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot_rates(result: dict, path: str) -> bool:

@@ -2,7 +2,9 @@
 
 Decode inputs are gathered on the device from the token pool, where the previous forward wrote the
 tokens it sampled: the host need not know them yet, so the next forward can be launched before the
-previous one is read back (overlap scheduling).
+previous one is read back (overlap scheduling). A mixed batch does both::
+
+    tokens : | decode rows (one each, from the token pool) | prefill chunks (from input_ids) |
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
         batch.input_ids = token_pool[row_ids, batch.positions].long()
         batch.logits_idx = torch.arange(batch.size, device=device)
     else:
-        ids: list[int] = []
-        for req in batch.reqs:
+        n_dec = batch.num_decode_rows  # one token each: rows 0 .. n_dec-1
+        # NOTE: a decode row's input_ids may lag its counters (overlap): its token is in the pool
+        ids: list[int] = [0] * n_dec
+        for req in batch.reqs[n_dec:]:
             ids += req.input_ids[req.cached_len : req.device_len]
         chosen = {id(r) for r in sampled}
         logits_idx = [i for r, i in zip(batch.reqs, last_rows) if id(r) in chosen]
         batch.positions, row_ids, batch.input_ids, batch.logits_idx, *loc = to_device(
             [positions, rows, ids, logits_idx, *sample_loc], torch.int64, device)
+        if n_dec:
+            batch.input_ids[:n_dec] = token_pool[row_ids[:n_dec], batch.positions[:n_dec]]
     batch.out_loc = page_table[row_ids, batch.positions]
     batch.sample_loc = tuple(loc)

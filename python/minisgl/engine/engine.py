@@ -10,7 +10,7 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
-from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
+from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.layers.base import restore_param_dtypes
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
@@ -188,7 +188,7 @@ class Engine:
                 self.attn_backend.prepare_metadata(batch)
                 hidden = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = self.model.compute_logits(hidden[batch.logits_idx])
-            if batch.is_prefill:  # prompt log-probs, for the requests that ask (prompt_logprobs.py)
+            if not batch.is_decode:  # prompt log-probs, for the requests that ask (prompt_logprobs.py)
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
         if args.late_bitmask is not None:  # the device computes the logits meanwhile
             args.token_bitmask = args.late_bitmask()

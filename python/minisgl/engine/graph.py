@@ -54,6 +54,8 @@ class GraphRunner:
         self._capture_all()
 
     def can_run(self, batch: Batch) -> bool:
+        """Pure decode batches only: a mixed batch's token count and attention metadata vary from
+        step to step, so it runs eagerly."""
         return batch.is_decode and batch.size <= self.max_bs
 
     def _static_batch(self, bs: int) -> Batch:

@@ -4,21 +4,48 @@ from dataclasses import dataclass
 
 from minisgl.engine import EngineConfig
 
+from .policy import POLICIES
+
+SCHEDULE_MODES = ("mixed", "prefill-first")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Scheduling policy on top of one engine (engine config ⊂ scheduler config)."""
+    """Scheduling policy on top of one engine (engine config ⊂ scheduler config).
+
+    ``mixed``: every step carries one decode token of each running request, plus prefill chunks up
+    to ``max_num_batched_tokens`` tokens in all (and ``max_prefill_tokens`` of prefill at most).
+    ``prefill-first`` (the ablation): a step is all prefill (up to ``max_prefill_tokens``) while
+    anything waits, and running requests pause meanwhile.
+    """
 
     engine: EngineConfig
-    max_prefill_tokens: int = 8192  # token budget of one prefill forward (chunked prefill)
+    max_prefill_tokens: int = 8192  # prefill tokens of one forward at most (chunked prefill)
     cache: str = "radix"  # prefix cache: "radix" or "naive"
     eos_token_ids: tuple[int, ...] = ()
     overlap: bool = True  # launch step N+1 before reading step N back
+    schedule_mode: str = "mixed"
+    max_num_batched_tokens: int = 8192  # mixed: tokens of one step, decode rows included
+    schedule_policy: str = "lpm"  # admission order: "lpm" or "fcfs"
+    max_wait_steps: int = 64  # lpm: a request waiting this many steps is admitted in arrival order
 
     def __post_init__(self) -> None:
-        if self.max_prefill_tokens < 1:
-            raise ValueError("max_prefill_tokens must be >= 1")
+        for name in ("max_prefill_tokens", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_wait_steps < 0:
+            raise ValueError("max_wait_steps must be >= 0")
+        if self.schedule_mode not in SCHEDULE_MODES:
+            raise ValueError(f"schedule_mode: {self.schedule_mode!r} is not one of "
+                             f"{', '.join(SCHEDULE_MODES)}")
+        if self.schedule_policy not in POLICIES:
+            raise ValueError(f"schedule_policy: {self.schedule_policy!r} is not one of "
+                             f"{', '.join(POLICIES)}")
 
     @property
     def max_running_reqs(self) -> int:
         return self.engine.max_running_reqs
+
+    @property
+    def mixed(self) -> bool:
+        return self.schedule_mode == "mixed"

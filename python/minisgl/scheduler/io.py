@@ -201,7 +201,7 @@ def run_scheduler_process(
 
     try:
         eos = load_eos_token_ids(model_path, load_tokenizer(model_path))
-        config = options.scheduler_config(model_path, eos)
+        config = options.scheduler_config(model_path, eos, online=True)
         device = config.engine.device
         if device.type == "cuda":
             device = torch.device("cuda", local_index)

@@ -1,8 +1,9 @@
 """The waiting queue and prefill batches: admit requests under a token budget, chunking long prompts.
 
 A request stays in the queue until all its known tokens are fed; a prompt longer than the budget is
-fed over several forwards (chunked prefill). Each batch is a prefix of the queue, so at most its last
-request is left half-fed, and it is first in line next time.
+fed over several forwards (chunked prefill). Each batch is a prefix of the queue in the admission
+policy's order (``policy.py``: the half-fed request keeps its place), so at most its last request is
+left half-fed, and it is first in line next time.
 
 A request that starts like one being prefilled right now (the same first tokens: ``n`` > 1, a
 shared system prompt) and finds nothing cached waits until its twin's prefix enters the prefix
@@ -17,6 +18,7 @@ from typing import Iterable
 from minisgl.core import Batch, Req
 
 from .cache import CacheManager
+from .policy import AdmissionPolicy
 from .table import TableManager
 
 
@@ -28,8 +30,10 @@ def _head(req: Req) -> tuple[int, ...] | None:
 
 
 class PrefillManager:
-    def __init__(self, cache: CacheManager, table: TableManager, max_prefill_tokens: int) -> None:
+    def __init__(self, cache: CacheManager, table: TableManager, max_prefill_tokens: int,
+                 policy: AdmissionPolicy | None = None) -> None:
         self.cache, self.table, self.budget = cache, table, max_prefill_tokens
+        self.policy = policy or AdmissionPolicy("fcfs", 0, cache.hit_len)
         self.waiting: deque[Req] = deque()
 
     def __len__(self) -> int:
@@ -37,26 +41,36 @@ class PrefillManager:
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
+        self.policy.arrive(req)
 
     def add_front(self, reqs: Iterable[Req]) -> None:
-        self.waiting.extendleft(reversed(list(reqs)))
+        reqs = list(reqs)
+        self.waiting.extendleft(reversed(reqs))
+        for req in reqs:
+            self.policy.arrive(req)
 
     def remove(self, req: Req) -> None:
         self.waiting.remove(req)
+        self.policy.forget(req)
 
     def admitted(self) -> list[Req]:
         """Waiting requests that hold a page-table row (and KV pages)."""
         return [req for req in self.waiting if req.table_idx >= 0]
 
-    def schedule(self, decode_reserve: int) -> Batch | None:
-        """Take as many waiting tokens as the budget and memory allow.
+    def schedule(self, decode_reserve: int, budget: int | None = None) -> Batch | None:
+        """Take as many waiting tokens as the budget (``max_prefill_tokens`` unless a smaller one is
+        given: what a mixed step has left) and memory allow.
 
         ``decode_reserve`` tokens stay free so that running requests can make progress (a heuristic
         that keeps retractions rare; correctness does not depend on it).
         """
-        budget, reqs = self.budget, []
+        self.policy.tick()
+        budget = self.budget if budget is None else min(budget, self.budget)
+        if budget <= 0 or not self.waiting:
+            return None
+        reqs: list[Req] = []
         computing: set[tuple[int, ...]] = set()  # prompt heads whose prefill is under way
-        for req in self.waiting:
+        for req in self.policy.order(self.waiting):
             if budget == 0:
                 break
             head = _head(req)

@@ -1,7 +1,8 @@
 """The scheduler of one TP worker: the five steps of a forward, around one engine.
 
-pick a batch (prefill first, else decode) -> allocate KV -> build the batch tensors -> engine forward
-and sampling -> append tokens, check stop conditions, release finished requests.
+pick a batch (every running request's decode token plus prefill chunks under a token budget, or
+prefill first in the ``prefill-first`` ablation) -> allocate KV -> build the batch tensors -> engine
+forward and sampling -> append tokens, check stop conditions, release finished requests.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager
+from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
 
@@ -54,7 +56,8 @@ class Scheduler:
         self.cache = CacheManager(
             self.engine.num_pages, page_size, prefix_cache, self.engine.page_table
         )
-        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens)
+        policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
+        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy)
         self.decode = DecodeManager(self.cache, self._retract)
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
@@ -187,11 +190,30 @@ class Scheduler:
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
-        batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
-        if batch is None:
-            batch = self.decode.schedule()
+        batch = self._schedule_mixed() if self.config.mixed else self._schedule_prefill_first()
         self.cache.flush()
         return batch
+
+    def _schedule_prefill_first(self) -> Batch | None:
+        batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
+        return batch if batch is not None else self.decode.schedule()
+
+    def _schedule_mixed(self) -> Batch | None:
+        """Decode every running request, then fill the step's token budget with prefill chunks.
+
+        A step that had to retract admits nothing: memory is short, and the freed room would go to
+        re-admitting what was just retracted.
+        """
+        retractions = self.num_retractions
+        decode = self.decode.schedule()
+        if self.num_retractions > retractions:
+            return decode
+        num_decode = decode.size if decode is not None else 0
+        prefill = self.prefill.schedule(decode_reserve=self.decode.tokens_needed(),
+                                        budget=self.config.max_num_batched_tokens - num_decode)
+        if prefill is None or decode is None:
+            return prefill or decode
+        return Batch(decode.reqs + prefill.reqs, "mixed", num_decode=num_decode)
 
     def _finish(self, batch: Batch, sampled: list[Req], out: ForwardOutput) -> list[TokenOutput]:
         """Read a forward back: append its tokens, check stops, release finished requests.
@@ -222,7 +244,7 @@ class Scheduler:
                 result.prompt_logprobs = self.prompt_logprobs.pop(req)
             if result.finish_reason is not None:
                 self._release(req)
-            elif batch.is_prefill and req.table_idx >= 0:
+            elif i >= batch.num_decode_rows and req.table_idx >= 0:  # its prefill ended
                 self.prefill.remove(req)
                 self.decode.add(req)
                 self.cache.cache_prefix(req)  # later requests with this prompt reuse it now

@@ -153,7 +153,15 @@ _HELP = {
                       "from the checkpoint, else 1.0)",
     "page_size": "tokens per KV page",
     "cache": f"prefix cache: {', '.join(sorted(PREFIX_CACHES))}",
-    "max_prefill_tokens": "token budget of one prefill forward (longer prompts are chunked)",
+    "max_prefill_tokens": "prefill tokens of one forward at most (longer prompts are chunked)",
+    "schedule_mode": "mixed: each step carries every running request's decode token plus prefill "
+                     "chunks within --max-num-batched-tokens; prefill-first: prefill steps pause "
+                     "the running streams (ablation)",
+    "max_num_batched_tokens": "mixed: tokens of one step, decode tokens included (default: 2048 on "
+                              "CUDA, 256 on CPU, at most --max-prefill-tokens)",
+    "schedule_policy": "admission order: lpm (longest cached prefix first) or fcfs",
+    "max_wait_steps": "lpm: a request that waited this many steps is admitted first, in "
+                      "arrival order",
     "num_pages": "KV pages (default: sized from memory)",
     "kv_cache_memory_gb": "KV cache budget on CPU, in GiB",
     "mem_fraction": "fraction of GPU memory the server may use",

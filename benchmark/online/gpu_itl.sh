@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Streaming smoothness on one GPU with random weights: schedule modes side by side in one session.
+#   benchmark/online/gpu_itl.sh qwen3-8b   OUT  # concurrency 4, 16, 64
+#   benchmark/online/gpu_itl.sh qwen3-0.6b OUT  # concurrency 128
+#   benchmark/online/gpu_itl.sh shared     OUT  # Qwen3-8B, shared-prefix workload: lpm vs fcfs
+# Workload (issue 15): random token prompts of 512-1024 tokens, 128-256 output tokens, streaming
+# /v1/completions with ignore_eos, all sent at once and at most CONCURRENCY in flight, ROUNDS x
+# concurrency requests per run. Each server is warmed up with one unmeasured run first (Triton
+# compiles its kernel variants for mixed steps then). The model stages serve prefill-first, then
+# mixed once per budget in BUDGETS (--max-num-batched-tokens), and write OUT/<model>_<gpu>_itl.md.
+# Env: PYTHON (python3), PORT (1919), BUDGETS ("512 1024 2048"), ROUNDS (4).
+set -euo pipefail
+stage=$1 out=$2
+here=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+port=${PORT:-1919}
+budgets=${BUDGETS:-512 1024 2048}
+rounds=${ROUNDS:-4}
+gpu=$("$py" -c "import torch; n = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'; print(next((k for k in ('H100', 'H200') if k in n), n))")
+mkdir -p "$out"
+
+serve() {  # serve LOG_NAME [server args...]: start in the background, wait until healthy
+    local log="$out/server_$1.log"
+    shift
+    "$py" -m minisgl --model "$model" --served-model-name "$tag" --dummy-weights --port "$port" \
+        "$@" >"$log" 2>&1 &
+    server=$!
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
+        kill -0 "$server" 2>/dev/null || { tail -20 "$log"; return 1; }
+        sleep 1
+    done
+    return 1
+}
+stop() { kill -TERM "$server"; wait "$server" || true; }
+bench() { "$py" "$here/bench_serving.py" --base-url "http://127.0.0.1:$port" --out "$out" --no-progress "$@"; }
+itl=(--dataset random --input-len 512,1024 --output-len 128,256)
+
+run_modes() {  # run_modes CONCURRENCIES MAX_ITL_MS
+    local concurrencies=$1 max_itl=$2 top=${1##*,}
+    local name="${tag}_${gpu}_itl"
+    for mode in prefill-first $(for b in $budgets; do echo "mixed-$b"; done); do
+        if [ "$mode" = prefill-first ]; then
+            serve "${name}_$mode" --schedule-mode prefill-first
+        else
+            serve "${name}_$mode" --schedule-mode mixed --max-num-batched-tokens "${mode#mixed-}"
+        fi
+        bench "${itl[@]}" --concurrencies "$top" --rounds 1 --seed 99 --out "$out/warmup" \
+              --tag "${name}_${mode}_warmup" >/dev/null
+        bench "${itl[@]}" --concurrencies "$concurrencies" --rounds "$rounds" --tag "${name}_$mode"
+        stop
+    done
+    "$py" "$here/itl_summary.py" --baseline "$out/${name}_prefill-first.json" \
+        "$out/${name}"_mixed-*.json --max-itl-ms "$max_itl" --out "$out/${name}.md"
+}
+
+case $stage in
+qwen3-8b|qwen3-0.6b)
+    tag=$stage model=$(mktemp -d)/$stage
+    "$py" "$here/dummy_model.py" "$here/../configs/$stage.json" "$model" >/dev/null
+    if [ "$stage" = qwen3-8b ]; then run_modes 4,16,64 250; else run_modes 128 150; fi ;;
+shared)
+    tag=qwen3-8b model=$(mktemp -d)/qwen3-8b
+    "$py" "$here/dummy_model.py" "$here/../configs/qwen3-8b.json" "$model" >/dev/null
+    shared=(--dataset shared-prefix --groups 8 --per-group 32 --prefix-len 2048 --question-len 64
+            --output-len 64 --request-rates inf)
+    for policy in lpm fcfs; do
+        serve "${tag}_shared_$policy" --schedule-policy "$policy"
+        bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_$policy"
+        stop
+    done
+    bench --compare "$out/${tag}_${gpu}_shared_prefix_lpm.json" \
+          "$out/${tag}_${gpu}_shared_prefix_fcfs.json" --tag "${tag}_${gpu}_shared_prefix_lpm_vs_fcfs" ;;
+*)
+    echo "usage: $0 qwen3-8b|qwen3-0.6b|shared OUT" >&2
+    exit 2 ;;
+esac

@@ -66,23 +66,21 @@ class SamplingState:
 
     def _build(self, todo: list[tuple[Req, int, int]]) -> None:
         vocab = self.vocab_size
-        c_rows, c_ids, c_vals, b_rows, b_ids, b_vals = [], [], [], [], [], []
+        counted: list[tuple[int, int, int]] = []  # (row, token, value)
+        biased: list[tuple[int, int, float]] = []
         for req, row, want in todo:
             if want & 1:
-                rep = req.sampling_params.repetition_penalty != 1
                 counts: dict[int, int] = {}
                 for t in req.input_ids[req.prompt_len:]:
                     counts[t] = counts.get(t, 0) + 1
-                if rep:
+                if req.sampling_params.repetition_penalty != 1:
                     for t in req.input_ids[: req.prompt_len]:
                         counts[t] = counts.get(t, 0) | PROMPT_BIT
-                for t, n in counts.items():
-                    if 0 <= t < vocab:
-                        c_rows.append(row), c_ids.append(t), c_vals.append(n)
+                counted += [(row, t, n) for t, n in counts.items() if 0 <= t < vocab]
             if want & 2:
-                for t, b in req.sampling_params.logit_bias:
-                    if t < vocab:
-                        b_rows.append(row), b_ids.append(t), b_vals.append(b)
+                biased += [(row, t, b) for t, b in req.sampling_params.logit_bias if t < vocab]
+        c_rows, c_ids, c_vals = (list(col) for col in zip(*counted)) if counted else ([], [], [])
+        b_rows, b_ids, b_vals = (list(col) for col in zip(*biased)) if biased else ([], [], [])
         if any(want & 1 for _, _, want in todo):
             self.counts = self._zero_rows(self.counts, torch.int32, [r for _, r, w in todo if w & 1])
             rows, ids, vals = to_device([c_rows, c_ids, c_vals], torch.int64, self.device)

@@ -19,7 +19,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "max_seq_len": ("--max-model-len", "--context-length"),
     "mem_fraction": ("--gpu-memory-utilization", "--mem-fraction-static"),
     "max_running_requests": ("--max-num-seqs",),
-    "max_prefill_tokens": ("--chunked-prefill-size", "--max-num-batched-tokens"),
+    "max_prefill_tokens": ("--chunked-prefill-size",),
     "page_size": ("--block-size",),
 }
 

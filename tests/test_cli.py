@@ -18,14 +18,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_vllm_and_sglang_spellings_are_aliases():
     vllm = parse_args(["--model", "m", "--tensor-parallel-size", "2", "--max-model-len", "512",
                        "--gpu-memory-utilization", "0.5", "--max-num-seqs", "8",
-                       "--max-num-batched-tokens", "1024", "--enforce-eager",
+                       "--max-num-batched-tokens", "1024",
+                       "--enforce-eager",
                        "--no-enable-prefix-caching", "--attention-backend", "TRITON_ATTN"])
     sglang = parse_args(["--model-path", "m", "--tp-size", "2", "--context-length", "512",
                          "--mem-fraction-static", "0.5", "--max-running-requests", "8",
-                         "--chunked-prefill-size", "1024", "--disable-cuda-graph",
+                         "--chunked-prefill-size", "1024", "--max-num-batched-tokens", "1024", "--disable-cuda-graph",
                          "--disable-radix-cache", "--attention-backend", "triton"])
     ours = parse_args(["--model", "m", "--tp", "2", "--max-seq-len", "512", "--mem-fraction", "0.5",
                        "--max-running-requests", "8", "--max-prefill-tokens", "1024",
+                       "--max-num-batched-tokens", "1024",
                        "--cuda-graph-max-bs", "0", "--cache", "naive", "--attn", "triton"])
     assert vllm == sglang == ours
     assert parse_args(["--model", "m"]).engine.cache == "radix"  # aliases set no defaults

@@ -22,11 +22,10 @@ def test_vllm_and_sglang_spellings_are_aliases():
                        "--no-enable-prefix-caching", "--attention-backend", "TRITON_ATTN"])
     sglang = parse_args(["--model-path", "m", "--tp-size", "2", "--context-length", "512",
                          "--mem-fraction-static", "0.5", "--max-running-requests", "8",
-                         "--max-num-batched-tokens", "1024", "--disable-cuda-graph",
+                         "--chunked-prefill-size", "1024", "--disable-cuda-graph",
                          "--disable-radix-cache", "--attention-backend", "triton"])
     ours = parse_args(["--model", "m", "--tp", "2", "--max-seq-len", "512", "--mem-fraction", "0.5",
-                       "--max-running-requests", "8",
-                       "--max-num-batched-tokens", "1024",
+                       "--max-running-requests", "8", "--max-prefill-tokens", "1024",
                        "--cuda-graph-max-bs", "0", "--cache", "naive", "--attn", "triton"])
     assert vllm == sglang == ours
     assert parse_args(["--model", "m"]).engine.cache == "radix"  # aliases set no defaults

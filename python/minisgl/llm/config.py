@@ -19,8 +19,7 @@ from minisgl.models import ModelConfig
 from minisgl.moe import MOE_BACKENDS, resolve_moe_backend
 from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
 from minisgl.scheduler import SchedulerConfig
-from minisgl.scheduler.config import SCHEDULE_MODES
-from minisgl.scheduler.policy import POLICIES
+from minisgl.scheduler.config import check_schedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -71,12 +70,7 @@ class EngineOptions:
             positive(name)
         positive("num_pages", allow_none=True)
         positive("max_num_batched_tokens", allow_none=True)
-        if self.schedule_mode not in SCHEDULE_MODES:
-            raise ValueError(f"schedule_mode: {self.schedule_mode!r} is not one of "
-                             f"{', '.join(SCHEDULE_MODES)}")
-        if self.schedule_policy not in POLICIES:
-            raise ValueError(f"schedule_policy: {self.schedule_policy!r} is not one of "
-                             f"{', '.join(POLICIES)}")
+        check_schedule(self.schedule_mode, self.schedule_policy)
         if (not isinstance(self.max_wait_steps, int) or isinstance(self.max_wait_steps, bool)
                 or self.max_wait_steps < 0):
             raise ValueError(

@@ -9,6 +9,14 @@ from .policy import POLICIES
 SCHEDULE_MODES = ("mixed", "prefill-first")
 
 
+def check_schedule(mode: str, policy: str) -> None:
+    """``ValueError`` naming the field for an unknown schedule mode or admission policy."""
+    if mode not in SCHEDULE_MODES:
+        raise ValueError(f"schedule_mode: {mode!r} is not one of {', '.join(SCHEDULE_MODES)}")
+    if policy not in POLICIES:
+        raise ValueError(f"schedule_policy: {policy!r} is not one of {', '.join(POLICIES)}")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Scheduling policy on top of one engine (engine config ⊂ scheduler config).
@@ -35,12 +43,7 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_wait_steps < 0:
             raise ValueError("max_wait_steps must be >= 0")
-        if self.schedule_mode not in SCHEDULE_MODES:
-            raise ValueError(f"schedule_mode: {self.schedule_mode!r} is not one of "
-                             f"{', '.join(SCHEDULE_MODES)}")
-        if self.schedule_policy not in POLICIES:
-            raise ValueError(f"schedule_policy: {self.schedule_policy!r} is not one of "
-                             f"{', '.join(POLICIES)}")
+        check_schedule(self.schedule_mode, self.schedule_policy)
 
     @property
     def max_running_reqs(self) -> int:

@@ -5,6 +5,8 @@
 #                                         # ablations, Qwen3-8B with batch 1 (GEMV and cuBLAS)
 #   scripts/gpu_validate.sh sampling OUT  # sampling kernel tests and benchmark; bench.py sampling
 #                                         # variants (Qwen3-0.6B, Qwen3-8B) next to greedy
+#   scripts/gpu_validate.sh structured OUT  # bench.py Qwen3-0.6B, half the requests with a JSON
+#                                           # schema, next to the same run without
 #   scripts/gpu_validate.sh online  OUT   # the online suite: Qwen3-0.6B and Qwen3-8B, radix vs naive
 #   scripts/gpu_validate.sh tp      OUT   # two GPUs: TP=2 feature by feature, TP tests, 8B/14B TP=1,2
 #   scripts/gpu_validate.sh fp8     OUT   # FP8 tests; kernels vs _scaled_mm and bf16 (GEMM error,
@@ -22,6 +24,13 @@ py=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 MINISGL_TEST_DEVICE=cuda
+step() {  # step SECONDS CMD...: one step under a time limit, its wall time printed
+    local limit=$1 t0=$SECONDS
+    shift
+    timeout -k 10 "$limit" "$@"
+    local rc=$?
+    echo "[$stage] ${*: -1} rc=$rc $((SECONDS - t0))s" >&2
+}
 
 case $stage in
 tests)
@@ -39,17 +48,25 @@ offline)
         --hf-requests 32 --hf-batch 32 --out "$out" >"$out/bench_qwen3-8b.log" 2>&1
     cat "$out"/offline_*.md ;;
 sampling)
-    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling.py tests/test_sampling_kernel.py \
-        tests/test_penalties.py tests/test_engine.py >"$out/sampling_tests.log" 2>&1
+    step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
+        tests/test_penalties.py tests/test_sampling.py >"$out/sampling_tests.log" 2>&1
     tail -3 "$out/sampling_tests.log"
-    "$py" benchmark/kernels/bench_sampling.py --model benchmark/configs/qwen3-0.6b.json \
-        --out "$out" >"$out/bench_sampling.log" 2>&1
-    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json --hf-requests 0 \
+    step 200 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json --hf-requests 0 \
         --variants default,sample,sample-penalty,sample-logprobs,sample-torch --tag sampling \
         --out "$out" >"$out/bench_qwen3-0.6b_sampling.log" 2>&1
-    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+    grep -h "x of minisgl" "$out/bench_qwen3-0.6b_sampling.log"
+    step 80 "$py" benchmark/kernels/bench_sampling.py --model benchmark/configs/qwen3-0.6b.json \
+        --out "$out" >"$out/bench_sampling.log" 2>&1
+    cat "$out"/*_sampling_*.md
+    step 120 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
         --variants default,sample --tag sampling --out "$out" >"$out/bench_qwen3-8b_sampling.log" 2>&1
-    cat "$out"/*_sampling_*.md ;;
+    grep -h "x of minisgl" "$out"/bench_*_sampling.log
+    cat "$out"/offline_*_sampling.md ;;
+structured)  # needs the default model's tokenizer (MINISGL_CACHE_DIR holding it is enough)
+    step 200 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
+        --variants default --structured --hf-requests 0 --tag structured --out "$out" \
+        >"$out/bench_qwen3-0.6b_structured.log" 2>&1
+    cat "$out"/offline_*_structured.md ;;
 online)
     PYTHON=$py benchmark/online/gpu_suite.sh benchmark/configs/qwen3-0.6b.json qwen3-0.6b \
         16,32,64,inf 200 "$out" >"$out/suite_qwen3-0.6b.log" 2>&1
@@ -66,23 +83,24 @@ tp)
     done
     cat "$out"/offline_*_tp.md ;;
 fp8)
-    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8.py tests/test_fp8_kernels.py \
+    step 100 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8.py tests/test_fp8_kernels.py \
         >"$out/fp8_tests.log" 2>&1
     tail -3 "$out/fp8_tests.log"
-    "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
-    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+    step 80 "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
+    step 220 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
         --variants default,fp8 --batch1 --batch1-variants default,fp8 --tag fp8 --out "$out" \
         >"$out/bench_qwen3-8b_fp8.log" 2>&1
-    "$py" benchmark/offline/fp8_accuracy.py --model benchmark/configs/qwen3-8b.json --variant fp8 \
-        --out "$out" >"$out/fp8_accuracy_qwen3-8b.log" 2>&1
-    "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json --hf-requests 0 \
-        --variants default,fp8-kv,fp8,fp8+fp8-kv --tag fp8 --out "$out" \
+    step 90 "$py" benchmark/offline/fp8_accuracy.py --model benchmark/configs/qwen3-8b.json \
+        --variant fp8 --out "$out" >"$out/fp8_accuracy_qwen3-8b.log" 2>&1
+    step 90 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
+        --hf-requests 0 --variants default,fp8-kv --tag fp8 --out "$out" \
         >"$out/bench_qwen3-0.6b_fp8.log" 2>&1
+    tail -n 30 "$out/bench_fp8.log"
     cat "$out"/*_fp8_*.md "$out"/fp8_accuracy_*.json ;;
 itl)
-    "$py" benchmark/kernels/bench_mixed_attention.py >"$out/bench_mixed_attention.log" 2>&1
-    PYTHON=$py benchmark/online/gpu_itl.sh qwen3-8b "$out" >"$out/itl_qwen3-8b.log" 2>&1
-    PYTHON=$py benchmark/online/gpu_itl.sh qwen3-0.6b "$out" >"$out/itl_qwen3-0.6b.log" 2>&1
+    step 60 "$py" benchmark/kernels/bench_mixed_attention.py >"$out/bench_mixed_attention.log" 2>&1
+    PYTHON=$py step 330 benchmark/online/gpu_itl.sh qwen3-8b "$out" >"$out/itl_qwen3-8b.log" 2>&1
+    PYTHON=$py step 170 benchmark/online/gpu_itl.sh qwen3-0.6b "$out" >"$out/itl_qwen3-0.6b.log" 2>&1
     cat "$out/bench_mixed_attention.log" "$out"/*_itl.md ;;
 itl-shared)
     PYTHON=$py benchmark/online/gpu_itl.sh shared "$out" >"$out/itl_shared.log" 2>&1
@@ -91,7 +109,7 @@ itl-shared)
         >"$out/bench_qwen3-0.6b_sched.log" 2>&1
     cat "$out"/*lpm_vs_fcfs.md "$out"/offline_*sched.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|online|tp|fp8|itl|itl-shared OUT" >    echo "usage: $0 tests|offline|sampling|online|tp|itl|itl-shared OUT" >&22
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

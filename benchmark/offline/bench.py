@@ -198,9 +198,10 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
     schema = lambda i: LONG_JSON if structured and i % 2 == 0 else None  # noqa: E731
     params = [SamplingParams(max_tokens=m, ignore_eos=True, seed=i, json_schema=schema(i),
                              **sampling) for i, m in enumerate(max_tokens)]
-    warm = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, json_schema=schema(i))
-            for i in range(8)]
-    llm.generate(prompts[:8], warm, use_tqdm=False)  # warm-up (compiles the grammar)
+    # warm-up with the timed run's settings: compiles the grammar and the kernel variants
+    warm = [SamplingParams(max_tokens=16, ignore_eos=True, seed=i, json_schema=schema(i),
+                           **sampling) for i in range(8)]
+    llm.generate(prompts[:8], warm, use_tqdm=False)
     torch.cuda.synchronize()
     trace.start()
     start = time.perf_counter()

@@ -8,6 +8,9 @@ admits the longest cached prefix first and still admits everyone within ``max_wa
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from conftest import TEST_DEVICE
@@ -237,7 +240,32 @@ def test_options_are_validated_and_resolved():
     opts = EngineOptions(max_prefill_tokens=4096)
     assert opts.default_batched_tokens(torch.device("cpu"), online=False) == 4096
     assert opts.default_batched_tokens(torch.device("cpu"), online=True) == 256
-    assert opts.default_batched_tokens(torch.device("cuda"), online=True) == 2048
+    assert opts.default_batched_tokens(torch.device("cuda"), online=True) == 2048  # no config
+
+
+@pytest.mark.parametrize("config, budget", [("qwen3-8b", 1024), ("llama-3.1-8b-instruct", 1024),
+                                            ("qwen3-30b-a3b", 2048), ("qwen3-0.6b", 8192),
+                                            ("qwen3-32b", 1024)])
+def test_gpu_step_budget_follows_the_model_compute(config, budget, tmp_path):
+    """The server's default budget on CUDA: tokens costing about what 1024 tokens of an 8B model
+    cost, a power of two between 1024 and max_prefill_tokens."""
+    import shutil
+
+    import torch
+
+    from minisgl.llm.step_budget import matmul_weights_per_token
+
+    src = os.path.join(os.path.dirname(__file__), "..", "benchmark", "configs", f"{config}.json")
+    shutil.copy(src, tmp_path / "config.json")
+    opts = EngineOptions()
+    assert opts.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == budget
+    assert opts.default_batched_tokens(torch.device("cpu"), True, str(tmp_path)) == 256
+    small = EngineOptions(max_prefill_tokens=512)
+    assert small.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == 512
+    with open(src) as f:
+        weights = matmul_weights_per_token(json.load(f))
+    if config == "qwen3-8b":  # 36 layers x (attention 4096 x 128 x 80 + MLP 3 x 4096 x 12288)
+        assert weights == 36 * (4096 * 128 * 80 + 3 * 4096 * 12288)
 
 
 @pytest.mark.gpu

@@ -100,20 +100,29 @@ class EngineOptions:
             raise ValueError(f"kv_cache_memory_gb: must be > 0, got {self.kv_cache_memory_gb}")
         _resolve_device(self.device)
 
-    def default_batched_tokens(self, device: torch.device, online: bool) -> int:
+    def default_batched_tokens(self, device: torch.device, online: bool,
+                               model_path: str | None = None) -> int:
         """``max_num_batched_tokens`` when none is given. Offline nobody watches a stream, so a
-        step may be as large as a prefill (throughput); a server keeps steps short enough that a
-        running stream never pauses for long: on CPU 256 tokens of the default model take about
-        half a second on two cores."""
+        step may be as large as a prefill (throughput). A server keeps steps short enough that a
+        running stream never pauses for long: on a GPU a budget sized by the model's compute
+        (``step_budget``: 1024 tokens for an 8B model, ``max_prefill_tokens`` for a 0.6B one), on
+        CPU 256 tokens (the default model takes about half a second for them on two cores)."""
         if not online:
             return self.max_prefill_tokens
-        return min(self.max_prefill_tokens, 2048 if device.type == "cuda" else 256)
+        if device.type != "cuda":
+            return min(self.max_prefill_tokens, 256)
+        from .step_budget import FALLBACK_BUDGET, gpu_step_budget
+
+        if model_path is None:
+            return min(self.max_prefill_tokens, FALLBACK_BUDGET)
+        return gpu_step_budget(model_path, self.max_prefill_tokens)
 
     def scheduler_config(self, model_path: str, eos_token_ids: tuple[int, ...],
                          online: bool = False) -> SchedulerConfig:
         """``online``: for a server (the default step budget keeps streams smooth)."""
         device = _resolve_device(self.device)
-        batched = self.max_num_batched_tokens or self.default_batched_tokens(device, online)
+        batched = (self.max_num_batched_tokens
+                   or self.default_batched_tokens(device, online, model_path))
         mixed = self.schedule_mode == "mixed"
         engine = EngineConfig(
             model_path=model_path,

@@ -27,7 +27,7 @@ from minisgl.benchmark import (
 from minisgl.message import SchedulerStatsMsg
 from minisgl.scheduler.stats import FirstForwards, LiveStats
 from minisgl.server.metrics import ServerMetrics
-from minisgl.server.protocol import ChoiceState
+from minisgl.server.responses import ChoiceState
 
 from server_utils import start_server, wait_until
 

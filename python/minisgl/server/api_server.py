@@ -34,8 +34,10 @@ from minisgl.server.openapi import install_openapi
 from minisgl.server import structured
 from minisgl.server.tools import ChatTools, tool_delta, tool_message
 from minisgl.server.protocol import (
-    ApiError, ChatCompletionRequest, ChoiceState, CompletionRequest, GenerateRequest, TokenTexts,
-    chat_logprobs, chunker, completion_logprobs, error_body, finite, parse, response, usage,
+    ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest, error_body, parse,
+)
+from minisgl.server.responses import (
+    ChoiceState, TokenTexts, chat_logprobs, chunker, completion_logprobs, finite, response, usage,
 )
 from minisgl.server.request_context import (
     authorize, check_model, frontend_for, read_json, server_config, start_call, tool_parser,

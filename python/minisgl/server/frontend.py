@@ -22,7 +22,8 @@ from minisgl.message import (
     SchedulerStatsMsg, StatsReply, TokenizeMsg, TokenizerMsg, UserReply,
 )
 from minisgl.server.args import ServerAddrs
-from minisgl.server.protocol import ApiError, ChoiceState, error_body, sse
+from minisgl.server.protocol import ApiError, error_body
+from minisgl.server.responses import ChoiceState, sse
 from minisgl.server.request_log import log_request
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue

@@ -15,7 +15,8 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.server.args import ServerConfig
 from minisgl.server.frontend import Call, FrontendManager
-from minisgl.server.protocol import ApiError, ChoiceState
+from minisgl.server.protocol import ApiError
+from minisgl.server.responses import ChoiceState
 from minisgl.server.tools import model_parser
 from minisgl.server.validation import check_text
 

@@ -8,7 +8,9 @@
 # concurrency requests per run. Each server is warmed up with one unmeasured run first (Triton
 # compiles its kernel variants for mixed steps then). The model stages serve prefill-first, then
 # mixed once per budget in BUDGETS (--max-num-batched-tokens), and write OUT/<model>_<gpu>_itl.md.
-# Env: PYTHON (python3), PORT (1919), BUDGETS ("512 1024 2048"), ROUNDS (4).
+# Env: PYTHON (python3), PORT (1919), BUDGETS ("512 1024 2048"; "default": the server's own budget),
+# ROUNDS (4), MODES (prefill-first and mixed-BUDGET for each budget; a baseline measured earlier in
+# the same session may be left out and its JSON put into OUT first).
 set -euo pipefail
 stage=$1 out=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,9 +41,12 @@ itl=(--dataset random --input-len 512,1024 --output-len 128,256)
 run_modes() {  # run_modes CONCURRENCIES MAX_ITL_MS
     local concurrencies=$1 max_itl=$2 top=${1##*,}
     local name="${tag}_${gpu}_itl"
-    for mode in prefill-first $(for b in $budgets; do echo "mixed-$b"; done); do
+    local modes=${MODES:-prefill-first $(for b in $budgets; do echo "mixed-$b"; done)}
+    for mode in $modes; do
         if [ "$mode" = prefill-first ]; then
             serve "${name}_$mode" --schedule-mode prefill-first
+        elif [ "$mode" = mixed-default ]; then
+            serve "${name}_$mode" --schedule-mode mixed
         else
             serve "${name}_$mode" --schedule-mode mixed --max-num-batched-tokens "${mode#mixed-}"
         fi

@@ -28,7 +28,8 @@ from minisgl.server.echo import Echo, generate_prompt_logprobs, join_logprobs, p
 from minisgl.server.reasoning import (
     ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
 )
-from minisgl.server.frontend import FrontendManager, respond
+from minisgl.server.call import respond
+from minisgl.server.frontend import FrontendManager
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
 from minisgl.server import structured

@@ -14,7 +14,8 @@ from starlette.requests import ClientDisconnect
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.server.args import ServerConfig
-from minisgl.server.frontend import Call, FrontendManager
+from minisgl.server.call import Call
+from minisgl.server.frontend import FrontendManager
 from minisgl.server.protocol import ApiError
 from minisgl.server.responses import ChoiceState
 from minisgl.server.tools import model_parser

@@ -177,8 +177,10 @@ class BatchMasks:
         if self._buf is not None and self._buf.shape[0] >= rows:
             return
         cap = max(64, 1 << (rows - 1).bit_length())
-        self._buf = torch.full((cap, self.fill_words), -1, dtype=torch.int32, pin_memory=self._pin)
-        self._tail = torch.full((cap, 1), -1, dtype=torch.int32, pin_memory=self._pin)
+        with torch.inference_mode(False):  # the engine asks in inference mode; these outlive it
+            self._buf = torch.full((cap, self.fill_words), -1, dtype=torch.int32,
+                                   pin_memory=self._pin)
+            self._tail = torch.full((cap, 1), -1, dtype=torch.int32, pin_memory=self._pin)
         self._np, self._tail_np = self._buf.numpy(), self._tail.numpy()
         self._filled = np.zeros(cap, dtype=bool)
 
@@ -206,16 +208,18 @@ class BatchMasks:
         """``mask`` (from ``fill``) on ``device``, ``words`` wide."""
         rows = mask.shape[0]
         cuda = device.type == "cuda"
+        if not cuda:  # numpy: torch's CPU ops cost milliseconds here on a busy machine
+            out = np.empty((rows, self.words), dtype=np.int32)
+            out[:, :self.fill_words] = self._np[:rows, :self.words]
+            out[:, self.fill_words:] = self._tail_np[:rows]
+            return torch.from_numpy(out).to(device)
         if self.words <= self.fill_words:
-            out = mask[:, :self.words].to(device, non_blocking=cuda)
+            out = mask[:, :self.words].to(device, non_blocking=True)
         else:
-            out = torch.cat([mask.to(device, non_blocking=cuda), self._tail[:rows].to(
-                device, non_blocking=cuda).expand(rows, self.words - self.fill_words)], dim=1)
-        if cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
-        elif out.data_ptr() == mask.data_ptr():
-            out = out.clone()  # the caller keeps it past the next fill
+            out = torch.cat([mask.to(device, non_blocking=True), self._tail[:rows].to(
+                device, non_blocking=True).expand(rows, self.words - self.fill_words)], dim=1)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
         return out
 
     @staticmethod

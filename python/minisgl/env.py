@@ -27,6 +27,8 @@ API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given
                  "visible to every local user through ps and /proc)")
 GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLAS, not the Triton "
               "GEMV (for ablations)")
+GRAMMAR_THREADS = EnvVar("MINISGL_GRAMMAR_THREADS", "auto", "threads that fill a batch's grammar "
+                         "masks (auto: half the CPUs the scheduler may use, at most 8)")
 
 
 def set_process_defaults() -> None:

@@ -1,12 +1,14 @@
 """Structured output in the scheduler: one grammar matcher per constrained request.
 
 A constrained request waits here while its grammar compiles on a worker thread (the scheduler
-keeps stepping the others), then joins the prefill queue. Before each forward the manager fills the
-bitmask rows of the sampled requests (unconstrained rows allow everything); after it, each
-constrained request's matcher accepts the sampled token, and a grammar that has terminated ends its
-request. The mask of step N+1 depends on token N: the engine runs the forward of N+1 first and asks
-for the mask (``BatchSamplingArgs.late_bitmask``) just before sampling, while the host reads N back
-and advances the matchers, so only the sampling of a constrained batch waits for the host.
+keeps stepping the others), then joins the prefill queue. Before sampling the manager fills the
+bitmask rows of the sampled requests in one batched call (``structured.BatchMasks``: xgrammar's
+threads, a reused pinned buffer; unconstrained rows allow everything); after it, the constrained
+requests' matchers accept their sampled tokens in one call, and a grammar that has terminated ends
+its request. The mask of step N+1 depends on token N: the engine runs the forward of N+1 first
+and asks for the mask (``BatchSamplingArgs.late_bitmask``) just before sampling, while the host
+reads N back and advances the matchers, so only the sampling of a constrained batch waits for the
+host.
 
 With tensor parallelism every rank must build the same batches, so there compilation is
 synchronous (a worker thread would finish at a different step on each rank).
@@ -23,7 +25,7 @@ from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
     from minisgl.core import Req, SamplingParams
-    from minisgl.structured import GrammarCompiler, Matcher
+    from minisgl.structured import BatchMasks, GrammarCompiler, Matcher
 
 logger = init_logger(__name__)
 
@@ -36,6 +38,7 @@ class GrammarManager:
         self.matchers: dict[int, Matcher] = {}  # uid -> matcher of an admitted request
         self.compiling: dict[int, tuple[Req, Future]] = {}
         self._compiler: GrammarCompiler | None = None
+        self._masks: BatchMasks | None = None  # built with the compiler
         self._pool: ThreadPoolExecutor | None = None
 
     @staticmethod
@@ -66,13 +69,14 @@ class GrammarManager:
 
     def _compile(self, kind: str, source: str) -> Matcher:
         if self._compiler is None:
-            from minisgl.structured import GrammarCompiler
+            from minisgl.structured import BatchMasks, GrammarCompiler
             from minisgl.utils.hf import load_tokenizer
 
             tokenizer = load_tokenizer(self.model_path)
             if tokenizer is None:
                 raise ValueError(f"{kind}: structured output needs the model's tokenizer")
-            self._compiler = GrammarCompiler(tokenizer, self.vocab_size, self.eos)
+            compiler = GrammarCompiler(tokenizer, self.vocab_size, self.eos)
+            self._masks, self._compiler = BatchMasks(compiler), compiler
         return self._compiler.matcher(self._compiler.compile(kind, source))
 
     def ready(self) -> tuple[list[Req], list[Req]]:
@@ -109,28 +113,31 @@ class GrammarManager:
         if before is not None:
             with torch.inference_mode(False):
                 before()
-        rows = [(i, self.matchers[req.uid]) for i, req in enumerate(reqs)
+        matchers = [self.matchers.get(req.uid) for req in reqs]
+        if not any(matchers):
+            return None
+        return self._masks.to_device(self._masks.fill(matchers), device)
+
+    def accept(self, reqs: list[Req], tokens: list[int]) -> set[int]:
+        """Advance the grammars of ``reqs`` (one batch) by their tokens, in one call to xgrammar;
+        the uids of the requests that must end (their grammar terminated, or, which the mask
+        should make impossible, rejected the token)."""
+        rows = [(req, token, self.matchers[req.uid]) for req, token in zip(reqs, tokens)
                 if req.uid in self.matchers]
         if not rows:
-            return None
-        from minisgl.structured import new_bitmask
+            return set()
+        from minisgl.structured import BatchMasks
 
-        mask = new_bitmask(len(reqs), self._compiler.mask_vocab_size)
-        for i, matcher in rows:
-            matcher.fill(mask, i)
-        words = (self.vocab_size + 31) // 32
-        return mask[:, :words].to(device, non_blocking=True)
-
-    def accept(self, req: Req, token: int) -> bool:
-        """Advance ``req``'s grammar by ``token``; True when the request must end (its grammar
-        terminated, or, which the mask should make impossible, rejected the token)."""
-        matcher = self.matchers.get(req.uid)
-        if matcher is None:
-            return False
-        if not matcher.accept(token):
-            logger.error("request %d: token %d breaks its grammar; ending it", req.uid, token)
-            return True
-        return matcher.terminated
+        ended = set()
+        stops = self._compiler.stop_token_ids
+        accepted = BatchMasks.accept([m for _, _, m in rows], [t for _, t, _ in rows])
+        for (req, token, matcher), ok in zip(rows, accepted):
+            if not ok:
+                logger.error("request %d: token %d breaks its grammar; ending it", req.uid, token)
+                ended.add(req.uid)
+            elif token in stops and matcher.terminated:  # only a stop token terminates
+                ended.add(req.uid)
+        return ended
 
     def close(self) -> None:
         if self._pool is not None:

@@ -225,18 +225,26 @@ class Scheduler:
         self.prompt_logprobs.add(out.prompt_logprobs, self.reqs)
         tokens = out.next_tokens.tolist()
         logprobs = _logprob_rows(out, sampled)
+        live = [(i, req, token) for i, (req, token) in enumerate(zip(sampled, tokens))
+                if self.reqs.get(req.uid) is req]  # not finished or aborted while this forward ran
+        reasons: dict[int, FinishReason | None] = {}
+        for i, req, token in live:
+            if req.sampling_params.max_tokens != 0:
+                req.append_token(token)
+                reasons[i] = self._finish_reason(req, token)
+        ended = set()  # the grammars advance in one batch: those that terminated end the request
+        if self.grammar.active:
+            going = [(req, token) for i, req, token in live if i in reasons and reasons[i] is None]
+            ended = self.grammar.accept([r for r, _ in going], [t for _, t in going])
         results = []
-        for i, (req, token) in enumerate(zip(sampled, tokens)):
-            if self.reqs.get(req.uid) is not req:
-                continue  # finished or aborted while this forward ran
-            if req.sampling_params.max_tokens == 0:  # the prompt alone: its token is dropped
+        for i, req, token in live:
+            if i not in reasons:  # max_tokens 0, the prompt alone: its token is dropped
                 results.append(TokenOutput(req.uid, None, "length", first=req,
                                            prompt_logprobs=self.prompt_logprobs.pop(req)))
                 self._release(req)
                 continue
-            req.append_token(token)
-            reason = self._finish_reason(req, token)
-            if reason is None and self.grammar.accept(req, token):
+            reason = reasons[i]
+            if reason is None and req.uid in ended:
                 reason = "stop"  # the grammar is complete
             result = TokenOutput(req.uid, token, reason, *logprobs[i])
             if req.output_len == 1:

@@ -2,9 +2,12 @@
 
 ``check_grammar`` validates a grammar without a tokenizer (the API server answers a bad one with a
 400 before the request is queued); ``GrammarCompiler`` compiles for one tokenizer and caches by
-``(kind, source)``; a ``Matcher`` follows one request's tokens and fills its row of the bitmask.
+``(kind, source)``; a ``Matcher`` follows one request's tokens and fills its row of the bitmask;
+``BatchMasks`` fills the rows of a whole batch on xgrammar's threads into a reused host buffer.
 """
 
-from .xgrammar_backend import GrammarCompiler, Matcher, check_grammar, new_bitmask
+from .xgrammar_backend import (BatchMasks, GrammarCompiler, Matcher, check_grammar, fill_threads,
+                               new_bitmask)
 
-__all__ = ["GrammarCompiler", "Matcher", "check_grammar", "new_bitmask"]
+__all__ = ["BatchMasks", "GrammarCompiler", "Matcher", "check_grammar", "fill_threads",
+           "new_bitmask"]

@@ -32,8 +32,8 @@ from minisgl import env
 from .sampling import CAND, _INTERPRET, _MAX_SEARCH, _PIVOTS, _log_e, _mix, _sample_kernel, _values
 
 NSTAT = 5  # floats per chunk record: max, sumexp, race best, raw max, raw sumexp
-_BIG = 2147483647
-_I64_MIN = -9223372036854775808
+_BIG = tl.constexpr(2147483647)
+_I64_MIN = tl.constexpr(-9223372036854775808)
 
 
 @triton.jit

@@ -192,7 +192,12 @@ def test_kernel_equals_reference_at_qwen_vocab(bsz: int) -> None:
     g = torch.Generator().manual_seed(bsz)
     logits = (torch.randn(bsz, vocab, generator=g) * 2).to(DEV, torch.bfloat16)
     params = [PARAMS[i % len(PARAMS)] for i in range(bsz)]
-    compare(logits, make_reqs(params, bsz, vocab))
+    flags = compare(logits, make_reqs(params, bsz, vocab))
+    # rows with a top_k up to 40 (Qwen's settings among them) are decided by the split path; the
+    # top_p-only rows of these flat logits have nuclei of hundreds of tokens (the row kernel)
+    fast = [i for i, p in enumerate(params) if 0 < p.get("top_k", 0) <= 40]
+    assert [flags[i] for i in fast] == [0] * len(fast)
+    assert all(f in (0, 1) for f in flags)
 
 
 _COMPILE = """
@@ -211,8 +216,8 @@ feats = dict(HAS_COUNTS=features, HAS_BIAS=features, HAS_MASK=features, NEED_LSE
 cases = [
     (sampling._sample_kernel, dict(feats, BLOCK=2048, CAND=sampling.CAND, P=sampling._PIVOTS,
                                    MAX_SEARCH=sampling._MAX_SEARCH, USE_FLAGS=features), 8),
-    (sampling_split._chunk_kernel, dict(feats, CHUNK=8192, C=32, GS=16), 8),
-    (sampling_split._chunk_kernel, dict(feats, CHUNK=2048, C=32, GS=16), 4),
+    (sampling_split._chunk_kernel, dict(feats, CHUNK=4096, C=32, GS=16), 16),
+    (sampling_split._chunk_kernel, dict(feats, CHUNK=2048, C=32, GS=16), 8),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
                                         C=32, S_PAD=32, KEEP=128), 4),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,

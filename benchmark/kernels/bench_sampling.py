@@ -121,7 +121,8 @@ def main() -> None:
                 del os.environ["MINISGL_SAMPLER"]
                 rows.append({"vocab": vocab, "batch": bsz, "setting": name,
                              "kernel_us": round(kernel_us, 1), "row_kernel_us": round(row_us, 1),
-                             "torch_us": round(torch_us, 1), "flagged": flagged_share(logits, sargs),
+                             "torch_us": round(torch_us, 1),
+                             "flagged": flagged_share(logits, sargs),
                              "speedup": round(torch_us / kernel_us, 1),
                              "logits_gb_per_s": round(logits.numel() * 2 / kernel_us / 1e3, 1)})
                 print(json.dumps(rows[-1]), flush=True)

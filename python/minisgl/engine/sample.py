@@ -12,7 +12,7 @@ penalties and the logit biases live on the device (``sample_state.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -167,10 +167,10 @@ def _use_kernel(logits: torch.Tensor, args: BatchSamplingArgs) -> bool:
 
 
 def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs,
-                  **sizes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  **sizes: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tokens and raw logsumexp (when log-probs are asked) from the Triton kernels; counts the
     sampled tokens of penalised rows. ``sizes``: the kernels' ``block``/``cand``/``chunk``/
-    ``topc``/``keep`` (tests)."""
+    ``topc``/``keep``, and ``flags_out`` for the rows the row kernel finished (tests, bench)."""
     from minisgl.kernel.triton.sampling_split import sample_rows
 
     pen, bias = args.penalties, args.bias

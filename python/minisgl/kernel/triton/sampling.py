@@ -13,8 +13,10 @@ the exponential race ``argmax(x - log E)`` over it, with ``E`` from the same cou
                the threshold is read off exactly as the reference's sorted scan would
     race       over the gathered candidates when they hold every kept token, else one more pass
 
-Rows without filters race in pass 1; greedy rows take pass 1's argmax. Each sampled token of a
-penalised row is added to its counts row at the end (see ``engine/sample_state.py``).
+By default the split-row path (``sampling_split.py``) runs first and this kernel finishes only the
+rows it flags; ``MINISGL_SAMPLER=triton-row`` runs it alone. Rows without filters race in pass 1;
+greedy rows take pass 1's argmax. Each sampled token of a penalised row is added to its counts row
+at the end (see ``engine/sample_state.py``).
 """
 
 from __future__ import annotations

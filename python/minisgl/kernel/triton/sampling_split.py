@@ -17,7 +17,7 @@
                                exactly; otherwise the row is flagged
     row kernel, grid (B,)      ``sampling._sample_kernel``: flagged rows only (the others return)
 
-With C >= top_k (32 >= Qwen's 20) a top_k row is never flagged for lack of candidates (a chunk
+With C > top_k (32 > Qwen's 20) a top_k row is never flagged for lack of candidates (a chunk
 cannot hold C tokens at or above the k-th value, ties aside). No host sync.
 ``MINISGL_SAMPLER=triton-row`` runs only the row kernel (ablation);
 ``MINISGL_SAMPLER=torch`` the torch reference.

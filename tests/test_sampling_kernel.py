@@ -22,8 +22,9 @@ from minisgl.engine.sample import BatchSamplingArgs, kernel_sample
 from minisgl.engine.sample_torch import sample_torch
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-# small tiles and candidate rows keep the interpreter fast and send more rows down every path
-SIZES = dict(block=64, cand=64) if DEV.type == "cpu" else {}
+# small tiles, chunks and candidate rows keep the interpreter fast, give every row several chunks
+# of the split path and send more rows down every path
+SIZES = dict(block=64, cand=64, chunk=64, topc=8, keep=32) if DEV.type == "cpu" else {}
 
 PARAMS = [
     dict(temperature=0.0),
@@ -57,13 +58,16 @@ def make_reqs(params: list[dict], seed: int, vocab: int) -> list[Req]:
 
 
 def compare(logits: torch.Tensor, reqs: list[Req], bitmask: torch.Tensor | None = None,
-            **sizes: int) -> None:
+            **sizes: int) -> list[int]:
+    """Kernel == reference (tokens, logsumexp, counts); returns the rows the split path flagged
+    for the row kernel."""
     vocab = logits.shape[-1]
     args = BatchSamplingArgs.from_reqs(reqs, vocab, logits.device)
     args.token_bitmask = bitmask
     want = sample_torch(logits, args)  # reads the counts before the kernel adds its tokens
     before = args.penalties.counts.clone() if args.penalties is not None else None
-    got, lse = kernel_sample(logits, args, **(sizes or SIZES))
+    flags = torch.full((len(reqs),), -1, dtype=torch.int32, device=logits.device)
+    got, lse = kernel_sample(logits, args, **{**SIZES, **sizes}, flags_out=flags)
     assert got.tolist() == want.tolist()
     if args.need_logprobs:  # the raw logsumexp for log-probs comes out of the same pass
         torch.testing.assert_close(lse, logits.float().logsumexp(-1), rtol=1e-5, atol=1e-5)
@@ -74,6 +78,7 @@ def compare(logits: torch.Tensor, reqs: list[Req], bitmask: torch.Tensor | None 
             if r >= 0:
                 expect[r, t] += 1
         assert torch.equal(args.penalties.counts, expect)
+    return flags.tolist()
 
 
 @pytest.mark.parametrize("seed,dtype", [(0, torch.float32), (1, torch.float32),
@@ -117,6 +122,69 @@ def test_large_nucleus_takes_the_boundary_path() -> None:
         compare(logits, make_reqs(params, seed, vocab), cand=cand, block=SIZES.get("block", 2048))
 
 
+SPLIT = dict(block=64, cand=64, chunk=64, topc=8, keep=32)  # 8 chunks per row at vocab 512
+
+
+def peaked(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Logits with a few tokens far above a flat rest, spread over the chunks."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g)
+    for r in range(rows):
+        top = torch.randperm(vocab, generator=g)[:6]
+        logits[r, top] += 8.0 + torch.rand(6, generator=g) * 2
+    return logits
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_split_path_decides_peaked_rows(seed: int) -> None:
+    """Small top_k / peaked rows: the chunk and merge kernels decide alone (no flag)."""
+    vocab = 512
+    params = [dict(temperature=0.6, top_k=20, top_p=0.95), dict(temperature=1.0, top_k=3),
+              dict(temperature=0.7, top_p=0.8), dict(temperature=1.2, min_p=0.1),
+              dict(temperature=0.9, top_k=5, min_p=0.05, top_p=0.9)]
+    logits = peaked(len(params), vocab, seed).to(DEV)
+    assert compare(logits, make_reqs(params, seed, vocab), **SPLIT) == [0] * len(params)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_split_path_flags_wide_nucleus(seed: int) -> None:
+    """A flat distribution with top_p only: the nucleus holds more tokens than the S * C
+    candidates, so the row kernel finishes these rows."""
+    vocab = 512
+    params = [dict(temperature=1.0, top_p=0.9), dict(temperature=0.8, top_p=0.5),
+              dict(temperature=1.0, top_k=200, top_p=0.95)]
+    logits = (torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(seed))
+              * 0.1).to(DEV)
+    assert compare(logits, make_reqs(params, seed, vocab), **SPLIT) == [1] * len(params)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_split_path_mixed_batch(seed: int, monkeypatch) -> None:
+    """Fast and flagged rows in one batch with greedy, unfiltered, penalised, biased and masked
+    rows and log-probs: counts are added once per token, whichever kernel samples it."""
+    vocab = 512
+    params = [dict(temperature=0.6, top_k=20, top_p=0.95, presence_penalty=1.5,
+                   repetition_penalty=1.05),  # fast, penalised
+              dict(temperature=1.0, top_p=0.95, frequency_penalty=0.5),  # flat: flagged
+              dict(temperature=0.0, repetition_penalty=1.3),  # greedy, penalised
+              dict(temperature=0.8),  # race over the whole row
+              dict(temperature=0.8, top_k=4, logit_bias={3: 100.0, 7: 50.0}),
+              dict(temperature=0.0, logit_bias={11: 5.0}, logprobs=True),
+              dict(temperature=0.7, top_k=10, top_p=0.9),  # masked
+              dict(temperature=0.9, min_p=0.5)]  # flat: flagged
+    logits = peaked(len(params), vocab, seed)
+    logits[1] *= 0.02
+    logits[7] *= 0.02
+    words = vocab // 32
+    bitmask = torch.full((len(params), words), -1, dtype=torch.int32)
+    bitmask[6, ::2] = 0  # row 6: half the words disallowed
+    reqs = make_reqs(params, seed, vocab)
+    flags = compare(logits.to(DEV), reqs, bitmask.to(DEV), **SPLIT)
+    assert flags == [0, 1, 0, 0, 0, 0, 0, 1]
+    monkeypatch.setenv("MINISGL_SAMPLER", "triton-row")  # the ablation: the row kernel alone
+    compare(logits.to(DEV), make_reqs(params, seed, vocab), bitmask.to(DEV), **SPLIT)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bsz", [1, 64, 256])
 def test_kernel_equals_reference_at_qwen_vocab(bsz: int) -> None:
@@ -124,7 +192,12 @@ def test_kernel_equals_reference_at_qwen_vocab(bsz: int) -> None:
     g = torch.Generator().manual_seed(bsz)
     logits = (torch.randn(bsz, vocab, generator=g) * 2).to(DEV, torch.bfloat16)
     params = [PARAMS[i % len(PARAMS)] for i in range(bsz)]
-    compare(logits, make_reqs(params, bsz, vocab))
+    flags = compare(logits, make_reqs(params, bsz, vocab))
+    # rows with a top_k up to 40 (Qwen's settings among them) are decided by the split path; the
+    # top_p-only rows of these flat logits have nuclei of hundreds of tokens (the row kernel)
+    fast = [i for i, p in enumerate(params) if 0 < p.get("top_k", 0) <= 40]
+    assert [flags[i] for i in fast] == [0] * len(fast)
+    assert all(f in (0, 1) for f in flags)
 
 
 _COMPILE = """
@@ -132,26 +205,38 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from minisgl.kernel.triton import sampling
+from minisgl.kernel.triton import sampling, sampling_split
 
 features = sys.argv[1] == "1"
-kernel = sampling._sample_kernel
 i64 = {"top_k_ptr", "seeds_ptr", "steps_ptr", "count_rows_ptr", "bias_rows_ptr", "tokens_ptr",
-       "scratch_ptr"}
-sig = {n: "*i64" if n in i64 else "*fp32" for n in kernel.arg_names}
-sig.update(logits_ptr="*bf16", counts_ptr="*i32", mask_ptr="*i32", V="i32", W="i32")
-consts = dict(HAS_COUNTS=features, HAS_BIAS=features, HAS_MASK=features, NEED_LSE=features,
-              LIBDEVICE=True, BLOCK=2048, CAND=sampling.CAND, P=sampling._PIVOTS,
-              MAX_SEARCH=sampling._MAX_SEARCH)
-sig.update({name: "constexpr" for name in consts})
-src = ASTSource(fn=kernel, signature=sig,
-                constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
-try:
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-except RuntimeError as e:
-    print("NO-TOOLCHAIN", e)
-    sys.exit(0)
-print("CUBIN", len(compiled.asm["cubin"]))
+       "scratch_ptr", "keys_ptr"}
+i32 = {"counts_ptr", "mask_ptr", "flags_ptr", "args_ptr"}
+feats = dict(HAS_COUNTS=features, HAS_BIAS=features, HAS_MASK=features, NEED_LSE=features,
+             LIBDEVICE=True)
+cases = [
+    (sampling._sample_kernel, dict(feats, BLOCK=2048, CAND=sampling.CAND, P=sampling._PIVOTS,
+                                   MAX_SEARCH=sampling._MAX_SEARCH, USE_FLAGS=features), 8),
+    (sampling_split._chunk_kernel, dict(feats, CHUNK=4096, C=32, GS=16), 16),
+    (sampling_split._chunk_kernel, dict(feats, CHUNK=2048, C=32, GS=16), 8),
+    (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
+                                        C=32, S_PAD=32, KEEP=128), 4),
+    (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
+                                        C=32, S_PAD=128, KEEP=128), 4),
+]
+for kernel, consts, warps in cases:
+    sig = {n: "*i64" if n in i64 else "*i32" if n in i32 else "*fp32" for n in kernel.arg_names}
+    sig.update(logits_ptr="*bf16", V="i32", W="i32", S="i32")
+    sig = {n: sig[n] for n in kernel.arg_names}
+    sig.update({name: "constexpr" for name in consts})
+    src = ASTSource(fn=kernel, signature=sig,
+                    constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": warps})
+    except RuntimeError as e:
+        print("NO-TOOLCHAIN", e)
+        sys.exit(0)
+    print(kernel.__name__, "CUBIN", len(compiled.asm["cubin"]), flush=True)
 """
 
 
@@ -169,4 +254,5 @@ def test_kernel_compiles_for_hopper(features: bool, tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     if "NO-TOOLCHAIN" in done.stdout:
         pytest.skip(done.stdout)
-    assert int(done.stdout.split("CUBIN")[1]) > 0
+    sizes = [int(line.split("CUBIN")[1]) for line in done.stdout.splitlines() if "CUBIN" in line]
+    assert len(sizes) == 5 and min(sizes) > 0, done.stdout

@@ -1,5 +1,7 @@
-"""One sampling call: the Triton sampling kernel (``kernel/triton/sampling.py``) against the torch
-reference (``engine/sample_torch.py``), next to the decode step of the model it serves.
+"""One sampling call: the Triton sampler (default: the split-row path of
+``kernel/triton/sampling_split.py``), the one-program-per-row kernel alone
+(``MINISGL_SAMPLER=triton-row``, ``kernel/triton/sampling.py``) and the torch reference
+(``engine/sample_torch.py``), next to the decode step of the model it serves.
 
     python benchmark/kernels/bench_sampling.py [--model benchmark/configs/qwen3-0.6b.json] [--out DIR]
 
@@ -7,7 +9,8 @@ Cases: batch sizes 1, 64, 256 at vocabularies 151,936 (Qwen) and 32,000 (Llama 2
 logits, for the settings users send: Qwen3's recommended sampling (T 0.6, top_p 0.95, top_k 20), the
 same with presence and repetition penalties (each row with a prompt and 256 output tokens counted),
 with log-probs (top 5), and top_p alone. Each call is timed with CUDA events over many calls
-(penalty rows keep counting, as in decode). GB/s counts one read of the logits. ``--model`` also
+(penalty rows keep counting, as in decode). GB/s counts one read of the logits by the default
+path; "flagged" is the share of rows the split path handed to the row kernel. ``--model`` also
 times one decode step of that model (random weights, CUDA graphs) at each batch size, which is what
 the sampling time adds to. Writes JSON and markdown named ``<date>_sampling_<gpu>.{json,md}``.
 """
@@ -28,7 +31,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
 from bench import gpu_name, model_dir  # noqa: E402
 from minisgl.core import Req, SamplingParams  # noqa: E402
-from minisgl.engine.sample import BatchSamplingArgs, SamplingState, sample  # noqa: E402
+from minisgl.engine.sample import (  # noqa: E402
+    BatchSamplingArgs,
+    SamplingState,
+    kernel_sample,
+    sample,
+)
 
 QWEN = dict(temperature=0.6, top_p=0.95, top_k=20)
 SETTINGS = {
@@ -62,6 +70,13 @@ def time_call(fn, iters: int = 50) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters * 1e3  # us
+
+
+def flagged_share(logits: torch.Tensor, args: BatchSamplingArgs) -> float:
+    """Share of rows the split path leaves to the row kernel (one extra call, counts included)."""
+    flags = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)
+    kernel_sample(logits, args, flags_out=flags)
+    return round(flags.float().mean().item(), 3)
 
 
 def decode_step_ms(model: str, sizes: list[int]) -> dict[int, float]:
@@ -99,11 +114,15 @@ def main() -> None:
             for name, params in SETTINGS.items():
                 sargs = make_args(bsz, vocab, params, device)
                 kernel_us = time_call(lambda: sample(logits, sargs))
+                os.environ["MINISGL_SAMPLER"] = "triton-row"
+                row_us = time_call(lambda: sample(logits, sargs))
                 os.environ["MINISGL_SAMPLER"] = "torch"
                 torch_us = time_call(lambda: sample(logits, sargs), iters=10)
                 del os.environ["MINISGL_SAMPLER"]
                 rows.append({"vocab": vocab, "batch": bsz, "setting": name,
-                             "kernel_us": round(kernel_us, 1), "torch_us": round(torch_us, 1),
+                             "kernel_us": round(kernel_us, 1), "row_kernel_us": round(row_us, 1),
+                             "torch_us": round(torch_us, 1),
+                             "flagged": flagged_share(logits, sargs),
                              "speedup": round(torch_us / kernel_us, 1),
                              "logits_gb_per_s": round(logits.numel() * 2 / kernel_us / 1e3, 1)})
                 print(json.dumps(rows[-1]), flush=True)
@@ -118,10 +137,12 @@ def main() -> None:
         json.dump({"gpu": gpu, "date": date, "commit": os.environ.get("MINISGL_COMMIT", "unknown"),
                    "rows": rows, "decode_step_ms": steps, "model": args.model}, f, indent=1)
     lines = [f"One sampling call on {gpu} ({date}), bf16 logits; us per call.", "",
-             "| vocab | batch | setting | Triton kernel | torch reference | speed-up | logits GB/s |",
-             "|---|---|---|---|---|---|---|"]
+             "| vocab | batch | setting | Triton (split) | flagged | Triton (triton-row) | torch "
+             "reference | speed-up | logits GB/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['vocab']:,} | {r['batch']} | {r['setting']} | {r['kernel_us']} | "
+                     f"{r.get('flagged', '')} | {r.get('row_kernel_us', '')} | "
                      f"{r.get('torch_us', '')} | {str(r.get('speedup', '')) + 'x' if 'speedup' in r else ''} "
                      f"| {r.get('logits_gb_per_s', '')} |")
     if steps:

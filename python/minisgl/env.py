@@ -22,7 +22,8 @@ CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
                    "where the default model is converted to and kept")
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
 SAMPLER = EnvVar("MINISGL_SAMPLER", "auto", "torch: sample with the torch reference on CUDA too, "
-                 "not the Triton kernel (for ablations)")
+                 "not the Triton kernels; triton-row: the one-program-per-row kernel alone, not "
+                 "the split-row fast path (for ablations)")
 API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given (a flag is "
                  "visible to every local user through ps and /proc)")
 GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLAS, not the Triton "

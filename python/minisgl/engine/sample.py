@@ -2,7 +2,9 @@
 -> draw, one row per request, with no host sync on the way.
 
 ``sample`` picks a path: plain greedy batches take the argmax of the logits as they are; on CUDA
-everything else runs in one Triton kernel (``kernel/triton/sampling.py``); the torch reference
+everything else runs in Triton (``kernel/triton/sampling_split.py``: a split-row fast path, with
+the one-program-per-row kernel of ``sampling.py`` finishing the rows it cannot decide exactly;
+``MINISGL_SAMPLER=triton-row``: that kernel alone, ``torch``: the reference); the torch reference
 (``sample_torch.py``) is the CPU path and the oracle of the kernel's tests. Token counts for the
 penalties and the logit biases live on the device (``sample_state.py``).
 """
@@ -10,7 +12,7 @@ penalties and the logit biases live on the device (``sample_state.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -165,10 +167,11 @@ def _use_kernel(logits: torch.Tensor, args: BatchSamplingArgs) -> bool:
 
 
 def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs,
-                  **sizes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Tokens and raw logsumexp (when log-probs are asked) from the Triton kernel; counts the
-    sampled tokens of penalised rows. ``sizes``: the kernel's ``block``/``cand`` (tests)."""
-    from minisgl.kernel.triton.sampling import sample_rows
+                  **sizes: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tokens and raw logsumexp (when log-probs are asked) from the Triton kernels; counts the
+    sampled tokens of penalised rows. ``sizes``: the kernels' ``block``/``cand``/``chunk``/
+    ``topc``/``keep``, and ``flags_out`` for the rows the row kernel finished (tests, bench)."""
+    from minisgl.kernel.triton.sampling_split import sample_rows
 
     pen, bias = args.penalties, args.bias
     return sample_rows(

@@ -13,8 +13,10 @@ the exponential race ``argmax(x - log E)`` over it, with ``E`` from the same cou
                the threshold is read off exactly as the reference's sorted scan would
     race       over the gathered candidates when they hold every kept token, else one more pass
 
-Rows without filters race in pass 1; greedy rows take pass 1's argmax. Each sampled token of a
-penalised row is added to its counts row at the end (see ``engine/sample_state.py``).
+By default the split-row path (``sampling_split.py``) runs first and this kernel finishes only the
+rows it flags; ``MINISGL_SAMPLER=triton-row`` runs it alone. Rows without filters race in pass 1;
+greedy rows take pass 1's argmax. Each sampled token of a penalised row is added to its counts row
+at the end (see ``engine/sample_state.py``).
 """
 
 from __future__ import annotations
@@ -79,12 +81,15 @@ def _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres
 def _sample_kernel(
     logits_ptr, V, tokens_ptr, lse_ptr, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
     steps_ptr, counts_ptr, count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr,
-    mask_ptr, W, scratch_ptr,
+    mask_ptr, W, scratch_ptr, flags_ptr,
     HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
     NEED_LSE: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr, CAND: tl.constexpr,
-    P: tl.constexpr, MAX_SEARCH: tl.constexpr,
+    P: tl.constexpr, MAX_SEARCH: tl.constexpr, USE_FLAGS: tl.constexpr,
 ):
     row = tl.program_id(0)
+    if USE_FLAGS:  # after the split path (sampling_split.py): only the rows it flagged
+        if tl.load(flags_ptr + row) == 0:
+            return
     temp = tl.load(temps_ptr + row)
     greedy = temp <= 0.0
     t = tl.where(greedy, 1.0, temp)
@@ -287,9 +292,9 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
         pres, freq, rep, bias if bias is not None else dummy,
         bias_rows if bias_rows is not None else steps,
         bitmask if bitmask is not None else dummy, bitmask.shape[1] if bitmask is not None else 0,
-        scratch,
+        scratch, tokens,
         HAS_COUNTS=counts is not None, HAS_BIAS=bias is not None, HAS_MASK=bitmask is not None,
         NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET, BLOCK=block, CAND=cand, P=_PIVOTS,
-        MAX_SEARCH=_MAX_SEARCH, num_warps=8,
+        MAX_SEARCH=_MAX_SEARCH, USE_FLAGS=False, num_warps=8,
     )
     return tokens, (lse if need_lse else None)

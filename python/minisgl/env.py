@@ -28,6 +28,10 @@ API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given
 GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLAS, not the Triton "
               "GEMV (for ablations)")
 
+FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quantizes dense weights "
+                  "into 128x128 blocks and runs the block-scaled Triton GEMM (the FP8 checkpoints' "
+                  "format) instead of per-channel scales and torch._scaled_mm (for ablations)")
+
 
 def set_process_defaults() -> None:
     """Settings of third-party libraries that minisgl's processes want unless the user chose:

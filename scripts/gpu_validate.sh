@@ -85,10 +85,10 @@ tp)
     done
     cat "$out"/offline_*_tp.md ;;
 fp8)
-    step 100 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8.py tests/test_fp8_kernels.py \
+    step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8.py tests/test_fp8_kernels.py \
         >"$out/fp8_tests.log" 2>&1
     tail -3 "$out/fp8_tests.log"
-    step 80 "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
+    step 120 "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
     step 220 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
         --variants default,fp8 --batch1 --batch1-variants default,fp8 --tag fp8 --out "$out" \
         >"$out/bench_qwen3-8b_fp8.log" 2>&1

@@ -46,6 +46,39 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torc
     return w
 
 
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel quantization, row by row: (e4m3 [N, K], float32 scales [N, 1])."""
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn)
+    s = torch.empty(w.shape[0], 1)
+    for i, row in enumerate(w.float()):
+        s[i, 0] = row.abs().max().clamp_min(1e-12) / 448.0  # an all-zero row: a finite scale
+        q[i] = (row / s[i, 0]).to(torch.float8_e4m3fn)
+    return q, s
+
+
+def make_online_reference_checkpoint(src: str | Path, out: str | Path) -> Path:
+    """What ``--quantization fp8`` makes of ``src``, dequantized to float32: the dense projections
+    quantized per output channel, the MoE experts in 128x128 blocks (they keep block scales)."""
+    src, out = Path(src), Path(out)
+    _copy_side_files(src, out)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(glob.glob(str(src / "*.safetensors"))):
+        tensors.update(load_file(f))
+    result = {}
+    for name, t in tensors.items():
+        match = QUANTIZED.search(name)
+        if match and match.group(2):  # an expert
+            result[name] = dequantize(*quantize(t, (128, 128)), (128, 128))
+        elif match:
+            q, s = quantize_rows(t)
+            result[name] = q.float() * s
+        else:
+            result[name] = t
+    save_file(result, str(out / "model.safetensors"))
+    shutil.copy(src / "config.json", out / "config.json")
+    return out
+
+
 def _copy_side_files(src: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():

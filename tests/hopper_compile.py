@@ -8,6 +8,7 @@ compiler) and skips the test when no CUDA toolchain (ptxas) is installed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def compile_for_hopper(tmp_path, suite: str) -> None:
 def _fp8_kernels():
     """(kernel, {arg: type}, {constexpr: value}, num_warps) of every FP8 variant we launch."""
     from minisgl.kernel.triton import (decode_attention, extend_attention, fp8_gemm, fp8_gemv,
-                                       fused_moe, rotary)
+                                       fp8_quant, fused_moe, rotary)
 
     yield fp8_gemm._quantize_act_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", K="i32",
         stride_x="i32", stride_q="i32", stride_s="i32"), dict(GATED=True, GROUP=128), 1
@@ -44,12 +45,16 @@ def _fp8_kernels():
         yield fp8_gemm._fp8_gemm_kernel, gemm_sig, dict(
             SCALE_BN=128, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128,
             GROUP_M=cfg.group_m, EVEN_K=True), cfg.num_warps
-    for gated in (False, True):
+    for gated, k in ((False, 4096), (True, 12288)):
+        block, warps = fp8_quant.pick_block(k)
+        yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
+            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, BLOCK=block), warps
+    for gated, channel in itertools.product((False, True), (False, True)):
         bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
         yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
             b_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32", stride_s="i32"), dict(
-            SCALE_BN=128, SCALE_BK=128, GATED=gated, HAS_BIAS=not gated, EVEN=True, BLOCK_N=bn,
-            BLOCK_K=bk), warps
+            SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
+            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk), warps
     for gated in (False, True):
         yield fused_moe._moe_gemm_kernel, dict(a_ptr="*bf16", w_ptr="*fp8e4nv", out_ptr="*bf16",
             weights_ptr="*bf16", sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32",

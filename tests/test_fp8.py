@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from engine_utils import logits_and_tokens
-from fp8_models import dequantize, make_dequantized_checkpoint, make_fp8_checkpoint, quantize
+from conftest import TEST_DEVICE
+from fp8_models import (dequantize, make_dequantized_checkpoint, make_fp8_checkpoint,
+                        make_online_reference_checkpoint, quantize, quantize_rows)
 from hf_models import hf_greedy, hf_prefill_logits, make_tiny_checkpoint, random_prompts
 from minisgl.core import SamplingParams
 from minisgl.llm.config import EngineOptions
@@ -22,6 +24,9 @@ from minisgl.scheduler import Scheduler
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = random_prompts(3, [6, 19, 40], 256, seed=11)
+# tests/test_tp.py's rule: TP=2 runs on CPU, or on CUDA with two GPUs (one GPU would hang the ranks)
+NEEDS_TWO_RANKS = pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                                     reason="TP=2 on CUDA needs two GPUs")
 # head_dim 128 and widths that are multiples of 128: the real 128x128 blocks fall on the boundaries
 # of the merged projections (hidden 64 still leaves partial column blocks)
 WIDE = dict(head_dim=128, intermediate_size=256, moe_intermediate_size=128)
@@ -59,9 +64,22 @@ def test_fp8_checkpoint_matches_dequantized_model(arch, block, dims, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-def test_online_fp8_matches_the_checkpoint_format(arch, tmp_path):
-    """``--quantization fp8`` on a float32 checkpoint = the same weights quantized offline into
-    the published format (128x128 blocks, the independent quantizer of the tests)."""
+def test_online_fp8_is_per_channel(arch, tmp_path):
+    """``--quantization fp8`` on a float32 checkpoint = the same weights quantized per output
+    channel by the independent quantizer of the tests (experts: 128x128 blocks), dequantized."""
+    src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
+    ref = make_online_reference_checkpoint(src, tmp_path / "ref")
+    logits, tokens = run_greedy(src, quantization="fp8")
+    ref_logits, ref_tokens = run_greedy(ref)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
+    assert tokens == ref_tokens
+    assert (run_greedy(src)[0] - logits).abs().max() > 1e-3  # not a no-op
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_online_fp8_block_ablation_matches_the_checkpoint_format(arch, tmp_path, monkeypatch):
+    """``MINISGL_FP8_GEMM=block``: online quantization into the published format (128x128 blocks)."""
+    monkeypatch.setenv("MINISGL_FP8_GEMM", "block")
     src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
     ref = make_dequantized_checkpoint(make_fp8_checkpoint(src, tmp_path / "fp8"), tmp_path / "ref")
     logits, tokens = run_greedy(src, quantization="fp8")
@@ -70,18 +88,31 @@ def test_online_fp8_matches_the_checkpoint_format(arch, tmp_path):
     assert tokens == ref_tokens
 
 
+def test_fp8_gemm_env_is_checked(monkeypatch):
+    from minisgl.quant import Fp8Config, resolve_quantization
+
+    assert resolve_quantization(None, "fp8") == Fp8Config(online=True, channel=True)
+    monkeypatch.setenv("MINISGL_FP8_GEMM", "block")
+    assert resolve_quantization(None, "fp8") == Fp8Config(online=True, channel=False)
+    monkeypatch.setenv("MINISGL_FP8_GEMM", "tensor")
+    with pytest.raises(ValueError, match="MINISGL_FP8_GEMM: 'tensor'"):
+        resolve_quantization(None, "fp8")
+
+
 def test_fp8_weights_are_stored_as_fp8(tmp_path):
     src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **WIDE)
     fp8 = make_fp8_checkpoint(src, tmp_path / "fp8")
-    for path, opts in ((fp8, {}), (src, {"quantization": "fp8"}), (fp8, {"dummy_weights": True})):
+    for path, opts, qkv_scale in ((fp8, {}, (8, 1)), (src, {"quantization": "fp8"}, (1024, 1)),
+                                  (fp8, {"dummy_weights": True}, (8, 1))):
         sched = scheduler(path, **opts)
         model = sched.engine.model
         layer = model.layers[0]
         for w in (layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.w13,
                   layer.mlp.w2):
             assert w.dtype == torch.float8_e4m3fn
-        assert layer.self_attn.qkv_proj.weight_scale_inv.shape == (8, 1)  # (512 + 2*256) / 128
-        assert layer.mlp.w13_scale_inv.shape == (4, 2, 1)
+        # blocks: (512 + 2*256) / 128 rows; online: one scale per output channel
+        assert layer.self_attn.qkv_proj.weight_scale_inv.shape == qkv_scale
+        assert layer.mlp.w13_scale_inv.shape == (4, 2, 1)  # experts keep 128x128 blocks
         assert layer.mlp.gate.weight.dtype == torch.float32  # the router stays unquantized
         assert model.embed_tokens.weight.dtype == torch.float32
         sched.close()
@@ -99,6 +130,67 @@ def test_independent_quantizer_agrees_with_minisgl():
     # e4m3 keeps 3 mantissa bits: every element within 2^-4 of its value (relative)
     err = (dequantize_block(q, s, (32, 16)) - w).abs()
     assert (err <= w.abs() / 16 + s.max() * 2 ** -9).all()
+
+
+def test_per_channel_quantizer_agrees_with_the_independent_one():
+    from minisgl.quant import dequantize_channel, quantize_channel
+
+    w = torch.randn(3, 100, 70) * 3
+    w[1, 5] = 0.0  # an all-zero row keeps a finite scale
+    q, s = quantize_channel(w)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (3, 100, 1) and s.dtype == torch.float32
+    for e in range(3):
+        q2, s2 = quantize_rows(w[e])
+        torch.testing.assert_close(s[e], s2)
+        assert torch.equal(q[e].view(torch.uint8), q2.view(torch.uint8))
+    deq = dequantize_channel(q, s)
+    torch.testing.assert_close(deq, q.float() * s)
+    assert (deq[1, 5] == 0).all()
+    err = (deq - w).abs()
+    assert (err <= w.abs() / 16 + s * 2 ** -9).all()
+    # the whole rows' largest magnitudes (a row-parallel shard): the shard is quantized as TP=1
+    q_full, s_full = quantize_channel(w[0])
+    q_half, s_half = quantize_channel(w[0, :, 35:], amax=w[0].abs().amax(-1))
+    torch.testing.assert_close(s_half, s_full)
+    assert torch.equal(q_half.view(torch.uint8), q_full[:, 35:].view(torch.uint8))
+    with pytest.raises(ValueError, match="per-channel weight scale"):
+        dequantize_channel(q[0], s[0].T)
+
+
+def test_fp8_linear_per_channel_on_cpu_is_the_dequantized_matmul():
+    from minisgl.layers.activation import silu_and_mul_ref
+    from minisgl.quant import fp8_linear, quantize_channel
+
+    w = torch.randn(48, 32)
+    q, s = quantize_channel(w)
+    x, b = torch.randn(5, 64), torch.randn(48)
+    ref = silu_and_mul_ref(x) @ (q.float() * s).T + b
+    torch.testing.assert_close(fp8_linear(x, q, s, None, b, gated=True), ref)
+
+
+def test_row_parallel_shards_are_quantized_with_whole_rows():
+    """Two row-parallel ranks of an online per-channel layer hold TP=1's e4m3 values and scales."""
+    from types import SimpleNamespace
+
+    from minisgl.distributed import DistributedInfo
+    from minisgl.layers import LinearRowParallel
+    from minisgl.quant import Fp8Config
+
+    quant = Fp8Config(online=True, channel=True)
+    w = torch.randn(32, 64)
+    w[3, 40] = 50.0  # the largest of row 3 lies in rank 1's half
+    layers = []
+    for rank, size in ((0, 1), (0, 2), (1, 2)):
+        comm = SimpleNamespace(info=DistributedInfo(rank, size))
+        layer = LinearRowParallel(64, 32, False, comm, quant)
+        layer.weight.weight_loader(layer.weight, w, None)
+        layer.quantize_weights_()
+        layers.append(layer)
+    whole, r0, r1 = layers
+    torch.testing.assert_close(r0.weight_scale_inv, whole.weight_scale_inv)
+    torch.testing.assert_close(r1.weight_scale_inv, whole.weight_scale_inv)
+    joined = torch.cat([r0.weight, r1.weight], dim=1)
+    assert torch.equal(joined.view(torch.uint8), whole.weight.view(torch.uint8))
 
 
 # ---------------------------------------------------------------- FP8 KV cache
@@ -199,6 +291,7 @@ def test_fp8_needs_ada_or_hopper():
 
 
 @pytest.mark.slow
+@NEEDS_TWO_RANKS
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
 def test_fp8_checkpoint_tp2_matches_tp1(arch, tmp_path):
     """Block scales shard with their weights: 16x16 blocks over two ranks (8 query heads of 16,
@@ -214,18 +307,26 @@ def test_fp8_checkpoint_tp2_matches_tp1(arch, tmp_path):
 
 
 @pytest.mark.slow
-def test_online_fp8_and_fp8_kv_tp2_matches_tp1(tmp_path):
-    """``--quantization fp8`` quantizes each rank's shard: with 128-row/column boundaries at the
-    shard edges that is TP=1's quantization; the FP8 KV pool holds each rank's KV heads."""
+@NEEDS_TWO_RANKS
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_online_fp8_and_fp8_kv_tp2_matches_tp1(arch, tmp_path):
+    """``--quantization fp8`` quantizes each rank's shard: per-channel scales of whole rows (the
+    row-parallel o/down projections included) and, for the experts, 128-row/column blocks at the
+    shard edges are TP=1's quantization; the FP8 KV pool holds each rank's KV heads.
+
+    With the FP8 KV cache the bound is looser: TP=2's all-reduce sums in another order (~1e-7),
+    and a K/V element that lies that close to an e4m3 rounding boundary lands one e4m3 step away
+    from TP=1's (seen: 3e-3 in the logits of the qwen3_moe case with per-channel weights)."""
     from test_tp import run_rank, run_tp
 
     dims = WIDE | {"moe_intermediate_size": 256}  # 128 expert rows per rank: whole blocks
-    src = str(make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **dims))
-    opts = {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}
-    logits1, tokens1 = run_rank(src, PROMPTS, 0, 1, "", opts)
-    logits2, tokens2 = run_tp(src, PROMPTS, 2, opts)
-    torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-4, rtol=0)
-    assert tokens2 == tokens1
+    src = str(make_tiny_checkpoint(arch, tmp_path / "src", **dims))
+    for opts, atol in (({"quantization": "fp8"}, 1e-4),
+                       ({"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}, 1e-2)):
+        logits1, tokens1 = run_rank(src, PROMPTS, 0, 1, "", opts)
+        logits2, tokens2 = run_tp(src, PROMPTS, 2, opts)
+        torch.testing.assert_close(logits2, logits1.cpu(), atol=atol, rtol=0)
+        assert tokens2 == tokens1
 
 
 def test_tp_shard_that_splits_a_block_is_an_error():

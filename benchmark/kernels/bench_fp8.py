@@ -11,6 +11,10 @@
   alternative for ``--quantization fp8``) and vs cuBLAS bf16, in TFLOP/s. ``rel_err`` is the block
   GEMM's max error against ``block_gemm_reference`` (fp32 over the same quantized operands) over the
   largest reference magnitude; the issue asks for <= 1e-2.
+* Per-channel (``--quantization fp8``'s default; ``MINISGL_FP8_GEMM=block`` is the block columns):
+  ``quant.linear.fp8_linear`` end to end with per-output-channel weight scales: the per-channel FP8
+  GEMV at one token; per-token activation quantization (``fp8_quant.py``) + ``torch._scaled_mm``
+  beyond (``channel_us``, ``channel_rel_err`` against ``channel_gemm_reference``).
 Every case is timed as decode runs it: a CUDA graph replays many calls over enough weight copies
 that none stays in L2. ``--sweep`` times a grid of configurations per case (for ``pick_config``).
 Writes ``<date>_fp8_<gpu>.{json,md}``.
@@ -37,7 +41,10 @@ from bench_gemv import L2_FLUSH_BYTES, SHAPES, time_graph  # noqa: E402
 from minisgl.kernel.triton.fp8_gemm import GemmConfig, fp8_block_gemm, pick_config, quantize_act  # noqa: E402
 from minisgl.kernel.triton.fp8_gemv import fp8_gemv, pick_config as gemv_config  # noqa: E402
 from minisgl.kernel.triton.gemv import gemv  # noqa: E402
-from minisgl.quant.fp8 import block_gemm_reference, quantize_block  # noqa: E402
+from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
+from minisgl.quant.fp8 import (block_gemm_reference, channel_gemm_reference,  # noqa: E402
+                               dequantize_channel, quantize_block, quantize_channel)
+from minisgl.quant.linear import fp8_linear  # noqa: E402
 
 BLOCK = (128, 128)
 TOKENS = [1, 16, 64, 256, 1024, 4096]
@@ -62,6 +69,11 @@ def fp8_weights(n: int, k: int, copies: int):
     return ws
 
 
+def channel_weights(n: int, k: int, copies: int):
+    return [quantize_channel(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+            for _ in range(copies)]
+
+
 def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
     nbytes = n * k + (n // 128) * (k // 128) * 4 + 2 * k
     copies = max(2, min(64, L2_FLUSH_BYTES // (n * k)))
@@ -69,6 +81,11 @@ def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
     w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, copies // 2))]
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     t8 = time_graph(lambda a, w: fp8_gemv(a, w[0], w[1], BLOCK), ws8, x)
+    wc = channel_weights(n, k, copies)
+    t_ch = time_graph(lambda a, w: fp8_linear(a, w[0], w[1], None), wc, x)
+    ref_ch = x.float() @ dequantize_channel(*wc[0]).T
+    err_ch = (fp8_linear(x, *wc[0], None).float() - ref_ch).abs().max() / ref_ch.abs().max()
+    del wc
     t16 = time_graph(gemv, w16, x)
     tcublas = time_graph(F.linear, w16, x)
     ref = x.float() @ (ws8[0][0].float() * ws8[0][1].repeat_interleave(128, 0)
@@ -77,7 +94,9 @@ def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
     rec = {"kernel": "gemv", "n": n, "k": k, "config": list(gemv_config(n, k)), "rel_err": round(err, 5),
            "fp8_us": round(t8 * 1e6, 2), "bf16_triton_us": round(t16 * 1e6, 2),
            "bf16_cublas_us": round(tcublas * 1e6, 2), "fp8_tb_s": round(nbytes / t8 / 1e12, 3),
-           "peak_fraction": round(nbytes / t8 / peak, 3), "speedup_vs_bf16": round(t16 / t8, 3)}
+           "peak_fraction": round(nbytes / t8 / peak, 3), "speedup_vs_bf16": round(t16 / t8, 3),
+           "channel_us": round(t_ch * 1e6, 2), "channel_speedup_vs_bf16": round(t16 / t_ch, 3),
+           "channel_rel_err": round(err_ch.item(), 5)}
     if sweep:
         times = {c: time_graph(lambda a, w, c=c: fp8_gemv(a, w[0], w[1], BLOCK, config=c), ws8, x)
                  for c in GEMV_SWEEP}
@@ -109,6 +128,14 @@ def bench_gemm(m: int, n: int, k: int, sweep: bool) -> dict:
            "block_gemm_only_us": round(t_gemm_only * 1e6, 2), "bf16_cublas_us": round(t16 * 1e6, 2),
            "block_tflops": round(flops / t_block / 1e12, 1), "bf16_tflops": round(flops / t16 / 1e12, 1),
            "speedup_vs_bf16": round(t16 / t_block, 3)}
+    wc = channel_weights(n, k, copies)
+    t_ch = time_graph(lambda a, w: fp8_linear(a, w[0], w[1], None), wc, x)
+    cq, cs = quantize_tokens(x)
+    ref_ch = channel_gemm_reference(cq, cs, *wc[0])
+    err_ch = (fp8_linear(x, *wc[0], None).float() - ref_ch).abs().max() / ref_ch.abs().max()
+    rec.update(channel_us=round(t_ch * 1e6, 2), channel_tflops=round(flops / t_ch / 1e12, 1),
+               channel_speedup_vs_bf16=round(t16 / t_ch, 3), channel_rel_err=round(err_ch.item(), 6))
+    del wc
     try:  # row-wise scaled cuBLAS FP8 (needs M, N, K multiples of 16)
         sa = torch.rand(m, 1, device="cuda") + 0.5
         wt = [(w[0], (torch.rand(1, n, device="cuda") + 0.5)) for w in ws8]
@@ -154,21 +181,26 @@ def main() -> None:
     lines = [f"FP8 kernels on Qwen3-8B's layers, {torch.cuda.get_device_name()}, copy bandwidth "
              f"{peak / 1e12:.2f} TB/s; CUDA-graph replays over L2-cold weights.", "",
              "| layer | N x K | FP8 GEMV us | TB/s | of copy bandwidth | bf16 Triton GEMV us | "
-             "cuBLAS bf16 us | speed-up vs bf16 | rel err |", "|---|---|---|---|---|---|---|---|---|"]
+             "cuBLAS bf16 us | speed-up vs bf16 | rel err | per-channel GEMV us | speed-up | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r["kernel"] == "gemv":
             lines.append(f"| {r['layer']} | {r['n']} x {r['k']} | {r['fp8_us']} | {r['fp8_tb_s']} | "
                          f"{r['peak_fraction']} | {r['bf16_triton_us']} | {r['bf16_cublas_us']} | "
-                         f"{r['speedup_vs_bf16']} | {r['rel_err']} |")
+                         f"{r['speedup_vs_bf16']} | {r['rel_err']} | {r['channel_us']} | "
+                         f"{r['channel_speedup_vs_bf16']} | {r['channel_rel_err']} |")
     lines += ["", "| layer | M | N x K | block FP8 (quant + GEMM) us | TFLOP/s | GEMM only us | "
-              "_scaled_mm row-wise us | TFLOP/s | cuBLAS bf16 us | TFLOP/s | rel err |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "_scaled_mm row-wise us | TFLOP/s | cuBLAS bf16 us | TFLOP/s | rel err | per-channel "
+              "(quant + _scaled_mm) us | TFLOP/s | speed-up vs bf16 | rel err |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r["kernel"] == "gemm":
             lines.append(f"| {r['layer']} | {r['m']} | {r['n']} x {r['k']} | {r['block_us']} | "
                          f"{r['block_tflops']} | {r['block_gemm_only_us']} | "
                          f"{r.get('scaled_mm_rowwise_us', '-')} | {r.get('scaled_mm_rowwise_tflops', '-')} | "
-                         f"{r['bf16_cublas_us']} | {r['bf16_tflops']} | {r['rel_err']} |")
+                         f"{r['bf16_cublas_us']} | {r['bf16_tflops']} | {r['rel_err']} | "
+                         f"{r['channel_us']} | {r['channel_tflops']} | {r['channel_speedup_vs_bf16']} | "
+                         f"{r['channel_rel_err']} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -35,19 +35,33 @@ from minisgl import LLM, SamplingParams  # noqa: E402
 
 
 def run(path: str, dummy: bool, options: dict, prompts, new_tokens: int, continued=None):
-    """(greedy continuations, logits at the generated positions [P, new_tokens, vocab] on the CPU)."""
-    llm = LLM(path, dummy_weights=dummy, **options)
+    """(greedy continuations, logits at the generated positions [P, T, vocab] on the CPU; T is
+    ``new_tokens``, or fewer if a continuation came back shorter).
+
+    ``cache="naive"``: with the default radix cache, the teacher-forced prefill below found the
+    prompts (and, for the bf16 run, the whole continuations) that ``generate`` had just cached, and
+    computed only the uncached tail of each sequence; its logits then had fewer rows than the
+    tokens, the slices below ran past the end, and some request got ``[0, vocab]`` (the
+    ``torch.stack`` error). Each sequence is also prefilled on its own, so no prefill budget or
+    batch shape can cut it either, and the row count is checked."""
+    llm = LLM(path, dummy_weights=dummy, cache="naive", **options)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     outs = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    full = [p + c for p, c in zip(prompts, continued or outs)]
-    logits = prefill_logits(llm.scheduler, full).float()
-    rows, start = [], 0
-    for p, f in zip(prompts, full):
+    conts = continued or outs
+    steps = min(len(c) for c in conts)
+    if steps < new_tokens:
+        print(f"note: a continuation has {steps} of {new_tokens} tokens; comparing {steps}", flush=True)
+    rows = []
+    for p, c in zip(prompts, conts):
+        full = p + c[:steps]
+        logits = prefill_logits(llm.scheduler, [full])
+        if logits.shape[0] != len(full):
+            raise RuntimeError(f"prefill returned {logits.shape[0]} logits rows for {len(full)} tokens")
         # the logits at position i predict token i + 1: those of the generated tokens
-        rows.append(logits[start + len(p) - 1 : start + len(f) - 1].cpu())
-        start += len(f)
+        rows.append(logits[len(p) - 1 : len(full) - 1].float().cpu())
+        del logits
     llm.close()
-    del llm, logits
+    del llm
     gc.collect()
     torch.cuda.empty_cache()
     return outs, torch.stack(rows)
@@ -68,18 +82,22 @@ def main() -> None:
     base_tokens, base = run(path, dummy, {"dtype": "bfloat16"}, prompts, args.new_tokens)
     options = {"dtype": "bfloat16", **VARIANTS[args.variant]}
     fp8_tokens, fp8 = run(path, dummy, options, prompts, args.new_tokens, continued=base_tokens)
+    steps = min(fp8.shape[1], base.shape[1])
+    fp8, base = fp8[:, :steps], base[:, :steps]
     agree = (fp8.argmax(-1) == base.argmax(-1)).float().mean().item()
     free = sum(a == b for x, y in zip(fp8_tokens, base_tokens) for a, b in zip(x, y))
+    compared = sum(min(len(x), len(y)) for x, y in zip(fp8_tokens, base_tokens))
     name = os.path.basename(args.model).removesuffix(".json")
     commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"model": name, "variant": args.variant, "gpu": gpu_name(), "commit": commit,
               "date": datetime.date.today().isoformat(), "prompts": args.prompts,
-              "new_tokens": args.new_tokens,
+              "new_tokens": args.new_tokens, "teacher_forced_positions": steps,
+              "fp8_gemm": os.environ.get("MINISGL_FP8_GEMM") or "channel",
               "logit_mean_abs_diff": round((fp8 - base).abs().mean().item(), 5),
               "logit_mean_abs": round(base.abs().mean().item(), 5),
               "greedy_agreement_teacher_forced": round(agree, 4),
-              "free_running_agreement": round(free / (args.prompts * args.new_tokens), 4)}
+              "free_running_agreement": round(free / max(compared, 1), 4)}
     print(json.dumps(result), flush=True)
     os.makedirs(args.out, exist_ok=True)
     stem = f"fp8_accuracy_{name}_{args.variant}_{result['gpu']}_{result['date']}"

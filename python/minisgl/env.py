@@ -31,6 +31,10 @@ GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLA
 GRAMMAR_THREADS = EnvVar("MINISGL_GRAMMAR_THREADS", "auto", "threads that fill a batch's grammar "
                          "masks (auto: half the CPUs the scheduler may use, at most 8)")
 
+FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quantizes dense weights "
+                  "into 128x128 blocks and runs the block-scaled Triton GEMM (the FP8 checkpoints' "
+                  "format) instead of per-channel scales and torch._scaled_mm (for ablations)")
+
 
 def set_process_defaults() -> None:
     """Settings of third-party libraries that minisgl's processes want unless the user chose:

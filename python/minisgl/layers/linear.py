@@ -3,7 +3,14 @@
 With an FP8 config (``minisgl.quant``) a layer's weight is e4m3 with block scales
 (``weight_scale_inv``), loaded shard by shard like the weight (the scales' ranges are the weight's,
 divided by the block size); with ``online`` it loads the checkpoint's weight as usual and quantizes
-it in ``quantize_weights_`` once loading is done.
+it in ``quantize_weights_`` once loading is done: per output channel (``scale [N, 1]``, the default)
+or into blocks (``MINISGL_FP8_GEMM=block``).
+
+Tensor parallelism and per-channel scales: a column-parallel shard holds whole rows, so its rows'
+scales are TP=1's; a row-parallel shard holds part of each row, so the loader keeps the largest
+magnitude of every whole checkpoint row (``_row_amax``) and the shard is quantized with it. Either
+way every TP size holds the values TP=1 holds (the block-boundary check of ``copy_part`` concerns
+block scales loaded from a checkpoint only).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from torch import nn
 
 from minisgl import env
 from minisgl.distributed import DistributedCommunicator, DistributedInfo
-from minisgl.quant import FP8, Fp8Config, fp8_linear, quantize_block
+from minisgl.quant import FP8, Fp8Config, fp8_linear, quantize_block, quantize_channel
 
 from .activation import silu_and_mul
 from .base import copy_part, divide, new_param
@@ -59,19 +66,35 @@ class _Linear(nn.Module):
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id, unit: int = 1) -> None:
         dim = self.shard_dim if param.dim() == 2 else 0
+        if (dim == 1 and param is self.weight and self.quant is not None and self.quant.channel
+                and loaded.shape[1] != param.shape[1]):  # a shard of the rows: read them whole
+            whole = loaded.load() if hasattr(loaded, "load") else loaded
+            self._row_amax = whole.abs().amax(dim=1).float()
         copy_part(param, loaded, dim, *self._place(shard_id), unit=unit)
+
+    @property
+    def scale_block(self) -> tuple[int, int] | None:
+        """The block of ``weight_scale_inv``; None: per-channel scales ``[N, 1]``."""
+        return None if self.quant.channel else self.quant.block
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                 gated: bool = False) -> torch.Tensor:
         if self.weight_scale_inv is not None:
-            return fp8_linear(x, self.weight, self.weight_scale_inv, self.quant.block, bias, gated)
+            return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated)
         return linear(x, self.weight, bias, gated)
 
     def quantize_weights_(self) -> None:
-        """``--quantization fp8``: replace the loaded weight by e4m3 and its block scales."""
+        """``--quantization fp8``: replace the loaded weight by e4m3 and its per-channel (or block)
+        scales."""
         if self.quant is None or not self.quant.online:
             return
-        q, s = quantize_block(self.weight.data, self.quant.block)
+        if self.quant.channel:
+            amax = getattr(self, "_row_amax", None)
+            amax = None if amax is None else amax.to(self.weight.device)
+            q, s = quantize_channel(self.weight.data, amax)
+            self._row_amax = None
+        else:
+            q, s = quantize_block(self.weight.data, self.quant.block)
         self.weight = nn.Parameter(q, requires_grad=False)
         self.weight_scale_inv = nn.Parameter(s, requires_grad=False)
 

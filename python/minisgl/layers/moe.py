@@ -64,7 +64,9 @@ class MoELayer(nn.Module):
         copy_part(param.data[expert], loaded, 1, 0, start, self.inter, unit)
 
     def quantize_weights_(self) -> None:
-        """``--quantization fp8``: every expert's weights to e4m3 with block scales."""
+        """``--quantization fp8``: every expert's weights to e4m3 with block scales. Per-channel
+        quantization (the default for dense layers) is not applied to experts: the fused MoE kernel
+        reads block scales, so experts keep ``quant.block`` in both modes."""
         if self.quant is None or not self.quant.online:
             return
         for name in ("w13", "w2"):

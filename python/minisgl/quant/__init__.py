@@ -1,4 +1,4 @@
-"""Quantized weights and KV cache: the FP8 (e4m3, block-scaled) format, its torch reference and the
+"""Quantized weights and KV cache: the FP8 (e4m3; block-scaled or per-channel) formats, its torch reference and the
 linear method the layers call (kernels in ``minisgl.kernel.triton.fp8_*``)."""
 
 from .config import (
@@ -12,8 +12,11 @@ from .fp8 import (
     FP8,
     FP8_MAX,
     block_gemm_reference,
+    channel_gemm_reference,
     dequantize_block,
+    dequantize_channel,
     quantize_block,
+    quantize_channel,
     quantize_groups,
     quantize_kv,
 )
@@ -23,6 +26,7 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 __all__ = [
     "FP8", "FP8_MAX", "KV_CACHE_DTYPES", "QUANTIZATIONS", "Fp8Config", "block_gemm_reference",
-    "dequantize_block", "fp8_config_from_checkpoint", "fp8_device_error", "fp8_linear",
-    "quantize_block", "quantize_groups", "quantize_kv", "resolve_quantization",
+    "channel_gemm_reference", "dequantize_block", "dequantize_channel", "fp8_config_from_checkpoint",
+    "fp8_device_error", "fp8_linear",
+    "quantize_block", "quantize_channel", "quantize_groups", "quantize_kv", "resolve_quantization",
 ]

@@ -1,5 +1,6 @@
 """Which quantization a model runs with: parsed from the checkpoint's ``quantization_config`` or
-asked for with ``--quantization fp8`` (then the weights are quantized while loading).
+asked for with ``--quantization fp8`` (then the weights are quantized while loading: per output
+channel, or in 128x128 blocks with ``MINISGL_FP8_GEMM=block``).
 
 Only the format of the published FP8 checkpoints (Qwen3-*-FP8, DeepSeek-V3) is accepted: e4m3 weights
 with one ``weight_scale_inv`` per ``weight_block_size`` block and activations quantized dynamically
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from minisgl.env import FP8_GEMM
 
 QUANTIZATIONS = ("fp8",)
 DEFAULT_BLOCK = (128, 128)
@@ -23,6 +26,10 @@ class Fp8Config:
 
     block: tuple[int, int] = DEFAULT_BLOCK
     online: bool = False
+    # online only: one scale per output channel of each dense projection ([N, 1], activations per
+    # token, ``torch._scaled_mm``) instead of ``block`` scales. MoE experts keep ``block`` scales
+    # (the fused MoE kernel reads block scales only).
+    channel: bool = False
 
     def __post_init__(self) -> None:
         if len(self.block) != 2 or any(not isinstance(b, int) or b < 1 for b in self.block):
@@ -61,7 +68,10 @@ def resolve_quantization(checkpoint: Fp8Config | None, option: str | None) -> Fp
         raise ValueError(f"quantization: {option!r} is not one of {', '.join(QUANTIZATIONS)}")
     if checkpoint is not None or option is None:
         return checkpoint
-    return Fp8Config(online=True)
+    gemm = FP8_GEMM.get()
+    if gemm not in ("channel", "block"):
+        raise ValueError(f"{FP8_GEMM.name}: {gemm!r} is not one of channel, block")
+    return Fp8Config(online=True, channel=gemm == "channel")
 
 
 def fp8_device_error(device_type: str, capability: tuple[int, int] | None) -> str | None:

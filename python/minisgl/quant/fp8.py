@@ -7,6 +7,12 @@ Layout (``block = (bn, bk)``)::
     scale_inv [cdiv(N, bn), cdiv(K, bk)] float32   (the checkpoint name: ``weight_scale_inv``)
     activation  xq [M, K] e4m3, xs [M, cdiv(K, bk)] float32: one scale per token and bk columns
 
+Per-channel (``--quantization fp8`` on a bf16 checkpoint, the dynamic-FP8 layout of vLLM/SGLang)::
+
+    weight  q [N, K] float8_e4m3fn       w[n, k] ~= q[n, k] * scale[n, 0]
+    scale     [N, 1] float32              one scale per output channel (row); the block (1, K)
+    activation  xq [M, K] e4m3, xs [M, 1] float32: one scale per token
+
 Each scale maps its block's largest magnitude onto 448, e4m3's largest finite value, so nothing
 saturates and the relative rounding error of every element is at most 2^-4 (3 mantissa bits).
 Leading batch dimensions (the experts of an MoE layer) are allowed everywhere.
@@ -56,6 +62,35 @@ def dequantize_block(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int,
     s = scale_inv.float().repeat_interleave(bn, dim=-2)[..., :n, :]
     s = s.repeat_interleave(bk, dim=-1)[..., :k]
     return (q.float() * s).to(dtype)
+
+
+def quantize_channel(w: torch.Tensor, amax: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [..., N, K]`` -> (e4m3 ``[..., N, K]``, float32 ``scale [..., N, 1]``): one scale per row.
+    ``amax [..., N]``: the rows' largest magnitudes when ``w`` is a slice of them (a row-parallel
+    shard quantized with the whole row's scale, so that every TP size holds the same values)."""
+    w = w.float()
+    if amax is None:
+        amax = w.abs().amax(dim=-1)
+    scale = amax.float().clamp_min(_TINY).unsqueeze(-1) / FP8_MAX
+    q = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q.contiguous(), scale.contiguous()
+
+
+def dequantize_channel(q: torch.Tensor, scale: torch.Tensor,
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The inverse of ``quantize_channel``: ``q * scale`` row by row."""
+    if tuple(scale.shape) != (*q.shape[:-1], 1):
+        raise ValueError(f"per-channel weight scale: shape {tuple(scale.shape)} does not match the "
+                         f"weight {tuple(q.shape)} (expected {(*q.shape[:-1], 1)})")
+    return (q.float() * scale.float()).to(dtype)
+
+
+def channel_gemm_reference(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor,
+                           ws: torch.Tensor) -> torch.Tensor:
+    """fp32 ``(xq * xs) @ (wq * ws)^T`` with per-token ``xs [M, 1]`` and per-channel ``ws [N, 1]``:
+    what ``torch._scaled_mm`` with row-wise scales computes, up to the order of the sums."""
+    return (xq.float() * xs.float()) @ dequantize_channel(wq, ws).T
 
 
 def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:

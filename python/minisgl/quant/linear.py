@@ -1,12 +1,23 @@
 """The FP8 linear method: one function every quantized layer calls, dispatching by device and shape.
 
+Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` with
+``MINISGL_FP8_GEMM=block``):
+
 * CUDA, one token: the FP8 GEMV reads the weight as e4m3 (half the bytes of bf16) and scales it in
   registers; x stays in bf16, so a decode step loses nothing to activation rounding.
 * CUDA, more tokens: x is quantized per token and ``block[1]`` columns (one Triton kernel, which also
   applies SiLU-and-mul for a gated input) and multiplied on the FP8 tensor cores by the block-scaled
   GEMM.
-* CPU (and anything else): the dequantizing reference, ``x @ dequant(w)^T`` in x's dtype. It is what
-  the CPU tests compare against a model of the dequantized weights, exactly.
+
+Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by default):
+
+* CUDA, one token: the same GEMV, the row's scale applied once to its dot product.
+* CUDA, more tokens: x is quantized per token (one Triton kernel, SiLU-and-mul included) and
+  ``torch._scaled_mm`` multiplies with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out), when the
+  layer meets its rules (``scaled_mm_ok``); otherwise the dequantizing path below.
+
+CPU (and anything else): the dequantizing reference, ``x @ dequant(w)^T`` in x's dtype. It is what
+the CPU tests compare against a model of the dequantized weights, exactly.
 """
 
 from __future__ import annotations
@@ -14,14 +25,38 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fp8 import dequantize_block
+from .fp8 import dequantize_block, dequantize_channel
+
+
+def scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether ``torch._scaled_mm`` with row-wise scales takes this layer: K and N multiples of 16
+    (cuBLASLt's FP8 alignment), the weight contiguous ``[N, K]`` (so ``weight.t()`` is the
+    column-major second operand it requires), contiguous fp32 scales, and a bf16 output (the output
+    type row-wise scaling is documented for; fp16 models take the dequantizing fallback)."""
+    n, k = weight.shape
+    return (k % 16 == 0 and n % 16 == 0 and weight.is_contiguous() and scale.is_contiguous()
+            and scale.dtype == torch.float32 and x.dtype == torch.bfloat16)
+
+
+def _channel_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
+    from minisgl.kernel.triton.fp8_quant import quantize_tokens
+
+    xq, xs = quantize_tokens(x, gated)
+    if xq.shape[0] == 0:
+        return x.new_empty((0, weight.shape[0]))
+    # scale_a [M, 1] per token, scale_b [1, N] per output channel; the bias is added afterwards
+    # (its dtype must equal out_dtype inside _scaled_mm; a separate add keeps that rule out of reach)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, -1),
+                         out_dtype=x.dtype)
+    return y if bias is None else y + bias
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
-               block: tuple[int, int], bias: torch.Tensor | None = None,
+               block: tuple[int, int] | None, bias: torch.Tensor | None = None,
                gated: bool = False) -> torch.Tensor:
-    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its block
-    scales -> ``[M, N]`` in x's dtype."""
+    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its scales
+    (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype."""
     if x.is_cuda and x.dim() == 2:
         if x.stride(1) != 1:
             x = x.contiguous()
@@ -29,12 +64,19 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
             from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 
             return fp8_gemv(x, weight, scale_inv, block, bias, gated)
-        from minisgl.kernel.triton.fp8_gemm import fp8_block_gemm, quantize_act
+        if block is None:
+            if scaled_mm_ok(x, weight, scale_inv):
+                return _channel_gemm(x, weight, scale_inv, bias, gated)
+        else:
+            from minisgl.kernel.triton.fp8_gemm import fp8_block_gemm, quantize_act
 
-        xq, xs = quantize_act(x, block[1], gated)
-        y = fp8_block_gemm(xq, xs, weight, scale_inv, block, x.dtype)
-        return y if bias is None else y + bias
+            xq, xs = quantize_act(x, block[1], gated)
+            y = fp8_block_gemm(xq, xs, weight, scale_inv, block, x.dtype)
+            return y if bias is None else y + bias
     from minisgl.layers.activation import silu_and_mul
 
-    w = dequantize_block(weight, scale_inv, block, x.dtype)
+    if block is None:
+        w = dequantize_channel(weight, scale_inv, x.dtype)
+    else:
+        w = dequantize_block(weight, scale_inv, block, x.dtype)
     return F.linear(silu_and_mul(x) if gated else x, w, bias)

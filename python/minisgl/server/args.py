@@ -147,8 +147,9 @@ _HELP = {
                         "hermes, llama3, mistral or json",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
-    "quantization": "fp8: quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3, 128x128 block "
-                    "scales) at load; FP8 checkpoints are detected from their config (default: none)",
+    "quantization": "fp8: quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3, one scale per "
+                    "output channel; MoE experts and MINISGL_FP8_GEMM=block: 128x128 blocks) at "
+                    "load; FP8 checkpoints are detected from their config (default: none)",
     "kv_cache_dtype": "auto (the model's dtype) or fp8_e4m3 (half the KV bytes; per-layer scales "
                       "from the checkpoint, else 1.0)",
     "page_size": "tokens per KV page",

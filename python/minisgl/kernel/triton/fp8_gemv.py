@@ -5,6 +5,8 @@ bandwidth-bound step. Scales are applied in registers without touching the weigh
 ``BLOCK_N`` rows lie in one ``bn``-row block (``bn % BLOCK_N == 0``), so the scale of column ``k`` is
 the same for all of them, ``ws[row // bn, k // bk]``, and x is multiplied by it before the
 multiply-add. x stays in bf16/fp16 (no activation quantization in decode).
+Per-channel scales (``block=None``, ``ws [N, 1]``): the row's one scale multiplies its dot
+product once, after the sum (``CHANNEL``), so the loop is the bf16 GEMV's with an e4m3 load.
 ``gated=True`` reads x as ``[gate | up]`` and applies ``silu(gate) * up`` as ``gemv.py`` does.
 """
 
@@ -18,7 +20,7 @@ import triton.language as tl
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
@@ -39,10 +41,15 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
         if GATED:
             up = tl.load(x_ptr + K + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
             x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-        s = tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
-        acc += w.to(tl.float32) * (x * s)[None, :]
+        if CHANNEL:
+            acc += w.to(tl.float32) * x[None, :]
+        else:
+            s = tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
+            acc += w.to(tl.float32) * (x * s)[None, :]
         w_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
+    if CHANNEL:
+        out *= tl.load(s_ptr + rows.to(tl.int64) * stride_s, mask=row_ok, other=0.0)
     if HAS_BIAS:
         out += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, out.to(dt), mask=row_ok)
@@ -60,22 +67,25 @@ def pick_config(n: int, k: int) -> tuple[int, int, int]:
     return (4, 1024, 8) if n <= 2048 else (4, 512, 4)
 
 
-def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int],
+def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int] | None,
              b: torch.Tensor | None = None, gated: bool = False,
              config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], ws [N/bn, K/bk], b [N] -> [1, N]."""
+    """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
+    scales, or with ``block=None`` per-channel scales ws [N, 1]."""
     n, k = w.shape
-    bn, bk = block
+    channel = block is None
+    bn, bk = (1, k) if channel else block
     assert x.shape == (1, 2 * k if gated else k) and x.stride(1) == 1 and w.is_contiguous()
     assert ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk)) and ws.stride(1) == 1
     block_n, block_k, warps = config or pick_config(n, k)
-    block_n = min(block_n, bn)
-    assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
+    if not channel:
+        block_n = min(block_n, bn)
+        assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, ws, w if b is None else b, y, n, k, w.stride(0), ws.stride(0),
-        SCALE_BN=bn, SCALE_BK=bk, GATED=gated, HAS_BIAS=b is not None,
-        EVEN=k % block_k == 0 and n % block_n == 0, BLOCK_N=block_n, BLOCK_K=block_k,
+        SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
+        EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps,
     )
     return y

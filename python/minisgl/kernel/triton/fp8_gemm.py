@@ -127,6 +127,9 @@ def fp8_block_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: tor
     m, k = xq.shape
     n = wq.shape[0]
     bn, bk = block
+    if bk < 32 and xq.is_cuda:  # each K step is one FP8 tensor-core dot, which needs K >= 32
+        raise ValueError(f"weight_block_size: blocks of {bk} columns are too narrow for the FP8 "
+                         "GEMM on the GPU (at least 32; published checkpoints use 128)")
     assert wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
     assert xs.shape == (m, triton.cdiv(k, bk)) and ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk))
     assert xs.stride(1) == 1 and ws.stride(1) == 1

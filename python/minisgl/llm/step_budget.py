@@ -4,9 +4,9 @@ A mixed step is as long as its prefill chunk's matrix work, and every running st
 so the budget is a compute budget: the tokens whose weight multiplications cost about as much as a
 1024-token chunk of Qwen3-8B (~7e9 matmul weights; with 64 streams decoding beside such chunks on an
 H100 the P99 gap between tokens was 50 ms and the largest 135 ms, where prefill-first paused them
-for over a second). A small model gets proportionally more tokens: the
-fixed cost of an eager step (kernel launches, scheduling) then stays small next to the chunk, which
-on Qwen3-0.6B at 1024 tokens cost a third of the throughput (8192: 0.98x of prefill-first).
+for over a second). A small model gets proportionally more tokens: the fixed cost of an eager step
+(kernel launches, scheduling) then stays small next to the chunk, which on Qwen3-0.6B at 1024
+tokens cost a third of the throughput (at 8192: 0.98x of prefill-first).
 """
 
 from __future__ import annotations

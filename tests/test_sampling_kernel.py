@@ -57,6 +57,18 @@ def make_reqs(params: list[dict], seed: int, vocab: int) -> list[Req]:
     return reqs
 
 
+def check_top_logits(logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor], n: int) -> None:
+    """The split path's top ``n`` raw logits (for top log-probs) are torch.topk's: the same values
+    in the same order, ids that hold them, lower ids first among equal values."""
+    ids, values = top
+    assert ids.shape == values.shape == (logits.shape[0], n)
+    want = logits.float().topk(n, dim=-1).values
+    assert torch.equal(values, want)
+    assert torch.equal(logits.float().gather(1, ids), values)
+    ties = values[:, 1:] == values[:, :-1]
+    assert bool((ids[:, 1:] > ids[:, :-1])[ties].all())
+
+
 def compare(logits: torch.Tensor, reqs: list[Req], bitmask: torch.Tensor | None = None,
             **sizes: int) -> list[int]:
     """Kernel == reference (tokens, logsumexp, counts); returns the rows the split path flagged
@@ -67,10 +79,12 @@ def compare(logits: torch.Tensor, reqs: list[Req], bitmask: torch.Tensor | None 
     want = sample_torch(logits, args)  # reads the counts before the kernel adds its tokens
     before = args.penalties.counts.clone() if args.penalties is not None else None
     flags = torch.full((len(reqs),), -1, dtype=torch.int32, device=logits.device)
-    got, lse = kernel_sample(logits, args, **{**SIZES, **sizes}, flags_out=flags)
+    got, lse, top = kernel_sample(logits, args, **{**SIZES, **sizes}, flags_out=flags)
     assert got.tolist() == want.tolist()
     if args.need_logprobs:  # the raw logsumexp for log-probs comes out of the same pass
         torch.testing.assert_close(lse, logits.float().logsumexp(-1), rtol=1e-5, atol=1e-5)
+    if args.need_logprobs and args.max_top_logprobs > 0 and top is not None:
+        check_top_logits(logits, top, args.max_top_logprobs)
     if before is not None:  # the kernel counted each penalised row's token, nothing else
         rows = args.penalties.rows.tolist()
         expect = before.clone()
@@ -169,7 +183,7 @@ def test_split_path_mixed_batch(seed: int, monkeypatch) -> None:
               dict(temperature=0.0, repetition_penalty=1.3),  # greedy, penalised
               dict(temperature=0.8),  # race over the whole row
               dict(temperature=0.8, top_k=4, logit_bias={3: 100.0, 7: 50.0}),
-              dict(temperature=0.0, logit_bias={11: 5.0}, logprobs=True),
+              dict(temperature=0.0, logit_bias={11: 5.0}, logprobs=True, top_logprobs=5),
               dict(temperature=0.7, top_k=10, top_p=0.9),  # masked
               dict(temperature=0.9, min_p=0.5)]  # flat: flagged
     logits = peaked(len(params), vocab, seed)
@@ -183,6 +197,24 @@ def test_split_path_mixed_batch(seed: int, monkeypatch) -> None:
     assert flags == [0, 1, 0, 0, 0, 0, 0, 1]
     monkeypatch.setenv("MINISGL_SAMPLER", "triton-row")  # the ablation: the row kernel alone
     compare(logits.to(DEV), make_reqs(params, seed, vocab), bitmask.to(DEV), **SPLIT)
+
+
+@pytest.mark.parametrize("n", [1, 5, 8])
+def test_split_path_returns_the_top_raw_logits(n: int) -> None:
+    """Top log-probs come out of the split path (no topk over the vocabulary), ties included
+    (bf16 logits rounded to few values); the row kernel alone leaves them to the caller."""
+    vocab = 512
+    params = [dict(temperature=0.0, logprobs=True, top_logprobs=n),
+              dict(temperature=0.7, top_k=10, logprobs=True, top_logprobs=2,
+                   presence_penalty=1.0),  # the top log-probs are of the raw logits
+              dict(temperature=1.0, top_p=0.9)]
+    logits = (peaked(len(params), vocab, n) * 4).round() / 4
+    logits = logits.to(DEV, torch.bfloat16)
+    args = BatchSamplingArgs.from_reqs(make_reqs(params, n, vocab), vocab, logits.device)
+    tokens, lse, top = kernel_sample(logits, args, **SPLIT)
+    assert top is not None
+    check_top_logits(logits, top, max(n, 2))
+    assert kernel_sample(logits, args, **SPLIT, path="triton-row")[2] is None
 
 
 @pytest.mark.gpu
@@ -209,19 +241,19 @@ from minisgl.kernel.triton import sampling, sampling_split
 
 features = sys.argv[1] == "1"
 i64 = {"top_k_ptr", "seeds_ptr", "steps_ptr", "count_rows_ptr", "bias_rows_ptr", "tokens_ptr",
-       "scratch_ptr", "keys_ptr"}
+       "scratch_ptr", "keys_ptr", "raw_keys_ptr", "top_ids_ptr"}
 i32 = {"counts_ptr", "mask_ptr", "flags_ptr", "args_ptr"}
 feats = dict(HAS_COUNTS=features, HAS_BIAS=features, HAS_MASK=features, NEED_LSE=features,
              LIBDEVICE=True)
 cases = [
     (sampling._sample_kernel, dict(feats, BLOCK=2048, CAND=sampling.CAND, P=sampling._PIVOTS,
                                    MAX_SEARCH=sampling._MAX_SEARCH, USE_FLAGS=features), 8),
-    (sampling_split._chunk_kernel, dict(feats, CHUNK=4096, C=32, GS=16), 16),
-    (sampling_split._chunk_kernel, dict(feats, CHUNK=2048, C=32, GS=16), 8),
+    (sampling_split._chunk_kernel, dict(feats, CHUNK=4096, C=32, GS=16, NT=8 * features), 16),
+    (sampling_split._chunk_kernel, dict(feats, CHUNK=2048, C=32, GS=16, NT=32 * features), 8),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
-                                        C=32, S_PAD=32, KEEP=128), 4),
+                                        C=32, S_PAD=32, KEEP=128, NT=32 * features), 4),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
-                                        C=32, S_PAD=128, KEEP=128), 4),
+                                        C=32, S_PAD=128, KEEP=128, NT=8 * features), 4),
 ]
 for kernel, consts, warps in cases:
     sig = {n: "*i64" if n in i64 else "*i32" if n in i32 else "*fp32" for n in kernel.arg_names}

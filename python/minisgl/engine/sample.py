@@ -31,6 +31,7 @@ from .sample_torch import (
 
 if TYPE_CHECKING:
     from minisgl.core import Req
+    from minisgl.kernel.triton.sampling_split import TopLogits
 
 __all__ = [
     "PenaltyArgs",
@@ -166,11 +167,12 @@ def _use_kernel(logits: torch.Tensor, args: BatchSamplingArgs) -> bool:
     return args.max_top_k <= CAND
 
 
-def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs,
-                  **sizes: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Tokens and raw logsumexp (when log-probs are asked) from the Triton kernels; counts the
-    sampled tokens of penalised rows. ``sizes``: the kernels' ``block``/``cand``/``chunk``/
-    ``topc``/``keep``, and ``flags_out`` for the rows the row kernel finished (tests, bench)."""
+def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs, **sizes: Any
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
+    """Tokens, raw logsumexp (when log-probs are asked) and the top ``max_top_logprobs`` raw
+    logits (when the split path ran) from the Triton kernels; counts the sampled tokens of
+    penalised rows. ``sizes``: the kernels' ``block``/``cand``/``chunk``/``topc``/``keep``, and
+    ``flags_out`` for the rows the row kernel finished (tests, bench)."""
     from minisgl.kernel.triton.sampling_split import sample_rows
 
     pen, bias = args.penalties, args.bias
@@ -179,7 +181,8 @@ def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs,
         counts=pen.counts if pen else None, count_rows=pen.rows if pen else None,
         penalties=(pen.presence, pen.frequency, pen.repetition) if pen else None,
         bias=bias.bias if bias else None, bias_rows=bias.rows if bias else None,
-        bitmask=args.token_bitmask, need_lse=args.need_logprobs, **sizes,
+        bitmask=args.token_bitmask, need_lse=args.need_logprobs,
+        top_n=args.max_top_logprobs if args.need_logprobs else 0, **sizes,
     )
 
 
@@ -196,8 +199,9 @@ def sample(logits: torch.Tensor, args: BatchSamplingArgs) -> SampleOutput:
     plain = args.penalties is None and args.bias is None and args.token_bitmask is None
     if args.all_greedy and plain and not args.need_logprobs:
         return SampleOutput(logits.argmax(dim=-1), None, None, None)  # exact in any dtype
+    top = None
     if _use_kernel(logits, args):
-        tokens, lse = kernel_sample(logits, args)
+        tokens, lse, top = kernel_sample(logits, args)
     else:
         tokens, lse = sample_torch(logits, args), None
         _count_tokens(args, tokens)
@@ -209,5 +213,8 @@ def sample(logits: torch.Tensor, args: BatchSamplingArgs) -> SampleOutput:
     chosen = (logits.gather(1, tokens.unsqueeze(1)).float() - lse).squeeze(1)
     if args.max_top_logprobs <= 0:
         return SampleOutput(tokens, chosen, None, None)
-    top = logits.topk(min(args.max_top_logprobs, logits.shape[-1]), dim=-1)
-    return SampleOutput(tokens, chosen, top.indices, top.values.float() - lse)
+    if top is None:  # the torch path, or the row kernel alone
+        values, ids = logits.topk(min(args.max_top_logprobs, logits.shape[-1]), dim=-1)
+    else:
+        ids, values = top
+    return SampleOutput(tokens, chosen, ids, values.float() - lse)

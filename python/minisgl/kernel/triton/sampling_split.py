@@ -7,11 +7,13 @@
                                logits' max and sumexp (log-probs), the race winner of rows with
                                no filter, and the chunk's top C (value, lower id first) as int64
                                keys: the top C groups of GS columns by their max, then the top C
-                               of those C * GS columns (re-read from L1/L2)
-    merge kernel, grid (B,)    global max / argmax / logsumexp / race winner; filtered rows take
-                               the top KEEP of the S * C keys and run the reference's sorted scan
-                               (min_p floor, top_k with ties, top_p nucleus over the full
-                               vocabulary) and the race on them. The result is exact when the
+                               of those C * GS columns (re-read from L1/L2); with top log-probs
+                               asked, the same for the top NT raw logits
+    merge kernel, grid (B,)    global max / argmax / logsumexp / race winner / top NT raw logits
+                               (the top log-probs, no torch.topk over the vocabulary); filtered
+                               rows take the top KEEP of the S * C keys and run the reference's
+                               sorted scan (min_p floor, top_k with ties, top_p nucleus over the
+                               full vocabulary) and the race on them. The result is exact when the
                                kept set's last value b is above T = max(every chunk's C-th value,
                                the KEEP-th key) and the counts/masses the scan used are known
                                exactly; otherwise the row is flagged
@@ -37,6 +39,7 @@ NSTAT = 5  # floats per chunk record: max, sumexp, race best, raw max, raw sumex
 # below this vocabulary the row kernel alone is faster (H100, 32,000 columns, B=1: 67 us against
 # 127 us; 151,936 columns: 271 us against 147 us, and 661 against 304 at B=256)
 SPLIT_MIN_VOCAB = 65536
+TopLogits = tuple[torch.Tensor, torch.Tensor]  # ids int64 [B, n], raw logits float32 [B, n]
 _BIG = tl.constexpr(2147483647)
 _I64_MIN = tl.constexpr(-9223372036854775808)
 
@@ -61,10 +64,10 @@ def _unkey(key):
 def _chunk_kernel(
     logits_ptr, V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, steps_ptr, counts_ptr,
     count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr, mask_ptr, W,
-    stats_ptr, args_ptr, keys_ptr, S,
+    stats_ptr, args_ptr, keys_ptr, raw_keys_ptr, S,
     HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
     NEED_LSE: tl.constexpr, LIBDEVICE: tl.constexpr, CHUNK: tl.constexpr, C: tl.constexpr,
-    GS: tl.constexpr,
+    GS: tl.constexpr, NT: tl.constexpr,
 ):
     row = tl.program_id(0)
     s = tl.program_id(1)
@@ -108,6 +111,13 @@ def _chunk_kernel(
         if raw_m > float("-inf"):
             raw_s = tl.sum(tl.sum(tl.exp(raw - raw_m), 1), 0)
     rec = row.to(tl.int64) * S + s
+    if NT > 0:  # the chunk's top NT raw logits (top log-probs), found as the top C below
+        rgid = 4294967295 - (tl.topk(_key(tl.max(raw, 1), tl.arange(0, NG)), NT) & 4294967295)
+        roffs = start + rgid.to(tl.int32)[:, None] * GS + tl.arange(0, GS)[None, :]
+        raw2 = tl.load(logits_ptr + row.to(tl.int64) * V + roffs, mask=roffs < V,
+                       other=float("-inf")).to(tl.float32)
+        rtop = tl.topk(tl.reshape(_key(raw2, roffs), [NT * GS]), NT)
+        tl.store(raw_keys_ptr + rec * NT + tl.arange(0, NT), rtop)
     tl.store(stats_ptr + rec * 5, m)
     tl.store(stats_ptr + rec * 5 + 1, z)
     tl.store(stats_ptr + rec * 5 + 2, best)
@@ -129,9 +139,10 @@ def _chunk_kernel(
 @triton.jit
 def _merge_kernel(
     V, tokens_ptr, lse_ptr, flags_ptr, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
-    steps_ptr, counts_ptr, count_rows_ptr, stats_ptr, args_ptr, keys_ptr, S,
+    steps_ptr, counts_ptr, count_rows_ptr, stats_ptr, args_ptr, keys_ptr, raw_keys_ptr,
+    top_ids_ptr, top_vals_ptr, S,
     HAS_COUNTS: tl.constexpr, NEED_LSE: tl.constexpr, LIBDEVICE: tl.constexpr, C: tl.constexpr,
-    S_PAD: tl.constexpr, KEEP: tl.constexpr,
+    S_PAD: tl.constexpr, KEEP: tl.constexpr, NT: tl.constexpr,
 ):
     row = tl.program_id(0)
     temp = tl.load(temps_ptr + row)
@@ -154,6 +165,13 @@ def _merge_kernel(
         rs_s = tl.load(stats_ptr + rec * 5 + 4, mask=live, other=0.0)
         rs = tl.sum(tl.where(rm_s > float("-inf"), rs_s * tl.exp(rm_s - rm), 0.0), 0)
         tl.store(lse_ptr + row, rm + tl.log(rs))
+    if NT > 0:  # every row's top NT raw logits: the top NT of the chunks' top NT
+        ti = tl.arange(0, S_PAD * NT)
+        rkeys = tl.load(raw_keys_ptr + row.to(tl.int64) * S * NT + ti, mask=ti < S * NT,
+                        other=_I64_MIN)
+        tv, tid = _unkey(tl.topk(rkeys, NT))
+        tl.store(top_ids_ptr + row.to(tl.int64) * NT + tl.arange(0, NT), tid.to(tl.int64))
+        tl.store(top_vals_ptr + row.to(tl.int64) * NT + tl.arange(0, NT), tv)
     if race_now:
         b_s = tl.load(stats_ptr + rec * 5 + 2, mask=live, other=float("-inf"))
         best = tl.max(b_s, 0)
@@ -216,14 +234,16 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                 bias: torch.Tensor | None = None, bias_rows: torch.Tensor | None = None,
                 bitmask: torch.Tensor | None = None, need_lse: bool = False,
                 block: int = 2048, cand: int = CAND, chunk: int | None = None, topc: int = 32,
-                keep: int = 128, flags_out: torch.Tensor | None = None,
-                path: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                keep: int = 128, flags_out: torch.Tensor | None = None, path: str | None = None,
+                top_n: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
     """``sampling.sample_rows``'s interface (tokens int64 [B], raw logsumexp [B] or None) on the
     split path; ``block``/``cand`` size the row kernel, ``chunk``/``topc``/``keep`` the split path
     (powers of two; ``chunk`` None: from B and V, and the row kernel alone below
     ``SPLIT_MIN_VOCAB``). ``flags_out`` (int32 [B]) receives 1 for the
     rows the row kernel finished. ``path`` "triton-row" (default: ``MINISGL_SAMPLER``) skips the
-    split path."""
+    split path. ``top_n`` > 0 (at most ``topc``): the split path also returns each row's ``top_n``
+    largest raw logits (ids int64 and values float32 [B, top_n], descending, lower id first on
+    ties), for top log-probs without another pass; None where the split path did not run."""
     assert logits.is_contiguous()
     bsz, vocab = logits.shape
     device = logits.device
@@ -249,18 +269,23 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
         stats = torch.empty(bsz, n_chunks, NSTAT, dtype=torch.float32, device=device)
         args = torch.empty(bsz, n_chunks, 2, dtype=torch.int32, device=device)
         keys = torch.empty(bsz, n_chunks, topc, dtype=torch.int64, device=device)
+        nt = triton.next_power_of_2(max(top_n, 2)) if top_n > 0 else 0
+        assert nt <= topc, f"top_n {top_n} above the candidates per chunk ({topc})"
+        raw_keys = torch.empty(bsz, n_chunks, max(nt, 1), dtype=torch.int64, device=device)
+        top_ids = torch.empty(bsz, max(nt, 1), dtype=torch.int64, device=device)
+        top_vals = torch.empty(bsz, max(nt, 1), dtype=torch.float32, device=device)
         flags = flags_out if flags_out is not None else torch.empty(bsz, dtype=torch.int32,
                                                                     device=device)
         _chunk_kernel[(bsz, n_chunks)](
             logits, vocab, temps, top_k, top_p, min_p, seeds, steps, *count_args, *rest,
-            stats, args, keys, n_chunks, **feats, CHUNK=chunk, C=topc,
-            GS=max(1, min(16, chunk // topc)), num_warps=min(16, max(4, chunk // 256)),
+            stats, args, keys, raw_keys, n_chunks, **feats, CHUNK=chunk, C=topc,
+            GS=max(1, min(16, chunk // topc)), NT=nt, num_warps=min(16, max(4, chunk // 256)),
         )
         _merge_kernel[(bsz,)](
             vocab, tokens, lse, flags, temps, top_k, top_p, min_p, seeds, steps, *count_args,
-            stats, args, keys, n_chunks, HAS_COUNTS=feats["HAS_COUNTS"], NEED_LSE=need_lse,
-            LIBDEVICE=feats["LIBDEVICE"], C=topc, S_PAD=s_pad, KEEP=min(keep, s_pad * topc),
-            num_warps=4,
+            stats, args, keys, raw_keys, top_ids, top_vals, n_chunks,
+            HAS_COUNTS=feats["HAS_COUNTS"], NEED_LSE=need_lse, LIBDEVICE=feats["LIBDEVICE"],
+            C=topc, S_PAD=s_pad, KEEP=min(keep, s_pad * topc), NT=nt, num_warps=4,
         )
     scratch = torch.empty(bsz, cand, dtype=torch.int64, device=device)
     _sample_kernel[(bsz,)](
@@ -268,4 +293,5 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
         scratch, flags, **feats, USE_FLAGS=split, BLOCK=block, CAND=cand, P=_PIVOTS,
         MAX_SEARCH=_MAX_SEARCH, num_warps=8,
     )
-    return tokens, (lse if need_lse else None)
+    top = (top_ids[:, :top_n], top_vals[:, :top_n]) if split and top_n > 0 else None
+    return tokens, (lse if need_lse else None), top

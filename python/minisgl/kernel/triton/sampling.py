@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 import triton
 import triton.language as tl
 
@@ -266,35 +265,3 @@ def _sample_kernel(
         if crow >= 0:
             ptr = counts_ptr + crow.to(tl.int64) * V + token
             tl.store(ptr, tl.load(ptr) + 1)
-
-
-def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
-                counts: torch.Tensor | None = None, count_rows: torch.Tensor | None = None,
-                penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                bias: torch.Tensor | None = None, bias_rows: torch.Tensor | None = None,
-                bitmask: torch.Tensor | None = None, need_lse: bool = False,
-                block: int = 2048, cand: int = CAND) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Sample one token per row of ``logits`` [B, V]; returns (tokens int64 [B], raw logsumexp [B]
-    or None). ``top_k`` is int32 with ``V`` meaning off; ``count_rows``/``bias_rows`` give each
-    row's counts/bias row or -1; ``penalties`` = (presence, frequency, repetition)."""
-    assert logits.is_contiguous()
-    bsz, vocab = logits.shape
-    device = logits.device
-    tokens = torch.empty(bsz, dtype=torch.int64, device=device)
-    lse = torch.empty(bsz, dtype=torch.float32, device=device) if need_lse else tokens
-    scratch = torch.empty(bsz, cand, dtype=torch.int64, device=device)
-    dummy = temps
-    pres, freq, rep = penalties if penalties is not None else (dummy, dummy, dummy)
-    _sample_kernel[(bsz,)](
-        logits, vocab, tokens, lse, temps, top_k, top_p, min_p, seeds, steps,
-        counts if counts is not None else dummy, count_rows if count_rows is not None else steps,
-        pres, freq, rep, bias if bias is not None else dummy,
-        bias_rows if bias_rows is not None else steps,
-        bitmask if bitmask is not None else dummy, bitmask.shape[1] if bitmask is not None else 0,
-        scratch, tokens,
-        HAS_COUNTS=counts is not None, HAS_BIAS=bias is not None, HAS_MASK=bitmask is not None,
-        NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET, BLOCK=block, CAND=cand, P=_PIVOTS,
-        MAX_SEARCH=_MAX_SEARCH, USE_FLAGS=False, num_warps=8,
-    )
-    return tokens, (lse if need_lse else None)

@@ -236,14 +236,17 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                 block: int = 2048, cand: int = CAND, chunk: int | None = None, topc: int = 32,
                 keep: int = 128, flags_out: torch.Tensor | None = None, path: str | None = None,
                 top_n: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
-    """``sampling.sample_rows``'s interface (tokens int64 [B], raw logsumexp [B] or None) on the
-    split path; ``block``/``cand`` size the row kernel, ``chunk``/``topc``/``keep`` the split path
-    (powers of two; ``chunk`` None: from B and V, and the row kernel alone below
-    ``SPLIT_MIN_VOCAB``). ``flags_out`` (int32 [B]) receives 1 for the
-    rows the row kernel finished. ``path`` "triton-row" (default: ``MINISGL_SAMPLER``) skips the
-    split path. ``top_n`` > 0 (at most ``topc``): the split path also returns each row's ``top_n``
-    largest raw logits (ids int64 and values float32 [B, top_n], descending, lower id first on
-    ties), for top log-probs without another pass; None where the split path did not run."""
+    """Sample one token per row of ``logits`` [B, V]: tokens int64 [B], the raw logsumexp [B]
+    (``need_lse``) or None, and the top raw logits (below) or None. ``top_k`` is int32 with ``V``
+    meaning off; ``count_rows``/``bias_rows`` give each row's counts/bias row or -1;
+    ``penalties`` = (presence, frequency, repetition). ``block``/``cand`` size the row kernel,
+    ``chunk``/``topc``/``keep`` the split path (powers of two; ``chunk`` None: from B and V, and
+    the row kernel alone below ``SPLIT_MIN_VOCAB``). ``flags_out`` (int32 [B]) receives 1 for
+    the rows the row kernel finished. ``path`` "triton-row" (default: ``MINISGL_SAMPLER``) skips
+    the split path. ``top_n`` > 0 (at most ``topc``): the split path also returns each row's
+    ``top_n`` largest raw logits (ids int64 and values float32 [B, top_n], descending, lower id
+    first on ties), for top log-probs without another pass; None where the split path did not
+    run."""
     assert logits.is_contiguous()
     bsz, vocab = logits.shape
     device = logits.device

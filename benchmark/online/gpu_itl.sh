@@ -14,28 +14,11 @@
 set -euo pipefail
 stage=$1 out=$2
 here=$(cd "$(dirname "$0")" && pwd)
-py=${PYTHON:-python3}
-port=${PORT:-1919}
+source "$here/gpu_common.sh"
 budgets=${BUDGETS:-512 1024 2048}
 rounds=${ROUNDS:-4}
-gpu=$("$py" -c "import torch; n = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'; print(next((k for k in ('H100', 'H200') if k in n), n))")
 mkdir -p "$out"
 
-serve() {  # serve LOG_NAME [server args...]: start in the background, wait until healthy
-    local log="$out/server_$1.log"
-    shift
-    "$py" -m minisgl --model "$model" --served-model-name "$tag" --dummy-weights --port "$port" \
-        "$@" >"$log" 2>&1 &
-    server=$!
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
-        kill -0 "$server" 2>/dev/null || { tail -20 "$log"; return 1; }
-        sleep 1
-    done
-    return 1
-}
-stop() { kill -TERM "$server"; wait "$server" || true; }
-bench() { "$py" "$here/bench_serving.py" --base-url "http://127.0.0.1:$port" --out "$out" --no-progress "$@"; }
 itl=(--dataset random --input-len 512,1024 --output-len 128,256)
 
 run_modes() {  # run_modes CONCURRENCIES MAX_ITL_MS

@@ -8,38 +8,21 @@ set -euo pipefail
 config=$1 tag=$2 rates=$3 num=$4 out=$5
 shift 5
 here=$(cd "$(dirname "$0")" && pwd)
-py=${PYTHON:-python3}
-port=${PORT:-1919}
-gpu=$("$py" -c "import torch; n = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'; print(next((k for k in ('H100', 'H200') if k in n), n))")
+source "$here/gpu_common.sh"
 model=$(mktemp -d)/$tag
 "$py" "$here/dummy_model.py" "$config" "$model" >/dev/null
 mkdir -p "$out"
 
-serve() {  # serve CACHE [server args...]: start the server in the background, wait until healthy
-    local cache=$1 log="$out/server_${tag}_$1.log"
-    shift
-    "$py" -m minisgl --model "$model" --served-model-name "$tag" --dummy-weights --port "$port" \
-        --cache "$cache" "$@" >"$log" 2>&1 &
-    server=$!
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
-        kill -0 "$server" 2>/dev/null || { tail -20 "$log"; return 1; }
-        sleep 1
-    done
-    return 1
-}
-stop() { kill -TERM "$server"; wait "$server" || true; }
-bench() { "$py" "$here/bench_serving.py" --base-url "http://127.0.0.1:$port" --out "$out" --no-progress "$@"; }
 shared=(--dataset shared-prefix --groups 8 --per-group 32 --prefix-len 2048 --question-len 64
         --output-len 64 --request-rates inf)
 
-serve radix "$@"
+serve "${tag}_radix" --cache radix "$@"
 bench --dataset random --num-prompts "$num" --input-len 128,1024 --output-len 64,512 \
       --request-rates "$rates" --tag "${tag}_${gpu}_random_rates"
 bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_radix"
 curl -s "http://127.0.0.1:$port/metrics" >"$out/${tag}_${gpu}_metrics.txt"
 stop
-serve naive "$@"
+serve "${tag}_naive" --cache naive "$@"
 bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_naive"
 stop
 bench --compare "$out/${tag}_${gpu}_shared_prefix_radix.json" "$out/${tag}_${gpu}_shared_prefix_naive.json" \

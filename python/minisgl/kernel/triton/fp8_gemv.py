@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemv import load_x
+
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
@@ -37,10 +39,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
         else:
             w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
-        x = tl.load(x_ptr + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-        if GATED:
-            up = tl.load(x_ptr + K + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-            x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
         if CHANNEL:
             acc += w.to(tl.float32) * x[None, :]
         else:

@@ -23,6 +23,17 @@ import triton.language as tl
 
 
 @triton.jit
+def load_x(x_ptr, K, offs, ok, dt, GATED: tl.constexpr):
+    """x[offs] in fp32; with ``GATED``, x is [gate | up] and this is silu(gate) * up, rounded to
+    the activation dtype ``dt`` after each op as the unfused SiLU-and-mul would."""
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if GATED:
+        up = tl.load(x_ptr + K + offs, mask=ok, other=0.0).to(tl.float32)
+        x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
                  GATED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -39,10 +50,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
         else:
             w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
-        x = tl.load(x_ptr + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-        if GATED:
-            up = tl.load(x_ptr + K + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-            x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
         acc += w.to(tl.float32) * x[None, :]
         w_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)

@@ -18,6 +18,8 @@
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs on the shared-prefix workload; offline
 #                                           # bench.py default vs prefill-first
 #   scripts/gpu_validate.sh recheck OUT   # the figures the open issues still need, in one call
+#   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
+#                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -129,8 +131,23 @@ recheck)  # about nine minutes: what the open issues still need after the 2026-1
     tail -n 3 "$out/fp8_accuracy.log"
     PYTHON=$py step 150 benchmark/online/gpu_itl.sh shared "$out" >"$out/itl_shared.log" 2>&1
     cat "$out"/*lpm_vs_fcfs.md ;;
+probe)  # about nine minutes
+    m06=benchmark/configs/qwen3-0.6b.json m8=benchmark/configs/qwen3-8b.json
+    step 110 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
+    grep -h '"sizes": "default"\|argmax' "$out/sweep.log" | cut -c1-400
+    step 130 "$py" benchmark/offline/bench.py --model $m06 --hf-requests 0 --tag probe \
+        --variants default,sample-logprobs,fp8-kv --out "$out" >"$out/bench_qwen3-0.6b_probe.log" 2>&1
+    grep -h "x of minisgl" "$out/bench_qwen3-0.6b_probe.log"
+    step 170 "$py" benchmark/offline/bench.py --model $m8 --hf-requests 0 --variants default,fp8 \
+        --batch1 --batch1-variants fp8 --tag fp8 --out "$out" >"$out/bench_qwen3-8b_fp8.log" 2>&1
+    grep -h "x of minisgl\|batch1" "$out"/offline_qwen3-8b_*fp8.md
+    step 60 "$py" benchmark/offline/profile_decode.py --model $m8 --quantization fp8 --out "$out" \
+        >"$out/profile_fp8.log" 2>&1
+    head -n 16 "$out/profile_fp8.log" | cut -c1-60,100-150
+    step 45 "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
+    tail -n 14 "$out/bench_fp8.log" ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -79,6 +79,72 @@ def flagged_share(logits: torch.Tensor, args: BatchSamplingArgs) -> float:
     return round(flags.float().mean().item(), 3)
 
 
+def graph_us(fn, iters: int = 50) -> float:
+    """us per call of ``fn`` replayed from a CUDA graph: the GPU time without launch overhead."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_call(graph.replay, iters)
+
+
+def kernel_split(fn) -> dict[str, float]:
+    """GPU us per call of each kernel ``fn`` launches (torch.profiler over 20 calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: round(e.device_time_total / 20, 1) for e in prof.key_averages()
+            if e.device_time_total > 0}
+
+
+def sweep(out: str) -> None:
+    """The split path's sizes at B=256, vocab 151,936: graph-replayed us per call for each
+    (chunk, gs, warps, keep), the per-kernel split of the default sizes, one JSON line each."""
+    device = torch.device("cuda")
+    bsz, vocab = 256, 151936
+    logits = (torch.randn(bsz, vocab, device=device) * 2).to(torch.bfloat16)
+    rows = [{"case": "argmax (one read of the logits)",
+             "graph_us": round(graph_us(lambda: logits.argmax(dim=-1)), 1)}]
+    for name in ("sample", "sample-logprobs", "sample-penalty"):
+        sargs = make_args(bsz, vocab, SETTINGS[name], device)
+        rows.append({"case": name, "sizes": "default", "eager_us": round(time_call(
+            lambda: sample(logits, sargs)), 1), "graph_us": round(graph_us(
+                lambda: sample(logits, sargs)), 1), "kernels": kernel_split(
+                    lambda: sample(logits, sargs))})
+        print(json.dumps(rows[-1]), flush=True)
+        if name == "sample-penalty":
+            continue
+        for chunk in (2048, 4096, 8192):
+            for gs in (8, 16, 32):
+                for warps in (4, 8, 16):
+                    for keep in (64, 128):
+                        if chunk // gs < 32 or (keep == 64 and warps != 8):
+                            continue
+                        sizes = dict(chunk=chunk, gs=gs, warps=warps, keep=keep)
+                        try:
+                            us = graph_us(lambda: kernel_sample(logits, sargs, **sizes))
+                        except Exception as e:  # noqa: BLE001 (a size the compiler refuses)
+                            rows.append({"case": name, "sizes": sizes, "error": repr(e)[:200]})
+                        else:
+                            rows.append({"case": name, "sizes": sizes, "graph_us": round(us, 1)})
+                        print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{datetime.date.today().isoformat()}_sampling_sweep_"
+                                f"{gpu_name()}.json"), "w") as f:
+        json.dump({"commit": os.environ.get("MINISGL_COMMIT", "unknown"), "rows": rows}, f,
+                  indent=1)
+
+
 def decode_step_ms(model: str, sizes: list[int]) -> dict[int, float]:
     """ms per decode step of ``model`` (random weights) at each batch size: short prompts, 64
     greedy tokens each, the whole generate divided by its steps (prefill is a small part)."""
@@ -104,7 +170,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="also time a decode step of this model (config.json)")
     parser.add_argument("--out", default="benchmark/kernels/results")
+    parser.add_argument("--sweep", action="store_true",
+                        help="only time the split path's sizes at B=256, vocab 151,936")
     args = parser.parse_args()
+    if args.sweep:
+        return sweep(args.out)
     device = torch.device("cuda")
     sizes = [1, 64, 256]
     rows = []

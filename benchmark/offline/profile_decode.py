@@ -24,9 +24,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", default=".")
+    parser.add_argument("--quantization", default=None, help="e.g. fp8")
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
-    llm = LLM(path, dummy_weights=dummy, num_pages=65536)
+    llm = LLM(path, dummy_weights=dummy, num_pages=65536, quantization=args.quantization)
     prompts = [[(7 * i + j) % 10000 for j in range(128)] for i in range(args.batch)]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
@@ -35,7 +36,7 @@ def main() -> None:
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"profile_decode_bs{args.batch}.txt"), "w") as f:
+    with open(os.path.join(args.out, f"profile_decode_bs{args.batch}{'_' + args.quantization if args.quantization else ''}.txt"), "w") as f:
         f.write(table)
 
 

@@ -235,13 +235,14 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                 bitmask: torch.Tensor | None = None, need_lse: bool = False,
                 block: int = 2048, cand: int = CAND, chunk: int | None = None, topc: int = 32,
                 keep: int = 128, flags_out: torch.Tensor | None = None, path: str | None = None,
-                top_n: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
+                top_n: int = 0, gs: int | None = None, warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
     """Sample one token per row of ``logits`` [B, V]: tokens int64 [B], the raw logsumexp [B]
     (``need_lse``) or None, and the top raw logits (below) or None. ``top_k`` is int32 with ``V``
     meaning off; ``count_rows``/``bias_rows`` give each row's counts/bias row or -1;
     ``penalties`` = (presence, frequency, repetition). ``block``/``cand`` size the row kernel,
-    ``chunk``/``topc``/``keep`` the split path (powers of two; ``chunk`` None: from B and V, and
-    the row kernel alone below ``SPLIT_MIN_VOCAB``). ``flags_out`` (int32 [B]) receives 1 for
+    ``chunk``/``topc``/``keep``/``gs`` (columns per group)/``warps`` (of a chunk program) the split
+    path (powers of two; ``chunk`` None: from B and V, and the row kernel alone below
+    ``SPLIT_MIN_VOCAB``). ``flags_out`` (int32 [B]) receives 1 for
     the rows the row kernel finished. ``path`` "triton-row" (default: ``MINISGL_SAMPLER``) skips
     the split path. ``top_n`` > 0 (at most ``topc``): the split path also returns each row's
     ``top_n`` largest raw logits (ids int64 and values float32 [B, top_n], descending, lower id
@@ -282,7 +283,8 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
         _chunk_kernel[(bsz, n_chunks)](
             logits, vocab, temps, top_k, top_p, min_p, seeds, steps, *count_args, *rest,
             stats, args, keys, raw_keys, n_chunks, **feats, CHUNK=chunk, C=topc,
-            GS=max(1, min(16, chunk // topc)), NT=nt, num_warps=min(16, max(4, chunk // 256)),
+            GS=gs or max(1, min(16, chunk // topc)), NT=nt,
+            num_warps=warps or min(16, max(4, chunk // 256)),
         )
         _merge_kernel[(bsz,)](
             vocab, tokens, lse, flags, temps, top_k, top_p, min_p, seeds, steps, *count_args,

@@ -146,8 +146,22 @@ probe)  # about nine minutes
     head -n 16 "$out/profile_fp8.log" | cut -c1-60,100-150
     step 45 "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
     tail -n 14 "$out/bench_fp8.log" ;;
+sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode attention;
+    # where the time of a batch-256 decode step with log-probs goes
+    step 100 "$py" benchmark/kernels/bench_fp8.py --sweep --gemv-only --out "$out" \
+        >"$out/bench_fp8_sweep.log" 2>&1
+    grep -o '"layer": "[a-z_]*"\|"best_config": [^]]*]\|"best_tb_s": [0-9.]*\|"channel_us": [0-9.]*' \
+        "$out/bench_fp8_sweep.log" | paste -sd' ' | sed 's/"layer"/\n&/g'
+    step 80 "$py" benchmark/kernels/bench_decode_attention.py --kv-dtype fp8 --batch 64 256 \
+        --ctx 1024 --sweep --out "$out" >"$out/bench_attn_fp8.log" 2>&1
+    grep -h "sweep best\|^| Qwen" "$out/bench_attn_fp8.log"
+    for v in sample sample-logprobs; do
+        step 50 "$py" benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-0.6b.json \
+            --batch 256 --variant $v --out "$out" >"$out/profile_$v.log" 2>&1
+        grep "ms per step" "$out/profile_$v.log"
+    done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

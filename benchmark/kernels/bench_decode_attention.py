@@ -38,6 +38,8 @@ from triton.testing import do_bench
 
 MODELS = {"Qwen3-0.6B": (16, 8, 128), "Qwen3-8B": (32, 8, 128)}  # (q heads, kv heads, head_dim)
 SWEEP_CFG = [(64, 4, 3), (128, 4, 2)]  # (block_n, warps, stages)
+SWEEP_CFG_FP8 = [(64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (256, 8, 2),
+                 (64, 4, 4), (64, 2, 3)]
 ROTATE_BYTES = 256 << 20  # small cases rotate over copies of this many bytes: L2 is 50 MB
 
 
@@ -85,6 +87,7 @@ def eager_ms(fn, backend=None) -> float | None:
 def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
     hq, hkv, dim = MODELS[model]
     k, v, k_cache, v_cache, table = cache
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
     q = torch.randn(bs, hq, dim, device="cuda", dtype=torch.bfloat16)
     qp = q.view(bs, hkv, hq // hkv, dim)  # the GQA group as query rows: one read of each K/V
     rows = [torch.arange(i * bs, (i + 1) * bs, device="cuda", dtype=torch.int32) for i in range(copies)]
@@ -98,7 +101,7 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
         return F.scaled_dot_product_attention(qp, k[i * bs : (i + 1) * bs], v[i * bs : (i + 1) * bs])
 
     err = (ours().float() - ref().reshape(bs, hq, dim).float()).abs().max().item()
-    nbytes = 2 * bs * ctx * hkv * dim * 2
+    nbytes = 2 * bs * ctx * hkv * dim * k_cache.element_size()
     fns = lambda f, **kw: [functools.partial(f, i, **kw) for i in range(copies)]  # noqa: E731
     t = dict(ours=graph_ms(fns(ours)), flash=graph_ms(fns(ref), SDPBackend.FLASH_ATTENTION),
              cudnn=graph_ms(fns(ref), SDPBackend.CUDNN_ATTENTION))
@@ -119,7 +122,7 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
         row["sweep"] = []
         cands = [x for x in (1, 2, 3, 4, 8, 16, 32, 64) if splits / 4 <= x <= splits * 4]
         for s in cands:
-            for bn, w, st in SWEEP_CFG:
+            for bn, w, st in SWEEP_CFG_FP8 if fp8 else SWEEP_CFG:
                 ms = graph_ms(fns(ours, s=s, block_n=bn, num_warps=w, num_stages=st))
                 row["sweep"].append(dict(splits=s, block_n=bn, warps=w, stages=st, ms=ms,
                                          tbps=nbytes / ms / 1e9))
@@ -181,6 +184,8 @@ def main() -> None:
     p.add_argument("--ctx", type=int, nargs="+", default=[512, 1024, 4096, 16384])
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--prefill", action="store_true")
+    p.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16",
+                   help="fp8: the paged K/V in e4m3 (scale 1; the reference keeps bf16)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     a = p.parse_args()
     gpu = torch.cuda.get_device_name()
@@ -195,8 +200,12 @@ def main() -> None:
                 print(f"skip B={bs} ctx={ctx}: needs {need / 2**30:.1f} GiB", flush=True)
                 continue
             cache = make_cache(bs * copies, ctx, 8, 128)
+            if a.kv_dtype == "fp8":
+                cache = (*cache[:2], cache[2].to(torch.float8_e4m3fn),
+                         cache[3].to(torch.float8_e4m3fn), cache[4])
             for model in MODELS:
-                sweep = a.sweep and model == "Qwen3-8B" and ctx in (1024, 16384)
+                sweep = a.sweep and (model == "Qwen3-8B" or a.kv_dtype == "fp8") \
+                    and ctx in (1024, 16384)
                 row = run_case(bs, ctx, copies, model, cache, num_sms, sweep)
                 print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
                 results.append(row)
@@ -213,7 +222,8 @@ def main() -> None:
     meta = dict(gpu=gpu, date=date, torch=torch.__version__, triton=triton.__version__,
                 num_sms=num_sms, dtype="bfloat16", page_size=1, seconds=time.time() - start)
     os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"{date}_decode_attention_{slug}")
+    stem = os.path.join(a.out, f"{date}_decode_attention_{slug}"
+                        + ("_fp8" if a.kv_dtype == "fp8" else ""))
     with open(stem + ".json", "w") as f:
         json.dump(dict(meta=meta, decode=results, prefill=prefill), f, indent=1)
     lines = [f"# Decode attention: paged Triton vs dense SDPA, {gpu}, {date}", "",

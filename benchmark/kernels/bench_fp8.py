@@ -48,7 +48,7 @@ from minisgl.quant.linear import fp8_linear  # noqa: E402
 
 BLOCK = (128, 128)
 TOKENS = [1, 16, 64, 256, 1024, 4096]
-GEMV_SWEEP = list(itertools.product([2, 4, 8], [1024, 2048, 4096], [4, 8]))
+GEMV_SWEEP = list(itertools.product([2, 4, 8, 16], [1024, 2048, 4096], [4, 8, 16]))
 GEMM_SWEEP = [GemmConfig(m, n, g, w, s) for m, n, g, w, s in itertools.product(
     [16, 32, 64, 128], [64, 128], [1, 8], [4, 8], [3, 4])]
 
@@ -97,11 +97,18 @@ def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
            "peak_fraction": round(nbytes / t8 / peak, 3), "speedup_vs_bf16": round(t16 / t8, 3),
            "channel_us": round(t_ch * 1e6, 2), "channel_speedup_vs_bf16": round(t16 / t_ch, 3),
            "channel_rel_err": round(err_ch.item(), 5)}
-    if sweep:
-        times = {c: time_graph(lambda a, w, c=c: fp8_gemv(a, w[0], w[1], BLOCK, config=c), ws8, x)
-                 for c in GEMV_SWEEP}
+    if sweep:  # the per-channel GEMV (what --quantization fp8 runs) over block sizes
+        wc = channel_weights(n, k, copies)
+        times = {}
+        for c in GEMV_SWEEP:
+            if c[0] * c[1] // (32 * c[2]) > 256:
+                continue  # accumulator registers per thread above 256
+            times[c] = time_graph(lambda a, w, c=c: fp8_gemv(a, w[0], w[1], None, config=c), wc, x)
         best = min(times, key=times.get)
+        rec["sweep_us"] = {str(list(c)): round(t * 1e6, 2) for c, t in times.items()}
         rec["best_config"], rec["best_peak_fraction"] = list(best), round(nbytes / times[best] / peak, 3)
+        rec["best_tb_s"] = round(n * k / times[best] / 1e12, 3)
+        del wc
     return rec
 
 
@@ -160,6 +167,7 @@ def bench_gemm(m: int, n: int, k: int, sweep: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--gemv-only", action="store_true", help="only the one-token GEMVs")
     parser.add_argument("--out", default="benchmark/kernels/results")
     args = parser.parse_args()
     gpu, peak = gpu_name(), copy_bandwidth()
@@ -170,7 +178,7 @@ def main() -> None:
             continue  # never quantized
         records.append({"layer": layer, **bench_gemv(n, k, peak, args.sweep)})
         print(json.dumps(records[-1]), flush=True)
-        for m in TOKENS[1:]:
+        for m in [] if args.gemv_only else TOKENS[1:]:
             records.append({"layer": layer, **bench_gemm(m, n, k, args.sweep)})
             print(json.dumps(records[-1]), flush=True)
         torch.cuda.empty_cache()

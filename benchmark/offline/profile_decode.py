@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench import model_dir  # noqa: E402
+from bench import VARIANTS, model_dir  # noqa: E402
 from minisgl import LLM, SamplingParams  # noqa: E402
 
 
@@ -25,18 +26,27 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", default=".")
     parser.add_argument("--quantization", default=None, help="e.g. fp8")
+    parser.add_argument("--variant", default="default",
+                        help="a bench.py variant whose sampling settings the requests carry")
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
     llm = LLM(path, dummy_weights=dummy, num_pages=65536, quantization=args.quantization)
     prompts = [[(7 * i + j) % 10000 for j in range(128)] for i in range(args.batch)]
-    params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+    sampling = VARIANTS[args.variant].get("sampling", {"temperature": 0})
+    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, **sampling)
     llm.generate(prompts, params, use_tqdm=False)
+    tic = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    print(f"{args.variant}: {(time.perf_counter() - tic) / args.tokens * 1e3:.2f} ms per step "
+          f"(batch {args.batch}, unprofiled)", flush=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         llm.generate(prompts, params, use_tqdm=False)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    table += "\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"profile_decode_bs{args.batch}{'_' + args.quantization if args.quantization else ''}.txt"), "w") as f:
+    tag = "".join(f"_{t}" for t in (args.quantization, args.variant) if t and t != "default")
+    with open(os.path.join(args.out, f"profile_decode_bs{args.batch}{tag}.txt"), "w") as f:
         f.write(table)
 
 

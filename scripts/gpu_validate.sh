@@ -18,6 +18,8 @@
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs on the shared-prefix workload; offline
 #                                           # bench.py default vs prefill-first
 #   scripts/gpu_validate.sh recheck OUT   # the figures the open issues still need, in one call
+#   scripts/gpu_validate.sh sweeps  OUT   # FP8 GEMV and FP8-KV attention block sizes; profiles
+#   scripts/gpu_validate.sh final   OUT   # sampler tests/sizes/bench.py, 8B sample, batch-1 fp8
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -146,6 +148,21 @@ probe)  # about nine minutes
     head -n 16 "$out/profile_fp8.log" | cut -c1-60,100-150
     step 45 "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
     tail -n 14 "$out/bench_fp8.log" ;;
+final)  # about nine minutes: the threshold sampler on CUDA (tests, sizes, bench.py), Qwen3-8B
+    # sample and batch-1 fp8, Qwen3-0.6B fp8-kv
+    m06=benchmark/configs/qwen3-0.6b.json m8=benchmark/configs/qwen3-8b.json
+    step 100 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
+        tests/test_penalties.py >"$out/sampling_tests.log" 2>&1
+    tail -2 "$out/sampling_tests.log"
+    step 100 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
+    grep -h '"sizes": "default"\|argmax' "$out/sweep.log" | cut -c1-300
+    step 170 "$py" benchmark/offline/bench.py --model $m06 --hf-requests 0 --tag final \
+        --variants default,sample,sample-penalty,sample-logprobs,fp8-kv --out "$out" \
+        >"$out/bench_qwen3-0.6b_final.log" 2>&1
+    grep -h "x of minisgl" "$out/bench_qwen3-0.6b_final.log"
+    step 170 "$py" benchmark/offline/bench.py --model $m8 --hf-requests 0 --variants default,sample \
+        --batch1 --batch1-variants fp8 --tag final --out "$out" >"$out/bench_qwen3-8b_final.log" 2>&1
+    grep -h "x of minisgl\|batch1" "$out"/offline_qwen3-8b_*final.md ;;
 sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode attention;
     # where the time of a batch-256 decode step with log-probs goes
     step 100 "$py" benchmark/kernels/bench_fp8.py --sweep --gemv-only --out "$out" \
@@ -161,7 +178,7 @@ sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode
         grep "ms per step" "$out/profile_$v.log"
     done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -24,7 +24,7 @@ from minisgl.engine.sample_torch import sample_torch
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # small tiles, chunks and candidate rows keep the interpreter fast, give every row several chunks
 # of the split path and send more rows down every path
-SIZES = dict(block=64, cand=64, chunk=64, topc=8, keep=32) if DEV.type == "cpu" else {}
+SIZES = dict(block=64, cand=64, chunk=16, cap=128) if DEV.type == "cpu" else {}
 
 PARAMS = [
     dict(temperature=0.0),
@@ -136,7 +136,7 @@ def test_large_nucleus_takes_the_boundary_path() -> None:
         compare(logits, make_reqs(params, seed, vocab), cand=cand, block=SIZES.get("block", 2048))
 
 
-SPLIT = dict(block=64, cand=64, chunk=64, topc=8, keep=32)  # 8 chunks per row at vocab 512
+SPLIT = dict(block=64, cand=64, chunk=16, cap=128)  # 32 chunks per row at vocab 512
 
 
 def peaked(rows: int, vocab: int, seed: int) -> torch.Tensor:
@@ -241,23 +241,25 @@ from minisgl.kernel.triton import sampling, sampling_split
 
 features = sys.argv[1] == "1"
 i64 = {"top_k_ptr", "seeds_ptr", "steps_ptr", "count_rows_ptr", "bias_rows_ptr", "tokens_ptr",
-       "scratch_ptr", "keys_ptr", "raw_keys_ptr", "top_ids_ptr"}
-i32 = {"counts_ptr", "mask_ptr", "flags_ptr", "args_ptr"}
+       "scratch_ptr", "cand_ptr", "rcand_ptr", "top_ids_ptr"}
+i32 = {"counts_ptr", "mask_ptr", "flags_ptr", "args_ptr", "cnt_ptr"}
 feats = dict(HAS_COUNTS=features, HAS_BIAS=features, HAS_MASK=features, NEED_LSE=features,
              LIBDEVICE=True)
 cases = [
     (sampling._sample_kernel, dict(feats, BLOCK=2048, CAND=sampling.CAND, P=sampling._PIVOTS,
                                    MAX_SEARCH=sampling._MAX_SEARCH, USE_FLAGS=features), 8),
-    (sampling_split._chunk_kernel, dict(feats, CHUNK=4096, C=32, GS=16, NT=8 * features), 16),
-    (sampling_split._chunk_kernel, dict(feats, CHUNK=2048, C=32, GS=16, NT=32 * features), 8),
+    (sampling_split._stats_kernel, dict(feats, CHUNK=2048), 4),
+    (sampling_split._collect_kernel, dict(HAS_COUNTS=features, HAS_BIAS=features,
+                                          HAS_MASK=features, CHUNK=2048, S_PAD=128, CAP=256,
+                                          GUESS=16, NT=8 * features), 4),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
-                                        C=32, S_PAD=32, KEEP=128, NT=32 * features), 4),
+                                        S_PAD=128, CAP=256, NT=32 * features, RB=1024), 4),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
-                                        C=32, S_PAD=128, KEEP=128, NT=8 * features), 4),
+                                        S_PAD=32, CAP=256, NT=8 * features, RB=1024), 4),
 ]
 for kernel, consts, warps in cases:
     sig = {n: "*i64" if n in i64 else "*i32" if n in i32 else "*fp32" for n in kernel.arg_names}
-    sig.update(logits_ptr="*bf16", V="i32", W="i32", S="i32")
+    sig.update(logits_ptr="*bf16", V="i32", W="i32", S="i32", top_n="i32")
     sig = {n: sig[n] for n in kernel.arg_names}
     sig.update({name: "constexpr" for name in consts})
     src = ASTSource(fn=kernel, signature=sig,

@@ -72,10 +72,10 @@ def time_call(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters * 1e3  # us
 
 
-def flagged_share(logits: torch.Tensor, args: BatchSamplingArgs) -> float:
+def flagged_share(logits: torch.Tensor, args: BatchSamplingArgs, **sizes) -> float:
     """Share of rows the split path leaves to the row kernel (one extra call, counts included)."""
     flags = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)
-    kernel_sample(logits, args, flags_out=flags)
+    kernel_sample(logits, args, flags_out=flags, **sizes)
     return round(flags.float().mean().item(), 3)
 
 
@@ -109,7 +109,7 @@ def kernel_split(fn) -> dict[str, float]:
 
 def sweep(out: str) -> None:
     """The split path's sizes at B=256, vocab 151,936: graph-replayed us per call for each
-    (chunk, gs, warps, keep), the per-kernel split of the default sizes, one JSON line each."""
+    (chunk, warps, cap), the per-kernel split of the default sizes, one JSON line each."""
     device = torch.device("cuda")
     bsz, vocab = 256, 151936
     logits = (torch.randn(bsz, vocab, device=device) * 2).to(torch.bfloat16)
@@ -124,20 +124,18 @@ def sweep(out: str) -> None:
         print(json.dumps(rows[-1]), flush=True)
         if name == "sample-penalty":
             continue
-        for chunk in (2048, 4096, 8192):
-            for gs in (8, 16, 32):
-                for warps in (4, 8, 16):
-                    for keep in (64, 128):
-                        if chunk // gs < 32 or (keep == 64 and warps != 8):
-                            continue
-                        sizes = dict(chunk=chunk, gs=gs, warps=warps, keep=keep)
-                        try:
-                            us = graph_us(lambda: kernel_sample(logits, sargs, **sizes))
-                        except Exception as e:  # noqa: BLE001 (a size the compiler refuses)
-                            rows.append({"case": name, "sizes": sizes, "error": repr(e)[:200]})
-                        else:
-                            rows.append({"case": name, "sizes": sizes, "graph_us": round(us, 1)})
-                        print(json.dumps(rows[-1]), flush=True)
+        for chunk in (1024, 2048, 4096):
+            for warps in (2, 4, 8):
+                for cap in (128, 256):
+                    sizes = dict(chunk=chunk, warps=warps, cap=cap)
+                    try:
+                        us = graph_us(lambda: kernel_sample(logits, sargs, **sizes))
+                    except Exception as e:  # noqa: BLE001 (a size the compiler refuses)
+                        rows.append({"case": name, "sizes": sizes, "error": repr(e)[:200]})
+                    else:
+                        rows.append({"case": name, "sizes": sizes, "graph_us": round(us, 1),
+                                     "flagged": flagged_share(logits, sargs, **sizes)})
+                    print(json.dumps(rows[-1]), flush=True)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{datetime.date.today().isoformat()}_sampling_sweep_"
                                 f"{gpu_name()}.json"), "w") as f:

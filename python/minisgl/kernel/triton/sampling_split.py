@@ -1,26 +1,31 @@
 """Split-row sampling: the default Triton path; the one-program-per-row kernel
 (``sampling.py``) finishes the rows this path cannot decide exactly.
 
-    chunk kernel, grid (B, S)  one program per CHUNK columns of a row: scaled values x (penalties,
-                               bias, bitmask, / T) in one read; chunk max and first argmax,
-                               sum exp(x - max) when top_p needs the full normaliser, the raw
-                               logits' max and sumexp (log-probs), the race winner of rows with
-                               no filter, and the chunk's top C (value, lower id first) as int64
-                               keys: the top C groups of GS columns by their max, then the top C
-                               of those C * GS columns (re-read from L1/L2); with top log-probs
-                               asked, the same for the top NT raw logits
-    merge kernel, grid (B,)    global max / argmax / logsumexp / race winner / top NT raw logits
-                               (the top log-probs, no torch.topk over the vocabulary); filtered
-                               rows take the top KEEP of the S * C keys and run the reference's
-                               sorted scan (min_p floor, top_k with ties, top_p nucleus over the
-                               full vocabulary) and the race on them. The result is exact when the
-                               kept set's last value b is above T = max(every chunk's C-th value,
-                               the KEEP-th key) and the counts/masses the scan used are known
-                               exactly; otherwise the row is flagged
-    row kernel, grid (B,)      ``sampling._sample_kernel``: flagged rows only (the others return)
+    stats kernel, grid (B, S)    one program per CHUNK columns of a row, one read: the scaled values
+                                 x (penalties, bias, bitmask, / T): chunk max and first argmax,
+                                 sum exp(x - max) when top_p needs the full normaliser, the race
+                                 winner of rows with no filter; the raw logits' max and sumexp
+                                 (log-probs)
+    collect kernel, grid (B, S)  the row's threshold t from the chunk maxima: the k-th largest of
+                                 them (k = top_k, or GUESS for rows without one; at least k values
+                                 are >= it, so every top_k token is), raised to the min_p floor (or
+                                 the floor itself for min_p rows without top_k); chunks whose max is
+                                 below t return at once, the others re-read their columns and
+                                 append every finite x >= t to the row's candidates (an atomic
+                                 counter, at most CAP kept). With top log-probs asked, the same for
+                                 the raw logits and the top_n-th largest raw chunk max
+    merge kernel, grid (B,)      global max / argmax / logsumexp / race winner; the top n raw
+                                 logits (the top log-probs, no torch.topk over the vocabulary);
+                                 filtered rows sort their candidates and run the reference's scan
+                                 (min_p floor, top_k with ties, top_p nucleus) and the race on them.
+                                 Every token >= t is a candidate, so the result is exact when the
+                                 candidates fit (count <= CAP), hold the kept set (count >= top_k,
+                                 or t is the min_p floor) and, for top_p alone, the nucleus closes
+                                 inside them (their mass >= top_p * Z); otherwise the row is flagged
+    row kernel, grid (B,)        ``sampling._sample_kernel``: flagged rows only (the others return)
 
-With C > top_k (32 > Qwen's 20) a top_k row is never flagged for lack of candidates (a chunk
-cannot hold C tokens at or above the k-th value, ties aside). No host sync.
+The logits are read about 1.3 times (the collect kernel re-reads the chunks that reach t: about
+top_k of the S); no sort of the vocabulary and no host sync.
 ``MINISGL_SAMPLER=triton-row`` runs only the row kernel (ablation);
 ``MINISGL_SAMPLER=torch`` the torch reference.
 """
@@ -37,8 +42,9 @@ from .sampling import CAND, _INTERPRET, _MAX_SEARCH, _PIVOTS, _log_e, _mix, _sam
 
 NSTAT = 5  # floats per chunk record: max, sumexp, race best, raw max, raw sumexp
 # below this vocabulary the row kernel alone is faster (H100, 32,000 columns, B=1: 67 us against
-# 127 us; 151,936 columns: 271 us against 147 us, and 661 against 304 at B=256)
+# 127 us for the former split path)
 SPLIT_MIN_VOCAB = 65536
+GUESS = 16  # rows without top_k collect the tokens >= the GUESS-th largest chunk max
 TopLogits = tuple[torch.Tensor, torch.Tensor]  # ids int64 [B, n], raw logits float32 [B, n]
 _BIG = tl.constexpr(2147483647)
 _I64_MIN = tl.constexpr(-9223372036854775808)
@@ -61,13 +67,39 @@ def _unkey(key):
 
 
 @triton.jit
-def _chunk_kernel(
+def _kth_largest(stats_ptr, row, S, field, kk, S_PAD: tl.constexpr):
+    """The kk-th largest of the row's S chunk values ``stats[row, :, field]`` (at least kk of them
+    are >= it; -inf when fewer than kk are finite)."""
+    si = tl.arange(0, S_PAD)
+    live = si < S
+    base = stats_ptr + row.to(tl.int64) * S * 5 + field
+    v = tl.load(base + si * 5, mask=live, other=float("-inf"))
+    ge = tl.zeros([S_PAD], tl.int32)
+    for i0 in range(0, S, 32):
+        ii = i0 + tl.arange(0, 32)
+        vi = tl.load(base + ii * 5, mask=ii < S, other=float("-inf"))
+        ge += tl.sum(((ii < S)[:, None] & (vi[:, None] >= v[None, :])).to(tl.int32), 0)
+    return tl.max(tl.where(live & (ge >= kk), v, float("-inf")), 0), tl.max(v, 0)
+
+
+@triton.jit
+def _append(cand_ptr, cnt_ptr, x, offs, tau, CAP: tl.constexpr):
+    """Append the keys of every finite x >= tau to a candidates row (an atomic count; at most CAP
+    stored, the count tells the merge whether they all fit)."""
+    sel = (x >= tau) & (x > float("-inf"))
+    n = tl.sum(sel.to(tl.int32), 0)
+    if n > 0:
+        pos = tl.atomic_add(cnt_ptr, n) + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(cand_ptr + pos, _key(x, offs), mask=sel & (pos < CAP))
+
+
+@triton.jit
+def _stats_kernel(
     logits_ptr, V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, steps_ptr, counts_ptr,
     count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr, mask_ptr, W,
-    stats_ptr, args_ptr, keys_ptr, raw_keys_ptr, S,
+    stats_ptr, args_ptr, cnt_ptr, S,
     HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-    NEED_LSE: tl.constexpr, LIBDEVICE: tl.constexpr, CHUNK: tl.constexpr, C: tl.constexpr,
-    GS: tl.constexpr, NT: tl.constexpr,
+    NEED_LSE: tl.constexpr, LIBDEVICE: tl.constexpr, CHUNK: tl.constexpr,
 ):
     row = tl.program_id(0)
     s = tl.program_id(1)
@@ -76,25 +108,21 @@ def _chunk_kernel(
     k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
-    filtered = (temp > 0.0) & ((k < V) | (top_p < 1.0) | (min_p > 0.0))
     race_now = (temp > 0.0) & (k >= V) & (top_p >= 1.0) & (min_p <= 0.0)
-    need_z = filtered & (k >= V) & (min_p <= 0.0)
+    need_z = (temp > 0.0) & (top_p < 1.0) & (k >= V) & (min_p <= 0.0)
     crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
     rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
     freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
     pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
     brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
-    NG: tl.constexpr = CHUNK // GS
-    start = s * CHUNK
-    offs = start + tl.arange(0, NG)[:, None] * GS + tl.arange(0, GS)[None, :]
-    mask = offs < V
-    raw, x = _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres,
+    offs = s * CHUNK + tl.arange(0, CHUNK)
+    raw, x = _values(logits_ptr, row, offs, offs < V, V, t, counts_ptr, crow, rep, freq, pres,
                      bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
-    m = tl.max(tl.max(x, 1), 0)
-    arg = tl.min(tl.min(tl.where(x == m, offs, _BIG), 1), 0)
+    m = tl.max(x, 0)
+    arg = tl.min(tl.where(x == m, offs, _BIG), 0)
     z = 0.0
     if need_z & (m > float("-inf")):
-        z = tl.sum(tl.sum(tl.exp(x - m), 1), 0)
+        z = tl.sum(tl.exp(x - m), 0)
     best = float("-inf")
     best_i = arg
     if race_now:
@@ -102,22 +130,15 @@ def _chunk_kernel(
         step = tl.load(steps_ptr + row).to(tl.uint64, bitcast=True)
         row_state = _mix(_mix(seed + 0x9E3779B97F4A7C15) + (step + 1) * 0x9E3779B97F4A7C15)
         score = tl.where(x > float("-inf"), x - _log_e(row_state, offs, LIBDEVICE), float("-inf"))
-        best = tl.max(tl.max(score, 1), 0)
-        best_i = tl.min(tl.min(tl.where(score == best, offs, _BIG), 1), 0)
-    raw_m = 0.0
+        best = tl.max(score, 0)
+        best_i = tl.min(tl.where(score == best, offs, _BIG), 0)
+    raw_m = float("-inf")
     raw_s = 0.0
     if NEED_LSE:
-        raw_m = tl.max(tl.max(raw, 1), 0)
+        raw_m = tl.max(raw, 0)
         if raw_m > float("-inf"):
-            raw_s = tl.sum(tl.sum(tl.exp(raw - raw_m), 1), 0)
+            raw_s = tl.sum(tl.exp(raw - raw_m), 0)
     rec = row.to(tl.int64) * S + s
-    if NT > 0:  # the chunk's top NT raw logits (top log-probs), found as the top C below
-        rgid = 4294967295 - (tl.topk(_key(tl.max(raw, 1), tl.arange(0, NG)), NT) & 4294967295)
-        roffs = start + rgid.to(tl.int32)[:, None] * GS + tl.arange(0, GS)[None, :]
-        raw2 = tl.load(logits_ptr + row.to(tl.int64) * V + roffs, mask=roffs < V,
-                       other=float("-inf")).to(tl.float32)
-        rtop = tl.topk(tl.reshape(_key(raw2, roffs), [NT * GS]), NT)
-        tl.store(raw_keys_ptr + rec * NT + tl.arange(0, NT), rtop)
     tl.store(stats_ptr + rec * 5, m)
     tl.store(stats_ptr + rec * 5 + 1, z)
     tl.store(stats_ptr + rec * 5 + 2, best)
@@ -125,31 +146,71 @@ def _chunk_kernel(
     tl.store(stats_ptr + rec * 5 + 4, raw_s)
     tl.store(args_ptr + rec * 2, arg)
     tl.store(args_ptr + rec * 2 + 1, best_i)
-    if filtered:
-        # the top C groups by their max hold the chunk's top C (ties: lower id first)
-        gkey = _key(tl.max(x, 1), tl.arange(0, NG))
-        gid = 4294967295 - (tl.topk(gkey, C) & 4294967295)
-        offs2 = start + gid.to(tl.int32)[:, None] * GS + tl.arange(0, GS)[None, :]
-        _, x2 = _values(logits_ptr, row, offs2, offs2 < V, V, t, counts_ptr, crow, rep, freq, pres,
-                        bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
-        top = tl.topk(tl.reshape(_key(x2, offs2), [C * GS]), C)
-        tl.store(keys_ptr + rec * C + tl.arange(0, C), top)
+    if s == 0:  # the collect kernel's counters (it runs after this one)
+        tl.store(cnt_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
+
+
+@triton.jit
+def _collect_kernel(
+    logits_ptr, V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, counts_ptr, count_rows_ptr,
+    pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr, mask_ptr, W,
+    stats_ptr, cnt_ptr, cand_ptr, rcand_ptr, tau_ptr, S, top_n,
+    HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    CHUNK: tl.constexpr, S_PAD: tl.constexpr, CAP: tl.constexpr, GUESS: tl.constexpr,
+    NT: tl.constexpr,
+):
+    row = tl.program_id(0)
+    s = tl.program_id(1)
+    temp = tl.load(temps_ptr + row)
+    k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    min_p = tl.load(min_p_ptr + row)
+    use_k = k < V
+    use_min = min_p > 0.0
+    rec = row.to(tl.int64) * S + s
+    offs = s * CHUNK + tl.arange(0, CHUNK)
+    if (temp > 0.0) & (use_k | (top_p < 1.0) | use_min):
+        tau, m = _kth_largest(stats_ptr, row, S, 0, tl.minimum(tl.where(use_k, k, GUESS), S), S_PAD)
+        floor = tl.where(use_min, m + tl.log(min_p), float("-inf"))
+        tau = tl.where(use_min & (~use_k), floor, tl.maximum(tau, floor))
+        if s == 0:
+            tl.store(tau_ptr + row, tau)
+        mine = tl.load(stats_ptr + rec * 5)
+        if (mine >= tau) & (mine > float("-inf")):
+            crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
+            rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
+            freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
+            pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
+            brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
+            _, x = _values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep, freq,
+                           pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
+            _append(cand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2, x, offs, tau, CAP)
+    if NT > 0:  # the top n raw logits: every raw logit >= the n-th largest raw chunk max
+        rtau, _ = _kth_largest(stats_ptr, row, S, 3, tl.minimum(top_n, S), S_PAD)
+        mine = tl.load(stats_ptr + rec * 5 + 3)
+        if (mine >= rtau) & (mine > float("-inf")):
+            raw = tl.load(logits_ptr + row.to(tl.int64) * V + offs, mask=offs < V,
+                          other=float("-inf")).to(tl.float32)
+            _append(rcand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2 + 1, raw, offs, rtau,
+                    CAP)
 
 
 @triton.jit
 def _merge_kernel(
-    V, tokens_ptr, lse_ptr, flags_ptr, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
-    steps_ptr, counts_ptr, count_rows_ptr, stats_ptr, args_ptr, keys_ptr, raw_keys_ptr,
-    top_ids_ptr, top_vals_ptr, S,
-    HAS_COUNTS: tl.constexpr, NEED_LSE: tl.constexpr, LIBDEVICE: tl.constexpr, C: tl.constexpr,
-    S_PAD: tl.constexpr, KEEP: tl.constexpr, NT: tl.constexpr,
+    logits_ptr, V, tokens_ptr, lse_ptr, flags_ptr, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+    seeds_ptr, steps_ptr, counts_ptr, count_rows_ptr, stats_ptr, args_ptr, cnt_ptr, cand_ptr,
+    rcand_ptr, tau_ptr, top_ids_ptr, top_vals_ptr, S, top_n,
+    HAS_COUNTS: tl.constexpr, NEED_LSE: tl.constexpr, LIBDEVICE: tl.constexpr,
+    S_PAD: tl.constexpr, CAP: tl.constexpr, NT: tl.constexpr, RB: tl.constexpr,
 ):
     row = tl.program_id(0)
     temp = tl.load(temps_ptr + row)
     k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
-    filtered = (temp > 0.0) & ((k < V) | (top_p < 1.0) | (min_p > 0.0))
+    use_k = k < V
+    use_min = min_p > 0.0
+    filtered = (temp > 0.0) & (use_k | (top_p < 1.0) | use_min)
     race_now = (temp > 0.0) & (k >= V) & (top_p >= 1.0) & (min_p <= 0.0)
     si = tl.arange(0, S_PAD)
     live = si < S
@@ -165,11 +226,22 @@ def _merge_kernel(
         rs_s = tl.load(stats_ptr + rec * 5 + 4, mask=live, other=0.0)
         rs = tl.sum(tl.where(rm_s > float("-inf"), rs_s * tl.exp(rm_s - rm), 0.0), 0)
         tl.store(lse_ptr + row, rm + tl.log(rs))
-    if NT > 0:  # every row's top NT raw logits: the top NT of the chunks' top NT
-        ti = tl.arange(0, S_PAD * NT)
-        rkeys = tl.load(raw_keys_ptr + row.to(tl.int64) * S * NT + ti, mask=ti < S * NT,
-                        other=_I64_MIN)
-        tv, tid = _unkey(tl.topk(rkeys, NT))
+    ci = tl.arange(0, CAP)
+    if NT > 0:  # the top n raw logits, from the candidates when they hold them all
+        rn = tl.load(cnt_ptr + row * 2 + 1)
+        if (rn <= CAP) & ((top_n <= S) | (rn >= top_n)):
+            top = tl.topk(tl.load(rcand_ptr + row.to(tl.int64) * CAP + ci, mask=ci < rn,
+                                  other=_I64_MIN), NT)
+        else:  # flat or tied rows: a pass over the row, keeping the running top NT
+            top = tl.full([NT], _I64_MIN, tl.int64)
+            for c0 in range(0, V, RB):
+                offs = c0 + tl.arange(0, RB)
+                raw = tl.load(logits_ptr + row.to(tl.int64) * V + offs, mask=offs < V,
+                              other=float("-inf")).to(tl.float32)
+                blk = tl.topk(tl.where(offs < V, _key(raw, offs), _I64_MIN), NT)
+                both = tl.where(tl.arange(0, 2)[:, None] == 0, top[None, :], blk[None, :])
+                top = tl.topk(tl.reshape(both, [2 * NT]), NT)
+        tv, tid = _unkey(top)
         tl.store(top_ids_ptr + row.to(tl.int64) * NT + tl.arange(0, NT), tid.to(tl.int64))
         tl.store(top_vals_ptr + row.to(tl.int64) * NT + tl.arange(0, NT), tv)
     if race_now:
@@ -180,24 +252,17 @@ def _merge_kernel(
         if best == float("-inf"):
             flag = 1
     if filtered:
-        z_s = tl.load(stats_ptr + rec * 5 + 1, mask=live, other=0.0)
-        z = tl.sum(tl.where(m_s > float("-inf"), z_s * tl.exp(m_s - m), 0.0), 0)
-        tau, _ = _unkey(tl.load(keys_ptr + rec * C + C - 1, mask=live, other=_I64_MIN))
-        ki = tl.arange(0, S_PAD * C)
-        keys = tl.load(keys_ptr + row.to(tl.int64) * S * C + ki, mask=ki < S * C, other=_I64_MIN)
-        v, idx = _unkey(tl.topk(keys, KEEP))
-        ci = tl.arange(0, KEEP)
-        bound = tl.maximum(tl.max(tau, 0), tl.min(v, 0))  # T: every token above it is in v
-        n_exact = tl.sum((v > bound).to(tl.int32), 0)
-        use_k = k < V
-        use_min = min_p > 0.0
+        n = tl.load(cnt_ptr + row * 2)
+        tau = tl.load(tau_ptr + row)
+        keys = tl.load(cand_ptr + row.to(tl.int64) * CAP + ci, mask=ci < n, other=_I64_MIN)
+        v, idx = _unkey(tl.sort(keys, descending=True))
         floor = tl.where(use_min, m + tl.log(min_p), float("-inf"))
         cnt_floor = tl.sum(((v >= floor) & (v > float("-inf"))).to(tl.int32), 0)
         n_keep = tl.where(use_k, tl.minimum(cnt_floor, k), cnt_floor)
-        known = (use_k & (k <= n_exact)) | (floor > bound) | (bound == float("-inf"))
-        known = known | ((k >= V) & (min_p <= 0.0))
-        # the reference's sorted scan, on the candidates (probabilities over the whole vocabulary)
+        # the reference's sorted scan, on the candidates (every token >= tau is one)
         probs = tl.where(ci < n_keep, tl.exp(v - m), 0.0)
+        z_s = tl.load(stats_ptr + rec * 5 + 1, mask=live, other=0.0)
+        z = tl.sum(tl.where(m_s > float("-inf"), z_s * tl.exp(m_s - m), 0.0), 0)
         z_k = tl.where(use_k | use_min, tl.sum(probs, 0), z)
         before = tl.cumsum(probs, 0) - probs
         nucleus = tl.where(top_p >= 1.0, ci < n_keep, (before < top_p * z_k) & (ci < n_keep))
@@ -209,7 +274,13 @@ def _merge_kernel(
         score = tl.where(v >= b, v - _log_e(row_state, idx, LIBDEVICE), float("-inf"))
         best = tl.max(score, 0)
         token = tl.min(tl.where(score == best, idx, _BIG), 0)
-        if not ((b > bound) & known & (m > float("-inf"))):
+        # exact when the candidates hold the kept set: all finite tokens (tau -inf), every token
+        # >= the min_p floor (tau is the floor), the top k (count >= k), or for top_p alone a
+        # nucleus that closes inside them
+        every = (tau == float("-inf")) | (use_min & (floor >= tau))
+        known = tl.where(use_k, every | (n >= k),
+                         every | (tl.sum(probs, 0) >= top_p * z))
+        if not ((n <= CAP) & known & (m > float("-inf"))):
             flag = 1
     tl.store(tokens_ptr + row, token.to(tl.int64))
     tl.store(flags_ptr + row, flag)
@@ -220,11 +291,10 @@ def _merge_kernel(
             tl.store(ptr, tl.load(ptr) + 1)
 
 
-def pick_chunk(bsz: int, vocab: int) -> int:
-    """Columns per chunk program: 4096 (fewer candidates to merge) once B * S fills 132 SMs four
-    times over, else 2048. Either way 8 columns per thread (16 or 8 warps): at sm_90 that is 64
-    registers (about 100 with penalties, bias, mask and log-probs), no spills."""
-    return 4096 if bsz * triton.cdiv(vocab, 4096) >= 4 * 132 else 2048
+def pick_chunk(vocab: int) -> int:
+    """Columns per chunk program: 2048 (at least 32 chunks from a vocabulary of 65,536 on, so the
+    threshold of a top_k up to 32 is a chunk max), 1024 below."""
+    return 2048 if vocab >= 65536 else 1024
 
 
 def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
@@ -233,21 +303,20 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                 penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                 bias: torch.Tensor | None = None, bias_rows: torch.Tensor | None = None,
                 bitmask: torch.Tensor | None = None, need_lse: bool = False,
-                block: int = 2048, cand: int = CAND, chunk: int | None = None, topc: int = 32,
-                keep: int = 128, flags_out: torch.Tensor | None = None, path: str | None = None,
-                top_n: int = 0, gs: int | None = None, warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
+                block: int = 2048, cand: int = CAND, chunk: int | None = None, cap: int = 256,
+                warps: int = 4, flags_out: torch.Tensor | None = None, path: str | None = None,
+                top_n: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
     """Sample one token per row of ``logits`` [B, V]: tokens int64 [B], the raw logsumexp [B]
     (``need_lse``) or None, and the top raw logits (below) or None. ``top_k`` is int32 with ``V``
     meaning off; ``count_rows``/``bias_rows`` give each row's counts/bias row or -1;
     ``penalties`` = (presence, frequency, repetition). ``block``/``cand`` size the row kernel,
-    ``chunk``/``topc``/``keep``/``gs`` (columns per group)/``warps`` (of a chunk program) the split
-    path (powers of two; ``chunk`` None: from B and V, and the row kernel alone below
-    ``SPLIT_MIN_VOCAB``). ``flags_out`` (int32 [B]) receives 1 for
-    the rows the row kernel finished. ``path`` "triton-row" (default: ``MINISGL_SAMPLER``) skips
-    the split path. ``top_n`` > 0 (at most ``topc``): the split path also returns each row's
-    ``top_n`` largest raw logits (ids int64 and values float32 [B, top_n], descending, lower id
-    first on ties), for top log-probs without another pass; None where the split path did not
-    run."""
+    ``chunk`` (columns per program; None: ``pick_chunk``, and the row kernel alone below
+    ``SPLIT_MIN_VOCAB``), ``cap`` (candidates per row) and ``warps`` the split path (powers of
+    two). ``flags_out`` (int32 [B]) receives 1 for the rows the row kernel finished. ``path``
+    "triton-row" (default: ``MINISGL_SAMPLER``) skips the split path. ``top_n`` > 0 (at most 32,
+    with ``need_lse``): the split path also returns each row's ``top_n`` largest raw logits (ids
+    int64 and values float32 [B, top_n], descending, lower id first on ties), for top log-probs
+    without another pass; None where the split path did not run."""
     assert logits.is_contiguous()
     bsz, vocab = logits.shape
     device = logits.device
@@ -258,7 +327,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
     count_args = (counts if counts is not None else dummy,
                   count_rows if count_rows is not None else steps)
     feats = dict(HAS_COUNTS=counts is not None, HAS_BIAS=bias is not None,
-                 HAS_MASK=bitmask is not None, NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET)
+                 HAS_MASK=bitmask is not None)
     rest = (pres, freq, rep, bias if bias is not None else dummy,
             bias_rows if bias_rows is not None else steps,
             bitmask if bitmask is not None else dummy,
@@ -267,36 +336,41 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                                                               or vocab >= SPLIT_MIN_VOCAB)
     flags = tokens  # unused by the row kernel alone
     if split:
-        chunk = chunk or pick_chunk(bsz, vocab)
+        chunk = chunk or pick_chunk(vocab)
         n_chunks = triton.cdiv(vocab, chunk)
-        s_pad = triton.next_power_of_2(n_chunks)
+        nt = triton.next_power_of_2(max(top_n, 2)) if top_n > 0 else 0
+        assert nt <= 32 and (need_lse or nt == 0), f"top_n {top_n}: at most 32, with need_lse"
         stats = torch.empty(bsz, n_chunks, NSTAT, dtype=torch.float32, device=device)
         args = torch.empty(bsz, n_chunks, 2, dtype=torch.int32, device=device)
-        keys = torch.empty(bsz, n_chunks, topc, dtype=torch.int64, device=device)
-        nt = triton.next_power_of_2(max(top_n, 2)) if top_n > 0 else 0
-        assert nt <= topc, f"top_n {top_n} above the candidates per chunk ({topc})"
-        raw_keys = torch.empty(bsz, n_chunks, max(nt, 1), dtype=torch.int64, device=device)
+        cnt = torch.empty(bsz, 2, dtype=torch.int32, device=device)  # zeroed by the stats kernel
+        cands = torch.empty(2 if nt else 1, bsz, cap, dtype=torch.int64, device=device)
+        tau = torch.empty(bsz, dtype=torch.float32, device=device)
         top_ids = torch.empty(bsz, max(nt, 1), dtype=torch.int64, device=device)
         top_vals = torch.empty(bsz, max(nt, 1), dtype=torch.float32, device=device)
         flags = flags_out if flags_out is not None else torch.empty(bsz, dtype=torch.int32,
                                                                     device=device)
-        _chunk_kernel[(bsz, n_chunks)](
+        s_pad = triton.next_power_of_2(n_chunks)
+        _stats_kernel[(bsz, n_chunks)](
             logits, vocab, temps, top_k, top_p, min_p, seeds, steps, *count_args, *rest,
-            stats, args, keys, raw_keys, n_chunks, **feats, CHUNK=chunk, C=topc,
-            GS=gs or max(1, min(16, chunk // topc)), NT=nt,
-            num_warps=warps or min(16, max(4, chunk // 256)),
+            stats, args, cnt, n_chunks, **feats, NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET,
+            CHUNK=chunk, num_warps=warps,
+        )
+        _collect_kernel[(bsz, n_chunks)](
+            logits, vocab, temps, top_k, top_p, min_p, *count_args, *rest, stats, cnt, cands[0],
+            cands[-1], tau, n_chunks, top_n, **feats, CHUNK=chunk, S_PAD=s_pad, CAP=cap,
+            GUESS=GUESS, NT=nt, num_warps=warps,
         )
         _merge_kernel[(bsz,)](
-            vocab, tokens, lse, flags, temps, top_k, top_p, min_p, seeds, steps, *count_args,
-            stats, args, keys, raw_keys, top_ids, top_vals, n_chunks,
-            HAS_COUNTS=feats["HAS_COUNTS"], NEED_LSE=need_lse, LIBDEVICE=feats["LIBDEVICE"],
-            C=topc, S_PAD=s_pad, KEEP=min(keep, s_pad * topc), NT=nt, num_warps=4,
+            logits, vocab, tokens, lse, flags, temps, top_k, top_p, min_p, seeds, steps,
+            *count_args, stats, args, cnt, cands[0], cands[-1], tau, top_ids, top_vals, n_chunks,
+            top_n, HAS_COUNTS=feats["HAS_COUNTS"], NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET,
+            S_PAD=s_pad, CAP=cap, NT=nt, RB=min(1024, triton.next_power_of_2(vocab)), num_warps=4,
         )
     scratch = torch.empty(bsz, cand, dtype=torch.int64, device=device)
     _sample_kernel[(bsz,)](
         logits, vocab, tokens, lse, temps, top_k, top_p, min_p, seeds, steps, *count_args, *rest,
-        scratch, flags, **feats, USE_FLAGS=split, BLOCK=block, CAND=cand, P=_PIVOTS,
-        MAX_SEARCH=_MAX_SEARCH, num_warps=8,
+        scratch, flags, **feats, NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET, USE_FLAGS=split,
+        BLOCK=block, CAND=cand, P=_PIVOTS, MAX_SEARCH=_MAX_SEARCH, num_warps=8,
     )
     top = (top_ids[:, :top_n], top_vals[:, :top_n]) if split and top_n > 0 else None
     return tokens, (lse if need_lse else None), top

@@ -151,10 +151,10 @@ probe)  # about nine minutes
 final)  # about nine minutes: the threshold sampler on CUDA (tests, sizes, bench.py), Qwen3-8B
     # sample and batch-1 fp8, Qwen3-0.6B fp8-kv
     m06=benchmark/configs/qwen3-0.6b.json m8=benchmark/configs/qwen3-8b.json
-    step 100 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
-        tests/test_penalties.py >"$out/sampling_tests.log" 2>&1
+    step 120 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
+        tests/test_penalties.py tests/test_fp8_kernels.py >"$out/sampling_tests.log" 2>&1
     tail -2 "$out/sampling_tests.log"
-    step 100 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
+    step 90 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
     grep -h '"sizes": "default"\|argmax' "$out/sweep.log" | cut -c1-300
     step 170 "$py" benchmark/offline/bench.py --model $m06 --hf-requests 0 --tag final \
         --variants default,sample,sample-penalty,sample-logprobs,fp8-kv --out "$out" \

@@ -163,6 +163,19 @@ final)  # about nine minutes: the threshold sampler on CUDA (tests, sizes, bench
     step 170 "$py" benchmark/offline/bench.py --model $m8 --hf-requests 0 --variants default,sample \
         --batch1 --batch1-variants fp8 --tag final --out "$out" >"$out/bench_qwen3-8b_final.log" 2>&1
     grep -h "x of minisgl\|batch1" "$out"/offline_qwen3-8b_*final.md ;;
+final2)  # about nine minutes: the sampler with a per-row threshold kernel; its tests and the
+    # kernel benchmark; Qwen3-0.6B sample-logprobs and fp8-kv again
+    m06=benchmark/configs/qwen3-0.6b.json
+    step 80 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
+    grep -h '"sizes"\|argmax' "$out/sweep.log" | cut -c1-250
+    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
+        tests/test_penalties.py tests/test_sampling.py >"$out/sampling_tests.log" 2>&1
+    tail -3 "$out/sampling_tests.log"
+    step 130 "$py" benchmark/offline/bench.py --model $m06 --hf-requests 0 --tag final2 \
+        --variants default,sample-logprobs,fp8-kv --out "$out" >"$out/bench_qwen3-0.6b.log" 2>&1
+    grep -h "x of minisgl" "$out/bench_qwen3-0.6b.log"
+    step 140 "$py" benchmark/kernels/bench_sampling.py --out "$out" >"$out/bench_sampling.log" 2>&1
+    grep "151,936 | 256\|32,000 | 256" "$out"/*_sampling_*.md ;;
 sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode attention;
     # where the time of a batch-256 decode step with log-probs goes
     step 100 "$py" benchmark/kernels/bench_fp8.py --sweep --gemv-only --out "$out" \
@@ -178,7 +191,7 @@ sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode
         grep "ms per step" "$out/profile_$v.log"
     done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final|final2 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

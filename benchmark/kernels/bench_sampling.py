@@ -124,9 +124,9 @@ def sweep(out: str) -> None:
         print(json.dumps(rows[-1]), flush=True)
         if name == "sample-penalty":
             continue
-        for chunk in (1024, 2048, 4096):
-            for warps in (2, 4, 8):
-                for cap in (128, 256):
+        for chunk in (2048, 4096):
+            for warps in (4, 8):
+                for cap in (256,):
                     sizes = dict(chunk=chunk, warps=warps, cap=cap)
                     try:
                         us = graph_us(lambda: kernel_sample(logits, sargs, **sizes))

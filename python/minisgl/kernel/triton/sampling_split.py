@@ -6,14 +6,15 @@
                                  sum exp(x - max) when top_p needs the full normaliser, the race
                                  winner of rows with no filter; the raw logits' max and sumexp
                                  (log-probs)
-    collect kernel, grid (B, S)  the row's threshold t from the chunk maxima: the k-th largest of
+    threshold kernel, grid (B,)  the row's threshold t from its chunk maxima: the k-th largest of
                                  them (k = top_k, or GUESS for rows without one; at least k values
                                  are >= it, so every top_k token is), raised to the min_p floor (or
-                                 the floor itself for min_p rows without top_k); chunks whose max is
-                                 below t return at once, the others re-read their columns and
-                                 append every finite x >= t to the row's candidates (an atomic
-                                 counter, at most CAP kept). With top log-probs asked, the same for
-                                 the raw logits and the top_n-th largest raw chunk max
+                                 the floor itself for min_p rows without top_k); with top log-probs
+                                 asked, the top_n-th largest raw chunk max
+    collect kernel, grid (B, S)  chunks whose max is below t return at once; the others re-read
+                                 their columns and append every finite x >= t to the row's
+                                 candidates (an atomic counter, at most CAP kept); the same for the
+                                 raw logits and their threshold
     merge kernel, grid (B,)      global max / argmax / logsumexp / race winner; the top n raw
                                  logits (the top log-probs, no torch.topk over the vocabulary);
                                  filtered rows sort their candidates and run the reference's scan
@@ -151,42 +152,54 @@ def _stats_kernel(
 
 
 @triton.jit
-def _collect_kernel(
-    logits_ptr, V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, counts_ptr, count_rows_ptr,
-    pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr, mask_ptr, W,
-    stats_ptr, cnt_ptr, cand_ptr, rcand_ptr, tau_ptr, S, top_n,
-    HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-    CHUNK: tl.constexpr, S_PAD: tl.constexpr, CAP: tl.constexpr, GUESS: tl.constexpr,
-    NT: tl.constexpr,
+def _threshold_kernel(
+    V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, stats_ptr, tau_ptr, S, top_n,
+    S_PAD: tl.constexpr, GUESS: tl.constexpr, NT: tl.constexpr,
 ):
+    """Per row: the candidates' threshold (+inf: none) and the raw one for top log-probs."""
     row = tl.program_id(0)
-    s = tl.program_id(1)
     temp = tl.load(temps_ptr + row)
     k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
     use_k = k < V
     use_min = min_p > 0.0
-    rec = row.to(tl.int64) * S + s
-    offs = s * CHUNK + tl.arange(0, CHUNK)
+    tau = float("inf")
     if (temp > 0.0) & (use_k | (top_p < 1.0) | use_min):
         tau, m = _kth_largest(stats_ptr, row, S, 0, tl.minimum(tl.where(use_k, k, GUESS), S), S_PAD)
         floor = tl.where(use_min, m + tl.log(min_p), float("-inf"))
         tau = tl.where(use_min & (~use_k), floor, tl.maximum(tau, floor))
-        if s == 0:
-            tl.store(tau_ptr + row, tau)
-        mine = tl.load(stats_ptr + rec * 5)
-        if (mine >= tau) & (mine > float("-inf")):
-            crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
-            rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
-            freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
-            pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
-            brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
-            _, x = _values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep, freq,
-                           pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
-            _append(cand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2, x, offs, tau, CAP)
-    if NT > 0:  # the top n raw logits: every raw logit >= the n-th largest raw chunk max
+    tl.store(tau_ptr + row * 2, tau)
+    if NT > 0:
         rtau, _ = _kth_largest(stats_ptr, row, S, 3, tl.minimum(top_n, S), S_PAD)
+        tl.store(tau_ptr + row * 2 + 1, rtau)
+
+
+@triton.jit
+def _collect_kernel(
+    logits_ptr, V, temps_ptr, counts_ptr, count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr,
+    bias_rows_ptr, mask_ptr, W, stats_ptr, cnt_ptr, cand_ptr, rcand_ptr, tau_ptr, S,
+    HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    CHUNK: tl.constexpr, CAP: tl.constexpr, NT: tl.constexpr,
+):
+    row = tl.program_id(0)
+    s = tl.program_id(1)
+    rec = row.to(tl.int64) * S + s
+    offs = s * CHUNK + tl.arange(0, CHUNK)
+    tau = tl.load(tau_ptr + row * 2)
+    mine = tl.load(stats_ptr + rec * 5)
+    if (mine >= tau) & (mine > float("-inf")):  # this chunk holds candidates
+        temp = tl.load(temps_ptr + row)
+        crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
+        rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
+        freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
+        pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
+        brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
+        _, x = _values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep, freq,
+                       pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
+        _append(cand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2, x, offs, tau, CAP)
+    if NT > 0:  # the top n raw logits: every raw logit >= the n-th largest raw chunk max
+        rtau = tl.load(tau_ptr + row * 2 + 1)
         mine = tl.load(stats_ptr + rec * 5 + 3)
         if (mine >= rtau) & (mine > float("-inf")):
             raw = tl.load(logits_ptr + row.to(tl.int64) * V + offs, mask=offs < V,
@@ -253,7 +266,7 @@ def _merge_kernel(
             flag = 1
     if filtered:
         n = tl.load(cnt_ptr + row * 2)
-        tau = tl.load(tau_ptr + row)
+        tau = tl.load(tau_ptr + row * 2)
         keys = tl.load(cand_ptr + row.to(tl.int64) * CAP + ci, mask=ci < n, other=_I64_MIN)
         v, idx = _unkey(tl.sort(keys, descending=True))
         floor = tl.where(use_min, m + tl.log(min_p), float("-inf"))
@@ -344,7 +357,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
         args = torch.empty(bsz, n_chunks, 2, dtype=torch.int32, device=device)
         cnt = torch.empty(bsz, 2, dtype=torch.int32, device=device)  # zeroed by the stats kernel
         cands = torch.empty(2 if nt else 1, bsz, cap, dtype=torch.int64, device=device)
-        tau = torch.empty(bsz, dtype=torch.float32, device=device)
+        tau = torch.empty(bsz, 2, dtype=torch.float32, device=device)
         top_ids = torch.empty(bsz, max(nt, 1), dtype=torch.int64, device=device)
         top_vals = torch.empty(bsz, max(nt, 1), dtype=torch.float32, device=device)
         flags = flags_out if flags_out is not None else torch.empty(bsz, dtype=torch.int32,
@@ -355,10 +368,13 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
             stats, args, cnt, n_chunks, **feats, NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET,
             CHUNK=chunk, num_warps=warps,
         )
+        _threshold_kernel[(bsz,)](
+            vocab, temps, top_k, top_p, min_p, stats, tau, n_chunks, top_n, S_PAD=s_pad,
+            GUESS=GUESS, NT=nt, num_warps=4,
+        )
         _collect_kernel[(bsz, n_chunks)](
-            logits, vocab, temps, top_k, top_p, min_p, *count_args, *rest, stats, cnt, cands[0],
-            cands[-1], tau, n_chunks, top_n, **feats, CHUNK=chunk, S_PAD=s_pad, CAP=cap,
-            GUESS=GUESS, NT=nt, num_warps=warps,
+            logits, vocab, temps, *count_args, *rest, stats, cnt, cands[0], cands[-1], tau,
+            n_chunks, **feats, CHUNK=chunk, CAP=cap, NT=nt, num_warps=warps,
         )
         _merge_kernel[(bsz,)](
             logits, vocab, tokens, lse, flags, temps, top_k, top_p, min_p, seeds, steps,

@@ -176,6 +176,21 @@ final2)  # about nine minutes: the sampler with a per-row threshold kernel; its 
     grep -h "x of minisgl" "$out/bench_qwen3-0.6b.log"
     step 140 "$py" benchmark/kernels/bench_sampling.py --out "$out" >"$out/bench_sampling.log" 2>&1
     grep "151,936 | 256\|32,000 | 256" "$out"/*_sampling_*.md ;;
+final3)  # about nine minutes: chunks per collect program; the sampler's tests and kernel
+    # benchmark; Qwen3-0.6B sample-logprobs; lpm against fcfs
+    m06=benchmark/configs/qwen3-0.6b.json
+    step 90 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
+    grep -h '"sizes"\|argmax' "$out/sweep.log" | cut -c1-250
+    step 80 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
+        >"$out/sampling_tests.log" 2>&1
+    tail -2 "$out/sampling_tests.log"
+    step 100 "$py" benchmark/offline/bench.py --model $m06 --hf-requests 0 --tag final3 \
+        --variants default,sample-logprobs --out "$out" >"$out/bench_qwen3-0.6b.log" 2>&1
+    grep -h "x of minisgl" "$out/bench_qwen3-0.6b.log"
+    step 130 "$py" benchmark/kernels/bench_sampling.py --out "$out" >"$out/bench_sampling.log" 2>&1
+    grep "151,936 | 256\|32,000 | 256" "$out"/*_sampling_H*.md
+    PYTHON=$py step 140 benchmark/online/gpu_itl.sh shared "$out" >"$out/itl_shared.log" 2>&1
+    cat "$out"/*lpm_vs_fcfs.md ;;
 sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode attention;
     # where the time of a batch-256 decode step with log-probs goes
     step 100 "$py" benchmark/kernels/bench_fp8.py --sweep --gemv-only --out "$out" \
@@ -191,7 +206,7 @@ sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode
         grep "ms per step" "$out/profile_$v.log"
     done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final|final2 OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final|final2|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -252,7 +252,7 @@ cases = [
     (sampling_split._threshold_kernel, dict(S_PAD=128, GUESS=16, NT=8 * features), 4),
     (sampling_split._collect_kernel, dict(HAS_COUNTS=features, HAS_BIAS=features,
                                           HAS_MASK=features, CHUNK=2048, CAP=256,
-                                          NT=8 * features), 4),
+                                          NT=8 * features, CPP=4), 4),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
                                         S_PAD=128, CAP=256, NT=32 * features, RB=1024), 4),
     (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,

@@ -109,7 +109,7 @@ def kernel_split(fn) -> dict[str, float]:
 
 def sweep(out: str) -> None:
     """The split path's sizes at B=256, vocab 151,936: graph-replayed us per call for each
-    (chunk, warps, cap), the per-kernel split of the default sizes, one JSON line each."""
+    (chunk, warps, cpp), the per-kernel split of the default sizes, one JSON line each."""
     device = torch.device("cuda")
     bsz, vocab = 256, 151936
     logits = (torch.randn(bsz, vocab, device=device) * 2).to(torch.bfloat16)
@@ -124,18 +124,17 @@ def sweep(out: str) -> None:
         print(json.dumps(rows[-1]), flush=True)
         if name == "sample-penalty":
             continue
-        for chunk in (2048, 4096):
-            for warps in (4, 8):
-                for cap in (256,):
-                    sizes = dict(chunk=chunk, warps=warps, cap=cap)
-                    try:
-                        us = graph_us(lambda: kernel_sample(logits, sargs, **sizes))
-                    except Exception as e:  # noqa: BLE001 (a size the compiler refuses)
-                        rows.append({"case": name, "sizes": sizes, "error": repr(e)[:200]})
-                    else:
-                        rows.append({"case": name, "sizes": sizes, "graph_us": round(us, 1),
-                                     "flagged": flagged_share(logits, sargs, **sizes)})
-                    print(json.dumps(rows[-1]), flush=True)
+        for chunk, warps, cpp in [(2048, 4, 1), (2048, 4, 2), (2048, 4, 4), (2048, 4, 8),
+                                  (2048, 2, 4), (1024, 4, 4), (1024, 4, 8)]:
+            sizes = dict(chunk=chunk, warps=warps, cpp=cpp)
+            try:
+                us = graph_us(lambda: kernel_sample(logits, sargs, **sizes))
+            except Exception as e:  # noqa: BLE001 (a size the compiler refuses)
+                rows.append({"case": name, "sizes": sizes, "error": repr(e)[:200]})
+            else:
+                rows.append({"case": name, "sizes": sizes, "graph_us": round(us, 1),
+                             "flagged": flagged_share(logits, sargs, **sizes)})
+            print(json.dumps(rows[-1]), flush=True)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{datetime.date.today().isoformat()}_sampling_sweep_"
                                 f"{gpu_name()}.json"), "w") as f:

@@ -180,32 +180,35 @@ def _collect_kernel(
     logits_ptr, V, temps_ptr, counts_ptr, count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr,
     bias_rows_ptr, mask_ptr, W, stats_ptr, cnt_ptr, cand_ptr, rcand_ptr, tau_ptr, S,
     HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-    CHUNK: tl.constexpr, CAP: tl.constexpr, NT: tl.constexpr,
+    CHUNK: tl.constexpr, CAP: tl.constexpr, NT: tl.constexpr, CPP: tl.constexpr,
 ):
+    """CPP chunks per program: most chunks hold no candidate, so a program per chunk would mostly
+    start and return."""
     row = tl.program_id(0)
-    s = tl.program_id(1)
-    rec = row.to(tl.int64) * S + s
-    offs = s * CHUNK + tl.arange(0, CHUNK)
     tau = tl.load(tau_ptr + row * 2)
-    mine = tl.load(stats_ptr + rec * 5)
-    if (mine >= tau) & (mine > float("-inf")):  # this chunk holds candidates
-        temp = tl.load(temps_ptr + row)
-        crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
-        rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
-        freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
-        pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
-        brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
-        _, x = _values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep, freq,
-                       pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
-        _append(cand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2, x, offs, tau, CAP)
-    if NT > 0:  # the top n raw logits: every raw logit >= the n-th largest raw chunk max
-        rtau = tl.load(tau_ptr + row * 2 + 1)
-        mine = tl.load(stats_ptr + rec * 5 + 3)
-        if (mine >= rtau) & (mine > float("-inf")):
-            raw = tl.load(logits_ptr + row.to(tl.int64) * V + offs, mask=offs < V,
-                          other=float("-inf")).to(tl.float32)
-            _append(rcand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2 + 1, raw, offs, rtau,
-                    CAP)
+    rtau = tl.load(tau_ptr + row * 2 + 1) if NT > 0 else float("inf")
+    for j in range(CPP):
+        s = tl.program_id(1) * CPP + j
+        rec = row.to(tl.int64) * S + s
+        offs = s * CHUNK + tl.arange(0, CHUNK)
+        mine = tl.load(stats_ptr + rec * 5, mask=s < S, other=float("-inf"))
+        if (mine >= tau) & (mine > float("-inf")):  # this chunk holds candidates
+            temp = tl.load(temps_ptr + row)
+            crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
+            rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
+            freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
+            pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
+            brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
+            _, x = _values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep, freq,
+                           pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
+            _append(cand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2, x, offs, tau, CAP)
+        if NT > 0:  # the top n raw logits: every raw logit >= the n-th largest raw chunk max
+            mine = tl.load(stats_ptr + rec * 5 + 3, mask=s < S, other=float("-inf"))
+            if (mine >= rtau) & (mine > float("-inf")):
+                raw = tl.load(logits_ptr + row.to(tl.int64) * V + offs, mask=offs < V,
+                              other=float("-inf")).to(tl.float32)
+                _append(rcand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2 + 1, raw, offs,
+                        rtau, CAP)
 
 
 @triton.jit
@@ -317,14 +320,14 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                 bias: torch.Tensor | None = None, bias_rows: torch.Tensor | None = None,
                 bitmask: torch.Tensor | None = None, need_lse: bool = False,
                 block: int = 2048, cand: int = CAND, chunk: int | None = None, cap: int = 256,
-                warps: int = 4, flags_out: torch.Tensor | None = None, path: str | None = None,
+                warps: int = 4, cpp: int = 4, flags_out: torch.Tensor | None = None, path: str | None = None,
                 top_n: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
     """Sample one token per row of ``logits`` [B, V]: tokens int64 [B], the raw logsumexp [B]
     (``need_lse``) or None, and the top raw logits (below) or None. ``top_k`` is int32 with ``V``
     meaning off; ``count_rows``/``bias_rows`` give each row's counts/bias row or -1;
     ``penalties`` = (presence, frequency, repetition). ``block``/``cand`` size the row kernel,
     ``chunk`` (columns per program; None: ``pick_chunk``, and the row kernel alone below
-    ``SPLIT_MIN_VOCAB``), ``cap`` (candidates per row) and ``warps`` the split path (powers of
+    ``SPLIT_MIN_VOCAB``), ``cap`` (candidates per row), ``warps`` and ``cpp`` (chunks per collect program) the split path (powers of
     two). ``flags_out`` (int32 [B]) receives 1 for the rows the row kernel finished. ``path``
     "triton-row" (default: ``MINISGL_SAMPLER``) skips the split path. ``top_n`` > 0 (at most 32,
     with ``need_lse``): the split path also returns each row's ``top_n`` largest raw logits (ids
@@ -372,9 +375,9 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
             vocab, temps, top_k, top_p, min_p, stats, tau, n_chunks, top_n, S_PAD=s_pad,
             GUESS=GUESS, NT=nt, num_warps=4,
         )
-        _collect_kernel[(bsz, n_chunks)](
+        _collect_kernel[(bsz, triton.cdiv(n_chunks, cpp))](
             logits, vocab, temps, *count_args, *rest, stats, cnt, cands[0], cands[-1], tau,
-            n_chunks, **feats, CHUNK=chunk, CAP=cap, NT=nt, num_warps=warps,
+            n_chunks, **feats, CHUNK=chunk, CAP=cap, NT=nt, CPP=cpp, num_warps=warps,
         )
         _merge_kernel[(bsz,)](
             logits, vocab, tokens, lse, flags, temps, top_k, top_p, min_p, seeds, steps,

@@ -31,7 +31,7 @@ from .sample_torch import (
 
 if TYPE_CHECKING:
     from minisgl.core import Req
-    from minisgl.kernel.triton.sampling_split import TopLogits
+    from minisgl.kernel.triton.sampling_rows import TopLogits
 
 __all__ = [
     "PenaltyArgs",
@@ -173,7 +173,7 @@ def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs, **sizes: Any
     logits (when the split path ran) from the Triton kernels; counts the sampled tokens of
     penalised rows. ``sizes``: the kernels' ``block``/``cand``/``chunk``/``topc``/``keep``, and
     ``flags_out`` for the rows the row kernel finished (tests, bench)."""
-    from minisgl.kernel.triton.sampling_split import sample_rows
+    from minisgl.kernel.triton.sampling_rows import sample_rows
 
     pen, bias = args.penalties, args.bias
     return sample_rows(

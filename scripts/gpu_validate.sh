@@ -19,7 +19,8 @@
 #                                           # bench.py default vs prefill-first
 #   scripts/gpu_validate.sh recheck OUT   # the figures the open issues still need, in one call
 #   scripts/gpu_validate.sh sweeps  OUT   # FP8 GEMV and FP8-KV attention block sizes; profiles
-#   scripts/gpu_validate.sh final   OUT   # sampler tests/sizes/bench.py, 8B sample, batch-1 fp8
+#   scripts/gpu_validate.sh final3  OUT   # sampler sizes, tests and kernel table; 0.6B log-probs;
+#                                         # lpm vs fcfs
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -148,34 +149,6 @@ probe)  # about nine minutes
     head -n 16 "$out/profile_fp8.log" | cut -c1-60,100-150
     step 45 "$py" benchmark/kernels/bench_fp8.py --out "$out" >"$out/bench_fp8.log" 2>&1
     tail -n 14 "$out/bench_fp8.log" ;;
-final)  # about nine minutes: the threshold sampler on CUDA (tests, sizes, bench.py), Qwen3-8B
-    # sample and batch-1 fp8, Qwen3-0.6B fp8-kv
-    m06=benchmark/configs/qwen3-0.6b.json m8=benchmark/configs/qwen3-8b.json
-    step 120 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
-        tests/test_penalties.py tests/test_fp8_kernels.py >"$out/sampling_tests.log" 2>&1
-    tail -2 "$out/sampling_tests.log"
-    step 90 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
-    grep -h '"sizes": "default"\|argmax' "$out/sweep.log" | cut -c1-300
-    step 170 "$py" benchmark/offline/bench.py --model $m06 --hf-requests 0 --tag final \
-        --variants default,sample,sample-penalty,sample-logprobs,fp8-kv --out "$out" \
-        >"$out/bench_qwen3-0.6b_final.log" 2>&1
-    grep -h "x of minisgl" "$out/bench_qwen3-0.6b_final.log"
-    step 170 "$py" benchmark/offline/bench.py --model $m8 --hf-requests 0 --variants default,sample \
-        --batch1 --batch1-variants fp8 --tag final --out "$out" >"$out/bench_qwen3-8b_final.log" 2>&1
-    grep -h "x of minisgl\|batch1" "$out"/offline_qwen3-8b_*final.md ;;
-final2)  # about nine minutes: the sampler with a per-row threshold kernel; its tests and the
-    # kernel benchmark; Qwen3-0.6B sample-logprobs and fp8-kv again
-    m06=benchmark/configs/qwen3-0.6b.json
-    step 80 "$py" benchmark/kernels/bench_sampling.py --sweep --out "$out" >"$out/sweep.log" 2>&1
-    grep -h '"sizes"\|argmax' "$out/sweep.log" | cut -c1-250
-    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_sampling_kernel.py \
-        tests/test_penalties.py tests/test_sampling.py >"$out/sampling_tests.log" 2>&1
-    tail -3 "$out/sampling_tests.log"
-    step 130 "$py" benchmark/offline/bench.py --model $m06 --hf-requests 0 --tag final2 \
-        --variants default,sample-logprobs,fp8-kv --out "$out" >"$out/bench_qwen3-0.6b.log" 2>&1
-    grep -h "x of minisgl" "$out/bench_qwen3-0.6b.log"
-    step 140 "$py" benchmark/kernels/bench_sampling.py --out "$out" >"$out/bench_sampling.log" 2>&1
-    grep "151,936 | 256\|32,000 | 256" "$out"/*_sampling_*.md ;;
 final3)  # about nine minutes: chunks per collect program; the sampler's tests and kernel
     # benchmark; Qwen3-0.6B sample-logprobs; lpm against fcfs
     m06=benchmark/configs/qwen3-0.6b.json
@@ -206,7 +179,7 @@ sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode
         grep "ms per step" "$out/profile_$v.log"
     done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final|final2|final3 OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

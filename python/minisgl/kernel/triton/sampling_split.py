@@ -146,20 +146,29 @@ def _stats_kernel(
 
 
 @triton.jit
-def _threshold_kernel(
-    V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, stats_ptr, tau_ptr, S, top_n,
-    S_PAD: tl.constexpr, GUESS: tl.constexpr, NT: tl.constexpr,
-):
-    """Per row: the candidates' threshold (+inf: none) and the raw one for top log-probs."""
-    row = tl.program_id(0)
+def _row_filters(temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, V):
+    """A row's settings: temperature, top_k, top_p, min_p, whether top_k / min_p are on and
+    whether the row is filtered (sampled with any of the three)."""
     temp = tl.load(temps_ptr + row)
     k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
     use_k = k < V
     use_min = min_p > 0.0
+    return temp, k, top_p, min_p, use_k, use_min, (temp > 0.0) & (use_k | (top_p < 1.0) | use_min)
+
+
+@triton.jit
+def _threshold_kernel(
+    V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, stats_ptr, tau_ptr, S, top_n,
+    S_PAD: tl.constexpr, GUESS: tl.constexpr, NT: tl.constexpr,
+):
+    """Per row: the candidates' threshold (+inf: none) and the raw one for top log-probs."""
+    row = tl.program_id(0)
+    _, k, _, min_p, use_k, use_min, filtered = _row_filters(temps_ptr, top_k_ptr, top_p_ptr,
+                                                            min_p_ptr, row, V)
     tau = float("inf")
-    if (temp > 0.0) & (use_k | (top_p < 1.0) | use_min):
+    if filtered:
         tau, m = _kth_largest(stats_ptr, row, S, 0, tl.minimum(tl.where(use_k, k, GUESS), S), S_PAD)
         floor = tl.where(use_min, m + tl.log(min_p), float("-inf"))
         tau = tl.where(use_min & (~use_k), floor, tl.maximum(tau, floor))
@@ -214,13 +223,8 @@ def _merge_kernel(
     S_PAD: tl.constexpr, CAP: tl.constexpr, NT: tl.constexpr, RB: tl.constexpr,
 ):
     row = tl.program_id(0)
-    temp = tl.load(temps_ptr + row)
-    k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    min_p = tl.load(min_p_ptr + row)
-    use_k = k < V
-    use_min = min_p > 0.0
-    filtered = (temp > 0.0) & (use_k | (top_p < 1.0) | use_min)
+    temp, k, top_p, min_p, use_k, use_min, filtered = _row_filters(temps_ptr, top_k_ptr, top_p_ptr,
+                                                                   min_p_ptr, row, V)
     race_now = (temp > 0.0) & (k >= V) & (top_p >= 1.0) & (min_p <= 0.0)
     si = tl.arange(0, S_PAD)
     live = si < S

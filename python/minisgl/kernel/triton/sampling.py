@@ -54,6 +54,27 @@ def _log_e(row_state, idx, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def _row_state(seeds_ptr, steps_ptr, row):
+    """The hash state of a row's draw at this step: (seed, step) mixed (``random_uniform``)."""
+    seed = tl.load(seeds_ptr + row).to(tl.uint64, bitcast=True)
+    step = tl.load(steps_ptr + row).to(tl.uint64, bitcast=True)
+    return _mix(_mix(seed + 0x9E3779B97F4A7C15) + (step + 1) * 0x9E3779B97F4A7C15)
+
+
+@triton.jit
+def _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr, bias_rows_ptr, row,
+                HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """A row's counts row (-1: none), repetition / frequency / presence penalties and bias row,
+    as ``_values`` takes them."""
+    crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
+    rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
+    freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
+    pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
+    brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
+    return crow, rep, freq, pres, brow
+
+
+@triton.jit
 def _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres, bias_ptr,
             brow, mask_ptr, W, HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_MASK: tl.constexpr):
@@ -97,14 +118,9 @@ def _sample_kernel(
     min_p = tl.load(min_p_ptr + row)
     filtered = (k < V) | (top_p < 1.0) | (min_p > 0.0)
     race_now = (temp > 0.0) & (k >= V) & (top_p >= 1.0) & (min_p <= 0.0)
-    crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
-    rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
-    freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
-    pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
-    brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
-    seed = tl.load(seeds_ptr + row).to(tl.uint64, bitcast=True)
-    step = tl.load(steps_ptr + row).to(tl.uint64, bitcast=True)
-    row_state = _mix(_mix(seed + 0x9E3779B97F4A7C15) + (step + 1) * 0x9E3779B97F4A7C15)
+    crow, rep, freq, pres, brow = _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
+                                              bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
+    row_state = _row_state(seeds_ptr, steps_ptr, row)
     base = tl.arange(0, BLOCK)
 
     # ---- pass 1 ----

@@ -37,7 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .sampling import _log_e, _mix, _values
+from .sampling import _log_e, _row_adjust, _row_state, _values
 
 NSTAT = 5  # floats per chunk record: max, sumexp, race best, raw max, raw sumexp
 GUESS = 16  # rows without top_k collect the tokens >= the GUESS-th largest chunk max
@@ -89,6 +89,19 @@ def _append(cand_ptr, cnt_ptr, x, offs, tau, CAP: tl.constexpr):
 
 
 @triton.jit
+def _row_filters(temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, V):
+    """A row's settings: temperature, top_k, top_p, min_p, whether top_k / min_p are on and
+    whether the row is filtered (sampled with any of the three)."""
+    temp = tl.load(temps_ptr + row)
+    k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    min_p = tl.load(min_p_ptr + row)
+    use_k = k < V
+    use_min = min_p > 0.0
+    return temp, k, top_p, min_p, use_k, use_min, (temp > 0.0) & (use_k | (top_p < 1.0) | use_min)
+
+
+@triton.jit
 def _stats_kernel(
     logits_ptr, V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, steps_ptr, counts_ptr,
     count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr, mask_ptr, W,
@@ -98,18 +111,13 @@ def _stats_kernel(
 ):
     row = tl.program_id(0)
     s = tl.program_id(1)
-    temp = tl.load(temps_ptr + row)
+    temp, _, _, _, use_k, use_min, filtered = _row_filters(temps_ptr, top_k_ptr, top_p_ptr,
+                                                           min_p_ptr, row, V)
     t = tl.where(temp <= 0.0, 1.0, temp)
-    k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    min_p = tl.load(min_p_ptr + row)
-    race_now = (temp > 0.0) & (k >= V) & (top_p >= 1.0) & (min_p <= 0.0)
-    need_z = (temp > 0.0) & (top_p < 1.0) & (k >= V) & (min_p <= 0.0)
-    crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
-    rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
-    freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
-    pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
-    brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
+    race_now = (temp > 0.0) & (~filtered)
+    need_z = filtered & (~use_k) & (~use_min)  # top_p alone: the nucleus needs the full Z
+    crow, rep, freq, pres, brow = _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
+                                              bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
     offs = s * CHUNK + tl.arange(0, CHUNK)
     raw, x = _values(logits_ptr, row, offs, offs < V, V, t, counts_ptr, crow, rep, freq, pres,
                      bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
@@ -121,9 +129,7 @@ def _stats_kernel(
     best = float("-inf")
     best_i = arg
     if race_now:
-        seed = tl.load(seeds_ptr + row).to(tl.uint64, bitcast=True)
-        step = tl.load(steps_ptr + row).to(tl.uint64, bitcast=True)
-        row_state = _mix(_mix(seed + 0x9E3779B97F4A7C15) + (step + 1) * 0x9E3779B97F4A7C15)
+        row_state = _row_state(seeds_ptr, steps_ptr, row)
         score = tl.where(x > float("-inf"), x - _log_e(row_state, offs, LIBDEVICE), float("-inf"))
         best = tl.max(score, 0)
         best_i = tl.min(tl.where(score == best, offs, _BIG), 0)
@@ -143,19 +149,6 @@ def _stats_kernel(
     tl.store(args_ptr + rec * 2 + 1, best_i)
     if s == 0:  # the collect kernel's counters (it runs after this one)
         tl.store(cnt_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
-
-
-@triton.jit
-def _row_filters(temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, V):
-    """A row's settings: temperature, top_k, top_p, min_p, whether top_k / min_p are on and
-    whether the row is filtered (sampled with any of the three)."""
-    temp = tl.load(temps_ptr + row)
-    k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    min_p = tl.load(min_p_ptr + row)
-    use_k = k < V
-    use_min = min_p > 0.0
-    return temp, k, top_p, min_p, use_k, use_min, (temp > 0.0) & (use_k | (top_p < 1.0) | use_min)
 
 
 @triton.jit
@@ -197,11 +190,8 @@ def _collect_kernel(
         mine = tl.load(stats_ptr + rec * 5, mask=s < S, other=float("-inf"))
         if (mine >= tau) & (mine > float("-inf")):  # this chunk holds candidates
             temp = tl.load(temps_ptr + row)
-            crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
-            rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
-            freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
-            pres = tl.load(pres_ptr + row) if HAS_COUNTS else 0.0
-            brow = tl.load(bias_rows_ptr + row) if HAS_BIAS else -1
+            crow, rep, freq, pres, brow = _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
+                                                      bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
             _, x = _values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep, freq,
                            pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
             _append(cand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2, x, offs, tau, CAP)
@@ -225,7 +215,7 @@ def _merge_kernel(
     row = tl.program_id(0)
     temp, k, top_p, min_p, use_k, use_min, filtered = _row_filters(temps_ptr, top_k_ptr, top_p_ptr,
                                                                    min_p_ptr, row, V)
-    race_now = (temp > 0.0) & (k >= V) & (top_p >= 1.0) & (min_p <= 0.0)
+    race_now = (temp > 0.0) & (~filtered)
     si = tl.arange(0, S_PAD)
     live = si < S
     rec = row.to(tl.int64) * S + si
@@ -282,9 +272,7 @@ def _merge_kernel(
         nucleus = tl.where(top_p >= 1.0, ci < n_keep, (before < top_p * z_k) & (ci < n_keep))
         n_final = tl.maximum(tl.sum(nucleus.to(tl.int32), 0), 1)
         b = tl.sum(tl.where(ci == n_final - 1, v, 0.0), 0)
-        seed = tl.load(seeds_ptr + row).to(tl.uint64, bitcast=True)
-        step = tl.load(steps_ptr + row).to(tl.uint64, bitcast=True)
-        row_state = _mix(_mix(seed + 0x9E3779B97F4A7C15) + (step + 1) * 0x9E3779B97F4A7C15)
+        row_state = _row_state(seeds_ptr, steps_ptr, row)
         score = tl.where(v >= b, v - _log_e(row_state, idx, LIBDEVICE), float("-inf"))
         best = tl.max(score, 0)
         token = tl.min(tl.where(score == best, idx, _BIG), 0)

@@ -21,6 +21,8 @@
 #   scripts/gpu_validate.sh sweeps  OUT   # FP8 GEMV and FP8-KV attention block sizes; profiles
 #   scripts/gpu_validate.sh final3  OUT   # sampler sizes, tests and kernel table; 0.6B log-probs;
 #                                         # lpm vs fcfs
+#   scripts/gpu_validate.sh steps   OUT   # the scheduler's own gaps between tokens (no server):
+#                                         # Qwen3-8B at 64 streams, Qwen3-0.6B at 128, by budget
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -178,8 +180,16 @@ sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode
             --batch 256 --variant $v --out "$out" >"$out/profile_$v.log" 2>&1
         grep "ms per step" "$out/profile_$v.log"
     done ;;
+steps)  # about six minutes; MODES8 and MODES06 pick the schedule modes
+    step 330 "$py" benchmark/online/step_streams.py --model benchmark/configs/qwen3-8b.json \
+        --concurrency 64 --modes "${MODES8:-prefill-first,mixed-256,mixed-512,mixed-1024,mixed-2048}" \
+        --out "$out" >"$out/steps_qwen3-8b.log" 2>&1
+    step 200 "$py" benchmark/online/step_streams.py --model benchmark/configs/qwen3-0.6b.json \
+        --concurrency 128 --modes "${MODES06:-prefill-first,mixed,mixed-2048}" --out "$out" \
+        >"$out/steps_qwen3-0.6b.log" 2>&1
+    cat "$out"/steps_*.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

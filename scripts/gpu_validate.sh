@@ -180,12 +180,12 @@ sweeps)  # about four minutes: block sizes of the FP8 GEMV and the FP8-KV decode
             --batch 256 --variant $v --out "$out" >"$out/profile_$v.log" 2>&1
         grep "ms per step" "$out/profile_$v.log"
     done ;;
-steps)  # about six minutes; MODES8 and MODES06 pick the schedule modes
+steps)  # about six minutes; MODES8 and MODES06 pick the schedule modes, PROFILE=N profiles N steps
     step 330 "$py" benchmark/online/step_streams.py --model benchmark/configs/qwen3-8b.json \
-        --concurrency 64 --modes "${MODES8:-prefill-first,mixed-256,mixed-512,mixed-1024,mixed-2048}" \
+        --concurrency 64 ${PROFILE:+--profile $PROFILE} --modes "${MODES8:-prefill-first,mixed-256,mixed-512,mixed-1024,mixed-2048}" \
         --out "$out" >"$out/steps_qwen3-8b.log" 2>&1
     step 200 "$py" benchmark/online/step_streams.py --model benchmark/configs/qwen3-0.6b.json \
-        --concurrency 128 --modes "${MODES06:-prefill-first,mixed,mixed-2048}" --out "$out" \
+        --concurrency 128 ${PROFILE:+--profile $PROFILE} --modes "${MODES06:-prefill-first,mixed,mixed-2048}" --out "$out" \
         >"$out/steps_qwen3-0.6b.log" 2>&1
     cat "$out"/steps_*.md ;;
 *)

@@ -69,6 +69,31 @@ class Steps:
             return res
 
         sched._launch = traced
+        # host time of each phase of a launch, by the kind of batch launched
+        self.host: dict[str, dict[str, list[float]]] = {}
+        self._phase: dict[str, float] = {}
+        for name, owner in (("schedule", sched), ("forward", sched.engine), ("finish", sched)):
+            attr = "_" + name if name != "forward" else name
+            setattr(owner, attr, self._timed(name, getattr(owner, attr)))
+
+    def _timed(self, name: str, fn):
+        def wrapped(*args):
+            t0 = time.perf_counter()
+            res = fn(*args)
+            self._phase[name] = time.perf_counter() - t0
+            if name == "forward":
+                batch = args[0]
+                kind = "decode" if batch.is_decode else batch.phase
+                per = self.host.setdefault(kind, {})
+                for k, v in self._phase.items():
+                    per.setdefault(k, []).append(v)
+                self._phase.clear()
+            return res
+        return wrapped
+
+    def host_summary(self) -> dict:
+        return {kind: {k: round(1000 * sum(v) / len(v), 2) for k, v in per.items()} | {
+                       "launches": len(per["forward"])} for kind, per in self.host.items()}
 
     def summary(self) -> dict:
         kinds: dict[str, list[float]] = {}
@@ -84,7 +109,9 @@ def _ceil_pow2(n: int) -> int:
     return 1 << max(n - 1, 1).bit_length()
 
 
-def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: dict) -> dict:
+def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: dict,
+        profile: int = 0) -> dict:
+    """``profile``: the host's ops of that many steps from step 300 on, by self CPU time (printed)."""
     llm = LLM(path, dummy_weights=dummy, **mode_options(mode, path), **options)
     sched = llm.scheduler
     # warm-up with other prompts (the timed ones must miss the prefix cache): Triton compiles then
@@ -109,7 +136,14 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
             added[uid] = time.perf_counter()
         n = len(steps.launched)
         inflight = sched._inflight is not None
+        if profile and n == 300:
+            prof = torch.profiler.profile()
+            prof.__enter__()
         outs = sched.step()
+        if profile and n == 300 + profile:
+            prof.__exit__(None, None, None)
+            print(f"--- {mode}: {profile} steps from step 300, host ops by self CPU time")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
         now = time.perf_counter()
         done = n - 1 if inflight else (n if len(steps.launched) > n else None)
         if done is not None and done >= 0:
@@ -130,6 +164,7 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
     result = {"mode": mode, "concurrency": concurrency, "requests": len(requests),
               "output_tok_per_s": round(out_tokens / seconds, 1), "seconds": round(seconds, 2),
               "itl_ms": describe(itl), "ttft_ms": describe(ttft), "steps": steps.summary(),
+              "host_ms": steps.host_summary(),
               "retractions": sched.num_retractions,
               "budget": sched.config.max_num_batched_tokens if sched.config.mixed else None}
     llm.close()
@@ -150,6 +185,13 @@ def table(results: list[dict]) -> list[str]:
                      f"{r['output_tok_per_s'] / base['output_tok_per_s']:.3f}x | {itl['p50']:.1f} | "
                      f"{itl['p99']:.1f} | {itl['max']:.0f} | {itl['p99'] / itl['p50']:.2f} | "
                      f"{ttft['mean']:.0f} | {ttft['p99']:.0f} |")
+    lines += ["", "Host time of a launch, mean ms (schedule: pick the batch; forward: the engine's "
+              "launch, not its device time; finish: the previous step's read-back):", "",
+              "| mode | batch launched | launches | schedule | forward | finish |", "|---|---|---|---|---|---|"]
+    for r in results:
+        for kind, h in r["host_ms"].items():
+            lines.append(f"| {r['mode']} | {kind} | {h['launches']} | {h.get('schedule', '')} | "
+                         f"{h['forward']} | {h.get('finish', '')} |")
     lines += ["", "| mode | step read back | steps | median ms | P99 ms | max ms |", "|---|---|---|---|---|---|"]
     for r in results:
         for kind, s in r["steps"].items():
@@ -164,6 +206,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--rounds", type=int, default=4, help="requests = rounds x concurrency")
     p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--profile", type=int, default=0,
+                   help="print the host's ops of this many steps of each mode (torch.profiler)")
     p.add_argument("--out", default="benchmark/results")
     p.add_argument("--tag", default="")
     args = p.parse_args()
@@ -172,7 +216,7 @@ def main() -> None:
     requests = workload(args.rounds * args.concurrency, seed=0)
     results = []
     for mode in args.modes.split(","):
-        results.append(run(path, dummy, mode, args.concurrency, requests, options))
+        results.append(run(path, dummy, mode, args.concurrency, requests, options, args.profile))
         print(json.dumps(results[-1]), flush=True)
     name = os.path.basename(args.model).removesuffix(".json")
     stem = f"steps_{name}_{gpu_name()}_c{args.concurrency}{'_' + args.tag if args.tag else ''}"

@@ -16,9 +16,11 @@ A ``.json`` model is a bare config with random weights.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
+import pstats
 import random
 import sys
 import time
@@ -55,7 +57,8 @@ def mode_options(mode: str, path: str) -> dict:
 class Steps:
     """The batch each step read back (overlap: the one launched by the step before) and its time."""
 
-    def __init__(self, sched) -> None:
+    def __init__(self, sched, profile: int = 0) -> None:
+        self.profile, self.profiler = profile, cProfile.Profile()
         self.launched: list[tuple[int, int]] = []  # (decode rows, prefill tokens)
         self.rows: list[tuple[float, int, int]] = []  # (seconds, decode rows, prefill tokens)
         launch = sched._launch
@@ -79,7 +82,11 @@ class Steps:
     def _timed(self, name: str, fn):
         def wrapped(*args):
             t0 = time.perf_counter()
-            res = fn(*args)
+            if name == "forward" and args[0].is_mixed and self.profile > 0:
+                self.profile -= 1
+                res = self.profiler.runcall(fn, *args)
+            else:
+                res = fn(*args)
             self._phase[name] = time.perf_counter() - t0
             if name == "forward":
                 batch = args[0]
@@ -111,7 +118,7 @@ def _ceil_pow2(n: int) -> int:
 
 def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: dict,
         profile: int = 0) -> dict:
-    """``profile``: the host's ops of that many steps from step 300 on, by self CPU time (printed)."""
+    """``profile``: print where the host's time of that many mixed launches goes (cProfile)."""
     llm = LLM(path, dummy_weights=dummy, **mode_options(mode, path), **options)
     sched = llm.scheduler
     # warm-up with other prompts (the timed ones must miss the prefix cache): Triton compiles then
@@ -121,7 +128,7 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
         sched.step()
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-    steps = Steps(sched)
+    steps = Steps(sched, profile)
     queue = list(enumerate(requests))
     added: dict[int, float] = {}
     last: dict[int, float] = {}
@@ -136,14 +143,7 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
             added[uid] = time.perf_counter()
         n = len(steps.launched)
         inflight = sched._inflight is not None
-        if profile and n == 300:
-            prof = torch.profiler.profile()
-            prof.__enter__()
         outs = sched.step()
-        if profile and n == 300 + profile:
-            prof.__exit__(None, None, None)
-            print(f"--- {mode}: {profile} steps from step 300, host ops by self CPU time")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
         now = time.perf_counter()
         done = n - 1 if inflight else (n if len(steps.launched) > n else None)
         if done is not None and done >= 0:
@@ -158,6 +158,9 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
             if tok.finish_reason is not None:
                 del added[tok.uid], last[tok.uid]
     seconds = time.perf_counter() - start
+    if profile:
+        print(f"--- {mode}: host time of {profile} mixed launches")
+        pstats.Stats(steps.profiler).sort_stats("tottime").print_stats(40)
     # step durations: the time between consecutive step returns
     stamps = [start] + [r[0] for r in steps.rows]
     steps.rows = [(t - p, d, f) for p, (t, d, f) in zip(stamps, steps.rows)]
@@ -207,7 +210,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4, help="requests = rounds x concurrency")
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--profile", type=int, default=0,
-                   help="print the host's ops of this many steps of each mode (torch.profiler)")
+                   help="print where the host's time of this many mixed launches goes (cProfile)")
     p.add_argument("--out", default="benchmark/results")
     p.add_argument("--tag", default="")
     args = p.parse_args()

@@ -30,6 +30,9 @@ GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLA
               "GEMV (for ablations)")
 GRAMMAR_THREADS = EnvVar("MINISGL_GRAMMAR_THREADS", "auto", "threads that fill a batch's grammar "
                          "masks (auto: half the CPUs the scheduler may use, at most 8)")
+PAD_TOKENS = EnvVar("MINISGL_PAD_TOKENS", "64", "eager forwards (prefill and mixed steps) on CUDA "
+                   "run a token count rounded up to a multiple of this (1: none, for ablations): "
+                   "cuBLAS picks a GEMM algorithm on the host for every new shape")
 
 FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quantizes dense weights "
                   "into 128x128 blocks and runs the block-scaled Triton GEMM (the FP8 checkpoints' "

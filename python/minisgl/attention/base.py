@@ -41,6 +41,9 @@ class BaseAttnMetadata:
 
 class BaseAttnBackend(ABC):
     supports_cuda_graph: bool = False
+    # prefill and mixed batches may carry padding tokens after the last request's (engine/batch.py):
+    # rows of q that no request's metadata covers, whose output nobody reads
+    supports_padding: bool = False
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:

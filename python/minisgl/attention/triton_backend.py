@@ -74,6 +74,7 @@ class TritonMixedMetadata(BaseAttnMetadata):
 
 class TritonBackend(BaseAttnBackend):
     supports_cuda_graph = True
+    supports_padding = True  # the extend kernel reads the tokens of cu_seqlens only
     # mixed batches: decode rows through the decode kernel (True) or the extend kernel (False);
     # benchmark/kernels/bench_mixed_attention.py measures both
     mixed_decode_kernel = True

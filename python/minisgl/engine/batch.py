@@ -4,7 +4,12 @@ Decode inputs are gathered on the device from the token pool, where the previous
 tokens it sampled: the host need not know them yet, so the next forward can be launched before the
 previous one is read back (overlap scheduling). A mixed batch does both::
 
-    tokens : | decode rows (one each, from the token pool) | prefill chunks (from input_ids) |
+    tokens : | decode rows (one each, from the token pool) | prefill chunks (from input_ids) | pad |
+
+The padding (``pad_multiple``) rounds an eager forward's token count up: padding tokens are the
+dummy request's (token 0 at position 0, its K/V written to the scratch slot 0), in no request's
+attention metadata, and no logits row reads them. They exist for the host: cuBLAS chooses a GEMM
+algorithm for every new shape it sees, and a mixed step's token count is new almost every step.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from minisgl.core import Batch
 from minisgl.utils.transfer import to_device
 
 
-def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tensor) -> None:
-    """Fill ``input_ids``, ``positions``, ``out_loc``, ``logits_idx`` and ``sample_loc``."""
+def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tensor,
+                  pad_multiple: int = 1) -> None:
+    """Fill ``input_ids``, ``positions``, ``out_loc``, ``logits_idx`` and ``sample_loc``; a prefill
+    or mixed batch gets padding tokens up to a multiple of ``pad_multiple``."""
     device = page_table.device
     positions: list[int] = []
     rows: list[int] = []
@@ -37,6 +44,11 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
         ids: list[int] = [0] * n_dec
         for req in batch.reqs[n_dec:]:
             ids += req.input_ids[req.cached_len : req.device_len]
+        pad = -len(ids) % pad_multiple
+        if pad:  # the dummy request: the page table's last row, whose slot 0 is scratch
+            ids += [0] * pad
+            positions += [0] * pad
+            rows += [page_table.shape[0] - 1] * pad
         chosen = {id(r) for r in sampled}
         logits_idx = [i for r, i in zip(batch.reqs, last_rows) if id(r) in chosen]
         batch.positions, row_ids, batch.input_ids, batch.logits_idx, *loc = to_device(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl import env
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator, init_distributed
@@ -78,6 +79,9 @@ class Engine:
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend)
+        # eager forwards' token counts are rounded up to this (batch.py says why)
+        self.pad_tokens = (_pad_tokens() if self.device.type == "cuda"
+                           and self.attn_backend.supports_padding else 1)
         self.graph_runner = None
         if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0
                 and self.attn_backend.supports_cuda_graph):
@@ -145,7 +149,8 @@ class Engine:
     @torch.inference_mode()
     def _profile_forward(self) -> int:
         """Peak bytes of one prefill of ``max_forward_tokens`` tokens (weights included)."""
-        tokens = min(self.config.max_forward_tokens, self.max_seq_len - 1)
+        tokens = min(-(-self.config.max_forward_tokens // _pad_tokens()) * _pad_tokens(),
+                     self.max_seq_len - 1)  # the most an eager forward runs, padding included
         pages = -(-tokens // self.config.page_size) + 1
         pool, backend = self._make_pool(pages)
         req = Req(uid=-1, input_ids=[0] * (tokens + 1), prompt_len=tokens + 1,
@@ -206,3 +211,10 @@ class Engine:
             event = torch.cuda.Event()
             event.record()
         return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps)
+
+
+def _pad_tokens() -> int:
+    value = env.PAD_TOKENS.get()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{env.PAD_TOKENS.name}: must be an integer >= 1, got {value!r}")
+    return int(value)

@@ -180,7 +180,8 @@ class Scheduler:
         batch = self._schedule()
         if batch is None:
             return None
-        prepare_batch(batch, self.engine.page_table, self.engine.token_pool)
+        prepare_batch(batch, self.engine.page_table, self.engine.token_pool,
+                      self.engine.pad_tokens)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
         args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device,
                                            self.engine.sampling_state)

@@ -88,6 +88,36 @@ def workload():
     return streams, burst
 
 
+def test_padding_tokens_are_the_dummy_requests():
+    """A mixed batch padded to a multiple of 8: the real tokens are laid out as without padding; the
+    padding is token 0 at position 0 of the dummy row (the page table's last), writing to slot 0."""
+    import torch
+
+    from minisgl.core import Req
+    from minisgl.engine.batch import prepare_batch
+
+    table = torch.arange(5 * 32, dtype=torch.int32).view(5, 32) + 1  # the dummy row's slot 0: below
+    table[4, 0] = 0
+    pool = torch.zeros(5, 32, dtype=torch.int32)
+    pool[0, 7] = 42  # the decode row's last sampled token
+
+    def reqs():
+        dec = Req(uid=0, input_ids=list(range(7)), prompt_len=3, sampling_params=SHORT,
+                  max_device_len=30, table_idx=0, cached_len=7, device_len=8)
+        pre = Req(uid=1, input_ids=list(range(100, 111)), prompt_len=11, sampling_params=SHORT,
+                  max_device_len=30, table_idx=2, cached_len=4, device_len=9)
+        return Batch([dec, pre], "mixed", num_decode=1)
+
+    plain, padded = reqs(), reqs()
+    prepare_batch(plain, table, pool)
+    prepare_batch(padded, table, pool, pad_multiple=8)
+    assert len(plain.input_ids) == 6 and len(padded.input_ids) == 8
+    assert padded.input_ids[:6].tolist() == plain.input_ids.tolist() == [42, 104, 105, 106, 107, 108]
+    assert padded.positions.tolist() == [7, 4, 5, 6, 7, 8, 0, 0]
+    assert padded.out_loc.tolist() == plain.out_loc.tolist() + [0, 0]
+    assert padded.logits_idx.tolist() == plain.logits_idx.tolist() == [0]  # the chunk: no sample
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_every_step_carries_the_running_decode_tokens(llama, workload, overlap):
     llm = make_llm(llama, page_size=4, max_prefill_tokens=64, max_num_batched_tokens=32,

@@ -352,8 +352,10 @@ def test_gpu_engine_parity_triton(tiny_checkpoints, graphs):
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="the GPU test below covers every architecture compiled")
-def test_engine_parity_interpreted(tiny_checkpoints):
-    """The whole engine with --attn triton under the interpreter: transformers' greedy tokens."""
+@pytest.mark.parametrize("pad", [1, 8])
+def test_engine_parity_interpreted(tiny_checkpoints, pad):
+    """The whole engine with --attn triton under the interpreter: transformers' greedy tokens; with
+    ``pad``, prefill and mixed forwards carry padding tokens up to a multiple of it (on CUDA: 64)."""
     from hf_models import hf_greedy, random_prompts
     from minisgl import LLM
 
@@ -361,5 +363,6 @@ def test_engine_parity_interpreted(tiny_checkpoints):
     prompts = random_prompts(3, [5, 17, 40], 256, seed=0)
     llm = LLM(str(path), device="cpu", dtype="float32", attn="triton", num_pages=512, page_size=4,
               max_prefill_tokens=16)  # chunked prefill: the extend kernel sees prefixes
+    llm.scheduler.engine.pad_tokens = pad
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 8)

@@ -346,13 +346,17 @@ def test_tp_shard_that_splits_a_block_is_an_error():
 @pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
 def test_gpu_fp8_model_close_to_dequantized_reference(kv, tmp_path):
     """On CUDA (bf16, Triton GEMM/GEMV/fused MoE, CUDA graphs) the FP8 model also quantizes the
-    activations: its logits stay within 5% (mean) of the fp32 dequantized model on CPU, and decode
-    with CUDA graphs gives the tokens that eager decode gives."""
+    activations: its logits stay within 10% (mean) of the fp32 dequantized model on CPU, and decode
+    with CUDA graphs gives the tokens that eager decode gives.
+
+    10%: e4m3 keeps 3 mantissa bits, so each quantized activation is off by up to 1/16 of itself
+    (about 3% on average); the tiny random model's logits have been seen 5.8% (bf16 cache) and 6.8%
+    (e4m3 cache) off on an H100. A wrong scale or block layout is off by the logits' own size."""
     src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", **WIDE)
     fp8 = make_fp8_checkpoint(src, tmp_path / "fp8")
     ref, _ = run_greedy(make_dequantized_checkpoint(fp8, tmp_path / "ref"))
     opts = dict(device="cuda", dtype="bfloat16", kv_cache_dtype=kv, attn="triton")
     logits, tokens = run_greedy(fp8, **opts)
-    assert (logits.float().cpu() - ref).abs().mean() < 0.05 * ref.abs().mean()
+    assert (logits.float().cpu() - ref).abs().mean() < 0.10 * ref.abs().mean()
     _, eager = run_greedy(fp8, cuda_graph_max_bs=0, **opts)
     assert tokens == eager

@@ -46,6 +46,11 @@ INTERPRETED = DEV == "cpu"
 def same_fp8(a: torch.Tensor, b: torch.Tensor) -> None:
     a, b = a.float().cpu(), b.float().cpu()
     diff = a != b
+    if not INTERPRETED and diff.sum() <= max(1, a.numel() // 10**6):
+        # CUDA's fp32 division is not correctly rounded: a quotient on a rounding tie may land one
+        # e4m3 step away (seen: 1 value in 25M); anything more, or larger, is an error
+        step = 2.0 ** (torch.floor(torch.log2(b.abs().clamp_min(2 ** -6))) - 3)
+        diff &= (a - b).abs() > step
     if INTERPRETED:  # the interpreter's missing carry: half of a power of two
         pow2 = b.abs() == 2 ** torch.log2(b.abs().clamp_min(1e-30)).round()
         diff &= ~(pow2 & ((a == b / 2) | ((b.abs() == 2 ** -6) & (a == b * 7 / 8))))
@@ -91,10 +96,13 @@ def test_block_gemm_matches_reference(m, n, k):
     wq, ws = quantize_block(rand(n, k, seed=n, scale=0.1), block)
     ref = block_gemm_reference(xq, xs, wq, ws, block)
     out = fp8_block_gemm(xq, xs, wq, ws, block, torch.float32)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     cfg = GemmConfig(32, 32, 2, 4, 2)  # several tiles and a group of row blocks
-    torch.testing.assert_close(fp8_block_gemm(xq, xs, wq, ws, block, torch.float32, cfg), ref,
-                               rtol=1e-5, atol=1e-5)
+    tiled = fp8_block_gemm(xq, xs, wq, ws, block, torch.float32, cfg)
+    if INTERPRETED:  # fp32 arithmetic: the reference's sums up to their order
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(tiled, ref, rtol=1e-5, atol=1e-5)
+    else:  # Hopper's FP8 tensor cores accumulate with fewer mantissa bits than fp32 (~1e-4 seen)
+        assert rel_err(out, ref) <= 1e-3 and rel_err(tiled, ref) <= 1e-3
 
 
 @pytest.mark.parametrize("gated", [False, True])

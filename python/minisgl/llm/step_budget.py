@@ -16,7 +16,9 @@ import math
 import os
 
 _STEP_WEIGHT_TOKENS = 7.0e9 * 1024  # matmul weights x tokens of one step: 1024 tokens of an 8B model
-MIN_BUDGET = 1024  # with 64 streams, 512 left too little for prefill: 0.6x the throughput (8B)
+# below 1024 a Qwen3-8B server at 64 streams lost throughput (768: 0.81x, 512: 0.6x of prefill-first):
+# an eager step lasts at least the host's launch of it (17-35 ms), so more, smaller chunks cost more
+MIN_BUDGET = 1024
 FALLBACK_BUDGET = 2048  # a config this estimate does not understand
 
 

@@ -8,7 +8,7 @@
 # concurrency requests per run. Each server is warmed up with one unmeasured run first (Triton
 # compiles its kernel variants for mixed steps then). The model stages serve prefill-first, then
 # mixed once per budget in BUDGETS (--max-num-batched-tokens), and write OUT/<model>_<gpu>_itl.md.
-# Env: PYTHON (python3), PORT (1919), BUDGETS ("512 1024 2048"; "default": the server's own budget),
+# Env: PYTHON (python3), PORT (1919), CONCURRENCIES (qwen3-8b: "4,16,64"), BUDGETS ("512 1024 2048"; "default": the server's own budget),
 # ROUNDS (4), MODES (prefill-first and mixed-BUDGET for each budget; a baseline measured earlier in
 # the same session may be left out and its JSON put into OUT first).
 set -euo pipefail
@@ -46,7 +46,7 @@ case $stage in
 qwen3-8b|qwen3-0.6b)
     tag=$stage model=$(mktemp -d)/$stage
     "$py" "$here/dummy_model.py" "$here/../configs/$stage.json" "$model" >/dev/null
-    if [ "$stage" = qwen3-8b ]; then run_modes 4,16,64 250; else run_modes 128 150; fi ;;
+    if [ "$stage" = qwen3-8b ]; then run_modes "${CONCURRENCIES:-4,16,64}" 250; else run_modes 128 150; fi ;;
 shared)
     tag=qwen3-8b model=$(mktemp -d)/qwen3-8b
     "$py" "$here/dummy_model.py" "$here/../configs/qwen3-8b.json" "$model" >/dev/null

@@ -60,7 +60,7 @@ class Steps:
     def __init__(self, sched, profile: int = 0) -> None:
         self.profile, self.profiler = profile, cProfile.Profile()
         self.launched: list[tuple[int, int]] = []  # (decode rows, prefill tokens)
-        self.rows: list[tuple[float, int, int]] = []  # (seconds, decode rows, prefill tokens)
+        self.rows: list[tuple[float, int, int]] = []  # (return time, decode rows, prefill tokens)
         launch = sched._launch
 
         def traced(*args):
@@ -102,9 +102,20 @@ class Steps:
         return {kind: {k: round(1000 * sum(v) / len(v), 2) for k, v in per.items()} | {
                        "launches": len(per["forward"])} for kind, per in self.host.items()}
 
-    def summary(self) -> dict:
+    def read_back(self, now: float, launched_before: int, inflight_before: bool) -> None:
+        """A step returned at ``now``: record the batch it read back (none when it launched the
+        first one of an overlapped run)."""
+        n = launched_before
+        done = n - 1 if inflight_before else (n if len(self.launched) > n else None)
+        if done is not None and done >= 0:
+            self.rows.append((now, *self.launched[done]))
+
+    def summary(self, start: float) -> dict:
+        """Per kind of batch read back: the time between consecutive step returns."""
+        stamps = [start] + [r[0] for r in self.rows]
         kinds: dict[str, list[float]] = {}
-        for secs, _, prefill in self.rows:
+        for prev, (now, _, prefill) in zip(stamps, self.rows):
+            secs = now - prev
             key = "decode" if prefill == 0 else f"prefill<={_ceil_pow2(prefill)}"
             kinds.setdefault(key, []).append(secs)
         return {k: {"steps": len(v), **{q: round(d, 2) for q, d in describe(v).items()
@@ -141,13 +152,10 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
             sched.add_request(uid, prompt, SamplingParams(temperature=0, max_tokens=n_out,
                                                           ignore_eos=True))
             added[uid] = time.perf_counter()
-        n = len(steps.launched)
-        inflight = sched._inflight is not None
+        n, inflight = len(steps.launched), sched._inflight is not None
         outs = sched.step()
         now = time.perf_counter()
-        done = n - 1 if inflight else (n if len(steps.launched) > n else None)
-        if done is not None and done >= 0:
-            steps.rows.append((now, *steps.launched[done]))
+        steps.read_back(now, n, inflight)
         for tok in outs:
             out_tokens += tok.token is not None
             if tok.uid in last:
@@ -161,12 +169,9 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
     if profile:
         print(f"--- {mode}: host time of {profile} mixed launches")
         pstats.Stats(steps.profiler).sort_stats("tottime").print_stats(40)
-    # step durations: the time between consecutive step returns
-    stamps = [start] + [r[0] for r in steps.rows]
-    steps.rows = [(t - p, d, f) for p, (t, d, f) in zip(stamps, steps.rows)]
     result = {"mode": mode, "concurrency": concurrency, "requests": len(requests),
               "output_tok_per_s": round(out_tokens / seconds, 1), "seconds": round(seconds, 2),
-              "itl_ms": describe(itl), "ttft_ms": describe(ttft), "steps": steps.summary(),
+              "itl_ms": describe(itl), "ttft_ms": describe(ttft), "steps": steps.summary(start),
               "host_ms": steps.host_summary(),
               "retractions": sched.num_retractions,
               "budget": sched.config.max_num_batched_tokens if sched.config.mixed else None}

@@ -24,6 +24,18 @@ logger = init_logger(__name__)
 POLL_S = 0.5  # how often a waiting handler checks that its client is still there
 
 
+def merge_replies(a: UserReply, b: UserReply) -> UserReply:
+    """One choice's consecutive replies ``a`` then ``b`` as one reply."""
+    logprobs = (a.logprobs or []) + (b.logprobs or []) if a.logprobs or b.logprobs else None
+    return UserReply(
+        uid=a.uid, text=a.text + b.text, token_ids=a.token_ids + b.token_ids, logprobs=logprobs,
+        finish_reason=b.finish_reason, prompt_tokens=a.prompt_tokens or b.prompt_tokens,
+        cached_tokens=a.cached_tokens or b.cached_tokens,
+        first_forward_time=a.first_forward_time or b.first_forward_time,
+        prompt_logprobs=a.prompt_logprobs or b.prompt_logprobs,
+    )
+
+
 class ClientGone(Exception):
     """The HTTP client went away while its request ran."""
 
@@ -44,6 +56,7 @@ class Call:
         self._checked = time.monotonic()
         self.metrics, self.arrival = metrics, arrival if arrival is not None else time.time()
         self.failed = False  # an error reply ended it (counted by its status, not as an abort)
+        self._held: UserReply | None = None  # taken from the queue, not merged: the next reply
 
     async def start(self, msgs: list[TokenizeMsg]) -> Call:
         try:
@@ -70,8 +83,7 @@ class Call:
                 self._checked = time.monotonic()
                 if await self.is_disconnected():
                     raise ClientGone
-            if not self.queue.empty():
-                reply = self.queue.get_nowait()
+            if (reply := self._queued()) is not None:
                 break
             try:
                 reply = await asyncio.wait_for(self.queue.get(), POLL_S)
@@ -85,9 +97,30 @@ class Call:
         if reply.finish_reason == "abort":
             self.failed = True
             raise ApiError(503, "the server aborted the request", code="aborted")
+        reply = self._merge_queued(reply)
         state = self.states[reply.uid]
         state.add(reply)
         return state, reply
+
+    def _queued(self) -> UserReply | None:
+        if self._held is not None:
+            reply, self._held = self._held, None
+            return reply
+        return None if self.queue.empty() else self.queue.get_nowait()
+
+    def _merge_queued(self, reply: UserReply) -> UserReply:
+        """``reply`` and the replies of its choice already queued behind it, as one. A stream that
+        fell behind the engine (the event loop busy with many streams) catches up with one event
+        instead of one per token, as vLLM merges the outputs a slow consumer left pending."""
+        while reply.finish_reason is None:
+            after = self._queued()
+            if after is None:
+                break
+            if after.uid != reply.uid or after.error is not None or after.finish_reason == "abort":
+                self._held = after
+                break
+            reply = merge_replies(reply, after)
+        return reply
 
     async def replies(self, buffered: list) -> AsyncIterator[tuple[ChoiceState, UserReply]]:
         for item in buffered:

@@ -149,8 +149,8 @@ class Engine:
     @torch.inference_mode()
     def _profile_forward(self) -> int:
         """Peak bytes of one prefill of ``max_forward_tokens`` tokens (weights included)."""
-        tokens = min(-(-self.config.max_forward_tokens // _pad_tokens()) * _pad_tokens(),
-                     self.max_seq_len - 1)  # the most an eager forward runs, padding included
+        pad = _pad_tokens()  # the most an eager forward runs: its budget, padding included
+        tokens = min(-(-self.config.max_forward_tokens // pad) * pad, self.max_seq_len - 1)
         pages = -(-tokens // self.config.page_size) + 1
         pool, backend = self._make_pool(pages)
         req = Req(uid=-1, input_ids=[0] * (tokens + 1), prompt_len=tokens + 1,

@@ -19,10 +19,9 @@ SPLIT_MIN_VOCAB = 65536
 TopLogits = tuple[torch.Tensor, torch.Tensor]  # ids int64 [B, n], raw logits float32 [B, n]
 
 
-def pick_chunk(vocab: int) -> int:
-    """Columns per chunk program: 1024 (H100, B=256, vocabulary 151,936, Qwen's sampling: 92.5 us
-    per call against 105 with 2048, which re-reads twice the columns around the threshold)."""
-    return 1024
+# columns per chunk program (H100, B=256, vocabulary 151,936, Qwen's sampling: 92.5 us per call
+# against 105 with 2048, which re-reads twice the columns around the threshold)
+CHUNK = 1024
 
 
 def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
@@ -39,11 +38,10 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
     (``need_lse``) or None, and the top raw logits (below) or None. ``top_k`` is int32 with ``V``
     meaning off; ``count_rows``/``bias_rows`` give each row's counts/bias row or -1;
     ``penalties`` = (presence, frequency, repetition). ``block``/``cand`` size the row kernel,
-    ``chunk`` (columns per program; None: ``pick_chunk``, and the row kernel alone below
-    ``SPLIT_MIN_VOCAB``), ``cap`` (candidates per row), ``warps`` and ``cpp`` (chunks per
-    collect program) the split path (powers of two). ``flags_out`` (int32 [B]) receives 1 for the rows the row kernel
-    finished. ``path``
-    "triton-row" (default: ``MINISGL_SAMPLER``) skips the split path. ``top_n`` > 0 (at most 32,
+    ``chunk`` (columns per program; None: ``CHUNK``, and the row kernel alone below
+    ``SPLIT_MIN_VOCAB``), ``cap`` (candidates per row), ``warps`` and ``cpp`` (chunks per collect
+    program) the split path (powers of two). ``flags_out`` (int32 [B]) receives 1 for the rows the
+    row kernel finished. ``path`` "triton-row" (default: ``MINISGL_SAMPLER``) skips the split path. ``top_n`` > 0 (at most 32,
     with ``need_lse``): the split path also returns each row's ``top_n`` largest raw logits (ids
     int64 and values float32 [B, top_n], descending, lower id first on ties), for top log-probs
     without another pass; None where the split path did not run."""
@@ -66,7 +64,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                                                               or vocab >= SPLIT_MIN_VOCAB)
     flags = tokens  # unused by the row kernel alone
     if split:
-        chunk = chunk or pick_chunk(vocab)
+        chunk = chunk or CHUNK
         n_chunks = triton.cdiv(vocab, chunk)
         nt = triton.next_power_of_2(max(top_n, 2)) if top_n > 0 else 0
         assert nt <= 32 and (need_lse or nt == 0), f"top_n {top_n}: at most 32, with need_lse"

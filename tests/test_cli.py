@@ -26,7 +26,8 @@ def test_vllm_and_sglang_spellings_are_aliases():
                          "--disable-radix-cache", "--attention-backend", "triton"])
     ours = parse_args(["--model", "m", "--tp", "2", "--max-seq-len", "512", "--mem-fraction", "0.5",
                        "--max-running-requests", "8", "--max-prefill-tokens", "1024",
-                       "--cuda-graph-max-bs", "0", "--cache", "naive", "--attn", "triton"])
+                       "--cuda-graph-max-bs", "0", "--piecewise-cuda-graph-max-tokens", "0",
+                       "--cache", "naive", "--attn", "triton"])
     assert vllm == sglang == ours
     assert parse_args(["--model", "m"]).engine.cache == "radix"  # aliases set no defaults
     # vLLM's per-step token budget is a flag of ours with the same name and meaning

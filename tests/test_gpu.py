@@ -18,7 +18,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
 def test_fast_paths_match_reference_paths_fp32(arch, tiny_checkpoints):
-    """triton vs torch attention, CUDA graphs vs eager, overlap vs not: the same greedy tokens."""
+    """triton vs torch attention, CUDA graphs (decode and piecewise) vs eager, overlap vs not: the
+    same greedy tokens."""
     prompts = random_prompts(6, [5, 17, 33, 60, 90, 130], VOCAB, seed=4)
     path = str(tiny_checkpoints[arch])
     base = dict(device="cuda", dtype="float32", num_pages=4096)
@@ -26,7 +27,7 @@ def test_fast_paths_match_reference_paths_fp32(arch, tiny_checkpoints):
         "torch_eager_sync": dict(attn="torch", cuda_graph_max_bs=0, disable_overlap=True,
                                  moe_backend="torch"),
         "triton_graph_overlap": dict(attn="triton"),
-        "triton_eager": dict(attn="triton", cuda_graph_max_bs=0),
+        "triton_eager": dict(attn="triton", cuda_graph_max_bs=0, piecewise_cuda_graph_max_tokens=0),
         "triton_graph_sync": dict(attn="triton", disable_overlap=True),
         "triton_page16": dict(attn="triton", page_size=16, num_pages=256),
     }

@@ -300,8 +300,8 @@ def test_gpu_step_budget_follows_the_model_compute(config, budget, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_mixed_steps_keep_graphs_for_pure_decode(llama, workload):
-    """On CUDA (fp32, Triton attention): mixed steps run eagerly, pure decode steps still replay
-    CUDA graphs, and greedy tokens equal prefill-first's."""
+    """On CUDA (fp32, Triton attention): pure decode steps still replay the decode CUDA graphs (mixed
+    steps replay piecewise ones: test_piecewise.py), and greedy tokens equal prefill-first's."""
     results, replays = {}, {}
     for mode in ("mixed", "prefill-first"):
         llm = LLM(str(llama), device="cuda", dtype="float32", attn="triton", num_pages=1024,

@@ -51,10 +51,11 @@ class BaseAttnBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [T, qo_heads, head_dim], k/v: [T, kv_heads, head_dim] (already in the pool)
-        -> [T, qo_heads, head_dim]."""
+        -> [T, qo_heads, head_dim], written into ``out`` when one is given (and returned)."""
 
     # -- CUDA graphs (see the module docstring); backends without them keep these defaults --------
 

@@ -97,7 +97,8 @@ class FlashAttnBackend(BaseAttnBackend):
         self.triton.prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta = batch.attn_metadata
         usable = (
@@ -105,8 +106,9 @@ class FlashAttnBackend(BaseAttnBackend):
             and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
         )
         if not usable:
-            return self.triton.forward(q, k, v, layer_id, batch)
-        return self.varlen(q, k, v, meta.cu_seqlens, meta.max_extend, self.scale)
+            return self.triton.forward(q, k, v, layer_id, batch, out)
+        res = self.varlen(q, k, v, meta.cu_seqlens, meta.max_extend, self.scale)
+        return res if out is None else out.copy_(res)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         self.triton.init_cuda_graph(max_bs)
@@ -132,9 +134,10 @@ class HybridBackend(BaseAttnBackend):
         self._pick(batch).prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self._pick(batch).forward(q, k, v, layer_id, batch)
+        return self._pick(batch).forward(q, k, v, layer_id, batch, out)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         self.decode.init_cuda_graph(max_bs)

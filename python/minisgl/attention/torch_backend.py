@@ -47,7 +47,8 @@ class TorchBackend(BaseAttnBackend):
         )
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
         num_reqs, max_ext = meta.mask.shape[0], meta.mask.shape[2]
@@ -56,8 +57,9 @@ class TorchBackend(BaseAttnBackend):
         q_pad = q_pad.view(num_reqs, max_ext, *q.shape[1:]).transpose(1, 2)
         k_ctx, v_ctx = self.kv_pool.read_kv(layer_id, meta.slots, q.dtype)
         k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
-        out = F.scaled_dot_product_attention(
+        res = F.scaled_dot_product_attention(
             q_pad, k_ctx, v_ctx, attn_mask=meta.mask, scale=self.scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )
-        return out.transpose(1, 2).reshape(num_reqs * max_ext, *q.shape[1:])[meta.token_index]
+        res = res.transpose(1, 2).reshape(num_reqs * max_ext, *q.shape[1:])[meta.token_index]
+        return res if out is None else out.copy_(res)

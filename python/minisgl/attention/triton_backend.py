@@ -132,7 +132,8 @@ class TritonBackend(BaseAttnBackend):
     # -- forward ------------------------------------------------------------------------------
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta = batch.attn_metadata
         k_cache, v_cache = self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id)
@@ -140,10 +141,10 @@ class TritonBackend(BaseAttnBackend):
         if isinstance(meta, TritonDecodeMetadata):
             return decode_attention(
                 q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
-                meta.num_splits, workspace=self._workspace(meta, q), kv_scales=kv_scales,
+                meta.num_splits, out=out, workspace=self._workspace(meta, q), kv_scales=kv_scales,
             )
         if isinstance(meta, TritonMixedMetadata):
-            out = torch.empty_like(q)
+            out = torch.empty_like(q) if out is None else out
             d, dec = meta.num_decode, meta.decode
             decode_attention(
                 q[:d], k_cache, v_cache, self.page_table, dec.rows, dec.seq_lens, self.scale,
@@ -153,7 +154,7 @@ class TritonBackend(BaseAttnBackend):
             self._extend(q[d:], k_cache, v_cache, meta.prefill, kv_scales, out[d:])
             return out
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
-        return self._extend(q, k_cache, v_cache, meta, kv_scales)
+        return self._extend(q, k_cache, v_cache, meta, kv_scales, out)
 
     def _extend(self, q, k_cache, v_cache, meta: TritonPrefillMetadata, kv_scales,
                 out=None) -> torch.Tensor:

@@ -29,6 +29,8 @@ class EngineConfig:
     attention_backend: str = "torch"
     moe_backend: str = "torch"
     cuda_graph_max_bs: int = 0  # decode batches up to this size replay CUDA graphs; 0 disables
+    # prefill/mixed forwards up to this many tokens replay piecewise CUDA graphs; 0 disables
+    piecewise_cuda_graph_max_tokens: int = 0
     max_forward_tokens: int = 8192  # the largest forward (prefill budget): sizes the profiling run
     dummy_weights: bool = False
     seed: int = 0

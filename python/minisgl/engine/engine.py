@@ -82,17 +82,26 @@ class Engine:
         # eager forwards' token counts are rounded up to this (batch.py says why)
         self.pad_tokens = (_pad_tokens() if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
-        self.graph_runner = None
+        self.graph_runner = self.piecewise = None
         if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0
                 and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
             self.graph_runner = GraphRunner(self, max_bs)
+        if self.device.type == "cuda" and self.attn_backend.supports_padding:
+            from .piecewise import STEP, PiecewiseRunner
+
+            # no forward exceeds its budget (padding included)
+            max_tokens = min(config.piecewise_cuda_graph_max_tokens,
+                             -(-config.max_forward_tokens // STEP) * STEP)
+            if max_tokens >= STEP:
+                self.piecewise = PiecewiseRunner(self, max_tokens)
         logger.info(
-            "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s",
+            "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s",
             mc.architecture, self.device, config.dtype, self.num_pages, config.page_size,
             config.attention_backend, ", CUDA graphs" if self.graph_runner else "",
+            ", piecewise CUDA graphs" if self.piecewise else "",
         )
 
     def _make_pool(self, num_pages: int):
@@ -174,9 +183,10 @@ class Engine:
 
     def close(self) -> None:
         """Release the CUDA graphs, then leave the TP group (in this order: ``GraphRunner.close``)."""
-        if self.graph_runner is not None:
-            self.graph_runner.close()
-            self.graph_runner = None
+        for runner in (self.graph_runner, self.piecewise):
+            if runner is not None:
+                runner.close()
+        self.graph_runner = self.piecewise = None
         self.comm.close()
 
     @property
@@ -191,7 +201,10 @@ class Engine:
         else:
             with self.ctx.forward_batch(batch):
                 self.attn_backend.prepare_metadata(batch)
-                hidden = self.model(batch.input_ids, batch.positions, self.ctx)
+                if self.piecewise is not None and self.piecewise.can_run(batch):
+                    hidden = self.piecewise.forward(batch)
+                else:
+                    hidden = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = self.model.compute_logits(hidden[batch.logits_idx])
             if not batch.is_decode:  # prompt log-probs, for the requests that ask (prompt_logprobs.py)
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)

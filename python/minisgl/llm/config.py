@@ -41,6 +41,8 @@ class EngineOptions:
     attn: str = "auto"
     moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs (GPU only)
+    # prefill/mixed forwards of up to this many tokens: piecewise CUDA graphs (0: off; GPU only)
+    piecewise_cuda_graph_max_tokens: int = 1024
     disable_overlap: bool = False  # read every forward back before launching the next
     schedule_mode: str = "mixed"  # "mixed": decode tokens and prefill chunks share steps
     # tokens of one mixed step; None: see ``default_batched_tokens``
@@ -94,6 +96,10 @@ class EngineOptions:
                              f"{', '.join(MOE_BACKENDS.names)}")
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs: must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
+        if (not isinstance(self.piecewise_cuda_graph_max_tokens, int)
+                or self.piecewise_cuda_graph_max_tokens < 0):
+            raise ValueError("piecewise_cuda_graph_max_tokens: must be an integer >= 0, got "
+                             f"{self.piecewise_cuda_graph_max_tokens!r}")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
         if not self.kv_cache_memory_gb > 0:
@@ -139,6 +145,8 @@ class EngineOptions:
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),
             cuda_graph_max_bs=self.cuda_graph_max_bs if device.type == "cuda" else 0,
+            piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
+                                             if device.type == "cuda" else 0),
             max_forward_tokens=max(batched if mixed else self.max_prefill_tokens,
                                    self.max_running_requests),
             dummy_weights=self.dummy_weights,

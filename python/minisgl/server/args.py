@@ -173,6 +173,9 @@ _HELP = {
     "moe_backend": "MoE backend: auto, torch, triton",
     "disable_overlap": "read every forward back before launching the next (ablation)",
     "cuda_graph_max_bs": "decode batches up to this size replay CUDA graphs (0: off; GPU only)",
+    "piecewise_cuda_graph_max_tokens": "prefill and mixed forwards of up to this many tokens "
+                                       "replay CUDA graphs of all but attention, captured per "
+                                       "multiple of 64 tokens (0: off; GPU only)",
     "seed": "seed of the sampling of requests that give none",
 }
 

@@ -72,8 +72,15 @@ def add_translated_aliases(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, dest="cache", action="store_const", const="naive",
                            default=argparse.SUPPRESS, help="the same as --cache naive")
     for flag in ("--enforce-eager", "--disable-cuda-graph"):
-        group.add_argument(flag, dest="cuda_graph_max_bs", action="store_const", const=0,
-                           default=argparse.SUPPRESS, help="the same as --cuda-graph-max-bs 0")
+        group.add_argument(flag, action=_NoCudaGraphs, nargs=0, default=argparse.SUPPRESS,
+                           help="the same as --cuda-graph-max-bs 0 "
+                                "--piecewise-cuda-graph-max-tokens 0")
+
+
+class _NoCudaGraphs(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.cuda_graph_max_bs = 0
+        namespace.piecewise_cuda_graph_max_tokens = 0
 
 
 def parse_known_flags(parser: argparse.ArgumentParser,

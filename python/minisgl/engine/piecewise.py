@@ -1,0 +1,154 @@
+"""Piecewise CUDA graphs for prefill and mixed forwards: everything but attention is replayed.
+
+Besides attention, a forward launches about ten kernels per layer (norms, GEMMs, RoPE and the K/V
+store, the MLP): for Qwen3-8B some 400 launches, whose host cost (17-35 ms on an H100's host) exceeds
+the device time of a 1024-token step. Their shapes depend on the token count alone, so they are
+captured once per token count. Attention depends on the requests (how many decode, the lengths of
+chunks and contexts), so it runs eagerly between the graphs, on the batch's own metadata::
+
+    graph 0       embedding; layer 0 up to its attention (norms, QKV, RoPE, K/V store) -> q, k, v
+    attention 0   eager, the backend:                                        q, k, v -> out
+    graph 1       layer 0 after its attention (output projection, MLP); layer 1 up to its attention
+    ...
+    graph L       layer L-1 after its attention; the final norm                      -> hidden
+
+Token counts are captured at every multiple of ``STEP`` up to ``max_tokens``; a forward's tokens are
+padded up to the next one with the dummy request's (token 0 at position 0, K/V into the scratch
+slot 0), as ``batch.py`` pads eager forwards. q/k/v and the attention output are static buffers that
+every layer and every size shares: each graph copies its layer's q/k/v there and the next reads
+``out``. The backend must accept padding rows (``supports_padding``).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+import torch
+
+from minisgl.core import Batch, Context
+from minisgl.utils import init_logger
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = init_logger(__name__)
+
+STEP = 64  # captured token counts: STEP, 2 * STEP, ..., max_tokens
+
+
+class _Cut:
+    """Stands in for the attention backend while a forward is warmed up or captured: it hands the
+    layer's q/k/v to the static buffers and, when capturing, ends the current graph there and begins
+    the next, which starts from ``out``."""
+
+    def __init__(self, runner: PiecewiseRunner, capture: bool) -> None:
+        self.runner, self.capture = runner, capture
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.layers: list[int] = []
+
+    def begin(self) -> None:
+        if self.capture:
+            self.graphs.append(torch.cuda.CUDAGraph())
+            self.graphs[-1].capture_begin(pool=self.runner.pool)
+
+    def end(self) -> None:
+        if self.capture:
+            self.graphs[-1].capture_end()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                batch: Batch, out: torch.Tensor | None = None) -> torch.Tensor:
+        bufs = self.runner.buffers(q, k, v)
+        n = q.shape[0]
+        for buf, x in zip(bufs, (q, k, v)):
+            buf[:n].copy_(x)
+        self.end()
+        self.layers.append(layer_id)
+        self.begin()
+        return bufs[3][:n]
+
+
+class PiecewiseRunner:
+    def __init__(self, engine: Engine, max_tokens: int) -> None:
+        assert max_tokens >= STEP, f"piecewise CUDA graphs need max_tokens >= {STEP}"
+        self.engine = engine
+        self.sizes = list(range(STEP, max_tokens + 1, STEP))
+        self.max_tokens = self.sizes[-1]
+        device = engine.device
+        self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
+        self.out_loc = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
+        self._bufs: tuple[torch.Tensor, ...] | None = None  # q, k, v, out: made by the first warm-up
+        self.pieces: dict[int, tuple[list[torch.cuda.CUDAGraph], list[int], torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self._capture_all()
+
+    def can_run(self, batch: Batch) -> bool:
+        return not batch.is_decode and batch.input_ids.shape[0] <= self.max_tokens
+
+    def buffers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The static q, k, v and out buffers (allocated by the first warm-up, the largest size's,
+        outside the graphs' pool)."""
+        if self._bufs is None:
+            rows = self.max_tokens
+            self._bufs = tuple(torch.zeros(rows, *x.shape[1:], dtype=x.dtype, device=x.device)
+                               for x in (q, k, v, q))
+        return self._bufs
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        # NOTE: no graph may be garbage-collected while another captures (graph.py says why)
+        gc.collect()
+        gc.disable()
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for size in reversed(self.sizes):  # largest first: the rest reuse its memory
+                    self._run_cut(size, capture=False)  # warm-up: compiles and tunes every kernel
+                    self.pieces[size] = self._run_cut(size, capture=True)
+            torch.cuda.current_stream().wait_stream(stream)
+        finally:
+            gc.enable()
+        logger.info("captured piecewise CUDA graphs for prefill/mixed forwards of %d to %d tokens",
+                    self.sizes[0], self.max_tokens)
+
+    def _run_cut(self, size: int, capture: bool):
+        engine = self.engine
+        batch = Batch([], "prefill", input_ids=self.input_ids[:size],
+                      positions=self.positions[:size], out_loc=self.out_loc[:size])
+        cut = _Cut(self, capture)
+        ctx = Context(engine.page_table, engine.kv_pool, cut)  # type: ignore[arg-type]
+        cut.begin()
+        with ctx.forward_batch(batch):
+            hidden = engine.model(batch.input_ids, batch.positions, ctx)
+        cut.end()
+        return cut.graphs, cut.layers, hidden
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """The hidden states of a prefill or mixed batch, prepared (``prepare_batch``, attention
+        metadata) and bound to the engine's context."""
+        n = batch.input_ids.shape[0]
+        size = -(-n // STEP) * STEP
+        for buf, x in ((self.input_ids, batch.input_ids), (self.positions, batch.positions),
+                       (self.out_loc, batch.out_loc)):
+            buf[:n].copy_(x)
+            if size > n:
+                buf[n:size].zero_()  # the dummy request's tokens
+        graphs, layers, hidden = self.pieces[size]
+        q, k, v, out = (buf[:n] for buf in self._bufs)
+        backend = self.engine.attn_backend
+        for graph, layer_id in zip(graphs, layers):
+            graph.replay()
+            backend.forward(q, k, v, layer_id, batch, out=out)
+        graphs[-1].replay()
+        return hidden[:n]
+
+    def close(self) -> None:
+        """Free the graphs (before the TP group is destroyed: ``GraphRunner.close`` says why)."""
+        torch.cuda.synchronize(self.engine.device)
+        for graphs, _, _ in self.pieces.values():
+            for graph in graphs:
+                graph.reset()
+        self.pieces.clear()
+        self.pool = None

@@ -5,10 +5,11 @@ port=${PORT:-1919}
 gpu=$("$py" -c "import torch; n = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'; print(next((k for k in ('H100', 'H200') if k in n), n))")
 
 serve() {  # serve LOG_NAME [server args...]: start in the background, wait until healthy
+           # (SERVER_ARGS: more server flags for every server of the run)
     local log="$out/server_$1.log"
     shift
     "$py" -m minisgl --model "$model" --served-model-name "$tag" --dummy-weights --port "$port" \
-        "$@" >"$log" 2>&1 &
+        ${SERVER_ARGS:-} "$@" >"$log" 2>&1 &
     server=$!
     for _ in $(seq 600); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0

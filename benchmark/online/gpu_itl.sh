@@ -9,7 +9,7 @@
 # compiles its kernel variants for mixed steps then). The model stages serve prefill-first, then
 # mixed once per budget in BUDGETS (--max-num-batched-tokens), and write OUT/<model>_<gpu>_itl.md.
 # Env: PYTHON (python3), PORT (1919), CONCURRENCIES (qwen3-8b: "4,16,64"), BUDGETS ("512 1024 2048"; "default": the server's own budget),
-# ROUNDS (4), MODES (prefill-first and mixed-BUDGET for each budget; a baseline measured earlier in
+# SERVER_ARGS (more server flags), ROUNDS (4), MODES (prefill-first and mixed-BUDGET for each budget; a baseline measured earlier in
 # the same session may be left out and its JSON put into OUT first).
 set -euo pipefail
 stage=$1 out=$2

@@ -214,6 +214,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--rounds", type=int, default=4, help="requests = rounds x concurrency")
     p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--piecewise-cuda-graph-max-tokens", type=int,
+                   help="the engine option (default: the engine's); every mode is capped by its budget")
     p.add_argument("--profile", type=int, default=0,
                    help="print where the host's time of this many mixed launches goes (cProfile)")
     p.add_argument("--out", default="benchmark/results")
@@ -221,6 +223,8 @@ def main() -> None:
     args = p.parse_args()
     path, dummy = model_dir(args.model)
     options = {"max_running_requests": args.max_running_requests} if args.max_running_requests else {}
+    if args.piecewise_cuda_graph_max_tokens is not None:
+        options["piecewise_cuda_graph_max_tokens"] = args.piecewise_cuda_graph_max_tokens
     requests = workload(args.rounds * args.concurrency, seed=0)
     results = []
     for mode in args.modes.split(","):

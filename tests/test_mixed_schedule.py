@@ -273,12 +273,13 @@ def test_options_are_validated_and_resolved():
     assert opts.default_batched_tokens(torch.device("cuda"), online=True) == 2048  # no config
 
 
-@pytest.mark.parametrize("config, budget", [("qwen3-8b", 1024), ("llama-3.1-8b-instruct", 1024),
-                                            ("qwen3-30b-a3b", 2048), ("qwen3-0.6b", 8192),
-                                            ("qwen3-32b", 1024)])
-def test_gpu_step_budget_follows_the_model_compute(config, budget, tmp_path):
-    """The server's default budget on CUDA: tokens costing about what 1024 tokens of an 8B model
-    cost, a power of two between 1024 and max_prefill_tokens."""
+@pytest.mark.parametrize("config, budget, eager", [
+    ("qwen3-8b", 768, 1024), ("llama-3.1-8b-instruct", 768, 1024), ("qwen3-30b-a3b", 2048, 2048),
+    ("qwen3-0.6b", 4096, 8192), ("qwen3-14b", 512, 1024), ("qwen3-32b", 256, 1024)])
+def test_gpu_step_budget_follows_the_model_compute(config, budget, eager, tmp_path):
+    """The server's default budget on CUDA: tokens costing about what 768 tokens of an 8B model
+    cost (a multiple of 256), within the piecewise CUDA graphs (4096 tokens) and max_prefill_tokens;
+    without the graphs, 1024 tokens of an 8B model, a power of two, at least 1024."""
     import shutil
 
     import torch
@@ -290,8 +291,13 @@ def test_gpu_step_budget_follows_the_model_compute(config, budget, tmp_path):
     opts = EngineOptions()
     assert opts.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == budget
     assert opts.default_batched_tokens(torch.device("cpu"), True, str(tmp_path)) == 256
+    no_graphs = EngineOptions(piecewise_cuda_graph_max_tokens=0)
+    assert no_graphs.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == eager
+    few_graphs = EngineOptions(piecewise_cuda_graph_max_tokens=1024)
+    assert few_graphs.default_batched_tokens(torch.device("cuda"), True,
+                                             str(tmp_path)) == min(budget, 1024)
     small = EngineOptions(max_prefill_tokens=512)
-    assert small.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == 512
+    assert small.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == min(budget, 512)
     with open(src) as f:
         weights = matmul_weights_per_token(json.load(f))
     if config == "qwen3-8b":  # 36 layers x (attention 4096 x 128 x 80 + MLP 3 x 4096 x 12288)

@@ -42,7 +42,8 @@ CEILINGS = {
 QWEN_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # Qwen3's recommended settings
 VARIANTS = {
     "default": {},
-    "no-cuda-graph": {"cuda_graph_max_bs": 0},
+    "no-cuda-graph": {"cuda_graph_max_bs": 0, "piecewise_cuda_graph_max_tokens": 0},
+    "no-piecewise": {"piecewise_cuda_graph_max_tokens": 0},  # prefill/mixed steps all eager
     "no-overlap": {"disable_overlap": True},
     "torch-attn": {"attn": "torch"},
     "page16": {"page_size": 16},

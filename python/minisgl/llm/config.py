@@ -42,7 +42,7 @@ class EngineOptions:
     moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs (GPU only)
     # prefill/mixed forwards of up to this many tokens: piecewise CUDA graphs (0: off; GPU only)
-    piecewise_cuda_graph_max_tokens: int = 1024
+    piecewise_cuda_graph_max_tokens: int = 4096
     disable_overlap: bool = False  # read every forward back before launching the next
     schedule_mode: str = "mixed"  # "mixed": decode tokens and prefill chunks share steps
     # tokens of one mixed step; None: see ``default_batched_tokens``
@@ -110,18 +110,20 @@ class EngineOptions:
                                model_path: str | None = None) -> int:
         """``max_num_batched_tokens`` when none is given. Offline nobody watches a stream, so a
         step may be as large as a prefill (throughput). A server keeps steps short enough that a
-        running stream never pauses for long: on a GPU a budget sized by the model's compute
-        (``step_budget``: 1024 tokens for an 8B model, ``max_prefill_tokens`` for a 0.6B one), on
-        CPU 256 tokens (the default model takes about half a second for them on two cores)."""
+        running stream never pauses for long: on a GPU a budget sized by the model's compute and
+        kept within the piecewise CUDA graphs (``step_budget``: 768 tokens for an 8B model, 4096
+        for a 0.6B one), on CPU 256 tokens (the default model takes about half a second for them
+        on two cores)."""
         if not online:
             return self.max_prefill_tokens
         if device.type != "cuda":
             return min(self.max_prefill_tokens, 256)
         from .step_budget import FALLBACK_BUDGET, gpu_step_budget
 
+        graphs = self.piecewise_cuda_graph_max_tokens
         if model_path is None:
-            return min(self.max_prefill_tokens, FALLBACK_BUDGET)
-        return gpu_step_budget(model_path, self.max_prefill_tokens)
+            return min(self.max_prefill_tokens, graphs or FALLBACK_BUDGET, FALLBACK_BUDGET)
+        return gpu_step_budget(model_path, self.max_prefill_tokens, graphs)
 
     def scheduler_config(self, model_path: str, eos_token_ids: tuple[int, ...],
                          online: bool = False) -> SchedulerConfig:

@@ -1,12 +1,17 @@
 """The default token budget of a mixed step on a GPU, sized by the compute of the served model.
 
 A mixed step is as long as its prefill chunk's matrix work, and every running stream waits for it,
-so the budget is a compute budget: the tokens whose weight multiplications cost about as much as a
-1024-token chunk of Qwen3-8B (~7e9 matmul weights; with 64 streams decoding beside such chunks on an
-H100 the P99 gap between tokens was 50 ms and the largest 135 ms, where prefill-first paused them
-for over a second). A small model gets proportionally more tokens: the fixed cost of an eager step
-(kernel launches, scheduling) then stays small next to the chunk, which on Qwen3-0.6B at 1024
-tokens cost a third of the throughput (at 8192: 0.98x of prefill-first).
+so the budget is a compute budget: the tokens whose weight multiplications cost about as much as
+``STEP_TOKENS_8B`` tokens of Qwen3-8B (~7e9 matmul weights per token). On an H100 with 64 streams,
+piecewise CUDA graphs on (commit cc5a4c0, server): 768 tokens gave a P99 gap between tokens 2.49x the
+median and a mean time to first token 1.11x prefill-first's; 512 tokens 1.69x but 1.22x; 1024 tokens
+2.99x (in-process). A small model gets proportionally more tokens, up to the largest forward that
+replays piecewise graphs: a step beyond them is eager, and its launch alone costs 14-35 ms of host
+time (Qwen3-0.6B at 2048 tokens with graphs up to 1024: 0.84x of prefill-first's throughput; with
+graphs up to 4096, 4096 tokens: 1.035x, the largest gap 30 ms).
+
+Without piecewise graphs every mixed step is eager, and budgets below 1024 tokens of an 8B model
+lost throughput (768: 0.81x, 512: 0.6x of prefill-first): more, smaller chunks mean more launches.
 """
 
 from __future__ import annotations
@@ -15,10 +20,9 @@ import json
 import math
 import os
 
-_STEP_WEIGHT_TOKENS = 7.0e9 * 1024  # matmul weights x tokens of one step: 1024 tokens of an 8B model
-# below 1024 a Qwen3-8B server at 64 streams lost throughput (768: 0.81x, 512: 0.6x of prefill-first):
-# an eager step lasts at least the host's launch of it (17-35 ms), so more, smaller chunks cost more
-MIN_BUDGET = 1024
+_WEIGHTS_8B = 7.0e9  # matmul weights per token of Qwen3-8B
+STEP_TOKENS_8B = 768  # with piecewise graphs (a multiple of 256 for other models)
+EAGER_TOKENS_8B = 1024  # without (a power of two for other models, and at least this)
 FALLBACK_BUDGET = 2048  # a config this estimate does not understand
 
 
@@ -40,12 +44,18 @@ def matmul_weights_per_token(config: dict) -> int:
     return layers * (attention + 3 * hidden * inter)
 
 
-def gpu_step_budget(model_path: str, cap: int) -> int:
-    """A power of two between ``MIN_BUDGET`` and ``cap`` (``max_prefill_tokens``)."""
+def gpu_step_budget(model_path: str, cap: int, graph_tokens: int = 0) -> int:
+    """The budget for the model at ``model_path``, at most ``cap`` (``max_prefill_tokens``);
+    ``graph_tokens``: the largest forward with piecewise CUDA graphs (0: none)."""
+    if graph_tokens:
+        cap = min(cap, graph_tokens)
     try:
         with open(os.path.join(model_path, "config.json")) as f:
-            weights = matmul_weights_per_token(json.load(f))
+            weights = max(matmul_weights_per_token(json.load(f)), 1)
     except (OSError, ValueError, KeyError, TypeError):
         return min(FALLBACK_BUDGET, cap)
-    tokens = 2 ** round(math.log2(_STEP_WEIGHT_TOKENS / max(weights, 1)))
-    return max(min(tokens, cap), min(MIN_BUDGET, cap))
+    if graph_tokens:
+        tokens = max(256, round(_WEIGHTS_8B * STEP_TOKENS_8B / weights / 256) * 256)
+        return min(tokens, cap)
+    tokens = 2 ** round(math.log2(_WEIGHTS_8B * EAGER_TOKENS_8B / weights))
+    return max(min(tokens, cap), min(EAGER_TOKENS_8B, cap))

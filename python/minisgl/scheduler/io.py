@@ -197,6 +197,7 @@ def run_scheduler_process(
     ``watchdog_timeout``: seconds one loop iteration may take before the process dumps its stacks
     and exits (0: never); ``local_index``: which GPU of this machine the rank uses."""
     from minisgl.models import load_eos_token_ids
+    from minisgl.utils.heap import freeze_heap
     from minisgl.utils.hf import load_tokenizer
 
     try:
@@ -215,4 +216,5 @@ def run_scheduler_process(
         ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))
         return
     ready.send(("ok", {"max_context_len": scheduler.max_context_len}))
+    freeze_heap()
     io.run()

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from minisgl.utils import init_logger
+from minisgl.utils.heap import freeze_heap
 from minisgl.utils.mp import make_runtime_dir, remove_runtime_dir
 
 from .args import ServerAddrs, ServerConfig
@@ -248,6 +249,7 @@ def launch_server(config: ServerConfig) -> int:
         return 1
     scheme = "https" if config.ssl_certfile else "http"
     logger.info("serving %s on %s://%s:%d", config.model_name, scheme, config.host, config.port)
+    freeze_heap()
     try:
         make_http_server(config, app).run()
     finally:

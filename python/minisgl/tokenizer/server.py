@@ -39,6 +39,7 @@ from minisgl.message import (
     UserReply,
 )
 from minisgl.utils import init_logger
+from minisgl.utils.heap import freeze_heap
 from minisgl.utils.hf import load_tokenizer
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
@@ -81,6 +82,7 @@ def tokenize_worker(
     try:
         flag = _StopFlag()  # after start-up: a failed start leaves the caller's handlers alone
         ready.send(("ok", None))
+        freeze_heap()
         worker.run(flag, parent)
     finally:
         worker.close()

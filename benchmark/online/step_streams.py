@@ -34,6 +34,7 @@ from bench import gpu_name, model_dir, project_commit  # noqa: E402
 from minisgl import LLM, SamplingParams  # noqa: E402
 from minisgl.benchmark.perf import describe  # noqa: E402
 from minisgl.llm.config import EngineOptions  # noqa: E402
+from minisgl.utils.heap import freeze_heap  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -59,6 +60,7 @@ class Steps:
 
     def __init__(self, sched, profile: int = 0) -> None:
         self.profile, self.profiler = profile, cProfile.Profile()
+        self.profiled = 0  # mixed launches profiled so far
         self.launched: list[tuple[int, int]] = []  # (decode rows, prefill tokens)
         self.rows: list[tuple[float, int, int]] = []  # (return time, decode rows, prefill tokens)
         launch = sched._launch
@@ -84,6 +86,7 @@ class Steps:
             t0 = time.perf_counter()
             if name == "forward" and args[0].is_mixed and self.profile > 0:
                 self.profile -= 1
+                self.profiled += 1
                 res = self.profiler.runcall(fn, *args)
             else:
                 res = fn(*args)
@@ -123,6 +126,28 @@ class Steps:
                 for k, v in sorted(kinds.items(), key=lambda kv: (len(kv[0]), kv[0]))}
 
 
+class GcPauses:
+    """The garbage collector's pauses while it is alive, by generation."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append((time.perf_counter() - self._start) * 1e3)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        return {f"gen{g}": {"count": len(p), "max": round(max(p, default=0.0), 2),
+                            "total": round(sum(p), 1)} for g, p in self.pauses.items()}
+
+
 def _ceil_pow2(n: int) -> int:
     return 1 << max(n - 1, 1).bit_length()
 
@@ -139,6 +164,8 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
         sched.step()
     if DEVICE == "cuda":
         torch.cuda.synchronize()
+    freeze_heap()  # as the server's processes do
+    pauses = GcPauses()
     steps = Steps(sched, profile)
     queue = list(enumerate(requests))
     added: dict[int, float] = {}
@@ -166,12 +193,14 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
             if tok.finish_reason is not None:
                 del added[tok.uid], last[tok.uid]
     seconds = time.perf_counter() - start
-    if profile:
+    pauses.close()
+    if profile and steps.profiled:
         print(f"--- {mode}: host time of {profile} mixed launches")
         pstats.Stats(steps.profiler).sort_stats("tottime").print_stats(40)
     result = {"mode": mode, "concurrency": concurrency, "requests": len(requests),
               "output_tok_per_s": round(out_tokens / seconds, 1), "seconds": round(seconds, 2),
               "itl_ms": describe(itl), "ttft_ms": describe(ttft), "steps": steps.summary(start),
+              "gc_ms": pauses.summary(),
               "host_ms": steps.host_summary(),
               "retractions": sched.num_retractions,
               "budget": sched.config.max_num_batched_tokens if sched.config.mixed else None}
@@ -204,6 +233,11 @@ def table(results: list[dict]) -> list[str]:
     for r in results:
         for kind, s in r["steps"].items():
             lines.append(f"| {r['mode']} | {kind} | {s['steps']} | {s['p50']} | {s['p99']} | {s['max']} |")
+    lines += ["", "Garbage-collector pauses during the run (the start-up heap frozen, as in the server):",
+              "", "| mode | generation | collections | max ms | total ms |", "|---|---|---|---|---|"]
+    for r in results:
+        for gen, g in r["gc_ms"].items():
+            lines.append(f"| {r['mode']} | {gen} | {g['count']} | {g['max']} | {g['total']} |")
     return lines
 
 

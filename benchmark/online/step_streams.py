@@ -194,6 +194,7 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
                 del added[tok.uid], last[tok.uid]
     seconds = time.perf_counter() - start
     pauses.close()
+    gc.unfreeze()  # the next mode's engine needs this one's memory: let its cycles be collected
     if profile and steps.profiled:
         print(f"--- {mode}: host time of {profile} mixed launches")
         pstats.Stats(steps.profiler).sort_stats("tottime").print_stats(40)

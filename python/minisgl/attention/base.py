@@ -22,6 +22,10 @@ implements three methods; the graph runner calls them in this order::
 
 Everything a captured forward reads (lengths, page-table rows, split workspace) must therefore live
 in buffers the backend owns, and no launch may depend on device data (grids from host-side bounds).
+
+Prefill and mixed forwards replay piecewise graphs instead (``engine/piecewise.py``) when the backend
+accepts padding rows: ``forward`` itself is never captured there, but called eagerly between the
+graphs, with the batch's own metadata, static q/k/v buffers and ``out=`` the static output buffer.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ class GraphRunner:
         self._capture_all()
 
     def can_run(self, batch: Batch) -> bool:
-        """Pure decode batches only: a mixed batch's token count and attention metadata vary from
-        step to step, so it runs eagerly."""
+        """Pure decode batches only: a mixed batch's attention metadata varies from step to step,
+        so it replays piecewise graphs (``piecewise.py``) or runs eagerly."""
         return batch.is_decode and batch.size <= self.max_bs
 
     def _static_batch(self, bs: int) -> Batch:

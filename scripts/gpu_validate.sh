@@ -43,7 +43,7 @@ step() {  # step SECONDS CMD...: one step under a time limit, its wall time prin
 case $stage in
 tests)
     "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
-        tests/test_mixed_schedule.py tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
+        tests/test_mixed_schedule.py tests/test_piecewise.py tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
         tests/test_sampling.py tests/test_sampling_kernel.py tests/test_penalties.py \
         tests/test_fp8.py tests/test_fp8_kernels.py --durations=15 >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;

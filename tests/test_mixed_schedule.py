@@ -274,11 +274,11 @@ def test_options_are_validated_and_resolved():
 
 
 @pytest.mark.parametrize("config, budget, eager", [
-    ("qwen3-8b", 768, 1024), ("llama-3.1-8b-instruct", 768, 1024), ("qwen3-30b-a3b", 2048, 2048),
-    ("qwen3-0.6b", 4096, 8192), ("qwen3-14b", 512, 1024), ("qwen3-32b", 256, 1024)])
+    ("qwen3-8b", 640, 1024), ("llama-3.1-8b-instruct", 640, 1024), ("qwen3-30b-a3b", 1664, 2048),
+    ("qwen3-0.6b", 4096, 8192), ("qwen3-14b", 384, 1024), ("qwen3-32b", 128, 1024)])
 def test_gpu_step_budget_follows_the_model_compute(config, budget, eager, tmp_path):
-    """The server's default budget on CUDA: tokens costing about what 768 tokens of an 8B model
-    cost (a multiple of 256), within the piecewise CUDA graphs (4096 tokens) and max_prefill_tokens;
+    """The server's default budget on CUDA: tokens costing about what 640 tokens of an 8B model
+    cost (a multiple of 128), within the piecewise CUDA graphs (4096 tokens) and max_prefill_tokens;
     without the graphs, 1024 tokens of an 8B model, a power of two, at least 1024."""
     import shutil
 

@@ -111,7 +111,7 @@ class EngineOptions:
         """``max_num_batched_tokens`` when none is given. Offline nobody watches a stream, so a
         step may be as large as a prefill (throughput). A server keeps steps short enough that a
         running stream never pauses for long: on a GPU a budget sized by the model's compute and
-        kept within the piecewise CUDA graphs (``step_budget``: 768 tokens for an 8B model, 4096
+        kept within the piecewise CUDA graphs (``step_budget``: 640 tokens for an 8B model, 4096
         for a 0.6B one), on CPU 256 tokens (the default model takes about half a second for them
         on two cores)."""
         if not online:

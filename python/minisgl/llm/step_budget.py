@@ -2,10 +2,11 @@
 
 A mixed step is as long as its prefill chunk's matrix work, and every running stream waits for it,
 so the budget is a compute budget: the tokens whose weight multiplications cost about as much as
-``STEP_TOKENS_8B`` tokens of Qwen3-8B (~7e9 matmul weights per token). On an H100 with 64 streams,
-piecewise CUDA graphs on (commit cc5a4c0, server): 768 tokens gave a P99 gap between tokens 2.49x the
-median and a mean time to first token 1.11x prefill-first's; 512 tokens 1.69x but 1.22x; 1024 tokens
-2.99x (in-process). A small model gets proportionally more tokens, up to the largest forward that
+``STEP_TOKENS_8B`` tokens of Qwen3-8B (~7e9 matmul weights per token). On an H100 with 64 streams
+and piecewise CUDA graphs, the server's P99 gap between tokens over its median was 2.47-2.55 at 768
+tokens on three machines and 3.3-3.7 on two others, with a mean time to first token 0.90-1.17x
+prefill-first's; 512 tokens gave 1.69x but 1.22x, 640 on a slow machine 3.07x and 1.16x. 640 keeps
+both within issue 15's bounds (2.5x, 1.2x) with some room where the host is not the slow one. A small model gets proportionally more tokens, up to the largest forward that
 replays piecewise graphs: a step beyond them is eager, and its launch alone costs 14-35 ms of host
 time (Qwen3-0.6B at 2048 tokens with graphs up to 1024: 0.84x of prefill-first's throughput; with
 graphs up to 4096, 4096 tokens: 1.035x, the largest gap 30 ms).
@@ -21,7 +22,7 @@ import math
 import os
 
 _WEIGHTS_8B = 7.0e9  # matmul weights per token of Qwen3-8B
-STEP_TOKENS_8B = 768  # with piecewise graphs (a multiple of 256 for other models)
+STEP_TOKENS_8B = 640  # with piecewise graphs (a multiple of 128 for other models)
 EAGER_TOKENS_8B = 1024  # without (a power of two for other models, and at least this)
 FALLBACK_BUDGET = 2048  # a config this estimate does not understand
 
@@ -55,7 +56,7 @@ def gpu_step_budget(model_path: str, cap: int, graph_tokens: int = 0) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         return min(FALLBACK_BUDGET, cap)
     if graph_tokens:
-        tokens = max(256, round(_WEIGHTS_8B * STEP_TOKENS_8B / weights / 256) * 256)
+        tokens = max(128, round(_WEIGHTS_8B * STEP_TOKENS_8B / weights / 128) * 128)
         return min(tokens, cap)
     tokens = 2 ** round(math.log2(_WEIGHTS_8B * EAGER_TOKENS_8B / weights))
     return max(min(tokens, cap), min(EAGER_TOKENS_8B, cap))

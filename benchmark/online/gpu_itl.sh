@@ -21,8 +21,9 @@ mkdir -p "$out"
 
 itl=(--dataset random --input-len 512,1024 --output-len 128,256)
 
-run_modes() {  # run_modes CONCURRENCIES MAX_ITL_MS
+run_modes() {  # run_modes CONCURRENCIES MAX_ITL_MS [itl_summary flags...]
     local concurrencies=$1 max_itl=$2 top=${1##*,}
+    shift 2
     local name="${tag}_${gpu}_itl"
     local modes=${MODES:-prefill-first $(for b in $budgets; do echo "mixed-$b"; done)}
     for mode in $modes; do
@@ -39,14 +40,14 @@ run_modes() {  # run_modes CONCURRENCIES MAX_ITL_MS
         stop
     done
     "$py" "$here/itl_summary.py" --baseline "$out/${name}_prefill-first.json" \
-        "$out/${name}"_mixed-*.json --max-itl-ms "$max_itl" --out "$out/${name}.md"
+        "$out/${name}"_mixed-*.json --max-itl-ms "$max_itl" --out "$out/${name}.md" "$@"
 }
 
 case $stage in
 qwen3-8b|qwen3-0.6b)
     tag=$stage model=$(mktemp -d)/$stage
     "$py" "$here/dummy_model.py" "$here/../configs/$stage.json" "$model" >/dev/null
-    if [ "$stage" = qwen3-8b ]; then run_modes "${CONCURRENCIES:-4,16,64}" 250; else run_modes 128 150; fi ;;
+    if [ "$stage" = qwen3-8b ]; then run_modes "${CONCURRENCIES:-4,16,64}" 250; else run_modes 128 150 --max-itl-only; fi ;;
 shared)
     tag=qwen3-8b model=$(mktemp -d)/qwen3-8b
     "$py" "$here/dummy_model.py" "$here/../configs/qwen3-8b.json" "$model" >/dev/null

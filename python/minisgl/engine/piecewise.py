@@ -69,6 +69,8 @@ class _Cut:
 
 
 class PiecewiseRunner:
+    """The graphs of every captured token count, their static inputs, and their replay."""
+
     def __init__(self, engine: Engine, max_tokens: int) -> None:
         assert max_tokens >= STEP, f"piecewise CUDA graphs need max_tokens >= {STEP}"
         self.engine = engine

@@ -158,8 +158,10 @@ _HELP = {
     "schedule_mode": "mixed: each step carries every running request's decode token plus prefill "
                      "chunks within --max-num-batched-tokens; prefill-first: prefill steps pause "
                      "the running streams (ablation)",
-    "max_num_batched_tokens": "mixed: tokens of one step, decode tokens included (default: 2048 on "
-                              "CUDA, 256 on CPU, at most --max-prefill-tokens)",
+    "max_num_batched_tokens": "mixed: tokens of one step, decode tokens included (default on CUDA: "
+                              "sized by the model's compute within the piecewise CUDA graphs, 640 "
+                              "for Qwen3-8B, 4096 for Qwen3-0.6B; 256 on CPU; at most "
+                              "--max-prefill-tokens)",
     "schedule_policy": "admission order: lpm (longest cached prefix first) or fcfs",
     "max_wait_steps": "lpm: a request that waited this many steps is admitted first, in "
                       "arrival order",

@@ -1,4 +1,5 @@
 from .config import SchedulerConfig
-from .scheduler import Scheduler, TokenOutput
+from .output import TokenOutput
+from .scheduler import Scheduler
 
 __all__ = ["Scheduler", "SchedulerConfig", "TokenOutput"]

@@ -33,7 +33,8 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 from minisgl.utils.watchdog import Watchdog
 
-from .scheduler import Scheduler, TokenOutput
+from .output import TokenOutput
+from .scheduler import Scheduler
 from .stats import FirstForwards, LiveStats
 
 logger = init_logger(__name__)

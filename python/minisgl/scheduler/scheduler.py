@@ -8,8 +8,7 @@ forward and sampling -> append tokens, check stop conditions, release finished r
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
@@ -18,32 +17,19 @@ from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import init_logger
 
 from minisgl.engine.batch import prepare_batch
-from minisgl.engine.prompt_logprobs import Entry, PromptLogprobStore
+from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager
+from .output import FinishReason, TokenOutput, logprob_rows
 from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
 
 logger = init_logger(__name__)
 
-FinishReason = Literal["stop", "length", "abort"]
 Launched = tuple[Batch, list[Req], ForwardOutput]
-
-
-@dataclass
-class TokenOutput:
-    """One new token of one request (``token`` None: a ``max_tokens=0`` request, prompt only)."""
-
-    uid: int
-    token: int | None
-    finish_reason: FinishReason | None = None
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-    first: Req | None = None  # the request, on its first token only (prompt length, cache hit)
-    prompt_logprobs: list[Entry] | None = None  # on its first token, when asked
 
 
 class Scheduler:
@@ -225,7 +211,7 @@ class Scheduler:
         out.wait()
         self.prompt_logprobs.add(out.prompt_logprobs, self.reqs)
         tokens = out.next_tokens.tolist()
-        logprobs = _logprob_rows(out, sampled)
+        logprobs = logprob_rows(out, sampled)
         live = [(i, req, token) for i, (req, token) in enumerate(zip(sampled, tokens))
                 if self.reqs.get(req.uid) is req]  # not finished or aborted while this forward ran
         reasons: dict[int, FinishReason | None] = {}
@@ -308,21 +294,3 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.cache.check_integrity(self.decode.running + self.prefill.admitted())
-
-
-def _logprob_rows(out: ForwardOutput, reqs: list[Req]) -> list[tuple]:
-    """Per request: (chosen token's logprob, [(id, logprob)] of its top_logprobs), or () if unasked."""
-    if out.logprobs is None:
-        return [()] * len(reqs)
-    logprobs, top_ids, top_logprobs = out.logprobs
-    chosen = logprobs.tolist()
-    ids = top_ids.tolist() if top_ids is not None else [[] for _ in reqs]
-    lps = top_logprobs.tolist() if top_logprobs is not None else [[] for _ in reqs]
-    rows: list[tuple] = []
-    for i, req in enumerate(reqs):
-        k = req.sampling_params.top_logprobs
-        if not req.sampling_params.logprobs and k == 0:
-            rows.append(())
-        else:
-            rows.append((chosen[i], list(zip(ids[i][:k], lps[i][:k]))))
-    return rows

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from minisgl.core import Req
 from minisgl.message import SchedulerStatsMsg
 
-from .scheduler import TokenOutput
+from .output import TokenOutput
 
 
 class FirstForwards:

@@ -1,0 +1,43 @@
+"""What a scheduler step hands back: one ``TokenOutput`` per request that got a token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from minisgl.core import Req
+from minisgl.engine import ForwardOutput
+from minisgl.engine.prompt_logprobs import Entry
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class TokenOutput:
+    """One new token of one request (``token`` None: a ``max_tokens=0`` request, prompt only)."""
+
+    uid: int
+    token: int | None
+    finish_reason: FinishReason | None = None
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    first: Req | None = None  # the request, on its first token only (prompt length, cache hit)
+    prompt_logprobs: list[Entry] | None = None  # on its first token, when asked
+
+
+def logprob_rows(out: ForwardOutput, reqs: list[Req]) -> list[tuple]:
+    """Per request: (chosen token's logprob, [(id, logprob)] of its top_logprobs), or () if unasked."""
+    if out.logprobs is None:
+        return [()] * len(reqs)
+    logprobs, top_ids, top_logprobs = out.logprobs
+    chosen = logprobs.tolist()
+    ids = top_ids.tolist() if top_ids is not None else [[] for _ in reqs]
+    lps = top_logprobs.tolist() if top_logprobs is not None else [[] for _ in reqs]
+    rows: list[tuple] = []
+    for i, req in enumerate(reqs):
+        k = req.sampling_params.top_logprobs
+        if not req.sampling_params.logprobs and k == 0:
+            rows.append(())
+        else:
+            rows.append((chosen[i], list(zip(ids[i][:k], lps[i][:k]))))
+    return rows

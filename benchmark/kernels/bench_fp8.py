@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench import gpu_name  # noqa: E402
+from bench_common import gpu_name  # noqa: E402
 from bench_gemv import L2_FLUSH_BYTES, SHAPES, time_graph  # noqa: E402
 from minisgl.kernel.triton.fp8_gemm import GemmConfig, fp8_block_gemm, pick_config, quantize_act  # noqa: E402
 from minisgl.kernel.triton.fp8_gemv import fp8_gemv, pick_config as gemv_config  # noqa: E402

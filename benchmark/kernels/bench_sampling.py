@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
-from bench import gpu_name, model_dir  # noqa: E402
+from bench_common import gpu_name, model_dir  # noqa: E402
 from minisgl.core import Req, SamplingParams  # noqa: E402
 from minisgl.engine.sample import (  # noqa: E402
     BatchSamplingArgs,

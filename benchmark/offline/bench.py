@@ -17,10 +17,7 @@ import gc
 import json
 import os
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -29,6 +26,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 
 from minisgl import LLM, SamplingParams  # noqa: E402
 from minisgl.layers import linear as linear_layers  # noqa: E402
+
+from bench_common import (  # noqa: E402
+    StepTrace, borrow_tokenizer, environment, gpu_name, model_dir, project_commit,
+)
 
 # output tok/s at peak HBM bandwidth, DESIGN.md section 9
 CEILINGS = {
@@ -79,111 +80,6 @@ def workload(n: int = 256) -> tuple[list[list[int]], list[int]]:
     prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(n)]
     max_tokens = [random.randint(100, 1024) for _ in range(n)]
     return prompts, max_tokens
-
-
-def gpu_name() -> str:
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return next((k for k in ("H100", "H200", "A100", "B200") if k in name), name)
-
-
-def model_dir(model: str) -> tuple[str, bool]:
-    """A directory for ``model``; a bare config.json is copied into a temp dir (dummy weights)."""
-    if model.endswith(".json"):
-        tmp = tempfile.mkdtemp(prefix="minisgl-bench-")
-        shutil.copy(model, os.path.join(tmp, "config.json"))
-        return tmp, True
-    return model, False
-
-
-def borrow_tokenizer(path: str) -> None:
-    """Grammars need a tokenizer: a bare config (random weights) borrows the default model's. Its
-    vocabulary is smaller than most models'; the ids past it are masked off, as padding is."""
-    from minisgl.utils.default_model import default_model_path
-
-    source = default_model_path()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(source, name), os.path.join(path, name))
-    print(f"--structured: the dummy model uses the tokenizer of {source}", flush=True)
-
-
-class StepTrace:
-    """Where the time of a run goes: the wall time of every scheduler step, by the batch it read back.
-
-    A step launches batch N+1 and reads back batch N (overlap), so the time between two steps' returns
-    is batch N's device time when the GPU is the bottleneck (else the host's time per step). Decode
-    steps are also reported as bytes moved per second (weights + the KV of every request read once),
-    the quantity the bandwidth ceiling assumes.
-    """
-
-    def __init__(self, llm: LLM) -> None:
-        sched = getattr(llm.scheduler, "inner", llm.scheduler)  # TP: rank 0's own scheduler
-        self.rows: list[tuple[float, str, int, int]] = []  # (end time, phase, requests, KV tokens)
-        self.overlap = sched.config.overlap
-        engine = sched.engine
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-        self.kv_bytes_per_token = engine.kv_pool.mem_bytes / engine.kv_pool.num_slots
-        launch, step = sched._launch, sched.step
-        launched: list[tuple[str, int, int]] = []  # (phase, requests, KV tokens) per launch
-
-        def traced_launch(*args):
-            res = launch(*args)
-            if res is not None:
-                batch = res[0]
-                launched.append((batch.phase, batch.size, sum(r.device_len for r in batch.reqs)))
-            return res
-
-        def traced_step():
-            n, inflight = len(launched), sched._inflight is not None
-            out = step()
-            # the batch read back: the one launched by the previous step (overlap) or by this one
-            done = (n - 1 if inflight else None) if self.overlap else (n if len(launched) > n else None)
-            self.rows.append((time.perf_counter(),) + (launched[done] if done is not None else ("idle", 0, 0)))
-            return out
-
-        sched._launch, sched.step = traced_launch, traced_step
-
-    def start(self) -> None:
-        self.rows.clear()
-        self.t0 = time.perf_counter()
-
-    def summary(self) -> dict:
-        prev, acc = self.t0, {}
-        decode_bytes = 0.0
-        for end, phase, size, kv_tokens in self.rows:
-            key = phase if phase != "decode" else f"decode_bs{_bucket(size)}"
-            n, secs, toks = acc.get(key, (0, 0.0, 0))
-            acc[key] = (n + 1, secs + end - prev, toks + size)
-            if phase == "decode":
-                decode_bytes += self.weight_bytes + kv_tokens * self.kv_bytes_per_token
-            prev = end
-        decode_s = sum(v[1] for k, v in acc.items() if k.startswith("decode"))
-        return {
-            "steps": {k: {"steps": n, "seconds": round(t, 3), "requests": toks}
-                      for k, (n, t, toks) in sorted(acc.items())},
-            "decode_seconds": round(decode_s, 3),
-            "decode_tb_per_s": round(decode_bytes / decode_s / 1e12, 3) if decode_s else None,
-        }
-
-
-def _bucket(size: int) -> str:
-    for lo, hi in ((1, 15), (16, 63), (64, 191), (192, 256)):
-        if size <= hi:
-            return f"{lo}-{hi}"
-    return "257+"
-
-
-@contextlib.contextmanager
-def environment(values: dict):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def run_minisgl(path: str, dummy: bool, prompts, max_tokens, variant: dict, tp: int = 1,
@@ -298,25 +194,6 @@ def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict
     gc.collect()
     torch.cuda.empty_cache()
     return {"output_tokens": useful, "seconds": seconds}
-
-
-def project_commit() -> str:
-    """The commit of this project's checkout, or "unknown". A copy of the tree without .git (e.g.
-    on a lent GPU machine) passes MINISGL_COMMIT; git is asked about this file's own checkout, and
-    only believed when that checkout's top is this project (an exported tree inside another
-    repository must not record that repository's commit)."""
-    if os.environ.get("MINISGL_COMMIT"):
-        return os.environ["MINISGL_COMMIT"]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    top = git("rev-parse", "--show-toplevel")
-    if not top or os.path.realpath(top) != os.path.realpath(root):
-        return "unknown"
-    return git("rev-parse", "--short", "HEAD") or "unknown"
 
 
 def main() -> None:

@@ -81,9 +81,9 @@ def test_revision_of_a_local_model_is_an_error(tmp_path):
         resolve_model_path(str(tmp_path), revision="main")
 
 
-def _project_commit(bench_path: str) -> str:
+def _project_commit(module_path: str) -> str:
     code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('b', "
-            f"{bench_path!r}); m = importlib.util.module_from_spec(spec); "
+            f"{module_path!r}); m = importlib.util.module_from_spec(spec); "
             "spec.loader.exec_module(m); print(m.project_commit())")
     env = {k: v for k, v in os.environ.items() if k != "MINISGL_COMMIT"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
@@ -94,7 +94,7 @@ def _project_commit(bench_path: str) -> str:
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_bench_records_the_projects_own_commit(tmp_path):
-    bench = os.path.join(ROOT, "benchmark", "offline", "bench.py")
+    bench = os.path.join(ROOT, "benchmark", "offline", "bench_common.py")
     own = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True)
     if own.returncode == 0 and importlib.util.find_spec("torch"):
@@ -107,4 +107,4 @@ def test_bench_records_the_projects_own_commit(tmp_path):
     git = ["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "outer"], check=True)
-    assert _project_commit(str(export / "benchmark" / "offline" / "bench.py")) == "unknown"
+    assert _project_commit(str(export / "benchmark" / "offline" / "bench_common.py")) == "unknown"

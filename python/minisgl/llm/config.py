@@ -118,12 +118,10 @@ class EngineOptions:
             return self.max_prefill_tokens
         if device.type != "cuda":
             return min(self.max_prefill_tokens, 256)
-        from .step_budget import FALLBACK_BUDGET, gpu_step_budget
+        from .step_budget import gpu_step_budget
 
-        graphs = self.piecewise_cuda_graph_max_tokens
-        if model_path is None:
-            return min(self.max_prefill_tokens, graphs or FALLBACK_BUDGET, FALLBACK_BUDGET)
-        return gpu_step_budget(model_path, self.max_prefill_tokens, graphs)
+        return gpu_step_budget(model_path, self.max_prefill_tokens,
+                               self.piecewise_cuda_graph_max_tokens)
 
     def scheduler_config(self, model_path: str, eos_token_ids: tuple[int, ...],
                          online: bool = False) -> SchedulerConfig:

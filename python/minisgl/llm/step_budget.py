@@ -45,18 +45,27 @@ def matmul_weights_per_token(config: dict) -> int:
     return layers * (attention + 3 * hidden * inter)
 
 
-def gpu_step_budget(model_path: str, cap: int, graph_tokens: int = 0) -> int:
+def gpu_step_budget(model_path: str | None, cap: int, graph_tokens: int = 0) -> int:
     """The budget for the model at ``model_path``, at most ``cap`` (``max_prefill_tokens``);
-    ``graph_tokens``: the largest forward with piecewise CUDA graphs (0: none)."""
+    ``graph_tokens``: the largest forward with piecewise CUDA graphs (0: none). A model whose
+    config is unknown (no path, or one this estimate does not understand) gets ``FALLBACK_BUDGET``."""
     if graph_tokens:
         cap = min(cap, graph_tokens)
-    try:
-        with open(os.path.join(model_path, "config.json")) as f:
-            weights = max(matmul_weights_per_token(json.load(f)), 1)
-    except (OSError, ValueError, KeyError, TypeError):
+    weights = _config_weights(model_path)
+    if weights is None:
         return min(FALLBACK_BUDGET, cap)
     if graph_tokens:
         tokens = max(128, round(_WEIGHTS_8B * STEP_TOKENS_8B / weights / 128) * 128)
         return min(tokens, cap)
     tokens = 2 ** round(math.log2(_WEIGHTS_8B * EAGER_TOKENS_8B / weights))
     return max(min(tokens, cap), min(EAGER_TOKENS_8B, cap))
+
+
+def _config_weights(model_path: str | None) -> int | None:
+    if model_path is None:
+        return None
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            return max(matmul_weights_per_token(json.load(f)), 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -196,7 +196,7 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
     pauses.close()
     gc.unfreeze()  # the next mode's engine needs this one's memory: let its cycles be collected
     if profile and steps.profiled:
-        print(f"--- {mode}: host time of {profile} mixed launches")
+        print(f"--- {mode}: host time of {steps.profiled} mixed launches")
         pstats.Stats(steps.profiler).sort_stats("tottime").print_stats(40)
     result = {"mode": mode, "concurrency": concurrency, "requests": len(requests),
               "output_tok_per_s": round(out_tokens / seconds, 1), "seconds": round(seconds, 2),

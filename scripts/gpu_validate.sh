@@ -23,6 +23,8 @@
 #                                         # lpm vs fcfs
 #   scripts/gpu_validate.sh steps   OUT   # the scheduler's own gaps between tokens (no server):
 #                                         # Qwen3-8B at 64 streams, Qwen3-0.6B at 128, by budget
+#   scripts/gpu_validate.sh pdl     OUT   # batch-1 decode with PDL off/on, the GEMV prefetch swept
+#                                         # (Qwen3-8B bf16 and fp8); FP8 batch-1 profile; kernel tests
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -188,8 +190,19 @@ steps)  # about six minutes; MODES8 and MODES06 pick the schedule modes, PROFILE
         --concurrency 128 ${PROFILE:+--profile $PROFILE} --modes "${MODES06:-prefill-first,mixed,mixed-2048}" --out "$out" \
         >"$out/steps_qwen3-0.6b.log" 2>&1
     cat "$out"/steps_*.md ;;
+pdl)  # about nine minutes
+    step 300 "$py" benchmark/offline/bench_pdl.py --model benchmark/configs/qwen3-8b.json \
+        --prefetch "${PREFETCH:-0,16384,32768}" --out "$out" >"$out/bench_pdl.log" 2>&1
+    cat "$out"/*_pdl_*.md
+    step 60 "$py" benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-8b.json \
+        --quantization fp8 --out "$out" >"$out/profile_fp8.log" 2>&1
+    head -n 16 "$out/profile_fp8.log" | cut -c1-60,100-150
+    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
+        tests/test_triton_kernels.py tests/test_triton_attention.py tests/test_fp8_kernels.py \
+        tests/test_fp8.py >"$out/gpu_tests.log" 2>&1
+    tail -3 "$out/gpu_tests.log" ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

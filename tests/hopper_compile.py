@@ -54,7 +54,8 @@ def _fp8_kernels():
         yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
             b_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32", stride_s="i32"), dict(
             SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
-            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk), warps
+            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=True,
+            PREFETCH=128), warps
     for gated in (False, True):
         yield fused_moe._moe_gemm_kernel, dict(a_ptr="*bf16", w_ptr="*fp8e4nv", out_ptr="*bf16",
             weights_ptr="*bf16", sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32",
@@ -68,7 +69,7 @@ def _fp8_kernels():
             "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_pt",
             "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
             "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
-        DIRECT=False, DOT_PREC="tf32"), 4
+        DIRECT=False, DOT_PREC="tf32", USE_PDL=True), 4
     yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32", qk_scale="fp32",
         v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh", "stride_kn", "stride_kh",
         "stride_vn", "stride_vh", "stride_ot", "stride_oh", "stride_pt")}), dict(
@@ -78,7 +79,26 @@ def _fp8_kernels():
         loc_ptr="*i64", eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32", **{s: "i32" for s in (
             "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h",
             "c_stride_slot", "c_stride_h", "n_q", "n_k", "cache_stride")}), dict(
-        HAS_NORM=True, STORE=True, FP8=True, HALF=64, BLOCK_Q=32, BLOCK_K=8), 8
+        HAS_NORM=True, STORE=True, FP8=True, HALF=64, BLOCK_Q=32, BLOCK_K=8, USE_PDL=True), 8
+
+
+def _pdl_kernels():
+    """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
+    the FP8 ones): the GEMV with and without its L2 prefetch, the norm, the attention reduction."""
+    from minisgl.kernel.triton import decode_attention, gemv, norm
+
+    for prefetch, gated in ((256, False), (0, True)):
+        yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
+            N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
+            BLOCK_N=4, BLOCK_K=2048, USE_PDL=True, PREFETCH=prefetch, ESIZE=2), 4
+    yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16",
+        res_out_ptr="*bf16", eps="fp32", **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0",
+        "stride_x1", "stride_r", "stride_y", "stride_ro", "dim")}), dict(
+        HAS_RES=True, ROWS=1, BLOCK_D=4096, USE_PDL=True), 4
+    yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
+        Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",
+        "stride_lb", "stride_lh", "stride_ob", "stride_oh")}), dict(
+        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, USE_PDL=True), 4
 
 
 def main(suite: str) -> None:
@@ -86,7 +106,7 @@ def main(suite: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = {"fp8": _fp8_kernels}[suite]
+    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
         fn = getattr(kernel, "fn", kernel)
         missing = set(kernel.arg_names) - set(sig) - set(consts)
@@ -103,7 +123,10 @@ def main(suite: str) -> None:
                 return
             print("FAILED", fn.__name__, consts, str(e)[-2000:])
             continue
-        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]))
+        ptx = compiled.asm["ptx"]
+        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
+              "griddepcontrol" if "griddepcontrol.wait" in ptx else "",
+              "prefetch" if "prefetch.global.L2" in ptx else "")
 
 
 if __name__ == "__main__":

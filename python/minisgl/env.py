@@ -34,6 +34,9 @@ PAD_TOKENS = EnvVar("MINISGL_PAD_TOKENS", "64", "eager forwards (prefill and mix
                    "run a token count rounded up to a multiple of this (1: none, for ablations): "
                    "cuBLAS picks a GEMM algorithm on the host for every new shape")
 
+PDL = EnvVar("MINISGL_PDL", "1", "0: Triton kernels on Hopper and later launch without "
+              "programmatic dependent launch (for ablations)")
+
 FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quantizes dense weights "
                   "into 128x128 blocks and runs the block-scaled Triton GEMM (the FP8 checkpoints' "
                   "format) instead of per-channel scales and torch._scaled_mm (for ablations)")

@@ -30,7 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .extend_attention import _attend_keys
+from .pdl import wait_then_release
 
 __all__ = ["choose_num_splits", "decode_attention", "decode_workspace"]
 
@@ -47,8 +49,9 @@ def _decode_stage1(
     stride_qb, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_pt,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -96,7 +99,9 @@ def _decode_stage2(
     PartOut, PartLse, SeqLens, Out, num_splits,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(SeqLens + b)
@@ -195,6 +200,7 @@ def decode_attention(
         part_out = part_lse = out  # unused: with one split stage 1 writes ``out``
     block_d = max(16, triton.next_power_of_2(dim))  # tl.dot needs K >= 16
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    launch = pdl.launch_options(q)
     _decode_stage1[(bs, hkv, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, part_out, part_lse, out,
         scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
@@ -204,7 +210,7 @@ def decode_attention(
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim,
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=num_splits == 1, DOT_PREC=dot_prec,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **launch,
     )
     if num_splits > 1:
         _decode_stage2[(bs, hq)](
@@ -213,5 +219,6 @@ def decode_attention(
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n,
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4 if block_d >= 128 else 2,
+            **launch,
         )
     return out

@@ -13,13 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import wait_then_release
+
 
 @triton.jit
 def _rmsnorm_kernel(
     x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr,
     n_rows, n_inner, stride_x0, stride_x1, stride_r, stride_y, stride_ro, dim, eps,
-    HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < n_rows
@@ -69,6 +73,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float,
             residual.stride(0) if residual is not None else 0, dim,
             res_out.stride(0) if res_out is not None else 0, dim, eps,
             HAS_RES=residual is not None, ROWS=rows, BLOCK_D=block_d, num_warps=warps,
+            **pdl.launch_options(x),
         )
     return y, (res_out.view(x.shape) if res_out is not None else None)
 

@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+from .pdl import wait_then_release
+
 
 @triton.jit
 def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
@@ -67,8 +70,9 @@ def _rope_kernel(
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
     c_stride_slot, c_stride_h, n_q, n_k, cache_stride, eps, k_inv_scale, v_inv_scale,
     HAS_NORM: tl.constexpr, STORE: tl.constexpr, FP8: tl.constexpr,
-    HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     cols = tl.arange(0, HALF)
@@ -117,7 +121,7 @@ def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cac
         n_q, n_k, cos_sin.stride(0), eps, 1.0 / kv_scales[0], 1.0 / kv_scales[1],
         HAS_NORM=has_norm, STORE=store, FP8=store and k_cache.dtype == torch.float8_e4m3fn,
         HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=block_k,
-        num_warps=warps,
+        num_warps=warps, **pdl.launch_options(q),
     )
 
 

@@ -1,0 +1,76 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the kernels of a decode step.
+
+A decode step is a chain of short kernels (norm, GEMV, RoPE, attention, GEMV, ...). Normally each one
+starts only after the one before it has finished and its memory is flushed, so every kernel pays its
+launch and its ramp-up, and the small ones leave HBM idle. A kernel launched with PDL may start while
+its predecessor is still running: its programs run what does not depend on the predecessor, then
+``griddepcontrol.wait`` blocks until the predecessor has completed and its writes are visible. Here:
+
+* every PDL kernel calls ``wait_then_release`` before it touches anything another kernel writes, and
+  then lets its own successor launch (``griddepcontrol.launch_dependents``): correctness never
+  depends on the overlap, since a successor reads nothing before its own wait;
+* the GEMVs ask L2 for their weight rows (never written) before they wait, so a layer's weights
+  stream in while the norm, RoPE or attention kernel before it runs.
+
+Kernels launched by others (cuBLAS, torch, NCCL) are ordinary predecessors: a PDL kernel after one
+waits for its completion like any kernel. CUDA-graph capture keeps the launches' programmatic edges.
+``MINISGL_PDL=0`` turns it off; the interpreter and GPUs before Hopper never use it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from minisgl.env import PDL
+
+
+@functools.cache
+def _supported(device: int) -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def pdl_enabled(x: torch.Tensor) -> bool:
+    """Whether kernels launched on ``x``'s device use PDL (read at every launch: benchmarks switch
+    ``MINISGL_PDL`` between runs in one process)."""
+    return x.is_cuda and PDL.get() != "0" and _supported(x.device.index or 0)
+
+
+def launch_options(x: torch.Tensor) -> dict:
+    """Keyword arguments of a Triton launch: the kernel's ``USE_PDL`` and, when on, ``launch_pdl``
+    (left out otherwise, so the interpreter never sees it)."""
+    on = pdl_enabled(x)
+    return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
+
+
+@triton.jit
+def wait_then_release(USE_PDL: tl.constexpr):
+    """Wait for the predecessor's completion (and its writes), then let the successor launch."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(base, n, LINES: tl.constexpr, ESIZE: tl.constexpr):
+    """Ask L2 for the first ``LINES`` 128-byte lines of ``base[0:n]`` (elements of ``ESIZE``
+    bytes): a hint, nothing lands in registers, and the later loads find the lines in L2."""
+    offs = tl.minimum(tl.arange(0, LINES).to(tl.int64) * (128 // ESIZE), n - 1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + offs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+# how much of its weight rows a GEMV program asks L2 for before it waits (bytes; 0: none). Module
+# state rather than a constant so that the benchmark can sweep it.
+GEMV_PREFETCH_BYTES = 16384
+
+
+def prefetch_lines(row_bytes: int) -> int:
+    """128-byte lines a GEMV program prefetches: its rows' bytes within the budget, a power of two."""
+    lines = min(row_bytes, GEMV_PREFETCH_BYTES) // 128
+    return triton.next_power_of_2(lines) if lines else 0

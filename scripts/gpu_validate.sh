@@ -23,8 +23,8 @@
 #                                         # lpm vs fcfs
 #   scripts/gpu_validate.sh steps   OUT   # the scheduler's own gaps between tokens (no server):
 #                                         # Qwen3-8B at 64 streams, Qwen3-0.6B at 128, by budget
-#   scripts/gpu_validate.sh pdl     OUT   # batch-1 decode with PDL off/on, the GEMV prefetch swept
-#                                         # (Qwen3-8B bf16 and fp8); FP8 batch-1 profile; kernel tests
+#   scripts/gpu_validate.sh pdl     OUT   # batch-1 decode with PDL off/on (Qwen3-8B bf16 and fp8);
+#                                         # FP8 batch-1 profile; the tests of the kernels PDL launches
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -191,9 +191,10 @@ steps)  # about six minutes; MODES8 and MODES06 pick the schedule modes, PROFILE
         >"$out/steps_qwen3-0.6b.log" 2>&1
     cat "$out"/steps_*.md ;;
 pdl)  # about nine minutes
-    step 300 "$py" benchmark/offline/bench_pdl.py --model benchmark/configs/qwen3-8b.json \
-        --prefetch "${PREFETCH:-0,16384,32768}" --out "$out" >"$out/bench_pdl.log" 2>&1
-    cat "$out"/*_pdl_*.md
+    step 300 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants '' --batch1 --batch1-variants no-pdl,fp8,fp8-no-pdl --tag pdl --out "$out" \
+        >"$out/bench_pdl.log" 2>&1
+    cat "$out"/offline_*_pdl.md
     step 60 "$py" benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-8b.json \
         --quantization fp8 --out "$out" >"$out/profile_fp8.log" 2>&1
     head -n 16 "$out/profile_fp8.log" | cut -c1-60,100-150

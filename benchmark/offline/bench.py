@@ -56,6 +56,8 @@ VARIANTS = {
     "fp8": {"quantization": "fp8"},  # weights quantized at load (random bf16 weights of --model)
     "fp8-kv": {"kv_cache_dtype": "fp8_e4m3"},
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
+    "no-pdl": {"env": {"MINISGL_PDL": "0"}},  # Triton kernels without programmatic dependent launch
+    "fp8-no-pdl": {"quantization": "fp8", "env": {"MINISGL_PDL": "0"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},
@@ -199,7 +201,7 @@ def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
-    parser.add_argument("--variants", default="default", help=f"comma list of {list(VARIANTS)}")
+    parser.add_argument("--variants", default="default", help=f"comma list of {list(VARIANTS)} ('': batch 1 alone)")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes to run")
     parser.add_argument("--hf-requests", type=int, default=64, help="0 skips transformers")
@@ -237,7 +239,7 @@ def main() -> None:
         print(json.dumps(rec), flush=True)
 
     for tp in map(int, args.tp.split(",")):
-        for variant in args.variants.split(","):
+        for variant in filter(None, args.variants.split(",")):
             engine = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
             record(engine, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
             if variant != "default" and any(r["engine"].startswith("minisgl[default]")
@@ -253,8 +255,9 @@ def main() -> None:
         runs = [("minisgl[batch1]", True, {}), ("minisgl[batch1][cublas]", False, {})]
         runs += [(f"minisgl[batch1][{v}]", True, VARIANTS[v])
                  for v in args.batch1_variants.split(",") if v != "default"]
-        for engine, gemv, options in runs:
-            with gemv_enabled(gemv):
+        for engine, gemv, variant in runs:
+            options = {k: v for k, v in variant.items() if k not in ("sampling", "env")}
+            with gemv_enabled(gemv), environment(variant.get("env", {})):
                 res = run_batch1(path, dummy, options)
             records.append({**base, "engine": engine, **res})
             print(json.dumps(records[-1]), flush=True)

@@ -17,17 +17,17 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .gemv import load_x, prefetch_rows
+from .gemv import load_x
+from .pdl import wait_then_release
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-                     PREFETCH: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_then_release(USE_PDL)
     first = tl.program_id(0) * BLOCK_N
-    prefetch_rows(w_ptr, first, N, K, BLOCK_N, USE_PDL, PREFETCH, 1)
     rows = first + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < N
@@ -86,6 +86,6 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
         x, w, ws, w if b is None else b, y, n, k, w.stride(0), ws.stride(0),
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, BLOCK_N=block_n, BLOCK_K=block_k,
-        PREFETCH=pdl.prefetch_lines(block_n * k), num_warps=warps, **pdl.launch_options(x),
+        num_warps=warps, **pdl.launch_options(x),
     )
     return y

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .pdl import prefetch_l2, wait_then_release
+from .pdl import wait_then_release
 
 
 @triton.jit
@@ -37,22 +37,10 @@ def load_x(x_ptr, K, offs, ok, dt, GATED: tl.constexpr):
 
 
 @triton.jit
-def prefetch_rows(w_ptr, first, N, K, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
-                  PREFETCH: tl.constexpr, ESIZE: tl.constexpr):
-    """With PDL: ask L2 for the first ``PREFETCH`` lines of the program's (contiguous) weight rows,
-    then wait for the kernel before (the weight never depends on it)."""
-    if USE_PDL and PREFETCH > 0:
-        n_rows = tl.minimum(N - first, BLOCK_N).to(tl.int64)
-        prefetch_l2(w_ptr + first.to(tl.int64) * K, n_rows * K, PREFETCH, ESIZE)
-    wait_then_release(USE_PDL)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
                  GATED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr, ESIZE: tl.constexpr):
-    prefetch_rows(w_ptr, tl.program_id(0) * BLOCK_N, N, K, BLOCK_N, USE_PDL, PREFETCH, ESIZE)
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_then_release(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < N
@@ -96,8 +84,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, gated:
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w if b is None else b, y, n, k, w.stride(0), GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-        PREFETCH=pdl.prefetch_lines(block_n * k * w.element_size()), ESIZE=w.element_size(),
-        num_warps=warps,
-        **pdl.launch_options(x),
+        num_warps=warps, **pdl.launch_options(x),
     )
     return y

@@ -6,11 +6,11 @@ launch and its ramp-up, and the small ones leave HBM idle. A kernel launched wit
 its predecessor is still running: its programs run what does not depend on the predecessor, then
 ``griddepcontrol.wait`` blocks until the predecessor has completed and its writes are visible. Here:
 
-* every PDL kernel calls ``wait_then_release`` before it touches anything another kernel writes, and
-  then lets its own successor launch (``griddepcontrol.launch_dependents``): correctness never
-  depends on the overlap, since a successor reads nothing before its own wait;
-* the GEMVs ask L2 for their weight rows (never written) before they wait, so a layer's weights
-  stream in while the norm, RoPE or attention kernel before it runs.
+every PDL kernel calls ``wait_then_release`` before it touches anything (its first statement), then
+lets its own successor launch (``griddepcontrol.launch_dependents``). What overlaps is the launch
+and the programs' start-up, never an access: correctness does not depend on the overlap.
+Measured on an H100 (Qwen3-8B, batch 1): 1.6% (bf16) and 2.9% (FP8 weights) per token. Asking L2
+for a GEMV's weight rows before its wait (``prefetch.global.L2``) lost 2-4% and was dropped.
 
 Kernels launched by others (cuBLAS, torch, NCCL) are ordinary predecessors: a PDL kernel after one
 waits for its completion like any kernel. CUDA-graph capture keeps the launches' programmatic edges.
@@ -55,22 +55,3 @@ def wait_then_release(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
-
-@triton.jit
-def prefetch_l2(base, n, LINES: tl.constexpr, ESIZE: tl.constexpr):
-    """Ask L2 for the first ``LINES`` 128-byte lines of ``base[0:n]`` (elements of ``ESIZE``
-    bytes): a hint, nothing lands in registers, and the later loads find the lines in L2."""
-    offs = tl.minimum(tl.arange(0, LINES).to(tl.int64) * (128 // ESIZE), n - 1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + offs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-# how much of its weight rows a GEMV program asks L2 for before it waits (bytes; 0: none). Module
-# state rather than a constant so that the benchmark can sweep it.
-GEMV_PREFETCH_BYTES = 16384
-
-
-def prefetch_lines(row_bytes: int) -> int:
-    """128-byte lines a GEMV program prefetches: its rows' bytes within the budget, a power of two."""
-    lines = min(row_bytes, GEMV_PREFETCH_BYTES) // 128
-    return triton.next_power_of_2(lines) if lines else 0

@@ -33,7 +33,7 @@ def compile_for_hopper(tmp_path, suite: str) -> None:
 def _fp8_kernels():
     """(kernel, {arg: type}, {constexpr: value}, num_warps) of every FP8 variant we launch."""
     from minisgl.kernel.triton import (decode_attention, extend_attention, fp8_gemm, fp8_gemv,
-                                       fp8_quant, fused_moe, rotary)
+                                       fp8_quant, fp8_w8a16, fused_moe, rotary)
 
     yield fp8_gemm._quantize_act_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", K="i32",
         stride_x="i32", stride_q="i32", stride_s="i32"), dict(GATED=True, GROUP=128), 1
@@ -50,12 +50,25 @@ def _fp8_kernels():
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
             K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, BLOCK=block), warps
     for gated, channel in itertools.product((False, True), (False, True)):
-        bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
+        bn, bk, warps, _ = fp8_gemv.pick_config(4096, 4096)
         yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
             b_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32", stride_s="i32"), dict(
             SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
-            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=True,
-            PREFETCH=128), warps
+            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk, UNROLL=2 if gated else 4, USE_PDL=True), warps
+    w8a16_sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16",
+                     M="i32", N="i32", K="i32", steps_per_split="i32", stride_x="i32",
+                     stride_w="i32", stride_s="i32")
+    w8a16_cases = ((2, 4096, 4096, False), (64, 6144, 4096, False), (128, 4096, 12288, True))
+    for (m, n, k, gated), channel in itertools.product(w8a16_cases, (True, False)):
+        cfg = fp8_w8a16.pick_config(m, n, k, gated)
+        y_type = "*fp32" if cfg.split_k > 1 else "*bf16"  # split-K: fp32 partials
+        yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, y_ptr=y_type), dict(
+            CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
+            GATED=gated, HAS_BIAS=not gated, EVEN_M=m != 2, EVEN_K=m != 64, SPLIT=cfg.split_k > 1,
+            DOT_PREC="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k), cfg.num_warps
+    yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
+        N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
     for gated in (False, True):
         yield fused_moe._moe_gemm_kernel, dict(a_ptr="*bf16", w_ptr="*fp8e4nv", out_ptr="*bf16",
             weights_ptr="*bf16", sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32",
@@ -84,13 +97,13 @@ def _fp8_kernels():
 
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
-    the FP8 ones): the GEMV with and without its L2 prefetch, the norm, the attention reduction."""
+    the FP8 ones): the GEMV, the norm, the attention reduction."""
     from minisgl.kernel.triton import decode_attention, gemv, norm
 
-    for prefetch, gated in ((256, False), (0, True)):
+    for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
             N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
-            BLOCK_N=4, BLOCK_K=2048, USE_PDL=True, PREFETCH=prefetch, ESIZE=2), 4
+            BLOCK_N=4, BLOCK_K=2048, USE_PDL=True), 4
     yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16",
         res_out_ptr="*bf16", eps="fp32", **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0",
         "stride_x1", "stride_r", "stride_y", "stride_ro", "dim")}), dict(
@@ -125,8 +138,7 @@ def main(suite: str) -> None:
             continue
         ptx = compiled.asm["ptx"]
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
-              "griddepcontrol" if "griddepcontrol.wait" in ptx else "",
-              "prefetch" if "prefetch.global.L2" in ptx else "")
+              "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` 
 
 * CUDA, one token: the FP8 GEMV reads the weight as e4m3 (half the bytes of bf16) and scales it in
   registers; x stays in bf16, so a decode step loses nothing to activation rounding.
+* CUDA, 2 to ``W8A16_MAX_TOKENS`` tokens (batched decode, bound by the weight's bytes): the W8A16
+  GEMM converts the e4m3 weight tile in registers and multiplies on the bf16 tensor cores; x stays
+  in bf16 and no kernel quantizes it.
 * CUDA, more tokens: x is quantized per token and ``block[1]`` columns (one Triton kernel, which also
   applies SiLU-and-mul for a gated input) and multiplied on the FP8 tensor cores by the block-scaled
   GEMM.
@@ -12,6 +15,7 @@ Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` 
 Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by default):
 
 * CUDA, one token: the same GEMV, the row's scale applied once to its dot product.
+* CUDA, 2 to ``W8A16_MAX_TOKENS`` tokens: the same W8A16 GEMM, the row's scale applied once.
 * CUDA, more tokens: x is quantized per token (one Triton kernel, SiLU-and-mul included) and
   ``torch._scaled_mm`` multiplies with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out), when the
   layer meets its rules (``scaled_mm_ok``); otherwise the dequantizing path below.
@@ -26,6 +30,10 @@ import torch
 import torch.nn.functional as F
 
 from .fp8 import dequantize_block, dequantize_channel
+
+# the most tokens the W8A16 GEMM takes: up to 32 it beats quantizing x + ``torch._scaled_mm`` on
+# every Qwen3-8B layer (1.0-1.5x, H100), at 64 on none but o (``bench_fp8_small.py``)
+W8A16_MAX_TOKENS = 32
 
 
 def scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> bool:
@@ -64,6 +72,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
             from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 
             return fp8_gemv(x, weight, scale_inv, block, bias, gated)
+        if x.shape[0] <= W8A16_MAX_TOKENS:
+            from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a16_gemm
+
+            return fp8_w8a16_gemm(x, weight, scale_inv, block, bias, gated)
         if block is None:
             if scaled_mm_ok(x, weight, scale_inv):
                 return _channel_gemm(x, weight, scale_inv, bias, gated)

@@ -1,0 +1,189 @@
+"""W8A16 FP8 GEMM for batched decode: ``y[M, N] = x[M, K] @ dequant(wq, ws)^T (+ b)``, M ~ 2..64.
+
+At a few tens of tokens a linear layer is still bound by reading its weight, yet the per-token
+FP8 path (quantize x, then ``torch._scaled_mm``) spends a kernel on the activations and reaches
+only 1.1-1.9 TB/s on an H100. Here the e4m3 weight tile is converted to x's dtype in registers
+and multiplied on the bf16/fp16 tensor cores: one kernel, no activation rounding, half the bytes
+of bf16. Measured (``bench_fp8_small.py``, H100, Qwen3-8B): 2-32 tokens stream qkv/o/down at
+1.3-1.6 TB/s and gate_up at 2.2-2.4, 1.0-1.5x faster than quantize + ``_scaled_mm`` with a tenth
+of its error; from 64 tokens on it is slower (the e4m3 -> bf16 register operand costs each warp
+latency, and every N tile re-reads x from L2).
+
+"Swap AB": each program computes a tile of ``y^T``, ``acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @
+x[BLOCK_M, BLOCK_K]^T``, so the MMA's large dimension is N (64-128 weight rows) and M, the tokens,
+may be as small as 16. Padding tokens are masked (zero-filled, no memory access); weight rows past
+N are clamped (read row 0, never stored), so an even K loads the weight with no predicates.
+
+Scales: per-output-channel ``ws [N, 1]`` (``block=None``) multiply the accumulator's rows once at
+the end; 128x128 block scales ``ws [N/bn, K/bk]`` are one scalar per program and K step, since
+``BLOCK_N`` divides ``bn`` and ``BLOCK_K`` divides ``bk``: ``acc += dot(w, x^T) * s``.
+
+Split-K: an N tile is one program, and a layer with few rows (o, down: N = 4096) would leave most
+of an H100's 132 SMs idle with the 64-128-row tiles that keep x's re-reads from L2 low (each N tile
+reads all of x; smaller tiles read it more often). ``split_k > 1`` spreads a tile's K steps over
+several programs, each writing an fp32 partial ``[M, N]``; a second small kernel sums them in a
+fixed order (deterministic, unlike atomics), adds the bias and rounds once. On o at 16 tokens:
+20.8 us unsplit, 12.4 with 4 splits, of which the second kernel is ~1.6.
+
+``gated=True`` reads x as ``[gate | up]`` and multiplies by ``silu(gate) * up``, rounded as
+``gemv.load_x`` rounds (as the unfused SiLU-and-mul would). Configs come from ``pick_config`` (no
+autotuning: the layers run inside CUDA-graph capture); ``benchmark/kernels/bench_fp8_small.py
+--sweep`` times a grid of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemv import load_x
+
+
+@triton.jit
+def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
+                  stride_x, stride_w, stride_s,
+                  CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                  GATED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
+                  EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
+    pid_n = tl.program_id(0) // tiles_m
+    first = tl.program_id(1) * steps_per_split
+    last = tl.minimum(first + steps_per_split, tl.cdiv(K, BLOCK_K))
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    n_ok, m_ok = offs_n < N, offs_m < M
+    rows_w = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    rows_x = tl.where(m_ok, offs_m, 0).to(tl.int64)
+    w_ptrs = w_ptr + rows_w[:, None] * stride_w + (first * BLOCK_K + ks)[None, :]
+    x_offs = rows_x[:, None] * stride_x + (first * BLOCK_K + ks)[None, :]
+    s_ptrs = s_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_s
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kb in range(first, last):
+        k_ok = (kb * BLOCK_K + ks < K)[None, :]
+        # NOTE: padding tokens are masked: reading them as (clamped) copies of token 0 cost up to
+        # 2x (M = 96 in a 128-row tile); a full tile skips the row mask
+        if EVEN_M:
+            x_ok = k_ok
+        else:
+            x_ok = m_ok[:, None] & k_ok
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=k_ok, other=0.0)
+        if GATED:
+            x = load_x(x_ptr, K, x_offs, x_ok, dt, True).to(dt)
+        else:
+            x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
+        if CHANNEL:
+            acc = tl.dot(w.to(dt), tl.trans(x), acc, input_precision=DOT_PREC)
+        else:
+            s = tl.load(s_ptrs + kb * BLOCK_K // SCALE_BK)
+            acc += tl.dot(w.to(dt), tl.trans(x), input_precision=DOT_PREC) * s
+        w_ptrs += BLOCK_K
+        x_offs += BLOCK_K
+    if CHANNEL:
+        acc *= tl.load(s_ptr + rows_w * stride_s)[:, None]
+    out_ok = n_ok[:, None] & m_ok[None, :]
+    if SPLIT:  # y_ptr: the fp32 partials [splits, M, N]
+        y_ptr += tl.program_id(1).to(tl.int64) * M * N
+    elif HAS_BIAS:
+        acc += tl.load(b_ptr + rows_w).to(tl.float32)[:, None]
+    y_ptrs = y_ptr + rows_x[None, :] * N + offs_n[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(p_ptr + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@dataclass(frozen=True)
+class W8A16Config:
+    block_m: int
+    block_n: int
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+SMS = 132  # an H100's SMs
+
+
+def pick_config(m: int, n: int, k: int, gated: bool = False, x_bytes: int = 2) -> W8A16Config:
+    """Fitted to ``bench_fp8_small.py --sweep`` on an H100 (Qwen3-8B's layers, M = 4, 16, 64, 128;
+    the chosen tiles are the best or within ~10% of it). One M tile up to 128 tokens (more: several
+    M tiles, whose programs share each weight tile through L2). 64-row N tiles with 4 warps; 128
+    rows with 8 warps at <= 8 tokens, and for a gated input beyond 16 (its SiLU-and-mul is
+    recomputed by every N tile). Split-K up to 4, as long as there are at most ~4 programs per
+    SM: a program streams its weight at only ~7 GB/s (per-warp latency of the e4m3 -> bf16
+    operand path), so the small layers need many programs. fp32 activations (tests, fp32 models)
+    take half as deep K steps and two stages to fit in shared memory."""
+    block_m = min(128, max(16, triton.next_power_of_2(m)))
+    block_n, warps = (128, 8) if m <= 8 or gated and m > 16 else (64, 4)
+    block_k, stages = (128, 3) if x_bytes <= 2 else (64, 2)
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    split = 4
+    while split > 1 and (tiles * split > 4 * SMS or k // (block_k * split) < 4):
+        split //= 2
+    return W8A16Config(block_m, block_n, block_k, split, warps, stages)
+
+
+def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
+                   block: tuple[int, int] | None, bias: torch.Tensor | None = None,
+                   gated: bool = False, config: W8A16Config | None = None) -> torch.Tensor:
+    """x [M, K] (``[M, 2K]`` = [gate | up] with ``gated``) in bf16/fp16/fp32, e4m3 w [N, K],
+    bias [N] -> [M, N] in x's dtype; ws [N/bn, K/bk] block scales, or with ``block=None``
+    per-channel scales ws [N, 1]. Block scales need the config's tiles to divide the block."""
+    n, k = w.shape
+    m = x.shape[0]
+    channel = block is None
+    bn, bk = (1, 1) if channel else block
+    assert x.dim() == 2 and x.shape[1] == (2 * k if gated else k) and x.stride(1) == 1
+    assert w.is_contiguous() and w.dtype == torch.float8_e4m3fn and ws.dtype == torch.float32
+    assert ws.shape == ((n, 1) if channel else (triton.cdiv(n, bn), triton.cdiv(k, bk)))
+    assert ws.stride(1) == 1 or ws.shape[1] == 1
+    assert bias is None or bias.shape == (n,) and bias.is_contiguous()
+    cfg = config or pick_config(m, n, k, gated, x.element_size())
+    if not channel:  # a tile never straddles two scale blocks
+        cfg = replace(cfg, block_n=min(cfg.block_n, bn), block_k=min(cfg.block_k, bk))
+        assert bn % cfg.block_n == 0 and bk % cfg.block_k == 0, \
+            f"the scale block {block} must be a multiple of the tile ({cfg.block_n}, {cfg.block_k})"
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    steps = triton.cdiv(k, cfg.block_k)
+    per = triton.cdiv(steps, cfg.split_k)
+    splits = triton.cdiv(steps, per)  # no split without a K step
+    assert splits * m * n < 2**31, "split-K partials are indexed in int32"
+    out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
+    _w8a16_kernel[grid](
+        x, w, ws, w if bias is None else bias, out, m, n, k, per, x.stride(0), w.stride(0),
+        ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk, GATED=gated,
+        HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0, EVEN_K=k % cfg.block_k == 0,
+        SPLIT=splits > 1, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        block_sum = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block_sum),)](
+            out, w if bias is None else bias, y, m * n, n, SPLITS=splits,
+            HAS_BIAS=bias is not None, BLOCK=block_sum, num_warps=4)
+    return y

@@ -50,11 +50,11 @@ def _fp8_kernels():
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
             K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, BLOCK=block), warps
     for gated, channel in itertools.product((False, True), (False, True)):
-        bn, bk, warps, _ = fp8_gemv.pick_config(4096, 4096)
+        bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
         yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
             b_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32", stride_s="i32"), dict(
             SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
-            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk, UNROLL=2 if gated else 4, USE_PDL=True), warps
+            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=True), warps
     w8a16_sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16",
                      M="i32", N="i32", K="i32", steps_per_split="i32", stride_x="i32",
                      stride_w="i32", stride_s="i32")

@@ -48,7 +48,7 @@ from minisgl.quant.linear import fp8_linear  # noqa: E402
 
 BLOCK = (128, 128)
 TOKENS = [1, 16, 64, 256, 1024, 4096]
-GEMV_SWEEP = list(itertools.product([2, 4, 8], [512, 1024, 2048], [4, 8], [1, 2, 4]))
+GEMV_SWEEP = list(itertools.product([2, 4, 8, 16], [1024, 2048, 4096], [4, 8, 16]))
 GEMM_SWEEP = [GemmConfig(m, n, g, w, s) for m, n, g, w, s in itertools.product(
     [16, 32, 64, 128], [64, 128], [1, 8], [4, 8], [3, 4])]
 

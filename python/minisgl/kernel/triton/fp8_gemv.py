@@ -22,30 +22,10 @@ from .pdl import wait_then_release
 
 
 @triton.jit
-def _load_w(w_ptrs, k0, ks, K, row_ok, EVEN: tl.constexpr):
-    if EVEN:
-        return tl.load(w_ptrs, eviction_policy="evict_first")
-    return tl.load(w_ptrs, mask=row_ok[:, None] & (k0 + ks < K)[None, :], other=0.0,
-                   eviction_policy="evict_first")
-
-
-@triton.jit
-def _fma(acc, w, x_ptr, s_row, k0, ks, K, dt, GATED: tl.constexpr, CHANNEL: tl.constexpr,
-         SCALE_BK: tl.constexpr):
-    k_ok = k0 + ks < K
-    x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
-    if CHANNEL:
-        return acc + w.to(tl.float32) * x[None, :]
-    s = tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
-    return acc + w.to(tl.float32) * (x * s)[None, :]
-
-
-@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-                     USE_PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     wait_then_release(USE_PDL)
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
@@ -55,22 +35,20 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
     s_row = s_ptr + (first // SCALE_BN) * stride_s
     dt = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    # UNROLL chunks per step, all loaded before any is used: UNROLL times the bytes in flight per
-    # program for the same accumulator (an e4m3 chunk is half a bf16 one)
-    for k0 in range(0, K, BLOCK_K * UNROLL):
-        w0 = _load_w(w_ptrs, k0, ks, K, row_ok, EVEN)
-        if UNROLL >= 2:
-            w1 = _load_w(w_ptrs + BLOCK_K, k0 + BLOCK_K, ks, K, row_ok, EVEN)
-        if UNROLL >= 4:
-            w2 = _load_w(w_ptrs + 2 * BLOCK_K, k0 + 2 * BLOCK_K, ks, K, row_ok, EVEN)
-            w3 = _load_w(w_ptrs + 3 * BLOCK_K, k0 + 3 * BLOCK_K, ks, K, row_ok, EVEN)
-        acc = _fma(acc, w0, x_ptr, s_row, k0, ks, K, dt, GATED, CHANNEL, SCALE_BK)
-        if UNROLL >= 2:
-            acc = _fma(acc, w1, x_ptr, s_row, k0 + BLOCK_K, ks, K, dt, GATED, CHANNEL, SCALE_BK)
-        if UNROLL >= 4:
-            acc = _fma(acc, w2, x_ptr, s_row, k0 + 2 * BLOCK_K, ks, K, dt, GATED, CHANNEL, SCALE_BK)
-            acc = _fma(acc, w3, x_ptr, s_row, k0 + 3 * BLOCK_K, ks, K, dt, GATED, CHANNEL, SCALE_BK)
-        w_ptrs += BLOCK_K * UNROLL
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k0 + ks < K
+        if EVEN:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
+        if CHANNEL:
+            acc += w.to(tl.float32) * x[None, :]
+        else:
+            s = tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
+            acc += w.to(tl.float32) * (x * s)[None, :]
+        w_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
     if CHANNEL:
         out *= tl.load(s_ptr + rows.to(tl.int64) * stride_s, mask=row_ok, other=0.0)
@@ -79,19 +57,21 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
     tl.store(y_ptr + rows, out.to(dt), mask=row_ok)
 
 
-def pick_config(n: int, k: int) -> tuple[int, int, int, int]:
-    """(block_n, block_k, num_warps, unroll): four rows by 1024 columns, four warps, the best or
-    within 1% of the best for each of Qwen3-8B's layers in ``bench_fp8.py --sweep --gemv-only``
-    (H100, per-channel scales: qkv 11.5 us, o 8.1, gate_up 36.6, down 19.7; 3-7% faster than the
-    bf16 GEMV's (4, 2048, 4)); short rows keep ``gemv.py``'s choice."""
+def pick_config(n: int, k: int) -> tuple[int, int, int]:
+    """(block_n, block_k, num_warps): four rows by 1024 columns, four warps, the best or within 1%
+    of the best for each of Qwen3-8B's layers in ``bench_fp8.py --sweep --gemv-only`` (H100,
+    per-channel scales: qkv 11.5 us, o 8.1, gate_up 36.6, down 19.7; 3-7% faster than the bf16
+    GEMV's (4, 2048, 4)); short rows keep ``gemv.py``'s choice. Loading 2 or 4 chunks before using
+    any (more bytes in flight per program) made Qwen3-8B's batch-1 step slower, 3.92-4.12 ms
+    against 3.88 (H100, session 9), and was dropped."""
     if k >= 1024:
-        return 4, 1024, 4, 1
-    return (4, 1024, 8, 1) if n <= 2048 else (4, 512, 4, 1)
+        return 4, 1024, 4
+    return (4, 1024, 8) if n <= 2048 else (4, 512, 4)
 
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int] | None,
              b: torch.Tensor | None = None, gated: bool = False,
-             config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+             config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
     scales, or with ``block=None`` per-channel scales ws [N, 1]."""
     n, k = w.shape
@@ -99,7 +79,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
     bn, bk = (1, k) if channel else block
     assert x.shape == (1, 2 * k if gated else k) and x.stride(1) == 1 and w.is_contiguous()
     assert ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk)) and ws.stride(1) == 1
-    block_n, block_k, warps, unroll = config or pick_config(n, k)
+    block_n, block_k, warps = config or pick_config(n, k)
     if not channel:
         block_n = min(block_n, bn)
         assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
@@ -107,7 +87,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, ws, w if b is None else b, y, n, k, w.stride(0), ws.stride(0),
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
-        EVEN=k % (block_k * unroll) == 0 and n % block_n == 0, CHANNEL=channel, BLOCK_N=block_n,
-        BLOCK_K=block_k, UNROLL=unroll, num_warps=warps, **pdl.launch_options(x),
+        EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, **pdl.launch_options(x),
     )
     return y

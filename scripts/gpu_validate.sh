@@ -23,8 +23,8 @@
 #                                         # lpm vs fcfs
 #   scripts/gpu_validate.sh steps   OUT   # the scheduler's own gaps between tokens (no server):
 #                                         # Qwen3-8B at 64 streams, Qwen3-0.6B at 128, by budget
-#   scripts/gpu_validate.sh pdl     OUT   # batch-1 decode with PDL off/on (Qwen3-8B bf16 and fp8);
-#                                         # FP8 batch-1 profile; the tests of the kernels PDL launches
+#   scripts/gpu_validate.sh pdl     OUT   # Qwen3-8B offline default vs fp8, batch 1 with PDL off
+#                                         # and on (bf16, fp8); fp8 logits vs bf16; PDL, W8A16 tests
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -47,7 +47,7 @@ tests)
     "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
         tests/test_mixed_schedule.py tests/test_piecewise.py tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
         tests/test_sampling.py tests/test_sampling_kernel.py tests/test_penalties.py \
-        tests/test_fp8.py tests/test_fp8_kernels.py --durations=15 >"$out/gpu_tests.log" 2>&1
+        tests/test_fp8.py tests/test_fp8_kernels.py tests/test_fp8_w8a16.py tests/test_pdl.py --durations=15 >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
 offline)
     "$py" benchmark/kernels/bench_gemv.py --out "$out" >"$out/bench_gemv.log" 2>&1
@@ -191,16 +191,15 @@ steps)  # about six minutes; MODES8 and MODES06 pick the schedule modes, PROFILE
         >"$out/steps_qwen3-0.6b.log" 2>&1
     cat "$out"/steps_*.md ;;
 pdl)  # about nine minutes
-    step 300 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
-        --variants '' --batch1 --batch1-variants no-pdl,fp8,fp8-no-pdl --tag pdl --out "$out" \
-        >"$out/bench_pdl.log" 2>&1
+    step 330 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,fp8 --batch1 --batch1-variants no-pdl,fp8,fp8-no-pdl --tag pdl \
+        --out "$out" >"$out/bench_pdl.log" 2>&1
     cat "$out"/offline_*_pdl.md
-    step 60 "$py" benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-8b.json \
-        --quantization fp8 --out "$out" >"$out/profile_fp8.log" 2>&1
-    head -n 16 "$out/profile_fp8.log" | cut -c1-60,100-150
-    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
-        tests/test_triton_kernels.py tests/test_triton_attention.py tests/test_fp8_kernels.py \
-        tests/test_fp8.py >"$out/gpu_tests.log" 2>&1
+    step 90 "$py" benchmark/offline/fp8_accuracy.py --model benchmark/configs/qwen3-8b.json \
+        --variant fp8 --out "$out" >"$out/fp8_accuracy_qwen3-8b.log" 2>&1
+    cat "$out"/fp8_accuracy_*.json
+    step 120 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_pdl.py tests/test_fp8_w8a16.py \
+        >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
 *)
     echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|probe|sweeps|final3 OUT" >&2

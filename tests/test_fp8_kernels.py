@@ -234,9 +234,11 @@ def test_gpu_gemv_real_sizes(gated, n, k):
 @pytest.mark.parametrize("m", [1, 7, 64, 300])
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288)])
 def test_gpu_fp8_linear_per_channel(m, n, k, gated):
-    """The per-channel linear method (M == 1: the GEMV, bf16 x; M > 1: per-token quantization +
-    torch._scaled_mm) against fp32 over the same quantized operands: <= 1e-2 relative."""
+    """The per-channel linear method (M == 1: the GEMV; 2..W8A16_MAX_TOKENS: the W8A16 GEMM; both
+    bf16 x; beyond: per-token quantization + torch._scaled_mm) against fp32 over the same quantized
+    operands: <= 1e-2 relative."""
     from minisgl.quant import fp8_linear
+    from minisgl.quant.linear import W8A16_MAX_TOKENS
 
     x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
     wq, ws = quantize_channel(torch.randn(n, k, device="cuda") * 0.02)
@@ -244,7 +246,7 @@ def test_gpu_fp8_linear_per_channel(m, n, k, gated):
     out = fp8_linear(x, wq, ws, None, b, gated)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     xin = silu_and_mul_ref(x) if gated else x  # bf16, rounded as the kernels round (up to F.silu)
-    if m == 1:
+    if m <= W8A16_MAX_TOKENS:  # x is not quantized
         ref = xin.float() @ dequantize_channel(wq, ws).T
     else:
         xq, xs = quantize_tokens(x, gated)

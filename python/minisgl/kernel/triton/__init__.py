@@ -2,7 +2,13 @@
 each one imports triton, and this package file stays free of it so that it imports on any machine.
 
 - ``norm``: RMSNorm and fused residual-add + RMSNorm
-- ``rotary``: neox-style RoPE, in place on q and k
+- ``rotary``: neox-style RoPE, in place on q and k (fused with q/k norm and the KV store)
 - ``activation``: SiLU-and-mul
+- ``decode_attention``, ``extend_attention``: paged attention for decode and prefill/mixed steps
+- ``gemv``, ``fp8_gemv``: one-token linear layers (bf16, e4m3 weights)
+- ``fp8_w8a16``: 2-32-token linear layers with e4m3 weights (bf16 tensor cores)
+- ``fp8_quant``, ``fp8_gemm``: activation quantization and the block-scaled FP8 GEMM
 - ``fused_moe``: token-to-expert alignment and the two grouped expert GEMMs
+- ``sampling``, ``sampling_rows``, ``sampling_split``: the sampler
+- ``pdl``: programmatic dependent launch of the decode step's kernels (Hopper)
 """

@@ -1,4 +1,4 @@
-"""W8A16 FP8 GEMM for batched decode: ``y[M, N] = x[M, K] @ dequant(wq, ws)^T (+ b)``, M ~ 2..64.
+"""W8A16 FP8 GEMM for batched decode: ``y[M, N] = x[M, K] @ dequant(wq, ws)^T (+ b)``, M ~ 2..32.
 
 At a few tens of tokens a linear layer is still bound by reading its weight, yet the per-token
 FP8 path (quantize x, then ``torch._scaled_mm``) spends a kernel on the activations and reaches

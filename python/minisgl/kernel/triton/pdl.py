@@ -1,16 +1,16 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the kernels of a decode step.
 
-A decode step is a chain of short kernels (norm, GEMV, RoPE, attention, GEMV, ...). Normally each one
-starts only after the one before it has finished and its memory is flushed, so every kernel pays its
-launch and its ramp-up, and the small ones leave HBM idle. A kernel launched with PDL may start while
-its predecessor is still running: its programs run what does not depend on the predecessor, then
-``griddepcontrol.wait`` blocks until the predecessor has completed and its writes are visible. Here:
+A decode step is a chain of short kernels (norm, GEMV, RoPE, attention, GEMV, ...), and normally
+each one is launched only after the one before it has finished, so every kernel pays its launch and
+its programs' start-up while the GPU drains. A kernel launched with PDL may be scheduled while its
+predecessor is still running; ``griddepcontrol.wait`` then blocks its programs until the
+predecessor has completed and its writes are visible.
 
-every PDL kernel calls ``wait_then_release`` before it touches anything (its first statement), then
-lets its own successor launch (``griddepcontrol.launch_dependents``). What overlaps is the launch
-and the programs' start-up, never an access: correctness does not depend on the overlap.
-Measured on an H100 (Qwen3-8B, batch 1): 1.6% (bf16) and 2.9% (FP8 weights) per token. Asking L2
-for a GEMV's weight rows before its wait (``prefetch.global.L2``) lost 2-4% and was dropped.
+Every PDL kernel here calls ``wait_then_release`` as its first statement: it waits, then lets its
+own successor launch (``griddepcontrol.launch_dependents``). What overlaps is the launch and the
+programs' start-up, never a memory access, so correctness does not depend on the overlap.
+Measured on an H100 (Qwen3-8B, batch 1): 1.6% (bf16) and 2.9-3.8% (FP8 weights) per token. Asking
+L2 for a GEMV's weight rows before its wait (``prefetch.global.L2``) lost 2-4% and was dropped.
 
 Kernels launched by others (cuBLAS, torch, NCCL) are ordinary predecessors: a PDL kernel after one
 waits for its completion like any kernel. CUDA-graph capture keeps the launches' programmatic edges.
@@ -20,6 +20,7 @@ waits for its completion like any kernel. CUDA-graph capture keeps the launches'
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -30,8 +31,6 @@ from minisgl.env import PDL
 
 @functools.cache
 def _supported(device: int) -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(device)[0] >= 9
 
 

@@ -16,7 +16,8 @@ import sys
 import pytest
 
 
-def compile_for_hopper(tmp_path, suite: str) -> None:
+def compile_for_hopper(tmp_path, suite: str) -> list[str]:
+    """The ``CUBIN name size [griddepcontrol]`` lines, one per compiled kernel variant."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     here = os.path.dirname(os.path.abspath(__file__))
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=os.pathsep.join(
@@ -28,6 +29,7 @@ def compile_for_hopper(tmp_path, suite: str) -> None:
         pytest.skip(done.stdout)
     assert "FAILED" not in done.stdout, done.stdout
     assert done.stdout.count("CUBIN") > 0, done.stdout
+    return [line for line in done.stdout.splitlines() if line.startswith("CUBIN")]
 
 
 def _fp8_kernels():

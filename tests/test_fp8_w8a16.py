@@ -64,15 +64,20 @@ CONFIGS = [W8A16Config(16, 64, 128, num_stages=2), W8A16Config(32, 64, 128, 2, n
            W8A16Config(16, 32, 256, 3, num_stages=2)]
 
 
+def check_configs(m, n, k, block):
+    """``pick_config``'s tiles without a bias, then every one of ``CONFIGS`` with one."""
+    wq, ws, w = weights(n, k, block)
+    x, b = rand(m, k, seed=m), rand(n, seed=3)
+    ref = reference(x, w, False)
+    check(fp8_w8a16_gemm(x, wq, ws, block), ref)
+    for cfg in CONFIGS:
+        check(fp8_w8a16_gemm(x, wq, ws, block, b, config=cfg), ref + b)
+
+
 @pytest.mark.parametrize("m", [1, 3, 16, 33])
 @pytest.mark.parametrize("n, k", [(64, 256), (200, 384)])
 def test_per_channel(m, n, k):
-    wq, ws, w = weights(n, k, None)
-    x, b = rand(m, k, seed=m), rand(n, seed=3)
-    ref = reference(x, w, False)
-    check(fp8_w8a16_gemm(x, wq, ws, None), ref)
-    for cfg in CONFIGS:
-        check(fp8_w8a16_gemm(x, wq, ws, None, b, config=cfg), ref + b)
+    check_configs(m, n, k, None)
 
 
 @pytest.mark.parametrize("m", [3, 33])
@@ -80,12 +85,7 @@ def test_per_channel(m, n, k):
 @pytest.mark.parametrize("n, k", [(64, 256), (200, 384)])
 def test_block_scales(m, block, n, k):
     """The tiles are capped at the scale block: one scale per program and K step."""
-    wq, ws, w = weights(n, k, block)
-    x, b = rand(m, k, seed=m), rand(n, seed=3)
-    ref = reference(x, w, False)
-    check(fp8_w8a16_gemm(x, wq, ws, block), ref)
-    for cfg in CONFIGS:
-        check(fp8_w8a16_gemm(x, wq, ws, block, b, config=cfg), ref + b)
+    check_configs(m, n, k, block)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -84,10 +84,15 @@ def workload(n: int = 256) -> tuple[list[list[int]], list[int]]:
     return prompts, max_tokens
 
 
+def llm_options(variant: dict) -> dict:
+    """A variant's ``LLM`` options: all but its requests' sampling and its environment."""
+    return {k: v for k, v in variant.items() if k not in ("sampling", "env")}
+
+
 def run_minisgl(path: str, dummy: bool, prompts, max_tokens, variant: dict, tp: int = 1,
                 structured: bool = False) -> dict:
     """``structured``: every other request is constrained by ``LONG_JSON``."""
-    options = {k: v for k, v in variant.items() if k not in ("sampling", "env")}
+    options = llm_options(variant)
     with environment(variant.get("env", {})):
         return _run_minisgl(path, dummy, prompts, max_tokens, options, variant.get("sampling"), tp,
                             structured)
@@ -256,9 +261,8 @@ def main() -> None:
         runs += [(f"minisgl[batch1][{v}]", True, VARIANTS[v])
                  for v in args.batch1_variants.split(",") if v != "default"]
         for engine, gemv, variant in runs:
-            options = {k: v for k, v in variant.items() if k not in ("sampling", "env")}
             with gemv_enabled(gemv), environment(variant.get("env", {})):
-                res = run_batch1(path, dummy, options)
+                res = run_batch1(path, dummy, llm_options(variant))
             records.append({**base, "engine": engine, **res})
             print(json.dumps(records[-1]), flush=True)
     if args.hf_requests:

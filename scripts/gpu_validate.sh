@@ -25,8 +25,6 @@
 #                                         # Qwen3-8B at 64 streams, Qwen3-0.6B at 128, by budget
 #   scripts/gpu_validate.sh pdl     OUT   # Qwen3-8B offline default vs fp8, batch 1 with PDL off
 #                                         # and on (bf16, fp8); fp8 logits vs bf16; PDL, W8A16 tests
-#   scripts/gpu_validate.sh norm    OUT   # the RMSNorm inside the GEMVs: its tests; Qwen3-8B batch 1
-#                                         # with and without it (bf16, fp8)
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -203,19 +201,8 @@ pdl)  # about nine minutes
     step 120 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_pdl.py tests/test_fp8_w8a16.py \
         >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
-norm)  # about eight minutes
-    step 240 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_norm_gemv.py tests/test_pdl.py \
-        tests/test_fp8.py >"$out/gpu_tests_norm.log" 2>&1
-    tail -3 "$out/gpu_tests_norm.log"
-    step 120 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_triton_kernels.py \
-        tests/test_fp8_kernels.py -k gemv >"$out/gpu_tests_gemv.log" 2>&1
-    tail -3 "$out/gpu_tests_gemv.log"
-    step 300 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
-        --variants '' --batch1 --batch1-variants no-norm-gemv,fp8,fp8-no-norm-gemv --tag norm \
-        --out "$out" >"$out/bench_norm.log" 2>&1
-    cat "$out"/offline_*_norm.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|norm|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -51,15 +51,12 @@ def _fp8_kernels():
         block, warps = fp8_quant.pick_block(k)
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
             K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, BLOCK=block), warps
-    for (gated, norm), channel in itertools.product(((False, False), (True, False), (False, True)),
-                                                    (False, True)):
+    for gated, channel in itertools.product((False, True), (False, True)):
         bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
         yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
-            b_ptr="*bf16", y_ptr="*bf16", r_ptr="*bf16", g_ptr="*bf16", r_out_ptr="*bf16", N="i32",
-            K="i32", stride_w="i32", stride_s="i32", eps="fp32"), dict(
-            SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated, NORM=norm,
-            HAS_RES=norm, HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk,
-            USE_PDL=True), warps
+            b_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32", stride_s="i32"), dict(
+            SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
+            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=True), warps
     w8a16_sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16",
                      M="i32", N="i32", K="i32", steps_per_split="i32", stride_x="i32",
                      stride_w="i32", stride_s="i32")
@@ -102,14 +99,12 @@ def _fp8_kernels():
 
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
-    the FP8 ones): the GEMV (plain, gated, normalising its input), the norm, the attention
-    reduction."""
+    the FP8 ones): the GEMV, the norm, the attention reduction."""
     from minisgl.kernel.triton import decode_attention, gemv, norm
 
-    for gated, normed in ((False, False), (True, False), (False, True)):
+    for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
-            r_ptr="*bf16", g_ptr="*bf16", r_out_ptr="*bf16", N="i32", K="i32", stride_w="i32",
-            eps="fp32"), dict(GATED=gated, NORM=normed, HAS_RES=normed, HAS_BIAS=False, EVEN=True,
+            N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
             BLOCK_N=4, BLOCK_K=2048, USE_PDL=True), 4
     yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16",
         res_out_ptr="*bf16", eps="fp32", **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0",

@@ -37,9 +37,7 @@ from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
 from minisgl.quant.fp8 import (FP8, block_gemm_reference, channel_gemm_reference,  # noqa: E402
                                dequantize_block, dequantize_channel, quantize_block,
                                quantize_channel, quantize_groups, quantize_kv)
-from minisgl.kernel.triton.gemv import PreNorm  # noqa: E402
 from test_triton_attention import dense_reference, paged_cache  # noqa: E402
-from test_triton_kernels import prenorm_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEV == "cpu"
@@ -130,24 +128,6 @@ def test_gemv_per_channel_matches_dequantized_matmul(gated, n, k):
     out = fp8_gemv(x, wq, ws, None, b, gated, config=(4, 32, 4))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fp8_gemv(x, wq, ws, None, None, gated), ref - b, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("block", [(16, 16), None], ids=["block", "channel"])
-@pytest.mark.parametrize("with_residual", [True, False])
-def test_gemv_prenorm_matches_norm_then_dequantized_matmul(block, with_residual):
-    n, k = 48, 80
-    wq, ws = quantize_block(rand(n, k, seed=n, scale=0.1), block) if block else \
-        quantize_channel(rand(n, k, seed=n, scale=0.1))
-    w = dequantize_block(wq, ws, block) if block else dequantize_channel(wq, ws)
-    x, res, b = rand(1, k, seed=1), rand(1, k, seed=2), rand(n, seed=3)
-    weight = 1 + 0.1 * rand(k, seed=4)
-    res_out = torch.full_like(x, float("nan"))
-    norm = PreNorm(weight, 1e-6, res, res_out) if with_residual else PreNorm(weight, 1e-6)
-    xin, xs = prenorm_reference(x, res if with_residual else None, weight, 1e-6)
-    out = fp8_gemv(x, wq, ws, block, b, config=(4, 32, 4), norm=norm)  # K in three chunks
-    torch.testing.assert_close(out, xin @ w.T + b, rtol=1e-5, atol=1e-5)
-    if with_residual:
-        torch.testing.assert_close(res_out, xs)
 
 
 @pytest.mark.parametrize("tokens", [1, 9])

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 
 from minisgl.kernel.triton.activation import silu_and_mul
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, moe_align
-from minisgl.kernel.triton.gemv import PreNorm, gemv
+from minisgl.kernel.triton.gemv import gemv
 from minisgl.kernel.triton.norm import fused_add_rms_norm, rms_norm
 from minisgl.kernel.triton.rotary import apply_rope_, norm_rope_store_
 from minisgl.layers.activation import silu_and_mul_ref
@@ -264,37 +264,6 @@ def test_gemv_gated_is_silu_and_mul_then_gemv(dtype, config):
     x, w = (torch.randn(*s, generator=g).to(DEV, dtype) for s in [(1, 2 * 384), (40, 384)])
     expect = gemv(silu_and_mul(x), w, config=config)  # same kernel, same order: only the gate moved
     close(gemv(x, w, gated=True, config=config), expect, dtype, roundings=1)
-
-
-def prenorm_reference(x, residual, weight, eps):
-    """The pre-norm GEMV's input in fp32 (x + residual rounded as the add rounds it, then the
-    unrounded norm) and x + residual."""
-    xs = x if residual is None else (x.float() + residual.float()).to(x.dtype)
-    xf = xs.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float(), xs
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", [None, (2, 128, 4)])  # the second walks K in three chunks
-@pytest.mark.parametrize("with_residual", [True, False])
-def test_gemv_prenorm_is_add_rms_norm_then_gemv(dtype, config, with_residual):
-    g = torch.Generator().manual_seed(7)
-    x, res, w, b = (torch.randn(*s, generator=g).to(DEV, dtype) for s in [(1, 384), (1, 384),
-                                                                        (40, 384), (40,)])
-    weight = (1 + 0.1 * torch.randn(384, generator=g)).to(DEV, dtype)
-    res_out = torch.full_like(x, float("nan"))
-    norm = PreNorm(weight, 1e-6, res, res_out) if with_residual else PreNorm(weight, 1e-6)
-    y = gemv(x, w, b, config=config, norm=norm)
-    xin, xs = prenorm_reference(x, res if with_residual else None, weight, 1e-6)
-    ref = linear_fp32(xin, w, b)
-    torch.testing.assert_close(y.float(), ref, rtol=ULP[dtype], atol=ULP[dtype] * ref.abs().max().item())
-    if with_residual:  # the sum the next layer adds to, as the unfused kernel writes it
-        close(res_out, fused_add_rms_norm(x, res, weight, 1e-6)[1], dtype, roundings=1)
-    # and the unfused path, which rounds the normalised x to the dtype first: within its rounding
-    unfused = gemv(fused_add_rms_norm(x, res, weight, 1e-6)[0] if with_residual
-                   else rms_norm(x, weight, 1e-6), w, b, config=config)
-    scale = ref.abs().max().item()
-    torch.testing.assert_close(y.float(), unfused.float(), rtol=0, atol=4 * ULP[dtype] * scale)
 
 
 def test_kernel_package_imports_without_triton():

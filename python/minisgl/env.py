@@ -34,10 +34,6 @@ PAD_TOKENS = EnvVar("MINISGL_PAD_TOKENS", "64", "eager forwards (prefill and mix
                    "run a token count rounded up to a multiple of this (1: none, for ablations): "
                    "cuBLAS picks a GEMM algorithm on the host for every new shape")
 
-NORM_GEMV = EnvVar("MINISGL_NORM_GEMV", "1", "0: a one-token QKV or gate-up projection on CUDA reads "
-                   "its input from the RMSNorm kernel instead of normalising it inside the GEMV "
-                   "(for ablations)")
-
 PDL = EnvVar("MINISGL_PDL", "1", "0: Triton kernels on Hopper and later launch without "
               "programmatic dependent launch (for ablations)")
 

@@ -3,7 +3,7 @@ from .attention import AttentionLayer
 from .embedding import ParallelLMHead, VocabParallelEmbedding
 from .linear import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel, ReplicatedLinear
 from .moe import MoELayer
-from .norm import PendingNorm, RMSNorm, RMSNormFused
+from .norm import RMSNorm, RMSNormFused
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -13,7 +13,6 @@ __all__ = [
     "LinearRowParallel",
     "MoELayer",
     "ParallelLMHead",
-    "PendingNorm",
     "RMSNorm",
     "RMSNormFused",
     "ReplicatedLinear",

@@ -12,7 +12,7 @@ from torch import nn
 from minisgl.distributed import DistributedCommunicator
 
 from .linear import LinearQKVMerged, LinearRowParallel
-from .norm import PendingNorm, RMSNorm
+from .norm import RMSNorm
 from .rotary import RotaryEmbedding, cos_sin_cache, pow2
 
 if TYPE_CHECKING:
@@ -40,8 +40,7 @@ class AttentionLayer(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = RotaryEmbedding(cfg.rotary)
 
-    def forward(self, x: torch.Tensor | PendingNorm, positions: torch.Tensor,
-                ctx: Context) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         proj = self.qkv_proj
         q, k, v = self.qkv_proj(x).split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
         q = q.view(-1, proj.local_qo, self.head_dim)

@@ -6,10 +6,6 @@ divided by the block size); with ``online`` it loads the checkpoint's weight as 
 it in ``quantize_weights_`` once loading is done: per output channel (``scale [N, 1]``, the default)
 or into blocks (``MINISGL_FP8_GEMM=block``).
 
-A column-parallel layer's input may be a ``PendingNorm`` (the decoder layer's RMSNorm, not yet
-computed): with one token on CUDA its GEMV applies the norm as it reads x, otherwise the norm runs
-first as usual.
-
 Tensor parallelism and per-channel scales: a column-parallel shard holds whole rows, so its rows'
 scales are TP=1's; a row-parallel shard holds part of each row, so the loader keeps the largest
 magnitude of every whole checkpoint row (``_row_amax``) and the shard is quantized with it. Either
@@ -31,7 +27,6 @@ from minisgl.quant import FP8, Fp8Config, fp8_linear, quantize_block, quantize_c
 
 from .activation import silu_and_mul
 from .base import copy_part, divide, new_param
-from .norm import PendingNorm
 
 USE_GEMV = env.GEMV.get() != "0"
 
@@ -82,33 +77,11 @@ class _Linear(nn.Module):
         """The block of ``weight_scale_inv``; None: per-channel scales ``[N, 1]``."""
         return None if self.quant.channel else self.quant.block
 
-    def _matmul(self, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None = None,
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                 gated: bool = False) -> torch.Tensor:
-        if isinstance(x, PendingNorm):
-            if self._gemv_normalises(x.x):
-                return self._normed_gemv(x, bias)
-            x = x.value()
         if self.weight_scale_inv is not None:
             return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated)
         return linear(x, self.weight, bias, gated)
-
-    def _gemv_normalises(self, x: torch.Tensor) -> bool:
-        """Whether this layer's GEMV takes x with its pending norm: one half-precision token on
-        CUDA, the GEMV path on (FP8 weights always take theirs)."""
-        return (env.NORM_GEMV.get() != "0" and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
-                and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1
-                and (USE_GEMV or self.weight_scale_inv is not None))
-
-    def _normed_gemv(self, pending: PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
-        prenorm = pending.prenorm()
-        if self.weight_scale_inv is not None:
-            from minisgl.kernel.triton.fp8_gemv import fp8_gemv
-
-            return fp8_gemv(pending.x, self.weight, self.weight_scale_inv, self.scale_block, bias,
-                            norm=prenorm)
-        from minisgl.kernel.triton.gemv import gemv
-
-        return gemv(pending.x, self.weight, bias, norm=prenorm)
 
     def quantize_weights_(self) -> None:
         """``--quantization fp8``: replace the loaded weight by e4m3 and its per-channel (or block)
@@ -154,7 +127,7 @@ class LinearQKVMerged(_Linear):
         dst = self.q_size + (0 if shard_id == "k" else self.kv_size)
         return dst, first_kv_head * self.head_dim, self.kv_size
 
-    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._matmul(x, self.bias)
 
 
@@ -173,7 +146,7 @@ class LinearColParallelMerged(_Linear):
         size = self.local_sizes[shard_id]
         return sum(self.local_sizes[:shard_id]), self.tp.rank * size, size
 
-    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._matmul(x, self.bias)
 
 

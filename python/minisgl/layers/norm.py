@@ -2,8 +2,7 @@
 
 On CUDA tensors these run the Triton kernels in ``minisgl.kernel.triton.norm`` (one pass over memory,
 imported lazily so CPU-only machines never import triton); the torch code here is the reference they
-are tested against and what CPU runs. ``PendingNorm`` leaves the fused form to the linear layer that
-reads its output, which with one token on CUDA computes it inside its GEMV.
+are tested against and what CPU runs.
 """
 
 from __future__ import annotations
@@ -51,32 +50,3 @@ class RMSNormFused(RMSNorm):
         if residual is not None:
             x = x + residual
         return rms_norm(x, self.weight, self.eps), x
-
-
-class PendingNorm:
-    """``norm(x + residual)`` not computed yet. The linear layer that reads it either normalises x
-    as its GEMV reads it (one token on CUDA: ``kernel/triton/gemv.py``'s ``PreNorm``, no kernel of
-    the norm's own) or calls ``value()``; afterwards ``residual`` is ``x + residual``."""
-
-    def __init__(self, norm: RMSNormFused, x: torch.Tensor, residual: torch.Tensor | None) -> None:
-        self.norm, self.x, self._residual_in = norm, x, residual
-        self._residual: torch.Tensor | None = None
-
-    @property
-    def residual(self) -> torch.Tensor:
-        assert self._residual is not None, "the pending norm was never read"
-        return self._residual
-
-    def value(self) -> torch.Tensor:
-        y, self._residual = self.norm(self.x, self._residual_in)
-        return y
-
-    def prenorm(self):
-        """The GEMV's ``PreNorm``, with a new tensor for ``x + residual`` (x itself on layer 0)."""
-        from minisgl.kernel.triton.gemv import PreNorm
-
-        if self._residual_in is None:
-            self._residual = self.x
-            return PreNorm(self.norm.weight, self.norm.eps)
-        self._residual = torch.empty_like(self.x)
-        return PreNorm(self.norm.weight, self.norm.eps, self._residual_in, self._residual)

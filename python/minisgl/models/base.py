@@ -20,7 +20,6 @@ from minisgl.layers import (
     LinearRowParallel,
     MoELayer,
     ParallelLMHead,
-    PendingNorm,
     RMSNormFused,
     VocabParallelEmbedding,
 )
@@ -42,7 +41,7 @@ class GatedMLP(nn.Module):
                                                     cfg.quant)
         self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm, cfg.quant)
 
-    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x), gated=True)
 
 
@@ -60,14 +59,9 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # the norms are left to the projections that read them (one token on CUDA: in the GEMVs)
-        normed = PendingNorm(self.input_layernorm, x, residual)
-        x = self.self_attn(normed, positions, ctx)
-        if isinstance(self.mlp, GatedMLP):
-            normed = PendingNorm(self.post_attention_layernorm, x, normed.residual)
-            x = self.mlp(normed)
-            return x, normed.residual
-        x, residual = self.post_attention_layernorm(x, normed.residual)
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
 

@@ -7,8 +7,7 @@ the same for all of them, ``ws[row // bn, k // bk]``, and x is multiplied by it 
 multiply-add. x stays in bf16/fp16 (no activation quantization in decode).
 Per-channel scales (``block=None``, ``ws [N, 1]``): the row's one scale multiplies its dot
 product once, after the sum (``CHANNEL``), so the loop is the bf16 GEMV's with an e4m3 load.
-``gated=True`` reads x as ``[gate | up]`` and applies ``silu(gate) * up``, and ``norm=PreNorm(...)``
-the residual add and RMSNorm, as ``gemv.py`` does.
+``gated=True`` reads x as ``[gate | up]`` and applies ``silu(gate) * up`` as ``gemv.py`` does.
 """
 
 from __future__ import annotations
@@ -18,14 +17,13 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .gemv import PreNorm, load_normed_x, load_x
+from .gemv import load_x
 from .pdl import wait_then_release
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, r_ptr, g_ptr, r_out_ptr, N, K, stride_w,
-                     stride_s, eps, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-                     GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
+                     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     wait_then_release(USE_PDL)
@@ -37,7 +35,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, r_ptr, g_ptr, r_out_ptr,
     s_row = s_ptr + (first // SCALE_BN) * stride_s
     dt = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + ks < K
         if EVEN:
@@ -45,11 +42,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, r_ptr, g_ptr, r_out_ptr,
         else:
             w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
-        if NORM:
-            x, sq = load_normed_x(x_ptr, r_ptr, g_ptr, r_out_ptr, k0 + ks, k_ok, dt, HAS_RES)
-            squares += sq
-        else:
-            x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
+        x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
         if CHANNEL:
             acc += w.to(tl.float32) * x[None, :]
         else:
@@ -57,8 +50,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, r_ptr, g_ptr, r_out_ptr,
             acc += w.to(tl.float32) * (x * s)[None, :]
         w_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
-    if NORM:
-        out *= tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
     if CHANNEL:
         out *= tl.load(s_ptr + rows.to(tl.int64) * stride_s, mask=row_ok, other=0.0)
     if HAS_BIAS:
@@ -80,26 +71,22 @@ def pick_config(n: int, k: int) -> tuple[int, int, int]:
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int] | None,
              b: torch.Tensor | None = None, gated: bool = False,
-             config: tuple[int, int, int] | None = None, norm: PreNorm | None = None) -> torch.Tensor:
+             config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
-    scales, or with ``block=None`` per-channel scales ws [N, 1]; ``norm``: x is normalised as it is
-    read (not with ``gated``)."""
+    scales, or with ``block=None`` per-channel scales ws [N, 1]."""
     n, k = w.shape
     channel = block is None
     bn, bk = (1, k) if channel else block
     assert x.shape == (1, 2 * k if gated else k) and x.stride(1) == 1 and w.is_contiguous()
     assert ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk)) and ws.stride(1) == 1
-    assert not (gated and norm is not None), "a gated input is not normalised"
     block_n, block_k, warps = config or pick_config(n, k)
     if not channel:
         block_n = min(block_n, bn)
         assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    r, g, r_out, eps = norm.kernel_args(x) if norm is not None else (x, x, x, 0.0)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, w, ws, w if b is None else b, y, r, g, r_out, n, k, w.stride(0), ws.stride(0), eps,
-        SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, NORM=norm is not None,
-        HAS_RES=norm is not None and norm.residual is not None, HAS_BIAS=b is not None,
+        x, w, ws, w if b is None else b, y, n, k, w.stride(0), ws.stride(0),
+        SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, **pdl.launch_options(x),
     )

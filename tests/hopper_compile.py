@@ -57,18 +57,22 @@ def _fp8_kernels():
             b_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32", stride_s="i32"), dict(
             SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
             HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=True), warps
-    w8a16_sig = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16",
-                     M="i32", N="i32", K="i32", steps_per_split="i32", stride_x="i32",
-                     stride_w="i32", stride_s="i32")
+    w8a16_sig = dict(x_ptr="*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv", s_ptr="*fp32",
+                     b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32", K="i32",
+                     steps_per_split="i32", stride_x="i32", stride_w="i32", stride_s="i32")
     w8a16_cases = ((2, 4096, 4096, False), (64, 6144, 4096, False), (128, 4096, 12288, True))
-    for (m, n, k, gated), channel in itertools.product(w8a16_cases, (True, False)):
-        cfg = fp8_w8a16.pick_config(m, n, k, gated)
+    w8a8_cases = ((64, 4096, 4096, False), (200, 4096, 12288, False))
+    for (m, n, k, gated), channel, a8 in itertools.chain(
+            itertools.product(w8a16_cases, (True, False), (False,)),
+            itertools.product(w8a8_cases, (True,), (True,))):
+        cfg = fp8_w8a16.pick_config(m, n, k, gated, x_bytes=1 if a8 else 2)
         y_type = "*fp32" if cfg.split_k > 1 else "*bf16"  # split-K: fp32 partials
-        yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, y_ptr=y_type), dict(
+        yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, y_ptr=y_type,
+                                            x_ptr="*fp8e4nv" if a8 else "*bf16"), dict(
             CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
-            GATED=gated, HAS_BIAS=not gated, EVEN_M=m != 2, EVEN_K=m != 64, SPLIT=cfg.split_k > 1,
-            DOT_PREC="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k), cfg.num_warps
+            GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
+            EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
         N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
     for gated in (False, True):

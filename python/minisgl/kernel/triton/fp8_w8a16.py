@@ -1,4 +1,5 @@
-"""W8A16 FP8 GEMM for batched decode: ``y[M, N] = x[M, K] @ dequant(wq, ws)^T (+ b)``, M ~ 2..32.
+"""W8A16 FP8 GEMM for batched decode: ``y[M, N] = x[M, K] @ dequant(wq, ws)^T (+ b)``, M ~ 2..32,
+and its W8A8 form for larger batches.
 
 At a few tens of tokens a linear layer is still bound by reading its weight, yet the per-token
 FP8 path (quantize x, then ``torch._scaled_mm``) spends a kernel on the activations and reaches
@@ -25,6 +26,13 @@ several programs, each writing an fp32 partial ``[M, N]``; a second small kernel
 fixed order (deterministic, unlike atomics), adds the bias and rounds once. On o at 16 tokens:
 20.8 us unsplit, 12.4 with 4 splits, of which the second kernel is ~1.6.
 
+W8A8 (``fp8_w8a8_gemm``): the same program on e4m3 x quantized per token
+(``fp8_quant.quantize_tokens``), ``tl.dot`` of two e4m3 tiles on the FP8 tensor cores, the row's
+and the token's scales applied to the accumulator once. It is the per-channel path's alternative
+to ``torch._scaled_mm`` from a few tens of tokens on, where cuBLASLt's tiles leave the layers with
+4,096 rows (o, down) on ~32 tiles for 132 SMs and stream their weight at ~1 TB/s; split-K is what
+this kernel adds.
+
 ``gated=True`` reads x as ``[gate | up]`` and multiplies by ``silu(gate) * up``, rounded as
 ``gemv.load_x`` rounds (as the unfused SiLU-and-mul would). Configs come from ``pick_config`` (no
 autotuning: the layers run inside CUDA-graph capture); ``benchmark/kernels/bench_fp8_small.py
@@ -43,10 +51,10 @@ from .gemv import load_x
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
+def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
                   stride_x, stride_w, stride_s,
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-                  GATED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
+                  GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -81,7 +89,9 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
             x = load_x(x_ptr, K, x_offs, x_ok, dt, True).to(dt)
         else:
             x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
-        if CHANNEL:
+        if A8:  # e4m3 x e4m3 on the FP8 tensor cores
+            acc = tl.dot(w, tl.trans(x), acc)
+        elif CHANNEL:
             acc = tl.dot(w.to(dt), tl.trans(x), acc, input_precision=DOT_PREC)
         else:
             s = tl.load(s_ptrs + kb * BLOCK_K // SCALE_BK)
@@ -90,6 +100,8 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
         x_offs += BLOCK_K
     if CHANNEL:
         acc *= tl.load(s_ptr + rows_w * stride_s)[:, None]
+    if A8:
+        acc *= tl.load(xs_ptr + rows_x)[None, :]
     out_ok = n_ok[:, None] & m_ok[None, :]
     if SPLIT:  # y_ptr: the fp32 partials [splits, M, N]
         y_ptr += tl.program_id(1).to(tl.int64) * M * N
@@ -133,10 +145,11 @@ def pick_config(m: int, n: int, k: int, gated: bool = False, x_bytes: int = 2) -
     recomputed by every N tile). Split-K up to 4, as long as there are at most ~4 programs per
     SM: a program streams its weight at only ~7 GB/s (per-warp latency of the e4m3 -> bf16
     operand path), so the small layers need many programs. fp32 activations (tests, fp32 models)
-    take half as deep K steps and two stages to fit in shared memory."""
+    take half as deep K steps and two stages to fit in shared memory; e4m3 activations
+    (``x_bytes=1``, the W8A8 form) four stages."""
     block_m = min(128, max(16, triton.next_power_of_2(m)))
     block_n, warps = (128, 8) if m <= 8 or gated and m > 16 else (64, 4)
-    block_k, stages = (128, 3) if x_bytes <= 2 else (64, 2)
+    block_k, stages = {1: (128, 4), 2: (128, 3)}.get(x_bytes, (64, 2))
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = 4
     while split > 1 and (tiles * split > 4 * SMS or k // (block_k * split) < 4):
@@ -151,20 +164,40 @@ def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
     bias [N] -> [M, N] in x's dtype; ws [N/bn, K/bk] block scales, or with ``block=None``
     per-channel scales ws [N, 1]. Block scales need the config's tiles to divide the block."""
     n, k = w.shape
+    assert x.dim() == 2 and x.shape[1] == (2 * k if gated else k) and x.stride(1) == 1
+    cfg = config or pick_config(x.shape[0], n, k, gated, x.element_size())
+    return _launch(x, None, w, ws, block, bias, gated, cfg, x.dtype)
+
+
+def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                  config: W8A16Config | None = None) -> torch.Tensor:
+    """e4m3 xq [M, K] with per-token scales xs [M, 1] (``fp8_quant.quantize_tokens``), e4m3 w [N, K]
+    with per-channel scales ws [N, 1], bias [N] -> [M, N] in ``out_dtype``: the same tiles and
+    split-K, multiplied on the FP8 tensor cores."""
+    n, k = w.shape
+    assert xq.dim() == 2 and xq.shape[1] == k and xq.stride(1) == 1 and xq.dtype == w.dtype
+    assert xs.shape == (xq.shape[0], 1) and xs.dtype == torch.float32 and xs.is_contiguous()
+    cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1)
+    return _launch(xq, xs, w, ws, None, bias, False, cfg, out_dtype)
+
+
+def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch.Tensor,
+            block: tuple[int, int] | None, bias: torch.Tensor | None, gated: bool,
+            cfg: W8A16Config, out_dtype: torch.dtype) -> torch.Tensor:
+    n, k = w.shape
     m = x.shape[0]
     channel = block is None
     bn, bk = (1, 1) if channel else block
-    assert x.dim() == 2 and x.shape[1] == (2 * k if gated else k) and x.stride(1) == 1
     assert w.is_contiguous() and w.dtype == torch.float8_e4m3fn and ws.dtype == torch.float32
     assert ws.shape == ((n, 1) if channel else (triton.cdiv(n, bn), triton.cdiv(k, bk)))
     assert ws.stride(1) == 1 or ws.shape[1] == 1
     assert bias is None or bias.shape == (n,) and bias.is_contiguous()
-    cfg = config or pick_config(m, n, k, gated, x.element_size())
     if not channel:  # a tile never straddles two scale blocks
         cfg = replace(cfg, block_n=min(cfg.block_n, bn), block_k=min(cfg.block_k, bk))
         assert bn % cfg.block_n == 0 and bk % cfg.block_k == 0, \
             f"the scale block {block} must be a multiple of the tile ({cfg.block_n}, {cfg.block_k})"
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return y
     steps = triton.cdiv(k, cfg.block_k)
@@ -174,10 +207,11 @@ def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
     _w8a16_kernel[grid](
-        x, w, ws, w if bias is None else bias, out, m, n, k, per, x.stride(0), w.stride(0),
-        ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk, GATED=gated,
-        HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0, EVEN_K=k % cfg.block_k == 0,
-        SPLIT=splits > 1, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
+        x.stride(0), w.stride(0), ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
+        GATED=gated, A8=xs is not None, HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0,
+        EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1,
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

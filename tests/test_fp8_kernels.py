@@ -235,8 +235,8 @@ def test_gpu_gemv_real_sizes(gated, n, k):
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288)])
 def test_gpu_fp8_linear_per_channel(m, n, k, gated):
     """The per-channel linear method (M == 1: the GEMV; 2..W8A16_MAX_TOKENS: the W8A16 GEMM; both
-    bf16 x; beyond: per-token quantization + torch._scaled_mm) against fp32 over the same quantized
-    operands: <= 1e-2 relative."""
+    bf16 x; beyond: per-token quantization + the W8A8 GEMM up to W8A8_MAX_TOKENS, then
+    torch._scaled_mm) against fp32 over the same quantized operands: <= 1e-2 relative."""
     from minisgl.quant import fp8_linear
     from minisgl.quant.linear import W8A16_MAX_TOKENS
 

@@ -121,6 +121,15 @@ def test_strided_input_and_no_tokens():
     assert fp8_w8a16_gemm(buf[:0, :256], wq, ws, None).shape == (0, 64)
 
 
+def check_a8(out, ref):
+    """Interpreted: fp32 sums, the reference's up to their order. Hopper's FP8 MMA accumulates
+    with fewer mantissa bits than fp32 (seen: 3e-3 absolute on outputs of a few units, K = 384)."""
+    if DEV == "cpu":
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert rel_err(out, ref) <= 1e-2
+
+
 @pytest.mark.parametrize("m", [3, 40])
 @pytest.mark.parametrize("n, k", [(64, 256), (200, 384)])
 def test_w8a8_per_channel(m, n, k):
@@ -130,11 +139,9 @@ def test_w8a8_per_channel(m, n, k):
     xq, xs = quantize_tokens(rand(m, k, seed=m), False)
     b = rand(n, seed=3)
     ref = channel_gemm_reference(xq, xs, wq, ws)
-    out = fp8_w8a8_gemm(xq, xs, wq, ws, out_dtype=torch.float32)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    check_a8(fp8_w8a8_gemm(xq, xs, wq, ws, out_dtype=torch.float32), ref)
     for cfg in CONFIGS:
-        out = fp8_w8a8_gemm(xq, xs, wq, ws, b, torch.float32, config=cfg)
-        torch.testing.assert_close(out, ref + b, rtol=1e-5, atol=1e-5)
+        check_a8(fp8_w8a8_gemm(xq, xs, wq, ws, b, torch.float32, config=cfg), ref + b)
     assert fp8_w8a8_gemm(xq[:0], xs[:0], wq, ws).shape == (0, n)
 
 
@@ -143,8 +150,9 @@ def test_pick_config():
         for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)):
             cfg = pick_config(m, n, k, gated, x_bytes)
             assert 16 <= cfg.block_m <= 128 and cfg.block_m >= min(m, 128)
-            assert 128 % cfg.block_n == 0 and 128 % cfg.block_k == 0  # fits 128x128 block scales
             assert k // (cfg.block_k * cfg.split_k) >= 4
+            if x_bytes > 1:  # W8A16 tiles fit 128x128 block scales (W8A8 is per-channel only)
+                assert 128 % cfg.block_n == 0 and 128 % cfg.block_k == 0
 
 
 # ---------------------------------------------------------------- GPU, Qwen3-8B's sizes, bf16

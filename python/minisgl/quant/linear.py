@@ -16,9 +16,10 @@ Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by 
 
 * CUDA, one token: the same GEMV, the row's scale applied once to its dot product.
 * CUDA, 2 to ``W8A16_MAX_TOKENS`` tokens: the same W8A16 GEMM, the row's scale applied once.
-* CUDA, more tokens: x is quantized per token (one Triton kernel, SiLU-and-mul included) and
-  ``torch._scaled_mm`` multiplies with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out), when the
-  layer meets its rules (``scaled_mm_ok``); otherwise the dequantizing path below.
+* CUDA, more tokens: x is quantized per token (one Triton kernel, SiLU-and-mul included); up to
+  ``W8A8_MAX_TOKENS`` the same kernel's W8A8 form multiplies on the FP8 tensor cores, beyond it
+  ``torch._scaled_mm`` with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out), when the layer meets
+  its rules (``scaled_mm_ok``); otherwise the dequantizing path below.
 
 CPU (and anything else): the dequantizing reference, ``x @ dequant(w)^T`` in x's dtype. It is what
 the CPU tests compare against a model of the dequantized weights, exactly.
@@ -34,6 +35,9 @@ from .fp8 import dequantize_block, dequantize_channel
 # the most tokens the W8A16 GEMM takes: up to 32 it beats quantizing x + ``torch._scaled_mm`` on
 # every Qwen3-8B layer (1.0-1.5x, H100), at 64 on none but o (``bench_fp8_small.py``)
 W8A16_MAX_TOKENS = 32
+# the most tokens the W8A8 form takes: at 64-256 tokens it is 1.0-1.4x ``torch._scaled_mm`` on
+# Qwen3-8B's layers (H100; o and down, whose 4,096 rows make few cuBLASLt tiles, gain the most)
+W8A8_MAX_TOKENS = 256
 
 
 def scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> bool:
@@ -51,8 +55,10 @@ def _channel_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     from minisgl.kernel.triton.fp8_quant import quantize_tokens
 
     xq, xs = quantize_tokens(x, gated)
-    if xq.shape[0] == 0:
-        return x.new_empty((0, weight.shape[0]))
+    if xq.shape[0] <= W8A8_MAX_TOKENS:
+        from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm
+
+        return fp8_w8a8_gemm(xq, xs, weight, scale, bias, x.dtype)
     # scale_a [M, 1] per token, scale_b [1, N] per output channel; the bias is added afterwards
     # (its dtype must equal out_dtype inside _scaled_mm; a separate add keeps that rule out of reach)
     y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, -1),

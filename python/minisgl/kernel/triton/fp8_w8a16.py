@@ -145,16 +145,32 @@ def pick_config(m: int, n: int, k: int, gated: bool = False, x_bytes: int = 2) -
     recomputed by every N tile). Split-K up to 4, as long as there are at most ~4 programs per
     SM: a program streams its weight at only ~7 GB/s (per-warp latency of the e4m3 -> bf16
     operand path), so the small layers need many programs. fp32 activations (tests, fp32 models)
-    take half as deep K steps and two stages to fit in shared memory; e4m3 activations
-    (``x_bytes=1``, the W8A8 form) four stages."""
+    take half as deep K steps and two stages to fit in shared memory. e4m3 activations
+    (``x_bytes=1``) take ``_w8a8_config``."""
+    if x_bytes == 1:
+        return _w8a8_config(m, n)
     block_m = min(128, max(16, triton.next_power_of_2(m)))
     block_n, warps = (128, 8) if m <= 8 or gated and m > 16 else (64, 4)
-    block_k, stages = {1: (128, 4), 2: (128, 3)}.get(x_bytes, (64, 2))
+    block_k, stages = (128, 3) if x_bytes == 2 else (64, 2)
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = 4
     while split > 1 and (tiles * split > 4 * SMS or k // (block_k * split) < 4):
         split //= 2
     return W8A16Config(block_m, block_n, block_k, split, warps, stages)
+
+
+def _w8a8_config(m: int, n: int) -> W8A16Config:
+    """The W8A8 form's tiles, from ``bench_fp8_small.py --sweep w8a8`` (H100, Qwen3-8B's layers,
+    M = 64, 128, 256: each choice the best of its (layer, M) or within 2% of it). No split: while
+    the 64-row tiles make at most one wave (qkv, o, down), a program streams 256-deep K steps
+    through 4-5 stages fast enough; more tiles (gate-up; qkv at 256 tokens) take 128-deep steps,
+    with 128-row tiles and 8 warps beyond one M tile."""
+    block_m = min(128, max(16, triton.next_power_of_2(m)))
+    if triton.cdiv(n, 64) * triton.cdiv(m, block_m) <= SMS:
+        return W8A16Config(block_m, 64, 256, 1, 4, 5 if block_m <= 64 else 4)
+    if m <= block_m:
+        return W8A16Config(block_m, 64, 128, 1, 4, 3)
+    return W8A16Config(block_m, 128, 128, 1, 8, 5)
 
 
 def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,

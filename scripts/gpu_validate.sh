@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the GPU results, one stage at a time (each fits in about ten minutes on one H100/H200):
-#   scripts/gpu_validate.sh tests   OUT   # the GPU tests (parity, fast paths, kernels) on CUDA
+#   scripts/gpu_validate.sh tests   OUT   # the GPU tests (parity, fast paths, kernels) on CUDA;
+#                                         # tests1 / tests2: one half each (ten minutes or less)
 #   scripts/gpu_validate.sh offline OUT   # one-token GEMV vs cuBLAS; bench.py: Qwen3-0.6B with
 #                                         # ablations, Qwen3-8B with batch 1 (GEMV and cuBLAS)
 #   scripts/gpu_validate.sh sampling OUT  # sampling kernel tests and benchmark; bench.py sampling
@@ -25,6 +26,8 @@
 #                                         # Qwen3-8B at 64 streams, Qwen3-0.6B at 128, by budget
 #   scripts/gpu_validate.sh pdl     OUT   # Qwen3-8B offline default vs fp8, batch 1 with PDL off
 #                                         # and on (bf16, fp8); fp8 logits vs bf16; PDL, W8A16 tests
+#   scripts/gpu_validate.sh w8a8    OUT   # the W8A8 GEMM's tests and kernel table; Qwen3-8B offline
+#                                         # fp8 and fp8+fp8-kv vs default
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -43,12 +46,16 @@ step() {  # step SECONDS CMD...: one step under a time limit, its wall time prin
 }
 
 case $stage in
-tests)
-    "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
-        tests/test_mixed_schedule.py tests/test_piecewise.py tests/test_triton_attention.py tests/test_triton_kernels.py tests/test_engine.py \
-        tests/test_sampling.py tests/test_sampling_kernel.py tests/test_penalties.py \
-        tests/test_fp8.py tests/test_fp8_kernels.py tests/test_fp8_w8a16.py tests/test_pdl.py --durations=15 >"$out/gpu_tests.log" 2>&1
-    tail -3 "$out/gpu_tests.log" ;;
+tests|tests1|tests2)  # tests: both halves (about fifteen minutes); tests1, tests2: one each
+    part1="tests/test_parity.py tests/test_gpu.py tests/test_mixed_schedule.py tests/test_piecewise.py
+        tests/test_triton_attention.py"
+    part2="tests/test_triton_kernels.py tests/test_engine.py tests/test_sampling.py
+        tests/test_sampling_kernel.py tests/test_penalties.py tests/test_fp8.py
+        tests/test_fp8_kernels.py tests/test_fp8_w8a16.py tests/test_pdl.py"
+    case $stage in tests1) files=$part1 ;; tests2) files=$part2 ;; *) files="$part1 $part2" ;; esac
+    # shellcheck disable=SC2086  # the file lists split on whitespace
+    "$py" -m pytest -q -p no:cacheprovider -rf $files --durations=15 >"$out/gpu_$stage.log" 2>&1
+    tail -3 "$out/gpu_$stage.log" ;;
 offline)
     "$py" benchmark/kernels/bench_gemv.py --out "$out" >"$out/bench_gemv.log" 2>&1
     "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
@@ -201,8 +208,17 @@ pdl)  # about nine minutes
     step 120 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_pdl.py tests/test_fp8_w8a16.py \
         >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
+w8a8)  # about six minutes
+    step 170 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8_w8a16.py \
+        tests/test_fp8_kernels.py -k "w8a8 or fp8_linear or pick_config" \
+        >"$out/gpu_tests_w8a8.log" 2>&1
+    tail -3 "$out/gpu_tests_w8a8.log"
+    step 90 "$py" benchmark/kernels/bench_fp8_small.py --out "$out" >"$out/bench_fp8_small.log" 2>&1
+    step 330 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,fp8,fp8+fp8-kv --tag w8a8 --out "$out" >"$out/bench_w8a8.log" 2>&1
+    cat "$out"/offline_*_w8a8.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

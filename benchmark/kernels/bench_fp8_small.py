@@ -55,7 +55,7 @@ from minisgl.quant.linear import fp8_linear  # noqa: E402
 LAYERS = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, False),
           "down": (4096, 12288, True)}  # (N, K, gated input)
 TOKENS = [2, 4, 8, 16, 32, 64, 96, 128, 192, 256]
-SWEEP_TOKENS = {"w8a16": [4, 16, 64, 128], "w8a8": [64, 128, 256]}
+SWEEP_TOKENS = {"w8a16": [4, 16, 64, 128], "w8a8": [64, 128, 256], "w8a8-wide": [64, 128, 256]}
 W8A8_TOKENS = 16  # the W8A8 form is timed from this many tokens on
 SMEM = 227 * 1024  # an H100's shared memory per block
 
@@ -63,9 +63,16 @@ SMEM = 227 * 1024  # an H100's shared memory per block
 def sweep_configs(kind: str, m: int, n: int, k: int, gated: bool) -> list[W8A16Config]:
     """block_n x block_k x warps x stages x split_k, minus what cannot help: 8 warps below 128 rows,
     tiles over the shared memory, splits of fewer than 2 K steps or beyond ~4 programs per SM.
-    The W8A8 form reads x quantized (one byte, SiLU-and-mul already applied)."""
+    The W8A8 form reads x quantized (one byte, SiLU-and-mul already applied); its grid is the
+    M tile (16 up to the token count: more programs for the layers with few rows) x 128- or
+    256-deep K steps x stages, with 64-row N tiles and 4 warps, unsplit (its first sweep's
+    best for qkv, o and down; ``--sweep w8a8-wide`` reruns that one)."""
     block_m = pick_config(m, n, k, gated).block_m
-    elem, gated = (1, False) if kind == "w8a8" else (2, gated)
+    if kind == "w8a8":
+        return [W8A16Config(bm, 64, bk, 1, 4, stages)
+                for bm, bk, stages in itertools.product([16, 32, 64, 128], [128, 256], [3, 4, 5])
+                if bm <= block_m]
+    elem, gated = (1, False) if kind == "w8a8-wide" else (2, gated)
     out = []
     for bn, bk, warps, stages, split in itertools.product(
             [32, 64, 128], [128, 256], [4, 8], [3, 4, 5], [1, 2, 4]):
@@ -83,7 +90,8 @@ _WORKER: dict = {}
 
 
 def run(kind: str, x: torch.Tensor, w: tuple, gated: bool, config: W8A16Config | None = None):
-    """One layer call of a kernel form: ``w8a16`` on bf16 x; ``w8a8`` quantizes x per token first."""
+    """One layer call of a kernel form: ``w8a16`` on bf16 x; ``w8a8`` (and ``w8a8-wide``, the same
+    kernel) quantizes x per token first."""
     if kind == "w8a16":
         return fp8_w8a16_gemm(x, w[0], w[1], None, gated=gated, config=config)
     q, s = quantize_tokens(x, gated)

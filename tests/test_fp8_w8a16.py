@@ -19,9 +19,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
+import triton  # noqa: E402
 
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
-from minisgl.kernel.triton.fp8_w8a16 import (W8A16Config, fp8_w8a8_gemm,  # noqa: E402
+from minisgl.kernel.triton.fp8_w8a16 import (SMS, W8A16Config, fp8_w8a8_gemm,  # noqa: E402
                                              fp8_w8a16_gemm, pick_config)
 from minisgl.layers.activation import silu_and_mul_ref  # noqa: E402
 from minisgl.quant.fp8 import (channel_gemm_reference, dequantize_block,  # noqa: E402
@@ -149,10 +150,13 @@ def test_pick_config():
     for m, gated, x_bytes in itertools.product((2, 16, 64, 128, 200), (False, True), (1, 2, 4)):
         for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)):
             cfg = pick_config(m, n, k, gated, x_bytes)
-            assert 16 <= cfg.block_m <= 128 and cfg.block_m >= min(m, 128)
-            assert k // (cfg.block_k * cfg.split_k) >= 4
-            if x_bytes > 1:  # W8A16 tiles fit 128x128 block scales (W8A8 is per-channel only)
+            assert 16 <= cfg.block_m <= 128 and k // (cfg.block_k * cfg.split_k) >= 4
+            if x_bytes > 1:  # one M tile up to 128 tokens; tiles that fit 128x128 block scales
+                assert cfg.block_m >= min(m, 128)
                 assert 128 % cfg.block_n == 0 and 128 % cfg.block_k == 0
+            else:  # W8A8 (per-channel only): M tiles cut up only while one wave holds them
+                programs = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
+                assert cfg.block_m >= min(m, 128) or programs <= SMS
 
 
 # ---------------------------------------------------------------- GPU, Qwen3-8B's sizes, bf16

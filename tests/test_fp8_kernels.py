@@ -234,11 +234,10 @@ def test_gpu_gemv_real_sizes(gated, n, k):
 @pytest.mark.parametrize("m", [1, 7, 64, 300])
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288)])
 def test_gpu_fp8_linear_per_channel(m, n, k, gated):
-    """The per-channel linear method (M == 1: the GEMV; 2..W8A16_MAX_TOKENS: the W8A16 GEMM; both
-    bf16 x; beyond: per-token quantization + the W8A8 GEMM up to W8A8_MAX_TOKENS, then
-    torch._scaled_mm) against fp32 over the same quantized operands: <= 1e-2 relative."""
+    """The per-channel linear method (M == 1: the GEMV on bf16 x; more: per-token quantization +
+    the W8A8 GEMM up to W8A8_MAX_TOKENS, then torch._scaled_mm) against fp32 over the same
+    quantized operands: <= 1e-2 relative."""
     from minisgl.quant import fp8_linear
-    from minisgl.quant.linear import W8A16_MAX_TOKENS
 
     x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
     wq, ws = quantize_channel(torch.randn(n, k, device="cuda") * 0.02)
@@ -246,7 +245,7 @@ def test_gpu_fp8_linear_per_channel(m, n, k, gated):
     out = fp8_linear(x, wq, ws, None, b, gated)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     xin = silu_and_mul_ref(x) if gated else x  # bf16, rounded as the kernels round (up to F.silu)
-    if m <= W8A16_MAX_TOKENS:  # x is not quantized
+    if m == 1:  # x is not quantized
         ref = xin.float() @ dequantize_channel(wq, ws).T
     else:
         xq, xs = quantize_tokens(x, gated)
@@ -256,6 +255,19 @@ def test_gpu_fp8_linear_per_channel(m, n, k, gated):
             same_fp8(xq, ref_q)
         ref = channel_gemm_reference(xq, xs, wq, ws)
     assert rel_err(out, ref + b.float()) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_linear_per_channel_fp16_keeps_x():
+    """An fp16 layer is outside ``torch._scaled_mm``'s rules and its W8A8 route: 2 to
+    W8A16_MAX_TOKENS tokens take the W8A16 GEMM, x unquantized (error ~1e-3, not ~1e-2)."""
+    from minisgl.quant import fp8_linear
+
+    x = torch.randn(7, 4096, device="cuda", dtype=torch.float16)
+    wq, ws = quantize_channel(torch.randn(4096, 4096, device="cuda") * 0.02)
+    out = fp8_linear(x, wq, ws, None)
+    assert out.dtype == torch.float16
+    assert rel_err(out, x.float() @ dequantize_channel(wq, ws).T) <= 5e-3
 
 
 @pytest.mark.gpu

@@ -15,11 +15,12 @@ Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` 
 Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by default):
 
 * CUDA, one token: the same GEMV, the row's scale applied once to its dot product.
-* CUDA, 2 to ``W8A16_MAX_TOKENS`` tokens: the same W8A16 GEMM, the row's scale applied once.
-* CUDA, more tokens: x is quantized per token (one Triton kernel, SiLU-and-mul included); up to
-  ``W8A8_MAX_TOKENS`` the same kernel's W8A8 form multiplies on the FP8 tensor cores, beyond it
-  ``torch._scaled_mm`` with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out), when the layer meets
-  its rules (``scaled_mm_ok``); otherwise the dequantizing path below.
+* CUDA, more tokens, a bf16 layer that meets ``scaled_mm_ok``: x is quantized per token (one
+  Triton kernel, SiLU-and-mul included); up to ``W8A8_MAX_TOKENS`` the W8A16 GEMM's W8A8 form
+  multiplies on the FP8 tensor cores (x rounded to e4m3, as vLLM's and SGLang's FP8 layers round
+  it), beyond it ``torch._scaled_mm`` with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out).
+* CUDA, another layer (fp16, odd sizes): the W8A16 GEMM up to ``W8A16_MAX_TOKENS`` tokens, the
+  row's scale applied once; beyond, the dequantizing path below.
 
 CPU (and anything else): the dequantizing reference, ``x @ dequant(w)^T`` in x's dtype. It is what
 the CPU tests compare against a model of the dequantized weights, exactly.
@@ -33,7 +34,8 @@ import torch.nn.functional as F
 from .fp8 import dequantize_block, dequantize_channel
 
 # the most tokens the W8A16 GEMM takes: up to 32 it beats quantizing x + ``torch._scaled_mm`` on
-# every Qwen3-8B layer (1.0-1.5x, H100), at 64 on none but o (``bench_fp8_small.py``)
+# every Qwen3-8B layer (1.0-1.5x, H100), at 64 on none but o (``bench_fp8_small.py``); per-channel
+# bf16 layers take the W8A8 form instead, faster still (2-32 tokens: 1.0-1.3x the W8A16 GEMM)
 W8A16_MAX_TOKENS = 32
 # the most tokens the W8A8 form takes: at 64-256 tokens it is 1.0-1.4x ``torch._scaled_mm`` on
 # Qwen3-8B's layers (H100; o and down, whose 4,096 rows make few cuBLASLt tiles, gain the most)
@@ -78,14 +80,13 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
             from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 
             return fp8_gemv(x, weight, scale_inv, block, bias, gated)
+        if block is None and scaled_mm_ok(x, weight, scale_inv):
+            return _channel_gemm(x, weight, scale_inv, bias, gated)
         if x.shape[0] <= W8A16_MAX_TOKENS:
             from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a16_gemm
 
             return fp8_w8a16_gemm(x, weight, scale_inv, block, bias, gated)
-        if block is None:
-            if scaled_mm_ok(x, weight, scale_inv):
-                return _channel_gemm(x, weight, scale_inv, bias, gated)
-        else:
+        if block is not None:
             from minisgl.kernel.triton.fp8_gemm import fp8_block_gemm, quantize_act
 
             xq, xs = quantize_act(x, block[1], gated)

@@ -21,11 +21,17 @@ from .gemv import load_x
 from .pdl import wait_then_release
 
 
+# e4m3 columns summed into one accumulator before the multiply-adds of the next chunk: one thread's
+# 16-byte load, so the sum stays in its registers
+RED = 16
+
+
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RED: tl.constexpr,
+                     USE_PDL: tl.constexpr):
     wait_then_release(USE_PDL)
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
@@ -34,7 +40,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + ks[None, :]
     s_row = s_ptr + (first // SCALE_BN) * stride_s
     dt = y_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K // RED), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + ks < K
         if EVEN:
@@ -43,11 +49,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
             w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
         x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
-        if CHANNEL:
-            acc += w.to(tl.float32) * x[None, :]
-        else:
-            s = tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
-            acc += w.to(tl.float32) * (x * s)[None, :]
+        if not CHANNEL:
+            x *= tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
+        prod = w.to(tl.float32) * x[None, :]
+        acc += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // RED, RED)), axis=2)
         w_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
     if CHANNEL:
@@ -58,12 +63,16 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
 
 
 def pick_config(n: int, k: int) -> tuple[int, int, int]:
-    """(block_n, block_k, num_warps): four rows by 1024 columns, four warps, the best or within 1%
-    of the best for each of Qwen3-8B's layers in ``bench_fp8.py --sweep --gemv-only`` (H100,
-    per-channel scales: qkv 11.5 us, o 8.1, gate_up 36.6, down 19.7; 3-7% faster than the bf16
-    GEMV's (4, 2048, 4)); short rows keep ``gemv.py``'s choice. Loading 2 or 4 chunks before using
-    any (more bytes in flight per program) made Qwen3-8B's batch-1 step slower, 3.92-4.12 ms
-    against 3.88 (H100, session 9), and was dropped."""
+    """(block_n, block_k, num_warps): four rows by 2048 columns (1024 when 2048 does not divide K),
+    four warps. With one accumulator per ``RED`` columns (no longer one per column) a program holds
+    56 registers, not 79, and 2048-column chunks keep twice the bytes in flight per SM: on an H100,
+    Qwen3-8B's batch-1 step took 3.575 ms against 3.718 with the one-per-column accumulators and
+    1024 columns (same call); per layer qkv 10.3 us (11.1), gate_up 34.1 (36.2), o and down within
+    4% either way (``benchmark/results/s10_2026-11-24``). Loading 2 or 4 chunks before using any
+    made the step slower (3.92-4.12 ms against 3.88, session 9) and was dropped. Short rows keep
+    ``gemv.py``'s choice."""
+    if k >= 2048 and k % 2048 == 0:
+        return 4, 2048, 4
     if k >= 1024:
         return 4, 1024, 4
     return (4, 1024, 8) if n <= 2048 else (4, 512, 4)
@@ -88,6 +97,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
         x, w, ws, w if b is None else b, y, n, k, w.stride(0), ws.stride(0),
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, BLOCK_N=block_n, BLOCK_K=block_k,
+        RED=RED,
         num_warps=warps, **pdl.launch_options(x),
     )
     return y

@@ -110,7 +110,7 @@ def _pdl_kernels():
     for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
             N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
-            BLOCK_N=4, BLOCK_K=2048, RED=gemv.RED, USE_PDL=True), 4
+            BLOCK_N=4, BLOCK_K=2048, USE_PDL=True), 4
     yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16",
         res_out_ptr="*bf16", eps="fp32", **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0",
         "stride_x1", "stride_r", "stride_y", "stride_ro", "dim")}), dict(

@@ -65,10 +65,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
 def pick_config(n: int, k: int) -> tuple[int, int, int]:
     """(block_n, block_k, num_warps): four rows by 2048 columns (1024 when 2048 does not divide K),
     four warps. With one accumulator per ``RED`` columns (no longer one per column) a program holds
-    56 registers, not 79, and 2048-column chunks keep twice the bytes in flight per SM: on an H100,
-    Qwen3-8B's batch-1 step took 3.575 ms against 3.718 with the one-per-column accumulators and
-    1024 columns (same call); per layer qkv 10.3 us (11.1), gate_up 34.1 (36.2), o and down within
-    4% either way (``benchmark/results/s10_2026-11-24``). Loading 2 or 4 chunks before using any
+    56 registers, not 79, and 2048-column chunks keep twice the bytes in flight per SM. On an H100,
+    Qwen3-8B's batch-1 step: 3.575 ms against 3.718 with one accumulator per column and 1024-column
+    chunks in one call, 3.646 / 3.690 against 3.697 / 3.755 in another (A/B alternating); per layer
+    qkv 10.3 us (11.1), gate_up 34.1 (36.2), o and down within 4% either way
+    (``benchmark/results/s10_2026-11-24``). The same accumulators in the bf16 GEMV changed nothing
+    (5.712 / 5.599 ms against 5.685 / 5.622) and were left out. Loading 2 or 4 chunks before using any
     made the step slower (3.92-4.12 ms against 3.88, session 9) and was dropped. Short rows keep
     ``gemv.py``'s choice."""
     if k >= 2048 and k % 2048 == 0:

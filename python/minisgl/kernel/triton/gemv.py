@@ -36,23 +36,17 @@ def load_x(x_ptr, K, offs, ok, dt, GATED: tl.constexpr):
     return x
 
 
-# weight columns summed into one accumulator before the multiply-adds of the next chunk: one
-# thread's 16-byte load, so the sum stays in its registers (fewer registers, more programs per SM)
-RED = 8
-
-
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
                  GATED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RED: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     wait_then_release(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < N
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + ks[None, :]
     dt = y_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_N, BLOCK_K // RED), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + ks < K
         if EVEN:
@@ -61,8 +55,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
             w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
         x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
-        prod = w.to(tl.float32) * x[None, :]
-        acc += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // RED, RED)), axis=2)
+        acc += w.to(tl.float32) * x[None, :]
         w_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
     if HAS_BIAS:
@@ -90,7 +83,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, gated:
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w if b is None else b, y, n, k, w.stride(0), GATED=gated, HAS_BIAS=b is not None,
-        EVEN=k % block_k == 0 and n % block_n == 0, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
+        EVEN=k % block_k == 0 and n % block_n == 0, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, **pdl.launch_options(x),
     )
     return y

@@ -189,7 +189,7 @@ def test_gpu_qwen3_8b_layers(n, k, gated, m, block):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [33, 64, 128, 256])
+@pytest.mark.parametrize("m", [2, 16, 33, 64, 128, 256])
 @pytest.mark.parametrize("n, k, gated", LAYERS)
 def test_gpu_w8a8_qwen3_8b_layers(n, k, gated, m):
     """Per-token e4m3 x (SiLU-and-mul applied by the quantization kernel) on the FP8 tensor cores,

@@ -157,6 +157,11 @@ def test_pick_config():
             else:  # W8A8 (per-channel only): M tiles cut up only while one wave holds them
                 programs = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
                 assert cfg.block_m >= min(m, 128) or programs <= SMS
+    # the rules count the device's SMs: o at 128 tokens, 64 N tiles, takes two M tiles on an
+    # H100 (128 programs) and one on a GPU of half as many SMs
+    assert pick_config(128, 4096, 4096, x_bytes=1).block_m == 64
+    assert pick_config(128, 4096, 4096, x_bytes=1, sms=SMS // 2).block_m == 128
+    assert pick_config(16, 4096, 4096).split_k > pick_config(16, 4096, 4096, sms=16).split_k
 
 
 # ---------------------------------------------------------------- GPU, Qwen3-8B's sizes, bf16

@@ -43,6 +43,7 @@ autotuning: the layers run inside CUDA-graph capture); ``benchmark/kernels/bench
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -139,10 +140,18 @@ class W8A16Config:
     num_stages: int = 4
 
 
-SMS = 132  # an H100's SMs
+SMS = 132  # an H100's (and H200's) SMs: what the rules below were fitted on
 
 
-def pick_config(m: int, n: int, k: int, gated: bool = False, x_bytes: int = 2) -> W8A16Config:
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The device's SMs, for the split-K and M-tile rules (another GPU than the H100 they were
+    fitted on still fills its own SMs)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def pick_config(m: int, n: int, k: int, gated: bool = False, x_bytes: int = 2,
+                sms: int = SMS) -> W8A16Config:
     """Fitted to ``bench_fp8_small.py --sweep`` on an H100 (Qwen3-8B's layers, M = 4, 16, 64, 128;
     the chosen tiles are the best or within ~10% of it). One M tile up to 128 tokens (more: several
     M tiles, whose programs share each weight tile through L2). 64-row N tiles with 4 warps; 128
@@ -151,20 +160,20 @@ def pick_config(m: int, n: int, k: int, gated: bool = False, x_bytes: int = 2) -
     SM: a program streams its weight at only ~7 GB/s (per-warp latency of the e4m3 -> bf16
     operand path), so the small layers need many programs. fp32 activations (tests, fp32 models)
     take half as deep K steps and two stages to fit in shared memory. e4m3 activations
-    (``x_bytes=1``) take ``_w8a8_config``."""
+    (``x_bytes=1``) take ``_w8a8_config``. ``sms``: the device's SMs."""
     if x_bytes == 1:
-        return _w8a8_config(m, n)
+        return _w8a8_config(m, n, sms)
     block_m = min(128, max(16, triton.next_power_of_2(m)))
     block_n, warps = (128, 8) if m <= 8 or gated and m > 16 else (64, 4)
     block_k, stages = (128, 3) if x_bytes == 2 else (64, 2)
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = 4
-    while split > 1 and (tiles * split > 4 * SMS or k // (block_k * split) < 4):
+    while split > 1 and (tiles * split > 4 * sms or k // (block_k * split) < 4):
         split //= 2
     return W8A16Config(block_m, block_n, block_k, split, warps, stages)
 
 
-def _w8a8_config(m: int, n: int) -> W8A16Config:
+def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
     """The W8A8 form's tiles, from ``bench_fp8_small.py --sweep w8a8`` and ``w8a8-wide`` (H100,
     Qwen3-8B's layers, M = 64, 128, 256: each choice the best of its (layer, M) or within 2% of
     it). No split. While the 64-row N tiles make at most one wave, the tokens are cut into as many
@@ -173,9 +182,9 @@ def _w8a8_config(m: int, n: int) -> W8A16Config:
     at 256 tokens) take 128-deep steps, with 128-row tiles and 8 warps beyond one M tile."""
     tiles_n = triton.cdiv(n, 64)
     block_m = min(128, max(16, triton.next_power_of_2(m)))
-    while block_m > 16 and tiles_n * triton.cdiv(m, block_m // 2) <= SMS:
+    while block_m > 16 and tiles_n * triton.cdiv(m, block_m // 2) <= sms:
         block_m //= 2
-    if tiles_n * triton.cdiv(m, block_m) <= SMS:
+    if tiles_n * triton.cdiv(m, block_m) <= sms:
         return W8A16Config(block_m, 64, 256, 1, 4, 5 if block_m <= 64 else 4)
     if m <= block_m:
         return W8A16Config(block_m, 64, 128, 1, 4, 3)
@@ -190,7 +199,7 @@ def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
     per-channel scales ws [N, 1]. Block scales need the config's tiles to divide the block."""
     n, k = w.shape
     assert x.dim() == 2 and x.shape[1] == (2 * k if gated else k) and x.stride(1) == 1
-    cfg = config or pick_config(x.shape[0], n, k, gated, x.element_size())
+    cfg = config or pick_config(x.shape[0], n, k, gated, x.element_size(), _sms(x))
     return _launch(x, None, w, ws, block, bias, gated, cfg, x.dtype)
 
 
@@ -203,8 +212,12 @@ def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch
     n, k = w.shape
     assert xq.dim() == 2 and xq.shape[1] == k and xq.stride(1) == 1 and xq.dtype == w.dtype
     assert xs.shape == (xq.shape[0], 1) and xs.dtype == torch.float32 and xs.is_contiguous()
-    cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1)
+    cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1, sms=_sms(xq))
     return _launch(xq, xs, w, ws, None, bias, False, cfg, out_dtype)
+
+
+def _sms(x: torch.Tensor) -> int:
+    return sm_count(x.device) if x.is_cuda else SMS
 
 
 def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch.Tensor,

@@ -6,7 +6,8 @@ each one imports triton, and this package file stays free of it so that it impor
 - ``activation``: SiLU-and-mul
 - ``decode_attention``, ``extend_attention``: paged attention for decode and prefill/mixed steps
 - ``gemv``, ``fp8_gemv``: one-token linear layers (bf16, e4m3 weights)
-- ``fp8_w8a16``: 2-32-token linear layers with e4m3 weights (bf16 tensor cores)
+- ``fp8_w8a16``: 2-256-token linear layers with e4m3 weights: bf16 x on the bf16 tensor cores
+  (W8A16) or per-token e4m3 x on the FP8 tensor cores (W8A8)
 - ``fp8_quant``, ``fp8_gemm``: activation quantization and the block-scaled FP8 GEMM
 - ``fused_moe``: token-to-expert alignment and the two grouped expert GEMMs
 - ``sampling``, ``sampling_rows``, ``sampling_split``: the sampler

@@ -28,6 +28,8 @@
 #                                         # and on (bf16, fp8); fp8 logits vs bf16; PDL, W8A16 tests
 #   scripts/gpu_validate.sh w8a8    OUT   # the W8A8 GEMM's tests and kernel table; Qwen3-8B offline
 #                                         # fp8 and fp8+fp8-kv vs default
+#   scripts/gpu_validate.sh norm-gemv OUT  # one-token FP8 GEMVs with the norm and residual add inside
+#                                          # (tests, Qwen3-8B batch 1 A/B); W8A8 kernel table
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -217,8 +219,18 @@ w8a8)  # about six minutes
     step 330 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
         --variants default,fp8,fp8+fp8-kv --tag w8a8 --out "$out" >"$out/bench_w8a8.log" 2>&1
     cat "$out"/offline_*_w8a8.md ;;
+norm-gemv)  # about seven minutes
+    step 240 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8_kernels.py \
+        tests/test_fp8_w8a16.py tests/test_fp8.py -k "gemv or w8a8 or fp8_linear or pick_config or gpu_fp8 or compile" \
+        >"$out/gpu_tests_norm_gemv.log" 2>&1
+    tail -3 "$out/gpu_tests_norm_gemv.log"
+    step 260 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants '' --batch1 --batch1-variants fp8,fp8-no-norm-gemv,fp8,fp8-no-norm-gemv \
+        --tag norm_gemv --out "$out" >"$out/bench_norm_gemv.log" 2>&1
+    cat "$out"/offline_*_norm_gemv.md
+    step 90 "$py" benchmark/kernels/bench_fp8_small.py --out "$out" >"$out/bench_fp8_small.log" 2>&1 ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

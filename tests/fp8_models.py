@@ -56,16 +56,38 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s
 
 
+# a layer's RMSNorm and the projections whose columns ``--quantization fp8`` multiplies it into
+FOLDS = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def fold_norms(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The norms of every layer with a dense MLP multiplied into the columns of the projections
+    they feed, and set to one (the model computes the same function)."""
+    tensors = dict(tensors)
+    layers = {m.group(1) for m in map(re.compile(r"(.*layers\.\d+)\.mlp\.gate_proj\.weight$").match,
+                                      tensors) if m}
+    for layer in layers:
+        for norm, projections in FOLDS.items():
+            g = tensors[f"{layer}.{norm}.weight"].float()
+            for proj in projections:
+                name = f"{layer}.{proj}.weight"
+                tensors[name] = tensors[name].float() * g
+            tensors[f"{layer}.{norm}.weight"] = torch.ones_like(tensors[f"{layer}.{norm}.weight"])
+    return tensors
+
+
 def make_online_reference_checkpoint(src: str | Path, out: str | Path) -> Path:
-    """What ``--quantization fp8`` makes of ``src``, dequantized to float32: the dense projections
-    quantized per output channel, the MoE experts in 128x128 blocks (they keep block scales)."""
+    """What ``--quantization fp8`` makes of ``src``, dequantized to float32: the norms of the dense
+    layers folded into the projections after them (``fold_norms``), the dense projections quantized
+    per output channel, the MoE experts in 128x128 blocks (they keep block scales)."""
     src, out = Path(src), Path(out)
     _copy_side_files(src, out)
     tensors: dict[str, torch.Tensor] = {}
     for f in sorted(glob.glob(str(src / "*.safetensors"))):
         tensors.update(load_file(f))
     result = {}
-    for name, t in tensors.items():
+    for name, t in fold_norms(tensors).items():
         match = QUANTIZED.search(name)
         if match and match.group(2):  # an expert
             result[name] = dequantize(*quantize(t, (128, 128)), (128, 128))

@@ -51,18 +51,20 @@ def _fp8_kernels():
         block, warps = fp8_quant.pick_block(k)
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
             K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, BLOCK=block), warps
-    for gated, channel in itertools.product((False, True), (False, True)):
+    for gated, channel, fused in ((False, False, False), (True, False, False), (True, True, True),
+                                  (False, True, True), (False, True, False)):
         bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
         yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
-            b_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32", stride_s="i32"), dict(
+            b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32",
+            stride_s="i32", eps="fp32"), dict(
             SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
-            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, BLOCK_N=bn, BLOCK_K=bk,
-            RED=fp8_gemv.RED, USE_PDL=True), warps
+            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, NORM=fused and not gated,
+            HAS_RES=fused and gated, BLOCK_N=bn, BLOCK_K=bk, RED=fp8_gemv.RED, USE_PDL=True), warps
     w8a16_sig = dict(x_ptr="*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv", s_ptr="*fp32",
                      b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32", K="i32",
                      steps_per_split="i32", stride_x="i32", stride_w="i32", stride_s="i32")
     w8a16_cases = ((2, 4096, 4096, False), (64, 6144, 4096, False), (128, 4096, 12288, True))
-    w8a8_cases = ((64, 4096, 4096, False), (200, 4096, 12288, False))
+    w8a8_cases = ((64, 4096, 4096, False), (128, 24576, 4096, False), (200, 4096, 12288, False))
     for (m, n, k, gated), channel, a8 in itertools.chain(
             itertools.product(w8a16_cases, (True, False), (False,)),
             itertools.product(w8a8_cases, (True,), (True,))):
@@ -72,7 +74,8 @@ def _fp8_kernels():
                                             x_ptr="*fp8e4nv" if a8 else "*bf16"), dict(
             CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
-            EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
+            EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32",
+            PROMOTE=a8 and k > fp8_w8a16.FAST_ACCUM_MAX_K, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
         N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4

@@ -191,6 +191,25 @@ def test_norm_rope_store_into_fp8_cache():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("block", [None, (16, 16)])
+@pytest.mark.parametrize("n, k", [(32, 64), (50, 80)])
+def test_gemv_fused_norm_and_residual(block, n, k):
+    """``norm_eps``: the dot products of the RMS-normalised x (no weight); ``residual``: added to the
+    output. Against the torch path ``fp8_linear`` takes off the GPU (norm kernel, GEMM, add)."""
+    from minisgl.layers.norm import rms_norm
+
+    w = rand(n, k, seed=n, scale=0.1)
+    wq, ws = quantize_channel(w) if block is None else quantize_block(w, block)
+    deq = dequantize_channel(wq, ws) if block is None else dequantize_block(wq, ws, block)
+    x, b, res = rand(1, k, seed=k, scale=3.0), rand(n, seed=3), rand(1, n, seed=4)
+    normed = rms_norm(x, torch.ones((), device=DEV), 1e-6)
+    out = fp8_gemv(x, wq, ws, block, b, config=(4, 32, 4), norm_eps=1e-6)
+    torch.testing.assert_close(out, normed @ deq.T + b, rtol=1e-5, atol=1e-5)
+    gated = rand(1, 2 * k, seed=5)
+    out = fp8_gemv(gated, wq, ws, block, config=(4, 32, 4), gated=True, residual=res)
+    torch.testing.assert_close(out, silu_and_mul_ref(gated) @ deq.T + res, rtol=1e-5, atol=1e-5)
+
+
 def test_kernels_compile_for_hopper(tmp_path):
     """sm_90 cubins of every FP8 kernel variant (bf16 activations, e4m3 weights and caches)."""
     compile_for_hopper(tmp_path, "fp8")
@@ -227,6 +246,28 @@ def test_gpu_gemv_real_sizes(gated, n, k):
     xin = silu_and_mul_ref(x.float()).to(torch.bfloat16) if gated else x
     ref = xin.float() @ dequantize_block(wq, ws, (128, 128)).T
     assert rel_err(fp8_gemv(x, wq, ws, (128, 128), gated=gated), ref) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k", [(6144, 4096), (24576, 4096), (4096, 4096), (4096, 12288)])
+def test_gpu_gemv_fused_norm_or_residual_real_sizes(n, k):
+    """Qwen3-8B's one-token layers as ``DecoderLayer._forward_one_token`` runs them: QKV and
+    gate-up normalise x (fp32 reference of the normalised x), o and down (gated) add the residual."""
+    wq, ws = quantize_channel(torch.randn(n, k, device="cuda") * 0.02)
+    deq = dequantize_channel(wq, ws)
+    if n > 4096:  # QKV, gate-up
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16) * 4
+        xf = x.float()
+        ref = (xf * torch.rsqrt(xf.pow(2).mean() + 1e-6)) @ deq.T
+        out = fp8_gemv(x, wq, ws, None, norm_eps=1e-6)
+    else:  # o, down
+        gated = k > 4096
+        x = torch.randn(1, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn(1, n, device="cuda", dtype=torch.bfloat16) * 4
+        xin = silu_and_mul_ref(x.float()).to(torch.bfloat16) if gated else x
+        ref = xin.float() @ deq.T + res.float()
+        out = fp8_gemv(x, wq, ws, None, gated=gated, residual=res)
+    assert rel_err(out, ref) <= 1e-2
 
 
 @pytest.mark.gpu

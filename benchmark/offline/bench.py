@@ -58,6 +58,8 @@ VARIANTS = {
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
     "no-pdl": {"env": {"MINISGL_PDL": "0"}},  # Triton kernels without programmatic dependent launch
     "fp8-no-pdl": {"quantization": "fp8", "env": {"MINISGL_PDL": "0"}},
+    # one token through the RMSNorm kernels, not normalised inside the GEMVs
+    "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

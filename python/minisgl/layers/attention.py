@@ -40,15 +40,18 @@ class AttentionLayer(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = RotaryEmbedding(cfg.rotary)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context,
+                norm_eps: float | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``norm_eps``: x is RMS-normalised inside the QKV projection (its norm weight folded in);
+        ``residual``: added by the output projection (see ``DecoderLayer._forward_one_token``)."""
         proj = self.qkv_proj
-        q, k, v = self.qkv_proj(x).split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x, norm_eps).split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
         q = q.view(-1, proj.local_qo, self.head_dim)
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
         q, k = self._norm_rope_store(q, k, v, positions, ctx)
         out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
-        return self.o_proj(out.reshape(out.shape[0], -1))
+        return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
 
     def _norm_rope_store(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, ctx: Context

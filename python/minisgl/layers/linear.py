@@ -77,24 +77,33 @@ class _Linear(nn.Module):
         """The block of ``weight_scale_inv``; None: per-channel scales ``[N, 1]``."""
         return None if self.quant.channel else self.quant.block
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-                gated: bool = False) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False,
+                norm_eps: float | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``norm_eps`` and ``residual``: see ``fp8_linear`` (FP8 layers only)."""
         if self.weight_scale_inv is not None:
-            return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated)
+            return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated,
+                              norm_eps, residual)
+        assert norm_eps is None and residual is None, "a fused norm or add needs an FP8 layer"
         return linear(x, self.weight, bias, gated)
 
-    def quantize_weights_(self) -> None:
+    def quantize_weights_(self, input_scale: torch.Tensor | None = None) -> None:
         """``--quantization fp8``: replace the loaded weight by e4m3 and its per-channel (or block)
-        scales."""
-        if self.quant is None or not self.quant.online:
+        scales. ``input_scale [K]``: multiplied into the weight's columns first, in fp32 (an RMSNorm
+        weight folded into the layer it feeds, ``DecoderLayer.fold_norms_``). Once per layer: an e4m3
+        weight is left as it is."""
+        if self.quant is None or not self.quant.online or self.weight.dtype == FP8:
             return
+        w = self.weight.data
+        if input_scale is not None:
+            w = w.float() * input_scale.float()
         if self.quant.channel:
             amax = getattr(self, "_row_amax", None)
             amax = None if amax is None else amax.to(self.weight.device)
-            q, s = quantize_channel(self.weight.data, amax)
+            assert amax is None or input_scale is None, "a row-parallel shard is never folded into"
+            q, s = quantize_channel(w, amax)
             self._row_amax = None
         else:
-            q, s = quantize_block(self.weight.data, self.quant.block)
+            q, s = quantize_block(w, self.quant.block)
         self.weight = nn.Parameter(q, requires_grad=False)
         self.weight_scale_inv = nn.Parameter(s, requires_grad=False)
 
@@ -127,8 +136,8 @@ class LinearQKVMerged(_Linear):
         dst = self.q_size + (0 if shard_id == "k" else self.kv_size)
         return dst, first_kv_head * self.head_dim, self.kv_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._matmul(x, self.bias)
+    def forward(self, x: torch.Tensor, norm_eps: float | None = None) -> torch.Tensor:
+        return self._matmul(x, self.bias, norm_eps=norm_eps)
 
 
 class LinearColParallelMerged(_Linear):
@@ -146,8 +155,8 @@ class LinearColParallelMerged(_Linear):
         size = self.local_sizes[shard_id]
         return sum(self.local_sizes[:shard_id]), self.tp.rank * size, size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._matmul(x, self.bias)
+    def forward(self, x: torch.Tensor, norm_eps: float | None = None) -> torch.Tensor:
+        return self._matmul(x, self.bias, norm_eps=norm_eps)
 
 
 class LinearRowParallel(_Linear):
@@ -167,9 +176,12 @@ class LinearRowParallel(_Linear):
     def _place(self, shard_id: None) -> tuple[int, int, int]:
         return 0, self.comm.info.rank * self.local_in, self.local_in
 
-    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-        """``gated``: x is ``[gate | up]`` of twice the input width; the input is silu(gate) * up."""
-        y = self.comm.all_reduce(self._matmul(x, gated=gated))
+    def forward(self, x: torch.Tensor, gated: bool = False,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``gated``: x is ``[gate | up]`` of twice the input width; the input is silu(gate) * up.
+        ``residual``: added to the output inside the FP8 layer's kernel (one rank only)."""
+        assert residual is None or self.comm.info.size == 1, "the fused residual add is TP=1's"
+        y = self.comm.all_reduce(self._matmul(x, gated=gated, residual=residual))
         return y if self.bias is None else y + self.bias
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterable
 import torch
 from torch import nn
 
+from minisgl import env
 from minisgl.distributed import DistributedCommunicator
 from minisgl.layers.base import copy_weight
 from minisgl.layers import (
@@ -55,14 +56,47 @@ class DecoderLayer(nn.Module):
                     else GatedMLP(cfg, comm))
         self.input_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
+        self.tp_size = comm.info.size
+        self.norms_folded = False
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.norms_folded and x.shape[0] == 1 and x.is_cuda and self.tp_size == 1 \
+                and env.NORM_GEMV.get() != "0":
+            return self._forward_one_token(x, residual, positions, ctx)
         x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, ctx)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+    def _forward_one_token(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context
+    ) -> tuple[torch.Tensor, None]:
+        """One token, norms folded (``fold_norms_``): the QKV and gate-up GEMVs normalise the
+        residual stream as they read it, the o and down GEMVs add it as they write, so the layer
+        runs no norm kernel and returns the stream itself (residual None)."""
+        if residual is not None:
+            x = x + residual
+        eps = self.input_layernorm.eps
+        h = self.self_attn(x, positions, ctx, norm_eps=eps, residual=x)
+        gate_up = self.mlp.gate_up_proj(h, norm_eps=self.post_attention_layernorm.eps)
+        return self.mlp.down_proj(gate_up, gated=True, residual=h), None
+
+    def fold_norms_(self) -> None:
+        """``--quantization fp8`` (per-channel): the two RMSNorms' weights are multiplied into the
+        columns of the projections they feed (QKV; gate-up of a dense MLP) as those are quantized,
+        and become ones: ``W @ (g * n) == (W * g) @ n``. One-token decode then needs no norm kernel
+        (``_forward_one_token``); every other path runs the norm kernels with unit weights."""
+        qkv = self.self_attn.qkv_proj
+        quant = qkv.quant
+        if quant is None or not quant.online or not quant.channel or not isinstance(self.mlp, GatedMLP):
+            return
+        for norm, proj in ((self.input_layernorm, qkv),
+                           (self.post_attention_layernorm, self.mlp.gate_up_proj)):
+            proj.quantize_weights_(input_scale=norm.weight.data)
+            norm.weight.data.fill_(1.0)
+        self.norms_folded = True
 
 
 # checkpoint name -> (our parameter name, shard id)
@@ -155,6 +189,8 @@ class BaseLLMModel(nn.Module):
         missing = set(params) - loaded
         if missing:
             raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing)[:8])}")
+        for layer in self.layers:
+            layer.fold_norms_()
         for module in self.modules():
             if hasattr(module, "quantize_weights_"):
                 module.quantize_weights_()

@@ -70,16 +70,33 @@ def _channel_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                block: tuple[int, int] | None, bias: torch.Tensor | None = None,
-               gated: bool = False) -> torch.Tensor:
+               gated: bool = False, norm_eps: float | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its scales
-    (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype."""
+    (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype.
+
+    ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``fold_norm`` multiplied it
+    into ``weight``); ``residual [M, N]`` is added to the output. One token on CUDA does both inside
+    the FP8 GEMV (no norm kernel, no add); elsewhere they are the torch ops."""
+    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
+        from minisgl.kernel.triton.fp8_gemv import fp8_gemv
+
+        return fp8_gemv(x.contiguous(), weight, scale_inv, block, bias, gated,
+                        norm_eps=norm_eps, residual=residual)
+    if norm_eps is not None:
+        from minisgl.layers.norm import rms_norm
+
+        x = rms_norm(x, torch.ones((), dtype=x.dtype, device=x.device), norm_eps)
+    y = _fp8_linear(x, weight, scale_inv, block, bias, gated)
+    return y if residual is None else y + residual
+
+
+def _fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
+                block: tuple[int, int] | None, bias: torch.Tensor | None,
+                gated: bool) -> torch.Tensor:
     if x.is_cuda and x.dim() == 2:
         if x.stride(1) != 1:
             x = x.contiguous()
-        if x.shape[0] == 1:
-            from minisgl.kernel.triton.fp8_gemv import fp8_gemv
-
-            return fp8_gemv(x, weight, scale_inv, block, bias, gated)
         if block is None and scaled_mm_ok(x, weight, scale_inv):
             return _channel_gemm(x, weight, scale_inv, bias, gated)
         if x.shape[0] <= W8A16_MAX_TOKENS:

@@ -27,9 +27,10 @@ RED = 16
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s,
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_w, stride_s, eps,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
+                     NORM: tl.constexpr, HAS_RES: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RED: tl.constexpr,
                      USE_PDL: tl.constexpr):
     wait_then_release(USE_PDL)
@@ -41,6 +42,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
     s_row = s_ptr + (first // SCALE_BN) * stride_s
     dt = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_K // RED), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_K // RED,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + ks < K
         if EVEN:
@@ -49,6 +51,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
             w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")
         x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
+        if NORM:  # every program reads all of x: each sums its squares itself
+            squares += tl.sum(tl.reshape(x * x, (BLOCK_K // RED, RED)), axis=1)
         if not CHANNEL:
             x *= tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
         prod = w.to(tl.float32) * x[None, :]
@@ -57,8 +61,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, K, stride_w, stride_s
     out = tl.sum(acc, axis=1)
     if CHANNEL:
         out *= tl.load(s_ptr + rows.to(tl.int64) * stride_s, mask=row_ok, other=0.0)
+    if NORM:
+        out *= tl.math.rsqrt(tl.sum(squares) / K + eps)
     if HAS_BIAS:
         out += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        out += tl.load(r_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, out.to(dt), mask=row_ok)
 
 
@@ -82,10 +90,17 @@ def pick_config(n: int, k: int) -> tuple[int, int, int]:
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int] | None,
              b: torch.Tensor | None = None, gated: bool = False,
-             config: tuple[int, int, int] | None = None) -> torch.Tensor:
+             config: tuple[int, int, int] | None = None, norm_eps: float | None = None,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
-    scales, or with ``block=None`` per-channel scales ws [N, 1]."""
+    scales, or with ``block=None`` per-channel scales ws [N, 1].
+
+    ``norm_eps``: x is first RMS-normalised (no weight: ``fold_norm`` put it into w), i.e. the dot
+    products are scaled by ``rsqrt(mean(x^2) + eps)``, which each program sums as it reads x.
+    ``residual [1, N]``: added to the output (the residual stream's add, as the output is written)."""
     n, k = w.shape
+    assert norm_eps is None or not gated, "the norm applies to a plain input"
+    assert residual is None or residual.shape == (1, n) and residual.is_contiguous()
     channel = block is None
     bn, bk = (1, k) if channel else block
     assert x.shape == (1, 2 * k if gated else k) and x.stride(1) == 1 and w.is_contiguous()
@@ -96,10 +111,11 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
         assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, w, ws, w if b is None else b, y, n, k, w.stride(0), ws.stride(0),
+        x, w, ws, w if b is None else b, y if residual is None else residual, y, n, k,
+        w.stride(0), ws.stride(0), 0.0 if norm_eps is None else norm_eps,
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
-        EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, BLOCK_N=block_n, BLOCK_K=block_k,
-        RED=RED,
+        EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, NORM=norm_eps is not None,
+        HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
         num_warps=warps, **pdl.launch_options(x),
     )
     return y

@@ -14,7 +14,9 @@ Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` 
 
 Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by default):
 
-* CUDA, one token: the same GEMV, the row's scale applied once to its dot product.
+* CUDA, one token: the same GEMV, the row's scale applied once to its dot product; given
+  ``norm_eps`` it also RMS-normalises x (the norm's weight folded into the layer) and given
+  ``residual`` it adds it to the output (``DecoderLayer._forward_one_token``).
 * CUDA, more tokens, a bf16 layer that meets ``scaled_mm_ok``: x is quantized per token (one
   Triton kernel, SiLU-and-mul included); up to ``W8A8_MAX_TOKENS`` the W8A16 GEMM's W8A8 form
   multiplies on the FP8 tensor cores (x rounded to e4m3, as vLLM's and SGLang's FP8 layers round

@@ -1,14 +1,13 @@
 """Batched decode (2..256 tokens) through Qwen3-8B's FP8 layers: the W8A16 and W8A8 GEMMs
 (``kernel/triton/fp8_w8a16.py``) against ``torch._scaled_mm``, ``fp8_linear`` and bf16 cuBLAS.
 
-    python benchmark/kernels/bench_fp8_small.py [--sweep w8a16|w8a8|w8a8-wide|tma] [--out DIR]
+    python benchmark/kernels/bench_fp8_small.py [--sweep w8a16|w8a8] [--out DIR]
 
 Per layer (qkv, o, gate_up; down reads ``[gate | up]`` and applies SiLU-and-mul) and token count M,
 all with per-output-channel e4m3 weights (``--quantization fp8``):
 
 * ``w8a16``: the W8A16 kernel with ``pick_config``'s tiles (bf16 x, no activation quantization);
 * ``w8a8``: per-token quantization + the same kernel on e4m3 x (FP8 tensor cores, split-K);
-* ``tma``: per-token quantization + the W8A8 GEMM with TMA loads (``kernel/triton/fp8_w8a8.py``);
 * ``scaled_mm``: per-token quantization (``fp8_quant.quantize_tokens``) + ``torch._scaled_mm``, what
   ``quant.linear`` runs for M >= 2 before the W8A16 kernel; ``fp8_linear``: whatever
   ``quant.linear.fp8_linear`` dispatches to today;
@@ -47,8 +46,6 @@ from bench_common import gpu_name  # noqa: E402
 from bench_fp8 import channel_weights, copy_bandwidth  # noqa: E402
 from bench_gemv import L2_FLUSH_BYTES, time_graph  # noqa: E402
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
-from minisgl.kernel.triton.fp8_w8a8 import TmaConfig, fp8_w8a8_tma_gemm  # noqa: E402
-from minisgl.kernel.triton.fp8_w8a8 import pick_config as pick_tma_config  # noqa: E402
 from minisgl.kernel.triton.fp8_w8a16 import (W8A16Config, fp8_w8a8_gemm,  # noqa: E402
                                              fp8_w8a16_gemm, pick_config)
 from minisgl.layers.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
@@ -58,36 +55,18 @@ from minisgl.quant.linear import fp8_linear  # noqa: E402
 LAYERS = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, False),
           "down": (4096, 12288, True)}  # (N, K, gated input)
 TOKENS = [2, 4, 8, 12, 16, 24, 32, 64, 96, 128, 192, 256]
-SWEEP_TOKENS = {"w8a16": [4, 16, 64, 128], "w8a8": [64, 128, 256], "w8a8-wide": [64, 128, 256],
-                "tma": [16, 64, 128, 256]}
+SWEEP_TOKENS = {"w8a16": [4, 16, 64, 128], "w8a8": [64, 128, 256], "w8a8-wide": [64, 128, 256]}
 W8A8_TOKENS = 2  # the W8A8 form is timed from this many tokens on
 SMEM = 227 * 1024  # an H100's shared memory per block
 
 
-def tma_configs(m: int, n: int) -> list[TmaConfig]:
-    """The TMA form's grid: token tiles of 16 up to the token count (at most 128) x 64- or 128-row
-    weight tiles (4 or 8 warps) x 128- or 256-deep K steps x stages, warp specialization on and
-    off; minus tiles over the shared memory and grids of more than ~6 programs per SM."""
-    top = min(128, max(16, triton.next_power_of_2(m)))
-    out = []
-    for bm, (bn, warps), bk, stages, ws in itertools.product(
-            [16, 32, 64, 128], [(64, 4), (128, 4), (128, 8)], [128, 256], [3, 4, 6], [False, True]):
-        programs = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-        if bm > top or stages * (bn + bm) * bk > SMEM - 4096 or programs > 6 * 132:
-            continue
-        out.append(TmaConfig(bm, bn, bk, warps, stages, ws))
-    return out
-
-
-def sweep_configs(kind: str, m: int, n: int, k: int, gated: bool) -> list:
+def sweep_configs(kind: str, m: int, n: int, k: int, gated: bool) -> list[W8A16Config]:
     """block_n x block_k x warps x stages x split_k, minus what cannot help: 8 warps below 128 rows,
     tiles over the shared memory, splits of fewer than 2 K steps or beyond ~4 programs per SM.
     The W8A8 form reads x quantized (one byte, SiLU-and-mul already applied); its grid is the
     M tile (16 up to the token count: more programs for the layers with few rows) x 128- or
     256-deep K steps x stages, with 64-row N tiles and 4 warps, unsplit (its first sweep's
     best for qkv, o and down; ``--sweep w8a8-wide`` reruns that one)."""
-    if kind == "tma":
-        return tma_configs(m, n)
     block_m = pick_config(m, n, k, gated).block_m
     if kind == "w8a8":
         return [W8A16Config(bm, 64, bk, 1, 4, stages)
@@ -116,8 +95,6 @@ def run(kind: str, x: torch.Tensor, w: tuple, gated: bool, config: W8A16Config |
     if kind == "w8a16":
         return fp8_w8a16_gemm(x, w[0], w[1], None, gated=gated, config=config)
     q, s = quantize_tokens(x, gated)
-    if kind == "tma":
-        return fp8_w8a8_tma_gemm(q, s, w[0], w[1], out_dtype=x.dtype, config=config)
     return fp8_w8a8_gemm(q, s, w[0], w[1], out_dtype=x.dtype, config=config)
 
 
@@ -137,12 +114,9 @@ def _compile(task) -> bool:
         return False
 
 
-def compile_key(kind: str, m: int, n: int, k: int, gated: bool, cfg) -> tuple:
+def compile_key(kind: str, m: int, n: int, k: int, gated: bool, cfg: W8A16Config) -> tuple:
     """What Triton compiles a variant for: the layers' N only matter through N % 16 (all 0),
-    M through M % 16, split_k through split_k > 1; the TMA form (no masks) through its config and
-    whether K takes the fp32 promotion alone."""
-    if kind == "tma":
-        return kind, k > 4096, cfg
+    M through M % 16, split_k through split_k > 1."""
     return kind, m, k, gated, dataclasses.replace(cfg, split_k=min(cfg.split_k, 2))
 
 
@@ -197,10 +171,6 @@ def bench_layer(layer: str, n: int, k: int, gated: bool, peak: float, sweep: dic
             rec.update(w8a8_us=round(t_a8 * 1e6, 2), w8a8_tb_s=round(n * k / t_a8 / 1e12, 3),
                        w8a8_rel_err=err(run("w8a8", x, wc[0], gated)),
                        w8a8_config=dataclasses.asdict(pick_config(m, n, k, x_bytes=1)))
-            t_tma = time_graph(lambda a, w: run("tma", a, w, gated), wc, x)
-            rec.update(tma_us=round(t_tma * 1e6, 2), tma_tb_s=round(n * k / t_tma / 1e12, 3),
-                       tma_rel_err=err(run("tma", x, wc[0], gated)),
-                       tma_config=dataclasses.asdict(pick_tma_config(m, n, k)))
         if kind and m in SWEEP_TOKENS[kind]:
             times = {}
             for cfg in sweep[(layer, m)]:
@@ -251,10 +221,10 @@ def main() -> None:
              "replays over L2-cold weights. TB/s over the weight bytes; floor: e4m3 weight / copy "
              "bandwidth.")
     head = ("| layer | M | N x K | floor us | W8A16 us | TB/s | rel err | quant + W8A8 us | TB/s | "
-            "rel err | quant + TMA W8A8 us | TB/s | rel err | "
-            "quant + _scaled_mm us | TB/s | rel err | fp8_linear us | cuBLAS bf16 us | "
-            "TB/s | W8A16 vs _scaled_mm | W8A16 vs bf16 | best swept (config fields): us |")
-    lines = [title, "", head, "|---" * 22 + "|"]
+            "rel err | quant + _scaled_mm us | TB/s | rel err | fp8_linear us | cuBLAS bf16 us | "
+            "TB/s | W8A16 vs _scaled_mm | W8A16 vs bf16 | best swept (bm, bn, bk, split, warps, "
+            "stages): us |")
+    lines = [title, "", head, "|---" * 19 + "|"]
     for r in records:
         best = (f"{r['best_kind']} {tuple(r['best_config'].values())}: {r['best_us']}"
                 if "best_config" in r else "")
@@ -262,7 +232,6 @@ def main() -> None:
                      f"{r['w8a16_us']} | {r['w8a16_tb_s']} | {r['w8a16_rel_err']} | "
                      f"{r.get('w8a8_us', '')} | {r.get('w8a8_tb_s', '')} | "
                      f"{r.get('w8a8_rel_err', '')} | "
-                     f"{r.get('tma_us', '')} | {r.get('tma_tb_s', '')} | {r.get('tma_rel_err', '')} | "
                      f"{r['scaled_mm_us']} | {r['scaled_mm_tb_s']} | {r['scaled_mm_rel_err']} | "
                      f"{r['fp8_linear_us']} | {r['bf16_us']} | {r['bf16_tb_s']} | "
                      f"{r['speedup_vs_scaled_mm']} | {r['speedup_vs_bf16']} | {best} |")

@@ -19,12 +19,14 @@ in the loop instead (session 10) made the step slower, 3.89 against 3.70.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl
-from .gemv import load_x
+from .gemv import load_w, load_x
 from .pdl import wait_then_release
 
 
@@ -34,37 +36,50 @@ RED = 16
 
 
 @triton.jit
+def _multiply_add(acc, squares, w, x_ptr, s_row, K, k0, ks, dt, GATED: tl.constexpr,
+                  NORM: tl.constexpr, CHANNEL: tl.constexpr, SCALE_BK: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RED: tl.constexpr):
+    """One chunk: ``acc += w * x`` (x's chunk scaled by block scales), and x's squares."""
+    k_ok = k0 + ks < K
+    x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
+    if NORM:  # every program reads all of x: each sums its squares itself
+        squares += tl.sum(tl.reshape(x * x, (BLOCK_K // RED, RED)), axis=1)
+    if not CHANNEL:
+        x *= tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
+    prod = w.to(tl.float32) * x[None, :]
+    acc += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // RED, RED)), axis=2)
+    return acc, squares
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_w, stride_s, eps,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
                      NORM: tl.constexpr, HAS_RES: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RED: tl.constexpr,
-                     USE_PDL: tl.constexpr):
-    wait_then_release(USE_PDL)
+                     EARLY: tl.constexpr, USE_PDL: tl.constexpr):
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < N
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + ks[None, :]
+    if EARLY:  # no kernel writes a weight: its first chunk is asked for before the wait (PDL)
+        w = load_w(w_ptrs, row_ok, ks < K, EVEN)
+        wait_then_release(USE_PDL)
+    else:
+        wait_then_release(USE_PDL)
+        w = load_w(w_ptrs, row_ok, ks < K, EVEN)
     s_row = s_ptr + (first // SCALE_BN) * stride_s
     dt = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_K // RED), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K // RED,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = k0 + ks < K
-        if EVEN:
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                        eviction_policy="evict_first")
-        x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
-        if NORM:  # every program reads all of x: each sums its squares itself
-            squares += tl.sum(tl.reshape(x * x, (BLOCK_K // RED, RED)), axis=1)
-        if not CHANNEL:
-            x *= tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
-        prod = w.to(tl.float32) * x[None, :]
-        acc += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // RED, RED)), axis=2)
+    acc, squares = _multiply_add(acc, squares, w, x_ptr, s_row, K, 0, ks, dt, GATED, NORM, CHANNEL,
+                                 SCALE_BK, BLOCK_N, BLOCK_K, RED)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
+        w = load_w(w_ptrs, row_ok, k0 + ks < K, EVEN)
+        acc, squares = _multiply_add(acc, squares, w, x_ptr, s_row, K, k0, ks, dt, GATED, NORM,
+                                     CHANNEL, SCALE_BK, BLOCK_N, BLOCK_K, RED)
     out = tl.sum(acc, axis=1)
     if CHANNEL:
         out *= tl.load(s_ptr + rows.to(tl.int64) * stride_s, mask=row_ok, other=0.0)
@@ -123,6 +138,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, NORM=norm_eps is not None,
         HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
+        EARLY=os.environ.get("MINISGL_GEMV_EARLY", "1") != "0",
         num_warps=warps, **pdl.launch_options(x),
     )
     return y

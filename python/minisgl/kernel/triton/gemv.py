@@ -17,6 +17,8 @@ layers run inside CUDA-graph capture, where timing candidates is not allowed).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -37,26 +39,38 @@ def load_x(x_ptr, K, offs, ok, dt, GATED: tl.constexpr):
 
 
 @triton.jit
+def load_w(w_ptrs, row_ok, k_ok, EVEN: tl.constexpr):
+    """A chunk of weight rows, streamed (evicted first: it is read once per step)."""
+    if EVEN:
+        w = tl.load(w_ptrs, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                    eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
                  GATED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-    wait_then_release(USE_PDL)
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < N
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + ks[None, :]
+    if EARLY:  # no kernel writes a weight: its first chunk is asked for before the wait (PDL)
+        w = load_w(w_ptrs, row_ok, ks < K, EVEN)
+        wait_then_release(USE_PDL)
+    else:
+        wait_then_release(USE_PDL)
+        w = load_w(w_ptrs, row_ok, ks < K, EVEN)
     dt = y_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = k0 + ks < K
-        if EVEN:
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                        eviction_policy="evict_first")
-        x = load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)
-        acc += w.to(tl.float32) * x[None, :]
+    acc = w.to(tl.float32) * load_x(x_ptr, K, ks, ks < K, dt, GATED)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
+        k_ok = k0 + ks < K
+        w = load_w(w_ptrs, row_ok, k_ok, EVEN)
+        acc += w.to(tl.float32) * load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)[None, :]
     out = tl.sum(acc, axis=1)
     if HAS_BIAS:
         out += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -84,6 +98,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, gated:
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w if b is None else b, y, n, k, w.stride(0), GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, **pdl.launch_options(x),
+        EARLY=os.environ.get("MINISGL_GEMV_EARLY", "1") != "0", num_warps=warps, **pdl.launch_options(x),
     )
     return y

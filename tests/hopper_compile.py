@@ -50,7 +50,7 @@ def _fp8_kernels():
     for gated, k in ((False, 4096), (True, 12288)):
         block, warps = fp8_quant.pick_block(k)
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
-            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, BLOCK=block, USE_PDL=True), warps
+            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, BLOCK=block), warps
     for gated, channel, fused in ((False, False, False), (True, False, False), (True, True, True),
                                   (False, True, True), (False, True, False)):
         bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
@@ -76,10 +76,10 @@ def _fp8_kernels():
             CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
             EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32",
-            PROMOTE=a8 and k > fp8_w8a16.FAST_ACCUM_MAX_K, USE_PDL=True, BLOCK_M=cfg.block_m,
+            PROMOTE=a8 and k > fp8_w8a16.FAST_ACCUM_MAX_K, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
-        N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024, USE_PDL=True), 4
+        N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
     for gated in (False, True):
         yield fused_moe._moe_gemm_kernel, dict(a_ptr="*bf16", w_ptr="*fp8e4nv", out_ptr="*bf16",
             weights_ptr="*bf16", sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32",

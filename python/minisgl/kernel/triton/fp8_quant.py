@@ -15,9 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
-from .pdl import wait_then_release
-
 FP8_MAX = tl.constexpr(448.0)
 
 
@@ -33,8 +30,7 @@ def _load_act(row_ptr, cols, ok, K, GATED: tl.constexpr):
 
 @triton.jit
 def _quantize_tokens_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
-                            GATED: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    wait_then_release(USE_PDL)
+                            GATED: tl.constexpr, BLOCK: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     row = x_ptr + m * stride_x
     offs = tl.arange(0, BLOCK)
@@ -69,5 +65,5 @@ def quantize_tokens(x: torch.Tensor, gated: bool = False) -> tuple[torch.Tensor,
     if m:
         block, warps = pick_block(k)
         _quantize_tokens_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), GATED=gated,
-                                      BLOCK=block, num_warps=warps, **pdl.launch_options(x))
+                                      BLOCK=block, num_warps=warps)
     return q, s

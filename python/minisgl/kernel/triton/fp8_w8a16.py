@@ -50,9 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
 from .gemv import load_x
-from .pdl import wait_then_release
 
 
 @triton.jit
@@ -61,9 +59,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PROMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  USE_PDL: tl.constexpr):
-    wait_then_release(USE_PDL)
+                  PROMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
     pid_n = tl.program_id(0) // tiles_m
@@ -122,8 +118,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
 
 @triton.jit
 def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    wait_then_release(USE_PDL)
+                       BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
@@ -264,11 +259,11 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
         EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1, PROMOTE=k > FAST_ACCUM_MAX_K,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl.launch_options(x),
+        num_stages=cfg.num_stages,
     )
     if splits > 1:
         block_sum = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block_sum),)](
             out, w if bias is None else bias, y, m * n, n, SPLITS=splits,
-            HAS_BIAS=bias is not None, BLOCK=block_sum, num_warps=4, **pdl.launch_options(x))
+            HAS_BIAS=bias is not None, BLOCK=block_sum, num_warps=4)
     return y

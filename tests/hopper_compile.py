@@ -59,7 +59,7 @@ def _fp8_kernels():
             stride_s="i32", eps="fp32"), dict(
             SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
             HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, NORM=fused and not gated,
-            HAS_RES=fused and gated, BLOCK_N=bn, BLOCK_K=bk, RED=fp8_gemv.RED, EARLY=True,
+            HAS_RES=fused and gated, BLOCK_N=bn, BLOCK_K=bk, RED=fp8_gemv.RED,
             USE_PDL=True), warps
     w8a16_sig = dict(x_ptr="*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv", s_ptr="*fp32",
                      b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32", K="i32",
@@ -114,7 +114,7 @@ def _pdl_kernels():
     for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
             N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
-            BLOCK_N=4, BLOCK_K=2048, EARLY=True, USE_PDL=True), 4
+            BLOCK_N=4, BLOCK_K=2048, USE_PDL=True), 4
     yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16",
         res_out_ptr="*bf16", eps="fp32", **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0",
         "stride_x1", "stride_r", "stride_y", "stride_ro", "dim")}), dict(

@@ -60,8 +60,6 @@ VARIANTS = {
     "fp8-no-pdl": {"quantization": "fp8", "env": {"MINISGL_PDL": "0"}},
     # one token through the RMSNorm kernels, not normalised inside the GEMVs
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
-    "late-load": {"env": {"MINISGL_GEMV_EARLY": "0"}},
-    "fp8-late-load": {"quantization": "fp8", "env": {"MINISGL_GEMV_EARLY": "0"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

@@ -14,12 +14,11 @@ products by ``rsqrt(mean(x^2) + eps)``, the sum of squares taken by every progra
 (the norm's weight is folded into the weight's columns), and ``HAS_RES`` adds the residual as the
 output is written. On an H100, Qwen3-8B's batch-1 step: 3.51 / 3.53 ms against 3.57 / 3.58 with
 the norm kernels (``benchmark/results/s11_2026-11-24``). Reading the residual and the norm weight
-in the loop instead (session 10) made the step slower, 3.89 against 3.70.
+in the loop instead (session 10) made the step slower, 3.89 against 3.70. As in ``gemv.py`` the
+first weight chunk is loaded before the PDL wait: 3.35-3.37 against 3.43-3.55 ms per token.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -57,18 +56,16 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_w, s
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
                      NORM: tl.constexpr, HAS_RES: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RED: tl.constexpr,
-                     EARLY: tl.constexpr, USE_PDL: tl.constexpr):
+                     USE_PDL: tl.constexpr):
     first = tl.program_id(0) * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < N
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + ks[None, :]
-    if EARLY:  # no kernel writes a weight: its first chunk is asked for before the wait (PDL)
-        w = load_w(w_ptrs, row_ok, ks < K, EVEN)
-        wait_then_release(USE_PDL)
-    else:
-        wait_then_release(USE_PDL)
-        w = load_w(w_ptrs, row_ok, ks < K, EVEN)
+    # no kernel writes a weight, so its first chunk is asked for before the wait (with PDL: while
+    # the kernel before still runs)
+    w = load_w(w_ptrs, row_ok, ks < K, EVEN)
+    wait_then_release(USE_PDL)
     s_row = s_ptr + (first // SCALE_BN) * stride_s
     dt = y_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_K // RED), dtype=tl.float32)
@@ -138,7 +135,6 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, NORM=norm_eps is not None,
         HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
-        EARLY=os.environ.get("MINISGL_GEMV_EARLY", "1") != "0",
         num_warps=warps, **pdl.launch_options(x),
     )
     return y

@@ -10,7 +10,12 @@ Every PDL kernel here calls ``wait_then_release`` as its first statement: it wai
 own successor launch (``griddepcontrol.launch_dependents``). What overlaps is the launch and the
 programs' start-up, never a memory access, so correctness does not depend on the overlap.
 Measured on an H100 (Qwen3-8B, batch 1): 1.6% (bf16) and 2.9-3.8% (FP8 weights) per token. Asking
-L2 for a GEMV's weight rows before its wait (``prefetch.global.L2``) lost 2-4% and was dropped.
+L2 for a GEMV's weight rows before its wait (``prefetch.global.L2``) lost 2-4% and was dropped; a
+GEMV loading its first weight chunk into registers before the wait (weights are never written, so
+that load needs no wait) gains 2-3%: FP8 3.35-3.37 against 3.43-3.55 ms, bf16 5.50 against 5.62
+(``gemv.py``, ``fp8_gemv.py``). Two chunks before the wait: 3.49-3.51. The batched FP8 kernels
+(per-token quantization, the W8A8 GEMM) with PDL made the offline run slower (``fp8`` 1.166x
+``default`` against 1.209x): their early CTAs hold shared memory while they wait.
 
 Kernels launched by others (cuBLAS, torch, NCCL) are ordinary predecessors: a PDL kernel after one
 waits for its completion like any kernel. CUDA-graph capture keeps the launches' programmatic edges.

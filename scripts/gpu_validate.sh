@@ -28,8 +28,8 @@
 #                                         # and on (bf16, fp8); fp8 logits vs bf16; PDL, W8A16 tests
 #   scripts/gpu_validate.sh w8a8    OUT   # the W8A8 GEMM's tests and kernel table; Qwen3-8B offline
 #                                         # fp8 and fp8+fp8-kv vs default
-#   scripts/gpu_validate.sh norm-gemv OUT  # one-token FP8 GEMVs with the norm and residual add inside
-#                                          # (tests, Qwen3-8B batch 1 A/B); W8A8 kernel table
+#   scripts/gpu_validate.sh norm-gemv OUT  # one-token FP8 GEMVs with the norm and residual add
+#                                          # inside (tests, Qwen3-8B batch 1 A/B); W8A8 table
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -221,7 +221,8 @@ w8a8)  # about six minutes
     cat "$out"/offline_*_w8a8.md ;;
 norm-gemv)  # about seven minutes
     step 240 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8_kernels.py \
-        tests/test_fp8_w8a16.py tests/test_fp8.py -k "gemv or w8a8 or fp8_linear or pick_config or gpu_fp8 or compile" \
+        tests/test_fp8_w8a16.py tests/test_fp8.py \
+        -k "gemv or w8a8 or fp8_linear or pick_config or gpu_fp8 or one_token or compile" \
         >"$out/gpu_tests_norm_gemv.log" 2>&1
     tail -3 "$out/gpu_tests_norm_gemv.log"
     step 260 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \

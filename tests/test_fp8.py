@@ -316,7 +316,7 @@ def test_gpu_one_token_gemv_norms(tmp_path, monkeypatch):
     (``DecoderLayer._forward_one_token``). Against the same model through the norm kernels
     (``MINISGL_NORM_GEMV=0``): one-token logits within 1% (mean; bf16 roundings differ: the folded
     path skips the norm's rounding of x), the same greedy tokens of one request decoded with CUDA
-    graphs; the prompts of several tokens never take it."""
+    graphs."""
     src = make_tiny_checkpoint("qwen3", tmp_path / "src", **WIDE)
     opts = dict(device="cuda", dtype="bfloat16", attn="triton", quantization="fp8")
     prompts = [[17], [93]]

@@ -190,12 +190,11 @@ def test_norm_rope_store_into_fp8_cache():
     assert vc8.float().abs().max() == 448
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("block", [None, (16, 16)])
 @pytest.mark.parametrize("n, k", [(32, 64), (50, 80)])
 def test_gemv_fused_norm_and_residual(block, n, k):
-    """``norm_eps``: the dot products of the RMS-normalised x (no weight); ``residual``: added to the
-    output. Against the torch path ``fp8_linear`` takes off the GPU (norm kernel, GEMM, add)."""
+    """``norm_eps``: the dot products of the RMS-normalised x (no weight); ``residual``: added to
+    the output. Against the torch path ``fp8_linear`` takes off the GPU (norm, GEMM, add)."""
     from minisgl.layers.norm import rms_norm
 
     w = rand(n, k, seed=n, scale=0.1)
@@ -210,6 +209,7 @@ def test_gemv_fused_norm_and_residual(block, n, k):
     torch.testing.assert_close(out, silu_and_mul_ref(gated) @ deq.T + res, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_hopper(tmp_path):
     """sm_90 cubins of every FP8 kernel variant (bf16 activations, e4m3 weights and caches)."""
     compile_for_hopper(tmp_path, "fp8")
@@ -252,7 +252,8 @@ def test_gpu_gemv_real_sizes(gated, n, k):
 @pytest.mark.parametrize("n, k", [(6144, 4096), (24576, 4096), (4096, 4096), (4096, 12288)])
 def test_gpu_gemv_fused_norm_or_residual_real_sizes(n, k):
     """Qwen3-8B's one-token layers as ``DecoderLayer._forward_one_token`` runs them: QKV and
-    gate-up normalise x (fp32 reference of the normalised x), o and down (gated) add the residual."""
+    gate-up normalise x (fp32 reference of the normalised x), o and down (gated) add the
+    residual."""
     wq, ws = quantize_channel(torch.randn(n, k, device="cuda") * 0.02)
     deq = dequantize_channel(wq, ws)
     if n > 4096:  # QKV, gate-up

@@ -34,8 +34,9 @@ PAD_TOKENS = EnvVar("MINISGL_PAD_TOKENS", "64", "eager forwards (prefill and mix
                    "run a token count rounded up to a multiple of this (1: none, for ablations): "
                    "cuBLAS picks a GEMM algorithm on the host for every new shape")
 
-NORM_GEMV = EnvVar("MINISGL_NORM_GEMV", "1", "0: one-token decode of --quantization fp8 models runs "
-                   "the RMSNorm kernels instead of normalising inside the FP8 GEMVs (for ablations)")
+NORM_GEMV = EnvVar("MINISGL_NORM_GEMV", "1", "0: one-token decode of --quantization fp8 models "
+                   "runs the RMSNorm kernels instead of normalising inside the FP8 GEMVs (for "
+                   "ablations)")
 PDL = EnvVar("MINISGL_PDL", "1", "0: Triton kernels on Hopper and later launch without "
               "programmatic dependent launch (for ablations)")
 

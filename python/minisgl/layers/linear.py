@@ -78,7 +78,8 @@ class _Linear(nn.Module):
         return None if self.quant.channel else self.quant.block
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False,
-                norm_eps: float | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+                norm_eps: float | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         """``norm_eps`` and ``residual``: see ``fp8_linear`` (FP8 layers only)."""
         if self.weight_scale_inv is not None:
             return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated,
@@ -88,9 +89,9 @@ class _Linear(nn.Module):
 
     def quantize_weights_(self, input_scale: torch.Tensor | None = None) -> None:
         """``--quantization fp8``: replace the loaded weight by e4m3 and its per-channel (or block)
-        scales. ``input_scale [K]``: multiplied into the weight's columns first, in fp32 (an RMSNorm
-        weight folded into the layer it feeds, ``DecoderLayer.fold_norms_``). Once per layer: an e4m3
-        weight is left as it is."""
+        scales. ``input_scale [K]``: multiplied into the weight's columns first, in fp32 (an
+        RMSNorm weight folded into the layer it feeds, ``DecoderLayer.fold_norms_``). Once per
+        layer: an e4m3 weight is left as it is."""
         if self.quant is None or not self.quant.online or self.weight.dtype == FP8:
             return
         w = self.weight.data

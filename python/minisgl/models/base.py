@@ -90,7 +90,8 @@ class DecoderLayer(nn.Module):
         (``_forward_one_token``); every other path runs the norm kernels with unit weights."""
         qkv = self.self_attn.qkv_proj
         quant = qkv.quant
-        if quant is None or not quant.online or not quant.channel or not isinstance(self.mlp, GatedMLP):
+        if (quant is None or not quant.online or not quant.channel
+                or not isinstance(self.mlp, GatedMLP)):
             return
         for norm, proj in ((self.input_layernorm, qkv),
                            (self.post_attention_layernorm, self.mlp.gate_up_proj)):

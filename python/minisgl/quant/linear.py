@@ -77,9 +77,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its scales
     (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype.
 
-    ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``fold_norm`` multiplied it
-    into ``weight``); ``residual [M, N]`` is added to the output. One token on CUDA does both inside
-    the FP8 GEMV (no norm kernel, no add); elsewhere they are the torch ops."""
+    ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``DecoderLayer.fold_norms_``
+    multiplied it into ``weight``); ``residual [M, N]`` is added to the output. One token on CUDA
+    does both inside the FP8 GEMV (no norm kernel, no add); elsewhere they are the torch ops."""
     if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
         from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 

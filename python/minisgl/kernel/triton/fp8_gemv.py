@@ -114,9 +114,11 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
     scales, or with ``block=None`` per-channel scales ws [N, 1].
 
-    ``norm_eps``: x is first RMS-normalised (no weight: ``fold_norm`` put it into w), i.e. the dot
-    products are scaled by ``rsqrt(mean(x^2) + eps)``, which each program sums as it reads x.
-    ``residual [1, N]``: added to the output (the residual stream's add, as the output is written)."""
+    ``norm_eps``: x is first RMS-normalised (no weight: ``DecoderLayer.fold_norms_`` put it into
+    w), i.e. the dot products are scaled by ``rsqrt(mean(x^2) + eps)``, which each program sums as
+    it reads x.
+    ``residual [1, N]``: added to the output (the residual stream's add, as the output is
+    written)."""
     n, k = w.shape
     assert norm_eps is None or not gated, "the norm applies to a plain input"
     assert residual is None or residual.shape == (1, n) and residual.is_contiguous()

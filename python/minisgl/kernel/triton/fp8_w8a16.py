@@ -59,7 +59,8 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PROMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  PROMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
     pid_n = tl.program_id(0) // tiles_m

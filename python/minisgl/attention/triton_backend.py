@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl import env
 from minisgl.utils.transfer import to_device
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 try:
     from minisgl.kernel.triton.decode_attention import (
+        RopeStore,
         choose_num_splits,
         decode_attention,
         decode_workspace,
@@ -49,7 +51,7 @@ class TritonDecodeMetadata(BaseAttnMetadata):
     seq_lens: torch.Tensor  # [B] int32 context length incl. the new token
     num_splits: int
     static: bool = False  # views of the CUDA-graph buffers: use the backend's static workspace
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None  # eager: made by the first layer
+    workspace: tuple[torch.Tensor, ...] | None = None  # eager: made by the first layer
 
 
 @dataclass
@@ -90,7 +92,8 @@ class TritonBackend(BaseAttnBackend):
             if self.device.type == "cuda" else 16
         )
         self._graph_bufs: torch.Tensor | None = None  # [2, max_bs]: rows, seq_lens
-        self._graph_ws: tuple[torch.Tensor, torch.Tensor] | None = None  # flat part_out, part_lse
+        # flat part_out, part_lse; the split counters [max_bs, Hkv]
+        self._graph_ws: tuple[torch.Tensor, ...] | None = None
 
     def num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.max_seq_len, self.num_sms)
@@ -156,6 +159,19 @@ class TritonBackend(BaseAttnBackend):
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
         return self._extend(q, k_cache, v_cache, meta, kv_scales, out)
 
+    def forward_with_rope(self, q: torch.Tensor, layer_id: int, batch: Batch,
+                          rope: RopeStore) -> torch.Tensor | None:
+        """Decode batches: the kernel norms and rotates q/k and stores K/V (one launch fewer)."""
+        meta = batch.attn_metadata
+        if not isinstance(meta, TritonDecodeMetadata) or env.FUSED_ROPE.get() == "0":
+            return None
+        return decode_attention(
+            q, self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id), self.page_table,
+            meta.rows, meta.seq_lens, self.scale, meta.num_splits,
+            workspace=self._workspace(meta, q), kv_scales=self.kv_pool.kv_scales(layer_id),
+            rope=rope,
+        )
+
     def _extend(self, q, k_cache, v_cache, meta: TritonPrefillMetadata, kv_scales,
                 out=None) -> torch.Tensor:
         return extend_attention(
@@ -170,7 +186,8 @@ class TritonBackend(BaseAttnBackend):
         bs, hq, dim = q.shape
         if not meta.static:
             if meta.workspace is None:
-                meta.workspace = decode_workspace(bs, hq, meta.num_splits, dim, q.device)
+                meta.workspace = decode_workspace(bs, hq, self.num_kv_heads, meta.num_splits,
+                                                  dim, q.device)
             return meta.workspace
         assert self._graph_bufs is not None, "init_cuda_graph was not called"
         if self._graph_ws is None:  # sized once for every capturable batch size
@@ -179,11 +196,12 @@ class TritonBackend(BaseAttnBackend):
             self._graph_ws = (
                 torch.empty(most * hq * dim, dtype=torch.float32, device=q.device),
                 torch.empty(most * hq, dtype=torch.float32, device=q.device),
+                torch.zeros(max_bs, self.num_kv_heads, dtype=torch.int32, device=q.device),
             )
-        part_out, part_lse = self._graph_ws
+        part_out, part_lse, arrived = self._graph_ws
         s = meta.num_splits
         return (part_out[: bs * hq * s * dim].view(bs, hq, s, dim),
-                part_lse[: bs * hq * s].view(bs, hq, s))
+                part_lse[: bs * hq * s].view(bs, hq, s), arrived[:bs])
 
     # -- CUDA graphs ----------------------------------------------------------------------------
 

@@ -234,7 +234,7 @@ norm-gemv)  # about seven minutes
     cat "$out"/offline_*_norm_gemv.md
     step 90 "$py" benchmark/kernels/bench_fp8_small.py --out "$out" >"$out/bench_fp8_small.log" 2>&1 ;;
 fused-rope)  # about nine minutes
-    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_parity.py tests/test_gpu.py \
+    step 420 "$py" -m pytest -q -p no:cacheprovider -rf --maxfail=5 tests/test_parity.py tests/test_gpu.py \
         tests/test_mixed_schedule.py tests/test_piecewise.py tests/test_triton_attention.py \
         tests/test_triton_kernels.py tests/test_fp8_kernels.py -k "not compile" \
         >"$out/gpu_tests_fused_rope.log" 2>&1

@@ -63,6 +63,7 @@ VARIANTS = {
     # decode through the norm + RoPE + store kernel, not inside the attention kernel
     "no-fused-rope": {"env": {"MINISGL_FUSED_ROPE": "0"}},
     "fp8-no-fused-rope": {"quantization": "fp8", "env": {"MINISGL_FUSED_ROPE": "0"}},
+    "fp8-fused-rope-pdl": {"quantization": "fp8", "env": {"MINISGL_FUSED_ROPE": "2"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

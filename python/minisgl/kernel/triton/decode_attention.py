@@ -31,6 +31,7 @@ With ``num_splits == 1`` the program writes the normalised output directly.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -304,6 +305,9 @@ def decode_attention(
                   rope.k_weight if norm else q, rope.k, rope.v, rope.out_loc)
         r_strides = (rope.cos_sin.stride(0), rope.k.stride(0), rope.k.stride(1),
                      rope.v.stride(0), rope.v.stride(1))
+    launch = pdl.launch_options(q)
+    if rope is not None and os.environ.get("MINISGL_FUSED_ROPE") != "2":  # EXPERIMENT
+        launch.pop("launch_pdl", None)
     _decode_kernel[(bs, hkv, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, part_out, part_lse, arrived, out,
         *r_args, scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
@@ -318,6 +322,6 @@ def decode_attention(
         S_CHUNK=max(1, min(splits_pad, 4096 // (group_p2 * block_d))),
         DIRECT=num_splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         ROPE=rope is not None, HAS_NORM=norm, FP8=fp8,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q),
+        num_warps=num_warps, num_stages=num_stages, **launch,
     )
     return out

@@ -8,7 +8,6 @@ Page tables are random permutations of slots, so a kernel that assumes contiguou
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 
@@ -24,12 +23,9 @@ from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.graph import dummy_decode_batch
-from minisgl.kernel.triton.decode_attention import RopeStore, decode_attention
+from minisgl.kernel.triton.decode_attention import decode_attention
 from minisgl.kernel.triton.extend_attention import extend_attention
-from minisgl.kernel.triton.rotary import norm_rope_store_
 from minisgl.kvcache.mha_pool import MHAKVCache
-from minisgl.layers.rotary import cos_sin_cache
-from minisgl.models.config import RotaryConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -88,46 +84,6 @@ def test_decode_kernel(dtype, heads, dim):
         out = torch.full_like(q, float("nan"))
         decode_attention(q, k, v, table, rows, lens, dim**-0.5, splits, out=out)
         torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=TOL[dtype])
-
-
-@pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("heads", HEADS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_kernel_fused_rope(dtype, heads, qk_norm):
-    """``rope=``: the kernel norms and rotates q and k and stores this step's K/V itself. Against
-    ``norm_rope_store_`` then the plain kernel: the same cache (bf16 / fp32, or FP8 with scales)
-    and the same output, bit for bit."""
-    hq, hkv = heads
-    dim = 64
-    gen = torch.Generator().manual_seed(hq + hkv + qk_norm)
-    seq_lens = [1, 7, 64, 130]
-    k_cache, v_cache, table, rows = paged_cache(seq_lens, hkv, dim, dtype, gen)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
-    pos = lens - 1
-    loc = table[rows.long(), pos.long()]
-    q = torch.randn(len(seq_lens), hq, dim, generator=gen).to(dtype).to(DEV)
-    k = 3 * torch.randn(len(seq_lens), hkv, dim, generator=gen).to(dtype).to(DEV)
-    v = torch.randn(len(seq_lens), hkv, dim, generator=gen).to(dtype).to(DEV)
-    cos_sin = cos_sin_cache(RotaryConfig(dim, 10000.0, 256), DEV)
-    weights = [None, None]
-    if qk_norm:
-        weights = [1 + torch.rand(dim, generator=gen).to(dtype).to(DEV) for _ in "qk"]
-    caches = [(k_cache, v_cache, (1.0, 1.0))]
-    if dtype == torch.bfloat16:  # and an FP8 cache with scales
-        caches.append((k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn), (0.5, 0.25)))
-    for (k_cache, v_cache, scales), splits in itertools.product(caches, (1, 3, 8)):
-        kc, vc = k_cache.clone(), v_cache.clone()
-        q_rot, k_rot = q.clone(), k.clone()
-        norm_rope_store_(pos, q_rot, k_rot, v, cos_sin, kc, vc, loc, *weights, 1e-6, scales)
-        ref = decode_attention(q_rot, kc, vc, table, rows, lens, dim**-0.5, splits,
-                               kv_scales=scales)
-        kc2, vc2, q_in = k_cache.clone(), v_cache.clone(), q.clone()
-        rope = RopeStore(k, v, pos, loc, cos_sin, *weights, 1e-6)
-        out = decode_attention(q_in, kc2, vc2, table, rows, lens, dim**-0.5, splits,
-                               kv_scales=scales, rope=rope)
-        assert torch.equal(kc2.view(torch.uint8), kc.view(torch.uint8))
-        assert torch.equal(vc2.view(torch.uint8), vc.view(torch.uint8))
-        assert torch.equal(out, ref) and torch.equal(q_in, q)
 
 
 @pytest.mark.parametrize("dim", [64, 128])

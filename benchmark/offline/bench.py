@@ -60,10 +60,6 @@ VARIANTS = {
     "fp8-no-pdl": {"quantization": "fp8", "env": {"MINISGL_PDL": "0"}},
     # one token through the RMSNorm kernels, not normalised inside the GEMVs
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
-    # decode through the norm + RoPE + store kernel, not inside the attention kernel
-    "no-fused-rope": {"env": {"MINISGL_FUSED_ROPE": "0"}},
-    "fp8-no-fused-rope": {"quantization": "fp8", "env": {"MINISGL_FUSED_ROPE": "0"}},
-    "fp8-fused-rope-pdl": {"quantization": "fp8", "env": {"MINISGL_FUSED_ROPE": "2"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

@@ -37,9 +37,6 @@ PAD_TOKENS = EnvVar("MINISGL_PAD_TOKENS", "64", "eager forwards (prefill and mix
 NORM_GEMV = EnvVar("MINISGL_NORM_GEMV", "1", "0: one-token decode of --quantization fp8 models "
                    "runs the RMSNorm kernels instead of normalising inside the FP8 GEMVs (for "
                    "ablations)")
-FUSED_ROPE = EnvVar("MINISGL_FUSED_ROPE", "1", "0: decode on CUDA runs the q/k-norm + RoPE + K/V-store "
-                    "kernel before the Triton decode attention instead of inside it (for "
-                    "ablations)")
 PDL = EnvVar("MINISGL_PDL", "1", "0: Triton kernels on Hopper and later launch without "
               "programmatic dependent launch (for ablations)")
 

@@ -37,7 +37,6 @@ import torch
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
-    from minisgl.kernel.triton.decode_attention import RopeStore
 
 
 class BaseAttnMetadata:
@@ -61,13 +60,6 @@ class BaseAttnBackend(ABC):
     ) -> torch.Tensor:
         """q: [T, qo_heads, head_dim], k/v: [T, kv_heads, head_dim] (already in the pool)
         -> [T, qo_heads, head_dim], written into ``out`` when one is given (and returned)."""
-
-    def forward_with_rope(self, q: torch.Tensor, layer_id: int, batch: Batch,
-                          rope: RopeStore) -> torch.Tensor | None:
-        """Attention that also does the layer's q/k norms, RoPE and K/V store (``rope``: this
-        step's unrotated k and v; q is unrotated), or None where this backend cannot for this batch
-        (the layer then runs them itself and calls ``forward``). The Triton decode kernel can."""
-        return None
 
     # -- CUDA graphs (see the module docstring); backends without them keep these defaults --------
 

@@ -25,7 +25,6 @@ from .base import BaseAttnBackend
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
-    from minisgl.kernel.triton.decode_attention import RopeStore
     from minisgl.kvcache import BaseKVCachePool
 
 # (q, k, v, cu_seqlens, max_len, scale) -> out, causal
@@ -139,10 +138,6 @@ class HybridBackend(BaseAttnBackend):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self._pick(batch).forward(q, k, v, layer_id, batch, out)
-
-    def forward_with_rope(self, q: torch.Tensor, layer_id: int, batch: Batch,
-                          rope: RopeStore) -> torch.Tensor | None:
-        return self._pick(batch).forward_with_rope(q, layer_id, batch, rope)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         self.decode.init_cuda_graph(max_bs)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl import env
 from minisgl.utils.transfer import to_device
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 
 try:
     from minisgl.kernel.triton.decode_attention import (
-        RopeStore,
         choose_num_splits,
         decode_attention,
         decode_workspace,
@@ -158,19 +156,6 @@ class TritonBackend(BaseAttnBackend):
             return out
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
         return self._extend(q, k_cache, v_cache, meta, kv_scales, out)
-
-    def forward_with_rope(self, q: torch.Tensor, layer_id: int, batch: Batch,
-                          rope: RopeStore) -> torch.Tensor | None:
-        """Decode batches: the kernel norms and rotates q/k and stores K/V (one launch fewer)."""
-        meta = batch.attn_metadata
-        if not isinstance(meta, TritonDecodeMetadata) or env.FUSED_ROPE.get() == "0":
-            return None
-        return decode_attention(
-            q, self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id), self.page_table,
-            meta.rows, meta.seq_lens, self.scale, meta.num_splits,
-            workspace=self._workspace(meta, q), kv_scales=self.kv_pool.kv_scales(layer_id),
-            rope=rope,
-        )
 
     def _extend(self, q, k_cache, v_cache, meta: TritonPrefillMetadata, kv_scales,
                 out=None) -> torch.Tensor:

@@ -30,8 +30,6 @@ from minisgl.core import Batch, Context
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
-    from minisgl.kernel.triton.decode_attention import RopeStore
-
     from .engine import Engine
 
 logger = init_logger(__name__)
@@ -68,11 +66,6 @@ class _Cut:
         self.layers.append(layer_id)
         self.begin()
         return bufs[3][:n]
-
-    def forward_with_rope(self, q: torch.Tensor, layer_id: int, batch: Batch,
-                          rope: RopeStore) -> None:
-        """Prefill and mixed forwards rotate and store K/V themselves (before ``forward``)."""
-        return None
 
 
 class PiecewiseRunner:

@@ -1,7 +1,6 @@
 """Self-attention of one decoder layer: merged QKV, optional per-head q/k RMSNorm (Qwen3), RoPE,
 the K/V store into the paged pool, the attention backend over it, and the row-parallel output
-projection. On CUDA the norms, RoPE and the store are one Triton kernel, and in decode with the
-Triton backend they run inside its attention kernel."""
+projection. On CUDA the norms, RoPE and the store are one Triton kernel."""
 
 from __future__ import annotations
 
@@ -52,44 +51,21 @@ class AttentionLayer(nn.Module):
         q = q.view(-1, proj.local_qo, self.head_dim)
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
-        out = self._attend_with_rope(q, k, v, positions, ctx)
-        if out is None:
-            q, k = self._norm_rope_store(q, k, v, positions, ctx)
-            out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        q, k = self._norm_rope_store(q, k, v, positions, ctx)
+        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
         return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
-
-    def _fused_ok(self, q: torch.Tensor, ctx: Context) -> bool:
-        """Whether the Triton kernels take this layer's norms, RoPE and store (as below)."""
-        return (q.is_cuda and pow2(self.head_dim)
-                and ctx.kv_pool.dtype in (q.dtype, torch.float8_e4m3fn))
-
-    def _attend_with_rope(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          positions: torch.Tensor, ctx: Context) -> torch.Tensor | None:
-        """Attention that runs the q/k norms, RoPE and the K/V store itself (decode with the Triton
-        backend), or None."""
-        if not self._fused_ok(q, ctx):
-            return None
-        from minisgl.kernel.triton.decode_attention import RopeStore
-
-        qw, kw, eps = self._norm_weights()
-        rope = RopeStore(k, v, positions, ctx.batch.out_loc,
-                         cos_sin_cache(self.rotary.cfg, q.device), qw, kw, eps)
-        return ctx.attn_backend.forward_with_rope(q, self.layer_id, ctx.batch, rope)
-
-    def _norm_weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
-        if self.q_norm is None or self.k_norm is None:
-            return None, None, 0.0
-        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
 
     def _norm_rope_store(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, ctx: Context
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q/k norms and RoPE, then this step's K/V into the pool at ``batch.out_loc``."""
         pool, out_loc = ctx.kv_pool, ctx.batch.out_loc
-        if self._fused_ok(q, ctx):
+        if q.is_cuda and pow2(self.head_dim) and pool.dtype in (q.dtype, torch.float8_e4m3fn):
             from minisgl.kernel.triton.rotary import norm_rope_store_
 
-            qw, kw, eps = self._norm_weights()
+            qw = self.q_norm.weight if self.q_norm is not None else None
+            kw = self.k_norm.weight if self.k_norm is not None else None
+            eps = self.q_norm.eps if self.q_norm is not None else 0.0
             norm_rope_store_(positions, q, k, v, cos_sin_cache(self.rotary.cfg, q.device),
                              pool.k_cache(self.layer_id), pool.v_cache(self.layer_id), out_loc,
                              qw, kw, eps, pool.kv_scales(self.layer_id))

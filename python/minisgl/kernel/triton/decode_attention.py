@@ -19,10 +19,6 @@ Index layout (per-token slots, so the page size never reaches the kernel)::
     workspace: part_out [B, Hq, S, D] fp32, part_lse [B, Hq, S] fp32 (log2 domain), arrived [B, Hkv]
     merge (last program of (b, h)): out[b, g] = sum_s 2^(lse_s - max) * part_out_s / sum_s 2^(...)
 
-With ``rope`` (decode layers on CUDA) each program also applies the q/k norms and RoPE to its query
-heads, and the program whose split holds the new token stores its K/V: ``norm_rope_store_``'s work,
-one launch fewer per layer.
-
 Nothing about the launch depends on device data (lengths are read on the device and ``num_splits``
 is the caller's choice from host-side bounds), so the whole thing can be captured in a CUDA graph.
 With ``num_splits == 1`` the program writes the normalised output directly.
@@ -31,9 +27,6 @@ With ``num_splits == 1`` the program writes the normalised output directly.
 
 from __future__ import annotations
 
-import os
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -41,42 +34,11 @@ import triton.language as tl
 from . import pdl
 from .extend_attention import _attend_keys
 from .pdl import wait_then_release
-from .rotary import load_cos_sin, norm_rotate, to_cache
 
-__all__ = ["RopeStore", "choose_num_splits", "decode_attention", "decode_workspace"]
+__all__ = ["choose_num_splits", "decode_attention", "decode_workspace"]
 
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
-
-
-@triton.jit
-def _rotated_q(Q, b, heads, g_mask, stride_qb, stride_qh, c, s, QW, eps,
-               HAS_NORM: tl.constexpr, GROUP_PAD: tl.constexpr, HALF: tl.constexpr):
-    """The program's query heads, normed (optional) and rotated as ``norm_rope_store_`` does."""
-    p = Q + b * stride_qb + heads[:, None] * stride_qh + tl.arange(0, HALF)[None, :]
-    x1 = tl.load(p, mask=g_mask[:, None], other=0.0).to(tl.float32)
-    x2 = tl.load(p + HALF, mask=g_mask[:, None], other=0.0).to(tl.float32)
-    o1, o2 = norm_rotate(x1, x2, c, s, QW, eps, Q.dtype.element_ty, HAS_NORM, HALF)
-    # [G, HALF] x 2 -> [G, HALF, 2] -> [G, 2, HALF] -> [G, 2 * HALF]: the halves side by side
-    return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (GROUP_PAD, 2 * HALF))
-
-
-@triton.jit
-def _store_new_kv(Knew, Vnew, K, V, b, kvh, slot, stride_knb, stride_knh, stride_vnb, stride_vnh,
-                  stride_kn, stride_kh, stride_vn, stride_vh, c, s, KW, eps, k_inv, v_inv,
-                  HAS_NORM: tl.constexpr, FP8: tl.constexpr, HALF: tl.constexpr):
-    """This step's K (normed, rotated) and V of one KV head into the cache at ``slot``."""
-    cols = tl.arange(0, HALF)[None, :]
-    kp = Knew + b * stride_knb + kvh * stride_knh + cols
-    k1, k2 = norm_rotate(tl.load(kp).to(tl.float32), tl.load(kp + HALF).to(tl.float32), c, s, KW,
-                         eps, Knew.dtype.element_ty, HAS_NORM, HALF)
-    kc = K + slot * stride_kn + kvh * stride_kh + cols
-    tl.store(kc, to_cache(k1, k_inv, K, FP8))
-    tl.store(kc + HALF, to_cache(k2, k_inv, K, FP8))
-    vp = Vnew + b * stride_vnb + kvh * stride_vnh + cols
-    vc = V + slot * stride_vn + kvh * stride_vh + cols
-    tl.store(vc, to_cache(tl.load(vp), v_inv, V, FP8))
-    tl.store(vc + HALF, to_cache(tl.load(vp + HALF), v_inv, V, FP8))
 
 
 @triton.jit
@@ -116,19 +78,15 @@ def _merge_splits(PartOut, PartLse, Out, b, kvh, used,
 @triton.jit
 def _decode_kernel(
     Q, K, V, PageTable, Rows, SeqLens, PartOut, PartLse, Arrived, Out,
-    Pos, CosSin, QW, KW, Knew, Vnew, Loc,  # ROPE only: this step's tokens and what rotates them
     qk_scale,  # softmax scale * log2(e) (* k_scale of an FP8 cache): scores in the log2 domain
     v_scale,  # of an FP8 cache (1.0 otherwise): multiplies the normalised output
     num_splits,  # a runtime value (one compiled kernel for all); DIRECT marks num_splits == 1
-    eps, k_inv, v_inv,  # ROPE: the q/k norms' epsilon, 1 / the cache's scales
     stride_qb, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_pt,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    stride_cs, stride_knb, stride_knh, stride_vnb, stride_vnh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLITS_PAD: tl.constexpr, S_CHUNK: tl.constexpr, DIRECT: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, FP8: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
     b = tl.program_id(0)
@@ -145,22 +103,10 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    if ROPE:
-        c, s = load_cos_sin(CosSin, tl.load(Pos + b).to(tl.int64), stride_cs, Q.dtype.element_ty,
-                            HEAD_DIM // 2)
-        q = _rotated_q(Q, b, heads, g_mask, stride_qb, stride_qh, c, s, QW, eps, HAS_NORM,
-                       GROUP_PAD, HEAD_DIM // 2)
-        if (start < end) & (end == seq_len):  # this split holds the new token: it stores K/V
-            _store_new_kv(Knew, Vnew, K, V, b, kvh, tl.load(Loc + b).to(tl.int64),
-                          stride_knb, stride_knh, stride_vnb, stride_vnh, stride_kn, stride_kh,
-                          stride_vn, stride_vh, c, s, KW, eps, k_inv, v_inv, HAS_NORM, FP8,
-                          HEAD_DIM // 2)
-            tl.debug_barrier()  # the loop below reads them back from the cache
-    else:
-        q = tl.load(
-            Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=g_mask[:, None] & d_mask[None, :], other=0.0,
-        )
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :], other=0.0,
+    )
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
@@ -195,29 +141,15 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
                       block_n: int = 64) -> int:
     """Splits per request so that ``batch * kv_heads * splits`` is about two programs per SM.
 
-    Measured on an H100 (benchmark/kernels/results, CUDA-graph timings): with >= 2 programs per SM
-    a split only adds the stage-2 pass (B=32, Hkv=8, 1K context: 1 split 57 us, 3 splits 63 us),
-    while a lone request needs 16-32 splits (B=1, 16K context: 32 splits 35 us, 16 splits 40 us). Depends on host-side bounds only (``max_seq_len`` may be the
-    engine's maximum), so a CUDA graph captured for a batch size stays valid for any lengths; surplus
-    splits of short requests are empty and cost one early-out program each.
+    Measured on an H100 (benchmark/kernels/results, CUDA-graph timings, with the merge then a
+    second kernel): with >= 2 programs per SM a split only adds the merge (B=32, Hkv=8, 1K
+    context: 1 split 57 us, 3 splits 63 us), while a lone request needs 16-32 splits (B=1, 16K
+    context: 32 splits 35 us, 16 splits 40 us). Depends on host-side bounds only (``max_seq_len``
+    may be the engine's maximum), so a CUDA graph captured for a batch size stays valid for any
+    lengths; surplus splits of short requests are empty and cost one early-out program each.
     """
     want = (2 * num_sms) // max(1, batch_size * num_kv_heads)
     return max(1, min(want, MAX_SPLITS, -(-max_seq_len // block_n)))
-
-
-class RopeStore(NamedTuple):
-    """This step's unrotated k and v ``[B, Hkv, D]`` and what rotates them: given one,
-    ``decode_attention`` does ``norm_rope_store_``'s work itself (q/k norm, RoPE, the K/V store at
-    ``out_loc``), so a decode layer runs one kernel fewer. q is read unrotated and left so."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    positions: torch.Tensor  # [B]
-    out_loc: torch.Tensor  # [B] cache slots
-    cos_sin: torch.Tensor  # [max_pos, D]: cos | sin halves (float32)
-    q_weight: torch.Tensor | None = None  # per-head RMSNorm weights (Qwen3), or None
-    k_weight: torch.Tensor | None = None
-    eps: float = 0.0
 
 
 def decode_workspace(batch_size: int, num_qo_heads: int, num_kv_heads: int, num_splits: int,
@@ -259,14 +191,12 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
-    rope: RopeStore | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per request over its paged context ``[0, seq_len)``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache, read as ``extend_attention`` reads it.
 
     ``workspace`` (from ``decode_workspace``, at least ``[B, Hq, num_splits, D]``) may be passed
     to keep allocations out of the call, e.g. a static buffer under CUDA graphs.
-    ``rope``: q is unrotated and this step's K/V not yet stored (see ``RopeStore``).
     """
     bs, hq, dim = q.shape
     hkv = k_cache.shape[1]
@@ -292,36 +222,18 @@ def decode_attention(
     block_d = max(16, triton.next_power_of_2(dim))  # tl.dot needs K >= 16
     group_p2 = triton.next_power_of_2(group)
     splits_pad = triton.next_power_of_2(num_splits)
-    if rope is None:
-        r_args, r_strides, norm, fp8 = (q,) * 7, (0,) * 5, False, False
-    else:
-        assert block_d == dim, "the fused RoPE needs a power-of-two head_dim"
-        assert rope.k.shape == (bs, hkv, dim) and rope.v.shape == rope.k.shape
-        assert rope.k.stride(2) == 1 and rope.v.stride(2) == 1 and rope.cos_sin.stride(1) == 1
-        assert (rope.q_weight is None) == (rope.k_weight is None)
-        assert k_cache.dtype in (q.dtype, torch.float8_e4m3fn)
-        norm, fp8 = rope.q_weight is not None, k_cache.dtype == torch.float8_e4m3fn
-        r_args = (rope.positions, rope.cos_sin, rope.q_weight if norm else q,
-                  rope.k_weight if norm else q, rope.k, rope.v, rope.out_loc)
-        r_strides = (rope.cos_sin.stride(0), rope.k.stride(0), rope.k.stride(1),
-                     rope.v.stride(0), rope.v.stride(1))
-    launch = pdl.launch_options(q)
-    if rope is not None and os.environ.get("MINISGL_FUSED_ROPE") != "2":  # EXPERIMENT
-        launch.pop("launch_pdl", None)
     _decode_kernel[(bs, hkv, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, part_out, part_lse, arrived, out,
-        *r_args, scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
-        0.0 if rope is None else rope.eps, 1.0 / kv_scales[0], 1.0 / kv_scales[1],
+        scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if num_splits > 1 else 0,
-        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), *r_strides,
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), GROUP_P2=group_p2,
         HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n, SPLITS_PAD=splits_pad,
         # splits merged per load: at most 4K fp32 partials (32 registers a thread at 4 warps)
         S_CHUNK=max(1, min(splits_pad, 4096 // (group_p2 * block_d))),
         DIRECT=num_splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        ROPE=rope is not None, HAS_NORM=norm, FP8=fp8,
-        num_warps=num_warps, num_stages=num_stages, **launch,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q),
     )
     return out

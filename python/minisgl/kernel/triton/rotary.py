@@ -22,31 +22,6 @@ from .pdl import wait_then_release
 
 
 @triton.jit
-def norm_rotate(x1, x2, c, s, w_ptr, eps, dt, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
-    """Norm (optional, over each row's two halves) and rotate rows of halves ``x1``/``x2`` (fp32,
-    ``[rows, HALF]``) with ``c``/``s`` ``[1, HALF]``; the rotated halves come back in ``dt``."""
-    if HAS_NORM:
-        cols = tl.arange(0, HALF)
-        rstd = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
-        w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
-        w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)[None, :]
-        x1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-        x2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-    o1 = ((x1 * c).to(dt).to(tl.float32) - (x2 * s).to(dt).to(tl.float32)).to(dt)
-    o2 = ((x2 * c).to(dt).to(tl.float32) + (x1 * s).to(dt).to(tl.float32)).to(dt)
-    return o1, o2
-
-
-@triton.jit
-def load_cos_sin(cache_ptr, pos, cache_stride, dt, HALF: tl.constexpr):
-    """Position ``pos``'s cos and sin ``[1, HALF]``, rounded to ``dt`` as the torch reference does."""
-    cols = tl.arange(0, HALF)
-    c = tl.load(cache_ptr + pos * cache_stride + cols).to(dt).to(tl.float32)[None, :]
-    s = tl.load(cache_ptr + pos * cache_stride + HALF + cols).to(dt).to(tl.float32)[None, :]
-    return c, s
-
-
-@triton.jit
 def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
                        HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
     """Norm (optional) and rotate one token's heads in place; return the rotated halves."""
@@ -57,14 +32,21 @@ def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
     dt = ptr.dtype.element_ty
     x1 = tl.load(p, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(p + HALF, mask=mask, other=0.0).to(tl.float32)
-    o1, o2 = norm_rotate(x1, x2, c, s, w_ptr, eps, dt, HAS_NORM, HALF)
+    if HAS_NORM:
+        rstd = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)[None, :]
+        x1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    o1 = ((x1 * c).to(dt).to(tl.float32) - (x2 * s).to(dt).to(tl.float32)).to(dt)
+    o2 = ((x2 * c).to(dt).to(tl.float32) + (x1 * s).to(dt).to(tl.float32)).to(dt)
     tl.store(p, o1, mask=mask)
     tl.store(p + HALF, o2, mask=mask)
     return o1, o2
 
 
 @triton.jit
-def to_cache(x, inv_scale, dst_ptr, FP8: tl.constexpr):
+def _to_cache(x, inv_scale, dst_ptr, FP8: tl.constexpr):
     """A value for the KV cache: as is, or divided by the layer's scale and saturated into e4m3."""
     if FP8:
         x = tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
@@ -79,7 +61,7 @@ def _copy_heads(src, src_off, stride_h, dst, dst_off, dst_stride_h, n_heads, inv
     mask = (heads < n_heads)[:, None]
     x = tl.load(src + src_off + heads[:, None] * stride_h + cols[None, :], mask=mask)
     tl.store(dst + dst_off + heads[:, None] * dst_stride_h + cols[None, :],
-             to_cache(x, inv_scale, dst, FP8), mask=mask)
+             _to_cache(x, inv_scale, dst, FP8), mask=mask)
 
 
 @triton.jit
@@ -94,7 +76,9 @@ def _rope_kernel(
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     cols = tl.arange(0, HALF)
-    c, s = load_cos_sin(cache_ptr, pos, cache_stride, q_ptr.dtype.element_ty, HALF)
+    dt = q_ptr.dtype.element_ty
+    c = tl.load(cache_ptr + pos * cache_stride + cols).to(dt).to(tl.float32)[None, :]
+    s = tl.load(cache_ptr + pos * cache_stride + HALF + cols).to(dt).to(tl.float32)[None, :]
     _norm_rotate_heads(q_ptr, tok, q_stride_t, q_stride_h, n_q, c, s, qw_ptr, eps,
                        HAS_NORM, BLOCK_Q, HALF)
     k1, k2 = _norm_rotate_heads(k_ptr, tok, k_stride_t, k_stride_h, n_k, c, s, kw_ptr, eps,
@@ -104,8 +88,8 @@ def _rope_kernel(
         heads = tl.arange(0, BLOCK_K)
         mask = (heads < n_k)[:, None]
         kc = kc_ptr + slot * c_stride_slot + heads[:, None] * c_stride_h + cols[None, :]
-        tl.store(kc, to_cache(k1, k_inv_scale, kc_ptr, FP8), mask=mask)
-        tl.store(kc + HALF, to_cache(k2, k_inv_scale, kc_ptr, FP8), mask=mask)
+        tl.store(kc, _to_cache(k1, k_inv_scale, kc_ptr, FP8), mask=mask)
+        tl.store(kc + HALF, _to_cache(k2, k_inv_scale, kc_ptr, FP8), mask=mask)
         _copy_heads(v_ptr, tok * v_stride_t, v_stride_h, vc_ptr, slot * c_stride_slot, c_stride_h,
                     n_k, v_inv_scale, BLOCK_K, 2 * HALF, FP8)
 

@@ -30,8 +30,6 @@
 #                                         # fp8 and fp8+fp8-kv vs default
 #   scripts/gpu_validate.sh norm-gemv OUT  # one-token FP8 GEMVs with the norm and residual add
 #                                          # inside (tests, Qwen3-8B batch 1 A/B); W8A8 table
-#   scripts/gpu_validate.sh merge   OUT   # decode attention merging its splits itself: GPU
-#                                         # tests, Qwen3-8B batch 1 (bf16, fp8)
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -232,17 +230,8 @@ norm-gemv)  # about seven minutes
         --tag norm_gemv --out "$out" >"$out/bench_norm_gemv.log" 2>&1
     cat "$out"/offline_*_norm_gemv.md
     step 90 "$py" benchmark/kernels/bench_fp8_small.py --out "$out" >"$out/bench_fp8_small.log" 2>&1 ;;
-merge)  # about eight minutes
-    step 330 "$py" -m pytest -q -p no:cacheprovider -rf --maxfail=5 tests/test_parity.py \
-        tests/test_gpu.py tests/test_piecewise.py tests/test_triton_attention.py \
-        tests/test_fp8_kernels.py -k "not compile" >"$out/gpu_tests_merge.log" 2>&1
-    tail -3 "$out/gpu_tests_merge.log"
-    step 150 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
-        --variants '' --batch1 --batch1-variants fp8,fp8 --tag merge --out "$out" \
-        >"$out/bench_merge.log" 2>&1
-    cat "$out"/offline_*_merge.md ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|merge|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

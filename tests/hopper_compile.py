@@ -34,7 +34,7 @@ def compile_for_hopper(tmp_path, suite: str) -> list[str]:
 
 def _fp8_kernels():
     """(kernel, {arg: type}, {constexpr: value}, num_warps) of every FP8 variant we launch."""
-    from minisgl.kernel.triton import (extend_attention, fp8_gemm, fp8_gemv,
+    from minisgl.kernel.triton import (decode_attention, extend_attention, fp8_gemm, fp8_gemv,
                                        fp8_quant, fp8_w8a16, fused_moe, rotary)
 
     yield fp8_gemm._quantize_act_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", K="i32",
@@ -88,8 +88,12 @@ def _fp8_kernels():
             stride_sn="i32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
             EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128), 4
     attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32", SeqLens="*i32")
-    for direct in (False, True):
-        yield _decode_kernel("*fp8e4nv", direct)
+    yield decode_attention._decode_stage1, dict(attn, PartOut="*fp32", PartLse="*fp32", Out="*bf16",
+        qk_scale="fp32", v_scale="fp32", num_splits="i32", **{s: "i32" for s in (
+            "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_pt",
+            "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
+            "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
+        DIRECT=False, DOT_PREC="tf32", USE_PDL=True), 4
     yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32", qk_scale="fp32",
         v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh", "stride_kn", "stride_kh",
         "stride_vn", "stride_vh", "stride_ot", "stride_oh", "stride_pt")}), dict(
@@ -104,8 +108,8 @@ def _fp8_kernels():
 
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
-    the FP8 ones): the GEMV, the norm, the attention with its split merge."""
-    from minisgl.kernel.triton import gemv, norm
+    the FP8 ones): the GEMV, the norm, the attention reduction."""
+    from minisgl.kernel.triton import decode_attention, gemv, norm
 
     for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
@@ -115,21 +119,10 @@ def _pdl_kernels():
         res_out_ptr="*bf16", eps="fp32", **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0",
         "stride_x1", "stride_r", "stride_y", "stride_ro", "dim")}), dict(
         HAS_RES=True, ROWS=1, BLOCK_D=4096, USE_PDL=True), 4
-    yield _decode_kernel("*bf16", False)
-
-
-def _decode_kernel(kv_type: str, direct: bool):
-    """The decode attention kernel of Qwen3-8B's layers over a ``kv_type`` cache, with the split
-    merge unless ``direct``."""
-    from minisgl.kernel.triton import decode_attention
-
-    ptrs = dict(Q="*bf16", K=kv_type, V=kv_type, PageTable="*i32", Rows="*i32", SeqLens="*i32",
-                PartOut="*fp32", PartLse="*fp32", Arrived="*i32", Out="*bf16")
-    scalars = dict(qk_scale="fp32", v_scale="fp32", num_splits="i32")
-    strides = {s: "i32" for s in decode_attention._decode_kernel.arg_names if s.startswith("stride")}
-    return decode_attention._decode_kernel, dict(ptrs, **scalars, **strides), dict(
-        GROUP=4, GROUP_PAD=16, GROUP_P2=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=32,
-        S_CHUNK=8, DIRECT=direct, DOT_PREC="tf32", USE_PDL=True), 4
+    yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
+        Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",
+        "stride_lb", "stride_lh", "stride_ob", "stride_oh")}), dict(
+        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, USE_PDL=True), 4
 
 
 def main(suite: str) -> None:

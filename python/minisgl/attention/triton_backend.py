@@ -49,7 +49,7 @@ class TritonDecodeMetadata(BaseAttnMetadata):
     seq_lens: torch.Tensor  # [B] int32 context length incl. the new token
     num_splits: int
     static: bool = False  # views of the CUDA-graph buffers: use the backend's static workspace
-    workspace: tuple[torch.Tensor, ...] | None = None  # eager: made by the first layer
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None  # eager: made by the first layer
 
 
 @dataclass
@@ -90,8 +90,7 @@ class TritonBackend(BaseAttnBackend):
             if self.device.type == "cuda" else 16
         )
         self._graph_bufs: torch.Tensor | None = None  # [2, max_bs]: rows, seq_lens
-        # flat part_out, part_lse; the split counters [max_bs, Hkv]
-        self._graph_ws: tuple[torch.Tensor, ...] | None = None
+        self._graph_ws: tuple[torch.Tensor, torch.Tensor] | None = None  # flat part_out, part_lse
 
     def num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.max_seq_len, self.num_sms)
@@ -171,8 +170,7 @@ class TritonBackend(BaseAttnBackend):
         bs, hq, dim = q.shape
         if not meta.static:
             if meta.workspace is None:
-                meta.workspace = decode_workspace(bs, hq, self.num_kv_heads, meta.num_splits,
-                                                  dim, q.device)
+                meta.workspace = decode_workspace(bs, hq, meta.num_splits, dim, q.device)
             return meta.workspace
         assert self._graph_bufs is not None, "init_cuda_graph was not called"
         if self._graph_ws is None:  # sized once for every capturable batch size
@@ -181,12 +179,11 @@ class TritonBackend(BaseAttnBackend):
             self._graph_ws = (
                 torch.empty(most * hq * dim, dtype=torch.float32, device=q.device),
                 torch.empty(most * hq, dtype=torch.float32, device=q.device),
-                torch.zeros(max_bs, self.num_kv_heads, dtype=torch.int32, device=q.device),
             )
-        part_out, part_lse, arrived = self._graph_ws
+        part_out, part_lse = self._graph_ws
         s = meta.num_splits
         return (part_out[: bs * hq * s * dim].view(bs, hq, s, dim),
-                part_lse[: bs * hq * s].view(bs, hq, s), arrived[:bs])
+                part_lse[: bs * hq * s].view(bs, hq, s))
 
     # -- CUDA graphs ----------------------------------------------------------------------------
 

@@ -5,23 +5,22 @@ things make it fast. (1) GQA grouping: the ``GROUP = Hq / Hkv`` query heads that
 one program, so each K/V row is read once per KV head (not once per query head) and the scores are a
 small matrix product ``[GROUP_PAD, D] x [D, BLOCK_N]`` on the tensor cores. (2) Split-K: a batch of
 few requests has too few (request, KV head) pairs to fill the GPU, so the context is cut into
-``num_splits`` chunks that run in parallel; the last of a pair's programs to finish (an atomic count
-per pair) merges their partial results by log-sum-exp, so split-K needs no second kernel.
+``num_splits`` chunks that run in parallel; stage 2 merges their partial results by log-sum-exp.
 
 Index layout (per-token slots, so the page size never reaches the kernel)::
 
     page_table [rows_total, max_seq]   slot of position p of request r = page_table[rows[r], p]
     k_cache / v_cache [num_slots, Hkv, D]
 
-    grid: (B, Hkv, S)                                  chunk = roundup(cdiv(seq_len, S), BLOCK_N)
+    grid stage 1: (B, Hkv, S)                          chunk = roundup(cdiv(seq_len, S), BLOCK_N)
       request b: |-- split 0 --|-- split 1 --|-- ... --|-- split S-1 --|   (tail splits may be empty)
       program (b, h, s): q[b, h*GROUP : (h+1)*GROUP, :]  (rows >= GROUP are zero padding)
-    workspace: part_out [B, Hq, S, D] fp32, part_lse [B, Hq, S] fp32 (log2 domain), arrived [B, Hkv]
-    merge (last program of (b, h)): out[b, g] = sum_s 2^(lse_s - max) * part_out_s / sum_s 2^(...)
+    workspace: part_out [B, Hq, S, D] fp32, part_lse [B, Hq, S] fp32 (log2 domain)
+    grid stage 2: (B, Hq)  out[b, h] = sum_s 2^(lse_s - max) * part_out_s / sum_s 2^(lse_s - max)
 
 Nothing about the launch depends on device data (lengths are read on the device and ``num_splits``
 is the caller's choice from host-side bounds), so the whole thing can be captured in a CUDA graph.
-With ``num_splits == 1`` the program writes the normalised output directly.
+With ``num_splits == 1`` stage 1 writes the normalised output directly and stage 2 is skipped.
 ``num_splits`` is a runtime argument, so every split count shares one compiled kernel.
 """
 
@@ -42,51 +41,15 @@ MAX_SPLITS = 32
 
 
 @triton.jit
-def _merge_splits(PartOut, PartLse, Out, b, kvh, used,
-                  stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                  GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, SPLITS_PAD: tl.constexpr, S_CHUNK: tl.constexpr):
-    """``out[b, h] = sum_s 2^(lse_s - max) * part_s / sum_s 2^(lse_s - max)`` for the group's heads,
-    ``S_CHUNK`` splits per load. The partials come from other programs: read past L1 (``.cg``)."""
-    offs_g = tl.arange(0, GROUP_P2)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    heads = kvh * GROUP + offs_g
-    g_ok = offs_g < GROUP
-    lse_row = PartLse + b * stride_lb + heads[:, None] * stride_lh
-    lse = tl.load(lse_row + offs_s[None, :], mask=g_ok[:, None] & (offs_s < used)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")
-    top = tl.where(g_ok, tl.max(lse, 1), 0.0)
-    acc = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
-    den = tl.zeros([GROUP_P2], tl.float32)
-    part_row = PartOut + b * stride_pb + heads[:, None, None] * stride_ph + offs_d[None, None, :]
-    for s0 in range(0, used, S_CHUNK):
-        ss = s0 + tl.arange(0, S_CHUNK)
-        ok = g_ok[:, None] & (ss < used)[None, :]
-        w = tl.exp2(tl.load(lse_row + ss[None, :], mask=ok, other=float("-inf"),
-                            cache_modifier=".cg") - top[:, None])
-        part = tl.load(part_row + ss[None, :, None] * stride_ps,
-                       mask=ok[:, :, None] & (offs_d < HEAD_DIM)[None, None, :], other=0.0,
-                       cache_modifier=".cg")
-        acc += tl.sum(part * w[:, :, None], 1)
-        den += tl.sum(w, 1)
-    o_ptr = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptr, (acc / den[:, None]).to(Out.dtype.element_ty),
-             mask=g_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
-
-
-@triton.jit
-def _decode_kernel(
-    Q, K, V, PageTable, Rows, SeqLens, PartOut, PartLse, Arrived, Out,
+def _decode_stage1(
+    Q, K, V, PageTable, Rows, SeqLens, PartOut, PartLse, Out,
     qk_scale,  # softmax scale * log2(e) (* k_scale of an FP8 cache): scores in the log2 domain
     v_scale,  # of an FP8 cache (1.0 otherwise): multiplies the normalised output
     num_splits,  # a runtime value (one compiled kernel for all); DIRECT marks num_splits == 1
     stride_qb, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_pt,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, GROUP_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, S_CHUNK: tl.constexpr, DIRECT: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
     b = tl.program_id(0)
@@ -121,47 +84,65 @@ def _decode_kernel(
     if DIRECT:
         o_ptr = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, (acc * (v_scale / l_i)[:, None]).to(Out.dtype.element_ty), mask=out_mask)
-    elif start < end:  # an empty split writes nothing and is not counted
+    else:
+        # an empty split leaves its slot unwritten: stage 2 never reads it
+        g_mask = g_mask & (start + offs_g * 0 < end)
         l_i = tl.where(l_i > 0, l_i, 1.0)
         po = PartOut + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
-        tl.store(po, acc * (v_scale / l_i)[:, None], mask=out_mask)
+        tl.store(po, acc * (v_scale / l_i)[:, None], mask=g_mask[:, None] & d_mask[None, :])
         pl = PartLse + b * stride_lb + heads * stride_lh + split
         tl.store(pl, m_i + tl.log2(l_i), mask=g_mask)
-        # the last of the (request, KV head)'s splits to finish merges them (no second kernel);
-        # the atomic releases this program's partials and acquires the others'
-        counter = Arrived + b * tl.num_programs(1) + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.cdiv(seq_len, chunk) - 1:
-            _merge_splits(PartOut, PartLse, Out, b, kvh, tl.cdiv(seq_len, chunk),
-                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob,
-                          stride_oh, GROUP, GROUP_P2, HEAD_DIM, BLOCK_D, SPLITS_PAD, S_CHUNK)
-            tl.store(counter, 0)  # zero again for the next layer
+
+
+@triton.jit
+def _decode_stage2(
+    PartOut, PartLse, SeqLens, Out, num_splits,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    wait_then_release(USE_PDL)
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(SeqLens + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    used = tl.cdiv(seq_len, chunk)  # splits that stage 1 wrote (the same arithmetic)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < used
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(PartLse + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    w = tl.where(s_mask, w, 0.0)
+    part = tl.load(
+        PartOut + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :], other=0.0,
+    )
+    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
                       block_n: int = 64) -> int:
     """Splits per request so that ``batch * kv_heads * splits`` is about two programs per SM.
 
-    Measured on an H100 (benchmark/kernels/results, CUDA-graph timings, with the merge then a
-    second kernel): with >= 2 programs per SM a split only adds the merge (B=32, Hkv=8, 1K
-    context: 1 split 57 us, 3 splits 63 us), while a lone request needs 16-32 splits (B=1, 16K
-    context: 32 splits 35 us, 16 splits 40 us). Depends on host-side bounds only (``max_seq_len``
-    may be the engine's maximum), so a CUDA graph captured for a batch size stays valid for any
-    lengths; surplus splits of short requests are empty and cost one early-out program each.
+    Measured on an H100 (benchmark/kernels/results, CUDA-graph timings): with >= 2 programs per SM
+    a split only adds the stage-2 pass (B=32, Hkv=8, 1K context: 1 split 57 us, 3 splits 63 us),
+    while a lone request needs 16-32 splits (B=1, 16K context: 32 splits 35 us, 16 splits 40 us). Depends on host-side bounds only (``max_seq_len`` may be the
+    engine's maximum), so a CUDA graph captured for a batch size stays valid for any lengths; surplus
+    splits of short requests are empty and cost one early-out program each.
     """
     want = (2 * num_sms) // max(1, batch_size * num_kv_heads)
     return max(1, min(want, MAX_SPLITS, -(-max_seq_len // block_n)))
 
 
-def decode_workspace(batch_size: int, num_qo_heads: int, num_kv_heads: int, num_splits: int,
-                     head_dim: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Split-K state: partial outputs ``[B, Hq, S, D]`` and log2-sum-exp ``[B, Hq, S]`` (fp32), and
-    per (request, KV head) the count of splits done ``[B, Hkv]`` (int32, zero; the merging program
-    zeroes it again, so one workspace serves every layer and every CUDA-graph replay)."""
+def decode_workspace(batch_size: int, num_qo_heads: int, num_splits: int, head_dim: int,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage-1 partial results: out ``[B, Hq, S, D]`` and log2-sum-exp ``[B, Hq, S]`` (fp32)."""
     part_out = torch.empty(batch_size, num_qo_heads, num_splits, head_dim, dtype=torch.float32,
                            device=device)
     part_lse = torch.empty(batch_size, num_qo_heads, num_splits, dtype=torch.float32, device=device)
-    arrived = torch.zeros(batch_size, num_kv_heads, dtype=torch.int32, device=device)
-    return part_out, part_lse, arrived
+    return part_out, part_lse
 
 
 def _launch_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int, int]:
@@ -186,7 +167,7 @@ def decode_attention(
     scale: float,
     num_splits: int,
     out: torch.Tensor | None = None,  # [B, Hq, D]
-    workspace: tuple[torch.Tensor, ...] | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
@@ -212,28 +193,32 @@ def decode_attention(
     num_splits = max(1, int(num_splits))
     if num_splits > 1:
         if workspace is None:
-            workspace = decode_workspace(bs, hq, hkv, num_splits, dim, q.device)
-        part_out, part_lse, arrived = workspace
+            workspace = decode_workspace(bs, hq, num_splits, dim, q.device)
+        part_out, part_lse = workspace
         assert part_out.shape[0] >= bs and part_out.shape[2] >= num_splits
-        assert arrived.shape[0] >= bs and arrived.shape[1] == hkv and arrived.is_contiguous()
     else:
-        part_out = part_lse = out  # unused: with one split the program writes ``out``
-        arrived = seq_lens
+        part_out = part_lse = out  # unused: with one split stage 1 writes ``out``
     block_d = max(16, triton.next_power_of_2(dim))  # tl.dot needs K >= 16
-    group_p2 = triton.next_power_of_2(group)
-    splits_pad = triton.next_power_of_2(num_splits)
-    _decode_kernel[(bs, hkv, num_splits)](
-        q, k_cache, v_cache, page_table, rows, seq_lens, part_out, part_lse, arrived, out,
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    launch = pdl.launch_options(q)
+    _decode_stage1[(bs, hkv, num_splits)](
+        q, k_cache, v_cache, page_table, rows, seq_lens, part_out, part_lse, out,
         scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if num_splits > 1 else 0,
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), GROUP_P2=group_p2,
-        HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n, SPLITS_PAD=splits_pad,
-        # splits merged per load: at most 4K fp32 partials (32 registers a thread at 4 warps)
-        S_CHUNK=max(1, min(splits_pad, 4096 // (group_p2 * block_d))),
-        DIRECT=num_splits == 1, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(q),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim,
+        BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=num_splits == 1, DOT_PREC=dot_prec,
+        num_warps=num_warps, num_stages=num_stages, **launch,
     )
+    if num_splits > 1:
+        _decode_stage2[(bs, hq)](
+            part_out, part_lse, seq_lens, out, num_splits,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4 if block_d >= 128 else 2,
+            **launch,
+        )
     return out

@@ -30,6 +30,8 @@
 #                                         # fp8 and fp8+fp8-kv vs default
 #   scripts/gpu_validate.sh norm-gemv OUT  # one-token FP8 GEMVs with the norm and residual add
 #                                          # inside (tests, Qwen3-8B batch 1 A/B); W8A8 table
+#   scripts/gpu_validate.sh norm-quant OUT  # RMSNorms quantizing the FP8 QKV / gate-up inputs:
+#                                           # Qwen3-8B offline default, fp8, fp8-no-norm-quant; tests
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -230,8 +232,16 @@ norm-gemv)  # about seven minutes
         --tag norm_gemv --out "$out" >"$out/bench_norm_gemv.log" 2>&1
     cat "$out"/offline_*_norm_gemv.md
     step 90 "$py" benchmark/kernels/bench_fp8_small.py --out "$out" >"$out/bench_fp8_small.log" 2>&1 ;;
+norm-quant)  # about nine minutes
+    step 420 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,fp8,fp8-no-norm-quant --tag norm_quant --out "$out" \
+        >"$out/bench_norm_quant.log" 2>&1
+    cat "$out"/offline_*_norm_quant.md
+    step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8.py tests/test_fp8_kernels.py \
+        -k "gpu or norm or quant" >"$out/gpu_tests_norm_quant.log" 2>&1
+    tail -3 "$out/gpu_tests_norm_quant.log" ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -115,10 +115,12 @@ def _pdl_kernels():
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
             N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
             BLOCK_N=4, BLOCK_K=2048, USE_PDL=True), 4
-    yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16",
-        res_out_ptr="*bf16", eps="fp32", **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0",
-        "stride_x1", "stride_r", "stride_y", "stride_ro", "dim")}), dict(
-        HAS_RES=True, ROWS=1, BLOCK_D=4096, USE_PDL=True), 4
+    for quant in (False, True):  # the norm, and the norm quantizing for an FP8 layer
+        yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16",
+            y_ptr="*fp8e4nv" if quant else "*bf16", res_out_ptr="*bf16", s_ptr="*fp32", eps="fp32",
+            **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0", "stride_x1", "stride_r",
+                                  "stride_y", "stride_ro", "dim")}), dict(
+            HAS_RES=True, QUANT=quant, ROWS=1, BLOCK_D=4096, USE_PDL=True), 4
     yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
         Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",
         "stride_lb", "stride_lh", "stride_ob", "stride_oh")}), dict(

@@ -334,3 +334,23 @@ def test_gpu_one_token_gemv_norms(tmp_path, monkeypatch):
     assert (fused - kernels).abs().mean() < 0.01 * kernels.abs().mean()
     assert not torch.equal(fused, kernels)  # the fused path ran
     assert fused_tokens == kernel_tokens
+
+
+@pytest.mark.gpu
+def test_gpu_norms_quantize_fp8_inputs(tmp_path, monkeypatch):
+    """``--quantization fp8``, batches of 2+ tokens: the RMSNorms before QKV and gate-up quantize
+    their output per token (``rms_norm_quant``) in place of the layers' own quantization kernel
+    (``MINISGL_NORM_QUANT=0``). The same e4m3 operands reach the same GEMMs, so prefill logits and
+    the greedy tokens of three requests decoded together (CUDA graphs) are the same bits."""
+    src = make_tiny_checkpoint("qwen3", tmp_path / "src", **WIDE)
+    opts = dict(device="cuda", dtype="bfloat16", attn="triton", quantization="fp8")
+
+    def run(norm_quant: str) -> tuple[torch.Tensor, list[list[int]]]:
+        monkeypatch.setenv("MINISGL_NORM_QUANT", norm_quant)
+        sched = scheduler(src, **opts)
+        assert all(layer.quantized_inputs for layer in sched.engine.model.layers)
+        return logits_and_tokens(sched, PROMPTS, GREEDY)
+
+    fused, fused_tokens = run("1")
+    kernels, kernel_tokens = run("0")
+    assert torch.equal(fused, kernels) and fused_tokens == kernel_tokens

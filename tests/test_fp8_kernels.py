@@ -29,6 +29,7 @@ from minisgl.kernel.triton.fp8_gemm import GemmConfig, fp8_block_gemm, quantize_
 from minisgl.kernel.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
+from minisgl.kernel.triton.norm import fused_add_rms_norm, rms_norm, rms_norm_quant  # noqa: E402
 from minisgl.kernel.triton.rotary import norm_rope_store_  # noqa: E402
 from minisgl.layers.activation import silu_and_mul_ref  # noqa: E402
 from minisgl.layers.rotary import cos_sin_cache  # noqa: E402
@@ -86,6 +87,26 @@ def test_quantize_tokens(gated, k):
     assert q.shape == (5, k) and s.shape == (5, 1)
     ref_q, ref_s = quantize_groups(silu_and_mul_ref(x) if gated else x, k)
     torch.testing.assert_close(s, ref_s, rtol=1e-6, atol=0)
+    same_fp8(q, ref_q)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("k", [64, 80])
+def test_rms_norm_quant(residual, k):
+    """The RMSNorm that quantizes its output = the norm kernel then ``quantize_tokens``, bit for
+    bit (80 columns: a masked tail), with the same residual sum; an all-zero row keeps a finite
+    scale."""
+    x = rand(6, k, seed=k, scale=3.0).to(torch.bfloat16)
+    x[4] = 0.0
+    r = rand(6, k, seed=k + 1).to(torch.bfloat16) if residual else None
+    w = (1 + 0.1 * rand(k, seed=2)).to(torch.bfloat16)
+    q, s, res = rms_norm_quant(x, w, 1e-6, r)
+    if residual:
+        y, res_ref = fused_add_rms_norm(x, r, w, 1e-6)
+    else:
+        y, res_ref = rms_norm(x, w, 1e-6), x
+    ref_q, ref_s = quantize_tokens(y)
+    assert torch.equal(s, ref_s) and torch.equal(res, res_ref)
     same_fp8(q, ref_q)
 
 

@@ -37,6 +37,9 @@ PAD_TOKENS = EnvVar("MINISGL_PAD_TOKENS", "64", "eager forwards (prefill and mix
 NORM_GEMV = EnvVar("MINISGL_NORM_GEMV", "1", "0: one-token decode of --quantization fp8 models "
                    "runs the RMSNorm kernels instead of normalising inside the FP8 GEMVs (for "
                    "ablations)")
+NORM_QUANT = EnvVar("MINISGL_NORM_QUANT", "1", "0: batches of --quantization fp8 models quantize "
+                    "the QKV and gate-up inputs in a kernel of their own, not in the RMSNorm "
+                    "(for ablations)")
 PDL = EnvVar("MINISGL_PDL", "1", "0: Triton kernels on Hopper and later launch without "
               "programmatic dependent launch (for ablations)")
 

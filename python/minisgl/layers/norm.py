@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.quant.linear import QuantizedInput
+
 from .base import new_param
 
 
@@ -35,15 +37,20 @@ class RMSNorm(nn.Module):
 
 
 class RMSNormFused(RMSNorm):
-    """``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``; residual None on layer 0."""
+    """``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``; residual None on layer 0.
+    ``quantize`` (CUDA, 2-D x): the norm comes back quantized per token for the FP8 layer it feeds,
+    a ``QuantizedInput`` (``DecoderLayer.forward``)."""
 
     def forward(  # type: ignore[override]
-        self, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False
+    ) -> tuple[torch.Tensor | QuantizedInput, torch.Tensor]:
         if x.is_cuda:
-            from minisgl.kernel.triton.norm import fused_add_rms_norm
+            from minisgl.kernel.triton.norm import fused_add_rms_norm, rms_norm_quant
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
+            if quantize:
+                q, scale, residual = rms_norm_quant(x, self.weight, self.eps, residual)
+                return QuantizedInput(q, scale, x.dtype), residual
             if residual is None:
                 return triton_rms_norm(x, self.weight, self.eps), x
             return fused_add_rms_norm(x, residual, self.weight, self.eps)

@@ -25,6 +25,7 @@ from minisgl.layers import (
     VocabParallelEmbedding,
 )
 from minisgl.moe import BaseMoeBackend
+from minisgl.quant.linear import takes_quantized_input
 
 from .config import ModelConfig
 
@@ -58,6 +59,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
         self.tp_size = comm.info.size
         self.norms_folded = False
+        self.quantized_inputs = False  # fold_norms_: the norms quantize for QKV and gate-up
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context
@@ -65,9 +67,12 @@ class DecoderLayer(nn.Module):
         if self.norms_folded and x.shape[0] == 1 and x.is_cuda and self.tp_size == 1 \
                 and env.NORM_GEMV.get() != "0":
             return self._forward_one_token(x, residual, positions, ctx)
-        x, residual = self.input_layernorm(x, residual)
+        # the FP8 QKV and gate-up GEMMs quantize their input per token: the norms do it instead
+        quant = self.quantized_inputs and x.is_cuda and x.shape[0] > 1 \
+            and env.NORM_QUANT.get() != "0"
+        x, residual = self.input_layernorm(x, residual, quant)
         x = self.self_attn(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(x, residual, quant)
         return self.mlp(x), residual
 
     def _forward_one_token(
@@ -98,6 +103,10 @@ class DecoderLayer(nn.Module):
             proj.quantize_weights_(input_scale=norm.weight.data)
             norm.weight.data.fill_(1.0)
         self.norms_folded = True
+        self.quantized_inputs = all(
+            takes_quantized_input(p.weight, p.weight_scale_inv, p.scale_block, norm.weight.dtype)
+            for norm, p in ((self.input_layernorm, qkv),
+                            (self.post_attention_layernorm, self.mlp.gate_up_proj)))
 
 
 # checkpoint name -> (our parameter name, shard id)

@@ -18,7 +18,8 @@ Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by 
   ``norm_eps`` it also RMS-normalises x (the norm's weight folded into the layer) and given
   ``residual`` it adds it to the output (``DecoderLayer._forward_one_token``).
 * CUDA, more tokens, a bf16 layer that meets ``scaled_mm_ok``: x is quantized per token (one
-  Triton kernel, SiLU-and-mul included); up to ``W8A8_MAX_TOKENS`` the W8A16 GEMM's W8A8 form
+  Triton kernel, SiLU-and-mul included; or the RMSNorm before the layer did it, a
+  ``QuantizedInput``); up to ``W8A8_MAX_TOKENS`` the W8A16 GEMM's W8A8 form
   multiplies on the FP8 tensor cores (x rounded to e4m3, as vLLM's and SGLang's FP8 layers round
   it), beyond it ``torch._scaled_mm`` with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out).
 * CUDA, another layer (fp16, odd sizes): the W8A16 GEMM up to ``W8A16_MAX_TOKENS`` tokens, the
@@ -29,6 +30,8 @@ the CPU tests compare against a model of the dequantized weights, exactly.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,21 +47,43 @@ W8A16_MAX_TOKENS = 32
 W8A8_MAX_TOKENS = 256
 
 
-def scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> bool:
+def scaled_mm_ok(dtype: torch.dtype, weight: torch.Tensor, scale: torch.Tensor) -> bool:
     """Whether ``torch._scaled_mm`` with row-wise scales takes this layer: K and N multiples of 16
     (cuBLASLt's FP8 alignment), the weight contiguous ``[N, K]`` (so ``weight.t()`` is the
     column-major second operand it requires), contiguous fp32 scales, and a bf16 output (the output
     type row-wise scaling is documented for; fp16 models take the dequantizing fallback)."""
     n, k = weight.shape
     return (k % 16 == 0 and n % 16 == 0 and weight.is_contiguous() and scale.is_contiguous()
-            and scale.dtype == torch.float32 and x.dtype == torch.bfloat16)
+            and scale.dtype == torch.float32 and dtype == torch.bfloat16)
 
 
-def _channel_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+class QuantizedInput(NamedTuple):
+    """A layer's input already quantized per token, as ``quantize_tokens`` would (``q [M, K]`` e4m3,
+    ``scale [M, 1]`` fp32), by the kernel that made it (``kernel.triton.norm.rms_norm_quant``);
+    ``dtype``: the activations' dtype, the layer's output dtype. ``fp8_linear`` takes it where
+    ``takes_quantized_input`` says so."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+
+def takes_quantized_input(weight: torch.Tensor, scale: torch.Tensor | None,
+                          block: tuple[int, int] | None, dtype: torch.dtype) -> bool:
+    """Whether a layer on CUDA quantizes its input per token for every batch of 2 or more tokens
+    (per-channel e4m3 weight, ``scaled_mm_ok``), so a ``QuantizedInput`` may replace x."""
+    return (weight.dtype == torch.float8_e4m3fn and scale is not None and block is None
+            and scaled_mm_ok(dtype, weight, scale))
+
+
+def _channel_gemm(x: torch.Tensor | QuantizedInput, weight: torch.Tensor, scale: torch.Tensor,
                   bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
-    from minisgl.kernel.triton.fp8_quant import quantize_tokens
+    if isinstance(x, QuantizedInput):
+        xq, xs = x.q, x.scale
+    else:
+        from minisgl.kernel.triton.fp8_quant import quantize_tokens
 
-    xq, xs = quantize_tokens(x, gated)
+        xq, xs = quantize_tokens(x, gated)
     if xq.shape[0] <= W8A8_MAX_TOKENS:
         from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm
 
@@ -79,7 +104,11 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
 
     ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``DecoderLayer.fold_norms_``
     multiplied it into ``weight``); ``residual [M, N]`` is added to the output. One token on CUDA
-    does both inside the FP8 GEMV (no norm kernel, no add); elsewhere they are the torch ops."""
+    does both inside the FP8 GEMV (no norm kernel, no add); elsewhere they are the torch ops.
+    ``x`` may be a ``QuantizedInput`` (CUDA, 2 or more tokens, ``takes_quantized_input``)."""
+    if isinstance(x, QuantizedInput):
+        assert block is None and not gated and norm_eps is None and residual is None
+        return _channel_gemm(x, weight, scale_inv, bias, False)
     if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
         from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 
@@ -99,7 +128,7 @@ def _fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     if x.is_cuda and x.dim() == 2:
         if x.stride(1) != 1:
             x = x.contiguous()
-        if block is None and scaled_mm_ok(x, weight, scale_inv):
+        if block is None and scaled_mm_ok(x.dtype, weight, scale_inv):
             return _channel_gemm(x, weight, scale_inv, bias, gated)
         if x.shape[0] <= W8A16_MAX_TOKENS:
             from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a16_gemm

@@ -5,6 +5,10 @@ bf16 model gives the same bits as the reference up to the fp32 reduction order: 
 rounded to the input dtype, the normalisation runs in fp32 and is rounded to the input dtype, and the
 weight multiply is rounded once more. Each program normalises ``ROWS`` rows, so short rows (per-head
 q/k norms, head_dim 128) still give every program enough work.
+
+``rms_norm_quant``: the norm of a layer whose input an FP8 W8A8 GEMM quantizes per token also
+quantizes its output (``fp8_quant.quantize_tokens``' arithmetic on the rounded row, held whole in
+registers), one kernel instead of two.
 """
 
 from __future__ import annotations
@@ -14,14 +18,16 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .fp8_quant import FP8_MAX
 from .pdl import wait_then_release
 
 
 @triton.jit
 def _rmsnorm_kernel(
-    x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr,
+    x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, s_ptr,
     n_rows, n_inner, stride_x0, stride_x1, stride_r, stride_y, stride_ro, dim, eps,
-    HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -40,16 +46,25 @@ def _rmsnorm_kernel(
     rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / dim + eps)
     normed = (xf * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
-    y = (normed * w[None, :]).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
+    y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+    if QUANT:  # quantize_tokens(y): e4m3 with one scale per row, its largest magnitude -> 448
+        y = (normed * w[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12) / FP8_MAX
+        tl.store(s_ptr + rows, scale, mask=row_ok)
+        y = tl.minimum(tl.maximum(y / scale[:, None], -FP8_MAX), FP8_MAX)
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(y_ptrs, (normed * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float,
-            residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+            quant: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     dim = x.shape[-1]
     assert x.stride(-1) == 1 and weight.shape == (dim,), "last dimension must be contiguous"
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
-    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    assert not quant or out_dtype == x.dtype and x.dim() == 2, "quantized: 2-D, x's dtype"
+    y = torch.empty(x.shape, dtype=torch.float8_e4m3fn if quant else out_dtype, device=x.device)
+    scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device) if quant else None
     if x.dim() == 3 and residual is None:  # keep strided per-head views without a copy
         n_inner, s0, s1 = x.shape[1], x.stride(0), x.stride(1)
         xs = x
@@ -68,14 +83,14 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if n_rows:
         _rmsnorm_kernel[(triton.cdiv(n_rows, rows),)](
             xs, residual if residual is not None else xs, weight, y,
-            res_out if res_out is not None else y,
+            res_out if res_out is not None else y, scale if quant else weight,
             n_rows, n_inner, s0, s1,
             residual.stride(0) if residual is not None else 0, dim,
             res_out.stride(0) if res_out is not None else 0, dim, eps,
-            HAS_RES=residual is not None, ROWS=rows, BLOCK_D=block_d, num_warps=warps,
-            **pdl.launch_options(x),
+            HAS_RES=residual is not None, QUANT=quant, ROWS=rows, BLOCK_D=block_d,
+            num_warps=warps, **pdl.launch_options(x),
         )
-    return y, (res_out.view(x.shape) if res_out is not None else None)
+    return y, (res_out.view(x.shape) if res_out is not None else None), scale
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -83,10 +98,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _launch(x, weight, eps, None)[0]
 
 
+def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   residual: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``quantize_tokens(weight * norm(x + residual))`` in the norm's pass: (e4m3 ``[M, K]``, fp32
+    scales ``[M, 1]``, ``x + residual`` or x itself), the same bits as the norm then the
+    quantization kernel. x ``[M, K]`` in the weight's dtype."""
+    q, res, scale = _launch(x, weight, eps, residual, quant=True)
+    assert scale is not None
+    return q, scale, x if res is None else res
+
+
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(x + residual), x + residual)`` in one pass; both outputs are new tensors."""
-    y, res = _launch(x, weight, eps, residual)
+    y, res, _ = _launch(x, weight, eps, residual)
     assert res is not None
     return y, res

@@ -77,7 +77,7 @@ def _fp8_kernels():
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
             EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32",
             PROMOTE=a8 and k > fp8_w8a16.FAST_ACCUM_MAX_K, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k), cfg.num_warps
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=a8), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
         N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
     for gated in (False, True):

@@ -62,7 +62,6 @@ VARIANTS = {
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
     "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
-    "fp8-w8a8-pdl": {"quantization": "fp8", "env": {"MINISGL_W8A8_PDL": "1"}},  # EXPERIMENT
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

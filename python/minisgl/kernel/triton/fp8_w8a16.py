@@ -44,7 +44,6 @@ autotuning: the layers run inside CUDA-graph capture); ``benchmark/kernels/bench
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -53,6 +52,7 @@ import triton.language as tl
 
 from . import pdl
 from .gemv import load_x
+from .pdl import release, wait
 
 
 @triton.jit
@@ -63,8 +63,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
                   PROMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # EXPERIMENT: wait first, let the successor launch only after the main loop
-        tl.extra.cuda.gdc_wait()
+    wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
     pid_n = tl.program_id(0) // tiles_m
@@ -108,8 +107,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
             acc += tl.dot(w.to(dt), tl.trans(x), input_precision=DOT_PREC) * s
         w_ptrs += BLOCK_K
         x_offs += BLOCK_K
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    release(USE_PDL)
     if CHANNEL:
         acc *= tl.load(s_ptr + rows_w * stride_s)[:, None]
     if A8:
@@ -266,9 +264,8 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
         EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1, PROMOTE=k > FAST_ACCUM_MAX_K,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **(pdl.launch_options(x) if xs is not None and splits == 1
-                                      and os.environ.get("MINISGL_W8A8_PDL") == "1"
-                                      else {"USE_PDL": False}),
+        num_stages=cfg.num_stages,
+        **(pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}),
     )
     if splits > 1:
         block_sum = 1024

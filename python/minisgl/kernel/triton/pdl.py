@@ -14,8 +14,11 @@ L2 for a GEMV's weight rows before its wait (``prefetch.global.L2``) lost 2-4% a
 GEMV loading its first weight chunk into registers before the wait (weights are never written, so
 that load needs no wait) gains 2-3%: FP8 3.35-3.37 against 3.43-3.55 ms, bf16 5.50 against 5.62
 (``gemv.py``, ``fp8_gemv.py``). Two chunks before the wait: 3.49-3.51. The batched FP8 kernels
-(per-token quantization, the W8A8 GEMM) with PDL made the offline run slower (``fp8`` 1.166x
-``default`` against 1.209x): their early CTAs hold shared memory while they wait.
+(per-token quantization, the W8A8 GEMM) releasing their successors at once made the offline run
+slower (``fp8`` 1.166x ``default`` against 1.209x): their early CTAs hold shared memory while they
+wait. The W8A8 GEMM alone, releasing after its main loop (``wait`` ... ``release``), so its
+successor launches during its epilogue and tail: 1.233x / 1.234x against 1.224x / 1.222x (two
+runs, either order; ``benchmark/results/s12_2026-11-24``).
 
 Kernels launched by others (cuBLAS, torch, NCCL) are ordinary predecessors: a PDL kernel after one
 waits for its completion like any kernel. CUDA-graph capture keeps the launches' programmatic edges.
@@ -50,6 +53,20 @@ def launch_options(x: torch.Tensor) -> dict:
     (left out otherwise, so the interpreter never sees it)."""
     on = pdl_enabled(x)
     return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
+
+
+@triton.jit
+def wait(USE_PDL: tl.constexpr):
+    """Wait for the predecessor's completion (and its writes); ``release`` comes later."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def release(USE_PDL: tl.constexpr):
+    """Let the successor launch (its programs then wait in ``wait``)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

@@ -168,6 +168,32 @@ def test_fp8_linear_per_channel_on_cpu_is_the_dequantized_matmul():
     torch.testing.assert_close(fp8_linear(x, q, s, None, b, gated=True), ref)
 
 
+def test_which_layers_take_a_quantized_input():
+    """``takes_quantized_input``: the layers whose input the norm may quantize are exactly those
+    that would quantize it per token themselves (per-channel e4m3, ``_scaled_mm``'s alignment, a
+    bf16 model); and a model's dense layers are marked so only with online per-channel FP8."""
+    from minisgl.quant import quantize_block, quantize_channel
+    from minisgl.quant.linear import takes_quantized_input
+
+    q, s = quantize_channel(torch.randn(48, 32))
+    bf16 = torch.bfloat16
+    assert takes_quantized_input(q, s, None, bf16)
+    assert not takes_quantized_input(q, s, None, torch.float16)  # fp16: the W8A16 GEMM, x as is
+    assert not takes_quantized_input(q[:, :24], s, None, bf16)  # K not a multiple of 16
+    assert not takes_quantized_input(q.float(), None, None, bf16)  # an unquantized layer
+    qb, sb = quantize_block(torch.randn(48, 32), (16, 16))
+    assert not takes_quantized_input(qb, sb, (16, 16), bf16)  # blocks: 128-column groups
+
+
+@pytest.mark.parametrize("arch, quantization, marked", [
+    ("qwen3", "fp8", True), ("qwen3", None, False), ("qwen3_moe", "fp8", False)])
+def test_decoder_layers_marked_for_quantized_inputs(arch, quantization, marked, tmp_path):
+    src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
+    sched = scheduler(src, dtype="bfloat16", quantization=quantization)
+    assert all(layer.quantized_inputs == marked for layer in sched.engine.model.layers)
+    sched.close()
+
+
 def test_row_parallel_shards_are_quantized_with_whole_rows():
     """Two row-parallel ranks of an online per-channel layer hold TP=1's e4m3 values and scales."""
     from types import SimpleNamespace

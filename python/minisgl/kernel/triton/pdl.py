@@ -6,9 +6,11 @@ its programs' start-up while the GPU drains. A kernel launched with PDL may be s
 predecessor is still running; ``griddepcontrol.wait`` then blocks its programs until the
 predecessor has completed and its writes are visible.
 
-Every PDL kernel here calls ``wait_then_release`` as its first statement: it waits, then lets its
-own successor launch (``griddepcontrol.launch_dependents``). What overlaps is the launch and the
-programs' start-up, never a memory access, so correctness does not depend on the overlap.
+Every PDL kernel here waits before its first access to another kernel's output and then lets its
+own successor launch (``griddepcontrol.launch_dependents``): ``wait_then_release`` as the first
+statement, or (the W8A8 GEMM) ``wait`` first and ``release`` after the main loop. What overlaps is
+the launch and the programs' start-up, never a memory access, so correctness does not depend on
+the overlap.
 Measured on an H100 (Qwen3-8B, batch 1): 1.6% (bf16) and 2.9-3.8% (FP8 weights) per token. Asking
 L2 for a GEMV's weight rows before its wait (``prefetch.global.L2``) lost 2-4% and was dropped; a
 GEMV loading its first weight chunk into registers before the wait (weights are never written, so

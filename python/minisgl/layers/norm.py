@@ -38,8 +38,8 @@ class RMSNorm(nn.Module):
 
 class RMSNormFused(RMSNorm):
     """``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``; residual None on
-    layer 0. ``quantize`` (CUDA, 2-D x): the norm comes back quantized per token for the FP8 layer it feeds,
-    a ``QuantizedInput`` (``DecoderLayer.forward``)."""
+    layer 0. ``quantize`` (CUDA, 2-D x): the norm comes back quantized per token for the FP8 layer
+    it feeds, a ``QuantizedInput`` (``DecoderLayer.forward``)."""
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False

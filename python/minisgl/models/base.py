@@ -98,15 +98,15 @@ class DecoderLayer(nn.Module):
         if (quant is None or not quant.online or not quant.channel
                 or not isinstance(self.mlp, GatedMLP)):
             return
-        for norm, proj in ((self.input_layernorm, qkv),
-                           (self.post_attention_layernorm, self.mlp.gate_up_proj)):
+        pairs = ((self.input_layernorm, qkv),
+                 (self.post_attention_layernorm, self.mlp.gate_up_proj))
+        for norm, proj in pairs:
             proj.quantize_weights_(input_scale=norm.weight.data)
             norm.weight.data.fill_(1.0)
         self.norms_folded = True
         self.quantized_inputs = all(
             takes_quantized_input(p.weight, p.weight_scale_inv, p.scale_block, norm.weight.dtype)
-            for norm, p in ((self.input_layernorm, qkv),
-                            (self.post_attention_layernorm, self.mlp.gate_up_proj)))
+            for norm, p in pairs)
 
 
 # checkpoint name -> (our parameter name, shard id)

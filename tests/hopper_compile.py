@@ -50,8 +50,8 @@ def _fp8_kernels():
     for gated, k in ((False, 4096), (True, 12288)):
         block, warps = fp8_quant.pick_block(k)
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
-            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, ONE_PASS=True, BLOCK=block,
-            USE_PDL=True), warps
+            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, ONE_PASS=True, BLOCK=block), \
+            warps
     for gated, channel, fused in ((False, False, False), (True, False, False), (True, True, True),
                                   (False, True, True), (False, True, False)):
         bn, bk, warps = fp8_gemv.pick_config(4096, 4096)

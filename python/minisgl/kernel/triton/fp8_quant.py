@@ -5,10 +5,8 @@ mapping the row's largest magnitude onto 448 (``quantize_groups(x, K)`` in torch
 One program per token. A row of up to ``ONE_PASS_MAX`` columns is loaded whole, in one step (all of
 it in flight at once), its absolute maximum taken and the row divided and stored from registers.
 Walking it in 1,024-column steps, twice (maximum, then divide), left each program waiting on one
-step's loads at a time: Qwen3-8B's down-projection input (SiLU-and-mul included) at 128 tokens
-takes 5.3 us against 11.5, o's 2.5 against 3.5 (H100, ``benchmark/results/s13_2026-11-24``). Longer
-rows still take the two passes (the second read hits L2). Launched with PDL (``pdl.py``), it waits
-for its input first and releases its successor, the W8A8 GEMM, only at its end. ``gated=True`` reads ``[gate | up]`` and
+step's loads at a time: Qwen3-8B's down-projection input at 128 tokens took ~8 us (H100). Longer
+rows still take the two passes (the second read hits L2). ``gated=True`` reads ``[gate | up]`` and
 quantizes ``silu(gate) * up`` (rounded as ``silu_and_mul`` rounds), so the MLP's activation costs
 no extra pass over memory.
 """
@@ -18,9 +16,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from . import pdl
-from .pdl import release, wait
 
 FP8_MAX = tl.constexpr(448.0)
 ONE_PASS_MAX = 16384  # the longest row held whole: 32 values (64 gated) per thread of 16 warps
@@ -38,9 +33,7 @@ def _load_act(row_ptr, cols, ok, K, GATED: tl.constexpr):
 
 @triton.jit
 def _quantize_tokens_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
-                            GATED: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK: tl.constexpr,
-                            USE_PDL: tl.constexpr):
-    wait(USE_PDL)
+                            GATED: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     row = x_ptr + m * stride_x
     offs = tl.arange(0, BLOCK)
@@ -64,7 +57,6 @@ def _quantize_tokens_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
             q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
             tl.store(q_ptr + m * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(s_ptr + m, scale)
-    release(USE_PDL)  # late: the W8A8 GEMM after it holds its shared memory while it waits
 
 
 def pick_block(k: int) -> tuple[int, int]:
@@ -86,6 +78,5 @@ def quantize_tokens(x: torch.Tensor, gated: bool = False) -> tuple[torch.Tensor,
     if m:
         block, warps = pick_block(k)
         _quantize_tokens_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), GATED=gated,
-                                      ONE_PASS=block >= k, BLOCK=block, num_warps=warps,
-                                      **pdl.launch_options(x))
+                                      ONE_PASS=block >= k, BLOCK=block, num_warps=warps)
     return q, s

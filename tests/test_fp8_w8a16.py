@@ -21,7 +21,6 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 import triton  # noqa: E402
 
-from minisgl.kernel.triton import fp8_w8a16  # noqa: E402
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
 from minisgl.kernel.triton.fp8_w8a16 import (SMS, W8A16Config, fp8_w8a8_gemm,  # noqa: E402
                                              fp8_w8a16_gemm, pick_config)
@@ -147,20 +146,6 @@ def test_w8a8_per_channel(m, n, k):
     assert fp8_w8a8_gemm(xq[:0], xs[:0], wq, ws).shape == (0, n)
 
 
-@pytest.mark.parametrize("m", [3, 40])
-def test_w8a8_gate_up_act(m):
-    """``act``: silu(gate) * up from each program's gate and up tiles = the gate-up GEMM's output
-    through SiLU-and-mul (96 features: a masked tail tile)."""
-    f, k = 96, 256
-    wq, ws, _ = weights(2 * f, k, None)
-    xq, xs = quantize_tokens(rand(m, k, seed=m), False)
-    for cfg in (None, W8A16Config(16, 64, 128, 1, 4, 2)):
-        y = fp8_w8a8_gemm(xq, xs, wq, ws, out_dtype=torch.float32, config=cfg, act=True)
-        full = fp8_w8a8_gemm(xq, xs, wq, ws, out_dtype=torch.float32, config=cfg)
-        assert y.shape == (m, f)
-        torch.testing.assert_close(y, silu_and_mul_ref(full), rtol=1e-5, atol=1e-6)
-
-
 def test_pick_config():
     for m, gated, x_bytes in itertools.product((2, 16, 64, 128, 200), (False, True), (1, 2, 4)):
         for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)):
@@ -223,21 +208,6 @@ def test_gpu_w8a8_qwen3_8b_layers(n, k, gated, m):
     for split in (1, 4):
         cfg = W8A16Config(min(128, max(16, 1 << (m - 1).bit_length())), 64, 128, split, 4, 4)
         assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws, config=cfg), ref) <= 1e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [2, 33, 128, 256])
-def test_gpu_w8a8_gate_up_act_is_the_unfused_pair(m):
-    """Qwen3-8B's gate-up with its SiLU-and-mul in the epilogue = the same tiles' GEMM, then the
-    SiLU-and-mul kernel, bit for bit (the same sums, rounded alike)."""
-    from minisgl.layers.activation import silu_and_mul
-
-    wq, ws = quantize_channel(torch.randn(24576, 4096, device="cuda") * 0.02)
-    xq, xs = quantize_tokens(torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16))
-    cfg = fp8_w8a16._w8a8_act_config(m, 12288, fp8_w8a16.SMS)
-    y = fp8_w8a8_gemm(xq, xs, wq, ws, act=True)
-    assert torch.equal(y, fp8_w8a8_gemm(xq, xs, wq, ws, config=cfg, act=True))
-    assert torch.equal(y, silu_and_mul(fp8_w8a8_gemm(xq, xs, wq, ws, config=cfg)))
 
 
 @pytest.mark.gpu

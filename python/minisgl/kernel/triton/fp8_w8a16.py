@@ -61,8 +61,8 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PROMOTE: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+                  PROMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
@@ -80,7 +80,6 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     s_ptrs = s_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_s
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # ACT: the up rows, N past the gate's
     for kb in range(first, last):
         k_ok = (kb * BLOCK_K + ks < K)[None, :]
         # NOTE: padding tokens are masked: reading them as (clamped) copies of token 0 cost up to
@@ -91,20 +90,13 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
             x_ok = m_ok[:, None] & k_ok
         if EVEN_K:
             w = tl.load(w_ptrs)
-            if ACT:
-                w_up = tl.load(w_ptrs + N * stride_w)
         else:
             w = tl.load(w_ptrs, mask=k_ok, other=0.0)
-            if ACT:
-                w_up = tl.load(w_ptrs + N * stride_w, mask=k_ok, other=0.0)
         if GATED:
             x = load_x(x_ptr, K, x_offs, x_ok, dt, True).to(dt)
         else:
             x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
-        if ACT:  # the e4m3 gate and up tiles with one x tile (A8, K <= FAST_ACCUM_MAX_K)
-            acc = tl.dot(w, tl.trans(x), acc)
-            acc_up = tl.dot(w_up, tl.trans(x), acc_up)
-        elif A8 and PROMOTE:  # e4m3 x e4m3 on the FP8 tensor cores, each K step's sum in fp32
+        if A8 and PROMOTE:  # e4m3 x e4m3 on the FP8 tensor cores, each K step's sum added in fp32
             acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=BLOCK_K)
         elif A8:  # Hopper's fast accumulation over all of K (Triton's sm_90 default)
             acc = tl.dot(w, tl.trans(x), acc)
@@ -120,11 +112,6 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
         acc *= tl.load(s_ptr + rows_w * stride_s)[:, None]
     if A8:
         acc *= tl.load(xs_ptr + rows_x)[None, :]
-    if ACT:  # silu(gate) * up, rounded as the unfused GEMM's output and ``silu_and_mul`` round
-        up = acc_up * tl.load(s_ptr + (rows_w + N) * stride_s)[:, None]
-        up = (up * tl.load(xs_ptr + rows_x)[None, :]).to(y_ptr.dtype.element_ty).to(tl.float32)
-        gate = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
-        acc = (gate / (1.0 + tl.exp(-gate))).to(y_ptr.dtype.element_ty).to(tl.float32) * up
     out_ok = n_ok[:, None] & m_ok[None, :]
     if SPLIT:  # y_ptr: the fp32 partials [splits, M, N]
         y_ptr += tl.program_id(1).to(tl.int64) * M * N
@@ -217,13 +204,6 @@ def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
     return W8A16Config(block_m, 128, 128, 1, 8, 5)
 
 
-def _w8a8_act_config(m: int, features: int, sms: int) -> W8A16Config:
-    """The gate-up GEMM with its SiLU-and-mul: a program holds a 64-feature tile of the gate and
-    the same of up (two weight tiles per K step, one x tile), so it has twice the weight rows of
-    a ``_w8a8_config`` tile of the same N."""
-    return replace(_w8a8_config(m, 2 * features, sms), block_n=64)
-
-
 def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
                    block: tuple[int, int] | None, bias: torch.Tensor | None = None,
                    gated: bool = False, config: W8A16Config | None = None) -> torch.Tensor:
@@ -238,21 +218,15 @@ def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
 
 def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
-                  config: W8A16Config | None = None, act: bool = False) -> torch.Tensor:
+                  config: W8A16Config | None = None) -> torch.Tensor:
     """e4m3 xq [M, K] with per-token scales xs [M, 1] (``fp8_quant.quantize_tokens``), e4m3 w [N, K]
     with per-channel scales ws [N, 1], bias [N] -> [M, N] in ``out_dtype``: the same tiles and
-    split-K, multiplied on the FP8 tensor cores. ``act``: w is [gate | up] (N = 2F) and the output
-    ``silu(gate) * up`` [M, F], from the gate and up tiles of each program (no bias, no split)."""
+    split-K, multiplied on the FP8 tensor cores."""
     n, k = w.shape
     assert xq.dim() == 2 and xq.shape[1] == k and xq.stride(1) == 1 and xq.dtype == w.dtype
     assert xs.shape == (xq.shape[0], 1) and xs.dtype == torch.float32 and xs.is_contiguous()
-    if act:
-        assert bias is None and n % 2 == 0 and k <= FAST_ACCUM_MAX_K
-        cfg = config or _w8a8_act_config(xq.shape[0], n // 2, _sms(xq))
-        assert cfg.split_k == 1
-    else:
-        cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1, sms=_sms(xq))
-    return _launch(xq, xs, w, ws, None, bias, False, cfg, out_dtype, act)
+    cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1, sms=_sms(xq))
+    return _launch(xq, xs, w, ws, None, bias, False, cfg, out_dtype)
 
 
 def _sms(x: torch.Tensor) -> int:
@@ -261,10 +235,9 @@ def _sms(x: torch.Tensor) -> int:
 
 def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch.Tensor,
             block: tuple[int, int] | None, bias: torch.Tensor | None, gated: bool,
-            cfg: W8A16Config, out_dtype: torch.dtype, act: bool = False) -> torch.Tensor:
+            cfg: W8A16Config, out_dtype: torch.dtype) -> torch.Tensor:
     n, k = w.shape
     m = x.shape[0]
-    n_out = n // 2 if act else n
     channel = block is None
     bn, bk = (1, 1) if channel else block
     assert w.is_contiguous() and w.dtype == torch.float8_e4m3fn and ws.dtype == torch.float32
@@ -275,7 +248,7 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
         cfg = replace(cfg, block_n=min(cfg.block_n, bn), block_k=min(cfg.block_k, bk))
         assert bn % cfg.block_n == 0 and bk % cfg.block_k == 0, \
             f"the scale block {block} must be a multiple of the tile ({cfg.block_n}, {cfg.block_k})"
-    y = torch.empty((m, n_out), dtype=out_dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return y
     steps = triton.cdiv(k, cfg.block_k)
@@ -283,12 +256,12 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
     splits = triton.cdiv(steps, per)  # no split without a K step
     assert splits * m * n < 2**31, "split-K partials are indexed in int32"
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), splits)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
     _w8a16_kernel[grid](
-        x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n_out, k, per,
+        x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
         x.stride(0), w.stride(0), ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
         GATED=gated, A8=xs is not None, HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0,
-        EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1, PROMOTE=k > FAST_ACCUM_MAX_K, ACT=act,
+        EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1, PROMOTE=k > FAST_ACCUM_MAX_K,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -47,11 +47,11 @@ def _fp8_kernels():
         yield fp8_gemm._fp8_gemm_kernel, gemm_sig, dict(
             SCALE_BN=128, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128,
             GROUP_M=cfg.group_m, EVEN_K=True), cfg.num_warps
-    for gated, k in ((False, 4096), (True, 12288)):
+    for gated, k in ((False, 4096), (True, 12288), (False, 20000)):  # the last in two passes
         block, warps = fp8_quant.pick_block(k)
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
-            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, ONE_PASS=True, BLOCK=block), \
-            warps
+            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, ONE_PASS=block >= k,
+            BLOCK=block), warps
     for gated, channel, fused in ((False, False, False), (True, False, False), (True, True, True),
                                   (False, True, True), (False, True, False)):
         bn, bk, warps = fp8_gemv.pick_config(4096, 4096)

@@ -32,6 +32,8 @@
 #                                          # inside (tests, Qwen3-8B batch 1 A/B); W8A8 table
 #   scripts/gpu_validate.sh norm-quant OUT  # RMSNorms quantizing the FP8 QKV / gate-up inputs:
 #                                           # Qwen3-8B offline default, fp8, fp8-no-norm-quant; tests
+#   scripts/gpu_validate.sh quant   OUT   # per-token FP8 quantization in one pass vs two (kernel
+#                                         # probe); Qwen3-8B offline default vs fp8; its tests
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -240,8 +242,18 @@ norm-quant)  # about nine minutes
     step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8.py tests/test_fp8_kernels.py \
         -k "gpu or norm or quant" >"$out/gpu_tests_norm_quant.log" 2>&1
     tail -3 "$out/gpu_tests_norm_quant.log" ;;
+quant)  # about six minutes
+    step 120 env OUT="$out" "$py" benchmark/results/s13_2026-11-24/probe_quant_one_pass.py \
+        >"$out/probe_quant_one_pass.log" 2>&1
+    tail -10 "$out/probe_quant_one_pass.log"
+    step 250 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,fp8 --tag quant --out "$out" >"$out/bench_quant.log" 2>&1
+    cat "$out"/offline_*_quant.md
+    step 100 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8_kernels.py \
+        tests/test_fp8_w8a16.py -k "quant or w8a8" >"$out/gpu_tests_quant.log" 2>&1
+    tail -3 "$out/gpu_tests_quant.log" ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

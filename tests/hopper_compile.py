@@ -76,8 +76,7 @@ def _fp8_kernels():
                                             x_ptr="*fp8e4nv" if a8 else "*bf16"), dict(
             CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
-            EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32",
-            PROMOTE=a8 and k > fp8_w8a16.FAST_ACCUM_MAX_K, BLOCK_M=cfg.block_m,
+            EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=a8), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
         N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4

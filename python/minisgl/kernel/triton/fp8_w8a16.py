@@ -61,7 +61,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  PROMOTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -96,9 +96,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
             x = load_x(x_ptr, K, x_offs, x_ok, dt, True).to(dt)
         else:
             x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
-        if A8 and PROMOTE:  # e4m3 x e4m3 on the FP8 tensor cores, each K step's sum added in fp32
-            acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=BLOCK_K)
-        elif A8:  # Hopper's fast accumulation over all of K (Triton's sm_90 default)
+        if A8:  # e4m3 x e4m3 on the FP8 tensor cores, fast accumulation over all of K (NOTE below)
             acc = tl.dot(w, tl.trans(x), acc)
         elif CHANNEL:
             acc = tl.dot(w.to(dt), tl.trans(x), acc, input_precision=DOT_PREC)
@@ -145,13 +143,12 @@ class W8A16Config:
 
 
 # NOTE: Hopper's FP8 MMA accumulates with fewer mantissa bits than fp32, and Triton chains it over
-# all of K by default. Over the down projection's 12,288 the W8A8 output drifted 1.016e-2 from fp32
-# (same operands, 33 tokens, H100); adding each K step's sum to an fp32 accumulator fixed that but
-# cost up to 18% where the accumulator is a 64 x 128 tile (gate-up at 128 tokens: 53.4 against
-# 45.3 us) and 2% on down. So the promotion is kept for long rows only: K <= 4,096 stays within
-# 1e-2 with the fast accumulation (the trade of CUTLASS's "FP8FastAccum" schedules, which inference
-# engines' FP8 GEMMs pick for speed).
-FAST_ACCUM_MAX_K = 4096
+# all of K (CUTLASS's "FP8FastAccum" schedules, which vLLM's and SGLang's FP8 GEMMs run; and
+# ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.linear``). Adding each K step's sum to an
+# fp32 accumulator (``max_num_imprecise_acc``) keeps the output within 3e-3 of fp32 over the same
+# operands, against 9e-3 (1.1e-2 over the down projection's 12,288), but cost the down projection
+# 16% at 192 tokens (32.4 against 27.1 us, H100): both are below the ~2.5e-2 of rounding x to
+# e4m3, so the accumulation stays fast (``benchmark/results/s13_2026-11-24``).
 
 SMS = 132  # an H100's (and H200's) SMs: what the rules below were fitted on
 
@@ -261,7 +258,7 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
         x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
         x.stride(0), w.stride(0), ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
         GATED=gated, A8=xs is not None, HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0,
-        EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1, PROMOTE=k > FAST_ACCUM_MAX_K,
+        EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

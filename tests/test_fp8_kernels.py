@@ -301,7 +301,8 @@ def test_gpu_gemv_fused_norm_or_residual_real_sizes(n, k):
 def test_gpu_fp8_linear_per_channel(m, n, k, gated):
     """The per-channel linear method (M == 1: the GEMV on bf16 x; more: per-token quantization +
     the W8A8 GEMM up to W8A8_MAX_TOKENS, then torch._scaled_mm) against fp32 over the same
-    quantized operands: <= 1e-2 relative."""
+    quantized operands: <= 1e-2 relative, 1.5e-2 over K = 12,288 (both GEMMs accumulate fast in
+    FP8 over all of K: ``fp8_w8a16``'s NOTE)."""
     from minisgl.quant import fp8_linear
 
     x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
@@ -319,7 +320,7 @@ def test_gpu_fp8_linear_per_channel(m, n, k, gated):
         if not gated:  # gated: F.silu may round an element differently from the kernel's formula
             same_fp8(xq, ref_q)
         ref = channel_gemm_reference(xq, xs, wq, ws)
-    assert rel_err(out, ref + b.float()) <= 1e-2
+    assert rel_err(out, ref + b.float()) <= (1e-2 if k <= 4096 or m == 1 else 1.5e-2)
 
 
 @pytest.mark.gpu

@@ -198,16 +198,18 @@ def test_gpu_qwen3_8b_layers(n, k, gated, m, block):
 @pytest.mark.parametrize("n, k, gated", LAYERS)
 def test_gpu_w8a8_qwen3_8b_layers(n, k, gated, m):
     """Per-token e4m3 x (SiLU-and-mul applied by the quantization kernel) on the FP8 tensor cores,
-    with the default tiles and with 1 and 4 splits: <= 1e-2 relative against fp32 over the same
-    quantized operands, bf16 out (Hopper's FP8 MMA accumulates with fewer bits than fp32)."""
+    with the default tiles and with 1 and 4 splits, against fp32 over the same quantized operands,
+    bf16 out: <= 1e-2 relative, 1.5e-2 over the down projection's 12,288 (Hopper's FP8 MMA
+    accumulates with fewer bits than fp32, fast over all of K: ``fp8_w8a16``'s NOTE)."""
+    tol = 1e-2 if k <= 4096 else 1.5e-2
     x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
     wq, ws = quantize_channel(torch.randn(n, k, device="cuda") * 0.02)
     xq, xs = quantize_tokens(x, gated)
     ref = channel_gemm_reference(xq, xs, wq, ws)
-    assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws), ref) <= 1e-2
+    assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws), ref) <= tol
     for split in (1, 4):
         cfg = W8A16Config(min(128, max(16, 1 << (m - 1).bit_length())), 64, 128, split, 4, 4)
-        assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws, config=cfg), ref) <= 1e-2
+        assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws, config=cfg), ref) <= tol
 
 
 @pytest.mark.gpu

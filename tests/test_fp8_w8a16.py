@@ -146,6 +146,15 @@ def test_w8a8_per_channel(m, n, k):
     assert fp8_w8a8_gemm(xq[:0], xs[:0], wq, ws).shape == (0, n)
 
 
+def test_w8a8_takes():
+    """Per-channel layers of 2+ tokens: the W8A8 GEMM up to 256 tokens, but a layer of 16,384 rows
+    or more (gate-up) leaves more than 192 to ``torch._scaled_mm``."""
+    from minisgl.quant.linear import w8a8_takes
+
+    assert w8a8_takes(256, 4096) and not w8a8_takes(257, 4096)
+    assert w8a8_takes(192, 24576) and not w8a8_takes(193, 24576)
+
+
 def test_pick_config():
     for m, gated, x_bytes in itertools.product((2, 16, 64, 128, 200), (False, True), (1, 2, 4)):
         for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)):

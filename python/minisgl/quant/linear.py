@@ -19,7 +19,7 @@ Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by 
   ``residual`` it adds it to the output (``DecoderLayer._forward_one_token``).
 * CUDA, more tokens, a bf16 layer that meets ``scaled_mm_ok``: x is quantized per token (one
   Triton kernel, SiLU-and-mul included; or the RMSNorm before the layer did it, a
-  ``QuantizedInput``); up to ``W8A8_MAX_TOKENS`` the W8A16 GEMM's W8A8 form
+  ``QuantizedInput``); up to ``W8A8_MAX_TOKENS`` (``w8a8_takes``) the W8A16 GEMM's W8A8 form
   multiplies on the FP8 tensor cores (x rounded to e4m3, as vLLM's and SGLang's FP8 layers round
   it), beyond it ``torch._scaled_mm`` with row-wise scales (cuBLASLt's FP8 GEMM, bf16 out).
 * CUDA, another layer (fp16, odd sizes): the W8A16 GEMM up to ``W8A16_MAX_TOKENS`` tokens, the
@@ -45,6 +45,17 @@ W8A16_MAX_TOKENS = 32
 # the most tokens the W8A8 form takes: at 64-256 tokens it is 1.0-1.4x ``torch._scaled_mm`` on
 # Qwen3-8B's layers (H100; o and down, whose 4,096 rows make few cuBLASLt tiles, gain the most)
 W8A8_MAX_TOKENS = 256
+# ... except a layer of this many rows or more beyond WIDE_W8A8_MAX_TOKENS: cuBLASLt's tiles fill
+# the SMs there, and with fast accumulation Qwen3-8B's gate-up at 224 / 256 tokens takes 47.7 /
+# 48.0 us against the W8A8 GEMM's 53.5 / 55.8 (H100; equal at 192, slower below)
+WIDE_ROWS = 16384
+WIDE_W8A8_MAX_TOKENS = 192
+
+
+def w8a8_takes(m: int, n: int) -> bool:
+    """Whether ``m`` tokens through a layer of ``n`` rows take the W8A8 GEMM (else
+    ``torch._scaled_mm``)."""
+    return m <= (WIDE_W8A8_MAX_TOKENS if n >= WIDE_ROWS else W8A8_MAX_TOKENS)
 
 
 def scaled_mm_ok(dtype: torch.dtype, weight: torch.Tensor, scale: torch.Tensor) -> bool:
@@ -84,7 +95,7 @@ def _channel_gemm(x: torch.Tensor | QuantizedInput, weight: torch.Tensor, scale:
         from minisgl.kernel.triton.fp8_quant import quantize_tokens
 
         xq, xs = quantize_tokens(x, gated)
-    if xq.shape[0] <= W8A8_MAX_TOKENS:
+    if w8a8_takes(xq.shape[0], weight.shape[0]):
         from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm
 
         return fp8_w8a8_gemm(xq, xs, weight, scale, bias, x.dtype)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = tl.constexpr(448.0)
+from .fp8_quant import fp8_scale, load_act, saturate
 
 
 @triton.jit
@@ -33,14 +33,9 @@ def _quantize_act_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
     g = tl.program_id(1)
     cols = g * GROUP + tl.arange(0, GROUP)
     ok = cols < K
-    x = tl.load(x_ptr + m * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    if GATED:
-        dt = x_ptr.dtype.element_ty
-        up = tl.load(x_ptr + m * stride_x + K + cols, mask=ok, other=0.0).to(tl.float32)
-        x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / FP8_MAX
-    q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
-    tl.store(q_ptr + m * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    x = load_act(x_ptr + m * stride_x, cols, ok, K, GATED)
+    scale = fp8_scale(tl.max(tl.abs(x), 0))
+    tl.store(q_ptr + m * stride_q + cols, saturate(x, scale).to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(s_ptr + m * stride_s + g, scale)
 
 

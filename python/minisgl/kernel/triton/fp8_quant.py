@@ -23,13 +23,25 @@ ONE_PASS_MAX = 16384  # the longest row held whole: 32 values (64 gated) per thr
 
 
 @triton.jit
-def _load_act(row_ptr, cols, ok, K, GATED: tl.constexpr):
+def load_act(row_ptr, cols, ok, K, GATED: tl.constexpr):
     x = tl.load(row_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if GATED:
         dt = row_ptr.dtype.element_ty
         up = tl.load(row_ptr + K + cols, mask=ok, other=0.0).to(tl.float32)
         x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
     return x
+
+
+@triton.jit
+def fp8_scale(amax):
+    """The scale mapping a largest magnitude onto 448 (an all-zero row keeps a finite one)."""
+    return tl.maximum(amax, 1e-12) / FP8_MAX
+
+
+@triton.jit
+def saturate(x, scale):
+    """``x / scale`` clamped to e4m3's range, ready for the cast."""
+    return tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
 
 
 @triton.jit
@@ -40,23 +52,23 @@ def _quantize_tokens_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
     offs = tl.arange(0, BLOCK)
     if ONE_PASS:  # the whole row (``pick_block``): one load
         ok = offs < K
-        x = _load_act(row, offs, ok, K, GATED)
-        scale = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / FP8_MAX
-        q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
-        tl.store(q_ptr + m * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+        x = load_act(row, offs, ok, K, GATED)
+        scale = fp8_scale(tl.max(tl.abs(x), 0))
+        tl.store(q_ptr + m * stride_q + offs, saturate(x, scale).to(q_ptr.dtype.element_ty),
+                 mask=ok)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK):
             cols = k0 + offs
-            x = _load_act(row, cols, cols < K, K, GATED)
+            x = load_act(row, cols, cols < K, K, GATED)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.max(amax, 0), 1e-12) / FP8_MAX
+        scale = fp8_scale(tl.max(amax, 0))
         for k0 in range(0, K, BLOCK):
             cols = k0 + offs
             ok = cols < K
-            x = _load_act(row, cols, ok, K, GATED)
-            q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
-            tl.store(q_ptr + m * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+            x = load_act(row, cols, ok, K, GATED)
+            tl.store(q_ptr + m * stride_q + cols, saturate(x, scale).to(q_ptr.dtype.element_ty),
+                     mask=ok)
     tl.store(s_ptr + m, scale)
 
 

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .fp8_quant import FP8_MAX
+from .fp8_quant import fp8_scale, saturate
 from .pdl import wait_then_release
 
 
@@ -49,10 +49,9 @@ def _rmsnorm_kernel(
     y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
     if QUANT:  # quantize_tokens(y): e4m3 with one scale per row, its largest magnitude -> 448
         y = (normed * w[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12) / FP8_MAX
+        scale = fp8_scale(tl.max(tl.abs(y), axis=1))
         tl.store(s_ptr + rows, scale, mask=row_ok)
-        y = tl.minimum(tl.maximum(y / scale[:, None], -FP8_MAX), FP8_MAX)
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptrs, saturate(y, scale[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(y_ptrs, (normed * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
 

@@ -23,7 +23,7 @@ from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.graph import dummy_decode_batch
-from minisgl.kernel.triton.decode_attention import decode_attention
+from minisgl.kernel.triton.decode_attention import decode_attention, longest_first
 from minisgl.kernel.triton.extend_attention import extend_attention
 from minisgl.kvcache.mha_pool import MHAKVCache
 
@@ -80,10 +80,20 @@ def test_decode_kernel(dtype, heads, dim):
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     cu = list(range(len(seq_lens) + 1))
     ref = dense_reference(q, k, v, table, rows, cu, lens, dim**-0.5)
+    order = torch.tensor(longest_first(seq_lens), dtype=torch.int32, device=DEV)
+    assert order.tolist() == [3, 2, 1, 0]
     for splits in (1, 3, 8):  # 8 splits of 64-token chunks leave most splits of short requests empty
         out = torch.full_like(q, float("nan"))
         decode_attention(q, k, v, table, rows, lens, dim**-0.5, splits, out=out)
         torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+        # the launch order is a schedule, not a computation: the same bits in any order
+        ordered = decode_attention(q, k, v, table, rows, lens, dim**-0.5, splits, order=order)
+        assert torch.equal(ordered, out)
+
+
+def test_longest_first():
+    assert longest_first([5, 40, 5, 90, 1]) == [3, 1, 0, 2, 4]  # ties keep batch order
+    assert longest_first([]) == []
 
 
 @pytest.mark.parametrize("dim", [64, 128])
@@ -180,7 +190,9 @@ def test_backend_prefill_with_prefix(page_size):
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_backend_decode(page_size):
     scene = Scene([0, 8, 16, 70, 3], [1] * 5, 8, 4, 64, torch.float16, page_size, seed=2)
-    compare_backends(scene, "decode")
+    ours, batch, _, _ = compare_backends(scene, "decode")
+    ours.prepare_metadata(batch)  # the kernel's launch order: longest context first
+    assert batch.attn_metadata.order.tolist() == [3, 2, 1, 4, 0]
 
 
 @pytest.mark.parametrize("decode_kernel", [True, False])
@@ -211,6 +223,8 @@ def test_graph_contract_pads_with_the_dummy_row():
     assert meta.static and meta.rows.shape == (8,)
     assert meta.num_splits == backend.num_splits(8)
     backend.prepare_for_replay(batch, 8)
+    # the live requests longest first (90, 40, 5 cached tokens), then the padding rows
+    assert meta.order.tolist() == [2, 1, 0, 3, 4, 5, 6, 7]
     q = torch.cat([qkv[0], torch.randn(5, *qkv[0].shape[1:], device=qkv[0].device)])
     out = backend.forward(q, None, None, 0, static)  # K/V: already in the pool
     if meta.num_splits == backend.num_splits(3):  # same launches: the same bits

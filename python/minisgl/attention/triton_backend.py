@@ -2,13 +2,16 @@
 
 Metadata is a handful of int32 device vectors built on the host, sent in one pinned copy::
 
-    decode : rows [B], seq_lens [B]                      + num_splits (host int, from B only)
+    decode : rows [B], seq_lens [B], order [B]           + num_splits (host int, from B only)
     prefill: rows [B], seq_lens [B], cu_seqlens [B+1]    + max_extend, no_prefix (host)
     mixed  : a decode part for the leading decode rows, a prefill part for the rest
              (``mixed_decode_kernel``; otherwise one prefill part: the extend kernel takes a decode
              row as a one-token extend)
 
-For CUDA graphs, decode reads rows/seq_lens from static buffers ``[2, max_bs]`` that the runner's
+``order`` lists the requests longest first, the order in which the decode kernel starts their
+programs (``decode_attention``'s docstring: it keeps long requests from finishing alone).
+
+For CUDA graphs, decode reads rows/seq_lens/order from static buffers ``[3, max_bs]`` that the runner's
 ``prepare_for_replay`` refreshes, and the split workspace is one static allocation sized for the
 largest ``bs * num_splits(bs)``; ``num_splits`` depends on the batch size alone, so eager and
 replayed decode of the same batch run the same launches and give the same bits.
@@ -34,6 +37,7 @@ try:
         choose_num_splits,
         decode_attention,
         decode_workspace,
+        longest_first,
     )
     from minisgl.kernel.triton.extend_attention import extend_attention
 except ImportError as exc:  # pragma: no cover - depends on the installation
@@ -47,6 +51,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 class TritonDecodeMetadata(BaseAttnMetadata):
     rows: torch.Tensor  # [B] int32 page-table row of each request
     seq_lens: torch.Tensor  # [B] int32 context length incl. the new token
+    order: torch.Tensor  # [B] int32 the batch's indices, longest context first
     num_splits: int
     static: bool = False  # views of the CUDA-graph buffers: use the backend's static workspace
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None  # eager: made by the first layer
@@ -89,7 +94,7 @@ class TritonBackend(BaseAttnBackend):
             torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda" else 16
         )
-        self._graph_bufs: torch.Tensor | None = None  # [2, max_bs]: rows, seq_lens
+        self._graph_bufs: torch.Tensor | None = None  # [3, max_bs]: rows, seq_lens, order
         self._graph_ws: tuple[torch.Tensor, torch.Tensor] | None = None  # flat part_out, part_lse
 
     def num_splits(self, batch_size: int) -> int:
@@ -101,20 +106,20 @@ class TritonBackend(BaseAttnBackend):
         reqs = batch.reqs
         n = len(reqs)
         if batch.is_decode:
-            rows, seq_lens = to_device(
-                [[r.table_idx for r in reqs], [r.device_len for r in reqs]], torch.int32, self.device)
-            batch.attn_metadata = TritonDecodeMetadata(rows, seq_lens, self.num_splits(n))
+            batch.attn_metadata = self._decode_metadata(reqs)
             return
         d = batch.num_decode_rows if self.mixed_decode_kernel else 0
         if d == 0:
             batch.attn_metadata = self._prefill_metadata(reqs)
             return
-        rows, seq_lens = to_device(
-            [[r.table_idx for r in reqs[:d]], [r.device_len for r in reqs[:d]]], torch.int32,
-            self.device)
         batch.attn_metadata = TritonMixedMetadata(
-            TritonDecodeMetadata(rows, seq_lens, self.num_splits(d)),
-            self._prefill_metadata(reqs[d:]), d)
+            self._decode_metadata(reqs[:d]), self._prefill_metadata(reqs[d:]), d)
+
+    def _decode_metadata(self, reqs: list) -> TritonDecodeMetadata:
+        lens = [r.device_len for r in reqs]
+        rows, seq_lens, order = to_device(
+            [[r.table_idx for r in reqs], lens, longest_first(lens)], torch.int32, self.device)
+        return TritonDecodeMetadata(rows, seq_lens, order, self.num_splits(len(reqs)))
 
     def _prefill_metadata(self, reqs: list) -> TritonPrefillMetadata:
         extend = [r.extend_len for r in reqs]
@@ -142,6 +147,7 @@ class TritonBackend(BaseAttnBackend):
             return decode_attention(
                 q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
                 meta.num_splits, out=out, workspace=self._workspace(meta, q), kv_scales=kv_scales,
+                order=meta.order,
             )
         if isinstance(meta, TritonMixedMetadata):
             out = torch.empty_like(q) if out is None else out
@@ -149,7 +155,7 @@ class TritonBackend(BaseAttnBackend):
             decode_attention(
                 q[:d], k_cache, v_cache, self.page_table, dec.rows, dec.seq_lens, self.scale,
                 dec.num_splits, out=out[:d], workspace=self._workspace(dec, q[:d]),
-                kv_scales=kv_scales,
+                kv_scales=kv_scales, order=dec.order,
             )
             self._extend(q[d:], k_cache, v_cache, meta.prefill, kv_scales, out[d:])
             return out
@@ -188,9 +194,10 @@ class TritonBackend(BaseAttnBackend):
     # -- CUDA graphs ----------------------------------------------------------------------------
 
     def init_cuda_graph(self, max_bs: int) -> None:
-        self._graph_bufs = torch.empty(2, max_bs, dtype=torch.int32, device=self.device)
+        self._graph_bufs = torch.empty(3, max_bs, dtype=torch.int32, device=self.device)
         self._graph_bufs[0].fill_(self.dummy_row)
         self._graph_bufs[1].fill_(1)
+        self._graph_bufs[2].copy_(torch.arange(max_bs))
         self._graph_ws = None
 
     def prepare_for_capture(self, batch: Batch) -> None:
@@ -200,7 +207,7 @@ class TritonBackend(BaseAttnBackend):
         assert bs <= bufs.shape[1], f"batch of {bs} > max_bs {bufs.shape[1]}"
         self._fill(batch, bs)
         batch.attn_metadata = TritonDecodeMetadata(
-            bufs[0, :bs], bufs[1, :bs], self.num_splits(bs), static=True
+            bufs[0, :bs], bufs[1, :bs], bufs[2, :bs], self.num_splits(bs), static=True
         )
 
     def prepare_for_replay(self, batch: Batch, padded_bs: int | None = None) -> None:
@@ -209,10 +216,11 @@ class TritonBackend(BaseAttnBackend):
     def _fill(self, batch: Batch, padded_bs: int) -> None:
         bufs = self._graph_bufs
         assert bufs is not None, "init_cuda_graph was not called"
-        pad = padded_bs - batch.size
+        n = batch.size
+        lens = [r.device_len for r in batch.reqs]
         host = torch.tensor(
-            [[r.table_idx for r in batch.reqs] + [self.dummy_row] * pad,
-             [r.device_len for r in batch.reqs] + [1] * pad],
+            [[r.table_idx for r in batch.reqs] + [self.dummy_row] * (padded_bs - n),
+             lens + [1] * (padded_bs - n), longest_first(lens) + list(range(n, padded_bs))],
             dtype=torch.int32, pin_memory=self.device.type == "cuda",
         )
         bufs[:, :padded_bs].copy_(host, non_blocking=True)

@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128, help="tokens of every prompt")
     parser.add_argument("--out", default=".")
     parser.add_argument("--quantization", default=None, help="e.g. fp8")
     parser.add_argument("--variant", default="default",
@@ -31,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
     llm = LLM(path, dummy_weights=dummy, num_pages=65536, quantization=args.quantization)
-    prompts = [[(7 * i + j) % 10000 for j in range(128)] for i in range(args.batch)]
+    prompts = [[(7 * i + j) % 10000 for j in range(args.prompt_len)] for i in range(args.batch)]
     sampling = VARIANTS[args.variant].get("sampling", {"temperature": 0})
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, **sampling)
     llm.generate(prompts, params, use_tqdm=False)
@@ -46,6 +47,7 @@ def main() -> None:
     print(table)
     os.makedirs(args.out, exist_ok=True)
     tag = "".join(f"_{t}" for t in (args.quantization, args.variant) if t and t != "default")
+    tag += f"_prompt{args.prompt_len}" if args.prompt_len != 128 else ""
     with open(os.path.join(args.out, f"profile_decode_bs{args.batch}{tag}.txt"), "w") as f:
         f.write(table)
 

@@ -163,16 +163,20 @@ def decode_workspace(batch_size: int, num_qo_heads: int, num_splits: int, head_d
     return part_out, part_lse
 
 
-def _launch_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages): swept on an H100, D=128 (benchmark/kernels). bf16: 128/4/2
-    is up to 2% faster at long contexts and 7% slower at short ones, so 64/4/3 stays. An FP8
-    cache reads half the bytes per tile, so twice the rows: 128/4/3 (B=256, 1K context: 241 us
-    against 289 for 64/4/3; B=64: 82 against 102)."""
+def _launch_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
+                   num_splits: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages): swept on an H100, D=128 (benchmark/kernels). A 16-bit
+    cache: with one split, 128/4/2 (longest first, contexts of 100-2,047: B=24 67 against 72 us,
+    B=48 91 / 96, B=96 153 / 159, B=128-256 within 1%; uniform contexts within 1% but B=48-64,
+    2-4% slower; ``benchmark/results/s14_2026-11-24``); with splits, whose chunks may be short,
+    64/4/3 (B=1, 1K context, 16 splits: 8.0 against 8.6 us). An FP8 cache reads half the bytes
+    per tile, so twice the rows: 128/4/3 (B=256, 1K context: 241 us against 289 for 64/4/3;
+    B=64: 82 against 102)."""
     if dtype == torch.float32 or head_dim > 128:
         return 32, 4, 2
     if kv_dtype == torch.float8_e4m3fn:
         return 128, 4, 3
-    return 64, 4, 3
+    return (128, 4, 2) if num_splits == 1 else (64, 4, 3)
 
 
 def decode_attention(
@@ -205,13 +209,13 @@ def decode_attention(
     assert hq % hkv == 0, f"query heads {hq} not a multiple of KV heads {hkv}"
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     group = hq // hkv
-    cfg_n, cfg_w, cfg_s = _launch_config(dim, q.dtype, k_cache.dtype)
+    num_splits = max(1, int(num_splits))
+    cfg_n, cfg_w, cfg_s = _launch_config(dim, q.dtype, k_cache.dtype, num_splits)
     block_n, num_warps, num_stages = block_n or cfg_n, num_warps or cfg_w, num_stages or cfg_s
     if out is None:
         out = torch.empty(bs, hq, dim, dtype=q.dtype, device=q.device)
     if bs == 0:
         return out
-    num_splits = max(1, int(num_splits))
     if num_splits > 1:
         if workspace is None:
             workspace = decode_workspace(bs, hq, num_splits, dim, q.device)

@@ -34,6 +34,9 @@
 #                                           # Qwen3-8B offline default, fp8, fp8-no-norm-quant; tests
 #   scripts/gpu_validate.sh quant   OUT   # per-token FP8 quantization in one pass vs two (kernel
 #                                         # probe); Qwen3-8B offline default vs fp8; its tests
+#   scripts/gpu_validate.sh attn    OUT   # decode attention longest first (probes: order, launch
+#                                         # configs, read-only floor); Qwen3-8B default vs fp8,
+#                                         # Qwen3-0.6B default vs fp8-kv; the attention tests
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -252,8 +255,23 @@ quant)  # about six minutes
     step 100 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8_kernels.py \
         tests/test_fp8_w8a16.py -k "quant or w8a8" >"$out/gpu_tests_quant.log" 2>&1
     tail -3 "$out/gpu_tests_quant.log" ;;
+attn)  # about eight minutes
+    for p in lpt cfg readonly; do
+        step 150 "$py" benchmark/results/s14_2026-11-24/probe_attn_$p.py "$out/probe_attn_$p.json" \
+            >"$out/probe_attn_$p.log" 2>&1
+        tail -6 "$out/probe_attn_$p.log"
+    done
+    step 250 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,fp8 --tag attn --out "$out" >"$out/bench_qwen3-8b_attn.log" 2>&1
+    step 200 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
+        --hf-requests 0 --variants default,fp8-kv --tag attn --out "$out" \
+        >"$out/bench_qwen3-0.6b_attn.log" 2>&1
+    cat "$out"/offline_*_attn.md
+    step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_triton_attention.py \
+        tests/test_fp8_kernels.py -k "decode or backend or graph" >"$out/gpu_tests_attn.log" 2>&1
+    tail -3 "$out/gpu_tests_attn.log" ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|attn|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

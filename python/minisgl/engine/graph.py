@@ -34,10 +34,7 @@ def dummy_decode_batch(dummy_row: int, batch_size: int) -> Batch:
 
 
 def capture_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 (as vLLM and SGLang capture): a batch replays the
-    next size up, and its padding rows are computed like live ones, which costs the batched FP8
-    GEMM (compute-bound from ~128 tokens) in proportion."""
-    sizes = [1, 2, 4] + list(range(8, max_bs + 1, 8))
+    sizes = [1, 2, 4, 8] + list(range(16, max_bs + 1, 16))
     return sorted({s for s in sizes if s <= max_bs} | {max_bs})
 
 

@@ -11,10 +11,10 @@ Metadata is a handful of int32 device vectors built on the host, sent in one pin
 ``order`` lists the requests longest first, the order in which the decode kernel starts their
 programs (``decode_attention``'s docstring: it keeps long requests from finishing alone).
 
-For CUDA graphs, decode reads rows/seq_lens/order from static buffers ``[3, max_bs]`` that the runner's
-``prepare_for_replay`` refreshes, and the split workspace is one static allocation sized for the
-largest ``bs * num_splits(bs)``; ``num_splits`` depends on the batch size alone, so eager and
-replayed decode of the same batch run the same launches and give the same bits.
+For CUDA graphs, decode reads rows/seq_lens/order from static buffers ``[3, max_bs]`` that the
+runner's ``prepare_for_replay`` refreshes, and the split workspace is one static allocation sized
+for the largest ``bs * num_splits(bs)``; ``num_splits`` depends on the batch size alone, so eager
+and replayed decode of the same batch run the same launches and give the same bits.
 """
 
 from __future__ import annotations

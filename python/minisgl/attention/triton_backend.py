@@ -47,6 +47,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 
+def _decode_lists(reqs: list) -> list[list[int]]:
+    """A decode batch's host-side metadata: page-table rows, lengths, the longest-first order."""
+    lens = [r.device_len for r in reqs]
+    return [[r.table_idx for r in reqs], lens, longest_first(lens)]
+
+
 @dataclass
 class TritonDecodeMetadata(BaseAttnMetadata):
     rows: torch.Tensor  # [B] int32 page-table row of each request
@@ -116,9 +122,7 @@ class TritonBackend(BaseAttnBackend):
             self._decode_metadata(reqs[:d]), self._prefill_metadata(reqs[d:]), d)
 
     def _decode_metadata(self, reqs: list) -> TritonDecodeMetadata:
-        lens = [r.device_len for r in reqs]
-        rows, seq_lens, order = to_device(
-            [[r.table_idx for r in reqs], lens, longest_first(lens)], torch.int32, self.device)
+        rows, seq_lens, order = to_device(_decode_lists(reqs), torch.int32, self.device)
         return TritonDecodeMetadata(rows, seq_lens, order, self.num_splits(len(reqs)))
 
     def _prefill_metadata(self, reqs: list) -> TritonPrefillMetadata:
@@ -216,11 +220,10 @@ class TritonBackend(BaseAttnBackend):
     def _fill(self, batch: Batch, padded_bs: int) -> None:
         bufs = self._graph_bufs
         assert bufs is not None, "init_cuda_graph was not called"
-        n = batch.size
-        lens = [r.device_len for r in batch.reqs]
+        n, pad = batch.size, padded_bs - batch.size
+        rows, lens, order = _decode_lists(batch.reqs)
         host = torch.tensor(
-            [[r.table_idx for r in batch.reqs] + [self.dummy_row] * (padded_bs - n),
-             lens + [1] * (padded_bs - n), longest_first(lens) + list(range(n, padded_bs))],
+            [rows + [self.dummy_row] * pad, lens + [1] * pad, order + list(range(n, padded_bs))],
             dtype=torch.int32, pin_memory=self.device.type == "cuda",
         )
         bufs[:, :padded_bs].copy_(host, non_blocking=True)

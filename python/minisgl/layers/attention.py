@@ -41,12 +41,17 @@ class AttentionLayer(nn.Module):
         self.rotary = RotaryEmbedding(cfg.rotary)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context,
-                norm_eps: float | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                norm_eps: float | None = None, residual: torch.Tensor | None = None,
+                prefetch: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """``norm_eps``: x is RMS-normalised inside the QKV projection (its norm weight folded in);
-        ``residual``: added by the output projection (see ``DecoderLayer._forward_one_token``)."""
+        ``residual``: added by the output projection (see ``DecoderLayer._forward_one_token``);
+        ``prefetch``: weights to pull into L2 while the attention runs (``prefetch_l2``)."""
         proj = self.qkv_proj
         qkv = self.qkv_proj(x, norm_eps)
+        if prefetch:
+            from minisgl.kernel.triton.prefetch import prefetch_l2
+
+            prefetch_l2(*prefetch)
         q, k, v = qkv.split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
         q = q.view(-1, proj.local_qo, self.head_dim)
         k = k.view(-1, proj.local_kv, self.head_dim)

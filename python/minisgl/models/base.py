@@ -6,6 +6,7 @@ RoPE scaling); Qwen3-MoE swaps the MLP of sparse layers for ``MoELayer``.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING, Iterable
 
@@ -71,9 +72,22 @@ class DecoderLayer(nn.Module):
         quant = self.quantized_inputs and x.is_cuda and x.shape[0] > 1 \
             and env.NORM_QUANT.get() != "0"
         x, residual = self.input_layernorm(x, residual, quant)
-        x = self.self_attn(x, positions, ctx)
+        x = self.self_attn(x, positions, ctx, prefetch=self._prefetch(x))
         x, residual = self.post_attention_layernorm(x, residual, quant)
         return self.mlp(x), residual
+
+    def _prefetch(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One token on a GPU: the weights that the attention's idle-HBM window pulls into L2
+        (``kernel/triton/prefetch.py``): the o projection's, then the first rows of gate-up."""
+        if x.shape[0] != 1 or not x.is_cuda:
+            return ()
+        o = self.self_attn.o_proj.weight
+        extra = int(os.environ.get("MINISGL_PREFETCH_EXTRA_MB", "0")) << 20  # probe
+        if extra and isinstance(self.mlp, GatedMLP):
+            w = self.mlp.gate_up_proj.weight
+            rows = min(w.shape[0], extra // (w.shape[1] * w.element_size()))
+            return (o, w[:rows])
+        return (o,)
 
     def _forward_one_token(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context
@@ -84,7 +98,7 @@ class DecoderLayer(nn.Module):
         if residual is not None:
             x = x + residual
         eps = self.input_layernorm.eps
-        h = self.self_attn(x, positions, ctx, norm_eps=eps, residual=x)
+        h = self.self_attn(x, positions, ctx, norm_eps=eps, residual=x, prefetch=self._prefetch(x))
         gate_up = self.mlp.gate_up_proj(h, norm_eps=self.post_attention_layernorm.eps)
         return self.mlp.down_proj(gate_up, gated=True, residual=h), None
 

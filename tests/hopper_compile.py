@@ -134,7 +134,7 @@ def _prefetch_kernels():
 
     yield prefetch._prefetch_kernel, dict(a_ptr="*u8", a_bytes="i64", a_programs="i32",
         b_ptr="*u8", b_bytes="i64"), dict(CHUNK=prefetch.CHUNK, LANES=prefetch.LANES,
-        USE_PDL=True), 1
+        BULK=True, USE_PDL=True), 1
 
 
 def main(suite: str) -> None:

@@ -47,18 +47,27 @@ def fp8_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_channel(w)
 
 
-def time_step(layers, x, cycles: int, pf: bool, chunk: int) -> float:
-    """Microseconds per layer of one graph replay (median of 7)."""
+def time_step(layers, x, cycles: int, mode: str, chunk: int) -> float:
+    """Microseconds per layer of one graph replay (median of 7). ``mode``: none; bulk / line (the
+    prefetch kernel in the stream, before the window); side-bulk / side-line (on a second stream,
+    forked after the QKV GEMV and joined before the o GEMV, so the window runs beside it)."""
     prefetch.CHUNK = chunk
+    side = torch.cuda.Stream()
 
     def step():
         h = x
         for (wq, sq), (wo, so) in layers:
             qkv = fp8_gemv(h, wq, sq, None)
-            if pf:
-                prefetch.prefetch_l2(wo)
+            if mode in ("bulk", "line"):
+                prefetch.prefetch_l2(wo, bulk=mode == "bulk")
+            elif mode != "none":
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    prefetch.prefetch_l2(wo, bulk=mode == "side-bulk", pdl_chain=False)
             if cycles:
                 torch.cuda._sleep(cycles)
+            if mode.startswith("side"):
+                torch.cuda.current_stream().wait_stream(side)
             h = fp8_gemv(qkv[:, :HIDDEN].contiguous(), wo, so, None)
         return h
 
@@ -91,22 +100,24 @@ def main() -> None:
     x = torch.randn(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
     per_us = spin_cycles_per_us()
     rows = []
-    for window in (0, 4, 8):
+    for window in (0, 8, 12):
         cycles = int(window * per_us)
-        base = time_step(layers, x, cycles, False, prefetch.CHUNK)
-        for chunk in (4096, 16384, 65536):
-            t = time_step(layers, x, cycles, True, chunk)
-            rows.append({"window_us": window, "chunk": chunk, "layer_us": round(t, 2),
-                         "no_prefetch_us": round(base, 2), "gain_us": round(base - t, 2)})
+        base = time_step(layers, x, cycles, "none", prefetch.CHUNK)
+        for mode, chunk in (("bulk", 4096), ("line", 4096), ("side-bulk", 4096),
+                            ("side-bulk", 16384), ("side-line", 4096), ("side-line", 1024)):
+            t = time_step(layers, x, cycles, mode, chunk)
+            rows.append({"window_us": window, "mode": mode, "chunk": chunk,
+                         "layer_us": round(t, 2), "no_prefetch_us": round(base, 2),
+                         "gain_us": round(base - t, 2)})
             print(json.dumps(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     stem = f"{datetime.date.today()}_prefetch_{gpu_name()}"
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"gpu": gpu_name(), "spin_cycles_per_us": per_us, "rows": rows}, f, indent=1)
-    lines = ["| window (us) | chunk (B) | layer, prefetch (us) | layer, none (us) | gain (us) |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['window_us']} | {r['chunk']} | {r['layer_us']} | {r['no_prefetch_us']} | "
-              f"{r['gain_us']} |" for r in rows]
+    lines = ["| window (us) | mode | chunk (B) | layer, prefetch (us) | layer, none (us) | gain (us) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['window_us']} | {r['mode']} | {r['chunk']} | {r['layer_us']} | "
+              f"{r['no_prefetch_us']} | {r['gain_us']} |" for r in rows]
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -71,8 +71,9 @@ class DecoderLayer(nn.Module):
         # the FP8 QKV and gate-up GEMMs quantize their input per token: the norms do it instead
         quant = self.quantized_inputs and x.is_cuda and x.shape[0] > 1 \
             and env.NORM_QUANT.get() != "0"
+        prefetch = self._prefetch(x)
         x, residual = self.input_layernorm(x, residual, quant)
-        x = self.self_attn(x, positions, ctx, prefetch=self._prefetch(x))
+        x = self.self_attn(x, positions, ctx, prefetch=prefetch)
         x, residual = self.post_attention_layernorm(x, residual, quant)
         return self.mlp(x), residual
 

@@ -31,25 +31,35 @@ LANES = 32  # prefetches per program: one per thread of its single warp
 
 
 @triton.jit
-def _prefetch_l2(ptr, nbytes, first, CHUNK: tl.constexpr, LANES: tl.constexpr):
-    """Bulk L2 prefetches of ``[ptr, ptr + nbytes)``: this program's ``LANES`` chunks, counting
-    programs from ``first``."""
+def _prefetch_l2(ptr, nbytes, first, CHUNK: tl.constexpr, LANES: tl.constexpr,
+                 BULK: tl.constexpr):
+    """L2 prefetches of ``[ptr, ptr + nbytes)``: this program's ``LANES`` chunks, counting
+    programs from ``first``. ``BULK``: one bulk prefetch per chunk; else one per 128-byte line."""
     offs = ((tl.program_id(0) - first) * LANES + tl.arange(0, LANES)).to(tl.int64) * CHUNK
-    size = tl.minimum(nbytes - offs, CHUNK).to(tl.int32)  # <= 0 past the end: no prefetch
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+    if BULK:
+        size = tl.minimum(nbytes - offs, CHUNK).to(tl.int32)  # <= 0 past the end: no prefetch
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        lines = offs[:, None] + tl.arange(0, CHUNK // 128)[None, :] * 128
+        ok = (lines < nbytes).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
+            "@p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr + lines, ok], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def _prefetch_kernel(a_ptr, a_bytes, a_programs, b_ptr, b_bytes,
-                     CHUNK: tl.constexpr, LANES: tl.constexpr, USE_PDL: tl.constexpr):
+                     CHUNK: tl.constexpr, LANES: tl.constexpr, BULK: tl.constexpr,
+                     USE_PDL: tl.constexpr):
     # the first ``a_programs`` programs cover tensor a, the rest tensor b
     if tl.program_id(0) < a_programs:
-        _prefetch_l2(a_ptr, a_bytes, 0, CHUNK, LANES)
+        _prefetch_l2(a_ptr, a_bytes, 0, CHUNK, LANES, BULK)
     else:
-        _prefetch_l2(b_ptr, b_bytes, a_programs, CHUNK, LANES)
+        _prefetch_l2(b_ptr, b_bytes, a_programs, CHUNK, LANES, BULK)
     release(USE_PDL)
     wait(USE_PDL)  # exit only once the kernel before has: the chain's order holds through this one
 
@@ -63,7 +73,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def prefetch_l2(*tensors: torch.Tensor) -> None:
+def prefetch_l2(*tensors: torch.Tensor, bulk: bool = True, pdl_chain: bool = True) -> None:
     """Ask L2 for the bytes of one or two contiguous CUDA tensors (a no-op where
     ``prefetch_enabled`` is false). Each tensor's length is cut to a multiple of 16 bytes."""
     assert 1 <= len(tensors) <= 2
@@ -79,4 +89,5 @@ def prefetch_l2(*tensors: torch.Tensor) -> None:
     a_programs, b_programs = triton.cdiv(a_bytes, per), triton.cdiv(b_bytes, per)
     _prefetch_kernel[(a_programs + b_programs,)](
         _bytes(a), a_bytes, a_programs, _bytes(b), b_bytes,
-        CHUNK=CHUNK, LANES=LANES, num_warps=1, **pdl.launch_options(a))
+        CHUNK=CHUNK, LANES=LANES, BULK=bulk, num_warps=1,
+        **(pdl.launch_options(a) if pdl_chain else {"USE_PDL": False}))

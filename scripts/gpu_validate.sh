@@ -279,7 +279,7 @@ prefetch)  # about nine minutes
         >"$out/gpu_tests_prefetch.log" 2>&1
     tail -3 "$out/gpu_tests_prefetch.log"
     step 330 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --variants '' \
-        --batch1 --batch1-variants ${PF_VARIANTS:-no-prefetch,fp8,fp8-no-prefetch} \
+        --hf-requests 0 --batch1 --batch1-variants ${PF_VARIANTS:-no-prefetch,fp8,fp8-no-prefetch} \
         --tag prefetch --out "$out" >"$out/bench_batch1_prefetch.log" 2>&1
     grep -o '"engine": "[^"]*"\|"ms_per_token": [0-9.]*' "$out/bench_batch1_prefetch.log" | paste - - ;;
 *)

@@ -129,12 +129,11 @@ def _pdl_kernels():
 
 
 def _prefetch_kernels():
-    """The L2 prefetch of one-token decode (``prefetch.py``), launched with PDL."""
+    """The L2 prefetch of one-token decode (``prefetch.py``)."""
     from minisgl.kernel.triton import prefetch
 
     yield prefetch._prefetch_kernel, dict(a_ptr="*u8", a_bytes="i64", a_programs="i32",
-        b_ptr="*u8", b_bytes="i64"), dict(CHUNK=prefetch.CHUNK, LANES=prefetch.LANES,
-        BULK=True, USE_PDL=True), 1
+        b_ptr="*u8", b_bytes="i64"), dict(CHUNK=prefetch.CHUNK, LANES=prefetch.LANES), 1
 
 
 def main(suite: str) -> None:

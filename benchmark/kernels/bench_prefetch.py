@@ -5,8 +5,9 @@
 A batch-1 layer of Qwen3-8B with FP8 weights, reduced to what matters here: the QKV GEMV, an idle
 window standing for RoPE and the two attention stages (a spin kernel of ``window`` us, HBM idle),
 then the o GEMV. One CUDA graph runs 36 such layers over distinct weights (L2-cold, as a decode
-step), timed per layer with and without ``prefetch_l2`` of the o weight after the QKV GEMV, for
-several windows and prefetch chunk sizes. ``gain`` is the same-run difference per layer.
+step), timed per layer with and without ``prefetch_l2`` of the o weight after the QKV GEMV (its
+side stream joined before the o GEMV, or once after the last layer), for several windows.
+``gain`` is the same-run difference per layer.
 """
 
 from __future__ import annotations
@@ -47,28 +48,22 @@ def fp8_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_channel(w)
 
 
-def time_step(layers, x, cycles: int, mode: str, chunk: int) -> float:
-    """Microseconds per layer of one graph replay (median of 7). ``mode``: none; bulk / line (the
-    prefetch kernel in the stream, before the window); side-bulk / side-line (on a second stream,
-    forked after the QKV GEMV and joined before the o GEMV, so the window runs beside it)."""
-    prefetch.CHUNK = chunk
-    side = torch.cuda.Stream()
+def time_step(layers, x, cycles: int, mode: str) -> float:
+    """Microseconds per layer of one graph replay (median of 7). ``mode``: none; early (the side
+    stream joined before the o GEMV); late (joined once, after the last layer)."""
 
     def step():
         h = x
         for (wq, sq), (wo, so) in layers:
             qkv = fp8_gemv(h, wq, sq, None)
-            if mode in ("bulk", "line"):
-                prefetch.prefetch_l2(wo, bulk=mode == "bulk")
-            elif mode != "none":
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    prefetch.prefetch_l2(wo, bulk=mode == "side-bulk", pdl_chain=False)
+            if mode != "none":
+                prefetch.prefetch_l2(wo)
             if cycles:
                 torch.cuda._sleep(cycles)
-            if mode.startswith("side"):
-                torch.cuda.current_stream().wait_stream(side)
+            if mode == "early":
+                prefetch.join_prefetches(h)
             h = fp8_gemv(qkv[:, :HIDDEN].contiguous(), wo, so, None)
+        prefetch.join_prefetches(h)
         return h
 
     stream = torch.cuda.Stream()
@@ -100,24 +95,22 @@ def main() -> None:
     x = torch.randn(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
     per_us = spin_cycles_per_us()
     rows = []
-    for window in (0, 8, 12):
+    for window in (0, 4, 8, 12):
         cycles = int(window * per_us)
-        base = time_step(layers, x, cycles, "none", prefetch.CHUNK)
-        for mode, chunk in (("bulk", 4096), ("line", 4096), ("side-bulk", 4096),
-                            ("side-bulk", 16384), ("side-line", 4096), ("side-line", 1024)):
-            t = time_step(layers, x, cycles, mode, chunk)
-            rows.append({"window_us": window, "mode": mode, "chunk": chunk,
-                         "layer_us": round(t, 2), "no_prefetch_us": round(base, 2),
-                         "gain_us": round(base - t, 2)})
+        base = time_step(layers, x, cycles, "none")
+        for mode in ("early", "late"):
+            t = time_step(layers, x, cycles, mode)
+            rows.append({"window_us": window, "mode": mode, "layer_us": round(t, 2),
+                         "no_prefetch_us": round(base, 2), "gain_us": round(base - t, 2)})
             print(json.dumps(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     stem = f"{datetime.date.today()}_prefetch_{gpu_name()}"
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"gpu": gpu_name(), "spin_cycles_per_us": per_us, "rows": rows}, f, indent=1)
-    lines = ["| window (us) | mode | chunk (B) | layer, prefetch (us) | layer, none (us) | gain (us) |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['window_us']} | {r['mode']} | {r['chunk']} | {r['layer_us']} | "
-              f"{r['no_prefetch_us']} | {r['gain_us']} |" for r in rows]
+    lines = ["| window (us) | join | layer, prefetch (us) | layer, none (us) | gain (us) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['window_us']} | {r['mode']} | {r['layer_us']} | {r['no_prefetch_us']} | "
+              f"{r['gain_us']} |" for r in rows]
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -67,9 +67,7 @@ VARIANTS = {
     "fp8-no-prefetch": {"quantization": "fp8", "env": {"MINISGL_PREFETCH": "0"}},
     "fp8-pf8": {"quantization": "fp8", "env": {"MINISGL_PREFETCH_EXTRA_MB": "8"}},  # probe
     "fp8-pf16": {"quantization": "fp8", "env": {"MINISGL_PREFETCH_EXTRA_MB": "16"}},  # probe
-    **{f"fp8-pf-{m}": {"quantization": "fp8", "env": {"MINISGL_PREFETCH": m}}  # probe
-       for m in ("line", "side-bulk", "side-line")},
-    **{f"pf-{m}": {"env": {"MINISGL_PREFETCH": m}} for m in ("line", "side-bulk", "side-line")},
+    "fp8-pf-early": {"quantization": "fp8", "env": {"MINISGL_PREFETCH": "early-join"}},  # probe
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

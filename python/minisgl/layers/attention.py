@@ -20,26 +20,6 @@ if TYPE_CHECKING:
     from minisgl.models.config import ModelConfig
 
 
-_SIDE: dict = {}
-
-
-def _start_prefetch(tensors):  # probe: MINISGL_PREFETCH = bulk | line | side-bulk | side-line
-    import os
-
-    from minisgl.kernel.triton.prefetch import prefetch_l2
-
-    mode = os.environ.get("MINISGL_PREFETCH", "bulk")
-    if mode in ("1", "bulk", "line"):
-        prefetch_l2(*tensors, bulk=mode != "line")
-        return None
-    dev = tensors[0].device
-    side = _SIDE.setdefault(dev, torch.cuda.Stream(dev))
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        prefetch_l2(*tensors, bulk=mode == "side-bulk", pdl_chain=False)
-    return side
-
-
 class AttentionLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator) -> None:
         super().__init__()
@@ -68,17 +48,20 @@ class AttentionLayer(nn.Module):
         ``prefetch``: weights to pull into L2 while the attention runs (``prefetch_l2``)."""
         proj = self.qkv_proj
         qkv = self.qkv_proj(x, norm_eps)
-        side = None
         if prefetch:
-            side = _start_prefetch(prefetch)
+            from minisgl.kernel.triton.prefetch import prefetch_l2
+
+            prefetch_l2(*prefetch)
         q, k, v = qkv.split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
         q = q.view(-1, proj.local_qo, self.head_dim)
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
         q, k = self._norm_rope_store(q, k, v, positions, ctx)
         out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)
+        if prefetch and __import__("os").environ.get("MINISGL_PREFETCH") == "early-join":  # probe
+            from minisgl.kernel.triton.prefetch import join_prefetches
+
+            join_prefetches(out)
         return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
 
     def _norm_rope_store(

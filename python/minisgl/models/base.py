@@ -155,7 +155,12 @@ class BaseLLMModel(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
-        return self.norm(x, residual)[0]
+        x = self.norm(x, residual)[0]
+        if x.is_cuda and x.shape[0] == 1:  # the layers' L2 prefetches ran on a side stream
+            from minisgl.kernel.triton.prefetch import join_prefetches
+
+            join_prefetches(x)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -65,9 +65,8 @@ VARIANTS = {
     # one token: the o projection's weights not pulled into L2 during attention (prefetch.py)
     "no-prefetch": {"env": {"MINISGL_PREFETCH": "0"}},
     "fp8-no-prefetch": {"quantization": "fp8", "env": {"MINISGL_PREFETCH": "0"}},
-    "fp8-pf8": {"quantization": "fp8", "env": {"MINISGL_PREFETCH_EXTRA_MB": "8"}},  # probe
-    "fp8-pf16": {"quantization": "fp8", "env": {"MINISGL_PREFETCH_EXTRA_MB": "16"}},  # probe
-    "fp8-pf-early": {"quantization": "fp8", "env": {"MINISGL_PREFETCH": "early-join"}},  # probe
+    **{f"fp8-pf{mb}": {"quantization": "fp8", "env": {"MINISGL_PREFETCH_EXTRA_MB": str(mb)}}
+       for mb in (0, 4, 8, 16)},  # probe
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

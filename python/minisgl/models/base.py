@@ -77,18 +77,16 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual, quant)
         return self.mlp(x), residual
 
-    def _prefetch(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One token on a GPU: the weights that the attention's idle-HBM window pulls into L2
-        (``kernel/triton/prefetch.py``): the o projection's, then the first rows of gate-up."""
+    def _prefetch(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """One token on a GPU: what the attention layer pulls into L2 while the o projection runs,
+        after o's own weight (``AttentionLayer.forward``): the first rows of gate-up."""
         if x.shape[0] != 1 or not x.is_cuda:
-            return ()
-        o = self.self_attn.o_proj.weight
-        extra = int(os.environ.get("MINISGL_PREFETCH_EXTRA_MB", "0")) << 20  # probe
+            return None
+        extra = int(os.environ.get("MINISGL_PREFETCH_EXTRA_MB", "8")) << 20  # probe
         if extra and isinstance(self.mlp, GatedMLP):
             w = self.mlp.gate_up_proj.weight
-            rows = min(w.shape[0], extra // (w.shape[1] * w.element_size()))
-            return (o, w[:rows])
-        return (o,)
+            return (w[:min(w.shape[0], extra // (w.shape[1] * w.element_size()))],)
+        return ()
 
     def _forward_one_token(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context

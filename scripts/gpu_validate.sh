@@ -37,8 +37,6 @@
 #   scripts/gpu_validate.sh attn    OUT   # decode attention longest first (probes: order, launch
 #                                         # configs, read-only floor); Qwen3-8B default vs fp8,
 #                                         # Qwen3-0.6B default vs fp8-kv; the attention tests
-#   scripts/gpu_validate.sh prefetch OUT  # one-token decode pulling the o weights into L2 during
-#                                          # attention: kernel probe, tests, Qwen3-8B batch 1 A/B
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -272,18 +270,8 @@ attn)  # about eight minutes
     step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_triton_attention.py \
         tests/test_fp8_kernels.py -k "decode or backend or graph" >"$out/gpu_tests_attn.log" 2>&1
     tail -3 "$out/gpu_tests_attn.log" ;;
-prefetch)  # about nine minutes
-    step 120 "$py" benchmark/kernels/bench_prefetch.py --out "$out" >"$out/bench_prefetch.log" 2>&1
-    tail -12 "$out/bench_prefetch.log"
-    step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_prefetch.py tests/test_pdl.py \
-        >"$out/gpu_tests_prefetch.log" 2>&1
-    tail -3 "$out/gpu_tests_prefetch.log"
-    step 330 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --variants '' \
-        --hf-requests 0 --batch1 --batch1-variants ${PF_VARIANTS:-no-prefetch,fp8,fp8-no-prefetch} \
-        --tag prefetch --out "$out" >"$out/bench_batch1_prefetch.log" 2>&1
-    grep -o '"engine": "[^"]*"\|"ms_per_token": [0-9.]*' "$out/bench_batch1_prefetch.log" | paste - - ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|attn|prefetch|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|attn|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

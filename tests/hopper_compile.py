@@ -128,20 +128,12 @@ def _pdl_kernels():
         HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, USE_PDL=True), 4
 
 
-def _prefetch_kernels():
-    """The L2 prefetch of one-token decode (``prefetch.py``)."""
-    from minisgl.kernel.triton import prefetch
-
-    yield prefetch._prefetch_kernel, dict(a_ptr="*u8", a_bytes="i64", a_programs="i32",
-        b_ptr="*u8", b_bytes="i64"), dict(CHUNK=prefetch.CHUNK, LANES=prefetch.LANES), 1
-
-
 def main(suite: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "prefetch": _prefetch_kernels}[suite]
+    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
         fn = getattr(kernel, "fn", kernel)
         missing = set(kernel.arg_names) - set(sig) - set(consts)
@@ -160,7 +152,6 @@ def main(suite: str) -> None:
             continue
         ptx = compiled.asm["ptx"]
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
-              "bulk-prefetch" if "cp.async.bulk.prefetch.L2.global" in ptx else "",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

@@ -62,11 +62,6 @@ VARIANTS = {
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
     "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
-    # one token: the o projection's weights not pulled into L2 during attention (prefetch.py)
-    "no-prefetch": {"env": {"MINISGL_PREFETCH": "0"}},
-    "fp8-no-prefetch": {"quantization": "fp8", "env": {"MINISGL_PREFETCH": "0"}},
-    **{f"fp8-pf{mb}": {"quantization": "fp8", "env": {"MINISGL_PREFETCH_EXTRA_MB": str(mb)}}
-       for mb in (0, 4, 8, 16)},  # probe
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

@@ -42,9 +42,6 @@ NORM_QUANT = EnvVar("MINISGL_NORM_QUANT", "1", "0: batches of --quantization fp8
                     "(for ablations)")
 PDL = EnvVar("MINISGL_PDL", "1", "0: Triton kernels on Hopper and later launch without "
               "programmatic dependent launch (for ablations)")
-PREFETCH = EnvVar("MINISGL_PREFETCH", "1", "0: one-token decode on Hopper does not pull the o "
-                  "projection's weights into L2 during attention (kernel/triton/prefetch.py; for "
-                  "ablations)")
 
 FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quantizes dense weights "
                   "into 128x128 blocks and runs the block-scaled Triton GEMM (the FP8 checkpoints' "

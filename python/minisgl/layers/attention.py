@@ -41,28 +41,18 @@ class AttentionLayer(nn.Module):
         self.rotary = RotaryEmbedding(cfg.rotary)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context,
-                norm_eps: float | None = None, residual: torch.Tensor | None = None,
-                prefetch: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+                norm_eps: float | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
         """``norm_eps``: x is RMS-normalised inside the QKV projection (its norm weight folded in);
-        ``residual``: added by the output projection (see ``DecoderLayer._forward_one_token``);
-        ``prefetch`` (one token, ``kernel/triton/prefetch.py``): o's weight is pulled into L2 while
-        the attention runs, and these tensors while the o projection runs."""
+        ``residual``: added by the output projection (see ``DecoderLayer._forward_one_token``)."""
         proj = self.qkv_proj
         qkv = self.qkv_proj(x, norm_eps)
-        if prefetch is not None:
-            from minisgl.kernel.triton.prefetch import join_prefetches, prefetch_l2
-
-            prefetch_l2(self.o_proj.weight)
         q, k, v = qkv.split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
         q = q.view(-1, proj.local_qo, self.head_dim)
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
         q, k = self._norm_rope_store(q, k, v, positions, ctx)
         out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
-        if prefetch is not None:
-            join_prefetches(out)  # o's weight is in L2 now
-            for t in prefetch:
-                prefetch_l2(t)
         return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
 
     def _norm_rope_store(

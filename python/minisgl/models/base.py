@@ -6,7 +6,6 @@ RoPE scaling); Qwen3-MoE swaps the MLP of sparse layers for ``MoELayer``.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TYPE_CHECKING, Iterable
 
@@ -71,22 +70,10 @@ class DecoderLayer(nn.Module):
         # the FP8 QKV and gate-up GEMMs quantize their input per token: the norms do it instead
         quant = self.quantized_inputs and x.is_cuda and x.shape[0] > 1 \
             and env.NORM_QUANT.get() != "0"
-        prefetch = self._prefetch(x)
         x, residual = self.input_layernorm(x, residual, quant)
-        x = self.self_attn(x, positions, ctx, prefetch=prefetch)
+        x = self.self_attn(x, positions, ctx)
         x, residual = self.post_attention_layernorm(x, residual, quant)
         return self.mlp(x), residual
-
-    def _prefetch(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-        """One token on a GPU: what the attention layer pulls into L2 while the o projection runs,
-        after o's own weight (``AttentionLayer.forward``): the first rows of gate-up."""
-        if x.shape[0] != 1 or not x.is_cuda:
-            return None
-        extra = int(os.environ.get("MINISGL_PREFETCH_EXTRA_MB", "8")) << 20  # probe
-        if extra and isinstance(self.mlp, GatedMLP):
-            w = self.mlp.gate_up_proj.weight
-            return (w[:min(w.shape[0], extra // (w.shape[1] * w.element_size()))],)
-        return ()
 
     def _forward_one_token(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: Context
@@ -97,7 +84,7 @@ class DecoderLayer(nn.Module):
         if residual is not None:
             x = x + residual
         eps = self.input_layernorm.eps
-        h = self.self_attn(x, positions, ctx, norm_eps=eps, residual=x, prefetch=self._prefetch(x))
+        h = self.self_attn(x, positions, ctx, norm_eps=eps, residual=x)
         gate_up = self.mlp.gate_up_proj(h, norm_eps=self.post_attention_layernorm.eps)
         return self.mlp.down_proj(gate_up, gated=True, residual=h), None
 
@@ -153,12 +140,7 @@ class BaseLLMModel(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
-        x = self.norm(x, residual)[0]
-        if x.is_cuda and x.shape[0] == 1:  # the layers' L2 prefetches ran on a side stream
-            from minisgl.kernel.triton.prefetch import join_prefetches
-
-            join_prefetches(x)
-        return x
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -37,8 +37,6 @@
 #   scripts/gpu_validate.sh attn    OUT   # decode attention longest first (probes: order, launch
 #                                         # configs, read-only floor); Qwen3-8B default vs fp8,
 #                                         # Qwen3-0.6B default vs fp8-kv; the attention tests
-#   scripts/gpu_validate.sh attn-quant OUT  # decode attention quantizing the FP8 o projection's
-#                                            # input: tests; Qwen3-8B default, fp8, the ablation
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -272,17 +270,8 @@ attn)  # about eight minutes
     step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_triton_attention.py \
         tests/test_fp8_kernels.py -k "decode or backend or graph" >"$out/gpu_tests_attn.log" 2>&1
     tail -3 "$out/gpu_tests_attn.log" ;;
-attn-quant)  # about eight minutes
-    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_triton_attention.py \
-        tests/test_fp8.py tests/test_pdl.py -k "quantiz or pdl or norms" \
-        >"$out/gpu_tests_attn_quant.log" 2>&1
-    tail -3 "$out/gpu_tests_attn_quant.log"
-    step 300 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
-        --variants default,fp8,fp8-no-attn-quant --tag attn-quant --out "$out" \
-        >"$out/bench_qwen3-8b_attn_quant.log" 2>&1
-    cat "$out"/offline_*_attn-quant.md ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|attn|attn-quant|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|attn|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -88,9 +88,13 @@ def _fp8_kernels():
             stride_sn="i32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
             EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128), 4
     attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32", SeqLens="*i32")
-    yield decode_attention._decode_stage1, _stage1_sig(attn), dict(GROUP=4, GROUP_PAD=16,
-        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True,
-        **_NO_QUANT, USE_PDL=True), 4
+    yield decode_attention._decode_stage1, dict(attn, Order="*i32", PartOut="*fp32",
+        PartLse="*fp32", Out="*bf16",
+        qk_scale="fp32", v_scale="fp32", num_splits="i32", **{s: "i32" for s in (
+            "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_pt",
+            "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
+            "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
+        DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True), 4
     yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32", qk_scale="fp32",
         v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh", "stride_kn", "stride_kh",
         "stride_vn", "stride_vh", "stride_ot", "stride_oh", "stride_pt")}), dict(
@@ -118,37 +122,10 @@ def _pdl_kernels():
             **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0", "stride_x1", "stride_r",
                                   "stride_y", "stride_ro", "dim")}), dict(
             HAS_RES=True, QUANT=quant, ROWS=1, BLOCK_D=4096, USE_PDL=True), 4
-    yield decode_attention._decode_stage2, _STAGE2_SIG, dict(
-        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, **_NO_QUANT, USE_PDL=True), 4
-
-
-_QUANT_OUT = dict(Q8="*fp8e4nv", QS="*fp32", Count="*i32")
-_NO_QUANT = dict(QUANT=False, ROW=4096, ROW_PAD=4096, FENCE=True)
-_STAGE2_SIG = dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32", Out="*bf16", **_QUANT_OUT,
-    num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps", "stride_lb",
-                                            "stride_lh", "stride_ob", "stride_oh")})
-
-
-def _stage1_sig(attn: dict) -> dict:
-    return dict(attn, Order="*i32", PartOut="*fp32", PartLse="*fp32", Out="*bf16", **_QUANT_OUT,
-        qk_scale="fp32", v_scale="fp32", num_splits="i32", **{s: "i32" for s in (
-            "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_pt",
-            "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
-            "stride_oh")})
-
-
-def _attn_quant_kernels():
-    """Decode attention quantizing its output for an FP8 o projection (Qwen3-8B: 32 x 128): stage 1
-    with one split, stage 2 (the last program of a row quantizes it)."""
-    from minisgl.kernel.triton import decode_attention
-
-    attn = dict(Q="*bf16", K="*bf16", V="*bf16", PageTable="*i32", Rows="*i32", SeqLens="*i32")
-    quant = dict(_NO_QUANT, QUANT=True)
-    yield decode_attention._decode_stage1, _stage1_sig(attn), dict(GROUP=4, GROUP_PAD=16,
-        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=128, DIRECT=True, DOT_PREC="tf32", HAS_ORDER=True,
-        **quant, USE_PDL=True), 4
-    yield decode_attention._decode_stage2, _STAGE2_SIG, dict(
-        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, **quant, USE_PDL=True), 4
+    yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
+        Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",
+        "stride_lb", "stride_lh", "stride_ob", "stride_oh")}), dict(
+        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, USE_PDL=True), 4
 
 
 def main(suite: str) -> None:
@@ -156,7 +133,7 @@ def main(suite: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "attn-quant": _attn_quant_kernels}[suite]
+    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
         fn = getattr(kernel, "fn", kernel)
         missing = set(kernel.arg_names) - set(sig) - set(consts)
@@ -174,9 +151,7 @@ def main(suite: str) -> None:
             print("FAILED", fn.__name__, consts, str(e)[-2000:])
             continue
         ptx = compiled.asm["ptx"]
-        marks = [m for m, asm in (("atom", "atom.global"), ("fence", "fence.acq_rel.gpu"))
-                 if asm in ptx]
-        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]), *marks,
+        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

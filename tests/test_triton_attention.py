@@ -91,34 +91,6 @@ def test_decode_kernel(dtype, heads, dim):
         assert torch.equal(ordered, out)
 
 
-@pytest.mark.parametrize("heads", [(8, 2), (6, 2)])  # 6 x 16 columns: a row of no power of two
-def test_decode_kernel_quantizes_its_output(heads):
-    """``quant``: the last program to write a request's row quantizes it, bit for bit as
-    ``quantize_tokens`` of the bf16/fp16 output, with one split (stage 1) and with splits (stage 2),
-    in any launch order; the counters are zero again and serve the next call."""
-    from minisgl.kernel.triton.fp8_quant import quantize_tokens
-
-    hq, hkv = heads
-    dim, dtype = 16, torch.float16
-    gen = torch.Generator().manual_seed(hq)
-    seq_lens = [1, 7, 64, 130, 33]
-    k, v, table, rows = paged_cache(seq_lens, hkv, dim, dtype, gen)
-    k, v = k * 3, v * 5  # rows of different magnitudes
-    q = torch.randn(len(seq_lens), hq, dim, generator=gen).to(dtype).to(DEV)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
-    order = torch.tensor(longest_first(seq_lens), dtype=torch.int32, device=DEV)
-    count = torch.zeros(8, dtype=torch.int32, device=DEV)
-    for splits in (1, 3, 1):
-        q8 = torch.empty(len(seq_lens), hq * dim, dtype=torch.float8_e4m3fn, device=DEV)
-        qs = torch.full((len(seq_lens), 1), float("nan"), device=DEV)
-        out = decode_attention(q, k, v, table, rows, lens, dim**-0.5, splits, order=order,
-                               quant=(q8, qs, count))
-        ref_q, ref_s = quantize_tokens(out.reshape(len(seq_lens), -1))
-        assert torch.equal(q8.view(torch.uint8), ref_q.view(torch.uint8))
-        assert torch.equal(qs, ref_s)
-        assert count.tolist() == [0] * 8
-
-
 def test_longest_first():
     assert longest_first([5, 40, 5, 90, 1]) == [3, 1, 0, 2, 4]  # ties keep batch order
     assert longest_first([]) == []
@@ -221,27 +193,6 @@ def test_backend_decode(page_size):
     ours, batch, _, _ = compare_backends(scene, "decode")
     ours.prepare_metadata(batch)  # the kernel's launch order: longest context first
     assert batch.attn_metadata.order.tolist() == [3, 2, 1, 4, 0]
-
-
-def test_backend_decode_quantized():
-    """``decode_quantized``: a decode batch's output as an FP8 layer's ``QuantizedInput``, equal to
-    quantizing ``forward``'s output; a mixed batch gets None (it takes ``forward``)."""
-    from minisgl.kernel.triton.fp8_quant import quantize_tokens
-
-    scene = Scene([0, 8, 16, 70, 3], [1] * 5, 8, 4, 16, torch.float16, seed=3)
-    batch, qkv = scene.batch("decode")
-    backend = TritonBackend(scene.pool, scene.page_table, scene.dim**-0.5)
-    out = scene.run(backend, batch, qkv)
-    quantized = backend.decode_quantized(*qkv, 0, batch)
-    ref_q, ref_s = quantize_tokens(out.reshape(5, -1))
-    assert torch.equal(quantized.q.view(torch.uint8), ref_q.view(torch.uint8))
-    assert torch.equal(quantized.scale, ref_s) and quantized.dtype == torch.float16
-    mixed = Scene([8, 70, 0], [1, 1, 12], 8, 2, 16, torch.float16, seed=4)
-    batch, qkv = mixed.batch("mixed")
-    batch.num_decode = 2
-    backend = TritonBackend(mixed.pool, mixed.page_table, mixed.dim**-0.5)
-    backend.prepare_metadata(batch)
-    assert backend.decode_quantized(*qkv, 0, batch) is None
 
 
 @pytest.mark.parametrize("decode_kernel", [True, False])
@@ -429,41 +380,3 @@ def test_engine_parity_interpreted(tiny_checkpoints, pad):
     llm.scheduler.engine.pad_tokens = pad
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 8)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("bs", [2, 17, 64, 256])
-def test_gpu_decode_kernel_quantizes_its_output(bs):
-    """Qwen3-8B's heads in bf16, contexts of 100-2,047: the quantized output equals
-    ``quantize_tokens`` of the kernel's own bf16 output, bit for bit, on every one of several
-    repetitions (the last program of a row reads what the others wrote: a missing fence or barrier
-    would show as a mismatch)."""
-    from minisgl.kernel.triton.decode_attention import choose_num_splits
-    from minisgl.kernel.triton.fp8_quant import quantize_tokens
-
-    gen = torch.Generator().manual_seed(bs)
-    seq_lens = torch.randint(100, 2048, (bs,), generator=gen).tolist()
-    k, v, table, rows = paged_cache(seq_lens, 8, 128, torch.bfloat16, gen)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
-    order = torch.tensor(longest_first(seq_lens), dtype=torch.int32, device=DEV)
-    count = torch.zeros(bs, dtype=torch.int32, device=DEV)
-    splits = choose_num_splits(bs, 8, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
-    for rep in range(5):
-        q = torch.randn(bs, 32, 128, generator=gen).to(torch.bfloat16).to(DEV) * (rep + 1)
-        q8 = torch.empty(bs, 4096, dtype=torch.float8_e4m3fn, device=DEV)
-        qs = torch.full((bs, 1), float("nan"), device=DEV)
-        out = decode_attention(q, k, v, table, rows, lens, 128**-0.5, splits, order=order,
-                               quant=(q8, qs, count))
-        ref_q, ref_s = quantize_tokens(out.reshape(bs, -1))
-        assert torch.equal(q8.view(torch.uint8), ref_q.view(torch.uint8))
-        assert torch.equal(qs, ref_s)
-        assert not count.any()
-
-
-def test_quantizing_decode_kernels_compile_for_hopper(tmp_path):
-    """sm_90: the quantizing stage 1 (one split) and stage 2 count arrivals with a global atomic
-    and fence every thread's stores at GPU scope before it."""
-    from hopper_compile import compile_for_hopper
-
-    cubins = compile_for_hopper(tmp_path, "attn-quant")
-    assert len(cubins) == 2 and all("atom fence" in line for line in cubins), cubins

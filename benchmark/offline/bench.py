@@ -62,8 +62,6 @@ VARIANTS = {
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
     "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
-    # batches: the o projection's input quantized by a kernel of its own, not by the decode attention
-    "fp8-no-attn-quant": {"quantization": "fp8", "env": {"MINISGL_ATTN_QUANT": "0"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

@@ -40,9 +40,6 @@ NORM_GEMV = EnvVar("MINISGL_NORM_GEMV", "1", "0: one-token decode of --quantizat
 NORM_QUANT = EnvVar("MINISGL_NORM_QUANT", "1", "0: batches of --quantization fp8 models quantize "
                     "the QKV and gate-up inputs in a kernel of their own, not in the RMSNorm "
                     "(for ablations)")
-ATTN_QUANT = EnvVar("MINISGL_ATTN_QUANT", "1", "0: batched decode of --quantization fp8 models "
-                    "quantizes the o projection's input in a kernel of its own, not in the decode "
-                    "attention kernel (for ablations)")
 PDL = EnvVar("MINISGL_PDL", "1", "0: Triton kernels on Hopper and later launch without "
               "programmatic dependent launch (for ablations)")
 

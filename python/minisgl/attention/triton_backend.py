@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.quant.linear import QuantizedInput
 from minisgl.utils.transfer import to_device
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -103,9 +102,6 @@ class TritonBackend(BaseAttnBackend):
         )
         self._graph_bufs: torch.Tensor | None = None  # [3, max_bs]: rows, seq_lens, order
         self._graph_ws: tuple[torch.Tensor, torch.Tensor] | None = None  # flat part_out, part_lse
-        # decode_quantized's per-request counters (the kernel leaves them at zero): eager, graphs
-        self._counts: torch.Tensor | None = None
-        self._graph_counts: torch.Tensor | None = None
 
     def num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.max_seq_len, self.num_sms)
@@ -170,31 +166,6 @@ class TritonBackend(BaseAttnBackend):
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
         return self._extend(q, k_cache, v_cache, meta, kv_scales, out)
 
-    def decode_quantized(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                         batch: Batch) -> QuantizedInput | None:
-        """A decode batch's attention output, quantized per request as an FP8 o projection's
-        ``quantize_tokens`` would (the kernel's last program of each row does it: no kernel of
-        its own); None for other batches, which take ``forward``."""
-        meta = batch.attn_metadata
-        if not isinstance(meta, TritonDecodeMetadata):
-            return None
-        bs, hq, dim = q.shape
-        if meta.static:
-            counts = self._graph_counts
-        else:
-            if self._counts is None or self._counts.shape[0] < bs:
-                self._counts = torch.zeros(bs, dtype=torch.int32, device=q.device)
-            counts = self._counts
-        q8 = torch.empty(bs, hq * dim, dtype=torch.float8_e4m3fn, device=q.device)
-        scale = torch.empty(bs, 1, dtype=torch.float32, device=q.device)
-        decode_attention(
-            q, self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id), self.page_table,
-            meta.rows, meta.seq_lens, self.scale, meta.num_splits,
-            workspace=self._workspace(meta, q), kv_scales=self.kv_pool.kv_scales(layer_id),
-            order=meta.order, quant=(q8, scale, counts),
-        )
-        return QuantizedInput(q8, scale, q.dtype)
-
     def _extend(self, q, k_cache, v_cache, meta: TritonPrefillMetadata, kv_scales,
                 out=None) -> torch.Tensor:
         return extend_attention(
@@ -232,7 +203,6 @@ class TritonBackend(BaseAttnBackend):
         self._graph_bufs[1].fill_(1)
         self._graph_bufs[2].copy_(torch.arange(max_bs))
         self._graph_ws = None
-        self._graph_counts = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
 
     def prepare_for_capture(self, batch: Batch) -> None:
         bufs = self._graph_bufs

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.env import ATTN_QUANT
 
 from .linear import LinearQKVMerged, LinearRowParallel
 from .norm import RMSNorm
@@ -40,7 +39,6 @@ class AttentionLayer(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary = RotaryEmbedding(cfg.rotary)
-        self.quantized_out = False  # DecoderLayer.fold_norms_: o takes its input quantized
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context,
                 norm_eps: float | None = None,
@@ -54,12 +52,6 @@ class AttentionLayer(nn.Module):
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
         q, k = self._norm_rope_store(q, k, v, positions, ctx)
-        if self.quantized_out and q.shape[0] > 1 and q.is_cuda and ATTN_QUANT.get() != "0":
-            # the FP8 o projection's input, quantized by the decode kernel (None: not a decode batch)
-            quantized = getattr(ctx.attn_backend, "decode_quantized", lambda *_: None)(
-                q, k, v, self.layer_id, ctx.batch)
-            if quantized is not None:
-                return self.o_proj(quantized, residual=residual)
         out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
         return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
 

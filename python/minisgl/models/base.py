@@ -104,14 +104,9 @@ class DecoderLayer(nn.Module):
             proj.quantize_weights_(input_scale=norm.weight.data)
             norm.weight.data.fill_(1.0)
         self.norms_folded = True
-        dtype = self.input_layernorm.weight.dtype
         self.quantized_inputs = all(
-            takes_quantized_input(p.weight, p.weight_scale_inv, p.scale_block, dtype)
-            for _, p in pairs)
-        o = self.self_attn.o_proj
-        o.quantize_weights_()  # now, not with the other layers after every fold
-        self.self_attn.quantized_out = self.tp_size == 1 and takes_quantized_input(
-            o.weight, o.weight_scale_inv, o.scale_block, dtype)
+            takes_quantized_input(p.weight, p.weight_scale_inv, p.scale_block, norm.weight.dtype)
+            for norm, p in pairs)
 
 
 # checkpoint name -> (our parameter name, shard id)

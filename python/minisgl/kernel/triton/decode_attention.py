@@ -38,15 +38,12 @@ With ``num_splits == 1`` stage 1 writes the normalised output directly and stage
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl
 from .extend_attention import _attend_keys
-from .fp8_quant import quantize_row_if_last
 from .pdl import wait_then_release
 
 __all__ = ["choose_num_splits", "decode_attention", "decode_workspace", "longest_first"]
@@ -57,7 +54,7 @@ MAX_SPLITS = 32
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, PageTable, Rows, SeqLens, Order, PartOut, PartLse, Out, Q8, QS, Count,
+    Q, K, V, PageTable, Rows, SeqLens, Order, PartOut, PartLse, Out,
     qk_scale,  # softmax scale * log2(e) (* k_scale of an FP8 cache): scores in the log2 domain
     v_scale,  # of an FP8 cache (1.0 otherwise): multiplies the normalised output
     num_splits,  # a runtime value (one compiled kernel for all); DIRECT marks num_splits == 1
@@ -65,7 +62,6 @@ def _decode_stage1(
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, HAS_ORDER: tl.constexpr,
-    QUANT: tl.constexpr, ROW: tl.constexpr, ROW_PAD: tl.constexpr, FENCE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
@@ -101,9 +97,6 @@ def _decode_stage1(
     if DIRECT:
         o_ptr = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, (acc * (v_scale / l_i)[:, None]).to(Out.dtype.element_ty), mask=out_mask)
-        if QUANT:  # the request's Hkv programs each wrote GROUP heads: the last quantizes the row
-            quantize_row_if_last(Out + b * stride_ob, Q8 + b * ROW, QS + b, Count + b,
-                                 tl.num_programs(0), ROW, ROW_PAD, FENCE)
     else:
         # an empty split leaves its slot unwritten: stage 2 never reads it
         g_mask = g_mask & (start + offs_g * 0 < end)
@@ -116,10 +109,9 @@ def _decode_stage1(
 
 @triton.jit
 def _decode_stage2(
-    PartOut, PartLse, SeqLens, Out, Q8, QS, Count, num_splits,
+    PartOut, PartLse, SeqLens, Out, num_splits,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    QUANT: tl.constexpr, ROW: tl.constexpr, ROW_PAD: tl.constexpr, FENCE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
@@ -141,9 +133,6 @@ def _decode_stage2(
     )
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
-    if QUANT:  # the request's Hq programs each wrote one head: the last quantizes the row
-        quantize_row_if_last(Out + b * stride_ob, Q8 + b * ROW, QS + b, Count + b,
-                             tl.num_programs(1), ROW, ROW_PAD, FENCE)
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
@@ -207,7 +196,6 @@ def decode_attention(
     num_stages: int | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
     order: torch.Tensor | None = None,  # [B] int32: the requests longest first (``longest_first``)
-    quant: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per request over its paged context ``[0, seq_len)``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache, read as ``extend_attention`` reads it.
@@ -216,11 +204,6 @@ def decode_attention(
 
     ``workspace`` (from ``decode_workspace``, at least ``[B, Hq, num_splits, D]``) may be passed
     to keep allocations out of the call, e.g. a static buffer under CUDA graphs.
-
-    ``quant = (q8 [B, Hq*D] e4m3, scale [B, 1] fp32, counters [>= B] int32, all zero)``: the
-    output is also quantized per request as ``fp8_quant.quantize_tokens(out.reshape(B, -1))``
-    would, bit for bit, by the last program to write each row (``quantize_row_if_last``), for an
-    FP8 o projection that takes its input quantized. The counters are left at zero again.
     """
     bs, hq, dim = q.shape
     hkv = k_cache.shape[1]
@@ -245,18 +228,9 @@ def decode_attention(
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     launch = pdl.launch_options(q)
     assert order is None or order.shape == (bs,) and order.dtype == torch.int32
-    if quant is not None:
-        q8, qs, count = quant
-        assert out.is_contiguous() and q8.shape == (bs, hq * dim) and q8.is_contiguous()
-        assert qs.shape == (bs, 1) and count.shape[0] >= bs and count.dtype == torch.int32
-    else:
-        q8 = qs = count = out  # unused
-    quant_args = dict(QUANT=quant is not None, ROW=hq * dim,
-                      ROW_PAD=triton.next_power_of_2(hq * dim),
-                      FENCE=q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1")
     _decode_stage1[(hkv, bs, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, rows if order is None else order,
-        part_out, part_lse, out, q8, qs, count,
+        part_out, part_lse, out,
         scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
@@ -264,16 +238,15 @@ def decode_attention(
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim,
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=num_splits == 1, DOT_PREC=dot_prec,
-        HAS_ORDER=order is not None, num_warps=num_warps, num_stages=num_stages,
-        **dict(quant_args, QUANT=quant is not None and num_splits == 1), **launch,
+        HAS_ORDER=order is not None, num_warps=num_warps, num_stages=num_stages, **launch,
     )
     if num_splits > 1:
         _decode_stage2[(bs, hq)](
-            part_out, part_lse, seq_lens, out, q8, qs, count, num_splits,
+            part_out, part_lse, seq_lens, out, num_splits,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n,
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4 if block_d >= 128 else 2,
-            **quant_args, **launch,
+            **launch,
         )
     return out

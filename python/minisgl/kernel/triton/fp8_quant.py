@@ -72,37 +72,6 @@ def _quantize_tokens_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
     tl.store(s_ptr + m, scale)
 
 
-@triton.jit
-def _fence_gpu():
-    """``fence.acq_rel.gpu`` in every thread."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [tl.program_id(0)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def quantize_row_if_last(row_ptr, q_ptr, s_ptr, count_ptr, writers, ROW: tl.constexpr,
-                         ROW_PAD: tl.constexpr, FENCE: tl.constexpr):
-    """Called by each of the ``writers`` programs that write parts of one ``ROW``-wide bf16 row
-    (after their stores): the last to arrive quantizes the whole row as ``quantize_tokens`` does,
-    into e4m3 ``q_ptr[:ROW]`` and its scale ``s_ptr[0]``, and resets the counter ``count_ptr[0]``
-    to 0 for the next use. ``FENCE`` (a GPU, not the interpreter): every thread's stores are made
-    visible at GPU scope before the arrival is counted, and the last program reads the row from
-    L2."""
-    if FENCE:
-        _fence_gpu()
-    tl.debug_barrier()
-    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == writers - 1:
-        if FENCE:
-            _fence_gpu()
-        cols = tl.arange(0, ROW_PAD)
-        ok = cols < ROW
-        x = tl.load(row_ptr + cols, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        scale = fp8_scale(tl.max(tl.abs(x), 0))
-        tl.store(q_ptr + cols, saturate(x, scale).to(q_ptr.dtype.element_ty), mask=ok)
-        tl.store(s_ptr, scale)
-        tl.atomic_xchg(count_ptr, 0)
-
-
 def pick_block(k: int) -> tuple[int, int]:
     """(BLOCK, num_warps): the whole row up to ``ONE_PASS_MAX`` columns (at most 32 per thread),
     else 1024-column steps with 4 warps."""

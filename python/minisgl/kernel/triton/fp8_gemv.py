@@ -16,6 +16,9 @@ output is written. On an H100, Qwen3-8B's batch-1 step: 3.51 / 3.53 ms against 3
 the norm kernels (``benchmark/results/s11_2026-11-24``). Reading the residual and the norm weight
 in the loop instead (session 10) made the step slower, 3.89 against 3.70. As in ``gemv.py`` the
 first weight chunk is loaded before the PDL wait: 3.35-3.37 against 3.43-3.55 ms per token.
+Pulling o's whole weight into L2 during the attention (Hopper's bulk prefetch, from a side stream)
+ran 3% faster on two machines and 1-2% slower on a third, and was dropped: the early chunk already
+takes half of o's weight during the attention (``benchmark/results/s15_2026-11-25``).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ included) 5.3 us against 11.5, o's 2.5 against 3.5; offline ``fp8`` 1.257x ``def
 1.234x (``benchmark/results/s13_2026-11-24``). Longer rows take the two passes (the second read
 hits L2). ``gated=True`` reads ``[gate | up]`` and quantizes ``silu(gate) * up`` (rounded as
 ``silu_and_mul`` rounds), so the MLP's activation costs no extra pass over memory.
+The o projection's input in batched decode could come quantized from the decode attention (the
+last program to write a request's row quantizing it, the same bits); measured, it was no faster
+than this kernel under PDL (offline ``fp8`` 1.293x / 1.295x against 1.300x / 1.297x,
+``benchmark/results/s15_2026-11-25``).
 """
 
 from __future__ import annotations

@@ -46,28 +46,3 @@ def logits_and_tokens(scheduler, prompts: list[list[int]],
     scheduler.check_integrity()
     scheduler.close()
     return logits, [tokens[i] for i in range(len(prompts))]
-
-
-def decode_steps(path: str, **options) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy tokens and every step's logits of four requests of different lengths on CUDA (CUDA
-    graphs on): batched steps, then the longest decoding alone for its last 16 tokens. ``options``:
-    more ``LLM`` options (``quantization``...). For A/B tests of kernel switches that must change
-    no bit."""
-    from hf_models import random_prompts
-    from minisgl import LLM
-
-    llm = LLM(path, device="cuda", dtype="bfloat16", num_pages=2048, **options)
-    engine, logits = llm.scheduler.engine, []
-    forward = engine.forward
-
-    def recorded(batch, args):
-        out = forward(batch, args)
-        logits.append(out.logits.clone())
-        return out
-
-    engine.forward = recorded
-    prompts = random_prompts(4, [5, 40, 1, 90], 256, seed=5)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (8, 16, 24, 40)]
-    tokens = [o.token_ids for o in llm.generate(prompts, params)]
-    llm.close()
-    return tokens, logits

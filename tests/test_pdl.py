@@ -12,8 +12,9 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
 
-from engine_utils import decode_steps  # noqa: E402
+from hf_models import random_prompts  # noqa: E402
 from hopper_compile import compile_for_hopper  # noqa: E402
+from minisgl import LLM, SamplingParams  # noqa: E402
 from minisgl.kernel.triton import pdl  # noqa: E402
 
 
@@ -33,7 +34,21 @@ def test_decode_kernels_compile_with_pdl_for_hopper(tmp_path):
 
 def _decode(path: str, pdl_on: str, monkeypatch) -> tuple[list[list[int]], list[torch.Tensor]]:
     monkeypatch.setenv("MINISGL_PDL", pdl_on)
-    return decode_steps(path)
+    llm = LLM(path, device="cuda", dtype="bfloat16", num_pages=2048)
+    engine, logits = llm.scheduler.engine, []
+    forward = engine.forward
+
+    def recorded(batch, args):
+        out = forward(batch, args)
+        logits.append(out.logits.clone())
+        return out
+
+    engine.forward = recorded
+    prompts = random_prompts(4, [5, 40, 1, 90], 256, seed=5)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (8, 16, 24, 40)]
+    tokens = [o.token_ids for o in llm.generate(prompts, params)]
+    llm.close()
+    return tokens, logits
 
 
 @pytest.mark.gpu

@@ -1,11 +1,16 @@
 """Where a decode step's time goes: torch.profiler over batch-1 decode, kernels ranked by GPU time.
 
     python benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-8b.json --out DIR
+
+``--per-step``: also profile the same requests with one output token (prefill and the first
+sample alone) and print each kernel's GPU time per decode step, the difference of the two runs
+divided by the steps between them, next to the unprofiled wall time per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -19,6 +24,31 @@ from bench import VARIANTS, model_dir  # noqa: E402
 from minisgl import LLM, SamplingParams  # noqa: E402
 
 
+def _one_token(params: SamplingParams) -> SamplingParams:
+    return dataclasses.replace(params, max_tokens=1)
+
+
+def _device_us(prof) -> dict[str, tuple[float, int]]:
+    return {e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()
+            if e.self_device_time_total > 0}
+
+
+def per_step_table(full, prefill, steps: int, wall_s: float) -> str:
+    """Kernels' GPU microseconds per decode step: ``full`` minus ``prefill``, over ``steps``."""
+    a, b = _device_us(full), _device_us(prefill)
+    rows = []
+    for name, (us, n) in a.items():
+        us0, n0 = b.get(name, (0.0, 0))
+        if (us - us0) / steps > 0.05:
+            rows.append(((us - us0) / steps, (n - n0) / steps, name))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    lines = [f"per decode step: wall {wall_s * 1e6:.0f} us (unprofiled), kernels {total:.0f} us",
+             f"{'us/step':>9} {'share':>6} {'calls/step':>10}  kernel"]
+    lines += [f"{us:9.1f} {us / total:6.1%} {calls:10.1f}  {name[:90]}" for us, calls, name in rows]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -29,6 +59,8 @@ def main() -> None:
     parser.add_argument("--quantization", default=None, help="e.g. fp8")
     parser.add_argument("--variant", default="default",
                         help="a bench.py variant whose sampling settings the requests carry")
+    parser.add_argument("--per-step", action="store_true",
+                        help="kernels' GPU time per decode step (prefill subtracted)")
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
     llm = LLM(path, dummy_weights=dummy, num_pages=65536, quantization=args.quantization)
@@ -38,12 +70,21 @@ def main() -> None:
     llm.generate(prompts, params, use_tqdm=False)
     tic = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
-    print(f"{args.variant}: {(time.perf_counter() - tic) / args.tokens * 1e3:.2f} ms per step "
+    wall = time.perf_counter() - tic
+    print(f"{args.variant}: {wall / args.tokens * 1e3:.2f} ms per step "
           f"(batch {args.batch}, unprofiled)", flush=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         llm.generate(prompts, params, use_tqdm=False)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     table += "\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    if args.per_step:
+        tic = time.perf_counter()
+        llm.generate(prompts, _one_token(params), use_tqdm=False)
+        wall_one = time.perf_counter() - tic
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prefill:
+            llm.generate(prompts, _one_token(params), use_tqdm=False)
+        table += "\n" + per_step_table(prof, prefill, args.tokens - 1, (wall - wall_one) /
+                                        (args.tokens - 1))
     print(table)
     os.makedirs(args.out, exist_ok=True)
     tag = "".join(f"_{t}" for t in (args.quantization, args.variant) if t and t != "default")

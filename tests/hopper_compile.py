@@ -64,8 +64,7 @@ def _fp8_kernels():
             USE_PDL=True), warps
     w8a16_sig = dict(x_ptr="*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv", s_ptr="*fp32",
                      b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32", K="i32",
-                     steps_per_split="i32", prefetch_steps="i32", stride_x="i32", stride_w="i32",
-                     stride_s="i32")
+                     steps_per_split="i32", stride_x="i32", stride_w="i32", stride_s="i32")
     w8a16_cases = ((2, 4096, 4096, False), (64, 6144, 4096, False), (128, 4096, 12288, True))
     w8a8_cases = ((64, 4096, 4096, False), (128, 24576, 4096, False), (200, 4096, 12288, False))
     for (m, n, k, gated), channel, a8 in itertools.chain(
@@ -78,7 +77,7 @@ def _fp8_kernels():
             CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
             EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=a8, USE_PDL=a8), cfg.num_warps
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=a8), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
         N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
     for gated in (False, True):

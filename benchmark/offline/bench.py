@@ -62,10 +62,6 @@ VARIANTS = {
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
     "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
-    # the W8A8 GEMM asking L2 for none / all of its weight tiles before its PDL wait (default: as
-    # many K steps as it has pipeline stages)
-    "fp8-no-prefetch": {"quantization": "fp8", "env": {"MINISGL_W8A8_PREFETCH": "0"}},
-    "fp8-prefetch-all": {"quantization": "fp8", "env": {"MINISGL_W8A8_PREFETCH": "all"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

@@ -4,7 +4,10 @@
 
 ``--per-step``: also profile the same requests with one output token (prefill and the first
 sample alone) and print each kernel's GPU time per decode step, the difference of the two runs
-divided by the steps between them, next to the unprofiled wall time per step.
+divided by the steps between them, next to the unprofiled wall time per step. Kernels launched
+with PDL start before their predecessor ends and wait, so their times overlap and the sum may
+exceed the wall time; a prompt's decode may begin in a mixed step while later prompts prefill, so
+the GEMMs of those steps differ between the runs by kernel name, not in total.
 """
 
 from __future__ import annotations
@@ -63,7 +66,10 @@ def main() -> None:
                         help="kernels' GPU time per decode step (prefill subtracted)")
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
-    llm = LLM(path, dummy_weights=dummy, num_pages=65536, quantization=args.quantization)
+    # KV for every request's whole context at once: the batch decodes together (a smaller pool
+    # would run it in waves)
+    pages = args.batch * (args.prompt_len + args.tokens) + 1
+    llm = LLM(path, dummy_weights=dummy, num_pages=pages, quantization=args.quantization)
     prompts = [[(7 * i + j) % 10000 for j in range(args.prompt_len)] for i in range(args.batch)]
     sampling = VARIANTS[args.variant].get("sampling", {"temperature": 0})
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, **sampling)

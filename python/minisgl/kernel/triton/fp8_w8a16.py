@@ -44,7 +44,6 @@ autotuning: the layers run inside CUDA-graph capture); ``benchmark/kernels/bench
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -57,13 +56,14 @@ from .pdl import release, wait
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split, prefetch_steps,
+def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
                   stride_x, stride_w, stride_s,
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr):
+                  BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
     pid_n = tl.program_id(0) // tiles_m
@@ -80,14 +80,6 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     s_ptrs = s_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_s
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if PREFETCH:  # no kernel writes a weight: ask L2 for the first tiles while the kernel before runs
-        lines = tl.arange(0, BLOCK_K // 128) * 128
-        for kb in range(first, tl.minimum(first + prefetch_steps, last)):
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                [w_ptr + rows_w[:, None] * stride_w + kb * BLOCK_K + lines[None, :]],
-                dtype=tl.int32, is_pure=False, pack=1)
-    wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
     for kb in range(first, last):
         k_ok = (kb * BLOCK_K + ks < K)[None, :]
         # NOTE: padding tokens are masked: reading them as (clamped) copies of token 0 cost up to
@@ -262,18 +254,15 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
     assert splits * m * n < 2**31, "split-K partials are indexed in int32"
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
-    launch = pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}
-    pre = os.environ.get("MINISGL_W8A8_PREFETCH", "stages")
-    pre = 0 if not launch["USE_PDL"] or cfg.block_k % 128 else (
-        cfg.num_stages if pre == "stages" else steps if pre == "all" else int(pre))
     _w8a16_kernel[grid](
-        x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per, pre,
+        x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
         x.stride(0), w.stride(0), ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
         GATED=gated, A8=xs is not None, HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0,
         EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, PREFETCH=pre > 0, **launch,
+        num_stages=cfg.num_stages,
+        **(pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}),
     )
     if splits > 1:
         block_sum = 1024

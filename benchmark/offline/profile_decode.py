@@ -2,12 +2,12 @@
 
     python benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-8b.json --out DIR
 
-``--per-step``: also profile the same requests with one output token (prefill and the first
-sample alone) and print each kernel's GPU time per decode step, the difference of the two runs
-divided by the steps between them, next to the unprofiled wall time per step. Kernels launched
-with PDL start before their predecessor ends and wait, so their times overlap and the sum may
-exceed the wall time; a prompt's decode may begin in a mixed step while later prompts prefill, so
-the GEMMs of those steps differ between the runs by kernel name, not in total.
+``--per-step``: also profile the same requests with one output token and print each kernel's GPU
+time per decode step (the difference of the two runs over the steps between them) next to the
+wall time per step, and the GPU's idle time per step (no kernel or copy running). The warm-up run
+leaves the prompts in the prefix cache, so the measured runs prefill one token per request and
+the rest is decode at the full batch. Kernels launched with PDL start before their predecessor
+ends and wait, so their times overlap and may sum to more than the wall time.
 """
 
 from __future__ import annotations
@@ -34,6 +34,44 @@ def _one_token(params: SamplingParams) -> SamplingParams:
 def _device_us(prof) -> dict[str, tuple[float, int]]:
     return {e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()
             if e.self_device_time_total > 0}
+
+
+def gpu_idle(prof) -> tuple[float, float, list[tuple[float, float, str, str]]]:
+    """(span, busy) microseconds of the GPU's kernels and copies in ``prof``, and the gaps between
+    them (no kernel or copy running): (length, offset from the first, the name before, after)."""
+    from torch.autograd import DeviceType
+
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA)
+    if not spans:
+        return 0.0, 0.0, []
+    busy, gaps = 0.0, []
+    start, end, name = spans[0]
+    for s, e, n in spans[1:]:  # ``name``: the event that ends last so far
+        if s > end:
+            busy += end - start
+            gaps.append((s - end, end - spans[0][0], name[:40], n[:40]))
+            start, end, name = s, e, n
+        elif e > end:
+            end, name = e, n
+    busy += end - start
+    return spans[-1][1] - spans[0][0], busy, gaps
+
+
+def idle_table(full, prefill, steps: int) -> str:
+    """The GPU's idle time per decode step (``full`` minus ``prefill``), and the gaps behind it."""
+    (span, busy, gaps), (span0, busy0, _) = gpu_idle(full), gpu_idle(prefill)
+    idle = (span - busy - (span0 - busy0)) / steps
+    big = sorted((g for g in gaps if g[0] >= 20), reverse=True)
+    small = sum(g[0] for g in gaps if g[0] < 20)
+    lines = [f"GPU idle per decode step: {idle:.0f} us (profiled run: span {span / 1e3:.1f} ms, "
+             f"busy {busy / 1e3:.1f} ms; one output token: span {span0 / 1e3:.1f}, busy "
+             f"{busy0 / 1e3:.1f})",
+             f"gaps < 20 us: {len(gaps) - len(big)}, {small / 1e3:.2f} ms in all; gaps >= 20 us: "
+             f"{len(big)}, {sum(g[0] for g in big) / 1e3:.2f} ms in all, the largest:"]
+    lines += [f"  {g:9.0f} us at {at / 1e3:8.2f} ms, after {before} / before {after}"
+              for g, at, before, after in big[:8]]
+    return "\n".join(lines)
 
 
 def per_step_table(full, prefill, steps: int, wall_s: float) -> str:
@@ -91,6 +129,7 @@ def main() -> None:
             llm.generate(prompts, _one_token(params), use_tqdm=False)
         table += "\n" + per_step_table(prof, prefill, args.tokens - 1, (wall - wall_one) /
                                         (args.tokens - 1))
+        table += "\n" + idle_table(prof, prefill, args.tokens - 1)
     print(table)
     os.makedirs(args.out, exist_ok=True)
     tag = "".join(f"_{t}" for t in (args.quantization, args.variant) if t and t != "default")

@@ -189,7 +189,13 @@ def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
     it). No split. While the 64-row N tiles make at most one wave, the tokens are cut into as many
     M tiles as still fit in it (o and down at 64-128 tokens: 128 programs, not 64; up to 11%
     faster) and a program streams 256-deep K steps through 4-5 stages; more tiles (gate-up; qkv
-    at 256 tokens) take 128-deep steps, with 128-row tiles and 8 warps beyond one M tile."""
+    at 256 tokens) take 128-deep steps, with 128-row tiles and 8 warps beyond one M tile.
+
+    Measured and slower (``benchmark/results/s16_2026-11-25``): larger tiles over split K, which
+    read x from L2 fewer times (o at 128 tokens 9.9 against 9.0 us without even summing the
+    partials; gate-up at 256 with 256-row tiles 61.8 against 54.2); asking L2 for the first
+    weight tiles before the PDL wait (offline ``fp8`` 1.292x against 1.301x). Nsight Compute puts
+    o, down and qkv at 42-65% of DRAM bandwidth with one 4-warp program per SM."""
     tiles_n = triton.cdiv(n, 64)
     block_m = min(128, max(16, triton.next_power_of_2(m)))
     while block_m > 16 and tiles_n * triton.cdiv(m, block_m // 2) <= sms:

@@ -1,4 +1,5 @@
-"""Where a decode step's time goes: torch.profiler over batch-1 decode, kernels ranked by GPU time.
+"""Where a decode step's time goes: torch.profiler over decode (batch 1 unless ``--batch``), kernels
+ranked by GPU time.
 
     python benchmark/offline/profile_decode.py --model benchmark/configs/qwen3-8b.json --out DIR
 
@@ -58,9 +59,9 @@ def gpu_idle(prof) -> tuple[float, float, list[tuple[float, float, str, str]]]:
     return spans[-1][1] - spans[0][0], busy, gaps
 
 
-def idle_table(full, prefill, steps: int) -> str:
-    """The GPU's idle time per decode step (``full`` minus ``prefill``), and the gaps behind it."""
-    (span, busy, gaps), (span0, busy0, _) = gpu_idle(full), gpu_idle(prefill)
+def idle_table(full, one_token, steps: int) -> str:
+    """The GPU's idle time per decode step (``full`` minus ``one_token``), and the gaps behind it."""
+    (span, busy, gaps), (span0, busy0, _) = gpu_idle(full), gpu_idle(one_token)
     idle = (span - busy - (span0 - busy0)) / steps
     big = sorted((g for g in gaps if g[0] >= 20), reverse=True)
     small = sum(g[0] for g in gaps if g[0] < 20)
@@ -74,9 +75,9 @@ def idle_table(full, prefill, steps: int) -> str:
     return "\n".join(lines)
 
 
-def per_step_table(full, prefill, steps: int, wall_s: float) -> str:
-    """Kernels' GPU microseconds per decode step: ``full`` minus ``prefill``, over ``steps``."""
-    a, b = _device_us(full), _device_us(prefill)
+def per_step_table(full, one_token, steps: int, wall_s: float) -> str:
+    """Kernels' GPU microseconds per decode step: ``full`` minus ``one_token``, over ``steps``."""
+    a, b = _device_us(full), _device_us(one_token)
     rows = []
     for name, (us, n) in a.items():
         us0, n0 = b.get(name, (0.0, 0))
@@ -101,7 +102,7 @@ def main() -> None:
     parser.add_argument("--variant", default="default",
                         help="a bench.py variant whose sampling settings the requests carry")
     parser.add_argument("--per-step", action="store_true",
-                        help="kernels' GPU time per decode step (prefill subtracted)")
+                        help="kernels' GPU time and the GPU's idle time per decode step")
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
     # KV for every request's whole context at once: the batch decodes together (a smaller pool
@@ -125,11 +126,11 @@ def main() -> None:
         tic = time.perf_counter()
         llm.generate(prompts, _one_token(params), use_tqdm=False)
         wall_one = time.perf_counter() - tic
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prefill:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as one:
             llm.generate(prompts, _one_token(params), use_tqdm=False)
-        table += "\n" + per_step_table(prof, prefill, args.tokens - 1, (wall - wall_one) /
-                                        (args.tokens - 1))
-        table += "\n" + idle_table(prof, prefill, args.tokens - 1)
+        steps = args.tokens - 1
+        table += "\n" + per_step_table(prof, one, steps, (wall - wall_one) / steps)
+        table += "\n" + idle_table(prof, one, steps)
     print(table)
     os.makedirs(args.out, exist_ok=True)
     tag = "".join(f"_{t}" for t in (args.quantization, args.variant) if t and t != "default")

@@ -354,6 +354,24 @@ def test_from_reqs_fields() -> None:
     assert mixed.top_p.tolist() == [1.0, 0.5] and mixed.min_p.tolist() == pytest.approx([0.0, 0.1])
 
 
+def test_argmax_only_builds_no_tensors_for_a_plain_greedy_batch() -> None:
+    """The scheduler's ``argmax_only`` (no grammar): a plain greedy batch sends nothing to the
+    device and samples by argmax; anything the argmax path cannot do still gets every tensor."""
+    logits = torch.randn(3, 32)
+    greedy = [make_req([1], temperature=0.0), make_req([2], top_k=1, temperature=0.8),
+              make_req([3], temperature=1e-7)]
+    args = BatchSamplingArgs.from_reqs(greedy, 32, CPU, argmax_only=True)
+    assert args.all_greedy and args.temperatures is None and args.seeds is None
+    assert sample(logits, args).next_tokens.tolist() == logits.argmax(-1).tolist()
+    assert args_for(greedy, 32).temperatures.tolist() == [0.0, 0.0, 0.0]  # the default builds them
+    for extra in (dict(logprobs=True), dict(top_logprobs=2), dict(presence_penalty=0.5),
+                  dict(logit_bias=((3, 1.0),)), dict(temperature=0.5)):
+        req = make_req([4], **{"temperature": 0.0, **extra})
+        args = BatchSamplingArgs.from_reqs(greedy[:1] + [req], 32, CPU, argmax_only=True)
+        assert args.temperatures is not None and args.seeds is not None, extra
+        assert sample(logits[:2], args).next_tokens.shape == (2,)
+
+
 class _NoHostSync(TorchDispatchMode):
     """Fails on ops that read tensor values back to the host (a sync point on CUDA)."""
 

@@ -193,8 +193,15 @@ class Engine:
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
 
+    def prepare(self, batch: Batch) -> None:
+        """Build the batch's device inputs (``batch.py``), except for a decode batch that replays a
+        CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends."""
+        if self.graph_runner is None or not self.graph_runner.can_run(batch):
+            prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens)
+
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        """Run the model on ``batch`` (``prepare`` first) and sample from it."""
         prompt_lps = None
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             logits = self.graph_runner.replay(batch)

@@ -73,15 +73,16 @@ class BatchSamplingArgs:
     ``top_k``/``top_p``/``min_p`` are ``None`` when no sampled row uses them (the torch path skips
     their work); ``filters`` holds all three for every row (neutral values where off: top_k = V,
     top_p = 1, min_p = 0) for the kernel. Greedy rows (temperature 0 / below 1e-5, or top_k 1) have
-    temperature 0 and neutral filters.
+    temperature 0 and neutral filters. ``temperatures``/``seeds``/``steps`` are ``None`` only in
+    ``from_reqs(argmax_only=True)``'s args of a plain greedy batch, which ``sample`` never reads.
     """
 
-    temperatures: torch.Tensor
+    temperatures: torch.Tensor | None
     top_k: torch.Tensor | None
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
-    seeds: torch.Tensor
-    steps: torch.Tensor
+    seeds: torch.Tensor | None
+    steps: torch.Tensor | None
     penalties: PenaltyArgs | None
     all_greedy: bool
     max_top_logprobs: int
@@ -98,11 +99,20 @@ class BatchSamplingArgs:
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,
-                  state: SamplingState | None = None) -> BatchSamplingArgs:
+                  state: SamplingState | None = None,
+                  argmax_only: bool = False) -> BatchSamplingArgs:
         """``state`` holds the device rows of the running requests (the engine's); without one
-        (tests, one-off calls) a temporary state gives row ``i`` to the ``i``-th request."""
+        (tests, one-off calls) a temporary state gives row ``i`` to the ``i``-th request.
+        ``argmax_only``: no grammar constrains these rows (the scheduler knows), so a plain greedy
+        batch (no penalties, biases or log-probs) is sampled by ``sample``'s argmax and its
+        settings need not reach the device: two copies fewer in a one-token decode step."""
         params = [req.sampling_params for req in reqs]
         greedy = [p.is_greedy or p.temperature < _GREEDY_EPS for p in params]
+        if argmax_only and all(greedy) and not any(
+                p.needs_penalties or p.logit_bias or p.logprobs or p.top_logprobs > 0
+                for p in params):
+            return cls(None, None, None, None, None, None, None, all_greedy=True,
+                       max_top_logprobs=0, need_logprobs=False)
         top_k = [
             vocab_size if g or p.top_k <= 0 else min(p.top_k, vocab_size)
             for p, g in zip(params, greedy)
@@ -199,6 +209,7 @@ def sample(logits: torch.Tensor, args: BatchSamplingArgs) -> SampleOutput:
     plain = args.penalties is None and args.bias is None and args.token_bitmask is None
     if args.all_greedy and plain and not args.need_logprobs:
         return SampleOutput(logits.argmax(dim=-1), None, None, None)  # exact in any dtype
+    assert args.temperatures is not None, "argmax_only args of a batch that is not plain greedy"
     top = None
     if _use_kernel(logits, args):
         tokens, lse, top = kernel_sample(logits, args)

@@ -121,14 +121,13 @@ class CacheManager:
         """Copy this step's page-table changes to the device (before the batch is prepared)."""
         if not self._dirty:
             return
-        rows = torch.cat([r for r, _ in self._dirty])
-        cols = torch.cat([c for _, c in self._dirty])
+        rows = torch.cat([r for r, _ in self._dirty]).to(torch.int32)
+        cols = torch.cat([c for _, c in self._dirty]).to(torch.int32)
         self._dirty.clear()
-        values = self.host_table[rows, cols].pin_memory()
-        index = torch.stack([rows, cols]).pin_memory()
-        device = self.page_table.device
-        index = index.to(device, non_blocking=True)
-        self.page_table[index[0], index[1]] = values.to(device, non_blocking=True)
+        # rows, columns and slots in one copy (int32 indices index as well as int64)
+        host = torch.stack([rows, cols, self.host_table[rows, cols]]).pin_memory()
+        dev = host.to(self.page_table.device, non_blocking=True)
+        self.page_table[dev[0], dev[1]] = dev[2]
 
     def _take_pages(self, n: int) -> torch.Tensor:
         short = n - len(self.free_pages)

@@ -16,7 +16,6 @@ from minisgl.engine.sample import BatchSamplingArgs
 from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import init_logger
 
-from minisgl.engine.batch import prepare_batch
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -166,12 +165,12 @@ class Scheduler:
         batch = self._schedule()
         if batch is None:
             return None
-        prepare_batch(batch, self.engine.page_table, self.engine.token_pool,
-                      self.engine.pad_tokens)
+        self.engine.prepare(batch)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
+        constrained = self.grammar.constrains(sampled)
         args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device,
-                                           self.engine.sampling_state)
-        if self.grammar.constrains(sampled):
+                                           self.engine.sampling_state, argmax_only=not constrained)
+        if constrained:
             args.late_bitmask = lambda: self.grammar.bitmask(sampled, self.engine.device,
                                                              before_mask)
         return batch, sampled, self.engine.forward(batch, args)

@@ -9,9 +9,11 @@ import time
 
 import torch
 
+import minisgl  # first: from PYTHONPATH (an A/B may point it at another checkout)
+from minisgl import LLM, SamplingParams
+
 sys.path.insert(0, "benchmark/offline")
 from bench_common import model_dir  # noqa: E402
-from minisgl import LLM, SamplingParams  # noqa: E402
 
 model = sys.argv[1]
 for variant in sys.argv[2:]:
@@ -23,7 +25,7 @@ for variant in sys.argv[2:]:
     full = SamplingParams(temperature=0, max_tokens=256, ignore_eos=True)
     llm.generate([prompt], full, use_tqdm=False)
     engine_ms = []
-    for _ in range(3):
+    for _ in range(5):
         times = []
         for params in (first, full):
             torch.cuda.synchronize()
@@ -41,7 +43,7 @@ for variant in sys.argv[2:]:
             graph.replay()
         torch.cuda.synchronize()
         replay_ms.append(1000 * (time.perf_counter() - t) / 255)
-    print(json.dumps({"model": model, "variant": variant, "engine_ms": [round(x, 4) for x in engine_ms],
+    print(json.dumps({"code": minisgl.__file__, "model": model, "variant": variant, "engine_ms": [round(x, 4) for x in engine_ms],
                       "graph_replay_ms": [round(x, 4) for x in replay_ms]}), flush=True)
     llm.close()
     del llm, graph

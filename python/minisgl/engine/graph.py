@@ -8,11 +8,12 @@ removes it. Every input of the graph lives in a static buffer::
     attention metadata               owned by the backend (``init_cuda_graph``)
 
 The graph gathers the rest itself, as ``prepare_batch`` would: the input token from the token pool
-(where the previous step's sampler wrote it) and the KV slot from the page table. A step thus sends
-two small host-to-device copies (these rows, the backend's metadata) where preparing the batch
-outside the graph took ten launches (copies, gathers, casts), each a few microseconds of a
-one-token step: on an H100, Qwen3-0.6B's step took 0.98-1.00 ms in the engine against 0.92 for
-the graph alone, Qwen3-8B's FP8 step 3.36-3.42 against 3.30 (``benchmark/results/s17_2026-11-25``).
+(where the previous step's sampler wrote it) and the KV slot from the page table. A step sends
+these rows in one copy (and the backend its metadata in another) where the batch's preparation
+outside the graph took eight launches (a copy, gathers, a cast, copies into the buffers), each a
+few microseconds of a one-token step. On an H100, batch 1, old and new code alternating in one
+call (``benchmark/results/s17_2026-11-25``): Qwen3-0.6B 0.98 against 1.07 ms per token, Qwen3-8B
+with FP8 weights 3.36 against 3.38; the graph alone costs 6-10 us more with the gathers inside.
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
 page (page 0, never handed to a request) and attending over that one slot.

@@ -12,8 +12,10 @@ The graph gathers the rest itself, as ``prepare_batch`` would: the input token f
 these rows in one copy (and the backend its metadata in another) where the batch's preparation
 outside the graph took eight launches (a copy, gathers, a cast, copies into the buffers), each a
 few microseconds of a one-token step. On an H100, batch 1, old and new code alternating in one
-call (``benchmark/results/s17_2026-11-25``): Qwen3-0.6B 0.98 against 1.07 ms per token, Qwen3-8B
-with FP8 weights 3.36 against 3.38; the graph alone costs 6-10 us more with the gathers inside.
+call (``benchmark/results/s17_2026-11-25``): Qwen3-0.6B 0.98 against 1.07 ms per token (medians
+of ten), Qwen3-8B with FP8 weights 3.36 against 3.38; on another machine ``bench.py``'s batch-1
+runs gave Qwen3-0.6B 0.94 / 0.96 against 0.96 / 0.96. The graph alone costs 6-10 us more with
+the gathers inside.
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
 page (page 0, never handed to a request) and attending over that one slot.

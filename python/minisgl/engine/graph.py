@@ -67,9 +67,6 @@ class GraphRunner:
         so it replays piecewise graphs (``piecewise.py``) or runs eagerly."""
         return batch.is_decode and batch.size <= self.max_bs
 
-    def _static_batch(self, bs: int) -> Batch:
-        return dummy_decode_batch(self.engine.dummy_row, bs)
-
     @torch.inference_mode()
     def _capture_all(self) -> None:
         # NOTE: a garbage-collected CUDA graph (e.g. of an engine dropped earlier) frees itself in
@@ -86,7 +83,7 @@ class GraphRunner:
         engine = self.engine
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
-            batch = self._static_batch(bs)
+            batch = dummy_decode_batch(engine.dummy_row, bs)
             engine.attn_backend.prepare_for_capture(batch)
             with torch.cuda.stream(stream):
                 self._run(batch)  # warm-up: compiles every kernel variant before capture
@@ -99,6 +96,7 @@ class GraphRunner:
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def _run(self, batch: Batch) -> torch.Tensor:
+        """The captured forward: the batch's inputs gathered from the static rows, then the model."""
         engine = self.engine
         rows, positions = self.inputs[0, : batch.size], self.inputs[1, : batch.size]
         batch.input_ids = engine.token_pool[rows, positions]

@@ -37,6 +37,8 @@
 #   scripts/gpu_validate.sh attn    OUT   # decode attention longest first (probes: order, launch
 #                                         # configs, read-only floor); Qwen3-8B default vs fp8,
 #                                         # Qwen3-0.6B default vs fp8-kv; the attention tests
+#   scripts/gpu_validate.sh overhead OUT  # batch 1: the engine's step against its CUDA graph
+#                                         # replayed alone (0.6B, 8B fp8 and bf16); fp8 profile
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
@@ -270,8 +272,18 @@ attn)  # about eight minutes
     step 150 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_triton_attention.py \
         tests/test_fp8_kernels.py -k "decode or backend or graph" >"$out/gpu_tests_attn.log" 2>&1
     tail -3 "$out/gpu_tests_attn.log" ;;
+overhead)  # about five minutes
+    m8=benchmark/configs/qwen3-8b.json
+    step 150 "$py" benchmark/results/s17_2026-11-25/probe_step_overhead.py \
+        benchmark/configs/qwen3-0.6b.json default >"$out/step_overhead.log" 2>&1
+    step 200 "$py" benchmark/results/s17_2026-11-25/probe_step_overhead.py $m8 fp8 default \
+        >>"$out/step_overhead.log" 2>&1
+    grep -h '^{' "$out/step_overhead.log"
+    step 90 "$py" benchmark/offline/profile_decode.py --model $m8 --quantization fp8 --tokens 129 \
+        --per-step --out "$out" >"$out/profile_bs1_fp8.log" 2>&1
+    grep -h "per decode step\|GPU idle" "$out/profile_bs1_fp8.log" ;;
 *)
-    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|attn|probe|sweeps|final3 OUT" >&2
+    echo "usage: $0 tests|tests1|tests2|offline|sampling|structured|online|tp|fp8|itl|itl-shared|recheck|steps|pdl|w8a8|norm-gemv|norm-quant|quant|attn|overhead|probe|sweeps|final3 OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

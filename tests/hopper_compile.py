@@ -88,16 +88,13 @@ def _fp8_kernels():
             stride_sn="i32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
             EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128), 4
     attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32", SeqLens="*i32")
-    strides = ("stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh",
-               "stride_pt", "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh",
-               "stride_ob", "stride_oh")
-    for prefetch in (False, True):
-        yield decode_attention._decode_stage1, dict(
-            attn, Order="*i32", PartOut="*fp32", PartLse="*fp32", Out="*bf16", qk_scale="fp32",
-            v_scale="fp32", num_splits="i32", **{s: "i32" for s in strides}, Prefetch="*u8",
-            prefetch_bytes="i32", prefetch_parts="i32"), dict(
-            GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, DIRECT=False,
-            DOT_PREC="tf32", HAS_ORDER=True, PREFETCH=prefetch, USE_PDL=True), 4
+    yield decode_attention._decode_stage1, dict(attn, Order="*i32", PartOut="*fp32",
+        PartLse="*fp32", Out="*bf16",
+        qk_scale="fp32", v_scale="fp32", num_splits="i32", **{s: "i32" for s in (
+            "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_pt",
+            "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
+            "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
+        DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True), 4
     yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32", qk_scale="fp32",
         v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh", "stride_kn", "stride_kh",
         "stride_vn", "stride_vh", "stride_ot", "stride_oh", "stride_pt")}), dict(

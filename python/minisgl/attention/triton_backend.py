@@ -142,7 +142,7 @@ class TritonBackend(BaseAttnBackend):
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
-        out: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta = batch.attn_metadata
         k_cache, v_cache = self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id)
@@ -151,7 +151,7 @@ class TritonBackend(BaseAttnBackend):
             return decode_attention(
                 q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
                 meta.num_splits, out=out, workspace=self._workspace(meta, q), kv_scales=kv_scales,
-                order=meta.order, prefetch=prefetch if batch.size == 1 else None,
+                order=meta.order,
             )
         if isinstance(meta, TritonMixedMetadata):
             out = torch.empty_like(q) if out is None else out

@@ -52,11 +52,7 @@ class AttentionLayer(nn.Module):
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
         q, k = self._norm_rope_store(q, k, v, positions, ctx)
-        if ctx.batch.is_decode and type(ctx.attn_backend).__name__ == "TritonBackend":
-            out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch,
-                                           prefetch=self.o_proj.weight)
-        else:
-            out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
         return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
 
     def _norm_rope_store(

@@ -38,8 +38,6 @@ With ``num_splits == 1`` stage 1 writes the normalised output directly and stage
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -55,24 +53,6 @@ MAX_SPLITS = 32
 
 
 @triton.jit
-def _prefetch_part(ptr, nbytes, part, parts, LANES: tl.constexpr):
-    """Ask L2 for part ``part`` of ``parts`` of the bytes ``[ptr, ptr + nbytes)``, one 128-byte
-    line per lane (``prefetch.global.L2``: no register, nothing to wait for)."""
-    total = tl.cdiv(nbytes, 128)
-    per = tl.cdiv(total, parts)
-    first = part * per
-    last = tl.minimum(first + per, total)
-    for l0 in range(first, last, LANES):
-        lines = l0 + tl.arange(0, LANES)
-        ok = (lines < last).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
-            "@p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptr + lines.to(tl.int64) * 128, ok], dtype=tl.int32, is_pure=False,
-            pack=1)
-
-
-@triton.jit
 def _decode_stage1(
     Q, K, V, PageTable, Rows, SeqLens, Order, PartOut, PartLse, Out,
     qk_scale,  # softmax scale * log2(e) (* k_scale of an FP8 cache): scores in the log2 domain
@@ -80,13 +60,11 @@ def _decode_stage1(
     num_splits,  # a runtime value (one compiled kernel for all); DIRECT marks num_splits == 1
     stride_qb, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_pt,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    Prefetch, prefetch_bytes, prefetch_parts,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, HAS_ORDER: tl.constexpr,
-    PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    if not PREFETCH:
-        wait_then_release(USE_PDL)
+    wait_then_release(USE_PDL)
     kvh = tl.program_id(0)
     b = tl.load(Order + tl.program_id(1)) if HAS_ORDER else tl.program_id(1)
     split = tl.program_id(2)
@@ -95,11 +73,6 @@ def _decode_stage1(
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
-    if PREFETCH:  # lengths and order are the host's: read before the wait
-        part = (num_splits - 1 - split) * tl.num_programs(0) + kvh  # the last splits first
-        if (start >= seq_len) & (part < prefetch_parts):  # no keys here: pull a weight into L2
-            _prefetch_part(Prefetch, prefetch_bytes, part, prefetch_parts, 128)
-        wait_then_release(USE_PDL)
 
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, BLOCK_D)
@@ -223,7 +196,6 @@ def decode_attention(
     num_stages: int | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
     order: torch.Tensor | None = None,  # [B] int32: the requests longest first (``longest_first``)
-    prefetch: torch.Tensor | None = None,  # a weight the next kernel reads (see below)
 ) -> torch.Tensor:
     """Attention of one new token per request over its paged context ``[0, seq_len)``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache, read as ``extend_attention`` reads it.
@@ -256,9 +228,6 @@ def decode_attention(
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     launch = pdl.launch_options(q)
     assert order is None or order.shape == (bs,) and order.dtype == torch.int32
-    use_prefetch = (prefetch is not None and num_splits > 1 and launch.get("launch_pdl", False)
-                    and os.environ.get("MINISGL_DECODE_PREFETCH", "1") != "0")
-    pf = prefetch.reshape(-1).view(torch.uint8) if use_prefetch else out
     _decode_stage1[(hkv, bs, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, rows if order is None else order,
         part_out, part_lse, out,
@@ -267,11 +236,9 @@ def decode_attention(
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if num_splits > 1 else 0,
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-        pf, pf.numel() * pf.element_size() if use_prefetch else 0, hkv * (num_splits // 2),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim,
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=num_splits == 1, DOT_PREC=dot_prec,
-        HAS_ORDER=order is not None, PREFETCH=use_prefetch, num_warps=num_warps,
-        num_stages=num_stages, **launch,
+        HAS_ORDER=order is not None, num_warps=num_warps, num_stages=num_stages, **launch,
     )
     if num_splits > 1:
         _decode_stage2[(bs, hq)](

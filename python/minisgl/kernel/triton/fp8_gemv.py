@@ -18,7 +18,9 @@ in the loop instead (session 10) made the step slower, 3.89 against 3.70. As in 
 first weight chunk is loaded before the PDL wait: 3.35-3.37 against 3.43-3.55 ms per token.
 Pulling o's whole weight into L2 during the attention (Hopper's bulk prefetch, from a side stream)
 ran 3% faster on two machines and 1-2% slower on a third, and was dropped: the early chunk already
-takes half of o's weight during the attention (``benchmark/results/s15_2026-11-25``).
+takes half of o's weight during the attention (``benchmark/results/s15_2026-11-25``). Asking L2 for
+it from the decode attention's idle split programs instead was slower (the step's graph 3.318
+against 3.309 ms; ``benchmark/results/s17_2026-11-25``).
 """
 
 from __future__ import annotations

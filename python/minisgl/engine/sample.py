@@ -108,9 +108,10 @@ class BatchSamplingArgs:
         settings need not reach the device: two copies fewer in a one-token decode step."""
         params = [req.sampling_params for req in reqs]
         greedy = [p.is_greedy or p.temperature < _GREEDY_EPS for p in params]
-        if argmax_only and all(greedy) and not any(
-                p.needs_penalties or p.logit_bias or p.logprobs or p.top_logprobs > 0
-                for p in params):
+        use_pen = any(p.needs_penalties for p in params)
+        use_bias = any(p.logit_bias for p in params)
+        need_logprobs = any(p.logprobs or p.top_logprobs > 0 for p in params)
+        if argmax_only and all(greedy) and not (use_pen or use_bias or need_logprobs):
             return cls(None, None, None, None, None, None, None, all_greedy=True,
                        max_top_logprobs=0, need_logprobs=False)
         top_k = [
@@ -122,8 +123,6 @@ class BatchSamplingArgs:
         use_top_k = any(k < vocab_size for k in top_k)
         use_top_p, use_min_p = any(p < 1 for p in top_p), any(p > 0 for p in min_p)
         temperatures = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
-        use_pen = any(p.needs_penalties for p in params)
-        use_bias = any(p.logit_bias for p in params)
         rows: list[int] = []
         if use_pen or use_bias:
             if state is None:
@@ -152,7 +151,7 @@ class BatchSamplingArgs:
             penalties=PenaltyArgs(state.counts, ints[3], *floats[3:6]) if use_pen else None,
             all_greedy=all(greedy),
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
-            need_logprobs=any(p.logprobs or p.top_logprobs > 0 for p in params),
+            need_logprobs=need_logprobs,
             bias=BiasArgs(state.bias, ints[4]) if use_bias else None,
             filters=(ints[2], floats[1], floats[2]),
             max_top_k=max((k for k in top_k if k < vocab_size), default=0),

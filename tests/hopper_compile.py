@@ -52,15 +52,16 @@ def _fp8_kernels():
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
             K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, ONE_PASS=block >= k,
             BLOCK=block), warps
-    for gated, channel, fused in ((False, False, False), (True, False, False), (True, True, True),
-                                  (False, True, True), (False, True, False)):
+    for gated, channel, fused, act in ((False, False, False, False), (True, False, False, False),
+                                       (True, True, True, False), (False, True, True, False),
+                                       (False, True, False, False), (False, True, True, True)):
         bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
         yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
             b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32",
             stride_s="i32", eps="fp32"), dict(
             SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
             HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, NORM=fused and not gated,
-            HAS_RES=fused and gated, BLOCK_N=bn, BLOCK_K=bk, RED=fp8_gemv.RED,
+            HAS_RES=fused and gated, ACT=act, BLOCK_N=bn, BLOCK_K=bk, RED=fp8_gemv.RED,
             USE_PDL=True), warps
     w8a16_sig = dict(x_ptr="*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv", s_ptr="*fp32",
                      b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32", K="i32",

@@ -232,6 +232,23 @@ def test_gemv_fused_norm_and_residual(block, n, k):
     torch.testing.assert_close(out, silu_and_mul_ref(gated) @ deq.T + res, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n, k", [(32, 64), (52, 80)])
+def test_gemv_act_feeds_down_as_the_gated_input_does(n, k):
+    """``act``: gate-up's GEMV writes ``silu(gate) * up`` (the norm fused too, as
+    ``_forward_one_token`` runs it); the down GEMV over it equals, bit for bit, the down GEMV over
+    the plain gate-up output with ``gated``, and the activation is the reference's within
+    rounding."""
+    wq, ws = quantize_channel(rand(n, k, seed=n, scale=0.1))
+    dq, ds = quantize_channel(rand(24, n // 2, seed=7, scale=0.1))
+    x, b = rand(1, k, seed=k, scale=3.0), rand(n, seed=3)
+    gate_up = fp8_gemv(x, wq, ws, None, b, config=(4, 32, 4), norm_eps=1e-6)
+    act = fp8_gemv(x, wq, ws, None, b, config=(4, 32, 4), norm_eps=1e-6, act=True)
+    assert act.shape == (1, n // 2)
+    torch.testing.assert_close(act, silu_and_mul_ref(gate_up), rtol=1e-6, atol=1e-6)
+    plain = fp8_gemv(act, dq, ds, None, config=(4, 32, 4))
+    assert torch.equal(plain, fp8_gemv(gate_up, dq, ds, None, config=(4, 32, 4), gated=True))
+
+
 @pytest.mark.slow
 def test_kernels_compile_for_hopper(tmp_path):
     """sm_90 cubins of every FP8 kernel variant (bf16 activations, e4m3 weights and caches)."""

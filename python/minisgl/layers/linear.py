@@ -78,13 +78,14 @@ class _Linear(nn.Module):
         return None if self.quant.channel else self.quant.block
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False,
-                norm_eps: float | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``norm_eps`` and ``residual``: see ``fp8_linear`` (FP8 layers only)."""
+                norm_eps: float | None = None, residual: torch.Tensor | None = None,
+                act: bool = False) -> torch.Tensor:
+        """``norm_eps``, ``residual`` and ``act``: see ``fp8_linear`` (FP8 layers only)."""
         if self.weight_scale_inv is not None:
             return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated,
-                              norm_eps, residual)
-        assert norm_eps is None and residual is None, "a fused norm or add needs an FP8 layer"
+                              norm_eps, residual, act)
+        assert norm_eps is None and residual is None and not act, \
+            "a fused norm, add or activation needs an FP8 layer"
         return linear(x, self.weight, bias, gated)
 
     def quantize_weights_(self, input_scale: torch.Tensor | None = None) -> None:
@@ -156,8 +157,11 @@ class LinearColParallelMerged(_Linear):
         size = self.local_sizes[shard_id]
         return sum(self.local_sizes[:shard_id]), self.tp.rank * size, size
 
-    def forward(self, x: torch.Tensor, norm_eps: float | None = None) -> torch.Tensor:
-        return self._matmul(x, self.bias, norm_eps=norm_eps)
+    def forward(self, x: torch.Tensor, norm_eps: float | None = None,
+                act: bool = False) -> torch.Tensor:
+        """``act`` (FP8 gate and up): the output is ``silu(gate) * up``."""
+        assert not act or len(self.local_sizes) == 2 and self.local_sizes[0] == self.local_sizes[1]
+        return self._matmul(x, self.bias, norm_eps=norm_eps, act=act)
 
 
 class LinearRowParallel(_Linear):

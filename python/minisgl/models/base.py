@@ -80,13 +80,14 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, None]:
         """One token, norms folded (``fold_norms_``): the QKV and gate-up GEMVs normalise the
         residual stream as they read it, the o and down GEMVs add it as they write, so the layer
-        runs no norm kernel and returns the stream itself (residual None)."""
+        runs no norm kernel and returns the stream itself (residual None). The gate-up GEMV
+        writes ``silu(gate) * up``, so the down GEMV reads a plain input of half the width."""
         if residual is not None:
             x = x + residual
         eps = self.input_layernorm.eps
         h = self.self_attn(x, positions, ctx, norm_eps=eps, residual=x)
-        gate_up = self.mlp.gate_up_proj(h, norm_eps=self.post_attention_layernorm.eps)
-        return self.mlp.down_proj(gate_up, gated=True, residual=h), None
+        act = self.mlp.gate_up_proj(h, norm_eps=self.post_attention_layernorm.eps, act=True)
+        return self.mlp.down_proj(act, residual=h), None
 
     def fold_norms_(self) -> None:
         """``--quantization fp8`` (per-channel): the two RMSNorms' weights are multiplied into the

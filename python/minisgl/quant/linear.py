@@ -111,27 +111,34 @@ def _channel_gemm(x: torch.Tensor | QuantizedInput, weight: torch.Tensor, scale:
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                block: tuple[int, int] | None, bias: torch.Tensor | None = None,
                gated: bool = False, norm_eps: float | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, act: bool = False) -> torch.Tensor:
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its scales
     (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype.
 
     ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``DecoderLayer.fold_norms_``
     multiplied it into ``weight``); ``residual [M, N]`` is added to the output. One token on CUDA
     does both inside the FP8 GEMV (no norm kernel, no add); elsewhere they are the torch ops.
+    ``act``: the layer is gate-up and the output is ``silu(gate) * up [M, N/2]``: one token on CUDA
+    with per-channel scales, in the GEMV's epilogue (the down GEMV then reads half the input and
+    computes no SiLU); elsewhere ``silu_and_mul`` after the GEMM.
     ``x`` may be a ``QuantizedInput`` (CUDA, 2 or more tokens, ``takes_quantized_input``)."""
     if isinstance(x, QuantizedInput):
-        assert block is None and not gated and norm_eps is None and residual is None
+        assert block is None and not gated and norm_eps is None and residual is None and not act
         return _channel_gemm(x, weight, scale_inv, bias, False)
-    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
+    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and (block is None or not act):
         from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 
         return fp8_gemv(x.contiguous(), weight, scale_inv, block, bias, gated,
-                        norm_eps=norm_eps, residual=residual)
+                        norm_eps=norm_eps, residual=residual, act=act)
     if norm_eps is not None:
         from minisgl.layers.norm import rms_norm
 
         x = rms_norm(x, torch.ones((), dtype=x.dtype, device=x.device), norm_eps)
     y = _fp8_linear(x, weight, scale_inv, block, bias, gated)
+    if act:
+        from minisgl.layers.activation import silu_and_mul
+
+        y = silu_and_mul(y)
     return y if residual is None else y + residual
 
 

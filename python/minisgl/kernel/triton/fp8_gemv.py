@@ -21,6 +21,11 @@ ran 3% faster on two machines and 1-2% slower on a third, and was dropped: the e
 takes half of o's weight during the attention (``benchmark/results/s15_2026-11-25``). Asking L2 for
 it from the decode attention's idle split programs instead was slower (the step's graph 3.318
 against 3.309 ms; ``benchmark/results/s17_2026-11-25``).
+
+``ACT`` (gate-up, per-channel): a program takes ``BLOCK_N // 2`` features, their gate rows and
+their up rows ``N // 2`` further on, and writes ``silu(gate) * up`` (each rounded to x's dtype as
+the separate ops would) to ``y [1, N/2]``. The down GEMV then reads a plain input of half the width
+once per program instead of recomputing the SiLU in each of its programs.
 """
 
 from __future__ import annotations
@@ -59,13 +64,20 @@ def _multiply_add(acc, squares, w, x_ptr, s_row, K, k0, ks, dt, GATED: tl.conste
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_w, stride_s, eps,
                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GATED: tl.constexpr,
                      HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, CHANNEL: tl.constexpr,
-                     NORM: tl.constexpr, HAS_RES: tl.constexpr,
+                     NORM: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RED: tl.constexpr,
                      USE_PDL: tl.constexpr):
     first = tl.program_id(0) * BLOCK_N
-    rows = first + tl.arange(0, BLOCK_N)
+    if ACT:  # BLOCK_N // 2 features: their gate rows, then their up rows (N // 2 further on)
+        HALF: tl.constexpr = BLOCK_N // 2
+        i = tl.arange(0, BLOCK_N)
+        feats = tl.program_id(0) * HALF + i % HALF
+        rows = feats + (i // HALF) * (N // 2)
+        row_ok = feats < N // 2
+    else:
+        rows = first + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
     ks = tl.arange(0, BLOCK_K)
-    row_ok = rows < N
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + ks[None, :]
     # no kernel writes a weight, so its first chunk is asked for before the wait (with PDL: while
     # the kernel before still runs)
@@ -91,7 +103,13 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_w, s
         out += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     if HAS_RES:
         out += tl.load(r_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rows, out.to(dt), mask=row_ok)
+    if ACT:  # silu(gate) * up, each rounded as the gate-up output and the SiLU-and-mul would be
+        gate, up = tl.split(tl.permute(tl.reshape(out.to(dt).to(tl.float32), (2, HALF)), (1, 0)))
+        act = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt)
+        feats = tl.program_id(0) * HALF + tl.arange(0, HALF)
+        tl.store(y_ptr + feats, act, mask=feats < N // 2)
+    else:
+        tl.store(y_ptr + rows, out.to(dt), mask=row_ok)
 
 
 def pick_config(n: int, k: int) -> tuple[int, int, int]:
@@ -115,7 +133,7 @@ def pick_config(n: int, k: int) -> tuple[int, int, int]:
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int] | None,
              b: torch.Tensor | None = None, gated: bool = False,
              config: tuple[int, int, int] | None = None, norm_eps: float | None = None,
-             residual: torch.Tensor | None = None) -> torch.Tensor:
+             residual: torch.Tensor | None = None, act: bool = False) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
     scales, or with ``block=None`` per-channel scales ws [N, 1].
 
@@ -123,11 +141,14 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
     w), i.e. the dot products are scaled by ``rsqrt(mean(x^2) + eps)``, which each program sums as
     it reads x.
     ``residual [1, N]``: added to the output (the residual stream's add, as the output is
-    written)."""
+    written).
+    ``act``: w is gate-up ``[gate; up]`` (per-channel scales) and the output is ``silu(gate) * up
+    [1, N/2]``, the down projection's plain input (see the module's note)."""
     n, k = w.shape
     assert norm_eps is None or not gated, "the norm applies to a plain input"
     assert residual is None or residual.shape == (1, n) and residual.is_contiguous()
     channel = block is None
+    assert not act or channel and n % 2 == 0 and residual is None, "act: per-channel gate-up"
     bn, bk = (1, k) if channel else block
     assert x.shape == (1, 2 * k if gated else k) and x.stride(1) == 1 and w.is_contiguous()
     assert ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk)) and ws.stride(1) == 1
@@ -135,13 +156,13 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
     if not channel:
         block_n = min(block_n, bn)
         assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((1, n // 2 if act else n), dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, ws, w if b is None else b, y if residual is None else residual, y, n, k,
         w.stride(0), ws.stride(0), 0.0 if norm_eps is None else norm_eps,
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, NORM=norm_eps is not None,
-        HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
+        HAS_RES=residual is not None, ACT=act, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
         num_warps=warps, **pdl.launch_options(x),
     )
     return y

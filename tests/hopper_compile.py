@@ -110,8 +110,8 @@ def _fp8_kernels():
 
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
-    the FP8 ones): the GEMV, the norm, the attention reduction."""
-    from minisgl.kernel.triton import decode_attention, gemv, norm
+    the FP8 ones): the GEMV, the norm, the attention reduction, the greedy sampler."""
+    from minisgl.kernel.triton import decode_attention, decode_step, gemv, norm
 
     for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
@@ -123,6 +123,12 @@ def _pdl_kernels():
             **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0", "stride_x1", "stride_r",
                                   "stride_y", "stride_ro", "dim")}), dict(
             HAS_RES=True, QUANT=quant, ROWS=1, BLOCK_D=4096, USE_PDL=True), 4
+    greedy_sig = dict(flag_ptr="*i64", val_ptr="*fp32", idx_ptr="*i32", out_ptr="*i64",
+                      pool_ptr="*i32", rows_ptr="*i64", pos_ptr="*i64", pool_stride="i32")
+    for splits in (1, 64):
+        yield decode_step._partial_kernel, dict(greedy_sig, logits_ptr="*bf16", stride="i32", V="i32",
+            chunk="i32"), dict(SPLITS=splits, BLOCK=1024, USE_PDL=True), 4
+    yield decode_step._final_kernel, greedy_sig, dict(SPLITS=64, USE_PDL=True), 1
     yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
         Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",
         "stride_lb", "stride_lh", "stride_ob", "stride_oh")}), dict(

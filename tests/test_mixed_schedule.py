@@ -316,10 +316,10 @@ def test_gpu_mixed_steps_keep_graphs_for_pure_decode(llama, workload):
         runner = llm.scheduler.engine.graph_runner
         replay, count = runner.replay, [0]
 
-        def counted(batch, replay=replay, count=count):
+        def counted(batch, greedy, replay=replay, count=count):
             assert batch.is_decode
             count[0] += 1
-            return replay(batch)
+            return replay(batch, greedy)
 
         runner.replay = counted
         steps = record_steps(llm.scheduler)

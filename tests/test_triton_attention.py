@@ -212,17 +212,29 @@ def test_backend_mixed_batch(page_size, decode_kernel):
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=TOL[torch.float32])
 
 
+def graph_bufs(backend, static, bs: int) -> torch.Tensor:
+    """The static metadata the graph runner gives a captured size: its rows for ``static``."""
+    return torch.tensor(backend.replay_metadata(static, bs), dtype=torch.int32,
+                        device=backend.device)
+
+
+def refill(backend, bufs: torch.Tensor, batch) -> None:
+    """What a replay's copy does: ``batch``'s rows, padded to the captured size."""
+    bufs.copy_(torch.tensor(backend.replay_metadata(batch, bufs.shape[1]), dtype=torch.int32))
+
+
 def test_graph_contract_pads_with_the_dummy_row():
     """Replay metadata: live rows give the eager result; padding rows attend over slot 0 only."""
     scene = Scene([5, 40, 90], [1, 1, 1], 8, 4, 64, torch.float32, seed=2)
     backend, batch, qkv, eager = compare_backends(scene, "decode")
     backend.init_cuda_graph(8)
     static = dummy_decode_batch(backend.dummy_row, 8)
-    backend.prepare_for_capture(static)
+    bufs = graph_bufs(backend, static, 8)
+    backend.prepare_for_capture(static, bufs)
     meta = static.attn_metadata
     assert meta.static and meta.rows.shape == (8,)
     assert meta.num_splits == backend.num_splits(8)
-    backend.prepare_for_replay(batch, 8)
+    refill(backend, bufs, batch)
     # the live requests longest first (90, 40, 5 cached tokens), then the padding rows
     assert meta.order.tolist() == [2, 1, 0, 3, 4, 5, 6, 7]
     q = torch.cat([qkv[0], torch.randn(5, *qkv[0].shape[1:], device=qkv[0].device)])
@@ -319,7 +331,8 @@ def test_gpu_cuda_graph_replay_matches_eager():
     backend, batch, qkv, eager = compare_backends(scene, "decode")
     backend.init_cuda_graph(4)
     static = dummy_decode_batch(backend.dummy_row, 4)
-    backend.prepare_for_capture(static)
+    bufs = graph_bufs(backend, static, 4)
+    backend.prepare_for_capture(static, bufs)
     q_static = torch.zeros(4, 16, 128, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -329,7 +342,7 @@ def test_gpu_cuda_graph_replay_matches_eager():
             out_static = backend.forward(q_static, None, None, 0, static)
     torch.cuda.current_stream().wait_stream(stream)
     q_static[:3].copy_(qkv[0])
-    backend.prepare_for_replay(batch, 4)
+    refill(backend, bufs, batch)
     graph.replay()
     # eager ran num_splits(3), the graph num_splits(4): the same sums in another order
     torch.testing.assert_close(out_static[:3], eager, atol=1e-2, rtol=1e-2)
@@ -340,7 +353,7 @@ def test_gpu_cuda_graph_replay_matches_eager():
     backend.prepare_metadata(batch2)
     eager2 = backend.forward(q2, None, None, 0, batch2)
     q_static[:3].copy_(q2)
-    backend.prepare_for_replay(batch2, 4)
+    refill(backend, bufs, batch2)
     graph.replay()
     torch.testing.assert_close(out_static[:3], eager2, atol=1e-2, rtol=1e-2)
 

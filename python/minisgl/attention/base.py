@@ -7,21 +7,26 @@ which attends over each request's whole context ``[0, device_len)`` in the pool,
 new tokens (token ``i`` of a request sits at position ``cached_len + i``). ``k``/``v`` are this
 step's rows too, for backends that can attend without reading them back (no cached prefix).
 
-CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_graph = True`` and
-implements three methods; the graph runner calls them in this order::
+CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_graph = True``,
+``graph_metadata_rows`` and implements three methods; the graph runner calls them in this order::
 
-    init_cuda_graph(max_bs)          once: static metadata buffers for up to max_bs requests
+    init_cuda_graph(max_bs)          once: static state for up to max_bs requests
     for bs in captured sizes:        (largest first)
-        prepare_for_capture(batch)   batch: bs dummy requests; sets batch.attn_metadata to views of
-                                     the static buffers, then model.forward is warmed up + captured
+        prepare_for_capture(batch, bufs)
+                                     batch: bs dummy requests; bufs: int32 [graph_metadata_rows, bs]
+                                     on the device, holding replay_metadata(batch, bs); sets
+                                     batch.attn_metadata to views of bufs, then model.forward is
+                                     warmed up + captured
     per step:
-        prepare_for_replay(batch, padded_bs)
-                                     copies the live batch's metadata into the static buffers; rows
-                                     batch.size .. padded_bs-1 become the dummy request (the page
-                                     table's last row, context length 1)
+        replay_metadata(batch, padded_bs)
+                                     the live batch's rows of bufs, as host lists, which the runner
+                                     copies with its own inputs in one transfer; rows batch.size ..
+                                     padded_bs-1 are the dummy request (the page table's last row,
+                                     context length 1)
 
 Everything a captured forward reads (lengths, page-table rows, split workspace) must therefore live
-in buffers the backend owns, and no launch may depend on device data (grids from host-side bounds).
+in ``bufs`` or in buffers the backend owns, and no launch may depend on device data (grids from
+host-side bounds).
 
 Prefill and mixed forwards replay piecewise graphs instead (``engine/piecewise.py``) when the backend
 accepts padding rows: ``forward`` itself is never captured there, but called eagerly between the
@@ -45,6 +50,7 @@ class BaseAttnMetadata:
 
 class BaseAttnBackend(ABC):
     supports_cuda_graph: bool = False
+    graph_metadata_rows: int = 0  # int32 rows of a captured decode step's metadata
     # prefill and mixed batches may carry padding tokens after the last request's (engine/batch.py):
     # rows of q that no request's metadata covers, whose output nobody reads
     supports_padding: bool = False
@@ -64,13 +70,14 @@ class BaseAttnBackend(ABC):
     # -- CUDA graphs (see the module docstring); backends without them keep these defaults --------
 
     def init_cuda_graph(self, max_bs: int) -> None:
-        """Allocate static metadata buffers for decode batches of up to ``max_bs`` requests."""
+        """Allocate static state for decode batches of up to ``max_bs`` requests."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
-    def prepare_for_capture(self, batch: Batch) -> None:
-        """Point ``batch.attn_metadata`` (``batch.size`` dummy requests) at the static buffers."""
+    def prepare_for_capture(self, batch: Batch, bufs: torch.Tensor) -> None:
+        """Point ``batch.attn_metadata`` (``batch.size`` dummy requests) at ``bufs`` (int32
+        ``[graph_metadata_rows, batch.size]``, filled with ``replay_metadata(batch, batch.size)``)."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
-    def prepare_for_replay(self, batch: Batch, padded_bs: int) -> None:
-        """Copy ``batch``'s metadata into the static buffers; pad up to ``padded_bs`` with the dummy."""
+    def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
+        """The rows of the graph's ``bufs`` for ``batch``, padded to ``padded_bs`` with the dummy."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

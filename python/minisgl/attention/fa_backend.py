@@ -90,6 +90,7 @@ class FlashAttnBackend(BaseAttnBackend):
 
         self.impl, self.varlen = find_varlen()
         self.triton = TritonBackend(kv_pool, page_table, scale)
+        self.graph_metadata_rows = self.triton.graph_metadata_rows
         self._prefill_meta = TritonPrefillMetadata
         self.kv_pool, self.scale = kv_pool, scale
 
@@ -113,11 +114,11 @@ class FlashAttnBackend(BaseAttnBackend):
     def init_cuda_graph(self, max_bs: int) -> None:
         self.triton.init_cuda_graph(max_bs)
 
-    def prepare_for_capture(self, batch: Batch) -> None:
-        self.triton.prepare_for_capture(batch)
+    def prepare_for_capture(self, batch: Batch, bufs: torch.Tensor) -> None:
+        self.triton.prepare_for_capture(batch, bufs)
 
-    def prepare_for_replay(self, batch: Batch, padded_bs: int | None = None) -> None:
-        self.triton.prepare_for_replay(batch, padded_bs)
+    def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
+        return self.triton.replay_metadata(batch, padded_bs)
 
 
 class HybridBackend(BaseAttnBackend):
@@ -126,6 +127,7 @@ class HybridBackend(BaseAttnBackend):
     def __init__(self, prefill: BaseAttnBackend, decode: BaseAttnBackend) -> None:
         self.prefill, self.decode = prefill, decode
         self.supports_cuda_graph = decode.supports_cuda_graph
+        self.graph_metadata_rows = decode.graph_metadata_rows
 
     def _pick(self, batch: Batch) -> BaseAttnBackend:
         return self.decode if batch.is_decode else self.prefill
@@ -142,8 +144,8 @@ class HybridBackend(BaseAttnBackend):
     def init_cuda_graph(self, max_bs: int) -> None:
         self.decode.init_cuda_graph(max_bs)
 
-    def prepare_for_capture(self, batch: Batch) -> None:
-        self.decode.prepare_for_capture(batch)
+    def prepare_for_capture(self, batch: Batch, bufs: torch.Tensor) -> None:
+        self.decode.prepare_for_capture(batch, bufs)
 
-    def prepare_for_replay(self, batch: Batch, padded_bs: int | None = None) -> None:
-        self.decode.prepare_for_replay(batch, padded_bs)
+    def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
+        return self.decode.replay_metadata(batch, padded_bs)

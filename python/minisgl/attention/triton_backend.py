@@ -11,8 +11,8 @@ Metadata is a handful of int32 device vectors built on the host, sent in one pin
 ``order`` lists the requests longest first, the order in which the decode kernel starts their
 programs (``decode_attention``'s docstring: it keeps long requests from finishing alone).
 
-For CUDA graphs, decode reads rows/seq_lens/order from static buffers ``[3, max_bs]`` that the
-runner's ``prepare_for_replay`` refreshes, and the split workspace is one static allocation sized
+For CUDA graphs, decode reads rows/seq_lens/order from the graph runner's static ``[3, bs]``
+rows, which it refreshes with ``replay_metadata`` in the same transfer as its own inputs, and the split workspace is one static allocation sized
 for the largest ``bs * num_splits(bs)``; ``num_splits`` depends on the batch size alone, so eager
 and replayed decode of the same batch run the same launches and give the same bits.
 """
@@ -85,6 +85,7 @@ class TritonMixedMetadata(BaseAttnMetadata):
 
 class TritonBackend(BaseAttnBackend):
     supports_cuda_graph = True
+    graph_metadata_rows = 3  # rows, seq_lens, order
     supports_padding = True  # the extend kernel reads the tokens of cu_seqlens only
     # mixed batches: decode rows through the decode kernel (True) or the extend kernel (False);
     # benchmark/kernels/bench_mixed_attention.py measures both
@@ -100,7 +101,7 @@ class TritonBackend(BaseAttnBackend):
             torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda" else 16
         )
-        self._graph_bufs: torch.Tensor | None = None  # [3, max_bs]: rows, seq_lens, order
+        self._graph_max_bs = 0
         self._graph_ws: tuple[torch.Tensor, torch.Tensor] | None = None  # flat part_out, part_lse
 
     def num_splits(self, batch_size: int) -> int:
@@ -182,9 +183,9 @@ class TritonBackend(BaseAttnBackend):
             if meta.workspace is None:
                 meta.workspace = decode_workspace(bs, hq, meta.num_splits, dim, q.device)
             return meta.workspace
-        assert self._graph_bufs is not None, "init_cuda_graph was not called"
+        assert self._graph_max_bs, "init_cuda_graph was not called"
         if self._graph_ws is None:  # sized once for every capturable batch size
-            max_bs = self._graph_bufs.shape[1]
+            max_bs = self._graph_max_bs
             most = max(b * self.num_splits(b) for b in range(1, max_bs + 1))
             self._graph_ws = (
                 torch.empty(most * hq * dim, dtype=torch.float32, device=q.device),
@@ -198,32 +199,17 @@ class TritonBackend(BaseAttnBackend):
     # -- CUDA graphs ----------------------------------------------------------------------------
 
     def init_cuda_graph(self, max_bs: int) -> None:
-        self._graph_bufs = torch.empty(3, max_bs, dtype=torch.int32, device=self.device)
-        self._graph_bufs[0].fill_(self.dummy_row)
-        self._graph_bufs[1].fill_(1)
-        self._graph_bufs[2].copy_(torch.arange(max_bs))
+        self._graph_max_bs = max_bs
         self._graph_ws = None
 
-    def prepare_for_capture(self, batch: Batch) -> None:
-        bufs = self._graph_bufs
-        assert bufs is not None, "init_cuda_graph was not called"
+    def prepare_for_capture(self, batch: Batch, bufs: torch.Tensor) -> None:
         bs = batch.size
-        assert bs <= bufs.shape[1], f"batch of {bs} > max_bs {bufs.shape[1]}"
-        self._fill(batch, bs)
-        batch.attn_metadata = TritonDecodeMetadata(
-            bufs[0, :bs], bufs[1, :bs], bufs[2, :bs], self.num_splits(bs), static=True
-        )
+        assert bs <= self._graph_max_bs, f"batch of {bs} > max_bs {self._graph_max_bs}"
+        assert bufs.shape == (self.graph_metadata_rows, bs) and bufs.dtype == torch.int32
+        batch.attn_metadata = TritonDecodeMetadata(bufs[0], bufs[1], bufs[2], self.num_splits(bs),
+                                                   static=True)
 
-    def prepare_for_replay(self, batch: Batch, padded_bs: int | None = None) -> None:
-        self._fill(batch, padded_bs or batch.size)
-
-    def _fill(self, batch: Batch, padded_bs: int) -> None:
-        bufs = self._graph_bufs
-        assert bufs is not None, "init_cuda_graph was not called"
+    def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
         n, pad = batch.size, padded_bs - batch.size
         rows, lens, order = _decode_lists(batch.reqs)
-        host = torch.tensor(
-            [rows + [self.dummy_row] * pad, lens + [1] * pad, order + list(range(n, padded_bs))],
-            dtype=torch.int32, pin_memory=self.device.type == "cuda",
-        )
-        bufs[:, :padded_bs].copy_(host, non_blocking=True)
+        return [rows + [self.dummy_row] * pad, lens + [1] * pad, order + list(range(n, padded_bs))]

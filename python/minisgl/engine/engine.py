@@ -202,9 +202,9 @@ class Engine:
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """Run the model on ``batch`` (``prepare`` first) and sample from it."""
-        prompt_lps = None
+        prompt_lps, greedy = None, None
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
-            logits = self.graph_runner.replay(batch)
+            logits, greedy = self.graph_runner.replay(batch, args.argmax_only)
         else:
             with self.ctx.forward_batch(batch):
                 self.attn_backend.prepare_metadata(batch)
@@ -217,8 +217,11 @@ class Engine:
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
         if args.late_bitmask is not None:  # the device computes the logits meanwhile
             args.token_bitmask = args.late_bitmask()
-        out = sample(logits, args)
-        self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
+        if greedy is not None:  # sampled inside the graph, the tokens already in the pool
+            out = SampleOutput(greedy, None, None, None)
+        else:
+            out = sample(logits, args)
+            self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"
         host = [out.next_tokens.to("cpu", non_blocking=non_blocking)]
         if out.logprobs is not None:

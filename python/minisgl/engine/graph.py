@@ -1,21 +1,30 @@
 """CUDA graphs for decode: one graph per captured batch size, replayed with a padded batch.
 
 A decode step of a small model is dominated by kernel-launch overhead; replaying a captured graph
-removes it. Every input of the graph lives in a static buffer::
+removes it. Everything the graph of ``bs`` requests reads from the host lives in one static int32
+buffer, ``[4 + m, bs]``::
 
-    inputs [3, max_bs] int64         page-table row, position of the new token, position of the
-                                     token it samples (rows >= batch size are padding)
-    attention metadata               owned by the backend (``init_cuda_graph``)
+    row 0                            page-table row of each request (rows >= batch size: padding)
+    row 1                            position of its new token
+    row 2                            position of the token it samples
+    row 3                            [3, 0]: 1 for a plain greedy batch
+    rows 4 ..                        the attention backend's metadata (m = graph_metadata_rows)
 
-The graph gathers the rest itself, as ``prepare_batch`` would: the input token from the token pool
-(where the previous step's sampler wrote it) and the KV slot from the page table. A step sends
-these rows in one copy (and the backend its metadata in another) where the batch's preparation
-outside the graph took eight launches (a copy, gathers, a cast, copies into the buffers), each a
-few microseconds of a one-token step. On an H100, batch 1, old and new code alternating in one
-call (``benchmark/results/s17_2026-11-25``): Qwen3-0.6B 0.98 against 1.07 ms per token (medians
-of ten), Qwen3-8B with FP8 weights 3.36 against 3.38; on another machine ``bench.py``'s batch-1
-runs gave Qwen3-0.6B 0.94 / 0.96 against 0.96 / 0.96. The graph alone costs 6-10 us more with
-the gathers inside.
+Each size reads the first ``(4 + m) * bs`` entries of one flat buffer, so that a step sends all of
+it in one contiguous copy (the columns of a ``[4 + m, max_bs]`` buffer are strided, and torch
+copies into them through a device copy kernel).
+
+The graph gathers the rest itself (``kernel/triton/decode_step.py``), as ``prepare_batch`` would:
+the input token from the token pool (where the previous step's sampler wrote it) and the KV slot
+from the page table; the batch's preparation outside the graph took eight launches (a copy,
+gathers, a cast, copies into the buffers), each a few microseconds of a one-token step. On an
+H100, batch 1, old and new code alternating in one call (``benchmark/results/s17_2026-11-25``):
+Qwen3-0.6B 0.98 against 1.07 ms per token (medians of ten), Qwen3-8B with FP8 weights 3.36
+against 3.38.
+
+A plain greedy batch is also sampled inside the graph: the argmax is written to ``tokens`` and to
+the token pool, and only ``tokens`` goes back to the host. With the single copy, Qwen3-8B with
+FP8 weights at batch 1 on an H100: ... (``benchmark/results/s19_2026-11-26``).
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
 page (page 0, never handed to a request) and attending over that one slot.
@@ -29,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
+from minisgl.kernel.triton.decode_step import gather_inputs, greedy_to_pool
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
@@ -54,8 +64,9 @@ class GraphRunner:
         self.engine = engine
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        self.inputs = torch.zeros(3, self.max_bs, dtype=torch.int64, device=engine.device)
-        self.inputs[0].fill_(engine.dummy_row)
+        self.rows = 4 + engine.attn_backend.graph_metadata_rows
+        self.inputs = torch.zeros(self.rows * self.max_bs, dtype=torch.int32, device=engine.device)
+        self.tokens = torch.zeros(self.max_bs, dtype=torch.int64, device=engine.device)
         self.logits: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
@@ -84,7 +95,9 @@ class GraphRunner:
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
             batch = dummy_decode_batch(engine.dummy_row, bs)
-            engine.attn_backend.prepare_for_capture(batch)
+            inputs = self._inputs(bs)
+            inputs.copy_(self._host_inputs(batch, bs, False, pin=False))  # the dummy request
+            engine.attn_backend.prepare_for_capture(batch, inputs[4:])
             with torch.cuda.stream(stream):
                 self._run(batch)  # warm-up: compiles every kernel variant before capture
                 graph = torch.cuda.CUDAGraph()
@@ -96,31 +109,44 @@ class GraphRunner:
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def _run(self, batch: Batch) -> torch.Tensor:
-        """The captured forward: the batch's inputs gathered from the static rows, then the model."""
+        """The captured forward: the batch's inputs gathered from the static rows, the model, and
+        (flag set) the greedy tokens."""
         engine = self.engine
-        rows, positions = self.inputs[0, : batch.size], self.inputs[1, : batch.size]
-        batch.input_ids = engine.token_pool[rows, positions]
-        batch.positions = positions
-        batch.out_loc = engine.page_table[rows, positions]
+        inputs = self._inputs(batch.size)
+        batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
+            inputs[:2], engine.token_pool, engine.page_table)
         with engine.ctx.forward_batch(batch):
             hidden = engine.model(batch.input_ids, batch.positions, engine.ctx)
-        return engine.model.compute_logits(hidden)
+        logits = engine.model.compute_logits(hidden)
+        greedy_to_pool(logits, inputs[3], inputs[0], inputs[2], engine.token_pool,
+                       self.tokens[: batch.size])
+        return logits
 
-    def replay(self, batch: Batch) -> torch.Tensor:
-        """Logits of a live decode batch; sets ``batch.sample_loc`` (views of the static rows, valid
-        until the next replay's copy, which the stream orders after this step's sampling)."""
+    def replay(self, batch: Batch, greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of a live decode batch and, with ``greedy`` (a plain greedy batch), its tokens,
+        already in the token pool (else None). Sets ``batch.sample_loc``. All are views of static
+        buffers, valid until the next replay (the stream orders its copy after this step's
+        sampling and host copies)."""
         bs = batch.size
         padded = next(s for s in self.sizes if s >= bs)
-        pad = padded - bs
+        inputs = self._inputs(padded)
+        inputs.copy_(self._host_inputs(batch, padded, greedy, pin=True), non_blocking=True)
+        self.graphs[padded].replay()
+        batch.sample_loc = (inputs[0, :bs], inputs[2, :bs])
+        return self.logits[padded][:bs], self.tokens[:bs] if greedy else None
+
+    def _inputs(self, bs: int) -> torch.Tensor:
+        """The static inputs of the graph of ``bs`` requests (module docstring)."""
+        return self.inputs[: self.rows * bs].view(self.rows, bs)
+
+    def _host_inputs(self, batch: Batch, padded: int, greedy: bool, pin: bool) -> torch.Tensor:
+        pad = padded - batch.size
         rows = [req.table_idx for req in batch.reqs] + [self.engine.dummy_row] * pad
         new = [req.device_len - 1 for req in batch.reqs]  # decode: cached_len == device_len - 1
-        host = torch.tensor([rows, new + [0] * pad, [p + 1 for p in new] + [0] * pad],
-                            dtype=torch.int64, pin_memory=True)
-        self.inputs[:, :padded].copy_(host, non_blocking=True)
-        self.engine.attn_backend.prepare_for_replay(batch, padded)
-        self.graphs[padded].replay()
-        batch.sample_loc = (self.inputs[0, :bs], self.inputs[2, :bs])
-        return self.logits[padded][:bs]
+        meta = self.engine.attn_backend.replay_metadata(batch, padded)
+        return torch.tensor([rows, new + [0] * pad, [p + 1 for p in new] + [0] * pad,
+                             [int(greedy)] + [0] * (padded - 1), *meta], dtype=torch.int32,
+                            pin_memory=pin)
 
     def close(self) -> None:
         """Free the graphs. NCCL will not destroy a communicator while a graph that captured one of

@@ -97,6 +97,12 @@ class BatchSamplingArgs:
     # scheduler reads the previous step back meanwhile (a grammar's mask needs its last token)
     late_bitmask: Callable[[], torch.Tensor | None] | None = None
 
+    @property
+    def argmax_only(self) -> bool:
+        """``from_reqs(argmax_only=True)``'s args of a plain greedy batch: the argmax is the whole
+        sampling (the decode graph then does it itself, ``graph.py``)."""
+        return self.temperatures is None
+
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,
                   state: SamplingState | None = None,

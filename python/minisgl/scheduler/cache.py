@@ -121,13 +121,14 @@ class CacheManager:
         """Copy this step's page-table changes to the device (before the batch is prepared)."""
         if not self._dirty:
             return
+        from minisgl.kernel.triton.scatter import scatter_2d_  # on a GPU only: needs triton
+
         rows = torch.cat([r for r, _ in self._dirty]).to(torch.int32)
         cols = torch.cat([c for _, c in self._dirty]).to(torch.int32)
         self._dirty.clear()
-        # rows, columns and slots in one copy (int32 indices index as well as int64)
+        # rows, columns and slots in one copy, written by one kernel
         host = torch.stack([rows, cols, self.host_table[rows, cols]]).pin_memory()
-        dev = host.to(self.page_table.device, non_blocking=True)
-        self.page_table[dev[0], dev[1]] = dev[2]
+        scatter_2d_(self.page_table, host.to(self.page_table.device, non_blocking=True))
 
     def _take_pages(self, n: int) -> torch.Tensor:
         short = n - len(self.free_pages)

@@ -60,7 +60,8 @@ case $stage in
 tests|tests1|tests2)  # tests: both halves (about fifteen minutes); tests1, tests2: one each
     part1="tests/test_parity.py tests/test_gpu.py tests/test_mixed_schedule.py tests/test_piecewise.py
         tests/test_triton_attention.py"
-    part2="tests/test_triton_kernels.py tests/test_engine.py tests/test_sampling.py
+    part2="tests/test_triton_kernels.py tests/test_decode_step_kernels.py tests/test_engine.py
+        tests/test_sampling.py
         tests/test_sampling_kernel.py tests/test_penalties.py tests/test_fp8.py
         tests/test_fp8_kernels.py tests/test_fp8_w8a16.py tests/test_pdl.py"
     case $stage in tests1) files=$part1 ;; tests2) files=$part2 ;; *) files="$part1 $part2" ;; esac

@@ -34,7 +34,9 @@ class ForwardOutput:
     """
 
     next_tokens: torch.Tensor  # [B] int64, on the CPU (valid after wait())
-    sample: SampleOutput  # device tensors, including log-probabilities when asked
+    # device tensors, including log-probabilities when asked; a greedy batch sampled inside a CUDA
+    # graph gives the graph's static tokens, valid until the next forward
+    sample: SampleOutput
     logits: torch.Tensor  # [B, vocab] on the device (for tests and debugging)
     logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
     copy_done: torch.cuda.Event | None = None

@@ -118,7 +118,7 @@ def pick_splits(rows: int) -> int:
 def greedy_to_pool(logits: torch.Tensor, flag: torch.Tensor, rows: torch.Tensor,
                    positions: torch.Tensor, token_pool: torch.Tensor, out: torch.Tensor,
                    splits: int | None = None, block: int = 1024) -> None:
-    """If ``flag[0]`` (int64) is not 0: ``out[i] = logits[i].argmax()`` and
+    """If ``flag[0]`` is not 0: ``out[i] = logits[i].argmax()`` and
     ``token_pool[rows[i], positions[i]] = out[i]`` for every row ``i`` of ``logits [B, V]``; else
     nothing. ``flag``/``rows``/``positions``: int32 or int64; ``token_pool``: int32 [R, L]
     (row-contiguous)."""

@@ -61,18 +61,25 @@ def test_flag_zero_writes_nothing():
 
 
 @pytest.mark.parametrize("bs", [1, 5, 300])
-def test_gather_inputs_is_torch_indexing(bs):
+def test_gather_inputs_reads_tokens_and_writes_given_slots(bs):
+    """Tokens as torch's indexing reads them; a given slot lands in the page table and is the
+    step's slot, -1 reads the table's. Distinct (row, position) pairs, as a decode step's are."""
     g = torch.Generator().manual_seed(bs)
     pool = torch.randint(0, 50000, (bs + 2, 40), generator=g, dtype=torch.int32).to(DEV)
     table = torch.randint(0, 10**6, (bs + 2, 40), generator=g, dtype=torch.int32).to(DEV)
-    rows = torch.randint(0, bs + 2, (bs,), generator=g)
-    positions = torch.randint(0, 40, (bs,), generator=g)
-    inputs = torch.stack([rows, positions, positions + 1]).to(torch.int32).to(DEV)
-    ids, pos, loc = gather_inputs(inputs[:2], pool, table)
-    rows, positions = rows.to(DEV), positions.to(DEV)
-    assert torch.equal(ids, pool[rows, positions]) and ids.dtype == torch.int32
-    assert torch.equal(pos, positions) and pos.dtype == torch.int64
-    assert torch.equal(loc, table[rows, positions]) and loc.dtype == torch.int32
+    cells = torch.randperm((bs + 2) * 40, generator=g)[:bs]
+    rows, positions = (cells // 40).to(torch.int32), (cells % 40).to(torch.int32)
+    slots = torch.randint(0, 10**6, (bs,), generator=g, dtype=torch.int32)
+    slots[::2] = -1
+    expected_table = table.clone()
+    given = slots >= 0
+    expected_table[rows[given].long(), positions[given].long()] = slots[given].to(DEV)
+    rows, positions, slots = rows.to(DEV), positions.to(DEV), slots.to(DEV)
+    ids, pos, loc = gather_inputs(rows, positions, slots, pool, table)
+    assert torch.equal(ids, pool[rows.long(), positions.long()]) and ids.dtype == torch.int32
+    assert torch.equal(pos, positions.long()) and pos.dtype == torch.int64
+    assert torch.equal(table, expected_table)
+    assert torch.equal(loc, table[rows.long(), positions.long()]) and loc.dtype == torch.int32
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 2000])
@@ -86,3 +93,34 @@ def test_scatter_writes_the_pairs_and_nothing_else(n):
     expected[updates[0].long(), updates[1].long()] = updates[2]
     scatter_2d_(table, updates)
     assert torch.equal(table, expected)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_flush_leaves_the_graph_its_new_tokens(page_size):
+    """``CacheManager.flush(new_tokens_of=...)`` (a decode batch replaying a CUDA graph): the new
+    tokens' slots come back for the graph to write; every other change reaches the device table,
+    and together they make it equal the host's."""
+    from minisgl.core import Req, SamplingParams
+    from minisgl.kvcache import create_prefix_cache
+    from minisgl.scheduler.cache import CacheManager
+
+    device_table = torch.zeros(5, 32, dtype=torch.int32, device=DEV)
+    cache = CacheManager(64, page_size, create_prefix_cache("naive", page_size, "cpu"),
+                         device_table)
+    if DEV == "cpu":  # a separate device table, as on a GPU
+        cache.host_table = torch.zeros_like(device_table)
+    reqs = [Req(uid=i, input_ids=[1] * 5, prompt_len=4, sampling_params=SamplingParams(),
+                max_device_len=30, table_idx=i, device_len=0) for i in range(3)]
+    cache.allocate_many(reqs, [4, 4, 4])  # the prompts (whole pages): flushed as any change
+    assert cache.flush() is None
+    for req in reqs:
+        req.device_len = 4
+    cache.allocate_many(reqs, [5, 5, 5])  # a decode step: a new page each
+    for req in reqs:
+        req.device_len = 5
+    slots = cache.flush(new_tokens_of=reqs)
+    assert slots == [int(cache.host_table[r.table_idx, 4]) for r in reqs]
+    written = device_table.cpu().clone()
+    assert (written[:3, 4] == 0).all(), "the new tokens' entries are the graph's to write"
+    written[:3, 4] = torch.tensor(slots, dtype=torch.int32)
+    assert torch.equal(written, cache.host_table)  # the rest of a new page arrived

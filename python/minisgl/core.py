@@ -242,6 +242,9 @@ class Batch:
     out_loc: torch.Tensor | None = None
     logits_idx: torch.Tensor | None = None
     sample_loc: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, position) of new tokens
+    # a decode batch that replays a CUDA graph: its new tokens' KV slots (host), which the graph
+    # writes into the device page table itself (``CacheManager.flush(new_tokens_of=...)``)
+    out_slots: list[int] | None = None
     attn_metadata: BaseAttnMetadata | None = None
     num_decode: int = 0  # mixed batches: the leading requests that decode
 

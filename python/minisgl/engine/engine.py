@@ -195,17 +195,21 @@ class Engine:
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
 
+    def replays_graph(self, batch: Batch) -> bool:
+        """Whether ``batch`` is a decode batch that replays a CUDA graph (``graph.py``)."""
+        return self.graph_runner is not None and self.graph_runner.can_run(batch)
+
     def prepare(self, batch: Batch) -> None:
         """Build the batch's device inputs (``batch.py``), except for a decode batch that replays a
         CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends."""
-        if self.graph_runner is None or not self.graph_runner.can_run(batch):
+        if not self.replays_graph(batch):
             prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens)
 
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """Run the model on ``batch`` (``prepare`` first) and sample from it."""
         prompt_lps, greedy = None, None
-        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+        if self.replays_graph(batch):
             logits, greedy = self.graph_runner.replay(batch, args.argmax_only)
         else:
             with self.ctx.forward_batch(batch):

@@ -2,21 +2,23 @@
 
 A decode step of a small model is dominated by kernel-launch overhead; replaying a captured graph
 removes it. Everything the graph of ``bs`` requests reads from the host lives in one static int32
-buffer, ``[4 + m, bs]``::
+buffer, ``[5 + m, bs]``::
 
     row 0                            page-table row of each request (rows >= batch size: padding)
     row 1                            position of its new token
     row 2                            position of the token it samples
     row 3                            [3, 0]: 1 for a plain greedy batch
-    rows 4 ..                        the attention backend's metadata (m = graph_metadata_rows)
+    row 4                            the new token's KV slot (``batch.out_slots``; -1: in the table)
+    rows 5 ..                        the attention backend's metadata (m = graph_metadata_rows)
 
-Each size reads the first ``(4 + m) * bs`` entries of one flat buffer, so that a step sends all of
-it in one contiguous copy (the columns of a ``[4 + m, max_bs]`` buffer are strided, and torch
+Each size reads the first ``(5 + m) * bs`` entries of one flat buffer, so that a step sends all of
+it in one contiguous copy (the columns of a ``[5 + m, max_bs]`` buffer are strided, and torch
 copies into them through a device copy kernel).
 
 The graph gathers the rest itself (``kernel/triton/decode_step.py``), as ``prepare_batch`` would:
-the input token from the token pool (where the previous step's sampler wrote it) and the KV slot
-from the page table; the batch's preparation outside the graph took eight launches (a copy,
+the input token from the token pool (where the previous step's sampler wrote it); it also writes
+the new slots into the page table, which the scheduler's flush then leaves out (one copy and one
+kernel fewer a step). The batch's preparation outside the graph took eight launches (a copy,
 gathers, a cast, copies into the buffers), each a few microseconds of a one-token step. On an
 H100, batch 1, old and new code alternating in one call (``benchmark/results/s17_2026-11-25``):
 Qwen3-0.6B 0.98 against 1.07 ms per token (medians of ten), Qwen3-8B with FP8 weights 3.36
@@ -66,7 +68,7 @@ class GraphRunner:
         self.engine = engine
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        self.rows = 4 + engine.attn_backend.graph_metadata_rows
+        self.rows = 5 + engine.attn_backend.graph_metadata_rows
         self.inputs = torch.zeros(self.rows * self.max_bs, dtype=torch.int32, device=engine.device)
         self.tokens = torch.zeros(self.max_bs, dtype=torch.int64, device=engine.device)
         self.logits: dict[int, torch.Tensor] = {}
@@ -99,7 +101,7 @@ class GraphRunner:
             batch = dummy_decode_batch(engine.dummy_row, bs)
             inputs = self._inputs(bs)
             inputs.copy_(self._host_inputs(batch, bs, False, pin=False))  # the dummy request
-            engine.attn_backend.prepare_for_capture(batch, inputs[4:])
+            engine.attn_backend.prepare_for_capture(batch, inputs[5:])
             with torch.cuda.stream(stream):
                 self._run(batch)  # warm-up: compiles every kernel variant before capture
                 graph = torch.cuda.CUDAGraph()
@@ -116,7 +118,7 @@ class GraphRunner:
         engine = self.engine
         inputs = self._inputs(batch.size)
         batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
-            inputs[:2], engine.token_pool, engine.page_table)
+            inputs[0], inputs[1], inputs[4], engine.token_pool, engine.page_table)
         with engine.ctx.forward_batch(batch):
             hidden = engine.model(batch.input_ids, batch.positions, engine.ctx)
         logits = engine.model.compute_logits(hidden)
@@ -145,10 +147,12 @@ class GraphRunner:
         pad = padded - batch.size
         rows = [req.table_idx for req in batch.reqs] + [self.engine.dummy_row] * pad
         new = [req.device_len - 1 for req in batch.reqs]  # decode: cached_len == device_len - 1
+        slots = batch.out_slots if batch.out_slots is not None else [-1] * batch.size
         meta = self.engine.attn_backend.replay_metadata(batch, padded)
+        # padding rows: the dummy request's slot 0 of the scratch page
         return torch.tensor([rows, new + [0] * pad, [p + 1 for p in new] + [0] * pad,
-                             [int(greedy)] + [0] * (padded - 1), *meta], dtype=torch.int32,
-                            pin_memory=pin)
+                             [int(greedy)] + [0] * (padded - 1), slots + [0] * pad, *meta],
+                            dtype=torch.int32, pin_memory=pin)
 
     def close(self) -> None:
         """Free the graphs. NCCL will not destroy a communicator while a graph that captured one of

@@ -117,18 +117,36 @@ class CacheManager:
         if self.host_table is not self.page_table:
             self._dirty.append((rows, cols))
 
-    def flush(self) -> None:
-        """Copy this step's page-table changes to the device (before the batch is prepared)."""
-        if not self._dirty:
-            return
+    def flush(self, new_tokens_of: list[Req] | None = None) -> list[int] | None:
+        """Copy this step's page-table changes to the device (before the batch is prepared).
+
+        ``new_tokens_of``: a decode batch whose CUDA graph writes its new tokens' slots itself
+        (``engine/graph.py``): those entries are left out, and their slots returned (host list).
+        """
+        slots = None
+        if self._dirty:
+            rows = torch.cat([r for r, _ in self._dirty]).to(torch.int32)
+            cols = torch.cat([c for _, c in self._dirty]).to(torch.int32)
+            self._dirty.clear()
+        else:
+            rows = cols = torch.zeros(0, dtype=torch.int32)
+        if new_tokens_of is not None:
+            new_rows = torch.tensor([r.table_idx for r in new_tokens_of], dtype=torch.int32)
+            new_cols = torch.tensor([r.device_len - 1 for r in new_tokens_of], dtype=torch.int32)
+            slots = self.host_table[new_rows, new_cols].tolist()
+            width = self.host_table.shape[1]
+            keep = ~torch.isin(rows * width + cols, new_rows * width + new_cols)
+            rows, cols = rows[keep], cols[keep]
+        if not len(rows):
+            return slots
         from minisgl.kernel.triton.scatter import scatter_2d_  # on a GPU only: needs triton
 
-        rows = torch.cat([r for r, _ in self._dirty]).to(torch.int32)
-        cols = torch.cat([c for _, c in self._dirty]).to(torch.int32)
-        self._dirty.clear()
         # rows, columns and slots in one copy, written by one kernel
-        host = torch.stack([rows, cols, self.host_table[rows, cols]]).pin_memory()
+        host = torch.stack([rows, cols, self.host_table[rows, cols]])
+        if self.page_table.is_cuda:
+            host = host.pin_memory()
         scatter_2d_(self.page_table, host.to(self.page_table.device, non_blocking=True))
+        return slots
 
     def _take_pages(self, n: int) -> torch.Tensor:
         short = n - len(self.free_pages)

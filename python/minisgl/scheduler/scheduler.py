@@ -164,7 +164,11 @@ class Scheduler:
         latest when the grammars' mask is built, which the sampler asks for)."""
         batch = self._schedule()
         if batch is None:
+            self.cache.flush()
             return None
+        # a decode graph writes its new tokens' slots into the device page table itself
+        replays = self.engine.replays_graph(batch)
+        batch.out_slots = self.cache.flush(new_tokens_of=batch.reqs if replays else None)
         self.engine.prepare(batch)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
         constrained = self.grammar.constrains(sampled)
@@ -176,9 +180,7 @@ class Scheduler:
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
-        batch = self._schedule_mixed() if self.config.mixed else self._schedule_prefill_first()
-        self.cache.flush()
-        return batch
+        return self._schedule_mixed() if self.config.mixed else self._schedule_prefill_first()
 
     def _schedule_prefill_first(self) -> Batch | None:
         batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())

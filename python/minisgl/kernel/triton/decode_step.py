@@ -1,9 +1,11 @@
 """The decode CUDA graph's own kernels: its first, which gathers the step's inputs, and its last,
 which samples a plain greedy batch.
 
-``gather_inputs``: from the step's rows and positions (copied from the host), the input tokens
-(from the token pool, where the previous step's sampler wrote them), the positions and the KV slots
-(from the page table), in one launch where torch's indexing took two.
+``gather_inputs``: from the step's rows, positions and new KV slots (copied from the host), the
+input tokens (from the token pool, where the previous step's sampler wrote them) and the positions,
+and the slots written into the page table (where the attention reads them), in one launch where
+torch's indexing took two and the page-table update a copy and a kernel of its own. A slot of -1
+is read from the page table instead (a caller that updated the table itself).
 
 ``greedy_to_pool``: the argmax of each row of the logits, written as the sampled token to ``out``
 (int64) and to the token pool, where the next step reads its input. Outside the graph the same work
@@ -28,32 +30,41 @@ from .pdl import wait_then_release
 
 
 @triton.jit
-def _gather_kernel(inputs_ptr, bs, pool_ptr, pool_stride, table_ptr, table_stride, ids_ptr,
-                   pos_out_ptr, loc_ptr, BLOCK: tl.constexpr):
+def _gather_kernel(rows_ptr, pos_ptr, slots_ptr, bs, pool_ptr, pool_stride, table_ptr,
+                   table_stride, ids_ptr, pos_out_ptr, loc_ptr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < bs
-    row = tl.load(inputs_ptr + i, mask=ok, other=0).to(tl.int64)
-    pos = tl.load(inputs_ptr + bs + i, mask=ok, other=0)
+    row = tl.load(rows_ptr + i, mask=ok, other=0).to(tl.int64)
+    pos = tl.load(pos_ptr + i, mask=ok, other=0)
+    slot = tl.load(slots_ptr + i, mask=ok, other=0)
     tl.store(ids_ptr + i, tl.load(pool_ptr + row * pool_stride + pos, mask=ok), mask=ok)
     tl.store(pos_out_ptr + i, pos.to(tl.int64), mask=ok)
-    tl.store(loc_ptr + i, tl.load(table_ptr + row * table_stride + pos, mask=ok), mask=ok)
+    entry = table_ptr + row * table_stride + pos
+    given = slot >= 0
+    tl.store(entry, slot, mask=ok & given)
+    slot = tl.where(given, slot, tl.load(entry, mask=ok & ~given, other=0))
+    tl.store(loc_ptr + i, slot, mask=ok)
 
 
-def gather_inputs(inputs: torch.Tensor, token_pool: torch.Tensor,
+def gather_inputs(rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                  token_pool: torch.Tensor,
                   page_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``inputs``: int32 [>= 2, B], the requests' page-table rows and the positions of their new
-    tokens -> (input tokens, positions int64, KV slots): ``token_pool[rows, positions]``,
-    ``positions``, ``page_table[rows, positions]``."""
-    bs = inputs.shape[1]
-    assert inputs.is_contiguous() and token_pool.stride(1) == 1 and page_table.stride(1) == 1
-    ids = torch.empty(bs, dtype=token_pool.dtype, device=inputs.device)
-    positions = torch.empty(bs, dtype=torch.int64, device=inputs.device)
-    loc = torch.empty(bs, dtype=page_table.dtype, device=inputs.device)
+    """``rows``, ``positions``, ``slots``: int32 [B], the requests' page-table rows and their new
+    tokens' positions and KV slots (-1: already in the page table) -> (input tokens, positions
+    int64, KV slots): ``token_pool[rows, positions]``, ``positions``, the slots; each given slot
+    is written to ``page_table[rows, positions]``."""
+    bs = rows.shape[0]
+    assert token_pool.stride(1) == 1 and page_table.stride(1) == 1
+    assert rows.dtype == positions.dtype == slots.dtype == page_table.dtype == torch.int32
+    ids = torch.empty(bs, dtype=token_pool.dtype, device=rows.device)
+    pos = torch.empty(bs, dtype=torch.int64, device=rows.device)
+    loc = torch.empty(bs, dtype=page_table.dtype, device=rows.device)
     block = min(triton.next_power_of_2(bs), 256)
-    _gather_kernel[(triton.cdiv(bs, block),)](inputs, bs, token_pool, token_pool.stride(0),
-                                              page_table, page_table.stride(0), ids, positions,
-                                              loc, BLOCK=block, num_warps=1 if bs <= 32 else 4)
-    return ids, positions, loc
+    _gather_kernel[(triton.cdiv(bs, block),)](rows, positions, slots, bs, token_pool,
+                                              token_pool.stride(0), page_table,
+                                              page_table.stride(0), ids, pos, loc, BLOCK=block,
+                                              num_warps=1 if bs <= 32 else 4)
+    return ids, pos, loc
 
 
 @triton.jit

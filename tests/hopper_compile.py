@@ -126,8 +126,8 @@ def _pdl_kernels():
     greedy_sig = dict(flag_ptr="*i64", val_ptr="*fp32", idx_ptr="*i32", out_ptr="*i64",
                       pool_ptr="*i32", rows_ptr="*i64", pos_ptr="*i64", pool_stride="i32")
     for splits in (1, 64):
-        yield decode_step._partial_kernel, dict(greedy_sig, logits_ptr="*bf16", stride="i32", V="i32",
-            chunk="i32"), dict(SPLITS=splits, BLOCK=1024, USE_PDL=True), 4
+        yield decode_step._partial_kernel, dict(greedy_sig, logits_ptr="*bf16", stride="i32",
+            V="i32", chunk="i32"), dict(SPLITS=splits, BLOCK=1024, USE_PDL=True), 4
     yield decode_step._final_kernel, greedy_sig, dict(SPLITS=64, USE_PDL=True), 1
     yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
         Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",

@@ -26,8 +26,9 @@ def test_off_on_cpu_and_in_the_interpreter(monkeypatch):
 
 def test_decode_kernels_compile_with_pdl_for_hopper(tmp_path):
     """The GEMV (plain, gated), the norm (plain, quantizing for an FP8 layer), the attention
-    reduction and the greedy sampler's two kernels (the FP8 suite compiles the GEMV for FP8 weights, RoPE and the attention's first
-    stage with PDL too): sm_90 cubins whose PTX waits on the grid before."""
+    reduction and the greedy sampler's two kernels (the FP8 suite compiles the GEMV for FP8
+    weights, RoPE and the attention's first stage with PDL too): sm_90 cubins whose PTX waits on
+    the grid before."""
     cubins = compile_for_hopper(tmp_path, "pdl")
     assert len(cubins) == 8 and all(line.endswith("griddepcontrol") for line in cubins), cubins
 

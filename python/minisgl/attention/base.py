@@ -75,9 +75,9 @@ class BaseAttnBackend(ABC):
 
     def prepare_for_capture(self, batch: Batch, bufs: torch.Tensor) -> None:
         """Point ``batch.attn_metadata`` (``batch.size`` dummy requests) at ``bufs`` (int32
-        ``[graph_metadata_rows, batch.size]``, filled with ``replay_metadata(batch, batch.size)``)."""
+        ``[graph_metadata_rows, batch.size]``, holding ``replay_metadata(batch, batch.size)``)."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
     def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
-        """The rows of the graph's ``bufs`` for ``batch``, padded to ``padded_bs`` with the dummy."""
+        """The rows of the graph's ``bufs`` for ``batch``, padded to ``padded_bs`` (the dummy)."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

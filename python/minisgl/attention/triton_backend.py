@@ -12,9 +12,10 @@ Metadata is a handful of int32 device vectors built on the host, sent in one pin
 programs (``decode_attention``'s docstring: it keeps long requests from finishing alone).
 
 For CUDA graphs, decode reads rows/seq_lens/order from the graph runner's static ``[3, bs]``
-rows, which it refreshes with ``replay_metadata`` in the same transfer as its own inputs, and the split workspace is one static allocation sized
-for the largest ``bs * num_splits(bs)``; ``num_splits`` depends on the batch size alone, so eager
-and replayed decode of the same batch run the same launches and give the same bits.
+rows, which it refreshes with ``replay_metadata`` in the same transfer as its own inputs, and the
+split workspace is one static allocation sized for the largest ``bs * num_splits(bs)``;
+``num_splits`` depends on the batch size alone, so eager and replayed decode of the same batch run
+the same launches and give the same bits.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ from minisgl.quant.linear import fp8_linear  # noqa: E402
 LAYERS = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, False),
           "down": (4096, 12288, True)}  # (N, K, gated input)
 TOKENS = [2, 4, 8, 12, 16, 24, 32, 64, 96, 128, 192, 256]
-SWEEP_TOKENS = {"w8a16": [4, 16, 64, 128], "w8a8": [64, 128, 256], "w8a8-wide": [64, 128, 256]}
+SWEEP_TOKENS = {"w8a16": [4, 16, 64, 128], "w8a8": [64, 128, 256], "w8a8-wide": [64, 128, 256],
+                "w8a8-small": [8, 16, 32, 48]}
 W8A8_TOKENS = 2  # the W8A8 form is timed from this many tokens on
 SMEM = 227 * 1024  # an H100's shared memory per block
 
@@ -66,8 +67,18 @@ def sweep_configs(kind: str, m: int, n: int, k: int, gated: bool) -> list[W8A16C
     The W8A8 form reads x quantized (one byte, SiLU-and-mul already applied); its grid is the
     M tile (16 up to the token count: more programs for the layers with few rows) x 128- or
     256-deep K steps x stages, with 64-row N tiles and 4 warps, unsplit (its first sweep's
-    best for qkv, o and down; ``--sweep w8a8-wide`` reruns that one)."""
+    best for qkv, o and down; ``--sweep w8a8-wide`` reruns that one). ``w8a8-small`` (8-48 tokens)
+    adds 32- and 128-row N tiles and split K, for the layers whose tiles leave SMs idle."""
     block_m = pick_config(m, n, k, gated).block_m
+    if kind == "w8a8-small":
+        out = []
+        for bm, bn, bk, stages, split in itertools.product(
+                [16, 32, 64], [32, 64, 128], [128, 256], [3, 4, 5], [1, 2, 4]):
+            programs = triton.cdiv(n, bn) * triton.cdiv(m, bm) * split
+            if bm > max(16, triton.next_power_of_2(m)) or programs > 4 * 132:
+                continue
+            out.append(W8A16Config(bm, bn, bk, split, 8 if bn == 128 else 4, stages))
+        return out
     if kind == "w8a8":
         return [W8A16Config(bm, 64, bk, 1, 4, stages)
                 for bm, bk, stages in itertools.product([16, 32, 64, 128], [128, 256], [3, 4, 5])

@@ -195,7 +195,9 @@ def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
     read x from L2 fewer times (o at 128 tokens 9.9 against 9.0 us without even summing the
     partials; gate-up at 256 with 256-row tiles 61.8 against 54.2); asking L2 for the first
     weight tiles before the PDL wait (offline ``fp8`` 1.292x against 1.301x). Nsight Compute puts
-    o, down and qkv at 42-65% of DRAM bandwidth with one 4-warp program per SM."""
+    o, down and qkv at 42-65% of DRAM bandwidth with one 4-warp program per SM. At 8-32 tokens
+    these tiles are within 2% of the best of a sweep that adds 32- and 128-row N tiles and split K
+    (``bench_fp8_small.py --sweep w8a8-small``, ``benchmark/results/s19_2026-11-26``)."""
     tiles_n = triton.cdiv(n, 64)
     block_m = min(128, max(16, triton.next_power_of_2(m)))
     while block_m > 16 and tiles_n * triton.cdiv(m, block_m // 2) <= sms:

@@ -12,6 +12,13 @@ import triton.language as tl
 
 
 @triton.jit
+def silu_mul(gate, up, dt):
+    """``silu(gate) * up`` of fp32 values, rounded to ``dt`` after each op as the torch reference
+    is (the SiLU, then the product); in ``dt``. Every kernel that applies SiLU-and-mul calls it."""
+    return ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -19,8 +26,7 @@ def _silu_and_mul_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.con
     dt = y_ptr.dtype.element_ty
     g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + cols, (act * u).to(dt), mask=mask)
+    tl.store(y_ptr + row * stride_y + cols, silu_mul(g, u, dt), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

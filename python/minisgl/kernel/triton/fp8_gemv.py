@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .activation import silu_mul
 from .gemv import load_w, load_x
 from .pdl import wait_then_release
 
@@ -107,7 +108,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_w, s
         out += tl.load(r_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     if ACT:  # silu(gate) * up, each rounded as the gate-up output and the SiLU-and-mul would be
         gate, up = tl.split(tl.permute(tl.reshape(out.to(dt).to(tl.float32), (2, HALF)), (1, 0)))
-        act = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt)
+        act = silu_mul(gate, up, dt)
         feats = tl.program_id(0) * HALF + tl.arange(0, HALF)
         tl.store(y_ptr + feats, act, mask=feats < N // 2)
     else:

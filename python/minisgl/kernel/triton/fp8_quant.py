@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .activation import silu_mul
+
 FP8_MAX = tl.constexpr(448.0)
 ONE_PASS_MAX = 16384  # the longest row held whole: 32 values (64 gated) per thread of 16 warps
 
@@ -32,7 +34,7 @@ def load_act(row_ptr, cols, ok, K, GATED: tl.constexpr):
     if GATED:
         dt = row_ptr.dtype.element_ty
         up = tl.load(row_ptr + K + cols, mask=ok, other=0.0).to(tl.float32)
-        x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        x = silu_mul(x, up, dt).to(tl.float32)
     return x
 
 

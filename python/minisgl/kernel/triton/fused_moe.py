@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .activation import silu_mul
+
 
 @dataclass(frozen=True)
 class MoeConfig:
@@ -204,9 +206,7 @@ def _moe_gemm_kernel(
         w_ptrs += BLOCK_K
     dt = out_ptr.dtype.element_ty
     if GATED:
-        g = acc.to(dt).to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-        res = (act * acc_up.to(dt).to(tl.float32)).to(dt)
+        res = silu_mul(acc.to(dt).to(tl.float32), acc_up.to(dt).to(tl.float32), dt)
     else:
         rw = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
         res = (acc.to(dt).to(tl.float32) * rw[:, None]).to(dt)

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
+from .activation import silu_mul
 from .pdl import wait_then_release
 
 
@@ -34,7 +35,7 @@ def load_x(x_ptr, K, offs, ok, dt, GATED: tl.constexpr):
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     if GATED:
         up = tl.load(x_ptr + K + offs, mask=ok, other=0.0).to(tl.float32)
-        x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        x = silu_mul(x, up, dt).to(tl.float32)
     return x
 
 

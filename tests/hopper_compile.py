@@ -51,7 +51,7 @@ def _fp8_kernels():
         block, warps = fp8_quant.pick_block(k)
         yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
             K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, ONE_PASS=block >= k,
-            BLOCK=block), warps
+            BLOCK=block, USE_PDL=True), warps
     for gated, channel, fused, act in ((False, False, False, False), (True, False, False, False),
                                        (True, True, True, False), (False, True, True, False),
                                        (False, True, False, False), (False, True, True, True)):
@@ -78,7 +78,7 @@ def _fp8_kernels():
             CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
             EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=a8), cfg.num_warps
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=2 if a8 else 0, USE_PDL=a8), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
         N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
     for gated in (False, True):

@@ -62,8 +62,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-    wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
+                  BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr):
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
     pid_n = tl.program_id(0) // tiles_m
@@ -80,6 +79,17 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     s_ptrs = s_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_s
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # no kernel writes a weight: while the kernel before runs, ask L2 for the first PREFETCH K
+    # steps' weight tiles, one 128-byte line per request (``PREFETCH_STEPS``)
+    lines = tl.arange(0, BLOCK_K // 128) * 128
+    for i in tl.static_range(PREFETCH):
+        if first + i < last:
+            cols = tl.minimum((first + i) * BLOCK_K + lines, K - 1)
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                [w_ptr + rows_w[:, None] * stride_w + cols[None, :]],
+                dtype=tl.int32, is_pure=False, pack=1)
+    wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
     for kb in range(first, last):
         k_ok = (kb * BLOCK_K + ks < K)[None, :]
         # NOTE: padding tokens are masked: reading them as (clamped) copies of token 0 cost up to
@@ -150,6 +160,13 @@ class W8A16Config:
 # 16% at 192 tokens (32.4 against 27.1 us, H100): both are below the ~2.5e-2 of rounding x to
 # e4m3, so the accumulation stays fast (``benchmark/results/s13_2026-11-24``).
 
+# W8A8 under PDL: the K steps whose weight tiles a program asks L2 for before its wait, while the
+# kernel before it (the RMSNorm or the quantization, both launching their successor at once) still
+# runs. Offline ``fp8`` on an H100, one call each: 2 steps 1.308x / 1.310x / 1.312x ``default``
+# against 1.301x / 1.302x / 1.305x / 1.306x without; 1 step 1.304-1.309x, 3 steps 1.309x, as many
+# as the pipeline's stages (4-5) 1.303x / 1.304x (``benchmark/results/s20_2026-11-26``)
+PREFETCH_STEPS = 2
+
 SMS = 132  # an H100's (and H200's) SMs: what the rules below were fitted on
 
 
@@ -193,8 +210,7 @@ def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
 
     Measured and slower (``benchmark/results/s16_2026-11-25``): larger tiles over split K, which
     read x from L2 fewer times (o at 128 tokens 9.9 against 9.0 us without even summing the
-    partials; gate-up at 256 with 256-row tiles 61.8 against 54.2); asking L2 for the first
-    weight tiles before the PDL wait (offline ``fp8`` 1.292x against 1.301x). Nsight Compute puts
+    partials; gate-up at 256 with 256-row tiles 61.8 against 54.2). Nsight Compute puts
     o, down and qkv at 42-65% of DRAM bandwidth with one 4-warp program per SM. At 8-32 tokens
     these tiles are within 2% of the best of a sweep that adds 32- and 128-row N tiles and split K
     (``bench_fp8_small.py --sweep w8a8-small``, ``benchmark/results/s19_2026-11-26``)."""
@@ -262,6 +278,7 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
     assert splits * m * n < 2**31, "split-K partials are indexed in int32"
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
+    launch = pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}
     _w8a16_kernel[grid](
         x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
         x.stride(0), w.stride(0), ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
@@ -270,7 +287,7 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **(pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}),
+        PREFETCH=PREFETCH_STEPS if launch["USE_PDL"] and cfg.block_k % 128 == 0 else 0, **launch,
     )
     if splits > 1:
         block_sum = 1024

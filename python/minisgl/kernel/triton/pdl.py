@@ -17,10 +17,13 @@ GEMV loading its first weight chunk into registers before the wait (weights are 
 that load needs no wait) gains 2-3%: FP8 3.35-3.37 against 3.43-3.55 ms, bf16 5.50 against 5.62
 (``gemv.py``, ``fp8_gemv.py``). Two chunks before the wait: 3.49-3.51. The batched FP8 kernels
 (per-token quantization, the W8A8 GEMM) releasing their successors at once made the offline run
-slower (``fp8`` 1.166x ``default`` against 1.209x): their early CTAs hold shared memory while they
-wait. The W8A8 GEMM alone, releasing after its main loop (``wait`` ... ``release``), so its
+slower (``fp8`` 1.166x ``default`` against 1.209x): the GEMM's early CTAs hold shared memory while
+they wait. The W8A8 GEMM alone, releasing after its main loop (``wait`` ... ``release``), so its
 successor launches during its epilogue and tail: 1.233x / 1.234x against 1.224x / 1.222x (two
-runs, either order; ``benchmark/results/s12_2026-11-24``).
+runs, either order; ``benchmark/results/s12_2026-11-24``). The quantization kernel releasing at
+once (one wave of programs without shared memory) lets the GEMM after it become resident and ask
+L2 for its first weight tiles before its wait (``fp8_w8a16.PREFETCH_STEPS``): with both, 1.308x-
+1.312x against 1.301x-1.306x (``benchmark/results/s20_2026-11-26``).
 
 Kernels launched by others (cuBLAS, torch, NCCL) are ordinary predecessors: a PDL kernel after one
 waits for its completion like any kernel. CUDA-graph capture keeps the launches' programmatic edges.

@@ -78,7 +78,13 @@ def _fp8_kernels():
             CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
             EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=2 if a8 else 0, USE_PDL=a8), cfg.num_warps
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=2 if a8 else 0,
+            USE_PDL=a8), cfg.num_warps
+    cfg = fp8_w8a16.pick_config(16, 4096, 4096, x_bytes=4)  # fp32 x: 64-deep K steps, no prefetch
+    yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, x_ptr="*fp32", y_ptr="*fp32"), dict(
+        CHANNEL=True, SCALE_BN=1, SCALE_BK=1, GATED=False, A8=False, HAS_BIAS=False, EVEN_M=True,
+        EVEN_K=True, SPLIT=cfg.split_k > 1, DOT_PREC="ieee", BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=0, USE_PDL=False), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
         N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
     for gated in (False, True):

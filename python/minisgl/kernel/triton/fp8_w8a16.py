@@ -81,14 +81,15 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # no kernel writes a weight: while the kernel before runs, ask L2 for the first PREFETCH K
     # steps' weight tiles, one 128-byte line per request (``PREFETCH_STEPS``)
-    lines = tl.arange(0, BLOCK_K // 128) * 128
-    for i in tl.static_range(PREFETCH):
-        if first + i < last:
-            cols = tl.minimum((first + i) * BLOCK_K + lines, K - 1)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                [w_ptr + rows_w[:, None] * stride_w + cols[None, :]],
-                dtype=tl.int32, is_pure=False, pack=1)
+    if PREFETCH:
+        lines = tl.arange(0, BLOCK_K // 128) * 128
+        for i in tl.static_range(PREFETCH):
+            if first + i < last:
+                cols = tl.minimum((first + i) * BLOCK_K + lines, K - 1)
+                tl.inline_asm_elementwise(
+                    "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                    [w_ptr + rows_w[:, None] * stride_w + cols[None, :]],
+                    dtype=tl.int32, is_pure=False, pack=1)
     wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
     for kb in range(first, last):
         k_ok = (kb * BLOCK_K + ks < K)[None, :]

@@ -66,11 +66,18 @@ def rand(*shape, seed=0, scale=1.0):
 
 
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("k", [64, 80])
-def test_quantize_act(gated, k):
+@pytest.mark.parametrize("k, column_major", [(64, False), (80, False), (1500, True)])
+def test_quantize_act(gated, k, column_major):
+    """Per token and 16 columns (1,500: 94 groups, over two programs of 64 and a partial group),
+    the scales row- or column-major."""
     x = rand(5, 2 * k if gated else k, seed=k, scale=3.0)
     x[2, 7] = 40.0  # an outlier spoils its own group only
-    q, s = quantize_act(x, 16, gated)
+    q, s = quantize_act(x, 16, gated, column_major)
+    assert s.stride() == ((1, 5) if column_major else (s.shape[1], 1))
+    qp, sp = quantize_act(x, 16, gated, column_major, rows=8)  # zero rows after the tokens'
+    assert qp.shape[0] == sp.shape[0] == 8 and not qp[5:].float().any() and not sp[5:].any()
+    same_fp8(qp[:5], q)
+    torch.testing.assert_close(sp[:5], s, rtol=0, atol=0)
     ref_q, ref_s = quantize_groups(silu_and_mul_ref(x) if gated else x, 16)
     torch.testing.assert_close(s, ref_s, rtol=1e-6, atol=0)
     same_fp8(q, ref_q)
@@ -338,6 +345,29 @@ def test_gpu_fp8_linear_per_channel(m, n, k, gated):
             same_fp8(xq, ref_q)
         ref = channel_gemm_reference(xq, xs, wq, ws)
     assert rel_err(out, ref + b.float()) <= (1e-2 if k <= 4096 or m == 1 else 1.5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("m", [7, 64, 130, 301])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288)])
+def test_gpu_fp8_linear_block(m, n, k, gated):
+    """The block-scaled linear method (FP8 checkpoints) beyond one token: the W8A16 GEMM on bf16 x
+    up to W8A16_MAX_TOKENS, then x quantized per token and 128 columns + the W8A8 GEMM with block
+    scales up to BLOCK_W8A8_MAX_TOKENS, then cuBLAS's block-scaled GEMM (301: padded to 304 rows):
+    <= 1e-2 of fp32 over the same operands."""
+    from minisgl.quant import fp8_linear
+
+    x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+    wq, ws = quantize_block(torch.randn(n, k, device="cuda") * 0.02, (128, 128))
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = fp8_linear(x, wq, ws, (128, 128), b, gated)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    if m <= 32:  # x is not quantized
+        ref = (silu_and_mul_ref(x) if gated else x).float() @ dequantize_block(wq, ws, (128, 128)).T
+    else:
+        ref = block_gemm_reference(*quantize_act(x, 128, gated), wq, ws, (128, 128))
+    assert rel_err(out, ref + b.float()) <= 1e-2
 
 
 @pytest.mark.gpu

@@ -21,12 +21,14 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 import triton  # noqa: E402
 
+from minisgl.kernel.triton.fp8_gemm import quantize_act  # noqa: E402
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
 from minisgl.kernel.triton.fp8_w8a16 import (SMS, W8A16Config, fp8_w8a8_gemm,  # noqa: E402
                                              fp8_w8a16_gemm, pick_config)
 from minisgl.layers.activation import silu_and_mul_ref  # noqa: E402
-from minisgl.quant.fp8 import (channel_gemm_reference, dequantize_block,  # noqa: E402
-                               dequantize_channel, quantize_block, quantize_channel)
+from minisgl.quant.fp8 import (block_gemm_reference, channel_gemm_reference,  # noqa: E402
+                               dequantize_block, dequantize_channel, quantize_block,
+                               quantize_channel)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -146,6 +148,22 @@ def test_w8a8_per_channel(m, n, k):
     assert fp8_w8a8_gemm(xq[:0], xs[:0], wq, ws).shape == (0, n)
 
 
+@pytest.mark.parametrize("m", [3, 40])
+@pytest.mark.parametrize("n, k, block", [(64, 256, (32, 64)), (200, 384, (64, 128)),
+                                         (96, 352, (32, 64))])
+def test_w8a8_block_scales(m, n, k, block):
+    """FP8 checkpoints' format: e4m3 x with a scale per token and ``bk`` columns, block-scaled
+    weights, both scales applied at every K step: the reference's fp32 sums up to their order
+    (the last case: K not a multiple of the block, a partial last group and K step)."""
+    wq, ws, _ = weights(n, k, block)
+    xq, xs = quantize_act(rand(m, k, seed=m), block[1])
+    b = rand(n, seed=3)
+    ref = block_gemm_reference(xq, xs, wq, ws, block)
+    check_a8(fp8_w8a8_gemm(xq, xs, wq, ws, out_dtype=torch.float32, block=block), ref)
+    for cfg in CONFIGS:
+        check_a8(fp8_w8a8_gemm(xq, xs, wq, ws, b, torch.float32, config=cfg, block=block), ref + b)
+
+
 def test_w8a8_takes():
     """Per-channel layers of 2+ tokens: the W8A8 GEMM up to 256 tokens, but a layer of 16,384 rows
     or more (gate-up) leaves more than 192 to ``torch._scaled_mm``."""
@@ -219,6 +237,23 @@ def test_gpu_w8a8_qwen3_8b_layers(n, k, gated, m):
     for split in (1, 4):
         cfg = W8A16Config(min(128, max(16, 1 << (m - 1).bit_length())), 64, 128, split, 4, 4)
         assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws, config=cfg), ref) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [2, 33, 64, 128, 256])
+@pytest.mark.parametrize("n, k, gated", LAYERS)
+def test_gpu_w8a8_block_qwen3_8b_layers(n, k, gated, m):
+    """128x128 block weights and x quantized per token and 128 columns (SiLU-and-mul applied by the
+    quantization kernel), with the default tiles and 1 and 4 splits, against fp32 over the same
+    operands, bf16 out: <= 1e-2 relative (each K step's sum is scaled into fp32)."""
+    x = torch.randn(m, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+    wq, ws = quantize_block(torch.randn(n, k, device="cuda") * 0.02, (128, 128))
+    xq, xs = quantize_act(x, 128, gated)
+    ref = block_gemm_reference(xq, xs, wq, ws, (128, 128))
+    assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws, block=(128, 128)), ref) <= 1e-2
+    for split in (1, 4):
+        cfg = W8A16Config(min(128, max(16, 1 << (m - 1).bit_length())), 64, 128, split, 4, 4)
+        assert rel_err(fp8_w8a8_gemm(xq, xs, wq, ws, config=cfg, block=(128, 128)), ref) <= 1e-2
 
 
 @pytest.mark.gpu

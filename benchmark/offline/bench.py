@@ -62,6 +62,8 @@ VARIANTS = {
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
     "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
+    # weights in 128x128 blocks with a scale each, as the published FP8 checkpoints store them
+    "fp8-block": {"quantization": "fp8", "env": {"MINISGL_FP8_GEMM": "block"}},
     "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
                                           "repetition_penalty": 1.05},

@@ -9,8 +9,10 @@ Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` 
   GEMM converts the e4m3 weight tile in registers and multiplies on the bf16 tensor cores; x stays
   in bf16 and no kernel quantizes it.
 * CUDA, more tokens: x is quantized per token and ``block[1]`` columns (one Triton kernel, which also
-  applies SiLU-and-mul for a gated input) and multiplied on the FP8 tensor cores by the block-scaled
-  GEMM.
+  applies SiLU-and-mul for a gated input), then multiplied on the FP8 tensor cores: up to
+  ``BLOCK_W8A8_MAX_TOKENS`` by the W8A8 GEMM with block scales, beyond by cuBLAS's block-scaled GEMM
+  (``torch._scaled_mm``, CUDA 12.9+ on sm_90; elsewhere the W8A8 GEMM up to ``W8A8_MAX_TOKENS``, then
+  the Triton block GEMM).
 
 Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by default):
 
@@ -31,6 +33,7 @@ the CPU tests compare against a model of the dequantized weights, exactly.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -50,6 +53,14 @@ W8A8_MAX_TOKENS = 256
 # 48.0 us against the W8A8 GEMM's 53.5 / 55.8 (H100; equal at 192, slower below)
 WIDE_ROWS = 16384
 WIDE_W8A8_MAX_TOKENS = 192
+
+
+# block-scaled layers (FP8 checkpoints), bf16, 33 to this many tokens: x quantized per token and
+# 128 columns + the W8A8 GEMM with block scales; more: cuBLAS's block-scaled GEMM
+# (``torch._scaled_mm``, CUDA 12.9+ on sm_90). Qwen3-8B's four layers on an H100 take 109 / 116 us
+# that way at 64 tokens, 139 / 120 at 128, 236 / 132 at 192; up to 32 the W8A16 GEMM ties the W8A8
+# one (100 / 101 us at 16) without rounding x (``benchmark/results/s20_2026-11-26``)
+BLOCK_W8A8_MAX_TOKENS = 96
 
 
 def w8a8_takes(m: int, n: int) -> bool:
@@ -108,6 +119,46 @@ def _channel_gemm(x: torch.Tensor | QuantizedInput, weight: torch.Tensor, scale:
     return y if bias is None else y + bias
 
 
+@functools.cache
+def _cublas_block_scaling(device: int) -> bool:
+    """cuBLAS's FP8 GEMM with 1x128 (x) and 128x128 (weight) block scales: CUDA 12.9+ on sm_90."""
+    cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+    return cuda >= (12, 9) and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def blockwise_scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor, block: tuple[int, int]) -> bool:
+    """Whether ``torch._scaled_mm`` with block-wise scales takes this layer: 128x128 blocks, N and K
+    multiples of 128, a bf16 output, cuBLAS's block scaling on this GPU."""
+    n, k = weight.shape
+    return (tuple(block) == (128, 128) and n % 128 == 0 and k % 128 == 0
+            and x.dtype == torch.bfloat16 and _cublas_block_scaling(x.device.index or 0))
+
+
+def _block_gemm(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
+                block: tuple[int, int], bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
+    """More than ``W8A16_MAX_TOKENS`` tokens through a block-scaled layer on CUDA: x quantized per
+    token and ``block[1]`` columns, then the W8A8 GEMM with block scales (swap AB: the weight's
+    rows fill the MMA, the tokens may be few) up to ``BLOCK_W8A8_MAX_TOKENS``, beyond cuBLAS's
+    block-scaled GEMM where ``blockwise_scaled_mm_ok``; else the W8A8 GEMM up to
+    ``W8A8_MAX_TOKENS`` and the Triton block GEMM beyond."""
+    from minisgl.kernel.triton.fp8_gemm import fp8_block_gemm, quantize_act
+
+    m = x.shape[0]
+    if m > BLOCK_W8A8_MAX_TOKENS and blockwise_scaled_mm_ok(x, weight, block):
+        # cuBLAS takes a multiple of 4 tokens: a shorter batch gets zero rows, their outputs dropped
+        xq, xs = quantize_act(x, 128, gated, column_major=True, rows=-(-m // 4) * 4)
+        y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale_inv.t(),
+                             out_dtype=x.dtype)[:m]
+        return y if bias is None else y + bias
+    xq, xs = quantize_act(x, block[1], gated)
+    if x.shape[0] <= W8A8_MAX_TOKENS and block[0] >= 16 and block[1] >= 32:
+        from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm
+
+        return fp8_w8a8_gemm(xq, xs, weight, scale_inv, bias, x.dtype, block=block)
+    y = fp8_block_gemm(xq, xs, weight, scale_inv, block, x.dtype)
+    return y if bias is None else y + bias
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                block: tuple[int, int] | None, bias: torch.Tensor | None = None,
                gated: bool = False, norm_eps: float | None = None,
@@ -155,11 +206,7 @@ def _fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
 
             return fp8_w8a16_gemm(x, weight, scale_inv, block, bias, gated)
         if block is not None:
-            from minisgl.kernel.triton.fp8_gemm import fp8_block_gemm, quantize_act
-
-            xq, xs = quantize_act(x, block[1], gated)
-            y = fp8_block_gemm(xq, xs, weight, scale_inv, block, x.dtype)
-            return y if bias is None else y + bias
+            return _block_gemm(x, weight, scale_inv, block, bias, gated)
     from minisgl.layers.activation import silu_and_mul
 
     if block is None:

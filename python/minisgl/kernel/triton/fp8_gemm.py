@@ -27,28 +27,40 @@ from .fp8_quant import fp8_scale, load_act, saturate
 
 
 @triton.jit
-def _quantize_act_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
-                         GATED: tl.constexpr, GROUP: tl.constexpr):
+def _quantize_act_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_sm, stride_sg,
+                         GATED: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1)
-    cols = g * GROUP + tl.arange(0, GROUP)
+    gs = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = gs[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     ok = cols < K
     x = load_act(x_ptr + m * stride_x, cols, ok, K, GATED)
-    scale = fp8_scale(tl.max(tl.abs(x), 0))
-    tl.store(q_ptr + m * stride_q + cols, saturate(x, scale).to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(s_ptr + m * stride_s + g, scale)
+    scale = fp8_scale(tl.max(tl.abs(x), 1))
+    tl.store(q_ptr + m * stride_q + cols,
+             saturate(x, scale[:, None]).to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + m * stride_sm + gs * stride_sg, scale, mask=gs * GROUP < K)
 
 
-def quantize_act(x: torch.Tensor, group: int, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> (e4m3 ``[M, K]``, fp32 ``[M, K/group]``)."""
+def quantize_act(x: torch.Tensor, group: int, gated: bool = False, column_major: bool = False,
+                 rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> (e4m3 ``[M, K]``, fp32
+    ``[M, K/group]``; ``column_major``: its transpose's storage, as ``torch._scaled_mm``'s
+    block-wise scaling takes it). ``rows >= M``: both outputs that tall, the rows past M zero.
+    A program quantizes up to 1,024 columns of a token (one 128-column group a program left each
+    token's row waiting on 32-96 programs' loads)."""
     m, width = x.shape
     k = width // 2 if gated else width
     assert x.stride(1) == 1 and group & (group - 1) == 0
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((m, triton.cdiv(k, group)), dtype=torch.float32, device=x.device)
+    rows = m if rows is None else rows
+    new = torch.empty if rows == m else torch.zeros
+    q = new((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
+    g = triton.cdiv(k, group)
+    s = new((g, rows), dtype=torch.float32, device=x.device).t() if column_major else \
+        new((rows, g), dtype=torch.float32, device=x.device)
     if m:
-        _quantize_act_kernel[(m, s.shape[1])](x, q, s, k, x.stride(0), q.stride(0), s.stride(0),
-                                              GATED=gated, GROUP=group, num_warps=1 if group <= 128 else 4)
+        per = min(triton.next_power_of_2(g), max(1, 1024 // group))
+        _quantize_act_kernel[(m, triton.cdiv(g, per))](
+            x, q, s, k, x.stride(0), q.stride(0), s.stride(0), s.stride(1), GATED=gated,
+            GROUP=group, GROUPS=per, num_warps=max(1, min(4, per * group // 256)))
     return q, s
 
 

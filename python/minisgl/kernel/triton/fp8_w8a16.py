@@ -57,7 +57,7 @@ from .pdl import release, wait
 
 @triton.jit
 def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
-                  stride_x, stride_w, stride_s,
+                  stride_x, stride_w, stride_s, stride_xs,
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
                   EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -79,6 +79,9 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     s_ptrs = s_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_s
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if A8 and not CHANNEL:  # the first K step's scales: each step loads the next one's (below)
+        xs_row = xs_ptr + rows_x * stride_xs
+        gs = tl.load(xs_row + first * BLOCK_K // SCALE_BK) * tl.load(s_ptrs + first * BLOCK_K // SCALE_BK)
     # no kernel writes a weight: while the kernel before runs, ask L2 for the first PREFETCH K
     # steps' weight tiles, one 128-byte line per request (``PREFETCH_STEPS``)
     if PREFETCH:
@@ -107,8 +110,14 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
             x = load_x(x_ptr, K, x_offs, x_ok, dt, True).to(dt)
         else:
             x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
-        if A8:  # e4m3 x e4m3 on the FP8 tensor cores, fast accumulation over all of K (NOTE below)
+        if A8 and CHANNEL:  # e4m3 x e4m3 on the FP8 tensor cores, fast accumulation (NOTE below)
             acc = tl.dot(w, tl.trans(x), acc)
+        elif A8:  # each K step within one block: its weight scale times its tokens' group scales,
+            # loaded one step ahead (a load the MMA waits on costs a round trip per step)
+            nxt = tl.minimum(kb + 1, last - 1) * BLOCK_K // SCALE_BK
+            gs_next = tl.load(xs_row + nxt) * tl.load(s_ptrs + nxt)
+            acc += tl.dot(w, tl.trans(x)) * gs[None, :]
+            gs = gs_next
         elif CHANNEL:
             acc = tl.dot(w.to(dt), tl.trans(x), acc, input_precision=DOT_PREC)
         else:
@@ -119,7 +128,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     release(USE_PDL)
     if CHANNEL:
         acc *= tl.load(s_ptr + rows_w * stride_s)[:, None]
-    if A8:
+    if A8 and CHANNEL:
         acc *= tl.load(xs_ptr + rows_x)[None, :]
     out_ok = n_ok[:, None] & m_ok[None, :]
     if SPLIT:  # y_ptr: the fp32 partials [splits, M, N]
@@ -240,15 +249,19 @@ def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
 
 def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
-                  config: W8A16Config | None = None) -> torch.Tensor:
+                  config: W8A16Config | None = None,
+                  block: tuple[int, int] | None = None) -> torch.Tensor:
     """e4m3 xq [M, K] with per-token scales xs [M, 1] (``fp8_quant.quantize_tokens``), e4m3 w [N, K]
     with per-channel scales ws [N, 1], bias [N] -> [M, N] in ``out_dtype``: the same tiles and
-    split-K, multiplied on the FP8 tensor cores."""
+    split-K, multiplied on the FP8 tensor cores. With ``block = (bn, bk)`` (FP8 checkpoints): block
+    scales ws [N/bn, K/bk] and scales per token and bk columns xs [M, K/bk]
+    (``fp8_gemm.quantize_act``), applied at every K step."""
     n, k = w.shape
     assert xq.dim() == 2 and xq.shape[1] == k and xq.stride(1) == 1 and xq.dtype == w.dtype
-    assert xs.shape == (xq.shape[0], 1) and xs.dtype == torch.float32 and xs.is_contiguous()
+    groups = 1 if block is None else triton.cdiv(k, block[1])
+    assert xs.shape == (xq.shape[0], groups) and xs.dtype == torch.float32 and xs.stride(1) == 1
     cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1, sms=_sms(xq))
-    return _launch(xq, xs, w, ws, None, bias, False, cfg, out_dtype)
+    return _launch(xq, xs, w, ws, block, bias, False, cfg, out_dtype)
 
 
 def _sms(x: torch.Tensor) -> int:
@@ -282,7 +295,7 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
     launch = pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}
     _w8a16_kernel[grid](
         x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
-        x.stride(0), w.stride(0), ws.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
+        x.stride(0), w.stride(0), ws.stride(0), 0 if xs is None else xs.stride(0), CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
         GATED=gated, A8=xs is not None, HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0,
         EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",

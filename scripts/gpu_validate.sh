@@ -41,6 +41,8 @@
 #                                         # replayed alone (0.6B, 8B fp8 and bf16); fp8 profile
 #   scripts/gpu_validate.sh probe   OUT   # where the time goes: the sampler's sizes swept, batch-1
 #                                         # FP8 profile; bench.py sample-logprobs, fp8-kv, fp8
+#   scripts/gpu_validate.sh fp8-block OUT  # the FP8 checkpoints' block format in batches: tests,
+#                                          # the paths' probe; Qwen3-8B default, fp8, fp8-block
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -229,6 +231,16 @@ w8a8)  # about six minutes
     step 330 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
         --variants default,fp8,fp8+fp8-kv --tag w8a8 --out "$out" >"$out/bench_w8a8.log" 2>&1
     cat "$out"/offline_*_w8a8.md ;;
+fp8-block)  # about seven minutes
+    step 260 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8_w8a16.py \
+        tests/test_fp8_kernels.py tests/test_fp8.py >"$out/gpu_tests_fp8.log" 2>&1
+    tail -3 "$out/gpu_tests_fp8.log"
+    step 120 "$py" benchmark/results/s20_2026-11-26/probe_block_paths.py "$out" \
+        >"$out/probe_block_paths.log" 2>&1
+    step 240 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
+        --variants default,fp8,fp8-block --batch1 --batch1-variants fp8,fp8-block --tag fp8-block \
+        --out "$out" >"$out/bench_fp8_block.log" 2>&1
+    cat "$out"/offline_*_fp8-block.md ;;
 norm-gemv)  # about seven minutes
     step 240 "$py" -m pytest -q -p no:cacheprovider -rf tests/test_fp8_kernels.py \
         tests/test_fp8_w8a16.py tests/test_fp8.py \

@@ -237,8 +237,8 @@ fp8-block)  # about seven minutes
     tail -3 "$out/gpu_tests_fp8.log"
     step 120 "$py" benchmark/results/s20_2026-11-26/probe_block_paths.py "$out" \
         >"$out/probe_block_paths.log" 2>&1
-    step 240 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json --hf-requests 0 \
-        --variants default,fp8,fp8-block --batch1 --batch1-variants fp8,fp8-block --tag fp8-block \
+    step 240 "$py" benchmark/offline/bench.py --model benchmark/configs/qwen3-8b.json \
+        --hf-requests 0 --variants default,fp8,fp8-block --batch1 --batch1-variants fp8,fp8-block --tag fp8-block \
         --out "$out" >"$out/bench_fp8_block.log" 2>&1
     cat "$out"/offline_*_fp8-block.md ;;
 norm-gemv)  # about seven minutes

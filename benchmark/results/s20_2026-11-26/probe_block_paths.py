@@ -39,10 +39,11 @@ def rel(out, ref):
 
 
 def scaled_mm_candidates(xs, ws):
-    """(name, scale_a, scale_b) layouts to try for block-wise ``_scaled_mm`` (the first one runs)."""
+    """(name, scale_a, scale_b) layouts tried for block-wise ``_scaled_mm`` (the first one runs)."""
     xs_col = xs.t().contiguous().t()
     return [("a_colmajor_b_wsT", xs_col, ws.t()), ("a_rowmajor_b_wsT", xs, ws.t()),
-            ("a_colmajor_b_ws", xs_col, ws), ("a_colmajor_b_wsT_contig", xs_col, ws.t().contiguous())]
+            ("a_colmajor_b_ws", xs_col, ws),
+            ("a_colmajor_b_wsT_contig", xs_col, ws.t().contiguous())]
 
 
 def channel_path(a, w):

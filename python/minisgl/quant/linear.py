@@ -10,9 +10,9 @@ Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` 
   in bf16 and no kernel quantizes it.
 * CUDA, more tokens: x is quantized per token and ``block[1]`` columns (one Triton kernel, which also
   applies SiLU-and-mul for a gated input), then multiplied on the FP8 tensor cores: up to
-  ``BLOCK_W8A8_MAX_TOKENS`` by the W8A8 GEMM with block scales, beyond by cuBLAS's block-scaled GEMM
-  (``torch._scaled_mm``, CUDA 12.9+ on sm_90; elsewhere the W8A8 GEMM up to ``W8A8_MAX_TOKENS``, then
-  the Triton block GEMM).
+  ``BLOCK_W8A8_MAX_TOKENS`` by the W8A8 GEMM with block scales, beyond by cuBLAS's block-scaled
+  GEMM (``torch._scaled_mm``, CUDA 12.9+ on sm_90; elsewhere the W8A8 GEMM up to
+  ``W8A8_MAX_TOKENS``, then the Triton block GEMM).
 
 Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by default):
 
@@ -151,7 +151,7 @@ def _block_gemm(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                              out_dtype=x.dtype)[:m]
         return y if bias is None else y + bias
     xq, xs = quantize_act(x, block[1], gated)
-    if x.shape[0] <= W8A8_MAX_TOKENS and block[0] >= 16 and block[1] >= 32:
+    if m <= W8A8_MAX_TOKENS and block[0] >= 16 and block[1] >= 32:
         from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm
 
         return fp8_w8a8_gemm(xq, xs, weight, scale_inv, bias, x.dtype, block=block)

@@ -10,9 +10,10 @@ and adds it to the fp32 accumulator times ``xs[:, kb] (x) ws[n // bn, kb]``: the
 multiply per accumulator element and step, the bytes half those of bf16. Tiles are visited in groups
 of ``GROUP_M`` row blocks so that the weight tiles a group shares stay in L2.
 
-``quantize_act`` is the dynamic activation quantization: one program per (token, group) takes the
-group's absolute maximum and maps it onto 448; ``gated=True`` first forms ``silu(gate) * up`` from
-``[gate | up]`` (rounded as ``silu_and_mul`` rounds), so the MLP's activation costs no extra pass.
+``quantize_act`` is the dynamic activation quantization: each group's absolute maximum maps onto 448
+(a program takes up to 1,024 columns of one token); ``gated=True`` first forms ``silu(gate) * up``
+from ``[gate | up]`` (rounded as ``silu_and_mul`` rounds), so the MLP's activation costs no extra
+pass.
 """
 
 from __future__ import annotations

@@ -82,10 +82,6 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     s_ptrs = s_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_s
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if A8 and not CHANNEL:  # the first K step's scales: each step loads the next one's (below)
-        xs_row = xs_ptr + rows_x * stride_xs
-        step0 = first * BLOCK_K // SCALE_BK
-        gs = tl.load(xs_row + step0) * tl.load(s_ptrs + step0)
     # no kernel writes a weight: while the kernel before runs, ask L2 for the first PREFETCH K
     # steps' weight tiles, one 128-byte line per request (``PREFETCH_STEPS``)
     if PREFETCH:
@@ -98,6 +94,11 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
                     [w_ptr + rows_w[:, None] * stride_w + cols[None, :]],
                     dtype=tl.int32, is_pure=False, pack=1)
     wait(USE_PDL)  # W8A8: the successor is released after the main loop (``pdl.py``)
+    if A8 and not CHANNEL:  # the first K step's scales (x's come from the kernel before, so
+        # after the wait); each step loads the next one's (below)
+        xs_row = xs_ptr + rows_x * stride_xs
+        step0 = first * BLOCK_K // SCALE_BK
+        gs = tl.load(xs_row + step0) * tl.load(s_ptrs + step0)
     for kb in range(first, last):
         k_ok = (kb * BLOCK_K + ks < K)[None, :]
         # NOTE: padding tokens are masked: reading them as (clamped) copies of token 0 cost up to

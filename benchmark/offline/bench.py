@@ -1,7 +1,7 @@
 """Offline throughput: DESIGN.md section 9's workload through `LLM.generate`, next to transformers.
 
     python benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
-        --variants default,no-cuda-graph,torch-attn --hf-requests 64 --out benchmark/results
+        --variants default,no-cuda-graph,torch-attn --hf-requests 64
 
 A ``.json`` model is a bare config: the weights are random (``--dummy-weights``). Output tok/s is
 reported with its fraction of the bandwidth ceiling (output tok/s at peak HBM bandwidth with no CPU
@@ -223,7 +223,7 @@ def main() -> None:
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--batch1-variants", default="default",
                         help="variants whose batch-1 latency --batch1 measures (default adds cuBLAS)")
-    parser.add_argument("--out", default="benchmark/results")
+    parser.add_argument("--out", default="bench-out", help="result directory (scratch)")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
 
@@ -276,14 +276,18 @@ def main() -> None:
         record("transformers", run_hf(path, dummy, prompts[:n], max_tokens[:n], args.hf_batch),
                hf_requests=n)
     suffix = f"_{args.tag}" if args.tag else ""
-    write(records, args.out, f"offline_{name}_{gpu}_{base['date']}{suffix}")
+    command = " ".join(["python", *sys.argv])
+    write(records, args.out, f"offline_{name}_{gpu}{suffix}", command)
 
 
-def write(records: list[dict], out_dir: str, stem: str) -> None:
+def write(records: list[dict], out_dir: str, stem: str, command: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, stem + ".json"), "w") as f:
         json.dump(records, f, indent=1)
-    lines = ["| engine | model | gpu | output tok/s | fraction of ceiling | seconds | output tokens |",
+    first = records[0] if records else {}
+    lines = [f"`{command}` on {first.get('gpu')}, commit `{first.get('commit')}`, "
+             f"{first.get('date')}.", "",
+             "| engine | model | gpu | output tok/s | fraction of ceiling | seconds | output tokens |",
              "|---|---|---|---|---|---|---|"]
     for r in records:
         if "output_tok_per_s" in r:

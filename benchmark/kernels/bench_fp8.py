@@ -5,12 +5,12 @@
 * GEMV (one token): the FP8 GEMV (``kernel/triton/fp8_gemv.py``, e4m3 weight, 128x128 block scales)
   vs the bf16 Triton GEMV and cuBLAS bf16. TB/s counts the bytes each kernel must read (weight,
   scales, x); ``peak_fraction`` divides by the HBM bandwidth a large device-to-device copy reaches
-  on this GPU (the bandwidth its bytes allow); the issue asks for >= 0.8.
+  on this GPU (the bandwidth its bytes allow); the target is >= 0.8.
 * GEMM (M tokens): activation quantization + the block-scaled GEMM (``fp8_gemm.py``) vs
   ``torch._scaled_mm`` with row-wise scales (per token x per output channel: the per-channel
   alternative for ``--quantization fp8``) and vs cuBLAS bf16, in TFLOP/s. ``rel_err`` is the block
   GEMM's max error against ``block_gemm_reference`` (fp32 over the same quantized operands) over the
-  largest reference magnitude; the issue asks for <= 1e-2.
+  largest reference magnitude; the target is <= 1e-2.
 * Per-channel (``--quantization fp8``'s default; ``MINISGL_FP8_GEMM=block`` is the block columns):
   ``quant.linear.fp8_linear`` end to end with per-output-channel weight scales: the per-channel FP8
   GEMV at one token; per-token activation quantization (``fp8_quant.py``) + ``torch._scaled_mm``

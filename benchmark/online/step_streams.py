@@ -3,7 +3,7 @@
     python benchmark/online/step_streams.py --model benchmark/configs/qwen3-8b.json --concurrency 64 \
         --modes prefill-first,mixed-512,mixed-1024
 
-The serving workload of issue 15 (random prompts of 512-1024 tokens, 128-256 output tokens,
+The streaming-smoothness serving workload (random prompts of 512-1024 tokens, 128-256 output tokens,
 ignore_eos, CONCURRENCY requests in flight: a finished one is replaced at once) is driven through
 ``Scheduler.step`` with no HTTP, tokenizer or detokenizer process. A token's time is when the step
 that returns it returns, so the gaps here are the scheduler's own; the difference to the online

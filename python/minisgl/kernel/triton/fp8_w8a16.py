@@ -172,14 +172,13 @@ class W8A16Config:
 # ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.linear``). Adding each K step's sum to an
 # fp32 accumulator (``max_num_imprecise_acc``) keeps the output within 3e-3 of fp32 over the same
 # operands, against 9e-3 (1.1e-2 over the down projection's 12,288), but cost the down projection
-# 16% at 192 tokens (32.4 against 27.1 us, H100): both are below the ~2.5e-2 of rounding x to
-# e4m3, so the accumulation stays fast (``benchmark/results/s13_2026-11-24``).
+# 16% at 192 tokens on an H100: both errors are below the ~2.5e-2 of rounding x to e4m3, so the
+# accumulation stays fast.
 
 # W8A8 under PDL: the K steps whose weight tiles a program asks L2 for before its wait, while the
 # kernel before it (the RMSNorm or the quantization, both launching their successor at once) still
-# runs. Offline ``fp8`` on an H100, one call each: 2 steps 1.308x / 1.310x / 1.312x ``default``
-# against 1.301x / 1.302x / 1.305x / 1.306x without; 1 step 1.304-1.309x, 3 steps 1.309x, as many
-# as the pipeline's stages (4-5) 1.303x / 1.304x (``benchmark/results/s20_2026-11-26``)
+# runs. Two steps were the fastest of 0-5 offline on an H100 (docs/performance.md); as many as the
+# pipeline's stages crowd the L2 the kernel before is still using.
 PREFETCH_STEPS = 2
 
 SMS = 132  # an H100's (and H200's) SMs: what the rules below were fitted on
@@ -223,12 +222,10 @@ def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
     faster) and a program streams 256-deep K steps through 4-5 stages; more tiles (gate-up; qkv
     at 256 tokens) take 128-deep steps, with 128-row tiles and 8 warps beyond one M tile.
 
-    Measured and slower (``benchmark/results/s16_2026-11-25``): larger tiles over split K, which
-    read x from L2 fewer times (o at 128 tokens 9.9 against 9.0 us without even summing the
-    partials; gate-up at 256 with 256-row tiles 61.8 against 54.2). Nsight Compute puts
-    o, down and qkv at 42-65% of DRAM bandwidth with one 4-warp program per SM. At 8-32 tokens
-    these tiles are within 2% of the best of a sweep that adds 32- and 128-row N tiles and split K
-    (``bench_fp8_small.py --sweep w8a8-small``, ``benchmark/results/s19_2026-11-26``)."""
+    Larger tiles over split K, which read x from L2 fewer times, are slower (the partials' sum
+    costs more than the re-reads save). At 8-32 tokens these tiles are within 2% of the best of a
+    sweep that adds 32- and 128-row N tiles and split K (``bench_fp8_small.py --sweep
+    w8a8-small``)."""
     tiles_n = triton.cdiv(n, 64)
     block_m = min(128, max(16, triton.next_power_of_2(m)))
     while block_m > 16 and tiles_n * triton.cdiv(m, block_m // 2) <= sms:

@@ -1,5 +1,5 @@
 """The server's CPU defaults on the default model: a running stream keeps getting tokens while a
-burst of long prompts is prefilled in mixed steps (issue 15's end-to-end check on CPU)."""
+burst of long prompts is prefilled in mixed steps (the streaming-smoothness check, end to end on CPU)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_default_model_stream_keeps_flowing_during_a_burst(default_model_dir, on
     print("gaps (CPU s):", [round(g, 2) for g in gaps], "wall:", [round(g, 2) for g in walls])
     assert len(gaps) >= 4000 // 256
     # relative to the burst, which prefill-first makes one wait: a step of 256 tokens costs 0.5 to
-    # 2 CPU seconds depending on the machine (1 to 2 s on the CI-like machine of 2026-11-23)
+    # 2 CPU seconds depending on the machine (1 to 2 s on a 2-core CI machine)
     burst = sum(gaps)
     assert sorted(gaps)[len(gaps) // 2] < burst / 8 and max(gaps) < burst / 4, gaps
     assert sorted(gaps)[len(gaps) // 2] < 2.5, gaps

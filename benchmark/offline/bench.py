@@ -1,4 +1,5 @@
-"""Offline throughput: DESIGN.md section 9's workload through `LLM.generate`, next to transformers.
+"""Offline throughput: the workload of docs/performance.md through `LLM.generate`, next to
+transformers.
 
     python benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
         --variants default,no-cuda-graph,torch-attn --hf-requests 64
@@ -31,7 +32,7 @@ from bench_common import (  # noqa: E402
     StepTrace, borrow_tokenizer, environment, gpu_name, model_dir, project_commit,
 )
 
-# output tok/s at peak HBM bandwidth, DESIGN.md section 9
+# output tok/s at peak HBM bandwidth with no CPU overhead (docs/performance.md)
 CEILINGS = {
     ("qwen3-0.6b", "H100"): 28_300, ("qwen3-0.6b", "H200"): 39_800,
     ("qwen3-8b", "H100"): 10_500, ("qwen3-8b", "H200"): 13_800,

@@ -137,11 +137,11 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
                       block_n: int = 64) -> int:
     """Splits per request so that ``batch * kv_heads * splits`` is about two programs per SM.
 
-    Measured on an H100 (benchmark/kernels/results, CUDA-graph timings): with >= 2 programs per SM
-    a split only adds the stage-2 pass (B=32, Hkv=8, 1K context: 1 split 57 us, 3 splits 63 us),
-    while a lone request needs 16-32 splits (B=1, 16K context: 32 splits 35 us, 16 splits 40 us). Depends on host-side bounds only (``max_seq_len`` may be the
-    engine's maximum), so a CUDA graph captured for a batch size stays valid for any lengths; surplus
-    splits of short requests are empty and cost one early-out program each.
+    With >= 2 programs per SM a split only adds the stage-2 pass, while a lone request needs
+    16-32 splits to fill the GPU (``bench_decode_attention.py --sweep`` on an H100). Depends on
+    host-side bounds only (``max_seq_len`` may be the engine's maximum), so a CUDA graph captured
+    for a batch size stays valid for any lengths; surplus splits of short requests are empty and
+    cost one early-out program each.
     """
     want = (2 * num_sms) // max(1, batch_size * num_kv_heads)
     return max(1, min(want, MAX_SPLITS, -(-max_seq_len // block_n)))

@@ -224,7 +224,7 @@ def main() -> None:
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--batch1-variants", default="default",
                         help="variants whose batch-1 latency --batch1 measures (default adds cuBLAS)")
-    parser.add_argument("--out", default="bench-out", help="result directory (scratch)")
+    parser.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
 

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
     add("--warmup", type=int, default=1, help="unmeasured requests sent first")
     add("--seed", type=int, default=0)
-    add("--out", default="bench-out", help="result directory (a scratch folder by default)")
+    add("--out", default="bench-out", help="result directory (default: ./bench-out)")
     add("--tag", help="file name stem of the results (default: the dataset)")
     add("--no-progress", action="store_true")
     add("--compare", nargs=2, metavar=("A_JSON", "B_JSON"),

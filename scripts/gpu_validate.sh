@@ -31,24 +31,29 @@ bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, 
 
 case $stage in
 tests)
-    "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests --durations=15 >"$out/gpu_tests.log" 2>&1
+    "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests --durations=15 \
+        >"$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log" ;;
 offline)
     "$py" benchmark/kernels/bench_gemv.py --out "$out" >"$out/bench_gemv.log" 2>&1
-    "${bench[@]}" --model $m06 --variants default,no-overlap,no-cuda-graph,torch-attn --hf-requests 64 \
+    "${bench[@]}" --model $m06 --hf-requests 64 \
+        --variants default,no-overlap,no-cuda-graph,torch-attn \
         >"$out/bench_qwen3-0.6b.log" 2>&1
-    "${bench[@]}" --model $m8 --batch1 --hf-requests 32 --hf-batch 32 >"$out/bench_qwen3-8b.log" 2>&1
+    "${bench[@]}" --model $m8 --batch1 --hf-requests 32 --hf-batch 32 \
+        >"$out/bench_qwen3-8b.log" 2>&1
     cat "$out"/offline_*.md ;;
 sampling)
     step 80 "$py" benchmark/kernels/bench_sampling.py --model $m06 --out "$out" \
         >"$out/bench_sampling.log" 2>&1
     step 200 "${bench[@]}" --model $m06 --hf-requests 0 --tag sampling \
-        --variants default,sample,sample-penalty,sample-logprobs >"$out/bench_0.6b_sampling.log" 2>&1
+        --variants default,sample,sample-penalty,sample-logprobs \
+        >"$out/bench_0.6b_sampling.log" 2>&1
     step 120 "${bench[@]}" --model $m8 --hf-requests 0 --variants default,sample --tag sampling \
         >"$out/bench_8b_sampling.log" 2>&1
     cat "$out"/offline_*_sampling.md ;;
 structured)  # needs the default model's tokenizer (MINISGL_CACHE_DIR holding it is enough)
-    step 200 "${bench[@]}" --model $m06 --variants default --structured --hf-requests 0 --tag structured \
+    step 200 "${bench[@]}" --model $m06 --variants default --structured --hf-requests 0 \
+        --tag structured \
         >"$out/bench_qwen3-0.6b_structured.log" 2>&1
     cat "$out"/offline_*_structured.md ;;
 fp8)
@@ -74,7 +79,8 @@ itl)
     cat "$out"/*_itl.md ;;
 itl-shared)
     PYTHON=$py step 300 benchmark/online/gpu_itl.sh shared "$out" >"$out/itl_shared.log" 2>&1
-    "${bench[@]}" --model $m06 --variants default,prefill-first --hf-requests 0 --tag prefill-first \
+    "${bench[@]}" --model $m06 --variants default,prefill-first --hf-requests 0 \
+        --tag prefill-first \
         >"$out/bench_qwen3-0.6b_prefill-first.log" 2>&1
     cat "$out"/*lpm_vs_fcfs.md "$out"/offline_*prefill-first.md ;;
 tp)

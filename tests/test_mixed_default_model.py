@@ -1,5 +1,6 @@
 """The server's CPU defaults on the default model: a running stream keeps getting tokens while a
-burst of long prompts is prefilled in mixed steps (the streaming-smoothness check, end to end on CPU)."""
+burst of long prompts is prefilled in mixed steps
+(the streaming-smoothness check, end to end on CPU)."""
 
 from __future__ import annotations
 

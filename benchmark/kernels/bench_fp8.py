@@ -168,7 +168,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--gemv-only", action="store_true", help="only the one-token GEMVs")
-    parser.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
     gpu, peak = gpu_name(), copy_bandwidth()
     print(f"copy bandwidth: {peak / 1e12:.2f} TB/s", flush=True)

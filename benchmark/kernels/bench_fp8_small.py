@@ -205,7 +205,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", choices=list(SWEEP_TOKENS),
                         help=f"also time a config grid of one kernel form at M in {SWEEP_TOKENS}")
-    parser.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
     gpu, peak = gpu_name(), copy_bandwidth()
     print(f"copy bandwidth: {peak / 1e12:.2f} TB/s", flush=True)

@@ -46,7 +46,7 @@ def host_us(fn, counts: list[int]) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=300)
-    p.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
+    p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     rng = random.Random(0)

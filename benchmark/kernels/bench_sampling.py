@@ -166,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="also time a decode step of this model (config.json)")
-    parser.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--sweep", action="store_true",
                         help="only time the split path's sizes at B=256, vocab 151,936")
     args = parser.parse_args()

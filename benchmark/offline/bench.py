@@ -224,7 +224,7 @@ def main() -> None:
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--batch1-variants", default="default",
                         help="variants whose batch-1 latency --batch1 measures (default adds cuBLAS)")
-    parser.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
 
@@ -288,7 +288,8 @@ def write(records: list[dict], out_dir: str, stem: str, command: str) -> None:
     first = records[0] if records else {}
     lines = [f"`{command}` on {first.get('gpu')}, commit `{first.get('commit')}`, "
              f"{first.get('date')}.", "",
-             "| engine | model | gpu | output tok/s | fraction of ceiling | seconds | output tokens |",
+             "| engine | model | gpu | output tok/s | fraction of ceiling | seconds "
+             "| output tokens |",
              "|---|---|---|---|---|---|---|"]
     for r in records:
         if "output_tok_per_s" in r:

@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
     rng = random.Random(0)

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("results", nargs="+",
                    help="bench_serving.py JSON results (--concurrencies runs)")
-    p.add_argument("--baseline", required=True, help="the prefill-first result from the same machine")
+    p.add_argument("--baseline", required=True, help="prefill-first's result, same machine")
     p.add_argument("--max-itl-ms", type=float, help="target for the largest inter-token latency")
     p.add_argument("--max-itl-only", action="store_true",
                    help="targets: max ITL and throughput only (the Qwen3-0.6B criteria)")

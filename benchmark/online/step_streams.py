@@ -253,7 +253,7 @@ def main() -> None:
                    help="the engine option (default: the engine's); every mode is capped by its budget")
     p.add_argument("--profile", type=int, default=0,
                    help="print where the host's time of this many mixed launches goes (cProfile)")
-    p.add_argument("--out", default="bench-out", help="result directory (default: ./bench-out)")
+    p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     p.add_argument("--tag", default="")
     args = p.parse_args()
     path, dummy = model_dir(args.model)

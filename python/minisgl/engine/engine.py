@@ -21,7 +21,7 @@ from minisgl.utils import init_logger
 
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
-from .sample import BatchSamplingArgs, SampleOutput, SamplingState, sample
+from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 
 logger = init_logger(__name__)
 

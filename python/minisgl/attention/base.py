@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.core import BaseAttnMetadata
+
 if TYPE_CHECKING:
     from minisgl.core import Batch
 
-
-class BaseAttnMetadata:
-    """Whatever tensors a backend derives from the batch (lengths, page-table rows, ...)."""
+__all__ = ["BaseAttnBackend", "BaseAttnMetadata"]
 
 
 class BaseAttnBackend(ABC):

@@ -16,7 +16,7 @@ from .norm import RMSNorm
 from .rotary import RotaryEmbedding, cos_sin_cache, pow2
 
 if TYPE_CHECKING:
-    from minisgl.core import Context
+    from minisgl.context import Context
     from minisgl.models.config import ModelConfig
 
 

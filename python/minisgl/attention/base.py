@@ -54,6 +54,7 @@ class BaseAttnBackend(ABC):
     # prefill and mixed batches may carry padding tokens after the last request's (engine/batch.py):
     # rows of q that no request's metadata covers, whose output nobody reads
     supports_padding: bool = False
+    pdl: bool = False  # decode kernels launch with PDL (``kernel/triton/pdl.py``); set by the engine
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:

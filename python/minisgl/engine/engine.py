@@ -117,6 +117,7 @@ class Engine:
         backend = create_attention_backend(
             config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
         )
+        backend.pdl = config.pdl
         return pool, backend
 
     @property
@@ -130,6 +131,9 @@ class Engine:
             model = cls(self.model_config, self.comm, create_moe_backend(self.config.moe_backend))
         model = model.to(self.config.dtype).eval()
         restore_param_dtypes(model)
+        for module in model.modules():  # the layers that launch Triton kernels: fixed here, once
+            if hasattr(module, "pdl"):
+                module.pdl = self.config.pdl
         if self.config.dummy_weights:
             model.load_weights(dummy_weights(self.model_config, self.config.seed, self.device,
                                              self.config.dtype))

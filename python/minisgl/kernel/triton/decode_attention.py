@@ -26,8 +26,8 @@ requests longest first, so the long programs start early and the short ones fill
 end instead of one long request running alone after everything else (the classic longest-first
 list schedule). On an H100 (Qwen3-8B heads, contexts of 100-2,047 tokens, one split), 128 /
 192 / 256 requests take 192 / 275 / 387 us against 216 / 296 / 413 with the former (B, Hkv) grid
-in batch order, within 1-2% of a kernel that only reads the same K/V. Each program computes the same thing in any order, so
-the order never changes a bit of the output.
+in batch order, within 1-2% of a kernel that only reads the same K/V. Each program computes the
+same thing in any order, so the order never changes a bit of the output.
 
 Nothing about the launch depends on device data (lengths are read on the device and ``num_splits``
 is the caller's choice from host-side bounds), so the whole thing can be captured in a CUDA graph.

@@ -18,10 +18,26 @@ from minisgl import LLM, SamplingParams  # noqa: E402
 from minisgl.kernel.triton import pdl  # noqa: E402
 
 
-def test_off_on_cpu_and_in_the_interpreter(monkeypatch):
-    assert pdl.launch_options(torch.zeros(1)) == {"USE_PDL": False}
-    monkeypatch.setenv("MINISGL_PDL", "1")
-    assert not pdl.pdl_enabled(torch.zeros(1))
+def test_off_on_cpu_and_in_the_interpreter():
+    assert pdl.launch_options(torch.zeros(1), True) == {"USE_PDL": False}
+    assert not pdl.pdl_enabled(torch.zeros(1), True)
+
+
+def test_the_engine_hands_its_choice_to_every_launcher(tiny_checkpoints):
+    """``disable_pdl`` reaches each layer that launches a PDL kernel and the attention backend
+    (on CPU too, where the launchers then run no kernel)."""
+    from minisgl.attention.base import BaseAttnBackend
+
+    for off in (False, True):
+        with LLM(str(tiny_checkpoints["llama"]), device="cpu", disable_pdl=off) as llm:
+            engine = llm.scheduler.engine
+            holders = [m for m in engine.model.modules() if hasattr(m, "pdl")]
+            kinds = {type(m).__name__ for m in holders}
+            assert {"AttentionLayer", "LinearQKVMerged", "LinearRowParallel"} <= kinds
+            assert any(kind.startswith("RMSNorm") for kind in kinds)
+            assert all(m.pdl is not off for m in holders)
+            assert isinstance(engine.attn_backend, BaseAttnBackend)
+            assert engine.attn_backend.pdl is not off
 
 
 def test_decode_kernels_compile_with_pdl_for_hopper(tmp_path):
@@ -33,9 +49,8 @@ def test_decode_kernels_compile_with_pdl_for_hopper(tmp_path):
     assert len(cubins) == 8 and all(line.endswith("griddepcontrol") for line in cubins), cubins
 
 
-def _decode(path: str, pdl_on: str, monkeypatch) -> tuple[list[list[int]], list[torch.Tensor]]:
-    monkeypatch.setenv("MINISGL_PDL", pdl_on)
-    llm = LLM(path, device="cuda", dtype="bfloat16", num_pages=2048)
+def _decode(path: str, pdl_on: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
+    llm = LLM(path, device="cuda", dtype="bfloat16", num_pages=2048, disable_pdl=not pdl_on)
     engine, logits = llm.scheduler.engine, []
     forward = engine.forward
 
@@ -54,14 +69,14 @@ def _decode(path: str, pdl_on: str, monkeypatch) -> tuple[list[list[int]], list[
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_pdl_gives_the_same_tokens_and_logits(arch, tiny_checkpoints, monkeypatch):
+def test_pdl_gives_the_same_tokens_and_logits(arch, tiny_checkpoints):
     """Batched steps, then one request decoding alone (its last 16 tokens), CUDA graphs on: the
     same kernels and the same arithmetic, so the same bits; only when kernels start differs."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs compute capability 9.0")
     path = str(tiny_checkpoints[arch])
-    tokens, logits = _decode(path, "1", monkeypatch)
-    ref_tokens, ref_logits = _decode(path, "0", monkeypatch)
+    tokens, logits = _decode(path, True)
+    ref_tokens, ref_logits = _decode(path, False)
     assert tokens == ref_tokens
     assert len(logits) == len(ref_logits) >= 40
     assert sum(out.shape[0] == 1 for out in logits) >= 16  # batch-1 decode steps (the GEMVs)

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minisgl.core import Req, SamplingParams
-from minisgl.engine.sample import (
+from minisgl.sampling import (
     BatchSamplingArgs,
     apply_penalties,
     random_uniform,
@@ -399,8 +399,7 @@ def test_sampling_path_reads_nothing_back_to_the_host() -> None:
 def test_penalty_rows_are_built_once_and_then_counted_on_the_device() -> None:
     """A request's counts row is built from its tokens when it enters the row; later steps only add
     the sampled token on the device (no host work that grows with the output)."""
-    from minisgl.engine.sample import SamplingState
-    from minisgl.engine.sample_state import PROMPT_BIT
+    from minisgl.sampling import PROMPT_BIT, SamplingState
 
     vocab = 16
     state = SamplingState(4, vocab, CPU)

@@ -18,8 +18,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from minisgl.core import Req, SamplingParams
-from minisgl.engine.sample import BatchSamplingArgs, kernel_sample
-from minisgl.engine.sample_torch import sample_torch
+from minisgl.sampling import BatchSamplingArgs, kernel_sample, sample_torch
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # small tiles, chunks and candidate rows keep the interpreter fast, give every row several chunks
@@ -70,7 +69,7 @@ def check_top_logits(logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor
 
 
 def compare(logits: torch.Tensor, reqs: list[Req], bitmask: torch.Tensor | None = None,
-            **sizes: int) -> list[int]:
+            **sizes) -> list[int]:
     """Kernel == reference (tokens, logsumexp, counts); returns the rows the split path flagged
     for the row kernel."""
     vocab = logits.shape[-1]
@@ -173,7 +172,7 @@ def test_split_path_flags_wide_nucleus(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_split_path_mixed_batch(seed: int, monkeypatch) -> None:
+def test_split_path_mixed_batch(seed: int) -> None:
     """Fast and flagged rows in one batch with greedy, unfiltered, penalised, biased and masked
     rows and log-probs: counts are added once per token, whichever kernel samples it."""
     vocab = 512
@@ -195,8 +194,9 @@ def test_split_path_mixed_batch(seed: int, monkeypatch) -> None:
     reqs = make_reqs(params, seed, vocab)
     flags = compare(logits.to(DEV), reqs, bitmask.to(DEV), **SPLIT)
     assert flags == [0, 1, 0, 0, 0, 0, 0, 1]
-    monkeypatch.setenv("MINISGL_SAMPLER", "triton-row")  # the ablation: the row kernel alone
-    compare(logits.to(DEV), make_reqs(params, seed, vocab), bitmask.to(DEV), **SPLIT)
+    # the ablation: the row kernel alone
+    compare(logits.to(DEV), make_reqs(params, seed, vocab), bitmask.to(DEV), row_only=True,
+            **SPLIT)
 
 
 @pytest.mark.parametrize("n", [1, 5, 8])
@@ -214,7 +214,7 @@ def test_split_path_returns_the_top_raw_logits(n: int) -> None:
     tokens, lse, top = kernel_sample(logits, args, **SPLIT)
     assert top is not None
     check_top_logits(logits, top, max(n, 2))
-    assert kernel_sample(logits, args, **SPLIT, path="triton-row")[2] is None
+    assert kernel_sample(logits, args, row_only=True, **SPLIT)[2] is None
 
 
 @pytest.mark.gpu
@@ -237,7 +237,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from minisgl.kernel.triton import sampling, sampling_split
+from minisgl.sampling.kernels import row, split
 
 features = sys.argv[1] == "1"
 i64 = {"top_k_ptr", "seeds_ptr", "steps_ptr", "count_rows_ptr", "bias_rows_ptr", "tokens_ptr",
@@ -246,17 +246,16 @@ i32 = {"counts_ptr", "mask_ptr", "flags_ptr", "args_ptr", "cnt_ptr"}
 feats = dict(HAS_COUNTS=features, HAS_BIAS=features, HAS_MASK=features, NEED_LSE=features,
              LIBDEVICE=True)
 cases = [
-    (sampling._sample_kernel, dict(feats, BLOCK=2048, CAND=sampling.CAND, P=sampling._PIVOTS,
-                                   MAX_SEARCH=sampling._MAX_SEARCH, USE_FLAGS=features), 8),
-    (sampling_split._stats_kernel, dict(feats, CHUNK=2048), 4),
-    (sampling_split._threshold_kernel, dict(S_PAD=128, GUESS=16, NT=8 * features), 4),
-    (sampling_split._collect_kernel, dict(HAS_COUNTS=features, HAS_BIAS=features,
-                                          HAS_MASK=features, CHUNK=2048, CAP=256,
-                                          NT=8 * features, CPP=4), 4),
-    (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
-                                        S_PAD=128, CAP=256, NT=32 * features, RB=1024), 4),
-    (sampling_split._merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
-                                        S_PAD=32, CAP=256, NT=8 * features, RB=1024), 4),
+    (row.sample_kernel, dict(feats, BLOCK=2048, CAND=row.CAND, P=row.PIVOTS,
+                             MAX_SEARCH=row.MAX_SEARCH, USE_FLAGS=features), 8),
+    (split.stats_kernel, dict(feats, CHUNK=2048), 4),
+    (split.threshold_kernel, dict(S_PAD=128, GUESS=16, NT=8 * features), 4),
+    (split.collect_kernel, dict(HAS_COUNTS=features, HAS_BIAS=features, HAS_MASK=features,
+                                CHUNK=2048, CAP=256, NT=8 * features, CPP=4), 4),
+    (split.merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
+                              S_PAD=128, CAP=256, NT=32 * features, RB=1024), 4),
+    (split.merge_kernel, dict(HAS_COUNTS=features, NEED_LSE=features, LIBDEVICE=True,
+                              S_PAD=32, CAP=256, NT=8 * features, RB=1024), 4),
 ]
 for kernel, consts, warps in cases:
     sig = {n: "*i64" if n in i64 else "*i32" if n in i32 else "*fp32" for n in kernel.arg_names}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.engine.sample import unpack_bitmask
+from minisgl.sampling import unpack_bitmask
 from minisgl.structured import BatchMasks, GrammarCompiler, check_grammar, new_bitmask
 
 pytestmark = pytest.mark.skipif(

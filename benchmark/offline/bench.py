@@ -57,18 +57,19 @@ VARIANTS = {
     "fp8": {"quantization": "fp8"},  # weights quantized at load (random bf16 weights of --model)
     "fp8-kv": {"kv_cache_dtype": "fp8_e4m3"},
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
-    "no-pdl": {"env": {"MINISGL_PDL": "0"}},  # Triton kernels without programmatic dependent launch
-    "fp8-no-pdl": {"quantization": "fp8", "env": {"MINISGL_PDL": "0"}},
+    "no-pdl": {"disable_pdl": True},  # Triton kernels without programmatic dependent launch
+    "fp8-no-pdl": {"quantization": "fp8", "disable_pdl": True},
+    "no-pad-tokens": {"pad_tokens": 1},  # eager forwards at their own token counts
     # one token through the RMSNorm kernels, not normalised inside the GEMVs
     "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
     "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
     # weights in 128x128 blocks with a scale each, as the published FP8 checkpoints store them
     "fp8-block": {"quantization": "fp8", "env": {"MINISGL_FP8_GEMM": "block"}},
-    "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
+    "sample-torch": {"sampling": QWEN_SAMPLING, "sampler": "torch"},
+    "sample-row": {"sampling": QWEN_SAMPLING, "sampler": "triton-row"},  # the row kernel alone
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
-                                          "repetition_penalty": 1.05},
-                             "env": {"MINISGL_SAMPLER": "torch"}},
+                                          "repetition_penalty": 1.05}, "sampler": "torch"},
 }
 
 

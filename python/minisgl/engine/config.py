@@ -36,6 +36,11 @@ class EngineConfig:
     seed: int = 0
     tp: DistributedInfo = DistributedInfo()
     dist_init_addr: str = "127.0.0.1:29500"  # rendezvous of the TP group (host:port), tp > 1 only
+    sampler: str = "triton"  # one of ``minisgl.sampling.SAMPLERS``; CPU logits always take torch
+    # eager CUDA forwards' token counts are rounded up to a multiple of this (1: no padding):
+    # cuBLAS picks a GEMM algorithm on the host for every new shape (``batch.py``)
+    pad_tokens: int = 64
+    pdl: bool = True  # Triton kernels launch with programmatic dependent launch (Hopper+)
 
     @property
     def kv_dtype(self) -> torch.dtype:

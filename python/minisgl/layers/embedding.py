@@ -43,6 +43,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over this rank's vocabulary slice, gathered across ranks. May share the embedding."""
 
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
     def __init__(
         self,
         vocab_size: int,
@@ -55,5 +57,5 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.weight = tied.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.comm.all_gather(linear(hidden, self.weight), dim=-1)
+        logits = self.comm.all_gather(linear(hidden, self.weight, pdl=self.pdl), dim=-1)
         return logits[..., : self.vocab_size]

@@ -32,7 +32,7 @@ USE_GEMV = env.GEMV.get() != "0"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           gated: bool = False) -> torch.Tensor:
+           gated: bool = False, pdl: bool = False) -> torch.Tensor:
     """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One token in
     half precision on CUDA goes through the Triton GEMV, which streams the weight faster than cuBLAS
     does at that shape and applies the gate as it reads x (benchmark/kernels/bench_gemv.py)."""
@@ -40,7 +40,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:
         from minisgl.kernel.triton.gemv import gemv
 
-        return gemv(x, weight, bias, gated)
+        return gemv(x, weight, bias, gated, pdl=pdl)
     return F.linear(silu_and_mul(x) if gated else x, weight, bias)
 
 
@@ -48,6 +48,7 @@ class _Linear(nn.Module):
     """A weight ``[out, in]`` sharded along ``shard_dim`` by ``_place``, optionally FP8."""
 
     shard_dim = 0
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
 
     def _place(self, shard_id) -> tuple[int, int, int]:
         """(first row of this part in the local weight, first row in the checkpoint, rows)."""
@@ -83,10 +84,10 @@ class _Linear(nn.Module):
         """``norm_eps``, ``residual`` and ``act``: see ``fp8_linear`` (FP8 layers only)."""
         if self.weight_scale_inv is not None:
             return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated,
-                              norm_eps, residual, act)
+                              norm_eps, residual, act, pdl=self.pdl)
         assert norm_eps is None and residual is None and not act, \
             "a fused norm, add or activation needs an FP8 layer"
-        return linear(x, self.weight, bias, gated)
+        return linear(x, self.weight, bias, gated, pdl=self.pdl)
 
     def quantize_weights_(self, input_scale: torch.Tensor | None = None) -> None:
         """``--quantization fp8``: replace the loaded weight by e4m3 and its per-channel (or block)

@@ -23,6 +23,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
@@ -32,7 +34,7 @@ class RMSNorm(nn.Module):
         if x.is_cuda:
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
-            return triton_rms_norm(x, self.weight, self.eps)
+            return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl)
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -49,11 +51,12 @@ class RMSNormFused(RMSNorm):
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
             if quantize:
-                q, scale, residual = rms_norm_quant(x, self.weight, self.eps, residual)
+                q, scale, residual = rms_norm_quant(x, self.weight, self.eps, residual,
+                                                    pdl=self.pdl)
                 return QuantizedInput(q, scale, x.dtype), residual
             if residual is None:
-                return triton_rms_norm(x, self.weight, self.eps), x
-            return fused_add_rms_norm(x, residual, self.weight, self.eps)
+                return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl), x
+            return fused_add_rms_norm(x, residual, self.weight, self.eps, pdl=self.pdl)
         if residual is not None:
             x = x + residual
         return rms_norm(x, self.weight, self.eps), x

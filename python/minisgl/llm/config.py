@@ -18,10 +18,12 @@ from minisgl.kvcache import PREFIX_CACHES
 from minisgl.models import ModelConfig
 from minisgl.moe import MOE_BACKENDS, resolve_moe_backend
 from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
+from minisgl.sampling import SAMPLERS
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.config import check_schedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SAMPLERS = ("auto", *SAMPLERS)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class EngineOptions:
     max_wait_steps: int = 64
     dummy_weights: bool = False
     seed: int = 0
+    # ablations: "auto" (Triton kernels on CUDA, the torch reference on CPU), "torch", "triton-row"
+    sampler: str = "auto"
+    pad_tokens: int = 64  # eager CUDA forwards padded to a multiple of this many tokens (1: off)
+    disable_pdl: bool = False  # Triton kernels without programmatic dependent launch (Hopper+)
 
     @classmethod
     def from_kwargs(cls, owner: str, options: dict[str, Any]) -> EngineOptions:
@@ -68,7 +74,7 @@ class EngineOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
 
-        for name in ("page_size", "max_prefill_tokens", "max_running_requests"):
+        for name in ("page_size", "max_prefill_tokens", "max_running_requests", "pad_tokens"):
             positive(name)
         positive("num_pages", allow_none=True)
         positive("max_num_batched_tokens", allow_none=True)
@@ -104,7 +110,14 @@ class EngineOptions:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
         if not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb: must be > 0, got {self.kv_cache_memory_gb}")
-        _resolve_device(self.device)
+        device = _resolve_device(self.device)
+        if self.sampler not in _SAMPLERS:
+            raise ValueError(f"sampler: {self.sampler!r} is not one of {', '.join(_SAMPLERS)}")
+        if self.sampler in ("triton", "triton-row") and device.type != "cuda":
+            raise ValueError(f"sampler: {self.sampler!r} runs Triton kernels, which need a CUDA "
+                             "device (CPU samples with the torch reference: auto or torch)")
+        if not isinstance(self.disable_pdl, bool):
+            raise ValueError(f"disable_pdl: must be a boolean, got {self.disable_pdl!r}")
 
     def default_batched_tokens(self, device: torch.device, online: bool,
                                model_path: str | None = None) -> int:
@@ -151,6 +164,10 @@ class EngineOptions:
                                    self.max_running_requests),
             dummy_weights=self.dummy_weights,
             seed=self.seed,
+            sampler=("triton" if device.type == "cuda" else "torch") if self.sampler == "auto"
+            else self.sampler,
+            pad_tokens=self.pad_tokens,
+            pdl=not self.disable_pdl,
         )
         return SchedulerConfig(
             engine=engine,

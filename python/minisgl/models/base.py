@@ -30,7 +30,7 @@ from minisgl.quant.linear import takes_quantized_input
 from .config import ModelConfig
 
 if TYPE_CHECKING:
-    from minisgl.core import Context
+    from minisgl.context import Context
 
 
 class GatedMLP(nn.Module):

@@ -99,17 +99,17 @@ def takes_quantized_input(weight: torch.Tensor, scale: torch.Tensor | None,
 
 
 def _channel_gemm(x: torch.Tensor | QuantizedInput, weight: torch.Tensor, scale: torch.Tensor,
-                  bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
+                  bias: torch.Tensor | None, gated: bool, pdl: bool) -> torch.Tensor:
     if isinstance(x, QuantizedInput):
         xq, xs = x.q, x.scale
     else:
         from minisgl.kernel.triton.fp8_quant import quantize_tokens
 
-        xq, xs = quantize_tokens(x, gated)
+        xq, xs = quantize_tokens(x, gated, pdl=pdl)
     if w8a8_takes(xq.shape[0], weight.shape[0]):
         from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm
 
-        return fp8_w8a8_gemm(xq, xs, weight, scale, bias, x.dtype)
+        return fp8_w8a8_gemm(xq, xs, weight, scale, bias, x.dtype, pdl=pdl)
     # scale_a [M, 1] per token, scale_b [1, N] per output channel; the bias is added afterwards
     # (its dtype must equal out_dtype inside _scaled_mm; a separate add keeps that rule out of reach).
     # Fast accumulation, as the W8A8 GEMM (``fp8_w8a16``'s NOTE): 6-12% faster on Qwen3-8B's
@@ -135,7 +135,8 @@ def blockwise_scaled_mm_ok(x: torch.Tensor, weight: torch.Tensor, block: tuple[i
 
 
 def _block_gemm(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
-                block: tuple[int, int], bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
+                block: tuple[int, int], bias: torch.Tensor | None, gated: bool,
+                pdl: bool) -> torch.Tensor:
     """More than ``W8A16_MAX_TOKENS`` tokens through a block-scaled layer on CUDA: x quantized per
     token and ``block[1]`` columns, then the W8A8 GEMM with block scales (swap AB: the weight's
     rows fill the MMA, the tokens may be few) up to ``BLOCK_W8A8_MAX_TOKENS``, beyond cuBLAS's
@@ -154,7 +155,7 @@ def _block_gemm(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     if m <= W8A8_MAX_TOKENS and block[0] >= 16 and block[1] >= 32:
         from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm
 
-        return fp8_w8a8_gemm(xq, xs, weight, scale_inv, bias, x.dtype, block=block)
+        return fp8_w8a8_gemm(xq, xs, weight, scale_inv, bias, x.dtype, block=block, pdl=pdl)
     y = fp8_block_gemm(xq, xs, weight, scale_inv, block, x.dtype)
     return y if bias is None else y + bias
 
@@ -162,7 +163,8 @@ def _block_gemm(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                block: tuple[int, int] | None, bias: torch.Tensor | None = None,
                gated: bool = False, norm_eps: float | None = None,
-               residual: torch.Tensor | None = None, act: bool = False) -> torch.Tensor:
+               residual: torch.Tensor | None = None, act: bool = False,
+               pdl: bool = False) -> torch.Tensor:
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its scales
     (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype.
 
@@ -172,20 +174,21 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     ``act``: the layer is gate-up and the output is ``silu(gate) * up [M, N/2]``: one token on CUDA
     with per-channel scales, in the GEMV's epilogue (the down GEMV then reads half the input and
     computes no SiLU); elsewhere ``silu_and_mul`` after the GEMM.
-    ``x`` may be a ``QuantizedInput`` (CUDA, 2 or more tokens, ``takes_quantized_input``)."""
+    ``x`` may be a ``QuantizedInput`` (CUDA, 2 or more tokens, ``takes_quantized_input``).
+    ``pdl``: the Triton kernels launch with programmatic dependent launch (``kernel/triton/pdl.py``)."""
     if isinstance(x, QuantizedInput):
         assert block is None and not gated and norm_eps is None and residual is None and not act
-        return _channel_gemm(x, weight, scale_inv, bias, False)
+        return _channel_gemm(x, weight, scale_inv, bias, False, pdl)
     if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and (block is None or not act):
         from minisgl.kernel.triton.fp8_gemv import fp8_gemv
 
         return fp8_gemv(x.contiguous(), weight, scale_inv, block, bias, gated,
-                        norm_eps=norm_eps, residual=residual, act=act)
+                        norm_eps=norm_eps, residual=residual, act=act, pdl=pdl)
     if norm_eps is not None:
         from minisgl.layers.norm import rms_norm
 
         x = rms_norm(x, torch.ones((), dtype=x.dtype, device=x.device), norm_eps)
-    y = _fp8_linear(x, weight, scale_inv, block, bias, gated)
+    y = _fp8_linear(x, weight, scale_inv, block, bias, gated, pdl)
     if act:
         from minisgl.layers.activation import silu_and_mul
 
@@ -195,18 +198,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
 
 def _fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                 block: tuple[int, int] | None, bias: torch.Tensor | None,
-                gated: bool) -> torch.Tensor:
+                gated: bool, pdl: bool) -> torch.Tensor:
     if x.is_cuda and x.dim() == 2:
         if x.stride(1) != 1:
             x = x.contiguous()
         if block is None and scaled_mm_ok(x.dtype, weight, scale_inv):
-            return _channel_gemm(x, weight, scale_inv, bias, gated)
+            return _channel_gemm(x, weight, scale_inv, bias, gated, pdl)
         if x.shape[0] <= W8A16_MAX_TOKENS:
             from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a16_gemm
 
             return fp8_w8a16_gemm(x, weight, scale_inv, block, bias, gated)
         if block is not None:
-            return _block_gemm(x, weight, scale_inv, block, bias, gated)
+            return _block_gemm(x, weight, scale_inv, block, bias, gated, pdl)
     from minisgl.layers.activation import silu_and_mul
 
     if block is None:

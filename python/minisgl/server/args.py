@@ -179,6 +179,14 @@ _HELP = {
                                        "replay CUDA graphs of all but attention, captured per "
                                        "multiple of 64 tokens (0: off; GPU only)",
     "seed": "seed of the sampling of requests that give none",
+    "sampler": "auto (the Triton kernels on CUDA, the torch reference on CPU), torch (the reference "
+               "on CUDA too) or triton-row (the one-program-per-row kernel alone, without the "
+               "split-row path); for ablations",
+    "pad_tokens": "eager prefill and mixed forwards on CUDA run a token count rounded up to a "
+                  "multiple of this (1: no padding, for ablations): cuBLAS picks a GEMM algorithm "
+                  "on the host for every new shape",
+    "disable_pdl": "launch the Triton kernels without programmatic dependent launch (Hopper and "
+                   "later; for ablations)",
 }
 
 

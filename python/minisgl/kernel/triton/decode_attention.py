@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .extend_attention import _attend_keys
 from .pdl import wait_then_release
 
@@ -191,6 +191,7 @@ def decode_attention(
     num_stages: int | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
     order: torch.Tensor | None = None,  # [B] int32: the requests longest first (``longest_first``)
+    pdl: bool = False,  # launch with programmatic dependent launch (``pdl.py``)
 ) -> torch.Tensor:
     """Attention of one new token per request over its paged context ``[0, seq_len)``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache, read as ``extend_attention`` reads it.
@@ -221,7 +222,7 @@ def decode_attention(
         part_out = part_lse = out  # unused: with one split stage 1 writes ``out``
     block_d = max(16, triton.next_power_of_2(dim))  # tl.dot needs K >= 16
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    launch = pdl.launch_options(q)
+    launch = pdl_.launch_options(q, pdl)
     assert order is None or order.shape == (bs,) and order.dtype == torch.int32
     _decode_stage1[(hkv, bs, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, rows if order is None else order,

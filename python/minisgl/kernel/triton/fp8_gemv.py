@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .activation import silu_mul
 from .gemv import load_w, load_x
 from .pdl import wait_then_release
@@ -122,7 +122,8 @@ def pick_config(n: int, k: int) -> tuple[int, int, int]:
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int] | None,
              b: torch.Tensor | None = None, gated: bool = False,
              config: tuple[int, int, int] | None = None, norm_eps: float | None = None,
-             residual: torch.Tensor | None = None, act: bool = False) -> torch.Tensor:
+             residual: torch.Tensor | None = None, act: bool = False,
+             pdl: bool = False) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
     scales, or with ``block=None`` per-channel scales ws [N, 1].
 
@@ -152,6 +153,6 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, NORM=norm_eps is not None,
         HAS_RES=residual is not None, ACT=act, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
-        num_warps=warps, **pdl.launch_options(x),
+        num_warps=warps, **pdl_.launch_options(x, pdl),
     )
     return y

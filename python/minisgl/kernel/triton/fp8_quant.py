@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .activation import silu_mul
 from .pdl import wait_then_release
 
@@ -87,7 +87,8 @@ def pick_block(k: int) -> tuple[int, int]:
     return block, max(1, min(16, block // 512))
 
 
-def quantize_tokens(x: torch.Tensor, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_tokens(x: torch.Tensor, gated: bool = False,
+                    pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> (e4m3 ``[M, K]``, fp32 ``[M, 1]``)."""
     m, width = x.shape
     k = width // 2 if gated else width
@@ -98,5 +99,5 @@ def quantize_tokens(x: torch.Tensor, gated: bool = False) -> tuple[torch.Tensor,
         block, warps = pick_block(k)
         _quantize_tokens_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), GATED=gated,
                                       ONE_PASS=block >= k, BLOCK=block, num_warps=warps,
-                                      **pdl.launch_options(x))
+                                      **pdl_.launch_options(x, pdl))
     return q, s

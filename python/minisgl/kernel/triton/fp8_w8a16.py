@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .gemv import load_x
 from .pdl import release, wait
 
@@ -252,7 +252,7 @@ def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
 def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
                   config: W8A16Config | None = None,
-                  block: tuple[int, int] | None = None) -> torch.Tensor:
+                  block: tuple[int, int] | None = None, pdl: bool = False) -> torch.Tensor:
     """e4m3 xq [M, K] with per-token scales xs [M, 1] (``fp8_quant.quantize_tokens``), e4m3 w [N, K]
     with per-channel scales ws [N, 1], bias [N] -> [M, N] in ``out_dtype``: the same tiles and
     split-K, multiplied on the FP8 tensor cores. With ``block = (bn, bk)`` (FP8 checkpoints): block
@@ -263,7 +263,7 @@ def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch
     groups = 1 if block is None else triton.cdiv(k, block[1])
     assert xs.shape == (xq.shape[0], groups) and xs.dtype == torch.float32 and xs.stride(1) == 1
     cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1, sms=_sms(xq))
-    return _launch(xq, xs, w, ws, block, bias, False, cfg, out_dtype)
+    return _launch(xq, xs, w, ws, block, bias, False, cfg, out_dtype, pdl)
 
 
 def _sms(x: torch.Tensor) -> int:
@@ -272,7 +272,7 @@ def _sms(x: torch.Tensor) -> int:
 
 def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch.Tensor,
             block: tuple[int, int] | None, bias: torch.Tensor | None, gated: bool,
-            cfg: W8A16Config, out_dtype: torch.dtype) -> torch.Tensor:
+            cfg: W8A16Config, out_dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
     n, k = w.shape
     m = x.shape[0]
     channel = block is None
@@ -294,7 +294,8 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
     assert splits * m * n < 2**31, "split-K partials are indexed in int32"
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
-    launch = pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}
+    launch = (pdl_.launch_options(x, pdl) if xs is not None and splits == 1
+              else {"USE_PDL": False})
     _w8a16_kernel[grid](
         x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
         x.stride(0), w.stride(0), ws.stride(0), 0 if xs is None else xs.stride(0),

@@ -1,11 +1,10 @@
 """The torch reference of batch sampling, and the CPU path: penalties -> logit_bias -> grammar mask
 -> temperature -> min_p -> top_k -> top_p -> draw, one row per request.
 
-Randomness is a pure function of ``(seed, step, vocab index)``: a splitmix64 hash evaluated with
-vectorised int64 ops turns each triple into a uniform, and the token is drawn with the
-exponential race ``argmax(p_i / E_i)`` (Gumbel-max in log space). A request therefore gets the same
-token for the same logits whatever else shares the batch, without per-request ``torch.Generator``
-objects. The Triton kernel (``kernel/triton/sampling.py``) computes the same thing without sorting.
+The token is drawn with the exponential race ``argmax(p_i / E_i)`` (Gumbel-max in log space) over
+uniforms that are a pure function of ``(seed, step, vocab index)`` (``rng.py``), so a request gets
+the same token for the same logits whatever else shares the batch. The Triton kernels
+(``kernels/``) compute the same thing without sorting.
 """
 
 from __future__ import annotations
@@ -14,48 +13,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .sample_state import COUNT_MASK
+from .rng import random_uniform
+from .state import COUNT_MASK
 
 if TYPE_CHECKING:
-    from .sample import BatchSamplingArgs
-
-
-def _i64(value: int) -> int:
-    """Wrap a Python int into int64 two's complement, the way torch's int64 arithmetic wraps."""
-    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
-
-
-_GOLDEN = _i64(0x9E3779B97F4A7C15)
-_MIX1 = _i64(0xBF58476D1CE4E5B9)
-_MIX2 = _i64(0x94D049BB133111EB)
-
-
-def _shr(x: torch.Tensor, shift: int) -> torch.Tensor:
-    """Logical right shift: torch's ``>>`` on int64 is arithmetic, so mask the copied sign bits."""
-    return (x >> shift) & ((1 << (64 - shift)) - 1)
-
-
-def _mix64(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finaliser (a bijection on 64 bits); mutates ``z``, which callers own."""
-    z.bitwise_xor_(_shr(z, 30)).mul_(_MIX1)
-    z.bitwise_xor_(_shr(z, 27)).mul_(_MIX2)
-    return z.bitwise_xor_(_shr(z, 31))
-
-
-def random_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Uniforms in (0, 1), shape [B, V], from a counter-based hash of (seed, step, index).
-
-    Row ``b`` seeds a splitmix64 stream at ``mix(mix(seed + G) + (step + 1) * G)`` and index
-    ``i`` is its ``i``-th output, so a value depends on nothing but its own triple. The top 63
-    bits become a float32 through an int->float conversion, which keeps full relative precision
-    near 0: the race needs ``E = -log1p(-u)`` accurate for tiny E, where unlikely tokens win.
-    """
-    row = _mix64(seeds.to(torch.int64) + _GOLDEN)
-    row = _mix64(row + (steps.to(torch.int64) + 1) * _GOLDEN)
-    idx = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=seeds.device)
-    h = _mix64(idx.mul_(_GOLDEN).unsqueeze(0) + row.unsqueeze(1))
-    u = _shr(h, 1).to(torch.float32).mul_(2.0**-63).add_(2.0**-64)
-    return u.clamp_(max=1.0 - 2.0**-24)  # values within 2**-25 of 1 round to 1.0 in float32
+    from .args import BatchSamplingArgs
 
 
 def apply_penalties(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:

@@ -82,7 +82,8 @@ class SamplingState:
         c_rows, c_ids, c_vals = (list(col) for col in zip(*counted)) if counted else ([], [], [])
         b_rows, b_ids, b_vals = (list(col) for col in zip(*biased)) if biased else ([], [], [])
         if any(want & 1 for _, _, want in todo):
-            self.counts = self._zero_rows(self.counts, torch.int32, [r for _, r, w in todo if w & 1])
+            counted_rows = [r for _, r, w in todo if w & 1]
+            self.counts = self._zero_rows(self.counts, torch.int32, counted_rows)
             rows, ids, vals = to_device([c_rows, c_ids, c_vals], torch.int64, self.device)
             self.counts[rows, ids] = vals.to(torch.int32)
         if any(want & 2 for _, _, want in todo):

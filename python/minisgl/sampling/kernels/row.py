@@ -1,7 +1,7 @@
 """One Triton program per row: penalties, logit_bias, grammar mask, temperature, min_p, top_k, top_p
 and the draw, with no sort of the vocabulary.
 
-The semantics are those of the torch reference (``engine/sample_torch.py``): the kept set is every
+The semantics are those of the torch reference (``sampling/torch_ref.py``): the kept set is every
 token whose scaled logit is >= a per-row threshold ``t*`` (ties kept), and the token is the winner of
 the exponential race ``argmax(x - log E)`` over it, with ``E`` from the same counter-based hash of
 (seed, step, index). Finding ``t*`` without sorting the vocabulary::
@@ -13,10 +13,10 @@ the exponential race ``argmax(x - log E)`` over it, with ``E`` from the same cou
                the threshold is read off exactly as the reference's sorted scan would
     race       over the gathered candidates when they hold every kept token, else one more pass
 
-By default the split-row path (``sampling_split.py``) runs first and this kernel finishes only the
-rows it flags; ``MINISGL_SAMPLER=triton-row`` runs it alone. Rows without filters race in pass 1;
-greedy rows take pass 1's argmax. Each sampled token of a penalised row is added to its counts row
-at the end (see ``engine/sample_state.py``).
+By default the split-row path (``split.py``) runs first and this kernel finishes only the rows it
+flags; the ``triton-row`` sampler runs it alone. Rows without filters race in pass 1; greedy rows
+take pass 1's argmax. Each sampled token of a penalised row is added to its counts row at the end
+(see ``sampling/state.py``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import os
 import triton
 import triton.language as tl
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CAND = 1024  # tokens one row may gather; a top_k above it goes to the torch path
-_PIVOTS = 8  # points per search pass (a power of two), lo and hi included
-_MAX_SEARCH = 12
+PIVOTS = 8  # points per search pass (a power of two), lo and hi included
+MAX_SEARCH = 12  # search passes at most (one usually brackets few enough tokens)
 _COUNT_MASK = (1 << 30) - 1
 
 
@@ -41,7 +41,7 @@ def _mix(z):
 
 
 @triton.jit
-def _log_e(row_state, idx, LIBDEVICE: tl.constexpr):
+def log_e(row_state, idx, LIBDEVICE: tl.constexpr):
     """log of the exponential variate of token ``idx`` (``random_uniform`` of the reference)."""
     h = _mix((idx + 1).to(tl.uint64) * 0x9E3779B97F4A7C15 + row_state)
     u = (h >> 1).to(tl.int64, bitcast=True).to(tl.float32) * 1.0842021724855044e-19 + 5.421010862427522e-20
@@ -54,7 +54,7 @@ def _log_e(row_state, idx, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _row_state(seeds_ptr, steps_ptr, row):
+def draw_state(seeds_ptr, steps_ptr, row):
     """The hash state of a row's draw at this step: (seed, step) mixed (``random_uniform``)."""
     seed = tl.load(seeds_ptr + row).to(tl.uint64, bitcast=True)
     step = tl.load(steps_ptr + row).to(tl.uint64, bitcast=True)
@@ -62,10 +62,10 @@ def _row_state(seeds_ptr, steps_ptr, row):
 
 
 @triton.jit
-def _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr, bias_rows_ptr, row,
-                HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr):
+def row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr, bias_rows_ptr, row,
+               HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr):
     """A row's counts row (-1: none), repetition / frequency / presence penalties and bias row,
-    as ``_values`` takes them."""
+    as ``tile_values`` takes them."""
     crow = tl.load(count_rows_ptr + row) if HAS_COUNTS else -1
     rep = tl.load(rep_ptr + row) if HAS_COUNTS else 1.0
     freq = tl.load(freq_ptr + row) if HAS_COUNTS else 0.0
@@ -75,9 +75,9 @@ def _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr, bias_rows_ptr, row,
 
 
 @triton.jit
-def _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres, bias_ptr,
-            brow, mask_ptr, W, HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr,
-            HAS_MASK: tl.constexpr):
+def tile_values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres, bias_ptr,
+                brow, mask_ptr, W, HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                HAS_MASK: tl.constexpr):
     """Raw and scaled (penalised, biased, masked, / temperature) logits of one tile."""
     raw = tl.load(logits_ptr + row.to(tl.int64) * V + offs, mask=mask, other=float("-inf"))
     raw = raw.to(tl.float32)
@@ -98,7 +98,7 @@ def _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres
 
 
 @triton.jit
-def _sample_kernel(
+def sample_kernel(
     logits_ptr, V, tokens_ptr, lse_ptr, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
     steps_ptr, counts_ptr, count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr,
     mask_ptr, W, scratch_ptr, flags_ptr,
@@ -107,7 +107,7 @@ def _sample_kernel(
     P: tl.constexpr, MAX_SEARCH: tl.constexpr, USE_FLAGS: tl.constexpr,
 ):
     row = tl.program_id(0)
-    if USE_FLAGS:  # after the split path (sampling_split.py): only the rows it flagged
+    if USE_FLAGS:  # after the split path (split.py): only the rows it flagged
         if tl.load(flags_ptr + row) == 0:
             return
     temp = tl.load(temps_ptr + row)
@@ -118,9 +118,9 @@ def _sample_kernel(
     min_p = tl.load(min_p_ptr + row)
     filtered = (k < V) | (top_p < 1.0) | (min_p > 0.0)
     race_now = (temp > 0.0) & (k >= V) & (top_p >= 1.0) & (min_p <= 0.0)
-    crow, rep, freq, pres, brow = _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
-                                              bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
-    row_state = _row_state(seeds_ptr, steps_ptr, row)
+    crow, rep, freq, pres, brow = row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
+                                             bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
+    row_state = draw_state(seeds_ptr, steps_ptr, row)
     base = tl.arange(0, BLOCK)
 
     # ---- pass 1 ----
@@ -135,8 +135,8 @@ def _sample_kernel(
     for start in range(0, V, BLOCK):
         offs = start + base
         mask = offs < V
-        raw, x = _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres,
-                         bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
+        raw, x = tile_values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq, pres,
+                             bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
         tile_m = tl.max(x, 0)
         if tile_m > m:
             arg = start + tl.argmax(x, 0)
@@ -147,7 +147,7 @@ def _sample_kernel(
             low = tl.minimum(low, tl.min(tl.where(x > float("-inf"), x, float("inf")), 0))
         m = tl.maximum(m, tile_m)
         if race_now:
-            score = tl.where(x > float("-inf"), x - _log_e(row_state, offs, LIBDEVICE),
+            score = tl.where(x > float("-inf"), x - log_e(row_state, offs, LIBDEVICE),
                              float("-inf"))
             tile_best = tl.max(score, 0)
             if tile_best > best:
@@ -190,9 +190,9 @@ def _sample_kernel(
                     for start in range(0, V, BLOCK):
                         offs = start + base
                         mask = offs < V
-                        _, x = _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep,
-                                       freq, pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS,
-                                       HAS_BIAS, HAS_MASK)
+                        _, x = tile_values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep,
+                                           freq, pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS,
+                                           HAS_BIAS, HAS_MASK)
                         ge = x[:, None] >= piv[None, :]
                         cnt += tl.sum(ge.to(tl.int32), 0)
                         if k >= V:
@@ -226,9 +226,9 @@ def _sample_kernel(
                 for start in range(0, V, BLOCK):
                     offs = start + base
                     mask = offs < V
-                    _, x = _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep,
-                                   freq, pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS,
-                                   HAS_MASK)
+                    _, x = tile_values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep,
+                                       freq, pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS,
+                                       HAS_BIAS, HAS_MASK)
                     take = mask & (x >= lo) & (x < gather_hi)
                     pos = n + tl.cumsum(take.to(tl.int32), 0) - 1
                     bits = x.to(tl.int32, bitcast=True)
@@ -259,7 +259,7 @@ def _sample_kernel(
                 threshold = tl.sum(tl.where(ci == n_final - 1, v, 0.0), 0)
                 if gather_hi == float("inf"):
                     score = tl.where(valid & (v >= threshold),
-                                     v - _log_e(row_state, idx, LIBDEVICE), float("-inf"))
+                                     v - log_e(row_state, idx, LIBDEVICE), float("-inf"))
                     token = tl.sum(tl.where(ci == tl.argmax(score, 0), idx, 0), 0)
                     threshold = float("nan")  # raced already
         if threshold == threshold:  # not NaN: race over x >= threshold in one more pass
@@ -267,11 +267,12 @@ def _sample_kernel(
             for start in range(0, V, BLOCK):
                 offs = start + base
                 mask = offs < V
-                _, x = _values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq,
-                               pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
+                _, x = tile_values(logits_ptr, row, offs, mask, V, t, counts_ptr, crow, rep, freq,
+                                   pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS,
+                                   HAS_MASK)
                 keep = mask & (x >= threshold)
                 if tl.max(keep.to(tl.int32), 0) > 0:
-                    score = tl.where(keep, x - _log_e(row_state, offs, LIBDEVICE), float("-inf"))
+                    score = tl.where(keep, x - log_e(row_state, offs, LIBDEVICE), float("-inf"))
                     tile_best = tl.max(score, 0)
                     if tile_best > best:
                         best = tile_best

@@ -1,5 +1,5 @@
 """Split-row sampling: the default Triton path; the one-program-per-row kernel
-(``sampling.py``) finishes the rows this path cannot decide exactly.
+(``row.py``) finishes the rows this path cannot decide exactly.
 
     stats kernel, grid (B, S)    one program per CHUNK columns of a row, one read: the scaled values
                                  x (penalties, bias, bitmask, / T): chunk max and first argmax,
@@ -23,13 +23,12 @@
                                  candidates fit (count <= CAP), hold the kept set (count >= top_k,
                                  or t is the min_p floor) and, for top_p alone, the nucleus closes
                                  inside them (their mass >= top_p * Z); otherwise the row is flagged
-    row kernel, grid (B,)        ``sampling._sample_kernel``: flagged rows only (the others return)
+    row kernel, grid (B,)        ``row.sample_kernel``: flagged rows only (the others return)
 
 The logits are read a little more than once (the collect kernel re-reads the chunks that reach
 t: about top_k of the S); no sort of the vocabulary and no host sync. H100, B=256, vocabulary
 151,936, Qwen's settings: 92.5 us per call (CUDA graph), 131 with top-5 log-probs.
-``sampling_rows.sample_rows`` launches them; ``MINISGL_SAMPLER=triton-row`` runs only the row
-kernel (ablation), ``MINISGL_SAMPLER=torch`` the torch reference.
+``launch.sample_rows`` launches them.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .sampling import _log_e, _row_adjust, _row_state, _values
+from .row import draw_state, log_e, row_adjust, tile_values
 
 NSTAT = 5  # floats per chunk record: max, sumexp, race best, raw max, raw sumexp
 GUESS = 16  # rows without top_k collect the tokens >= the GUESS-th largest chunk max
@@ -102,7 +101,7 @@ def _row_filters(temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, V):
 
 
 @triton.jit
-def _stats_kernel(
+def stats_kernel(
     logits_ptr, V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, steps_ptr, counts_ptr,
     count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr, bias_rows_ptr, mask_ptr, W,
     stats_ptr, args_ptr, cnt_ptr, S,
@@ -116,11 +115,11 @@ def _stats_kernel(
     t = tl.where(temp <= 0.0, 1.0, temp)
     race_now = (temp > 0.0) & (~filtered)
     need_z = filtered & (~use_k) & (~use_min)  # top_p alone: the nucleus needs the full Z
-    crow, rep, freq, pres, brow = _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
-                                              bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
+    crow, rep, freq, pres, brow = row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
+                                             bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
     offs = s * CHUNK + tl.arange(0, CHUNK)
-    raw, x = _values(logits_ptr, row, offs, offs < V, V, t, counts_ptr, crow, rep, freq, pres,
-                     bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
+    raw, x = tile_values(logits_ptr, row, offs, offs < V, V, t, counts_ptr, crow, rep, freq, pres,
+                         bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
     m = tl.max(x, 0)
     arg = tl.min(tl.where(x == m, offs, _BIG), 0)
     z = 0.0
@@ -129,8 +128,8 @@ def _stats_kernel(
     best = float("-inf")
     best_i = arg
     if race_now:
-        row_state = _row_state(seeds_ptr, steps_ptr, row)
-        score = tl.where(x > float("-inf"), x - _log_e(row_state, offs, LIBDEVICE), float("-inf"))
+        row_state = draw_state(seeds_ptr, steps_ptr, row)
+        score = tl.where(x > float("-inf"), x - log_e(row_state, offs, LIBDEVICE), float("-inf"))
         best = tl.max(score, 0)
         best_i = tl.min(tl.where(score == best, offs, _BIG), 0)
     raw_m = float("-inf")
@@ -152,7 +151,7 @@ def _stats_kernel(
 
 
 @triton.jit
-def _threshold_kernel(
+def threshold_kernel(
     V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, stats_ptr, tau_ptr, S, top_n,
     S_PAD: tl.constexpr, GUESS: tl.constexpr, NT: tl.constexpr,
 ):
@@ -172,7 +171,7 @@ def _threshold_kernel(
 
 
 @triton.jit
-def _collect_kernel(
+def collect_kernel(
     logits_ptr, V, temps_ptr, counts_ptr, count_rows_ptr, pres_ptr, freq_ptr, rep_ptr, bias_ptr,
     bias_rows_ptr, mask_ptr, W, stats_ptr, cnt_ptr, cand_ptr, rcand_ptr, tau_ptr, S,
     HAS_COUNTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -190,10 +189,11 @@ def _collect_kernel(
         mine = tl.load(stats_ptr + rec * 5, mask=s < S, other=float("-inf"))
         if (mine >= tau) & (mine > float("-inf")):  # this chunk holds candidates
             temp = tl.load(temps_ptr + row)
-            crow, rep, freq, pres, brow = _row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
-                                                      bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
-            _, x = _values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep, freq,
-                           pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS, HAS_MASK)
+            crow, rep, freq, pres, brow = row_adjust(count_rows_ptr, rep_ptr, freq_ptr, pres_ptr,
+                                                     bias_rows_ptr, row, HAS_COUNTS, HAS_BIAS)
+            _, x = tile_values(logits_ptr, row, offs, offs < V, V, temp, counts_ptr, crow, rep,
+                               freq, pres, bias_ptr, brow, mask_ptr, W, HAS_COUNTS, HAS_BIAS,
+                               HAS_MASK)
             _append(cand_ptr + row.to(tl.int64) * CAP, cnt_ptr + row * 2, x, offs, tau, CAP)
         if NT > 0:  # the top n raw logits: every raw logit >= the n-th largest raw chunk max
             mine = tl.load(stats_ptr + rec * 5 + 3, mask=s < S, other=float("-inf"))
@@ -205,7 +205,7 @@ def _collect_kernel(
 
 
 @triton.jit
-def _merge_kernel(
+def merge_kernel(
     logits_ptr, V, tokens_ptr, lse_ptr, flags_ptr, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
     seeds_ptr, steps_ptr, counts_ptr, count_rows_ptr, stats_ptr, args_ptr, cnt_ptr, cand_ptr,
     rcand_ptr, tau_ptr, top_ids_ptr, top_vals_ptr, S, top_n,
@@ -272,8 +272,8 @@ def _merge_kernel(
         nucleus = tl.where(top_p >= 1.0, ci < n_keep, (before < top_p * z_k) & (ci < n_keep))
         n_final = tl.maximum(tl.sum(nucleus.to(tl.int32), 0), 1)
         b = tl.sum(tl.where(ci == n_final - 1, v, 0.0), 0)
-        row_state = _row_state(seeds_ptr, steps_ptr, row)
-        score = tl.where(v >= b, v - _log_e(row_state, idx, LIBDEVICE), float("-inf"))
+        row_state = draw_state(seeds_ptr, steps_ptr, row)
+        score = tl.where(v >= b, v - log_e(row_state, idx, LIBDEVICE), float("-inf"))
         best = tl.max(score, 0)
         token = tl.min(tl.where(score == best, idx, _BIG), 0)
         # exact when the candidates hold the kept set: all finite tokens (tau -inf), every token

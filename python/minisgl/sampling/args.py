@@ -1,59 +1,28 @@
-"""Batch sampling: penalties -> logit_bias -> grammar mask -> temperature -> min_p -> top_k -> top_p
--> draw, one row per request, with no host sync on the way.
-
-``sample`` picks a path: plain greedy batches take the argmax of the logits as they are; on CUDA
-everything else runs in Triton (``kernel/triton/sampling_split.py``: a split-row fast path, with
-the one-program-per-row kernel of ``sampling.py`` finishing the rows it cannot decide exactly;
-``MINISGL_SAMPLER=triton-row``: that kernel alone, ``torch``: the reference); the torch reference
-(``sample_torch.py``) is the CPU path and the oracle of the kernel's tests. Token counts for the
-penalties and the logit biases live on the device (``sample_state.py``).
-"""
+"""The per-batch sampling settings as device tensors: what ``sample`` and its kernels read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from minisgl import env
 from minisgl.utils.transfer import to_device
 
-from .sample_state import SamplingState
-from .sample_torch import (
-    _i64,
-    apply_penalties,
-    apply_token_bitmask,
-    random_uniform,
-    sample_torch,
-    unpack_bitmask,
-)
+from .rng import wrap_i64
+from .state import SamplingState
 
 if TYPE_CHECKING:
     from minisgl.core import Req
-    from minisgl.kernel.triton.sampling_rows import TopLogits
 
-__all__ = [
-    "PenaltyArgs",
-    "BiasArgs",
-    "BatchSamplingArgs",
-    "SampleOutput",
-    "SamplingState",
-    "sample",
-    "apply_penalties",
-    "apply_token_bitmask",
-    "unpack_bitmask",
-    "random_uniform",
-]
-
-_GREEDY_EPS = 1e-5  # below this a temperature counts as greedy (as in vLLM): 1/T would blow up
+GREEDY_EPS = 1e-5  # below this a temperature counts as greedy (as in vLLM): 1/T would blow up
 
 
 @dataclass
 class PenaltyArgs:
     """The counts buffer and, per sampled row, its counts row (-1: no penalties) and penalties."""
 
-    counts: torch.Tensor  # [rows, V] int32 (see sample_state.py)
+    counts: torch.Tensor  # [rows, V] int32 (see state.py)
     rows: torch.Tensor  # [B] int64
     presence: torch.Tensor  # [B] float32
     frequency: torch.Tensor  # [B] float32
@@ -100,7 +69,7 @@ class BatchSamplingArgs:
     @property
     def argmax_only(self) -> bool:
         """``from_reqs(argmax_only=True)``'s args of a plain greedy batch: the argmax is the whole
-        sampling (the decode graph then does it itself, ``graph.py``)."""
+        sampling (the decode graph then does it itself, ``engine/graph.py``)."""
         return self.temperatures is None
 
     @classmethod
@@ -113,7 +82,7 @@ class BatchSamplingArgs:
         batch (no penalties, biases or log-probs) is sampled by ``sample``'s argmax and its
         settings need not reach the device: two copies fewer in a one-token decode step."""
         params = [req.sampling_params for req in reqs]
-        greedy = [p.is_greedy or p.temperature < _GREEDY_EPS for p in params]
+        greedy = [p.is_greedy or p.temperature < GREEDY_EPS for p in params]
         use_pen = any(p.needs_penalties for p in params)
         use_bias = any(p.logit_bias for p in params)
         need_logprobs = any(p.logprobs or p.top_logprobs > 0 for p in params)
@@ -142,9 +111,10 @@ class BatchSamplingArgs:
         floats = to_device([temperatures, top_p, min_p, *pen], torch.float32, device)
         # steps: the output index of the token being sampled; read from the counters, not from
         # input_ids, which lags one token behind under overlap scheduling
-        count_rows = [r if p.needs_penalties else -1 for r, p in zip(rows, params)] if use_pen else []
+        count_rows = ([r if p.needs_penalties else -1 for r, p in zip(rows, params)]
+                      if use_pen else [])
         bias_rows = [r if p.logit_bias else -1 for r, p in zip(rows, params)] if use_bias else []
-        ints = to_device([[_i64(req.seed) for req in reqs],
+        ints = to_device([[wrap_i64(req.seed) for req in reqs],
                           [req.device_len - req.prompt_len for req in reqs],
                           top_k, count_rows, bias_rows], torch.int64, device)
         return cls(
@@ -162,75 +132,3 @@ class BatchSamplingArgs:
             filters=(ints[2], floats[1], floats[2]),
             max_top_k=max((k for k in top_k if k < vocab_size), default=0),
         )
-
-
-@dataclass
-class SampleOutput:
-    """Chosen tokens and, when asked, log-probs under the raw model distribution (vLLM's default)."""
-
-    next_tokens: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor | None  # [B] float32
-    top_ids: torch.Tensor | None  # [B, max_top_logprobs] int64, descending log-prob
-    top_logprobs: torch.Tensor | None  # [B, max_top_logprobs] float32
-
-
-def _use_kernel(logits: torch.Tensor, args: BatchSamplingArgs) -> bool:
-    if not logits.is_cuda or env.SAMPLER.get() == "torch":
-        return False
-    from minisgl.kernel.triton.sampling import CAND
-
-    return args.max_top_k <= CAND
-
-
-def kernel_sample(logits: torch.Tensor, args: BatchSamplingArgs, **sizes: Any
-                  ) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
-    """Tokens, raw logsumexp (when log-probs are asked) and the top ``max_top_logprobs`` raw
-    logits (when the split path ran) from the Triton kernels; counts the sampled tokens of
-    penalised rows. ``sizes``: the kernels' ``block``/``cand``/``chunk``/``topc``/``keep``, and
-    ``flags_out`` for the rows the row kernel finished (tests, bench)."""
-    from minisgl.kernel.triton.sampling_rows import sample_rows
-
-    pen, bias = args.penalties, args.bias
-    return sample_rows(
-        logits.contiguous(), args.temperatures, *args.filters, args.seeds, args.steps,
-        counts=pen.counts if pen else None, count_rows=pen.rows if pen else None,
-        penalties=(pen.presence, pen.frequency, pen.repetition) if pen else None,
-        bias=bias.bias if bias else None, bias_rows=bias.rows if bias else None,
-        bitmask=args.token_bitmask, need_lse=args.need_logprobs,
-        top_n=args.max_top_logprobs if args.need_logprobs else 0, **sizes,
-    )
-
-
-def _count_tokens(args: BatchSamplingArgs, tokens: torch.Tensor) -> None:
-    """Add each sampled token to its row's counts (penalised rows only), on the device."""
-    pen = args.penalties
-    if pen is not None:
-        active = (pen.rows >= 0).to(torch.int32)
-        pen.counts.index_put_((pen.rows.clamp(min=0), tokens), active, accumulate=True)
-
-
-def sample(logits: torch.Tensor, args: BatchSamplingArgs) -> SampleOutput:
-    """Pick one token per row of ``logits`` [B, V] (any float dtype)."""
-    plain = args.penalties is None and args.bias is None and args.token_bitmask is None
-    if args.all_greedy and plain and not args.need_logprobs:
-        return SampleOutput(logits.argmax(dim=-1), None, None, None)  # exact in any dtype
-    assert args.temperatures is not None, "argmax_only args of a batch that is not plain greedy"
-    top = None
-    if _use_kernel(logits, args):
-        tokens, lse, top = kernel_sample(logits, args)
-    else:
-        tokens, lse = sample_torch(logits, args), None
-        _count_tokens(args, tokens)
-    if not args.need_logprobs:
-        return SampleOutput(tokens, None, None, None)
-    if lse is None:
-        lse = logits.float().logsumexp(dim=-1)
-    lse = lse.unsqueeze(1)
-    chosen = (logits.gather(1, tokens.unsqueeze(1)).float() - lse).squeeze(1)
-    if args.max_top_logprobs <= 0:
-        return SampleOutput(tokens, chosen, None, None)
-    if top is None:  # the torch path, or the row kernel alone
-        values, ids = logits.topk(min(args.max_top_logprobs, logits.shape[-1]), dim=-1)
-    else:
-        ids, values = top
-    return SampleOutput(tokens, chosen, ids, values.float() - lse)

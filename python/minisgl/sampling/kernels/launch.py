@@ -1,6 +1,5 @@
-"""Launching the Triton sampler: the split-row kernels of ``sampling_split.py``, then the row
-kernel of ``sampling.py`` for the rows they flag (or alone: small vocabularies,
-``MINISGL_SAMPLER=triton-row``).
+"""Launching the Triton sampler: the split-row kernels of ``split.py``, then the row kernel of
+``row.py`` for the rows they flag (or alone: small vocabularies, and ``row_only``).
 """
 
 from __future__ import annotations
@@ -8,11 +7,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from minisgl import env
-
-from .sampling import CAND, _INTERPRET, _MAX_SEARCH, _PIVOTS, _sample_kernel
-from .sampling_split import (GUESS, NSTAT, _collect_kernel, _merge_kernel, _stats_kernel,
-                             _threshold_kernel)
+from .row import CAND, INTERPRET, MAX_SEARCH, PIVOTS, sample_kernel
+from .split import GUESS, NSTAT, collect_kernel, merge_kernel, stats_kernel, threshold_kernel
 
 # below this vocabulary the row kernel alone is faster (H100, B=256, 32,000 columns: 131 us)
 SPLIT_MIN_VOCAB = 65536
@@ -32,7 +28,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
                 bitmask: torch.Tensor | None = None, need_lse: bool = False,
                 block: int = 2048, cand: int = CAND, chunk: int | None = None, cap: int = 256,
                 warps: int = 4, cpp: int = 8, flags_out: torch.Tensor | None = None,
-                path: str | None = None,
+                row_only: bool = False,
                 top_n: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, TopLogits | None]:
     """Sample one token per row of ``logits`` [B, V]: tokens int64 [B], the raw logsumexp [B]
     (``need_lse``) or None, and the top raw logits (below) or None. ``top_k`` is int32 with ``V``
@@ -41,10 +37,11 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
     ``chunk`` (columns per program; None: ``CHUNK``, and the row kernel alone below
     ``SPLIT_MIN_VOCAB``), ``cap`` (candidates per row), ``warps`` and ``cpp`` (chunks per collect
     program) the split path (powers of two). ``flags_out`` (int32 [B]) receives 1 for the rows the
-    row kernel finished. ``path`` "triton-row" (default: ``MINISGL_SAMPLER``) skips the split path. ``top_n`` > 0 (at most 32,
-    with ``need_lse``): the split path also returns each row's ``top_n`` largest raw logits (ids
-    int64 and values float32 [B, top_n], descending, lower id first on ties), for top log-probs
-    without another pass; None where the split path did not run."""
+    row kernel finished. ``row_only`` skips the split path (the ``triton-row`` sampler).
+    ``top_n`` > 0 (at most 32, with ``need_lse``): the split path also returns each row's
+    ``top_n`` largest raw logits (ids int64 and values float32 [B, top_n], descending, lower id
+    first on ties), for top log-probs without another pass; None where the split path did not
+    run."""
     assert logits.is_contiguous()
     bsz, vocab = logits.shape
     device = logits.device
@@ -60,8 +57,7 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
             bias_rows if bias_rows is not None else steps,
             bitmask if bitmask is not None else dummy,
             bitmask.shape[1] if bitmask is not None else 0)
-    split = (path or env.SAMPLER.get()) != "triton-row" and (chunk is not None
-                                                              or vocab >= SPLIT_MIN_VOCAB)
+    split = not row_only and (chunk is not None or vocab >= SPLIT_MIN_VOCAB)
     flags = tokens  # unused by the row kernel alone
     if split:
         chunk = chunk or CHUNK
@@ -78,30 +74,30 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
         flags = flags_out if flags_out is not None else torch.empty(bsz, dtype=torch.int32,
                                                                     device=device)
         s_pad = triton.next_power_of_2(n_chunks)
-        _stats_kernel[(bsz, n_chunks)](
+        stats_kernel[(bsz, n_chunks)](
             logits, vocab, temps, top_k, top_p, min_p, seeds, steps, *count_args, *rest,
-            stats, args, cnt, n_chunks, **feats, NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET,
+            stats, args, cnt, n_chunks, **feats, NEED_LSE=need_lse, LIBDEVICE=not INTERPRET,
             CHUNK=chunk, num_warps=warps,
         )
-        _threshold_kernel[(bsz,)](
+        threshold_kernel[(bsz,)](
             vocab, temps, top_k, top_p, min_p, stats, tau, n_chunks, top_n, S_PAD=s_pad,
             GUESS=GUESS, NT=nt, num_warps=4,
         )
-        _collect_kernel[(bsz, triton.cdiv(n_chunks, cpp))](
+        collect_kernel[(bsz, triton.cdiv(n_chunks, cpp))](
             logits, vocab, temps, *count_args, *rest, stats, cnt, cands[0], cands[-1], tau,
             n_chunks, **feats, CHUNK=chunk, CAP=cap, NT=nt, CPP=cpp, num_warps=warps,
         )
-        _merge_kernel[(bsz,)](
+        merge_kernel[(bsz,)](
             logits, vocab, tokens, lse, flags, temps, top_k, top_p, min_p, seeds, steps,
             *count_args, stats, args, cnt, cands[0], cands[-1], tau, top_ids, top_vals, n_chunks,
-            top_n, HAS_COUNTS=feats["HAS_COUNTS"], NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET,
+            top_n, HAS_COUNTS=feats["HAS_COUNTS"], NEED_LSE=need_lse, LIBDEVICE=not INTERPRET,
             S_PAD=s_pad, CAP=cap, NT=nt, RB=min(1024, triton.next_power_of_2(vocab)), num_warps=4,
         )
     scratch = torch.empty(bsz, cand, dtype=torch.int64, device=device)
-    _sample_kernel[(bsz,)](
+    sample_kernel[(bsz,)](
         logits, vocab, tokens, lse, temps, top_k, top_p, min_p, seeds, steps, *count_args, *rest,
-        scratch, flags, **feats, NEED_LSE=need_lse, LIBDEVICE=not _INTERPRET, USE_FLAGS=split,
-        BLOCK=block, CAND=cand, P=_PIVOTS, MAX_SEARCH=_MAX_SEARCH, num_warps=8,
+        scratch, flags, **feats, NEED_LSE=need_lse, LIBDEVICE=not INTERPRET, USE_FLAGS=split,
+        BLOCK=block, CAND=cand, P=PIVOTS, MAX_SEARCH=MAX_SEARCH, num_warps=8,
     )
     top = (top_ids[:, :top_n], top_vals[:, :top_n]) if split and top_n > 0 else None
     return tokens, (lse if need_lse else None), top

@@ -21,6 +21,7 @@ from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.config import check_schedule
 
+WARMUP_MODES = ("auto", "on", "off")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -51,6 +52,9 @@ class EngineOptions:
     max_wait_steps: int = 64
     dummy_weights: bool = False
     seed: int = 0
+    # run every kernel variant before serving (scheduler/warmup.py); "auto": on CUDA only (the
+    # CPU path compiles nothing)
+    warmup: str = "auto"
 
     @classmethod
     def from_kwargs(cls, owner: str, options: dict[str, Any]) -> EngineOptions:
@@ -94,6 +98,8 @@ class EngineOptions:
         if self.moe_backend != "auto" and self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend: {self.moe_backend!r} is not one of auto, "
                              f"{', '.join(MOE_BACKENDS.names)}")
+        if self.warmup not in WARMUP_MODES:
+            raise ValueError(f"warmup: {self.warmup!r} is not one of {', '.join(WARMUP_MODES)}")
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs: must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if (not isinstance(self.piecewise_cuda_graph_max_tokens, int)
@@ -162,6 +168,7 @@ class EngineOptions:
             max_num_batched_tokens=batched,
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
+            warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
         )
 
     def _resolve_dtype(self, model_path: str, device: torch.device) -> torch.dtype:

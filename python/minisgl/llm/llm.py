@@ -12,6 +12,7 @@ from minisgl.core import SamplingParams
 from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
 from minisgl.scheduler import Scheduler, TokenOutput
+from minisgl.scheduler.warmup import warm_up
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl.utils.hf import load_tokenizer
 
@@ -65,6 +66,8 @@ class LLM:
             self.scheduler = TPScheduler(config, tp)
         self._finalizer = weakref.finalize(self, self.scheduler.close)
         self._next_uid = 0
+        if config.warmup:
+            warm_up(self.scheduler)
 
     def close(self) -> None:
         """Release the engine now (idempotent); the object cannot generate afterwards."""

@@ -179,6 +179,9 @@ _HELP = {
                                        "replay CUDA graphs of all but attention, captured per "
                                        "multiple of 64 tokens (0: off; GPU only)",
     "seed": "seed of the sampling of requests that give none",
+    "warmup": "run every kernel variant a request can reach before /health reports ready: "
+              "auto (on CUDA), on, off (the first requests of each kind then compile kernels on "
+              "the request path)",
 }
 
 

@@ -91,10 +91,10 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
         for i, n in enumerate((100, 700, min(3000, longest))):
             mixed.add(prompt(n), base, after_steps=2 + 3 * i)
         waves.append(mixed)
-        n_big = min(max_running_reqs, graph_max_bs + 1)
-        if n_big > 1:
+        if max_running_reqs > graph_max_bs:  # eager decode batches (also with graphs off)
             big = Wave("decode beyond the graphs")
-            for _ in range(n_big):
+            rows = graph_max_bs + 1 if graph_max_bs else 33  # 33: odd, past one 32-row tile
+            for _ in range(min(max_running_reqs, rows)):
                 big.add(prompt(4), replace(base, max_tokens=4))
             waves.append(big)
     length = 40 if cuda else 8

@@ -40,24 +40,30 @@ class FakeWorker(threading.Thread):
         self.aborted: set[int] = set()
         self.seen: list[TokenizeMsg] = []
         self.drips: set[int] = set()  # requests that get a token every loop until aborted
+        self.stats_to_send: StatsReply | None = None
 
     def run(self) -> None:
         pull = ZmqPullQueue(self.addrs.tokenizer, bind=False, codec=TOKENIZER_CODEC)
         self.push = ZmqPushQueue(self.addrs.frontend, bind=False, codec=FRONTEND_CODEC)
+        self.push.put(self.stats())  # as the scheduler does once warm
         while not self.stopping.is_set():
             msg = pull.get(timeout_ms=20)
             for m in (msg.msgs if isinstance(msg, BatchTokenizerMsg) else [msg] if msg else []):
                 self.handle(m)
+            stats, self.stats_to_send = self.stats_to_send, None  # set by a test's thread
+            if stats is not None:
+                self.push.put(stats)
             for uid in list(self.drips):
                 self.push.put(UserReply(uid=uid, text="x", token_ids=[9], prompt_tokens=4))
         pull.close()
         self.push.close()
 
-    def stats(self) -> StatsReply:
+    def stats(self, ready: bool = True) -> StatsReply:
         n = len(self.held)
         return StatsReply(stats=SchedulerStatsMsg(
             num_running=n, num_waiting=0, num_aborted=len(self.aborted), num_retractions=0,
-            kv_used_tokens=10 * n, kv_total_tokens=1000, cache_hit_tokens=0, max_context_len=2048))
+            kv_used_tokens=10 * n, kv_total_tokens=1000, cache_hit_tokens=0, max_context_len=2048,
+            ready=ready))
 
     def handle(self, msg: TokenizeMsg | AbortMsg) -> None:
         if isinstance(msg, AbortMsg):
@@ -245,6 +251,22 @@ def test_models_health_and_info(client, http, server):
         assert http.post("/v1/completions", json={"prompt": "Hi"}).status_code == 503
     finally:
         frontend.healthy = True
+
+
+def test_health_is_503_while_the_scheduler_warms_up(client, server):
+    """Readiness follows the scheduler's stats: 503 ``warming_up`` until they say ready; a request
+    sent meanwhile is taken (it waits for the warm-up, it is not refused)."""
+    worker = server.worker
+    worker.stats_to_send = worker.stats(ready=False)
+    try:
+        assert wait_until(lambda: httpx.get(f"{server.url}/health").status_code == 503)
+        r = httpx.get(f"{server.url}/health")
+        assert r.json()["error"]["code"] == "warming_up"
+        out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3)
+        assert out.choices[0].text == "Hello world"
+    finally:
+        worker.stats_to_send = worker.stats()
+    assert wait_until(lambda: httpx.get(f"{server.url}/health").status_code == 200)
 
 
 BAD = [  # (name, path, body, status, param)

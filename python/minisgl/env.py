@@ -19,7 +19,8 @@ class EnvVar:
 
 
 CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
-                   "where the default model is converted to and kept")
+                   "where the default model is converted to and kept, and (as ``triton/``) the "
+                   "compiled kernels unless TRITON_CACHE_DIR says otherwise")
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
 API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given (a flag is "
                  "visible to every local user through ps and /proc)")
@@ -42,5 +43,15 @@ FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quan
 
 def set_process_defaults() -> None:
     """Settings of third-party libraries that minisgl's processes want unless the user chose:
-    tokenizers' own thread pool off (the server runs tokenizers in processes of their own)."""
+    tokenizers' own thread pool off (the server runs tokenizers in processes of their own), and
+    the compiled kernels kept with minisgl's cache."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    use_kernel_cache()
+
+
+def use_kernel_cache() -> None:
+    """Triton keeps compiled kernels in ``$MINISGL_CACHE_DIR/triton`` unless ``TRITON_CACHE_DIR``
+    is set: a restart on the same machine loads them instead of compiling again. Set before the
+    first compile (Triton reads the variable when it compiles)."""
+    root = os.path.expanduser(CACHE_DIR.get())
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(root, "triton"))

@@ -22,6 +22,7 @@ from minisgl.sampling import SAMPLERS
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.config import check_schedule
 
+WARMUP_MODES = ("auto", "on", "off")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAMPLERS = ("auto", *SAMPLERS)
 
@@ -57,6 +58,9 @@ class EngineOptions:
     sampler: str = "auto"
     pad_tokens: int = 64  # eager CUDA forwards padded to a multiple of this many tokens (1: off)
     disable_pdl: bool = False  # Triton kernels without programmatic dependent launch (Hopper+)
+    # run every kernel variant before serving (scheduler/warmup.py); "auto": on CUDA only (the
+    # CPU path compiles nothing)
+    warmup: str = "auto"
 
     @classmethod
     def from_kwargs(cls, owner: str, options: dict[str, Any]) -> EngineOptions:
@@ -100,6 +104,8 @@ class EngineOptions:
         if self.moe_backend != "auto" and self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend: {self.moe_backend!r} is not one of auto, "
                              f"{', '.join(MOE_BACKENDS.names)}")
+        if self.warmup not in WARMUP_MODES:
+            raise ValueError(f"warmup: {self.warmup!r} is not one of {', '.join(WARMUP_MODES)}")
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs: must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if (not isinstance(self.piecewise_cuda_graph_max_tokens, int)
@@ -179,6 +185,7 @@ class EngineOptions:
             max_num_batched_tokens=batched,
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
+            warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
         )
 
     def _resolve_dtype(self, model_path: str, device: torch.device) -> torch.dtype:

@@ -51,6 +51,7 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     kv_total_tokens: int
     cache_hit_tokens: int
     max_context_len: int
+    ready: bool = True  # the warm-up is done: readiness routes answer 200
 
 
 class BatchDetokenizerMsg(BaseDetokenizerMsg):

@@ -36,6 +36,7 @@ from minisgl.utils.watchdog import Watchdog
 from .output import TokenOutput
 from .scheduler import Scheduler
 from .stats import FirstForwards, LiveStats
+from .warmup import warm_up
 
 logger = init_logger(__name__)
 
@@ -76,13 +77,22 @@ class SchedulerIO:
         self.live = LiveStats(log_stats_interval)
         self._parent = os.getppid()
         self.watchdog_timeout = watchdog_timeout
+        self.ready = not scheduler.config.warmup
 
     def run(self) -> None:
         # TP: only rank 0 acts on SIGTERM; it forwards an ExitMsg, so every rank leaves the loop
         # after the same step and the ranks close their engines together
         signal.signal(signal.SIGTERM, (lambda *_: self.stop()) if self.primary else signal.SIG_IGN)
-        watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
         try:
+            if not self.ready:
+                self.outbox.put(self.stats())  # readiness: 503 while warming up
+                # NOTE: every rank runs the same plan without messages, so the ranks stay in step;
+                # with TP a SIGTERM waits for the end of it (rank 0 stopping alone would leave
+                # the others inside a collective)
+                alone = self.comm.info.size == 1
+                warm_up(self.scheduler, should_stop=lambda: alone and not self.running)
+                self.ready = True
+            watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
             while os.getppid() == self._parent:
                 watchdog.beat()
                 self._receive()
@@ -185,6 +195,7 @@ class SchedulerIO:
             kv_total_tokens=cache.num_tokens,
             cache_hit_tokens=cache.num_hit_tokens,
             max_context_len=s.max_context_len,
+            ready=self.ready,
         )
 
 

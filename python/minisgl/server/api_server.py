@@ -202,7 +202,9 @@ async def models(request: Request) -> dict:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    frontend_for(request)
+    """Liveness and readiness in one cheap check: 503 until the warm-up is done."""
+    if not frontend_for(request).warm:
+        raise ApiError(503, "the server is warming up its kernels", code="warming_up")
     return JSONResponse({"status": "ok"})
 
 

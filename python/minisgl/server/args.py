@@ -187,6 +187,9 @@ _HELP = {
                   "on the host for every new shape",
     "disable_pdl": "launch the Triton kernels without programmatic dependent launch (Hopper and "
                    "later; for ablations)",
+    "warmup": "run every kernel variant a request can reach before /health reports ready: "
+              "auto (on CUDA), on, off (the first requests of each kind then compile kernels on "
+              "the request path)",
 }
 
 

@@ -71,6 +71,8 @@ def add_translated_aliases(parser: argparse.ArgumentParser) -> None:
     for flag in ("--disable-radix-cache", "--no-enable-prefix-caching"):
         group.add_argument(flag, dest="cache", action="store_const", const="naive",
                            default=argparse.SUPPRESS, help="the same as --cache naive")
+    group.add_argument("--skip-server-warmup", dest="warmup", action="store_const", const="off",
+                       default=argparse.SUPPRESS, help="the same as --warmup off")
     for flag in ("--enforce-eager", "--disable-cuda-graph"):
         group.add_argument(flag, action=_NoCudaGraphs, nargs=0, default=argparse.SUPPRESS,
                            help="the same as --cuda-graph-max-bs 0 "

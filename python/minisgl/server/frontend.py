@@ -49,6 +49,11 @@ class FrontendManager:
         self.ready = ready
         self._recv_task = self._loop.create_task(self._recv_loop())
 
+    @property
+    def warm(self) -> bool:
+        """The scheduler finished its warm-up (requests sent before then wait for it)."""
+        return self.stats is not None and self.stats.ready
+
     # ----------------------------------------------------------------- requests
     def new_uid(self) -> int:
         return next(self._uids)

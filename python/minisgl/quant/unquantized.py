@@ -1,0 +1,52 @@
+"""Weights in the model's dtype: ``F.linear``, or the Triton GEMV for one token on CUDA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.kernel.ops import silu_and_mul
+
+from .base import LinearMethod, MakeParam, QuantizationConfig
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           gated: bool = False, gemv: bool = True) -> torch.Tensor:
+    """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One token in
+    half precision on CUDA goes through the Triton GEMV (unless ``gemv`` is off), which streams the
+    weight faster than cuBLAS does at that shape and applies the gate as it reads x
+    (benchmark/kernels/bench_gemv.py)."""
+    if gemv and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 \
+            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:
+        from minisgl.kernel.triton.gemv import gemv as triton_gemv
+
+        return triton_gemv(x, weight, bias, gated)
+    return F.linear(silu_and_mul(x) if gated else x, weight, bias)
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    def __init__(self, gemv: bool = True) -> None:
+        self.gemv = gemv
+
+    def create_weights(self, layer: nn.Module, out: int, inp: int, make_param: MakeParam) -> None:
+        layer.weight = make_param(out, inp)
+        layer.weight_scale_inv = None
+
+    def apply(self, layer, x, bias, gated=False, norm_eps=None, residual=None, act=False):
+        assert norm_eps is None and residual is None and not act, \
+            "a fused norm, add or activation needs a method that offers it"
+        return linear(x, layer.weight, bias, gated, self.gemv)
+
+
+@dataclass(frozen=True)
+class UnquantizedConfig(QuantizationConfig):
+    """No quantization; carries the kernel switches."""
+
+    name: ClassVar[str] = "none"
+
+    def linear_method(self) -> LinearMethod:
+        return UnquantizedLinearMethod(self.gemv)

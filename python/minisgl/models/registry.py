@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }

@@ -1,8 +1,8 @@
 """FP8 on CPU: checkpoints in the published format, ``--quantization fp8``, the FP8 KV cache.
 
-The CPU path dequantizes (``minisgl.quant.fp8_dispatch``): an FP8 model computes exactly what the model of
-its dequantized weights computes, so the reference is that model (ours and transformers', float32)
-and the tolerances are those of the float32 parity tests (1e-4 ours, 1e-3 transformers: only the
+The CPU path dequantizes (``minisgl.quant.fp8_dispatch``): an FP8 model computes exactly what the
+model of its dequantized weights computes, so the reference is that model (ours and transformers',
+float32) and the tolerances are those of the float32 parity tests (1e-4 ours, 1e-3 transformers: only the
 order of the sums differs). What FP8 rounding costs is a GPU figure (``scripts/gpu_validate.sh fp8``).
 """
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-
 from minisgl.quant import QuantizationConfig, unquantized_method
 
 from .base import copy_weight, new_param

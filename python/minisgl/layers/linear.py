@@ -26,7 +26,8 @@ __all__ = ["LinearColParallelMerged", "LinearQKVMerged", "LinearRowParallel", "R
 
 
 class _Linear(nn.Module):
-    """A weight ``[out, in]`` sharded along ``shard_dim`` by ``_place``; its method from ``quant``."""
+    """A weight ``[out, in]`` sharded along ``shard_dim`` by ``_place``; the method from
+    ``quant``."""
 
     shard_dim = 0
 

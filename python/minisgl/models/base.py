@@ -62,7 +62,8 @@ class BaseLLMModel(nn.Module):
                    moe: BaseMoeBackend) -> nn.Module:
         raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                ctx: Context) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
@@ -104,7 +105,8 @@ class BaseLLMModel(nn.Module):
                 continue
             name, shard_id = mapped
             if name not in params:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r} matches no parameter of the model")
+                raise ValueError(
+                    f"checkpoint tensor {ckpt_name!r} matches no parameter of the model")
             param = params[name]
             tensor = tensor.to(param.dtype)
             loader = getattr(param, "weight_loader", None)

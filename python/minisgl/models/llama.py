@@ -26,8 +26,8 @@ class GatedMLP(nn.Module):
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (silu)")
         inter = cfg.intermediate_size
-        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False, comm.info,
-                                                    cfg.quant)
+        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False,
+                                                    comm.info, cfg.quant)
         self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm, cfg.quant)
 
     @property

@@ -16,9 +16,9 @@ from .base import LinearMethod, MakeParam, QuantizationConfig
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            gated: bool = False, gemv: bool = True) -> torch.Tensor:
-    """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One token in
-    half precision on CUDA goes through the Triton GEMV (unless ``gemv`` is off), which streams the
-    weight faster than cuBLAS does at that shape and applies the gate as it reads x
+    """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One
+    token in half precision on CUDA goes through the Triton GEMV (unless ``gemv`` is off), which
+    streams the weight faster than cuBLAS does at that shape and applies the gate as it reads x
     (benchmark/kernels/bench_gemv.py)."""
     if gemv and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 \
             and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:

@@ -210,6 +210,26 @@ def test_decoder_layers_marked_for_quantized_inputs(arch, quantization, marked, 
     sched.close()
 
 
+def test_kernel_switches_reach_the_layers(tmp_path):
+    """The ablation options are decided at load: the unquantized layers' GEMV switch, and the
+    per-channel fusions (norms still folded; no one-token path, no quantized inputs)."""
+    src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", mlp_only_layers=[0], **WIDE)
+    sched = scheduler(src, quantization="fp8", disable_gemv=True, disable_norm_gemv=True,
+                      disable_norm_quant=True)
+    engine = sched.engine
+    assert (engine.config.gemv, engine.config.norm_gemv, engine.config.norm_quant) == \
+        (False, False, False)
+    model = engine.model
+    assert not model.lm_head.method.gemv
+    dense = [layer for layer in model.layers if hasattr(layer.mlp, "gate_up_proj")]
+    sparse = [layer for layer in model.layers if not hasattr(layer.mlp, "gate_up_proj")]
+    assert dense and sparse and all(not layer.mlp.gate.method.gemv for layer in sparse)
+    assert all(layer.fusion.folded and not layer.fusion.one_token
+               and not layer.fusion.quantized_inputs for layer in dense)
+    assert all(not layer.fusion.folded for layer in sparse)  # an MoE block takes no norm weight
+    sched.close()
+
+
 def test_row_parallel_shards_are_quantized_with_whole_rows():
     """Two row-parallel ranks of an online per-channel layer hold TP=1's e4m3 values and scales."""
     from types import SimpleNamespace

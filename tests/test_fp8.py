@@ -1,8 +1,8 @@
 """FP8 on CPU: checkpoints in the published format, ``--quantization fp8``, the FP8 KV cache.
 
-The CPU path dequantizes (``minisgl.quant.linear``): an FP8 model computes exactly what the model of
-its dequantized weights computes, so the reference is that model (ours and transformers', float32)
-and the tolerances are those of the float32 parity tests (1e-4 ours, 1e-3 transformers: only the
+The CPU path dequantizes (``minisgl.quant.fp8_dispatch``): an FP8 model computes exactly what the
+model of its dequantized weights computes, so the reference is that model (ours and transformers',
+float32) and the tolerances are those of the float32 parity tests (1e-4 ours, 1e-3 transformers: only the
 order of the sums differs). What FP8 rounding costs is a GPU figure (``scripts/gpu_validate.sh fp8``).
 """
 
@@ -77,26 +77,40 @@ def test_online_fp8_is_per_channel(arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
-def test_online_fp8_block_ablation_matches_the_checkpoint_format(arch, tmp_path, monkeypatch):
-    """``MINISGL_FP8_GEMM=block``: online quantization into the published format (128x128 blocks)."""
-    monkeypatch.setenv("MINISGL_FP8_GEMM", "block")
+def test_online_fp8_block_matches_the_checkpoint_format(arch, tmp_path):
+    """``--quantization fp8-block``: online quantization into the published format (128x128
+    blocks)."""
     src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
     ref = make_dequantized_checkpoint(make_fp8_checkpoint(src, tmp_path / "fp8"), tmp_path / "ref")
-    logits, tokens = run_greedy(src, quantization="fp8")
+    logits, tokens = run_greedy(src, quantization="fp8-block")
     ref_logits, ref_tokens = run_greedy(ref)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens
 
 
-def test_fp8_gemm_env_is_checked(monkeypatch):
-    from minisgl.quant import Fp8Config, resolve_quantization
+def test_quantization_option_picks_the_format():
+    from minisgl.quant import Fp8Config, UnquantizedConfig, resolve_quantization
+    from minisgl.quant.fp8_block import Fp8BlockLinearMethod
+    from minisgl.quant.fp8_channel import Fp8ChannelLinearMethod
+    from minisgl.quant.unquantized import UnquantizedLinearMethod
 
-    assert resolve_quantization(None, "fp8") == Fp8Config(online=True, channel=True)
-    monkeypatch.setenv("MINISGL_FP8_GEMM", "block")
-    assert resolve_quantization(None, "fp8") == Fp8Config(online=True, channel=False)
-    monkeypatch.setenv("MINISGL_FP8_GEMM", "tensor")
-    with pytest.raises(ValueError, match="MINISGL_FP8_GEMM: 'tensor'"):
-        resolve_quantization(None, "fp8")
+    channel = resolve_quantization(None, "fp8")
+    assert channel == Fp8Config(online=True, channel=True)
+    assert isinstance(channel.linear_method(), Fp8ChannelLinearMethod)
+    block = resolve_quantization(None, "fp8-block")
+    assert block == Fp8Config(online=True, channel=False)
+    assert isinstance(block.linear_method(), Fp8BlockLinearMethod)
+    assert resolve_quantization(None, None) == UnquantizedConfig()
+    assert isinstance(UnquantizedConfig().linear_method(), UnquantizedLinearMethod)
+    checkpoint = Fp8Config(block=(64, 64))  # the checkpoint's own format wins over the option
+    assert resolve_quantization(checkpoint, "fp8") == checkpoint
+    switched = resolve_quantization(None, "fp8", norm_gemv=False, gemv=False)
+    assert (switched.gemv, switched.norm_gemv, switched.norm_quant) == (False, False, True)
+    assert not switched.linear_method().fuses_one_token
+    with pytest.raises(ValueError, match="quantization: 'tensor'"):
+        resolve_quantization(None, "tensor")
+    with pytest.raises(ValueError, match="per-channel"):
+        Fp8Config(channel=True)
 
 
 def test_fp8_weights_are_stored_as_fp8(tmp_path):
@@ -173,7 +187,7 @@ def test_which_layers_take_a_quantized_input():
     that would quantize it per token themselves (per-channel e4m3, ``_scaled_mm``'s alignment, a
     bf16 model); and a model's dense layers are marked so only with online per-channel FP8."""
     from minisgl.quant import quantize_block, quantize_channel
-    from minisgl.quant.linear import takes_quantized_input
+    from minisgl.quant.fp8_dispatch import takes_quantized_input
 
     q, s = quantize_channel(torch.randn(48, 32))
     bf16 = torch.bfloat16
@@ -190,7 +204,29 @@ def test_which_layers_take_a_quantized_input():
 def test_decoder_layers_marked_for_quantized_inputs(arch, quantization, marked, tmp_path):
     src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
     sched = scheduler(src, dtype="bfloat16", quantization=quantization)
-    assert all(layer.quantized_inputs == marked for layer in sched.engine.model.layers)
+    assert all(layer.fusion.quantized_inputs == marked for layer in sched.engine.model.layers)
+    # the norms are folded exactly where the inputs may come quantized (dense per-channel layers)
+    assert all(layer.fusion.folded == marked for layer in sched.engine.model.layers)
+    sched.close()
+
+
+def test_kernel_switches_reach_the_layers(tmp_path):
+    """The ablation options are decided at load: the unquantized layers' GEMV switch, and the
+    per-channel fusions (norms still folded; no one-token path, no quantized inputs)."""
+    src = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", mlp_only_layers=[0], **WIDE)
+    sched = scheduler(src, quantization="fp8", disable_gemv=True, disable_norm_gemv=True,
+                      disable_norm_quant=True)
+    engine = sched.engine
+    assert (engine.config.gemv, engine.config.norm_gemv, engine.config.norm_quant) == \
+        (False, False, False)
+    model = engine.model
+    assert not model.lm_head.method.gemv
+    dense = [layer for layer in model.layers if hasattr(layer.mlp, "gate_up_proj")]
+    sparse = [layer for layer in model.layers if not hasattr(layer.mlp, "gate_up_proj")]
+    assert dense and sparse and all(not layer.mlp.gate.method.gemv for layer in sparse)
+    assert all(layer.fusion.folded and not layer.fusion.one_token
+               and not layer.fusion.quantized_inputs for layer in dense)
+    assert all(not layer.fusion.folded for layer in sparse)  # an MoE block takes no norm weight
     sched.close()
 
 
@@ -210,7 +246,7 @@ def test_row_parallel_shards_are_quantized_with_whole_rows():
         comm = SimpleNamespace(info=DistributedInfo(rank, size))
         layer = LinearRowParallel(64, 32, False, comm, quant)
         layer.weight.weight_loader(layer.weight, w, None)
-        layer.quantize_weights_()
+        layer.process_weights_after_loading()
         layers.append(layer)
     whole, r0, r1 = layers
     torch.testing.assert_close(r0.weight_scale_inv, whole.weight_scale_inv)
@@ -337,46 +373,46 @@ def test_gpu_fp8_model_close_to_dequantized_reference(kv, tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_one_token_gemv_norms(tmp_path, monkeypatch):
+def test_gpu_one_token_gemv_norms(tmp_path):
     """``--quantization fp8``, one token: the GEMVs normalise and add the residual themselves
-    (``DecoderLayer._forward_one_token``). Against the same model through the norm kernels
-    (``MINISGL_NORM_GEMV=0``): one-token logits within 1% (mean; bf16 roundings differ: the folded
+    (``LlamaDecoderLayer._forward_one_token``). Against the same model through the norm kernels
+    (``disable_norm_gemv``): one-token logits within 1% (mean; bf16 roundings differ: the folded
     path skips the norm's rounding of x), the same greedy tokens of one request decoded with CUDA
     graphs."""
     src = make_tiny_checkpoint("qwen3", tmp_path / "src", **WIDE)
     opts = dict(device="cuda", dtype="bfloat16", attn="triton", quantization="fp8")
     prompts = [[17], [93]]
 
-    def run(norm_gemv: str) -> tuple[torch.Tensor, list[list[int]]]:
-        monkeypatch.setenv("MINISGL_NORM_GEMV", norm_gemv)
-        sched = scheduler(src, **opts)
+    def run(norm_gemv: bool) -> tuple[torch.Tensor, list[list[int]]]:
+        sched = scheduler(src, disable_norm_gemv=not norm_gemv, **opts)
         layer = sched.engine.model.layers[0]
-        assert layer.norms_folded and (layer.input_layernorm.weight == 1).all()
+        assert layer.fusion.folded and (layer.input_layernorm.weight == 1).all()
+        assert layer.fusion.one_token == norm_gemv
         one = torch.cat([prefill_logits(sched, [p]) for p in prompts]).float()
         return one, logits_and_tokens(sched, PROMPTS[:1], GREEDY)[1]
 
-    fused, fused_tokens = run("1")
-    kernels, kernel_tokens = run("0")
+    fused, fused_tokens = run(True)
+    kernels, kernel_tokens = run(False)
     assert (fused - kernels).abs().mean() < 0.01 * kernels.abs().mean()
     assert not torch.equal(fused, kernels)  # the fused path ran
     assert fused_tokens == kernel_tokens
 
 
 @pytest.mark.gpu
-def test_gpu_norms_quantize_fp8_inputs(tmp_path, monkeypatch):
+def test_gpu_norms_quantize_fp8_inputs(tmp_path):
     """``--quantization fp8``, batches of 2+ tokens: the RMSNorms before QKV and gate-up quantize
     their output per token (``rms_norm_quant``) in place of the layers' own quantization kernel
-    (``MINISGL_NORM_QUANT=0``). The same e4m3 operands reach the same GEMMs, so prefill logits and
+    (``disable_norm_quant``). The same e4m3 operands reach the same GEMMs, so prefill logits and
     the greedy tokens of three requests decoded together (CUDA graphs) are the same bits."""
     src = make_tiny_checkpoint("qwen3", tmp_path / "src", **WIDE)
     opts = dict(device="cuda", dtype="bfloat16", attn="triton", quantization="fp8")
 
-    def run(norm_quant: str) -> tuple[torch.Tensor, list[list[int]]]:
-        monkeypatch.setenv("MINISGL_NORM_QUANT", norm_quant)
-        sched = scheduler(src, **opts)
-        assert all(layer.quantized_inputs for layer in sched.engine.model.layers)
+    def run(norm_quant: bool) -> tuple[torch.Tensor, list[list[int]]]:
+        sched = scheduler(src, disable_norm_quant=not norm_quant, **opts)
+        assert all(layer.fusion.quantized_inputs == norm_quant
+                   for layer in sched.engine.model.layers)
         return logits_and_tokens(sched, PROMPTS, GREEDY)
 
-    fused, fused_tokens = run("1")
-    kernels, kernel_tokens = run("0")
+    fused, fused_tokens = run(True)
+    kernels, kernel_tokens = run(False)
     assert torch.equal(fused, kernels) and fused_tokens == kernel_tokens

@@ -167,7 +167,7 @@ def test_w8a8_block_scales(m, n, k, block):
 def test_w8a8_takes():
     """Per-channel layers of 2+ tokens: the W8A8 GEMM up to 256 tokens, but a layer of 16,384 rows
     or more (gate-up) leaves more than 192 to ``torch._scaled_mm``."""
-    from minisgl.quant.linear import w8a8_takes
+    from minisgl.quant.fp8_dispatch import w8a8_takes
 
     assert w8a8_takes(256, 4096) and not w8a8_takes(257, 4096)
     assert w8a8_takes(192, 24576) and not w8a8_takes(193, 24576)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-import minisgl.models  # noqa: F401  (before minisgl.layers, which alone imports circularly)
 import pytest
 import torch
 

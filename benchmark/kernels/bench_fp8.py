@@ -11,8 +11,8 @@
   alternative for ``--quantization fp8``) and vs cuBLAS bf16, in TFLOP/s. ``rel_err`` is the block
   GEMM's max error against ``block_gemm_reference`` (fp32 over the same quantized operands) over the
   largest reference magnitude; the target is <= 1e-2.
-* Per-channel (``--quantization fp8``'s default; ``MINISGL_FP8_GEMM=block`` is the block columns):
-  ``quant.linear.fp8_linear`` end to end with per-output-channel weight scales: the per-channel FP8
+* Per-channel (``--quantization fp8``'s default; ``--quantization fp8-block`` is the block columns):
+  ``quant.fp8_dispatch.fp8_linear`` end to end with per-output-channel weight scales: the per-channel FP8
   GEMV at one token; per-token activation quantization (``fp8_quant.py``) + ``torch._scaled_mm``
   beyond (``channel_us``, ``channel_rel_err`` against ``channel_gemm_reference``).
 Every case is timed as decode runs it: a CUDA graph replays many calls over enough weight copies
@@ -44,7 +44,7 @@ from minisgl.kernel.triton.gemv import gemv  # noqa: E402
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
 from minisgl.quant.fp8 import (block_gemm_reference, channel_gemm_reference,  # noqa: E402
                                dequantize_channel, quantize_block, quantize_channel)
-from minisgl.quant.linear import fp8_linear  # noqa: E402
+from minisgl.quant.fp8_dispatch import fp8_linear  # noqa: E402
 
 BLOCK = (128, 128)
 TOKENS = [1, 16, 64, 256, 1024, 4096]

@@ -12,7 +12,6 @@ overhead); transformers runs on a subset of the same workload in the same proces
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gc
 import json
@@ -26,7 +25,6 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 from minisgl import LLM, SamplingParams  # noqa: E402
-from minisgl.layers import linear as linear_layers  # noqa: E402
 
 from bench_common import (  # noqa: E402
     StepTrace, borrow_tokenizer, environment, gpu_name, model_dir, project_commit,
@@ -61,11 +59,13 @@ VARIANTS = {
     "fp8-no-pdl": {"quantization": "fp8", "disable_pdl": True},
     "no-pad-tokens": {"pad_tokens": 1},  # eager forwards at their own token counts
     # one token through the RMSNorm kernels, not normalised inside the GEMVs
-    "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
+    "fp8-no-norm-gemv": {"quantization": "fp8", "disable_norm_gemv": True},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
-    "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
+    "fp8-no-norm-quant": {"quantization": "fp8", "disable_norm_quant": True},
     # weights in 128x128 blocks with a scale each, as the published FP8 checkpoints store them
-    "fp8-block": {"quantization": "fp8", "env": {"MINISGL_FP8_GEMM": "block"}},
+    "fp8-block": {"quantization": "fp8-block"},
+    # one-token unquantized linear layers through cuBLAS, not the Triton GEMV
+    "cublas": {"disable_gemv": True},
     "sample-torch": {"sampling": QWEN_SAMPLING, "sampler": "torch"},
     "sample-row": {"sampling": QWEN_SAMPLING, "sampler": "triton-row"},  # the row kernel alone
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
@@ -135,22 +135,6 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
     gc.collect()
     torch.cuda.empty_cache()
     return result
-
-
-@contextlib.contextmanager
-def gemv_enabled(on: bool):
-    """One-token linear layers through the Triton GEMV (on) or cuBLAS, in this process and in the
-    rank processes it spawns (they read MINISGL_GEMV)."""
-    saved = linear_layers.USE_GEMV, os.environ.get("MINISGL_GEMV")
-    linear_layers.USE_GEMV, os.environ["MINISGL_GEMV"] = on, str(int(on))
-    try:
-        yield
-    finally:
-        linear_layers.USE_GEMV = saved[0]
-        if saved[1] is None:
-            del os.environ["MINISGL_GEMV"]
-        else:
-            os.environ["MINISGL_GEMV"] = saved[1]
 
 
 def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> dict:
@@ -265,11 +249,11 @@ def main() -> None:
                 record(engine + "[json-half]", run_minisgl(path, dummy, prompts, max_tokens,
                                                            VARIANTS[variant], tp, structured=True))
     if args.batch1:
-        runs = [("minisgl[batch1]", True, {}), ("minisgl[batch1][cublas]", False, {})]
-        runs += [(f"minisgl[batch1][{v}]", True, VARIANTS[v])
-                 for v in args.batch1_variants.split(",") if v != "default"]
-        for engine, gemv, variant in runs:
-            with gemv_enabled(gemv), environment(variant.get("env", {})):
+        runs = [("minisgl[batch1]", {}), ("minisgl[batch1][cublas]", VARIANTS["cublas"])]
+        runs += [(f"minisgl[batch1][{v}]", VARIANTS[v])
+                 for v in args.batch1_variants.split(",") if v not in ("default", "cublas")]
+        for engine, variant in runs:
+            with environment(variant.get("env", {})):
                 res = run_batch1(path, dummy, llm_options(variant))
             records.append({**base, "engine": engine, **res})
             print(json.dumps(records[-1]), flush=True)

@@ -24,21 +24,8 @@ CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
 API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given (a flag is "
                  "visible to every local user through ps and /proc)")
-GEMV = EnvVar("MINISGL_GEMV", "1", "0: one-token linear layers on CUDA use cuBLAS, not the Triton "
-              "GEMV (for ablations)")
 GRAMMAR_THREADS = EnvVar("MINISGL_GRAMMAR_THREADS", "auto", "threads that fill a batch's grammar "
                          "masks (auto: half the CPUs the scheduler may use, at most 8)")
-
-NORM_GEMV = EnvVar("MINISGL_NORM_GEMV", "1", "0: one-token decode of --quantization fp8 models "
-                   "runs the RMSNorm kernels instead of normalising inside the FP8 GEMVs (for "
-                   "ablations)")
-NORM_QUANT = EnvVar("MINISGL_NORM_QUANT", "1", "0: batches of --quantization fp8 models quantize "
-                    "the QKV and gate-up inputs in a kernel of their own, not in the RMSNorm "
-                    "(for ablations)")
-
-FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quantizes dense weights "
-                  "into 128x128 blocks and runs the block-scaled Triton GEMM (the FP8 checkpoints' "
-                  "format) instead of per-channel scales and torch._scaled_mm (for ablations)")
 
 
 def set_process_defaults() -> None:

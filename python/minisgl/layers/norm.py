@@ -10,16 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.quant.linear import QuantizedInput
+from minisgl.kernel.ops import rms_norm
+from minisgl.quant.base import QuantizedInput
 
 from .base import new_param
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalise in float32, scale in the input dtype (as Hugging Face does, for bit parity)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+__all__ = ["RMSNorm", "RMSNormFused", "rms_norm"]
 
 
 class RMSNorm(nn.Module):
@@ -41,7 +37,7 @@ class RMSNorm(nn.Module):
 class RMSNormFused(RMSNorm):
     """``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``; residual None on
     layer 0. ``quantize`` (CUDA, 2-D x): the norm comes back quantized per token for the FP8 layer
-    it feeds, a ``QuantizedInput`` (``DecoderLayer.forward``)."""
+    it feeds, a ``QuantizedInput`` (``fusion.NormFusion.quantized_inputs``)."""
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False

@@ -31,7 +31,9 @@ _SAMPLERS = ("auto", *SAMPLERS)
 class EngineOptions:
     device: str = "auto"  # "auto": cuda when a GPU is present, else cpu
     dtype: str = "auto"  # "auto": float32 on CPU; on GPU the checkpoint's dtype (float32 -> bfloat16)
-    quantization: str | None = None  # "fp8": quantize the weights at load (FP8 checkpoints need none)
+    # "fp8" (per channel) or "fp8-block" (128x128 blocks): quantize the weights at load (FP8
+    # checkpoints need none)
+    quantization: str | None = None
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8_e4m3": FP8 K/V with per-layer scales
     page_size: int = 1
     cache: str = "radix"
@@ -47,6 +49,12 @@ class EngineOptions:
     # prefill/mixed forwards of up to this many tokens: piecewise CUDA graphs (0: off; GPU only)
     piecewise_cuda_graph_max_tokens: int = 4096
     disable_overlap: bool = False  # read every forward back before launching the next
+    # kernel ablations (``EngineConfig``'s gemv, norm_gemv, norm_quant): one-token unquantized
+    # layers through cuBLAS; fp8 one-token decode through the RMSNorm kernels; fp8 batches' inputs
+    # quantized by a kernel of their own
+    disable_gemv: bool = False
+    disable_norm_gemv: bool = False
+    disable_norm_quant: bool = False
     schedule_mode: str = "mixed"  # "mixed": decode tokens and prefill chunks share steps
     # tokens of one mixed step; None: see ``default_batched_tokens``
     max_num_batched_tokens: int | None = None
@@ -174,6 +182,9 @@ class EngineOptions:
             else self.sampler,
             pad_tokens=self.pad_tokens,
             pdl=not self.disable_pdl,
+            gemv=not self.disable_gemv,
+            norm_gemv=not self.disable_norm_gemv,
+            norm_quant=not self.disable_norm_quant,
         )
         return SchedulerConfig(
             engine=engine,

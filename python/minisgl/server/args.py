@@ -147,9 +147,10 @@ _HELP = {
                         "hermes, llama3, mistral or json",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
-    "quantization": "fp8: quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3, one scale per "
-                    "output channel; MoE experts and MINISGL_FP8_GEMM=block: 128x128 blocks) at "
-                    "load; FP8 checkpoints are detected from their config (default: none)",
+    "quantization": "quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3) at load: fp8 (one "
+                    "scale per output channel; MoE experts 128x128 blocks) or fp8-block (128x128 "
+                    "blocks, the FP8 checkpoints' format); FP8 checkpoints are detected from their "
+                    "config (default: none)",
     "kv_cache_dtype": "auto (the model's dtype) or fp8_e4m3 (half the KV bytes; per-layer scales "
                       "from the checkpoint, else 1.0)",
     "page_size": "tokens per KV page",
@@ -174,6 +175,12 @@ _HELP = {
     "dummy_weights": "random weights (benchmarks without a checkpoint)",
     "moe_backend": "MoE backend: auto, torch, triton",
     "disable_overlap": "read every forward back before launching the next (ablation)",
+    "disable_gemv": "one-token unquantized linear layers on CUDA through cuBLAS, not the Triton "
+                    "GEMV (ablation)",
+    "disable_norm_gemv": "--quantization fp8, one token: run the RMSNorm kernels instead of "
+                         "normalising inside the FP8 GEMVs (ablation)",
+    "disable_norm_quant": "--quantization fp8, batches: quantize the QKV and gate-up inputs in a "
+                          "kernel of their own, not in the RMSNorm (ablation)",
     "cuda_graph_max_bs": "decode batches up to this size replay CUDA graphs (0: off; GPU only)",
     "piecewise_cuda_graph_max_tokens": "prefill and mixed forwards of up to this many tokens "
                                        "replay CUDA graphs of all but attention, captured per "

@@ -127,7 +127,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
     scales, or with ``block=None`` per-channel scales ws [N, 1].
 
-    ``norm_eps``: x is first RMS-normalised (no weight: ``DecoderLayer.fold_norms_`` put it into
+    ``norm_eps``: x is first RMS-normalised (no weight: ``layers.fusion.fuse_norms`` put it into
     w), i.e. the dot products are scaled by ``rsqrt(mean(x^2) + eps)``, which each program sums as
     it reads x.
     ``residual [1, N]``: added to the output (the residual stream's add, as the output is

@@ -1,5 +1,5 @@
 """Dynamic per-token FP8 activation quantization for the per-channel linear method
-(``minisgl.quant.linear``): ``x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1])``, one scale per token
+(``minisgl.quant.fp8_dispatch``): ``x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1])``, one scale per token
 mapping the row's largest magnitude onto 448 (``quantize_groups(x, K)`` in torch).
 
 One program per token. A row of up to ``ONE_PASS_MAX`` columns is loaded whole, in one step (all of

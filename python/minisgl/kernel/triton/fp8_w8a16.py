@@ -169,7 +169,7 @@ class W8A16Config:
 
 # NOTE: Hopper's FP8 MMA accumulates with fewer mantissa bits than fp32, and Triton chains it over
 # all of K (CUTLASS's "FP8FastAccum" schedules, which vLLM's and SGLang's FP8 GEMMs run; and
-# ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.linear``). Adding each K step's sum to an
+# ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.fp8_dispatch``). Adding each K step's sum to an
 # fp32 accumulator (``max_num_imprecise_acc``) keeps the output within 3e-3 of fp32 over the same
 # operands, against 9e-3 (1.1e-2 over the down projection's 12,288), but cost the down projection
 # 16% at 192 tokens on an H100: both errors are below the ~2.5e-2 of rounding x to e4m3, so the

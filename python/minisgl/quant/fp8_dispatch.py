@@ -1,7 +1,7 @@
-"""The FP8 linear method: one function every quantized layer calls, dispatching by device and shape.
+"""The FP8 kernel decision table: the one function both FP8 linear methods (``fp8_channel``,
+``fp8_block``) call, dispatching by device, shape and scale layout. Every threshold lives here.
 
-Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8`` with
-``MINISGL_FP8_GEMM=block``):
+Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8-block``):
 
 * CUDA, one token: the FP8 GEMV reads the weight as e4m3 (half the bytes of bf16) and scales it in
   registers; x stays in bf16, so a decode step loses nothing to activation rounding.
@@ -18,7 +18,7 @@ Per-channel scales (``block=None``, ``scale [N, 1]``: ``--quantization fp8`` by 
 
 * CUDA, one token: the same GEMV, the row's scale applied once to its dot product; given
   ``norm_eps`` it also RMS-normalises x (the norm's weight folded into the layer) and given
-  ``residual`` it adds it to the output (``DecoderLayer._forward_one_token``).
+  ``residual`` it adds it to the output (``LlamaDecoderLayer._forward_one_token``).
 * CUDA, more tokens, a bf16 layer that meets ``scaled_mm_ok``: x is quantized per token (one
   Triton kernel, SiLU-and-mul included; or the RMSNorm before the layer did it, a
   ``QuantizedInput``); up to ``W8A8_MAX_TOKENS`` (``w8a8_takes``) the W8A16 GEMM's W8A8 form
@@ -34,11 +34,13 @@ the CPU tests compare against a model of the dequantized weights, exactly.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from minisgl.kernel.ops import rms_norm, silu_and_mul
+
+from .base import QuantizedInput
 from .fp8 import dequantize_block, dequantize_channel
 
 # the most tokens the W8A16 GEMM takes: up to 32 it beats quantizing x + ``torch._scaled_mm`` on
@@ -77,17 +79,6 @@ def scaled_mm_ok(dtype: torch.dtype, weight: torch.Tensor, scale: torch.Tensor) 
     n, k = weight.shape
     return (k % 16 == 0 and n % 16 == 0 and weight.is_contiguous() and scale.is_contiguous()
             and scale.dtype == torch.float32 and dtype == torch.bfloat16)
-
-
-class QuantizedInput(NamedTuple):
-    """A layer's input already quantized per token, as ``quantize_tokens`` would (``q [M, K]`` e4m3,
-    ``scale [M, 1]`` fp32), by the kernel that made it (``kernel.triton.norm.rms_norm_quant``);
-    ``dtype``: the activations' dtype, the layer's output dtype. ``fp8_linear`` takes it where
-    ``takes_quantized_input`` says so."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-    dtype: torch.dtype
 
 
 def takes_quantized_input(weight: torch.Tensor, scale: torch.Tensor | None,
@@ -168,7 +159,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its scales
     (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype.
 
-    ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``DecoderLayer.fold_norms_``
+    ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``layers.fusion.fuse_norms``
     multiplied it into ``weight``); ``residual [M, N]`` is added to the output. One token on CUDA
     does both inside the FP8 GEMV (no norm kernel, no add); elsewhere they are the torch ops.
     ``act``: the layer is gate-up and the output is ``silu(gate) * up [M, N/2]``: one token on CUDA
@@ -185,13 +176,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
         return fp8_gemv(x.contiguous(), weight, scale_inv, block, bias, gated,
                         norm_eps=norm_eps, residual=residual, act=act, pdl=pdl)
     if norm_eps is not None:
-        from minisgl.layers.norm import rms_norm
-
         x = rms_norm(x, torch.ones((), dtype=x.dtype, device=x.device), norm_eps)
     y = _fp8_linear(x, weight, scale_inv, block, bias, gated, pdl)
     if act:
-        from minisgl.layers.activation import silu_and_mul
-
         y = silu_and_mul(y)
     return y if residual is None else y + residual
 
@@ -210,8 +197,6 @@ def _fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
             return fp8_w8a16_gemm(x, weight, scale_inv, block, bias, gated)
         if block is not None:
             return _block_gemm(x, weight, scale_inv, block, bias, gated, pdl)
-    from minisgl.layers.activation import silu_and_mul
-
     if block is None:
         w = dequantize_channel(weight, scale_inv, x.dtype)
     else:

@@ -12,6 +12,9 @@
 #   scripts/gpu_validate.sh itl        OUT  # streaming smoothness: mixed steps vs prefill-first
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs admission on shared prefixes
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
+#   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
+#                                           # kernel cache without and with the warm-up, and a
+#                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -92,8 +95,20 @@ tp)
             >"$out/bench_${m}_tp.log" 2>&1
     done
     cat "$out"/offline_*_tp.md ;;
+first-minute)
+    for m in ${MODELS:-qwen3-0.6b qwen3-8b}; do
+        dir=$(mktemp -d)/$m cache=$(mktemp -d)
+        "$py" benchmark/online/dummy_model.py "benchmark/configs/$m.json" "$dir" >/dev/null
+        fm=("$py" benchmark/online/first_minute.py --out "$out")
+        step 400 "${fm[@]}" --tag "${m}_no-warmup" --fresh-cache -- --model "$dir" \
+            --dummy-weights --warmup off
+        step 400 "${fm[@]}" --tag "${m}_warmup" --cache-dir "$cache" -- --model "$dir" \
+            --dummy-weights
+        step 300 "${fm[@]}" --tag "${m}_warmup_restart" --cache-dir "$cache" -- --model "$dir" \
+            --dummy-weights
+    done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

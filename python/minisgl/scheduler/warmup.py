@@ -15,6 +15,7 @@ under pressure) and nothing else; the prefix-cache hit counter is reset.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -47,20 +48,29 @@ class Wave:
 
 
 def sampler_variants(base: SamplingParams, grammar: bool) -> dict[str, SamplingParams]:
-    """One ``SamplingParams`` per sampler path (the kernels specialise on which are present)."""
-    variants = {
-        "greedy": base,
-        "top-k/top-p/min-p": replace(base, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05,
-                                     seed=1),
-        "penalties": replace(base, temperature=0.7, presence_penalty=0.5, frequency_penalty=0.3,
-                             repetition_penalty=1.1, seed=2),
-        "logit-bias": replace(base, logit_bias=((1, 2.0), (2, -2.0))),
-        "log-probs": replace(base, logprobs=True, top_logprobs=5),
-        "log-probs-sampled": replace(base, temperature=0.8, logprobs=True, seed=3),
-        "prompt-log-probs": replace(base, prompt_logprobs=True),
-    }
-    if grammar:
-        variants["grammar"] = replace(base, json_schema=_SCHEMA, ignore_eos=False)
+    """One ``SamplingParams`` per combination of what the sampling kernels specialise on: penalty
+    counts, a logit bias, a grammar mask (each a compile-time switch of the batch), and log-probs
+    (none, the sampled token's, the top 8 or top 32: ``sampling/kernels/launch.py``). A batch
+    takes the union of its rows' switches, so every combination is reachable."""
+    variants = {}
+    for counts, bias, mask in itertools.product((False, True), repeat=3):
+        if mask and not grammar:
+            continue
+        params = replace(base, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1)
+        if counts:
+            params = replace(params, presence_penalty=0.5, frequency_penalty=0.3,
+                             repetition_penalty=1.1)
+        if bias:
+            params = replace(params, logit_bias=((1, 2.0), (2, -2.0)))
+        if mask:
+            params = replace(params, json_schema=_SCHEMA, ignore_eos=False)
+        name = "+".join(n for n, on in (("penalties", counts), ("bias", bias), ("grammar", mask))
+                        if on) or "top-k/top-p/min-p"
+        variants[name] = params
+        for top in (0, 3, 20):  # the token's log-prob; the top 8 merge; the top 32
+            variants[f"{name}+logprobs{top}"] = replace(params, logprobs=True, top_logprobs=top)
+    variants["greedy"] = base
+    variants["prompt-log-probs"] = replace(base, prompt_logprobs=True)
     return variants
 
 
@@ -144,7 +154,7 @@ def warm_up(scheduler, should_stop: Callable[[], bool] = lambda: False) -> None:
         grammar=True,
     )
     num = sum(len(w.requests) for w in waves)
-    logger.info("warm-up: %d requests in %d waves (%s)", num, len(waves),
-                ", ".join(w.name for w in waves))
+    logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "
+                "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))
     seconds = run_warmup(scheduler, waves, should_stop)
     logger.info("warm-up done in %.1f s", seconds)

@@ -276,6 +276,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.frontend = frontend_factory()
         app.state.frontend_created.set()
+        await app.state.tokens.get()  # the tokenizer loads before the port opens, not on a request
         try:
             yield
         finally:

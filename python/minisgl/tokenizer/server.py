@@ -75,6 +75,7 @@ def tokenize_worker(
         if not (tokenize or detokenize):
             raise ValueError("a tokenizer worker needs at least one role")
         tokenizer = load_tokenizer(model_path, revision, chat_template)
+        TokenizeManager(tokenizer).warm_up()  # the first chat request pays no template compile
         worker = _Worker(tokenizer, addrs, tokenize, detokenize)
     except Exception as e:  # any start-up failure is reported, never raised into the void
         ready.send(("error", f"tokenizer worker failed to start: {one_line(e)}"))

@@ -62,8 +62,9 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_k: torch.Tensor,
     if split:
         chunk = chunk or CHUNK
         n_chunks = triton.cdiv(vocab, chunk)
-        nt = triton.next_power_of_2(max(top_n, 2)) if top_n > 0 else 0
-        assert nt <= 32 and (need_lse or nt == 0), f"top_n {top_n}: at most 32, with need_lse"
+        # two sizes of the top-n merge (each a compiled variant): 8 and 32 candidates
+        nt = (8 if top_n <= 8 else 32) if top_n > 0 else 0
+        assert top_n <= 32 and (need_lse or nt == 0), f"top_n {top_n}: at most 32, with need_lse"
         stats = torch.empty(bsz, n_chunks, NSTAT, dtype=torch.float32, device=device)
         args = torch.empty(bsz, n_chunks, 2, dtype=torch.int32, device=device)
         cnt = torch.empty(bsz, 2, dtype=torch.int32, device=device)  # zeroed by the stats kernel

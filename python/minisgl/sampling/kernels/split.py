@@ -150,7 +150,7 @@ def stats_kernel(
         tl.store(cnt_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["top_n"])  # one variant for every top_logprobs
 def threshold_kernel(
     V, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr, stats_ptr, tau_ptr, S, top_n,
     S_PAD: tl.constexpr, GUESS: tl.constexpr, NT: tl.constexpr,
@@ -204,7 +204,7 @@ def collect_kernel(
                         rtau, CAP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["top_n"])
 def merge_kernel(
     logits_ptr, V, tokens_ptr, lse_ptr, flags_ptr, temps_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
     seeds_ptr, steps_ptr, counts_ptr, count_rows_ptr, stats_ptr, args_ptr, cnt_ptr, cand_ptr,

@@ -13,8 +13,8 @@ TEST_DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests skip without CUDA; ``any_device`` tests also carry ``gpu``, so ``pytest -m gpu``
-    is the whole GPU suite (run it with ``MINISGL_TEST_DEVICE=cuda``)."""
+    """``gpu`` tests skip without CUDA; ``any_device`` tests also carry ``gpu``, so
+    ``pytest -m gpu`` is the whole GPU suite (run it with ``MINISGL_TEST_DEVICE=cuda``)."""
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if skip is not None and item.get_closest_marker("gpu") is not None:
@@ -34,7 +34,8 @@ def tiny_checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model_dir(tmp_path_factory):
-    """The default model, converted once per session into a fresh cache (the conversion is tested)."""
+    """The default model, converted once per session into a fresh cache (the conversion is
+    tested)."""
     from minisgl.utils import default_model
 
     with pytest.MonkeyPatch.context() as mp:

@@ -32,8 +32,8 @@ def test_chat_greedy_matches_transformers(default_model_dir):
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
-    gen = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=tok.eos_token_id,
-                           pad_token_id=tok.eos_token_id)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS,
+                           eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
     for chat, out in zip(CHATS, outputs):
         ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
                                       return_dict=True)["input_ids"]
@@ -50,7 +50,8 @@ def test_default_model_when_none_is_given(default_model_dir, monkeypatch):
     monkeypatch.setenv("MINISGL_CACHE_DIR", default_model_dir.rsplit("/", 1)[0])
     llm = LLM(None, num_pages=4096)
     assert llm.model_path == default_model_dir
-    out = llm.generate(["The first three digits of pi are"], SamplingParams(temperature=0, max_tokens=8))
+    out = llm.generate(["The first three digits of pi are"],
+                       SamplingParams(temperature=0, max_tokens=8))
     assert out[0].token_ids and out[0].finish_reason in ("stop", "length")
 
 

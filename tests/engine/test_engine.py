@@ -65,7 +65,8 @@ def test_stop_conditions(llama):
     free_run = llm.generate([prompt], GREEDY)[0].token_ids
     stop_at = free_run[5]
     first = free_run.index(stop_at)
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_at]))[0]
+    params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_at])
+    out = llm.generate([prompt], params)[0]
     assert out.finish_reason == "stop" and out.token_ids == free_run[: first + 1]
     short = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
     assert short.finish_reason == "length" and short.token_ids == free_run[:3]
@@ -88,7 +89,8 @@ def test_seeded_sampling_is_batch_independent(llama, overlap):
     other = SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True)
     mixed = llm.generate(prompts, [other, other, params, other])[2].token_ids
     assert alone == again == mixed
-    different = llm.generate([prompts[2]], SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=99, ignore_eos=True))
+    different = llm.generate([prompts[2]], SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16,
+                                                          seed=99, ignore_eos=True))
     assert different[0].token_ids != alone
 
 
@@ -103,7 +105,8 @@ def test_top_k_one_equals_greedy(llama):
 def test_logprobs_are_consistent(llama):
     llm = make_llm(llama, num_pages=1024)
     prompt = random_prompts(1, [15], VOCAB, seed=10)[0]
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, logprobs=True, top_logprobs=3))[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, logprobs=True,
+                                                top_logprobs=3))[0]
     assert len(out.logprobs) == 8
     for tok, lp in zip(out.token_ids, out.logprobs):
         assert lp.token_id == tok and lp.logprob <= 0
@@ -211,7 +214,8 @@ def test_to_device_sends_aligned_segments(dtype):
 
 
 def test_llm_close_and_context_manager(tiny_checkpoints):
-    """``with LLM(...)`` closes on exit; close() is idempotent and generate() afterwards is an error."""
+    """``with LLM(...)`` closes on exit; close() is idempotent and generate() afterwards is an
+    error."""
     prompts = random_prompts(2, [5, 9], VOCAB, seed=3)
     with make_llm(str(tiny_checkpoints["llama"]), num_pages=256) as llm:
         assert len(llm.generate(prompts, GREEDY)[0].token_ids) == 24

@@ -3,7 +3,8 @@
 The CPU path dequantizes (``minisgl.quant.linear``): an FP8 model computes exactly what the model of
 its dequantized weights computes, so the reference is that model (ours and transformers', float32)
 and the tolerances are those of the float32 parity tests (1e-4 ours, 1e-3 transformers: only the
-order of the sums differs). What FP8 rounding costs is a GPU figure (``scripts/gpu_validate.sh fp8``).
+order of the sums differs). What FP8 rounding costs is a GPU figure
+(``scripts/gpu_validate.sh fp8``).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def test_online_fp8_is_per_channel(arch, tmp_path):
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_online_fp8_block_ablation_matches_the_checkpoint_format(arch, tmp_path, monkeypatch):
-    """``MINISGL_FP8_GEMM=block``: online quantization into the published format (128x128 blocks)."""
+    """``MINISGL_FP8_GEMM=block``: online quantization into the published format (128x128
+    blocks)."""
     monkeypatch.setenv("MINISGL_FP8_GEMM", "block")
     src = make_tiny_checkpoint(arch, tmp_path / "src", **WIDE)
     ref = make_dequantized_checkpoint(make_fp8_checkpoint(src, tmp_path / "fp8"), tmp_path / "ref")
@@ -247,7 +249,8 @@ def test_fp8_kv_pool_round_trips_within_fp8_error():
             exact = x.clamp(-limit, limit)  # beyond the scaled range: saturated, never NaN
             assert torch.isfinite(y).all()
             assert ((y - exact).abs() <= exact.abs() / 16 + s * 2 ** -9).all()
-    assert (pool.read_kv(0, loc, torch.float32)[1].abs().max() == 448)  # v * 300 saturates at scale 1
+    # v * 300 saturates at scale 1
+    assert (pool.read_kv(0, loc, torch.float32)[1].abs().max() == 448)
     assert pool.read_kv(1, loc, torch.float32)[1].abs().max() > 448  # scale 2 holds it
 
 
@@ -262,7 +265,8 @@ def test_fp8_kv_cache_model(arch, tmp_path):
     mad, magnitude = (fp8_kv - exact).abs().mean(), exact.abs().mean()
     assert 0 < mad < 0.05 * magnitude
     # per-layer scales of the checkpoint reach the pool, and a consistent scale changes little
-    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16), kv_scales={0: (0.5, 0.25), 1: (2.0, 1.0)})
+    fp8 = make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16),
+                              kv_scales={0: (0.5, 0.25), 1: (2.0, 1.0)})
     sched = scheduler(fp8, kv_cache_dtype="fp8_e4m3")
     assert sched.engine.kv_pool.kv_scales(0) == (0.5, 0.25)
     assert sched.engine.kv_pool.kv_scales(1) == (2.0, 1.0)

@@ -62,5 +62,6 @@ def test_tp_shard_that_splits_a_block_is_an_error():
 
     layer = LinearColParallelMerged(64, [32, 32], False, DistributedInfo(1, 2), Fp8Config((32, 32)))
     scale = layer.weight_scale_inv
-    with pytest.raises(ValueError, match="FP8 block scales cannot be split at 16..32 .block size 32."):
+    with pytest.raises(ValueError,
+                       match="FP8 block scales cannot be split at 16..32 .block size 32."):
         scale.weight_loader(scale, torch.ones(1, 2), 0)

@@ -113,7 +113,8 @@ def test_padding_tokens_are_the_dummy_requests():
     prepare_batch(plain, table, pool)
     prepare_batch(padded, table, pool, pad_multiple=8)
     assert len(plain.input_ids) == 6 and len(padded.input_ids) == 8
-    assert padded.input_ids[:6].tolist() == plain.input_ids.tolist() == [42, 104, 105, 106, 107, 108]
+    assert (padded.input_ids[:6].tolist() == plain.input_ids.tolist()
+            == [42, 104, 105, 106, 107, 108])
     assert padded.positions.tolist() == [7, 4, 5, 6, 7, 8, 0, 0]
     assert padded.out_loc.tolist() == plain.out_loc.tolist() + [0, 0]
     assert padded.logits_idx.tolist() == plain.logits_idx.tolist() == [0]  # the chunk: no sample
@@ -287,7 +288,8 @@ def test_gpu_step_budget_follows_the_model_compute(config, budget, eager, tmp_pa
 
     from minisgl.llm.step_budget import matmul_weights_per_token
 
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "configs", f"{config}.json")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "configs",
+                       f"{config}.json")
     shutil.copy(src, tmp_path / "config.json")
     opts = EngineOptions()
     assert opts.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == budget
@@ -298,7 +300,8 @@ def test_gpu_step_budget_follows_the_model_compute(config, budget, eager, tmp_pa
     assert few_graphs.default_batched_tokens(torch.device("cuda"), True,
                                              str(tmp_path)) == min(budget, 1024)
     small = EngineOptions(max_prefill_tokens=512)
-    assert small.default_batched_tokens(torch.device("cuda"), True, str(tmp_path)) == min(budget, 512)
+    assert (small.default_batched_tokens(torch.device("cuda"), True, str(tmp_path))
+            == min(budget, 512))
     with open(src) as f:
         weights = matmul_weights_per_token(json.load(f))
     if config == "qwen3-8b":  # 36 layers x (attention 4096 x 128 x 80 + MLP 3 x 4096 x 12288)
@@ -307,8 +310,9 @@ def test_gpu_step_budget_follows_the_model_compute(config, budget, eager, tmp_pa
 
 @pytest.mark.gpu
 def test_gpu_mixed_steps_keep_graphs_for_pure_decode(llama, workload):
-    """On CUDA (fp32, Triton attention): pure decode steps still replay the decode CUDA graphs (mixed
-    steps replay piecewise ones: test_piecewise.py), and greedy tokens equal prefill-first's."""
+    """On CUDA (fp32, Triton attention): pure decode steps still replay the decode CUDA graphs
+    (mixed steps replay piecewise ones: test_piecewise.py), and greedy tokens equal
+    prefill-first's."""
     results, replays = {}, {}
     for mode in ("mixed", "prefill-first"):
         llm = LLM(str(llama), device="cuda", dtype="float32", attn="triton", num_pages=1024,

@@ -81,7 +81,8 @@ def test_prefill_and_decode_logits_match_transformers(arch, tiny_checkpoints, pr
     engine.forward = spy
     outputs = llm.generate(prompts, GREEDY)
     model = hf_model(path)
-    for uid, (out, prompt) in enumerate(zip(outputs, prompts)):  # the LLM numbers requests 0, 1, ...
+    # the LLM numbers requests 0, 1, ...
+    for uid, (out, prompt) in enumerate(zip(outputs, prompts)):
         seq = torch.tensor([prompt + out.token_ids[:-1]])
         with torch.no_grad():
             ref = model(seq).logits[0, len(prompt) - 1 :]

@@ -84,7 +84,8 @@ def test_logit_bias_bans_and_forces_tokens(llama):
                                                 logit_bias={banned: -100}))
     assert banned not in outs[0].token_ids and banned not in outs[1].token_ids
     forced = llm.generate(prompts, [
-        SamplingParams(temperature=1.0, seed=s, max_tokens=8, ignore_eos=True, logit_bias={"77": 100})
+        SamplingParams(temperature=1.0, seed=s, max_tokens=8, ignore_eos=True,
+                       logit_bias={"77": 100})
         for s in range(2)])
     assert all(o.token_ids == [77] * 8 for o in forced)
     # a biased request leaves its neighbours in the batch untouched

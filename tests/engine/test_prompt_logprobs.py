@@ -51,7 +51,8 @@ def _check(entries, prompt, ref, start=0, top=0):
         if top:
             ids = [a for a, _ in alts]
             assert torch.allclose(torch.tensor([b for _, b in alts]), row[ids], atol=TOL)
-            assert torch.allclose(torch.tensor([b for _, b in alts]), row.topk(top).values, atol=TOL)
+            assert torch.allclose(torch.tensor([b for _, b in alts]), row.topk(top).values,
+                                  atol=TOL)
 
 
 def _llm(ckpt, **options) -> LLM:
@@ -142,8 +143,8 @@ def test_server_echo_and_generate(ckpt, prompts, reference, tmp_path):
             "top_logprobs_num": 2, "sampling_params": {"max_new_tokens": 0}}).json()
         meta = r["meta_info"]
         assert r["output_ids"] == [] and meta["output_token_logprobs"] == []
-        entries = [(t, v, [(a, b) for b, a in tops])
-                   for (v, t), tops in zip(meta["input_token_logprobs"], meta["input_top_logprobs"])]
+        entries = [(t, v, [(a, b) for b, a in tops]) for (v, t), tops
+                   in zip(meta["input_token_logprobs"], meta["input_top_logprobs"])]
         _check(entries, prompts[1], reference[1], start=5, top=2)
         bad = httpx.post(f"{server.url}/generate", json={"input_ids": [1], "logprob_start_len": 0})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_start_len"

@@ -1,4 +1,5 @@
-"""Batch sampling: exactness of the filters, batch-independent reproducibility, hash quality, penalties."""
+"""Batch sampling: exactness of the filters, batch-independent reproducibility, hash quality,
+penalties."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def draw(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
 
 
 def steps_batch(req: Req, vocab: int, n: int) -> BatchSamplingArgs:
-    """One request's args repeated over ``n`` rows at steps 0..n-1: n independent draws, no n Reqs."""
+    """One request's args repeated over ``n`` rows at steps 0..n-1: n independent draws, no n
+    Reqs."""
     args = args_for([req], vocab)
     rep = {
         f.name: getattr(args, f.name).expand(n).contiguous()
@@ -73,7 +75,8 @@ def splitmix_ref(seed: int, step: int, index: int) -> int:
 
 
 def expected_dist(
-    logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0
+    logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
     probs = (logits.double() / temperature).softmax(-1)
     if min_p > 0:  # keep the test away from decisions float32 rounding could flip
@@ -164,7 +167,8 @@ def test_greedy_is_argmax_and_top_k_one_is_greedy() -> None:
 
 def test_low_precision_logits_are_accepted() -> None:
     logits = torch.randn(3, 40).to(torch.bfloat16)
-    reqs = [make_req([1], temperature=0.0), make_req([1], top_p=0.9, seed=3), make_req([1], min_p=0.2)]
+    reqs = [make_req([1], temperature=0.0), make_req([1], top_p=0.9, seed=3),
+            make_req([1], min_p=0.2)]
     out = sample(logits, args_for(reqs, 40))
     assert out.next_tokens.dtype == torch.int64
     assert out.next_tokens[0] == logits.float().argmax(-1)[0]

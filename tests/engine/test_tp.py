@@ -39,7 +39,8 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str, options: dict 
 
     torch.set_num_threads(1)
     device = f"cuda:{rank}" if TEST_DEVICE == "cuda" else "cpu"
-    cfg = EngineOptions(device=device, dtype="float32", num_pages=2048, page_size=4, **(options or {}))
+    cfg = EngineOptions(device=device, dtype="float32", num_pages=2048, page_size=4,
+                        **(options or {}))
     cfg = cfg.scheduler_config(path, ())
     engine = dataclasses.replace(cfg.engine, tp=DistributedInfo(rank, size), dist_init_addr=addr)
     return logits_and_tokens(Scheduler(dataclasses.replace(cfg, engine=engine)), prompts, GREEDY)
@@ -48,7 +49,8 @@ def run_rank(path: str, prompts, rank: int, size: int, addr: str, options: dict 
 def _rank_main(path, prompts, rank, size, addr, queue, options=None):
     import os
 
-    logits, tokens = run_rank(path, prompts, rank, size, addr, options)  # leaves the group at the end
+    # leaves the group at the end
+    logits, tokens = run_rank(path, prompts, rank, size, addr, options)
     if rank == 0:
         queue.put((logits.cpu().numpy(), tokens))
         queue.close()

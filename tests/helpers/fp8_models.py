@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-QUANTIZED = re.compile(r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$")
+QUANTIZED = re.compile(
+    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$")
 
 
 def quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

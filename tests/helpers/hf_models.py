@@ -216,7 +216,8 @@ def _canonical_randn(base_seed: int, name: str, shape) -> torch.Tensor:
     if len(shape) == 3 and name.endswith("experts.down_proj"):
         prefix = name[: -len("down_proj")]
         return torch.stack(
-            [_named_randn(base_seed, f"{prefix}{e}.down_proj.weight", shape[1:]) for e in range(shape[0])]
+            [_named_randn(base_seed, f"{prefix}{e}.down_proj.weight", shape[1:])
+             for e in range(shape[0])]
         )
     return _named_randn(base_seed, name, shape)
 
@@ -331,7 +332,8 @@ def hf_model(path: str | Path) -> torch.nn.Module:
 
 @torch.no_grad()
 def hf_prefill_logits(
-    path: str | Path, prompts: list[list[int]], dtype: torch.dtype | None = None, device: str = "cpu"
+    path: str | Path, prompts: list[list[int]], dtype: torch.dtype | None = None,
+    device: str = "cpu",
 ) -> list[torch.Tensor]:
     """Logits of every position (``[len, vocab]``, float32, on CPU) for each prompt.
 

@@ -21,8 +21,9 @@ def compile_for_hopper(tmp_path, suite: str) -> list[str]:
     """The ``CUBIN name size [griddepcontrol]`` lines, one per compiled kernel variant."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     here = os.path.dirname(os.path.abspath(__file__))
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=os.pathsep.join(
-        [os.path.join(here, "..", "..", "python"), env.get("PYTHONPATH", "")]))
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(here, "..", "..", "python"),
+                                           env.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, os.path.join(here, "hopper_compile.py"), suite],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -46,12 +47,12 @@ def _fp8_kernels():
         rotary,
     )
 
-    yield fp8_gemm._quantize_act_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", K="i32",
-        stride_x="i32", stride_q="i32", stride_sm="i32", stride_sg="i32"), dict(
+    yield fp8_gemm._quantize_act_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
+        K="i32", stride_x="i32", stride_q="i32", stride_sm="i32", stride_sg="i32"), dict(
         GATED=True, GROUP=128, GROUPS=8), 4
-    gemm_sig = dict(a_ptr="*fp8e4nv", as_ptr="*fp32", b_ptr="*fp8e4nv", bs_ptr="*fp32", c_ptr="*bf16",
-                    M="i32", N="i32", K="i32", stride_am="i32", stride_as="i32", stride_bn="i32",
-                    stride_bs="i32", stride_cm="i32")
+    gemm_sig = dict(a_ptr="*fp8e4nv", as_ptr="*fp32", b_ptr="*fp8e4nv", bs_ptr="*fp32",
+                    c_ptr="*bf16", M="i32", N="i32", K="i32", stride_am="i32", stride_as="i32",
+                    stride_bn="i32", stride_bs="i32", stride_cm="i32")
     for m in (1, 48, 200, 4096):
         cfg = fp8_gemm.pick_config(m, 4096, 4096)
         yield fp8_gemm._fp8_gemm_kernel, gemm_sig, dict(
@@ -59,9 +60,9 @@ def _fp8_kernels():
             GROUP_M=cfg.group_m, EVEN_K=True), cfg.num_warps
     for gated, k in ((False, 4096), (True, 12288), (False, 20000)):  # the last in two passes
         block, warps = fp8_quant.pick_block(k)
-        yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
-            K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated, ONE_PASS=block >= k,
-            BLOCK=block, USE_PDL=True), warps
+        yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv",
+            s_ptr="*fp32", K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated,
+            ONE_PASS=block >= k, BLOCK=block, USE_PDL=True), warps
     for gated, channel, fused, act in ((False, False, False, False), (True, False, False, False),
                                        (True, True, True, False), (False, True, True, False),
                                        (False, True, False, False), (False, True, True, True)):
@@ -107,18 +108,20 @@ def _fp8_kernels():
             stride_am="i32", stride_we="i32", stride_wn="i32", stride_om="i32", stride_se="i32",
             stride_sn="i32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
             EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128), 4
-    attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32", SeqLens="*i32")
+    attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32",
+                SeqLens="*i32")
     yield decode_attention._decode_stage1, dict(attn, Order="*i32", PartOut="*fp32",
         PartLse="*fp32", Out="*bf16",
         qk_scale="fp32", v_scale="fp32", num_splits="i32", **{s: "i32" for s in (
-            "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_pt",
-            "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
-            "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64,
-        DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True), 4
-    yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32", qk_scale="fp32",
-        v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh", "stride_kn", "stride_kh",
-        "stride_vn", "stride_vh", "stride_ot", "stride_oh", "stride_pt")}), dict(
-        GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, DOT_PREC="tf32"), 4
+            "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh",
+            "stride_pt", "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh",
+            "stride_ob", "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128,
+        BLOCK_N=64, DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True), 4
+    yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32",
+        qk_scale="fp32", v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh",
+        "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_ot", "stride_oh",
+        "stride_pt")}), dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64,
+        DOT_PREC="tf32"), 4
     yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
         cache_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16", kc_ptr="*fp8e4nv", vc_ptr="*fp8e4nv",
         loc_ptr="*i64", eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32", **{s: "i32" for s in (

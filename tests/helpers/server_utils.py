@@ -1,4 +1,5 @@
-"""Start a real minisgl server (all its processes) for a test, and take it down without leftovers."""
+"""Start a real minisgl server (all its processes) for a test, and take it down without
+leftovers."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def same_fp8(a: torch.Tensor, b: torch.Tensor) -> None:
         diff &= ~(pow2 & ((a == b / 2) | ((b.abs() == 2 ** -6) & (a == b * 7 / 8))))
         # subnormals (below 2^-6) are truncated: one step of 2^-9 toward zero
         diff &= ~((b.abs() < 2 ** -6) & ((a - b).abs() == 2 ** -9) & (a.abs() < b.abs()))
-    assert not diff.any(), f"{int(diff.sum())} e4m3 values differ, e.g. {a[diff][:4]} vs {b[diff][:4]}"
+    assert not diff.any(), (f"{int(diff.sum())} e4m3 values differ, "
+                            f"e.g. {a[diff][:4]} vs {b[diff][:4]}")
 
 
 def rand(*shape, seed=0, scale=1.0):
@@ -153,7 +154,8 @@ def test_gemv_matches_dequantized_matmul(gated, n, k):
     ref = (silu_and_mul_ref(x) if gated else x) @ dequantize_block(wq, ws, block).T + b
     out = fp8_gemv(x, wq, ws, block, b, gated, config=(4, 32, 4))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fp8_gemv(x, wq, ws, block, None, gated), ref - b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fp8_gemv(x, wq, ws, block, None, gated), ref - b,
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("gated", [False, True])
@@ -165,7 +167,8 @@ def test_gemv_per_channel_matches_dequantized_matmul(gated, n, k):
     ref = (silu_and_mul_ref(x) if gated else x) @ dequantize_channel(wq, ws).T + b
     out = fp8_gemv(x, wq, ws, None, b, gated, config=(4, 32, 4))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fp8_gemv(x, wq, ws, None, None, gated), ref - b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fp8_gemv(x, wq, ws, None, None, gated), ref - b,
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("tokens", [1, 9])
@@ -187,7 +190,8 @@ def test_fused_moe_fp8_matches_reference(tokens):
 
 
 def fp8_paged_cache(seq_lens, hkv, dim, scales, seed):
-    k, v, table, rows = paged_cache(seq_lens, hkv, dim, torch.float32, torch.Generator().manual_seed(seed))
+    k, v, table, rows = paged_cache(seq_lens, hkv, dim, torch.float32,
+                                    torch.Generator().manual_seed(seed))
     k8, v8 = quantize_kv(k * 3, scales[0]), quantize_kv(v * 3, scales[1])
     return k8, v8, k8.float() * scales[0], v8.float() * scales[1], table, rows
 
@@ -208,7 +212,8 @@ def test_attention_reads_fp8_kv(scales):
     cu = torch.tensor([0, 1, 5, 35], dtype=torch.int32, device=DEV)
     q = rand(sum(extend), hq, dim, seed=7)
     ref = dense_reference(q, k, v, table, rows, cu.tolist(), lens, dim**-0.5)
-    out = extend_attention(q, k8, v8, table, rows, cu, lens, max(extend), dim**-0.5, kv_scales=scales)
+    out = extend_attention(q, k8, v8, table, rows, cu, lens, max(extend), dim**-0.5,
+                           kv_scales=scales)
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
 
 
@@ -217,7 +222,8 @@ def test_norm_rope_store_into_fp8_cache():
     cos_sin = cos_sin_cache(RotaryConfig(dim, 10000.0, 128), DEV)
     pos = torch.tensor([0, 3, 9, 17, 100], device=DEV)
     loc = torch.tensor([2, 5, 6, 11, 0], device=DEV)
-    q, k, v = rand(tokens, hq, dim, seed=1), rand(tokens, hkv, dim, seed=2, scale=20), rand(tokens, hkv, dim, seed=3, scale=20)
+    q = rand(tokens, hq, dim, seed=1)
+    k, v = rand(tokens, hkv, dim, seed=2, scale=20), rand(tokens, hkv, dim, seed=3, scale=20)
     kc32, vc32 = torch.zeros(12, hkv, dim, device=DEV), torch.zeros(12, hkv, dim, device=DEV)
     kc8, vc8 = kc32.to(FP8), vc32.to(FP8)
     q1, k1 = q.clone(), k.clone()
@@ -412,7 +418,8 @@ def test_gpu_attention_fp8_kv_bf16():
     k8, v8, k, v, table, rows = fp8_paged_cache(seq_lens, hkv, dim, scales, seed=5)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     q = rand(len(seq_lens), hq, dim, seed=6).to(torch.bfloat16)
-    ref = dense_reference(q.float(), k, v, table, rows, list(range(len(seq_lens) + 1)), lens, dim**-0.5)
+    ref = dense_reference(q.float(), k, v, table, rows, list(range(len(seq_lens) + 1)), lens,
+                          dim**-0.5)
     out = decode_attention(q, k8, v8, table, rows, lens, dim**-0.5, 8, kv_scales=scales)
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
     cu = torch.tensor([0, 1, 101, 301], dtype=torch.int32, device=DEV)
@@ -435,7 +442,8 @@ def test_engine_fp8_kv_triton_matches_torch_backend(tmp_path):
     from minisgl.scheduler import Scheduler
 
     src = make_tiny_checkpoint("qwen3", tmp_path / "src")
-    path = make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16), kv_scales={0: (0.5, 0.25), 1: (2.0, 0.5)})
+    path = make_fp8_checkpoint(src, tmp_path / "fp8", (16, 16),
+                               kv_scales={0: (0.5, 0.25), 1: (2.0, 0.5)})
     prompts = random_prompts(3, [5, 17, 40], 256, seed=0)
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     results = []

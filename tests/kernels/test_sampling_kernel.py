@@ -283,8 +283,9 @@ def test_kernel_compiles_for_hopper(features: bool, tmp_path) -> None:
     In a subprocess: this module runs the kernel interpreted, which replaces the compiler."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "python"),
-                                           env.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([
+                   os.path.join(os.path.dirname(__file__), "..", "..", "python"),
+                   env.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", _COMPILE, "1" if features else "0"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,8 +1,8 @@
 """The Triton attention kernels and backends against dense torch references.
 
 Without a GPU the kernels run on CPU tensors under the Triton interpreter, at small sizes and in
-float32/float16 (the interpreter's bf16 ``tl.dot`` is wrong); with a GPU the same tests run compiled,
-and the ``gpu`` tests add real sizes in bf16/fp32, CUDA-graph replay and engine parity.
+float32/float16 (the interpreter's bf16 ``tl.dot`` is wrong); with a GPU the same tests run
+compiled, and the ``gpu`` tests add real sizes in bf16/fp32, CUDA-graph replay and engine parity.
 Page tables are random permutations of slots, so a kernel that assumes contiguous K/V fails.
 """
 
@@ -82,7 +82,8 @@ def test_decode_kernel(dtype, heads, dim):
     ref = dense_reference(q, k, v, table, rows, cu, lens, dim**-0.5)
     order = torch.tensor(longest_first(seq_lens), dtype=torch.int32, device=DEV)
     assert order.tolist() == [3, 2, 1, 0]
-    for splits in (1, 3, 8):  # 8 splits of 64-token chunks leave most splits of short requests empty
+    # 8 splits of 64-token chunks leave most splits of short requests empty
+    for splits in (1, 3, 8):
         out = torch.full_like(q, float("nan"))
         decode_attention(q, k, v, table, rows, lens, dim**-0.5, splits, out=out)
         torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=TOL[dtype])
@@ -130,7 +131,8 @@ def test_head_dim_not_a_power_of_two():
 
 
 class Scene:
-    """A one-layer pool with requests at given (cached, extend) lengths, pages handed out at random."""
+    """A one-layer pool with requests at given (cached, extend) lengths, pages handed out at
+    random."""
 
     def __init__(self, cached, extend, hq, hkv, dim, dtype, page_size=1, seed=0, device=DEV):
         gen = torch.Generator().manual_seed(seed)
@@ -159,7 +161,8 @@ class Scene:
         batch = Batch(list(self.reqs), phase)
         rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in self.reqs])
         pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in self.reqs])
-        batch.out_loc = self.page_table[rows.to(self.page_table.device), pos.to(self.page_table.device)]
+        dev = self.page_table.device
+        batch.out_loc = self.page_table[rows.to(dev), pos.to(dev)]
         n = len(rows)
         qkv = [torch.randn(n, h, self.dim, generator=self.gen).to(self.dtype).to(self.pool.device)
                for h in (self.hq, self.hkv, self.hkv)]
@@ -261,8 +264,10 @@ def test_registry_and_auto():
 
 
 def test_hybrid_matches_reference():
-    compare_backends(Scene([0, 7], [20, 3], 4, 2, 64, torch.float32, seed=4), "prefill", "triton,torch")
-    compare_backends(Scene([9, 30], [1, 1], 4, 2, 64, torch.float32, seed=4), "decode", "torch,triton")
+    compare_backends(Scene([0, 7], [20, 3], 4, 2, 64, torch.float32, seed=4), "prefill",
+                     "triton,torch")
+    compare_backends(Scene([9, 30], [1, 1], 4, 2, 64, torch.float32, seed=4), "decode",
+                     "torch,triton")
 
 
 def test_fa_without_flash_attention_says_what_to_install(monkeypatch):
@@ -381,8 +386,9 @@ def test_gpu_engine_parity_triton(tiny_checkpoints, graphs):
 @pytest.mark.skipif(DEV != "cpu", reason="the GPU test below covers every architecture compiled")
 @pytest.mark.parametrize("pad", [1, 8])
 def test_engine_parity_interpreted(tiny_checkpoints, pad):
-    """The whole engine with --attn triton under the interpreter: transformers' greedy tokens; with
-    ``pad``, prefill and mixed forwards carry padding tokens up to a multiple of it (on CUDA: 64)."""
+    """The whole engine with --attn triton under the interpreter: transformers' greedy tokens;
+    with ``pad``, prefill and mixed forwards carry padding tokens up to a multiple of it (on CUDA:
+    64)."""
     from helpers.hf_models import hf_greedy, random_prompts
     from minisgl import LLM
 

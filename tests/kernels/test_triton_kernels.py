@@ -1,4 +1,5 @@
-"""Triton kernels (fused MoE, add+RMSNorm, RoPE, SiLU-and-mul, small-batch matmul) against the torch references.
+"""Triton kernels (fused MoE, add+RMSNorm, RoPE, SiLU-and-mul, small-batch matmul) against the
+torch references.
 
 Without a GPU the kernels run on CPU tensors under the Triton interpreter, at small sizes and in
 float32/float16/bfloat16 (bf16 only where no ``tl.dot`` is involved: the interpreter's bf16 dot is
@@ -33,8 +34,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # one ulp of the dtype (relative): the kernels round at the same points as the references, so only
 # the fp32 reduction order and exp/rsqrt implementations differ
 ULP = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
-# the interpreter (triton 3.9) truncates fp32 -> bf16 casts instead of rounding to nearest even, so a
-# chain of k roundings can be k ulps off there; compiled kernels round like torch
+# the interpreter (triton 3.9) truncates fp32 -> bf16 casts instead of rounding to nearest even, so
+# a chain of k roundings can be k ulps off there; compiled kernels round like torch
 INTERPRETED = DEV == "cpu"
 
 
@@ -64,7 +65,8 @@ def router_routing(tokens: int, experts: int, top_k: int, seed: int):
     return weights / weights.sum(-1, keepdim=True), ids
 
 
-def moe_inputs(tokens, hidden, inter, experts, top_k, dtype, device, seed=0, routing=skewed_routing):
+def moe_inputs(tokens, hidden, inter, experts, top_k, dtype, device, seed=0,
+               routing=skewed_routing):
     g = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape):
@@ -82,7 +84,8 @@ def moe_inputs(tokens, hidden, inter, experts, top_k, dtype, device, seed=0, rou
 
 
 def moe_fp32_truth(x, w13, w2, weights, ids) -> torch.Tensor:
-    """Dense fp32 MoE: every routed (token, expert) pair computed in float32, no rounding between."""
+    """Dense fp32 MoE: every routed (token, expert) pair computed in float32, no rounding
+    between."""
     x, w13, w2, weights = x.float(), w13.float(), w2.float(), weights.float()
     h = torch.einsum("th,tkih->tki", x, w13[ids])
     gate, up = h.chunk(2, dim=-1)
@@ -202,7 +205,8 @@ def test_rope_in_place(dtype, heads):
     _, q, k, v, pos = rope_case(9, *heads, 32, dtype, DEV)
     v_before = v.clone()
     cos, sin = cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1)
-    q_ref, k_ref = _rotate(q, cos.to(dtype), sin.to(dtype)), _rotate(k, cos.to(dtype), sin.to(dtype))
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    q_ref, k_ref = _rotate(q, cos, sin), _rotate(k, cos, sin)
     apply_rope_(pos, q, k, cos_sin_cache(cfg, q.device))
     close(q, q_ref, dtype)
     close(k, k_ref, dtype)
@@ -225,7 +229,8 @@ def test_norm_rope_store(dtype, qk_norm, loc_dtype):
     loc = torch.randperm(20, generator=g)[:tokens].to(DEV, loc_dtype)
     pools = [MHAKVCache(2, n_kv, 32, 20, 1, dtype, DEV) for _ in range(2)]
     q_ref, k_ref = (rms_norm_ref(q, qw, 1e-6), rms_norm_ref(k, kw, 1e-6)) if qk_norm else (q, k)
-    cos, sin = (t.to(dtype) for t in cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1))
+    cos, sin = (t.to(dtype)
+                for t in cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1))
     q_ref, k_ref = _rotate(q_ref, cos, sin), _rotate(k_ref, cos, sin)
     pools[0].store_kv(k_ref, v, loc, layer_id=1)
     v_before = v.clone()
@@ -264,7 +269,8 @@ def test_gemv(shape, dtype, bias):
     assert y.shape == (1, n) and y.dtype == dtype
     # fp32 accumulation in another order, then one rounding to the dtype
     ref = linear_fp32(x, w, b if bias else None)
-    torch.testing.assert_close(y.float(), ref, rtol=ULP[dtype], atol=ULP[dtype] * ref.abs().max().item())
+    torch.testing.assert_close(y.float(), ref, rtol=ULP[dtype],
+                               atol=ULP[dtype] * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -356,7 +362,8 @@ def test_norm_rope_silu_real_sizes(dtype):
     wq = (1 + 0.1 * torch.randn(128, generator=g, device="cuda")).to(dtype)
     q_normed = rms_norm(q, wq, 1e-6)  # Qwen3 q norm on the strided view
     close(q_normed, rms_norm_ref(q, wq, 1e-6), dtype)
-    cos, sin = (t.to(dtype) for t in cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1))
+    cos, sin = (t.to(dtype)
+                for t in cos_sin_cache(cfg, q.device)[pos].unsqueeze(1).chunk(2, dim=-1))
     q_ref, k_ref = _rotate(q_normed, cos, sin), _rotate(k, cos, sin)
     apply_rope_(pos, q_normed, k, cos_sin_cache(cfg, q.device))
     close(q_normed, q_ref, dtype)
@@ -417,7 +424,8 @@ def test_engine_parity_qwen3_moe_triton_backend(tiny_checkpoints, monkeypatch):
         import minisgl.engine.engine as engine_mod
         from minisgl.moe import create_moe_backend
 
-        monkeypatch.setattr(engine_mod, "create_moe_backend", lambda _: create_moe_backend("triton"))
+        monkeypatch.setattr(engine_mod, "create_moe_backend",
+                            lambda _: create_moe_backend("triton"))
     llm = LLM(str(path), **options)
     from minisgl.layers.moe import MoELayer
 

@@ -73,7 +73,8 @@ def test_metadata_field_is_accepted(http, path, name, value):
     ("colour", "red", 400),
 ])
 def test_message_fields(http, key, value, status):
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", key: value}]
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Yo", key: value}]
     r = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3})
     assert r.status_code == status, r.text
     if status == 400:
@@ -82,7 +83,8 @@ def test_message_fields(http, key, value, status):
 
 def test_stream_options_fields(http):
     body = {**COMPLETION_BODY, "stream": True}
-    r = http.post("/v1/completions", json={**body, "stream_options": {"include_obfuscation": False}})
+    r = http.post("/v1/completions",
+                  json={**body, "stream_options": {"include_obfuscation": False}})
     assert r.status_code == 200
     r = http.post("/v1/completions", json={**body, "stream_options": {"include_usage": True,
                                                                        "chunk_size": 4}})

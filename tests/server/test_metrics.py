@@ -321,7 +321,8 @@ def test_dummy_model_dir_streams_text_for_every_token(tmp_path):
     from minisgl import LLM, SamplingParams
     from minisgl.utils.hf import load_tokenizer
 
-    here = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "online", "dummy_model.py")
+    here = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "online",
+                        "dummy_model.py")
     spec = importlib.util.spec_from_file_location("dummy_model", here)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -180,17 +180,21 @@ BAD_REQUESTS = [
     ("messages missing", "/v1/chat/completions", {"max_tokens": 4}, 400, "messages"),
     ("messages wrong type", "/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
     ("prompt missing", "/v1/completions", {"max_tokens": 4}, 400, "prompt"),
-    ("temperature string", "/v1/completions", {"prompt": "a", "temperature": "hot"}, 400, "temperature"),
-    ("temperature negative", "/v1/completions", {"prompt": "a", "temperature": -1}, 400, "temperature"),
+    ("temperature string", "/v1/completions", {"prompt": "a", "temperature": "hot"}, 400,
+     "temperature"),
+    ("temperature negative", "/v1/completions", {"prompt": "a", "temperature": -1}, 400,
+     "temperature"),
     ("top_p zero", "/v1/completions", {"prompt": "a", "top_p": 0}, 400, "top_p"),
     ("top_k -5", "/v1/completions", {"prompt": "a", "top_k": -5}, 400, "top_k"),
-    ("negative max_tokens", "/v1/completions", {"prompt": "a", "max_tokens": -3}, 400, "max_tokens"),
+    ("negative max_tokens", "/v1/completions", {"prompt": "a", "max_tokens": -3}, 400,
+     "max_tokens"),
     ("huge n", "/v1/completions", {"prompt": "a", "n": 100000}, 400, "n"),
     ("unknown model", "/v1/completions", {"prompt": "a", "model": "no-such-model"}, 404, "model"),
     ("token id out of vocab", "/v1/completions", {"prompt": [1, 10**9]}, 400, None),
     ("top_logprobs 50", "/v1/chat/completions",
      {"messages": CHAT, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
-    ("presence_penalty 9", "/v1/completions", {"prompt": "a", "presence_penalty": 9}, 400, "presence_penalty"),
+    ("presence_penalty 9", "/v1/completions", {"prompt": "a", "presence_penalty": 9}, 400,
+     "presence_penalty"),
     ("empty prompt", "/v1/completions", {"prompt": ""}, 400, None),
     ("over-long prompt", "/v1/completions", {"prompt": "hello " * 9000}, 400, None),
     ("unsupported field", "/v1/chat/completions", {"messages": CHAT, "prediction": {}}, 400,
@@ -210,7 +214,8 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("name, path, body, status, param", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+@pytest.mark.parametrize("name, path, body, status, param", BAD_REQUESTS,
+                         ids=[b[0] for b in BAD_REQUESTS])
 def test_bad_requests_get_openai_errors(server, name, path, body, status, param):
     if isinstance(body, dict) and "model" not in body:
         body = {**body, "model": httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]}
@@ -224,7 +229,8 @@ def test_bad_requests_get_openai_errors(server, name, path, body, status, param)
         assert error["param"] == param, error
     if name == "over-long prompt":
         assert any(ch.isdigit() for ch in error["message"])  # both lengths are given
-    ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+    ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                    timeout=30)
     assert ok.status_code == 200
 
 
@@ -328,7 +334,8 @@ def test_startup_failures_exit_with_one_line(default_model_dir, tmp_path):
     srv = start_server(default_model_dir, "--num-pages", "1024", log_dir=str(tmp_path))
     try:
         busy = subprocess.run([sys.executable, "-m", "minisgl", "--model", default_model_dir,
-                               "--port", str(srv.port)], capture_output=True, text=True, timeout=120)
+                               "--port", str(srv.port)], capture_output=True, text=True,
+                              timeout=120)
         assert busy.returncode != 0 and str(srv.port) in busy.stderr.strip().splitlines()[-1]
     finally:
         srv.stop()

@@ -37,7 +37,8 @@ SCHEMAS = [
     _object({"price": {"type": "number", "minimum": 0, "maximum": 1000},
              "note": {"type": ["string", "null"], "maxLength": 8}}),
     {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
-    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, _object({"k": {"type": "boolean"}})]},
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9},
+               _object({"k": {"type": "boolean"}})]},
 ]
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city",
@@ -221,7 +222,8 @@ def test_langchain_bind_tools_and_structured_output(server, model):
         return a * b
 
     for choice in ("multiply", "required"):
-        calls = llm.bind_tools([multiply], tool_choice=choice).invoke("What is 6 times 7?").tool_calls
+        bound = llm.bind_tools([multiply], tool_choice=choice)
+        calls = bound.invoke("What is 6 times 7?").tool_calls
         assert calls and calls[0]["name"] == "multiply"
         assert isinstance(calls[0]["args"]["a"], int) and isinstance(calls[0]["args"]["b"], int)
 

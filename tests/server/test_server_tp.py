@@ -44,7 +44,8 @@ def chat(url: str) -> dict:
 def test_tp2_server_answers_like_tp1(tiny_chat_model, tmp_path):
     texts = []
     for tp in ("1", "2"):
-        srv = start_server(tiny_chat_model, "--tp", tp, "--num-pages", "2048", log_dir=str(tmp_path))
+        srv = start_server(tiny_chat_model, "--tp", tp, "--num-pages", "2048",
+                           log_dir=str(tmp_path))
         try:
             if tp == "2":
                 assert {"scheduler", "scheduler-1"} <= set(
@@ -101,13 +102,14 @@ def test_two_nodes_serve_and_node1_death_stops_node0(tiny_chat_model, tmp_path):
 def test_watchdog_ends_a_rank_stuck_in_a_collective(tiny_chat_model, tmp_path):
     """Rank 1 frozen mid-generation: rank 0 waits in a collective until its watchdog prints its
     stacks and ends it; the request fails and /health turns 503 instead of hanging forever."""
-    srv = start_server(tiny_chat_model, "--tp", "2", "--num-pages", "2048", "--watchdog-timeout", "3",
-                       log_dir=str(tmp_path))
+    srv = start_server(tiny_chat_model, "--tp", "2", "--num-pages", "2048",
+                       "--watchdog-timeout", "3", log_dir=str(tmp_path))
     rank1 = None
     try:
         time.sleep(4)  # idle longer than the timeout: an idle server is not stuck
         assert httpx.get(f"{srv.url}/health").status_code == 200
-        rank1 = psutil.Process(httpx.get(f"{srv.url}/v1/server_info").json()["processes"]["scheduler-1"])
+        info = httpx.get(f"{srv.url}/v1/server_info").json()
+        rank1 = psutil.Process(info["processes"]["scheduler-1"])
         results: list = []
         body = {**CHAT, "max_tokens": 4000, "ignore_eos": True}
 

@@ -23,8 +23,8 @@ def test_shell_answers_resets_and_exits(default_model_dir, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TERM": "dumb",
            "MINISGL_CACHE_DIR": str(tmp_path)}
     child = pexpect.spawn(
-        sys.executable, ["-m", "minisgl", "--shell", "--model", default_model_dir, "--device", "cpu",
-                         "--num-pages", "4096", "--log-stats-interval", "0.2"],
+        sys.executable, ["-m", "minisgl", "--shell", "--model", default_model_dir,
+                         "--device", "cpu", "--num-pages", "4096", "--log-stats-interval", "0.2"],
         env=env, encoding="utf-8", timeout=180, dimensions=(40, 200),
     )
     screen = io.StringIO()

@@ -1,5 +1,6 @@
 """The grammar backend and the scheduler's GrammarManager on the default model's tokenizer, and
-constrained generation through the offline ``LLM`` (the server path is tests/test_server_tools.py)."""
+constrained generation through the offline ``LLM`` (the server path is
+tests/server/test_server_tools.py)."""
 
 from __future__ import annotations
 

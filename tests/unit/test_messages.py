@@ -30,12 +30,15 @@ from minisgl.message import (
 PARAMS = SamplingParams(temperature=0.7, top_k=5, stop=("END",), stop_token_ids=(7,), seed=3,
                         logprobs=True, top_logprobs=2, max_tokens=9)
 STATS = SchedulerStatsMsg(num_running=1, num_waiting=2, num_aborted=0, num_retractions=3,
-                          kv_used_tokens=10, kv_total_tokens=100, cache_hit_tokens=4, max_context_len=64)
+                          kv_used_tokens=10, kv_total_tokens=100, cache_hit_tokens=4,
+                          max_context_len=64)
 
 CASES = [
-    (TOKENIZER_CODEC, TokenizeMsg(uid=1, sampling_params=PARAMS, messages=[{"role": "user", "content": "é😀"}])),
+    (TOKENIZER_CODEC, TokenizeMsg(uid=1, sampling_params=PARAMS,
+                                  messages=[{"role": "user", "content": "é😀"}])),
     (TOKENIZER_CODEC, TokenizeMsg(uid=2, sampling_params=PARAMS, input_ids=[1, 2, 3])),
-    (TOKENIZER_CODEC, BatchTokenizerMsg(msgs=[AbortMsg(uid=1), TokenizeMsg(uid=3, sampling_params=PARAMS, text="x")])),
+    (TOKENIZER_CODEC, BatchTokenizerMsg(msgs=[
+        AbortMsg(uid=1), TokenizeMsg(uid=3, sampling_params=PARAMS, text="x")])),
     (BACKEND_CODEC, BatchBackendMsg(msgs=[UserMsg(uid=1, input_ids=[5], sampling_params=PARAMS),
                                           AbortBackendMsg(uid=2), ExitMsg()])),
     (DETOKENIZER_CODEC, BatchDetokenizerMsg(msgs=[

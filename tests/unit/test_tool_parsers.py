@@ -19,7 +19,8 @@ CASES = [  # parser, text, expected content, expected [(name, arguments)]
      + json.dumps(WEATHER) + '}\n</tool_call>\n<tool_call>{"arguments": {"x": 1}, "name": "f"}'
      "</tool_call>", "Let me check.\n", [("weather", json.dumps(WEATHER)), ("f", '{"x": 1}')]),
     ("hermes", "No call here, only a < sign.", "No call here, only a < sign.", []),
-    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "unfinis', "", [("f", '{"a": "unfinis')]),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "unfinis', "",
+     [("f", '{"a": "unfinis')]),
     ("hermes", "<tool_call>not json</tool_call>", "", []),
     ("llama3", '<|python_tag|>{"name": "f", "parameters": {"q": "a\\"b"}}; {"name": "g", '
      '"parameters": {}}', "", [("f", '{"q": "a\\"b"}'), ("g", "{}")]),
@@ -139,8 +140,9 @@ def test_history_for_templates_with_and_without_tools():
     assert with_argument_objects(history)[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
     plain = describe_tools(history, TOOLS)
     assert plain[0]["role"] == "system" and '"name": "g"' in plain[0]["content"]
-    assert plain[2] == {"role": "assistant",
-                        "content": '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'}
+    assert plain[2] == {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'}
     assert plain[3] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
     assert parse_tool_calls(plain[2]["content"], "hermes")[1][0]["function"]["arguments"] == \
         '{"a": 1}'

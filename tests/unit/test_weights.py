@@ -1,4 +1,5 @@
-"""Checkpoint tensors are read lazily: a tensor-parallel rank reads only its shard of each weight."""
+"""Checkpoint tensors are read lazily: a tensor-parallel rank reads only its shard of each
+weight."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def test_narrow_slice_and_cast_read_what_they_select(checkpoint):
     assert isinstance(lazy, CheckpointTensor) and lazy.shape == full.shape
     part = lazy.narrow(0, 8, 16).narrow(1, 4, 20)
     assert part.shape == (16, 20) and torch.equal(part.load(), full[8:24, 4:24])
-    assert torch.equal(lazy[100:1000].load(), full[100:])  # rows past the end are cut, as for tensors
+    # rows past the end are cut, as for tensors
+    assert torch.equal(lazy[100:1000].load(), full[100:])
     assert lazy.to(torch.bfloat16).narrow(1, 0, 3).load().dtype == torch.bfloat16
     with pytest.raises(ValueError, match="outside shape"):
         lazy.narrow(0, 120, 10)

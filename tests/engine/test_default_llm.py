@@ -23,6 +23,7 @@ CHATS = [
 NEW_TOKENS = 32
 
 
+@pytest.mark.slow
 def test_chat_greedy_matches_transformers(default_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 

@@ -152,6 +152,7 @@ def test_server_echo_and_generate(ckpt, prompts, reference, tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_tp2_prompt_logprobs(ckpt, prompts, reference):
     """Two gloo ranks: every rank scores the same rows (the vocabulary-parallel LM head gathers)."""
     if TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2:

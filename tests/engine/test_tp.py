@@ -87,6 +87,7 @@ CASES = [(arch, {}) for arch in ARCHS] + [
 
 @pytest.mark.parametrize("arch, overrides", CASES,
                          ids=[a + ("-kv1-oddvocab" if o else "") for a, o in CASES])
+@pytest.mark.slow
 def test_tp2_matches_tp1(arch, overrides, tmp_path):
     path = str(make_tiny_checkpoint(arch, tmp_path / arch, **overrides))
     vocab = overrides.get("vocab_size", 256)
@@ -101,6 +102,7 @@ def test_tp2_matches_tp1(arch, overrides, tmp_path):
 
 @pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 4, reason="needs 4 GPUs")
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
+@pytest.mark.slow
 def test_tp4_matches_tp1(arch, tiny_checkpoints):
     """Four ranks: one query head each, the two KV heads replicated, a quarter of the vocabulary."""
     path = str(tiny_checkpoints[arch])

@@ -430,6 +430,7 @@ def test_gpu_attention_fp8_kv_bf16():
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="test_fp8.py's GPU test runs the engine compiled")
+@pytest.mark.slow
 def test_engine_fp8_kv_triton_matches_torch_backend(tmp_path):
     """The engine with an FP8 KV cache and per-layer scales, --attn triton (interpreted, chunked
     prefill so the extend kernel reads a prefix) = --attn torch: both read the same e4m3 values, and

@@ -277,6 +277,7 @@ for kernel, consts, warps in cases:
 
 
 @pytest.mark.parametrize("features", [False, True])
+@pytest.mark.slow
 def test_kernel_compiles_for_hopper(features: bool, tmp_path) -> None:
     """The whole compiler pipeline for sm_90 (front end, LLVM, ptxas) runs without a GPU: it
     catches what the interpreter accepts but the compiler does not (loop-carried types, ...).

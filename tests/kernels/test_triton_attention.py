@@ -385,6 +385,7 @@ def test_gpu_engine_parity_triton(tiny_checkpoints, graphs):
 
 @pytest.mark.skipif(DEV != "cpu", reason="the GPU test below covers every architecture compiled")
 @pytest.mark.parametrize("pad", [1, 8])
+@pytest.mark.slow
 def test_engine_parity_interpreted(tiny_checkpoints, pad):
     """The whole engine with --attn triton under the interpreter: transformers' greedy tokens;
     with ``pad``, prefill and mixed forwards carry padding tokens up to a multiple of it (on CUDA:

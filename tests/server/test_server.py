@@ -234,6 +234,7 @@ def test_bad_requests_get_openai_errors(server, name, path, body, status, param)
     assert ok.status_code == 200
 
 
+@pytest.mark.slow
 def test_overload_gets_503_and_accepted_requests_finish(default_model_dir, tmp_path):
     srv = start_server(default_model_dir, "--num-pages", "4096", "--max-running-requests", "2",
                        "--max-queued-requests", "2", log_dir=str(tmp_path))
@@ -251,6 +252,7 @@ def test_overload_gets_503_and_accepted_requests_finish(default_model_dir, tmp_p
         assert srv.stop() == 0
 
 
+@pytest.mark.slow
 def test_sigterm_under_load_drains_and_leaves_nothing(default_model_dir, tmp_path):
     srv = start_server(default_model_dir, "--num-pages", "4096", "--num-tokenizer", "2",
                        "--shutdown-timeout", "20", log_dir=str(tmp_path))
@@ -295,6 +297,7 @@ class socket_closed:
         self.sock.close()
 
 
+@pytest.mark.slow
 def test_killed_scheduler_makes_server_unhealthy_and_fails_requests(default_model_dir, tmp_path):
     import psutil
 
@@ -324,6 +327,7 @@ def test_killed_scheduler_makes_server_unhealthy_and_fails_requests(default_mode
     assert not any(p.is_running() for p in srv.children() if isinstance(p, psutil.Process))
 
 
+@pytest.mark.slow
 def test_startup_failures_exit_with_one_line(default_model_dir, tmp_path):
     import subprocess
     import sys

@@ -30,6 +30,7 @@ def info(srv, **kw) -> dict:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.slow
 def test_shutdown_deadline_tells_every_client(default_model_dir, tmp_path, sig):
     """Streams still running at ``--shutdown-timeout`` end with an error event, a waiting
     non-streaming request gets a 503 with Retry-After, and the log says once how many were cut.
@@ -71,6 +72,7 @@ def test_shutdown_deadline_tells_every_client(default_model_dir, tmp_path, sig):
 
 
 @pytest.mark.parametrize("child", ["scheduler", "detokenizer"])
+@pytest.mark.slow
 def test_dead_child_drops_its_gauges_and_leaks_nothing(default_model_dir, tmp_path, child):
     srv = start_server(default_model_dir, "--num-pages", "4096", log_dir=str(tmp_path))
     try:
@@ -114,6 +116,7 @@ def test_killed_launchers_runtime_dir_is_removed_at_the_next_start(default_model
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
 
 
+@pytest.mark.slow
 def test_tls_tokenizer_and_chat_template_flags(default_model_dir, tmp_path):
     from transformers import AutoTokenizer
 

@@ -41,6 +41,7 @@ def chat(url: str) -> dict:
     return r.json()
 
 
+@pytest.mark.slow
 def test_tp2_server_answers_like_tp1(tiny_chat_model, tmp_path):
     texts = []
     for tp in ("1", "2"):
@@ -56,6 +57,7 @@ def test_tp2_server_answers_like_tp1(tiny_chat_model, tmp_path):
     assert texts[0] == texts[1] and texts[0]
 
 
+@pytest.mark.slow
 def test_two_nodes_serve_and_node1_death_stops_node0(tiny_chat_model, tmp_path):
     addr = f"127.0.0.1:{free_port()}"
     common = ["--tp", "2", "--nnodes", "2", "--dist-init-addr", addr, "--num-pages", "2048"]
@@ -99,6 +101,7 @@ def test_two_nodes_serve_and_node1_death_stops_node0(tiny_chat_model, tmp_path):
         node0.stop(signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_watchdog_ends_a_rank_stuck_in_a_collective(tiny_chat_model, tmp_path):
     """Rank 1 frozen mid-generation: rank 0 waits in a collective until its watchdog prints its
     stacks and ends it; the request fails and /health turns 503 instead of hanging forever."""

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_shell_answers_resets_and_exits(default_model_dir, tmp_path):
     """The screen shows only the conversation, even with the scheduler's stats every 0.2 s: the
     processes' logs go to the shell's log file. ``/set`` changes the sampling."""

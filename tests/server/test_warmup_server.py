@@ -5,7 +5,7 @@ import re
 
 import httpx
 import pytest
-from server_utils import start_server
+from helpers.server_utils import start_server
 
 pytestmark = pytest.mark.slow
 

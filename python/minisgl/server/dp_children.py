@@ -59,6 +59,22 @@ def router_command(config: ServerConfig, urls: list[str], metrics_port: int) -> 
     return cmd
 
 
+def _die_with_launcher() -> None:
+    """SIGTERM this process when the launcher dies, even by SIGKILL: a replica or router runs in
+    a process group of its own, which nothing else would ever stop (Linux; elsewhere a no-op)."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before the line above
+        sys.exit(1)
+
+
 def _replica_main() -> int:
     from minisgl.env import set_process_defaults
     from minisgl.server.launch import launch_server
@@ -88,6 +104,7 @@ def _router_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     role = sys.argv[1] if len(sys.argv) > 1 else ""
+    _die_with_launcher()
     if role == "replica":
         sys.exit(_replica_main())
     if role == "router":

@@ -1,7 +1,12 @@
 """Messages between the server's processes, one module (and one codec) per channel."""
 
 from .backend import (
-    BACKEND_CODEC, AbortBackendMsg, BackendMsg, BatchBackendMsg, ExitMsg, FlushCacheBackendMsg,
+    BACKEND_CODEC,
+    AbortBackendMsg,
+    BackendMsg,
+    BatchBackendMsg,
+    ExitMsg,
+    FlushCacheBackendMsg,
     UserMsg,
 )
 from .base import Codec, Msg
@@ -16,7 +21,12 @@ from .detokenizer import (
 )
 from .frontend import FRONTEND_CODEC, BatchFrontendMsg, FrontendMsg, StatsReply, UserReply
 from .tokenizer import (
-    TOKENIZER_CODEC, AbortMsg, BatchTokenizerMsg, FlushCacheMsg, TokenizeMsg, TokenizerMsg,
+    TOKENIZER_CODEC,
+    AbortMsg,
+    BatchTokenizerMsg,
+    FlushCacheMsg,
+    TokenizeMsg,
+    TokenizerMsg,
 )
 
 __all__ = [

@@ -35,6 +35,11 @@ router = APIRouter()
 # sections of SGLang's /v1/loads; minisgl reports the core one (the others are left out, which is
 # how SGLang answers for a section it has nothing to say about)
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+# the error statuses each route can answer, for the published schema (openapi.py)
+ROUTE_ERRORS: dict[str, tuple[int, ...]] = {
+    **{p: (401,) for p in ("/server_info", "/get_server_info", "/model_info", "/get_model_info")},
+    "/v1/loads": (400, 401, 503), "/get_load": (401, 503), "/flush_cache": (400, 401, 503),
+}
 
 
 @router.get("/server_info")

@@ -127,9 +127,10 @@ class DataParallelService:
         logger.info("%d replicas ready: %s", len(self.replicas),
                     " ".join(c.url for c in self.replicas))
         cmd = router_command(self.config, [c.url for c in self.replicas], metrics_port)
-        self.router = self._spawn("router", cmd, dict(os.environ))
-        self.router.url = f"{'https' if self.config.ssl_certfile else 'http'}://" \
-                          f"{self.config.host}:{self.config.port}"
+        # plain log lines where they do not go to a terminal (the router colours them otherwise)
+        env = {**os.environ, **({} if sys.stderr.isatty() else {"NO_COLOR": "1"})}
+        self.router = self._spawn("router", cmd, env)
+        self.router.url = _router_url(self.config)
         self._wait_router()
 
     def _spawn(self, name: str, cmd: list[str], env: dict, stdin: str | None = None) -> Child:
@@ -158,7 +159,7 @@ class DataParallelService:
         deadline = time.monotonic() + 120.0
         key = self.config.api_key
         while True:
-            workers = _get_json(f"{_local(self.router.url, self.config)}/workers", key)
+            workers = _get_json(f"{self.router.url}/workers", key)
             healthy = [w for w in (workers or {}).get("workers", [])
                        if w.get("is_healthy", w.get("healthy"))]
             if len(healthy) == len(self.replicas):
@@ -208,11 +209,11 @@ class DataParallelService:
             child.pump.join(2.0)
 
 
-def _local(url: str, config: ServerConfig) -> str:
+def _router_url(config: ServerConfig) -> str:
     """The router's URL as this machine reaches it (0.0.0.0 / :: are not addresses to call)."""
     scheme = "https" if config.ssl_certfile else "http"
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-    return f"{scheme}://{host}:{config.port}" if url else url
+    return f"{scheme}://{host}:{config.port}"
 
 
 def _request(url: str, key: str | None) -> urllib.request.Request:

@@ -163,3 +163,28 @@ def test_killed_replica_loses_no_request_and_sigterm_leaves_nothing(service):
     assert wait_until(lambda: "replica dp0" in service.log() and "exited" in service.log())
     assert service.stop(signal.SIGTERM, timeout=120) == 0
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_children_die_with_a_killed_launcher(tmp_path):
+    """A replica or router sits in a session of its own, which a launcher killed with SIGKILL
+    could never stop: each asks the kernel for SIGTERM when its parent dies."""
+    import subprocess
+    import sys
+
+    child = ("from minisgl.server.dp_children import _die_with_launcher; import time; "
+             "_die_with_launcher(); time.sleep(60)")
+    parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+              f"{child!r}], start_new_session=True); print(p.pid, flush=True); time.sleep(60)")
+    launcher = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    grandchild = psutil.Process(int(launcher.stdout.readline()))
+    assert grandchild.is_running()
+    launcher.kill()
+    launcher.wait()
+
+    def gone() -> bool:
+        try:
+            return grandchild.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert wait_until(gone, timeout=10)

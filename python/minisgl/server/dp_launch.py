@@ -79,6 +79,9 @@ def gpu_slices(config: ServerConfig) -> list[str | None]:
     device = config.engine.device
     if device == "cpu":
         return [None] * config.dp
+    if device.startswith("cuda:"):
+        raise LaunchError("device: with --dp give --device cuda; CUDA_VISIBLE_DEVICES picks the "
+                          "GPUs, which the replicas share out in groups of --tp")
     import torch
 
     if not torch.cuda.is_available():

@@ -42,6 +42,13 @@ class RequestErrorMsg(BaseDetokenizerMsg):
     status: int = 400
 
 
+class CacheFlushedMsg(BaseDetokenizerMsg):
+    """The prefix cache of every rank is empty (the answer to ``FlushCacheBackendMsg``)."""
+
+    uid: int
+    freed_tokens: int
+
+
 class SchedulerStatsMsg(BaseDetokenizerMsg):
     num_running: int
     num_waiting: int
@@ -55,8 +62,10 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
 
 
 class BatchDetokenizerMsg(BaseDetokenizerMsg):
-    msgs: list[Union[DetokenizeMsg, RequestErrorMsg, SchedulerStatsMsg]]
+    msgs: list[Union[DetokenizeMsg, RequestErrorMsg, CacheFlushedMsg, SchedulerStatsMsg]]
 
 
-DetokenizerMsg = Union[DetokenizeMsg, RequestErrorMsg, SchedulerStatsMsg, BatchDetokenizerMsg]
+DetokenizerMsg = Union[
+    DetokenizeMsg, RequestErrorMsg, CacheFlushedMsg, SchedulerStatsMsg, BatchDetokenizerMsg
+]
 DETOKENIZER_CODEC: Codec[DetokenizerMsg] = Codec(DetokenizerMsg)

@@ -23,8 +23,10 @@ from minisgl.message import (
     BackendMsg,
     BatchBackendMsg,
     BatchDetokenizerMsg,
+    CacheFlushedMsg,
     DetokenizeMsg,
     ExitMsg,
+    FlushCacheBackendMsg,
     RequestErrorMsg,
     SchedulerStatsMsg,
     UserMsg,
@@ -150,8 +152,21 @@ class SchedulerIO:
         elif isinstance(msg, AbortBackendMsg):
             self.num_aborted += self.scheduler.abort(msg.uid)
             self.first_forwards.forget(msg.uid)
+        elif isinstance(msg, FlushCacheBackendMsg):
+            self._flush_cache(msg.uid)
         elif isinstance(msg, ExitMsg):
             self.stop()
+
+    def _flush_cache(self, uid: int) -> None:
+        """Every rank gets the same message after the same step, so all of them flush or none."""
+        s = self.scheduler
+        if s.has_work:
+            busy = f"{len(s.reqs)} requests are running or waiting"
+            self.outbox.put(RequestErrorMsg(uid=uid, message=f"cache not flushed: {busy}"))
+            return
+        freed = s.cache.flush_prefix_cache()
+        logger.info("prefix cache flushed (%d tokens)", freed)
+        self.outbox.put(CacheFlushedMsg(uid=uid, freed_tokens=freed))
 
     def _send(self, outputs: list[TokenOutput]) -> None:
         if not outputs:
@@ -227,6 +242,7 @@ def run_scheduler_process(
     except Exception as e:  # report any start-up failure in one line
         ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))
         return
-    ready.send(("ok", {"max_context_len": scheduler.max_context_len}))
+    ready.send(("ok", {"max_context_len": scheduler.max_context_len,
+                       "max_total_num_tokens": scheduler.cache.num_tokens}))
     freeze_heap()
     io.run()

@@ -29,6 +29,7 @@ from minisgl.server.reasoning import (
     ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
 )
 from minisgl.server.call import respond
+from minisgl.server.fields import ROUTER_NO_MODEL
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
@@ -44,6 +45,7 @@ from minisgl.server.request_context import (
     authorize, check_model, frontend_for, read_json, server_config, start_call, tool_parser,
 )
 from minisgl.server.validation import check_limits
+from minisgl.server import worker_contract
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
@@ -161,7 +163,7 @@ async def completions(request: Request) -> Response:
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await read_json(request))
-    check_model(request, req.model)
+    check_model(request, None if req.model == ROUTER_NO_MODEL else req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
     params = check_limits(req.params(), "sampling_params.")
     if params.grammar is not None:
@@ -297,5 +299,6 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
                            allow_methods=["*"], allow_headers=["*"])
     _install_error_handlers(app)
     app.include_router(router)
+    app.include_router(worker_contract.router)
     install_openapi(app, bearer=config.api_key is not None)
     return app

@@ -53,6 +53,8 @@ class ServerConfig:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None  # None: a free local port (one node only)
+    dp: int = 1
+    router_policy: str = "cache_aware"
     num_tokenizer: int = 0
     max_queued_requests: int = 1024
     api_key: str | None = None
@@ -90,6 +92,7 @@ class ServerConfig:
             raise ValueError("dist_init_addr: required with nnodes > 1 (host:port of node 0)")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
+        check_dp(self)
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ValueError("ssl_keyfile: give both ssl_keyfile and ssl_certfile, or neither")
         if self.log_level is not None and self.log_level.upper() not in LOG_LEVELS:
@@ -107,6 +110,24 @@ class ServerConfig:
         return self.model.rstrip("/")
 
 
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load", "prefix_hash",
+                   "random")
+
+
+def check_dp(config: ServerConfig) -> None:
+    """Data parallelism runs whole servers behind a router, on one machine."""
+    if config.dp < 1:
+        raise ValueError(f"dp: must be >= 1, got {config.dp}")
+    if config.router_policy not in ROUTER_POLICIES:
+        raise ValueError(f"router_policy: must be one of {', '.join(ROUTER_POLICIES)}, "
+                         f"got {config.router_policy!r}")
+    if config.dp > 1 and config.nnodes > 1:
+        raise ValueError("dp: --dp starts replicas on this machine only; across machines, start "
+                         "one server per replica and the router by hand (docs/deployment.md)")
+    if config.dp > 1 and config.shell:
+        raise ValueError("dp: the terminal chat (--shell) runs one replica")
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 _HELP = {
@@ -122,6 +143,11 @@ _HELP = {
     "node_rank": "this machine's index; node 0 serves HTTP, the others only run scheduler ranks",
     "dist_init_addr": "host:port of the TP group's rendezvous on node 0, the same on every node "
                       "(default: a free local port; required with --nnodes > 1)",
+    "dp": "data-parallel replicas: whole servers (--tp GPUs each) behind SGLang Model Gateway "
+          "on --host:--port, replica i on 127.0.0.1:--port+1+i (needs minisgl[router])",
+    "router_policy": "--dp: how the router picks a replica: "
+                     f"{', '.join(ROUTER_POLICIES)} (default: cache_aware, the replica whose "
+                     "cache holds the longest prefix unless it is much busier)",
     "num_tokenizer": "extra tokenizer processes (0: the detokenizer process also tokenizes)",
     "max_queued_requests": "requests allowed to wait beyond the running ones; more get HTTP 503",
     "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise); prefer the "

@@ -29,8 +29,11 @@ from minisgl.message import (
     BatchDetokenizerMsg,
     BatchFrontendMsg,
     BatchTokenizerMsg,
+    CacheFlushedMsg,
     DetokenizeMsg,
     DetokenizerMsg,
+    FlushCacheBackendMsg,
+    FlushCacheMsg,
     FrontendMsg,
     RequestErrorMsg,
     StatsReply,
@@ -174,6 +177,9 @@ class _TokenizeRole:
             if isinstance(msg, AbortMsg):
                 back.append(AbortBackendMsg(uid=msg.uid))
                 continue
+            if isinstance(msg, FlushCacheMsg):
+                back.append(FlushCacheBackendMsg(uid=msg.uid))
+                continue
             param = "messages" if msg.messages is not None else "prompt"
             try:
                 ids = self.manager.tokenize(msg)
@@ -210,6 +216,8 @@ class _DetokenizeRole:
                 others.append(UserReply(
                     uid=msg.uid, error=msg.message, error_param=msg.param, status=msg.status
                 ))
+            elif isinstance(msg, CacheFlushedMsg):
+                others.append(UserReply(uid=msg.uid, finish_reason="stop"))
             else:
                 others.append(StatsReply(stats=msg))
         self._forget_idle()

@@ -35,7 +35,8 @@ from minisgl.server.openapi import install_openapi
 from minisgl.server import structured
 from minisgl.server.tools import ChatTools, tool_delta, tool_message
 from minisgl.server.protocol import (
-    ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest, error_body, parse,
+    ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest, error_body, param_path,
+    parse,
 )
 from minisgl.server.responses import (
     ChoiceState, TokenTexts, chat_logprobs, chunker, completion_logprobs, finite, response, usage,
@@ -240,7 +241,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         err = (e.errors() or [{}])[0]
-        param = ".".join(str(p) for p in err.get("loc", ())) or None
+        param = param_path(err.get("loc", ()))
         message = f"{param}: {err.get('msg', 'invalid request')}"
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 

@@ -38,14 +38,24 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def param_path(loc: Any) -> str | None:
+    """A field's location as clients spell it: ``messages[0].content`` (None for the body)."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or None
+
+
 def parse(model: type[M], data: Any) -> M:
     """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
     try:
         parsed = model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        param = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]) or None
+        param = param_path(err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg = "must be an object"  # not pydantic's "... or instance of ToolCall"
         raise ApiError(400, f"{param}: {msg}" if param else msg, param) from None
     if (ignored := check_fields(model, data)) is not None:
         raise ApiError(400, ignored[1], ignored[0])
@@ -121,10 +131,29 @@ class _SamplingFields(_Strict):
             raise ApiError(400, str(e), param) from None
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends JSON text; an object is accepted too
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message of the history (its shape is checked: the chat template
+    reads it, and a wrong one would fail there as a server error)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod

@@ -135,7 +135,8 @@ class SchedulerIO:
                 req = self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
                 self.first_forwards.add(req)
             except ValueError as e:
-                param = str(e).split(":", 1)[0] if ":" in str(e) else None
+                param = getattr(e, "param", None) or (
+                    str(e).split(":", 1)[0] if ":" in str(e) else None)
                 self.outbox.put(RequestErrorMsg(uid=msg.uid, message=str(e), param=param))
         elif isinstance(msg, AbortBackendMsg):
             self.num_aborted += self.scheduler.abort(msg.uid)

@@ -68,6 +68,7 @@ class ServerConfig:
     shell: bool = False
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
+    clamp_max_tokens: bool = False
 
     def __post_init__(self) -> None:
         from minisgl.server.tools import check_parser
@@ -145,6 +146,8 @@ _HELP = {
                         "inside the reasoning)",
     "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
                         "hermes, llama3, mistral or json",
+    "clamp_max_tokens": "cut a request's max_tokens to what the context leaves after its prompt "
+                        "(default: a prompt plus max_tokens beyond the context is a 400)",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
     "quantization": "fp8: quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3, one scale per "

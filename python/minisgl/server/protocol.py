@@ -108,10 +108,11 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, top_logprobs: int | None, choice: int,
-                        extra: dict | None = None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, default_max: int, top_logprobs: int | None,
+                        choice: int, extra: dict | None = None) -> SamplingParams:
         """The engine's parameters of choice ``choice`` (seeded ``seed + choice``); ``extra``:
-        more ``SamplingParams`` fields (the grammar)."""
+        more ``SamplingParams`` fields (the grammar). Without ``max_tokens`` the request gets
+        ``default_max``, cut to what the context leaves (a given one must fit)."""
         given = {
             name: getattr(self, name)
             for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -125,7 +126,8 @@ class _SamplingFields(_Strict):
         if top_logprobs is not None:
             given.update(logprobs=True, top_logprobs=top_logprobs)
         try:
-            return SamplingParams(max_tokens=max_tokens, **given)
+            return SamplingParams(max_tokens=_first(max_tokens, default_max),
+                                  clamp_max_tokens=max_tokens is None, **given)
         except ValueError as e:
             param = str(e).split(":", 1)[0]
             raise ApiError(400, str(e), param) from None
@@ -208,8 +210,8 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs")
         top = (self.top_logprobs or 0) if self.logprobs else None
-        max_tokens = _first(self.max_completion_tokens, self.max_tokens, 1024)
-        return self.sampling_params(max_tokens, top, choice, extra)
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        return self.sampling_params(max_tokens, 1024, top, choice, extra)
 
 
 class CompletionRequest(_SamplingFields):
@@ -241,7 +243,7 @@ class CompletionRequest(_SamplingFields):
     def params(self, choice: int, extra: dict | None = None) -> SamplingParams:
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise ApiError(400, "best_of: only best_of == n is supported", "best_of")
-        params = self.sampling_params(_first(self.max_tokens, 16), self.logprobs, choice, extra)
+        params = self.sampling_params(self.max_tokens, 16, self.logprobs, choice, extra)
         if self.echo and self.logprobs is not None:  # the prompt's log-probs go before the output's
             params = dataclasses.replace(params, prompt_logprobs=True)
         return params
@@ -264,6 +266,8 @@ class GenerateRequest(_Strict):
         if (self.text is None) == (self.input_ids is None):
             raise ApiError(400, "text: give exactly one of text and input_ids", "text")
         given = dict(self.sampling_params)
+        if "max_tokens" not in given and "max_new_tokens" not in given:
+            given.setdefault("clamp_max_tokens", True)  # the default is cut to the context
         given.setdefault("max_tokens", given.pop("max_new_tokens", 128))
         for name in ("logprob_start_len", "top_logprobs_num"):
             if name in self.model_fields_set and not self.return_logprob:

@@ -70,6 +70,9 @@ class SchedulerIO:
         self.outbox = (ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
                        if self.primary else _NoOutbox())
         self.running = True
+        # readiness: the API's /health_generate answers 503 until a stats message says ready. A
+        # warm-up inside the loop sets this False first; one before run() delays the first stats
+        self.ready = True
         self.num_aborted = 0
         self._last_stats = 0.0
         self.first_forwards = FirstForwards()
@@ -186,6 +189,7 @@ class SchedulerIO:
             kv_total_tokens=cache.num_tokens,
             cache_hit_tokens=cache.num_hit_tokens,
             max_context_len=s.max_context_len,
+            ready=self.ready,
         )
 
 

@@ -30,6 +30,7 @@ from minisgl.server.reasoning import (
 )
 from minisgl.server.call import respond
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.health import router as health_router
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
 from minisgl.server import structured
@@ -42,7 +43,7 @@ from minisgl.server.responses import (
     ChoiceState, TokenTexts, chat_logprobs, chunker, completion_logprobs, finite, response, usage,
 )
 from minisgl.server.request_context import (
-    authorize, check_model, frontend_for, read_json, server_config, start_call, tool_parser,
+    authorize, check_model, read_json, server_config, start_call, tool_parser,
 )
 from minisgl.server.validation import check_limits
 from minisgl.utils import init_logger
@@ -201,12 +202,6 @@ async def models(request: Request) -> dict:
     return {"object": "list", "data": [card]}
 
 
-@router.get("/health")
-async def health(request: Request) -> Response:
-    frontend_for(request)
-    return JSONResponse({"status": "ok"})
-
-
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Prometheus text format; open like ``/health`` (a scraper carries no API key)."""
@@ -282,6 +277,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
 
     app = FastAPI(title="minisgl", lifespan=lifespan, redoc_url=None)
     app.state.config, app.state.frontend = config, None
+    app.state.draining = False  # set when shutdown starts (http_server): readiness turns 503
     app.state.frontend_created = threading.Event()
     app.state.model_path = model_path or config.model
     app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
@@ -295,5 +291,6 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
                            allow_methods=["*"], allow_headers=["*"])
     _install_error_handlers(app)
     app.include_router(router)
+    app.include_router(health_router)
     install_openapi(app, bearer=config.api_key is not None)
     return app

@@ -98,6 +98,11 @@ class _SamplingFields(_Strict):
     response_format: Any = None
     regex: str | None = None
     ebnf: str | None = None
+    # vLLM's spellings of the same constraints
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod

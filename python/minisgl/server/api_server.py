@@ -29,6 +29,7 @@ from minisgl.server.reasoning import (
     ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
 )
 from minisgl.server.call import respond
+from minisgl.server.docs import install_docs
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.health import router as health_router
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
@@ -275,7 +276,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
         finally:
             await app.state.frontend.close()
 
-    app = FastAPI(title="minisgl", lifespan=lifespan, redoc_url=None)
+    app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config, app.state.frontend = config, None
     app.state.draining = False  # set when shutdown starts (http_server): readiness turns 503
     app.state.frontend_created = threading.Event()
@@ -293,4 +294,5 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.include_router(router)
     app.include_router(health_router)
     install_openapi(app, bearer=config.api_key is not None)
+    install_docs(app)
     return app

@@ -37,11 +37,13 @@ def _stats(ready: bool) -> StatsReply:
 
 
 @contextlib.contextmanager
-def fake_stack():
+def fake_stack(model: str = "/models/fake/", **options):
+    """The real app on a real socket, the fake worker behind it, and a socket to send the
+    scheduler's messages from: ``(url, app, config, scheduler, worker)``."""
     runtime = make_runtime_dir()
     addrs = ServerAddrs.create(runtime)
-    config = ServerConfig(model="/models/fake/", served_model_name="fake", api_key="key",
-                          port=free_port(), engine=EngineOptions(device="cpu"))
+    config = ServerConfig(model=model, served_model_name="fake", api_key="key",
+                          port=free_port(), engine=EngineOptions(device="cpu"), **options)
     app = create_app(config, lambda: FrontendManager(addrs), server_info={"processes": {}})
     http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
                                          log_level="warning"))

@@ -31,6 +31,9 @@ from minisgl.server.reasoning import (
 from minisgl.server.call import respond
 from minisgl.server.docs import install_docs
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.generation_defaults import (
+    apply_defaults, apply_to_dict, load_sampling_defaults, log_defaults,
+)
 from minisgl.server.health import router as health_router
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
@@ -57,7 +60,8 @@ RETRY_AFTER_S = 1
 # ------------------------------------------------------------------------------ endpoints
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    req = parse(ChatCompletionRequest, await read_json(request))
+    req = apply_defaults(parse(ChatCompletionRequest, await read_json(request)),
+                         request.app.state.sampling_defaults)
     model = check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
     kwargs = req.chat_template_kwargs
@@ -116,7 +120,8 @@ async def chat_completions(request: Request) -> Response:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    req = parse(CompletionRequest, await read_json(request))
+    req = apply_defaults(parse(CompletionRequest, await read_json(request)),
+                         request.app.state.sampling_defaults)
     model = check_model(request, req.model)
     n = req.n or 1
     grammar = structured.requested_grammar(req)
@@ -164,6 +169,7 @@ async def completions(request: Request) -> Response:
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await read_json(request))
+    req.sampling_params = apply_to_dict(req.sampling_params, request.app.state.sampling_defaults)
     check_model(request, req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
     params = check_limits(req.params(), "sampling_params.")
@@ -195,7 +201,8 @@ async def models(request: Request) -> dict:
     authorize(request)
     state, frontend = request.app.state, request.app.state.frontend
     card = {"id": state.config.model_name, "object": "model", "created": state.created,
-            "owned_by": "minisgl", "root": state.model_path}
+            "owned_by": "minisgl", "root": state.model_path,
+            "sampling_defaults": state.sampling_defaults}
     if frontend is not None and frontend.stats is not None:
         card["max_model_len"] = frontend.stats.max_context_len
     elif "max_context_len" in state.server_info:
@@ -284,6 +291,9 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
     app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.created = int(time.time())
+    app.state.sampling_defaults = load_sampling_defaults(config.generation_config,
+                                                         app.state.model_path)
+    log_defaults(app.state.sampling_defaults)
     app.state.server_info = dict(server_info or {})
     app.state.metrics = ServerMetrics(lambda: app.state.frontend and app.state.frontend.stats)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

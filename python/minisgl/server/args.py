@@ -75,8 +75,10 @@ class ServerConfig:
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
     clamp_max_tokens: bool = False
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
+        from minisgl.server.generation_defaults import check_choice
         from minisgl.server.tools import check_parser
 
         from .reasoning import PARSERS
@@ -85,6 +87,7 @@ class ServerConfig:
             raise ValueError(f"reasoning_parser: must be one of {', '.join(PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
         check_parser(self.tool_call_parser)
+        check_choice(self.generation_config)
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
         if not self.shutdown_timeout >= 0:
@@ -156,6 +159,9 @@ _HELP = {
                         "hermes, llama3, mistral or json",
     "clamp_max_tokens": "cut a request's max_tokens to what the context leaves after its prompt "
                         "(default: a prompt plus max_tokens beyond the context is a 400)",
+    "generation_config": "sampling defaults for requests that omit them: auto (the model's "
+                         "generation_config.json, as vLLM), none (temperature 1, no top-p/top-k) "
+                         "or a directory holding a generation_config.json",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16 (also: half, fp16, bf16, float, fp32)",
     "quantization": "fp8: quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3, one scale per "

@@ -58,7 +58,7 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     kv_total_tokens: int
     cache_hit_tokens: int
     max_context_len: int
-    ready: bool = True  # the warm-up is done: readiness routes answer 200
+    ready: bool = True  # False while the scheduler warms up: readiness (/health_generate) waits
 
 
 class BatchDetokenizerMsg(BaseDetokenizerMsg):

@@ -4,6 +4,7 @@ the JSON body (size limit, strict JSON, encodable text), the model name, admissi
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 from typing import Any
@@ -108,6 +109,8 @@ async def start_call(request: Request, specs: list[tuple[dict, SamplingParams, i
     """Submit one backend request per (prompt fields, params, prompt index). ``rid`` and (with
     ``--log-requests``) ``prompt`` go into the request's log line."""
     frontend = frontend_for(request, len(specs))
+    if server_config(request).clamp_max_tokens:
+        specs = [(f, dataclasses.replace(p, clamp_max_tokens=True), k) for f, p, k in specs]
     msgs = [TokenizeMsg(uid=frontend.new_uid(), sampling_params=p, **fields)
             for fields, p, _ in specs]
     states = [ChoiceState(m.uid, i, spec[2]) for i, (m, spec) in enumerate(zip(msgs, specs))]

@@ -54,7 +54,11 @@ RETRY_AFTER_S = 1
 # ------------------------------------------------------------------------------ endpoints
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    req = parse(ChatCompletionRequest, await read_json(request))
+    return await run_chat(request, parse(ChatCompletionRequest, await read_json(request)))
+
+
+async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
+    """One parsed chat request, whole or streamed; the agent APIs (``agents/``) translate onto it."""
     model = check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
     kwargs = req.chat_template_kwargs
@@ -294,5 +298,8 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
                            allow_methods=["*"], allow_headers=["*"])
     _install_error_handlers(app)
     app.include_router(router)
+    from minisgl.server.agents import router as agent_router  # it imports run_chat from here
+
+    app.include_router(agent_router)
     install_openapi(app, bearer=config.api_key is not None)
     return app

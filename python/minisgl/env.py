@@ -47,6 +47,11 @@ FP8_GEMM = EnvVar("MINISGL_FP8_GEMM", "channel", "block: --quantization fp8 quan
                   "into 128x128 blocks and runs the block-scaled Triton GEMM (the FP8 checkpoints' "
                   "format) instead of per-channel scales and torch._scaled_mm (for ablations)")
 
+ALLOW_LONG_MAX_MODEL_LEN = EnvVar(
+    "MINISGL_ALLOW_LONG_MAX_MODEL_LEN", "0", "1: --max-model-len may exceed the model's "
+    "max_position_embeddings (positions the model was not trained on: its output may degrade); "
+    "without it such a length is an error")
+
 
 def set_process_defaults() -> None:
     """Settings of third-party libraries that minisgl's processes want unless the user chose:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from server_utils import start_server
 
 API_KEY = "agent-test-key"

@@ -14,6 +14,7 @@ WEATHER = {"name": "get_weather", "description": "The weather of a city",
                                                                       "maxLength": 16}},
                             "required": ["city"], "additionalProperties": False}}
 HI = [{"role": "user", "content": "Say hi."}]
+GREEDY = {"temperature": 0}  # the SDK no longer has the sampling arguments
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def model(agent_server):
 
 
 def test_create_text_and_usage(client, model):
-    m = client.messages.create(model=model, max_tokens=12, messages=HI, temperature=0,
+    m = client.messages.create(model=model, max_tokens=12, messages=HI, extra_body=GREEDY,
                                system=[{"type": "text", "text": "You are terse.",
                                         "cache_control": {"type": "ephemeral"}}],
                                metadata={"user_id": "u1"})
@@ -41,14 +42,14 @@ def test_create_text_and_usage(client, model):
 
 def test_stream_matches_whole_message(client, model):
     kinds = []
-    with client.messages.stream(model=model, max_tokens=16, messages=HI, temperature=0) as s:
+    with client.messages.stream(model=model, max_tokens=16, messages=HI, extra_body=GREEDY) as s:
         for event in s:
             kinds.append(event.type)
         final = s.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert "content_block_start" in kinds and "content_block_stop" in kinds
     assert "message_delta" in kinds
-    whole = client.messages.create(model=model, max_tokens=16, messages=HI, temperature=0)
+    whole = client.messages.create(model=model, max_tokens=16, messages=HI, extra_body=GREEDY)
     assert final.content[0].text == whole.content[0].text
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens > 0
 
@@ -89,10 +90,10 @@ def test_streamed_tool_use_input_json(client, model):
 
 
 def test_stop_sequence_is_reported(client, model):
-    free = client.messages.create(model=model, max_tokens=24, messages=HI, temperature=0)
+    free = client.messages.create(model=model, max_tokens=24, messages=HI, extra_body=GREEDY)
     text = free.content[0].text
     stop = text.strip()[len(text.strip()) // 2:][:3]
-    m = client.messages.create(model=model, max_tokens=24, messages=HI, temperature=0,
+    m = client.messages.create(model=model, max_tokens=24, messages=HI, extra_body=GREEDY,
                                stop_sequences=["@@@", stop])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
     assert stop not in m.content[0].text and text.startswith(m.content[0].text)
@@ -116,7 +117,7 @@ def test_billing_header_nonce_does_not_break_the_prefix_cache(client, model):
 def test_thinking_and_effort_are_accepted(client, model):
     m = client.messages.create(model=model, max_tokens=8, messages=HI,
                                thinking={"type": "enabled", "budget_tokens": 1024},
-                               extra_body={"output_config": {"effort": "high"}})
+                               output_config={"effort": "high"})
     assert m.content
 
 

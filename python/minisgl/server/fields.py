@@ -32,7 +32,8 @@ METADATA: dict[str, frozenset[str]] = {
     "ResponsesRequest": frozenset(_METADATA_COMMON | {"client_metadata",
                                                       "prompt_cache_retention"}),
     "CountTokensRequest": frozenset({"cache_control"}),
-    "MessagesRequest": frozenset({"cache_control", "service_tier"}),
+    "MessagesRequest": frozenset({"cache_control", "service_tier", "inference_geo", "speed",
+                                  "user_profile_id", "workspace_id"}),
 }
 
 _COMMON_UNSUPPORTED = {

@@ -22,7 +22,12 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.server.agents.anthropic_stream import MessageBuilder
 from minisgl.server.agents.chat_bridge import (
-    AgentStream, StreamFailed, matched_stop, reasoning_kwargs, start_chat, strip_billing_header,
+    AgentStream,
+    StreamFailed,
+    matched_stop,
+    reasoning_kwargs,
+    start_chat,
+    strip_billing_header,
 )
 from minisgl.server.protocol import ApiError, parse
 from minisgl.server.request_context import check_model, read_json

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import Request
 from starlette.responses import StreamingResponse
 
 from minisgl.message import UserReply
-
 from minisgl.server.protocol import ApiError, ChatCompletionRequest, parse
 from minisgl.server.responses import ChoiceState
 

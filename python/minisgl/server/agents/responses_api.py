@@ -18,7 +18,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from minisgl.server.agents.chat_bridge import (
-    AgentStream, StreamFailed, count_tokens_of, reasoning_kwargs, start_chat, strip_billing_header,
+    AgentStream,
+    StreamFailed,
+    count_tokens_of,
+    reasoning_kwargs,
+    start_chat,
+    strip_billing_header,
 )
 from minisgl.server.agents.responses_store import ResponseStore, Stored
 from minisgl.server.agents.responses_stream import ResponseBuilder, _id

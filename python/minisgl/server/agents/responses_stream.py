@@ -9,8 +9,8 @@ so the streamed and the whole answer cannot disagree.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from copy import deepcopy
-from typing import Callable
 
 
 def _id(prefix: str) -> str:

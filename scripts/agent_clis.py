@@ -78,7 +78,7 @@ def _run(name: str, cmd: list[str], env: dict, timeout: float, cwd: str) -> dict
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired as e:
         return {"client": name, "rc": None, "error": f"timed out after {timeout} s",
                 "stderr_tail": (e.stderr or b"")[-2000:].decode(errors="replace")

@@ -15,7 +15,6 @@ from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.layers.base import restore_param_dtypes
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
-from minisgl.engine.window import window
 from minisgl.quant.loading import load_model_config, set_kv_scales
 from .batch import prepare_batch
 from minisgl.utils import init_logger
@@ -23,6 +22,7 @@ from minisgl.utils import init_logger
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .sample import BatchSamplingArgs, SampleOutput, SamplingState, sample
+from .window import window
 
 logger = init_logger(__name__)
 

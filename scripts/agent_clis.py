@@ -26,6 +26,7 @@ import time
 
 import httpx
 
+PACKAGES = {"codex": "@openai/codex", "claude": "@anthropic-ai/claude-code"}
 PROMPT = "Reply with one short sentence saying hello."
 CODEX_CONFIG = """\
 model = "{model}"

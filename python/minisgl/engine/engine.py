@@ -22,6 +22,7 @@ from minisgl.utils import init_logger
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
+from .window import window
 
 logger = init_logger(__name__)
 
@@ -65,10 +66,10 @@ class Engine:
             comm = (init_distributed(config.tp, config.dist_init_addr, self.device)
                     if config.tp.size > 1 else DistributedCommunicator(config.tp))
         self.comm = comm
-        self.model_config = mc = load_model_config(config, self.device)
+        self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
         self.local_kv_heads = self.model.layers[0].self_attn.qkv_proj.local_kv
-        self.max_seq_len = min(config.max_seq_len or mc.max_position, mc.max_position)
+        self.max_seq_len = config.max_seq_len or mc.max_position
         self.dummy_row = config.max_running_reqs
         table_shape = (config.max_running_reqs + 1, self.max_seq_len)
         self.page_table = torch.zeros(table_shape, dtype=torch.int32, device=self.device)

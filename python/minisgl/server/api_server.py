@@ -30,6 +30,7 @@ from minisgl.server.reasoning import (
 )
 from minisgl.server.call import respond
 from minisgl.server.fields import ROUTER_NO_MODEL
+from minisgl.server.agents import router as agent_router
 from minisgl.server.docs import install_docs
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.generation_defaults import (
@@ -62,8 +63,12 @@ RETRY_AFTER_S = 1
 # ------------------------------------------------------------------------------ endpoints
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    req = apply_defaults(parse(ChatCompletionRequest, await read_json(request)),
-                         request.app.state.sampling_defaults)
+    return await run_chat(request, parse(ChatCompletionRequest, await read_json(request)))
+
+
+async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
+    """One parsed chat request, whole or streamed; the agent APIs (``agents/``) translate onto it."""
+    req = apply_defaults(req, request.app.state.sampling_defaults)
     model = check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
     kwargs = req.chat_template_kwargs
@@ -307,6 +312,8 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.include_router(router)
     app.include_router(worker_contract.router)
     app.include_router(health_router)
+    app.state.run_chat = run_chat  # the agent APIs translate onto it
+    app.include_router(agent_router)
     install_openapi(app, bearer=config.api_key is not None)
     install_docs(app)
     return app

@@ -33,6 +33,12 @@ METADATA: dict[str, frozenset[str]] = {
     "ChatCompletionRequest": frozenset(_METADATA_COMMON),
     "CompletionRequest": frozenset(_METADATA_COMMON),
     "GenerateRequest": frozenset({"rid"}),
+    # agents' APIs (server/agents/): Codex sends its session ids in client_metadata
+    "ResponsesRequest": frozenset(_METADATA_COMMON | {"client_metadata",
+                                                      "prompt_cache_retention"}),
+    "CountTokensRequest": frozenset({"cache_control"}),
+    "MessagesRequest": frozenset({"cache_control", "service_tier", "inference_geo", "speed",
+                                  "user_profile_id", "workspace_id"}),
 }
 
 # what the routers re-send on their own, with the value that changes nothing here: special tokens
@@ -70,6 +76,16 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     "CompletionRequest": {
         **_COMMON_UNSUPPORTED,
         "suffix": "suffix (fill in the middle) is not supported",
+    },
+    "ResponsesRequest": {
+        "background": "background mode is not supported (stream instead)",
+        "conversation": "conversations are not supported (use previous_response_id)",
+        "prompt": "stored prompt templates are not supported",
+        "max_tool_calls": "max_tool_calls is not supported",
+        "top_logprobs": "log-probs are not supported on /v1/responses (use /v1/chat/completions)",
+    },
+    "MessagesRequest": {
+        "mcp_servers": "MCP servers (a server-side tool) are not supported",
     },
     "GenerateRequest": {
         "image_data": "images are not supported",

@@ -28,11 +28,13 @@ def server_config(request: Request) -> ServerConfig:
 
 
 def authorize(request: Request) -> None:
+    """``Authorization: Bearer KEY``, or Anthropic's ``x-api-key: KEY``."""
     key = server_config(request).api_key
     if key is None:
         return
     given = request.headers.get("authorization", "")
-    if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())):
+    given = given[7:] if given.startswith("Bearer ") else request.headers.get("x-api-key")
+    if given is None or not hmac.compare_digest(given.encode(), key.encode()):
         raise ApiError(401, "missing or invalid API key", code="invalid_api_key")
 
 

@@ -108,7 +108,7 @@ def run_minisgl(path: str, dummy: bool, prompts, max_tokens, variant: dict, tp: 
 
 def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict | None,
                  tp: int, structured: bool) -> dict:
-    llm = LLM(path, tp=tp, dummy_weights=dummy, **options)
+    llm = LLM(path, tp=tp, dummy_weights=dummy, **{"warmup": "off", **options})  # its own below
     trace = StepTrace(llm)
     sampling = sampling or {"temperature": 0}
     schema = lambda i: LONG_JSON if structured and i % 2 == 0 else None  # noqa: E731
@@ -139,7 +139,7 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
 
 def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> dict:
     """Decode latency of one request: (total - time to first token) / (tokens - 1)."""
-    llm = LLM(path, dummy_weights=dummy, **options)
+    llm = LLM(path, dummy_weights=dummy, **{"warmup": "off", **options})
     prompt = [random.Random(1).randint(0, 10000) for _ in range(128)]
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     full = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)

@@ -15,7 +15,7 @@ def test_cuda_plan_covers_sizes_paths_and_eager_decode():
     names = [w.name for w in waves]
     lens = {len(ids) for w in waves for _, ids, _ in w.requests}
     assert {1, 16, 33, 97, 255, 300} <= lens  # the FP8 and tile thresholds on both sides
-    assert max(lens) == 2048 - 4  # capped by the context, and chunked (> max_prefill_tokens)
+    assert max(lens) == 2048 - 25  # capped by the context, and chunked (> max_prefill_tokens)
     assert all(len(ids) < 2048 for w in waves for _, ids, _ in w.requests)
     big = waves[names.index("decode beyond the graphs")]
     assert len(big.requests) == 17  # one more than the largest graph
@@ -68,3 +68,8 @@ def test_warmup_option_resolves_by_device(default_model_dir):
     assert not resolved() and resolved(warmup="on") and not resolved(warmup="off")
     with pytest.raises(ValueError, match="warmup"):
         EngineOptions(warmup="yes")
+
+
+def test_every_prompt_fits_a_short_context():
+    waves = warmup_plan(cuda=True, **{**PLAN, "max_context_len": 512})
+    assert max(len(ids) + p.max_tokens for w in waves for _, ids, p in w.requests) <= 512

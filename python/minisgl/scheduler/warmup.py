@@ -81,11 +81,13 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
     rng = random.Random(0)
     low = min(1000, vocab_size // 2)
 
-    def prompt(n: int) -> list[int]:
-        return [rng.randrange(low, vocab_size) for _ in range(n)]
-
     base = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    longest = max(1, max_context_len - base.max_tokens - 1)
+    # room for the longest output of the plan (the mixed wave's 24 tokens)
+    longest = max(1, max_context_len - 25)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(low, vocab_size) for _ in range(min(n, longest))]
+
     waves: list[Wave] = []
     if cuda:
         lens = sorted({min(n, longest) for n in (*_CUDA_PREFILL_LENS, max_prefill_tokens + 37)})
@@ -94,11 +96,12 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
         shared = prompt(min(600, longest // 2))
         hit = Wave("prefix hit")
         hit.add(shared, base)
-        hit.add(shared + prompt(45), base, after_steps=4)  # off a page boundary
+        extra = prompt(min(45, longest - len(shared)))
+        hit.add(shared + extra, base, after_steps=4)  # off a page boundary
         waves.append(hit)
         mixed = Wave("mixed steps")
         mixed.add(prompt(20), replace(base, max_tokens=24))
-        for i, n in enumerate((100, 700, min(3000, longest))):
+        for i, n in enumerate((100, 700, 3000)):
             mixed.add(prompt(n), base, after_steps=2 + 3 * i)
         waves.append(mixed)
         if max_running_reqs > graph_max_bs:  # eager decode batches (also with graphs off)
@@ -135,7 +138,10 @@ def run_warmup(scheduler, waves: list[Wave], should_stop: Callable[[], bool] = l
                 return time.perf_counter() - start
             while pending and pending[0][0] <= steps:
                 _, ids, params = pending.pop(0)
-                scheduler.add_request(uid, ids, params)
+                try:
+                    scheduler.add_request(uid, ids, params)
+                except ValueError as e:  # a kind this engine serves to nobody (no tokenizer)
+                    logger.info("warm-up: skipped a request (%s)", e)
                 uid += 1
             scheduler.step()
             steps += 1

@@ -22,6 +22,7 @@ import torch
 if TYPE_CHECKING:
     from minisgl.attention.base import BaseAttnBackend, BaseAttnMetadata
     from minisgl.kvcache.base import BaseCacheHandle, BaseKVCachePool
+    from minisgl.kvcache.state_pool import StatePool
 
 __all__ = ["SamplingParams", "Req", "Batch", "Context"]
 
@@ -246,6 +247,8 @@ class Batch:
     # writes into the device page table itself (``CacheManager.flush(new_tokens_of=...)``)
     out_slots: list[int] | None = None
     attn_metadata: BaseAttnMetadata | None = None
+    # hybrid models: where each request's recurrent state lives (layers/linear_attention.py)
+    state_metadata: Any = None
     num_decode: int = 0  # mixed batches: the leading requests that decode
 
     @property
@@ -286,7 +289,8 @@ class Batch:
 
 
 class Context:
-    """What the layers need during one forward: the attention backend, the KV pool and the batch.
+    """What the layers need during one forward: the attention backend, the KV pool (and a hybrid
+    model's state pool) and the batch.
 
     The batch is bound only inside ``with ctx.forward_batch(batch):``; nesting is an error and the
     binding is always cleared, so no layer can see a stale batch.
@@ -297,10 +301,12 @@ class Context:
         page_table: torch.Tensor,
         kv_pool: BaseKVCachePool,
         attn_backend: BaseAttnBackend,
+        state_pool: StatePool | None = None,
     ) -> None:
         self.page_table = page_table
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
+        self.state_pool = state_pool  # hybrid models: the linear layers' recurrent state
         self._batch: Batch | None = None
 
     @property

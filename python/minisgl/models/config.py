@@ -72,6 +72,9 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
+        if isinstance(cfg.get("text_config"), dict):  # a VLM served as text (Qwen3.5)
+            outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+            cfg = {**outer, **cfg["text_config"], "architectures": archs}
         model_type = cfg.get("model_type", "")
         hidden = cfg["hidden_size"]
         num_heads = cfg["num_attention_heads"]

@@ -164,8 +164,12 @@ def dummy_weights(
     normal loader, so every TP size sees the same model. With an FP8 checkpoint's config the
     projection weights come quantized, as that checkpoint would hold them.
     """
+    from .register import get_model_class
+
     fp8_checkpoint = cfg.quant is not None and not cfg.quant.online
-    for name, shape in _checkpoint_shapes(cfg):
+    model_shapes = getattr(get_model_class(cfg.architecture), "checkpoint_shapes", None)
+    shapes = model_shapes(cfg) if model_shapes is not None else _checkpoint_shapes(cfg)
+    for name, shape in shapes:
         if name.endswith("norm.weight"):
             yield name, torch.ones(shape, dtype=dtype, device=device)
             continue

@@ -29,8 +29,10 @@ def create_state_pool(engine: Engine) -> StatePool | None:
     model, config = engine.model, engine.config
     if not is_hybrid(model):
         return None
+    snapshots = config.num_state_snapshots
+    snapshots = config.max_running_reqs if snapshots is None else snapshots
     pool = StatePool(model.state_shape, model.num_linear_layers, config.max_running_reqs,
-                     config.num_state_snapshots, config.dtype, engine.device)
+                     snapshots, config.dtype, engine.device)
     logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB, %.2f GiB",
                 pool.num_slots, config.max_running_reqs, pool.num_snapshots,
                 pool.bytes_per_slot / (1 << 20), pool.total_bytes / (1 << 30))

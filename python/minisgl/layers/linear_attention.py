@@ -138,7 +138,10 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         qkv, z, b, a = self.project(x)
-        meta: StateMetadata = ctx.batch.state_metadata
+        batch = ctx.batch
+        if batch.state_metadata is None:  # the engine attaches it; a bare model call may not
+            batch.state_metadata = make_state_metadata(batch, x.device)
+        meta: StateMetadata = batch.state_metadata
         conv_state, ssm_state = ctx.state_pool.layer(self.state_index)
         g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)
         out = torch.zeros(x.shape[0], self.num_v_heads, self.v_dim, dtype=x.dtype,

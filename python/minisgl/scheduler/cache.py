@@ -66,14 +66,16 @@ class CacheManager:
 
     def hit_len(self, req: Req) -> int:
         """How many tokens ``match`` would reuse now (nothing is locked)."""
-        return self.prefix_cache.match_prefix(req.input_ids[: prefix_limit(req)]).handle.cached_len
+        return self.prefix_cache.match_resumable(req.input_ids[: prefix_limit(req)]).handle.cached_len
 
     def match(self, req: Req) -> None:
         """Reuse the longest cached prefix; at least one token is left to compute (its logits), and
         the tokens whose prompt log-probs are asked for are computed too."""
-        result = self.prefix_cache.match_prefix(req.input_ids[: prefix_limit(req)])
+        result = self.prefix_cache.match_resumable(req.input_ids[: prefix_limit(req)])
         self.prefix_cache.lock_handle(result.handle)
         n = result.handle.cached_len
+        if n:  # a hybrid model's linear layers resume from the state snapshot at the match's end
+            self.prefix_cache.restore_state(result.handle, req.table_idx)
         self.num_hit_tokens += n
         if req.output_len == 0:
             req.cache_hit_len = n
@@ -172,6 +174,8 @@ class CacheManager:
         aligned = done - done % self.page_size
         self._free_slots(self.prefix_cache.insert_prefix(req.input_ids[:aligned], slots[:aligned]))
         self._free_slots(slots[aligned:])
+        if aligned == done and req.table_idx >= 0:  # the state after exactly the cached tokens
+            self.prefix_cache.save_state(req.input_ids[:aligned], req.table_idx)
         if req.cache_handle is not None:
             self.prefix_cache.lock_handle(req.cache_handle, unlock=True)
         req.cache_handle = None
@@ -190,6 +194,8 @@ class CacheManager:
             return
         ids = req.input_ids[:done]
         duplicates = self.prefix_cache.insert_prefix(ids, self.host_table[req.table_idx, :done].clone())
+        if done == req.device_len:
+            self.prefix_cache.save_state(ids, req.table_idx)
         result = self.prefix_cache.match_prefix(ids)
         self.prefix_cache.lock_handle(result.handle)
         self.prefix_cache.lock_handle(old, unlock=True)

@@ -37,14 +37,8 @@ class Scheduler:
         self.engine = engine or Engine(config.engine)
         page_size = config.engine.page_size
         self.table = TableManager(config.max_running_reqs)
-        cache_name = config.cache
-        if self.engine.state_pool is not None and cache_name != "naive":
-            # NOTE: a prefix hit must resume the linear layers' state at the hit, which this cache
-            # cannot give: a shorter match would continue from a wrong state
-            logger.warning("prefix cache %r: no recurrent-state snapshots for this hybrid model; "
-                           "prefix sharing is off", cache_name)
-            cache_name = "naive"
-        prefix_cache = create_prefix_cache(cache_name, page_size, self.engine.device)
+        prefix_cache = create_prefix_cache(config.cache, page_size, self.engine.device,
+                                           self.engine.state_pool)
         self.cache = CacheManager(
             self.engine.num_pages, page_size, prefix_cache, self.engine.page_table
         )

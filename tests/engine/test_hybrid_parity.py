@@ -1,0 +1,128 @@
+"""Hybrid Gated DeltaNet models (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) against transformers, float32
+on CPU: identical greedy tokens over 64 steps and close logits, with the recurrent state carried
+through chunked prefill (chunks that split a run of linear layers' input mid-prompt), mixed
+steps, retraction, both page sizes and TP=2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TEST_DEVICE
+from engine_utils import prefill_logits
+from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint
+from hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
+from minisgl import LLM, SamplingParams
+from minisgl.core import Batch
+
+NEW_TOKENS = 64
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+LENGTHS = [5, 23, 41]
+
+SETTINGS = {
+    "page1": dict(page_size=1),
+    "page16": dict(page_size=16),
+    # chunks of 7 and 13 tokens: every prompt but the shortest is split mid-prompt
+    "chunked": dict(page_size=1, max_prefill_tokens=7),
+    "chunked_page16": dict(page_size=16, max_prefill_tokens=13, disable_overlap=True),
+    # decode rows next to prefill chunks in one forward
+    "mixed": dict(page_size=1, max_prefill_tokens=16, max_num_batched_tokens=12),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    return {arch: str(make_hybrid_checkpoint(arch, root / arch)) for arch in HYBRID_ARCHS}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(len(LENGTHS), LENGTHS, 256, seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoints, prompts):
+    return {arch: hf_greedy(checkpoints[arch], prompts, NEW_TOKENS) for arch in HYBRID_ARCHS}
+
+
+def make_llm(path: str, **options) -> LLM:
+    options.setdefault("num_pages", 4096 // options.get("page_size", 1))
+    return LLM(path, device=TEST_DEVICE, dtype="float32", **options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+def test_greedy_matches_transformers(arch, setting, checkpoints, prompts, reference):
+    llm = make_llm(checkpoints[arch], **SETTINGS[setting])
+    outputs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == reference[arch]
+    llm.scheduler.check_integrity()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+def test_prefill_and_decode_logits_match_transformers(arch, checkpoints, prompts):
+    path = checkpoints[arch]
+    llm = make_llm(path, page_size=16)
+    logits = prefill_logits(llm.scheduler, prompts)
+    torch.testing.assert_close(logits.cpu(), torch.cat(hf_prefill_logits(path, prompts)),
+                               atol=1e-3, rtol=0)
+    engine, recorded = llm.scheduler.engine, {}
+    forward = engine.forward
+
+    def spy(batch: Batch, args):
+        out = forward(batch, args)
+        for req, row in zip(batch.sampled_reqs, out.logits):
+            recorded.setdefault(req.uid, []).append(row.clone())
+        return out
+
+    engine.forward = spy
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate(prompts, params)
+    model = hf_model(path)
+    for uid, (out, prompt) in enumerate(zip(outputs, prompts)):
+        with torch.no_grad():
+            ref = model(torch.tensor([prompt + out.token_ids[:-1]])).logits[0, len(prompt) - 1:]
+        torch.testing.assert_close(torch.stack(recorded[uid]).cpu(), ref, atol=1e-3, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", [True, False])
+def test_retraction_restarts_the_state(checkpoints, overlap):
+    """A retracted request is re-fed from its tokens into a fresh state: the same tokens."""
+    path = checkpoints["qwen3_5"]
+    prompts = random_prompts(5, [20, 25, 30, 18, 22], 256, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    expected = [o.token_ids for o in make_llm(path).generate(prompts, params)]
+    tight = make_llm(path, num_pages=110, disable_overlap=not overlap)
+    outputs = tight.generate(prompts, params)
+    assert tight.scheduler.num_retractions > 0
+    assert [o.token_ids for o in outputs] == expected
+    tight.scheduler.check_integrity()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_radix_hit_resumes_from_a_snapshot(checkpoints, page_size):
+    """A second request sharing a prefix resumes from the snapshot the first left: hits on
+    snapshot boundaries (the whole first prompt) and inside a node (a shorter shared part) give
+    transformers' tokens, and the cache's integrity holds."""
+    path = checkpoints["qwen3_next"]
+    shared = random_prompts(1, [32], 256, seed=1)[0]
+    prompts = [shared, shared + random_prompts(1, [9], 256, seed=2)[0],
+               shared[:20] + random_prompts(1, [14], 256, seed=3)[0]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    expected = hf_greedy(path, prompts, 16)
+    llm = make_llm(path, page_size=page_size, cache="radix")
+    cache = llm.scheduler.cache
+    first = llm.generate(prompts[:1], params)
+    assert cache.num_hit_tokens == 0
+    assert cache.prefix_cache.num_snapshots > 0
+    second = llm.generate(prompts[1:2], params)
+    assert cache.num_hit_tokens == 32  # the first prompt ends on a page boundary: a snapshot
+    third = llm.generate(prompts[2:], params)
+    assert cache.num_hit_tokens == 32  # 20 shared tokens end inside a node: no snapshot there
+    assert [o.token_ids for o in first + second + third] == expected
+    llm.scheduler.check_integrity()

@@ -126,3 +126,16 @@ def test_radix_hit_resumes_from_a_snapshot(checkpoints, page_size):
     assert cache.num_hit_tokens == 32  # 20 shared tokens end inside a node: no snapshot there
     assert [o.token_ids for o in first + second + third] == expected
     llm.scheduler.check_integrity()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5"])
+def test_tp2_matches_tp1(arch, checkpoints):
+    """Two gloo ranks: half the linear heads, conv channels and state of each layer per rank."""
+    from test_tp import run_rank, run_tp
+
+    prompts = random_prompts(3, [6, 19, 40], 256, seed=11)
+    logits1, tokens1 = run_rank(checkpoints[arch], prompts, 0, 1, "")
+    logits2, tokens2 = run_tp(checkpoints[arch], prompts, 2)
+    torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-4, rtol=0)
+    assert tokens2 == tokens1

@@ -52,3 +52,19 @@ def test_dummy_weights_run(name, tmp_path):
                                                          ignore_eos=True))
     assert len(out[0].token_ids) == 4
     llm.scheduler.check_integrity()
+
+
+def test_state_stats_reported(tmp_path):
+    """The scheduler's stats (what /metrics exports) give the state pool's occupancy."""
+    from minisgl.scheduler.io import state_stats
+
+    raw = _shrink(json.loads((CONFIGS / NAMES[0]).read_text()))
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", dummy_weights=True, num_pages=256,
+              max_running_requests=4, num_state_snapshots=3)
+    stats = state_stats(llm.scheduler)
+    assert stats["state_slots_total"] == 4 and stats["state_slots_used"] == 0
+    assert stats["state_snapshots"] == 0
+    assert stats["state_pool_bytes"] == llm.scheduler.engine.state_pool.total_bytes > 0
+    llm.generate([list(range(5, 21))], SamplingParams(temperature=0, max_tokens=2))
+    assert state_stats(llm.scheduler)["state_snapshots"] >= 1  # the prompt's end was kept

@@ -15,8 +15,8 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from hf_models import make_tiny_checkpoint  # noqa: E402
-from server_utils import start_server  # noqa: E402
+from helpers.hf_models import make_tiny_checkpoint  # noqa: E402
+from helpers.server_utils import start_server  # noqa: E402
 
 
 def main() -> None:

@@ -80,7 +80,7 @@ def main() -> None:
     if args.run:
         return run_variant(args.model, args.run, args.tokens)
 
-    from hf_models import make_tiny_checkpoint
+    from helpers.hf_models import make_tiny_checkpoint
 
     os.makedirs(args.out, exist_ok=True)
     model = str(make_tiny_checkpoint("qwen3", os.path.join(tempfile.mkdtemp(), "qwen3")))

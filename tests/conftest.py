@@ -1,10 +1,8 @@
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(__file__))  # tests import their helpers (hf_models) by name
 
 import pytest
 import torch
@@ -13,19 +11,22 @@ import torch
 TEST_DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    """``gpu`` tests skip without CUDA; ``any_device`` tests also carry ``gpu``, so
+    ``pytest -m gpu`` is the whole GPU suite (run it with ``MINISGL_TEST_DEVICE=cuda``)."""
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if skip is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+        if item.get_closest_marker("any_device") is not None:
+            item.add_marker(pytest.mark.gpu)
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """One tiny, fully perturbed random checkpoint per architecture."""
-    from hf_models import ARCHS, make_tiny_checkpoint
+    from helpers.hf_models import ARCHS, make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     return {arch: make_tiny_checkpoint(arch, root / arch) for arch in ARCHS}
@@ -33,7 +34,8 @@ def tiny_checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model_dir(tmp_path_factory):
-    """The default model, converted once per session into a fresh cache (the conversion is tested)."""
+    """The default model, converted once per session into a fresh cache (the conversion is
+    tested)."""
     from minisgl.utils import default_model
 
     with pytest.MonkeyPatch.context() as mp:

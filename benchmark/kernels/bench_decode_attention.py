@@ -186,7 +186,7 @@ def main() -> None:
     p.add_argument("--prefill", action="store_true")
     p.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16",
                    help="fp8: the paged K/V in e4m3 (scale 1; the reference keeps bf16)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     a = p.parse_args()
     gpu = torch.cuda.get_device_name()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count

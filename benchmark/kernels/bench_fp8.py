@@ -5,14 +5,14 @@
 * GEMV (one token): the FP8 GEMV (``kernel/triton/fp8_gemv.py``, e4m3 weight, 128x128 block scales)
   vs the bf16 Triton GEMV and cuBLAS bf16. TB/s counts the bytes each kernel must read (weight,
   scales, x); ``peak_fraction`` divides by the HBM bandwidth a large device-to-device copy reaches
-  on this GPU (the bandwidth its bytes allow); the issue asks for >= 0.8.
+  on this GPU (the bandwidth its bytes allow); the target is >= 0.8.
 * GEMM (M tokens): activation quantization + the block-scaled GEMM (``fp8_gemm.py``) vs
   ``torch._scaled_mm`` with row-wise scales (per token x per output channel: the per-channel
   alternative for ``--quantization fp8``) and vs cuBLAS bf16, in TFLOP/s. ``rel_err`` is the block
   GEMM's max error against ``block_gemm_reference`` (fp32 over the same quantized operands) over the
-  largest reference magnitude; the issue asks for <= 1e-2.
-* Per-channel (``--quantization fp8``'s default; ``MINISGL_FP8_GEMM=block`` is the block columns):
-  ``quant.linear.fp8_linear`` end to end with per-output-channel weight scales: the per-channel FP8
+  largest reference magnitude; the target is <= 1e-2.
+* Per-channel (``--quantization fp8``'s default; ``--quantization fp8-block`` is the block columns):
+  ``quant.fp8_dispatch.fp8_linear`` end to end with per-output-channel weight scales: the per-channel FP8
   GEMV at one token; per-token activation quantization (``fp8_quant.py``) + ``torch._scaled_mm``
   beyond (``channel_us``, ``channel_rel_err`` against ``channel_gemm_reference``).
 Every case is timed as decode runs it: a CUDA graph replays many calls over enough weight copies
@@ -44,7 +44,7 @@ from minisgl.kernel.triton.gemv import gemv  # noqa: E402
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
 from minisgl.quant.fp8 import (block_gemm_reference, channel_gemm_reference,  # noqa: E402
                                dequantize_channel, quantize_block, quantize_channel)
-from minisgl.quant.linear import fp8_linear  # noqa: E402
+from minisgl.quant.fp8_dispatch import fp8_linear  # noqa: E402
 
 BLOCK = (128, 128)
 TOKENS = [1, 16, 64, 256, 1024, 4096]
@@ -168,7 +168,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--gemv-only", action="store_true", help="only the one-token GEMVs")
-    parser.add_argument("--out", default="benchmark/kernels/results")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
     gpu, peak = gpu_name(), copy_bandwidth()
     print(f"copy bandwidth: {peak / 1e12:.2f} TB/s", flush=True)

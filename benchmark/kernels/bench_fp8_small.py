@@ -9,8 +9,8 @@ all with per-output-channel e4m3 weights (``--quantization fp8``):
 * ``w8a16``: the W8A16 kernel with ``pick_config``'s tiles (bf16 x, no activation quantization);
 * ``w8a8``: per-token quantization + the same kernel on e4m3 x (FP8 tensor cores, split-K);
 * ``scaled_mm``: per-token quantization (``fp8_quant.quantize_tokens``) + ``torch._scaled_mm``, what
-  ``quant.linear`` runs for M >= 2 before the W8A16 kernel; ``fp8_linear``: whatever
-  ``quant.linear.fp8_linear`` dispatches to today;
+  ``quant.fp8_dispatch`` runs for M >= 2 before the W8A16 kernel; ``fp8_linear``: whatever
+  ``quant.fp8_dispatch.fp8_linear`` dispatches to today;
 * ``bf16``: cuBLAS ``F.linear`` on bf16 weights (down: after the SiLU-and-mul kernel).
 
 Each case is timed as decode runs it: a CUDA graph replays many calls over enough weight copies that
@@ -50,7 +50,7 @@ from minisgl.kernel.triton.fp8_w8a16 import (W8A16Config, fp8_w8a8_gemm,  # noqa
                                              fp8_w8a16_gemm, pick_config)
 from minisgl.layers.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from minisgl.quant.fp8 import dequantize_channel  # noqa: E402
-from minisgl.quant.linear import fp8_linear  # noqa: E402
+from minisgl.quant.fp8_dispatch import fp8_linear  # noqa: E402
 
 LAYERS = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, False),
           "down": (4096, 12288, True)}  # (N, K, gated input)
@@ -205,7 +205,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", choices=list(SWEEP_TOKENS),
                         help=f"also time a config grid of one kernel form at M in {SWEEP_TOKENS}")
-    parser.add_argument("--out", default="benchmark/results")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
     gpu, peak = gpu_name(), copy_bandwidth()
     print(f"copy bandwidth: {peak / 1e12:.2f} TB/s", flush=True)

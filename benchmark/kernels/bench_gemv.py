@@ -66,7 +66,7 @@ def time_graph(fn, weights: list[torch.Tensor], x: torch.Tensor, calls: int = 64
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--out", default="benchmark/kernels/results")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
 
     gpu = gpu_name()

@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="fill threads (default: auto)")
-    parser.add_argument("--out", default="benchmark/kernels/results")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
     import xgrammar as xgr
 

@@ -1,6 +1,6 @@
 """The host's cost of launching one eager layer's kernels, by how the token count varies.
 
-    python benchmark/kernels/bench_launch.py --out benchmark/results
+    python benchmark/kernels/bench_launch.py
 
 An eager forward (prefill or mixed step) is launched by the host while the GPU still runs the step
 before; when launching costs more than the GPU's work, the step is as long as the host's time. This
@@ -46,7 +46,7 @@ def host_us(fn, counts: list[int]) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=300)
-    p.add_argument("--out", default="benchmark/results")
+    p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     rng = random.Random(0)

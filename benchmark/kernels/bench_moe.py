@@ -82,7 +82,7 @@ def sweep(tokens: int, args, deadline: float) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 4096])
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     p.add_argument("--sweep", action="store_true", help="also time a few block configurations")
     p.add_argument("--sweep-budget", type=float, default=100.0, help="seconds for the whole sweep")
     p.add_argument("--no-torch", action="store_true", help="skip the torch reference backend")

@@ -1,7 +1,7 @@
 """One sampling call: the Triton sampler (default: the split-row path of
-``kernel/triton/sampling_split.py``), the one-program-per-row kernel alone
-(``MINISGL_SAMPLER=triton-row``, ``kernel/triton/sampling.py``) and the torch reference
-(``engine/sample_torch.py``), next to the decode step of the model it serves.
+``sampling/kernels/split.py``), the one-program-per-row kernel alone (the ``triton-row`` sampler,
+``sampling/kernels/row.py``) and the torch reference (``sampling/torch_ref.py``), next to the
+decode step of the model it serves.
 
     python benchmark/kernels/bench_sampling.py [--model benchmark/configs/qwen3-0.6b.json] [--out DIR]
 
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
 from bench_common import gpu_name, model_dir  # noqa: E402
 from minisgl.core import Req, SamplingParams  # noqa: E402
-from minisgl.engine.sample import (  # noqa: E402
+from minisgl.sampling import (  # noqa: E402
     BatchSamplingArgs,
     SamplingState,
     kernel_sample,
@@ -166,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="also time a decode step of this model (config.json)")
-    parser.add_argument("--out", default="benchmark/kernels/results")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--sweep", action="store_true",
                         help="only time the split path's sizes at B=256, vocab 151,936")
     args = parser.parse_args()
@@ -181,11 +181,8 @@ def main() -> None:
             for name, params in SETTINGS.items():
                 sargs = make_args(bsz, vocab, params, device)
                 kernel_us = time_call(lambda: sample(logits, sargs))
-                os.environ["MINISGL_SAMPLER"] = "triton-row"
-                row_us = time_call(lambda: sample(logits, sargs))
-                os.environ["MINISGL_SAMPLER"] = "torch"
-                torch_us = time_call(lambda: sample(logits, sargs), iters=10)
-                del os.environ["MINISGL_SAMPLER"]
+                row_us = time_call(lambda: sample(logits, sargs, "triton-row"))
+                torch_us = time_call(lambda: sample(logits, sargs, "torch"), iters=10)
                 rows.append({"vocab": vocab, "batch": bsz, "setting": name,
                              "kernel_us": round(kernel_us, 1), "row_kernel_us": round(row_us, 1),
                              "torch_us": round(torch_us, 1),

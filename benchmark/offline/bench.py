@@ -1,7 +1,8 @@
-"""Offline throughput: DESIGN.md section 9's workload through `LLM.generate`, next to transformers.
+"""Offline throughput: the workload of docs/performance.md through `LLM.generate`, next to
+transformers.
 
     python benchmark/offline/bench.py --model benchmark/configs/qwen3-0.6b.json \
-        --variants default,no-cuda-graph,torch-attn --hf-requests 64 --out benchmark/results
+        --variants default,no-cuda-graph,torch-attn --hf-requests 64
 
 A ``.json`` model is a bare config: the weights are random (``--dummy-weights``). Output tok/s is
 reported with its fraction of the bandwidth ceiling (output tok/s at peak HBM bandwidth with no CPU
@@ -11,7 +12,6 @@ overhead); transformers runs on a subset of the same workload in the same proces
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gc
 import json
@@ -25,13 +25,12 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 from minisgl import LLM, SamplingParams  # noqa: E402
-from minisgl.layers import linear as linear_layers  # noqa: E402
 
 from bench_common import (  # noqa: E402
     StepTrace, borrow_tokenizer, environment, gpu_name, model_dir, project_commit,
 )
 
-# output tok/s at peak HBM bandwidth, DESIGN.md section 9
+# output tok/s at peak HBM bandwidth with no CPU overhead (docs/performance.md)
 CEILINGS = {
     ("qwen3-0.6b", "H100"): 28_300, ("qwen3-0.6b", "H200"): 39_800,
     ("qwen3-8b", "H100"): 10_500, ("qwen3-8b", "H200"): 13_800,
@@ -56,18 +55,21 @@ VARIANTS = {
     "fp8": {"quantization": "fp8"},  # weights quantized at load (random bf16 weights of --model)
     "fp8-kv": {"kv_cache_dtype": "fp8_e4m3"},
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
-    "no-pdl": {"env": {"MINISGL_PDL": "0"}},  # Triton kernels without programmatic dependent launch
-    "fp8-no-pdl": {"quantization": "fp8", "env": {"MINISGL_PDL": "0"}},
+    "no-pdl": {"disable_pdl": True},  # Triton kernels without programmatic dependent launch
+    "fp8-no-pdl": {"quantization": "fp8", "disable_pdl": True},
+    "no-pad-tokens": {"pad_tokens": 1},  # eager forwards at their own token counts
     # one token through the RMSNorm kernels, not normalised inside the GEMVs
-    "fp8-no-norm-gemv": {"quantization": "fp8", "env": {"MINISGL_NORM_GEMV": "0"}},
+    "fp8-no-norm-gemv": {"quantization": "fp8", "disable_norm_gemv": True},
     # batches: the QKV and gate-up inputs quantized by a kernel of their own, not by the RMSNorm
-    "fp8-no-norm-quant": {"quantization": "fp8", "env": {"MINISGL_NORM_QUANT": "0"}},
+    "fp8-no-norm-quant": {"quantization": "fp8", "disable_norm_quant": True},
     # weights in 128x128 blocks with a scale each, as the published FP8 checkpoints store them
-    "fp8-block": {"quantization": "fp8", "env": {"MINISGL_FP8_GEMM": "block"}},
-    "sample-torch": {"sampling": QWEN_SAMPLING, "env": {"MINISGL_SAMPLER": "torch"}},
+    "fp8-block": {"quantization": "fp8-block"},
+    # one-token unquantized linear layers through cuBLAS, not the Triton GEMV
+    "cublas": {"disable_gemv": True},
+    "sample-torch": {"sampling": QWEN_SAMPLING, "sampler": "torch"},
+    "sample-row": {"sampling": QWEN_SAMPLING, "sampler": "triton-row"},  # the row kernel alone
     "sample-penalty-torch": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,
-                                          "repetition_penalty": 1.05},
-                             "env": {"MINISGL_SAMPLER": "torch"}},
+                                          "repetition_penalty": 1.05}, "sampler": "torch"},
 }
 
 
@@ -133,22 +135,6 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
     gc.collect()
     torch.cuda.empty_cache()
     return result
-
-
-@contextlib.contextmanager
-def gemv_enabled(on: bool):
-    """One-token linear layers through the Triton GEMV (on) or cuBLAS, in this process and in the
-    rank processes it spawns (they read MINISGL_GEMV)."""
-    saved = linear_layers.USE_GEMV, os.environ.get("MINISGL_GEMV")
-    linear_layers.USE_GEMV, os.environ["MINISGL_GEMV"] = on, str(int(on))
-    try:
-        yield
-    finally:
-        linear_layers.USE_GEMV = saved[0]
-        if saved[1] is None:
-            del os.environ["MINISGL_GEMV"]
-        else:
-            os.environ["MINISGL_GEMV"] = saved[1]
 
 
 def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> dict:
@@ -223,7 +209,7 @@ def main() -> None:
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--batch1-variants", default="default",
                         help="variants whose batch-1 latency --batch1 measures (default adds cuBLAS)")
-    parser.add_argument("--out", default="benchmark/results")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
 
@@ -263,11 +249,11 @@ def main() -> None:
                 record(engine + "[json-half]", run_minisgl(path, dummy, prompts, max_tokens,
                                                            VARIANTS[variant], tp, structured=True))
     if args.batch1:
-        runs = [("minisgl[batch1]", True, {}), ("minisgl[batch1][cublas]", False, {})]
-        runs += [(f"minisgl[batch1][{v}]", True, VARIANTS[v])
-                 for v in args.batch1_variants.split(",") if v != "default"]
-        for engine, gemv, variant in runs:
-            with gemv_enabled(gemv), environment(variant.get("env", {})):
+        runs = [("minisgl[batch1]", {}), ("minisgl[batch1][cublas]", VARIANTS["cublas"])]
+        runs += [(f"minisgl[batch1][{v}]", VARIANTS[v])
+                 for v in args.batch1_variants.split(",") if v not in ("default", "cublas")]
+        for engine, variant in runs:
+            with environment(variant.get("env", {})):
                 res = run_batch1(path, dummy, llm_options(variant))
             records.append({**base, "engine": engine, **res})
             print(json.dumps(records[-1]), flush=True)
@@ -276,14 +262,19 @@ def main() -> None:
         record("transformers", run_hf(path, dummy, prompts[:n], max_tokens[:n], args.hf_batch),
                hf_requests=n)
     suffix = f"_{args.tag}" if args.tag else ""
-    write(records, args.out, f"offline_{name}_{gpu}_{base['date']}{suffix}")
+    command = " ".join(["python", *sys.argv])
+    write(records, args.out, f"offline_{name}_{gpu}{suffix}", command)
 
 
-def write(records: list[dict], out_dir: str, stem: str) -> None:
+def write(records: list[dict], out_dir: str, stem: str, command: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, stem + ".json"), "w") as f:
         json.dump(records, f, indent=1)
-    lines = ["| engine | model | gpu | output tok/s | fraction of ceiling | seconds | output tokens |",
+    first = records[0] if records else {}
+    lines = [f"`{command}` on {first.get('gpu')}, commit `{first.get('commit')}`, "
+             f"{first.get('date')}.", "",
+             "| engine | model | gpu | output tok/s | fraction of ceiling | seconds "
+             "| output tokens |",
              "|---|---|---|---|---|---|---|"]
     for r in records:
         if "output_tok_per_s" in r:

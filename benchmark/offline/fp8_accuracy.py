@@ -1,7 +1,7 @@
 """What FP8 costs in accuracy: the logits of an FP8 model against its bf16 original.
 
     python benchmark/offline/fp8_accuracy.py --model benchmark/configs/qwen3-8b.json \
-        [--variant fp8|fp8-kv|fp8+fp8-kv] [--prompts 8] [--new-tokens 256] --out DIR
+        [--variant fp8|fp8-block|fp8-kv|fp8+fp8-kv] [--prompts 8] [--new-tokens 256] --out DIR
 
 The bf16 model (random weights of ``--model``, seed 0, when it is a config.json) greedily continues
 each prompt by ``--new-tokens`` tokens. Both models then read the same prompt + continuation in one
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench import VARIANTS, gpu_name, model_dir  # noqa: E402
-from engine_utils import prefill_logits  # noqa: E402
+from helpers.engine_utils import prefill_logits  # noqa: E402
 from minisgl import LLM, SamplingParams  # noqa: E402
 
 
@@ -70,11 +70,11 @@ def run(path: str, dummy: bool, options: dict, prompts, new_tokens: int, continu
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--variant", default="fp8", choices=["fp8", "fp8-kv", "fp8+fp8-kv"])
+    parser.add_argument("--variant", default="fp8", choices=["fp8", "fp8-block", "fp8-kv", "fp8+fp8-kv"])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--out", default="benchmark/results")
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
     path, dummy = model_dir(args.model)
     rng = random.Random(0)
@@ -93,7 +93,7 @@ def main() -> None:
     result = {"model": name, "variant": args.variant, "gpu": gpu_name(), "commit": commit,
               "date": datetime.date.today().isoformat(), "prompts": args.prompts,
               "new_tokens": args.new_tokens, "teacher_forced_positions": steps,
-              "fp8_gemm": os.environ.get("MINISGL_FP8_GEMM") or "channel",
+              "quantization": VARIANTS[args.variant].get("quantization"),
               "logit_mean_abs_diff": round((fp8 - base).abs().mean().item(), 5),
               "logit_mean_abs": round(base.abs().mean().item(), 5),
               "greedy_agreement_teacher_forced": round(agree, 4),

@@ -8,7 +8,8 @@
     python benchmark/online/bench_serving.py --dataset trace --trace-scale 0.5
     python benchmark/online/bench_serving.py --input-len 512,1024 --output-len 128,256 \
         --concurrencies 4,16,64 --rounds 4 --tag itl   # streaming smoothness at fixed concurrency
-    python benchmark/online/bench_serving.py --compare results/a.json results/b.json --tag a_vs_b
+    python benchmark/online/bench_serving.py --compare bench-out/a.json bench-out/b.json \
+        --tag a_vs_b
 
 Writes ``<tag>.json``, ``<tag>.md`` and plots to ``--out``; with several ``--request-rates``,
 ``<tag>_rates.png`` shows the latency percentiles against the rate.
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
     add("--warmup", type=int, default=1, help="unmeasured requests sent first")
     add("--seed", type=int, default=0)
-    add("--out", default=os.path.join(HERE, "results"), help="result directory")
+    add("--out", default="bench-out", help="results (./bench-out)")
     add("--tag", help="file name stem of the results (default: the dataset)")
     add("--no-progress", action="store_true")
     add("--compare", nargs=2, metavar=("A_JSON", "B_JSON"),

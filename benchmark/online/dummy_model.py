@@ -18,6 +18,11 @@ import shutil
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 
+# ChatML, the Qwen models' format, over the word-level vocabulary (chat requests work too)
+CHAT_TEMPLATE = ("{% for m in messages %}t1 {{ m['role'] }} {{ m['content'] }} t2 {% endfor %}"
+                 "{% if add_generation_prompt %}t1 assistant {% endif %}")
+
+
 def write_dummy_model(config_json: str, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     shutil.copy(config_json, os.path.join(out_dir, "config.json"))
@@ -30,7 +35,7 @@ def write_dummy_model(config_json: str, out_dir: str) -> str:
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0",
-                   "model_max_length": 1 << 20}, f)
+                   "model_max_length": 1 << 20, "chat_template": CHAT_TEMPLATE}, f)
     return out_dir
 
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Streaming smoothness on one GPU with random weights: schedule modes side by side in one session.
+# Streaming smoothness on one GPU with random weights: schedule modes side by side on one machine.
 #   benchmark/online/gpu_itl.sh qwen3-8b   OUT  # concurrency 4, 16, 64
 #   benchmark/online/gpu_itl.sh qwen3-0.6b OUT  # concurrency 128
 #   benchmark/online/gpu_itl.sh shared     OUT  # Qwen3-8B, shared-prefix workload: lpm vs fcfs
-# Workload (issue 15): random token prompts of 512-1024 tokens, 128-256 output tokens, streaming
+# Workload: random token prompts of 512-1024 tokens, 128-256 output tokens, streaming
 # /v1/completions with ignore_eos, all sent at once and at most CONCURRENCY in flight, ROUNDS x
 # concurrency requests per run. Each server is warmed up with one unmeasured run first (Triton
 # compiles its kernel variants for mixed steps then). The model stages serve prefill-first, then
 # mixed once per budget in BUDGETS (--max-num-batched-tokens), and write OUT/<model>_<gpu>_itl.md.
 # Env: PYTHON (python3), PORT (1919), CONCURRENCIES (qwen3-8b: "4,16,64"), BUDGETS ("512 1024 2048"; "default": the server's own budget),
 # SERVER_ARGS (more server flags), ROUNDS (4), MODES (prefill-first and mixed-BUDGET for each budget; a baseline measured earlier in
-# the same session may be left out and its JSON put into OUT first).
+# the same call may be left out and its JSON put into OUT first).
 set -euo pipefail
 stage=$1 out=$2
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The online benchmark suite on one GPU with random weights (DESIGN.md section 9 models):
+# The online benchmark suite on one GPU with random weights (the models of docs/performance.md):
 #   1. random prompts at several Poisson request rates;
 #   2. the shared-prefix workload with the radix cache, then with the naive cache, and their ratio.
 # usage: benchmark/online/gpu_suite.sh CONFIG_JSON TAG RATES NUM_PROMPTS OUT_DIR [server args...]

@@ -1,11 +1,11 @@
-"""Compare schedule modes run in one session: streaming smoothness against prefill-first.
+"""Compare schedule modes run on one machine: streaming smoothness against prefill-first.
 
     python benchmark/online/itl_summary.py --baseline out/qwen3-8b_H100_itl_prefill-first.json \
         out/qwen3-8b_H100_itl_mixed-*.json --max-itl-ms 250 --out out/qwen3-8b_H100_itl.md
 
 One row per (result, concurrency): output tok/s and its ratio to the baseline at that concurrency,
 median / P99 / max ITL, P99 over median, mean TTFT and its ratio, P99 TTFT; then whether the mode
-meets the targets of issue 15 (P99 ITL <= 2.5x median, max ITL <= --max-itl-ms, throughput >= 0.97x
+meets the smoothness targets (P99 ITL <= 2.5x median, max ITL <= --max-itl-ms, throughput >= 0.97x
 and mean TTFT <= 1.2x of the baseline; with --max-itl-only, Qwen3-0.6B's: max ITL and throughput).
 """
 
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("results", nargs="+",
                    help="bench_serving.py JSON results (--concurrencies runs)")
-    p.add_argument("--baseline", required=True, help="the prefill-first result of the same session")
+    p.add_argument("--baseline", required=True, help="prefill-first's result, same machine")
     p.add_argument("--max-itl-ms", type=float, help="target for the largest inter-token latency")
     p.add_argument("--max-itl-only", action="store_true",
-                   help="targets: max ITL and throughput only (issue 15's Qwen3-0.6B criteria)")
+                   help="targets: max ITL and throughput only (the Qwen3-0.6B criteria)")
     p.add_argument("--out", help="write the markdown table here as well")
     args = p.parse_args(argv)
     baseline = json.load(open(args.baseline))

@@ -1,9 +1,9 @@
 """Streams under load through the in-process scheduler: where the long gaps between tokens come from.
 
     python benchmark/online/step_streams.py --model benchmark/configs/qwen3-8b.json --concurrency 64 \
-        --modes prefill-first,mixed-512,mixed-1024 --out benchmark/results
+        --modes prefill-first,mixed-512,mixed-1024
 
-The serving workload of issue 15 (random prompts of 512-1024 tokens, 128-256 output tokens,
+The streaming-smoothness serving workload (random prompts of 512-1024 tokens, 128-256 output tokens,
 ignore_eos, CONCURRENCY requests in flight: a finished one is replaced at once) is driven through
 ``Scheduler.step`` with no HTTP, tokenizer or detokenizer process. A token's time is when the step
 that returns it returns, so the gaps here are the scheduler's own; the difference to the online
@@ -253,7 +253,7 @@ def main() -> None:
                    help="the engine option (default: the engine's); every mode is capped by its budget")
     p.add_argument("--profile", type=int, default=0,
                    help="print where the host's time of this many mixed launches goes (cProfile)")
-    p.add_argument("--out", default="benchmark/results")
+    p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     p.add_argument("--tag", default="")
     args = p.parse_args()
     path, dummy = model_dir(args.model)

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         from minisgl.server.shell import run_shell
 
         return run_shell(config)
+    if config.dp > 1:
+        from minisgl.server.dp_launch import launch_dp
+
+        return launch_dp(config)
     from minisgl.server.launch import launch_server
 
     return launch_server(config)

@@ -1,4 +1,4 @@
-"""The vocabulary of the engine: sampling parameters, requests, batches and the forward context.
+"""The vocabulary of the engine: sampling parameters, requests and batches.
 
 `Req` keeps three counters over its token list (``input_ids``: prompt, then generated tokens)::
 
@@ -13,18 +13,15 @@ available to every later forward). Under overlap scheduling ``input_ids`` may la
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 if TYPE_CHECKING:
-    from minisgl.attention.base import BaseAttnBackend, BaseAttnMetadata
-    from minisgl.kvcache.base import BaseCacheHandle, BaseKVCachePool
-    from minisgl.kvcache.state_pool import StatePool
+    from minisgl.kvcache.base import BaseCacheHandle
 
-__all__ = ["SamplingParams", "Req", "Batch", "Context"]
+__all__ = ["SamplingParams", "Req", "Batch", "BaseAttnMetadata"]
 
 _MAX_TOP_LOGPROBS = 20
 
@@ -223,6 +220,11 @@ class Req:
 Phase = Literal["prefill", "decode", "mixed"]
 
 
+class BaseAttnMetadata:
+    """Whatever tensors an attention backend derives from a batch (lengths, page-table rows, ...);
+    each backend subclasses it (``minisgl.attention``)."""
+
+
 @dataclass(eq=False)
 class Batch:
     """The requests of one forward and the tensors built for it.
@@ -286,39 +288,3 @@ class Batch:
         n = self.num_decode_rows
         fed = [req for req in self.reqs[n:] if req.device_len == len(req.input_ids)]
         return self.reqs[:n] + fed
-
-
-class Context:
-    """What the layers need during one forward: the attention backend, the KV pool (and a hybrid
-    model's state pool) and the batch.
-
-    The batch is bound only inside ``with ctx.forward_batch(batch):``; nesting is an error and the
-    binding is always cleared, so no layer can see a stale batch.
-    """
-
-    def __init__(
-        self,
-        page_table: torch.Tensor,
-        kv_pool: BaseKVCachePool,
-        attn_backend: BaseAttnBackend,
-        state_pool: StatePool | None = None,
-    ) -> None:
-        self.page_table = page_table
-        self.kv_pool = kv_pool
-        self.attn_backend = attn_backend
-        self.state_pool = state_pool  # hybrid models: the linear layers' recurrent state
-        self._batch: Batch | None = None
-
-    @property
-    def batch(self) -> Batch:
-        assert self._batch is not None, "no batch is bound: use `with ctx.forward_batch(batch)`"
-        return self._batch
-
-    @contextmanager
-    def forward_batch(self, batch: Batch) -> Iterator[Batch]:
-        assert self._batch is None, "forward_batch cannot be nested"
-        self._batch = batch
-        try:
-            yield batch
-        finally:
-            self._batch = None

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import TEST_DEVICE
-from engine_utils import prefill_logits
+from helpers.engine_utils import prefill_logits
 from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint
-from hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
+from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
 

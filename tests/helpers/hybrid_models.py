@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from hf_models import BOS_TOKEN_ID, EOS_TOKEN_ID, _perturb_parameters, _perturb_seed
+from helpers.hf_models import BOS_TOKEN_ID, EOS_TOKEN_ID, _perturb_parameters, _perturb_seed
 
 HYBRID_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 

@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.core import BaseAttnMetadata
+
 if TYPE_CHECKING:
     from minisgl.core import Batch
 
-
-class BaseAttnMetadata:
-    """Whatever tensors a backend derives from the batch (lengths, page-table rows, ...)."""
+__all__ = ["BaseAttnBackend", "BaseAttnMetadata"]
 
 
 class BaseAttnBackend(ABC):
@@ -54,6 +54,7 @@ class BaseAttnBackend(ABC):
     # prefill and mixed batches may carry padding tokens after the last request's (engine/batch.py):
     # rows of q that no request's metadata covers, whose output nobody reads
     supports_padding: bool = False
+    pdl: bool = False  # decode kernels launch with PDL (``kernel/triton/pdl.py``); set by the engine
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:

@@ -153,7 +153,7 @@ class TritonBackend(BaseAttnBackend):
             return decode_attention(
                 q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
                 meta.num_splits, out=out, workspace=self._workspace(meta, q), kv_scales=kv_scales,
-                order=meta.order,
+                order=meta.order, pdl=self.pdl,
             )
         if isinstance(meta, TritonMixedMetadata):
             out = torch.empty_like(q) if out is None else out
@@ -161,7 +161,7 @@ class TritonBackend(BaseAttnBackend):
             decode_attention(
                 q[:d], k_cache, v_cache, self.page_table, dec.rows, dec.seq_lens, self.scale,
                 dec.num_splits, out=out[:d], workspace=self._workspace(dec, q[:d]),
-                kv_scales=kv_scales, order=dec.order,
+                kv_scales=kv_scales, order=dec.order, pdl=self.pdl,
             )
             self._extend(q[d:], k_cache, v_cache, meta.prefill, kv_scales, out[d:])
             return out

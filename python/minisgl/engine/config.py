@@ -18,7 +18,8 @@ class EngineConfig:
     model_path: str
     device: torch.device
     dtype: torch.dtype
-    quantization: str | None = None  # "fp8": quantize an unquantized checkpoint's weights at load
+    # "fp8" (per channel) / "fp8-block" (128x128 blocks): quantize an unquantized checkpoint at load
+    quantization: str | None = None
     kv_cache_dtype: torch.dtype | None = None  # None: ``dtype``; float8_e4m3fn: the FP8 KV cache
     page_size: int = 1
     num_pages: int | None = None  # None: size the pool from memory (kv_cache_memory_gb on CPU)
@@ -39,6 +40,18 @@ class EngineConfig:
     seed: int = 0
     tp: DistributedInfo = DistributedInfo()
     dist_init_addr: str = "127.0.0.1:29500"  # rendezvous of the TP group (host:port), tp > 1 only
+    sampler: str = "triton"  # one of ``minisgl.sampling.SAMPLERS``; CPU logits always take torch
+    # eager CUDA forwards' token counts are rounded up to a multiple of this (1: no padding):
+    # cuBLAS picks a GEMM algorithm on the host for every new shape (``batch.py``)
+    pad_tokens: int = 64
+    pdl: bool = True  # Triton kernels launch with programmatic dependent launch (Hopper+)
+    # kernel switches for ablations (``quant.QuantizationConfig``): one-token unquantized layers
+    # through the Triton GEMV (else cuBLAS); FP8 per-channel one-token decode normalising inside
+    # the GEMVs (else the RMSNorm kernels); batches' QKV/gate-up inputs quantized by the RMSNorm
+    # (else by a kernel of their own)
+    gemv: bool = True
+    norm_gemv: bool = True
+    norm_quant: bool = True
 
     @property
     def kv_dtype(self) -> torch.dtype:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl import env
 from minisgl.attention import create_attention_backend
-from minisgl.core import Batch, Context, Req, SamplingParams
+from minisgl.context import Context
+from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, get_model_class
@@ -22,7 +22,7 @@ from minisgl.utils import init_logger
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
-from .sample import BatchSamplingArgs, SampleOutput, SamplingState, sample
+from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 
 logger = init_logger(__name__)
 
@@ -87,7 +87,7 @@ class Engine:
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool)
         # eager forwards' token counts are rounded up to this (batch.py says why)
-        self.pad_tokens = (_pad_tokens() if self.device.type == "cuda"
+        self.pad_tokens = (config.pad_tokens if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
         self.graph_runner = self.piecewise = None
         hybrid = self.state_pool is not None  # NOTE: no CUDA graphs over the state pool yet
@@ -96,7 +96,8 @@ class Engine:
             from .graph import GraphRunner
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
-            self.graph_runner = GraphRunner(self, max_bs)
+            self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
+                                            self.dummy_row, max_bs, config.pdl)
         if self.device.type == "cuda" and self.attn_backend.supports_padding and not hybrid:
             from .piecewise import STEP, PiecewiseRunner
 
@@ -104,7 +105,7 @@ class Engine:
             max_tokens = min(config.piecewise_cuda_graph_max_tokens,
                              -(-config.max_forward_tokens // STEP) * STEP)
             if max_tokens >= STEP:
-                self.piecewise = PiecewiseRunner(self, max_tokens)
+                self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s",
             mc.architecture, self.device, config.dtype, self.num_pages, config.page_size,
@@ -122,6 +123,7 @@ class Engine:
         backend = create_attention_backend(
             config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
         )
+        backend.pdl = config.pdl
         return pool, backend
 
     @property
@@ -135,6 +137,9 @@ class Engine:
             model = cls(self.model_config, self.comm, create_moe_backend(self.config.moe_backend))
         model = model.to(self.config.dtype).eval()
         restore_param_dtypes(model)
+        for module in model.modules():  # the layers that launch Triton kernels: fixed here, once
+            if hasattr(module, "pdl"):
+                module.pdl = self.config.pdl
         if self.config.dummy_weights:
             model.load_weights(dummy_weights(self.model_config, self.config.seed, self.device,
                                              self.config.dtype))
@@ -168,7 +173,7 @@ class Engine:
     @torch.inference_mode()
     def _profile_forward(self) -> int:
         """Peak bytes of one prefill of ``max_forward_tokens`` tokens (weights included)."""
-        pad = _pad_tokens()  # the most an eager forward runs: its budget, padding included
+        pad = self.config.pad_tokens  # an eager forward runs at most its budget, padding included
         tokens = min(-(-self.config.max_forward_tokens // pad) * pad, self.max_seq_len - 1)
         pages = -(-tokens // self.config.page_size) + 1
         pool, backend = self._make_pool(pages)
@@ -238,7 +243,7 @@ class Engine:
         if greedy is not None:  # sampled inside the graph, the tokens already in the pool
             out = SampleOutput(greedy, None, None, None)
         else:
-            out = sample(logits, args)
+            out = sample(logits, args, self.config.sampler)
             self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"
         host = [out.next_tokens.to("cpu", non_blocking=non_blocking)]
@@ -253,9 +258,3 @@ class Engine:
             event.record()
         return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps)
 
-
-def _pad_tokens() -> int:
-    value = env.PAD_TOKENS.get()
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{env.PAD_TOKENS.name}: must be an integer >= 1, got {value!r}")
-    return int(value)

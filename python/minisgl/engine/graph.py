@@ -18,18 +18,12 @@ copies into them through a device copy kernel).
 The graph gathers the rest itself (``kernel/triton/decode_step.py``), as ``prepare_batch`` would:
 the input token from the token pool (where the previous step's sampler wrote it); it also writes
 the new slots into the page table, which the scheduler's flush then leaves out (one copy and one
-kernel fewer a step). The batch's preparation outside the graph took eight launches (a copy,
-gathers, a cast, copies into the buffers), each a few microseconds of a one-token step. On an
-H100, batch 1, old and new code alternating in one call (``benchmark/results/s17_2026-11-25``):
-Qwen3-0.6B 0.98 against 1.07 ms per token (medians of ten), Qwen3-8B with FP8 weights 3.36
-against 3.38.
+kernel fewer a step): preparing the batch outside the graph would take eight launches (a copy,
+gathers, a cast, copies into the buffers), each a few microseconds of a one-token step.
 
 A plain greedy batch is also sampled inside the graph: the argmax is written to ``tokens`` and to
-the token pool, and only ``tokens`` goes back to the host. With the one copy and no flush, the
-GPU's time between two graphs (Qwen3-8B with FP8 weights, batch 1, an H100, profiled) fell from
-38-47 to 18-21 us, and the step from 3.313-3.352 to 3.292-3.316 ms per token (greedy and one
-copy), then from 3.286-3.297 to 3.263-3.274 (the slots), old and new alternating in one call on
-two machines (``benchmark/results/s19_2026-11-26``).
+the token pool, and only ``tokens`` goes back to the host, so the GPU waits only for that copy
+between two graphs.
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
 page (page 0, never handed to a request) and attending over that one slot.
@@ -47,7 +41,8 @@ from minisgl.kernel.triton.decode_step import gather_inputs, greedy_to_pool
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from minisgl.context import Context
+    from minisgl.models import BaseLLMModel
 
 logger = init_logger(__name__)
 
@@ -65,17 +60,24 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    def __init__(self, engine: Engine, max_bs: int) -> None:
-        self.engine = engine
+    """The decode graphs of one engine: its model, forward context (page table, KV pool, attention
+    backend), token pool and dummy row (the page table's last), captured for batches up to
+    ``max_bs``; ``pdl``: the graph's own kernels launch with programmatic dependent launch."""
+
+    def __init__(self, model: BaseLLMModel, ctx: Context, token_pool: torch.Tensor,
+                 dummy_row: int, max_bs: int, pdl: bool) -> None:
+        self.model, self.ctx, self.token_pool = model, ctx, token_pool
+        self.dummy_row, self.pdl = dummy_row, pdl
+        self.device = token_pool.device
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        self.rows = 5 + engine.attn_backend.graph_metadata_rows
-        self.inputs = torch.zeros(self.rows * self.max_bs, dtype=torch.int32, device=engine.device)
-        self.tokens = torch.zeros(self.max_bs, dtype=torch.int64, device=engine.device)
+        self.rows = 5 + ctx.attn_backend.graph_metadata_rows
+        self.inputs = torch.zeros(self.rows * self.max_bs, dtype=torch.int32, device=self.device)
+        self.tokens = torch.zeros(self.max_bs, dtype=torch.int64, device=self.device)
         self.logits: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
-        engine.attn_backend.init_cuda_graph(self.max_bs)
+        ctx.attn_backend.init_cuda_graph(self.max_bs)
         self._capture_all()
 
     def can_run(self, batch: Batch) -> bool:
@@ -96,13 +98,12 @@ class GraphRunner:
             gc.enable()
 
     def _capture_sizes(self) -> None:
-        engine = self.engine
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
-            batch = dummy_decode_batch(engine.dummy_row, bs)
+            batch = dummy_decode_batch(self.dummy_row, bs)
             inputs = self._inputs(bs)
             inputs.copy_(self._host_inputs(batch, bs, False, pin=False))  # the dummy request
-            engine.attn_backend.prepare_for_capture(batch, inputs[5:])
+            self.ctx.attn_backend.prepare_for_capture(batch, inputs[5:])
             with torch.cuda.stream(stream):
                 self._run(batch)  # warm-up: compiles every kernel variant before capture
                 graph = torch.cuda.CUDAGraph()
@@ -116,15 +117,15 @@ class GraphRunner:
     def _run(self, batch: Batch) -> torch.Tensor:
         """The captured forward: the batch's inputs gathered from the static rows, the model, and
         (flag set) the greedy tokens."""
-        engine = self.engine
+        ctx = self.ctx
         inputs = self._inputs(batch.size)
         batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
-            inputs[0], inputs[1], inputs[4], engine.token_pool, engine.page_table)
-        with engine.ctx.forward_batch(batch):
-            hidden = engine.model(batch.input_ids, batch.positions, engine.ctx)
-        logits = engine.model.compute_logits(hidden)
-        greedy_to_pool(logits, inputs[3], inputs[0], inputs[2], engine.token_pool,
-                       self.tokens[: batch.size])
+            inputs[0], inputs[1], inputs[4], self.token_pool, ctx.page_table)
+        with ctx.forward_batch(batch):
+            hidden = self.model(batch.input_ids, batch.positions, ctx)
+        logits = self.model.compute_logits(hidden)
+        greedy_to_pool(logits, inputs[3], inputs[0], inputs[2], self.token_pool,
+                       self.tokens[: batch.size], pdl=self.pdl)
         return logits
 
     def replay(self, batch: Batch, greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -146,10 +147,10 @@ class GraphRunner:
 
     def _host_inputs(self, batch: Batch, padded: int, greedy: bool, pin: bool) -> torch.Tensor:
         pad = padded - batch.size
-        rows = [req.table_idx for req in batch.reqs] + [self.engine.dummy_row] * pad
+        rows = [req.table_idx for req in batch.reqs] + [self.dummy_row] * pad
         new = [req.device_len - 1 for req in batch.reqs]  # decode: cached_len == device_len - 1
         slots = batch.out_slots if batch.out_slots is not None else [-1] * batch.size
-        meta = self.engine.attn_backend.replay_metadata(batch, padded)
+        meta = self.ctx.attn_backend.replay_metadata(batch, padded)
         # padding rows: the dummy request's slot 0 of the scratch page
         return torch.tensor([rows, new + [0] * pad, [p + 1 for p in new] + [0] * pad,
                              [int(greedy)] + [0] * (padded - 1), slots + [0] * pad, *meta],
@@ -158,7 +159,7 @@ class GraphRunner:
     def close(self) -> None:
         """Free the graphs. NCCL will not destroy a communicator while a graph that captured one of
         its collectives exists (destroying the TP group would hang): this must come first."""
-        torch.cuda.synchronize(self.engine.device)
+        torch.cuda.synchronize(self.device)
         for graph in self.graphs.values():
             graph.reset()
         self.graphs.clear()

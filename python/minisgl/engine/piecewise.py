@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.core import Batch, Context
+from minisgl.context import Context
+from minisgl.core import Batch
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from minisgl.models import BaseLLMModel
 
 logger = init_logger(__name__)
 
@@ -69,14 +70,15 @@ class _Cut:
 
 
 class PiecewiseRunner:
-    """The graphs of every captured token count, their static inputs, and their replay."""
+    """The graphs of every captured token count, their static inputs, and their replay: of one
+    engine's model over its forward context ``ctx`` (page table, KV pool, attention backend)."""
 
-    def __init__(self, engine: Engine, max_tokens: int) -> None:
+    def __init__(self, model: BaseLLMModel, ctx: Context, max_tokens: int) -> None:
         assert max_tokens >= STEP, f"piecewise CUDA graphs need max_tokens >= {STEP}"
-        self.engine = engine
+        self.model, self.ctx = model, ctx
         self.sizes = list(range(STEP, max_tokens + 1, STEP))
         self.max_tokens = self.sizes[-1]
-        device = engine.device
+        self.device = device = ctx.page_table.device
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.out_loc = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
@@ -116,14 +118,13 @@ class PiecewiseRunner:
                     self.sizes[0], self.max_tokens)
 
     def _run_cut(self, size: int, capture: bool):
-        engine = self.engine
         batch = Batch([], "prefill", input_ids=self.input_ids[:size],
                       positions=self.positions[:size], out_loc=self.out_loc[:size])
         cut = _Cut(self, capture)
-        ctx = Context(engine.page_table, engine.kv_pool, cut)  # type: ignore[arg-type]
+        ctx = Context(self.ctx.page_table, self.ctx.kv_pool, cut)  # type: ignore[arg-type]
         cut.begin()
         with ctx.forward_batch(batch):
-            hidden = engine.model(batch.input_ids, batch.positions, ctx)
+            hidden = self.model(batch.input_ids, batch.positions, ctx)
         cut.end()
         return cut.graphs, cut.layers, hidden
 
@@ -139,7 +140,7 @@ class PiecewiseRunner:
                 buf[n:size].zero_()  # the dummy request's tokens
         graphs, layers, hidden = self.pieces[size]
         q, k, v, out = (buf[:n] for buf in self._bufs)
-        backend = self.engine.attn_backend
+        backend = self.ctx.attn_backend
         for graph, layer_id in zip(graphs, layers):
             graph.replay()
             backend.forward(q, k, v, layer_id, batch, out=out)
@@ -148,7 +149,7 @@ class PiecewiseRunner:
 
     def close(self) -> None:
         """Free the graphs (before the TP group is destroyed: ``GraphRunner.close`` says why)."""
-        torch.cuda.synchronize(self.engine.device)
+        torch.cuda.synchronize(self.device)
         for graphs, _, _ in self.pieces.values():
             for graph in graphs:
                 graph.reset()

@@ -1,25 +1,15 @@
 """Gated activations. ``silu_and_mul`` runs the Triton kernel (``minisgl.kernel.triton.activation``,
-imported lazily) on CUDA tensors; ``silu_and_mul_ref`` is the torch reference that CPU runs."""
+imported lazily) on CUDA tensors; ``silu_and_mul_ref`` is the torch reference that CPU runs. Both
+live in ``minisgl.kernel.ops``, which the quantized linear methods share."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from minisgl.kernel.ops import silu_and_mul, silu_and_mul_ref
 
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` for ``x = [gate | up]`` along the last dimension."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` for ``x = [gate | up]``; one fused kernel on CUDA."""
-    if x.is_cuda and x.stride(-1) == 1:
-        from minisgl.kernel.triton.activation import silu_and_mul as triton_silu_and_mul
-
-        return triton_silu_and_mul(x)
-    return silu_and_mul_ref(x)
+__all__ = ["gelu_and_mul", "silu_and_mul", "silu_and_mul_ref"]
 
 
 def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:

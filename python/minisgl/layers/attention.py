@@ -16,11 +16,13 @@ from .norm import RMSNorm
 from .rotary import RotaryEmbedding, cos_sin_cache, pow2
 
 if TYPE_CHECKING:
-    from minisgl.core import Context
+    from minisgl.context import Context
     from minisgl.models.config import ModelConfig
 
 
 class AttentionLayer(nn.Module):
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
     def __init__(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator) -> None:
         super().__init__()
         self.layer_id, self.head_dim = layer_id, cfg.head_dim
@@ -68,7 +70,7 @@ class AttentionLayer(nn.Module):
             eps = self.q_norm.eps if self.q_norm is not None else 0.0
             norm_rope_store_(positions, q, k, v, cos_sin_cache(self.rotary.cfg, q.device),
                              pool.k_cache(self.layer_id), pool.v_cache(self.layer_id), out_loc,
-                             qw, kw, eps, pool.kv_scales(self.layer_id))
+                             qw, kw, eps, pool.kv_scales(self.layer_id), pdl=self.pdl)
             return q, k
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)

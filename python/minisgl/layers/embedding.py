@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
+from minisgl.quant import QuantizationConfig, unquantized_method
 
 from .base import copy_weight, new_param
-from .linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -43,17 +43,21 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over this rank's vocabulary slice, gathered across ranks. May share the embedding."""
 
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
     def __init__(
         self,
         vocab_size: int,
         hidden: int,
         comm: DistributedCommunicator,
         tied: VocabParallelEmbedding | None = None,
+        quant: QuantizationConfig | None = None,
     ) -> None:
         super().__init__(vocab_size, hidden, comm)
         if tied is not None:
             self.weight = tied.weight
+        self.method = unquantized_method(quant)  # never quantized; ``quant`` carries its switches
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.comm.all_gather(linear(hidden, self.weight), dim=-1)
+        logits = self.comm.all_gather(self.method.apply(self, hidden, None), dim=-1)
         return logits[..., : self.vocab_size]

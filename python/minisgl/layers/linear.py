@@ -1,16 +1,12 @@
 """Tensor-parallel linear layers: column-parallel (merged QKV, merged gate-up) and row-parallel.
 
-With an FP8 config (``minisgl.quant``) a layer's weight is e4m3 with block scales
-(``weight_scale_inv``), loaded shard by shard like the weight (the scales' ranges are the weight's,
-divided by the block size); with ``online`` it loads the checkpoint's weight as usual and quantizes
-it in ``quantize_weights_`` once loading is done: per output channel (``scale [N, 1]``, the default)
-or into blocks (``MINISGL_FP8_GEMM=block``).
-
-Tensor parallelism and per-channel scales: a column-parallel shard holds whole rows, so its rows'
-scales are TP=1's; a row-parallel shard holds part of each row, so the loader keeps the largest
-magnitude of every whole checkpoint row (``_row_amax``) and the shard is quantized with it. Either
-way every TP size holds the values TP=1 holds (the block-boundary check of ``copy_part`` concerns
-block scales loaded from a checkpoint only).
+A layer shards and loads; its ``LinearMethod`` (``minisgl.quant``, from the model's quantization
+config) decides which parameters it holds (a weight in the model's dtype, or e4m3 with
+``weight_scale_inv``), what happens after loading (online quantization) and which kernel runs. A
+scale tensor is loaded shard by shard like the weight, its ranges the weight's divided by the
+block size (``copy_part``'s ``unit``). The fusion capabilities (``can_fold_input_scale``,
+``takes_quantized_input``, ``fuses_one_token``) are the method's, asked by
+``layers.fusion.fuse_norms``.
 """
 
 from __future__ import annotations
@@ -18,96 +14,67 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from minisgl import env
 from minisgl.distributed import DistributedCommunicator, DistributedInfo
-from minisgl.quant import FP8, Fp8Config, fp8_linear, quantize_block, quantize_channel
+from minisgl.quant import QuantizationConfig, linear, linear_method, unquantized_method
 
-from .activation import silu_and_mul
 from .base import copy_part, divide, new_param
 
-USE_GEMV = env.GEMV.get() != "0"
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           gated: bool = False) -> torch.Tensor:
-    """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One token in
-    half precision on CUDA goes through the Triton GEMV, which streams the weight faster than cuBLAS
-    does at that shape and applies the gate as it reads x (benchmark/kernels/bench_gemv.py)."""
-    if USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 \
-            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:
-        from minisgl.kernel.triton.gemv import gemv
-
-        return gemv(x, weight, bias, gated)
-    return F.linear(silu_and_mul(x) if gated else x, weight, bias)
+__all__ = ["LinearColParallelMerged", "LinearQKVMerged", "LinearRowParallel", "ReplicatedLinear",
+           "linear"]
 
 
 class _Linear(nn.Module):
-    """A weight ``[out, in]`` sharded along ``shard_dim`` by ``_place``, optionally FP8."""
+    """A weight ``[out, in]`` sharded along ``shard_dim`` by ``_place``; the method from
+    ``quant``."""
 
     shard_dim = 0
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
 
     def _place(self, shard_id) -> tuple[int, int, int]:
         """(first row of this part in the local weight, first row in the checkpoint, rows)."""
         raise NotImplementedError
 
-    def _init_weight(self, out: int, inp: int, quant: Fp8Config | None) -> None:
-        self.quant = quant
-        fp8 = quant is not None and not quant.online
-        self.weight = new_param(out, inp, loader=self._load, dtype=FP8 if fp8 else None)
-        self.weight_scale_inv = None
-        if fp8:
-            bn, bk = quant.block
-            unit = quant.block[self.shard_dim]
-            self.weight_scale_inv = new_param(-(-out // bn), -(-inp // bk), dtype=torch.float32,
-                                              loader=functools.partial(self._load, unit=unit))
+    def _init_weight(self, out: int, inp: int, quant: QuantizationConfig | None) -> None:
+        self.method = linear_method(quant)
+        self.method.create_weights(self, out, inp, self._new_param)
+
+    def _new_param(self, *shape: int, dtype: torch.dtype | None = None,
+                   unit: int = 1) -> nn.Parameter:
+        return new_param(*shape, loader=functools.partial(self._load, unit=unit), dtype=dtype)
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id, unit: int = 1) -> None:
         dim = self.shard_dim if param.dim() == 2 else 0
-        if (dim == 1 and param is self.weight and self.quant is not None and self.quant.channel
-                and loaded.shape[1] != param.shape[1]):  # a shard of the rows: read them whole
-            whole = loaded.load() if hasattr(loaded, "load") else loaded
-            self._row_amax = whole.abs().amax(dim=1).float()
+        self.method.on_load(self, param, loaded)
         copy_part(param, loaded, dim, *self._place(shard_id), unit=unit)
-
-    @property
-    def scale_block(self) -> tuple[int, int] | None:
-        """The block of ``weight_scale_inv``; None: per-channel scales ``[N, 1]``."""
-        return None if self.quant.channel else self.quant.block
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False,
                 norm_eps: float | None = None, residual: torch.Tensor | None = None,
                 act: bool = False) -> torch.Tensor:
-        """``norm_eps``, ``residual`` and ``act``: see ``fp8_linear`` (FP8 layers only)."""
-        if self.weight_scale_inv is not None:
-            return fp8_linear(x, self.weight, self.weight_scale_inv, self.scale_block, bias, gated,
-                              norm_eps, residual, act)
-        assert norm_eps is None and residual is None and not act, \
-            "a fused norm, add or activation needs an FP8 layer"
-        return linear(x, self.weight, bias, gated)
+        """``norm_eps``, ``residual`` and ``act``: see ``LinearMethod.apply`` (only where
+        ``fuses_one_token``)."""
+        return self.method.apply(self, x, bias, gated, norm_eps, residual, act)
 
-    def quantize_weights_(self, input_scale: torch.Tensor | None = None) -> None:
-        """``--quantization fp8``: replace the loaded weight by e4m3 and its per-channel (or block)
-        scales. ``input_scale [K]``: multiplied into the weight's columns first, in fp32 (an
-        RMSNorm weight folded into the layer it feeds, ``DecoderLayer.fold_norms_``). Once per
-        layer: an e4m3 weight is left as it is."""
-        if self.quant is None or not self.quant.online or self.weight.dtype == FP8:
-            return
-        w = self.weight.data
-        if input_scale is not None:
-            w = w.float() * input_scale.float()
-        if self.quant.channel:
-            amax = getattr(self, "_row_amax", None)
-            amax = None if amax is None else amax.to(self.weight.device)
-            assert amax is None or input_scale is None, "a row-parallel shard is never folded into"
-            q, s = quantize_channel(w, amax)
-            self._row_amax = None
-        else:
-            q, s = quantize_block(w, self.quant.block)
-        self.weight = nn.Parameter(q, requires_grad=False)
-        self.weight_scale_inv = nn.Parameter(s, requires_grad=False)
+    def process_weights_after_loading(self) -> None:
+        self.method.process_weights_after_loading(self)
+
+    @property
+    def can_fold_input_scale(self) -> bool:
+        return self.method.folds_input_scale(self)
+
+    def fold_input_scale_(self, scale: torch.Tensor) -> None:
+        """Multiply ``scale [K]`` into the weight's columns as the method processes it (an RMSNorm
+        weight folded into the layer it feeds; only where ``can_fold_input_scale``)."""
+        assert self.can_fold_input_scale
+        self.method.process_weights_after_loading(self, input_scale=scale)
+
+    def takes_quantized_input(self, dtype: torch.dtype) -> bool:
+        return self.method.takes_quantized_input(self, dtype)
+
+    @property
+    def fuses_one_token(self) -> bool:
+        return self.method.fuses_one_token
 
 
 class LinearQKVMerged(_Linear):
@@ -118,7 +85,7 @@ class LinearQKVMerged(_Linear):
     """
 
     def __init__(self, hidden: int, head_dim: int, num_qo: int, num_kv: int, bias: bool,
-                 tp: DistributedInfo, quant: Fp8Config | None = None) -> None:
+                 tp: DistributedInfo, quant: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.tp, self.head_dim = tp, head_dim
         self.num_kv_total = num_kv
@@ -146,7 +113,7 @@ class LinearColParallelMerged(_Linear):
     """Several column-parallel projections of the same input in one GEMM (gate and up)."""
 
     def __init__(self, in_features: int, out_features: list[int], bias: bool, tp: DistributedInfo,
-                 quant: Fp8Config | None = None):
+                 quant: QuantizationConfig | None = None):
         super().__init__()
         self.tp = tp
         self.local_sizes = [divide(n, tp.size, "intermediate_size") for n in out_features]
@@ -170,7 +137,7 @@ class LinearRowParallel(_Linear):
     shard_dim = 1
 
     def __init__(self, in_features: int, out_features: int, bias: bool, comm: DistributedCommunicator,
-                 quant: Fp8Config | None = None):
+                 quant: QuantizationConfig | None = None):
         super().__init__()
         self.comm, tp = comm, comm.info
         self.local_in = divide(in_features, tp.size, "row-parallel input")
@@ -194,9 +161,13 @@ class ReplicatedLinear(nn.Module):
     """A small linear layer every rank holds whole (the MoE router; never quantized, as in the
     published FP8 checkpoints)."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
+    def __init__(self, in_features: int, out_features: int,
+                 quant: QuantizationConfig | None = None) -> None:
         super().__init__()
-        self.weight = new_param(out_features, in_features)
+        self.method = unquantized_method(quant)
+        self.method.create_weights(self, out_features, in_features, new_param)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
+        return self.method.apply(self, x, None)

@@ -27,9 +27,9 @@ from .base import copy_part, divide, new_param
 from .linear import LinearRowParallel, _Linear
 
 if TYPE_CHECKING:
-    from minisgl.core import Batch, Context
-    from minisgl.kvcache.state_pool import StatePool
-    from minisgl.quant import Fp8Config
+    from minisgl.context import Context
+    from minisgl.core import Batch
+    from minisgl.quant import QuantizationConfig
 
 
 @dataclass
@@ -68,7 +68,7 @@ class SplitColumnLinear(_Linear):
     A checkpoint tensor holds some consecutive parts; its shard id is their indices."""
 
     def __init__(self, in_features: int, parts: list[int], comm: DistributedCommunicator,
-                 quant: Fp8Config | None = None, what: str = "linear attention heads") -> None:
+                 quant: QuantizationConfig | None = None, what: str = "linear attention heads") -> None:
         super().__init__()
         self.tp = comm.info
         self.parts = parts
@@ -77,6 +77,7 @@ class SplitColumnLinear(_Linear):
         self.bias = None
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id, unit: int = 1) -> None:
+        self.method.on_load(self, param, loaded)
         load_parts(param, loaded, self.parts, self.local, tuple(shard_id), self.tp.rank, unit)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,7 @@ class GatedDeltaNet(nn.Module):
     ``(qkv [T, conv_dim], z [T, Hv, Dv], b [T, Hv], a [T, Hv])`` for this rank."""
 
     def __init__(self, cfg: dict, state_index: int, comm: DistributedCommunicator,
-                 quant: Fp8Config | None) -> None:
+                 quant: QuantizationConfig | None) -> None:
         super().__init__()
         tp = comm.info.size
         self.state_index = state_index  # which linear layer of the state pool

@@ -10,19 +10,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.quant.linear import QuantizedInput
+from minisgl.kernel.ops import rms_norm
+from minisgl.quant.base import QuantizedInput
 
 from .base import new_param
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalise in float32, scale in the input dtype (as Hugging Face does, for bit parity)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+__all__ = ["RMSNorm", "RMSNormFused", "rms_norm"]
 
 
 class RMSNorm(nn.Module):
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
@@ -32,14 +30,14 @@ class RMSNorm(nn.Module):
         if x.is_cuda:
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
-            return triton_rms_norm(x, self.weight, self.eps)
+            return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl)
         return rms_norm(x, self.weight, self.eps)
 
 
 class RMSNormFused(RMSNorm):
     """``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``; residual None on
     layer 0. ``quantize`` (CUDA, 2-D x): the norm comes back quantized per token for the FP8 layer
-    it feeds, a ``QuantizedInput`` (``DecoderLayer.forward``)."""
+    it feeds, a ``QuantizedInput`` (``fusion.NormFusion.quantized_inputs``)."""
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False
@@ -49,11 +47,12 @@ class RMSNormFused(RMSNorm):
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
             if quantize:
-                q, scale, residual = rms_norm_quant(x, self.weight, self.eps, residual)
+                q, scale, residual = rms_norm_quant(x, self.weight, self.eps, residual,
+                                                    pdl=self.pdl)
                 return QuantizedInput(q, scale, x.dtype), residual
             if residual is None:
-                return triton_rms_norm(x, self.weight, self.eps), x
-            return fused_add_rms_norm(x, residual, self.weight, self.eps)
+                return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl), x
+            return fused_add_rms_norm(x, residual, self.weight, self.eps, pdl=self.pdl)
         if residual is not None:
             x = x + residual
         return rms_norm(x, self.weight, self.eps), x

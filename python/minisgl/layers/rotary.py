@@ -59,6 +59,8 @@ def pow2(n: int) -> bool:
 
 
 class RotaryEmbedding(nn.Module):
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
     def __init__(self, cfg: RotaryConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -73,7 +75,7 @@ class RotaryEmbedding(nn.Module):
         if q.is_cuda and pow2(q.shape[-1]):
             from minisgl.kernel.triton.rotary import apply_rope_
 
-            apply_rope_(positions, q, k, cos_sin_cache(self.cfg, q.device))
+            apply_rope_(positions, q, k, cos_sin_cache(self.cfg, q.device), pdl=self.pdl)
             return q, k
         cos, sin = cos_sin_cache(self.cfg, q.device)[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)

@@ -18,17 +18,22 @@ from minisgl.kvcache import PREFIX_CACHES
 from minisgl.models import ModelConfig
 from minisgl.moe import MOE_BACKENDS, resolve_moe_backend
 from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
+from minisgl.sampling import SAMPLERS
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.config import check_schedule
 
+WARMUP_MODES = ("auto", "on", "off")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SAMPLERS = ("auto", *SAMPLERS)
 
 
 @dataclass(frozen=True)
 class EngineOptions:
     device: str = "auto"  # "auto": cuda when a GPU is present, else cpu
     dtype: str = "auto"  # "auto": float32 on CPU; on GPU the checkpoint's dtype (float32 -> bfloat16)
-    quantization: str | None = None  # "fp8": quantize the weights at load (FP8 checkpoints need none)
+    # "fp8" (per channel) or "fp8-block" (128x128 blocks): quantize the weights at load (FP8
+    # checkpoints need none)
+    quantization: str | None = None
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8_e4m3": FP8 K/V with per-layer scales
     page_size: int = 1
     cache: str = "radix"
@@ -46,6 +51,12 @@ class EngineOptions:
     # prefill/mixed forwards of up to this many tokens: piecewise CUDA graphs (0: off; GPU only)
     piecewise_cuda_graph_max_tokens: int = 4096
     disable_overlap: bool = False  # read every forward back before launching the next
+    # kernel ablations (``EngineConfig``'s gemv, norm_gemv, norm_quant): one-token unquantized
+    # layers through cuBLAS; fp8 one-token decode through the RMSNorm kernels; fp8 batches' inputs
+    # quantized by a kernel of their own
+    disable_gemv: bool = False
+    disable_norm_gemv: bool = False
+    disable_norm_quant: bool = False
     schedule_mode: str = "mixed"  # "mixed": decode tokens and prefill chunks share steps
     # tokens of one mixed step; None: see ``default_batched_tokens``
     max_num_batched_tokens: int | None = None
@@ -53,6 +64,13 @@ class EngineOptions:
     max_wait_steps: int = 64
     dummy_weights: bool = False
     seed: int = 0
+    # ablations: "auto" (Triton kernels on CUDA, the torch reference on CPU), "torch", "triton-row"
+    sampler: str = "auto"
+    pad_tokens: int = 64  # eager CUDA forwards padded to a multiple of this many tokens (1: off)
+    disable_pdl: bool = False  # Triton kernels without programmatic dependent launch (Hopper+)
+    # run every kernel variant before serving (scheduler/warmup.py); "auto": on CUDA only (the
+    # CPU path compiles nothing)
+    warmup: str = "auto"
 
     @classmethod
     def from_kwargs(cls, owner: str, options: dict[str, Any]) -> EngineOptions:
@@ -70,7 +88,7 @@ class EngineOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
 
-        for name in ("page_size", "max_prefill_tokens", "max_running_requests"):
+        for name in ("page_size", "max_prefill_tokens", "max_running_requests", "pad_tokens"):
             positive(name)
         positive("num_pages", allow_none=True)
         if self.num_state_snapshots is not None and (
@@ -100,6 +118,8 @@ class EngineOptions:
         if self.moe_backend != "auto" and self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend: {self.moe_backend!r} is not one of auto, "
                              f"{', '.join(MOE_BACKENDS.names)}")
+        if self.warmup not in WARMUP_MODES:
+            raise ValueError(f"warmup: {self.warmup!r} is not one of {', '.join(WARMUP_MODES)}")
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs: must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
         if (not isinstance(self.piecewise_cuda_graph_max_tokens, int)
@@ -110,7 +130,14 @@ class EngineOptions:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
         if not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb: must be > 0, got {self.kv_cache_memory_gb}")
-        _resolve_device(self.device)
+        device = _resolve_device(self.device)
+        if self.sampler not in _SAMPLERS:
+            raise ValueError(f"sampler: {self.sampler!r} is not one of {', '.join(_SAMPLERS)}")
+        if self.sampler in ("triton", "triton-row") and device.type != "cuda":
+            raise ValueError(f"sampler: {self.sampler!r} runs Triton kernels, which need a CUDA "
+                             "device (CPU samples with the torch reference: auto or torch)")
+        if not isinstance(self.disable_pdl, bool):
+            raise ValueError(f"disable_pdl: must be a boolean, got {self.disable_pdl!r}")
 
     def default_batched_tokens(self, device: torch.device, online: bool,
                                model_path: str | None = None) -> int:
@@ -158,6 +185,13 @@ class EngineOptions:
                                    self.max_running_requests),
             dummy_weights=self.dummy_weights,
             seed=self.seed,
+            sampler=("triton" if device.type == "cuda" else "torch") if self.sampler == "auto"
+            else self.sampler,
+            pad_tokens=self.pad_tokens,
+            pdl=not self.disable_pdl,
+            gemv=not self.disable_gemv,
+            norm_gemv=not self.disable_norm_gemv,
+            norm_quant=not self.disable_norm_quant,
         )
         return SchedulerConfig(
             engine=engine,
@@ -169,6 +203,7 @@ class EngineOptions:
             max_num_batched_tokens=batched,
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
+            warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
         )
 
     def _resolve_dtype(self, model_path: str, device: torch.device) -> torch.dtype:

@@ -9,9 +9,11 @@ from typing import Sequence, Union
 from tqdm import tqdm
 
 from minisgl.core import SamplingParams
+from minisgl.env import use_kernel_cache
 from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
 from minisgl.scheduler import Scheduler, TokenOutput
+from minisgl.scheduler.warmup import warm_up
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl.utils.hf import load_tokenizer
 
@@ -51,6 +53,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, tp: int = 1, **options) -> None:
         opts = EngineOptions.from_kwargs("LLM()", options)
+        use_kernel_cache()
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp: must be a positive integer, got {tp!r}")
         self.model_path = resolve_model_path(model)
@@ -65,6 +68,8 @@ class LLM:
             self.scheduler = TPScheduler(config, tp)
         self._finalizer = weakref.finalize(self, self.scheduler.close)
         self._next_uid = 0
+        if config.warmup:
+            warm_up(self.scheduler)
 
     def close(self) -> None:
         """Release the engine now (idempotent); the object cannot generate afterwards."""

@@ -23,13 +23,19 @@ class AbortBackendMsg(BaseBackendMsg):
     uid: int
 
 
+class FlushCacheBackendMsg(BaseBackendMsg):
+    """Evict the whole prefix cache if no request runs or waits; rank 0 answers under ``uid``."""
+
+    uid: int
+
+
 class ExitMsg(BaseBackendMsg):
     """Finish what is running (up to the launcher's timeout), then exit."""
 
 
 class BatchBackendMsg(BaseBackendMsg):
-    msgs: list[Union[UserMsg, AbortBackendMsg, ExitMsg]]
+    msgs: list[Union[UserMsg, AbortBackendMsg, FlushCacheBackendMsg, ExitMsg]]
 
 
-BackendMsg = Union[UserMsg, AbortBackendMsg, ExitMsg, BatchBackendMsg]
+BackendMsg = Union[UserMsg, AbortBackendMsg, FlushCacheBackendMsg, ExitMsg, BatchBackendMsg]
 BACKEND_CODEC: Codec[BackendMsg] = Codec(BackendMsg)

@@ -42,6 +42,13 @@ class RequestErrorMsg(BaseDetokenizerMsg):
     status: int = 400
 
 
+class CacheFlushedMsg(BaseDetokenizerMsg):
+    """The prefix cache of every rank is empty (the answer to ``FlushCacheBackendMsg``)."""
+
+    uid: int
+    freed_tokens: int
+
+
 class SchedulerStatsMsg(BaseDetokenizerMsg):
     num_running: int
     num_waiting: int
@@ -51,6 +58,7 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     kv_total_tokens: int
     cache_hit_tokens: int
     max_context_len: int
+    ready: bool = True  # the warm-up is done: readiness routes answer 200
     # hybrid models: recurrent-state slots of requests in use / in all, snapshots the radix cache
     # holds, and the state pool's bytes (all 0 for other models)
     state_slots_used: int = 0
@@ -60,8 +68,10 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
 
 
 class BatchDetokenizerMsg(BaseDetokenizerMsg):
-    msgs: list[Union[DetokenizeMsg, RequestErrorMsg, SchedulerStatsMsg]]
+    msgs: list[Union[DetokenizeMsg, RequestErrorMsg, CacheFlushedMsg, SchedulerStatsMsg]]
 
 
-DetokenizerMsg = Union[DetokenizeMsg, RequestErrorMsg, SchedulerStatsMsg, BatchDetokenizerMsg]
+DetokenizerMsg = Union[
+    DetokenizeMsg, RequestErrorMsg, CacheFlushedMsg, SchedulerStatsMsg, BatchDetokenizerMsg
+]
 DETOKENIZER_CODEC: Codec[DetokenizerMsg] = Codec(DetokenizerMsg)

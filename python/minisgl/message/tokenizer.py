@@ -29,9 +29,15 @@ class AbortMsg(BaseTokenizerMsg):
     uid: int
 
 
+class FlushCacheMsg(BaseTokenizerMsg):
+    """Empty the prefix cache (``POST /flush_cache``); answered under ``uid`` like a request."""
+
+    uid: int
+
+
 class BatchTokenizerMsg(BaseTokenizerMsg):
-    msgs: list[Union[TokenizeMsg, AbortMsg]]
+    msgs: list[Union[TokenizeMsg, AbortMsg, FlushCacheMsg]]
 
 
-TokenizerMsg = Union[TokenizeMsg, AbortMsg, BatchTokenizerMsg]
+TokenizerMsg = Union[TokenizeMsg, AbortMsg, FlushCacheMsg, BatchTokenizerMsg]
 TOKENIZER_CODEC: Codec[TokenizerMsg] = Codec(TokenizerMsg)

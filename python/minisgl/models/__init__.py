@@ -1,5 +1,6 @@
 from .base import BaseLLMModel
 from .config import ModelConfig, RotaryConfig, load_eos_token_ids
-from .register import MODELS, get_model_class
+from .registry import ARCHITECTURES, get_model_class
 
-__all__ = ["MODELS", "BaseLLMModel", "ModelConfig", "RotaryConfig", "get_model_class", "load_eos_token_ids"]
+__all__ = ["ARCHITECTURES", "BaseLLMModel", "ModelConfig", "RotaryConfig", "get_model_class",
+           "load_eos_token_ids"]

@@ -1,6 +1,8 @@
 """Model configuration read from a Hugging Face ``config.json`` dict.
 
-Accepts both transformers-4 and transformers-5 spellings: ``rope_theta``/``rope_scaling`` versus
+``ModelConfig.from_dict`` hands the dict to the parser of the family its ``architectures`` entry
+names (each model file's ``parse_config``); ``common_fields`` is what they share. Both
+transformers-4 and transformers-5 spellings are accepted: ``rope_theta``/``rope_scaling`` versus
 ``rope_parameters``, ``torch_dtype`` versus ``dtype``, ``num_experts`` versus ``num_local_experts``.
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minisgl.quant import Fp8Config, fp8_config_from_checkpoint
+from minisgl.quant import QuantizationConfig, fp8_config_from_checkpoint
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,9 @@ class ModelConfig:
     norm_topk_prob: bool = True
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
-    # FP8 weights: from the checkpoint's quantization_config, or online (--quantization fp8)
-    quant: Fp8Config | None = None
+    # the weight format: the checkpoint's quantization_config (None: unquantized); the engine
+    # resolves it with the quantization option and the kernel switches (never None there)
+    quant: QuantizationConfig | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -69,67 +72,69 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        """Parsed by the family its ``architectures`` entry names (``registry``)."""
         archs = cfg.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
-        if isinstance(cfg.get("text_config"), dict):  # a VLM served as text (Qwen3.5)
-            outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
-            cfg = {**outer, **cfg["text_config"], "architectures": archs}
-        model_type = cfg.get("model_type", "")
-        hidden = cfg["hidden_size"]
-        num_heads = cfg["num_attention_heads"]
-        head_dim = cfg.get("head_dim") or hidden // num_heads
-        rope_params = dict(cfg.get("rope_parameters") or {})
-        scaling = cfg.get("rope_scaling") or None
-        base = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        if scaling is None and rope_params.get("rope_type", "default") != "default":
-            scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-        if scaling is not None:
-            scaling = dict(scaling)
-            scaling.setdefault("rope_type", scaling.get("type", "default"))
-            if scaling["rope_type"] == "default":
-                scaling = None
-            else:
-                scaling = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                                       for k, v in scaling.items()))
-        max_pos = cfg.get("max_position_embeddings", 4096)
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        dtype_name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-        num_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-        return cls(
-            architecture=archs[0],
-            model_type=model_type,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=cfg.get("intermediate_size", 0),
-            num_layers=cfg["num_hidden_layers"],
-            num_qo_heads=num_heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=head_dim,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rotary=RotaryConfig(head_dim, float(base), max_pos, scaling),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position=max_pos,
-            hidden_act=cfg.get("hidden_act", "silu"),
-            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
-            dtype=getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name,
-            eos_token_ids=eos_ids,
-            num_experts=num_experts,
-            num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
-            moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-            mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
-            decoder_sparse_step=cfg.get("decoder_sparse_step") or 1,
-            quant=fp8_config_from_checkpoint(cfg),
-            raw=cfg,
-        )
+        from .registry import get_model_class
+
+        return get_model_class(archs[0]).parse_config(cfg)
 
     @classmethod
     def from_path(cls, model_dir: str) -> ModelConfig:
         with open(os.path.join(model_dir, "config.json")) as f:
             return cls.from_dict(json.load(f))
+
+
+def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The fields every decoder-only family reads the same way, as ``ModelConfig`` keywords; a
+    family's parser adds its own (``attention_bias``, ``qk_norm``, the MoE fields)."""
+    hidden = cfg["hidden_size"]
+    num_heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or hidden // num_heads
+    max_pos = cfg.get("max_position_embeddings", 4096)
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    dtype_name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    return dict(
+        architecture=cfg["architectures"][0],
+        model_type=cfg.get("model_type", ""),
+        vocab_size=cfg["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=cfg.get("intermediate_size", 0),
+        num_layers=cfg["num_hidden_layers"],
+        num_qo_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=head_dim,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rotary=rotary_config(cfg, head_dim, max_pos),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position=max_pos,
+        hidden_act=cfg.get("hidden_act", "silu"),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        dtype=getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name,
+        eos_token_ids=eos_ids,
+        quant=fp8_config_from_checkpoint(cfg),
+        raw=cfg,
+    )
+
+
+def rotary_config(cfg: dict[str, Any], head_dim: int, max_pos: int) -> RotaryConfig:
+    """RoPE from ``rope_theta``/``rope_scaling`` (transformers 4) or ``rope_parameters`` (5)."""
+    rope_params = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or None
+    base = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if scaling is None and rope_params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    if scaling is not None:
+        scaling = dict(scaling)
+        scaling.setdefault("rope_type", scaling.get("type", "default"))
+        if scaling["rope_type"] == "default":
+            scaling = None
+        else:
+            scaling = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                   for k, v in scaling.items()))
+    return RotaryConfig(head_dim, float(base), max_pos, scaling)
 
 
 def load_eos_token_ids(model_dir: str, tokenizer=None) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from minisgl.layers.base import divide, new_param
 from minisgl.layers.rotary import _inv_freq
 
 if TYPE_CHECKING:
-    from minisgl.core import Context
+    from minisgl.context import Context
     from minisgl.models.config import ModelConfig, RotaryConfig
     from minisgl.moe import BaseMoeBackend
 

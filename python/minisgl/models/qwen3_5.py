@@ -35,7 +35,7 @@ class Qwen3_5GatedDeltaNet(GatedDeltaNet):
         return qkv, z.reshape(t, self.num_v_heads, self.v_dim), b, a
 
 
-class Qwen3_5Model(HybridModel):
+class Qwen3_5ForConditionalGeneration(HybridModel):
     linear_cls = Qwen3_5GatedDeltaNet
     prefix = "model.language_model."
     skipped = {

@@ -24,11 +24,11 @@ from minisgl.moe import BaseMoeBackend
 from minisgl.utils import init_logger
 
 from .base import BaseLLMModel
-from .config import ModelConfig, RotaryConfig
+from .config import ModelConfig, RotaryConfig, common_fields
 from .hybrid import DenseMLP, FusedOffsetRMSNorm, GatedAttention, SharedExpertMoE
 
 if TYPE_CHECKING:
-    from minisgl.core import Context
+    from minisgl.context import Context
 
 logger = init_logger(__name__)
 
@@ -101,9 +101,6 @@ class HybridDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def fold_norms_(self) -> None:
-        """The (1 + w) norms are not folded into FP8 projections (``DecoderLayer.fold_norms_``)."""
-
 
 # checkpoint name (prefix removed) -> (our name, shard id)
 _RULES: list[tuple[re.Pattern, str, object]] = [
@@ -134,9 +131,25 @@ class HybridModel(BaseLLMModel):
     # checkpoint projection name -> (our SplitColumnLinear, its part ids)
     split_projs = {"in_proj_qkvz": ("in_proj_qkvz", (0,)), "in_proj_ba": ("in_proj_ba", (0,))}
 
+    @classmethod
+    def parse_config(cls, raw: dict) -> ModelConfig:
+        """A vision-language checkpoint's ``text_config`` is read as the model's config."""
+        if isinstance(raw.get("text_config"), dict):
+            outer = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config")}
+            raw = {**outer, **raw["text_config"], "architectures": raw["architectures"]}
+        return ModelConfig(
+            **common_fields(raw),
+            num_experts=raw.get("num_experts") or 0,
+            num_experts_per_tok=raw.get("num_experts_per_tok", 0),
+            moe_intermediate_size=raw.get("moe_intermediate_size", 0),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
+            decoder_sparse_step=raw.get("decoder_sparse_step") or 1,
+        )
+
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator,
                  moe: BaseMoeBackend) -> None:
-        nn.Module.__init__(self)
+        nn.Module.__init__(self)  # not BaseLLMModel's: the layers are built here
         self.cfg = cfg
         self.layer_types = layer_types(cfg.raw)
         self.kv_index = {i: n for n, i in enumerate(
@@ -149,7 +162,8 @@ class HybridModel(BaseLLMModel):
                                     for i in range(cfg.num_layers))
         self.norm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
+                                      quant=cfg.quant)
         attn = next(l.self_attn for l in self.layers if not l.is_linear)
         lin = next(l.linear_attn for l in self.layers if l.is_linear)
         self.num_kv_layers, self.num_linear_layers = len(self.kv_index), len(self.state_index)
@@ -278,3 +292,7 @@ def _unfuse_experts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torc
             gate, up = full[e].chunk(2, dim=0)
             yield f"{prefix}.mlp.experts.{e}.gate_proj.weight", gate
             yield f"{prefix}.mlp.experts.{e}.up_proj.weight", up
+
+
+class Qwen3NextForCausalLM(HybridModel):
+    pass

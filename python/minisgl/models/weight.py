@@ -16,7 +16,6 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
-from minisgl.quant import quantize_block
 from minisgl.utils import init_logger
 
 from .config import ModelConfig
@@ -161,12 +160,12 @@ def dummy_weights(
     """Random weights of a realistic scale, for benchmarks without a checkpoint.
 
     Each full tensor is drawn from a generator seeded by (seed, name) and then sharded by the
-    normal loader, so every TP size sees the same model. With an FP8 checkpoint's config the
-    projection weights come quantized, as that checkpoint would hold them.
+    normal loader, so every TP size sees the same model. With a quantized checkpoint's config the
+    projection weights come quantized, as that checkpoint would hold them
+    (``QuantizationConfig.checkpoint_tensors``).
     """
-    from .register import get_model_class
+    from .registry import get_model_class
 
-    fp8_checkpoint = cfg.quant is not None and not cfg.quant.online
     model_shapes = getattr(get_model_class(cfg.architecture), "checkpoint_shapes", None)
     shapes = model_shapes(cfg) if model_shapes is not None else _checkpoint_shapes(cfg)
     for name, shape in shapes:
@@ -175,9 +174,7 @@ def dummy_weights(
             continue
         gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
-        if fp8_checkpoint and _QUANTIZED.search(name):  # the FP8 checkpoint format: e4m3 + scales
-            q, scale_inv = quantize_block(tensor, cfg.quant.block)
-            yield name, q
-            yield name + "_scale_inv", scale_inv
+        if cfg.quant is not None and _QUANTIZED.search(name):
+            yield from cfg.quant.checkpoint_tensors(name, tensor)
             continue
         yield name, tensor

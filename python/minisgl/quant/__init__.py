@@ -1,6 +1,13 @@
-"""Quantized weights and KV cache: the FP8 (e4m3; block-scaled or per-channel) formats, its torch reference and the
-linear method the layers call (kernels in ``minisgl.kernel.triton.fp8_*``)."""
+"""Quantized weights and KV cache. ``base``: the seam (``QuantizationConfig``, ``LinearMethod``);
+one module per format (``unquantized``, ``fp8_channel``, ``fp8_block``); ``config``: which format
+a model runs with; ``fp8_dispatch``: the FP8 kernel decision table; ``fp8``: the FP8 layouts'
+torch reference (kernels in ``minisgl.kernel.triton.fp8_*``)."""
 
+from .base import (
+    LinearMethod,
+    QuantizationConfig,
+    QuantizedInput,
+)
 from .config import (
     QUANTIZATIONS,
     Fp8Config,
@@ -20,13 +27,17 @@ from .fp8 import (
     quantize_groups,
     quantize_kv,
 )
-from .linear import fp8_linear
+from .fp8_dispatch import fp8_linear
+from .unquantized import UnquantizedConfig, linear, linear_method, unquantized_method
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 __all__ = [
-    "FP8", "FP8_MAX", "KV_CACHE_DTYPES", "QUANTIZATIONS", "Fp8Config", "block_gemm_reference",
-    "channel_gemm_reference", "dequantize_block", "dequantize_channel", "fp8_config_from_checkpoint",
-    "fp8_device_error", "fp8_linear",
-    "quantize_block", "quantize_channel", "quantize_groups", "quantize_kv", "resolve_quantization",
+    "FP8", "FP8_MAX", "KV_CACHE_DTYPES", "QUANTIZATIONS", "Fp8Config", "LinearMethod",
+    "QuantizationConfig", "QuantizedInput", "UnquantizedConfig", "block_gemm_reference",
+    "channel_gemm_reference", "dequantize_block", "dequantize_channel",
+    "fp8_config_from_checkpoint",
+    "fp8_device_error", "fp8_linear", "linear", "linear_method", "quantize_block",
+    "quantize_channel", "quantize_groups", "quantize_kv", "resolve_quantization",
+    "unquantized_method",
 ]

@@ -1,31 +1,41 @@
 """Which quantization a model runs with: parsed from the checkpoint's ``quantization_config`` or
-asked for with ``--quantization fp8`` (then the weights are quantized while loading: per output
-channel, or in 128x128 blocks with ``MINISGL_FP8_GEMM=block``).
+asked for with ``--quantization`` (then the weights are quantized while loading):
 
-Only the format of the published FP8 checkpoints (Qwen3-*-FP8, DeepSeek-V3) is accepted: e4m3 weights
-with one ``weight_scale_inv`` per ``weight_block_size`` block and activations quantized dynamically
-per token and column group. Anything else is refused by name rather than loaded wrongly.
+* ``fp8``: dense weights per output channel (``fp8_channel``); MoE experts in 128x128 blocks.
+* ``fp8-block``: dense weights and experts in 128x128 blocks, the FP8 checkpoints' format
+  (``fp8_block``).
+
+Only the format of the published FP8 checkpoints (Qwen3-*-FP8, DeepSeek-V3) is read from a
+checkpoint: e4m3 weights with one ``weight_scale_inv`` per ``weight_block_size`` block and
+activations quantized dynamically per token and column group. Anything else is refused by name
+rather than loaded wrongly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Iterator
 
-from minisgl.env import FP8_GEMM
+import torch
 
-QUANTIZATIONS = ("fp8",)
+from .base import LinearMethod, QuantizationConfig
+from .fp8 import quantize_block
+from .unquantized import UnquantizedConfig
+
+QUANTIZATIONS = ("fp8", "fp8-block")
 DEFAULT_BLOCK = (128, 128)
 
 
 @dataclass(frozen=True)
-class Fp8Config:
+class Fp8Config(QuantizationConfig):
     """``block``: (rows, columns) of the weight that share one scale; the activation groups are
     ``block[1]`` columns wide, so a GEMM's K loop meets one weight scale and one activation scale per
     step. ``online``: the checkpoint holds bf16/fp16/fp32 weights that are quantized at load."""
 
+    name: ClassVar[str] = "fp8"
     block: tuple[int, int] = DEFAULT_BLOCK
-    online: bool = False
+    online: bool = False  # type: ignore[assignment]
     # online only: one scale per output channel of each dense projection ([N, 1], activations per
     # token, ``torch._scaled_mm``) instead of ``block`` scales. MoE experts keep ``block`` scales
     # (the fused MoE kernel reads block scales only).
@@ -38,6 +48,32 @@ class Fp8Config:
         if self.block[1] & (self.block[1] - 1) or self.block[1] < 16:
             raise ValueError(f"quantization_config.weight_block_size: the column block must be a "
                              f"power of two >= 16 (the GEMM's K step), got {self.block[1]}")
+        if self.channel and not self.online:
+            raise ValueError("per-channel FP8 is an online quantization (--quantization fp8)")
+
+    def linear_method(self) -> LinearMethod:
+        if self.channel:
+            from .fp8_channel import Fp8ChannelLinearMethod
+
+            return Fp8ChannelLinearMethod(self.norm_gemv, self.norm_quant)
+        from .fp8_block import Fp8BlockLinearMethod
+
+        return Fp8BlockLinearMethod(self.block, self.online)
+
+    def expert_block(self) -> tuple[int, int] | None:
+        return self.block
+
+    def device_error(self, device_type: str, capability: tuple[int, int] | None) -> str | None:
+        return fp8_device_error(device_type, capability)
+
+    def checkpoint_tensors(self, name: str, tensor: torch.Tensor
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.online:
+            yield name, tensor
+            return
+        q, scale_inv = quantize_block(tensor, self.block)
+        yield name, q
+        yield name + "_scale_inv", scale_inv
 
 
 def fp8_config_from_checkpoint(raw: dict[str, Any]) -> Fp8Config | None:
@@ -62,16 +98,20 @@ def fp8_config_from_checkpoint(raw: dict[str, Any]) -> Fp8Config | None:
     return Fp8Config(block=tuple(int(b) for b in block))
 
 
-def resolve_quantization(checkpoint: Fp8Config | None, option: str | None) -> Fp8Config | None:
-    """The checkpoint's own format wins; ``option == "fp8"`` quantizes an unquantized checkpoint."""
+def resolve_quantization(checkpoint: QuantizationConfig | None, option: str | None,
+                         **switches: bool) -> QuantizationConfig:
+    """The checkpoint's own format wins; ``option`` quantizes an unquantized checkpoint (``fp8``:
+    per channel, ``fp8-block``: 128x128 blocks). ``switches``: the kernel switches
+    (``QuantizationConfig``'s keyword fields), applied to whichever config results."""
     if option is not None and option not in QUANTIZATIONS:
         raise ValueError(f"quantization: {option!r} is not one of {', '.join(QUANTIZATIONS)}")
-    if checkpoint is not None or option is None:
-        return checkpoint
-    gemm = FP8_GEMM.get()
-    if gemm not in ("channel", "block"):
-        raise ValueError(f"{FP8_GEMM.name}: {gemm!r} is not one of channel, block")
-    return Fp8Config(online=True, channel=gemm == "channel")
+    if checkpoint is not None:
+        quant = checkpoint
+    elif option is None:
+        quant = UnquantizedConfig()
+    else:
+        quant = Fp8Config(online=True, channel=option == "fp8")
+    return dataclasses.replace(quant, **switches)
 
 
 def fp8_device_error(device_type: str, capability: tuple[int, int] | None) -> str | None:

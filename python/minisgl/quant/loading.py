@@ -23,24 +23,23 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
-def check_fp8_device(device: torch.device, what: str) -> None:
-    """Raise a ``ValueError`` naming ``what`` when ``device`` cannot run FP8."""
-    error = fp8_device_error(device.type, _capability(device))
+def _check_device(error: str | None, what: str) -> None:
     if error is not None:
         raise ValueError(f"{what}: {error}")
 
 
 def load_model_config(config: EngineConfig, device: torch.device) -> ModelConfig:
-    """``config.json`` with ``--quantization`` applied, checked against the device."""
+    """``config.json`` with ``--quantization`` and the kernel switches applied, checked against
+    the device. The result's ``quant`` is never None (``UnquantizedConfig`` without a format)."""
     from minisgl.models import ModelConfig
 
     mc = ModelConfig.from_path(config.model_path)
-    quant = resolve_quantization(mc.quant, config.quantization)
-    if quant is not None:
-        what = "quantization" if quant.online else "FP8 checkpoint (quantization_config)"
-        check_fp8_device(device, what)
+    quant = resolve_quantization(mc.quant, config.quantization, gemv=config.gemv,
+                                 norm_gemv=config.norm_gemv, norm_quant=config.norm_quant)
+    what = "quantization" if quant.online else "FP8 checkpoint (quantization_config)"
+    _check_device(quant.device_error(device.type, _capability(device)), what)
     if config.kv_cache_dtype == torch.float8_e4m3fn:
-        check_fp8_device(device, "kv_cache_dtype")
+        _check_device(fp8_device_error(device.type, _capability(device)), "kv_cache_dtype")
     return dataclasses.replace(mc, quant=quant)
 
 

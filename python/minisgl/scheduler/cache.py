@@ -150,6 +150,14 @@ class CacheManager:
         scatter_2d_(self.page_table, host.to(self.page_table.device, non_blocking=True))
         return slots
 
+    def flush_prefix_cache(self) -> int:
+        """Evict every unreferenced cached prefix (all of them when no request runs): tokens
+        freed."""
+        n = self.prefix_cache.evictable_size
+        if n:
+            self._free_slots(self.prefix_cache.evict(n))
+        return n
+
     def _take_pages(self, n: int) -> torch.Tensor:
         short = n - len(self.free_pages)
         if short > 0:

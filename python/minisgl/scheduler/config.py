@@ -36,6 +36,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # mixed: tokens of one step, decode rows included
     schedule_policy: str = "lpm"  # admission order: "lpm" or "fcfs"
     max_wait_steps: int = 64  # lpm: a request waiting this many steps is admitted in arrival order
+    warmup: bool = True  # run every kernel variant before serving (``warmup.py``)
 
     def __post_init__(self) -> None:
         for name in ("max_prefill_tokens", "max_num_batched_tokens"):

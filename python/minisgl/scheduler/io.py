@@ -23,8 +23,10 @@ from minisgl.message import (
     BackendMsg,
     BatchBackendMsg,
     BatchDetokenizerMsg,
+    CacheFlushedMsg,
     DetokenizeMsg,
     ExitMsg,
+    FlushCacheBackendMsg,
     RequestErrorMsg,
     SchedulerStatsMsg,
     UserMsg,
@@ -36,6 +38,7 @@ from minisgl.utils.watchdog import Watchdog
 from .output import TokenOutput
 from .scheduler import Scheduler
 from .stats import FirstForwards, LiveStats
+from .warmup import warm_up
 
 logger = init_logger(__name__)
 
@@ -76,13 +79,22 @@ class SchedulerIO:
         self.live = LiveStats(log_stats_interval)
         self._parent = os.getppid()
         self.watchdog_timeout = watchdog_timeout
+        self.ready = not scheduler.config.warmup
 
     def run(self) -> None:
         # TP: only rank 0 acts on SIGTERM; it forwards an ExitMsg, so every rank leaves the loop
         # after the same step and the ranks close their engines together
         signal.signal(signal.SIGTERM, (lambda *_: self.stop()) if self.primary else signal.SIG_IGN)
-        watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
         try:
+            if not self.ready:
+                self.outbox.put(self.stats())  # readiness: 503 while warming up
+                # NOTE: every rank runs the same plan without messages, so the ranks stay in step;
+                # with TP a SIGTERM waits for the end of it (rank 0 stopping alone would leave
+                # the others inside a collective)
+                alone = self.comm.info.size == 1
+                warm_up(self.scheduler, should_stop=lambda: alone and not self.running)
+                self.ready = True
+            watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
             while os.getppid() == self._parent:
                 watchdog.beat()
                 self._receive()
@@ -140,8 +152,21 @@ class SchedulerIO:
         elif isinstance(msg, AbortBackendMsg):
             self.num_aborted += self.scheduler.abort(msg.uid)
             self.first_forwards.forget(msg.uid)
+        elif isinstance(msg, FlushCacheBackendMsg):
+            self._flush_cache(msg.uid)
         elif isinstance(msg, ExitMsg):
             self.stop()
+
+    def _flush_cache(self, uid: int) -> None:
+        """Every rank gets the same message after the same step, so all of them flush or none."""
+        s = self.scheduler
+        if s.has_work:
+            busy = f"{len(s.reqs)} requests are running or waiting"
+            self.outbox.put(RequestErrorMsg(uid=uid, message=f"cache not flushed: {busy}"))
+            return
+        freed = s.cache.flush_prefix_cache()
+        logger.info("prefix cache flushed (%d tokens)", freed)
+        self.outbox.put(CacheFlushedMsg(uid=uid, freed_tokens=freed))
 
     def _send(self, outputs: list[TokenOutput]) -> None:
         if not outputs:
@@ -185,6 +210,7 @@ class SchedulerIO:
             kv_total_tokens=cache.num_tokens,
             cache_hit_tokens=cache.num_hit_tokens,
             max_context_len=s.max_context_len,
+            ready=self.ready,
             **state_stats(s),
         )
 
@@ -228,6 +254,7 @@ def run_scheduler_process(
     except Exception as e:  # report any start-up failure in one line
         ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))
         return
-    ready.send(("ok", {"max_context_len": scheduler.max_context_len}))
+    ready.send(("ok", {"max_context_len": scheduler.max_context_len,
+                       "max_total_num_tokens": scheduler.cache.num_tokens}))
     freeze_heap()
     io.run()

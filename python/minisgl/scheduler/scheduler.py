@@ -12,7 +12,7 @@ from typing import Callable
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
-from minisgl.engine.sample import BatchSamplingArgs
+from minisgl.sampling import BatchSamplingArgs
 from minisgl.kvcache import create_prefix_cache
 from minisgl.utils import init_logger
 

@@ -29,6 +29,7 @@ from minisgl.server.reasoning import (
     ReasoningConfig, ReasoningSplitter, delta_fields, message_fields,
 )
 from minisgl.server.call import respond
+from minisgl.server.fields import ROUTER_NO_MODEL
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
@@ -44,6 +45,7 @@ from minisgl.server.request_context import (
     authorize, check_model, frontend_for, read_json, server_config, start_call, tool_parser,
 )
 from minisgl.server.validation import check_limits
+from minisgl.server import worker_contract
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
@@ -161,7 +163,7 @@ async def completions(request: Request) -> Response:
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await read_json(request))
-    check_model(request, req.model)
+    check_model(request, None if req.model == ROUTER_NO_MODEL else req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
     params = check_limits(req.params(), "sampling_params.")
     if params.grammar is not None:
@@ -202,7 +204,9 @@ async def models(request: Request) -> dict:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    frontend_for(request)
+    """Liveness and readiness in one cheap check: 503 until the warm-up is done."""
+    if not frontend_for(request).warm:
+        raise ApiError(503, "the server is warming up its kernels", code="warming_up")
     return JSONResponse({"status": "ok"})
 
 
@@ -274,6 +278,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.frontend = frontend_factory()
         app.state.frontend_created.set()
+        await app.state.tokens.get()  # the tokenizer loads before the port opens, not on a request
         try:
             yield
         finally:
@@ -294,5 +299,6 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
                            allow_methods=["*"], allow_headers=["*"])
     _install_error_handlers(app)
     app.include_router(router)
+    app.include_router(worker_contract.router)
     install_openapi(app, bearer=config.api_key is not None)
     return app

@@ -53,6 +53,8 @@ class ServerConfig:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None  # None: a free local port (one node only)
+    dp: int = 1
+    router_policy: str = "cache_aware"
     num_tokenizer: int = 0
     max_queued_requests: int = 1024
     api_key: str | None = None
@@ -90,6 +92,7 @@ class ServerConfig:
             raise ValueError("dist_init_addr: required with nnodes > 1 (host:port of node 0)")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
+        check_dp(self)
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ValueError("ssl_keyfile: give both ssl_keyfile and ssl_certfile, or neither")
         if self.log_level is not None and self.log_level.upper() not in LOG_LEVELS:
@@ -107,6 +110,24 @@ class ServerConfig:
         return self.model.rstrip("/")
 
 
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load", "prefix_hash",
+                   "random")
+
+
+def check_dp(config: ServerConfig) -> None:
+    """Data parallelism runs whole servers behind a router, on one machine."""
+    if config.dp < 1:
+        raise ValueError(f"dp: must be >= 1, got {config.dp}")
+    if config.router_policy not in ROUTER_POLICIES:
+        raise ValueError(f"router_policy: must be one of {', '.join(ROUTER_POLICIES)}, "
+                         f"got {config.router_policy!r}")
+    if config.dp > 1 and config.nnodes > 1:
+        raise ValueError("dp: --dp starts replicas on this machine only; across machines, start "
+                         "one server per replica and the router by hand (docs/deployment.md)")
+    if config.dp > 1 and config.shell:
+        raise ValueError("dp: the terminal chat (--shell) runs one replica")
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 _HELP = {
@@ -122,6 +143,11 @@ _HELP = {
     "node_rank": "this machine's index; node 0 serves HTTP, the others only run scheduler ranks",
     "dist_init_addr": "host:port of the TP group's rendezvous on node 0, the same on every node "
                       "(default: a free local port; required with --nnodes > 1)",
+    "dp": "data-parallel replicas: whole servers (--tp GPUs each) behind SGLang Model Gateway "
+          "on --host:--port, replica i on 127.0.0.1:--port+1+i (needs minisgl[router])",
+    "router_policy": "--dp: how the router picks a replica: "
+                     f"{', '.join(ROUTER_POLICIES)} (default: cache_aware, the replica whose "
+                     "cache holds the longest prefix unless it is much busier)",
     "num_tokenizer": "extra tokenizer processes (0: the detokenizer process also tokenizes)",
     "max_queued_requests": "requests allowed to wait beyond the running ones; more get HTTP 503",
     "api_key": "require 'Authorization: Bearer KEY' (HTTP 401 otherwise); prefer the "
@@ -147,9 +173,10 @@ _HELP = {
                         "hermes, llama3, mistral or json",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16",
-    "quantization": "fp8: quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3, one scale per "
-                    "output channel; MoE experts and MINISGL_FP8_GEMM=block: 128x128 blocks) at "
-                    "load; FP8 checkpoints are detected from their config (default: none)",
+    "quantization": "quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3) at load: fp8 (one "
+                    "scale per output channel; MoE experts 128x128 blocks) or fp8-block (128x128 "
+                    "blocks, the FP8 checkpoints' format); FP8 checkpoints are detected from their "
+                    "config (default: none)",
     "kv_cache_dtype": "auto (the model's dtype) or fp8_e4m3 (half the KV bytes; per-layer scales "
                       "from the checkpoint, else 1.0)",
     "page_size": "tokens per KV page",
@@ -176,11 +203,28 @@ _HELP = {
     "dummy_weights": "random weights (benchmarks without a checkpoint)",
     "moe_backend": "MoE backend: auto, torch, triton",
     "disable_overlap": "read every forward back before launching the next (ablation)",
+    "disable_gemv": "one-token unquantized linear layers on CUDA through cuBLAS, not the Triton "
+                    "GEMV (ablation)",
+    "disable_norm_gemv": "--quantization fp8, one token: run the RMSNorm kernels instead of "
+                         "normalising inside the FP8 GEMVs (ablation)",
+    "disable_norm_quant": "--quantization fp8, batches: quantize the QKV and gate-up inputs in a "
+                          "kernel of their own, not in the RMSNorm (ablation)",
     "cuda_graph_max_bs": "decode batches up to this size replay CUDA graphs (0: off; GPU only)",
     "piecewise_cuda_graph_max_tokens": "prefill and mixed forwards of up to this many tokens "
                                        "replay CUDA graphs of all but attention, captured per "
                                        "multiple of 64 tokens (0: off; GPU only)",
     "seed": "seed of the sampling of requests that give none",
+    "sampler": "auto (the Triton kernels on CUDA, the torch reference on CPU), torch (the reference "
+               "on CUDA too) or triton-row (the one-program-per-row kernel alone, without the "
+               "split-row path); for ablations",
+    "pad_tokens": "eager prefill and mixed forwards on CUDA run a token count rounded up to a "
+                  "multiple of this (1: no padding, for ablations): cuBLAS picks a GEMM algorithm "
+                  "on the host for every new shape",
+    "disable_pdl": "launch the Triton kernels without programmatic dependent launch (Hopper and "
+                   "later; for ablations)",
+    "warmup": "run every kernel variant a request can reach before /health reports ready: "
+              "auto (on CUDA), on, off (the first requests of each kind then compile kernels on "
+              "the request path)",
 }
 
 

@@ -16,6 +16,7 @@ import difflib
 ALIASES: dict[str, tuple[str, ...]] = {
     "model": ("--model-path",),
     "tp": ("--tensor-parallel-size", "--tp-size"),
+    "dp": ("--data-parallel-size", "--dp-size"),
     "max_seq_len": ("--max-model-len", "--context-length"),
     "mem_fraction": ("--gpu-memory-utilization", "--mem-fraction-static"),
     "max_running_requests": ("--max-num-seqs",),
@@ -40,8 +41,6 @@ DIFFERENT: dict[str, str] = {
     "--uvicorn-log-level": "use --log-level (it applies to every process)",
     "--trust-remote-code": "minisgl runs its own model code only: drop the flag",
     "--tokenizer-path": "use --tokenizer",
-    "--data-parallel-size": "minisgl has no data parallelism: run one server per replica",
-    "--dp-size": "minisgl has no data parallelism: run one server per replica",
     "--pipeline-parallel-size": "minisgl has no pipeline parallelism: use --tp",
     "--pp-size": "minisgl has no pipeline parallelism: use --tp",
     "--swap-space": "minisgl does not swap KV to the host: requests are retracted and re-run",
@@ -71,6 +70,8 @@ def add_translated_aliases(parser: argparse.ArgumentParser) -> None:
     for flag in ("--disable-radix-cache", "--no-enable-prefix-caching"):
         group.add_argument(flag, dest="cache", action="store_const", const="naive",
                            default=argparse.SUPPRESS, help="the same as --cache naive")
+    group.add_argument("--skip-server-warmup", dest="warmup", action="store_const", const="off",
+                       default=argparse.SUPPRESS, help="the same as --warmup off")
     for flag in ("--enforce-eager", "--disable-cuda-graph"):
         group.add_argument(flag, action=_NoCudaGraphs, nargs=0, default=argparse.SUPPRESS,
                            help="the same as --cuda-graph-max-bs 0 "

@@ -8,6 +8,9 @@ body is one of:
 - metadata: accepted on purpose because it cannot change the output (``user``, ``store``, ...);
 - unsupported: a field the OpenAI (or SGLang) API defines that this server does not implement,
   refused with a 400 that names it and says why;
+- router default: a field that SGLang's or vLLM's router adds to every request it forwards,
+  accepted only with the value that asks for what minisgl does anyway (``skip_special_tokens:
+  true``, ``no_stop_trim: false``, ...), refused with a 400 otherwise;
 - unknown: anything else, refused with a 400 too (a misspelt ``max_token`` must not pass).
 
 A JSON ``null`` means "not given", whatever the field (clients echo nulls back), so it is accepted.
@@ -16,6 +19,7 @@ A JSON ``null`` means "not given", whatever the field (clients echo nulls back),
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,6 +33,21 @@ METADATA: dict[str, frozenset[str]] = {
     "CompletionRequest": frozenset(_METADATA_COMMON),
     "GenerateRequest": frozenset({"rid"}),
 }
+
+# what the routers re-send on their own, with the value that changes nothing here: special tokens
+# are skipped, stop strings trimmed, reasoning split off and streamed, metrics and logs kept
+_ROUTER_OPENAI = {"no_stop_trim": False, "skip_special_tokens": True,
+                  "return_hidden_states": False}
+ROUTER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ChatCompletionRequest": {**_ROUTER_OPENAI, "continue_final_message": False,
+                              "stream_reasoning": True, "include_reasoning": True},
+    "CompletionRequest": dict(_ROUTER_OPENAI),
+    "GenerateRequest": {"return_text_in_logprobs": False, "return_hidden_states": False,
+                        "log_metrics": True, "background": False, "no_logs": False,
+                        "return_bytes": False, "return_entropy": False},
+}
+# the model name SGLang Model Gateway puts into a /generate body that named none
+ROUTER_NO_MODEL = "unknown"
 
 _COMMON_UNSUPPORTED = {
     "json_schema": "give the schema as response_format {\"type\": \"json_schema\", ...} (a top-level "
@@ -83,9 +102,15 @@ def check_fields(model: type[BaseModel], data: dict) -> tuple[str, str] | None:
     honoured = set(model.model_fields)
     metadata = METADATA.get(kind, frozenset())
     unsupported = UNSUPPORTED.get(kind, {})
+    defaults = ROUTER_DEFAULTS.get(kind, {})
     for name, value in data.items():
         if name in honoured or name in metadata:
             continue
+        if name in defaults and type(value) is type(defaults[name]) and value == defaults[name]:
+            continue
+        if name in defaults and name not in unsupported and value is not None:
+            return name, (f"{name}: only {json.dumps(defaults[name])} is supported (what "
+                          "minisgl does)")
         if name in unsupported:
             if not _accepted_value(name, value):
                 return name, f"{name}: {unsupported[name]}"

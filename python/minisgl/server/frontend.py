@@ -14,8 +14,8 @@ from typing import Iterable
 import msgspec
 
 from minisgl.message import (
-    FRONTEND_CODEC, TOKENIZER_CODEC, AbortMsg, BatchFrontendMsg, BatchTokenizerMsg, FrontendMsg,
-    SchedulerStatsMsg, StatsReply, TokenizeMsg, TokenizerMsg, UserReply,
+    FRONTEND_CODEC, TOKENIZER_CODEC, AbortMsg, BatchFrontendMsg, BatchTokenizerMsg, FlushCacheMsg,
+    FrontendMsg, SchedulerStatsMsg, StatsReply, TokenizeMsg, TokenizerMsg, UserReply,
 )
 from minisgl.server.args import ServerAddrs
 from minisgl.utils import init_logger
@@ -48,6 +48,11 @@ class FrontendManager:
         self.healthy = True
         self.ready = ready
         self._recv_task = self._loop.create_task(self._recv_loop())
+
+    @property
+    def warm(self) -> bool:
+        """The scheduler finished its warm-up (requests sent before then wait for it)."""
+        return self.stats is not None and self.stats.ready
 
     # ----------------------------------------------------------------- requests
     def new_uid(self) -> int:
@@ -84,6 +89,18 @@ class FrontendManager:
         task = self._loop.create_task(self._send_queue.put(msg))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def flush_cache(self) -> UserReply:
+        """Ask the scheduler to empty its prefix cache; its answer (``error`` set if requests
+        were running) arrives like a request's last reply."""
+        uid = self.new_uid()
+        queue: asyncio.Queue[UserReply] = asyncio.Queue()
+        self._queues[uid] = queue
+        try:
+            await self._send_queue.put(FlushCacheMsg(uid=uid))
+            return await queue.get()
+        finally:
+            self._queues.pop(uid, None)
 
     def release(self, uids: Iterable[int]) -> None:
         """Forget requests that are done (their late replies, if any, are dropped)."""

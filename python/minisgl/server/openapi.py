@@ -17,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from minisgl.server.validation import MAX_STOP
+from minisgl.server.worker_contract import ROUTE_ERRORS
 
 REF = "#/components/schemas/{model}"
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
@@ -51,7 +52,7 @@ _WHY = {400: "Invalid request (the error names the parameter)", 401: "Missing or
         404: "Unknown model", 413: "Request body too large",
         503: "Starting, overloaded, unhealthy or shutting down (see Retry-After)"}
 _ERRORS = {"post": (400, 401, 404, 413, 503), "/v1/models": (401,), "/v1/server_info": (401,),
-           "/health": (503,)}
+           "/health": (503,), **ROUTE_ERRORS}
 
 
 def install_openapi(app: FastAPI, bearer: bool) -> None:

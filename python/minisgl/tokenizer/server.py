@@ -29,8 +29,11 @@ from minisgl.message import (
     BatchDetokenizerMsg,
     BatchFrontendMsg,
     BatchTokenizerMsg,
+    CacheFlushedMsg,
     DetokenizeMsg,
     DetokenizerMsg,
+    FlushCacheBackendMsg,
+    FlushCacheMsg,
     FrontendMsg,
     RequestErrorMsg,
     StatsReply,
@@ -75,6 +78,7 @@ def tokenize_worker(
         if not (tokenize or detokenize):
             raise ValueError("a tokenizer worker needs at least one role")
         tokenizer = load_tokenizer(model_path, revision, chat_template)
+        TokenizeManager(tokenizer).warm_up()  # the first chat request pays no template compile
         worker = _Worker(tokenizer, addrs, tokenize, detokenize)
     except Exception as e:  # any start-up failure is reported, never raised into the void
         ready.send(("error", f"tokenizer worker failed to start: {one_line(e)}"))
@@ -173,6 +177,9 @@ class _TokenizeRole:
             if isinstance(msg, AbortMsg):
                 back.append(AbortBackendMsg(uid=msg.uid))
                 continue
+            if isinstance(msg, FlushCacheMsg):
+                back.append(FlushCacheBackendMsg(uid=msg.uid))
+                continue
             param = "messages" if msg.messages is not None else "prompt"
             try:
                 ids = self.manager.tokenize(msg)
@@ -209,6 +216,8 @@ class _DetokenizeRole:
                 others.append(UserReply(
                     uid=msg.uid, error=msg.message, error_param=msg.param, status=msg.status
                 ))
+            elif isinstance(msg, CacheFlushedMsg):
+                others.append(UserReply(uid=msg.uid, finish_reason="stop"))
             else:
                 others.append(StatsReply(stats=msg))
         self._forget_idle()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.utils import init_logger
 
@@ -35,6 +36,24 @@ class TokenizeManager:
             field = "messages" if msg.messages is not None else "prompt"
             raise ValueError(f"{field}: the prompt is empty (no tokens)")
         return ids
+
+    def warm_up(self) -> None:
+        """Run the chat template, with and without tools, the encoder and the decoder once: the
+        first call imports and compiles the template engine, which would otherwise stall the
+        first chat request for seconds. A template that fails here fails again for the user, as
+        a 400."""
+        if self.tokenizer is None:
+            return
+        tools = [{"type": "function", "function": {
+            "name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}]
+        for extra in ({}, {"tools": tools}):
+            try:
+                self.tokenize(TokenizeMsg(uid=0, sampling_params=SamplingParams(),
+                                          messages=[{"role": "user", "content": "Hi"}], **extra))
+            except ValueError:
+                pass
+        ids = self.tokenize(TokenizeMsg(uid=0, sampling_params=SamplingParams(), text="Hi"))
+        self.tokenizer.decode(ids)
 
     def _require_tokenizer(self, field: str) -> Any:
         if self.tokenizer is None:

@@ -24,10 +24,8 @@ end. The KV heads of a request are neighbours (``h`` is the fast dimension), so 
 and read the same slots' rows; and ``order`` (the caller's, from host-side lengths) lists the
 requests longest first, so the long programs start early and the short ones fill the gaps at the
 end instead of one long request running alone after everything else (the classic longest-first
-list schedule). On an H100 (Qwen3-8B heads, contexts of 100-2,047 tokens, one split), 128 /
-192 / 256 requests take 192 / 275 / 387 us against 216 / 296 / 413 with the former (B, Hkv) grid
-in batch order, within 1-2% of a kernel that only reads the same K/V
-(``benchmark/results/s14_2026-11-24``). Each program computes the same thing in any order, so
+list schedule); on an H100 this keeps a batch of spread lengths within 1-2% of a kernel that only
+reads the same K/V (docs/performance.md). Each program computes the same thing in any order, so
 the order never changes a bit of the output.
 
 Nothing about the launch depends on device data (lengths are read on the device and ``num_splits``
@@ -42,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .extend_attention import _attend_keys
 from .pdl import wait_then_release
 
@@ -139,11 +137,11 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
                       block_n: int = 64) -> int:
     """Splits per request so that ``batch * kv_heads * splits`` is about two programs per SM.
 
-    Measured on an H100 (benchmark/kernels/results, CUDA-graph timings): with >= 2 programs per SM
-    a split only adds the stage-2 pass (B=32, Hkv=8, 1K context: 1 split 57 us, 3 splits 63 us),
-    while a lone request needs 16-32 splits (B=1, 16K context: 32 splits 35 us, 16 splits 40 us). Depends on host-side bounds only (``max_seq_len`` may be the
-    engine's maximum), so a CUDA graph captured for a batch size stays valid for any lengths; surplus
-    splits of short requests are empty and cost one early-out program each.
+    With >= 2 programs per SM a split only adds the stage-2 pass, while a lone request needs
+    16-32 splits to fill the GPU (``bench_decode_attention.py --sweep`` on an H100). Depends on
+    host-side bounds only (``max_seq_len`` may be the engine's maximum), so a CUDA graph captured
+    for a batch size stays valid for any lengths; surplus splits of short requests are empty and
+    cost one early-out program each.
     """
     want = (2 * num_sms) // max(1, batch_size * num_kv_heads)
     return max(1, min(want, MAX_SPLITS, -(-max_seq_len // block_n)))
@@ -166,13 +164,10 @@ def decode_workspace(batch_size: int, num_qo_heads: int, num_splits: int, head_d
 
 def _launch_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
                    num_splits: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages): swept on an H100, D=128 (benchmark/kernels). A 16-bit
-    cache: with one split, 128/4/2 (longest first, contexts of 100-2,047: B=24 67 against 72 us,
-    B=48 91 / 96, B=96 153 / 159, B=128-256 within 1%; uniform contexts within 1% but B=48-64,
-    2-4% slower; ``benchmark/results/s14_2026-11-24``); with splits, whose chunks may be short,
-    64/4/3 (B=1, 1K context, 16 splits: 8.0 against 8.6 us). An FP8 cache reads half the bytes
-    per tile, so twice the rows: 128/4/3 (B=256, 1K context: 241 us against 289 for 64/4/3;
-    B=64: 82 against 102)."""
+    """(BLOCK_N, num_warps, num_stages), the fastest of a sweep on an H100 at D=128
+    (``benchmark/kernels/bench_decode_attention.py --sweep``). A 16-bit cache: 128/4/2 with one
+    split (long chunks amortise each tile's loads); 64/4/3 with splits, whose chunks may be short.
+    An FP8 cache reads half the bytes per tile, so twice the rows: 128/4/3."""
     if dtype == torch.float32 or head_dim > 128:
         return 32, 4, 2
     if kv_dtype == torch.float8_e4m3fn:
@@ -196,6 +191,7 @@ def decode_attention(
     num_stages: int | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
     order: torch.Tensor | None = None,  # [B] int32: the requests longest first (``longest_first``)
+    pdl: bool = False,  # launch with programmatic dependent launch (``pdl.py``)
 ) -> torch.Tensor:
     """Attention of one new token per request over its paged context ``[0, seq_len)``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache, read as ``extend_attention`` reads it.
@@ -226,7 +222,7 @@ def decode_attention(
         part_out = part_lse = out  # unused: with one split stage 1 writes ``out``
     block_d = max(16, triton.next_power_of_2(dim))  # tl.dot needs K >= 16
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    launch = pdl.launch_options(q)
+    launch = pdl_.launch_options(q, pdl)
     assert order is None or order.shape == (bs,) and order.dtype == torch.int32
     _decode_stage1[(hkv, bs, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, rows if order is None else order,

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .pdl import wait_then_release
 
 
@@ -120,15 +120,15 @@ def _final_kernel(flag_ptr, val_ptr, idx_ptr, out_ptr, pool_ptr, rows_ptr, pos_p
 
 
 def pick_splits(rows: int) -> int:
-    """Programs per row: 64 up to 16 rows, then fewer, 16 from 64 rows. On an H100 (151,936
-    columns, bf16, in a graph): 3.0 us for one row (torch's argmax, cast and index-put: 12.1), 6.5
-    for 64 (26.0), 31.5 for 256 (60.8) (``benchmark/results/s19_2026-11-26``)."""
+    """Programs per row: 64 up to 16 rows, then fewer, 16 from 64 rows: a few rows need many
+    programs each to fill the GPU, many rows fill it with few (on an H100, 151,936 columns: 3.0 us
+    for one row, 31.5 for 256, 4x and 2x faster than torch's argmax, cast and index-put)."""
     return max(16, min(64, 1024 // triton.next_power_of_2(rows)))
 
 
 def greedy_to_pool(logits: torch.Tensor, flag: torch.Tensor, rows: torch.Tensor,
                    positions: torch.Tensor, token_pool: torch.Tensor, out: torch.Tensor,
-                   splits: int | None = None, block: int = 1024) -> None:
+                   splits: int | None = None, block: int = 1024, pdl: bool = False) -> None:
     """If ``flag[0]`` is not 0: ``out[i] = logits[i].argmax()`` and
     ``token_pool[rows[i], positions[i]] = out[i]`` for every row ``i`` of ``logits [B, V]``; else
     nothing. ``flag``/``rows``/``positions``: int32 or int64; ``token_pool``: int32 [R, L]
@@ -141,7 +141,7 @@ def greedy_to_pool(logits: torch.Tensor, flag: torch.Tensor, rows: torch.Tensor,
     chunk = triton.cdiv(triton.cdiv(v, splits), block) * block
     vals = torch.empty((b, splits), dtype=torch.float32, device=logits.device)
     idxs = torch.empty((b, splits), dtype=torch.int32, device=logits.device)
-    opts = pdl.launch_options(logits)
+    opts = pdl_.launch_options(logits, pdl)
     _partial_kernel[(b, splits)](logits, logits.stride(0), v, chunk, flag, vals, idxs, out,
                                  token_pool, rows, positions, token_pool.stride(0),
                                  SPLITS=splits, BLOCK=block, num_warps=4, **opts)

@@ -12,22 +12,14 @@ product once, after the sum (``CHANNEL``), so the loop is the bf16 GEMV's with a
 One-token decode of a ``--quantization fp8`` model runs no norm kernel: ``NORM`` scales the dot
 products by ``rsqrt(mean(x^2) + eps)``, the sum of squares taken by every program as it reads x
 (the norm's weight is folded into the weight's columns), and ``HAS_RES`` adds the residual as the
-output is written. On an H100, Qwen3-8B's batch-1 step: 3.51 / 3.53 ms against 3.57 / 3.58 with
-the norm kernels (``benchmark/results/s11_2026-11-24``). Reading the residual and the norm weight
-in the loop instead (session 10) made the step slower, 3.89 against 3.70. As in ``gemv.py`` the
-first weight chunk is loaded before the PDL wait: 3.35-3.37 against 3.43-3.55 ms per token.
-Pulling o's whole weight into L2 during the attention (Hopper's bulk prefetch, from a side stream)
-ran 3% faster on two machines and 1-2% slower on a third, and was dropped: the early chunk already
-takes half of o's weight during the attention (``benchmark/results/s15_2026-11-25``). Asking L2 for
-it from the decode attention's idle split programs instead was slower (the step's graph 3.318
-against 3.309 ms; ``benchmark/results/s17_2026-11-25``).
+output is written, which saves the norm kernels' launches and their pass over x. As in
+``gemv.py`` the first weight chunk is loaded before the PDL wait (no kernel writes a weight), so it
+streams while the kernel before still runs.
 
 ``ACT`` (gate-up, per-channel): a program takes ``BLOCK_N // 2`` features, their gate rows and
 their up rows ``N // 2`` further on, and writes ``silu(gate) * up`` (each rounded to x's dtype as
 the separate ops would) to ``y [1, N/2]``. The down GEMV then reads a plain input of half the width
-once per program instead of recomputing the SiLU in each of its programs. On an H100, Qwen3-8B's
-batch-1 graph: 3.281 against 3.307 ms, old and new alternating in one call
-(``benchmark/results/s19_2026-11-26``).
+once per program instead of recomputing the SiLU in each of its programs.
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .activation import silu_mul
 from .gemv import load_w, load_x
 from .pdl import wait_then_release
@@ -117,14 +109,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_w, s
 
 def pick_config(n: int, k: int) -> tuple[int, int, int]:
     """(block_n, block_k, num_warps): four rows by 2048 columns (1024 when 2048 does not divide K),
-    four warps. With one accumulator per ``RED`` columns (no longer one per column) a program holds
-    56 registers, not 79, and 2048-column chunks keep twice the bytes in flight per SM. On an H100,
-    Qwen3-8B's batch-1 step: 3.575 ms against 3.718 with one accumulator per column and 1024-column
-    chunks in one call, 3.646 / 3.690 against 3.697 / 3.755 in another (A/B alternating); per layer
-    qkv 10.3 us (11.1), gate_up 34.1 (36.2), o and down within 4% either way
-    (``benchmark/results/s10_2026-11-24``). The same accumulators in the bf16 GEMV changed nothing
-    (5.712 / 5.599 ms against 5.685 / 5.622) and were left out. Loading 2 or 4 chunks before using any
-    made the step slower (3.92-4.12 ms against 3.88, session 9) and was dropped. Short rows keep
+    four warps. One accumulator per ``RED`` columns (not one per column) keeps a program at 56
+    registers, so 2048-column chunks fit and keep twice the bytes in flight per SM. Short rows keep
     ``gemv.py``'s choice."""
     if k >= 2048 and k % 2048 == 0:
         return 4, 2048, 4
@@ -136,11 +122,12 @@ def pick_config(n: int, k: int) -> tuple[int, int, int]:
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[int, int] | None,
              b: torch.Tensor | None = None, gated: bool = False,
              config: tuple[int, int, int] | None = None, norm_eps: float | None = None,
-             residual: torch.Tensor | None = None, act: bool = False) -> torch.Tensor:
+             residual: torch.Tensor | None = None, act: bool = False,
+             pdl: bool = False) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with ``gated``), e4m3 w [N, K], b [N] -> [1, N]; ws [N/bn, K/bk] block
     scales, or with ``block=None`` per-channel scales ws [N, 1].
 
-    ``norm_eps``: x is first RMS-normalised (no weight: ``DecoderLayer.fold_norms_`` put it into
+    ``norm_eps``: x is first RMS-normalised (no weight: ``layers.fusion.fuse_norms`` put it into
     w), i.e. the dot products are scaled by ``rsqrt(mean(x^2) + eps)``, which each program sums as
     it reads x.
     ``residual [1, N]``: added to the output (the residual stream's add, as the output is
@@ -166,6 +153,6 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
         SCALE_BN=bn, SCALE_BK=1 if channel else bk, GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, CHANNEL=channel, NORM=norm_eps is not None,
         HAS_RES=residual is not None, ACT=act, BLOCK_N=block_n, BLOCK_K=block_k, RED=RED,
-        num_warps=warps, **pdl.launch_options(x),
+        num_warps=warps, **pdl_.launch_options(x, pdl),
     )
     return y

@@ -1,23 +1,15 @@
 """Dynamic per-token FP8 activation quantization for the per-channel linear method
-(``minisgl.quant.linear``): ``x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1])``, one scale per token
+(``minisgl.quant.fp8_dispatch``): ``x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1])``, one scale per token
 mapping the row's largest magnitude onto 448 (``quantize_groups(x, K)`` in torch).
 
 One program per token. A row of up to ``ONE_PASS_MAX`` columns is loaded whole, in one step (all of
-it in flight at once), its absolute maximum taken and the row divided and stored from registers.
-Walking it in 1,024-column steps, twice (maximum, then divide), left each program waiting on one
-step's loads at a time. Qwen3-8B on an H100 at 128 tokens: the down projection's input (SiLU-and-mul
-included) 5.3 us against 11.5, o's 2.5 against 3.5; offline ``fp8`` 1.257x ``default`` against
-1.234x (``benchmark/results/s13_2026-11-24``). Longer rows take the two passes (the second read
-hits L2). ``gated=True`` reads ``[gate | up]`` and quantizes ``silu(gate) * up`` (rounded as
-``silu_and_mul`` rounds), so the MLP's activation costs no extra pass over memory.
+it in flight at once), its absolute maximum taken and the row divided and stored from registers;
+two passes of 1,024-column steps would leave each program waiting on one step's loads at a time.
+Longer rows take the two passes (the second read hits L2). ``gated=True`` reads ``[gate | up]``
+and quantizes ``silu(gate) * up`` (rounded as ``silu_and_mul`` rounds), so the MLP's activation
+costs no extra pass over memory.
 Under PDL the kernel waits for its predecessor, then lets its successor (the W8A8 GEMM) launch at
-once: the GEMM's programs are resident, asking L2 for their first weight tiles, while this one runs
-(offline ``fp8`` 1.302x / 1.303x ``default`` against 1.298x / 1.302x launched plainly, H100,
-``benchmark/results/s20_2026-11-26``).
-The o projection's input in batched decode could come quantized from the decode attention (the
-last program to write a request's row quantizing it, the same bits); measured, it was no faster
-than this kernel under PDL (offline ``fp8`` 1.293x / 1.295x against 1.300x / 1.297x,
-``benchmark/results/s15_2026-11-25``).
+once: the GEMM's programs are resident, asking L2 for their first weight tiles, while this one runs.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .activation import silu_mul
 from .pdl import wait_then_release
 
@@ -95,7 +87,8 @@ def pick_block(k: int) -> tuple[int, int]:
     return block, max(1, min(16, block // 512))
 
 
-def quantize_tokens(x: torch.Tensor, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_tokens(x: torch.Tensor, gated: bool = False,
+                    pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> (e4m3 ``[M, K]``, fp32 ``[M, 1]``)."""
     m, width = x.shape
     k = width // 2 if gated else width
@@ -106,5 +99,5 @@ def quantize_tokens(x: torch.Tensor, gated: bool = False) -> tuple[torch.Tensor,
         block, warps = pick_block(k)
         _quantize_tokens_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), GATED=gated,
                                       ONE_PASS=block >= k, BLOCK=block, num_warps=warps,
-                                      **pdl.launch_options(x))
+                                      **pdl_.launch_options(x, pdl))
     return q, s

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .gemv import load_x
 from .pdl import release, wait
 
@@ -169,17 +169,16 @@ class W8A16Config:
 
 # NOTE: Hopper's FP8 MMA accumulates with fewer mantissa bits than fp32, and Triton chains it over
 # all of K (CUTLASS's "FP8FastAccum" schedules, which vLLM's and SGLang's FP8 GEMMs run; and
-# ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.linear``). Adding each K step's sum to an
+# ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.fp8_dispatch``). Adding each K step's sum to an
 # fp32 accumulator (``max_num_imprecise_acc``) keeps the output within 3e-3 of fp32 over the same
 # operands, against 9e-3 (1.1e-2 over the down projection's 12,288), but cost the down projection
-# 16% at 192 tokens (32.4 against 27.1 us, H100): both are below the ~2.5e-2 of rounding x to
-# e4m3, so the accumulation stays fast (``benchmark/results/s13_2026-11-24``).
+# 16% at 192 tokens on an H100: both errors are below the ~2.5e-2 of rounding x to e4m3, so the
+# accumulation stays fast.
 
 # W8A8 under PDL: the K steps whose weight tiles a program asks L2 for before its wait, while the
 # kernel before it (the RMSNorm or the quantization, both launching their successor at once) still
-# runs. Offline ``fp8`` on an H100, one call each: 2 steps 1.308x / 1.310x / 1.312x ``default``
-# against 1.301x / 1.302x / 1.305x / 1.306x without; 1 step 1.304-1.309x, 3 steps 1.309x, as many
-# as the pipeline's stages (4-5) 1.303x / 1.304x (``benchmark/results/s20_2026-11-26``)
+# runs. Two steps were the fastest of 0-5 offline on an H100 (docs/performance.md); as many as the
+# pipeline's stages crowd the L2 the kernel before is still using.
 PREFETCH_STEPS = 2
 
 SMS = 132  # an H100's (and H200's) SMs: what the rules below were fitted on
@@ -223,12 +222,10 @@ def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
     faster) and a program streams 256-deep K steps through 4-5 stages; more tiles (gate-up; qkv
     at 256 tokens) take 128-deep steps, with 128-row tiles and 8 warps beyond one M tile.
 
-    Measured and slower (``benchmark/results/s16_2026-11-25``): larger tiles over split K, which
-    read x from L2 fewer times (o at 128 tokens 9.9 against 9.0 us without even summing the
-    partials; gate-up at 256 with 256-row tiles 61.8 against 54.2). Nsight Compute puts
-    o, down and qkv at 42-65% of DRAM bandwidth with one 4-warp program per SM. At 8-32 tokens
-    these tiles are within 2% of the best of a sweep that adds 32- and 128-row N tiles and split K
-    (``bench_fp8_small.py --sweep w8a8-small``, ``benchmark/results/s19_2026-11-26``)."""
+    Larger tiles over split K, which read x from L2 fewer times, are slower (the partials' sum
+    costs more than the re-reads save). At 8-32 tokens these tiles are within 2% of the best of a
+    sweep that adds 32- and 128-row N tiles and split K (``bench_fp8_small.py --sweep
+    w8a8-small``)."""
     tiles_n = triton.cdiv(n, 64)
     block_m = min(128, max(16, triton.next_power_of_2(m)))
     while block_m > 16 and tiles_n * triton.cdiv(m, block_m // 2) <= sms:
@@ -255,7 +252,7 @@ def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
 def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
                   bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
                   config: W8A16Config | None = None,
-                  block: tuple[int, int] | None = None) -> torch.Tensor:
+                  block: tuple[int, int] | None = None, pdl: bool = False) -> torch.Tensor:
     """e4m3 xq [M, K] with per-token scales xs [M, 1] (``fp8_quant.quantize_tokens``), e4m3 w [N, K]
     with per-channel scales ws [N, 1], bias [N] -> [M, N] in ``out_dtype``: the same tiles and
     split-K, multiplied on the FP8 tensor cores. With ``block = (bn, bk)`` (FP8 checkpoints): block
@@ -266,7 +263,7 @@ def fp8_w8a8_gemm(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, ws: torch
     groups = 1 if block is None else triton.cdiv(k, block[1])
     assert xs.shape == (xq.shape[0], groups) and xs.dtype == torch.float32 and xs.stride(1) == 1
     cfg = config or pick_config(xq.shape[0], n, k, x_bytes=1, sms=_sms(xq))
-    return _launch(xq, xs, w, ws, block, bias, False, cfg, out_dtype)
+    return _launch(xq, xs, w, ws, block, bias, False, cfg, out_dtype, pdl)
 
 
 def _sms(x: torch.Tensor) -> int:
@@ -275,7 +272,7 @@ def _sms(x: torch.Tensor) -> int:
 
 def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch.Tensor,
             block: tuple[int, int] | None, bias: torch.Tensor | None, gated: bool,
-            cfg: W8A16Config, out_dtype: torch.dtype) -> torch.Tensor:
+            cfg: W8A16Config, out_dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
     n, k = w.shape
     m = x.shape[0]
     channel = block is None
@@ -297,7 +294,8 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
     assert splits * m * n < 2**31, "split-K partials are indexed in int32"
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
-    launch = pdl.launch_options(x) if xs is not None and splits == 1 else {"USE_PDL": False}
+    launch = (pdl_.launch_options(x, pdl) if xs is not None and splits == 1
+              else {"USE_PDL": False})
     _w8a16_kernel[grid](
         x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
         x.stride(0), w.stride(0), ws.stride(0), 0 if xs is None else xs.stride(0),

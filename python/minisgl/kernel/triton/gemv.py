@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .activation import silu_mul
 from .pdl import wait_then_release
 
@@ -87,7 +87,7 @@ def pick_config(n: int, k: int) -> tuple[int, int, int]:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, gated: bool = False,
-         config: tuple[int, int, int] | None = None) -> torch.Tensor:
+         config: tuple[int, int, int] | None = None, pdl: bool = False) -> torch.Tensor:
     """x [1, K] (or [1, 2K] with ``gated``), w [N, K] contiguous, b [N] -> [1, N] in x's dtype."""
     n, k = w.shape
     assert x.shape == (1, 2 * k if gated else k) and x.stride(1) == 1 and w.is_contiguous()
@@ -96,6 +96,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, gated:
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w if b is None else b, y, n, k, w.stride(0), GATED=gated, HAS_BIAS=b is not None,
         EVEN=k % block_k == 0 and n % block_n == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, **pdl.launch_options(x),
+        num_warps=warps, **pdl_.launch_options(x, pdl),
     )
     return y

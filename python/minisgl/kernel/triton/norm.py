@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .fp8_quant import fp8_scale, saturate
 from .pdl import wait_then_release
 
@@ -57,7 +57,8 @@ def _rmsnorm_kernel(
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-            quant: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+            quant: bool = False, pdl: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     dim = x.shape[-1]
     assert x.stride(-1) == 1 and weight.shape == (dim,), "last dimension must be contiguous"
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
@@ -87,31 +88,32 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
             residual.stride(0) if residual is not None else 0, dim,
             res_out.stride(0) if res_out is not None else 0, dim, eps,
             HAS_RES=residual is not None, QUANT=quant, ROWS=rows, BLOCK_D=block_d,
-            num_warps=warps, **pdl.launch_options(x),
+            num_warps=warps, **pdl_.launch_options(x, pdl),
         )
     return y, (res_out.view(x.shape) if res_out is not None else None), scale
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * norm(x)`` over the last dimension; x is 2-D or 3-D (may be a strided view)."""
-    return _launch(x, weight, eps, None)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
+    """``weight * norm(x)`` over the last dimension; x is 2-D or 3-D (may be a strided view).
+    ``pdl`` (every launcher here): launch with programmatic dependent launch (``pdl.py``)."""
+    return _launch(x, weight, eps, None, pdl=pdl)[0]
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                   residual: torch.Tensor | None = None
+                   residual: torch.Tensor | None = None, pdl: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``quantize_tokens(weight * norm(x + residual))`` in the norm's pass: (e4m3 ``[M, K]``, fp32
     scales ``[M, 1]``, ``x + residual`` or x itself), the same bits as the norm then the
     quantization kernel. x ``[M, K]`` in the weight's dtype."""
-    q, res, scale = _launch(x, weight, eps, residual, quant=True)
+    q, res, scale = _launch(x, weight, eps, residual, quant=True, pdl=pdl)
     assert scale is not None
     return q, scale, x if res is None else res
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(x + residual), x + residual)`` in one pass; both outputs are new tensors."""
-    y, res, _ = _launch(x, weight, eps, residual)
+    y, res, _ = _launch(x, weight, eps, residual, pdl=pdl)
     assert res is not None
     return y, res

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import pdl as pdl_
 from .pdl import wait_then_release
 
 
@@ -103,7 +103,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> None:
 
 
 def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc,
-            kv_scales=(1.0, 1.0)):
+            kv_scales=(1.0, 1.0), pdl=False):
     tokens, n_q, dim = q.shape
     n_k = k.shape[1]
     if tokens == 0:
@@ -121,23 +121,23 @@ def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cac
         n_q, n_k, cos_sin.stride(0), eps, 1.0 / kv_scales[0], 1.0 / kv_scales[1],
         HAS_NORM=has_norm, STORE=store, FP8=store and k_cache.dtype == torch.float8_e4m3fn,
         HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=block_k,
-        num_warps=warps, **pdl.launch_options(q),
+        num_warps=warps, **pdl_.launch_options(q, pdl),
     )
 
 
 def apply_rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                cos_sin: torch.Tensor) -> None:
+                cos_sin: torch.Tensor, pdl: bool = False) -> None:
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place. ``cos_sin`` is [max_pos, D]: cos | sin halves
     (float32), ``positions`` [T] integer. D must be a power of two (64, 128, 256 in practice)."""
     _check(q, k, cos_sin)
-    _launch(positions, q, k, None, cos_sin, None, None, 0.0, None, None, None)
+    _launch(positions, q, k, None, cos_sin, None, None, 0.0, None, None, None, pdl=pdl)
 
 
 def norm_rope_store_(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0,
-    kv_scales: tuple[float, float] = (1.0, 1.0),
+    kv_scales: tuple[float, float] = (1.0, 1.0), pdl: bool = False,
 ) -> None:
     """q/k: per-head RMSNorm with ``q_weight``/``k_weight`` (when given), then RoPE, in place; then
     rotated k and v [T, Hk, D] go to slots ``out_loc`` [T] of ``k_cache``/``v_cache`` [slots, Hk, D].
@@ -149,4 +149,4 @@ def norm_rope_store_(
     assert k_cache.dtype in (k.dtype, torch.float8_e4m3fn)
     assert (q_weight is None) == (k_weight is None)
     _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc,
-            kv_scales)
+            kv_scales, pdl)

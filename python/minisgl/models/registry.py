@@ -1,0 +1,28 @@
+"""Which model file builds which ``config.json`` architecture: one line per architecture, the
+module imported only when that architecture is asked for."""
+
+from __future__ import annotations
+
+import importlib
+
+# architecture -> (module under minisgl.models, class)
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    # hybrid Gated DeltaNet / gated attention (dense or MoE by their config)
+    "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
+    "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
+}
+
+
+def get_model_class(architecture: str) -> type:
+    """The model class (a ``BaseLLMModel``) of ``architecture``, its module imported now."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown model architecture {architecture!r}; choose one of: "
+                         f"{', '.join(sorted(ARCHITECTURES))}")
+    module, name = ARCHITECTURES[architecture]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)

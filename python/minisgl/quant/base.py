@@ -1,0 +1,117 @@
+"""The quantization seam: a ``QuantizationConfig`` (from the checkpoint's ``quantization_config``
+or the ``quantization`` option) gives every linear layer a ``LinearMethod`` at construction.
+
+The method owns what differs between formats: which parameters the layer holds (``create_weights``),
+what loading must remember (``on_load``), what happens once every tensor is in
+(``process_weights_after_loading``: online quantization, a folded input scale) and which kernel a
+forward runs (``apply``). The layers shard and load; the methods decide. Fusions a format offers
+(an RMSNorm weight folded into the weight, a norm that quantizes the input, one-token
+norm + GEMV + residual) are capabilities the layers ask about once, after loading.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from torch import nn
+
+# (shape, storage dtype or None for the model's dtype, block unit of a scale's loader) -> parameter
+MakeParam = Callable[..., "nn.Parameter"]
+
+
+class QuantizedInput(NamedTuple):
+    """A layer's input already quantized per token, as ``quantize_tokens`` would (``q [M, K]`` e4m3,
+    ``scale [M, 1]`` fp32), by the kernel that made it (``kernel.triton.norm.rms_norm_quant``);
+    ``dtype``: the activations' dtype, the layer's output dtype. A method takes it where its
+    ``takes_quantized_input`` says so."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+
+class LinearMethod(ABC):
+    """How one linear layer stores, loads and multiplies its weight ``[out, in]``.
+
+    The layer (``layers.linear``) calls ``create_weights`` once in its constructor, ``on_load``
+    before each checkpoint tensor is copied into one of its parameters, then
+    ``process_weights_after_loading`` once (after the model's fusions) and ``apply`` every
+    forward. ``apply``'s fused arguments (``norm_eps``, ``residual``, ``act``) are passed only where
+    the capability below said yes.
+    """
+
+    # apply() takes norm_eps / residual / act (a one-token decode layer with no norm kernel)
+    fuses_one_token: ClassVar[bool] = False
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, out: int, inp: int, make_param: MakeParam) -> None:
+        """Set ``layer.weight`` (and ``layer.weight_scale_inv``, None when unscaled) from
+        ``make_param(*shape, dtype=..., unit=...)``: ``unit`` is the block size of a scale tensor
+        along the layer's shard dimension (its ranges are the weight's, divided by it)."""
+
+    def on_load(self, layer: nn.Module, param: nn.Parameter, loaded: Any) -> None:
+        """Called before a checkpoint tensor (full, not yet sharded) is copied into ``param``."""
+
+    def process_weights_after_loading(self, layer: nn.Module,
+                                      input_scale: torch.Tensor | None = None) -> None:
+        """Once loading is done. ``input_scale [K]`` (only where ``folds_input_scale``): multiply
+        it into the weight's columns first. Idempotent: a second call changes nothing."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedInput, bias: torch.Tensor | None,
+              gated: bool = False, norm_eps: float | None = None,
+              residual: torch.Tensor | None = None, act: bool = False) -> torch.Tensor:
+        """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> ``[M, N]`` in x's dtype.
+        ``norm_eps``: x is RMS-normalised (no weight) first; ``residual`` is added to the output;
+        ``act``: the output is ``silu(gate) * up [M, N/2]``."""
+
+    def folds_input_scale(self, layer: nn.Module) -> bool:
+        """Whether ``process_weights_after_loading(input_scale=...)`` may fold an RMSNorm weight
+        into this layer (its norm then runs with unit weights)."""
+        return False
+
+    def takes_quantized_input(self, layer: nn.Module, dtype: torch.dtype) -> bool:
+        """Whether, on CUDA and for every batch of 2 or more tokens of ``dtype``, a
+        ``QuantizedInput`` made by the norm before may replace x (after loading)."""
+        return False
+
+
+@dataclass(frozen=True)
+class QuantizationConfig(ABC):
+    """A model's weight format, chosen once at load. The keyword-only fields are the kernel
+    switches of ablation runs (``EngineConfig``'s fields of the same names), carried here because
+    the methods they steer are made from this config; every format honours them."""
+
+    name: ClassVar[str]
+    _: KW_ONLY
+    gemv: bool = True  # one-token unquantized layers on CUDA: the Triton GEMV (False: cuBLAS)
+    norm_gemv: bool = True  # one-token decode: the norm inside the GEMV where the method offers it
+    norm_quant: bool = True  # batches: the norm quantizes the input where the method offers it
+
+    @property
+    def online(self) -> bool:
+        """True when unquantized checkpoint weights are quantized at load."""
+        return False
+
+    @abstractmethod
+    def linear_method(self) -> LinearMethod:
+        """The method of the model's dense projections (QKV, o, gate-up, down)."""
+
+    def expert_block(self) -> tuple[int, int] | None:
+        """MoE experts: their weights' (rows, columns) scale block, None when unquantized."""
+        return None
+
+    def device_error(self, device_type: str, capability: tuple[int, int] | None) -> str | None:
+        """Why the device cannot run this format, or None."""
+        return None
+
+    def checkpoint_tensors(self, name: str, tensor: torch.Tensor
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
+        """A projection weight as a checkpoint of this format holds it (random weights of
+        ``--dummy-weights``): the tensor itself unless the format stores it quantized."""
+        yield name, tensor

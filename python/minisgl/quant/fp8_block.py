@@ -1,0 +1,44 @@
+"""FP8 with one scale per ``block = (bn, bk)`` of the weight: the published FP8 checkpoints'
+format (``weight`` e4m3, ``weight_scale_inv [cdiv(N, bn), cdiv(K, bk)]``, loaded shard by shard
+like the weight: a scale's ranges are the weight's divided by the block), or ``--quantization
+fp8-block`` (an unquantized checkpoint quantized into 128x128 blocks once loading is done).
+Activations are quantized per token and ``bk`` columns. Kernels: ``fp8_dispatch.fp8_linear``.
+No fusion is offered: the layers run their norms and activations as kernels of their own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import fp8_dispatch
+from .base import LinearMethod, MakeParam
+from .fp8 import FP8, quantize_block
+
+
+class Fp8BlockLinearMethod(LinearMethod):
+    def __init__(self, block: tuple[int, int], online: bool) -> None:
+        self.block, self.online = block, online
+
+    def create_weights(self, layer: nn.Module, out: int, inp: int, make_param: MakeParam) -> None:
+        if self.online:
+            layer.weight = make_param(out, inp)
+            layer.weight_scale_inv = None
+            return
+        bn, bk = self.block
+        layer.weight = make_param(out, inp, dtype=FP8)
+        layer.weight_scale_inv = make_param(-(-out // bn), -(-inp // bk), dtype=torch.float32,
+                                            unit=self.block[layer.shard_dim])
+
+    def process_weights_after_loading(self, layer: nn.Module,
+                                      input_scale: torch.Tensor | None = None) -> None:
+        assert input_scale is None, "block scales take no folded input scale"
+        if not self.online or layer.weight.dtype == FP8:
+            return
+        q, s = quantize_block(layer.weight.data, self.block)
+        layer.weight = nn.Parameter(q, requires_grad=False)
+        layer.weight_scale_inv = nn.Parameter(s, requires_grad=False)
+
+    def apply(self, layer, x, bias, gated=False, norm_eps=None, residual=None, act=False):
+        return fp8_dispatch.fp8_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias,
+                                       gated, norm_eps, residual, act, pdl=layer.pdl)

@@ -1,0 +1,160 @@
+"""Warm-up: run the kernel variants a live server can reach before it reports ready.
+
+Triton compiles a kernel the first time it is launched with a new specialisation (its constexprs,
+dtypes, and integer arguments equal to 1 or divisible by 16), cuBLAS picks an algorithm for each new
+shape, and the grammar library builds its tables on first use. Each costs up to seconds on the
+request path, and every running stream waits meanwhile. The warm-up feeds the scheduler synthetic
+requests that reach those variants (prefill sizes across the kernels' thresholds, a prefix hit,
+mixed steps, decode batches too large for a CUDA graph, every sampler path, a grammar, prompt
+log-probs) and runs them to completion through the ordinary ``add_request`` / ``step`` path, so
+every TP rank, given the same plan, builds the same batches.
+
+What it leaves behind: the prompts' KV as evictable prefix-cache entries (valid KV, evicted first
+under pressure) and nothing else; the prefix-cache hit counter is reset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from minisgl.core import SamplingParams
+from minisgl.utils import init_logger
+
+logger = init_logger(__name__)
+
+# far above any id the tokenizer workers or the offline LLM hand out
+WARMUP_UID_BASE = 1 << 62
+# prompt lengths of the prefill wave on CUDA: 1, odd and multiple-of-16 sizes, and one on each side
+# of the FP8 GEMM thresholds (32, 96, 256 tokens) and the piecewise-graph sizes
+_CUDA_PREFILL_LENS = (1, 2, 7, 16, 33, 64, 97, 130, 255, 300, 520, 1000, 2100, 4100)
+_SCHEMA = ('{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, '
+           '"n": {"type": "integer"}}, "required": ["name", "n"]}')
+
+
+@dataclass
+class Wave:
+    """Requests run together: each enters after ``after_steps`` steps of the wave (mixed steps)."""
+
+    name: str
+    # (steps of the wave before it enters, prompt, params)
+    requests: list[tuple[int, list[int], SamplingParams]] = field(default_factory=list)
+
+    def add(self, ids: list[int], params: SamplingParams, after_steps: int = 0) -> None:
+        self.requests.append((after_steps, ids, params))
+
+
+def sampler_variants(base: SamplingParams, grammar: bool) -> dict[str, SamplingParams]:
+    """One ``SamplingParams`` per combination of what the sampling kernels specialise on: penalty
+    counts, a logit bias, a grammar mask (each a compile-time switch of the batch), and log-probs
+    (none, the sampled token's, the top 8 or top 32: ``sampling/kernels/launch.py``). A batch
+    takes the union of its rows' switches, so every combination is reachable."""
+    variants = {}
+    for counts, bias, mask in itertools.product((False, True), repeat=3):
+        if mask and not grammar:
+            continue
+        params = replace(base, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1)
+        if counts:
+            params = replace(params, presence_penalty=0.5, frequency_penalty=0.3,
+                             repetition_penalty=1.1)
+        if bias:
+            params = replace(params, logit_bias=((1, 2.0), (2, -2.0)))
+        if mask:
+            params = replace(params, json_schema=_SCHEMA, ignore_eos=False)
+        name = "+".join(n for n, on in (("penalties", counts), ("bias", bias), ("grammar", mask))
+                        if on) or "top-k/top-p/min-p"
+        variants[name] = params
+        for top in (0, 3, 20):  # the token's log-prob; the top 8 merge; the top 32
+            variants[f"{name}+logprobs{top}"] = replace(params, logprobs=True, top_logprobs=top)
+    variants["greedy"] = base
+    variants["prompt-log-probs"] = replace(base, prompt_logprobs=True)
+    return variants
+
+
+def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: int,
+                max_running_reqs: int, graph_max_bs: int, cuda: bool, grammar: bool) -> list[Wave]:
+    """The waves to run. On CUDA every variant; on CPU (no Triton kernels, no graphs) one wave of
+    one short request per sampler path, which still builds the grammar tables."""
+    rng = random.Random(0)
+    low = min(1000, vocab_size // 2)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(low, vocab_size) for _ in range(n)]
+
+    base = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    longest = max(1, max_context_len - base.max_tokens - 1)
+    waves: list[Wave] = []
+    if cuda:
+        lens = sorted({min(n, longest) for n in (*_CUDA_PREFILL_LENS, max_prefill_tokens + 37)})
+        for n in lens:  # one wave each: a forward of exactly that many tokens
+            waves.append(Wave(f"prefill {n}", [(0, prompt(n), base)]))
+        shared = prompt(min(600, longest // 2))
+        hit = Wave("prefix hit")
+        hit.add(shared, base)
+        hit.add(shared + prompt(45), base, after_steps=4)  # off a page boundary
+        waves.append(hit)
+        mixed = Wave("mixed steps")
+        mixed.add(prompt(20), replace(base, max_tokens=24))
+        for i, n in enumerate((100, 700, min(3000, longest))):
+            mixed.add(prompt(n), base, after_steps=2 + 3 * i)
+        waves.append(mixed)
+        if max_running_reqs > graph_max_bs:  # eager decode batches (also with graphs off)
+            big = Wave("decode beyond the graphs")
+            rows = graph_max_bs + 1 if graph_max_bs else 33  # 33: odd, past one 32-row tile
+            for _ in range(min(max_running_reqs, rows)):
+                big.add(prompt(4), replace(base, max_tokens=4))
+            waves.append(big)
+    length = 40 if cuda else 8
+    variants = sampler_variants(base, grammar)
+    for name, params in variants.items() if cuda else ():  # each alone, two rows (batched kernels)
+        wave = Wave(f"sampler {name}")
+        wave.add(prompt(length), params)
+        wave.add(prompt(length + 3), params)
+        waves.append(wave)
+    together = Wave("sampler paths together")
+    for params in variants.values():
+        together.add(prompt(length), params)
+    waves.append(together)
+    return waves
+
+
+def run_warmup(scheduler, waves: list[Wave], should_stop: Callable[[], bool] = lambda: False
+               ) -> float:
+    """Run ``waves`` through ``scheduler`` (a ``Scheduler`` or anything with its request API);
+    return the seconds it took. Outputs are dropped; every request runs to its end."""
+    start = time.perf_counter()
+    uid = WARMUP_UID_BASE
+    for wave in waves:
+        pending = sorted(wave.requests, key=lambda r: r[0])
+        steps = 0
+        while pending or scheduler.has_work:
+            if should_stop():
+                return time.perf_counter() - start
+            while pending and pending[0][0] <= steps:
+                _, ids, params = pending.pop(0)
+                scheduler.add_request(uid, ids, params)
+                uid += 1
+            scheduler.step()
+            steps += 1
+    scheduler.cache.num_hit_tokens = 0
+    return time.perf_counter() - start
+
+
+def warm_up(scheduler, should_stop: Callable[[], bool] = lambda: False) -> None:
+    """Plan the waves for ``scheduler``'s engine and run them, logging what and how long."""
+    engine = scheduler.engine
+    config = scheduler.config
+    waves = warmup_plan(
+        vocab_size=engine.vocab_size, max_context_len=scheduler.max_context_len,
+        max_prefill_tokens=config.max_prefill_tokens, max_running_reqs=config.max_running_reqs,
+        graph_max_bs=config.engine.cuda_graph_max_bs, cuda=engine.device.type == "cuda",
+        grammar=True,
+    )
+    num = sum(len(w.requests) for w in waves)
+    logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "
+                "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))
+    seconds = run_warmup(scheduler, waves, should_stop)
+    logger.info("warm-up done in %.1f s", seconds)

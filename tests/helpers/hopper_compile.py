@@ -1,0 +1,188 @@
+"""Compile Triton kernels for sm_90 without a GPU: the compiler's front end, LLVM and ptxas all run
+on the CPU and reject what the interpreter accepts (loop-carried types, fp8 dot shapes, ...).
+
+``compile_for_hopper(tmp_path, suite)`` runs ``python hopper_compile.py SUITE`` in a subprocess
+without ``TRITON_INTERPRET`` (the test module runs its kernels interpreted, which replaces the
+compiler) and skips the test when no CUDA toolchain (ptxas) is installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+
+def compile_for_hopper(tmp_path, suite: str) -> list[str]:
+    """The ``CUBIN name size [griddepcontrol]`` lines, one per compiled kernel variant."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(here, "..", "..", "python"),
+                                           env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, os.path.join(here, "hopper_compile.py"), suite],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if "NO-TOOLCHAIN" in done.stdout:
+        pytest.skip(done.stdout)
+    assert "FAILED" not in done.stdout, done.stdout
+    assert done.stdout.count("CUBIN") > 0, done.stdout
+    return [line for line in done.stdout.splitlines() if line.startswith("CUBIN")]
+
+
+def _fp8_kernels():
+    """(kernel, {arg: type}, {constexpr: value}, num_warps) of every FP8 variant we launch."""
+    from minisgl.kernel.triton import (
+        decode_attention,
+        extend_attention,
+        fp8_gemm,
+        fp8_gemv,
+        fp8_quant,
+        fp8_w8a16,
+        fused_moe,
+        rotary,
+    )
+
+    yield fp8_gemm._quantize_act_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32",
+        K="i32", stride_x="i32", stride_q="i32", stride_sm="i32", stride_sg="i32"), dict(
+        GATED=True, GROUP=128, GROUPS=8), 4
+    gemm_sig = dict(a_ptr="*fp8e4nv", as_ptr="*fp32", b_ptr="*fp8e4nv", bs_ptr="*fp32",
+                    c_ptr="*bf16", M="i32", N="i32", K="i32", stride_am="i32", stride_as="i32",
+                    stride_bn="i32", stride_bs="i32", stride_cm="i32")
+    for m in (1, 48, 200, 4096):
+        cfg = fp8_gemm.pick_config(m, 4096, 4096)
+        yield fp8_gemm._fp8_gemm_kernel, gemm_sig, dict(
+            SCALE_BN=128, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128,
+            GROUP_M=cfg.group_m, EVEN_K=True), cfg.num_warps
+    for gated, k in ((False, 4096), (True, 12288), (False, 20000)):  # the last in two passes
+        block, warps = fp8_quant.pick_block(k)
+        yield fp8_quant._quantize_tokens_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv",
+            s_ptr="*fp32", K="i32", stride_x="i32", stride_q="i32"), dict(GATED=gated,
+            ONE_PASS=block >= k, BLOCK=block, USE_PDL=True), warps
+    for gated, channel, fused, act in ((False, False, False, False), (True, False, False, False),
+                                       (True, True, True, False), (False, True, True, False),
+                                       (False, True, False, False), (False, True, True, True)):
+        bn, bk, warps = fp8_gemv.pick_config(4096, 4096)
+        yield fp8_gemv._fp8_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32",
+            b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_w="i32",
+            stride_s="i32", eps="fp32"), dict(
+            SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128, GATED=gated,
+            HAS_BIAS=not gated, EVEN=True, CHANNEL=channel, NORM=fused and not gated,
+            HAS_RES=fused and gated, ACT=act, BLOCK_N=bn, BLOCK_K=bk, RED=fp8_gemv.RED,
+            USE_PDL=True), warps
+    w8a16_sig = dict(x_ptr="*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv", s_ptr="*fp32",
+                     b_ptr="*bf16", y_ptr="*bf16", M="i32", N="i32", K="i32",
+                     steps_per_split="i32", stride_x="i32", stride_w="i32", stride_s="i32",
+                     stride_xs="i32")
+    w8a16_cases = ((2, 4096, 4096, False), (64, 6144, 4096, False), (128, 4096, 12288, True))
+    w8a8_cases = ((64, 4096, 4096, False), (128, 24576, 4096, False), (200, 4096, 12288, False))
+    for (m, n, k, gated), channel, a8 in itertools.chain(
+            itertools.product(w8a16_cases, (True, False), (False,)),
+            itertools.product(w8a8_cases, (True, False), (True,))):
+        cfg = fp8_w8a16.pick_config(m, n, k, gated, x_bytes=1 if a8 else 2)
+        if not channel:  # as ``_launch``: the tile within one 128x128 scale block
+            cfg = replace(cfg, block_n=min(cfg.block_n, 128), block_k=min(cfg.block_k, 128))
+        y_type = "*fp32" if cfg.split_k > 1 else "*bf16"  # split-K: fp32 partials
+        yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, y_ptr=y_type,
+                                            x_ptr="*fp8e4nv" if a8 else "*bf16"), dict(
+            CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
+            GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
+            EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=2 if a8 else 0,
+            USE_PDL=a8), cfg.num_warps
+    cfg = fp8_w8a16.pick_config(16, 4096, 4096, x_bytes=4)  # fp32 x: 64-deep K steps, no prefetch
+    yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, x_ptr="*fp32", y_ptr="*fp32"), dict(
+        CHANNEL=True, SCALE_BN=1, SCALE_BK=1, GATED=False, A8=False, HAS_BIAS=False, EVEN_M=True,
+        EVEN_K=True, SPLIT=cfg.split_k > 1, DOT_PREC="ieee", BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=0, USE_PDL=False), cfg.num_warps
+    yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
+        N="i32"), dict(SPLITS=4, HAS_BIAS=True, BLOCK=1024), 4
+    for gated in (False, True):
+        yield fused_moe._moe_gemm_kernel, dict(a_ptr="*bf16", w_ptr="*fp8e4nv", out_ptr="*bf16",
+            weights_ptr="*bf16", sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32",
+            ws_ptr="*fp32", n_pairs="i32", n_out="i32", k_dim="i32", top_k="i32", n_blocks_m="i32",
+            stride_am="i32", stride_we="i32", stride_wn="i32", stride_om="i32", stride_se="i32",
+            stride_sn="i32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+            EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128), 4
+    attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32",
+                SeqLens="*i32")
+    yield decode_attention._decode_stage1, dict(attn, Order="*i32", PartOut="*fp32",
+        PartLse="*fp32", Out="*bf16",
+        qk_scale="fp32", v_scale="fp32", num_splits="i32", **{s: "i32" for s in (
+            "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh",
+            "stride_pt", "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh",
+            "stride_ob", "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128,
+        BLOCK_N=64, DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True), 4
+    yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32",
+        qk_scale="fp32", v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh",
+        "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_ot", "stride_oh",
+        "stride_pt")}), dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64,
+        DOT_PREC="tf32"), 4
+    yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
+        cache_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16", kc_ptr="*fp8e4nv", vc_ptr="*fp8e4nv",
+        loc_ptr="*i64", eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32", **{s: "i32" for s in (
+            "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h",
+            "c_stride_slot", "c_stride_h", "n_q", "n_k", "cache_stride")}), dict(
+        HAS_NORM=True, STORE=True, FP8=True, HALF=64, BLOCK_Q=32, BLOCK_K=8, USE_PDL=True), 8
+
+
+def _pdl_kernels():
+    """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
+    the FP8 ones): the GEMV, the norm, the attention reduction, the greedy sampler."""
+    from minisgl.kernel.triton import decode_attention, decode_step, gemv, norm
+
+    for gated in (False, True):
+        yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
+            N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
+            BLOCK_N=4, BLOCK_K=2048, USE_PDL=True), 4
+    for quant in (False, True):  # the norm, and the norm quantizing for an FP8 layer
+        yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16",
+            y_ptr="*fp8e4nv" if quant else "*bf16", res_out_ptr="*bf16", s_ptr="*fp32", eps="fp32",
+            **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0", "stride_x1", "stride_r",
+                                  "stride_y", "stride_ro", "dim")}), dict(
+            HAS_RES=True, QUANT=quant, ROWS=1, BLOCK_D=4096, USE_PDL=True), 4
+    greedy_sig = dict(flag_ptr="*i64", val_ptr="*fp32", idx_ptr="*i32", out_ptr="*i64",
+                      pool_ptr="*i32", rows_ptr="*i64", pos_ptr="*i64", pool_stride="i32")
+    for splits in (1, 64):
+        yield decode_step._partial_kernel, dict(greedy_sig, logits_ptr="*bf16", stride="i32",
+            V="i32", chunk="i32"), dict(SPLITS=splits, BLOCK=1024, USE_PDL=True), 4
+    yield decode_step._final_kernel, greedy_sig, dict(SPLITS=64, USE_PDL=True), 1
+    yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
+        Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",
+        "stride_lb", "stride_lh", "stride_ob", "stride_oh")}), dict(
+        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, USE_PDL=True), 4
+
+
+def main(suite: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels}[suite]
+    for kernel, sig, consts, warps in kernels():
+        fn = getattr(kernel, "fn", kernel)
+        missing = set(kernel.arg_names) - set(sig) - set(consts)
+        assert not missing, f"{fn.__name__}: no type for {missing}"
+        full = dict(sig, **{name: "constexpr" for name in consts})
+        src = ASTSource(fn=kernel, signature={n: full[n] for n in kernel.arg_names},
+                        constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+        try:
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                      options={"num_warps": warps})
+        except Exception as e:  # noqa: BLE001  (CompilationError, RuntimeError: report them all)
+            if "ptxas" in str(e) and "not found" in str(e).lower():
+                print("NO-TOOLCHAIN", e)
+                return
+            print("FAILED", fn.__name__, consts, str(e)[-2000:])
+            continue
+        ptx = compiled.asm["ptx"]
+        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
+              "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -81,7 +81,7 @@ class Engine:
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
         # penalty counts and logit biases of the request in each row (allocated on first use)
         self.sampling_state = SamplingState(table_shape[0], mc.vocab_size, self.device)
-        self.state_pool = create_state_pool(self)
+        self.state_pool = create_state_pool(self.model, config, self.device)
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)

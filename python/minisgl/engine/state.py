@@ -14,7 +14,7 @@ from minisgl.utils import init_logger
 if TYPE_CHECKING:
     from minisgl.core import Batch
 
-    from .engine import Engine
+    from .config import EngineConfig
 
 logger = init_logger(__name__)
 
@@ -23,16 +23,16 @@ def is_hybrid(model: torch.nn.Module) -> bool:
     return hasattr(model, "state_shape")
 
 
-def create_state_pool(engine: Engine) -> StatePool | None:
+def create_state_pool(model: torch.nn.Module, config: EngineConfig,
+                      device: torch.device) -> StatePool | None:
     """One slot per page-table row (the dummy row's is scratch) plus the prefix cache's snapshot
     slots; None for a model without linear-attention layers."""
-    model, config = engine.model, engine.config
     if not is_hybrid(model):
         return None
     snapshots = config.num_state_snapshots
     snapshots = config.max_running_reqs if snapshots is None else snapshots
     pool = StatePool(model.state_shape, model.num_linear_layers, config.max_running_reqs,
-                     snapshots, config.dtype, engine.device)
+                     snapshots, config.dtype, device)
     logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB, %.2f GiB",
                 pool.num_slots, config.max_running_reqs, pool.num_snapshots,
                 pool.bytes_per_slot / (1 << 20), pool.total_bytes / (1 << 30))

@@ -12,15 +12,12 @@ causal conv of each request.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from minisgl.layers import gated_delta as ops
-
-if TYPE_CHECKING:
-    from minisgl.layers.linear_attention import GatedDeltaNet, StateMetadata
 
 
 def _fla():
@@ -45,9 +42,10 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
     return F.silu(out).to(x.dtype)
 
 
-def gated_delta_net_cuda(layer: GatedDeltaNet, qkv: torch.Tensor, g: torch.Tensor,
-                         beta: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor,
-                         meta: StateMetadata) -> torch.Tensor:
+def gated_delta_net_cuda(layer: Any, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         conv_state: torch.Tensor, ssm_state: torch.Tensor,
+                         meta: Any) -> torch.Tensor:
+    """``layer``: the ``GatedDeltaNet``; ``meta``: its batch's ``StateMetadata``."""
     chunk_rule, recurrent_rule = _fla()
     weight, slots = layer.conv1d_weight[:, 0], meta.slots_dev
     if meta.all_single_continuing:

@@ -10,8 +10,8 @@ import torch
 
 from conftest import TEST_DEVICE
 from helpers.engine_utils import prefill_logits
-from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
+from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
 

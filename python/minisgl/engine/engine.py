@@ -11,18 +11,18 @@ from minisgl.context import Context
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
-from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.layers.base import restore_param_dtypes
+from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
 from minisgl.quant.loading import load_model_config, set_kv_scales
-from .batch import prepare_batch
+from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
 
+from .batch import prepare_batch
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
-from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 
 logger = init_logger(__name__)
 
@@ -116,8 +116,8 @@ class Engine:
     def _make_pool(self, num_pages: int):
         mc, config = self.model_config, self.config
         pool = create_kvcache_pool(
-            num_layers=self.num_kv_layers, num_kv_heads=self.local_kv_heads, head_dim=mc.head_dim,
-            num_pages=num_pages, page_size=config.page_size, dtype=config.kv_dtype, device=self.device,
+            num_layers=self.num_kv_layers, num_kv_heads=self.local_kv_heads,
+            head_dim=mc.head_dim, num_pages=num_pages, page_size=config.page_size, dtype=config.kv_dtype, device=self.device,
         )
         set_kv_scales(pool, self.model.kv_scales)
         backend = create_attention_backend(
@@ -129,7 +129,8 @@ class Engine:
     @property
     def kv_bytes_per_token(self) -> int:
         mc = self.model_config
-        return 2 * self.num_kv_layers * self.local_kv_heads * mc.head_dim * self.config.kv_dtype.itemsize
+        return (2 * self.num_kv_layers * self.local_kv_heads * mc.head_dim
+                * self.config.kv_dtype.itemsize)
 
     def _build_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)

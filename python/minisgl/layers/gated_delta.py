@@ -40,7 +40,8 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
 
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
                dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, beta) in fp32: the log-decay ``-exp(A_log) * softplus(a + dt_bias)`` and ``sigmoid(b)``."""
+    """(g, beta) in fp32: the log-decay ``-exp(A_log) * softplus(a + dt_bias)``, and
+    ``sigmoid(b)``."""
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
     return g, b.float().sigmoid()
 
@@ -58,7 +59,7 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                beta: torch.Tensor, state: torch.Tensor, scale: float
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence, token by token. q, k ``[L, Hk, K]`` (already L2-normalised), v ``[L, H, V]``,
-    g, beta ``[L, H]``, state ``[H, K, V]`` fp32. Returns (o ``[L, H, V]`` in v's dtype, new state)."""
+    g, beta ``[L, H]``, state ``[H, K, V]`` fp32. Returns (o ``[L, H, V]`` in fp32, new state)."""
     q, k = _expand_groups(q, k, v.shape[-2])
     q, k, v = q.float() * scale, k.float(), v.float()
     s = state.float().clone()

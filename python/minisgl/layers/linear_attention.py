@@ -68,7 +68,8 @@ class SplitColumnLinear(_Linear):
     A checkpoint tensor holds some consecutive parts; its shard id is their indices."""
 
     def __init__(self, in_features: int, parts: list[int], comm: DistributedCommunicator,
-                 quant: QuantizationConfig | None = None, what: str = "linear attention heads") -> None:
+                 quant: QuantizationConfig | None = None,
+                 what: str = "linear attention heads") -> None:
         super().__init__()
         self.tp = comm.info
         self.parts = parts

@@ -1,4 +1,4 @@
-"""Qwen3.5 and Qwen3.6 (``Qwen3_5ForConditionalGeneration``, ``Qwen3_5MoeForConditionalGeneration``):
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``; the MoE form and Qwen3.6 in ``qwen3_5_moe.py``):
 the Qwen3-Next decoder with separate linear-attention projections, served as a text model.
 
 The checkpoint is a vision-language model: the text decoder's weights live under

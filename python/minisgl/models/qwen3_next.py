@@ -164,8 +164,8 @@ class HybridModel(BaseLLMModel):
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
                                       quant=cfg.quant)
-        attn = next(l.self_attn for l in self.layers if not l.is_linear)
-        lin = next(l.linear_attn for l in self.layers if l.is_linear)
+        attn = next(layer.self_attn for layer in self.layers if not layer.is_linear)
+        lin = next(layer.linear_attn for layer in self.layers if layer.is_linear)
         self.num_kv_layers, self.num_linear_layers = len(self.kv_index), len(self.state_index)
         self.local_kv_heads = attn.qkv_proj.local_kv
         self.state_shape = StateShape(lin.conv_dim, lin.conv_width, lin.num_v_heads, lin.k_dim,

@@ -66,7 +66,8 @@ class CacheManager:
 
     def hit_len(self, req: Req) -> int:
         """How many tokens ``match`` would reuse now (nothing is locked)."""
-        return self.prefix_cache.match_resumable(req.input_ids[: prefix_limit(req)]).handle.cached_len
+        ids = req.input_ids[: prefix_limit(req)]
+        return self.prefix_cache.match_resumable(ids).handle.cached_len
 
     def match(self, req: Req) -> None:
         """Reuse the longest cached prefix; at least one token is left to compute (its logits), and

@@ -12,11 +12,11 @@ from typing import Callable
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
-from minisgl.sampling import BatchSamplingArgs
+from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.kvcache import create_prefix_cache
+from minisgl.sampling import BatchSamplingArgs
 from minisgl.utils import init_logger
 
-from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager

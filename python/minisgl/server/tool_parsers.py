@@ -1,11 +1,12 @@
 """Tool-call parsers: a model's text -> OpenAI ``tool_calls``, whole or as streamed deltas.
 
-Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Qwen3.5's XML calls, Llama 3's bare JSON objects, Mistral's
-``[TOOL_CALLS] [...]``, and the plain JSON that a constrained ``tool_choice`` produces) only says
-where the content ends and where each call's JSON object starts. The rest is shared: a call object
-whose ``name`` comes first streams its arguments as the raw text arrives, cut by a JSON scanner at
-the end of the arguments value, so the fragments concatenate to exactly what a non-streamed
-response holds (which runs the same code over the whole text at once).
+Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Qwen3.5's XML calls, Llama 3's bare
+JSON objects, Mistral's ``[TOOL_CALLS] [...]``, and the plain JSON that a constrained
+``tool_choice`` produces) only says where the content ends and where each call's JSON object
+starts. The rest is shared: a call object whose ``name`` comes first streams its arguments as the
+raw text arrives, cut by a JSON scanner at the end of the arguments value, so the fragments
+concatenate to exactly what a non-streamed response holds (which runs the same code over the whole
+text at once).
 """
 
 from __future__ import annotations

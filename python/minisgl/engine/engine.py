@@ -117,7 +117,8 @@ class Engine:
         mc, config = self.model_config, self.config
         pool = create_kvcache_pool(
             num_layers=self.num_kv_layers, num_kv_heads=self.local_kv_heads,
-            head_dim=mc.head_dim, num_pages=num_pages, page_size=config.page_size, dtype=config.kv_dtype, device=self.device,
+            head_dim=mc.head_dim, num_pages=num_pages, page_size=config.page_size,
+            dtype=config.kv_dtype, device=self.device,
         )
         set_kv_scales(pool, self.model.kv_scales)
         backend = create_attention_backend(

@@ -28,7 +28,7 @@ class EngineConfig:
     max_running_reqs: int = 256
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     # hybrid models: state slots the radix cache keeps snapshots in (kvcache/hybrid_radix.py);
-    # None: one per running request
+    # None: a quarter of max_running_reqs
     num_state_snapshots: int | None = None
     attention_backend: str = "torch"
     moe_backend: str = "torch"

@@ -30,7 +30,8 @@ def create_state_pool(model: torch.nn.Module, config: EngineConfig,
     if not is_hybrid(model):
         return None
     snapshots = config.num_state_snapshots
-    snapshots = config.max_running_reqs if snapshots is None else snapshots
+    if snapshots is None:  # a quarter of the request slots: a slot is ~1.5-3k tokens of KV
+        snapshots = max(1, config.max_running_reqs // 4)
     pool = StatePool(model.state_shape, model.num_linear_layers, config.max_running_reqs,
                      snapshots, config.dtype, device)
     logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB, %.2f GiB",

@@ -42,7 +42,7 @@ class EngineOptions:
     kv_cache_memory_gb: float = 1.0
     mem_fraction: float = 0.9
     max_running_requests: int = 256
-    # hybrid models: recurrent-state snapshots the radix cache may keep (None: one per request)
+    # hybrid models: recurrent-state snapshots the radix cache may keep (None: max_running / 4)
     num_state_snapshots: int | None = None
     max_seq_len: int | None = None
     attn: str = "auto"

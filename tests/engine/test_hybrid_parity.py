@@ -68,9 +68,9 @@ def test_prefill_and_decode_logits_match_transformers(arch, checkpoints, prompts
     llm = make_llm(path, page_size=16)
     logits = prefill_logits(llm.scheduler, prompts)
     expected = torch.cat(hf_prefill_logits(path, prompts))
-    # float32 rounding, amplified by these small random models (the six-layer Qwen3-Next one
-    # reaches a few 1e-3 on logits of std ~10): the tolerance is relative to the logits' spread
-    atol = 5e-4 * float(expected.std())
+    # float32 rounding, amplified by these small random models (a few 1e-3 on logits of std ~10
+    # where the chunked and the token-by-token delta rule meet): 1e-3 of the logits' spread
+    atol = 1e-3 * float(expected.std())
     torch.testing.assert_close(logits.cpu(), expected, atol=atol, rtol=0)
     engine, recorded = llm.scheduler.engine, {}
     forward = engine.forward

@@ -194,6 +194,9 @@ class Req:
     device_len: int = 0
     cache_handle: BaseCacheHandle | None = None
     cache_hit_len: int = 0  # prompt tokens served from the prefix cache at first admission
+    # hybrid models: a prefill chunk ends here so that the state there can be kept (a branch point
+    # of the prefix cache without a state snapshot; kvcache/hybrid_radix.py); 0: none
+    snapshot_at: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -109,25 +109,25 @@ def test_retraction_restarts_the_state(checkpoints, overlap):
 @pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_radix_hit_resumes_from_a_snapshot(checkpoints, page_size):
-    """A second request sharing a prefix resumes from the snapshot the first left: hits on
-    snapshot boundaries (the whole first prompt) and inside a node (a shorter shared part) give
-    transformers' tokens, and the cache's integrity holds."""
+    """Requests sharing prefixes resume from the snapshots earlier ones left: at a whole earlier
+    prompt (a snapshot at its end), and at a branch point inside the tree (20 shared tokens: the
+    first request to diverge there stops a chunk at the branch and is snapshotted, so the next
+    one hits it). Tokens are transformers', the cache's integrity holds."""
     path = checkpoints["qwen3_next"]
     shared = random_prompts(1, [32], 256, seed=1)[0]
-    prompts = [shared, shared + random_prompts(1, [9], 256, seed=2)[0],
-               shared[:20] + random_prompts(1, [14], 256, seed=3)[0]]
+    tails = random_prompts(3, [9, 14, 11], 256, seed=2)
+    prompts = [shared, shared + tails[0], shared[:20] + tails[1], shared[:20] + tails[2]]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     expected = hf_greedy(path, prompts, 16)
     llm = make_llm(path, page_size=page_size, cache="radix")
-    cache = llm.scheduler.cache
-    first = llm.generate(prompts[:1], params)
-    assert cache.num_hit_tokens == 0
-    assert cache.prefix_cache.num_snapshots > 0
-    second = llm.generate(prompts[1:2], params)
-    assert cache.num_hit_tokens == 32  # the first prompt ends on a page boundary: a snapshot
-    third = llm.generate(prompts[2:], params)
-    assert cache.num_hit_tokens == 32  # 20 shared tokens end inside a node: no snapshot there
-    assert [o.token_ids for o in first + second + third] == expected
+    cache, outputs, hits = llm.scheduler.cache, [], []
+    for prompt in prompts:
+        before = cache.num_hit_tokens
+        outputs += llm.generate([prompt], params)
+        hits.append(cache.num_hit_tokens - before)
+    branch = 20 // page_size * page_size
+    assert hits == [0, 32, 0, branch]
+    assert [o.token_ids for o in outputs] == expected
     llm.scheduler.check_integrity()
 
 

@@ -154,6 +154,11 @@ class BasePrefixCache(ABC):
     def restore_state(self, handle: BaseCacheHandle, slot: int) -> None:
         """Recurrent-state caches: copy the snapshot at ``handle``'s end into state ``slot``."""
 
+    def branch_point(self, input_ids: Sequence[int]) -> int:
+        """Recurrent-state caches: where the cached KV of ``input_ids`` ends when that is deeper
+        than ``match_resumable`` (a prefix others share, with no snapshot there yet); else 0."""
+        return 0
+
     def save_state(self, input_ids: Sequence[int], slot: int) -> None:
         """Recurrent-state caches: ``slot`` holds the state after exactly ``input_ids`` (a cached
         prefix of whole pages); keep a snapshot of it at that prefix's end if memory allows."""

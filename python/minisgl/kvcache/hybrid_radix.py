@@ -8,6 +8,10 @@ state after exactly that prefix was kept. Policy:
   prefill ends (``cache_prefix``) and when it finishes or is retracted (``release``): the state
   in its slot is then the state after exactly those tokens (every forward that fed them is
   launched, and the copy is stream-ordered after them);
+* and at branch points: a new request whose prompt shares cached KV beyond its resumable match
+  (a common system prompt, the others' requests diverging after it) ends a prefill chunk where
+  that KV ends (``Req.snapshot_at``) and is snapshotted there before its next chunk, so that the
+  requests after it resume from the shared part;
 * a match ends at the deepest node on the matched path that has a snapshot (``match_resumable``);
   the KV of the rest of the path stays cached for other requests;
 * snapshot slots are a fixed part of the state pool (``--num-state-snapshots``); when none is
@@ -49,6 +53,11 @@ class HybridRadixCache(RadixPrefixCache):
             return MatchResult(RadixCacheHandle(0, self.root), empty_slots())
         indices = torch.cat([n.value for n in path])
         return MatchResult(RadixCacheHandle(len(indices), path[-1]), indices)
+
+    def branch_point(self, input_ids: Sequence[int]) -> int:
+        ids = _as_list(input_ids)
+        node, pos, _ = self._walk(ids[: self.aligned_len(len(ids))])
+        return pos if pos and node.snapshot is None else 0
 
     def restore_state(self, handle: BaseCacheHandle, slot: int) -> None:
         assert isinstance(handle, RadixCacheHandle)

@@ -83,6 +83,14 @@ class CacheManager:
         req.cache_handle, req.cached_len, req.device_len = result.handle, n, n
         if n:
             self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
+        branch = self.prefix_cache.branch_point(req.input_ids[: prefix_limit(req)])
+        req.snapshot_at = branch if branch > n else 0
+
+    def save_state_at_branch(self, req: Req) -> None:
+        """The chunk that ended at ``req.snapshot_at`` is launched: keep the state there."""
+        if req.snapshot_at and req.device_len == req.snapshot_at:
+            self.prefix_cache.save_state(req.input_ids[: req.device_len], req.table_idx)
+            req.snapshot_at = 0
 
     def allocate(self, req: Req, new_device_len: int) -> None:
         """Give ``req`` the pages to hold ``new_device_len`` tokens. Check ``available_tokens`` first."""

@@ -40,7 +40,9 @@ class SamplingParams:
     ``logprobs`` asks for the chosen token's log-probability, ``top_logprobs`` for that many
     alternatives as well. ``prompt_logprobs`` asks for the log-probs of the prompt's tokens from
     index ``logprob_start_len`` on (index 0 has none), with ``top_logprobs`` alternatives each;
-    ``max_tokens == 0`` runs the prompt only (for its log-probs) and generates nothing.
+    ``max_tokens == 0`` runs the prompt only (for its log-probs) and generates nothing. A prompt
+    plus ``max_tokens`` beyond the model's context is refused (``ValueError`` naming max_tokens),
+    unless ``clamp_max_tokens``: then ``max_tokens`` is a ceiling, cut to what the context leaves.
     """
 
     temperature: float = 1.0
@@ -66,6 +68,7 @@ class SamplingParams:
     ebnf: str | None = None
     prompt_logprobs: bool = False
     logprob_start_len: int = 0
+    clamp_max_tokens: bool = False
 
     def __post_init__(self) -> None:
         def number(name: str) -> float:
@@ -96,6 +99,7 @@ class SamplingParams:
         _check(number("repetition_penalty") > 0, "repetition_penalty", "must be > 0")
         _check(integer("max_tokens") >= 0, "max_tokens", "must be >= 0")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
+        _check(isinstance(self.clamp_max_tokens, bool), "clamp_max_tokens", "must be a boolean")
         _check(isinstance(self.logprobs, bool), "logprobs", "must be a boolean")
         _check(isinstance(self.prompt_logprobs, bool), "prompt_logprobs", "must be a boolean")
         _check(integer("logprob_start_len") >= 0, "logprob_start_len", "must be >= 0")

@@ -27,6 +27,11 @@ API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given
 GRAMMAR_THREADS = EnvVar("MINISGL_GRAMMAR_THREADS", "auto", "threads that fill a batch's grammar "
                          "masks (auto: half the CPUs the scheduler may use, at most 8)")
 
+ALLOW_LONG_MAX_MODEL_LEN = EnvVar(
+    "MINISGL_ALLOW_LONG_MAX_MODEL_LEN", "0", "1: --max-model-len may exceed the model's "
+    "max_position_embeddings (positions the model was not trained on: its output may degrade); "
+    "without it such a length is an error")
+
 
 def set_process_defaults() -> None:
     """Settings of third-party libraries that minisgl's processes want unless the user chose:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -155,6 +157,18 @@ def test_bad_prompts_raise_clear_errors(llama):
         llm.generate(["text needs a tokenizer"], GREEDY)
     # the engine keeps serving after every error, with nothing leaked
     assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == 24
+    llm.scheduler.check_integrity()
+
+
+def test_max_tokens_beyond_the_context(llama):
+    llm = make_llm(llama, num_pages=256, max_seq_len=128)
+    prompt = list(range(3, 103))  # 100 tokens: 28 are left
+    with pytest.raises(ValueError, match="maximum context length is 128 tokens.*requested 140 "
+                                         r"tokens \(100 in the prompt, 40 in the completion\)"):
+        llm.generate([prompt], dataclasses.replace(GREEDY, max_tokens=40, ignore_eos=True))
+    clamped = dataclasses.replace(GREEDY, max_tokens=40, ignore_eos=True, clamp_max_tokens=True)
+    out = llm.generate([prompt], clamped)[0]
+    assert len(out.token_ids) == 28 and out.finish_reason == "length"
     llm.scheduler.check_integrity()
 
 

@@ -125,6 +125,23 @@ def test_bitmask_and_ties() -> None:
     assert tokens[0] in (1, 3) and tokens[3] == 69
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_a_row_whose_grammar_allows_nothing_gets_a_token_in_range(split: bool) -> None:
+    """Every token masked (a grammar the tokenizer cannot write): no winner exists; the id must
+    still lie inside the vocabulary so that the scheduler can end the request."""
+    vocab = 512
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3)).to(DEV)
+    params = [dict(temperature=0.7, top_k=20, top_p=0.9, presence_penalty=0.5),
+              dict(temperature=1.0), dict(temperature=0.8, min_p=0.1, logprobs=True),
+              dict(temperature=0.0)]
+    bitmask = torch.zeros((4, vocab // 32), dtype=torch.int32).to(DEV)
+    args = BatchSamplingArgs.from_reqs(make_reqs(params, 0, vocab), vocab, DEV)
+    args.token_bitmask = bitmask
+    sizes = SPLIT if split else SIZES
+    tokens = kernel_sample(logits, args, **sizes)[0].tolist()
+    assert all(0 <= t < vocab for t in tokens), tokens
+
+
 def test_large_nucleus_takes_the_boundary_path() -> None:
     """A flat distribution: top_p's nucleus holds more tokens than one row may gather."""
     cand = SIZES.get("cand", 1024)

@@ -78,7 +78,7 @@ def test_message_fields(http, key, value, status):
     r = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3})
     assert r.status_code == status, r.text
     if status == 400:
-        assert r.json()["error"]["param"] == f"messages.[1].{key}"
+        assert r.json()["error"]["param"] == f"messages[1].{key}"
 
 
 def test_stream_options_fields(http):

@@ -31,8 +31,13 @@ def test_shell_answers_resets_and_exits(default_model_dir, tmp_path):
     screen = io.StringIO()
     child.logfile_read = screen
     try:
+        child.expect(r"loading \S+ \(the log: ")  # said at once, while the model loads
         child.expect("/reset clears the history")
         child.expect("> ")
+        child.sendline("/help")  # a command, never a message to the model
+        child.expect(r"/help shows this")
+        child.sendline("/hlep")
+        child.expect(r"unknown command /hlep")
         child.sendline("/set")
         child.expect(r"\(temperature = 0.7, top_p = 0.9, max_tokens = 512\)")
         child.sendline("/set temperature 0")

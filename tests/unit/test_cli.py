@@ -40,7 +40,6 @@ def test_vllm_and_sglang_spellings_are_aliases():
     (["--max-total-tokens", "4096"], "--max-total-tokens: the KV pool is sized in pages: use "
      "--num-pages"),
     (["--disable-log-requests"], "use --log-level warning"),
-    (["--trust-remote-code"], "drop the flag"),
     (["--attention-backend", "FLASH_NOPE"], "use --attn with auto"),
     (["--max-num-sequences", "4"], "did you mean --max-num-seqs"),
 ])
@@ -49,6 +48,23 @@ def test_flags_that_differ_name_the_minisgl_flag(capsys, argv, message):
         parse_args(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_vllm_habits_that_change_nothing_are_accepted():
+    """Flags asking for what minisgl always does, and vLLM's short dtype names."""
+    plain = parse_args(["--model", "m", "--dtype", "float16"])
+    assert parse_args(["--model", "m", "--enable-prefix-caching", "--trust-remote-code",
+                       "--enable-auto-tool-choice", "--dtype", "half"]) == plain
+    assert parse_args(["--dtype", "bf16"]).engine.dtype == "bfloat16"
+    assert parse_args(["--dtype", "fp32"]).engine.dtype == "float32"
+    with pytest.raises(ValueError, match="dtype"):
+        parse_args(["--dtype", "fp64"])
+
+
+@pytest.mark.parametrize("port", ["80000", "-5", "65536"])
+def test_ports_out_of_range_are_refused_by_name(port):
+    with pytest.raises(ValueError, match=r"port: must be in \[0, 65535\]"):
+        parse_args(["--port", port])
 
 
 def test_new_flags():

@@ -19,8 +19,6 @@ CASES = [  # parser, text, expected content, expected [(name, arguments)]
      + json.dumps(WEATHER) + '}\n</tool_call>\n<tool_call>{"arguments": {"x": 1}, "name": "f"}'
      "</tool_call>", "Let me check.\n", [("weather", json.dumps(WEATHER)), ("f", '{"x": 1}')]),
     ("hermes", "No call here, only a < sign.", "No call here, only a < sign.", []),
-    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "unfinis', "",
-     [("f", '{"a": "unfinis')]),
     ("hermes", "<tool_call>not json</tool_call>", "", []),
     ("llama3", '<|python_tag|>{"name": "f", "parameters": {"q": "a\\"b"}}; {"name": "g", '
      '"parameters": {}}', "", [("f", '{"q": "a\\"b"}'), ("g", "{}")]),
@@ -43,14 +41,16 @@ def _stream(parser: str, text: str, step: int) -> tuple[str, list[tuple[str, str
         piece, calls = stream.feed(text[i:i + step], final=i + step >= len(text))
         content += piece
         deltas += calls
+        indices = [d["index"] for d in calls]
+        assert len(set(indices)) == len(indices), "one delta per call in a chunk, as OpenAI sends"
         for d in calls:
-            if "id" in d:  # the first delta of a call: id, type and name, no arguments yet
-                assert d["type"] == "function" and d["function"]["arguments"] == ""
+            if "id" in d:  # the first delta of a call: id, type, name and the arguments so far
+                assert d["type"] == "function"
                 assert d["index"] == len(names) and d["id"].startswith("call_")
                 names[d["index"]] = d["function"]["name"]
             else:
                 assert d["index"] in names and set(d["function"]) == {"arguments"}
-                args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
+            args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
     return content, [(names[k], args.get(k, "")) for k in sorted(names)], deltas
 
 
@@ -71,7 +71,7 @@ def test_streamed_fragments_concatenate_to_the_whole(parser, text, content, call
 def test_arguments_stream_as_they_are_generated():
     text = '<tool_call>{"name": "f", "arguments": {"city": "Paris", "n": 3}}</tool_call>'
     _, _, deltas = _stream("hermes", text, 4)
-    fragments = [d["function"]["arguments"] for d in deltas if "id" not in d]
+    fragments = [d["function"]["arguments"] for d in deltas]
     assert len(fragments) > 3  # not one piece at the end
     assert "".join(fragments) == '{"city": "Paris", "n": 3}'
 
@@ -168,3 +168,16 @@ def test_response_formats_become_one_grammar():
     with pytest.raises(ApiError) as e:
         _grammar(response_format={"type": "json_schema", "json_schema": {"schema": {}}})
     assert e.value.param == "response_format.json_schema.name"
+
+
+@pytest.mark.parametrize("parser,text", [
+    ("json", '[{"name": "f", "arguments": {"a": 1}}, {"name": "f", "arguments": {"a": 12'),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
+               '<tool_call>{"name": "f", "arguments": {"a": "unfinish'),
+])
+def test_a_call_cut_off_by_max_tokens_is_dropped(parser, text):
+    _, calls = parse_tool_calls(text, parser)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        [("f", '{"a": 1}')]
+    # a stream has sent the cut call's fragments as they came (its finish reason is "length")
+    assert [name for name, _ in _stream(parser, text, 7)[1]] == ["f", "f"]

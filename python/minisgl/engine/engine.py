@@ -23,6 +23,7 @@ from .batch import prepare_batch
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
+from .window import window
 
 logger = init_logger(__name__)
 
@@ -66,13 +67,13 @@ class Engine:
             comm = (init_distributed(config.tp, config.dist_init_addr, self.device)
                     if config.tp.size > 1 else DistributedCommunicator(config.tp))
         self.comm = comm
-        self.model_config = mc = load_model_config(config, self.device)
+        self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
         # a hybrid model has KV for its full-attention layers only, and a recurrent-state pool
         self.num_kv_layers = getattr(self.model, "num_kv_layers", mc.num_layers)
         self.local_kv_heads = getattr(self.model, "local_kv_heads", None) or \
             self.model.layers[0].self_attn.qkv_proj.local_kv
-        self.max_seq_len = min(config.max_seq_len or mc.max_position, mc.max_position)
+        self.max_seq_len = config.max_seq_len or mc.max_position
         self.dummy_row = config.max_running_reqs
         table_shape = (config.max_running_reqs + 1, self.max_seq_len)
         self.page_table = torch.zeros(table_shape, dtype=torch.int32, device=self.device)

@@ -58,7 +58,7 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     kv_total_tokens: int
     cache_hit_tokens: int
     max_context_len: int
-    ready: bool = True  # the warm-up is done: readiness routes answer 200
+    ready: bool = True  # False while the scheduler warms up: readiness (/health_generate) waits
     # hybrid models: recurrent-state slots of requests in use / in all, snapshots the radix cache
     # holds, and the state pool's bytes (all 0 for other models)
     state_slots_used: int = 0

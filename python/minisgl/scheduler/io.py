@@ -73,6 +73,9 @@ class SchedulerIO:
         self.outbox = (ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
                        if self.primary else _NoOutbox())
         self.running = True
+        # readiness: the API's /health_generate answers 503 until a stats message says ready. A
+        # warm-up inside the loop sets this False first; one before run() delays the first stats
+        self.ready = True
         self.num_aborted = 0
         self._last_stats = 0.0
         self.first_forwards = FirstForwards()
@@ -147,7 +150,8 @@ class SchedulerIO:
                 req = self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
                 self.first_forwards.add(req)
             except ValueError as e:
-                param = str(e).split(":", 1)[0] if ":" in str(e) else None
+                param = getattr(e, "param", None) or (
+                    str(e).split(":", 1)[0] if ":" in str(e) else None)
                 self.outbox.put(RequestErrorMsg(uid=msg.uid, message=str(e), param=param))
         elif isinstance(msg, AbortBackendMsg):
             self.num_aborted += self.scheduler.abort(msg.uid)

@@ -31,6 +31,12 @@ logger = init_logger(__name__)
 Launched = tuple[Batch, list[Req], ForwardOutput]
 
 
+class ContextLengthError(ValueError):
+    """Prompt + max_tokens over the context; ``param`` names the request field to blame."""
+
+    param = "max_tokens"
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:
         self.config = config
@@ -66,6 +72,7 @@ class Scheduler:
         """Queue a request; raise ``ValueError`` for an unusable prompt."""
         self._validate_prompt(uid, input_ids)
         self._validate_params(params)
+        self._check_context(len(input_ids), params)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),
@@ -86,6 +93,16 @@ class Scheduler:
         if bad:
             raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab})")
         self.grammar.check(params)
+
+    def _check_context(self, prompt_len: int, params: SamplingParams) -> None:
+        """Prompt + ``max_tokens`` must fit the context, unless ``clamp_max_tokens`` (the wording
+        is OpenAI's and vLLM's, which clients match on to shorten the request)."""
+        total, limit = prompt_len + params.max_tokens, self.max_context_len
+        if total > limit and not params.clamp_max_tokens:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{total} tokens ({prompt_len} in the prompt, {params.max_tokens} in the "
+                "completion). Please reduce the length of the prompt or max_tokens.")
 
     def _validate_prompt(self, uid: int, input_ids: list[int]) -> None:
         if uid in self.reqs:

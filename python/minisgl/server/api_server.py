@@ -30,19 +30,26 @@ from minisgl.server.reasoning import (
 )
 from minisgl.server.call import respond
 from minisgl.server.fields import ROUTER_NO_MODEL
+from minisgl.server.agents import router as agent_router
+from minisgl.server.docs import install_docs
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.generation_defaults import (
+    apply_defaults, apply_to_dict, load_sampling_defaults, log_defaults,
+)
+from minisgl.server.health import router as health_router
 from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openapi import install_openapi
 from minisgl.server import structured
 from minisgl.server.tools import ChatTools, tool_delta, tool_message
 from minisgl.server.protocol import (
-    ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest, error_body, parse,
+    ApiError, ChatCompletionRequest, CompletionRequest, GenerateRequest, error_body, param_path,
+    parse,
 )
 from minisgl.server.responses import (
     ChoiceState, TokenTexts, chat_logprobs, chunker, completion_logprobs, finite, response, usage,
 )
 from minisgl.server.request_context import (
-    authorize, check_model, frontend_for, read_json, server_config, start_call, tool_parser,
+    authorize, check_model, read_json, server_config, start_call, tool_parser,
 )
 from minisgl.server.validation import check_limits
 from minisgl.server import worker_contract
@@ -56,7 +63,12 @@ RETRY_AFTER_S = 1
 # ------------------------------------------------------------------------------ endpoints
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    req = parse(ChatCompletionRequest, await read_json(request))
+    return await run_chat(request, parse(ChatCompletionRequest, await read_json(request)))
+
+
+async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
+    """One parsed chat request, whole or streamed; the agent APIs (``agents/``) translate onto it."""
+    req = apply_defaults(req, request.app.state.sampling_defaults)
     model = check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
     kwargs = req.chat_template_kwargs
@@ -115,7 +127,8 @@ async def chat_completions(request: Request) -> Response:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    req = parse(CompletionRequest, await read_json(request))
+    req = apply_defaults(parse(CompletionRequest, await read_json(request)),
+                         request.app.state.sampling_defaults)
     model = check_model(request, req.model)
     n = req.n or 1
     grammar = structured.requested_grammar(req)
@@ -163,6 +176,7 @@ async def completions(request: Request) -> Response:
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await read_json(request))
+    req.sampling_params = apply_to_dict(req.sampling_params, request.app.state.sampling_defaults)
     check_model(request, None if req.model == ROUTER_NO_MODEL else req.model)
     fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
     params = check_limits(req.params(), "sampling_params.")
@@ -194,20 +208,13 @@ async def models(request: Request) -> dict:
     authorize(request)
     state, frontend = request.app.state, request.app.state.frontend
     card = {"id": state.config.model_name, "object": "model", "created": state.created,
-            "owned_by": "minisgl", "root": state.model_path}
+            "owned_by": "minisgl", "root": state.model_path,
+            "sampling_defaults": state.sampling_defaults}
     if frontend is not None and frontend.stats is not None:
         card["max_model_len"] = frontend.stats.max_context_len
     elif "max_context_len" in state.server_info:
         card["max_model_len"] = state.server_info["max_context_len"]
     return {"object": "list", "data": [card]}
-
-
-@router.get("/health")
-async def health(request: Request) -> Response:
-    """Liveness and readiness in one cheap check: 503 until the warm-up is done."""
-    if not frontend_for(request).warm:
-        raise ApiError(503, "the server is warming up its kernels", code="warming_up")
-    return JSONResponse({"status": "ok"})
 
 
 @router.get("/metrics")
@@ -244,7 +251,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         err = (e.errors() or [{}])[0]
-        param = ".".join(str(p) for p in err.get("loc", ())) or None
+        param = param_path(err.get("loc", ()))
         message = f"{param}: {err.get('msg', 'invalid request')}"
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 
@@ -284,13 +291,17 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
         finally:
             await app.state.frontend.close()
 
-    app = FastAPI(title="minisgl", lifespan=lifespan, redoc_url=None)
+    app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config, app.state.frontend = config, None
+    app.state.draining = False  # set when shutdown starts (http_server): readiness turns 503
     app.state.frontend_created = threading.Event()
     app.state.model_path = model_path or config.model
     app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
     app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.created = int(time.time())
+    app.state.sampling_defaults = load_sampling_defaults(config.generation_config,
+                                                         app.state.model_path)
+    log_defaults(app.state.sampling_defaults)
     app.state.server_info = dict(server_info or {})
     app.state.metrics = ServerMetrics(lambda: app.state.frontend and app.state.frontend.stats)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
@@ -300,5 +311,9 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     _install_error_handlers(app)
     app.include_router(router)
     app.include_router(worker_contract.router)
+    app.include_router(health_router)
+    app.state.run_chat = run_chat  # the agent APIs translate onto it
+    app.include_router(agent_router)
     install_openapi(app, bearer=config.api_key is not None)
+    install_docs(app)
     return app

@@ -11,8 +11,14 @@ from minisgl.attention import ATTN_BACKENDS
 from minisgl.env import API_KEY, LOG_LEVEL
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.llm.config import EngineOptions
-from minisgl.server.cli_aliases import ALIASES, add_translated_aliases, parse_known_flags
+from minisgl.server.cli_aliases import (
+    ALIASES, ALWAYS_ON, DTYPE_NAMES, add_translated_aliases, parse_known_flags,
+)
+from minisgl.utils import init_logger
 from minisgl.utils.mp import ipc_address
+
+
+logger = init_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,11 @@ class ServerConfig:
     shell: bool = False
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
+    clamp_max_tokens: bool = False
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
+        from minisgl.server.generation_defaults import check_choice
         from minisgl.server.tools import check_parser
 
         from .reasoning import PARSERS
@@ -80,12 +89,15 @@ class ServerConfig:
             raise ValueError(f"reasoning_parser: must be one of {', '.join(PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
         check_parser(self.tool_call_parser)
+        check_choice(self.generation_config)
         if not self.log_stats_interval >= 0:
             raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
         if not self.shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout: must be >= 0, got {self.shutdown_timeout}")
         if not self.watchdog_timeout >= 0:
             raise ValueError(f"watchdog_timeout: must be >= 0, got {self.watchdog_timeout}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be in [0, 65535] (0: any free port), got {self.port}")
         if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:
             raise ValueError(f"tp: must be a positive multiple of nnodes ({self.nnodes}), got {self.tp}")
         if self.nnodes > 1 and not self.dist_init_addr:
@@ -136,7 +148,7 @@ _HELP = {
     "revision": "branch, tag or commit of a Hugging Face repo id (model, and tokenizer if given)",
     "chat_template": "Jinja chat template replacing the tokenizer's: a file, or the template text",
     "host": "address to bind (127.0.0.1 keeps the server local)",
-    "port": "HTTP port",
+    "port": "HTTP port (0: any free port, logged at start-up)",
     "served_model_name": "the model name clients use (default: --model)",
     "tp": "tensor-parallel size: one scheduler process per rank (GPU), over all nodes",
     "nnodes": "machines the TP group spans (--tp is split evenly over them)",
@@ -171,8 +183,13 @@ _HELP = {
                         "inside the reasoning)",
     "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
                         "hermes, llama3, mistral or json",
+    "clamp_max_tokens": "cut a request's max_tokens to what the context leaves after its prompt "
+                        "(default: a prompt plus max_tokens beyond the context is a 400)",
+    "generation_config": "sampling defaults for requests that omit them: auto (the model's "
+                         "generation_config.json, as vLLM), none (temperature 1, no top-p/top-k) "
+                         "or a directory holding a generation_config.json",
     "device": "cpu, cuda, cuda:N or auto",
-    "dtype": "auto, float32, bfloat16 or float16",
+    "dtype": "auto, float32, bfloat16 or float16 (also: half, fp16, bf16, float, fp32)",
     "quantization": "quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3) at load: fp8 (one "
                     "scale per output channel; MoE experts 128x128 blocks) or fp8-block (128x128 "
                     "blocks, the FP8 checkpoints' format); FP8 checkpoints are detected from their "
@@ -266,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     ns = vars(parse_known_flags(build_parser(), argv))
+    for flag in ns.pop("always_on", ()):
+        logger.info("%s: accepted; %s", flag, ALWAYS_ON[flag])
+    ns["dtype"] = DTYPE_NAMES.get(ns["dtype"], ns["dtype"])
     ns["api_key"] = ns["api_key"] or API_KEY.get() or None
     ns["allowed_origins"] = tuple(o for arg in ns["allowed_origins"] for o in arg.split(",") if o)
     engine_names = {f.name for f in dataclasses.fields(EngineOptions)}

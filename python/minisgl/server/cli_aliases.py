@@ -24,6 +24,18 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "page_size": ("--block-size",),
 }
 
+# vLLM's and PyTorch's short dtype names
+DTYPE_NAMES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32",
+               "fp32": "float32"}
+# flags that ask for what minisgl always does: accepted, and they change nothing
+ALWAYS_ON: dict[str, str] = {
+    "--enable-prefix-caching": "prefix caching is on by default (--cache radix)",
+    "--enable-auto-tool-choice": "tool calls are always parsed (--tool-call-parser picks the "
+                                 "format)",
+    "--trust-remote-code": "minisgl runs its own model code for every model it supports; no "
+                           "checkpoint code is ever run",
+}
+
 # vLLM's backend names are upper case; SGLang's are lower case
 _ATTN_NAMES = {
     "triton": "triton", "triton_attn": "triton", "flashinfer": "fi", "fa": "fa", "fa3": "fa",
@@ -34,12 +46,10 @@ _ATTN_NAMES = {
 DIFFERENT: dict[str, str] = {
     "--max-total-tokens": "the KV pool is sized in pages: use --num-pages (of --page-size tokens "
                           "each), or --mem-fraction / --kv-cache-memory-gb",
-    "--enable-prefix-caching": "prefix caching is on by default (--cache radix)",
     "--disable-log-requests": "minisgl logs one line per request at INFO: use --log-level warning "
                               "to silence it (prompt texts are logged only with --log-requests)",
     "--disable-log-stats": "use --log-stats-interval 0",
     "--uvicorn-log-level": "use --log-level (it applies to every process)",
-    "--trust-remote-code": "minisgl runs its own model code only: drop the flag",
     "--tokenizer-path": "use --tokenizer",
     "--pipeline-parallel-size": "minisgl has no pipeline parallelism: use --tp",
     "--pp-size": "minisgl has no pipeline parallelism: use --tp",
@@ -72,6 +82,9 @@ def add_translated_aliases(parser: argparse.ArgumentParser) -> None:
                            default=argparse.SUPPRESS, help="the same as --cache naive")
     group.add_argument("--skip-server-warmup", dest="warmup", action="store_const", const="off",
                        default=argparse.SUPPRESS, help="the same as --warmup off")
+    for flag, meaning in ALWAYS_ON.items():
+        group.add_argument(flag, dest="always_on", action="append_const", const=flag,
+                           default=argparse.SUPPRESS, help=f"accepted: {meaning}")
     for flag in ("--enforce-eager", "--disable-cuda-graph"):
         group.add_argument(flag, action=_NoCudaGraphs, nargs=0, default=argparse.SUPPRESS,
                            help="the same as --cuda-graph-max-bs 0 "

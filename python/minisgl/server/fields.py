@@ -20,6 +20,7 @@ A JSON ``null`` means "not given", whatever the field (clients echo nulls back),
 from __future__ import annotations
 
 import json
+import difflib
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,6 +33,12 @@ METADATA: dict[str, frozenset[str]] = {
     "ChatCompletionRequest": frozenset(_METADATA_COMMON),
     "CompletionRequest": frozenset(_METADATA_COMMON),
     "GenerateRequest": frozenset({"rid"}),
+    # agents' APIs (server/agents/): Codex sends its session ids in client_metadata
+    "ResponsesRequest": frozenset(_METADATA_COMMON | {"client_metadata",
+                                                      "prompt_cache_retention"}),
+    "CountTokensRequest": frozenset({"cache_control"}),
+    "MessagesRequest": frozenset({"cache_control", "service_tier", "inference_geo", "speed",
+                                  "user_profile_id", "workspace_id"}),
 }
 
 # what the routers re-send on their own, with the value that changes nothing here: special tokens
@@ -70,6 +77,16 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         **_COMMON_UNSUPPORTED,
         "suffix": "suffix (fill in the middle) is not supported",
     },
+    "ResponsesRequest": {
+        "background": "background mode is not supported (stream instead)",
+        "conversation": "conversations are not supported (use previous_response_id)",
+        "prompt": "stored prompt templates are not supported",
+        "max_tool_calls": "max_tool_calls is not supported",
+        "top_logprobs": "log-probs are not supported on /v1/responses (use /v1/chat/completions)",
+    },
+    "MessagesRequest": {
+        "mcp_servers": "MCP servers (a server-side tool) are not supported",
+    },
     "GenerateRequest": {
         "image_data": "images are not supported",
         "audio_data": "audio is not supported",
@@ -96,6 +113,11 @@ def _accepted_value(name: str, value: Any) -> bool:
     return value is None or (name == "modalities" and value == ["text"])
 
 
+def _did_you_mean(name: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_fields(model: type[BaseModel], data: dict) -> tuple[str, str] | None:
     """``(param, message)`` of the first field of ``data`` that would be ignored, else None."""
     kind = model.__name__
@@ -115,7 +137,7 @@ def check_fields(model: type[BaseModel], data: dict) -> tuple[str, str] | None:
             if not _accepted_value(name, value):
                 return name, f"{name}: {unsupported[name]}"
         elif value is not None:
-            return name, f"{name}: unknown field (see docs/features.md for the supported ones)"
+            return name, f"{name}: unknown field{_did_you_mean(name, honoured)}"
     return _check_nested(data)
 
 
@@ -134,7 +156,7 @@ def _check_nested(data: dict) -> tuple[str, str] | None:
         for name, value in message.items():
             if name in ("role", "content") or name in _MESSAGE_TEMPLATE or value is None:
                 continue
-            param = f"messages.[{i}].{name}"
+            param = f"messages[{i}].{name}"
             if name in _MESSAGE_UNSUPPORTED:
                 return param, f"{param}: {_MESSAGE_UNSUPPORTED[name]}"
             if name not in _MESSAGE_METADATA:

@@ -28,8 +28,10 @@ class FrontendManager:
     """Owns the two sockets of the API process. Must be created on the event loop that serves HTTP.
 
     ``healthy`` turns False when a child process died (the launcher's monitor sets it);
-    ``ready`` says the workers are up. ``in_flight`` counts requests (one per choice) that the
-    backend still runs: submitted, not finished, not aborted.
+    ``ready`` says the workers are up; ``warm`` that the scheduler has said it is ready to serve
+    (its stats message, sent from its loop once start-up and any warm-up are done): readiness.
+    ``in_flight`` counts requests (one per choice) that the backend still runs: submitted, not
+    finished, not aborted.
     """
 
     def __init__(self, addrs: ServerAddrs, ready: bool = True) -> None:
@@ -47,12 +49,8 @@ class FrontendManager:
         self.stats: SchedulerStatsMsg | None = None
         self.healthy = True
         self.ready = ready
+        self.warm = False
         self._recv_task = self._loop.create_task(self._recv_loop())
-
-    @property
-    def warm(self) -> bool:
-        """The scheduler finished its warm-up (requests sent before then wait for it)."""
-        return self.stats is not None and self.stats.ready
 
     # ----------------------------------------------------------------- requests
     def new_uid(self) -> int:
@@ -127,6 +125,7 @@ class FrontendManager:
         scheduler's last stats are dropped (they describe a process that no longer exists)."""
         self.healthy = False
         self.stats = None
+        self.warm = False
         self.fail_all(message)
 
     def workers_lost_threadsafe(self, message: str) -> None:
@@ -163,6 +162,7 @@ class FrontendManager:
         elif isinstance(msg, StatsReply):
             if self.healthy:  # a late message from before a worker died is no longer true
                 self.stats = msg.stats
+                self.warm = msg.stats.ready
         elif isinstance(msg, UserReply):
             if msg.finish_reason is not None or msg.error is not None:
                 self._running.discard(msg.uid)

@@ -22,6 +22,10 @@ def make_http_server(config: ServerConfig, app):
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.draining = True  # readiness (/health_generate) answers 503 from now on
+            super().handle_exit(sig, frame)
+
         async def _wait_tasks_to_complete(self) -> None:
             """Drain; at the deadline end what still runs with a 503 (an error event in a
             stream), so that every client is told, and give the answers ``_CUT_GRACE_S`` to go

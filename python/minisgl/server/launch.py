@@ -8,6 +8,7 @@ request fails at once.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -242,6 +243,8 @@ def launch_server(config: ServerConfig) -> int:
     """Run the server until SIGINT/SIGTERM; return the process exit code."""
     if config.node_rank > 0:
         return _serve_worker_node(config)
+    if config.port == 0:  # chosen here, so that the log and the listening socket agree
+        config = dataclasses.replace(config, port=_free_port())
     try:
         group, app = start_stack(config)
     except LaunchError as e:

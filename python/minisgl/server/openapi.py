@@ -52,7 +52,7 @@ _WHY = {400: "Invalid request (the error names the parameter)", 401: "Missing or
         404: "Unknown model", 413: "Request body too large",
         503: "Starting, overloaded, unhealthy or shutting down (see Retry-After)"}
 _ERRORS = {"post": (400, 401, 404, 413, 503), "/v1/models": (401,), "/v1/server_info": (401,),
-           "/health": (503,), **ROUTE_ERRORS}
+           "/health": (503,), "/health_generate": (503,), **ROUTE_ERRORS}
 
 
 def install_openapi(app: FastAPI, bearer: bool) -> None:
@@ -96,6 +96,6 @@ def _schema(app: FastAPI, bearer: bool) -> dict[str, Any]:
                     "application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}}
             if path == "/metrics":
                 op["responses"]["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
-            if bearer and path not in ("/health", "/metrics"):
+            if bearer and path not in ("/health", "/health_generate", "/metrics"):
                 op["security"] = [{"bearer": []}]
     return schema

@@ -38,14 +38,24 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def param_path(loc: Any) -> str | None:
+    """A field's location as clients spell it: ``messages[0].content`` (None for the body)."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or None
+
+
 def parse(model: type[M], data: Any) -> M:
     """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
     try:
         parsed = model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        param = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]) or None
+        param = param_path(err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg = "must be an object"  # not pydantic's "... or instance of ToolCall"
         raise ApiError(400, f"{param}: {msg}" if param else msg, param) from None
     if (ignored := check_fields(model, data)) is not None:
         raise ApiError(400, ignored[1], ignored[0])
@@ -88,6 +98,11 @@ class _SamplingFields(_Strict):
     response_format: Any = None
     regex: str | None = None
     ebnf: str | None = None
+    # vLLM's spellings of the same constraints
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -98,10 +113,11 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, top_logprobs: int | None, choice: int,
-                        extra: dict | None = None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, default_max: int, top_logprobs: int | None,
+                        choice: int, extra: dict | None = None) -> SamplingParams:
         """The engine's parameters of choice ``choice`` (seeded ``seed + choice``); ``extra``:
-        more ``SamplingParams`` fields (the grammar)."""
+        more ``SamplingParams`` fields (the grammar). Without ``max_tokens`` the request gets
+        ``default_max``, cut to what the context leaves (a given one must fit)."""
         given = {
             name: getattr(self, name)
             for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -115,16 +131,36 @@ class _SamplingFields(_Strict):
         if top_logprobs is not None:
             given.update(logprobs=True, top_logprobs=top_logprobs)
         try:
-            return SamplingParams(max_tokens=max_tokens, **given)
+            return SamplingParams(max_tokens=_first(max_tokens, default_max),
+                                  clamp_max_tokens=max_tokens is None, **given)
         except ValueError as e:
             param = str(e).split(":", 1)[0]
             raise ApiError(400, str(e), param) from None
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends JSON text; an object is accepted too
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message of the history (its shape is checked: the chat template
+    reads it, and a wrong one would fail there as a server error)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -179,8 +215,8 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs")
         top = (self.top_logprobs or 0) if self.logprobs else None
-        max_tokens = _first(self.max_completion_tokens, self.max_tokens, 1024)
-        return self.sampling_params(max_tokens, top, choice, extra)
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        return self.sampling_params(max_tokens, 1024, top, choice, extra)
 
 
 class CompletionRequest(_SamplingFields):
@@ -212,7 +248,7 @@ class CompletionRequest(_SamplingFields):
     def params(self, choice: int, extra: dict | None = None) -> SamplingParams:
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise ApiError(400, "best_of: only best_of == n is supported", "best_of")
-        params = self.sampling_params(_first(self.max_tokens, 16), self.logprobs, choice, extra)
+        params = self.sampling_params(self.max_tokens, 16, self.logprobs, choice, extra)
         if self.echo and self.logprobs is not None:  # the prompt's log-probs go before the output's
             params = dataclasses.replace(params, prompt_logprobs=True)
         return params
@@ -235,6 +271,8 @@ class GenerateRequest(_Strict):
         if (self.text is None) == (self.input_ids is None):
             raise ApiError(400, "text: give exactly one of text and input_ids", "text")
         given = dict(self.sampling_params)
+        if "max_tokens" not in given and "max_new_tokens" not in given:
+            given.setdefault("clamp_max_tokens", True)  # the default is cut to the context
         given.setdefault("max_tokens", given.pop("max_new_tokens", 128))
         for name in ("logprob_start_len", "top_logprobs_num"):
             if name in self.model_fields_set and not self.return_logprob:

@@ -4,6 +4,7 @@ the JSON body (size limit, strict JSON, encodable text), the model name, admissi
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 from typing import Any
@@ -27,11 +28,13 @@ def server_config(request: Request) -> ServerConfig:
 
 
 def authorize(request: Request) -> None:
+    """``Authorization: Bearer KEY``, or Anthropic's ``x-api-key: KEY``."""
     key = server_config(request).api_key
     if key is None:
         return
     given = request.headers.get("authorization", "")
-    if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())):
+    given = given[7:] if given.startswith("Bearer ") else request.headers.get("x-api-key")
+    if given is None or not hmac.compare_digest(given.encode(), key.encode()):
         raise ApiError(401, "missing or invalid API key", code="invalid_api_key")
 
 
@@ -108,6 +111,8 @@ async def start_call(request: Request, specs: list[tuple[dict, SamplingParams, i
     """Submit one backend request per (prompt fields, params, prompt index). ``rid`` and (with
     ``--log-requests``) ``prompt`` go into the request's log line."""
     frontend = frontend_for(request, len(specs))
+    if server_config(request).clamp_max_tokens:
+        specs = [(f, dataclasses.replace(p, clamp_max_tokens=True), k) for f, p, k in specs]
     msgs = [TokenizeMsg(uid=frontend.new_uid(), sampling_params=p, **fields)
             for fields, p, _ in specs]
     states = [ChoiceState(m.uid, i, spec[2]) for i, (m, spec) in enumerate(zip(msgs, specs))]

@@ -21,7 +21,7 @@ from .args import ServerConfig
 from .launch import LaunchError, _free_port, make_http_server, start_stack
 
 HELP = ("Type a message. /set NAME VALUE changes the sampling (/set alone shows it), /reset clears "
-        "the history, /exit (or Ctrl-D) quits.")
+        "the history, /help shows this, /exit (or Ctrl-D) quits; Ctrl-C stops an answer.")
 
 
 @dataclass
@@ -56,6 +56,7 @@ def run_shell(config: ServerConfig) -> int:
     config = dataclasses.replace(config, host="127.0.0.1", port=_free_port(), ssl_keyfile=None,
                                  ssl_certfile=None)
     log_path, terminal = _logs_to_file()
+    print(f"loading {config.model_name} (the log: {log_path}) ...", file=terminal, flush=True)
     try:
         group, app = start_stack(config)
     except LaunchError as e:
@@ -110,6 +111,9 @@ def _repl(config: ServerConfig, log_path: str) -> None:
             continue
         if line == "/exit":
             break
+        if line == "/help":
+            print(HELP)
+            continue
         if line == "/reset":
             history.clear()
             print("(history cleared)")
@@ -117,9 +121,14 @@ def _repl(config: ServerConfig, log_path: str) -> None:
         if line.split()[0] == "/set":
             print(f"({_set(settings, line.split()[1:])})")
             continue
-        history.append({"role": "user", "content": line})
-        history.append({"role": "assistant",
-                        "content": _stream_answer(client, config, history, settings)})
+        if line.startswith("/") and line.split()[0] not in ("/exit", "/reset", "/help"):
+            print(f"(unknown command {line.split()[0]}; {HELP})")
+            continue
+        answer = _stream_answer(client, config, [*history, {"role": "user", "content": line}],
+                                settings)
+        if answer is None:  # stopped with Ctrl-C: the exchange is not kept
+            continue
+        history += [{"role": "user", "content": line}, {"role": "assistant", "content": answer}]
 
 
 def _set(settings: ChatSettings, words: list[str]) -> str:
@@ -134,7 +143,9 @@ def _set(settings: ChatSettings, words: list[str]) -> str:
 
 
 def _stream_answer(client, config: ServerConfig, history: list[dict],
-                   settings: ChatSettings) -> str:
+                   settings: ChatSettings) -> str | None:
+    """The answer as it streams; None when Ctrl-C stopped it (the request is aborted: closing
+    the stream disconnects, and the server frees its KV cache)."""
     parts: list[str] = []
     try:
         stream = client.chat.completions.create(
@@ -145,8 +156,10 @@ def _stream_answer(client, config: ServerConfig, history: list[dict],
                 parts.append(chunk.choices[0].delta.content)
                 print(parts[-1], end="", flush=True)
     except KeyboardInterrupt:
-        print(" [interrupted]", end="")
+        print(" [stopped; not kept in the history]")
+        return None
     except Exception as e:  # a server error must not end the session
-        print(f"[error: {e}]", end="")
+        print(f"[error: {e}]")
+        return None
     print()
     return "".join(parts)

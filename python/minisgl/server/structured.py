@@ -42,15 +42,43 @@ def _response_format(value: Any) -> Grammar | None:
     return "json_schema", json.dumps(schema), f"{param}.schema"
 
 
+_NAMED = {"regex": "regex", "ebnf": "ebnf", "guided_regex": "regex", "guided_grammar": "ebnf"}
+_REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
+
+
+def _escape(text: str) -> str:
+    """A literal in the regex dialect of the grammar library (Python's ``re.escape`` also
+    escapes spaces and such, which that dialect refuses)."""
+    return "".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in text)
+
+
+def _guided_json(value: Any) -> Grammar:
+    """vLLM's ``guided_json``: a schema, as an object or as JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ApiError(400, "guided_json: must be a JSON schema (an object, or its JSON "
+                           "text)", "guided_json") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "guided_json: must be a JSON schema object", "guided_json")
+    return "json_schema", json.dumps(value), "guided_json"
+
+
 def requested_grammar(req: Any, tools_schema: str | None = None) -> Grammar | None:
     """The grammar a chat/completions request asks for; more than one is a 400."""
     found: list[Grammar] = []
     if getattr(req, "response_format", None) is not None:
         found += [g for g in [_response_format(req.response_format)] if g]
-    for name in ("regex", "ebnf"):
+    for name, kind in _NAMED.items():
         value = getattr(req, name, None)
         if value is not None:
-            found.append((name, value, name))
+            found.append((kind, value, name))
+    if getattr(req, "guided_json", None) is not None:
+        found.append(_guided_json(req.guided_json))
+    if getattr(req, "guided_choice", None) is not None:
+        found.append(("regex", "|".join(f"({_escape(c)})" for c in req.guided_choice),
+                      "guided_choice"))
     if tools_schema is not None:
         found.append(("json_schema", tools_schema, "tool_choice"))
     if len(found) > 1:

@@ -245,16 +245,20 @@ class ToolCallStream:
                 if p.complete or final:
                     continue  # not a call: dropped
                 break  # later calls come after this one
+            delta: dict | None = None
             if i not in self.sent:
                 self.sent[i] = [len(self.sent), f"call_{uuid.uuid4().hex[:24]}", p.name, ""]
                 index, cid = self.sent[i][:2]
-                deltas.append({"index": index, "id": cid, "type": "function",
-                               "function": {"name": p.name, "arguments": ""}})
+                delta = {"index": index, "id": cid, "type": "function",
+                         "function": {"name": p.name, "arguments": ""}}
             entry = self.sent[i]
             if len(p.args) > len(entry[3]):
-                deltas.append({"index": entry[0],
-                               "function": {"arguments": p.args[len(entry[3]):]}})
+                # one delta per call and chunk, as OpenAI sends: readers of tool_calls[0] see all
+                delta = delta or {"index": entry[0], "function": {"arguments": ""}}
+                delta["function"]["arguments"] = p.args[len(entry[3]):]
                 entry[3] = p.args
+            if delta is not None:
+                deltas.append(delta)
         return new_content, deltas
 
     @property
@@ -262,8 +266,19 @@ class ToolCallStream:
         return bool(self.sent)
 
     def tool_calls(self) -> list[dict]:
+        """The whole calls. A call cut off by ``max_tokens`` is left out: its arguments are not
+        valid JSON, and the finish reason ``length`` says that the output was cut (a stream has
+        sent its fragments already; its finish reason says the same)."""
         return [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-                for _, cid, name, args in sorted(self.sent.values())]
+                for _, cid, name, args in sorted(self.sent.values()) if _is_json(args)]
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_tool_calls(text: str, parser: str) -> tuple[str, list[dict]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from minisgl.core import SamplingParams
-from minisgl.server.protocol import ApiError
+from minisgl.server.protocol import ApiError, param_path
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 1024  # characters of one stop string
@@ -56,8 +56,8 @@ def _encodable(text: str) -> bool:
 
 
 def _param(path: tuple) -> str:
-    """The same spelling as request-model errors: ``messages.[0].content``."""
-    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path) or "body"
+    """The same spelling as request-model errors: ``messages[0].content``."""
+    return param_path(path) or "body"
 
 
 def check_limits(params: SamplingParams, prefix: str = "") -> SamplingParams:

@@ -277,6 +277,9 @@ def sample_kernel(
                     if tile_best > best:
                         best = tile_best
                         token = start + tl.argmax(score, 0)
+    # NOTE: a row with no finite logit (a grammar that allows no token) has no winner; any id in
+    # range lets the scheduler end it, where an index past the vocabulary would fault later
+    token = tl.minimum(tl.maximum(token, 0), V - 1)
     tl.store(tokens_ptr + row, token.to(tl.int64))
     if HAS_COUNTS:
         if crow >= 0:

@@ -284,6 +284,9 @@ def merge_kernel(
                          every | (tl.sum(probs, 0) >= top_p * z))
         if not ((n <= CAP) & known & (m > float("-inf"))):
             flag = 1
+    # NOTE: a row with no finite logit (a grammar that allows no token) has no winner; any id in
+    # range lets the scheduler end it, where an index past the vocabulary would fault later
+    token = tl.minimum(tl.maximum(token, 0), V - 1)
     tl.store(tokens_ptr + row, token.to(tl.int64))
     tl.store(flags_ptr + row, flag)
     if HAS_COUNTS:

@@ -1,0 +1,295 @@
+"""OpenAI's Responses API (``/v1/responses``, what Codex CLI speaks), translated onto the chat path.
+
+A request becomes a chat request: ``instructions`` a system message, ``input`` items chat messages
+(``function_call`` items an assistant's ``tool_calls``, ``function_call_output`` items tool
+messages, ``reasoning`` items the next assistant message's ``reasoning_content``), function tools
+chat tools, ``text.format`` the chat ``response_format``. ``previous_response_id`` prepends the
+stored conversation. What the chat path cannot do (built-in tools, background mode, images) is a
+400 naming it (``fields.py`` holds the field tables).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from minisgl.server.agents.chat_bridge import (
+    AgentStream,
+    StreamFailed,
+    count_tokens_of,
+    reasoning_kwargs,
+    start_chat,
+    strip_billing_header,
+)
+from minisgl.server.agents.responses_store import ResponseStore, Stored
+from minisgl.server.agents.responses_stream import ResponseBuilder, _id
+from minisgl.server.protocol import ApiError, parse
+from minisgl.server.request_context import authorize, check_model, read_json
+
+router = APIRouter()
+# chat field -> Responses field, for the chat path's errors
+NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+         "messages": "input", "prompt": "input", "chat_template_kwargs": "reasoning"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    stream: bool | None = None
+    include: list[str] | None = None
+    truncation: Literal["disabled"] | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param)
+
+
+# ------------------------------------------------------------------------------ translation
+def _text_of(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(param, "must be a string or a list of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            what = "images" if kind == "input_image" else "files" if kind == "input_file" else kind
+            raise _bad(f"{param}[{j}].type", f"{what!s} content parts are not supported (text only)")
+        if not isinstance(part.get("text"), str):
+            raise _bad(f"{param}[{j}].text", "must be a string")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def input_messages(items: str | list[dict]) -> list[dict]:
+    """The chat messages of ``input``."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict] = []
+    reasoning: str | None = None  # a reasoning item, for the assistant message after it
+
+    def assistant() -> dict:
+        nonlocal reasoning
+        last = messages[-1] if messages else None
+        if last is None or last["role"] != "assistant" or reasoning is not None:
+            last = {"role": "assistant", "content": ""}
+            messages.append(last)
+        if reasoning is not None:
+            last["reasoning_content"], reasoning = reasoning, None
+        return last
+
+    for i, item in enumerate(items):
+        kind, param = item.get("type", "message"), f"input[{i}]"
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise _bad(f"{param}.role", "must be user, assistant, system or developer")
+            text = _text_of(item.get("content"), f"{param}.content")
+            if role == "assistant":
+                assistant()["content"] += text
+            else:
+                messages.append({"role": "system" if role == "developer" else role,
+                                 "content": strip_billing_header(text)})
+        elif kind == "function_call":
+            for name in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(name), str):
+                    raise _bad(f"{param}.{name}", "must be a string")
+            assistant().setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "type": "function",
+                 "function": {"name": item["name"], "arguments": item["arguments"]}})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise _bad(f"{param}.call_id", "must be a string")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _text_of(item.get("output"), f"{param}.output")})
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            reasoning = (_text_of(parts, f"{param}.content") if parts
+                         else item.get("encrypted_content") or "")
+        else:
+            raise _bad(f"{param}.type", f"input items of type {kind!r} are not supported "
+                       "(message, function_call, function_call_output, reasoning)")
+    return messages
+
+
+def chat_tools(tools: list[dict] | None) -> list[dict] | None:
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise _bad(f"tools[{i}].type", f"{tool.get('type')!r} tools are not supported "
+                       "(built-in tools need an OpenAI server; function tools only)")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise _bad("tool_choice", "must be 'none', 'auto', 'required' or "
+               "{'type': 'function', 'name': ...}")
+
+
+def chat_format(text: dict | None) -> dict | None:
+    """``text.format`` as a chat ``response_format``; ``text.verbosity`` other than medium is
+    refused (the model has no verbosity control)."""
+    text = text or {}
+    for name, value in text.items():
+        if name == "verbosity" and value not in (None, "medium"):
+            raise _bad("text.verbosity", "the verbosity cannot be set")
+        if name not in ("format", "verbosity"):
+            raise _bad(f"text.{name}", "unknown field")
+    fmt = text.get("format")
+    if fmt is None or fmt.get("type") != "json_schema":
+        return fmt
+    spec = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+async def chat_body(request: Request, req: ResponsesRequest, history: list[dict]) -> dict:
+    instructions = ([{"role": "system", "content": strip_billing_header(req.instructions)}]
+                    if req.instructions else [])
+    reasoning = req.reasoning or {}
+    for name in reasoning:
+        if name not in ("effort", "summary", "generate_summary"):
+            raise _bad(f"reasoning.{name}", "unknown field")
+    body = {"model": req.model, "messages": instructions + history + input_messages(req.input),
+            "tools": chat_tools(req.tools), "tool_choice": chat_tool_choice(req.tool_choice),
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "response_format": chat_format(req.text), "temperature": req.temperature,
+            "top_p": req.top_p, "max_completion_tokens": req.max_output_tokens,
+            "chat_template_kwargs": await reasoning_kwargs(request, reasoning.get("effort"),
+                                                           "reasoning.effort")}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+# ------------------------------------------------------------------------------ endpoints
+def _store(request: Request) -> ResponseStore:
+    if not hasattr(request.app.state, "responses_store"):
+        request.app.state.responses_store = ResponseStore()
+    return request.app.state.responses_store
+
+
+def _echo(req: ResponsesRequest, rid: str, model: str) -> dict:
+    """The request fields a response object repeats."""
+    return {"id": rid, "object": "response", "created_at": int(time.time()), "model": model,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls
+            is not False, "previous_response_id": req.previous_response_id,
+            "reasoning": req.reasoning or {"effort": None, "summary": None},
+            "store": req.store is not False, "temperature": req.temperature,
+            "text": req.text or {"format": {"type": "text"}},
+            "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+            "top_p": req.top_p, "truncation": "disabled", "background": False}
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    req = parse(ResponsesRequest, await read_json(request))
+    model = check_model(request, req.model)
+    store, history = _store(request), []
+    if req.previous_response_id is not None:
+        previous = store.get(req.previous_response_id)
+        if previous is None or previous.run is not None:
+            raise ApiError(400, f"previous_response_id: no stored, finished response "
+                           f"{req.previous_response_id!r}", "previous_response_id",
+                           "previous_response_not_found")
+        history = previous.messages
+    body = await chat_body(request, req, history)
+    include = set(req.include or ())
+    if include - {"reasoning.encrypted_content"}:
+        raise _bad("include", f"{sorted(include)} is not supported (only "
+                   "reasoning.encrypted_content)")
+    summary = (req.reasoning or {}).get("summary") or (req.reasoning or {}).get("generate_summary")
+    rid = _id("resp")
+    builder = ResponseBuilder(_echo(req, rid, model), bool(summary),
+                              "reasoning.encrypted_content" in include,
+                              await count_tokens_of(request))
+    run = await start_chat(request, body, NAMES)
+    entry = Stored(builder.response(), run=run)
+    if req.store is not False:
+        store.put(rid, entry)
+
+    async def events():
+        for event in builder.start():
+            yield event
+        try:
+            async for chunk in run.chunks():
+                for event in builder.feed(chunk):
+                    yield event
+            tail = (builder.finish() if run.done
+                    else builder.fail("the client disconnected", "client_disconnected"))
+        except StreamFailed as e:
+            tail = (builder.fail("the response was cancelled", "cancelled", "cancelled")
+                    if run.cancelled else builder.fail(str(e)))
+        entry.response, entry.run = builder.response(), None
+        entry.messages = body["messages"][1 if req.instructions else 0:] + [
+            m for m in [builder.history()] if m]
+        for event in tail:
+            yield event
+
+    if req.stream:
+        return AgentStream(events(), run, named=True)
+    async for _ in events():
+        pass
+    if builder.status == "failed":
+        raise ApiError(500, builder.error["message"])
+    return JSONResponse(builder.response())
+
+
+def _stored(request: Request, rid: str) -> Stored:
+    authorize(request)
+    entry = _store(request).get(rid)
+    if entry is None:
+        raise ApiError(404, f"no stored response {rid!r}", "response_id", "not_found")
+    return entry
+
+
+@router.get("/v1/responses/{rid}")
+async def get_response(request: Request, rid: str) -> dict:
+    if request.query_params.get("stream") not in (None, "false"):
+        raise _bad("stream", "replaying a stored response as a stream is not supported")
+    return _stored(request, rid).response
+
+
+@router.post("/v1/responses/{rid}/cancel")
+async def cancel_response(request: Request, rid: str) -> dict:
+    entry = _stored(request, rid)
+    if entry.run is None:
+        raise ApiError(400, f"response {rid!r} is {entry.response['status']}; only an "
+                       "in-progress response can be cancelled", "response_id")
+    entry.run.cancel()
+    return {**entry.response, "status": "cancelled"}
+
+
+@router.delete("/v1/responses/{rid}")
+async def delete_response(request: Request, rid: str) -> dict:
+    _stored(request, rid)
+    _store(request).delete(rid)
+    return {"id": rid, "object": "response.deleted", "deleted": True}

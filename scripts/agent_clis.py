@@ -1,0 +1,109 @@
+"""Run Codex CLI and Claude Code non-interactively against a minisgl server.
+
+    npm install -g @openai/codex @anthropic-ai/claude-code
+    MINISGL_ALLOW_LONG_MAX_MODEL_LEN=1 python -m minisgl --max-model-len 32768 --num-pages 36000
+    python scripts/agent_clis.py --url http://127.0.0.1:1919 [--only codex|claude]
+
+Their system prompts and tools are 10-20k tokens, beyond the default model's 8,192-token window,
+hence the long window (an explicit opt-in). Codex runs ``codex exec`` with a custom provider
+(``wire_api = "responses"``) in a private ``CODEX_HOME``, with the features whose tools are not
+function tools switched off (web search, multi-agent namespaces, goals: the server refuses
+built-in tools by name); Claude Code runs ``claude -p`` with ``ANTHROPIC_BASE_URL`` in a private
+``HOME``, telemetry and non-essential traffic off. Each must exit 0 with the model's answer on
+stdout; the small model need not solve the task. Prints one JSON line per client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+PACKAGES = {"codex": "@openai/codex", "claude": "@anthropic-ai/claude-code"}
+PROMPT = "Reply with one short sentence saying hello."
+CODEX_CONFIG = """\
+model = "{model}"
+model_provider = "minisgl"
+web_search = "disabled"
+
+[model_providers.minisgl]
+name = "minisgl"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "MINISGL_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 1800000
+
+[features]
+multi_agent = false
+goals = false
+"""
+
+
+def served_model(url: str, key: str) -> str:
+    models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
+    return models["data"][0]["id"]
+
+
+def run_codex(url: str, model: str, key: str, timeout: float) -> dict:
+    home = tempfile.mkdtemp(prefix="codex-home-")
+    with open(os.path.join(home, "config.toml"), "w") as f:
+        f.write(CODEX_CONFIG.format(model=model, url=url))
+    env = {**os.environ, "CODEX_HOME": home, "MINISGL_API_KEY": key}
+    cmd = ["codex", "exec", "--skip-git-repo-check", "--sandbox", "read-only", PROMPT]
+    return _run("codex", cmd, env, timeout, tempfile.mkdtemp(prefix="codex-work-"))
+
+
+def run_claude(url: str, model: str, key: str, timeout: float) -> dict:
+    home = tempfile.mkdtemp(prefix="claude-home-")
+    env = {**os.environ, "HOME": home, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key,
+           "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
+           "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "DISABLE_TELEMETRY": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+           "API_TIMEOUT_MS": str(int(timeout * 1000))}
+    cmd = ["claude", "-p", PROMPT, "--model", model, "--max-turns", "1"]
+    return _run("claude", cmd, env, timeout, home)
+
+
+def _run(name: str, cmd: list[str], env: dict, timeout: float, cwd: str) -> dict:
+    if shutil.which(cmd[0]) is None:
+        return {"client": name, "skipped": f"{cmd[0]} is not installed"}
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired as e:
+        return {"client": name, "rc": None, "error": f"timed out after {timeout} s",
+                "stderr_tail": (e.stderr or b"")[-2000:].decode(errors="replace")
+                if isinstance(e.stderr, bytes) else (e.stderr or "")[-2000:]}
+    return {"client": name, "rc": proc.returncode, "seconds": round(time.monotonic() - start, 1),
+            "stdout": proc.stdout.strip()[-2000:], "stderr_tail": proc.stderr.strip()[-2000:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:1919")
+    ap.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY", "none"))
+    ap.add_argument("--only", choices=("codex", "claude"))
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per client")
+    args = ap.parse_args()
+    model = served_model(args.url, args.api_key)
+    ok = True
+    for name, fn in (("codex", run_codex), ("claude", run_claude)):
+        if args.only in (None, name):
+            result = fn(args.url, model, args.api_key, args.timeout)
+            print(json.dumps(result), flush=True)
+            ok = ok and ("skipped" in result or (result["rc"] == 0 and bool(result["stdout"])))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

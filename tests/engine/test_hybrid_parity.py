@@ -15,6 +15,8 @@ from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
 
+pytestmark = pytest.mark.any_device  # MINISGL_TEST_DEVICE=cuda: fla's kernels, float32
+
 NEW_TOKENS = 64
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 LENGTHS = [5, 23, 41]
@@ -132,6 +134,8 @@ def test_radix_hit_resumes_from_a_snapshot(checkpoints, page_size):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
 @pytest.mark.parametrize("arch", HYBRID_ARCHS)
 def test_tp2_matches_tp1(arch, checkpoints):
     """Two gloo ranks: half the linear heads, conv channels and state of each layer per rank.
@@ -159,6 +163,7 @@ def _dequantized(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda", reason="the CPU path dequantizes; FP8 GEMMs round")
 def test_fp8_is_the_dequantized_model(checkpoints, prompts):
     """``--quantization fp8``: the linear-attention, attention, expert and shared-expert
     projections become e4m3 through the linear methods, and the model computes what the float32

@@ -12,10 +12,12 @@ if TYPE_CHECKING:
     from minisgl.attention.base import BaseAttnBackend
     from minisgl.core import Batch
     from minisgl.kvcache.base import BaseKVCachePool
+    from minisgl.kvcache.state_pool import StatePool
 
 
 class Context:
-    """What the layers need during one forward: the attention backend, the KV pool and the batch.
+    """What the layers need during one forward: the attention backend, the KV pool (and a hybrid
+    model's state pool) and the batch.
 
     The batch is bound only inside ``with ctx.forward_batch(batch):``; nesting is an error and the
     binding is always cleared, so no layer can see a stale batch.
@@ -26,10 +28,12 @@ class Context:
         page_table: torch.Tensor,
         kv_pool: BaseKVCachePool,
         attn_backend: BaseAttnBackend,
+        state_pool: StatePool | None = None,
     ) -> None:
         self.page_table = page_table
         self.kv_pool = kv_pool
         self.attn_backend = attn_backend
+        self.state_pool = state_pool  # hybrid models: the linear layers' recurrent state
         self._batch: Batch | None = None
 
     @property

@@ -198,6 +198,9 @@ class Req:
     device_len: int = 0
     cache_handle: BaseCacheHandle | None = None
     cache_hit_len: int = 0  # prompt tokens served from the prefix cache at first admission
+    # hybrid models: a prefill chunk ends here so that the state there can be kept (a branch point
+    # of the prefix cache without a state snapshot; kvcache/hybrid_radix.py); 0: none
+    snapshot_at: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -253,6 +256,8 @@ class Batch:
     # writes into the device page table itself (``CacheManager.flush(new_tokens_of=...)``)
     out_slots: list[int] | None = None
     attn_metadata: BaseAttnMetadata | None = None
+    # hybrid models: where each request's recurrent state lives (layers/linear_attention.py)
+    state_metadata: Any = None
     num_decode: int = 0  # mixed batches: the leading requests that decode
 
     @property

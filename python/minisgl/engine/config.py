@@ -27,6 +27,9 @@ class EngineConfig:
     mem_fraction: float = 0.9
     max_running_reqs: int = 256
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
+    # hybrid models: state slots the radix cache keeps snapshots in (kvcache/hybrid_radix.py);
+    # None: a quarter of max_running_reqs
+    num_state_snapshots: int | None = None
     attention_backend: str = "torch"
     moe_backend: str = "torch"
     cuda_graph_max_bs: int = 0  # decode batches up to this size replay CUDA graphs; 0 disables

@@ -11,17 +11,18 @@ from minisgl.context import Context
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
-from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.layers.base import restore_param_dtypes
+from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
 from minisgl.quant.loading import load_model_config, set_kv_scales
-from .batch import prepare_batch
+from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
 
+from .batch import prepare_batch
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
-from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
+from .state import attach_state_metadata, create_state_pool
 from .window import window
 
 logger = init_logger(__name__)
@@ -68,7 +69,10 @@ class Engine:
         self.comm = comm
         self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
-        self.local_kv_heads = self.model.layers[0].self_attn.qkv_proj.local_kv
+        # a hybrid model has KV for its full-attention layers only, and a recurrent-state pool
+        self.num_kv_layers = getattr(self.model, "num_kv_layers", mc.num_layers)
+        self.local_kv_heads = getattr(self.model, "local_kv_heads", None) or \
+            self.model.layers[0].self_attn.qkv_proj.local_kv
         self.max_seq_len = config.max_seq_len or mc.max_position
         self.dummy_row = config.max_running_reqs
         table_shape = (config.max_running_reqs + 1, self.max_seq_len)
@@ -78,22 +82,24 @@ class Engine:
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
         # penalty counts and logit biases of the request in each row (allocated on first use)
         self.sampling_state = SamplingState(table_shape[0], mc.vocab_size, self.device)
+        self.state_pool = create_state_pool(self.model, config, self.device)
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
-        self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend)
+        self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool)
         # eager forwards' token counts are rounded up to this (batch.py says why)
         self.pad_tokens = (config.pad_tokens if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
         self.graph_runner = self.piecewise = None
-        if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0
+        hybrid = self.state_pool is not None  # NOTE: no CUDA graphs over the state pool yet
+        if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0 and not hybrid
                 and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
                                             self.dummy_row, max_bs, config.pdl)
-        if self.device.type == "cuda" and self.attn_backend.supports_padding:
+        if self.device.type == "cuda" and self.attn_backend.supports_padding and not hybrid:
             from .piecewise import STEP, PiecewiseRunner
 
             # no forward exceeds its budget (padding included)
@@ -111,8 +117,9 @@ class Engine:
     def _make_pool(self, num_pages: int):
         mc, config = self.model_config, self.config
         pool = create_kvcache_pool(
-            num_layers=mc.num_layers, num_kv_heads=self.local_kv_heads, head_dim=mc.head_dim,
-            num_pages=num_pages, page_size=config.page_size, dtype=config.kv_dtype, device=self.device,
+            num_layers=self.num_kv_layers, num_kv_heads=self.local_kv_heads,
+            head_dim=mc.head_dim, num_pages=num_pages, page_size=config.page_size,
+            dtype=config.kv_dtype, device=self.device,
         )
         set_kv_scales(pool, self.model.kv_scales)
         backend = create_attention_backend(
@@ -124,7 +131,8 @@ class Engine:
     @property
     def kv_bytes_per_token(self) -> int:
         mc = self.model_config
-        return 2 * mc.num_layers * self.local_kv_heads * mc.head_dim * self.config.kv_dtype.itemsize
+        return (2 * self.num_kv_layers * self.local_kv_heads * mc.head_dim
+                * self.config.kv_dtype.itemsize)
 
     def _build_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)
@@ -153,6 +161,8 @@ class Engine:
             budget = total * config.mem_fraction - peak
         else:
             budget = config.kv_cache_memory_gb * (1 << 30)
+            if self.state_pool is not None:  # one budget for both caches
+                budget -= self.state_pool.total_bytes
         pages = int(budget // page_bytes)
         # more than every request at full length could ever use is wasted memory (+1: scratch page)
         pages = min(pages, -(-config.max_running_reqs * self.max_seq_len // config.page_size) + 1)
@@ -176,8 +186,10 @@ class Engine:
         batch = Batch([req], "prefill")
         self.page_table[self.dummy_row, :tokens] = torch.arange(tokens, dtype=torch.int32)
         prepare_batch(batch, self.page_table, self.token_pool)
+        if self.state_pool is not None:
+            attach_state_metadata(batch, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        ctx = Context(self.page_table, pool, backend)
+        ctx = Context(self.page_table, pool, backend, self.state_pool)
         with ctx.forward_batch(batch):
             backend.prepare_metadata(batch)
             hidden = self.model(batch.input_ids, batch.positions, ctx)
@@ -210,6 +222,8 @@ class Engine:
         CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends."""
         if not self.replays_graph(batch):
             prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens)
+        if self.state_pool is not None:
+            attach_state_metadata(batch, self.device)
 
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:

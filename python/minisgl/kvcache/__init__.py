@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.utils import init_logger
+
 from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache, MatchResult
 from .mha_pool import MHAKVCache
 from .naive_cache import NaiveCacheHandle, NaivePrefixCache
 from .radix_cache import RadixCacheHandle, RadixPrefixCache
+from .state_pool import StatePool
+
+logger = init_logger(__name__)
 
 __all__ = [
     "BaseCacheHandle",
@@ -42,9 +47,22 @@ def create_kvcache_pool(
     return MHAKVCache(num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype, device)
 
 
-def create_prefix_cache(name: str, page_size: int, device: torch.device | str) -> BasePrefixCache:
-    """Build the prefix cache called ``name``; slot tensors it returns are int32 on the CPU."""
+def create_prefix_cache(name: str, page_size: int, device: torch.device | str,
+                        state_pool: StatePool | None = None) -> BasePrefixCache:
+    """Build the prefix cache called ``name``; slot tensors it returns are int32 on the CPU.
+
+    A hybrid model (``state_pool``) shares prefixes only through recurrent-state snapshots: the
+    radix cache becomes ``HybridRadixCache``, or no sharing when the pool has no snapshot slots
+    (a hit without a snapshot would resume the linear layers from a wrong state)."""
     if name not in PREFIX_CACHES:
         choices = ", ".join(sorted(PREFIX_CACHES))
         raise ValueError(f"unknown prefix cache {name!r}; choose one of: {choices}")
+    if state_pool is not None and name == "radix":
+        if state_pool.num_snapshots > 0:
+            from .hybrid_radix import HybridRadixCache
+
+            return HybridRadixCache(page_size, device, state_pool)
+        logger.warning("prefix cache 'radix': no state snapshot slots for this hybrid model; "
+                       "prefix sharing is off")
+        name = "naive"
     return PREFIX_CACHES[name](page_size, device)

@@ -146,6 +146,23 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def match_prefix(self, input_ids: Sequence[int]) -> MatchResult: ...
 
+    def match_resumable(self, input_ids: Sequence[int]) -> MatchResult:
+        """The longest cached prefix a new request can resume from: ``match_prefix``, except for
+        a cache of recurrent state, whose match ends where it holds a state snapshot."""
+        return self.match_prefix(input_ids)
+
+    def restore_state(self, handle: BaseCacheHandle, slot: int) -> None:
+        """Recurrent-state caches: copy the snapshot at ``handle``'s end into state ``slot``."""
+
+    def branch_point(self, input_ids: Sequence[int]) -> int:
+        """Recurrent-state caches: where the cached KV of ``input_ids`` ends when that is deeper
+        than ``match_resumable`` (a prefix others share, with no snapshot there yet); else 0."""
+        return 0
+
+    def save_state(self, input_ids: Sequence[int], slot: int) -> None:
+        """Recurrent-state caches: ``slot`` holds the state after exactly ``input_ids`` (a cached
+        prefix of whole pages); keep a snapshot of it at that prefix's end if memory allows."""
+
     @abstractmethod
     def lock_handle(self, handle: BaseCacheHandle, unlock: bool = False) -> None: ...
 

@@ -33,7 +33,8 @@ def _common_len(a: list[int], b: list[int]) -> int:
 class RadixTreeNode:
     """One edge of the tree: ``key`` tokens (a whole number of pages) and their ``value`` slots."""
 
-    __slots__ = ("key", "value", "parent", "children", "ref_count", "last_access", "uid")
+    __slots__ = ("key", "value", "parent", "children", "ref_count", "last_access", "uid",
+                 "snapshot")
     _uids = itertools.count()
 
     def __init__(
@@ -46,6 +47,7 @@ class RadixTreeNode:
         self.ref_count = 0
         self.last_access = tick
         self.uid = next(self._uids)
+        self.snapshot: int | None = None  # a state slot (hybrid models: hybrid_radix.py)
 
     def __len__(self) -> int:
         return len(self.key)
@@ -157,12 +159,16 @@ class RadixPrefixCache(BasePrefixCache):
             self._leaves.discard(leaf)
             self._evictable -= len(leaf)
             total += len(leaf)
+            self._on_evict(leaf)
             freed.append(leaf.value)
             if parent is not self.root and not parent.children:
                 self._leaves.add(parent)
                 if parent.ref_count == 0:
                     heapq.heappush(heap, (parent.last_access, parent.uid, parent))
         return torch.cat(freed)
+
+    def _on_evict(self, node: RadixTreeNode) -> None:
+        """Called for every node ``evict`` removes (a subclass frees what the node owned)."""
 
     def _touch(self, path: list[RadixTreeNode]) -> None:
         tick = next(self._clock)

@@ -42,6 +42,8 @@ class EngineOptions:
     kv_cache_memory_gb: float = 1.0
     mem_fraction: float = 0.9
     max_running_requests: int = 256
+    # hybrid models: recurrent-state snapshots the radix cache may keep (None: max_running / 4)
+    num_state_snapshots: int | None = None
     max_seq_len: int | None = None
     attn: str = "auto"
     moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
@@ -89,6 +91,10 @@ class EngineOptions:
         for name in ("page_size", "max_prefill_tokens", "max_running_requests", "pad_tokens"):
             positive(name)
         positive("num_pages", allow_none=True)
+        if self.num_state_snapshots is not None and (
+                not isinstance(self.num_state_snapshots, int) or self.num_state_snapshots < 0):
+            raise ValueError(f"num_state_snapshots: must be an integer >= 0, "
+                             f"got {self.num_state_snapshots!r}")
         positive("max_num_batched_tokens", allow_none=True)
         check_schedule(self.schedule_mode, self.schedule_policy)
         if (not isinstance(self.max_wait_steps, int) or isinstance(self.max_wait_steps, bool)
@@ -168,6 +174,7 @@ class EngineOptions:
             kv_cache_memory_gb=self.kv_cache_memory_gb,
             mem_fraction=self.mem_fraction,
             max_running_reqs=self.max_running_requests,
+            num_state_snapshots=0 if self.cache == "naive" else self.num_state_snapshots,
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),

@@ -59,6 +59,12 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     cache_hit_tokens: int
     max_context_len: int
     ready: bool = True  # False while the scheduler warms up: readiness (/health_generate) waits
+    # hybrid models: recurrent-state slots of requests in use / in all, snapshots the radix cache
+    # holds, and the state pool's bytes (all 0 for other models)
+    state_slots_used: int = 0
+    state_slots_total: int = 0
+    state_snapshots: int = 0
+    state_pool_bytes: int = 0
 
 
 class BatchDetokenizerMsg(BaseDetokenizerMsg):

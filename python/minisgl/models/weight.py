@@ -164,7 +164,11 @@ def dummy_weights(
     projection weights come quantized, as that checkpoint would hold them
     (``QuantizationConfig.checkpoint_tensors``).
     """
-    for name, shape in _checkpoint_shapes(cfg):
+    from .registry import get_model_class
+
+    model_shapes = getattr(get_model_class(cfg.architecture), "checkpoint_shapes", None)
+    shapes = model_shapes(cfg) if model_shapes is not None else _checkpoint_shapes(cfg)
+    for name, shape in shapes:
         if name.endswith("norm.weight"):
             yield name, torch.ones(shape, dtype=dtype, device=device)
             continue

@@ -66,20 +66,31 @@ class CacheManager:
 
     def hit_len(self, req: Req) -> int:
         """How many tokens ``match`` would reuse now (nothing is locked)."""
-        return self.prefix_cache.match_prefix(req.input_ids[: prefix_limit(req)]).handle.cached_len
+        ids = req.input_ids[: prefix_limit(req)]
+        return self.prefix_cache.match_resumable(ids).handle.cached_len
 
     def match(self, req: Req) -> None:
         """Reuse the longest cached prefix; at least one token is left to compute (its logits), and
         the tokens whose prompt log-probs are asked for are computed too."""
-        result = self.prefix_cache.match_prefix(req.input_ids[: prefix_limit(req)])
+        result = self.prefix_cache.match_resumable(req.input_ids[: prefix_limit(req)])
         self.prefix_cache.lock_handle(result.handle)
         n = result.handle.cached_len
+        if n:  # a hybrid model's linear layers resume from the state snapshot at the match's end
+            self.prefix_cache.restore_state(result.handle, req.table_idx)
         self.num_hit_tokens += n
         if req.output_len == 0:
             req.cache_hit_len = n
         req.cache_handle, req.cached_len, req.device_len = result.handle, n, n
         if n:
             self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
+        branch = self.prefix_cache.branch_point(req.input_ids[: prefix_limit(req)])
+        req.snapshot_at = branch if branch > n else 0
+
+    def save_state_at_branch(self, req: Req) -> None:
+        """The chunk that ended at ``req.snapshot_at`` is launched: keep the state there."""
+        if req.snapshot_at and req.device_len == req.snapshot_at:
+            self.prefix_cache.save_state(req.input_ids[: req.device_len], req.table_idx)
+            req.snapshot_at = 0
 
     def allocate(self, req: Req, new_device_len: int) -> None:
         """Give ``req`` the pages to hold ``new_device_len`` tokens. Check ``available_tokens`` first."""
@@ -180,6 +191,8 @@ class CacheManager:
         aligned = done - done % self.page_size
         self._free_slots(self.prefix_cache.insert_prefix(req.input_ids[:aligned], slots[:aligned]))
         self._free_slots(slots[aligned:])
+        if aligned == done and req.table_idx >= 0:  # the state after exactly the cached tokens
+            self.prefix_cache.save_state(req.input_ids[:aligned], req.table_idx)
         if req.cache_handle is not None:
             self.prefix_cache.lock_handle(req.cache_handle, unlock=True)
         req.cache_handle = None
@@ -198,6 +211,8 @@ class CacheManager:
             return
         ids = req.input_ids[:done]
         duplicates = self.prefix_cache.insert_prefix(ids, self.host_table[req.table_idx, :done].clone())
+        if done == req.device_len:
+            self.prefix_cache.save_state(ids, req.table_idx)
         result = self.prefix_cache.match_prefix(ids)
         self.prefix_cache.lock_handle(result.handle)
         self.prefix_cache.lock_handle(old, unlock=True)

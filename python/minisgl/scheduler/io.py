@@ -215,7 +215,19 @@ class SchedulerIO:
             cache_hit_tokens=cache.num_hit_tokens,
             max_context_len=s.max_context_len,
             ready=self.ready,
+            **state_stats(s),
         )
+
+
+def state_stats(s) -> dict[str, int]:
+    """The recurrent-state pool's occupancy (hybrid models; empty otherwise)."""
+    pool = s.engine.state_pool
+    if pool is None:
+        return {}
+    return dict(state_slots_used=s.table.size - s.table.num_free,
+                state_slots_total=s.table.size,
+                state_snapshots=pool.num_snapshots - pool.num_free_snapshots,
+                state_pool_bytes=pool.total_bytes)
 
 
 def run_scheduler_process(

@@ -86,7 +86,11 @@ class PrefillManager:
                     break
                 req.table_idx = self.table.allocate()
                 self.cache.match(req)
+            else:
+                self.cache.save_state_at_branch(req)
             chunk = min(budget, req.pending_len)
+            if req.snapshot_at > req.device_len:  # stop at the branch point (hybrid models)
+                chunk = min(chunk, req.snapshot_at - req.device_len)
             needed = self.cache.tokens_needed(req, req.device_len + chunk)
             if needed + decode_reserve > self.cache.available_tokens:
                 if newly_admitted:

@@ -12,11 +12,11 @@ from typing import Callable
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
-from minisgl.sampling import BatchSamplingArgs
+from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.kvcache import create_prefix_cache
+from minisgl.sampling import BatchSamplingArgs
 from minisgl.utils import init_logger
 
-from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
@@ -43,7 +43,8 @@ class Scheduler:
         self.engine = engine or Engine(config.engine)
         page_size = config.engine.page_size
         self.table = TableManager(config.max_running_reqs)
-        prefix_cache = create_prefix_cache(config.cache, page_size, self.engine.device)
+        prefix_cache = create_prefix_cache(config.cache, page_size, self.engine.device,
+                                           self.engine.state_pool)
         self.cache = CacheManager(
             self.engine.num_pages, page_size, prefix_cache, self.engine.page_table
         )

@@ -213,6 +213,9 @@ _HELP = {
     "kv_cache_memory_gb": "KV cache budget on CPU, in GiB",
     "mem_fraction": "fraction of GPU memory the server may use",
     "max_running_requests": "requests decoded together at most",
+    "num_state_snapshots": "hybrid (Gated DeltaNet) models: recurrent-state snapshots the radix "
+                           "cache keeps for prefix hits (default: a quarter of --max-running-requests; "
+                           "0 turns prefix sharing off for them)",
     "max_seq_len": "longest sequence, prompt and output (default: the model's)",
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",

@@ -113,6 +113,14 @@ class _SchedulerCollector:
             ("num_requests_waiting", "Requests waiting for a prefill", value("num_waiting")),
             ("kv_cache_usage_ratio", "Fraction of KV slots held by requests", kv),
             ("prefix_cache_hit_rate", "Prefix-cache hit tokens / prompt tokens, cumulative", hit),
+            ("state_slots_used", "Hybrid models: recurrent-state slots held by requests",
+             value("state_slots_used")),
+            ("state_slots_total", "Hybrid models: recurrent-state slots for requests",
+             value("state_slots_total")),
+            ("state_snapshots", "Hybrid models: state snapshots the prefix cache holds",
+             value("state_snapshots")),
+            ("state_pool_bytes", "Hybrid models: bytes of the recurrent-state pool",
+             value("state_pool_bytes")),
         ):
             yield GaugeMetricFamily(PREFIX + name, doc, value=v)
         yield CounterMetricFamily(PREFIX + "retractions", "Requests retracted (preempted) when the "

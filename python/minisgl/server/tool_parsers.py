@@ -1,11 +1,12 @@
 """Tool-call parsers: a model's text -> OpenAI ``tool_calls``, whole or as streamed deltas.
 
-Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Llama 3's bare JSON objects, Mistral's
-``[TOOL_CALLS] [...]``, and the plain JSON that a constrained ``tool_choice`` produces) only says
-where the content ends and where each call's JSON object starts. The rest is shared: a call object
-whose ``name`` comes first streams its arguments as the raw text arrives, cut by a JSON scanner at
-the end of the arguments value, so the fragments concatenate to exactly what a non-streamed
-response holds (which runs the same code over the whole text at once).
+Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Qwen3.5's XML calls, Llama 3's bare
+JSON objects, Mistral's ``[TOOL_CALLS] [...]``, and the plain JSON that a constrained
+``tool_choice`` produces) only says where the content ends and where each call's JSON object
+starts. The rest is shared: a call object whose ``name`` comes first streams its arguments as the
+raw text arrives, cut by a JSON scanner at the end of the arguments value, so the fragments
+concatenate to exactly what a non-streamed response holds (which runs the same code over the whole
+text at once).
 """
 
 from __future__ import annotations
@@ -156,8 +157,55 @@ def split_mistral(text: str, final: bool) -> Split:
     return text[:start], _objects(text, base + 1 if head.startswith("[") else base)
 
 
+_XML_FUNCTION = re.compile(r"<function=([^>\n]+)>")
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _xml_value(text: str) -> object:
+    """A parameter's text as JSON when it is a JSON number, literal, object or array; else the
+    string itself (the template writes strings bare and everything else as JSON)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if not isinstance(value, str) else text
+
+
+def _xml_call(body: str) -> str | None:
+    """``<function=NAME><parameter=K>V</parameter>...`` -> the call as JSON text; the arguments
+    of a call still being written hold its finished parameters and no closing brace, so the
+    text only grows as the call streams in."""
+    m = _XML_FUNCTION.search(body)
+    if m is None:
+        return None
+    args = ", ".join(f"{json.dumps(k.strip())}: {json.dumps(_xml_value(v), ensure_ascii=False)}"
+                     for k, v in _XML_PARAM.findall(body, m.end()))
+    closed = "</function>" in body[m.end():]
+    return (f'{{"name": {json.dumps(m.group(1).strip())}, "arguments": {{{args}'
+            + ("}}" if closed else ""))
+
+
+def split_qwen3_xml(text: str, final: bool) -> Split:
+    """Qwen3-Coder, Qwen3.5 and Qwen3.6: ``<tool_call><function=NAME><parameter=KEY>VALUE
+    </parameter></function></tool_call>``."""
+    start = text.find("<tool_call>")
+    if start < 0:
+        return text if final else text[: len(text) - _held(text, "<tool_call>")], []
+    raws: list[str] = []
+    pos = start
+    while pos >= 0:
+        body = pos + len("<tool_call>")
+        close = text.find("</tool_call>", body)
+        call = _xml_call(text[body: close if close >= 0 else len(text)])
+        if call is not None:
+            raws.append(call)
+        pos = text.find("<tool_call>", close) if close >= 0 else -1
+    return text[:start], raws
+
+
 TOOL_PARSERS: dict[str, Callable[[str, bool], Split]] = {
     "hermes": split_hermes, "llama3": split_llama3, "mistral": split_mistral, "json": split_json,
+    "qwen3_xml": split_qwen3_xml,
 }
 
 
@@ -167,6 +215,8 @@ def detect_parser(chat_template: str | None) -> str:
     template = chat_template or ""
     if "[TOOL_CALLS]" in template:
         return "mistral"
+    if "<function=" in template:
+        return "qwen3_xml"
     if "<tool_call>" in template:
         return "hermes"
     if "<|python_tag|>" in template or "ipython" in template:

@@ -1,0 +1,44 @@
+"""The recurrent-state pool of a hybrid model's engine: sized at start-up from the same memory
+budget as the KV pool (its bytes come off the top, the KV pages get the rest)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from minisgl.kvcache.state_pool import StatePool
+from minisgl.layers.linear_attention import make_state_metadata
+from minisgl.utils import init_logger
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch
+
+    from .config import EngineConfig
+
+logger = init_logger(__name__)
+
+
+def is_hybrid(model: torch.nn.Module) -> bool:
+    return hasattr(model, "state_shape")
+
+
+def create_state_pool(model: torch.nn.Module, config: EngineConfig,
+                      device: torch.device) -> StatePool | None:
+    """One slot per page-table row (the dummy row's is scratch) plus the prefix cache's snapshot
+    slots; None for a model without linear-attention layers."""
+    if not is_hybrid(model):
+        return None
+    snapshots = config.num_state_snapshots
+    if snapshots is None:  # a quarter of the request slots: a slot is ~1.5-3k tokens of KV
+        snapshots = max(1, config.max_running_reqs // 4)
+    pool = StatePool(model.state_shape, model.num_linear_layers, config.max_running_reqs,
+                     snapshots, config.dtype, device)
+    logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB, %.2f GiB",
+                pool.num_slots, config.max_running_reqs, pool.num_snapshots,
+                pool.bytes_per_slot / (1 << 20), pool.total_bytes / (1 << 30))
+    return pool
+
+
+def attach_state_metadata(batch: Batch, device: torch.device) -> None:
+    batch.state_metadata = make_state_metadata(batch, device)

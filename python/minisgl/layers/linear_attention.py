@@ -1,0 +1,186 @@
+"""The Gated DeltaNet token mixer of hybrid models (Qwen3-Next, Qwen3.5, Qwen3.6) over the state
+pool, and the per-batch metadata that tells it where each request's state lives.
+
+One forward holds requests back to back (decode rows first in a mixed batch). Request ``i`` owns
+tokens ``cu_seqlens[i]:cu_seqlens[i + 1]`` and state slot ``slots[i]`` (its page-table row); it
+starts from a zero state when ``fresh[i]`` (the chunk starts at position 0), and otherwise
+continues from what the slot holds: the state after its last computed token, left there by the
+previous chunk or decode step, or copied in from a prefix-cache snapshot. Padding tokens after
+``cu_seqlens[-1]`` belong to no request and produce zeros.
+
+Tensor parallelism splits value heads (and the key heads they group over) and the conv channels:
+each rank holds the state of its heads, and the output projection is row-parallel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from minisgl.distributed import DistributedCommunicator
+
+from . import gated_delta as ops
+from .base import copy_part, divide, new_param
+from .linear import LinearRowParallel, _Linear
+
+if TYPE_CHECKING:
+    from minisgl.context import Context
+    from minisgl.core import Batch
+    from minisgl.quant import QuantizationConfig
+
+
+@dataclass
+class StateMetadata:
+    """Where the batch's requests keep their recurrent state (host lists and device tensors)."""
+
+    slots: list[int]
+    cu_seqlens: list[int]
+    fresh: list[bool]
+    slots_dev: torch.Tensor  # [B] int64
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+    @property
+    def all_single_continuing(self) -> bool:
+        """Every request feeds one token onto a state it already has (a decode batch)."""
+        return all(not f for f in self.fresh) and len(self.slots) == self.cu_seqlens[-1]
+
+
+def make_state_metadata(batch: Batch, device: torch.device) -> StateMetadata:
+    cu, fresh = [0], []
+    for req in batch.reqs:
+        cu.append(cu[-1] + req.extend_len)
+        fresh.append(req.cached_len == 0)
+    slots = [req.table_idx for req in batch.reqs]
+    slots_dev = torch.tensor(slots, dtype=torch.int64).to(device, non_blocking=True)
+    return StateMetadata(slots, cu, fresh, slots_dev)
+
+
+class SplitColumnLinear(_Linear):
+    """A column-parallel projection whose output is ``parts`` laid end to end, each part split
+    evenly over the ranks (q | k | v of the conv input: each rank keeps its heads of every part).
+
+    A checkpoint tensor holds some consecutive parts; its shard id is their indices."""
+
+    def __init__(self, in_features: int, parts: list[int], comm: DistributedCommunicator,
+                 quant: QuantizationConfig | None = None,
+                 what: str = "linear attention heads") -> None:
+        super().__init__()
+        self.tp = comm.info
+        self.parts = parts
+        self.local = [divide(n, self.tp.size, what) for n in parts]
+        self._init_weight(sum(self.local), in_features, quant)
+        self.bias = None
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id, unit: int = 1) -> None:
+        self.method.on_load(self, param, loaded)
+        load_parts(param, loaded, self.parts, self.local, tuple(shard_id), self.tp.rank, unit)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._matmul(x)
+
+
+def load_parts(param: torch.Tensor, loaded: torch.Tensor, parts: list[int], local: list[int],
+               ids: tuple[int, ...], rank: int, unit: int = 1) -> None:
+    """Copy this rank's slice of each part ``ids`` of ``loaded`` (the parts end to end along dim
+    0) into its place in ``param`` (the local slices end to end)."""
+    src = 0
+    for i in ids:
+        dst = sum(local[:i])
+        copy_part(param, loaded, 0, dst, src + rank * local[i], local[i], unit)
+        src += parts[i]
+
+
+class GatedDeltaNet(nn.Module):
+    """Projections -> causal conv + SiLU -> L2-normalised q/k, decay and beta -> gated delta rule
+    over the slot's state -> gated RMSNorm -> output projection.
+
+    The subclass (per checkpoint family) builds ``in_proj*`` and implements ``project`` returning
+    ``(qkv [T, conv_dim], z [T, Hv, Dv], b [T, Hv], a [T, Hv])`` for this rank."""
+
+    def __init__(self, cfg: dict, state_index: int, comm: DistributedCommunicator,
+                 quant: QuantizationConfig | None) -> None:
+        super().__init__()
+        tp = comm.info.size
+        self.state_index = state_index  # which linear layer of the state pool
+        self.num_k_heads = divide(cfg["linear_num_key_heads"], tp, "linear_num_key_heads")
+        self.num_v_heads = divide(cfg["linear_num_value_heads"], tp, "linear_num_value_heads")
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        self.k_dim, self.v_dim = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        self.key_size = self.num_k_heads * self.k_dim
+        self.value_size = self.num_v_heads * self.v_dim
+        self.conv_dim = 2 * self.key_size + self.value_size
+        self.conv_width = cfg["linear_conv_kernel_dim"]
+        self.eps = cfg.get("rms_norm_eps", 1e-6)
+        total_k = cfg["linear_num_key_heads"] * self.k_dim
+        total_v = cfg["linear_num_value_heads"] * self.v_dim
+        self.conv_parts = [total_k, total_k, total_v]
+        local = [self.key_size, self.key_size, self.value_size]
+        rank = comm.info.rank
+        # [conv_dim, 1, W] as the checkpoint stores it (a depthwise Conv1d)
+        self.conv1d_weight = new_param(self.conv_dim, 1, self.conv_width, loader=lambda p, t, _: (
+            load_parts(p, t, self.conv_parts, local, (0, 1, 2), rank)))
+        self.dt_bias = new_param(self.num_v_heads, loader=self._load_heads, dtype=torch.float32)
+        self.A_log = new_param(self.num_v_heads, loader=self._load_heads, dtype=torch.float32)
+        self.norm_weight = new_param(self.v_dim)
+        self.out_proj = LinearRowParallel(total_v, cfg["hidden_size"], False, comm, quant)
+        self.rank = rank
+
+    def _load_heads(self, param: nn.Parameter, loaded: torch.Tensor, _=None) -> None:
+        copy_part(param, loaded, 0, 0, self.rank * self.num_v_heads, self.num_v_heads)
+
+    def project(self, x: torch.Tensor):  # pragma: no cover - implemented per family
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        qkv, z, b, a = self.project(x)
+        batch = ctx.batch
+        if batch.state_metadata is None:  # the engine attaches it; a bare model call may not
+            batch.state_metadata = make_state_metadata(batch, x.device)
+        meta: StateMetadata = batch.state_metadata
+        conv_state, ssm_state = ctx.state_pool.layer(self.state_index)
+        g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)
+        out = torch.zeros(x.shape[0], self.num_v_heads, self.v_dim, dtype=x.dtype,
+                          device=x.device)
+        n = meta.num_tokens
+        if n:
+            out[:n] = self._mix(qkv[:n], g[:n], beta[:n], conv_state, ssm_state, meta)
+        out = ops.gated_rms_norm(out, z, self.norm_weight, self.eps)
+        return self.out_proj(out.reshape(x.shape[0], -1))
+
+    def _split_heads(self, mixed: torch.Tensor):
+        q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        return (ops.l2norm(q.reshape(-1, self.num_k_heads, self.k_dim)),
+                ops.l2norm(k.reshape(-1, self.num_k_heads, self.k_dim)),
+                v.reshape(-1, self.num_v_heads, self.v_dim))
+
+    def _mix(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             conv_state: torch.Tensor, ssm_state: torch.Tensor, meta: StateMetadata
+             ) -> torch.Tensor:
+        if qkv.is_cuda:
+            from minisgl.kernel.fla import gated_delta_net_cuda
+
+            return gated_delta_net_cuda(self, qkv, g, beta, conv_state, ssm_state, meta)
+        return self._mix_torch(qkv, g, beta, conv_state, ssm_state, meta)
+
+    def _mix_torch(self, qkv, g, beta, conv_state, ssm_state, meta: StateMetadata):
+        """The reference: one request at a time, reading and writing its slot."""
+        weight, scale = self.conv1d_weight[:, 0], self.k_dim ** -0.5
+        outs = []
+        for i, slot in enumerate(meta.slots):
+            lo, hi = meta.cu_seqlens[i], meta.cu_seqlens[i + 1]
+            if meta.fresh[i]:
+                conv_state[slot].zero_()
+                ssm_state[slot].zero_()
+            mixed, conv_state[slot] = ops.causal_conv1d(qkv[lo:hi], weight, None, conv_state[slot])
+            q, k, v = self._split_heads(mixed)
+            rule = ops.recurrent_gated_delta_rule if hi - lo == 1 else ops.chunk_gated_delta_rule
+            o, ssm_state[slot] = rule(q, k, v, g[lo:hi], beta[lo:hi], ssm_state[slot], scale)
+            outs.append(o.to(qkv.dtype))
+        return torch.cat(outs)

@@ -1,0 +1,61 @@
+"""Tiny random checkpoints of the hybrid Gated DeltaNet families (Qwen3-Next, Qwen3.5 dense and
+MoE), built and saved by transformers, every parameter perturbed (``hf_models``' scheme)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from helpers.hf_models import BOS_TOKEN_ID, EOS_TOKEN_ID, _perturb_parameters, _perturb_seed
+
+HYBRID_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+_TEXT = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512,
+    rms_norm_eps=1e-6, bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID, hidden_act="silu",
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+    linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+    # attention at layers 3 and 5: runs of linear layers of different lengths
+    layer_types=["linear_attention"] * 3 + ["full_attention", "linear_attention",
+                                            "full_attention"],
+)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, norm_topk_prob=True)
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+               patch_size=4, spatial_merge_size=2, temporal_patch_size=2)
+
+
+def _model(arch: str):
+    import transformers as tf
+
+    if arch == "qwen3_next":
+        cfg = tf.Qwen3NextConfig(**_TEXT, **_MOE, decoder_sparse_step=1, mlp_only_layers=[],
+                                 rope_parameters=dict(_ROPE))
+        return tf.Qwen3NextForCausalLM(cfg)
+    rope = {**_ROPE, "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+    text = {**_TEXT, "rope_parameters": rope}
+    if arch == "qwen3_5":
+        cfg = tf.Qwen3_5Config(text_config=text, vision_config=_VISION)
+        return tf.Qwen3_5ForConditionalGeneration(cfg)
+    cfg = tf.Qwen3_5MoeConfig(text_config={**text, **_MOE}, vision_config=_VISION)
+    return tf.Qwen3_5MoeForConditionalGeneration(cfg)
+
+
+def make_hybrid_checkpoint(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = _model(arch).to(torch.float32).eval()
+    _perturb_parameters(model, _perturb_seed(arch, seed))
+    with torch.no_grad():  # A_log near 0 decays little: spread it so some heads forget fast
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.linspace(-1.0, 1.0, p.numel()))
+    model.save_pretrained(out, safe_serialization=True)
+    gen = {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen) + "\n")
+    return out

@@ -31,10 +31,11 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 import triton
-from minisgl.kernel.triton.decode_attention import choose_num_splits, decode_attention
-from minisgl.kernel.triton.extend_attention import extend_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
+
+from minisgl.kernel.triton.decode_attention import choose_num_splits, decode_attention
+from minisgl.kernel.triton.extend_attention import extend_attention
 
 MODELS = {"Qwen3-0.6B": (16, 8, 128), "Qwen3-8B": (32, 8, 128)}  # (q heads, kv heads, head_dim)
 SWEEP_CFG = [(64, 4, 3), (128, 4, 2)]  # (block_n, warps, stages)

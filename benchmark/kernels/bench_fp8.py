@@ -38,12 +38,19 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_common import gpu_name  # noqa: E402
 from bench_gemv import L2_FLUSH_BYTES, SHAPES, time_graph  # noqa: E402
+
 from minisgl.kernel.triton.fp8_gemm import GemmConfig, fp8_block_gemm, pick_config, quantize_act  # noqa: E402
-from minisgl.kernel.triton.fp8_gemv import fp8_gemv, pick_config as gemv_config  # noqa: E402
-from minisgl.kernel.triton.gemv import gemv  # noqa: E402
+from minisgl.kernel.triton.fp8_gemv import fp8_gemv  # noqa: E402
+from minisgl.kernel.triton.fp8_gemv import pick_config as gemv_config
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
-from minisgl.quant.fp8 import (block_gemm_reference, channel_gemm_reference,  # noqa: E402
-                               dequantize_channel, quantize_block, quantize_channel)
+from minisgl.kernel.triton.gemv import gemv  # noqa: E402
+from minisgl.quant.fp8 import (  # noqa: E402
+    block_gemm_reference,
+    channel_gemm_reference,
+    dequantize_channel,
+    quantize_block,
+    quantize_channel,
+)
 from minisgl.quant.fp8_dispatch import fp8_linear  # noqa: E402
 
 BLOCK = (128, 128)

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
 from bench_common import gpu_name  # noqa: E402
+
 from minisgl.kernel.triton.activation import silu_and_mul  # noqa: E402
 from minisgl.kernel.triton.gemv import gemv, pick_config  # noqa: E402
 

@@ -26,11 +26,12 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
-import minisgl.models  # noqa: F401  (first: importing minisgl.layers alone is circular)
 import triton
+from triton.testing import do_bench
+
+import minisgl.models  # noqa: F401  (first: importing minisgl.layers alone is circular)
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.moe.reference import TorchMoeBackend
-from triton.testing import do_bench
 
 H, I, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B: hidden, moe_intermediate, experts, top-k
 

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
 from bench_common import gpu_name, model_dir  # noqa: E402
+
 from minisgl.core import Req, SamplingParams  # noqa: E402
 from minisgl.sampling import (  # noqa: E402
     BatchSamplingArgs,

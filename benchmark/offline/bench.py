@@ -24,11 +24,16 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
-from minisgl import LLM, SamplingParams  # noqa: E402
-
 from bench_common import (  # noqa: E402
-    StepTrace, borrow_tokenizer, environment, gpu_name, model_dir, project_commit,
+    StepTrace,
+    borrow_tokenizer,
+    environment,
+    gpu_name,
+    model_dir,
+    project_commit,
 )
+
+from minisgl import LLM, SamplingParams  # noqa: E402
 
 # output tok/s at peak HBM bandwidth with no CPU overhead (docs/performance.md)
 CEILINGS = {

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench import VARIANTS, gpu_name, model_dir  # noqa: E402
+
 from helpers.engine_utils import prefill_logits  # noqa: E402
 from minisgl import LLM, SamplingParams  # noqa: E402
 

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench import VARIANTS, model_dir  # noqa: E402
+
 from minisgl import LLM, SamplingParams  # noqa: E402
 
 

@@ -31,8 +31,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 from minisgl.benchmark import (  # noqa: E402
-    ClientConfig, compare, load_trace, random_requests, run_benchmark, shared_prefix_requests,
-    trace_requests, write_reports,
+    ClientConfig,
+    compare,
+    load_trace,
+    random_requests,
+    run_benchmark,
+    shared_prefix_requests,
+    trace_requests,
+    write_reports,
 )
 from minisgl.benchmark.report import ignore_eos_note  # noqa: E402
 from minisgl.utils.heap import freeze_heap  # noqa: E402

@@ -17,7 +17,6 @@ import shutil
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-
 # ChatML, the Qwen models' format, over the word-level vocabulary (chat requests work too)
 CHAT_TEMPLATE = ("{% for m in messages %}t1 {{ m['role'] }} {{ m['content'] }} t2 {% endfor %}"
                  "{% if add_generation_prompt %}t1 assistant {% endif %}")

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
 from bench_common import gpu_name, model_dir, project_commit  # noqa: E402
+
 from minisgl import LLM, SamplingParams  # noqa: E402
 from minisgl.benchmark.perf import describe  # noqa: E402
 from minisgl.llm.config import EngineOptions  # noqa: E402

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
 from helpers.server_utils import start_server
 
 API_KEY = "agent-test-key"

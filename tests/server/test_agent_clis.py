@@ -12,6 +12,7 @@ import shutil
 import sys
 
 import pytest
+
 from helpers.server_utils import start_server
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fastapi.testclient import TestClient
+
 from minisgl.llm.config import EngineOptions
 from minisgl.server.api_server import create_app
 from minisgl.server.args import ServerConfig

@@ -12,9 +12,9 @@ import httpx
 import psutil
 import pytest
 
+from helpers.server_utils import start_server, wait_until
 from minisgl.server.args import parse_args
 from minisgl.server.dp_children import router_command
-from helpers.server_utils import start_server, wait_until
 
 KEY = "dp-key"
 AUTH = {"authorization": f"Bearer {KEY}"}

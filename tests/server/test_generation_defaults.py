@@ -6,7 +6,6 @@ import json
 
 import httpx
 import pytest
-
 from test_health import fake_stack
 
 AUTH = {"authorization": "Bearer key"}

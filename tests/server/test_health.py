@@ -18,6 +18,9 @@ import httpx
 import psutil
 import pytest
 import uvicorn
+from test_api_server import FakeWorker
+
+from helpers.server_utils import free_port, start_server, wait_until
 from minisgl.llm.config import EngineOptions
 from minisgl.message import FRONTEND_CODEC, SchedulerStatsMsg, StatsReply
 from minisgl.server.api_server import create_app
@@ -25,9 +28,6 @@ from minisgl.server.args import ServerAddrs, ServerConfig
 from minisgl.server.frontend import FrontendManager
 from minisgl.server.http_server import make_http_server
 from minisgl.utils.mp import ZmqPushQueue, make_runtime_dir, remove_runtime_dir
-
-from helpers.server_utils import free_port, start_server, wait_until
-from test_api_server import FakeWorker
 
 
 def _stats(ready: bool) -> StatsReply:

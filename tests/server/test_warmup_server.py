@@ -5,6 +5,7 @@ import re
 
 import httpx
 import pytest
+
 from helpers.server_utils import start_server
 
 pytestmark = pytest.mark.slow

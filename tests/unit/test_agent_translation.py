@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+
 from minisgl.engine.window import window
 from minisgl.models.config import ModelConfig
 from minisgl.server.agents.anthropic_stream import MessageBuilder

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from minisgl.models import ARCHITECTURES, BaseLLMModel, ModelConfig, get_model_class, registry
 
 RAW = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,

@@ -2,7 +2,11 @@
 
 from .client import ClientConfig, poisson_arrivals, run_benchmark
 from .datasets import (
-    BenchRequest, load_trace, random_requests, shared_prefix_requests, trace_requests,
+    BenchRequest,
+    load_trace,
+    random_requests,
+    shared_prefix_requests,
+    trace_requests,
 )
 from .perf import RequestResult, describe, percentile, summarize
 from .report import compare, markdown, write_reports

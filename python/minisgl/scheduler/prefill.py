@@ -21,7 +21,6 @@ from .cache import CacheManager
 from .policy import AdmissionPolicy
 from .table import TableManager
 
-
 _SHARED_HEAD = 32  # requests whose first this-many tokens agree are assumed to share a prefix
 
 

@@ -12,11 +12,14 @@ from minisgl.env import API_KEY, LOG_LEVEL
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.llm.config import EngineOptions
 from minisgl.server.cli_aliases import (
-    ALIASES, ALWAYS_ON, DTYPE_NAMES, add_translated_aliases, parse_known_flags,
+    ALIASES,
+    ALWAYS_ON,
+    DTYPE_NAMES,
+    add_translated_aliases,
+    parse_known_flags,
 )
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ipc_address
-
 
 logger = init_logger(__name__)
 

@@ -19,8 +19,8 @@ A JSON ``null`` means "not given", whatever the field (clients echo nulls back),
 
 from __future__ import annotations
 
-import json
 import difflib
+import json
 from typing import Any
 
 from pydantic import BaseModel

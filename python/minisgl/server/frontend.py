@@ -14,8 +14,18 @@ from typing import Iterable
 import msgspec
 
 from minisgl.message import (
-    FRONTEND_CODEC, TOKENIZER_CODEC, AbortMsg, BatchFrontendMsg, BatchTokenizerMsg, FlushCacheMsg,
-    FrontendMsg, SchedulerStatsMsg, StatsReply, TokenizeMsg, TokenizerMsg, UserReply,
+    FRONTEND_CODEC,
+    TOKENIZER_CODEC,
+    AbortMsg,
+    BatchFrontendMsg,
+    BatchTokenizerMsg,
+    FlushCacheMsg,
+    FrontendMsg,
+    SchedulerStatsMsg,
+    StatsReply,
+    TokenizeMsg,
+    TokenizerMsg,
+    UserReply,
 )
 from minisgl.server.args import ServerAddrs
 from minisgl.utils import init_logger

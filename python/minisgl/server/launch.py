@@ -67,10 +67,9 @@ class ProcessGroup:
         self.children.append(Child(name, proc, parent_end))
 
     def start(self) -> None:
+        from minisgl.distributed import DistributedInfo
         from minisgl.scheduler.io import run_scheduler_process
         from minisgl.tokenizer.server import tokenize_worker
-
-        from minisgl.distributed import DistributedInfo
 
         cfg, addrs = self.config, self.addrs
         dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"

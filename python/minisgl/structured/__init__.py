@@ -6,8 +6,14 @@
 ``BatchMasks`` fills the rows of a whole batch on xgrammar's threads into a reused host buffer.
 """
 
-from .xgrammar_backend import (BatchMasks, GrammarCompiler, Matcher, check_grammar, fill_threads,
-                               new_bitmask)
+from .xgrammar_backend import (
+                               BatchMasks,
+                               GrammarCompiler,
+                               Matcher,
+                               check_grammar,
+                               fill_threads,
+                               new_bitmask,
+)
 
 __all__ = ["BatchMasks", "GrammarCompiler", "Matcher", "check_grammar", "fill_threads",
            "new_bitmask"]

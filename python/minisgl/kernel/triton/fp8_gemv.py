@@ -33,7 +33,6 @@ from .activation import silu_mul
 from .gemv import load_w, load_x
 from .pdl import wait_then_release
 
-
 # e4m3 columns summed into one accumulator before the multiply-adds of the next chunk: one thread's
 # 16-byte load, so the sum stays in its registers
 RED = 16

@@ -63,3 +63,32 @@ def test_shell_answers_resets_and_exits(default_model_dir, tmp_path):
     with open(tmp_path / "shell.log") as f:
         log = f.read()
     assert "decode throughput" in log and "request chatcmpl-" in log
+
+
+@pytest.mark.slow
+def test_ctrl_d_during_an_answer_stops_it_and_quits(default_model_dir, tmp_path):
+    """Ctrl-D typed while the answer streams is not lost: the answer stops and the shell exits
+    cleanly, as Ctrl-D at the prompt does."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TERM": "dumb",
+           "MINISGL_CACHE_DIR": str(tmp_path)}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "minisgl", "--shell", "--model", default_model_dir,
+                         "--device", "cpu", "--num-pages", "4096"],
+        env=env, encoding="utf-8", timeout=180, dimensions=(40, 200),
+    )
+    try:
+        child.expect("> ")
+        child.sendline("/set max_tokens 400")
+        child.expect("max_tokens = 400")
+        child.expect("> ")
+        child.sendline("/set temperature 0")
+        child.expect("> ")
+        child.sendline("Write a long story about a dragon.")
+        child.expect(r"dragon\.")  # the line's echo
+        child.expect(r"\w+ \w+ \w+ \w+", timeout=120)  # the answer is streaming
+        child.sendcontrol("d")
+        child.expect(r"\[stopped\]", timeout=60)
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

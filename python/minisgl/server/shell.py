@@ -124,8 +124,11 @@ def _repl(config: ServerConfig, log_path: str) -> None:
         if line.startswith("/") and line.split()[0] not in ("/exit", "/reset", "/help"):
             print(f"(unknown command {line.split()[0]}; {HELP})")
             continue
-        answer = _stream_answer(client, config, [*history, {"role": "user", "content": line}],
-                                settings)
+        with _KeysDuringAnswer() as keys:
+            answer = _stream_answer(client, config,
+                                    [*history, {"role": "user", "content": line}], settings, keys)
+        if keys.eof:  # Ctrl-D while it streamed: stop there and quit, as Ctrl-D at the prompt does
+            break
         if answer is None:  # stopped with Ctrl-C: the exchange is not kept
             continue
         history += [{"role": "user", "content": line}, {"role": "assistant", "content": answer}]
@@ -142,16 +145,57 @@ def _set(settings: ChatSettings, words: list[str]) -> str:
         return str(e)
 
 
+class _KeysDuringAnswer:
+    """Ctrl-D typed while an answer streams. The terminal is in cbreak mode meanwhile (Ctrl-D
+    arrives as a byte instead of being swallowed by the line discipline before the next prompt;
+    Ctrl-C still raises ``KeyboardInterrupt``); other keys typed then are dropped. Not a
+    terminal (a pipe): nothing is read."""
+
+    def __init__(self) -> None:
+        self.eof = False
+        self._saved = None
+
+    def __enter__(self) -> _KeysDuringAnswer:
+        if sys.stdin.isatty():
+            import termios
+            import tty
+
+            self._saved = termios.tcgetattr(sys.stdin)
+            tty.setcbreak(sys.stdin)
+        return self
+
+    def poll(self) -> bool:
+        """True once Ctrl-D was typed."""
+        if self._saved is not None and not self.eof:
+            import select
+
+            while select.select([sys.stdin], [], [], 0)[0]:
+                if os.read(sys.stdin.fileno(), 1) in (b"\x04", b""):
+                    self.eof = True
+                    break
+        return self.eof
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, self._saved)
+
+
 def _stream_answer(client, config: ServerConfig, history: list[dict],
-                   settings: ChatSettings) -> str | None:
-    """The answer as it streams; None when Ctrl-C stopped it (the request is aborted: closing
-    the stream disconnects, and the server frees its KV cache)."""
+                   settings: ChatSettings, keys: _KeysDuringAnswer) -> str | None:
+    """The answer as it streams; None when Ctrl-C (or Ctrl-D, ``keys``) stopped it (the request
+    is aborted: closing the stream disconnects, and the server frees its KV cache)."""
     parts: list[str] = []
     try:
         stream = client.chat.completions.create(
             model=config.model_name, messages=history, stream=True, **dataclasses.asdict(settings)
         )
         for chunk in stream:
+            if keys.poll():
+                stream.close()
+                print(" [stopped]")
+                return None
             if chunk.choices and chunk.choices[0].delta.content:
                 parts.append(chunk.choices[0].delta.content)
                 print(parts[-1], end="", flush=True)

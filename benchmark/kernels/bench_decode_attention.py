@@ -1,7 +1,7 @@
 """Paged Triton decode attention vs dense SDPA (FlashAttention / cuDNN) on contiguous K/V, bf16.
 
-    python benchmark/kernels/bench_decode_attention.py [--batch 1 32 256] [--ctx 512 1024 4096 16384]
-        [--sweep] [--prefill] [--out DIR]
+    python benchmark/kernels/bench_decode_attention.py [--batch 1 32 256]
+        [--ctx 512 1024 4096 16384] [--sweep] [--prefill] [--out DIR]
 
 Per (batch, context, model shape): our kernel reads K/V through a shuffled page table (page size 1,
 every token in a random slot); the reference is ``scaled_dot_product_attention`` on contiguous
@@ -91,7 +91,8 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     q = torch.randn(bs, hq, dim, device="cuda", dtype=torch.bfloat16)
     qp = q.view(bs, hkv, hq // hkv, dim)  # the GQA group as query rows: one read of each K/V
-    rows = [torch.arange(i * bs, (i + 1) * bs, device="cuda", dtype=torch.int32) for i in range(copies)]
+    rows = [torch.arange(i * bs, (i + 1) * bs, device="cuda", dtype=torch.int32)
+            for i in range(copies)]
     lens = torch.full((bs,), ctx, device="cuda", dtype=torch.int32)
     splits = choose_num_splits(bs, hkv, ctx, num_sms)
 
@@ -99,7 +100,8 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
         return decode_attention(q, k_cache, v_cache, table, rows[i], lens, dim**-0.5, s, **launch)
 
     def ref(i=0):
-        return F.scaled_dot_product_attention(qp, k[i * bs : (i + 1) * bs], v[i * bs : (i + 1) * bs])
+        return F.scaled_dot_product_attention(qp, k[i * bs : (i + 1) * bs],
+                                              v[i * bs : (i + 1) * bs])
 
     err = (ours().float() - ref().reshape(bs, hq, dim).float()).abs().max().item()
     nbytes = 2 * bs * ctx * hkv * dim * k_cache.element_size()
@@ -111,7 +113,8 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
                ours_ms=t["ours"], flash_ms=t["flash"], cudnn_ms=t["cudnn"],
                ours_tbps=nbytes / t["ours"] / 1e9, ref_tbps=nbytes / t_ref / 1e9,
                ratio=t_ref / t["ours"],
-               eager_ours_ms=eager_ms(ours), eager_flash_ms=eager_ms(ref, SDPBackend.FLASH_ATTENTION),
+               eager_ours_ms=eager_ms(ours),
+               eager_flash_ms=eager_ms(ref, SDPBackend.FLASH_ATTENTION),
                eager_cudnn_ms=eager_ms(ref, SDPBackend.CUDNN_ATTENTION))
     torch.cuda.synchronize()
     tic = time.perf_counter()
@@ -229,11 +232,11 @@ def main() -> None:
         json.dump(dict(meta=meta, decode=results, prefill=prefill), f, indent=1)
     lines = [f"# Decode attention: paged Triton vs dense SDPA, {gpu}, {date}", "",
              f"bf16, page size 1 (shuffled slots), torch {torch.__version__}, triton "
-             f"{triton.__version__}. Times are per call, replayed from a CUDA graph (how the engine "
-             "runs decode) over enough input copies to exceed L2, median of triton's do_bench "
-             "(L2 flushed between replays); TB/s = K+V bytes / time; ref = faster of SDPA flash / "
-             "cuDNN on contiguous K/V with the GQA group packed as query rows. Eager columns: one "
-             "call per do_bench run, launch overhead included.", "",
+             f"{triton.__version__}. Times are per call, replayed from a CUDA graph (how the "
+             "engine runs decode) over enough input copies to exceed L2, median of triton's "
+             "do_bench (L2 flushed between replays); TB/s = K+V bytes / time; ref = faster "
+             "of SDPA flash / cuDNN on contiguous K/V with the GQA group packed as query rows. "
+             "Eager columns: one call per do_bench run, launch overhead included.", "",
              "| model | B | ctx | splits | ours us | ref us | ours TB/s | ref TB/s | ours/ref |"
              " eager ours us | eager ref us |", "|---" * 11 + "|"]
     for r in results:

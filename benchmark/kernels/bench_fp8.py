@@ -12,9 +12,10 @@
   GEMM's max error against ``block_gemm_reference`` (fp32 over the same quantized operands) over the
   largest reference magnitude; the target is <= 1e-2.
 * Per-channel (``--quantization fp8``'s default; ``--quantization fp8-block`` is the block columns):
-  ``quant.fp8_dispatch.fp8_linear`` end to end with per-output-channel weight scales: the per-channel FP8
-  GEMV at one token; per-token activation quantization (``fp8_quant.py``) + ``torch._scaled_mm``
-  beyond (``channel_us``, ``channel_rel_err`` against ``channel_gemm_reference``).
+  ``quant.fp8_dispatch.fp8_linear`` end to end with per-output-channel weight scales: the
+  per-channel FP8 GEMV at one token; per-token activation quantization (``fp8_quant.py``) +
+  ``torch._scaled_mm`` beyond (``channel_us``, ``channel_rel_err`` against
+  ``channel_gemm_reference``).
 Every case is timed as decode runs it: a CUDA graph replays many calls over enough weight copies
 that none stays in L2. ``--sweep`` times a grid of configurations per case (for ``pick_config``).
 Writes ``<date>_fp8_<gpu>.{json,md}``.
@@ -85,7 +86,8 @@ def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
     nbytes = n * k + (n // 128) * (k // 128) * 4 + 2 * k
     copies = max(2, min(64, L2_FLUSH_BYTES // (n * k)))
     ws8 = fp8_weights(n, k, copies)
-    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, copies // 2))]
+    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+           for _ in range(max(2, copies // 2))]
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     t8 = time_graph(lambda a, w: fp8_gemv(a, w[0], w[1], BLOCK), ws8, x)
     wc = channel_weights(n, k, copies)
@@ -98,7 +100,8 @@ def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
     ref = x.float() @ (ws8[0][0].float() * ws8[0][1].repeat_interleave(128, 0)
                        .repeat_interleave(128, 1)[:n, :k]).T
     err = (fp8_gemv(x, *ws8[0], BLOCK).float() - ref).abs().max().item() / ref.abs().max().item()
-    rec = {"kernel": "gemv", "n": n, "k": k, "config": list(gemv_config(n, k)), "rel_err": round(err, 5),
+    rec = {"kernel": "gemv", "n": n, "k": k, "config": list(gemv_config(n, k)),
+           "rel_err": round(err, 5),
            "fp8_us": round(t8 * 1e6, 2), "bf16_triton_us": round(t16 * 1e6, 2),
            "bf16_cublas_us": round(tcublas * 1e6, 2), "fp8_tb_s": round(nbytes / t8 / 1e12, 3),
            "peak_fraction": round(nbytes / t8 / peak, 3), "speedup_vs_bf16": round(t16 / t8, 3),
@@ -113,7 +116,8 @@ def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
             times[c] = time_graph(lambda a, w, c=c: fp8_gemv(a, w[0], w[1], None, config=c), wc, x)
         best = min(times, key=times.get)
         rec["sweep_us"] = {str(list(c)): round(t * 1e6, 2) for c, t in times.items()}
-        rec["best_config"], rec["best_peak_fraction"] = list(best), round(nbytes / times[best] / peak, 3)
+        rec["best_config"], rec["best_peak_fraction"] = (
+            list(best), round(nbytes / times[best] / peak, 3))
         rec["best_tb_s"] = round(n * k / times[best] / 1e12, 3)
         del wc
     return rec
@@ -122,7 +126,8 @@ def bench_gemv(n: int, k: int, peak: float, sweep: bool) -> dict:
 def bench_gemm(m: int, n: int, k: int, sweep: bool) -> dict:
     copies = max(2, min(16, L2_FLUSH_BYTES // (n * k)))
     ws8 = fp8_weights(n, k, copies)
-    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, copies // 2))]
+    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+           for _ in range(max(2, copies // 2))]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     xq, xs = quantize_act(x, 128)
     ref = block_gemm_reference(xq, xs, *ws8[0], BLOCK)
@@ -135,12 +140,14 @@ def bench_gemm(m: int, n: int, k: int, sweep: bool) -> dict:
         return fp8_block_gemm(q, s, w[0], w[1], BLOCK, torch.bfloat16, cfg)
 
     t_block = time_graph(block_path, ws8, x)
-    t_gemm_only = time_graph(lambda a, w: fp8_block_gemm(xq, xs, w[0], w[1], BLOCK, torch.bfloat16), ws8, x)
+    t_gemm_only = time_graph(
+        lambda a, w: fp8_block_gemm(xq, xs, w[0], w[1], BLOCK, torch.bfloat16), ws8, x)
     t16 = time_graph(F.linear, w16, x)
     rec = {"kernel": "gemm", "m": m, "n": n, "k": k, "config": pick_config(m, n, k).__dict__,
            "rel_err": round(err, 6), "block_us": round(t_block * 1e6, 2),
            "block_gemm_only_us": round(t_gemm_only * 1e6, 2), "bf16_cublas_us": round(t16 * 1e6, 2),
-           "block_tflops": round(flops / t_block / 1e12, 1), "bf16_tflops": round(flops / t16 / 1e12, 1),
+           "block_tflops": round(flops / t_block / 1e12, 1),
+           "bf16_tflops": round(flops / t16 / 1e12, 1),
            "speedup_vs_bf16": round(t16 / t_block, 3)}
     wc = channel_weights(n, k, copies)
     t_ch = time_graph(lambda a, w: fp8_linear(a, w[0], w[1], None), wc, x)
@@ -148,7 +155,8 @@ def bench_gemm(m: int, n: int, k: int, sweep: bool) -> dict:
     ref_ch = channel_gemm_reference(cq, cs, *wc[0])
     err_ch = (fp8_linear(x, *wc[0], None).float() - ref_ch).abs().max() / ref_ch.abs().max()
     rec.update(channel_us=round(t_ch * 1e6, 2), channel_tflops=round(flops / t_ch / 1e12, 1),
-               channel_speedup_vs_bf16=round(t16 / t_ch, 3), channel_rel_err=round(err_ch.item(), 6))
+               channel_speedup_vs_bf16=round(t16 / t_ch, 3),
+               channel_rel_err=round(err_ch.item(), 6))
     del wc
     try:  # row-wise scaled cuBLAS FP8 (needs M, N, K multiples of 16)
         sa = torch.rand(m, 1, device="cuda") + 0.5
@@ -172,7 +180,8 @@ def bench_gemm(m: int, n: int, k: int, sweep: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--gemv-only", action="store_true", help="only the one-token GEMVs")
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
@@ -196,11 +205,13 @@ def main() -> None:
     lines = [f"FP8 kernels on Qwen3-8B's layers, {torch.cuda.get_device_name()}, copy bandwidth "
              f"{peak / 1e12:.2f} TB/s; CUDA-graph replays over L2-cold weights.", "",
              "| layer | N x K | FP8 GEMV us | TB/s | of copy bandwidth | bf16 Triton GEMV us | "
-             "cuBLAS bf16 us | speed-up vs bf16 | rel err | per-channel GEMV us | speed-up | rel err |",
+             "cuBLAS bf16 us | speed-up vs bf16 | rel err | per-channel GEMV us | speed-up | "
+             "rel err |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r["kernel"] == "gemv":
-            lines.append(f"| {r['layer']} | {r['n']} x {r['k']} | {r['fp8_us']} | {r['fp8_tb_s']} | "
+            lines.append(f"| {r['layer']} | {r['n']} x {r['k']} | {r['fp8_us']} | "
+                         f"{r['fp8_tb_s']} | "
                          f"{r['peak_fraction']} | {r['bf16_triton_us']} | {r['bf16_cublas_us']} | "
                          f"{r['speedup_vs_bf16']} | {r['rel_err']} | {r['channel_us']} | "
                          f"{r['channel_speedup_vs_bf16']} | {r['channel_rel_err']} |")
@@ -212,9 +223,11 @@ def main() -> None:
         if r["kernel"] == "gemm":
             lines.append(f"| {r['layer']} | {r['m']} | {r['n']} x {r['k']} | {r['block_us']} | "
                          f"{r['block_tflops']} | {r['block_gemm_only_us']} | "
-                         f"{r.get('scaled_mm_rowwise_us', '-')} | {r.get('scaled_mm_rowwise_tflops', '-')} | "
+                         f"{r.get('scaled_mm_rowwise_us', '-')} | "
+                         f"{r.get('scaled_mm_rowwise_tflops', '-')} | "
                          f"{r['bf16_cublas_us']} | {r['bf16_tflops']} | {r['rel_err']} | "
-                         f"{r['channel_us']} | {r['channel_tflops']} | {r['channel_speedup_vs_bf16']} | "
+                         f"{r['channel_us']} | {r['channel_tflops']} | "
+                         f"{r['channel_speedup_vs_bf16']} | "
                          f"{r['channel_rel_err']} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")

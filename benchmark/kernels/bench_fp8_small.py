@@ -17,8 +17,9 @@ Each case is timed as decode runs it: a CUDA graph replays many calls over enoug
 none stays in L2. TB/s counts the weight bytes (e4m3: N*K; bf16: 2*N*K); ``floor_us`` is the e4m3
 weight over the bandwidth of a large device-to-device copy. ``rel_err``: max error against fp32
 ``x @ dequant(w)^T`` on the unquantized x (so ``scaled_mm``'s includes its activation rounding) over
-the largest reference magnitude. ``--sweep KIND`` times a grid of configs of one kernel form at a few M
-(compiled first in parallel processes) and records the best per (layer, M), to fit ``pick_config``.
+the largest reference magnitude. ``--sweep KIND`` times a grid of configs of one kernel form at a
+few M (compiled first in parallel processes) and records the best per (layer, M), to fit
+``pick_config``.
 Writes ``<date>_fp8_small_<gpu>.{json,md}``.
 """
 

@@ -3,9 +3,9 @@
     python benchmark/kernels/bench_gemv.py [--sweep] [--out DIR]
 
 Shapes are the linear layers of Qwen3-0.6B and Qwen3-8B (merged QKV, o, merged gate-up, down, LM
-head), bf16. Each case is timed the way decode runs it: a CUDA graph replays many calls back to back,
-cycling over enough copies of the weight that none is still in L2 (decode streams every layer's
-weight once per step). TB/s counts the weight bytes; ``ratio`` is cuBLAS time / Triton time.
+head), bf16. Each case is timed the way decode runs it: a CUDA graph replays many calls back to
+back, cycling over enough copies of the weight that none is still in L2 (decode streams every
+layer's weight once per step). TB/s counts the weight bytes; ``ratio`` is cuBLAS time / Triton time.
 ``--sweep`` also times a grid of (block_n, block_k, num_warps) per case, to guide ``pick_config``.
 Writes JSON and markdown named ``<date>_gemv_<gpu>.{json,md}``.
 """
@@ -65,7 +65,8 @@ def time_graph(fn, weights: list[torch.Tensor], x: torch.Tensor, calls: int = 64
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
@@ -76,17 +77,20 @@ def main() -> None:
         for layer, (n, k) in layers.items():
             nbytes = n * k * 2
             copies = max(2, min(64, L2_FLUSH_BYTES // nbytes))
-            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(copies)]
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, weights[0])
             err = (gemv(x, weights[0]) - ref).abs().max().item() / ref.abs().max().item()
             t_cublas = time_graph(F.linear, weights, x)
             t_triton = time_graph(gemv, weights, x)
-            rec = {"model": model, "layer": layer, "n": n, "k": k, "config": list(pick_config(n, k)),
+            rec = {"model": model, "layer": layer, "n": n, "k": k,
+                   "config": list(pick_config(n, k)),
                    "rel_err": round(err, 5), "cublas_us": round(t_cublas * 1e6, 2),
                    "triton_us": round(t_triton * 1e6, 2),
                    "cublas_tb_s": round(nbytes / t_cublas / 1e12, 3),
-                   "triton_tb_s": round(nbytes / t_triton / 1e12, 3), "ratio": round(t_cublas / t_triton, 3)}
+                   "triton_tb_s": round(nbytes / t_triton / 1e12, 3),
+                   "ratio": round(t_cublas / t_triton, 3)}
             if layer == "down":  # the MLP's real pair: silu-and-mul then the down projection
                 h = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
                 rec["gated_cublas_us"] = round(1e6 * time_graph(
@@ -97,7 +101,8 @@ def main() -> None:
                 sweep = {cfg: time_graph(lambda a, b, c=cfg: gemv(a, b, config=c), weights, x)
                          for cfg in SWEEP}
                 best = min(sweep, key=sweep.get)
-                rec["best_config"], rec["best_tb_s"] = list(best), round(nbytes / sweep[best] / 1e12, 3)
+                rec["best_config"], rec["best_tb_s"] = (
+                    list(best), round(nbytes / sweep[best] / 1e12, 3))
             records.append(rec)
             print(json.dumps(rec), flush=True)
             del weights
@@ -107,11 +112,12 @@ def main() -> None:
     stem = os.path.join(args.out, f"{datetime.date.today().isoformat()}_gemv_{gpu}")
     with open(stem + ".json", "w") as f:
         json.dump(records, f, indent=1)
-    lines = [f"One token through the linear layers, bf16, {torch.cuda.get_device_name()}: cuBLAS (F.linear) vs "
-             "the Triton GEMV, CUDA-graph replays over L2-cold weights. Gated: silu-and-mul then down "
-             "(cuBLAS: two kernels) vs the GEMV reading [gate | up].", "",
-             "| model | layer | N x K | cuBLAS us | cuBLAS TB/s | Triton us | Triton TB/s | ratio | "
-             "gated: cuBLAS us / Triton us | best swept (bn, bk, warps): TB/s |",
+    lines = [f"One token through the linear layers, bf16, {torch.cuda.get_device_name()}: "
+             "cuBLAS (F.linear) vs the Triton GEMV, CUDA-graph replays over L2-cold weights. "
+             "Gated: silu-and-mul then down (cuBLAS: two kernels) vs the GEMV reading "
+             "[gate | up].", "",
+             "| model | layer | N x K | cuBLAS us | cuBLAS TB/s | Triton us | Triton TB/s | "
+             "ratio | gated: cuBLAS us / Triton us | best swept (bn, bk, warps): TB/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         best = f"{tuple(r['best_config'])}: {r['best_tb_s']}" if "best_config" in r else ""

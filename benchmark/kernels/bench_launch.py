@@ -44,7 +44,8 @@ def host_us(fn, counts: list[int]) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = p.parse_args()
@@ -58,13 +59,16 @@ def main() -> None:
     rows = []
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device=dev, dtype=dt)
-        fn = lambda m: F.linear(x[:m, :k], w)  # noqa: E731
+
+        def fn(m: int, w: torch.Tensor = w, k: int = k) -> torch.Tensor:
+            return F.linear(x[:m, :k], w)
+
         fn(512)
         rows.append({"op": f"F.linear {name} [{n}x{k}]",
                      **{label: round(host_us(fn, counts), 1) for label, counts in
                         (("same count", fixed), ("new count each call", varying),
                          ("rounded to 64", rounded))}})
-        del w
+        del w, fn  # free this shape's weight before the next one is allocated
     weight = torch.ones(4096, device=dev, dtype=dt)
     h = torch.randn(max_m, 4096, device=dev, dtype=dt)
     norm = lambda m: rms_norm(h[:m], weight, 1e-6)  # noqa: E731

@@ -2,13 +2,13 @@
 
     python benchmark/kernels/bench_moe.py [--tokens 1 16 256 4096] [--sweep] [--out DIR]
 
-Per token count: the fused kernel eagerly and replayed from a CUDA graph (how decode runs it), and the
-torch backend (eager only: it reads expert counts back to the host). TFLOP/s counts the active FLOPs,
-6 * T * top_k * H * I (three GEMMs per routed pair); GB/s is the graph time against the bytes of the
-experts actually hit, the floor when decode is weight-bandwidth bound. Times are medians from
+Per token count: the fused kernel eagerly and replayed from a CUDA graph (how decode runs it), and
+the torch backend (eager only: it reads expert counts back to the host). TFLOP/s counts the active
+FLOPs, 6 * T * top_k * H * I (three GEMMs per routed pair); GB/s is the graph time against the bytes
+of the experts actually hit, the floor when decode is weight-bandwidth bound. Times are medians from
 ``triton.testing.do_bench``, which flushes L2 between runs. ``--sweep`` also times a few block
-configurations per token count (CUDA-graph replays), to guide ``pick_config``. Writes JSON and markdown named
-``<date>_moe_<gpu>.{json,md}``.
+configurations per token count (CUDA-graph replays), to guide ``pick_config``. Writes JSON and
+markdown named ``<date>_moe_<gpu>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import minisgl.models  # noqa: F401  (first: importing minisgl.layers alone is c
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.moe.reference import TorchMoeBackend
 
-H, I, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B: hidden, moe_intermediate, experts, top-k
+H, INTER, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B: hidden, moe_intermediate, experts, top-k
 
 SWEEP = {  # (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages)
     "decode": [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 128, 1, 4, 4), (16, 32, 32, 256, 1, 4, 3),
@@ -48,10 +48,13 @@ SWEEP = {  # (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stag
 
 def inputs(tokens: int, seed: int = 0):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    randn = lambda *s: torch.randn(*s, generator=g, device="cuda")
+
+    def randn(*s):
+        return torch.randn(*s, generator=g, device="cuda")
+
     x = randn(tokens, H).bfloat16()
-    w13 = (randn(E, 2 * I, H) / H**0.5).bfloat16()
-    w2 = (randn(E, H, I) / I**0.5).bfloat16()
+    w13 = (randn(E, 2 * INTER, H) / H**0.5).bfloat16()
+    w2 = (randn(E, H, INTER) / INTER**0.5).bfloat16()
     weights, ids = torch.topk(randn(tokens, E).softmax(-1), K, dim=-1)
     return x, w13, w2, (weights / weights.sum(-1, keepdim=True)).bfloat16(), ids
 
@@ -92,7 +95,7 @@ def main() -> None:
     results = []
     for tokens in a.tokens:
         args = inputs(tokens)
-        flops = 6 * tokens * K * H * I
+        flops = 6 * tokens * K * H * INTER
         hit = int(args[4].unique().numel())
         fused = do_bench(lambda: fused_moe(*args), return_mode="median")
         graphed = graph_ms(lambda: fused_moe(*args))
@@ -103,7 +106,7 @@ def main() -> None:
                    fused_tflops=flops / fused / 1e9, fused_graph_tflops=flops / graphed / 1e9,
                    torch_tflops=flops / ref / 1e9 if ref else None,
                    speedup=ref / fused if ref else None,
-                   graph_weight_gbps=hit * 3 * H * I * 2 / graphed / 1e6)
+                   graph_weight_gbps=hit * 3 * H * INTER * 2 / graphed / 1e6)
         print(json.dumps(row), flush=True)
         results.append(row)
     if a.sweep:
@@ -115,16 +118,17 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
     meta = dict(gpu=gpu, date=date, torch=torch.__version__, triton=triton.__version__,
-                shape=dict(hidden=H, moe_intermediate=I, experts=E, top_k=K), dtype="bfloat16")
+                shape=dict(hidden=H, moe_intermediate=INTER, experts=E, top_k=K), dtype="bfloat16")
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"{date}_moe_{slug}")
     with open(stem + ".json", "w") as f:
         json.dump(dict(meta=meta, results=results), f, indent=1)
     lines = [f"# Fused MoE vs torch reference: {gpu}, {date}", "",
-             f"Qwen3-30B-A3B experts (H={H}, I={I}, E={E}, top-{K}), bf16, torch {torch.__version__},"
-             f" triton {triton.__version__}. Median ms (L2 flushed); TFLOP/s of active FLOPs.", "",
-             "| T | experts hit | fused ms | fused (graph) ms | torch ms | speedup | fused TFLOP/s |"
-             " graph TFLOP/s | graph weight GB/s |", "|---" * 9 + "|"]
+             f"Qwen3-30B-A3B experts (H={H}, I={INTER}, E={E}, top-{K}), bf16, "
+             f"torch {torch.__version__}, triton {triton.__version__}. Median ms (L2 flushed); "
+             "TFLOP/s of active FLOPs.", "",
+             "| T | experts hit | fused ms | fused (graph) ms | torch ms | speedup | "
+             "fused TFLOP/s | graph TFLOP/s | graph weight GB/s |", "|---" * 9 + "|"]
     for r in results:
         t = "-" if r["torch_ms"] is None else f"{r['torch_ms']:.3f}"
         s = "-" if r["speedup"] is None else f"{r['speedup']:.1f}x"
@@ -132,8 +136,8 @@ def main() -> None:
                      f"{r['fused_graph_ms']:.3f} | {t} | {s} | {r['fused_tflops']:.1f} | "
                      f"{r['fused_graph_tflops']:.1f} | {r['graph_weight_gbps']:.0f} |")
     if a.sweep:
-        lines += ["", "Sweep (CUDA-graph ms; config = block_m, block_n1, block_n2, block_k, group_m,"
-                  " warps, stages):", "", "| T | config | ms |", "|---|---|---|"]
+        lines += ["", "Sweep (CUDA-graph ms; config = block_m, block_n1, block_n2, block_k, "
+                  "group_m, warps, stages):", "", "| T | config | ms |", "|---|---|---|"]
         lines += [f"| {r['tokens']} | {tuple(sw['config'].values())} | "
                   f"{sw['ms']:.3f} |" if "ms" in sw else f"| {r['tokens']} | "
                   f"{tuple(sw['config'].values())} | {sw['error'][:60]} |"

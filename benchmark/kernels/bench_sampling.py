@@ -3,7 +3,8 @@
 ``sampling/kernels/row.py``) and the torch reference (``sampling/torch_ref.py``), next to the
 decode step of the model it serves.
 
-    python benchmark/kernels/bench_sampling.py [--model benchmark/configs/qwen3-0.6b.json] [--out DIR]
+    python benchmark/kernels/bench_sampling.py [--model benchmark/configs/qwen3-0.6b.json]
+        [--out DIR]
 
 Cases: batch sizes 1, 64, 256 at vocabularies 151,936 (Qwen) and 32,000 (Llama 2 / Mistral), bf16
 logits, for the settings users send: Qwen3's recommended sampling (T 0.6, top_p 0.95, top_k 20), the
@@ -208,10 +209,12 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['vocab']:,} | {r['batch']} | {r['setting']} | {r['kernel_us']} | "
                      f"{r.get('flagged', '')} | {r.get('row_kernel_us', '')} | "
-                     f"{r.get('torch_us', '')} | {str(r.get('speedup', '')) + 'x' if 'speedup' in r else ''} "
+                     f"{r.get('torch_us', '')} | "
+                     f"{str(r.get('speedup', '')) + 'x' if 'speedup' in r else ''} "
                      f"| {r.get('logits_gb_per_s', '')} |")
     if steps:
-        lines += ["", f"Decode step of {os.path.basename(args.model)} (random weights, CUDA graphs):",
+        lines += ["",
+                  f"Decode step of {os.path.basename(args.model)} (random weights, CUDA graphs):",
                   "", "| batch | ms per step |", "|---|---|"]
         lines += [f"| {b} | {ms:.2f} |" for b, ms in steps.items()]
     with open(stem + ".md", "w") as f:

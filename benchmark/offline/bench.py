@@ -92,7 +92,8 @@ LONG_JSON = json.dumps({"type": "object", "required": ["id", "text"], "propertie
 def workload(n: int = 256) -> tuple[list[list[int]], list[int]]:
     """256 prompts of 100-1024 random ids, then 256 output lengths of 100-1024 (seed 0)."""
     random.seed(0)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(n)]
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
+               for _ in range(n)]
     max_tokens = [random.randint(100, 1024) for _ in range(n)]
     return prompts, max_tokens
 
@@ -130,7 +131,8 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     result = {"output_tokens": sum(len(o.token_ids) for o in outs), "seconds": seconds,
-              "retractions": llm.scheduler.num_retractions, "kv_pages": llm.scheduler.engine.num_pages,
+              "retractions": llm.scheduler.num_retractions,
+              "kv_pages": llm.scheduler.engine.num_pages,
               "kv_tokens": llm.scheduler.engine.num_pages * llm.scheduler.engine.config.page_size,
               "tp": tp}
     result["trace"] = trace.summary()
@@ -201,9 +203,12 @@ def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
-    parser.add_argument("--variants", default="default", help=f"comma list of {list(VARIANTS)} ('': batch 1 alone)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True,
+                        help="HF directory, or a config.json (dummy weights)")
+    parser.add_argument("--variants", default="default",
+                        help=f"comma list of {list(VARIANTS)} ('': batch 1 alone)")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes to run")
     parser.add_argument("--hf-requests", type=int, default=64, help="0 skips transformers")
@@ -213,7 +218,8 @@ def main() -> None:
     parser.add_argument("--batch1", action="store_true",
                         help="also measure batch-1 decode latency (Triton GEMV, then cuBLAS)")
     parser.add_argument("--batch1-variants", default="default",
-                        help="variants whose batch-1 latency --batch1 measures (default adds cuBLAS)")
+                        help="variants whose batch-1 latency --batch1 measures "
+                             "(default adds cuBLAS)")
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
@@ -283,35 +289,40 @@ def write(records: list[dict], out_dir: str, stem: str, command: str) -> None:
              "|---|---|---|---|---|---|---|"]
     for r in records:
         if "output_tok_per_s" in r:
-            lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['output_tok_per_s']:,.0f} | "
-                         f"{r['ceiling_fraction'] or ''} | {r['seconds']:.1f} | {r['output_tokens']:,} |")
+            lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | "
+                         f"{r['output_tok_per_s']:,.0f} | {r['ceiling_fraction'] or ''} | "
+                         f"{r['seconds']:.1f} | {r['output_tokens']:,} |")
         else:
-            lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | {r['ms_per_token']:.2f} ms/token | | | |")
+            lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | "
+                         f"{r['ms_per_token']:.2f} ms/token | | | |")
     default = {r.get("tp"): r["output_tok_per_s"] for r in records
                if r["engine"].startswith("minisgl[default]")}
     variants = [r for r in records if r["engine"].startswith("minisgl[") and "output_tok_per_s" in r
                 and r.get("tp") in default and not r["engine"].startswith("minisgl[default]")]
     if variants:
-        kv = {r.get("tp"): r.get("kv_tokens") for r in records if r["engine"].startswith("minisgl[default]")}
+        kv = {r.get("tp"): r.get("kv_tokens") for r in records
+              if r["engine"].startswith("minisgl[default]")}
         lines += ["", "| engine | output tok/s | ratio to default (same run) | KV tokens (ratio) |",
                   "|---|---|---|---|"]
         for r in variants:
             ref_kv = kv.get(r.get("tp"))
-            kv_ratio = f"{r['kv_tokens']:,} ({r['kv_tokens'] / ref_kv:.2f}x)" if ref_kv and r.get("kv_tokens") else ""
+            kv_ratio = (f"{r['kv_tokens']:,} ({r['kv_tokens'] / ref_kv:.2f}x)"
+                        if ref_kv and r.get("kv_tokens") else "")
             lines.append(f"| {r['engine']} | {r['output_tok_per_s']:,.0f} | "
                          f"{r['output_tok_per_s'] / default[r.get('tp')]:.3f}x | {kv_ratio} |")
     tp1 = {r["engine"]: r["output_tok_per_s"] for r in records if r.get("tp") == 1}
     scaled = [r for r in records if r.get("tp", 1) > 1 and r["engine"].rsplit("[tp", 1)[0] in tp1]
     if scaled:
-        lines += ["", "| engine | TP | output tok/s | speed-up over TP=1 | per GPU |", "|---|---|---|---|---|"]
+        lines += ["", "| engine | TP | output tok/s | speed-up over TP=1 | per GPU |",
+                  "|---|---|---|---|---|"]
         for r in scaled:
             speedup = r["output_tok_per_s"] / tp1[r["engine"].rsplit("[tp", 1)[0]]
-            lines.append(f"| {r['engine']} | {r['tp']} | {r['output_tok_per_s']:,.0f} | {speedup:.2f}x | "
-                         f"{speedup / r['tp']:.2f} |")
+            lines.append(f"| {r['engine']} | {r['tp']} | {r['output_tok_per_s']:,.0f} | "
+                         f"{speedup:.2f}x | {speedup / r['tp']:.2f} |")
     traced = [r for r in records if r.get("trace")]
     if traced:
-        lines += ["", "Where the time goes (scheduler steps of the timed run, by the batch read back; "
-                  "decode TB/s = weights + every request's KV read once per step):", "",
+        lines += ["", "Where the time goes (scheduler steps of the timed run, by the batch read "
+                  "back; decode TB/s = weights + every request's KV read once per step):", "",
                   "| engine | phase | steps | seconds | requests/step |", "|---|---|---|---|---|"]
         for r in traced:
             for phase, v in r["trace"]["steps"].items():

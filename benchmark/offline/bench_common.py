@@ -78,12 +78,13 @@ def project_commit() -> str:
 
 
 class StepTrace:
-    """Where the time of a run goes: the wall time of every scheduler step, by the batch it read back.
+    """Where the time of a run goes: the wall time of every scheduler step, by the batch it read
+    back.
 
-    A step launches batch N+1 and reads back batch N (overlap), so the time between two steps' returns
-    is batch N's device time when the GPU is the bottleneck (else the host's time per step). Decode
-    steps are also reported as bytes moved per second (weights + the KV of every request read once),
-    the quantity the bandwidth ceiling assumes.
+    A step launches batch N+1 and reads back batch N (overlap), so the time between two steps'
+    returns is batch N's device time when the GPU is the bottleneck (else the host's time per step).
+    Decode steps are also reported as bytes moved per second (weights + the KV of every request read
+    once), the quantity the bandwidth ceiling assumes.
     """
 
     def __init__(self, llm: LLM) -> None:
@@ -107,8 +108,10 @@ class StepTrace:
             n, inflight = len(launched), sched._inflight is not None
             out = step()
             # the batch read back: the one launched by the previous step (overlap) or by this one
-            done = (n - 1 if inflight else None) if self.overlap else (n if len(launched) > n else None)
-            self.rows.append((time.perf_counter(),) + (launched[done] if done is not None else ("idle", 0, 0)))
+            done = ((n - 1 if inflight else None) if self.overlap
+                    else (n if len(launched) > n else None))
+            self.rows.append((time.perf_counter(),)
+                             + (launched[done] if done is not None else ("idle", 0, 0)))
             return out
 
         sched._launch, sched.step = traced_launch, traced_step

@@ -51,13 +51,15 @@ def run(path: str, dummy: bool, options: dict, prompts, new_tokens: int, continu
     conts = continued or outs
     steps = min(len(c) for c in conts)
     if steps < new_tokens:
-        print(f"note: a continuation has {steps} of {new_tokens} tokens; comparing {steps}", flush=True)
+        print(f"note: a continuation has {steps} of {new_tokens} tokens; comparing {steps}",
+              flush=True)
     rows = []
     for p, c in zip(prompts, conts):
         full = p + c[:steps]
         logits = prefill_logits(llm.scheduler, [full])
         if logits.shape[0] != len(full):
-            raise RuntimeError(f"prefill returned {logits.shape[0]} logits rows for {len(full)} tokens")
+            raise RuntimeError(
+                f"prefill returned {logits.shape[0]} logits rows for {len(full)} tokens")
         # the logits at position i predict token i + 1: those of the generated tokens
         rows.append(logits[len(p) - 1 : len(full) - 1].float().cpu())
         del logits
@@ -69,9 +71,11 @@ def run(path: str, dummy: bool, options: dict, prompts, new_tokens: int, continu
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--variant", default="fp8", choices=["fp8", "fp8-block", "fp8-kv", "fp8+fp8-kv"])
+    parser.add_argument("--variant", default="fp8",
+                        choices=["fp8", "fp8-block", "fp8-kv", "fp8+fp8-kv"])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)

@@ -61,7 +61,8 @@ def gpu_idle(prof) -> tuple[float, float, list[tuple[float, float, str, str]]]:
 
 
 def idle_table(full, one_token, steps: int) -> str:
-    """The GPU's idle time per decode step (``full`` minus ``one_token``), and the gaps behind it."""
+    """The GPU's idle time per decode step (``full`` minus ``one_token``), and the gaps behind
+    it."""
     (span, busy, gaps), (span0, busy0, _) = gpu_idle(full), gpu_idle(one_token)
     idle = (span - busy - (span0 - busy0)) / steps
     big = sorted((g for g in gaps if g[0] >= 20), reverse=True)

@@ -140,7 +140,8 @@ def run_all(args: argparse.Namespace, cfg: ClientConfig) -> list[dict]:
         print(f"rate {rate}, concurrency {run_cfg.max_concurrency}: {run['completed']} done, "
               f"{run['failed']} failed in {run['duration_s']:.1f} s, "
               f"{run['output_throughput']:.1f} output tok/s, "
-              f"mean TTFT {run['ttft_ms']['mean']:.1f} ms, mean TPOT {run['tpot_ms']['mean']:.1f} ms, ITL "
+              f"mean TTFT {run['ttft_ms']['mean']:.1f} ms, "
+              f"mean TPOT {run['tpot_ms']['mean']:.1f} ms, ITL "
               f"median {run['itl_ms']['p50']:.1f} / P99 {run['itl_ms']['p99']:.1f} / max "
               f"{run['itl_ms']['max']:.1f} ms")
         for error in run["errors"]:

@@ -1,10 +1,12 @@
-"""A model directory for serving benchmarks without a checkpoint: a config and a synthetic tokenizer.
+"""A model directory for serving benchmarks without a checkpoint: a config and a synthetic
+tokenizer.
 
     python benchmark/online/dummy_model.py benchmark/configs/qwen3-8b.json /tmp/qwen3-8b
     python -m minisgl --model /tmp/qwen3-8b --dummy-weights
 
-The tokenizer is word-level over the config's whole vocabulary (token ``i`` is the word ``t<i>``), so
-every id the random-weight model samples detokenizes to text and every streamed token is a chunk.
+The tokenizer is word-level over the config's whole vocabulary (token ``i`` is the word ``t<i>``),
+so every id the random-weight model samples detokenizes to text and every streamed token is a
+chunk.
 Prompts are sent as token ids (``bench_serving.py --prompt-kind ids``), so lengths stay exact.
 """
 
@@ -39,7 +41,8 @@ def write_dummy_model(config_json: str, out_dir: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="a config.json, e.g. benchmark/configs/qwen3-0.6b.json")
     parser.add_argument("out_dir")
     args = parser.parse_args()

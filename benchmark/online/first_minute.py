@@ -30,9 +30,10 @@ KINDS = {
         "temperature": 0.7, "top_p": 0.9, "top_k": 20, "presence_penalty": 0.5, "logprobs": True,
         "top_logprobs": 3, "max_tokens": 8, "seed": 1},
     "response_format json_schema": {
-        "temperature": 0, "max_tokens": 16, "response_format": {"type": "json_schema", "json_schema": {
-            "name": "p", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
-                                    "required": ["n"]}}}},
+        "temperature": 0, "max_tokens": 16, "response_format": {
+            "type": "json_schema", "json_schema": {
+                "name": "p", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                        "required": ["n"]}}}},
 }
 
 

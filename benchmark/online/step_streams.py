@@ -1,14 +1,15 @@
-"""Streams under load through the in-process scheduler: where the long gaps between tokens come from.
+"""Streams under load through the in-process scheduler: where the long gaps between tokens come
+from.
 
-    python benchmark/online/step_streams.py --model benchmark/configs/qwen3-8b.json --concurrency 64 \
-        --modes prefill-first,mixed-512,mixed-1024
+    python benchmark/online/step_streams.py --model benchmark/configs/qwen3-8b.json \
+        --concurrency 64 --modes prefill-first,mixed-512,mixed-1024
 
 The streaming-smoothness serving workload (random prompts of 512-1024 tokens, 128-256 output tokens,
 ignore_eos, CONCURRENCY requests in flight: a finished one is replaced at once) is driven through
 ``Scheduler.step`` with no HTTP, tokenizer or detokenizer process. A token's time is when the step
 that returns it returns, so the gaps here are the scheduler's own; the difference to the online
-benchmark (``bench_serving.py``) is what the server's other processes and the client add. Besides the
-ITL and TTFT figures, every step is classified by the batch it read back (pure decode; mixed or
+benchmark (``bench_serving.py``) is what the server's other processes and the client add. Besides
+the ITL and TTFT figures, every step is classified by the batch it read back (pure decode; mixed or
 prefill, by its prefill tokens) with its count and median / P99 / max duration.
 A ``.json`` model is a bare config with random weights.
 """
@@ -160,7 +161,8 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
     sched = llm.scheduler
     # warm-up with other prompts (the timed ones must miss the prefix cache): Triton compiles then
     for i, (prompt, _) in enumerate(workload(concurrency, seed=1)):
-        sched.add_request(-1 - i, prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        sched.add_request(-1 - i, prompt,
+                          SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     while sched.has_work:
         sched.step()
     if DEVICE == "cuda":
@@ -216,27 +218,32 @@ def run(path: str, dummy: bool, mode: str, concurrency: int, requests, options: 
 
 def table(results: list[dict]) -> list[str]:
     base = results[0]
-    lines = ["| mode | budget | output tok/s | vs first | median ITL | P99 ITL | max ITL | P99/median"
-             " | mean TTFT | P99 TTFT |", "|" + "---|" * 10]
+    lines = ["| mode | budget | output tok/s | vs first | median ITL | P99 ITL | max ITL | "
+             "P99/median | mean TTFT | P99 TTFT |", "|" + "---|" * 10]
     for r in results:
         itl, ttft = r["itl_ms"], r["ttft_ms"]
         lines.append(f"| {r['mode']} | {r['budget'] or '-'} | {r['output_tok_per_s']:,.0f} | "
-                     f"{r['output_tok_per_s'] / base['output_tok_per_s']:.3f}x | {itl['p50']:.1f} | "
+                     f"{r['output_tok_per_s'] / base['output_tok_per_s']:.3f}x | "
+                     f"{itl['p50']:.1f} | "
                      f"{itl['p99']:.1f} | {itl['max']:.0f} | {itl['p99'] / itl['p50']:.2f} | "
                      f"{ttft['mean']:.0f} | {ttft['p99']:.0f} |")
     lines += ["", "Host time of a launch, mean ms (schedule: pick the batch; forward: the engine's "
               "launch, not its device time; finish: the previous step's read-back):", "",
-              "| mode | batch launched | launches | schedule | forward | finish |", "|---|---|---|---|---|---|"]
+              "| mode | batch launched | launches | schedule | forward | finish |",
+              "|---|---|---|---|---|---|"]
     for r in results:
         for kind, h in r["host_ms"].items():
             lines.append(f"| {r['mode']} | {kind} | {h['launches']} | {h.get('schedule', '')} | "
                          f"{h['forward']} | {h.get('finish', '')} |")
-    lines += ["", "| mode | step read back | steps | median ms | P99 ms | max ms |", "|---|---|---|---|---|---|"]
+    lines += ["", "| mode | step read back | steps | median ms | P99 ms | max ms |",
+              "|---|---|---|---|---|---|"]
     for r in results:
         for kind, s in r["steps"].items():
-            lines.append(f"| {r['mode']} | {kind} | {s['steps']} | {s['p50']} | {s['p99']} | {s['max']} |")
-    lines += ["", "Garbage-collector pauses during the run (the start-up heap frozen, as in the server):",
-              "", "| mode | generation | collections | max ms | total ms |", "|---|---|---|---|---|"]
+            lines.append(f"| {r['mode']} | {kind} | {s['steps']} | {s['p50']} | {s['p99']} | "
+                         f"{s['max']} |")
+    lines += ["", "Garbage-collector pauses during the run (the start-up heap frozen, as in the "
+              "server):", "", "| mode | generation | collections | max ms | total ms |",
+              "|---|---|---|---|---|"]
     for r in results:
         for gen, g in r["gc_ms"].items():
             lines.append(f"| {r['mode']} | {gen} | {g['count']} | {g['max']} | {g['total']} |")
@@ -244,21 +251,24 @@ def table(results: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="HF directory, or a config.json (dummy weights)")
     p.add_argument("--modes", default="prefill-first,mixed", help="prefill-first, mixed, mixed-N")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--rounds", type=int, default=4, help="requests = rounds x concurrency")
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--piecewise-cuda-graph-max-tokens", type=int,
-                   help="the engine option (default: the engine's); every mode is capped by its budget")
+                   help="the engine option (default: the engine's); "
+                        "every mode is capped by its budget")
     p.add_argument("--profile", type=int, default=0,
                    help="print where the host's time of this many mixed launches goes (cProfile)")
     p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     p.add_argument("--tag", default="")
     args = p.parse_args()
     path, dummy = model_dir(args.model)
-    options = {"max_running_requests": args.max_running_requests} if args.max_running_requests else {}
+    options = ({"max_running_requests": args.max_running_requests}
+               if args.max_running_requests else {})
     if args.piecewise_cuda_graph_max_tokens is not None:
         options["piecewise_cuda_graph_max_tokens"] = args.piecewise_cuda_graph_max_tokens
     requests = workload(args.rounds * args.concurrency, seed=0)
@@ -270,9 +280,10 @@ def main() -> None:
     stem = f"steps_{name}_{gpu_name()}_c{args.concurrency}{'_' + args.tag if args.tag else ''}"
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump({"model": name, "gpu": gpu_name(), "commit": project_commit(), "runs": results}, f,
-                  indent=1)
-    lines = [f"### {name}, {args.concurrency} streams, in-process scheduler (ms)", "", *table(results)]
+        json.dump({"model": name, "gpu": gpu_name(), "commit": project_commit(),
+                   "runs": results}, f, indent=1)
+    lines = [f"### {name}, {args.concurrency} streams, in-process scheduler (ms)", "",
+             *table(results)]
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -33,7 +33,8 @@ def _check(ok: bool, field_name: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples. Validated at construction; a bad value raises ``ValueError`` naming it.
+    """How one request samples. Validated at construction; a bad value raises ``ValueError``
+    naming it.
 
     ``temperature == 0`` means greedy. ``top_k == -1`` (or 0) disables top-k. ``seed=None`` draws a
     fresh seed per request; a fixed seed gives the same tokens whatever else shares the batch.
@@ -104,17 +105,20 @@ class SamplingParams:
         _check(isinstance(self.prompt_logprobs, bool), "prompt_logprobs", "must be a boolean")
         _check(integer("logprob_start_len") >= 0, "logprob_start_len", "must be >= 0")
         top = integer("top_logprobs")
-        _check(0 <= top <= _MAX_TOP_LOGPROBS, "top_logprobs", f"must be in [0, {_MAX_TOP_LOGPROBS}]")
+        _check(0 <= top <= _MAX_TOP_LOGPROBS, "top_logprobs",
+               f"must be in [0, {_MAX_TOP_LOGPROBS}]")
         if self.seed is not None:
             _check(integer("seed") >= 0, "seed", "must be a non-negative integer")
-        object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, int, "stop_token_ids"))
+        object.__setattr__(self, "stop_token_ids",
+                           _as_tuple(self.stop_token_ids, int, "stop_token_ids"))
         object.__setattr__(self, "stop", _as_tuple(self.stop, str, "stop"))
         for token in self.stop_token_ids:
             _check(token >= 0, "stop_token_ids", f"token ids must be >= 0, got {token}")
         for text in self.stop:
             _check(len(text) > 0, "stop", "stop strings must not be empty")
         object.__setattr__(self, "logit_bias", _as_bias(self.logit_bias))
-        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        grammars = [name for name in ("json_schema", "regex", "ebnf")
+                    if getattr(self, name) is not None]
         for name in grammars:
             _check(isinstance(getattr(self, name), str), name, "must be a string")
         _check(len(grammars) <= 1, grammars[-1] if grammars else "", "give at most one of "
@@ -169,7 +173,8 @@ def _as_bias(value: Any) -> tuple[tuple[int, float], ...]:
 
 
 def _as_tuple(value: Any, kind: type, name: str) -> tuple:
-    """Normalise a scalar or a sequence to a tuple of ``kind`` (the frozen dataclass stays hashable)."""
+    """Normalise a scalar or a sequence to a tuple of ``kind`` (the frozen dataclass stays
+    hashable)."""
     if value is None:
         return ()
     if isinstance(value, kind) and not isinstance(value, bool):
@@ -236,10 +241,10 @@ class BaseAttnMetadata:
 class Batch:
     """The requests of one forward and the tensors built for it.
 
-    ``input_ids``/``positions``/``out_loc`` hold one entry per computed token (requests back to back);
-    ``out_loc`` is the KV slot each token's K/V is written to. ``logits_idx`` picks the rows whose
-    logits are sampled (the last token of each sampled request), ``sample_loc`` where the sampled
-    tokens go in the engine's token pool.
+    ``input_ids``/``positions``/``out_loc`` hold one entry per computed token (requests back to
+    back); ``out_loc`` is the KV slot each token's K/V is written to. ``logits_idx`` picks the rows
+    whose logits are sampled (the last token of each sampled request), ``sample_loc`` where the
+    sampled tokens go in the engine's token pool.
 
     A ``mixed`` batch is a decode step and prefill chunks in one forward: its first ``num_decode``
     requests are decoding (one token each, read from the token pool), the rest are prefilling.

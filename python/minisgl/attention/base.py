@@ -1,11 +1,12 @@
 """The attention backend interface.
 
 A backend owns how attention reads the paged KV pool. The engine calls ``prepare_metadata(batch)``
-once per forward, before the model runs (host-side work, and host-to-device copies); every attention
-layer stores this step's K/V at ``batch.out_loc`` and then calls ``forward(q, k, v, layer_id, batch)``,
-which attends over each request's whole context ``[0, device_len)`` in the pool, causally for the
-new tokens (token ``i`` of a request sits at position ``cached_len + i``). ``k``/``v`` are this
-step's rows too, for backends that can attend without reading them back (no cached prefix).
+once per forward, before the model runs (host-side work, and host-to-device copies); every
+attention layer stores this step's K/V at ``batch.out_loc`` and then calls
+``forward(q, k, v, layer_id, batch)``, which attends over each request's whole context
+``[0, device_len)`` in the pool, causally for the new tokens (token ``i`` of a request sits at
+position ``cached_len + i``). ``k``/``v`` are this step's rows too, for backends that can attend
+without reading them back (no cached prefix).
 
 CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_graph = True``,
 ``graph_metadata_rows`` and implements three methods; the graph runner calls them in this order::
@@ -28,9 +29,10 @@ Everything a captured forward reads (lengths, page-table rows, split workspace) 
 in ``bufs`` or in buffers the backend owns, and no launch may depend on device data (grids from
 host-side bounds).
 
-Prefill and mixed forwards replay piecewise graphs instead (``engine/piecewise.py``) when the backend
-accepts padding rows: ``forward`` itself is never captured there, but called eagerly between the
-graphs, with the batch's own metadata, static q/k/v buffers and ``out=`` the static output buffer.
+Prefill and mixed forwards replay piecewise graphs instead (``engine/piecewise.py``) when the
+backend accepts padding rows: ``forward`` itself is never captured there, but called eagerly between
+the graphs, with the batch's own metadata, static q/k/v buffers and ``out=`` the static output
+buffer.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class BaseAttnBackend(ABC):
     # prefill and mixed batches may carry padding tokens after the last request's (engine/batch.py):
     # rows of q that no request's metadata covers, whose output nobody reads
     supports_padding: bool = False
-    pdl: bool = False  # decode kernels launch with PDL (``kernel/triton/pdl.py``); set by the engine
+    # decode kernels launch with PDL (``kernel/triton/pdl.py``); set by the engine
+    pdl: bool = False
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:

@@ -1,4 +1,5 @@
-"""FlashAttention for prefill, and the hybrid that pairs one backend's prefill with another's decode.
+"""FlashAttention for prefill, and the hybrid that pairs one backend's prefill with another's
+decode.
 
 A prefill in which no request has a cached prefix needs no pool reads at all: the new K/V of each
 request are its whole context, packed back to back, which is exactly FlashAttention's ragged
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
     from minisgl.kvcache import BaseKVCachePool
 
 # (q, k, v, cu_seqlens, max_len, scale) -> out, causal
-VarlenFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+VarlenFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+]
 
 
 def _flash_attn_varlen() -> VarlenFn | None:
@@ -69,14 +72,15 @@ def _torch_varlen() -> VarlenFn | None:
 
 
 def find_varlen() -> tuple[str, VarlenFn]:
-    """The first FlashAttention varlen implementation that imports, or an error saying what to do."""
+    """The first FlashAttention varlen implementation that imports, or an error saying what to
+    do."""
     for name, finder in (("flash_attn", _flash_attn_varlen), ("torch", _torch_varlen)):
         fn = finder()
         if fn is not None:
             return name, fn
     raise ImportError(
-        "the 'fa' attention backend needs FlashAttention: `pip install flash-attn`, or torch >= 2.9 "
-        "(torch.nn.attention.varlen); or use --attn triton"
+        "the 'fa' attention backend needs FlashAttention: `pip install flash-attn`, "
+        "or torch >= 2.9 (torch.nn.attention.varlen); or use --attn triton"
     )
 
 

@@ -41,7 +41,9 @@ class TorchBackend(BaseAttnBackend):
         key_pos = torch.arange(max_seq)
         q_pos = cached[:, None] + torch.arange(max_ext)[None, :]  # [B, max_ext]
         mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos < seq[:, None, None])
-        token_index = torch.cat([b * max_ext + torch.arange(n) for b, n in enumerate(extend.tolist())])
+        token_index = torch.cat(
+            [b * max_ext + torch.arange(n) for b, n in enumerate(extend.tolist())]
+        )
         batch.attn_metadata = TorchAttnMetadata(
             slots=slots, mask=mask.unsqueeze(1).to(device), token_index=token_index.to(device)
         )

@@ -112,7 +112,6 @@ class TritonBackend(BaseAttnBackend):
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.reqs
-        n = len(reqs)
         if batch.is_decode:
             batch.attn_metadata = self._decode_metadata(reqs)
             return
@@ -133,7 +132,8 @@ class TritonBackend(BaseAttnBackend):
         for e in extend:
             cu.append(cu[-1] + e)
         rows, seq_lens, cu_seqlens = to_device(
-            [[r.table_idx for r in reqs], [r.device_len for r in reqs], cu], torch.int32, self.device)
+            [[r.table_idx for r in reqs], [r.device_len for r in reqs], cu], torch.int32,
+            self.device)
         return TritonPrefillMetadata(
             rows=rows, seq_lens=seq_lens, cu_seqlens=cu_seqlens,
             max_extend=max(extend), max_seq_len=max(r.device_len for r in reqs),

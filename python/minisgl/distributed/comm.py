@@ -37,7 +37,8 @@ class DistributedCommunicator:
         import torch.distributed as dist
 
         x = x.contiguous()
-        out = torch.empty((self.info.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        out = torch.empty((self.info.size * x.shape[0], *x.shape[1:]), dtype=x.dtype,
+                          device=x.device)
         dist.all_gather_into_tensor(out, x, group=self.group)
         return torch.cat(out.chunk(self.info.size, dim=0), dim=dim)
 
@@ -61,7 +62,8 @@ class DistributedCommunicator:
         size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
         dist.broadcast(size, src=0, group=self.cpu_group)
         if self.info.is_primary:
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+            buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+                   else torch.empty(0, dtype=torch.uint8))
         else:
             buf = torch.empty(int(size.item()), dtype=torch.uint8)
         if int(size.item()):

@@ -35,7 +35,8 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
     sampled = batch.sampled_reqs
     sample_loc = ([r.table_idx for r in sampled], [r.device_len for r in sampled])
     if batch.is_decode:
-        batch.positions, row_ids, *loc = to_device([positions, rows, *sample_loc], torch.int64, device)
+        batch.positions, row_ids, *loc = to_device([positions, rows, *sample_loc], torch.int64,
+                                                   device)
         batch.input_ids = token_pool[row_ids, batch.positions].long()
         batch.logits_idx = torch.arange(batch.size, device=device)
     else:

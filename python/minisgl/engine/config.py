@@ -11,8 +11,8 @@ from minisgl.distributed import DistributedInfo
 class EngineConfig:
     """What one TP worker needs to build its model, KV pool and attention backend.
 
-    ``auto`` values are resolved before this is built (see ``minisgl.llm.config``); every field here is
-    concrete.
+    ``auto`` values are resolved before this is built (see ``minisgl.llm.config``); every field
+    here is concrete.
     """
 
     model_path: str

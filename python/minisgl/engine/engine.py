@@ -195,14 +195,16 @@ class Engine:
             hidden = self.model(batch.input_ids, batch.positions, ctx)
         self.model.compute_logits(hidden[-1:])
         torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - pages * self.kv_bytes_per_token * self.config.page_size
+        peak = (torch.cuda.max_memory_allocated(self.device)
+                - pages * self.kv_bytes_per_token * self.config.page_size)
         self.page_table[self.dummy_row].zero_()
         del pool, backend, ctx, hidden
         torch.cuda.empty_cache()
         return peak
 
     def close(self) -> None:
-        """Release the CUDA graphs, then leave the TP group (in this order: ``GraphRunner.close``)."""
+        """Release the CUDA graphs, then leave the TP group (in this order:
+        ``GraphRunner.close``)."""
         for runner in (self.graph_runner, self.piecewise):
             if runner is not None:
                 runner.close()
@@ -239,7 +241,8 @@ class Engine:
                 else:
                     hidden = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = self.model.compute_logits(hidden[batch.logits_idx])
-            if not batch.is_decode:  # prompt log-probs, for the requests that ask (prompt_logprobs.py)
+            # prompt log-probs, for the requests that ask (prompt_logprobs.py)
+            if not batch.is_decode:
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
         if args.late_bitmask is not None:  # the device computes the logits meanwhile
             args.token_bitmask = args.late_bitmask()

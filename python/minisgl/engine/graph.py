@@ -48,7 +48,8 @@ logger = init_logger(__name__)
 
 
 def dummy_decode_batch(dummy_row: int, batch_size: int) -> Batch:
-    """A decode batch of ``batch_size`` copies of the dummy request (what graphs are captured on)."""
+    """A decode batch of ``batch_size`` copies of the dummy request (what graphs are captured
+    on)."""
     dummy = Req(uid=-1, input_ids=[0, 0], prompt_len=1, sampling_params=SamplingParams(),
                 max_device_len=2, table_idx=dummy_row, cached_len=0, device_len=1)
     return Batch([dummy] * batch_size, "decode")

@@ -1,10 +1,10 @@
 """Piecewise CUDA graphs for prefill and mixed forwards: everything but attention is replayed.
 
 Besides attention, a forward launches about ten kernels per layer (norms, GEMMs, RoPE and the K/V
-store, the MLP): for Qwen3-8B some 400 launches, whose host cost (17-35 ms on an H100's host) exceeds
-the device time of a 1024-token step. Their shapes depend on the token count alone, so they are
-captured once per token count. Attention depends on the requests (how many decode, the lengths of
-chunks and contexts), so it runs eagerly between the graphs, on the batch's own metadata::
+store, the MLP): for Qwen3-8B some 400 launches, whose host cost (17-35 ms on an H100's host)
+exceeds the device time of a 1024-token step. Their shapes depend on the token count alone, so they
+are captured once per token count. Attention depends on the requests (how many decode, the lengths
+of chunks and contexts), so it runs eagerly between the graphs, on the batch's own metadata::
 
     graph 0       embedding; layer 0 up to its attention (norms, QKV, RoPE, K/V store) -> q, k, v
     attention 0   eager, the backend:                                        q, k, v -> out
@@ -82,7 +82,8 @@ class PiecewiseRunner:
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.out_loc = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
-        self._bufs: tuple[torch.Tensor, ...] | None = None  # q, k, v, out: made by the first warm-up
+        # q, k, v, out: made by the first warm-up
+        self._bufs: tuple[torch.Tensor, ...] | None = None
         self.pieces: dict[int, tuple[list[torch.cuda.CUDAGraph], list[int], torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self._capture_all()
@@ -90,7 +91,8 @@ class PiecewiseRunner:
     def can_run(self, batch: Batch) -> bool:
         return not batch.is_decode and batch.input_ids.shape[0] <= self.max_tokens
 
-    def buffers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def buffers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
         """The static q, k, v and out buffers (allocated by the first warm-up, the largest size's,
         outside the graphs' pool)."""
         if self._bufs is None:

@@ -53,8 +53,8 @@ def prefix_limit(req: Req) -> int:
 class PromptLogprobs:
     """The prompt log-probs one forward computed: per request a span of consecutive prompt indices.
 
-    ``spans``: (uid, first prompt index scored, count, top-k asked); the tensors hold the rows of all
-    spans back to back (device tensors until ``to_host``).
+    ``spans``: (uid, first prompt index scored, count, top-k asked); the tensors hold the rows of
+    all spans back to back (device tensors until ``to_host``).
     """
 
     spans: list[tuple[int, int, int, int]]

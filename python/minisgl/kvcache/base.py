@@ -69,13 +69,15 @@ class BaseKVCachePool(ABC):
 
     def set_kv_scales(self, layer_id: int, k_scale: float, v_scale: float) -> None:
         if not (k_scale > 0 and v_scale > 0):
-            raise ValueError(f"KV-cache scales of layer {layer_id} must be > 0, got {k_scale}, {v_scale}")
+            raise ValueError(f"KV-cache scales of layer {layer_id} must be > 0, "
+                             f"got {k_scale}, {v_scale}")
         self._scales = list(self._scales)
         self._scales[layer_id] = (float(k_scale), float(v_scale))
 
     def read_kv(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of ``slots`` (any index shape) in ``dtype``, scales applied: the reference read."""
+        """K and V of ``slots`` (any index shape) in ``dtype``, scales applied: the reference
+        read."""
         k, v = self.k_cache(layer_id)[slots], self.v_cache(layer_id)[slots]
         if not self.is_fp8:
             return k, v

@@ -58,7 +58,8 @@ class AttentionLayer(nn.Module):
         return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
 
     def _norm_rope_store(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, ctx: Context
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+        ctx: Context,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q/k norms and RoPE, then this step's K/V into the pool at ``batch.out_loc``."""
         pool, out_loc = ctx.kv_pool, ctx.batch.out_loc

@@ -2,8 +2,8 @@
 
 A parameter may carry a ``weight_loader(param, loaded, shard_id)`` attribute: it slices this rank's
 part of the checkpoint tensor and copies it into the right place of a merged parameter (q/k/v into
-``qkv_proj``, gate/up into ``gate_up_proj``, one expert into a stacked tensor). Without one, the tensor
-is copied whole.
+``qkv_proj``, gate/up into ``gate_up_proj``, one expert into a stacked tensor). Without one, the
+tensor is copied whole.
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ def restore_param_dtypes(model: nn.Module) -> None:
 
 
 def copy_weight(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    """``loaded``: a tensor, or a checkpoint tensor not read yet (``models.weight.CheckpointTensor``,
-    which the loaders narrow to this rank's shard first, and which is read here)."""
+    """``loaded``: a tensor, or a checkpoint tensor not read yet
+    (``models.weight.CheckpointTensor``, which the loaders narrow to this rank's shard first, and
+    which is read here)."""
     if param.shape != loaded.shape:
-        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, "
+                         f"checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded.load() if hasattr(loaded, "load") else loaded)
 
 
@@ -60,8 +62,9 @@ def copy_part(param: nn.Parameter, loaded: torch.Tensor, dim: int, dst: int, src
                 and -(-(dst + size) // unit) == param.shape[dim])
         if dst % unit or src % unit or (size % unit and not ends):
             raise ValueError(
-                f"FP8 block scales cannot be split at {src}..{src + size} (block size {unit}): each "
-                "tensor-parallel shard and merged projection must start and end on a block boundary")
+                f"FP8 block scales cannot be split at {src}..{src + size} (block size {unit}): "
+                "each tensor-parallel shard and merged projection must start and end on a block "
+                "boundary")
         dst, src, size = dst // unit, src // unit, -(-size // unit)
     copy_weight(param.data.narrow(dim, dst, size), loaded.narrow(dim, src, size))
 

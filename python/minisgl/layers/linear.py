@@ -136,8 +136,8 @@ class LinearRowParallel(_Linear):
 
     shard_dim = 1
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, comm: DistributedCommunicator,
-                 quant: QuantizationConfig | None = None):
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 comm: DistributedCommunicator, quant: QuantizationConfig | None = None):
         super().__init__()
         self.comm, tp = comm, comm.info
         self.local_in = divide(in_features, tp.size, "row-parallel input")

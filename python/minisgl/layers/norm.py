@@ -1,8 +1,8 @@
 """RMSNorm, and its fused form that adds the residual first.
 
-On CUDA tensors these run the Triton kernels in ``minisgl.kernel.triton.norm`` (one pass over memory,
-imported lazily so CPU-only machines never import triton); the torch code here is the reference they
-are tested against and what CPU runs.
+On CUDA tensors these run the Triton kernels in ``minisgl.kernel.triton.norm`` (one pass over
+memory, imported lazily so CPU-only machines never import triton); the torch code here is the
+reference they are tested against and what CPU runs.
 """
 
 from __future__ import annotations

@@ -30,11 +30,13 @@ _SAMPLERS = ("auto", *SAMPLERS)
 @dataclass(frozen=True)
 class EngineOptions:
     device: str = "auto"  # "auto": cuda when a GPU is present, else cpu
-    dtype: str = "auto"  # "auto": float32 on CPU; on GPU the checkpoint's dtype (float32 -> bfloat16)
+    # "auto": float32 on CPU; on GPU the checkpoint's dtype (float32 -> bfloat16)
+    dtype: str = "auto"
     # "fp8" (per channel) or "fp8-block" (128x128 blocks): quantize the weights at load (FP8
     # checkpoints need none)
     quantization: str | None = None
-    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8_e4m3": FP8 K/V with per-layer scales
+    # "auto": the model's dtype; "fp8_e4m3": FP8 K/V with per-layer scales
+    kv_cache_dtype: str = "auto"
     page_size: int = 1
     cache: str = "radix"
     max_prefill_tokens: int = 8192
@@ -111,17 +113,20 @@ class EngineOptions:
             raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype!r} is not one of "
                              f"{', '.join(KV_CACHE_DTYPES)}")
         if self.cache not in PREFIX_CACHES:
-            raise ValueError(f"cache: {self.cache!r} is not one of {', '.join(sorted(PREFIX_CACHES))}")
+            raise ValueError(f"cache: {self.cache!r} is not one of "
+                             f"{', '.join(sorted(PREFIX_CACHES))}")
         for name in self.attn.split(","):
             if name != "auto" and name not in ATTN_BACKENDS:
-                raise ValueError(f"attn: {name!r} is not one of auto, {', '.join(ATTN_BACKENDS.names)}")
+                raise ValueError(f"attn: {name!r} is not one of auto, "
+                                 f"{', '.join(ATTN_BACKENDS.names)}")
         if self.moe_backend != "auto" and self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend: {self.moe_backend!r} is not one of auto, "
                              f"{', '.join(MOE_BACKENDS.names)}")
         if self.warmup not in WARMUP_MODES:
             raise ValueError(f"warmup: {self.warmup!r} is not one of {', '.join(WARMUP_MODES)}")
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
-            raise ValueError(f"cuda_graph_max_bs: must be an integer >= 0, got {self.cuda_graph_max_bs!r}")
+            raise ValueError("cuda_graph_max_bs: must be an integer >= 0, "
+                             f"got {self.cuda_graph_max_bs!r}")
         if (not isinstance(self.piecewise_cuda_graph_max_tokens, int)
                 or self.piecewise_cuda_graph_max_tokens < 0):
             raise ValueError("piecewise_cuda_graph_max_tokens: must be an integer >= 0, got "

@@ -44,11 +44,11 @@ class GenerateOutput:
 class LLM:
     """``LLM(model=None, tp=1, **options)``; ``model=None`` is the built-in default model.
 
-    Options are the fields of ``EngineOptions`` (device, dtype, page_size, cache, max_prefill_tokens,
-    num_pages, max_running_requests, ...); an unknown one raises ``TypeError``. ``tp > 1`` runs
-    ranks 1.. in child processes (one GPU each). ``close()`` (or leaving a ``with LLM(...) as llm``
-    block) releases the CUDA graphs, the TP group and its processes at once; otherwise that happens
-    when the object is collected or at exit.
+    Options are the fields of ``EngineOptions`` (device, dtype, page_size, cache,
+    max_prefill_tokens, num_pages, max_running_requests, ...); an unknown one raises ``TypeError``.
+    ``tp > 1`` runs ranks 1.. in child processes (one GPU each). ``close()`` (or leaving a
+    ``with LLM(...) as llm`` block) releases the CUDA graphs, the TP group and its processes at
+    once; otherwise that happens when the object is collected or at exit.
     """
 
     def __init__(self, model: str | None = None, tp: int = 1, **options) -> None:
@@ -111,7 +111,8 @@ class LLM:
         chat_template_kwargs: dict | None = None,
     ) -> list[GenerateOutput]:
         """Apply the model's chat template to each conversation, then generate.
-        ``chat_template_kwargs`` are extra template variables (e.g. ``{"enable_thinking": False}``)."""
+        ``chat_template_kwargs`` are extra template variables
+        (e.g. ``{"enable_thinking": False}``)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
         prompts = [self.apply_chat_template(c, **(chat_template_kwargs or {}))
@@ -128,7 +129,8 @@ class LLM:
 
     def _require_tokenizer(self, what: str):
         if self.tokenizer is None:
-            raise ValueError(f"{what}: the model at {self.model_path!r} has no tokenizer; pass token ids")
+            raise ValueError(f"{what}: the model at {self.model_path!r} has no tokenizer; "
+                             "pass token ids")
         return self.tokenizer
 
     # ---- internals --------------------------------------------------------------------------
@@ -202,7 +204,8 @@ def _as_prompt_list(prompts) -> list[Prompt]:
         if isinstance(p, str):
             continue
         if not isinstance(p, Sequence) or not all(isinstance(t, int) for t in p):
-            raise ValueError(f"prompts: each prompt must be a string or a list of token ids, got {p!r}")
+            raise ValueError("prompts: each prompt must be a string or a list of token ids, "
+                             f"got {p!r}")
     return list(prompts)
 
 

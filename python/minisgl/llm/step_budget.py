@@ -48,7 +48,8 @@ def matmul_weights_per_token(config: dict) -> int:
 def gpu_step_budget(model_path: str | None, cap: int, graph_tokens: int = 0) -> int:
     """The budget for the model at ``model_path``, at most ``cap`` (``max_prefill_tokens``);
     ``graph_tokens``: the largest forward with piecewise CUDA graphs (0: none). A model whose
-    config is unknown (no path, or one this estimate does not understand) gets ``FALLBACK_BUDGET``."""
+    config is unknown (no path, or one this estimate does not understand) gets
+    ``FALLBACK_BUDGET``."""
     if graph_tokens:
         cap = min(cap, graph_tokens)
     weights = _config_weights(model_path)

@@ -63,7 +63,8 @@ class TPScheduler:
             s.bind(("127.0.0.1", 0))
             addr = f"127.0.0.1:{s.getsockname()[1]}"
         ctx = mp.get_context("spawn")
-        self.followers = [ctx.Process(target=follower_main, args=(config, r, size, addr), daemon=True)
+        self.followers = [ctx.Process(target=follower_main, args=(config, r, size, addr),
+                                      daemon=True)
                           for r in range(1, size)]
         for proc in self.followers:
             proc.start()

@@ -1,4 +1,5 @@
-"""Where weights come from: a local HF directory, a Hugging Face repo id, a ``.gguf`` file, or random.
+"""Where weights come from: a local HF directory, a Hugging Face repo id, a ``.gguf`` file, or
+random.
 
 Everything is turned into a local directory with ``config.json`` (``resolve_model_path``) and then
 streamed tensor by tensor into the model, each rank keeping only its shards (``load_weights``).
@@ -21,7 +22,8 @@ from minisgl.utils import init_logger
 from .config import ModelConfig
 
 logger = init_logger(__name__)
-_QUANTIZED = re.compile(r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$")
+_QUANTIZED = re.compile(
+    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$")
 
 
 def resolve_model_path(model: str | None, revision: str | None = None) -> str:
@@ -85,7 +87,8 @@ class CheckpointTensor:
     def narrow(self, dim: int, start: int, length: int) -> CheckpointTensor:
         dim %= len(self.shape)
         if not (0 <= start and start + length <= self.shape[dim]):
-            raise ValueError(f"narrow({dim}, {start}, {length}) is outside shape {tuple(self.shape)}")
+            raise ValueError(f"narrow({dim}, {start}, {length}) is outside shape "
+                             f"{tuple(self.shape)}")
         first = self._index[dim].start + start
         index, shape = list(self._index), list(self.shape)
         index[dim], shape[dim] = slice(first, first + length), length
@@ -172,7 +175,8 @@ def dummy_weights(
         if name.endswith("norm.weight"):
             yield name, torch.ones(shape, dtype=dtype, device=device)
             continue
-        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        gen = torch.Generator(device=device).manual_seed(
+            seed * 1_000_003 + zlib.crc32(name.encode()))
         tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
         if cfg.quant is not None and _QUANTIZED.search(name):
             yield from cfg.quant.checkpoint_tensors(name, tensor)

@@ -21,7 +21,8 @@ def _create_triton() -> BaseMoeBackend:
     try:
         from .fused import TritonMoeBackend  # imports triton
     except ImportError as e:
-        raise ImportError("MoE backend 'triton' needs the triton package (pip install triton)") from e
+        raise ImportError("MoE backend 'triton' needs the triton package "
+                          "(pip install triton)") from e
     return TritonMoeBackend()
 
 

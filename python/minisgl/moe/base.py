@@ -20,7 +20,8 @@ class BaseMoeBackend(ABC):
         topk_ids: torch.Tensor,
         scales: FP8Scales | None = None,
     ) -> torch.Tensor:
-        """x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; topk_*: [T, K] -> [T, H] (this rank's partial sum).
+        """x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; topk_*: [T, K] -> [T, H]
+        (this rank's partial sum).
 
-        ``scales``: with e4m3 ``w13``/``w2``, their block scales ``(w13_scale_inv, w2_scale_inv, block)``
-        (layout in ``minisgl.quant.fp8``)."""
+        ``scales``: with e4m3 ``w13``/``w2``, their block scales
+        ``(w13_scale_inv, w2_scale_inv, block)`` (layout in ``minisgl.quant.fp8``)."""

@@ -13,7 +13,7 @@ Index layout (per-token slots, so the page size never reaches the kernel)::
     k_cache / v_cache [num_slots, Hkv, D]
 
     grid stage 1: (Hkv, B, S)                          chunk = roundup(cdiv(seq_len, S), BLOCK_N)
-      request b: |-- split 0 --|-- split 1 --|-- ... --|-- split S-1 --|   (tail splits may be empty)
+      request b: |-- split 0 --|-- split 1 --|-- ... --|-- split S-1 --|  (tail splits may be empty)
       program (h, i, s): b = order[i], q[b, h*GROUP : (h+1)*GROUP, :]  (rows >= GROUP: zero padding)
     workspace: part_out [B, Hq, S, D] fp32, part_lse [B, Hq, S] fp32 (log2 domain)
     grid stage 2: (B, Hq)  out[b, h] = sum_s 2^(lse_s - max) * part_out_s / sum_s 2^(lse_s - max)
@@ -99,7 +99,8 @@ def _decode_stage1(
         # an empty split leaves its slot unwritten: stage 2 never reads it
         g_mask = g_mask & (start + offs_g * 0 < end)
         l_i = tl.where(l_i > 0, l_i, 1.0)
-        po = PartOut + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
+        po = (PartOut + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+              + offs_d[None, :])
         tl.store(po, acc * (v_scale / l_i)[:, None], mask=g_mask[:, None] & d_mask[None, :])
         pl = PartLse + b * stride_lb + heads * stride_lh + split
         tl.store(pl, m_i + tl.log2(l_i), mask=g_mask)
@@ -122,7 +123,9 @@ def _decode_stage2(
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < used
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(PartLse + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    lse = tl.load(
+        PartLse + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"),
+    )
     w = tl.exp2(lse - tl.max(lse, 0))
     w = tl.where(s_mask, w, 0.0)
     part = tl.load(
@@ -130,7 +133,9 @@ def _decode_stage2(
         mask=s_mask[:, None] & d_mask[None, :], other=0.0,
     )
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
+    tl.store(
+        Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask,
+    )
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int,

@@ -1,4 +1,5 @@
-"""Block-scaled FP8 GEMM for prefill and batched decode: ``y = dequant(xq, xs) @ dequant(wq, ws)^T``.
+"""Block-scaled FP8 GEMM for prefill and batched decode:
+``y = dequant(xq, xs) @ dequant(wq, ws)^T``.
 
 Operands in the format of the published FP8 checkpoints (``minisgl.quant.fp8``)::
 
@@ -139,7 +140,8 @@ def fp8_block_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: tor
         raise ValueError(f"weight_block_size: blocks of {bk} columns are too narrow for the FP8 "
                          "GEMM on the GPU (at least 32; published checkpoints use 128)")
     assert wq.shape[1] == k and xq.stride(1) == 1 and wq.stride(1) == 1
-    assert xs.shape == (m, triton.cdiv(k, bk)) and ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk))
+    assert (xs.shape == (m, triton.cdiv(k, bk))
+            and ws.shape == (triton.cdiv(n, bn), triton.cdiv(k, bk)))
     assert xs.stride(1) == 1 and ws.stride(1) == 1
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:

@@ -2,8 +2,8 @@
 
 The bf16 GEMV (``gemv.py``) with the weight read as e4m3: half the bytes, so half the time of a
 bandwidth-bound step. Scales are applied in registers without touching the weight tile: a program's
-``BLOCK_N`` rows lie in one ``bn``-row block (``bn % BLOCK_N == 0``), so the scale of column ``k`` is
-the same for all of them, ``ws[row // bn, k // bk]``, and x is multiplied by it before the
+``BLOCK_N`` rows lie in one ``bn``-row block (``bn % BLOCK_N == 0``), so the scale of column ``k``
+is the same for all of them, ``ws[row // bn, k // bk]``, and x is multiplied by it before the
 multiply-add. x stays in bf16/fp16 (no activation quantization in decode).
 Per-channel scales (``block=None``, ``ws [N, 1]``): the row's one scale multiplies its dot
 product once, after the sum (``CHANNEL``), so the loop is the bf16 GEMV's with an e4m3 load.
@@ -144,7 +144,8 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor, block: tuple[in
     block_n, block_k, warps = config or pick_config(n, k)
     if not channel:
         block_n = min(block_n, bn)
-        assert bn % block_n == 0, f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})"
+        assert bn % block_n == 0, (
+            f"the block's rows ({bn}) must be a multiple of BLOCK_N ({block_n})")
     y = torch.empty((1, n // 2 if act else n), dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, ws, w if b is None else b, y if residual is None else residual, y, n, k,

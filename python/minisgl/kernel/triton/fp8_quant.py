@@ -1,6 +1,6 @@
 """Dynamic per-token FP8 activation quantization for the per-channel linear method
-(``minisgl.quant.fp8_dispatch``): ``x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1])``, one scale per token
-mapping the row's largest magnitude onto 448 (``quantize_groups(x, K)`` in torch).
+(``minisgl.quant.fp8_dispatch``): ``x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1])``, one scale per
+token mapping the row's largest magnitude onto 448 (``quantize_groups(x, K)`` in torch).
 
 One program per token. A row of up to ``ONE_PASS_MAX`` columns is loaded whole, in one step (all of
 it in flight at once), its absolute maximum taken and the row divided and stored from registers;
@@ -89,7 +89,8 @@ def pick_block(k: int) -> tuple[int, int]:
 
 def quantize_tokens(x: torch.Tensor, gated: bool = False,
                     pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> (e4m3 ``[M, K]``, fp32 ``[M, 1]``)."""
+    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``) -> (e4m3 ``[M, K]``,
+    fp32 ``[M, 1]``)."""
     m, width = x.shape
     k = width // 2 if gated else width
     assert x.stride(1) == 1

@@ -62,9 +62,9 @@ from .pdl import release, wait
 def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
                   stride_x, stride_w, stride_s, stride_xs,
                   CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-                  GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_M: tl.constexpr,
-                  EVEN_K: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  EVEN_M: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
+                  DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr):
     tiles_m = tl.cdiv(M, BLOCK_M)
     pid_m = tl.program_id(0) % tiles_m  # the M tiles of one N tile run together: its weight hits L2
@@ -169,8 +169,8 @@ class W8A16Config:
 
 # NOTE: Hopper's FP8 MMA accumulates with fewer mantissa bits than fp32, and Triton chains it over
 # all of K (CUTLASS's "FP8FastAccum" schedules, which vLLM's and SGLang's FP8 GEMMs run; and
-# ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.fp8_dispatch``). Adding each K step's sum to an
-# fp32 accumulator (``max_num_imprecise_acc``) keeps the output within 3e-3 of fp32 over the same
+# ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.fp8_dispatch``). Adding each K step's sum to
+# an fp32 accumulator (``max_num_imprecise_acc``) keeps the output within 3e-3 of fp32 over the same
 # operands, against 9e-3 (1.1e-2 over the down projection's 12,288), but cost the down projection
 # 16% at 192 tokens on an H100: both errors are below the ~2.5e-2 of rounding x to e4m3, so the
 # accumulation stays fast.

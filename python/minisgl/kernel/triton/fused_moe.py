@@ -3,11 +3,12 @@
 1. Alignment (three small kernels, no host sync): count the (token, k) pairs per expert, pad each
    expert's segment to ``BLOCK_M`` rows, and scatter the pair ids into their expert's segment.
    ``expert_ids[b]`` names the expert of row block ``b``; padding rows hold the sentinel ``T * K``.
-   The order of pairs inside a segment comes from atomics and is not fixed, but every row is computed
-   on its own and written to its pair's slot, so the result is deterministic.
+   The order of pairs inside a segment comes from atomics and is not fixed, but every row is
+   computed on its own and written to its pair's slot, so the result is deterministic.
 2. GEMM 1 (gate and up together, SiLU-and-mul in the epilogue): each program takes one ``BLOCK_M``
-   block of one expert's rows, gathers the token rows of x and multiplies by the gate and the up rows
-   of ``w13[e]``, writing ``silu(gate) * up`` [T*K, I] by pair id. The [T*K, 2I] tensor never exists.
+   block of one expert's rows, gathers the token rows of x and multiplies by the gate and the up
+   rows of ``w13[e]``, writing ``silu(gate) * up`` [T*K, I] by pair id. The [T*K, 2I] tensor never
+   exists.
 3. GEMM 2: the same over ``w2[e]``, times the pair's routing weight, into a [T, K, H] buffer that is
    summed over K (fp32 accumulation, in a fixed order).
 
@@ -15,10 +16,10 @@ Every buffer is sized from T, K, E and the block size alone, and the grids over 
 worst case (programs past the padded total return at once), so the whole path is CUDA-graph safe.
 Intermediate roundings follow the torch reference backend (``moe/reference.py``).
 
-FP8 experts (``scales`` given): the weights are read as e4m3, half the bytes, and each tile is scaled
-by its block's ``scale_inv`` and cast to x's dtype in registers before the dot (weight-only: the
-activations stay in bf16, so nothing changes for the routing or the roundings above). ``BLOCK_K`` is
-capped at the block's column width, so a K step meets one scale per output column.
+FP8 experts (``scales`` given): the weights are read as e4m3, half the bytes, and each tile is
+scaled by its block's ``scale_inv`` and cast to x's dtype in registers before the dot (weight-only:
+the activations stay in bf16, so nothing changes for the routing or the roundings above).
+``BLOCK_K`` is capped at the block's column width, so a K step meets one scale per output column.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class MoeConfig:
 
 def pick_config(num_pairs: int, num_experts: int) -> MoeConfig:
     """Block sizes by expected rows per expert: small blocks when each expert sees a few rows
-    (decode is weight-bandwidth bound: more programs in flight), tensor-core sized tiles in prefill."""
+    (decode is weight-bandwidth bound: more programs in flight), tensor-core sized tiles in
+    prefill."""
     rows = num_pairs / num_experts  # picked from sweeps on an H100 (benchmark/kernels/bench_moe.py)
     if rows <= 4:  # narrow GEMM-1 tiles: with T=1 there are only top_k row blocks to spread
         return MoeConfig(16, 32, 64, 256, 1, 4, 3)
@@ -125,7 +127,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
     cap = padded_capacity(n, num_experts, block_m)
     dev = topk_ids.device
     count_inline = n <= _INLINE_COUNT_PAIRS
-    counts = (torch.empty if count_inline else torch.zeros)(num_experts, dtype=torch.int32, device=dev)
+    counts = (torch.empty if count_inline else torch.zeros)(
+        num_experts, dtype=torch.int32, device=dev)
     sorted_ids = torch.empty(cap, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(cap // block_m, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
@@ -162,8 +165,10 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     FP8_W: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
 ):
-    """GATED: out[pair, n] = silu(a[tok] . w[e, n]) * (a[tok] . w[e, n_out + n])  (a = x, rows by token)
-    else:     out[pair, n] = (a[pair] . w[e, n]) * weights[pair]                    (a = act, rows by pair)"""
+    """GATED: out[pair, n] = silu(a[tok] . w[e, n]) * (a[tok] . w[e, n_out + n])
+              (a = x, rows by token)
+    else:     out[pair, n] = (a[pair] . w[e, n]) * weights[pair]
+              (a = act, rows by pair)"""
     pid_m, pid_n = _tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -240,7 +245,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, config: MoeConfig | None = None,
-              scales: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None) -> torch.Tensor:
+              scales: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None
+              ) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H].
     ``scales``: (w13_scale_inv, w2_scale_inv, block) when w13/w2 are e4m3."""
     tokens, hidden = x.shape

@@ -1,20 +1,20 @@
 """Matrix-vector product for batch-1 decode: ``y[1, N] = x[1, K] @ w[N, K]^T (+ b)``.
 
 With one token a linear layer reads its whole weight to produce one row, so it is bound by HBM
-bandwidth and the only thing that matters is streaming ``w`` at full speed; cuBLAS's kernels for this
-shape reach 2.0-2.8 TB/s on an H100, this one 2.5-3.2 (``benchmark/kernels/bench_gemv.py``). Each
-program owns ``BLOCK_N`` rows of ``w`` (four: enough programs for any layer), walks K in
+bandwidth and the only thing that matters is streaming ``w`` at full speed; cuBLAS's kernels for
+this shape reach 2.0-2.8 TB/s on an H100, this one 2.5-3.2 (``benchmark/kernels/bench_gemv.py``).
+Each program owns ``BLOCK_N`` rows of ``w`` (four: enough programs for any layer), walks K in
 ``BLOCK_K`` chunks (coalesced: rows are contiguous in K) and multiply-adds into an fp32 accumulator
 per (row, k lane), summed once at the end: no tensor cores, no split-K, no second pass. At 2-8
 tokens cuBLAS is as fast or faster, so the layers use this only for one token. The first chunk of
-weight rows is loaded before the PDL wait (``pdl.py``): the previous kernel is still finishing
-while it arrives (Qwen3-8B batch 1, H100: 5.50 against 5.62-5.64 ms).
+weight rows is loaded before the PDL wait (``pdl.py``): the previous kernel is still finishing while
+it arrives (Qwen3-8B batch 1, H100: 5.50 against 5.62-5.64 ms).
 
 ``gated=True`` reads x as ``[gate | up]`` (length 2K) and multiplies by ``silu(gate) * up``, rounded
 as ``silu_and_mul`` rounds: the MLP's activation costs no kernel of its own.
 
-Block sizes come from ``pick_config``, a rule fitted to ``bench_gemv.py --sweep`` (no autotuning: the
-layers run inside CUDA-graph capture, where timing candidates is not allowed).
+Block sizes come from ``pick_config``, a rule fitted to ``bench_gemv.py --sweep`` (no autotuning:
+the layers run inside CUDA-graph capture, where timing candidates is not allowed).
 """
 
 from __future__ import annotations
@@ -76,8 +76,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
 
 
 def pick_config(n: int, k: int) -> tuple[int, int, int]:
-    """(block_n, block_k, num_warps) for a [n, k] weight, from the H100 sweep: long rows want 2048-wide
-    chunks; short ones 512, or 1024 with 8 warps when there are few rows (few programs)."""
+    """(block_n, block_k, num_warps) for a [n, k] weight, from the H100 sweep: long rows want
+    2048-wide chunks; short ones 512, or 1024 with 8 warps when there are few rows (few
+    programs)."""
     if k >= 4096:
         block_k = 2048
         while k % block_k and block_k > 512:

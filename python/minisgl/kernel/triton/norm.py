@@ -2,9 +2,9 @@
 
 Rounding follows the torch reference (``layers/norm.py``, Hugging Face semantics) step by step, so a
 bf16 model gives the same bits as the reference up to the fp32 reduction order: the residual add is
-rounded to the input dtype, the normalisation runs in fp32 and is rounded to the input dtype, and the
-weight multiply is rounded once more. Each program normalises ``ROWS`` rows, so short rows (per-head
-q/k norms, head_dim 128) still give every program enough work.
+rounded to the input dtype, the normalisation runs in fp32 and is rounded to the input dtype, and
+the weight multiply is rounded once more. Each program normalises ``ROWS`` rows, so short rows
+(per-head q/k norms, head_dim 128) still give every program enough work.
 
 ``rms_norm_quant``: the norm of a layer whose input an FP8 W8A8 GEMM quantizes per token also
 quantizes its output (``fp8_quant.quantize_tokens``' arithmetic on the rounded row, held whole in

@@ -37,7 +37,8 @@ import triton.language as tl
 
 @functools.cache
 def _supported(device: int) -> bool:
-    return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(device)[0] >= 9
+    return (os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def pdl_enabled(x: torch.Tensor, pdl: bool) -> bool:

@@ -4,8 +4,9 @@ q/k RMSNorm before it and the KV-cache store after it.
 One program per token: the token's cos/sin row is read once and applied to all its q and k heads.
 q, k and v may be strided views (sliced from the fused QKV output); only the last dimension must be
 contiguous. The arithmetic mirrors the torch references (``layers/norm.py``, ``layers/rotary.py``):
-the normalised row is rounded to the activation dtype before the weight multiply, cos/sin are rounded
-to the activation dtype and each product and the sum are rounded to it, so bf16 results match.
+the normalised row is rounded to the activation dtype before the weight multiply, cos/sin are
+rounded to the activation dtype and each product and the sum are rounded to it, so bf16 results
+match.
 
 ``norm_rope_store_`` is what a decoder layer runs on CUDA between the QKV projection and attention:
 one launch instead of five (q norm, k norm, RoPE, K store, V store).
@@ -140,8 +141,9 @@ def norm_rope_store_(
     kv_scales: tuple[float, float] = (1.0, 1.0), pdl: bool = False,
 ) -> None:
     """q/k: per-head RMSNorm with ``q_weight``/``k_weight`` (when given), then RoPE, in place; then
-    rotated k and v [T, Hk, D] go to slots ``out_loc`` [T] of ``k_cache``/``v_cache`` [slots, Hk, D].
-    An FP8 cache (float8_e4m3fn) stores ``k / kv_scales[0]`` and ``v / kv_scales[1]``, saturated."""
+    rotated k and v [T, Hk, D] go to slots ``out_loc`` [T] of ``k_cache``/``v_cache``
+    [slots, Hk, D]. An FP8 cache (float8_e4m3fn) stores ``k / kv_scales[0]`` and
+    ``v / kv_scales[1]``, saturated."""
     _check(q, k, cos_sin)
     assert v.shape == k.shape and v.stride(-1) == 1 and out_loc.shape == (q.shape[0],)
     assert k_cache.shape[1:] == k.shape[1:] and v_cache.stride() == k_cache.stride()

@@ -70,7 +70,8 @@ def _signal_all(procs: list, sig: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="tp_check")
     parser.add_argument("--timeout", type=float, default=90.0)
     parser.add_argument("--run", help=argparse.SUPPRESS)
@@ -97,7 +98,8 @@ def main() -> None:
                 status = "ok" if code == 0 else f"error (exit {code})"
             except subprocess.TimeoutExpired:
                 tree = _tree(proc.pid)
-                _signal_all(tree, signal.SIGUSR1)  # stacks to the log (helpers without a handler exit)
+                # stacks to the log (helpers without a handler exit)
+                _signal_all(tree, signal.SIGUSR1)
                 time.sleep(3)
                 _signal_all(tree, signal.SIGKILL)
                 proc.wait()
@@ -106,7 +108,8 @@ def main() -> None:
         tokens = json.load(open(tokens_file)) if status == "ok" else None
         if name == "tp1":
             reference = tokens
-        same = "" if tokens is None else ("tokens == tp1" if tokens == reference else "TOKENS DIFFER")
+        same = ("" if tokens is None
+                else "tokens == tp1" if tokens == reference else "TOKENS DIFFER")
         print(f"{name:14s} {status:16s} {seconds:6.1f} s  {same}", flush=True)
 
 

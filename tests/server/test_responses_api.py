@@ -143,7 +143,8 @@ def test_cancel_stops_an_in_progress_response(agent_server, client, model):
         events.append(event)
         if event.type == "response.output_text.delta" and not cancelled:
             rid = events[0].response.id
-            cancelled.append(threading.Thread(target=client.post, args=(f"/responses/{rid}/cancel",),
+            cancelled.append(threading.Thread(target=client.post,
+                                              args=(f"/responses/{rid}/cancel",),
                                               kwargs={"cast_to": httpx.Response}))
             cancelled[0].start()
     cancelled[0].join()

@@ -30,8 +30,8 @@ DEFAULT_BLOCK = (128, 128)
 @dataclass(frozen=True)
 class Fp8Config(QuantizationConfig):
     """``block``: (rows, columns) of the weight that share one scale; the activation groups are
-    ``block[1]`` columns wide, so a GEMM's K loop meets one weight scale and one activation scale per
-    step. ``online``: the checkpoint holds bf16/fp16/fp32 weights that are quantized at load."""
+    ``block[1]`` columns wide, so a GEMM's K loop meets one weight scale and one activation scale
+    per step. ``online``: the checkpoint holds bf16/fp16/fp32 weights that are quantized at load."""
 
     name: ClassVar[str] = "fp8"
     block: tuple[int, int] = DEFAULT_BLOCK
@@ -43,8 +43,8 @@ class Fp8Config(QuantizationConfig):
 
     def __post_init__(self) -> None:
         if len(self.block) != 2 or any(not isinstance(b, int) or b < 1 for b in self.block):
-            raise ValueError(f"quantization_config.weight_block_size: must be two positive integers, "
-                             f"got {list(self.block)}")
+            raise ValueError(f"quantization_config.weight_block_size: must be two positive "
+                             f"integers, got {list(self.block)}")
         if self.block[1] & (self.block[1] - 1) or self.block[1] < 16:
             raise ValueError(f"quantization_config.weight_block_size: the column block must be a "
                              f"power of two >= 16 (the GEMM's K step), got {self.block[1]}")
@@ -77,7 +77,8 @@ class Fp8Config(QuantizationConfig):
 
 
 def fp8_config_from_checkpoint(raw: dict[str, Any]) -> Fp8Config | None:
-    """The ``quantization_config`` of a ``config.json`` dict, or None when the model is unquantized."""
+    """The ``quantization_config`` of a ``config.json`` dict, or None when the model is
+    unquantized."""
     q = raw.get("quantization_config")
     if not q:
         return None
@@ -94,7 +95,8 @@ def fp8_config_from_checkpoint(raw: dict[str, Any]) -> Fp8Config | None:
     block = q.get("weight_block_size")
     if block is None:
         raise ValueError("quantization_config.weight_block_size: missing; only block-scaled FP8 "
-                         "checkpoints (weight_scale_inv per block) are supported, not per-tensor ones")
+                         "checkpoints (weight_scale_inv per block) are supported, not per-tensor "
+                         "ones")
     return Fp8Config(block=tuple(int(b) for b in block))
 
 

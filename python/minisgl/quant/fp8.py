@@ -41,7 +41,8 @@ def _blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, int,
 
 
 def quantize_block(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [..., N, K]`` -> (e4m3 ``[..., N, K]``, float32 ``scale_inv [..., cdiv(N,bn), cdiv(K,bk)]``)."""
+    """``w [..., N, K]`` -> (e4m3 ``[..., N, K]``,
+    float32 ``scale_inv [..., cdiv(N,bn), cdiv(K,bk)]``)."""
     blocks, n, k = _blocks(w, block)
     amax = blocks.abs().amax(dim=(-3, -1), keepdim=True).clamp_min(_TINY)
     scale_inv = amax / FP8_MAX
@@ -66,9 +67,10 @@ def dequantize_block(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int,
 
 def quantize_channel(w: torch.Tensor, amax: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [..., N, K]`` -> (e4m3 ``[..., N, K]``, float32 ``scale [..., N, 1]``): one scale per row.
-    ``amax [..., N]``: the rows' largest magnitudes when ``w`` is a slice of them (a row-parallel
-    shard quantized with the whole row's scale, so that every TP size holds the same values)."""
+    """``w [..., N, K]`` -> (e4m3 ``[..., N, K]``, float32 ``scale [..., N, 1]``): one scale per
+    row. ``amax [..., N]``: the rows' largest magnitudes when ``w`` is a slice of them (a
+    row-parallel shard quantized with the whole row's scale, so that every TP size holds the same
+    values)."""
     w = w.float()
     if amax is None:
         amax = w.abs().amax(dim=-1)
@@ -94,8 +96,9 @@ def channel_gemm_reference(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor,
 
 
 def quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic activation quantization: ``x [M, K]`` -> (e4m3 ``[M, K]``, scales ``[M, cdiv(K, group)]``),
-    one scale per token and ``group`` columns (the GEMM's K step), so an outlier spoils only its group."""
+    """Dynamic activation quantization: ``x [M, K]`` -> (e4m3 ``[M, K]``,
+    scales ``[M, cdiv(K, group)]``), one scale per token and ``group`` columns (the GEMM's K step),
+    so an outlier spoils only its group."""
     m, k = x.shape
     pad = _cdiv(k, group) * group - k
     g = torch.nn.functional.pad(x.float(), (0, pad)).view(m, -1, group)

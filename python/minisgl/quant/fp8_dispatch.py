@@ -8,8 +8,8 @@ Block scales (``block = (bn, bk)``: FP8 checkpoints, and ``--quantization fp8-bl
 * CUDA, 2 to ``W8A16_MAX_TOKENS`` tokens (batched decode, bound by the weight's bytes): the W8A16
   GEMM converts the e4m3 weight tile in registers and multiplies on the bf16 tensor cores; x stays
   in bf16 and no kernel quantizes it.
-* CUDA, more tokens: x is quantized per token and ``block[1]`` columns (one Triton kernel, which also
-  applies SiLU-and-mul for a gated input), then multiplied on the FP8 tensor cores: up to
+* CUDA, more tokens: x is quantized per token and ``block[1]`` columns (one Triton kernel, which
+  also applies SiLU-and-mul for a gated input), then multiplied on the FP8 tensor cores: up to
   ``BLOCK_W8A8_MAX_TOKENS`` by the W8A8 GEMM with block scales, beyond by cuBLAS's block-scaled
   GEMM (``torch._scaled_mm``, CUDA 12.9+ on sm_90; elsewhere the W8A8 GEMM up to
   ``W8A8_MAX_TOKENS``, then the Triton block GEMM).
@@ -102,7 +102,8 @@ def _channel_gemm(x: torch.Tensor | QuantizedInput, weight: torch.Tensor, scale:
 
         return fp8_w8a8_gemm(xq, xs, weight, scale, bias, x.dtype, pdl=pdl)
     # scale_a [M, 1] per token, scale_b [1, N] per output channel; the bias is added afterwards
-    # (its dtype must equal out_dtype inside _scaled_mm; a separate add keeps that rule out of reach).
+    # (its dtype must equal out_dtype inside _scaled_mm; a separate add keeps that rule out of
+    # reach).
     # Fast accumulation, as the W8A8 GEMM (``fp8_w8a16``'s NOTE): 6-12% faster on Qwen3-8B's
     # layers at 2,048-8,192 tokens, within 1.2e-2 of fp32 (H100)
     y = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, -1),
@@ -156,8 +157,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                gated: bool = False, norm_eps: float | None = None,
                residual: torch.Tensor | None = None, act: bool = False,
                pdl: bool = False) -> torch.Tensor:
-    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its scales
-    (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's dtype.
+    """``x [M, K]`` (``[M, 2K]`` = [gate | up] with ``gated``), e4m3 ``weight [N, K]`` and its
+    scales (block scales, or per-channel ``[N, 1]`` with ``block=None``) -> ``[M, N]`` in x's
+    dtype.
 
     ``norm_eps``: the input is ``x`` RMS-normalised without a weight (``layers.fusion.fuse_norms``
     multiplied it into ``weight``); ``residual [M, N]`` is added to the output. One token on CUDA
@@ -166,7 +168,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     with per-channel scales, in the GEMV's epilogue (the down GEMV then reads half the input and
     computes no SiLU); elsewhere ``silu_and_mul`` after the GEMM.
     ``x`` may be a ``QuantizedInput`` (CUDA, 2 or more tokens, ``takes_quantized_input``).
-    ``pdl``: the Triton kernels launch with programmatic dependent launch (``kernel/triton/pdl.py``)."""
+    ``pdl``: the Triton kernels launch with programmatic dependent launch
+    (``kernel/triton/pdl.py``)."""
     if isinstance(x, QuantizedInput):
         assert block is None and not gated and norm_eps is None and residual is None and not act
         return _channel_gemm(x, weight, scale_inv, bias, False, pdl)

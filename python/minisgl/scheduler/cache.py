@@ -56,8 +56,8 @@ class CacheManager:
         return _round_up(new_device_len, self.page_size) - self.alloc_len(req)
 
     def tokens_for_one_more(self, reqs: list[Req]) -> int:
-        """``tokens_needed(req, req.device_len + 1)`` summed over ``reqs`` (a decode step), without a
-        call per request: a new page for each request whose pages are full."""
+        """``tokens_needed(req, req.device_len + 1)`` summed over ``reqs`` (a decode step), without
+        a call per request: a new page for each request whose pages are full."""
         return self.page_size * sum(1 for req in reqs if req.device_len % self.page_size == 0)
 
     @property
@@ -93,11 +93,13 @@ class CacheManager:
             req.snapshot_at = 0
 
     def allocate(self, req: Req, new_device_len: int) -> None:
-        """Give ``req`` the pages to hold ``new_device_len`` tokens. Check ``available_tokens`` first."""
+        """Give ``req`` the pages to hold ``new_device_len`` tokens. Check ``available_tokens``
+        first."""
         self.allocate_many([req], [new_device_len])
 
     def allocate_many(self, reqs: list[Req], new_device_lens: list[int]) -> None:
-        """``allocate`` for a whole batch with a handful of tensor ops (decode calls it every step)."""
+        """``allocate`` for a whole batch with a handful of tensor ops (decode calls it every
+        step)."""
         rows, starts, counts = [], [], []
         for req, new_len in zip(reqs, new_device_lens):
             start = self.alloc_len(req)
@@ -182,7 +184,8 @@ class CacheManager:
             self.free_pages = torch.cat([self.free_pages, pages])
 
     def release(self, req: Req) -> None:
-        """Return a request's slots: its computed prefix goes to the prefix cache, the rest is freed."""
+        """Return a request's slots: its computed prefix goes to the prefix cache, the rest is
+        freed."""
         alloc_len = self.alloc_len(req)
         slots = self.host_table[req.table_idx, :alloc_len].clone()
         # every fed token's KV is computed, or being computed by a launched forward (stream order
@@ -210,7 +213,8 @@ class CacheManager:
         if not self.shares_prefixes or old is None or done <= old.cached_len:
             return
         ids = req.input_ids[:done]
-        duplicates = self.prefix_cache.insert_prefix(ids, self.host_table[req.table_idx, :done].clone())
+        duplicates = self.prefix_cache.insert_prefix(
+            ids, self.host_table[req.table_idx, :done].clone())
         if done == req.device_len:
             self.prefix_cache.save_state(ids, req.table_idx)
         result = self.prefix_cache.match_prefix(ids)

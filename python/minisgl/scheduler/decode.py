@@ -2,8 +2,8 @@
 
 Memory is not reserved for a request's whole ``max_tokens`` up front; instead, when the pool cannot
 hold one more token for every running request, the most recently admitted ones are retracted: their
-KV is released (its prefix offered to the prefix cache) and they wait again with the tokens they have,
-to be re-fed later. Greedy outputs are unchanged by this.
+KV is released (its prefix offered to the prefix cache) and they wait again with the tokens they
+have, to be re-fed later. Greedy outputs are unchanged by this.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ class SchedulerIO:
         self.scheduler = scheduler
         self.comm = scheduler.engine.comm
         self.primary = self.comm.info.is_primary
-        self.inbox = ZmqPullQueue(backend_addr, bind=True, codec=BACKEND_CODEC) if self.primary else None
+        self.inbox = (ZmqPullQueue(backend_addr, bind=True, codec=BACKEND_CODEC)
+                      if self.primary else None)
         self.outbox = (ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
                        if self.primary else _NoOutbox())
         self.running = True

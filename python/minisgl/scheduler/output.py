@@ -26,7 +26,8 @@ class TokenOutput:
 
 
 def logprob_rows(out: ForwardOutput, reqs: list[Req]) -> list[tuple]:
-    """Per request: (chosen token's logprob, [(id, logprob)] of its top_logprobs), or () if unasked."""
+    """Per request: (chosen token's logprob, [(id, logprob)] of its top_logprobs), or () if
+    unasked."""
     if out.logprobs is None:
         return [()] * len(reqs)
     logprobs, top_ids, top_logprobs = out.logprobs

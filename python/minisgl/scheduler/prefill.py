@@ -1,4 +1,5 @@
-"""The waiting queue and prefill batches: admit requests under a token budget, chunking long prompts.
+"""The waiting queue and prefill batches: admit requests under a token budget, chunking long
+prompts.
 
 A request stays in the queue until all its known tokens are fed; a prompt longer than the budget is
 fed over several forwards (chunked prefill). Each batch is a prefix of the queue in the admission

@@ -91,7 +91,8 @@ class Scheduler:
         vocab = self.engine.vocab_size
         bad = [t for t, _ in params.logit_bias if t >= vocab]
         if bad:
-            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary "
+                             f"[0, {vocab})")
         self.grammar.check(params)
 
     def _check_context(self, prompt_len: int, params: SamplingParams) -> None:

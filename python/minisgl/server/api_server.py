@@ -89,7 +89,8 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
-    """One parsed chat request, whole or streamed; the agent APIs (``agents/``) translate onto it."""
+    """One parsed chat request, whole or streamed; the agent APIs (``agents/``) translate onto
+    it."""
     req = apply_defaults(req, request.app.state.sampling_defaults)
     model = check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]

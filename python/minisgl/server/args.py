@@ -102,7 +102,8 @@ class ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535] (0: any free port), got {self.port}")
         if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:
-            raise ValueError(f"tp: must be a positive multiple of nnodes ({self.nnodes}), got {self.tp}")
+            raise ValueError(f"tp: must be a positive multiple of nnodes ({self.nnodes}), "
+                             f"got {self.tp}")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ValueError("dist_init_addr: required with nnodes > 1 (host:port of node 0)")
         if not 0 <= self.node_rank < self.nnodes:
@@ -217,8 +218,8 @@ _HELP = {
     "mem_fraction": "fraction of GPU memory the server may use",
     "max_running_requests": "requests decoded together at most",
     "num_state_snapshots": "hybrid (Gated DeltaNet) models: recurrent-state snapshots the radix "
-                           "cache keeps for prefix hits (default: a quarter of --max-running-requests; "
-                           "0 turns prefix sharing off for them)",
+                           "cache keeps for prefix hits (default: a quarter of "
+                           "--max-running-requests; 0 turns prefix sharing off for them)",
     "max_seq_len": "longest sequence, prompt and output (default: the model's)",
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",
@@ -235,9 +236,9 @@ _HELP = {
                                        "replay CUDA graphs of all but attention, captured per "
                                        "multiple of 64 tokens (0: off; GPU only)",
     "seed": "seed of the sampling of requests that give none",
-    "sampler": "auto (the Triton kernels on CUDA, the torch reference on CPU), torch (the reference "
-               "on CUDA too) or triton-row (the one-program-per-row kernel alone, without the "
-               "split-row path); for ablations",
+    "sampler": "auto (the Triton kernels on CUDA, the torch reference on CPU), torch (the "
+               "reference on CUDA too) or triton-row (the one-program-per-row kernel alone, "
+               "without the split-row path); for ablations",
     "pad_tokens": "eager prefill and mixed forwards on CUDA run a token count rounded up to a "
                   "multiple of this (1: no padding, for ablations): cuBLAS picks a GEMM algorithm "
                   "on the host for every new shape",

@@ -56,7 +56,8 @@ class Echo:
         self._done: set[int] = set()
 
     def prefix(self, state: ChoiceState) -> tuple[str, dict | None]:
-        """The prompt's text and legacy log-probs for this choice; ("", None) after the first call."""
+        """The prompt's text and legacy log-probs for this choice; ("", None) after the first
+        call."""
         if state.uid in self._done:
             return "", None
         self._done.add(state.uid)

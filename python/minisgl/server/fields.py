@@ -57,8 +57,8 @@ ROUTER_DEFAULTS: dict[str, dict[str, Any]] = {
 ROUTER_NO_MODEL = "unknown"
 
 _COMMON_UNSUPPORTED = {
-    "json_schema": "give the schema as response_format {\"type\": \"json_schema\", ...} (a top-level "
-                   "json_schema is /generate's sampling_params field)",
+    "json_schema": "give the schema as response_format {\"type\": \"json_schema\", ...} (a "
+                   "top-level json_schema is /generate's sampling_params field)",
 }
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "ChatCompletionRequest": {
@@ -145,7 +145,8 @@ def _check_nested(data: dict) -> tuple[str, str] | None:
     options = data.get("stream_options")
     if isinstance(options, dict):
         for name, value in options.items():
-            if name != "include_usage" and name not in _STREAM_OPTIONS_METADATA and value is not None:
+            if (name != "include_usage" and name not in _STREAM_OPTIONS_METADATA
+                    and value is not None):
                 return f"stream_options.{name}", f"stream_options.{name}: unknown field"
     messages = data.get("messages")
     if not isinstance(messages, list):

@@ -3,9 +3,9 @@
 A model's ``generation_config.json`` may carry the sampling its authors recommend (Qwen3:
 temperature 0.6, top_p 0.95, top_k 20). As vLLM does (its ``--generation-config auto``), a request
 that omits one of ``temperature``, ``top_p``, ``top_k``, ``min_p`` or ``repetition_penalty`` gets
-the checkpoint's value; a value the request gives always wins. ``--generation-config none`` turns this off (the
-server's own defaults: temperature 1, no top-p/top-k/min-p, no penalty); a directory reads its
-``generation_config.json`` instead of the model's.
+the checkpoint's value; a value the request gives always wins. ``--generation-config none`` turns
+this off (the server's own defaults: temperature 1, no top-p/top-k/min-p, no penalty); a directory
+reads its ``generation_config.json`` instead of the model's.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Liveness and readiness.
 
 ``/health`` is liveness: cheap, no work for the backend; 200 while the API process and its workers
-are up and the scheduler has finished its warm-up. ``/health_generate`` is readiness (SGLang's route of that name): it runs a one-token
-generation through the whole pipeline (tokenizer worker, scheduler, engine, detokenizer) and
-answers 200 only when that comes back. It is 503, without generating, while the server starts or
-warms up (until the scheduler's stats say ``ready``: ``FrontendManager.warm``), once a worker
-process died, and while the server drains for shutdown; a load balancer then stops sending it
-traffic while the requests in flight still finish.
+are up and the scheduler has finished its warm-up. ``/health_generate`` is readiness (SGLang's
+route of that name): it runs a one-token generation through the whole pipeline (tokenizer worker,
+scheduler, engine, detokenizer) and answers 200 only when that comes back. It is 503, without
+generating, while the server starts or warms up (until the scheduler's stats say ``ready``:
+``FrontendManager.warm``), once a worker process died, and while the server drains for shutdown; a
+load balancer then stops sending it traffic while the requests in flight still finish.
 """
 
 from __future__ import annotations

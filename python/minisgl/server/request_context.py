@@ -87,7 +87,8 @@ def check_model(request: Request, model: str | None) -> str:
 
 
 def tool_parser(request: Request) -> str:
-    return model_parser(request.app.state.tokens.model_path, server_config(request).tool_call_parser)
+    return model_parser(request.app.state.tokens.model_path,
+                        server_config(request).tool_call_parser)
 
 
 def frontend_for(request: Request, new: int = 0) -> FrontendManager:

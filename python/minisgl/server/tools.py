@@ -121,7 +121,8 @@ def _finish_reason(stream: ToolCallStream, reason: str | None) -> str | None:
 def tool_delta(stream: ToolCallStream, text: str, reason: str | None) -> tuple[dict, str | None]:
     """A streamed choice's delta (content and/or tool-call deltas) and finish reason."""
     content, calls = stream.feed(text, final=reason is not None)
-    delta = {**({"content": content} if content else {}), **({"tool_calls": calls} if calls else {})}
+    delta = {**({"content": content} if content else {}),
+             **({"tool_calls": calls} if calls else {})}
     return delta, _finish_reason(stream, reason)
 
 

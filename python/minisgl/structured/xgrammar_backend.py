@@ -81,9 +81,8 @@ class GrammarCompiler:
     (``fill_vocab_size``, its vocabulary rounded up to 32 ids: Qwen's 151,936 logits with a
     49,152-token tokenizer are 4,748 words, of which xgrammar writes 1,536); a constrained row's
     words past them are zero. Host masks are ``mask_vocab_size`` wide (the wider of the two) and
-    cut to the logits' width. ``stop_token_ids`` are the ids that end
-    a request once its grammar is complete (the model's EOS ids). Thread-safe: the scheduler compiles
-    on a worker thread.
+    cut to the logits' width. ``stop_token_ids`` are the ids that end a request once its grammar
+    is complete (the model's EOS ids). Thread-safe: the scheduler compiles on a worker thread.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...] = (),

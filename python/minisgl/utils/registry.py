@@ -8,7 +8,8 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A name -> creator table. Creators import their heavy dependencies lazily, inside themselves."""
+    """A name -> creator table. Creators import their heavy dependencies lazily, inside
+    themselves."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -25,7 +26,8 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> Callable[..., T]:
         if name not in self._creators:
-            raise ValueError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names)}")
+            raise ValueError(f"unknown {self.kind} {name!r}; "
+                             f"choose one of: {', '.join(self.names)}")
         return self._creators[name]
 
     def __contains__(self, name: str) -> bool:

@@ -1,6 +1,6 @@
 """A scheduler step that never ends (a rank lost in a collective, a wedged device) must not hang the
-server: the watchdog dumps every thread's stack and ends the process, and the launcher then fails the
-requests in flight and reports the server unhealthy."""
+server: the watchdog dumps every thread's stack and ends the process, and the launcher then fails
+the requests in flight and reports the server unhealthy."""
 
 from __future__ import annotations
 

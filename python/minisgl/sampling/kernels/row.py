@@ -2,9 +2,9 @@
 and the draw, with no sort of the vocabulary.
 
 The semantics are those of the torch reference (``sampling/torch_ref.py``): the kept set is every
-token whose scaled logit is >= a per-row threshold ``t*`` (ties kept), and the token is the winner of
-the exponential race ``argmax(x - log E)`` over it, with ``E`` from the same counter-based hash of
-(seed, step, index). Finding ``t*`` without sorting the vocabulary::
+token whose scaled logit is >= a per-row threshold ``t*`` (ties kept), and the token is the winner
+of the exponential race ``argmax(x - log E)`` over it, with ``E`` from the same counter-based hash
+of (seed, step, index). Finding ``t*`` without sorting the vocabulary::
 
     pass 1     max m, first argmax, smallest finite value, sum exp(x - m) (online), raw logsumexp
     search     count and mass of x >= v at P+1 pivots v between lo and hi; keep the bracket around
@@ -44,7 +44,10 @@ def _mix(z):
 def log_e(row_state, idx, LIBDEVICE: tl.constexpr):
     """log of the exponential variate of token ``idx`` (``random_uniform`` of the reference)."""
     h = _mix((idx + 1).to(tl.uint64) * 0x9E3779B97F4A7C15 + row_state)
-    u = (h >> 1).to(tl.int64, bitcast=True).to(tl.float32) * 1.0842021724855044e-19 + 5.421010862427522e-20
+    u = (
+        (h >> 1).to(tl.int64, bitcast=True).to(tl.float32) * 1.0842021724855044e-19
+        + 5.421010862427522e-20
+    )
     u = tl.minimum(u, 0.9999999403953552)
     if LIBDEVICE:
         e = -tl.extra.cuda.libdevice.log1p(-u)
@@ -179,7 +182,8 @@ def sample_kernel(
             gather_hi = float("inf")
             # pivots at these fractions of [lo, hi]: even below, denser towards the top
             jj = tl.arange(0, P)
-            frac = tl.where(jj <= 3, jj.to(tl.float32) * 0.25, 1.0 - tl.exp2(-(jj - 1).to(tl.float32)))
+            frac = tl.where(jj <= 3, jj.to(tl.float32) * 0.25,
+                            1.0 - tl.exp2(-(jj - 1).to(tl.float32)))
             frac = tl.where(jj == P - 1, 1.0, frac)
             for _search in range(MAX_SEARCH):
                 if done == 0:
@@ -254,7 +258,8 @@ def sample_kernel(
                 probs = tl.where(ci < n_keep, tl.exp(v - m), 0.0)
                 z_k = tl.where(use_k, mass_hi + tl.sum(probs, 0), z_alive)
                 before = mass_hi + tl.cumsum(probs, 0) - probs
-                nucleus = tl.where(top_p >= 1.0, ci < n_keep, (before < top_p * z_k) & (ci < n_keep))
+                nucleus = tl.where(top_p >= 1.0, ci < n_keep,
+                                   (before < top_p * z_k) & (ci < n_keep))
                 n_final = tl.maximum(tl.sum(nucleus.to(tl.int32), 0), 1)
                 threshold = tl.sum(tl.where(ci == n_final - 1, v, 0.0), 0)
                 if gather_hi == float("inf"):

@@ -76,7 +76,8 @@ def _text_of(content: Any, param: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
             what = "images" if kind == "input_image" else "files" if kind == "input_file" else kind
-            raise _bad(f"{param}[{j}].type", f"{what!s} content parts are not supported (text only)")
+            raise _bad(f"{param}[{j}].type",
+                       f"{what!s} content parts are not supported (text only)")
         if not isinstance(part.get("text"), str):
             raise _bad(f"{param}[{j}].text", "must be a string")
         texts.append(part["text"])

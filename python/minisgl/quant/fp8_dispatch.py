@@ -61,7 +61,7 @@ WIDE_W8A8_MAX_TOKENS = 192
 # 128 columns + the W8A8 GEMM with block scales; more: cuBLAS's block-scaled GEMM
 # (``torch._scaled_mm``, CUDA 12.9+ on sm_90). Qwen3-8B's four layers on an H100 take 109 / 116 us
 # that way at 64 tokens, 139 / 120 at 128, 236 / 132 at 192; up to 32 the W8A16 GEMM ties the W8A8
-# one (100 / 101 us at 16) without rounding x (``benchmark/results/s20_2026-11-26``)
+# one (100 / 101 us at 16) without rounding x (docs/performance.md)
 BLOCK_W8A8_MAX_TOKENS = 96
 
 

@@ -104,7 +104,9 @@ def _held(text: str, marker: str) -> int:
 Split = tuple[str, list[str]]  # (content, raw call objects)
 
 
-def split_hermes(text: str, final: bool) -> Split:
+def _tagged(text: str, final: bool, parse: Callable[[str], list[str]]) -> Split:
+    """Calls inside ``<tool_call>...</tool_call>`` (the last one may still be open): ``parse``
+    turns one tag's body into its raw calls; the text before the first tag is the content."""
     start = text.find("<tool_call>")
     if start < 0:
         return text if final else text[: len(text) - _held(text, "<tool_call>")], []
@@ -113,10 +115,13 @@ def split_hermes(text: str, final: bool) -> Split:
     while pos >= 0:
         body = pos + len("<tool_call>")
         close = text.find("</tool_call>", body)
-        region = text[body: close if close >= 0 else len(text)]
-        raws += _objects(region, 0, "")[:1]
+        raws += parse(text[body: close if close >= 0 else len(text)])
         pos = text.find("<tool_call>", close) if close >= 0 else -1
     return text[:start], raws
+
+
+def split_hermes(text: str, final: bool) -> Split:
+    return _tagged(text, final, lambda body: _objects(body, 0, "")[:1])
 
 
 def _split_leading(text: str, final: bool, marker: str, array: bool) -> Split:
@@ -188,19 +193,8 @@ def _xml_call(body: str) -> str | None:
 def split_qwen3_xml(text: str, final: bool) -> Split:
     """Qwen3-Coder, Qwen3.5 and Qwen3.6: ``<tool_call><function=NAME><parameter=KEY>VALUE
     </parameter></function></tool_call>``."""
-    start = text.find("<tool_call>")
-    if start < 0:
-        return text if final else text[: len(text) - _held(text, "<tool_call>")], []
-    raws: list[str] = []
-    pos = start
-    while pos >= 0:
-        body = pos + len("<tool_call>")
-        close = text.find("</tool_call>", body)
-        call = _xml_call(text[body: close if close >= 0 else len(text)])
-        if call is not None:
-            raws.append(call)
-        pos = text.find("<tool_call>", close) if close >= 0 else -1
-    return text[:start], raws
+    return _tagged(text, final,
+                   lambda body: [] if (call := _xml_call(body)) is None else [call])
 
 
 TOOL_PARSERS: dict[str, Callable[[str, bool], Split]] = {

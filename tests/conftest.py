@@ -7,9 +7,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-# MINISGL_TEST_DEVICE=cuda runs the engine tests on the GPU (float32, against CPU transformers)
-TEST_DEVICE = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
-
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):

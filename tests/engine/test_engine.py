@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import TEST_DEVICE
+from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from minisgl import LLM, SamplingParams
 

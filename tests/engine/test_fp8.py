@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from conftest import TEST_DEVICE
+from helpers.device import TEST_DEVICE
 from helpers.engine_utils import logits_and_tokens, prefill_logits
 from helpers.fp8_models import (
     dequantize,

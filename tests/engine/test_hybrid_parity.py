@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TEST_DEVICE
+from helpers.device import TEST_DEVICE
 from helpers.engine_utils import prefill_logits
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint

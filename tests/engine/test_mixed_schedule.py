@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from conftest import TEST_DEVICE
+from helpers.device import TEST_DEVICE
 from helpers.hf_models import ARCHS, random_prompts
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import TEST_DEVICE
+from helpers.device import TEST_DEVICE
 from helpers.hf_models import hf_model, random_prompts
 from minisgl import LLM, SamplingParams
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from conftest import TEST_DEVICE
+from helpers.device import TEST_DEVICE
 from helpers.hf_models import hf_prefill_logits, make_tiny_checkpoint, random_prompts
 from helpers.server_utils import start_server
 from minisgl import LLM, SamplingParams

@@ -13,7 +13,7 @@ import socket
 import pytest
 import torch
 
-from conftest import TEST_DEVICE
+from helpers.device import TEST_DEVICE
 from helpers.engine_utils import logits_and_tokens
 from helpers.hf_models import ARCHS, make_tiny_checkpoint, random_prompts
 from minisgl.core import SamplingParams

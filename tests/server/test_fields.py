@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 from test_api_server import CHAT, KEY, MODEL, client, http, server  # noqa: F401 (fixtures)
 
+from minisgl.server.agents.anthropic_messages import MessagesRequest
+from minisgl.server.agents.responses_api import ResponsesRequest
 from minisgl.server.fields import UNSUPPORTED, check_fields
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
@@ -105,7 +107,8 @@ def test_the_official_client_extra_body_is_audited(client):
 def test_every_refused_field_is_in_the_tables():
     """The tables name every OpenAI field this server does not implement; none is also honoured."""
     models = {"ChatCompletionRequest": ChatCompletionRequest,
-              "CompletionRequest": CompletionRequest, "GenerateRequest": GenerateRequest}
+              "CompletionRequest": CompletionRequest, "GenerateRequest": GenerateRequest,
+              "ResponsesRequest": ResponsesRequest, "MessagesRequest": MessagesRequest}
     for kind, table in UNSUPPORTED.items():
         honoured = set(models[kind].model_fields)
         assert not honoured & set(table), (kind, honoured & set(table))

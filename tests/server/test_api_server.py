@@ -49,11 +49,13 @@ class FakeWorker(threading.Thread):
         self.seen: list[TokenizeMsg] = []
         self.drips: set[int] = set()  # requests that get a token every loop until aborted
         self.stats_to_send: StatsReply | None = None
+        self.warm_at_start = False  # fake_server: send ready stats first, as a warm scheduler does
 
     def run(self) -> None:
         pull = ZmqPullQueue(self.addrs.tokenizer, bind=False, codec=TOKENIZER_CODEC)
         self.push = ZmqPushQueue(self.addrs.frontend, bind=False, codec=FRONTEND_CODEC)
-        self.push.put(self.stats())  # as the scheduler does once warm
+        if self.warm_at_start:
+            self.push.put(self.stats())  # as the scheduler does once warm
         while not self.stopping.is_set():
             msg = pull.get(timeout_ms=20)
             for m in (msg.msgs if isinstance(msg, BatchTokenizerMsg) else [msg] if msg else []):
@@ -138,6 +140,7 @@ def fake_server(max_running: int, **options):
     thread = threading.Thread(target=http.run, daemon=True)
     thread.start()
     worker = FakeWorker(addrs)
+    worker.warm_at_start = True
     worker.start()
     assert wait_until(lambda: http.started, 10)
     try:

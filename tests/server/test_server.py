@@ -308,7 +308,7 @@ def test_killed_scheduler_makes_server_unhealthy_and_fails_requests(default_mode
         def post():
             try:
                 r = httpx.post(f"{srv.url}/v1/completions",
-                               json={"prompt": PROMPT, "max_tokens": 5000, "ignore_eos": True},
+                               json={"prompt": PROMPT, "max_tokens": 4000, "ignore_eos": True},
                                timeout=30)
                 errors.append(r.status_code)
             except httpx.HTTPError as e:

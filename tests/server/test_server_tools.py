@@ -158,11 +158,12 @@ def _stream_calls(client, **kw) -> tuple[dict, str]:
         delta = choice.delta
         assert delta.role or delta.content or delta.tool_calls or reason  # no empty chunks
         for d in choice.delta.tool_calls or []:
-            if d.id is not None:
-                assert d.index not in calls and d.function.name and d.function.arguments == ""
+            if d.id is not None:  # a call's first delta names it (and may carry arguments)
+                assert d.index not in calls and d.function.name
                 calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
             else:
-                calls[d.index]["arguments"] += d.function.arguments
+                assert d.function.name is None
+            calls[d.index]["arguments"] += d.function.arguments or ""
     return calls, reason
 
 

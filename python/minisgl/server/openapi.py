@@ -15,6 +15,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from minisgl.server.agents.anthropic_messages import CountTokensRequest, MessagesRequest
+from minisgl.server.agents.responses_api import ResponsesRequest
 from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from minisgl.server.validation import MAX_STOP
 from minisgl.server.worker_contract import ROUTE_ERRORS
@@ -24,6 +26,9 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/generate": GenerateRequest,
+    "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
 }
 _NULLABLE_STRING = {"anyOf": [{"type": "string"}, {"type": "null"}]}
 ERROR_SCHEMA = {
@@ -34,6 +39,16 @@ ERROR_SCHEMA = {
         "required": ["message", "type", "param", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": _NULLABLE_STRING, "code": _NULLABLE_STRING},
+    }},
+}
+# Anthropic's error body, which the /v1/messages routes answer with
+ANTHROPIC_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {
+        "type": "object",
+        "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
     }},
 }
 # what the handlers accept beyond their pydantic annotations (validators normalise these)
@@ -49,10 +64,11 @@ _STOP = {"anyOf": [{"type": "string"}, {"type": "null"},
 _SSE_EVENT = {"type": "object", "required": ["data"],
               "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 _WHY = {400: "Invalid request (the error names the parameter)", 401: "Missing or wrong API key",
-        404: "Unknown model", 413: "Request body too large",
+        404: "Unknown model or stored response", 413: "Request body too large",
         503: "Starting, overloaded, unhealthy or shutting down (see Retry-After)"}
 _ERRORS = {"post": (400, 401, 404, 413, 503), "/v1/models": (401,), "/v1/server_info": (401,),
-           "/health": (503,), "/health_generate": (503,), **ROUTE_ERRORS}
+           "/health": (503,), "/health_generate": (503,), "/v1/responses/{rid}": (400, 401, 404),
+           "/v1/responses/{rid}/cancel": (400, 401, 404), **ROUTE_ERRORS}
 
 
 def install_openapi(app: FastAPI, bearer: bool) -> None:
@@ -79,6 +95,7 @@ def _schema(app: FastAPI, bearer: bool) -> dict[str, Any]:
         models[name]["properties"]["stop"] = _STOP
     components.setdefault("schemas", {}).update(models)
     components["schemas"]["ErrorResponse"] = ERROR_SCHEMA
+    components["schemas"]["AnthropicErrorResponse"] = ANTHROPIC_ERROR_SCHEMA
     if bearer:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, methods in schema["paths"].items():
@@ -91,9 +108,10 @@ def _schema(app: FastAPI, bearer: bool) -> dict[str, Any]:
                                           "server-sent event stream", "content": {
                     "application/json": {"schema": {"type": "object"}},
                     "text/event-stream": {"schema": _SSE_EVENT}}}
-            for status in _ERRORS.get("post" if model else path, ()):
+            error = "AnthropicErrorResponse" if path.startswith("/v1/messages") else "ErrorResponse"
+            for status in _ERRORS.get(path, _ERRORS["post"] if method == "post" else ()):
                 op["responses"][str(status)] = {"description": _WHY[status], "content": {
-                    "application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}}
+                    "application/json": {"schema": {"$ref": REF.format(model=error)}}}}
             if path == "/metrics":
                 op["responses"]["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
             if bearer and path not in ("/health", "/health_generate", "/metrics"):

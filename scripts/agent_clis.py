@@ -42,8 +42,10 @@ request_max_retries = 0
 stream_max_retries = 0
 stream_idle_timeout_ms = 1800000
 
+[agents]
+enabled = false
+
 [features]
-multi_agent = false
 goals = false
 """
 
@@ -68,7 +70,11 @@ def run_claude(url: str, model: str, key: str, timeout: float) -> dict:
            "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "DISABLE_TELEMETRY": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "API_TIMEOUT_MS": str(int(timeout * 1000))}
+           "API_TIMEOUT_MS": str(int(timeout * 1000)),
+           # a 20k-token prompt on a CPU takes minutes before its first byte: past Claude Code's
+           # 300 s stream watchdog
+           "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000)),
+           "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000))}
     cmd = ["claude", "-p", PROMPT, "--model", model, "--max-turns", "1"]
     return _run("claude", cmd, env, timeout, home)
 

@@ -3,6 +3,8 @@ the official anthropic SDK and LangChain's ChatAnthropic."""
 
 from __future__ import annotations
 
+import re
+
 import anthropic
 import httpx
 import pytest
@@ -137,6 +139,27 @@ def test_errors_are_anthropic_shaped(agent_server, model, body, status, fragment
     assert err["type"] == "error" and fragment in err["error"]["message"]
     assert err["error"]["type"] == ("not_found_error" if status == 404
                                     else "invalid_request_error")
+
+
+# what Claude Code matches to retry with a smaller max_tokens (and to compact its conversation)
+OVER_CONTEXT = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_context_errors_use_anthropic_wording(agent_server, model, stream):
+    url, headers = f"{agent_server.url}/v1/messages", {"x-api-key": API_KEY}
+    r = httpx.post(url, json={"model": model, "max_tokens": 100_000, "messages": HI,
+                              "stream": stream}, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    prompt, asked, limit = map(int, OVER_CONTEXT.search(r.json()["error"]["message"]).groups())
+    assert asked == 100_000 and 0 < prompt < limit < asked
+    retry = {"model": model, "max_tokens": limit - prompt, "messages": HI, "stream": True}
+    with httpx.stream("POST", url, json=retry, headers=headers, timeout=60) as fits:
+        assert fits.status_code == 200  # the retry Claude Code makes is accepted (then closed)
+    long = [{"role": "user", "content": "word " * (limit + 10)}]
+    r = httpx.post(url, json={"model": model, "max_tokens": 8, "messages": long}, headers=headers)
+    assert r.status_code == 400
+    assert re.match(r"prompt is too long: \d+ tokens > \d+ maximum", r.json()["error"]["message"])
 
 
 def test_wrong_key_is_an_authentication_error(agent_server, model):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -70,9 +71,30 @@ def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param)
 
 
+# the scheduler's context errors (scheduler.Scheduler._check_context, _validate_prompt), worded
+# for Anthropic clients: Claude Code parses the first to retry with a smaller max_tokens and
+# compacts its conversation on the second
+_OVER_CONTEXT = re.compile(r"maximum context length is (\d+) tokens. However, you requested \d+ "
+                           r"tokens \((\d+) in the prompt, (\d+) in the completion\)")
+_PROMPT_TOO_LONG = re.compile(r"^\w+: (\d+) tokens is too long; the maximum context length is "
+                              r"(\d+) tokens")
+
+
+def anthropic_message(message: str) -> str:
+    """``message`` in Anthropic's wording where Anthropic clients act on it."""
+    if m := _OVER_CONTEXT.search(message):
+        limit, prompt, completion = m.groups()
+        return (f"input length and `max_tokens` exceed context limit: {prompt} + {completion} > "
+                f"{limit}, decrease input length or `max_tokens` and try again")
+    if m := _PROMPT_TOO_LONG.search(message):
+        return f"prompt is too long: {m[1]} tokens > {m[2]} maximum"
+    return message
+
+
 def error_response(e: ApiError) -> JSONResponse:
     kind = ERROR_TYPES.get(e.status, "api_error" if e.status >= 500 else "invalid_request_error")
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": e.message}},
+    message = anthropic_message(e.message)
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}},
                         e.status, headers={"Retry-After": "1"} if e.status == 503 else None)
 
 

@@ -142,7 +142,8 @@ def test_errors_are_anthropic_shaped(agent_server, model, body, status, fragment
 
 
 # what Claude Code matches to retry with a smaller max_tokens (and to compact its conversation)
-OVER_CONTEXT = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
+OVER_CONTEXT = re.compile(
+    r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
 
 
 @pytest.mark.parametrize("stream", [False, True])

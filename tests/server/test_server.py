@@ -248,6 +248,24 @@ def test_overload_gets_503_and_accepted_requests_finish(default_model_dir, tmp_p
             codes = [r.status_code for r in pool.map(post, range(10))]
         assert codes.count(200) >= 4 and codes.count(503) >= 1
         assert set(codes) <= {200, 503}
+
+        # a queued stream starts at once: its 200 and first event come while it still waits
+        long = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True}
+        with cf.ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(httpx.post, f"{srv.url}/v1/completions", json=long, timeout=120)
+                    for _ in range(2)]
+            wait_until(lambda: server_info(srv)["scheduler"]["num_running"] == 2, timeout=30)
+            chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                    "stream": True}
+            with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=chat,
+                              timeout=120) as r:
+                assert r.status_code == 200
+                lines = (line for line in r.iter_lines() if line)
+                first = json.loads(next(lines).removeprefix("data: "))
+                assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+                assert not any(f.done() for f in busy)  # both slots taken: this one still waits
+                assert list(lines)[-1] == "data: [DONE]"
+            assert [f.result().status_code for f in busy] == [200, 200]
     finally:
         assert srv.stop() == 0
 

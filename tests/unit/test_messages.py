@@ -20,6 +20,7 @@ from minisgl.message import (
     DetokenizeMsg,
     ExitMsg,
     RequestErrorMsg,
+    RequestsAcceptedMsg,
     SchedulerStatsMsg,
     StatsReply,
     TokenizeMsg,
@@ -42,6 +43,7 @@ CASES = [
     (BACKEND_CODEC, BatchBackendMsg(msgs=[UserMsg(uid=1, input_ids=[5], sampling_params=PARAMS),
                                           AbortBackendMsg(uid=2), ExitMsg()])),
     (DETOKENIZER_CODEC, BatchDetokenizerMsg(msgs=[
+        RequestsAcceptedMsg(uids=[1, 4], prompt_lens=[3, 9]),
         DetokenizeMsg(uid=1, token=5, finish_reason="stop", logprob=-0.5, top_logprobs=[(5, -0.5)],
                       prompt_len=3, cached_len=1, stop=("a", "b")),
         RequestErrorMsg(uid=2, message="prompt: too long", param="prompt"), STATS])),

@@ -23,6 +23,7 @@ from minisgl.message import (
     BatchTokenizerMsg,
     DetokenizeMsg,
     RequestErrorMsg,
+    RequestsAcceptedMsg,
     SchedulerStatsMsg,
     StatsReply,
     TokenizeMsg,
@@ -227,6 +228,11 @@ def test_detokenize_role_in_process(tok, monkeypatch):
 
     front, _ = server._DetokenizeRole(None).handle([DetokenizeMsg(uid=5, token=7)])
     assert front == [UserReply(uid=5, token_ids=[7])]  # no tokenizer: ids only
+
+    # taken by the scheduler: an empty reply with the prompt's length starts the streams
+    front, back = role.handle([RequestsAcceptedMsg(uids=[6, 7], prompt_lens=[4, 9])])
+    assert front == [UserReply(uid=6, prompt_tokens=4), UserReply(uid=7, prompt_tokens=9)]
+    assert not back and not role.reqs
 
 
 # ------------------------------------------------------------------------------- worker process

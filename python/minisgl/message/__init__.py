@@ -17,6 +17,7 @@ from .detokenizer import (
     DetokenizeMsg,
     DetokenizerMsg,
     RequestErrorMsg,
+    RequestsAcceptedMsg,
     SchedulerStatsMsg,
 )
 from .frontend import FRONTEND_CODEC, BatchFrontendMsg, FrontendMsg, StatsReply, UserReply
@@ -34,6 +35,6 @@ __all__ = [
     "AbortBackendMsg", "AbortMsg", "BackendMsg", "BatchBackendMsg", "BatchDetokenizerMsg",
     "BatchFrontendMsg", "BatchTokenizerMsg", "CacheFlushedMsg", "Codec", "DetokenizeMsg",
     "DetokenizerMsg", "ExitMsg", "FlushCacheBackendMsg", "FlushCacheMsg", "FrontendMsg", "Msg",
-    "RequestErrorMsg", "SchedulerStatsMsg", "StatsReply", "TokenizeMsg", "TokenizerMsg", "UserMsg",
-    "UserReply",
+    "RequestErrorMsg", "RequestsAcceptedMsg", "SchedulerStatsMsg", "StatsReply", "TokenizeMsg",
+    "TokenizerMsg", "UserMsg", "UserReply",
 ]

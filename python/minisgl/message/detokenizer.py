@@ -33,6 +33,16 @@ class DetokenizeMsg(BaseDetokenizerMsg):
     prompt_logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] | None = None
 
 
+class RequestsAcceptedMsg(BaseDetokenizerMsg):
+    """The scheduler took these requests (they passed its checks): a stream may start before the
+    first token, which a long prompt or a full queue can hold back for minutes. ``prompt_lens``:
+    their prompts' tokens, in the order of ``uids`` (how many the prefix cache serves is known at
+    the first token only)."""
+
+    uids: list[int]
+    prompt_lens: list[int]
+
+
 class RequestErrorMsg(BaseDetokenizerMsg):
     """The scheduler refused a request (e.g. a prompt longer than the context)."""
 
@@ -68,10 +78,10 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
 
 
 class BatchDetokenizerMsg(BaseDetokenizerMsg):
-    msgs: list[Union[DetokenizeMsg, RequestErrorMsg, CacheFlushedMsg, SchedulerStatsMsg]]
+    msgs: list[Union[DetokenizeMsg, RequestsAcceptedMsg, RequestErrorMsg, CacheFlushedMsg,
+                     SchedulerStatsMsg]]
 
 
-DetokenizerMsg = Union[
-    DetokenizeMsg, RequestErrorMsg, CacheFlushedMsg, SchedulerStatsMsg, BatchDetokenizerMsg
-]
+DetokenizerMsg = Union[DetokenizeMsg, RequestsAcceptedMsg, RequestErrorMsg, CacheFlushedMsg,
+                       SchedulerStatsMsg, BatchDetokenizerMsg]
 DETOKENIZER_CODEC: Codec[DetokenizerMsg] = Codec(DetokenizerMsg)

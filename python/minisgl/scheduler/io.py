@@ -28,6 +28,7 @@ from minisgl.message import (
     ExitMsg,
     FlushCacheBackendMsg,
     RequestErrorMsg,
+    RequestsAcceptedMsg,
     SchedulerStatsMsg,
     UserMsg,
 )
@@ -139,17 +140,22 @@ class SchedulerIO:
                 msgs.append(ExitMsg())
             data = BACKEND_CODEC.encode(BatchBackendMsg(msgs=msgs)) if self.primary else None
             msgs = [BACKEND_CODEC.decode(self.comm.broadcast_bytes(data))]
+        accepted: list[UserMsg] = []
         for msg in msgs:
-            self._handle(msg)
+            self._handle(msg, accepted)
+        if accepted:  # streams start now, not at their first token
+            self.outbox.put(RequestsAcceptedMsg(uids=[m.uid for m in accepted],
+                                                prompt_lens=[len(m.input_ids) for m in accepted]))
 
-    def _handle(self, msg: BackendMsg) -> None:
+    def _handle(self, msg: BackendMsg, accepted: list[UserMsg]) -> None:
         if isinstance(msg, BatchBackendMsg):
             for m in msg.msgs:
-                self._handle(m)
+                self._handle(m, accepted)
         elif isinstance(msg, UserMsg):
             try:
                 req = self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
                 self.first_forwards.add(req)
+                accepted.append(msg)
             except ValueError as e:
                 param = getattr(e, "param", None) or (
                     str(e).split(":", 1)[0] if ":" in str(e) else None)

@@ -159,8 +159,9 @@ async def respond(call: Call, stream: bool, render: Callable[[], Any], head: lis
                   piece: Callable[[ChoiceState, UserReply], dict | None],
                   tail: Callable[[], list[dict]]) -> Response:
     """Collect a started call into ``render()``'s JSON, or stream it as SSE: ``head`` events, one
-    ``piece`` per reply with news, ``tail`` events, ``[DONE]``. A stream starts only once every
-    choice has replied, so that a backend error is still an HTTP error."""
+    ``piece`` per reply with news, ``tail`` events, ``[DONE]``. A stream starts once the scheduler
+    has taken every choice (``RequestsAcceptedMsg``), so that its refusal (a prompt too long for
+    the context) is still an HTTP error while a long prefill or queue wait sends the 200 at once."""
     buffered: list[tuple[ChoiceState, UserReply]] = []
     try:
         while not (call.done if not stream else call.started):

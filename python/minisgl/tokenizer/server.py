@@ -36,6 +36,7 @@ from minisgl.message import (
     FlushCacheMsg,
     FrontendMsg,
     RequestErrorMsg,
+    RequestsAcceptedMsg,
     StatsReply,
     TokenizerMsg,
     UserMsg,
@@ -216,6 +217,9 @@ class _DetokenizeRole:
                 others.append(UserReply(
                     uid=msg.uid, error=msg.message, error_param=msg.param, status=msg.status
                 ))
+            elif isinstance(msg, RequestsAcceptedMsg):
+                others += [UserReply(uid=uid, prompt_tokens=n)
+                           for uid, n in zip(msg.uids, msg.prompt_lens) if uid not in replies]
             elif isinstance(msg, CacheFlushedMsg):
                 others.append(UserReply(uid=msg.uid, finish_reason="stop"))
             else:

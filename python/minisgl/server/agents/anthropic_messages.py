@@ -39,6 +39,7 @@ NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences",
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error"}
+PING = 'event: ping\ndata: {"type": "ping"}\n\n'
 _TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict"}
 
 
@@ -245,7 +246,7 @@ async def _messages(request: Request) -> Response:
             yield event
 
     if req.stream:
-        return AgentStream(events(), run)
+        return AgentStream(events(), run, keepalive=PING)
     async for event in events():
         if event["type"] == "error":
             raise ApiError(500, event["error"]["message"])

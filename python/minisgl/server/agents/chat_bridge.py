@@ -10,6 +10,7 @@ Errors the chat path raises name the chat field; ``rename`` puts the agent API's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -103,17 +104,41 @@ class ChatRun:
 
 class AgentStream(StreamingResponse):
     """An agent API's SSE stream of event dicts (``named``: with ``event:`` lines, as the
-    Responses and Messages APIs send them); its chat run is closed however it ends."""
+    Responses and Messages APIs send them); its chat run is closed however it ends.
 
-    def __init__(self, events: AsyncIterator[dict], run: ChatRun, named: bool = True) -> None:
-        super().__init__(self._encode(events, named), media_type="text/event-stream")
+    After ``KEEPALIVE_S`` without an event it sends ``keepalive`` (Anthropic's ``ping`` event, an
+    SSE comment for the Responses API), as Anthropic's API does: text held back by the tool-call
+    parser or a slow prefill must not look like a dead connection to the client's idle watchdog."""
+
+    KEEPALIVE_S = 15.0
+
+    def __init__(self, events: AsyncIterator[dict], run: ChatRun, named: bool = True,
+                 keepalive: str = ": keep-alive\n\n") -> None:
+        super().__init__(self._encode(events, named, keepalive), media_type="text/event-stream")
         self.run = run
 
-    @staticmethod
-    async def _encode(events: AsyncIterator[dict], named: bool) -> AsyncIterator[str]:
-        async for event in events:
-            name = f"event: {event['type']}\n" if named else ""
-            yield f"{name}data: {json.dumps(event, ensure_ascii=False)}\n\n"
+    @classmethod
+    async def _encode(cls, events: AsyncIterator[dict], named: bool,
+                      keepalive: str) -> AsyncIterator[str]:
+        it = aiter(events)
+        pending: asyncio.Future | None = None
+        try:
+            while True:
+                pending = pending or asyncio.ensure_future(anext(it))
+                done, _ = await asyncio.wait({pending}, timeout=cls.KEEPALIVE_S)
+                if not done:
+                    yield keepalive
+                    continue
+                try:
+                    event = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                name = f"event: {event['type']}\n" if named else ""
+                yield f"{name}data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        finally:
+            if pending is not None:
+                pending.cancel()
 
     async def __call__(self, scope, receive, send) -> None:
         try:

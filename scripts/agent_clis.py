@@ -72,8 +72,8 @@ def run_claude(url: str, model: str, key: str, timeout: float,
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "DISABLE_TELEMETRY": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
            "API_TIMEOUT_MS": str(int(timeout * 1000)),
-           # a 20k-token prompt on a CPU takes minutes before its first byte: past Claude Code's
-           # 300 s stream watchdog
+           # a turn of a 20k-token prompt takes minutes on a CPU: Claude Code's stream watchdogs
+           # (300 s) follow --timeout
            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000)),
            "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000)),
            # it asks for 32,000 (cut to the window after a retry): a short answer is the test

@@ -11,6 +11,12 @@ function tools switched off (web search, multi-agent namespaces, goals: the serv
 built-in tools by name); Claude Code runs ``claude -p`` with ``ANTHROPIC_BASE_URL`` in a private
 ``HOME``, telemetry and non-essential traffic off. Each must exit 0 with the model's answer on
 stdout; the small model need not solve the task. Prints one JSON line per client.
+
+With its full 20k-token prompt, 2.5x the positions SmolLM2-135M was trained on, that model does
+not end an answer: Claude Code continues a ``max_tokens`` stop three times, then exits 1 with
+"response exceeded the N output token maximum" (the protocol held: every request answered, the
+continuations reuse the prompt from the prefix cache). ``--claude-lean`` drops its built-in
+tools (a 1.5k-token prompt), where the same model ends its answer and Claude Code exits 0.
 """
 
 from __future__ import annotations
@@ -64,8 +70,9 @@ def run_codex(url: str, model: str, key: str, timeout: float) -> dict:
     return _run("codex", cmd, env, timeout, tempfile.mkdtemp(prefix="codex-work-"))
 
 
-def run_claude(url: str, model: str, key: str, timeout: float,
-               max_output_tokens: int = 256) -> dict:
+def run_claude(url: str, model: str, key: str, timeout: float, max_output_tokens: int = 256,
+               lean: bool = False) -> dict:
+    """``lean``: without Claude Code's built-in tools (a 1.5k-token prompt instead of 20k)."""
     home = tempfile.mkdtemp(prefix="claude-home-")
     env = {**os.environ, "HOME": home, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key,
            "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
@@ -78,7 +85,8 @@ def run_claude(url: str, model: str, key: str, timeout: float,
            "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": str(int(timeout * 1000)),
            # it asks for 32,000 (cut to the window after a retry): a short answer is the test
            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens)}
-    cmd = ["claude", "-p", PROMPT, "--model", model, "--max-turns", "1"]
+    cmd = ["claude", "-p", PROMPT, "--model", model, "--max-turns", "1",
+           *(["--tools", ""] if lean else [])]
     return _run("claude", cmd, env, timeout, home)
 
 
@@ -103,12 +111,15 @@ def main() -> int:
     ap.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY", "none"))
     ap.add_argument("--only", choices=("codex", "claude"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per client")
+    ap.add_argument("--claude-lean", action="store_true",
+                    help="Claude Code without its built-in tools (a small model ends its answer)")
     args = ap.parse_args()
     model = served_model(args.url, args.api_key)
     ok = True
     for name, fn in (("codex", run_codex), ("claude", run_claude)):
         if args.only in (None, name):
-            result = fn(args.url, model, args.api_key, args.timeout)
+            extra = {"lean": True} if name == "claude" and args.claude_lean else {}
+            result = fn(args.url, model, args.api_key, args.timeout, **extra)
             print(json.dumps(result), flush=True)
             ok = ok and ("skipped" in result or (result["rc"] == 0 and bool(result["stdout"])))
     return 0 if ok else 1

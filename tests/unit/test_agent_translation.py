@@ -144,7 +144,7 @@ def test_agent_stream_sends_keepalives_while_silent_and_cancels_on_close(monkeyp
     async def events():
         try:
             yield {"type": "a"}
-            await asyncio.sleep(0.18)  # a held-back tool call, a long prefill
+            await asyncio.sleep(0.3)  # a held-back tool call, a long prefill
             yield {"type": "b"}
             await asyncio.sleep(60)
             yield {"type": "never"}
@@ -164,5 +164,5 @@ def test_agent_stream_sends_keepalives_while_silent_and_cancels_on_close(monkeyp
 
     out = asyncio.run(consume())
     assert out[0] == 'event: a\ndata: {"type": "a"}\n\n' and out[-1].startswith("event: b\n")
-    assert set(out[1:-1]) == {"PING"} and 2 <= len(out) - 2 <= 4
+    assert set(out[1:-1]) == {"PING"}  # at least one, and nothing else
     assert cleaned == [True]

@@ -7,12 +7,12 @@
 """
 
 from .xgrammar_backend import (
-                               BatchMasks,
-                               GrammarCompiler,
-                               Matcher,
-                               check_grammar,
-                               fill_threads,
-                               new_bitmask,
+    BatchMasks,
+    GrammarCompiler,
+    Matcher,
+    check_grammar,
+    fill_threads,
+    new_bitmask,
 )
 
 __all__ = ["BatchMasks", "GrammarCompiler", "Matcher", "check_grammar", "fill_threads",

@@ -219,7 +219,7 @@ class _DetokenizeRole:
                 ))
             elif isinstance(msg, RequestsAcceptedMsg):
                 others += [UserReply(uid=uid, prompt_tokens=n)
-                           for uid, n in zip(msg.uids, msg.prompt_lens) if uid not in replies]
+                           for uid, n in zip(msg.uids, msg.prompt_lens)]
             elif isinstance(msg, CacheFlushedMsg):
                 others.append(UserReply(uid=msg.uid, finish_reason="stop"))
             else:

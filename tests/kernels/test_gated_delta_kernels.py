@@ -38,7 +38,8 @@ def test_conv_decode_matches_the_reference(state_dtype) -> None:
     state = torch.randn(5, C, W - 1, generator=gen).to(state_dtype)
     slots = torch.tensor([3, -1, 0], dtype=torch.int32)
     ref_state = state.clone()
-    out = conv_decode(x.to(DEV), weight.to(DEV), dev_state := state.clone().to(DEV), slots.to(DEV)).cpu()
+    dev_state = state.clone().to(DEV)
+    out = conv_decode(x.to(DEV), weight.to(DEV), dev_state, slots.to(DEV)).cpu()
     for row, slot in ((0, 3), (2, 0)):
         want, ref_state[slot] = ops.causal_conv1d(x[row:row + 1], weight, None, ref_state[slot])
         torch.testing.assert_close(out[row], want[0], atol=1e-5, rtol=1e-5)

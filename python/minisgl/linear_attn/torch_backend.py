@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from minisgl.layers import gated_delta as ops
 
 from .base import BaseLinearAttnBackend

@@ -191,8 +191,8 @@ def gdn_decode(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.T
                num_k_heads: int, k_dim: int, scale: float,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """One token per request onto its slot's state. x ``[B, C]`` (the conv output: q | k | v),
-    a, b ``[B, HV]`` (each row contiguous), ``ssm_state [slots, HV, K, V]``. Returns ``[B, HV, V]`` in
-    x's dtype (into ``out`` when given, a contiguous tensor)."""
+    a, b ``[B, HV]`` (each row contiguous), ``ssm_state [slots, HV, K, V]``. Returns
+    ``[B, HV, V]`` in x's dtype (into ``out``, a contiguous tensor, when given)."""
     batch = x.shape[0]
     hv, v_dim = ssm_state.shape[1], ssm_state.shape[3]
     if out is None:

@@ -12,6 +12,11 @@
 #   scripts/gpu_validate.sh itl        OUT  # streaming smoothness: mixed steps vs prefill-first
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs admission on shared prefixes
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
+#   scripts/gpu_validate.sh hybrid-tests OUT  # hybrid models on CUDA: the in-place state kernels,
+#                                           # the Triton backend vs torch, greedy parity (fp32)
+#   scripts/gpu_validate.sh hybrid     OUT  # Qwen3.5-9B: offline (fp32 / bf16 state) with its
+#                                           # ceiling, batch 1, transformers; online at
+#                                           # concurrency 1/16/64; radix vs naive, shared prefixes
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
@@ -107,8 +112,34 @@ first-minute)
         step 300 "${fm[@]}" --tag "${m}_warmup_restart" --cache-dir "$cache" -- --model "$dir" \
             --dummy-weights
     done ;;
+hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]')
+    step 500 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
+        tests/kernels/test_gated_delta_kernels.py tests/kernels/test_gated_delta.py \
+        tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
+    tail -5 "$out/hybrid_tests.log" ;;
+hybrid)
+    m9=benchmark/configs/qwen3.5-9b.json
+    step 420 "${bench[@]}" --model $m9 --variants default,state-bf16 --batch1 \
+        --batch1-variants default,state-bf16 --hf-requests 16 --hf-batch 16 \
+        >"$out/bench_qwen3.5-9b.log" 2>&1
+    here=benchmark/online model=$(mktemp -d)/qwen3.5-9b tag=qwen3.5-9b
+    source benchmark/online/gpu_common.sh
+    "$py" benchmark/online/dummy_model.py $m9 "$model" >/dev/null
+    shared=(--dataset shared-prefix --groups 8 --per-group 32 --prefix-len 2048
+            --question-len 64 --output-len 64 --request-rates inf)
+    serve "${tag}_radix" --cache radix
+    bench --dataset random --num-prompts 64 --input-len 128,1024 --output-len 256 \
+        --concurrencies 1,16,64 --rounds 2 --tag "${tag}_${gpu}_concurrency"
+    bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_radix"
+    stop
+    serve "${tag}_naive" --cache naive
+    bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_naive"
+    stop
+    bench --compare "$out/${tag}_${gpu}_shared_prefix_radix.json" \
+        "$out/${tag}_${gpu}_shared_prefix_naive.json" --tag "${tag}_${gpu}_radix_vs_naive"
+    cat "$out"/offline_qwen3.5-9b_*.md "$out"/*radix_vs_naive.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|first-minute OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|hybrid|first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import helpers.hybrid_models  # noqa: F401  (transformers' torch fallbacks, even with fla installed)
 from minisgl.layers.gated_delta import (
     causal_conv1d,
     chunk_gated_delta_rule,

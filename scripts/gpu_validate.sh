@@ -15,7 +15,7 @@
 #   scripts/gpu_validate.sh hybrid-tests OUT  # hybrid models on CUDA: the in-place state kernels,
 #                                           # the Triton backend vs torch, greedy parity (fp32)
 #   scripts/gpu_validate.sh hybrid     OUT  # Qwen3.5-9B: offline (fp32 / bf16 state) with its
-#                                           # ceiling, batch 1, transformers; online at
+#                                           # ceiling, batch 1, transformers; then hybrid-online:
 #                                           # concurrency 1/16/64; radix vs naive, shared prefixes
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
@@ -118,11 +118,13 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]')
         tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
     tail -5 "$out/hybrid_tests.log" ;;
 hybrid)
-    m9=benchmark/configs/qwen3.5-9b.json
-    step 420 "${bench[@]}" --model $m9 --variants default,state-bf16 --batch1 \
-        --batch1-variants default,state-bf16 --hf-requests 16 --hf-batch 16 \
+    step 420 "${bench[@]}" --model benchmark/configs/qwen3.5-9b.json --variants default,state-bf16 \
+        --batch1 --batch1-variants default,state-bf16 --hf-requests 16 --hf-batch 16 \
         >"$out/bench_qwen3.5-9b.log" 2>&1
-    here=benchmark/online model=$(mktemp -d)/qwen3.5-9b tag=qwen3.5-9b
+    "$0" hybrid-online "$out"
+    cat "$out"/offline_qwen3.5-9b_*.md ;;
+hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner
+    m9=benchmark/configs/qwen3.5-9b.json here=benchmark/online model=$(mktemp -d)/qwen3.5-9b tag=qwen3.5-9b
     source benchmark/online/gpu_common.sh
     "$py" benchmark/online/dummy_model.py $m9 "$model" >/dev/null
     shared=(--dataset shared-prefix --groups 8 --per-group 32 --prefix-len 2048
@@ -137,7 +139,7 @@ hybrid)
     stop
     bench --compare "$out/${tag}_${gpu}_shared_prefix_radix.json" \
         "$out/${tag}_${gpu}_shared_prefix_naive.json" --tag "${tag}_${gpu}_radix_vs_naive"
-    cat "$out"/offline_qwen3.5-9b_*.md "$out"/*radix_vs_naive.md ;;
+    cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
 *)
     echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|hybrid|first-minute OUT" >&2
     exit 2 ;;

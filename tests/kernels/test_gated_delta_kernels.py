@@ -141,7 +141,8 @@ def test_triton_backend_matches_the_torch_backend(dtype, state_dtype) -> None:
         outs = [be.forward(layer, qkv, a, b, batch).float() for be in backends]
         tol = 2e-3 if dtype == torch.float32 and state_dtype == torch.float32 else 5e-2
         torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=tol)
-        assert outs[0][sum(lens):].abs().max() == 0
+        if pad:
+            assert outs[0][sum(lens):].abs().max() == 0
         torch.testing.assert_close(pools[0].ssm[0].float(), pools[1].ssm[0].float(), atol=tol,
                                    rtol=tol)
         torch.testing.assert_close(pools[0].conv[0].float(), pools[1].conv[0].float())

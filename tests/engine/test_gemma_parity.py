@@ -139,3 +139,58 @@ def test_tp2_matches_tp1(checkpoints):
     torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-3, rtol=0)
     assert tokens2 == tokens1
     assert tokens1 == hf_greedy(checkpoints["gemma3"], prompts, len(tokens1[0]))
+
+
+# -- the sliding layers' own pool, pages freed past the window ----------------------------------
+
+
+@pytest.mark.parametrize("setting", ["page1", "page16", "chunked", "mixed"])
+def test_sliding_pool_gives_the_same_tokens(setting, checkpoints, prompts, reference):
+    llm = make_llm(checkpoints["gemma3"], sliding_pool_ratio=0.1, cache="naive",
+                   **SETTINGS[setting])
+    assert llm.scheduler.cache.window is not None
+    outputs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == reference["gemma3"]
+    llm.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
+    """Eight requests of 80-odd tokens each through a sliding pool of about 30 tokens: it holds
+    each running request's window only, its pages go round many times, admission waits for them,
+    and every token is transformers'. The radix cache is turned off (with a warning)."""
+    path = checkpoints["gemma3"]
+    prompts = random_prompts(8, [20, 33, 41, 12, 27, 38, 15, 30], 256, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    llm = make_llm(path, page_size=page_size, sliding_pool_ratio=0.001, max_prefill_tokens=16,
+                   max_running_requests=8)
+    cache = llm.scheduler.cache
+    window = cache.window
+    pool_tokens = window.num_tokens
+    assert pool_tokens <= 40 and not cache.shares_prefixes
+    taken, seen = [0], set()
+    allocate = window.allocate
+
+    def counting(rows, starts, counts):
+        taken[0] += sum(counts)
+        allocate(rows, starts, counts)
+        seen.add(pool_tokens - window.free_tokens)
+
+    window.allocate = counting
+    outputs = llm.generate(prompts, params)
+    assert taken[0] >= 3 * pool_tokens  # the pool was reused
+    assert max(seen) <= pool_tokens
+    assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 48)
+    llm.scheduler.check_integrity()
+    assert window.free_tokens == pool_tokens  # all back at the end
+
+
+def test_sliding_pool_with_retraction(checkpoints):
+    path = checkpoints["gemma3"]
+    prompts = random_prompts(5, [20, 25, 30, 18, 22], 256, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    tight = make_llm(path, num_pages=110, sliding_pool_ratio=0.5, cache="naive")
+    outputs = tight.generate(prompts, params)
+    assert tight.scheduler.num_retractions > 0
+    assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 24)
+    tight.scheduler.check_integrity()

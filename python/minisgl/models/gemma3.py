@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ from minisgl.moe import BaseMoeBackend
 from .base import BaseLLMModel
 from .config import ModelConfig, RotaryConfig, common_fields, rotary_config
 from .hybrid import OffsetRMSNorm
+from .weight import _checkpoint_shapes
 
 if TYPE_CHECKING:
     from minisgl.context import Context
@@ -167,6 +168,15 @@ class Gemma3ForCausalLM(BaseLLMModel):
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
                                       quant=cfg.quant)
+
+    @classmethod
+    def checkpoint_shapes(cls, cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """A Llama-style checkpoint's tensors plus Gemma's norms around the MLP (dummy
+        weights)."""
+        yield from _checkpoint_shapes(cfg)
+        for i in range(cfg.num_layers):
+            for norm in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                yield f"model.layers.{i}.{norm}.weight", (cfg.hidden_size,)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: Context) -> torch.Tensor:

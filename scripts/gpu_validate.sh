@@ -12,8 +12,9 @@
 #   scripts/gpu_validate.sh itl        OUT  # streaming smoothness: mixed steps vs prefill-first
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs admission on shared prefixes
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
-#   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels at real sizes, Gemma 3 parity on
-#                                           # CUDA (float32), Gemma 3 27B offline (random weights)
+#   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
+#                                           # (float32), Gemma 3 27B and Gemma 4 26B-A4B offline
+#                                           # (random weights)
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
@@ -102,9 +103,12 @@ gemma)
         tests/kernels/test_gemma_triton.py tests/engine/test_gemma_parity.py \
         >"$out/gemma_tests.log" 2>&1
     tail -3 "$out/gemma_tests.log"
-    step 500 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
+    step 400 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
         --num-requests 64 --tag gemma3 >"$out/bench_gemma3.log" 2>&1
-    cat "$out"/offline_*gemma3*.md ;;
+    # its experts run the torch loop (the MoE kernels apply SiLU, Gemma's experts GELU)
+    step 400 "${bench[@]}" --model benchmark/configs/gemma-4-26b-a4b.json --hf-requests 0 \
+        --num-requests 16 --tag gemma4 >"$out/bench_gemma4.log" 2>&1
+    cat "$out"/offline_*gemma*.md ;;
 first-minute)
     for m in ${MODELS:-qwen3-0.6b qwen3-8b}; do
         dir=$(mktemp -d)/$m cache=$(mktemp -d)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import helpers.hybrid_models  # noqa: F401  (transformers' torch fallbacks, even with fla installed)
+from helpers.hybrid_models import reference_on_torch_kernels
 from minisgl.layers.gated_delta import (
     causal_conv1d,
     chunk_gated_delta_rule,
@@ -17,6 +17,7 @@ from minisgl.layers.gated_delta import (
     recurrent_gated_delta_rule,
 )
 
+reference_on_torch_kernels()  # transformers' torch fallbacks, even with fla installed
 hf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
 

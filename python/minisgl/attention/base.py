@@ -3,10 +3,15 @@
 A backend owns how attention reads the paged KV pool. The engine calls ``prepare_metadata(batch)``
 once per forward, before the model runs (host-side work, and host-to-device copies); every
 attention layer stores this step's K/V at ``batch.out_loc`` and then calls
-``forward(q, k, v, layer_id, batch)``, which attends over each request's whole context
+``forward(q, k, v, spec, batch)``, which attends over each request's whole context
 ``[0, device_len)`` in the pool, causally for the new tokens (token ``i`` of a request sits at
 position ``cached_len + i``). ``k``/``v`` are this step's rows too, for backends that can attend
 without reading them back (no cached prefix).
+
+``spec`` is the layer's ``AttentionSpec`` (``spec.py``): its KV layer, scale, sliding window,
+sinks and soft-cap; a bare ``int`` is a plain full-attention layer at that KV index with the
+backend's default scale. ``check_layers(specs)`` is called once at start-up with every layer's
+spec: a backend refuses there what it cannot compute (``supports_*``).
 
 CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_graph = True``,
 ``graph_metadata_rows`` and implements three methods; the graph runner calls them in this order::
@@ -44,10 +49,12 @@ import torch
 
 from minisgl.core import BaseAttnMetadata
 
+from .spec import AttentionSpec, check_supported
+
 if TYPE_CHECKING:
     from minisgl.core import Batch
 
-__all__ = ["BaseAttnBackend", "BaseAttnMetadata"]
+__all__ = ["AttentionSpec", "BaseAttnBackend", "BaseAttnMetadata"]
 
 
 class BaseAttnBackend(ABC):
@@ -58,6 +65,22 @@ class BaseAttnBackend(ABC):
     supports_padding: bool = False
     # decode kernels launch with PDL (``kernel/triton/pdl.py``); set by the engine
     pdl: bool = False
+    # what the backend computes beyond plain causal attention (``AttentionSpec``)
+    supports_window: bool = False
+    supports_sinks: bool = False
+    supports_softcap: bool = False
+    scale: float  # the default scale: of a layer handed as a bare index
+
+    def check_layers(self, specs: list[AttentionSpec]) -> None:
+        """Raise ``ValueError`` naming the feature if some layer asks for one this backend lacks."""
+        check_supported(type(self).__name__, specs, window=self.supports_window,
+                        sinks=self.supports_sinks, softcap=self.supports_softcap)
+
+    def spec_of(self, layer: AttentionSpec | int, q: torch.Tensor,
+                k: torch.Tensor | None) -> AttentionSpec:
+        """The spec of the layer ``forward`` was handed (a bare index: a plain layer)."""
+        return layer if isinstance(layer, AttentionSpec) else \
+            AttentionSpec.plain(layer, q, k, self.scale)
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
@@ -65,8 +88,8 @@ class BaseAttnBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [T, qo_heads, head_dim], k/v: [T, kv_heads, head_dim] (already in the pool)
         -> [T, qo_heads, head_dim], written into ``out`` when one is given (and returned)."""

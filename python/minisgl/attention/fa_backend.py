@@ -10,8 +10,8 @@ request are its whole context, packed back to back, which is exactly FlashAttent
 Two implementations, picked once: the ``flash_attn`` package (``flash_attn_varlen_func``) when it
 is installed, else the FlashAttention that ships inside torch (``torch.nn.attention.varlen``,
 torch >= 2.9; its keyword arguments changed between releases, so they are read off its signature).
-Everything else (decode, prefixes, float32, which FlashAttention does not take) goes to the Triton
-backend, which this one wraps.
+Everything else (decode, prefixes, float32, which FlashAttention does not take, and layers with a
+sliding window or sinks) goes to the Triton backend, which this one wraps.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .base import BaseAttnBackend
+from .base import AttentionSpec, BaseAttnBackend
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -88,6 +88,7 @@ class FlashAttnBackend(BaseAttnBackend):
     """FlashAttention for prefills without a cached prefix; the Triton backend for the rest."""
 
     supports_cuda_graph = True  # decode is the Triton backend's
+    supports_window = supports_sinks = True  # such layers go to the Triton backend
 
     def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
         from .triton_backend import TritonBackend, TritonPrefillMetadata  # needs triton
@@ -98,21 +99,26 @@ class FlashAttnBackend(BaseAttnBackend):
         self._prefill_meta = TritonPrefillMetadata
         self.kv_pool, self.scale = kv_pool, scale
 
+    def check_layers(self, specs: list[AttentionSpec]) -> None:
+        self.triton.check_layers(specs)
+
     def prepare_metadata(self, batch: Batch) -> None:
         self.triton.prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        spec = self.spec_of(layer, q, k)
         meta = batch.attn_metadata
         usable = (
             isinstance(meta, self._prefill_meta) and meta.no_prefix
             and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
+            and spec.sliding_window is None and spec.sinks is None
         )
         if not usable:
-            return self.triton.forward(q, k, v, layer_id, batch, out)
-        res = self.varlen(q, k, v, meta.cu_seqlens, meta.max_extend, self.scale)
+            return self.triton.forward(q, k, v, spec, batch, out)
+        res = self.varlen(q, k, v, meta.cu_seqlens, meta.max_extend, spec.scale)
         return res if out is None else out.copy_(res)
 
     def init_cuda_graph(self, max_bs: int) -> None:
@@ -133,6 +139,10 @@ class HybridBackend(BaseAttnBackend):
         self.supports_cuda_graph = decode.supports_cuda_graph
         self.graph_metadata_rows = decode.graph_metadata_rows
 
+    def check_layers(self, specs: list[AttentionSpec]) -> None:
+        self.prefill.check_layers(specs)
+        self.decode.check_layers(specs)
+
     def _pick(self, batch: Batch) -> BaseAttnBackend:
         return self.decode if batch.is_decode else self.prefill
 
@@ -140,10 +150,10 @@ class HybridBackend(BaseAttnBackend):
         self._pick(batch).prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self._pick(batch).forward(q, k, v, layer_id, batch, out)
+        return self._pick(batch).forward(q, k, v, layer, batch, out)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         self.decode.init_cuda_graph(max_bs)

@@ -1,17 +1,19 @@
 """The reference backend: gather each request's pages, pad the batch, one masked SDPA call.
 
-It runs on any device and is what the GPU kernels are checked against; it is not fast.
+It runs on any device and is what the GPU kernels are checked against; it is not fast. A plain
+layer is one SDPA call; a layer with sinks or a soft-cap takes the explicit softmax
+(``attend``), a sliding window narrows the mask.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from .base import BaseAttnBackend, BaseAttnMetadata
+from .base import AttentionSpec, BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -23,9 +25,39 @@ class TorchAttnMetadata(BaseAttnMetadata):
     slots: torch.Tensor  # [B, max_seq] KV slot of every context position (padding reads slot 0)
     mask: torch.Tensor  # [B, 1, max_extend, max_seq] True where a query may attend
     token_index: torch.Tensor  # [T] position of each packed token in the [B * max_extend] padding
+    distance: torch.Tensor  # [B, 1, max_extend, max_seq] query position - key position
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> its mask
+
+    def mask_for(self, window: int | None) -> torch.Tensor:
+        """The causal mask, narrowed to the last ``window`` keys of each query when given."""
+        if window is None:
+            return self.mask
+        if window not in self.windowed:
+            self.windowed[window] = self.mask & (self.distance < window)
+        return self.windowed[window]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+           spec: AttentionSpec) -> torch.Tensor:
+    """Explicit attention ``[B, Hq, M, D]`` x ``[B, Hkv, S, D]`` in float32: soft-capped scores,
+    and the sinks as one more logit per head in the denominator (no value)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
+    s = torch.matmul(q.float(), k.transpose(-1, -2)) * spec.scale
+    if spec.logit_softcap is not None:
+        s = torch.tanh(s / spec.logit_softcap) * spec.logit_softcap
+    s = s.masked_fill(~mask, float("-inf"))
+    if spec.sinks is not None:
+        sink = spec.sinks.float().view(1, -1, 1, 1).expand(*s.shape[:3], 1)
+        p = torch.cat([s, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        p = s.softmax(-1)
+    return torch.matmul(p.nan_to_num(0.0), v).to(q.dtype)
 
 
 class TorchBackend(BaseAttnBackend):
+    supports_window = supports_sinks = supports_softcap = True
+
     def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
         self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
 
@@ -44,24 +76,31 @@ class TorchBackend(BaseAttnBackend):
         token_index = torch.cat(
             [b * max_ext + torch.arange(n) for b, n in enumerate(extend.tolist())]
         )
+        distance = (q_pos[:, :, None] - key_pos[None, None, :]).unsqueeze(1)
         batch.attn_metadata = TorchAttnMetadata(
-            slots=slots, mask=mask.unsqueeze(1).to(device), token_index=token_index.to(device)
+            slots=slots, mask=mask.unsqueeze(1).to(device), token_index=token_index.to(device),
+            distance=distance.to(device),
         )
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        spec = self.spec_of(layer, q, k)
         meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
         num_reqs, max_ext = meta.mask.shape[0], meta.mask.shape[2]
         q_pad = q.new_zeros(num_reqs * max_ext, *q.shape[1:])
         q_pad[meta.token_index] = q
         q_pad = q_pad.view(num_reqs, max_ext, *q.shape[1:]).transpose(1, 2)
-        k_ctx, v_ctx = self.kv_pool.read_kv(layer_id, meta.slots, q.dtype)
+        k_ctx, v_ctx = self.kv_pool.read_kv(spec.kv_layer, meta.slots, q.dtype)
         k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
-        res = F.scaled_dot_product_attention(
-            q_pad, k_ctx, v_ctx, attn_mask=meta.mask, scale=self.scale,
-            enable_gqa=q.shape[1] != k.shape[1],
-        )
+        mask = meta.mask_for(spec.sliding_window)
+        if spec.sinks is None and spec.logit_softcap is None:
+            res = F.scaled_dot_product_attention(
+                q_pad, k_ctx, v_ctx, attn_mask=mask, scale=spec.scale,
+                enable_gqa=q.shape[1] != k_ctx.shape[1],
+            )
+        else:
+            res = attend(q_pad, k_ctx, v_ctx, mask, spec)
         res = res.transpose(1, 2).reshape(num_reqs * max_ext, *q.shape[1:])[meta.token_index]
         return res if out is None else out.copy_(res)

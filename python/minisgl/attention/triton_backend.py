@@ -27,7 +27,7 @@ import torch
 
 from minisgl.utils.transfer import to_device
 
-from .base import BaseAttnBackend, BaseAttnMetadata
+from .base import AttentionSpec, BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -37,7 +37,6 @@ try:
     from minisgl.kernel.triton.decode_attention import (
         choose_num_splits,
         decode_attention,
-        decode_workspace,
         longest_first,
     )
     from minisgl.kernel.triton.extend_attention import extend_attention
@@ -61,7 +60,8 @@ class TritonDecodeMetadata(BaseAttnMetadata):
     order: torch.Tensor  # [B] int32 the batch's indices, longest context first
     num_splits: int
     static: bool = False  # views of the CUDA-graph buffers: use the backend's static workspace
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None  # eager: made by the first layer
+    # eager: flat part_out, part_lse, made by the first layer, grown by a layer of more heads * dim
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -91,6 +91,7 @@ class TritonBackend(BaseAttnBackend):
     # mixed batches: decode rows through the decode kernel (True) or the extend kernel (False);
     # benchmark/kernels/bench_mixed_attention.py measures both
     mixed_decode_kernel = True
+    supports_window = supports_sinks = True  # soft-capping: not in the kernels
 
     def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
         self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
@@ -104,6 +105,11 @@ class TritonBackend(BaseAttnBackend):
         )
         self._graph_max_bs = 0
         self._graph_ws: tuple[torch.Tensor, torch.Tensor] | None = None  # flat part_out, part_lse
+        self._max_heads_dim = 0  # the largest qo_heads * head_dim of the model's layers
+
+    def check_layers(self, specs: list[AttentionSpec]) -> None:
+        super().check_layers(specs)
+        self._max_heads_dim = max((s.num_qo_heads * s.head_dim for s in specs), default=0)
 
     def num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.max_seq_len, self.num_sms)
@@ -143,57 +149,66 @@ class TritonBackend(BaseAttnBackend):
     # -- forward ------------------------------------------------------------------------------
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        spec = self.spec_of(layer, q, k)
         meta = batch.attn_metadata
-        k_cache, v_cache = self.kv_pool.k_cache(layer_id), self.kv_pool.v_cache(layer_id)
-        kv_scales = self.kv_pool.kv_scales(layer_id)
         if isinstance(meta, TritonDecodeMetadata):
-            return decode_attention(
-                q, k_cache, v_cache, self.page_table, meta.rows, meta.seq_lens, self.scale,
-                meta.num_splits, out=out, workspace=self._workspace(meta, q), kv_scales=kv_scales,
-                order=meta.order, pdl=self.pdl,
-            )
+            return self._decode(q, spec, meta, out)
         if isinstance(meta, TritonMixedMetadata):
             out = torch.empty_like(q) if out is None else out
-            d, dec = meta.num_decode, meta.decode
-            decode_attention(
-                q[:d], k_cache, v_cache, self.page_table, dec.rows, dec.seq_lens, self.scale,
-                dec.num_splits, out=out[:d], workspace=self._workspace(dec, q[:d]),
-                kv_scales=kv_scales, order=dec.order, pdl=self.pdl,
-            )
-            self._extend(q[d:], k_cache, v_cache, meta.prefill, kv_scales, out[d:])
+            d = meta.num_decode
+            self._decode(q[:d], spec, meta.decode, out[:d])
+            self._extend(q[d:], spec, meta.prefill, out[d:])
             return out
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
-        return self._extend(q, k_cache, v_cache, meta, kv_scales, out)
+        return self._extend(q, spec, meta, out)
 
-    def _extend(self, q, k_cache, v_cache, meta: TritonPrefillMetadata, kv_scales,
-                out=None) -> torch.Tensor:
+    def _decode(self, q, spec: AttentionSpec, meta: TritonDecodeMetadata, out) -> torch.Tensor:
+        pool, layer = self.kv_pool, spec.kv_layer
+        return decode_attention(
+            q, pool.k_cache(layer), pool.v_cache(layer), self.page_table, meta.rows,
+            meta.seq_lens, spec.scale, meta.num_splits, out=out,
+            workspace=self._workspace(meta, q), kv_scales=pool.kv_scales(layer),
+            order=meta.order, pdl=self.pdl, window=spec.window, sinks=spec.sinks,
+        )
+
+    def _extend(self, q, spec: AttentionSpec, meta: TritonPrefillMetadata, out) -> torch.Tensor:
+        pool, layer = self.kv_pool, spec.kv_layer
         return extend_attention(
-            q, k_cache, v_cache, self.page_table, meta.rows, meta.cu_seqlens, meta.seq_lens,
-            meta.max_extend, self.scale, out=out, kv_scales=kv_scales,
+            q, pool.k_cache(layer), pool.v_cache(layer), self.page_table, meta.rows,
+            meta.cu_seqlens, meta.seq_lens, meta.max_extend, spec.scale, out=out,
+            kv_scales=pool.kv_scales(layer), window=spec.window, sinks=spec.sinks,
         )
 
     def _workspace(self, meta: TritonDecodeMetadata, q: torch.Tensor):
-        """Split workspace shared by all layers of one forward (none when ``num_splits == 1``)."""
+        """Split workspace shared by all layers of one forward (none when ``num_splits == 1``),
+        flat buffers viewed per layer, so layers of different heads or head sizes share it."""
         if meta.num_splits == 1:
             return None
         bs, hq, dim = q.shape
+        s = meta.num_splits
         if not meta.static:
-            if meta.workspace is None:
-                meta.workspace = decode_workspace(bs, hq, meta.num_splits, dim, q.device)
-            return meta.workspace
+            if meta.workspace is None or meta.workspace[0].numel() < bs * hq * s * dim:
+                width = max(hq * dim, self._max_heads_dim)
+                meta.workspace = (
+                    torch.empty(bs * s * width, dtype=torch.float32, device=q.device),
+                    torch.empty(bs * s * width, dtype=torch.float32, device=q.device),
+                )
+            part_out, part_lse = meta.workspace
+            return (part_out[: bs * hq * s * dim].view(bs, hq, s, dim),
+                    part_lse[: bs * hq * s].view(bs, hq, s))
         assert self._graph_max_bs, "init_cuda_graph was not called"
-        if self._graph_ws is None:  # sized once for every capturable batch size
+        if self._graph_ws is None:  # sized once for every capturable batch size and layer
             max_bs = self._graph_max_bs
             most = max(b * self.num_splits(b) for b in range(1, max_bs + 1))
+            width = max(hq * dim, self._max_heads_dim)
             self._graph_ws = (
-                torch.empty(most * hq * dim, dtype=torch.float32, device=q.device),
-                torch.empty(most * hq, dtype=torch.float32, device=q.device),
+                torch.empty(most * width, dtype=torch.float32, device=q.device),
+                torch.empty(most * width, dtype=torch.float32, device=q.device),
             )
         part_out, part_lse = self._graph_ws
-        s = meta.num_splits
         return (part_out[: bs * hq * s * dim].view(bs, hq, s, dim),
                 part_lse[: bs * hq * s].view(bs, hq, s))
 

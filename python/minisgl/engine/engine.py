@@ -69,10 +69,8 @@ class Engine:
         self.comm = comm
         self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
-        # a hybrid model has KV for its full-attention layers only, and a recurrent-state pool
-        self.num_kv_layers = getattr(self.model, "num_kv_layers", mc.num_layers)
-        self.local_kv_heads = getattr(self.model, "local_kv_heads", None) or \
-            self.model.layers[0].self_attn.qkv_proj.local_kv
+        # the model declares its caches: KV layers and their shapes, windows, recurrent state
+        self.cache_spec = self.model.cache_spec()
         self.max_seq_len = config.max_seq_len or mc.max_position
         self.dummy_row = config.max_running_reqs
         table_shape = (config.max_running_reqs + 1, self.max_seq_len)
@@ -82,7 +80,7 @@ class Engine:
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
         # penalty counts and logit biases of the request in each row (allocated on first use)
         self.sampling_state = SamplingState(table_shape[0], mc.vocab_size, self.device)
-        self.state_pool = create_state_pool(self.model, config, self.device)
+        self.state_pool = create_state_pool(self.cache_spec, config, self.device)
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
@@ -116,23 +114,24 @@ class Engine:
 
     def _make_pool(self, num_pages: int):
         mc, config = self.model_config, self.config
+        spec = self.cache_spec
+        shapes = spec.kv_layer_shapes
         pool = create_kvcache_pool(
-            num_layers=self.num_kv_layers, num_kv_heads=self.local_kv_heads,
-            head_dim=mc.head_dim, num_pages=num_pages, page_size=config.page_size,
-            dtype=config.kv_dtype, device=self.device,
+            num_layers=spec.num_kv_layers, num_kv_heads=max(h for h, _ in shapes),
+            head_dim=max(d for _, d in shapes), num_pages=num_pages, page_size=config.page_size,
+            dtype=config.kv_dtype, device=self.device, layer_shapes=shapes,
         )
         set_kv_scales(pool, self.model.kv_scales)
         backend = create_attention_backend(
             config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
         )
+        backend.check_layers(list(spec.attention))  # refuses a window or sinks it cannot do
         backend.pdl = config.pdl
         return pool, backend
 
     @property
     def kv_bytes_per_token(self) -> int:
-        mc = self.model_config
-        return (2 * self.num_kv_layers * self.local_kv_heads * mc.head_dim
-                * self.config.kv_dtype.itemsize)
+        return self.cache_spec.kv_bytes_per_token(self.config.kv_dtype)
 
     def _build_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)

@@ -13,26 +13,23 @@ from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
+    from minisgl.kvcache.spec import CacheSpec
 
     from .config import EngineConfig
 
 logger = init_logger(__name__)
 
 
-def is_hybrid(model: torch.nn.Module) -> bool:
-    return hasattr(model, "state_shape")
-
-
-def create_state_pool(model: torch.nn.Module, config: EngineConfig,
+def create_state_pool(spec: CacheSpec, config: EngineConfig,
                       device: torch.device) -> StatePool | None:
     """One slot per page-table row (the dummy row's is scratch) plus the prefix cache's snapshot
-    slots; None for a model without linear-attention layers."""
-    if not is_hybrid(model):
+    slots; None for a model without linear-attention layers (``spec.has_state``)."""
+    if not spec.has_state:
         return None
     snapshots = config.num_state_snapshots
     if snapshots is None:  # a quarter of the request slots: a slot is ~1.5-3k tokens of KV
         snapshots = max(1, config.max_running_reqs // 4)
-    pool = StatePool(model.state_shape, model.num_linear_layers, config.max_running_reqs,
+    pool = StatePool(spec.state_shape, spec.num_state_layers, config.max_running_reqs,
                      snapshots, config.dtype, device)
     logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB, %.2f GiB",
                 pool.num_slots, config.max_running_reqs, pool.num_snapshots,

@@ -43,8 +43,11 @@ def create_kvcache_pool(
     page_size: int,
     dtype: torch.dtype,
     device: torch.device | str,
+    layer_shapes: list[tuple[int, int]] | None = None,
 ) -> BaseKVCachePool:
-    return MHAKVCache(num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype, device)
+    """``layer_shapes``: ``(kv_heads, head_dim)`` per layer, when layers differ (``MHAKVCache``)."""
+    return MHAKVCache(num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype, device,
+                      layer_shapes)
 
 
 def create_prefix_cache(name: str, page_size: int, device: torch.device | str,

@@ -1,21 +1,27 @@
-"""The multi-head-attention KV pool: one contiguous buffer for all layers' K and V."""
+"""The multi-head-attention KV pool: one buffer per distinct layer shape for all layers' K and V."""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
 from minisgl.quant.fp8 import quantize_kv
 
-from .base import BaseKVCachePool
+from .base import BaseKVCachePool, check_positive_int
 
 __all__ = ["MHAKVCache"]
 
 
 class MHAKVCache(BaseKVCachePool):
-    """K and V of every layer in one ``[2, num_layers, num_slots, num_kv_heads, head_dim]`` tensor.
+    """K and V of every layer, the layers of one shape in one
+    ``[2, layers_of_that_shape, num_slots, kv_heads, head_dim]`` tensor.
 
-    A single allocation keeps the pool's memory footprint exact and lets ``k_cache``/``v_cache``
-    be free views. The buffer is zeroed so that reads of never-written slots are deterministic.
+    ``layer_shapes`` (``(kv_heads, head_dim)`` per layer) gives layers shapes of their own (Gemma
+    4's global layers: head size 512, 2 KV heads, beside local layers of 256); without it every
+    layer is ``(num_kv_heads, head_dim)``. Every layer has the same slots, so one page table
+    serves all. Few allocations keep the footprint exact and let ``k_cache``/``v_cache`` be free
+    views. The buffers are zeroed so that reads of never-written slots are deterministic.
     """
 
     def __init__(
@@ -27,29 +33,50 @@ class MHAKVCache(BaseKVCachePool):
         page_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        layer_shapes: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype, device)
-        shape = (2, num_layers, self.num_slots, num_kv_heads, head_dim)
-        self._kv = torch.zeros(shape, dtype=dtype, device=self.device)
+        if layer_shapes is None:
+            layer_shapes = [(num_kv_heads, head_dim)] * num_layers
+        if len(layer_shapes) != num_layers:
+            raise ValueError(f"layer_shapes: {len(layer_shapes)} shapes for {num_layers} layers")
+        for heads, dim in layer_shapes:
+            check_positive_int("layer_shapes kv_heads", heads)
+            check_positive_int("layer_shapes head_dim", dim)
+        self.layer_shapes = [tuple(s) for s in layer_shapes]
+        shapes = sorted(set(self.layer_shapes))
+        # layer -> (its shape's buffer, its index in that buffer)
+        self._where = [(shapes.index(s), self.layer_shapes[:i].count(s))
+                       for i, s in enumerate(self.layer_shapes)]
+        self._bufs = [
+            torch.zeros((2, self.layer_shapes.count(s), self.num_slots, *s), dtype=dtype,
+                        device=self.device)
+            for s in shapes
+        ]
 
     @property
     def mem_bytes(self) -> int:
-        return self._kv.numel() * self._kv.element_size()
+        return sum(b.numel() * b.element_size() for b in self._bufs)
+
+    def _layer(self, layer_id: int) -> torch.Tensor:
+        if not 0 <= layer_id < self.num_layers:
+            raise IndexError(f"layer_id {layer_id} out of range [0, {self.num_layers})")
+        buf, idx = self._where[layer_id]
+        return self._bufs[buf][:, idx]
 
     def k_cache(self, layer_id: int) -> torch.Tensor:
-        return self._kv[0, layer_id]
+        return self._layer(layer_id)[0]
 
     def v_cache(self, layer_id: int) -> torch.Tensor:
-        return self._kv[1, layer_id]
+        return self._layer(layer_id)[1]
 
     def store_kv(
         self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int
     ) -> None:
-        """Scatter rows of ``k``/``v`` (``[T, num_kv_heads, head_dim]``) to slots ``out_loc[T]``."""
-        if not 0 <= layer_id < self.num_layers:
-            raise IndexError(f"layer_id {layer_id} out of range [0, {self.num_layers})")
+        """Scatter rows of ``k``/``v`` (``[T, kv_heads, head_dim]``) to slots ``out_loc[T]``."""
+        kv = self._layer(layer_id)
         if self.is_fp8:
             ks, vs = self.kv_scales(layer_id)
             k, v = quantize_kv(k, ks), quantize_kv(v, vs)
-        self._kv[0, layer_id][out_loc] = k.to(self.dtype)
-        self._kv[1, layer_id][out_loc] = v.to(self.dtype)
+        kv[0][out_loc] = k.to(self.dtype)
+        kv[1][out_loc] = v.to(self.dtype)

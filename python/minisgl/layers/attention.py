@@ -1,16 +1,23 @@
-"""Self-attention of one decoder layer: merged QKV, optional per-head q/k RMSNorm (Qwen3), RoPE,
-the K/V store into the paged pool, the attention backend over it, and the row-parallel output
-projection. On CUDA the norms, RoPE and the store are one Triton kernel."""
+"""Self-attention of one decoder layer: merged QKV, optional per-head q/k norms, RoPE, the K/V
+store into the paged pool, the attention backend over it, and the row-parallel output projection.
+On CUDA (plain RMSNorm q/k norms, full-width RoPE) the norms, RoPE and the store are one Triton
+kernel.
+
+The layer carries its ``AttentionSpec`` (``attention/spec.py``): head size, KV heads, scale,
+sliding window, sinks and soft-cap are arguments, defaulting to the model config's, so a family
+with local and global layers builds each with its own and no backend learns about the family."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
+from minisgl.attention.spec import AttentionSpec
 from minisgl.distributed import DistributedCommunicator
 
+from .base import copy_weight, new_param, shard
 from .linear import LinearQKVMerged, LinearRowParallel
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding, cos_sin_cache, pow2
@@ -21,26 +28,54 @@ if TYPE_CHECKING:
 
 
 class AttentionLayer(nn.Module):
+    """``kv_layer``: the pool layer (default ``layer_id``); ``head_dim``/``num_kv_heads``/``scale``
+    override the config's (``scale`` defaults to ``head_dim ** -0.5``); ``sliding_window``: None or
+    W; ``sinks``: learn one logit per query head (parameter ``sinks``, loaded per rank);
+    ``rotary``: the layer's RoPE module (default: the config's); ``norm``: the class of the q/k
+    norms, ``norm(head_dim, eps)`` (default: ``RMSNorm`` when the config has q/k norms, else
+    none)."""
+
     pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
 
-    def __init__(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator, *,
+                 kv_layer: int | None = None, head_dim: int | None = None,
+                 num_kv_heads: int | None = None, scale: float | None = None,
+                 sliding_window: int | None = None, sinks: bool = False,
+                 logit_softcap: float | None = None, rotary: nn.Module | None = None,
+                 norm: Callable[[int, float], nn.Module] | None = None) -> None:
         super().__init__()
-        self.layer_id, self.head_dim = layer_id, cfg.head_dim
+        head_dim = head_dim or cfg.head_dim
+        self.layer_id, self.head_dim = layer_id, head_dim
         self.qkv_proj = LinearQKVMerged(
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.num_qo_heads,
-            cfg.num_kv_heads,
-            cfg.attention_bias,
-            comm.info,
-            cfg.quant,
+            cfg.hidden_size, head_dim, cfg.num_qo_heads, num_kv_heads or cfg.num_kv_heads,
+            cfg.attention_bias, comm.info, cfg.quant,
         )
         self.o_proj = LinearRowParallel(
-            cfg.num_qo_heads * cfg.head_dim, cfg.hidden_size, False, comm, cfg.quant
+            cfg.num_qo_heads * head_dim, cfg.hidden_size, False, comm, cfg.quant
         )
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = RotaryEmbedding(cfg.rotary)
+        if norm is None and cfg.qk_norm:
+            norm = RMSNorm
+        self.q_norm = norm(head_dim, cfg.rms_norm_eps) if norm is not None else None
+        self.k_norm = norm(head_dim, cfg.rms_norm_eps) if norm is not None else None
+        self.rotary = rotary if rotary is not None else RotaryEmbedding(cfg.rotary)
+        self.tp = comm.info
+        proj = self.qkv_proj
+        self.sinks = new_param(proj.local_qo, loader=self._load_sinks,
+                               dtype=torch.float32) if sinks else None
+        self.spec = AttentionSpec(
+            kv_layer=layer_id if kv_layer is None else kv_layer, num_qo_heads=proj.local_qo,
+            num_kv_heads=proj.local_kv, head_dim=head_dim,
+            scale=scale if scale is not None else head_dim**-0.5, sliding_window=sliding_window,
+            sinks=self.sinks, logit_softcap=logit_softcap,
+            rotary=getattr(self.rotary, "cfg", None),
+        )
+        # the fused CUDA kernel: RMSNorm (w) norms, RoPE over the whole head
+        self._fusable = (type(self.q_norm) in (RMSNorm, type(None))
+                         and type(self.rotary) is RotaryEmbedding
+                         and self.rotary.cfg.head_dim == head_dim)
+
+    def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object) -> None:
+        copy_weight(param, shard(loaded, 0, self.tp))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context,
                 norm_eps: float | None = None,
@@ -54,7 +89,7 @@ class AttentionLayer(nn.Module):
         k = k.view(-1, proj.local_kv, self.head_dim)
         v = v.view(-1, proj.local_kv, self.head_dim)
         q, k = self._norm_rope_store(q, k, v, positions, ctx)
-        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        out = ctx.attn_backend.forward(q, k, v, self.spec, ctx.batch)
         return self.o_proj(out.reshape(out.shape[0], -1), residual=residual)
 
     def _norm_rope_store(
@@ -62,19 +97,20 @@ class AttentionLayer(nn.Module):
         ctx: Context,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q/k norms and RoPE, then this step's K/V into the pool at ``batch.out_loc``."""
-        pool, out_loc = ctx.kv_pool, ctx.batch.out_loc
-        if q.is_cuda and pow2(self.head_dim) and pool.dtype in (q.dtype, torch.float8_e4m3fn):
+        pool, out_loc, layer = ctx.kv_pool, ctx.batch.out_loc, self.spec.kv_layer
+        if (q.is_cuda and self._fusable and pow2(self.head_dim)
+                and pool.dtype in (q.dtype, torch.float8_e4m3fn)):
             from minisgl.kernel.triton.rotary import norm_rope_store_
 
             qw = self.q_norm.weight if self.q_norm is not None else None
             kw = self.k_norm.weight if self.k_norm is not None else None
             eps = self.q_norm.eps if self.q_norm is not None else 0.0
             norm_rope_store_(positions, q, k, v, cos_sin_cache(self.rotary.cfg, q.device),
-                             pool.k_cache(self.layer_id), pool.v_cache(self.layer_id), out_loc,
-                             qw, kw, eps, pool.kv_scales(self.layer_id), pdl=self.pdl)
+                             pool.k_cache(layer), pool.v_cache(layer), out_loc,
+                             qw, kw, eps, pool.kv_scales(layer), pdl=self.pdl)
             return q, k
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        pool.store_kv(k, v, out_loc, self.layer_id)
+        pool.store_kv(k, v, out_loc, layer)
         return q, k

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
+from minisgl.kvcache.spec import CacheSpec
 from minisgl.layers import ParallelLMHead, RMSNormFused, VocabParallelEmbedding
 from minisgl.layers.base import copy_weight
 from minisgl.moe import BaseMoeBackend
@@ -71,6 +72,11 @@ class BaseLLMModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def cache_spec(self) -> CacheSpec:
+        """The caches this model needs (``kvcache/spec.py``): by default every layer's
+        ``self_attn.spec``; a family with other caches (recurrent state) overrides this."""
+        return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers))
 
     def checkpoint_names(self, name: str) -> tuple[str, object] | None:
         """Map a Hugging Face tensor name to (our parameter, shard id); None to skip it."""

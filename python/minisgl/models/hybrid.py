@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.attention.spec import AttentionSpec
 from minisgl.distributed import DistributedCommunicator
 from minisgl.layers import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel, MoELayer
 from minisgl.layers.base import divide, new_param
@@ -88,6 +89,8 @@ class GatedAttention(nn.Module):
                                         comm, cfg.quant)
         self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.spec = AttentionSpec(kv_layer, self.local_qo, self.qkv_proj.local_kv, cfg.head_dim,
+                                  cfg.head_dim**-0.5, rotary=rotary)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         proj = self.qkv_proj
@@ -100,7 +103,7 @@ class GatedAttention(nn.Module):
         v = v.reshape(-1, proj.local_kv, self.head_dim)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         ctx.kv_pool.store_kv(k, v, ctx.batch.out_loc, self.kv_layer)
-        out = ctx.attn_backend.forward(q, k, v, self.kv_layer, ctx.batch)
+        out = ctx.attn_backend.forward(q, k, v, self.spec, ctx.batch)
         out = out.reshape(x.shape[0], -1) * torch.sigmoid(gate)
         return self.o_proj(out)
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
+from minisgl.kvcache.spec import CacheSpec
 from minisgl.kvcache.state_pool import StateShape
 from minisgl.layers import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear_attention import GatedDeltaNet, SplitColumnLinear
@@ -170,6 +171,11 @@ class HybridModel(BaseLLMModel):
         self.local_kv_heads = attn.qkv_proj.local_kv
         self.state_shape = StateShape(lin.conv_dim, lin.conv_width, lin.num_v_heads, lin.k_dim,
                                       lin.v_dim)
+
+    def cache_spec(self) -> CacheSpec:
+        """KV for the gated-attention layers, a state slot per linear layer."""
+        return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers
+                               if not layer.is_linear), self.state_shape, self.num_linear_layers)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: Context) -> torch.Tensor:

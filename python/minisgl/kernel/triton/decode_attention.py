@@ -18,6 +18,11 @@ Index layout (per-token slots, so the page size never reaches the kernel)::
     workspace: part_out [B, Hq, S, D] fp32, part_lse [B, Hq, S] fp32 (log2 domain)
     grid stage 2: (B, Hq)  out[b, h] = sum_s 2^(lse_s - max) * part_out_s / sum_s 2^(lse_s - max)
 
+A sliding window (``window > 0``) only moves the range the splits share: keys
+``[max(0, seq_len - window), seq_len)`` instead of ``[0, seq_len)``. Sinks (one logit per query
+head) join the denominator where the output is normalised: stage 1 with one split, else stage 2,
+``out = sum_s 2^lse_s part_s / (2^(sink * log2(e)) + sum_s 2^lse_s)``.
+
 Launch order: the GPU starts programs in grid order, the first dimension fastest, and a batch
 of decode requests has far more programs than the GPU holds at once. Two choices fill it to the
 end. The KV heads of a request are neighbours (``h`` is the fast dimension), so they run together
@@ -52,15 +57,16 @@ MAX_SPLITS = 32
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, PageTable, Rows, SeqLens, Order, PartOut, PartLse, Out,
+    Q, K, V, PageTable, Rows, SeqLens, Order, PartOut, PartLse, Out, Sinks,
     qk_scale,  # softmax scale * log2(e) (* k_scale of an FP8 cache): scores in the log2 domain
     v_scale,  # of an FP8 cache (1.0 otherwise): multiplies the normalised output
     num_splits,  # a runtime value (one compiled kernel for all); DIRECT marks num_splits == 1
+    window,  # > 0: the last ``window`` keys only
     stride_qb, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_pt,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PREC: tl.constexpr, HAS_ORDER: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
     kvh = tl.program_id(0)
@@ -68,8 +74,9 @@ def _decode_stage1(
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
     row = tl.load(Rows + b).to(tl.int64)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    lo = _window_start(seq_len, window)
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     offs_g = tl.arange(0, GROUP_PAD)
@@ -87,12 +94,15 @@ def _decode_stage1(
     pt_row = PageTable + row * stride_pt
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, offs_g, K, V, pt_row, kvh, start, end, qk_scale,
-        stride_kn, stride_kh, stride_vn, stride_vh, d_mask,
+        stride_kn, stride_kh, stride_vn, stride_vh, d_mask, 0,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, CAUSAL=False, DOT_PREC=DOT_PREC,
     )
 
     out_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:
+        if HAS_SINKS:
+            sink = tl.load(Sinks + heads, mask=g_mask, other=0.0).to(tl.float32)
+            l_i += tl.where(g_mask, tl.exp2(sink * 1.4426950408889634 - m_i), 0.0)
         o_ptr = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, (acc * (v_scale / l_i)[:, None]).to(Out.dtype.element_ty), mask=out_mask)
     else:
@@ -107,18 +117,25 @@ def _decode_stage1(
 
 
 @triton.jit
+def _window_start(seq_len, window):
+    """The first key the new token (position ``seq_len - 1``) sees."""
+    return tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+
+
+@triton.jit
 def _decode_stage2(
-    PartOut, PartLse, SeqLens, Out, num_splits,
+    PartOut, PartLse, SeqLens, Out, Sinks, num_splits, window,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(SeqLens + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    used = tl.cdiv(seq_len, chunk)  # splits that stage 1 wrote (the same arithmetic)
+    span = seq_len - _window_start(seq_len, window)
+    chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+    used = tl.cdiv(span, chunk)  # splits that stage 1 wrote (the same arithmetic)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < used
@@ -132,7 +149,11 @@ def _decode_stage2(
         PartOut + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :], other=0.0,
     )
-    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + h).to(tl.float32) * 1.4426950408889634  # log2 domain
+        denom += tl.exp2(sink - tl.max(lse, 0))
+    out = tl.sum(part * w[:, None], 0) / denom
     tl.store(
         Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask,
     )
@@ -197,6 +218,8 @@ def decode_attention(
     kv_scales: tuple[float, float] = (1.0, 1.0),
     order: torch.Tensor | None = None,  # [B] int32: the requests longest first (``longest_first``)
     pdl: bool = False,  # launch with programmatic dependent launch (``pdl.py``)
+    window: int = 0,  # > 0: the new token sees its last ``window`` positions only
+    sinks: torch.Tensor | None = None,  # [Hq] one logit per query head in the denominator
 ) -> torch.Tensor:
     """Attention of one new token per request over its paged context ``[0, seq_len)``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache, read as ``extend_attention`` reads it.
@@ -229,25 +252,28 @@ def decode_attention(
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     launch = pdl_.launch_options(q, pdl)
     assert order is None or order.shape == (bs,) and order.dtype == torch.int32
+    assert sinks is None or sinks.shape == (hq,), "sinks: one logit per query head"
+    sink_ptr = rows if sinks is None else sinks
     _decode_stage1[(hkv, bs, num_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, rows if order is None else order,
-        part_out, part_lse, out,
-        scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits,
+        part_out, part_lse, out, sink_ptr,
+        scale * _LOG2E * kv_scales[0], kv_scales[1], num_splits, window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if num_splits > 1 else 0,
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=dim,
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=num_splits == 1, DOT_PREC=dot_prec,
-        HAS_ORDER=order is not None, num_warps=num_warps, num_stages=num_stages, **launch,
+        HAS_ORDER=order is not None, HAS_SINKS=sinks is not None, num_warps=num_warps,
+        num_stages=num_stages, **launch,
     )
     if num_splits > 1:
         _decode_stage2[(bs, hq)](
-            part_out, part_lse, seq_lens, out, num_splits,
+            part_out, part_lse, seq_lens, out, sink_ptr, num_splits, window,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n,
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4 if block_d >= 128 else 2,
-            **launch,
+            HAS_SINKS=sinks is not None, **launch,
         )
     return out

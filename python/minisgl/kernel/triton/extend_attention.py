@@ -16,6 +16,11 @@ the call, so prefix and new keys are read the same way. Token ``i`` of a request
         [0, mid)    mid = cached_len + m*BLOCK_M: visible to every row, no causal mask
         [mid, end)  end = cached_len + (m+1)*BLOCK_M: the diagonal, masked key <= query
 
+A sliding window (``window > 0``: a query at ``p`` sees keys ``p - window < k <= p``) starts the
+first pass at the block's lowest visible key, ``cached_len + m*BLOCK_M - window + 1``, and masks per
+row in both passes. Sinks (one logit per query head, natural units) join each row's denominator at
+the end: ``l += 2^(sink * log2(e) - m)``; they carry no value.
+
 ``max_extend`` is a host-side bound (the scheduler knows every request's extend length); programs
 past a request's end do no work. Online softmax in the log2 domain, fp32 accumulation.
 
@@ -38,10 +43,13 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _attend_keys(
     acc, m_i, l_i, q, q_pos, K, V, pt_row, kvh, start, end, qk_scale,
-    stride_kn, stride_kh, stride_vn, stride_vh, d_mask,
+    stride_kn, stride_kh, stride_vn, stride_vh, d_mask, window,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    WINDOWED: tl.constexpr = False,
 ):
-    """Online softmax over keys [start, end); CAUSAL adds the mask ``key <= query position``."""
+    """Online softmax over keys [start, end); CAUSAL adds the mask ``key <= query position``,
+    WINDOWED the mask ``key > query position - window``. A row may see no key of a block (a
+    window): its exponents are taken against 0 instead of a -inf maximum, so it stays 0, not NaN."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     for n in range(start, end, BLOCK_N):
@@ -54,13 +62,16 @@ def _attend_keys(
         v = tl.load(V + slot[:, None] * stride_vn + kvh * stride_vh + offs_d[None, :], mask=kv_mask,
                     other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        seen = valid[None, :]
         if CAUSAL:
-            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        else:
-            s = tl.where(valid[None, :], s, float("-inf"))
+            seen = seen & (pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            seen = seen & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
@@ -69,12 +80,13 @@ def _attend_keys(
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, Out, PageTable, Rows, CuSeqlens, SeqLens,
-    qk_scale, v_scale,
+    Q, K, V, Out, PageTable, Rows, CuSeqlens, SeqLens, Sinks,
+    qk_scale, v_scale, window,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh,
     stride_pt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    WINDOWED: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     mb = tl.program_id(0)
     b = tl.program_id(1)
@@ -101,21 +113,29 @@ def _extend_kernel(
     end = tl.minimum(seq_len, cached + (mb + 1) * BLOCK_M)
     end = tl.where(mb * BLOCK_M < ext, end, 0)
     mid = tl.minimum(cached + mb * BLOCK_M, end)
+    lo = 0
+    if WINDOWED:  # keys below the block's first row's window are seen by no row
+        lo = tl.maximum(cached + mb * BLOCK_M - window + 1, 0)
+        lo = tl.minimum(lo, mid)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     pt_row = PageTable + row * stride_pt
-    # key 0 is visible to every row, so each row's running max is finite after the first block
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, q_pos, K, V, pt_row, kvh, 0, mid, qk_scale,
-        stride_kn, stride_kh, stride_vn, stride_vh, d_mask, BLOCK_N, BLOCK_D, False, DOT_PREC,
+        acc, m_i, l_i, q, q_pos, K, V, pt_row, kvh, lo, mid, qk_scale,
+        stride_kn, stride_kh, stride_vn, stride_vh, d_mask, window, BLOCK_N, BLOCK_D, False,
+        DOT_PREC, WINDOWED,
     )
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_pos, K, V, pt_row, kvh, mid, end, qk_scale,
-        stride_kn, stride_kh, stride_vn, stride_vh, d_mask, BLOCK_N, BLOCK_D, True, DOT_PREC,
+        stride_kn, stride_kh, stride_vn, stride_vh, d_mask, window, BLOCK_N, BLOCK_D, True,
+        DOT_PREC, WINDOWED,
     )
 
+    if HAS_SINKS:  # rows that saw a key (m finite) add the sink to their denominator
+        sink = tl.load(Sinks + h).to(tl.float32) * 1.4426950408889634
+        l_i += tl.where(m_i > float("-inf"), tl.exp2(sink - m_i), 0.0)
     l_i = tl.where(l_i > 0, l_i, 1.0)  # rows of an idle block: never stored, kept finite
     o_ptr = Out + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
     out = acc * (v_scale / l_i)[:, None]
@@ -148,9 +168,12 @@ def extend_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    window: int = 0,  # > 0: each query sees its last ``window`` positions only
+    sinks: torch.Tensor | None = None,  # [Hq] one logit per query head in the denominator
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context -> ``[T, Hq, D]``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache (stored value * scale = K, V)."""
+    assert sinks is None or sinks.shape == (q.shape[1],), "sinks: one logit per query head"
     total, hq, dim = q.shape
     hkv = k_cache.shape[1]
     assert hq % hkv == 0, f"query heads {hq} not a multiple of KV heads {hkv}"
@@ -166,12 +189,13 @@ def extend_attention(
     grid = (triton.cdiv(max_extend, block_m), num_reqs, hq)
     _extend_kernel[grid](
         q, k_cache, v_cache, out, page_table, rows, cu_seqlens, seq_lens,
-        scale * _LOG2E * kv_scales[0], kv_scales[1],
+        rows if sinks is None else sinks, scale * _LOG2E * kv_scales[0], kv_scales[1], window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
         BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        WINDOWED=window > 0, HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -120,7 +120,7 @@ class MoELayer(nn.Module):
         if unit != 1:
             raise ValueError("scale blocks over rows cannot be cut from interleaved or "
                              "transposed experts")
-        row_dim = loaded.dim() - 1 if how.transposed and loaded.dim() > 2 else 1
+        row_dim = len(loaded.shape) - 1 if how.transposed and len(loaded.shape) > 2 else 1
         if how.interleaved:
             part = _read(loaded.narrow(row_dim, 2 * start, 2 * inter)).movedim(row_dim, 1)
             part = part.reshape(part.shape[0], 2 * inter, -1)

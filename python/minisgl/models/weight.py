@@ -23,7 +23,8 @@ from .config import ModelConfig
 
 logger = init_logger(__name__)
 _QUANTIZED = re.compile(
-    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$")
+    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$"
+    r"|layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # stacked experts (gpt-oss)
 
 
 def resolve_model_path(model: str | None, revision: str | None = None) -> str:

@@ -29,9 +29,9 @@ from minisgl.message import (
     TokenizeMsg,
     UserReply,
 )
-from minisgl.server.api_server import create_app
-from minisgl.server.args import ServerAddrs, ServerConfig
-from minisgl.server.frontend import FrontendManager
+from minisgl.server.app.api_server import create_app
+from minisgl.server.launch.args import ServerAddrs, ServerConfig
+from minisgl.server.openai.frontend import FrontendManager
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
 
 KEY, MODEL = "secret", "fake-model"

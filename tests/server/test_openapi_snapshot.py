@@ -13,8 +13,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from minisgl.llm.config import EngineOptions
-from minisgl.server.api_server import create_app
-from minisgl.server.args import ServerConfig
+from minisgl.server.app.api_server import create_app
+from minisgl.server.launch.args import ServerConfig
 
 SAVED = Path(__file__).resolve().parent / "data" / "openapi_schema.json"
 
@@ -22,7 +22,8 @@ SAVED = Path(__file__).resolve().parent / "data" / "openapi_schema.json"
 def live_schemas() -> dict:
     schemas = {}
     for name, key in (("with_api_key", "secret"), ("without_api_key", None)):
-        config = ServerConfig(model="/models/fake/", api_key=key, engine=EngineOptions(device="cpu"))
+        config = ServerConfig(model="/models/fake/", api_key=key,
+                              engine=EngineOptions(device="cpu"))
         client = TestClient(create_app(config, lambda: None))  # no lifespan: no backend needed
         schemas[name] = client.get("/openapi.json").json()
     return schemas

@@ -30,7 +30,7 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
-from minisgl.server.args import ServerAddrs
+from minisgl.server.launch.args import ServerAddrs
 from minisgl.tokenizer import IncrementalDetokenizer, TokenizeManager, tokenize_worker
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
 

@@ -20,8 +20,8 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 
 from minisgl.message import UserReply
-from minisgl.server.protocol import ApiError, ChatCompletionRequest, parse
-from minisgl.server.responses import ChoiceState
+from minisgl.server.openai.bodies import ChoiceState
+from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 

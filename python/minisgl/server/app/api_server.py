@@ -23,47 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minisgl.message import UserReply
-from minisgl.server import structured, worker_contract
 from minisgl.server.agents import router as agent_router
-from minisgl.server.args import ServerConfig
-from minisgl.server.call import respond
-from minisgl.server.docs import install_docs
-from minisgl.server.echo import Echo, generate_prompt_logprobs, join_logprobs, prompt_text
-from minisgl.server.fields import ROUTER_NO_MODEL
-from minisgl.server.frontend import FrontendManager
-from minisgl.server.generation_defaults import (
-    apply_defaults,
-    apply_to_dict,
-    load_sampling_defaults,
-    log_defaults,
-)
-from minisgl.server.health import router as health_router
-from minisgl.server.metrics import MetricsMiddleware, ServerMetrics
-from minisgl.server.openapi import install_openapi
-from minisgl.server.protocol import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    error_body,
-    param_path,
-    parse,
-)
-from minisgl.server.reasoning import (
-    ReasoningConfig,
-    ReasoningSplitter,
-    delta_fields,
-    message_fields,
-)
-from minisgl.server.request_context import (
-    authorize,
-    check_model,
-    read_json,
-    server_config,
-    start_call,
-    tool_parser,
-)
-from minisgl.server.responses import (
+from minisgl.server.app import worker_contract
+from minisgl.server.app.docs import install_docs
+from minisgl.server.app.health import router as health_router
+from minisgl.server.app.openapi import install_openapi
+from minisgl.server.launch.args import ServerConfig
+from minisgl.server.openai import structured
+from minisgl.server.openai.bodies import (
     ChoiceState,
     TokenTexts,
     chat_logprobs,
@@ -73,8 +40,42 @@ from minisgl.server.responses import (
     response,
     usage,
 )
-from minisgl.server.tools import ChatTools, tool_delta, tool_message
-from minisgl.server.validation import check_limits
+from minisgl.server.openai.call import respond
+from minisgl.server.openai.echo import Echo, generate_prompt_logprobs, join_logprobs, prompt_text
+from minisgl.server.openai.fields import ROUTER_NO_MODEL
+from minisgl.server.openai.frontend import FrontendManager
+from minisgl.server.openai.generation_defaults import (
+    apply_defaults,
+    apply_to_dict,
+    load_sampling_defaults,
+    log_defaults,
+)
+from minisgl.server.openai.metrics import MetricsMiddleware, ServerMetrics
+from minisgl.server.openai.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    error_body,
+    param_path,
+    parse,
+)
+from minisgl.server.openai.reasoning import (
+    ReasoningConfig,
+    ReasoningSplitter,
+    delta_fields,
+    message_fields,
+)
+from minisgl.server.openai.request_context import (
+    authorize,
+    check_model,
+    read_json,
+    server_config,
+    start_call,
+    tool_parser,
+)
+from minisgl.server.openai.tools import ChatTools, tool_delta, tool_message
+from minisgl.server.openai.validation import check_limits
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)

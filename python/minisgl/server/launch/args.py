@@ -11,7 +11,7 @@ from minisgl.attention import ATTN_BACKENDS
 from minisgl.env import API_KEY, LOG_LEVEL
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.llm.config import EngineOptions
-from minisgl.server.cli_aliases import (
+from minisgl.server.launch.cli_aliases import (
     ALIASES,
     ALWAYS_ON,
     DTYPE_NAMES,
@@ -83,10 +83,9 @@ class ServerConfig:
     generation_config: str = "auto"
 
     def __post_init__(self) -> None:
-        from minisgl.server.generation_defaults import check_choice
-        from minisgl.server.tools import check_parser
-
-        from .reasoning import PARSERS
+        from minisgl.server.openai.generation_defaults import check_choice
+        from minisgl.server.openai.reasoning import PARSERS
+        from minisgl.server.openai.tools import check_parser
 
         if self.reasoning_parser not in PARSERS:
             raise ValueError(f"reasoning_parser: must be one of {', '.join(PARSERS)}, "

@@ -27,7 +27,7 @@ from minisgl.message import (
     TokenizerMsg,
     UserReply,
 )
-from minisgl.server.args import ServerAddrs
+from minisgl.server.launch.args import ServerAddrs
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 

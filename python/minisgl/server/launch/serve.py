@@ -213,9 +213,8 @@ def _monitor(group: ProcessGroup, frontend_ref) -> None:
 def start_stack(config: ServerConfig):
     """Start every child and build the app: ``(group, app)``; raise ``LaunchError`` on failure."""
     from minisgl.models.weight import resolve_model_path
-
-    from .api_server import create_app
-    from .frontend import FrontendManager
+    from minisgl.server.app.api_server import create_app
+    from minisgl.server.openai.frontend import FrontendManager
 
     group: ProcessGroup | None = None
     try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .args import ServerConfig
-from .launch import LaunchError, _free_port, make_http_server, start_stack
+from .serve import LaunchError, _free_port, make_http_server, start_stack
 
 HELP = ("Type a message. /set NAME VALUE changes the sampling (/set alone shows it), /reset clears "
         "the history, /help shows this, /exit (or Ctrl-D) quits; Ctrl-C stops an answer.")

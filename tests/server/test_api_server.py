@@ -30,9 +30,15 @@ from minisgl.message import (
     UserReply,
 )
 from minisgl.server.app.api_server import create_app
-from minisgl.server.launch.args import ServerAddrs, ServerConfig
+from minisgl.server.config import ServerConfig
 from minisgl.server.openai.frontend import FrontendManager
-from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+from minisgl.utils.mp import (
+    ServerAddrs,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    make_runtime_dir,
+    remove_runtime_dir,
+)
 
 KEY, MODEL = "secret", "fake-model"
 CHAT = [{"role": "user", "content": "Hi"}]

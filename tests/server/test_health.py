@@ -24,10 +24,10 @@ from helpers.server_utils import free_port, start_server, wait_until
 from minisgl.llm.config import EngineOptions
 from minisgl.message import FRONTEND_CODEC, SchedulerStatsMsg, StatsReply
 from minisgl.server.app.api_server import create_app
-from minisgl.server.launch.args import ServerAddrs, ServerConfig
+from minisgl.server.config import ServerConfig
 from minisgl.server.launch.http_server import make_http_server
 from minisgl.server.openai.frontend import FrontendManager
-from minisgl.utils.mp import ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+from minisgl.utils.mp import ServerAddrs, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
 
 
 def _stats(ready: bool) -> StatsReply:

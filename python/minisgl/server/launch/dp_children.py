@@ -17,7 +17,7 @@ import sys
 
 from minisgl.env import API_KEY
 from minisgl.llm.config import EngineOptions
-from minisgl.server.launch.args import ServerConfig
+from minisgl.server.config import ServerConfig
 
 ROUTER_MODULE = "smg"
 # seconds between the router's health probes of each replica: with two failed probes in a row a

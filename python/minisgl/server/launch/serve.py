@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from minisgl.server.config import ServerConfig
 from minisgl.utils import init_logger
 from minisgl.utils.heap import freeze_heap
-from minisgl.utils.mp import make_runtime_dir, remove_runtime_dir
+from minisgl.utils.mp import ServerAddrs, make_runtime_dir, remove_runtime_dir
 
-from .args import ServerAddrs, ServerConfig
 from .http_server import make_http_server
 
 logger = init_logger(__name__)

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from .args import ServerConfig
+from minisgl.server.config import ServerConfig
+
 from .serve import LaunchError, _free_port, make_http_server, start_stack
 
 HELP = ("Type a message. /set NAME VALUE changes the sampling (/set alone shows it), /reset clears "

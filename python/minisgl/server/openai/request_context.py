@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
-from minisgl.server.launch.args import ServerConfig
+from minisgl.server.config import ServerConfig
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.call import Call
 from minisgl.server.openai.frontend import FrontendManager

@@ -113,8 +113,9 @@ def test_minisgl_has_no_import_cycles() -> None:
 # The front end's layers, lowest first (docs/architecture.md): a module may import its own layer
 # and those before it. Every package not named here is the engine (core, kvcache, layers, models,
 # scheduler, ...) and comes first; it is one layer, whose packages are not ordered among themselves.
-LAYERS = ("minisgl.tokenizer", "minisgl.llm", "minisgl", "minisgl.server", "minisgl.server.openai",
-          "minisgl.server.agents", "minisgl.server.app", "minisgl.server.launch", "minisgl.__main__")
+LAYERS = ("minisgl.tokenizer", "minisgl.llm", "minisgl", "minisgl.server",
+          "minisgl.server.openai", "minisgl.server.agents", "minisgl.server.app",
+          "minisgl.server.launch", "minisgl.__main__")
 
 
 def layer(module: str) -> int:

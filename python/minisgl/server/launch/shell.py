@@ -80,7 +80,7 @@ def run_shell(config: ServerConfig) -> int:
 def _logs_to_file() -> tuple[str, TextIO]:
     """Point file descriptor 2 (this process's and every child's stderr) at the shell's log file;
     return its path and a stream to the terminal's stderr, for errors the user must see."""
-    from minisgl.utils.default_model import cache_root
+    from minisgl.models.default_model import cache_root
 
     os.makedirs(cache_root(), exist_ok=True)
     path = os.path.join(cache_root(), "shell.log")

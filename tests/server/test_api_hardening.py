@@ -16,7 +16,7 @@ import pytest
 from test_api_server import fake_server, wait_until
 
 from minisgl.message import SchedulerStatsMsg, StatsReply
-from minisgl.server.validation import MAX_STOP, MAX_STOP_TOKEN_IDS
+from minisgl.server.openai.validation import MAX_STOP, MAX_STOP_TOKEN_IDS
 
 KEY, MODEL = "secret", "fake-model"
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -164,7 +164,7 @@ class Lines(logging.Handler):
 
 @pytest.fixture()
 def request_log():
-    handler, log = Lines(), logging.getLogger("minisgl.server.request_log")
+    handler, log = Lines(), logging.getLogger("minisgl.server.openai.request_log")
     log.addHandler(handler)
     yield handler.lines
     log.removeHandler(handler)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from minisgl.server.args import parse_args
+from minisgl.server.launch.args import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -30,9 +30,14 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
-from minisgl.server.args import ServerAddrs
 from minisgl.tokenizer import IncrementalDetokenizer, TokenizeManager, tokenize_worker
-from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+from minisgl.utils.mp import (
+    ServerAddrs,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    make_runtime_dir,
+    remove_runtime_dir,
+)
 
 MIXED = [
     "Héllo wörld 😀🎉 中文字符 naïve café — ok",

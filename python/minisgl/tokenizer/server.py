@@ -51,7 +51,7 @@ from .detokenize import IncrementalDetokenizer
 from .tokenize import TokenizeManager, one_line
 
 if TYPE_CHECKING:
-    from minisgl.server.args import ServerAddrs
+    from minisgl.utils.mp import ServerAddrs
 
 logger = init_logger(__name__)
 

@@ -27,8 +27,8 @@ from minisgl.server.agents.chat_bridge import (
 )
 from minisgl.server.agents.responses_store import ResponseStore, Stored
 from minisgl.server.agents.responses_stream import ResponseBuilder, _id
-from minisgl.server.protocol import ApiError, parse
-from minisgl.server.request_context import authorize, check_model, read_json
+from minisgl.server.openai.protocol import ApiError, parse
+from minisgl.server.openai.request_context import authorize, check_model, read_json
 
 router = APIRouter()
 # chat field -> Responses field, for the chat path's errors

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from minisgl.core import SamplingParams
-from minisgl.server.fields import check_fields
+from minisgl.server.openai.fields import check_fields
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
@@ -94,7 +94,7 @@ class _SamplingFields(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
-    # structured output (server/structured.py turns these into the request's grammar)
+    # structured output (server/openai/structured.py turns these into the request's grammar)
     response_format: Any = None
     regex: str | None = None
     ebnf: str | None = None
@@ -207,7 +207,7 @@ class ChatCompletionRequest(_SamplingFields):
             if name in _TEMPLATE_ARGS:
                 raise ValueError(f"{name!r} is an argument of the templating, not a variable")
         return value
-    tools: Any = None  # validated in server/tools.py
+    tools: Any = None  # validated in server/openai/tools.py
     tool_choice: Any = None
     parallel_tool_calls: Any = None
 

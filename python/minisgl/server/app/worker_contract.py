@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse
 
 import minisgl
 from minisgl.message import SchedulerStatsMsg
-from minisgl.server.protocol import ApiError
-from minisgl.server.request_context import authorize, frontend_for, server_config
+from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.request_context import authorize, frontend_for, server_config
 
 router = APIRouter()
 

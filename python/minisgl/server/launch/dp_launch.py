@@ -28,11 +28,11 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from minisgl.env import API_KEY
+from minisgl.server.config import ServerConfig
 from minisgl.utils import init_logger
 
-from .args import ServerConfig
 from .dp_children import ROUTER_MODULE, replica_command, replica_config_json, router_command
-from .launch import LaunchError, check_port_free
+from .serve import LaunchError, check_port_free
 
 logger = init_logger(__name__)
 

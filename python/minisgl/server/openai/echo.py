@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minisgl.server.responses import ChoiceState, TokenText, finite
+from minisgl.server.openai.bodies import ChoiceState, TokenText, finite
 
 
 def prompt_text(prompt: str | list[int], tokenizer: Any, text_of: TokenText) -> str:

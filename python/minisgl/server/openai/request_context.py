@@ -14,13 +14,13 @@ from starlette.requests import ClientDisconnect
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
-from minisgl.server.args import ServerConfig
-from minisgl.server.call import Call
-from minisgl.server.frontend import FrontendManager
-from minisgl.server.protocol import ApiError
-from minisgl.server.responses import ChoiceState
-from minisgl.server.tools import model_parser
-from minisgl.server.validation import check_text
+from minisgl.server.config import ServerConfig
+from minisgl.server.openai.bodies import ChoiceState
+from minisgl.server.openai.call import Call
+from minisgl.server.openai.frontend import FrontendManager
+from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.tools import model_parser
+from minisgl.server.openai.validation import check_text
 
 
 def server_config(request: Request) -> ServerConfig:

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from minisgl.server.config import ServerConfig
 from minisgl.utils import init_logger
 from minisgl.utils.heap import freeze_heap
-from minisgl.utils.mp import make_runtime_dir, remove_runtime_dir
+from minisgl.utils.mp import ServerAddrs, make_runtime_dir, remove_runtime_dir
 
-from .args import ServerAddrs, ServerConfig
 from .http_server import make_http_server
 
 logger = init_logger(__name__)
@@ -213,9 +213,8 @@ def _monitor(group: ProcessGroup, frontend_ref) -> None:
 def start_stack(config: ServerConfig):
     """Start every child and build the app: ``(group, app)``; raise ``LaunchError`` on failure."""
     from minisgl.models.weight import resolve_model_path
-
-    from .api_server import create_app
-    from .frontend import FrontendManager
+    from minisgl.server.app.api_server import create_app
+    from minisgl.server.openai.frontend import FrontendManager
 
     group: ProcessGroup | None = None
     try:

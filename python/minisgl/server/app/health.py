@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
-from minisgl.server.frontend import FrontendManager
-from minisgl.server.protocol import ApiError
+from minisgl.server.openai.frontend import FrontendManager
+from minisgl.server.openai.protocol import ApiError
 
 router = APIRouter()
 # a generous bound for one token behind a full batch; a slower one means the engine is stuck

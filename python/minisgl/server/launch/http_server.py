@@ -10,9 +10,8 @@ import contextlib
 import signal
 import threading
 
+from minisgl.server.config import ServerConfig
 from minisgl.utils import init_logger
-
-from .args import ServerConfig
 
 logger = init_logger(__name__)
 _CUT_GRACE_S = 2.0  # after the shutdown deadline, for the 503s of the requests it cut

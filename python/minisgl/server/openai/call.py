@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from minisgl.message import TokenizeMsg, UserReply
-from minisgl.server.protocol import ApiError, error_body
-from minisgl.server.request_log import log_request
-from minisgl.server.responses import ChoiceState, sse
+from minisgl.server.openai.bodies import ChoiceState, sse
+from minisgl.server.openai.protocol import ApiError, error_body
+from minisgl.server.openai.request_log import log_request
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
-    from minisgl.server.frontend import FrontendManager
-    from minisgl.server.metrics import ServerMetrics
+    from minisgl.server.openai.frontend import FrontendManager
+    from minisgl.server.openai.metrics import ServerMetrics
 
 logger = init_logger(__name__)
 POLL_S = 0.5  # how often a waiting handler checks that its client is still there

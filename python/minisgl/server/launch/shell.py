@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from .args import ServerConfig
-from .launch import LaunchError, _free_port, make_http_server, start_stack
+from minisgl.server.config import ServerConfig
+
+from .serve import LaunchError, _free_port, make_http_server, start_stack
 
 HELP = ("Type a message. /set NAME VALUE changes the sampling (/set alone shows it), /reset clears "
         "the history, /help shows this, /exit (or Ctrl-D) quits; Ctrl-C stops an answer.")
@@ -79,7 +80,7 @@ def run_shell(config: ServerConfig) -> int:
 def _logs_to_file() -> tuple[str, TextIO]:
     """Point file descriptor 2 (this process's and every child's stderr) at the shell's log file;
     return its path and a stream to the terminal's stderr, for errors the user must see."""
-    from minisgl.utils.default_model import cache_root
+    from minisgl.models.default_model import cache_root
 
     os.makedirs(cache_root(), exist_ok=True)
     path = os.path.join(cache_root(), "shell.log")

@@ -17,9 +17,9 @@ from pydantic.json_schema import models_json_schema
 
 from minisgl.server.agents.anthropic_messages import CountTokensRequest, MessagesRequest
 from minisgl.server.agents.responses_api import ResponsesRequest
-from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from minisgl.server.validation import MAX_STOP
-from minisgl.server.worker_contract import ROUTE_ERRORS
+from minisgl.server.app.worker_contract import ROUTE_ERRORS
+from minisgl.server.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from minisgl.server.openai.validation import MAX_STOP
 
 REF = "#/components/schemas/{model}"
 REQUEST_MODELS: dict[str, type[BaseModel]] = {

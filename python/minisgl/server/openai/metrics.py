@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from minisgl.message import SchedulerStatsMsg
-from minisgl.server.responses import ChoiceState
+from minisgl.server.openai.bodies import ChoiceState
 
 PREFIX = "minisgl:"
 FINISH_REASONS = ("stop", "length", "abort")

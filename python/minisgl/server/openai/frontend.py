@@ -27,9 +27,8 @@ from minisgl.message import (
     TokenizerMsg,
     UserReply,
 )
-from minisgl.server.args import ServerAddrs
 from minisgl.utils import init_logger
-from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+from minisgl.utils.mp import ServerAddrs, ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 logger = init_logger(__name__)
 

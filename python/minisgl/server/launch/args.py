@@ -1,150 +1,28 @@
-"""The server's configuration and command line (defaults come from the dataclasses)."""
+"""The server's command line: a flag per field of ``ServerConfig`` and ``EngineOptions`` (defaults
+come from the dataclasses), plus the aliases of ``cli_aliases.py``."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import typing
-from dataclasses import dataclass, field
 
 from minisgl.attention import ATTN_BACKENDS
 from minisgl.env import API_KEY, LOG_LEVEL
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.llm.config import EngineOptions
-from minisgl.server.cli_aliases import (
+from minisgl.server.config import ROUTER_POLICIES, ServerConfig
+from minisgl.server.launch.cli_aliases import (
     ALIASES,
     ALWAYS_ON,
     DTYPE_NAMES,
     add_translated_aliases,
     parse_known_flags,
 )
+from minisgl.server.openai.options import check_options
 from minisgl.utils import init_logger
-from minisgl.utils.mp import ipc_address
 
 logger = init_logger(__name__)
-
-
-@dataclass(frozen=True)
-class ServerAddrs:
-    """ZMQ addresses of one launch (inside its private runtime directory).
-
-    tokenizer: API (binds, PUSH) -> tokenizer workers (PULL)
-    backend: tokenizer workers and detokenizer (PUSH) -> scheduler rank 0 (binds, PULL)
-    detokenizer: scheduler rank 0 (PUSH) -> detokenizer (binds, PULL)
-    frontend: tokenizer workers and detokenizer (PUSH) -> API (binds, PULL)
-    """
-
-    runtime_dir: str
-    tokenizer: str
-    backend: str
-    detokenizer: str
-    frontend: str
-
-    @classmethod
-    def create(cls, runtime_dir: str) -> ServerAddrs:
-        names = ("tokenizer", "backend", "detokenizer", "frontend")
-        return cls(runtime_dir, *(ipc_address(runtime_dir, n) for n in names))
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Server options; ``engine`` holds the engine's (shared with the offline ``LLM``)."""
-
-    model: str | None = None
-    tokenizer: str | None = None
-    revision: str | None = None
-    chat_template: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 1919
-    served_model_name: str | None = None
-    engine: EngineOptions = field(default_factory=EngineOptions)
-    tp: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None  # None: a free local port (one node only)
-    dp: int = 1
-    router_policy: str = "cache_aware"
-    num_tokenizer: int = 0
-    max_queued_requests: int = 1024
-    api_key: str | None = None
-    ssl_keyfile: str | None = None
-    ssl_certfile: str | None = None
-    allowed_origins: tuple[str, ...] = ()
-    max_body_bytes: int = 32 << 20
-    shutdown_timeout: float = 30.0
-    log_stats_interval: float = 10.0
-    watchdog_timeout: float = 300.0
-    log_level: str | None = None  # None: MINISGL_LOG_LEVEL, else INFO
-    log_requests: bool = False
-    shell: bool = False
-    reasoning_parser: str = "auto"
-    tool_call_parser: str = "auto"
-    clamp_max_tokens: bool = False
-    generation_config: str = "auto"
-
-    def __post_init__(self) -> None:
-        from minisgl.server.generation_defaults import check_choice
-        from minisgl.server.tools import check_parser
-
-        from .reasoning import PARSERS
-
-        if self.reasoning_parser not in PARSERS:
-            raise ValueError(f"reasoning_parser: must be one of {', '.join(PARSERS)}, "
-                             f"got {self.reasoning_parser!r}")
-        check_parser(self.tool_call_parser)
-        check_choice(self.generation_config)
-        if not self.log_stats_interval >= 0:
-            raise ValueError(f"log_stats_interval: must be >= 0, got {self.log_stats_interval}")
-        if not self.shutdown_timeout >= 0:
-            raise ValueError(f"shutdown_timeout: must be >= 0, got {self.shutdown_timeout}")
-        if not self.watchdog_timeout >= 0:
-            raise ValueError(f"watchdog_timeout: must be >= 0, got {self.watchdog_timeout}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port: must be in [0, 65535] (0: any free port), got {self.port}")
-        if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:
-            raise ValueError(f"tp: must be a positive multiple of nnodes ({self.nnodes}), "
-                             f"got {self.tp}")
-        if self.nnodes > 1 and not self.dist_init_addr:
-            raise ValueError("dist_init_addr: required with nnodes > 1 (host:port of node 0)")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
-        check_dp(self)
-        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
-            raise ValueError("ssl_keyfile: give both ssl_keyfile and ssl_certfile, or neither")
-        if self.log_level is not None and self.log_level.upper() not in LOG_LEVELS:
-            raise ValueError(f"log_level: {self.log_level!r} is not one of "
-                             f"{', '.join(n.lower() for n in LOG_LEVELS)}")
-
-    @property
-    def model_name(self) -> str:
-        if self.served_model_name:
-            return self.served_model_name
-        if self.model is None:
-            from minisgl.utils.default_model import DEFAULT_MODEL_NAME
-
-            return DEFAULT_MODEL_NAME
-        return self.model.rstrip("/")
-
-
-ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load", "prefix_hash",
-                   "random")
-
-
-def check_dp(config: ServerConfig) -> None:
-    """Data parallelism runs whole servers behind a router, on one machine."""
-    if config.dp < 1:
-        raise ValueError(f"dp: must be >= 1, got {config.dp}")
-    if config.router_policy not in ROUTER_POLICIES:
-        raise ValueError(f"router_policy: must be one of {', '.join(ROUTER_POLICIES)}, "
-                         f"got {config.router_policy!r}")
-    if config.dp > 1 and config.nnodes > 1:
-        raise ValueError("dp: --dp starts replicas on this machine only; across machines, start "
-                         "one server per replica and the router by hand (docs/deployment.md)")
-    if config.dp > 1 and config.shell:
-        raise ValueError("dp: the terminal chat (--shell) runs one replica")
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 _HELP = {
     "model": "HF directory, Hugging Face repo id or .gguf file (default: SmolLM2-135M-Instruct)",
@@ -294,5 +172,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     ns["allowed_origins"] = tuple(o for arg in ns["allowed_origins"] for o in arg.split(",") if o)
     engine_names = {f.name for f in dataclasses.fields(EngineOptions)}
     engine = EngineOptions(**{k: v for k, v in ns.items() if k in engine_names})
-    return ServerConfig(engine=engine, **{k: v for k, v in ns.items() if k not in engine_names})
+    config = ServerConfig(engine=engine, **{k: v for k, v in ns.items() if k not in engine_names})
+    check_options(config)
+    return config
 

@@ -6,7 +6,7 @@
   replicas, started through its Python entry point so that the API key, too, travels in the
   environment rather than on its command line.
 
-Run as ``python -m minisgl.server.dp_children replica|router [router flags]``.
+Run as ``python -m minisgl.server.launch.dp_children replica|router [router flags]``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 
 from minisgl.env import API_KEY
 from minisgl.llm.config import EngineOptions
-from minisgl.server.args import ServerConfig
+from minisgl.server.config import ServerConfig
 
 ROUTER_MODULE = "smg"
 # seconds between the router's health probes of each replica: with two failed probes in a row a
@@ -35,12 +35,12 @@ def replica_config_json(config: ServerConfig, port: int) -> str:
 
 
 def replica_command() -> list[str]:
-    return [sys.executable, "-m", "minisgl.server.dp_children", "replica"]
+    return [sys.executable, "-m", "minisgl.server.launch.dp_children", "replica"]
 
 
 def router_command(config: ServerConfig, urls: list[str], metrics_port: int) -> list[str]:
     """SGLang Model Gateway on the public address, with the chosen policy, in front of ``urls``."""
-    cmd = [sys.executable, "-m", "minisgl.server.dp_children", "router",
+    cmd = [sys.executable, "-m", "minisgl.server.launch.dp_children", "router",
            "--host", config.host, "--port", str(config.port), "--worker-urls", *urls,
            "--policy", config.router_policy,
            "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
@@ -77,7 +77,7 @@ def _die_with_launcher() -> None:
 
 def _replica_main() -> int:
     from minisgl.env import set_process_defaults
-    from minisgl.server.launch import launch_server
+    from minisgl.server.launch.serve import launch_server
 
     fields = json.loads(sys.stdin.read())
     engine = EngineOptions(**fields.pop("engine"))
@@ -109,4 +109,4 @@ if __name__ == "__main__":
         sys.exit(_replica_main())
     if role == "router":
         sys.exit(_router_main(sys.argv[2:]))
-    sys.exit("usage: python -m minisgl.server.dp_children replica|router [router flags]")
+    sys.exit("usage: python -m minisgl.server.launch.dp_children replica|router [router flags]")

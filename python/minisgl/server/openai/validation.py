@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from minisgl.core import SamplingParams
-from minisgl.server.protocol import ApiError, param_path
+from minisgl.server.openai.protocol import ApiError, param_path
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 1024  # characters of one stop string

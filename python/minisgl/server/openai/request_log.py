@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
-from minisgl.server.responses import ChoiceState
+from minisgl.server.openai.bodies import ChoiceState
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)

@@ -14,8 +14,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from minisgl.server.protocol import ApiError
-from minisgl.server.tool_parsers import TOOL_PARSERS, ToolCallStream, detect_parser
+from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.tool_parsers import TOOL_PARSERS, ToolCallStream, detect_parser
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 

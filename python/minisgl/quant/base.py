@@ -136,12 +136,10 @@ class QuantizationConfig(ABC):
     def linear_method(self) -> LinearMethod:
         """The method of the model's dense projections (QKV, o, gate-up, down)."""
 
+    @abstractmethod
     def moe_method(self) -> MoEMethod:
         """The method of the model's MoE experts (the router is a dense layer no format
         quantizes)."""
-        from .unquantized import UnquantizedMoEMethod
-
-        return UnquantizedMoEMethod()
 
     def device_error(self, device_type: str, capability: tuple[int, int] | None) -> str | None:
         """Why the device cannot run this format, or None."""

@@ -64,6 +64,9 @@ class UnquantizedConfig(QuantizationConfig):
     def linear_method(self) -> LinearMethod:
         return UnquantizedLinearMethod(self.gemv)
 
+    def moe_method(self) -> MoEMethod:
+        return UnquantizedMoEMethod()
+
 
 def linear_method(quant: QuantizationConfig | None) -> LinearMethod:
     """The dense projections' method; None: unquantized, default switches."""

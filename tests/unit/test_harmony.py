@@ -102,7 +102,8 @@ def test_round_trip_reasoning_tool_call_then_answer(harmony):
                                                 ["get_weather"], "tool_calls")
 
     turn2 = assistant_tokens(harmony, [
-        oh.Message.from_role_and_content(oh.Role.ASSISTANT, "It is sunny.").with_channel("analysis"),
+        oh.Message.from_role_and_content(oh.Role.ASSISTANT, "It is sunny.")
+        .with_channel("analysis"),
         oh.Message.from_role_and_content(oh.Role.ASSISTANT, "Sunny in Paris.")
         .with_channel("final")])
     msg, reason = harmony.stream().message(turn2, "stop")

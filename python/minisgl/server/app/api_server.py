@@ -32,6 +32,7 @@ from minisgl.server.openai.options import check_options
 from minisgl.server.openai.protocol import ApiError, error_body, param_path
 from minisgl.server.openai.reasoning import ReasoningConfig
 from minisgl.server.openai.request_context import authorize, server_config
+from minisgl.tokenizer.harmony import Harmony
 
 router = APIRouter()
 RETRY_AFTER_S = 1
@@ -133,6 +134,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.model_path = model_path or config.model
     app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
     app.state.reasoning = ReasoningConfig(config.reasoning_parser)
+    app.state.harmony = Harmony.for_model(app.state.model_path)  # gpt-oss: its output format
     app.state.created = int(time.time())
     app.state.sampling_defaults = load_sampling_defaults(config.generation_config,
                                                          app.state.model_path)

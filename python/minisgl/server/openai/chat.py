@@ -20,11 +20,12 @@ from minisgl.server.openai import structured
 from minisgl.server.openai.bodies import ChoiceState, chat_logprobs, chunker, response, usage
 from minisgl.server.openai.call import respond
 from minisgl.server.openai.generation_defaults import apply_defaults
-from minisgl.server.openai.protocol import ChatCompletionRequest, parse
+from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
 from minisgl.server.openai.reasoning import ReasoningSplitter, delta_fields, message_fields
 from minisgl.server.openai.request_context import check_model, read_json, start_call, tool_parser
 from minisgl.server.openai.tools import ChatTools, tool_delta, tool_message
 from minisgl.server.openai.validation import check_limits
+from minisgl.tokenizer.harmony import EFFORTS
 
 router = APIRouter()
 
@@ -43,6 +44,8 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
     kwargs = req.chat_template_kwargs
     tools = ChatTools.from_request(req.tools, req.tool_choice, req.parallel_tool_calls,
                                    tool_parser(request))
+    harmony = request.app.state.harmony  # gpt-oss: harmony renders and parses (harmony.py)
+    kwargs = _harmony_checks(req, harmony, tools, kwargs)
     grammar = structured.requested_grammar(req, tools and tools.schema())
     await structured.check(grammar)
     extra = {grammar[0]: grammar[1]} if grammar else None
@@ -50,7 +53,7 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
               "tools": tools.tools if tools else None}
     specs = [(fields, check_limits(req.params(i, extra)), 0) for i in range(req.n or 1)]
     think = (await request.app.state.reasoning.mode(request.app.state.tokens, kwargs)
-             if req.separate_reasoning is not False else None)  # see reasoning.py
+             if req.separate_reasoning is not False and harmony is None else None)
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -58,6 +61,7 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
     states = list(call.states.values())
     splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}
     streams = {s.index: tools.stream() for s in states} if tools else {}
+    channels = {s.uid: harmony.stream() for s in states} if harmony else {}
 
     def lps(entries: list) -> dict | None:
         return chat_logprobs(entries, text_of, top) if text_of else None
@@ -68,7 +72,11 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
         # the reasoning is split off first; tool calls are parsed from the content that is left
         delta = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None)
         reason = r.finish_reason
-        if tools:
+        if harmony:  # the channels say what is reasoning, answer or tool call
+            delta, reason = channels[s.uid].delta(r.token_ids, r.finish_reason)
+            if not (delta or reason or r.logprobs):
+                return None
+        elif tools:
             parsed, reason = tool_delta(streams[s.index], delta.pop("content", ""), r.finish_reason)
             delta.update(parsed)
             if not (delta or reason or r.logprobs):
@@ -77,6 +85,8 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
                        "finish_reason": reason}])
 
     def message(s: ChoiceState) -> tuple[dict, str | None]:
+        if harmony:
+            return channels[s.uid].message(s.token_ids, s.finish_reason)
         fields = message_fields("".join(s.text), think)
         if not tools:
             return {"role": "assistant", **fields}, s.finish_reason
@@ -92,3 +102,23 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
                     "logprobs": None, "finish_reason": None}]) for s in states]
     tail = lambda: [chunk([], usage=usage(states))] if req.include_usage else []  # noqa: E731
     return await respond(call, bool(req.stream), render, head, piece, tail)
+
+
+def _harmony_checks(req: ChatCompletionRequest, harmony, tools: ChatTools | None,
+                    kwargs: dict | None) -> dict | None:
+    """``reasoning_effort`` goes to harmony's system message (other models: a 400; their
+    templates take ``chat_template_kwargs``); a forced tool choice, a grammar over the whole
+    output, cannot hold harmony's channels."""
+    if harmony is None:
+        if req.reasoning_effort is not None:
+            raise ApiError(400, "reasoning_effort: only harmony models (gpt-oss) take it; give "
+                           "this model's template its own chat_template_kwargs", "reasoning_effort")
+        return kwargs
+    if tools is not None and tools.forced:
+        raise ApiError(400, "tool_choice: gpt-oss (harmony) takes 'auto' or 'none'", "tool_choice")
+    if req.reasoning_effort is None:
+        return kwargs
+    if req.reasoning_effort not in EFFORTS:
+        raise ApiError(400, f"reasoning_effort: must be one of {', '.join(EFFORTS)}",
+                       "reasoning_effort")
+    return {**(kwargs or {}), "reasoning_effort": req.reasoning_effort}

@@ -68,8 +68,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "modalities": "only the text modality is supported",
         "audio": "audio output is not supported",
         "prediction": "predicted outputs are not supported",
-        "reasoning_effort": "the reasoning effort cannot be set (use chat_template_kwargs, e.g. "
-                            "{\"enable_thinking\": false})",
         "verbosity": "the verbosity cannot be set",
         "web_search_options": "web search is not supported",
     },

@@ -199,6 +199,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     separate_reasoning: bool | None = None  # SGLang's: false keeps <think>... in content
+    reasoning_effort: str | None = None  # harmony models (gpt-oss) only: low, medium, high
 
     @field_validator("chat_template_kwargs")
     @classmethod

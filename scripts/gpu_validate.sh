@@ -12,6 +12,9 @@
 #   scripts/gpu_validate.sh itl        OUT  # streaming smoothness: mixed steps vs prefill-first
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs admission on shared prefixes
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
+#   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests;
+#                                           # gpt-oss-20b in MXFP4 (random weights) offline and
+#                                           # batch 1, transformers (bf16) in the same run
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
@@ -23,6 +26,7 @@ cd "$(dirname "$0")/.."
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 MINISGL_TEST_DEVICE=cuda
 m06=benchmark/configs/qwen3-0.6b.json m8=benchmark/configs/qwen3-8b.json
+moss=benchmark/configs/gpt-oss-20b.json
 step() {  # step SECONDS CMD...: one step under a time limit, its wall time printed
     local limit=$1 t0=$SECONDS
     shift
@@ -33,6 +37,13 @@ step() {  # step SECONDS CMD...: one step under a time limit, its wall time prin
 bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, results in OUT
 
 case $stage in
+gpt-oss)
+    step 180 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests/kernels/test_mxfp4_moe.py \
+        tests/engine/test_gpt_oss.py >"$out/gpt_oss_tests.log" 2>&1
+    tail -3 "$out/gpt_oss_tests.log"
+    step 540 "${bench[@]}" --model $moss --batch1 --hf-requests 8 --hf-batch 8 \
+        >"$out/bench_gpt-oss-20b.log" 2>&1
+    cat "$out"/offline_gpt-oss-20b_*.md ;;
 tests)
     "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests --durations=15 \
         >"$out/gpu_tests.log" 2>&1

@@ -153,3 +153,18 @@ def test_bad_config_names_the_field(tmp_path):
         GptOssForCausalLM.parse_config({**raw, "layer_types": ["sliding_attention"]})
     with pytest.raises(ValueError, match="num_local_experts"):
         GptOssForCausalLM.parse_config({**raw, "num_local_experts": 0})
+
+
+def test_dummy_weights_in_mxfp4(checkpoints, tmp_path):
+    """``--dummy-weights`` with an MXFP4 config (the benchmark of gpt-oss-20b): random experts
+    quantized as the checkpoint holds them, loaded and run."""
+    import shutil
+
+    shutil.copy(checkpoints["mxfp4"] / "config.json", tmp_path / "config.json")
+    llm = LLM(str(tmp_path), device=TEST_DEVICE, dtype="float32", num_pages=512,
+              dummy_weights=True)
+    mlp = llm.scheduler.engine.model.layers[1].mlp
+    assert mlp.w2.dtype == torch.uint8 and mlp.w2_scales.shape == (4, 64, 2)
+    assert 100 < int(mlp.w13_scales.float().mean()) < 127  # groups of N(0, 0.02) values
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4

@@ -123,7 +123,7 @@ def test_mxfp4_matches_transformers_and_the_float32_path(checkpoints, prompts, r
     assert layer.w13.dtype == torch.uint8 and layer.w13_scales.shape == (4, 128, 2)
     mx, fp32 = (make_llm(checkpoints[name], page_size=16) for name in ("mxfp4", "dequantized"))
     torch.testing.assert_close(prefill_logits(mx.scheduler, prompts),
-                               prefill_logits(fp32.scheduler, prompts), atol=1e-5, rtol=0)
+                               prefill_logits(fp32.scheduler, prompts), atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow

@@ -91,8 +91,8 @@ def test_round_trip_reasoning_tool_call_then_answer(harmony):
     assert call["function"] == {"name": "get_weather", "arguments": '{"city":"Paris"}'}
 
     stream, reasoning, args, names = harmony.stream(), "", "", []
-    for i, token in enumerate(turn1):
-        delta, reason = stream.delta([token], "stop" if i == len(turn1) - 1 else None)
+    for i in range(len(turn1)):
+        delta, reason = stream.delta(turn1[: i + 1], "stop" if i == len(turn1) - 1 else None)
         reasoning += delta.get("reasoning_content", "")
         assert "content" not in delta
         for c in delta.get("tool_calls", []):

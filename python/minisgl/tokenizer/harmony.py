@@ -190,6 +190,7 @@ class HarmonyStream:
         self._call_of: dict[int, int] = {}  # message index -> call index
         self._broken: list[int] | None = None  # token ids after the format broke
         self._header: list[int] = []  # token ids of the header being read
+        self._fed = 0  # of the output's token ids (``delta``/``message`` take them all)
 
     def feed(self, token_ids: list[int]) -> dict:
         """The delta of these tokens: ``reasoning_content``, ``content``, ``tool_calls`` (OpenAI
@@ -264,9 +265,14 @@ class HarmonyStream:
             finish_reason = "tool_calls"
         return out, finish_reason
 
+    def _new(self, token_ids: list[int]) -> list[int]:
+        new, self._fed = token_ids[self._fed:], len(token_ids)
+        return new
+
     def delta(self, token_ids: list[int], finish_reason: str | None) -> tuple[dict, str | None]:
-        """One stream reply's delta fields and finish reason."""
-        out = self.feed(token_ids)
+        """The delta fields and finish reason of the output so far, ``token_ids`` (all of them:
+        a reply with no text, such as a bare ``<|channel|>``, may have been skipped)."""
+        out = self.feed(self._new(token_ids))
         if finish_reason is None:
             return out, None
         rest, finish_reason = self.finish(finish_reason)
@@ -276,7 +282,7 @@ class HarmonyStream:
 
     def message(self, token_ids: list[int], finish_reason: str | None) -> tuple[dict, str | None]:
         """A whole output as an assistant message (``content`` None when it only called tools)."""
-        self.feed(token_ids)
+        self.feed(self._new(token_ids))
         _, finish_reason = self.finish(finish_reason)
         msg: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
         if self.reasoning:

@@ -73,7 +73,7 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
         delta = delta_fields(splitters[s.uid], r.text, r.finish_reason is not None)
         reason = r.finish_reason
         if harmony:  # the channels say what is reasoning, answer or tool call
-            delta, reason = channels[s.uid].delta(r.token_ids, r.finish_reason)
+            delta, reason = channels[s.uid].delta(s.token_ids, r.finish_reason)
             if not (delta or reason or r.logprobs):
                 return None
         elif tools:

@@ -15,6 +15,8 @@
 #   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests;
 #                                           # gpt-oss-20b in MXFP4 (random weights) offline and
 #                                           # batch 1, transformers (bf16) in the same run
+#   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels at real sizes, Gemma 3 parity on
+#                                           # CUDA (float32), Gemma 3 27B offline (random weights)
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
@@ -106,6 +108,14 @@ tp)
             >"$out/bench_${m}_tp.log" 2>&1
     done
     cat "$out"/offline_*_tp.md ;;
+gemma)
+    "$py" -m pytest -q -p no:cacheprovider -rf tests/kernels/test_window_sinks.py \
+        tests/kernels/test_gemma_triton.py tests/engine/test_gemma_parity.py \
+        >"$out/gemma_tests.log" 2>&1
+    tail -3 "$out/gemma_tests.log"
+    step 500 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
+        --num-requests 64 --tag gemma3 >"$out/bench_gemma3.log" 2>&1
+    cat "$out"/offline_*gemma3*.md ;;
 first-minute)
     for m in ${MODELS:-qwen3-0.6b qwen3-8b}; do
         dir=$(mktemp -d)/$m cache=$(mktemp -d)
@@ -119,7 +129,7 @@ first-minute)
             --dummy-weights
     done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|first-minute OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|gemma|first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

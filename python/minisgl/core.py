@@ -255,6 +255,9 @@ class Batch:
     input_ids: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     out_loc: torch.Tensor | None = None
+    # the slots of the sliding-window layers' own slot space, when the engine frees their pages
+    # past the window (``scheduler/cache.py``); None: every layer writes at ``out_loc``
+    window_out_loc: torch.Tensor | None = None
     logits_idx: torch.Tensor | None = None
     sample_loc: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, position) of new tokens
     # a decode batch that replays a CUDA graph: its new tokens' KV slots (host), which the graph

@@ -70,6 +70,19 @@ class BaseAttnBackend(ABC):
     supports_sinks: bool = False
     supports_softcap: bool = False
     scale: float  # the default scale: of a layer handed as a bare index
+    page_table: torch.Tensor
+    # the sliding layers' own page table, when the engine frees their pages past the window
+    window_page_table: torch.Tensor | None = None
+
+    def set_window_page_table(self, table: torch.Tensor) -> None:
+        """Sliding layers read their K/V through ``table`` from now on (``table_for``)."""
+        self.window_page_table = table
+
+    def table_for(self, spec: AttentionSpec) -> torch.Tensor:
+        """The page table of ``spec``'s slot space."""
+        if spec.sliding_window is not None and self.window_page_table is not None:
+            return self.window_page_table
+        return self.page_table
 
     def check_layers(self, specs: list[AttentionSpec]) -> None:
         """Raise ``ValueError`` naming the feature if some layer asks for one this backend lacks."""

@@ -102,6 +102,9 @@ class FlashAttnBackend(BaseAttnBackend):
     def check_layers(self, specs: list[AttentionSpec]) -> None:
         self.triton.check_layers(specs)
 
+    def set_window_page_table(self, table: torch.Tensor) -> None:
+        self.triton.set_window_page_table(table)
+
     def prepare_metadata(self, batch: Batch) -> None:
         self.triton.prepare_metadata(batch)
 
@@ -142,6 +145,10 @@ class HybridBackend(BaseAttnBackend):
     def check_layers(self, specs: list[AttentionSpec]) -> None:
         self.prefill.check_layers(specs)
         self.decode.check_layers(specs)
+
+    def set_window_page_table(self, table: torch.Tensor) -> None:
+        self.prefill.set_window_page_table(table)
+        self.decode.set_window_page_table(table)
 
     def _pick(self, batch: Batch) -> BaseAttnBackend:
         return self.decode if batch.is_decode else self.prefill

@@ -67,6 +67,13 @@ class AttentionSpec:
         """The window as a kernel argument: 0 means none."""
         return self.sliding_window or 0
 
+    def out_loc(self, batch) -> torch.Tensor:
+        """Where this step's K/V go: a sliding layer's own slot space when the engine keeps one
+        (``batch.window_out_loc``), else the shared one."""
+        if self.sliding_window is not None and batch.window_out_loc is not None:
+            return batch.window_out_loc
+        return batch.out_loc
+
     @classmethod
     def plain(cls, kv_layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> AttentionSpec:
         """A full-attention layer with no extras, its shapes read off ``q``/``k``: what a backend

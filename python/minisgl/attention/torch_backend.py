@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 @dataclass
 class TorchAttnMetadata(BaseAttnMetadata):
     slots: torch.Tensor  # [B, max_seq] KV slot of every context position (padding reads slot 0)
+    window_slots: torch.Tensor | None  # the same in the sliding layers' own slot space, if any
     mask: torch.Tensor  # [B, 1, max_extend, max_seq] True where a query may attend
     token_index: torch.Tensor  # [T] position of each packed token in the [B * max_extend] padding
     distance: torch.Tensor  # [B, 1, max_extend, max_seq] query position - key position
@@ -70,6 +71,9 @@ class TorchBackend(BaseAttnBackend):
         max_seq, max_ext = int(seq.max()), int(extend.max())
         rows = torch.tensor([r.table_idx for r in reqs], device=device)
         slots = self.page_table[rows, :max_seq].long()
+        # positions before a window hold stale slots (their pages freed): read, then masked
+        window_slots = (None if self.window_page_table is None
+                        else self.window_page_table[rows, :max_seq].long())
         key_pos = torch.arange(max_seq)
         q_pos = cached[:, None] + torch.arange(max_ext)[None, :]  # [B, max_ext]
         mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos < seq[:, None, None])
@@ -78,7 +82,8 @@ class TorchBackend(BaseAttnBackend):
         )
         distance = (q_pos[:, :, None] - key_pos[None, None, :]).unsqueeze(1)
         batch.attn_metadata = TorchAttnMetadata(
-            slots=slots, mask=mask.unsqueeze(1).to(device), token_index=token_index.to(device),
+            slots=slots, window_slots=window_slots, mask=mask.unsqueeze(1).to(device),
+            token_index=token_index.to(device),
             distance=distance.to(device),
         )
 
@@ -92,7 +97,10 @@ class TorchBackend(BaseAttnBackend):
         q_pad = q.new_zeros(num_reqs * max_ext, *q.shape[1:])
         q_pad[meta.token_index] = q
         q_pad = q_pad.view(num_reqs, max_ext, *q.shape[1:]).transpose(1, 2)
-        k_ctx, v_ctx = self.kv_pool.read_kv(spec.kv_layer, meta.slots, q.dtype)
+        slots = meta.slots
+        if spec.sliding_window is not None and meta.window_slots is not None:
+            slots = meta.window_slots
+        k_ctx, v_ctx = self.kv_pool.read_kv(spec.kv_layer, slots, q.dtype)
         k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
         mask = meta.mask_for(spec.sliding_window)
         if spec.sinks is None and spec.logit_softcap is None:

@@ -168,7 +168,7 @@ class TritonBackend(BaseAttnBackend):
     def _decode(self, q, spec: AttentionSpec, meta: TritonDecodeMetadata, out) -> torch.Tensor:
         pool, layer = self.kv_pool, spec.kv_layer
         return decode_attention(
-            q, pool.k_cache(layer), pool.v_cache(layer), self.page_table, meta.rows,
+            q, pool.k_cache(layer), pool.v_cache(layer), self.table_for(spec), meta.rows,
             meta.seq_lens, spec.scale, meta.num_splits, out=out,
             workspace=self._workspace(meta, q), kv_scales=pool.kv_scales(layer),
             order=meta.order, pdl=self.pdl, window=spec.window, sinks=spec.sinks,
@@ -177,7 +177,7 @@ class TritonBackend(BaseAttnBackend):
     def _extend(self, q, spec: AttentionSpec, meta: TritonPrefillMetadata, out) -> torch.Tensor:
         pool, layer = self.kv_pool, spec.kv_layer
         return extend_attention(
-            q, pool.k_cache(layer), pool.v_cache(layer), self.page_table, meta.rows,
+            q, pool.k_cache(layer), pool.v_cache(layer), self.table_for(spec), meta.rows,
             meta.cu_seqlens, meta.seq_lens, meta.max_extend, spec.scale, out=out,
             kv_scales=pool.kv_scales(layer), window=spec.window, sinks=spec.sinks,
         )

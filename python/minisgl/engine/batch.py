@@ -21,9 +21,10 @@ from minisgl.utils.transfer import to_device
 
 
 def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tensor,
-                  pad_multiple: int = 1) -> None:
+                  pad_multiple: int = 1, window_table: torch.Tensor | None = None) -> None:
     """Fill ``input_ids``, ``positions``, ``out_loc``, ``logits_idx`` and ``sample_loc``; a prefill
-    or mixed batch gets padding tokens up to a multiple of ``pad_multiple``."""
+    or mixed batch gets padding tokens up to a multiple of ``pad_multiple``. ``window_table``: the
+    sliding layers' own page table, which gives ``window_out_loc``."""
     device = page_table.device
     positions: list[int] = []
     rows: list[int] = []
@@ -57,4 +58,6 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
         if n_dec:
             batch.input_ids[:n_dec] = token_pool[row_ids[:n_dec], batch.positions[:n_dec]]
     batch.out_loc = page_table[row_ids, batch.positions]
+    if window_table is not None:
+        batch.window_out_loc = window_table[row_ids, batch.positions]
     batch.sample_loc = tuple(loc)

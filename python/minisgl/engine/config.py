@@ -30,6 +30,9 @@ class EngineConfig:
     # hybrid models: state slots the radix cache keeps snapshots in (kvcache/hybrid_radix.py);
     # None: a quarter of max_running_reqs
     num_state_snapshots: int | None = None
+    # > 0: the sliding-window layers get a slot space of their own, this many tokens per token of
+    # the others, and their pages past the window go back to the pool (0: they share the others')
+    sliding_pool_ratio: float = 0.0
     attention_backend: str = "torch"
     moe_backend: str = "torch"
     cuda_graph_max_bs: int = 0  # decode batches up to this size replay CUDA graphs; 0 disables

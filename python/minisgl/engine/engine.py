@@ -81,15 +81,23 @@ class Engine:
         # penalty counts and logit biases of the request in each row (allocated on first use)
         self.sampling_state = SamplingState(table_shape[0], mc.vocab_size, self.device)
         self.state_pool = create_state_pool(self.cache_spec, config, self.device)
+        # the sliding layers in a slot space of their own whose pages past the window go back
+        # (``scheduler/cache.py``): its page table, and its pages per page of the others
+        self.window_ratio = (config.sliding_pool_ratio if self.cache_spec.max_window
+                             and config.sliding_pool_ratio > 0 else None)
+        self.window_page_table = (torch.zeros(table_shape, dtype=torch.int32, device=self.device)
+                                  if self.window_ratio else None)
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
-        self.kv_pool, self.attn_backend = self._make_pool(self.num_pages)
+        self.window_pages = self._window_pages(self.num_pages)
+        self.kv_pool, self.attn_backend = self._make_pool(self.num_pages, self.window_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool)
         # eager forwards' token counts are rounded up to this (batch.py says why)
         self.pad_tokens = (config.pad_tokens if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
         self.graph_runner = self.piecewise = None
-        hybrid = self.state_pool is not None  # NOTE: no CUDA graphs over the state pool yet
+        # NOTE: no CUDA graphs over the state pool or the sliding layers' own page table yet
+        hybrid = self.state_pool is not None or self.window_page_table is not None
         if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0 and not hybrid
                 and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
@@ -112,7 +120,16 @@ class Engine:
             ", piecewise CUDA graphs" if self.piecewise else "",
         )
 
-    def _make_pool(self, num_pages: int):
+    def _window_pages(self, num_pages: int) -> int | None:
+        """The sliding layers' pages: ``sliding_pool_ratio`` of the others', and at least what
+        one request's window and one forward need."""
+        if self.window_ratio is None:
+            return None
+        ps = self.config.page_size
+        least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 2
+        return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
+
+    def _make_pool(self, num_pages: int, window_pages: int | None = None):
         mc, config = self.model_config, self.config
         spec = self.cache_spec
         shapes = spec.kv_layer_shapes
@@ -120,18 +137,23 @@ class Engine:
             num_layers=spec.num_kv_layers, num_kv_heads=max(h for h, _ in shapes),
             head_dim=max(d for _, d in shapes), num_pages=num_pages, page_size=config.page_size,
             dtype=config.kv_dtype, device=self.device, layer_shapes=shapes,
+            window_pages=window_pages,
+            windowed=[w is not None for w in spec.windows] if window_pages else None,
         )
         set_kv_scales(pool, self.model.kv_scales)
         backend = create_attention_backend(
             config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
         )
         backend.check_layers(list(spec.attention))  # refuses a window or sinks it cannot do
+        if window_pages:
+            backend.set_window_page_table(self.window_page_table)
         backend.pdl = config.pdl
         return pool, backend
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        return self.cache_spec.kv_bytes_per_token(self.config.kv_dtype)
+    def kv_bytes_per_token(self) -> float:
+        """With a sliding pool: a token of the full layers and its share of the sliding ones."""
+        return self.cache_spec.kv_bytes_per_token(self.config.kv_dtype, self.window_ratio)
 
     def _build_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)
@@ -178,13 +200,15 @@ class Engine:
         pad = self.config.pad_tokens  # an eager forward runs at most its budget, padding included
         tokens = min(-(-self.config.max_forward_tokens // pad) * pad, self.max_seq_len - 1)
         pages = -(-tokens // self.config.page_size) + 1
-        pool, backend = self._make_pool(pages)
+        pool, backend = self._make_pool(pages, pages if self.window_ratio else None)
         req = Req(uid=-1, input_ids=[0] * (tokens + 1), prompt_len=tokens + 1,
                   sampling_params=SamplingParams(), max_device_len=tokens + 1,
                   table_idx=self.dummy_row, device_len=tokens)
         batch = Batch([req], "prefill")
-        self.page_table[self.dummy_row, :tokens] = torch.arange(tokens, dtype=torch.int32)
-        prepare_batch(batch, self.page_table, self.token_pool)
+        for table in (self.page_table, self.window_page_table):
+            if table is not None:
+                table[self.dummy_row, :tokens] = torch.arange(tokens, dtype=torch.int32)
+        prepare_batch(batch, self.page_table, self.token_pool, 1, self.window_page_table)
         if self.state_pool is not None:
             attach_state_metadata(batch, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -195,8 +219,10 @@ class Engine:
         self.model.compute_logits(hidden[-1:])
         torch.cuda.synchronize(self.device)
         peak = (torch.cuda.max_memory_allocated(self.device)
-                - pages * self.kv_bytes_per_token * self.config.page_size)
-        self.page_table[self.dummy_row].zero_()
+                - pool.mem_bytes)
+        for table in (self.page_table, self.window_page_table):
+            if table is not None:
+                table[self.dummy_row].zero_()
         del pool, backend, ctx, hidden
         torch.cuda.empty_cache()
         return peak
@@ -222,7 +248,8 @@ class Engine:
         """Build the batch's device inputs (``batch.py``), except for a decode batch that replays a
         CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends."""
         if not self.replays_graph(batch):
-            prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens)
+            prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens,
+                          self.window_page_table)
         if self.state_pool is not None:
             attach_state_metadata(batch, self.device)
 

@@ -44,10 +44,13 @@ def create_kvcache_pool(
     dtype: torch.dtype,
     device: torch.device | str,
     layer_shapes: list[tuple[int, int]] | None = None,
+    window_pages: int | None = None,
+    windowed: list[bool] | None = None,
 ) -> BaseKVCachePool:
-    """``layer_shapes``: ``(kv_heads, head_dim)`` per layer, when layers differ (``MHAKVCache``)."""
+    """``layer_shapes``: ``(kv_heads, head_dim)`` per layer, when layers differ;
+    ``window_pages``/``windowed``: the sliding layers' own slot space (``MHAKVCache``)."""
     return MHAKVCache(num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype, device,
-                      layer_shapes)
+                      layer_shapes, window_pages, windowed)
 
 
 def create_prefix_cache(name: str, page_size: int, device: torch.device | str,

@@ -22,6 +22,10 @@ class MHAKVCache(BaseKVCachePool):
     layer is ``(num_kv_heads, head_dim)``. Every layer has the same slots, so one page table
     serves all. Few allocations keep the footprint exact and let ``k_cache``/``v_cache`` be free
     views. The buffers are zeroed so that reads of never-written slots are deterministic.
+
+    ``window_pages`` (with ``windowed``, a flag per layer): the sliding-window layers live in a
+    slot space of their own, of ``window_pages`` pages, addressed through a page table of their
+    own (``scheduler/cache.py`` frees its pages past the window); the others have ``num_pages``.
     """
 
     def __init__(
@@ -34,6 +38,8 @@ class MHAKVCache(BaseKVCachePool):
         dtype: torch.dtype,
         device: torch.device | str,
         layer_shapes: Sequence[tuple[int, int]] | None = None,
+        window_pages: int | None = None,
+        windowed: Sequence[bool] | None = None,
     ) -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype, device)
         if layer_shapes is None:
@@ -44,15 +50,26 @@ class MHAKVCache(BaseKVCachePool):
             check_positive_int("layer_shapes kv_heads", heads)
             check_positive_int("layer_shapes head_dim", dim)
         self.layer_shapes = [tuple(s) for s in layer_shapes]
-        shapes = sorted(set(self.layer_shapes))
-        # layer -> (its shape's buffer, its index in that buffer)
-        self._where = [(shapes.index(s), self.layer_shapes[:i].count(s))
-                       for i, s in enumerate(self.layer_shapes)]
+        self.window_pages = window_pages
+        if window_pages is None:
+            windowed = [False] * num_layers
+        elif windowed is None or len(windowed) != num_layers:
+            raise ValueError("windowed: one flag per layer goes with window_pages")
+        else:
+            check_positive_int("window_pages", window_pages)
+        # a layer's buffer key: its shape and its slot space
+        keys = [(*s, bool(w)) for s, w in zip(self.layer_shapes, windowed)]
+        groups = sorted(set(keys))
+        # layer -> (its group's buffer, its index in that buffer)
+        self._where = [(groups.index(k), keys[:i].count(k)) for i, k in enumerate(keys)]
         self._bufs = [
-            torch.zeros((2, self.layer_shapes.count(s), self.num_slots, *s), dtype=dtype,
+            torch.zeros((2, keys.count(k), self._slots(k[2]), k[0], k[1]), dtype=dtype,
                         device=self.device)
-            for s in shapes
+            for k in groups
         ]
+
+    def _slots(self, windowed: bool) -> int:
+        return self.window_pages * self.page_size if windowed else self.num_slots
 
     @property
     def mem_bytes(self) -> int:

@@ -57,9 +57,19 @@ class CacheSpec:
         return [s.sliding_window for s in map(self._kv_owner, range(self.num_kv_layers))]
 
     @property
+    def max_window(self) -> int | None:
+        """The widest sliding window (None: no sliding layer)."""
+        return max((w for w in self.windows if w is not None), default=None)
+
+    @property
     def has_state(self) -> bool:
         return self.state_shape is not None
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """K and V bytes of one token over all KV layers, on this rank."""
-        return sum(2 * h * d for h, d in self.kv_layer_shapes) * dtype.itemsize
+    def kv_bytes_per_token(self, dtype: torch.dtype, window_ratio: float | None = None) -> float:
+        """K and V bytes of one token over all KV layers, on this rank. ``window_ratio``: the
+        sliding layers hold that many tokens per token of the others (their own slot space)."""
+        total = 0.0
+        for (h, d), w in zip(self.kv_layer_shapes, self.windows):
+            share = window_ratio if (w is not None and window_ratio is not None) else 1.0
+            total += 2 * h * d * dtype.itemsize * share
+        return total

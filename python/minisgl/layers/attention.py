@@ -97,7 +97,7 @@ class AttentionLayer(nn.Module):
         ctx: Context,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q/k norms and RoPE, then this step's K/V into the pool at ``batch.out_loc``."""
-        pool, out_loc, layer = ctx.kv_pool, ctx.batch.out_loc, self.spec.kv_layer
+        pool, out_loc, layer = ctx.kv_pool, self.spec.out_loc(ctx.batch), self.spec.kv_layer
         if (q.is_cuda and self._fusable and pow2(self.head_dim)
                 and pool.dtype in (q.dtype, torch.float8_e4m3fn)):
             from minisgl.kernel.triton.rotary import norm_rope_store_

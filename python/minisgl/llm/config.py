@@ -46,6 +46,9 @@ class EngineOptions:
     max_running_requests: int = 256
     # hybrid models: recurrent-state snapshots the radix cache may keep (None: max_running / 4)
     num_state_snapshots: int | None = None
+    # sliding-window models: the sliding layers' own pool, tokens per token of the full layers'
+    # (their pages past the window are freed); 0 keeps one pool for all layers
+    sliding_pool_ratio: float = 0.0
     max_seq_len: int | None = None
     attn: str = "auto"
     moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
@@ -135,6 +138,11 @@ class EngineOptions:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
         if not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb: must be > 0, got {self.kv_cache_memory_gb}")
+        if (isinstance(self.sliding_pool_ratio, bool)
+                or not isinstance(self.sliding_pool_ratio, (int, float))
+                or not 0 <= self.sliding_pool_ratio <= 1):
+            raise ValueError("sliding_pool_ratio: must be a number in [0, 1], got "
+                             f"{self.sliding_pool_ratio!r}")
         device = _resolve_device(self.device)
         if self.sampler not in _SAMPLERS:
             raise ValueError(f"sampler: {self.sampler!r} is not one of {', '.join(_SAMPLERS)}")
@@ -180,6 +188,7 @@ class EngineOptions:
             mem_fraction=self.mem_fraction,
             max_running_reqs=self.max_running_requests,
             num_state_snapshots=0 if self.cache == "naive" else self.num_state_snapshots,
+            sliding_pool_ratio=float(self.sliding_pool_ratio),
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),

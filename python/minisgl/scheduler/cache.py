@@ -9,6 +9,10 @@ A request's row of the page table maps its positions to KV slots::
 partially. On release the request offers its computed prefix to the prefix cache, which keeps what
 it does not already hold; everything else returns to the free list.
 
+With a sliding-window pool (``window``, ``window.py``) the sliding layers' pages are allocated
+alongside, in their own table, and freed as they fall behind the window; ``available_tokens`` is
+what both pools can give.
+
 The host keeps the truth (``host_table``); changes reach the device table in one batched,
 non-blocking copy per step (``flush``). Reading or writing the device table per request would make
 the host wait for the device, which overlap scheduling must never do.
@@ -22,6 +26,8 @@ from minisgl.core import Req
 from minisgl.engine.prompt_logprobs import prefix_limit
 from minisgl.kvcache import BasePrefixCache
 
+from .window import WindowPages
+
 
 def _round_up(n: int, page: int) -> int:
     return -(-n // page) * page
@@ -29,8 +35,11 @@ def _round_up(n: int, page: int) -> int:
 
 class CacheManager:
     def __init__(self, num_pages: int, page_size: int, prefix_cache: BasePrefixCache,
-                 page_table: torch.Tensor) -> None:
-        self.num_pages, self.page_size = num_pages, page_size
+                 page_table: torch.Tensor, window: WindowPages | None = None) -> None:
+        if window is not None and prefix_cache.shares_prefixes:
+            raise ValueError("a sliding-window pool frees pages a prefix hit would need: "
+                             "use the naive prefix cache with it")
+        self.num_pages, self.page_size, self.window = num_pages, page_size, window
         self.prefix_cache, self.page_table = prefix_cache, page_table
         on_host = page_table.device.type == "cpu"
         self.host_table = page_table if on_host else torch.zeros_like(page_table, device="cpu")
@@ -47,7 +56,8 @@ class CacheManager:
     @property
     def available_tokens(self) -> int:
         """Tokens that can be allocated now, evicting unreferenced cached prefixes if needed."""
-        return len(self.free_pages) * self.page_size + self.prefix_cache.evictable_size
+        n = len(self.free_pages) * self.page_size + self.prefix_cache.evictable_size
+        return n if self.window is None else min(n, self.window.free_tokens)
 
     def alloc_len(self, req: Req) -> int:
         return _round_up(req.device_len, self.page_size)
@@ -92,6 +102,12 @@ class CacheManager:
             self.prefix_cache.save_state(req.input_ids[: req.device_len], req.table_idx)
             req.snapshot_at = 0
 
+    def trim(self, reqs: list[Req]) -> None:
+        """Free the sliding-window pages ``reqs`` can no longer see (before counting what is
+        available; ``allocate`` does it too)."""
+        if self.window is not None:
+            self.window.trim(reqs)
+
     def allocate(self, req: Req, new_device_len: int) -> None:
         """Give ``req`` the pages to hold ``new_device_len`` tokens. Check ``available_tokens``
         first."""
@@ -108,6 +124,10 @@ class CacheManager:
                 rows.append(req.table_idx)
                 starts.append(start)
                 counts.append(count)
+        if self.window is not None:
+            self.window.trim(reqs)  # before allocating: the freed pages serve this step too
+            if rows:
+                self.window.allocate(rows, starts, counts)
         if not rows:
             return
         total = sum(counts)
@@ -150,6 +170,8 @@ class CacheManager:
             width = self.host_table.shape[1]
             keep = ~torch.isin(rows * width + cols, new_rows * width + new_cols)
             rows, cols = rows[keep], cols[keep]
+        if self.window is not None:
+            self.window.flush()
         if not len(rows):
             return slots
         from minisgl.kernel.triton.scatter import scatter_2d_  # on a GPU only: needs triton
@@ -187,6 +209,8 @@ class CacheManager:
         """Return a request's slots: its computed prefix goes to the prefix cache, the rest is
         freed."""
         alloc_len = self.alloc_len(req)
+        if self.window is not None:
+            self.window.release(req, alloc_len)
         slots = self.host_table[req.table_idx, :alloc_len].clone()
         # every fed token's KV is computed, or being computed by a launched forward (stream order
         # makes it available to every later one)
@@ -240,3 +264,5 @@ class CacheManager:
         assert total == self.num_tokens, f"KV slots leaked: {total} accounted of {self.num_tokens}"
         everything = torch.cat([self.free_pages, owned_pages.to(torch.int32)])
         assert len(torch.unique(everything)) == len(everything), "a KV page is owned twice"
+        if self.window is not None:
+            self.window.check_integrity([(r, self.alloc_len(r)) for r in live_reqs])

@@ -40,6 +40,7 @@ class DecodeManager:
 
     def schedule(self) -> Batch | None:
         """The decode batch of every running request, retracting the newest ones to make room."""
+        self.cache.trim(self.running)
         while self.running and self.tokens_needed() > self.cache.available_tokens:
             self.retract(self.running.pop())
         reqs = self.schedulable()

@@ -91,6 +91,7 @@ class PrefillManager:
             chunk = min(budget, req.pending_len)
             if req.snapshot_at > req.device_len:  # stop at the branch point (hybrid models)
                 chunk = min(chunk, req.snapshot_at - req.device_len)
+            self.cache.trim([req])
             needed = self.cache.tokens_needed(req, req.device_len + chunk)
             if needed + decode_reserve > self.cache.available_tokens:
                 if newly_admitted:

@@ -25,6 +25,7 @@ from .output import FinishReason, TokenOutput, logprob_rows
 from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
+from .window import WindowPages
 
 logger = init_logger(__name__)
 
@@ -43,11 +44,18 @@ class Scheduler:
         self.engine = engine or Engine(config.engine)
         page_size = config.engine.page_size
         self.table = TableManager(config.max_running_reqs)
-        prefix_cache = create_prefix_cache(config.cache, page_size, self.engine.device,
-                                           self.engine.state_pool)
-        self.cache = CacheManager(
-            self.engine.num_pages, page_size, prefix_cache, self.engine.page_table
-        )
+        engine, window = self.engine, None
+        cache_name = config.cache
+        if engine.window_pages:  # the sliding layers' pages past the window are freed
+            window = WindowPages(engine.window_pages, page_size, engine.cache_spec.max_window,
+                                 engine.window_page_table)
+            if cache_name != "naive":
+                logger.warning("prefix cache %r: off with --sliding-pool-ratio (a hit would need "
+                               "sliding-window KV that was freed)", cache_name)
+                cache_name = "naive"
+        prefix_cache = create_prefix_cache(cache_name, page_size, engine.device, engine.state_pool)
+        self.cache = CacheManager(engine.num_pages, page_size, prefix_cache, engine.page_table,
+                                  window)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
         self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy)
         self.decode = DecodeManager(self.cache, self._retract)

@@ -100,3 +100,15 @@ def test_malformed_namespace_is_a_400_naming_it(tool, param):
         r = httpx.post(f"{srv.url}/v1/responses", headers={"authorization": f"Bearer {KEY}"},
                        json={"model": MODEL, "input": "hi", "tools": [tool]})
         assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("value, param, message", [
+    (5, "input", "input: must be a string or a list"),
+    ([5], "input[0]", "input[0]: must be an object"),
+])
+def test_a_type_error_in_input_names_input(value, param, message):
+    with fake_server(2) as srv:
+        r = httpx.post(f"{srv.url}/v1/responses", headers={"authorization": f"Bearer {KEY}"},
+                       json={"model": MODEL, "input": value})
+        assert r.status_code == 400
+        assert (r.json()["error"]["param"], r.json()["error"]["message"]) == (param, message)

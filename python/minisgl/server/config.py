@@ -43,6 +43,7 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     clamp_max_tokens: bool = False
     generation_config: str = "auto"
+    reject_unsupported_tools: bool = False
 
     def __post_init__(self) -> None:
         # NOTE: the parser and sampling-default names are checked against their registries by

@@ -32,6 +32,7 @@ from minisgl.server.openai.options import check_options
 from minisgl.server.openai.protocol import ApiError, error_body, param_path
 from minisgl.server.openai.reasoning import ReasoningConfig
 from minisgl.server.openai.request_context import authorize, server_config
+from minisgl.server.openai.request_log import log_refused
 from minisgl.tokenizer.harmony import Harmony
 
 router = APIRouter()
@@ -80,26 +81,38 @@ def _install_error_handlers(app: FastAPI) -> None:
     """Every error, user's or ours, answers OpenAI's ``{"error": {...}}`` shape (never a 422)."""
 
     @app.exception_handler(ApiError)
-    async def _api(_: Request, e: ApiError) -> JSONResponse:
+    async def _api(request: Request, e: ApiError) -> JSONResponse:
+        _log_refused(request, e.status, e.message)
         return JSONResponse(e.body(), e.status, headers=_retry_after(e.status))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         err = (e.errors() or [{}])[0]
         param = param_path(err.get("loc", ()))
         message = f"{param}: {err.get('msg', 'invalid request')}"
+        _log_refused(request, 400, message)
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if e.status_code < 500 else "server_error"
         headers = {**_retry_after(e.status_code), **(e.headers or {})}
+        _log_refused(request, e.status_code, str(e.detail))
         return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=headers)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
         # Starlette re-raises it after this answer, so uvicorn logs the traceback
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), 500)
+        message = f"internal error: {type(e).__name__}"
+        _log_refused(request, 500, message)
+        return JSONResponse(error_body(message, "server_error"), 500)
+
+
+def _log_refused(request: Request, status: int, message: str) -> None:
+    """The request's log line, unless it reached the backend (its call logs it then)."""
+    if getattr(request.state, "call", None) is None:
+        log_refused(request.method, request.url.path, getattr(request.state, "arrival", None),
+                    status, message)
 
 
 def _retry_after(status: int) -> dict[str, str]:

@@ -107,7 +107,9 @@ async def get_load(request: Request) -> dict:
             "num_waiting_reqs": rank["num_waiting_reqs"], "num_tokens": rank["num_used_tokens"]}
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+# one operation id per method: a route of several methods gets one id for all (a duplicate)
+@router.get("/flush_cache", operation_id="flush_cache_flush_cache_get")
+@router.post("/flush_cache", operation_id="flush_cache_flush_cache_post")
 async def flush_cache(request: Request) -> JSONResponse:
     authorize(request)
     started = time.monotonic()

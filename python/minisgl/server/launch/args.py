@@ -65,6 +65,9 @@ _HELP = {
                         "inside the reasoning)",
     "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
                         "hermes, llama3, mistral or json",
+    "reject_unsupported_tools": "/v1/responses: answer 400 to a request offering a built-in tool "
+                                "the server cannot run (web_search, file_search, ...; default: "
+                                "leave it out and say so in the response's dropped_tools)",
     "clamp_max_tokens": "cut a request's max_tokens to what the context leaves after its prompt "
                         "(default: a prompt plus max_tokens beyond the context is a 400)",
     "generation_config": "sampling defaults for requests that omit them: auto (the model's "

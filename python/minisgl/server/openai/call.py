@@ -56,13 +56,15 @@ class Call:
         self._checked = time.monotonic()
         self.metrics, self.arrival = metrics, arrival if arrival is not None else time.time()
         self.failed = False  # an error reply ended it (counted by its status, not as an abort)
+        self.error: ApiError | None = None  # what the client was answered, for the log line
         self._held: UserReply | None = None  # taken from the queue, not merged: the next reply
 
     async def start(self, msgs: list[TokenizeMsg]) -> Call:
         try:
             self.queue = await self.frontend.submit(msgs)
-        except BaseException:
+        except BaseException as e:
             self.failed = True
+            self.error = e if isinstance(e, ApiError) else None
             self.close()
             raise
         return self
@@ -93,10 +95,12 @@ class Call:
         if reply.error is not None:
             self.failed = True
             status = reply.status if reply.status >= 400 else 500
-            raise ApiError(status, reply.error, reply.error_param)
+            self.error = ApiError(status, reply.error, reply.error_param)
+            raise self.error
         if reply.finish_reason == "abort":
             self.failed = True
-            raise ApiError(503, "the server aborted the request", code="aborted")
+            self.error = ApiError(503, "the server aborted the request", code="aborted")
+            raise self.error
         reply = self._merge_queued(reply)
         state = self.states[reply.uid]
         state.add(reply)
@@ -138,7 +142,7 @@ class Call:
         if self.metrics is not None:
             self.metrics.finish(self.states.values(), self.arrival, self.failed)
         rid = self.rid or str(next(iter(self.states)))
-        log_request(rid, self.states.values(), self.arrival, self.failed, self.prompt)
+        log_request(rid, self.states.values(), self.arrival, self.failed, self.prompt, self.error)
 
 
 class _CallStream(StreamingResponse):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from minisgl.core import SamplingParams
 from minisgl.server.openai.fields import check_fields
+from minisgl.server.openai.union_errors import first_error
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)
@@ -51,9 +52,9 @@ def parse(model: type[M], data: Any) -> M:
     try:
         parsed = model.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        param = param_path(err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        loc, err, msg = first_error(e.errors())
+        param = param_path(loc)
+        msg = msg or err["msg"].removeprefix("Value error, ")
         if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg = "must be an object"  # not pydantic's "... or instance of ToolCall"
         raise ApiError(400, f"{param}: {msg}" if param else msg, param) from None

@@ -121,4 +121,5 @@ async def start_call(request: Request, specs: list[tuple[dict, SamplingParams, i
     prompt = prompt if server_config(request).log_requests else None
     call = Call(frontend, request.is_disconnected, states, request.app.state.metrics, arrival,
                 rid, prompt)
+    request.state.call = call  # its log line is the request's (the app logs refusals without one)
     return await call.start(msgs)

@@ -35,6 +35,10 @@ SETTINGS = {
     "chunked_page16": dict(page_size=16, max_prefill_tokens=13),
     "mixed_small_budget": dict(page_size=4, max_prefill_tokens=16, max_num_batched_tokens=20),
     "no_overlap": dict(page_size=1, max_prefill_tokens=16, disable_overlap=True),
+    # the sliding layers' own pool, pages past the window given back (``--sliding-pool-ratio``)
+    "window_pool": dict(page_size=1, sliding_pool_ratio=0.1, cache="naive"),
+    "window_pool_page16_chunked": dict(page_size=16, max_prefill_tokens=13,
+                                       sliding_pool_ratio=0.1, cache="naive"),
 }
 
 
@@ -58,8 +62,8 @@ def reference(checkpoints, prompts):
 
 
 def make_llm(path, **options) -> LLM:
-    pages = 4096 // options.get("page_size", 1)
-    return LLM(str(path), device=TEST_DEVICE, dtype="float32", num_pages=pages, **options)
+    options.setdefault("num_pages", 4096 // options.get("page_size", 1))
+    return LLM(str(path), device=TEST_DEVICE, dtype="float32", **options)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -112,6 +116,18 @@ def test_radix_cache_hit_gives_same_tokens(page_size, checkpoints):
     assert llm.scheduler.cache.num_hit_tokens > WINDOW  # the hits reach past the window
     assert [o.token_ids for o in first + rest] == expected
     llm.scheduler.check_integrity()
+
+
+def test_retraction_gives_the_same_tokens(checkpoints):
+    """A pool too small for every request at once: the newest are retracted and resumed."""
+    path = checkpoints["fp32"]
+    prompts = random_prompts(5, [20, 25, 30, 18, 22], VOCAB, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    tight = make_llm(path, num_pages=110)
+    outputs = tight.generate(prompts, params)
+    assert tight.scheduler.num_retractions > 0
+    assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 24)
+    tight.scheduler.check_integrity()
 
 
 def test_mxfp4_matches_transformers_and_the_float32_path(checkpoints, prompts, reference):

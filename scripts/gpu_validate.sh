@@ -40,8 +40,9 @@ bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, 
 
 case $stage in
 gpt-oss)
-    step 180 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests/kernels/test_mxfp4_moe.py \
-        tests/engine/test_gpt_oss.py >"$out/gpt_oss_tests.log" 2>&1
+    step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests/kernels/test_mxfp4_moe.py \
+        tests/kernels/test_gpt_oss_triton.py tests/engine/test_gpt_oss.py \
+        >"$out/gpt_oss_tests.log" 2>&1
     tail -3 "$out/gpt_oss_tests.log"
     step 540 "${bench[@]}" --model $moss --batch1 --hf-requests 8 --hf-batch 8 \
         >"$out/bench_gpt-oss-20b.log" 2>&1

@@ -15,8 +15,14 @@
 #   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests;
 #                                           # gpt-oss-20b in MXFP4 (random weights) offline and
 #                                           # batch 1, transformers (bf16) in the same run
-#   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels at real sizes, Gemma 3 parity on
-#                                           # CUDA (float32), Gemma 3 27B offline (random weights)
+#   scripts/gpu_validate.sh hybrid-tests OUT  # hybrid models on CUDA: the in-place state kernels,
+#                                           # the Triton backend vs torch, greedy parity (fp32)
+#   scripts/gpu_validate.sh hybrid     OUT  # Qwen3.5-9B: offline (fp32 / bf16 state) with its
+#                                           # ceiling, batch 1, transformers; then hybrid-online:
+#                                           # concurrency 1/16/64; radix vs naive, shared prefixes
+#   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
+#                                           # (float32), Gemma 3 27B and Gemma 4 26B-A4B offline
+#                                           # (random weights)
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
@@ -114,9 +120,12 @@ gemma)
         tests/kernels/test_gemma_triton.py tests/engine/test_gemma_parity.py \
         >"$out/gemma_tests.log" 2>&1
     tail -3 "$out/gemma_tests.log"
-    step 500 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
+    step 400 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
         --num-requests 64 --tag gemma3 >"$out/bench_gemma3.log" 2>&1
-    cat "$out"/offline_*gemma3*.md ;;
+    # its experts run the torch loop (the MoE kernels apply SiLU, Gemma's experts GELU)
+    step 400 "${bench[@]}" --model benchmark/configs/gemma-4-26b-a4b.json --hf-requests 0 \
+        --num-requests 16 --tag gemma4 >"$out/bench_gemma4.log" 2>&1
+    cat "$out"/offline_*gemma*.md ;;
 first-minute)
     for m in ${MODELS:-qwen3-0.6b qwen3-8b}; do
         dir=$(mktemp -d)/$m cache=$(mktemp -d)
@@ -129,8 +138,40 @@ first-minute)
         step 300 "${fm[@]}" --tag "${m}_warmup_restart" --cache-dir "$cache" -- --model "$dir" \
             --dummy-weights
     done ;;
+hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); float32 parity:
+    # fla's chunked kernels take Triton's default fp32 dot (TF32) unless told otherwise, and a
+    # TF32-rounded prefill flips near-tied MoE routes of the tiny random models
+    TRITON_F32_DEFAULT=ieee step 500 "$py" -m pytest -q -p no:cacheprovider -rf \
+        -m "gpu or any_device" tests/kernels/test_gated_delta_kernels.py tests/kernels/test_gated_delta.py \
+        tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
+    tail -5 "$out/hybrid_tests.log" ;;
+hybrid)
+    step 420 "${bench[@]}" --model benchmark/configs/qwen3.5-9b.json --variants default,state-bf16 \
+        --batch1 --batch1-variants default,state-bf16 --hf-requests 16 --hf-batch 16 \
+        >"$out/bench_qwen3.5-9b.log" 2>&1
+    "$0" hybrid-online "$out"
+    cat "$out"/offline_qwen3.5-9b_*.md ;;
+hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner
+    m9=benchmark/configs/qwen3.5-9b.json here=benchmark/online tag=qwen3.5-9b
+    model=$(mktemp -d)/$tag
+    source benchmark/online/gpu_common.sh
+    "$py" benchmark/online/dummy_model.py $m9 "$model" >/dev/null
+    shared=(--dataset shared-prefix --groups 8 --per-group 32 --prefix-len 2048
+            --question-len 64 --output-len 64 --request-rates inf)
+    serve "${tag}_radix" --cache radix
+    bench --dataset random --num-prompts 64 --input-len 128,1024 --output-len 256 \
+        --concurrencies 1,16,64 --rounds 2 --tag "${tag}_${gpu}_concurrency"
+    bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_radix"
+    stop
+    serve "${tag}_naive" --cache naive
+    bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_naive"
+    stop
+    bench --compare "$out/${tag}_${gpu}_shared_prefix_radix.json" \
+        "$out/${tag}_${gpu}_shared_prefix_naive.json" --tag "${tag}_${gpu}_radix_vs_naive"
+    cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|gemma|first-minute OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
+         "hybrid|hybrid-online|gemma|first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -7,6 +7,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+# Without CUDA the Triton kernel tests run in the interpreter (helpers/interpreter.py), which must
+# be switched on before anything imports triton: transformers' hybrid models do at their import.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):

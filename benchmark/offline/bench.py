@@ -32,15 +32,9 @@ from bench_common import (  # noqa: E402
     model_dir,
     project_commit,
 )
+from ceiling import ceiling_tok_per_s  # noqa: E402
 
 from minisgl import LLM, SamplingParams  # noqa: E402
-
-# output tok/s at peak HBM bandwidth with no CPU overhead (docs/performance.md)
-CEILINGS = {
-    ("qwen3-0.6b", "H100"): 28_300, ("qwen3-0.6b", "H200"): 39_800,
-    ("qwen3-8b", "H100"): 10_500, ("qwen3-8b", "H200"): 13_800,
-    ("llama-3.1-8b-instruct", "H100"): 11_100, ("llama-3.1-8b-instruct", "H200"): 14_500,
-}
 
 # LLM options, plus "sampling": SamplingParams fields of every request and "env": variables set
 # while the variant runs
@@ -59,6 +53,8 @@ VARIANTS = {
     "sample-logprobs": {"sampling": {**QWEN_SAMPLING, "logprobs": True, "top_logprobs": 5}},
     "fp8": {"quantization": "fp8"},  # weights quantized at load (random bf16 weights of --model)
     "fp8-kv": {"kv_cache_dtype": "fp8_e4m3"},
+    # hybrid models: the delta-rule state in bf16 (half its bytes), the torch linear attention
+    "state-bf16": {"mamba_ssm_dtype": "bfloat16"},
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
     "no-pdl": {"disable_pdl": True},  # Triton kernels without programmatic dependent launch
     "fp8-no-pdl": {"quantization": "fp8", "disable_pdl": True},
@@ -231,15 +227,20 @@ def main() -> None:
     prompts, max_tokens = workload()
     prompts, max_tokens = prompts[: args.num_requests], max_tokens[: args.num_requests]
     gpu = gpu_name()
-    ceiling = CEILINGS.get((name, gpu))
+    with open(os.path.join(path, "config.json")) as f:
+        raw_config = json.load(f)
+    lens = [len(p) for p in prompts]
     commit = project_commit()
     base = {"model": name, "gpu": gpu, "date": datetime.date.today().isoformat(), "commit": commit,
             "num_requests": len(prompts), "prompt_tokens": sum(map(len, prompts))}
     records = []
 
-    def record(engine: str, result: dict, **extra) -> None:
+    def record(engine: str, result: dict, state_bytes: int = 4, **extra) -> None:
         tps = result["output_tokens"] / result["seconds"]
-        top = ceiling * result.get("tp", 1) if ceiling else None  # N GPUs: N times the bandwidth
+        # the bandwidth ceiling (ceiling.py); N GPUs: N times the bandwidth
+        n = extra.get("hf_requests", len(lens))  # transformers runs the first n requests
+        ceiling = ceiling_tok_per_s(raw_config, lens[:n], max_tokens[:n], gpu, state_bytes)
+        top = round(ceiling * result.get("tp", 1)) if ceiling else None
         rec = {**base, "engine": engine, **result, "output_tok_per_s": round(tps, 1),
                "ceiling_tok_per_s": top, "ceiling_fraction": round(tps / top, 3) if top else None,
                **extra}
@@ -249,7 +250,9 @@ def main() -> None:
     for tp in map(int, args.tp.split(",")):
         for variant in filter(None, args.variants.split(",")):
             engine = f"minisgl[{variant}]" + (f"[tp{tp}]" if tp > 1 else "")
-            record(engine, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp))
+            state_bytes = 2 if VARIANTS[variant].get("mamba_ssm_dtype") == "bfloat16" else 4
+            record(engine, run_minisgl(path, dummy, prompts, max_tokens, VARIANTS[variant], tp),
+                   state_bytes)
             if variant != "default" and any(r["engine"].startswith("minisgl[default]")
                                             and r["tp"] == tp for r in records):
                 ref = next(r for r in records if r["engine"].startswith("minisgl[default]")

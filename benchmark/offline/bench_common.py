@@ -84,7 +84,8 @@ class StepTrace:
     A step launches batch N+1 and reads back batch N (overlap), so the time between two steps'
     returns is batch N's device time when the GPU is the bottleneck (else the host's time per step).
     Decode steps are also reported as bytes moved per second (weights + the KV of every request read
-    once), the quantity the bandwidth ceiling assumes.
+    once + a hybrid model's state of every request read and written), the quantity the bandwidth
+    ceiling assumes.
     """
 
     def __init__(self, llm: LLM) -> None:
@@ -94,6 +95,9 @@ class StepTrace:
         engine = sched.engine
         self.weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
         self.kv_bytes_per_token = engine.kv_pool.mem_bytes / engine.kv_pool.num_slots
+        # a hybrid model's recurrent state, read and written back by every decode row
+        pool = engine.state_pool
+        self.state_bytes_per_req = 2 * pool.bytes_per_slot if pool is not None else 0
         launch, step = sched._launch, sched.step
         launched: list[tuple[str, int, int]] = []  # (phase, requests, KV tokens) per launch
 
@@ -128,7 +132,8 @@ class StepTrace:
             n, secs, toks = acc.get(key, (0, 0.0, 0))
             acc[key] = (n + 1, secs + end - prev, toks + size)
             if phase == "decode":
-                decode_bytes += self.weight_bytes + kv_tokens * self.kv_bytes_per_token
+                decode_bytes += (self.weight_bytes + kv_tokens * self.kv_bytes_per_token
+                                 + size * self.state_bytes_per_req)
             prev = end
         decode_s = sum(v[1] for k, v in acc.items() if k.startswith("decode"))
         return {

@@ -28,7 +28,9 @@ def write_dummy_model(config_json: str, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     shutil.copy(config_json, os.path.join(out_dir, "config.json"))
     with open(config_json) as f:
-        vocab_size = json.load(f)["vocab_size"]
+        raw = json.load(f)
+    # a vision-language checkpoint (Qwen3.5, Gemma 3) keeps its text model's under text_config
+    vocab_size = raw.get("vocab_size") or raw["text_config"]["vocab_size"]
     vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

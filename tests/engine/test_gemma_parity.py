@@ -1,7 +1,8 @@
-"""Gemma 3 against transformers, float32 on CPU: identical greedy tokens over 64 steps and close
-logits, with prompts longer than the sliding window (8 tokens), chunked prefill whose chunks cross
-the window's edge, mixed steps, radix hits, page sizes 1 and 16, and TP=2; the multimodal
-checkpoint layout served as text."""
+"""Gemma 3 and Gemma 4 against transformers, float32 on CPU: identical greedy tokens over 64 steps
+and close logits, with prompts longer than the sliding window (8 tokens), chunked prefill whose
+chunks cross the window's edge, mixed steps, radix hits, retraction, page sizes 1 and 16, and
+TP=2; the Gemma 3 multimodal checkpoint layout served as text; the sliding layers' own pool with
+its pages freed past the window."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from minisgl import LLM, SamplingParams
 from minisgl.core import Batch
 
 pytestmark = pytest.mark.any_device
-ARCHS = ("gemma3", "gemma3_mm")
+ARCHS = ("gemma3", "gemma3_mm", "gemma4")
+TEXT_ARCHS = ("gemma3", "gemma4")
 NEW_TOKENS = 64
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 LENGTHS = [5, 23, 41]  # shorter than, about three times and five times the window
@@ -55,10 +57,11 @@ def make_llm(path: str, **options) -> LLM:
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_greedy_matches_transformers(setting, checkpoints, prompts, reference):
-    llm = make_llm(checkpoints["gemma3"], **SETTINGS[setting])
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_greedy_matches_transformers(arch, setting, checkpoints, prompts, reference):
+    llm = make_llm(checkpoints[arch], **SETTINGS[setting])
     outputs = llm.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outputs] == reference["gemma3"]
+    assert [o.token_ids for o in outputs] == reference[arch]
     llm.scheduler.check_integrity()
 
 
@@ -129,28 +132,31 @@ def test_retraction_gives_the_same_tokens(checkpoints):
 @pytest.mark.slow
 @pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
                     reason="TP=2 on CUDA needs two GPUs")
-def test_tp2_matches_tp1(checkpoints):
-    """Two gloo ranks: two query heads and one KV head of each layer per rank."""
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_tp2_matches_tp1(arch, checkpoints):
+    """Two gloo ranks: two query heads and one KV head of each layer per rank (Gemma 4's global
+    layers: their one KV head on both ranks), half of each expert's intermediate size."""
     from test_tp import run_rank, run_tp
 
     prompts = random_prompts(3, [6, 19, 40], 256, seed=11)
-    logits1, tokens1 = run_rank(checkpoints["gemma3"], prompts, 0, 1, "")
-    logits2, tokens2 = run_tp(checkpoints["gemma3"], prompts, 2)
+    logits1, tokens1 = run_rank(checkpoints[arch], prompts, 0, 1, "")
+    logits2, tokens2 = run_tp(checkpoints[arch], prompts, 2)
     torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-3, rtol=0)
     assert tokens2 == tokens1
-    assert tokens1 == hf_greedy(checkpoints["gemma3"], prompts, len(tokens1[0]))
+    assert tokens1 == hf_greedy(checkpoints[arch], prompts, len(tokens1[0]))
 
 
 # -- the sliding layers' own pool, pages freed past the window ----------------------------------
 
 
 @pytest.mark.parametrize("setting", ["page1", "page16", "chunked", "mixed"])
-def test_sliding_pool_gives_the_same_tokens(setting, checkpoints, prompts, reference):
-    llm = make_llm(checkpoints["gemma3"], sliding_pool_ratio=0.1, cache="naive",
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_sliding_pool_gives_the_same_tokens(arch, setting, checkpoints, prompts, reference):
+    llm = make_llm(checkpoints[arch], sliding_pool_ratio=0.1, cache="naive",
                    **SETTINGS[setting])
     assert llm.scheduler.cache.window is not None
     outputs = llm.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outputs] == reference["gemma3"]
+    assert [o.token_ids for o in outputs] == reference[arch]
     llm.scheduler.check_integrity()
 
 

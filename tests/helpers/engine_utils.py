@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.engine.batch import prepare_batch
 
 _PARAMS = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 _FIRST_UID = 1 << 40  # out of the way of the ids the callers use
@@ -22,7 +21,7 @@ def prefill_logits(scheduler, prompts: list[list[int]]) -> torch.Tensor:
     scheduler.cache.flush()
     assert batch is not None and batch.reqs == reqs, "the prompts must fit in one prefill"
     engine = scheduler.engine
-    prepare_batch(batch, engine.page_table, engine.token_pool)
+    engine.prepare(batch)  # on CPU no padding; a hybrid model's state metadata too
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
         engine.attn_backend.prepare_metadata(batch)
         hidden = engine.model(batch.input_ids, batch.positions, engine.ctx)

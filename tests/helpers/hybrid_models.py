@@ -3,7 +3,10 @@ MoE), built and saved by transformers, every parameter perturbed (``hf_models``'
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -11,6 +14,29 @@ import torch
 from helpers.hf_models import BOS_TOKEN_ID, EOS_TOKEN_ID, _perturb_parameters, _perturb_seed
 
 HYBRID_ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+@functools.lru_cache(maxsize=None)
+def reference_on_torch_kernels() -> None:
+    """transformers binds its Gated DeltaNet functions to flash-linear-attention's kernels when
+    ``fla`` imports (at the modeling module's import) and then calls them on the CPU tensors of
+    the float32 reference, which fails (Triton wants CUDA pointers). Import those modules once with
+    ``fla`` hidden, so the reference keeps its torch paths; minisgl imports fla afterwards.
+    Called before the first reference is built, not at import: the modules import triton, which
+    the interpreter tests must import first (``helpers/interpreter.py``)."""
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "fla" or
+             k.startswith("fla.")}
+    sys.modules["fla"] = None  # type: ignore[assignment]  (an import of it raises ImportError)
+    try:
+        for arch in HYBRID_ARCHS:
+            try:
+                importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+            except ImportError:
+                pass
+    finally:
+        del sys.modules["fla"]
+        sys.modules.update(saved)
+
 
 _TEXT = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
@@ -46,6 +72,7 @@ def _model(arch: str):
 
 
 def make_hybrid_checkpoint(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+    reference_on_torch_kernels()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)

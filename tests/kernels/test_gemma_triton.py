@@ -1,6 +1,6 @@
-"""Gemma 3 through the Triton attention backend (the Triton interpreter on CPU): the windowed
-decode and extend kernels inside the real model, with and without the sliding layers' own page
-table, give transformers' greedy tokens."""
+"""Gemma 3 and Gemma 4 through the Triton attention backend (the Triton interpreter on CPU): the
+windowed decode and extend kernels inside the real model, with and without the sliding layers' own
+page table, give transformers' greedy tokens."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from minisgl import LLM, SamplingParams
 pytestmark = [pytest.mark.any_device, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("ratio", [0.0, 0.1])
-def test_triton_backend_matches_transformers(tmp_path_factory, ratio):
-    path = str(make_gemma_checkpoint("gemma3", tmp_path_factory.mktemp("gemma3")))
+@pytest.mark.parametrize("arch,ratio", [("gemma3", 0.0), ("gemma3", 0.1), ("gemma4", 0.1)])
+def test_triton_backend_matches_transformers(tmp_path_factory, arch, ratio):
+    """Gemma 4: its global layers' head size (32) and KV heads (1) beside the local layers'."""
+    path = str(make_gemma_checkpoint(arch, tmp_path_factory.mktemp(arch)))
     prompts = random_prompts(2, [13, 30], 256, seed=3)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     llm = LLM(path, device=TEST_DEVICE, dtype="float32", attn="triton", page_size=4,

@@ -19,7 +19,7 @@ def test_layout_and_bytes() -> None:
     assert pool.scratch_slot == 4
     per_slot = 3 * (12 * 3 * 2 + 2 * 4 * 3 * 4)
     assert pool.bytes_per_slot == per_slot and pool.total_bytes == 7 * per_slot
-    assert StatePool.bytes_for(SHAPE, 3, 7, torch.bfloat16) == pool.total_bytes
+    assert SHAPE.bytes_per_slot(torch.bfloat16) * 3 * 7 == pool.total_bytes
 
 
 def test_snapshots_and_integrity() -> None:

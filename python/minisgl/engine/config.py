@@ -35,6 +35,8 @@ class EngineConfig:
     sliding_pool_ratio: float = 0.0
     attention_backend: str = "torch"
     moe_backend: str = "torch"
+    linear_attn_backend: str = "torch"  # hybrid models: ``minisgl.linear_attn``
+    state_dtype: torch.dtype = torch.float32  # hybrid models: the delta-rule state's dtype
     cuda_graph_max_bs: int = 0  # decode batches up to this size replay CUDA graphs; 0 disables
     # prefill/mixed forwards up to this many tokens replay piecewise CUDA graphs; 0 disables
     piecewise_cuda_graph_max_tokens: int = 0

@@ -12,6 +12,7 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.layers.base import restore_param_dtypes
+from minisgl.linear_attn import create_linear_attn_backend
 from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
@@ -81,6 +82,8 @@ class Engine:
         # penalty counts and logit biases of the request in each row (allocated on first use)
         self.sampling_state = SamplingState(table_shape[0], mc.vocab_size, self.device)
         self.state_pool = create_state_pool(self.cache_spec, config, self.device)
+        self.linear_attn = None if self.state_pool is None else create_linear_attn_backend(
+            config.linear_attn_backend, self.state_pool, self.device)
         # the sliding layers in a slot space of their own whose pages past the window go back
         # (``scheduler/cache.py``): its page table, and its pages per page of the others
         self.window_ratio = (config.sliding_pool_ratio if self.cache_spec.max_window
@@ -93,21 +96,24 @@ class Engine:
         check_pool(config.max_seq_len, self.max_seq_len, (self.num_pages - 1) * config.page_size,
                    config.page_size, self.kv_bytes_per_token, self.device.type == "cpu")
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages, self.window_pages)
-        self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool)
+        self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool,
+                           self.linear_attn)
         # eager forwards' token counts are rounded up to this (batch.py says why)
         self.pad_tokens = (config.pad_tokens if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
         self.graph_runner = self.piecewise = None
-        # NOTE: no CUDA graphs over the state pool or the sliding layers' own page table yet
-        hybrid = self.state_pool is not None or self.window_page_table is not None
-        if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0 and not hybrid
+        # a hybrid model's graphs need a linear-attention backend that can be captured
+        # NOTE: no CUDA graphs over the sliding layers' own page table yet
+        graphs = ((self.linear_attn is None or self.linear_attn.supports_cuda_graph)
+                  and self.window_page_table is None)
+        if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0 and graphs
                 and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
                                             self.dummy_row, max_bs, config.pdl)
-        if self.device.type == "cuda" and self.attn_backend.supports_padding and not hybrid:
+        if self.device.type == "cuda" and self.attn_backend.supports_padding and graphs:
             from .piecewise import STEP, PiecewiseRunner
 
             # no forward exceeds its budget (padding included)
@@ -214,7 +220,7 @@ class Engine:
         if self.state_pool is not None:
             attach_state_metadata(batch, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        ctx = Context(self.page_table, pool, backend, self.state_pool)
+        ctx = Context(self.page_table, pool, backend, self.state_pool, self.linear_attn)
         with ctx.forward_batch(batch):
             backend.prepare_metadata(batch)
             hidden = self.model(batch.input_ids, batch.positions, ctx)
@@ -249,9 +255,10 @@ class Engine:
     def prepare(self, batch: Batch) -> None:
         """Build the batch's device inputs (``batch.py``), except for a decode batch that replays a
         CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends."""
-        if not self.replays_graph(batch):
-            prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens,
-                          self.window_page_table)
+        if self.replays_graph(batch):
+            return
+        prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens,
+                      self.window_page_table)
         if self.state_pool is not None:
             attach_state_metadata(batch, self.device)
 

@@ -26,7 +26,9 @@ the token pool, and only ``tokens`` goes back to the host, so the GPU waits only
 between two graphs.
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
-page (page 0, never handed to a request) and attending over that one slot.
+page (page 0, never handed to a request) and attending over that one slot. A hybrid model's state
+slot is the page-table row (``kvcache/state_pool.py``), so row 0 is also the slots the
+linear-attention kernels update in place; padding rows update the dummy row's scratch slot.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kernel.triton.decode_step import gather_inputs, greedy_to_pool
+from minisgl.kvcache.state_metadata import StateMetadata
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
@@ -122,6 +125,8 @@ class GraphRunner:
         inputs = self._inputs(batch.size)
         batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
             inputs[0], inputs[1], inputs[4], self.token_pool, ctx.page_table)
+        if ctx.linear_attn is not None:  # a hybrid model's state slots are the page-table rows
+            batch.state_metadata = StateMetadata.for_decode(inputs[0])
         with ctx.forward_batch(batch):
             hidden = self.model(batch.input_ids, batch.positions, ctx)
         logits = self.model.compute_logits(hidden)

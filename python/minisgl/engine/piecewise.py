@@ -12,6 +12,10 @@ of chunks and contexts), so it runs eagerly between the graphs, on the batch's o
     ...
     graph L       layer L-1 after its attention; the final norm                      -> hidden
 
+A hybrid model's linear-attention layers are cut points too: their token mixer reads and writes
+the requests' state slots, which differ from batch to batch, so it runs eagerly between graphs on
+static qkv / a / b / out buffers of its own, as attention does.
+
 Token counts are captured at every multiple of ``STEP`` up to ``max_tokens``; a forward's tokens are
 padded up to the next one with the dummy request's (token 0 at position 0, K/V into the scratch
 slot 0), as ``batch.py`` pads eager forwards. q/k/v and the attention output are static buffers that
@@ -41,12 +45,13 @@ STEP = 64  # captured token counts: STEP, 2 * STEP, ..., max_tokens
 class _Cut:
     """Stands in for the attention backend while a forward is warmed up or captured: it hands the
     layer's q/k/v to the static buffers and, when capturing, ends the current graph there and begins
-    the next, which starts from ``out``."""
+    the next, which starts from ``out``. ``layers`` records each cut: an attention layer's id, or
+    the linear-attention layer itself (``_LinearCut``)."""
 
     def __init__(self, runner: PiecewiseRunner, capture: bool) -> None:
         self.runner, self.capture = runner, capture
         self.graphs: list[torch.cuda.CUDAGraph] = []
-        self.layers: list[int] = []
+        self.layers: list[int | torch.nn.Module] = []
 
     def begin(self) -> None:
         if self.capture:
@@ -59,14 +64,28 @@ class _Cut:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch, out: torch.Tensor | None = None) -> torch.Tensor:
-        bufs = self.runner.buffers(q, k, v)
-        n = q.shape[0]
-        for buf, x in zip(bufs, (q, k, v)):
+        return self.cut(self.runner.buffers(q, k, v), (q, k, v), layer_id)
+
+    def cut(self, bufs: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], layer):
+        n = inputs[0].shape[0]
+        for buf, x in zip(bufs, inputs):
             buf[:n].copy_(x)
         self.end()
-        self.layers.append(layer_id)
+        self.layers.append(layer)
         self.begin()
-        return bufs[3][:n]
+        return bufs[-1][:n]
+
+
+class _LinearCut:
+    """Stands in for the linear-attention backend: a cut like attention's, on its own buffers."""
+
+    def __init__(self, cut: _Cut) -> None:
+        self._cut = cut
+
+    def forward(self, layer, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: Batch,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        bufs = self._cut.runner.linear_buffers(layer, qkv, a, b)
+        return self._cut.cut(bufs, (qkv, a, b), layer)
 
 
 class PiecewiseRunner:
@@ -82,8 +101,9 @@ class PiecewiseRunner:
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.out_loc = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
-        # q, k, v, out: made by the first warm-up
+        # q, k, v, out (and a hybrid model's qkv, a, b, out): made by the first warm-up
         self._bufs: tuple[torch.Tensor, ...] | None = None
+        self._linear_bufs: tuple[torch.Tensor, ...] | None = None
         self.pieces: dict[int, tuple[list[torch.cuda.CUDAGraph], list[int], torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self._capture_all()
@@ -100,6 +120,18 @@ class PiecewiseRunner:
             self._bufs = tuple(torch.zeros(rows, *x.shape[1:], dtype=x.dtype, device=x.device)
                                for x in (q, k, v, q))
         return self._bufs
+
+    def linear_buffers(self, layer, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+                       ) -> tuple[torch.Tensor, ...]:
+        """The static qkv, a, b and out buffers of the linear-attention cuts (every such layer
+        of a model has the same shapes)."""
+        if self._linear_bufs is None:
+            rows = self.max_tokens
+            out = torch.zeros(rows, layer.num_v_heads, layer.v_dim, dtype=qkv.dtype,
+                              device=qkv.device)
+            self._linear_bufs = tuple(torch.zeros(rows, *x.shape[1:], dtype=x.dtype,
+                                                  device=x.device) for x in (qkv, a, b)) + (out,)
+        return self._linear_bufs
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -123,7 +155,9 @@ class PiecewiseRunner:
         batch = Batch([], "prefill", input_ids=self.input_ids[:size],
                       positions=self.positions[:size], out_loc=self.out_loc[:size])
         cut = _Cut(self, capture)
-        ctx = Context(self.ctx.page_table, self.ctx.kv_pool, cut)  # type: ignore[arg-type]
+        linear = _LinearCut(cut) if self.ctx.linear_attn is not None else None
+        ctx = Context(self.ctx.page_table, self.ctx.kv_pool, cut,  # type: ignore[arg-type]
+                      self.ctx.state_pool, linear)  # type: ignore[arg-type]
         cut.begin()
         with ctx.forward_batch(batch):
             hidden = self.model(batch.input_ids, batch.positions, ctx)
@@ -141,11 +175,15 @@ class PiecewiseRunner:
             if size > n:
                 buf[n:size].zero_()  # the dummy request's tokens
         graphs, layers, hidden = self.pieces[size]
-        q, k, v, out = (buf[:n] for buf in self._bufs)
-        backend = self.ctx.attn_backend
-        for graph, layer_id in zip(graphs, layers):
+        q, k, v, out = _views(self._bufs, n)
+        qkv, a, b, mixed = _views(self._linear_bufs, n)  # hybrid models only
+        backend, linear = self.ctx.attn_backend, self.ctx.linear_attn
+        for graph, layer in zip(graphs, layers):
             graph.replay()
-            backend.forward(q, k, v, layer_id, batch, out=out)
+            if isinstance(layer, int):
+                backend.forward(q, k, v, layer, batch, out=out)
+            else:
+                linear.forward(layer, qkv, a, b, batch, out=mixed)
         graphs[-1].replay()
         return hidden[:n]
 
@@ -157,3 +195,7 @@ class PiecewiseRunner:
                 graph.reset()
         self.pieces.clear()
         self.pool = None
+
+
+def _views(bufs: tuple[torch.Tensor, ...] | None, n: int) -> list[torch.Tensor | None]:
+    return [buf[:n] for buf in bufs] if bufs is not None else [None] * 4

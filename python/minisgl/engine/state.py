@@ -1,5 +1,6 @@
-"""The recurrent-state pool of a hybrid model's engine: sized at start-up from the same memory
-budget as the KV pool (its bytes come off the top, the KV pages get the rest)."""
+"""The recurrent-state pool of a hybrid model's engine, sized at start-up from the same memory
+budget as the KV pool (its bytes come off the top, the KV pages get the rest), its backend, and
+each batch's ``StateMetadata``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.kvcache.state_metadata import StateMetadata
 from minisgl.kvcache.state_pool import StatePool
-from minisgl.layers.linear_attention import make_state_metadata
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
@@ -30,12 +31,17 @@ def create_state_pool(spec: CacheSpec, config: EngineConfig,
     if snapshots is None:  # a quarter of the request slots: a slot is ~1.5-3k tokens of KV
         snapshots = max(1, config.max_running_reqs // 4)
     pool = StatePool(spec.state_shape, spec.num_state_layers, config.max_running_reqs,
-                     snapshots, config.dtype, device)
-    logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB, %.2f GiB",
-                pool.num_slots, config.max_running_reqs, pool.num_snapshots,
-                pool.bytes_per_slot / (1 << 20), pool.total_bytes / (1 << 30))
+                     snapshots, config.dtype, device, ssm_dtype=config.state_dtype)
+    logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB (%s state), "
+                "%.2f GiB", pool.num_slots, config.max_running_reqs, pool.num_snapshots,
+                pool.bytes_per_slot / (1 << 20), str(config.state_dtype).removeprefix("torch."),
+                pool.total_bytes / (1 << 30))
     return pool
 
 
 def attach_state_metadata(batch: Batch, device: torch.device) -> None:
-    batch.state_metadata = make_state_metadata(batch, device)
+    """Slots are page-table rows; a request starts from zeros when nothing of it is cached."""
+    reqs = batch.reqs
+    batch.state_metadata = StateMetadata.build(
+        [req.table_idx for req in reqs], [req.extend_len for req in reqs],
+        [req.cached_len == 0 for req in reqs], batch.num_decode_rows, device)

@@ -26,7 +26,8 @@ from .base import check_positive_int
 @dataclass(frozen=True)
 class StateShape:
     """One linear layer's state per slot, on this rank: conv ``[conv_dim, W - 1]`` (model dtype)
-    and delta-rule ``[v_heads, k_dim, v_dim]`` (fp32)."""
+    and delta-rule ``[v_heads, k_dim, v_dim]`` (fp32 by default; bf16 halves a decode step's state
+    traffic)."""
 
     conv_dim: int
     conv_width: int
@@ -34,16 +35,18 @@ class StateShape:
     k_dim: int
     v_dim: int
 
-    def bytes_per_slot(self, conv_dtype: torch.dtype) -> int:
+    def bytes_per_slot(self, conv_dtype: torch.dtype,
+                       ssm_dtype: torch.dtype = torch.float32) -> int:
         conv = self.conv_dim * (self.conv_width - 1) * conv_dtype.itemsize
-        return conv + self.v_heads * self.k_dim * self.v_dim * 4
+        return conv + self.v_heads * self.k_dim * self.v_dim * ssm_dtype.itemsize
 
 
 class StatePool:
     """Conv and delta-rule state of ``num_layers`` linear layers for every slot."""
 
     def __init__(self, shape: StateShape, num_layers: int, max_running_reqs: int,
-                 num_snapshots: int, dtype: torch.dtype, device: torch.device | str) -> None:
+                 num_snapshots: int, dtype: torch.dtype, device: torch.device | str,
+                 ssm_dtype: torch.dtype = torch.float32) -> None:
         self.shape = shape
         self.num_layers = check_positive_int("num_linear_layers", num_layers)
         self.max_running_reqs = check_positive_int("max_running_reqs", max_running_reqs)
@@ -51,22 +54,18 @@ class StatePool:
             raise ValueError(f"num_snapshots: must be >= 0, got {num_snapshots}")
         self.num_snapshots = num_snapshots
         self.num_slots = max_running_reqs + 1 + num_snapshots
-        self.dtype, self.device = dtype, torch.device(device)
+        self.dtype, self.ssm_dtype, self.device = dtype, ssm_dtype, torch.device(device)
         n, s = self.num_slots, shape
         self.conv = [torch.zeros(n, s.conv_dim, s.conv_width - 1, dtype=dtype, device=self.device)
                      for _ in range(num_layers)]
-        self.ssm = [torch.zeros(n, s.v_heads, s.k_dim, s.v_dim, dtype=torch.float32,
+        self.ssm = [torch.zeros(n, s.v_heads, s.k_dim, s.v_dim, dtype=ssm_dtype,
                                 device=self.device) for _ in range(num_layers)]
         first = max_running_reqs + 1
         self._free_snapshots = list(range(first + num_snapshots - 1, first - 1, -1))
 
-    @staticmethod
-    def bytes_for(shape: StateShape, num_layers: int, num_slots: int, dtype: torch.dtype) -> int:
-        return shape.bytes_per_slot(dtype) * num_layers * num_slots
-
     @property
     def bytes_per_slot(self) -> int:
-        return self.shape.bytes_per_slot(self.dtype) * self.num_layers
+        return self.shape.bytes_per_slot(self.dtype, self.ssm_dtype) * self.num_layers
 
     @property
     def total_bytes(self) -> int:

@@ -33,7 +33,7 @@ class AttentionLayer(nn.Module):
     W; ``sinks``: learn one logit per query head (parameter ``sinks``, loaded per rank);
     ``rotary``: the layer's RoPE module (default: the config's); ``norm``: the class of the q/k
     norms, ``norm(head_dim, eps)`` (default: ``RMSNorm`` when the config has q/k norms, else
-    none)."""
+    none); ``v_norm``: the same for v (Gemma 4), none by default."""
 
     pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
 
@@ -42,7 +42,8 @@ class AttentionLayer(nn.Module):
                  num_kv_heads: int | None = None, scale: float | None = None,
                  sliding_window: int | None = None, sinks: bool = False,
                  logit_softcap: float | None = None, rotary: nn.Module | None = None,
-                 norm: Callable[[int, float], nn.Module] | None = None) -> None:
+                 norm: Callable[[int, float], nn.Module] | None = None,
+                 v_norm: Callable[[int, float], nn.Module] | None = None) -> None:
         super().__init__()
         head_dim = head_dim or cfg.head_dim
         self.layer_id, self.head_dim = layer_id, head_dim
@@ -57,6 +58,7 @@ class AttentionLayer(nn.Module):
             norm = RMSNorm
         self.q_norm = norm(head_dim, cfg.rms_norm_eps) if norm is not None else None
         self.k_norm = norm(head_dim, cfg.rms_norm_eps) if norm is not None else None
+        self.v_norm = v_norm(head_dim, cfg.rms_norm_eps) if v_norm is not None else None
         self.rotary = rotary if rotary is not None else RotaryEmbedding(cfg.rotary)
         self.tp = comm.info
         proj = self.qkv_proj
@@ -70,7 +72,7 @@ class AttentionLayer(nn.Module):
             rotary=getattr(self.rotary, "cfg", None),
         )
         # the fused CUDA kernel: RMSNorm (w) norms, RoPE over the whole head
-        self._fusable = (type(self.q_norm) in (RMSNorm, type(None))
+        self._fusable = (type(self.q_norm) in (RMSNorm, type(None)) and self.v_norm is None
                          and type(self.rotary) is RotaryEmbedding
                          and self.rotary.cfg.head_dim == head_dim)
 
@@ -111,6 +113,8 @@ class AttentionLayer(nn.Module):
             return q, k
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         q, k = self.rotary(positions, q, k)
         pool.store_kv(k, v, out_loc, layer)
         return q, k

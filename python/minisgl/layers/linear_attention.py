@@ -1,12 +1,10 @@
-"""The Gated DeltaNet token mixer of hybrid models (Qwen3-Next, Qwen3.5, Qwen3.6) over the state
-pool, and the per-batch metadata that tells it where each request's state lives.
+"""The Gated DeltaNet layer of hybrid models (Qwen3-Next, Qwen3.5, Qwen3.6): projections, the
+token mixer over the state pool (run by the linear-attention backend, ``minisgl/linear_attn``, on
+the batch's ``StateMetadata``), gated RMSNorm and the output projection.
 
-One forward holds requests back to back (decode rows first in a mixed batch). Request ``i`` owns
-tokens ``cu_seqlens[i]:cu_seqlens[i + 1]`` and state slot ``slots[i]`` (its page-table row); it
-starts from a zero state when ``fresh[i]`` (the chunk starts at position 0), and otherwise
-continues from what the slot holds: the state after its last computed token, left there by the
-previous chunk or decode step, or copied in from a prefix-cache snapshot. Padding tokens after
-``cu_seqlens[-1]`` belong to no request and produce zeros.
+A request's state lives in its slot (its page-table row); a chunk that starts at position 0 starts
+from zeros, any other continues from what the slot holds: the state after its last computed
+token, left there by the previous chunk or decode step, or copied in from a prefix-cache snapshot.
 
 Tensor parallelism splits value heads (and the key heads they group over) and the conv channels:
 each rank holds the state of its heads, and the output projection is row-parallel.
@@ -14,7 +12,6 @@ each rank holds the state of its heads, and the output projection is row-paralle
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,37 +25,7 @@ from .linear import LinearRowParallel, _Linear
 
 if TYPE_CHECKING:
     from minisgl.context import Context
-    from minisgl.core import Batch
     from minisgl.quant import QuantizationConfig
-
-
-@dataclass
-class StateMetadata:
-    """Where the batch's requests keep their recurrent state (host lists and device tensors)."""
-
-    slots: list[int]
-    cu_seqlens: list[int]
-    fresh: list[bool]
-    slots_dev: torch.Tensor  # [B] int64
-
-    @property
-    def num_tokens(self) -> int:
-        return self.cu_seqlens[-1]
-
-    @property
-    def all_single_continuing(self) -> bool:
-        """Every request feeds one token onto a state it already has (a decode batch)."""
-        return all(not f for f in self.fresh) and len(self.slots) == self.cu_seqlens[-1]
-
-
-def make_state_metadata(batch: Batch, device: torch.device) -> StateMetadata:
-    cu, fresh = [0], []
-    for req in batch.reqs:
-        cu.append(cu[-1] + req.extend_len)
-        fresh.append(req.cached_len == 0)
-    slots = [req.table_idx for req in batch.reqs]
-    slots_dev = torch.tensor(slots, dtype=torch.int64).to(device, non_blocking=True)
-    return StateMetadata(slots, cu, fresh, slots_dev)
 
 
 class SplitColumnLinear(_Linear):
@@ -138,49 +105,20 @@ class GatedDeltaNet(nn.Module):
     def project(self, x: torch.Tensor):  # pragma: no cover - implemented per family
         raise NotImplementedError
 
+    @property
+    def conv_weight(self) -> torch.Tensor:
+        """``[conv_dim, W]``: the depthwise conv's taps per channel."""
+        return self.conv1d_weight[:, 0]
+
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         qkv, z, b, a = self.project(x)
-        batch = ctx.batch
-        if batch.state_metadata is None:  # the engine attaches it; a bare model call may not
-            batch.state_metadata = make_state_metadata(batch, x.device)
-        meta: StateMetadata = batch.state_metadata
-        conv_state, ssm_state = ctx.state_pool.layer(self.state_index)
-        g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)
-        out = torch.zeros(x.shape[0], self.num_v_heads, self.v_dim, dtype=x.dtype,
-                          device=x.device)
-        n = meta.num_tokens
-        if n:
-            out[:n] = self._mix(qkv[:n], g[:n], beta[:n], conv_state, ssm_state, meta)
+        out = ctx.linear_attn.forward(self, qkv, a, b, ctx.batch)
         out = ops.gated_rms_norm(out, z, self.norm_weight, self.eps)
         return self.out_proj(out.reshape(x.shape[0], -1))
 
-    def _split_heads(self, mixed: torch.Tensor):
+    def split_heads(self, mixed: torch.Tensor):
+        """The conv output's q, k (L2-normalised, fp32) and v heads."""
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
         return (ops.l2norm(q.reshape(-1, self.num_k_heads, self.k_dim)),
                 ops.l2norm(k.reshape(-1, self.num_k_heads, self.k_dim)),
                 v.reshape(-1, self.num_v_heads, self.v_dim))
-
-    def _mix(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-             conv_state: torch.Tensor, ssm_state: torch.Tensor, meta: StateMetadata
-             ) -> torch.Tensor:
-        if qkv.is_cuda:
-            from minisgl.kernel.fla import gated_delta_net_cuda
-
-            return gated_delta_net_cuda(self, qkv, g, beta, conv_state, ssm_state, meta)
-        return self._mix_torch(qkv, g, beta, conv_state, ssm_state, meta)
-
-    def _mix_torch(self, qkv, g, beta, conv_state, ssm_state, meta: StateMetadata):
-        """The reference: one request at a time, reading and writing its slot."""
-        weight, scale = self.conv1d_weight[:, 0], self.k_dim ** -0.5
-        outs = []
-        for i, slot in enumerate(meta.slots):
-            lo, hi = meta.cu_seqlens[i], meta.cu_seqlens[i + 1]
-            if meta.fresh[i]:
-                conv_state[slot].zero_()
-                ssm_state[slot].zero_()
-            mixed, conv_state[slot] = ops.causal_conv1d(qkv[lo:hi], weight, None, conv_state[slot])
-            q, k, v = self._split_heads(mixed)
-            rule = ops.recurrent_gated_delta_rule if hi - lo == 1 else ops.chunk_gated_delta_rule
-            o, ssm_state[slot] = rule(q, k, v, g[lo:hi], beta[lo:hi], ssm_state[slot], scale)
-            outs.append(o.to(qkv.dtype))
-        return torch.cat(outs)

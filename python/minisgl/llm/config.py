@@ -15,6 +15,7 @@ import torch
 from minisgl.attention import ATTN_BACKENDS, resolve_attention_backend
 from minisgl.engine import EngineConfig
 from minisgl.kvcache import PREFIX_CACHES
+from minisgl.linear_attn import LINEAR_ATTN_BACKENDS, resolve_linear_attn_backend
 from minisgl.models import ModelConfig
 from minisgl.moe import MOE_BACKENDS, resolve_moe_backend
 from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
@@ -25,6 +26,7 @@ from minisgl.scheduler.config import check_schedule
 WARMUP_MODES = ("auto", "on", "off")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAMPLERS = ("auto", *SAMPLERS)
+_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class EngineOptions:
     max_seq_len: int | None = None
     attn: str = "auto"
     moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
+    # hybrid models: the linear-attention backend ("auto": triton on CUDA, torch on CPU) and the
+    # delta-rule state's dtype ("auto": the checkpoint's mamba_ssm_dtype, else float32)
+    linear_attn_backend: str = "auto"
+    mamba_ssm_dtype: str = "auto"
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs (GPU only)
     # prefill/mixed forwards of up to this many tokens: piecewise CUDA graphs (0: off; GPU only)
     piecewise_cuda_graph_max_tokens: int = 4096
@@ -125,6 +131,13 @@ class EngineOptions:
         if self.moe_backend != "auto" and self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend: {self.moe_backend!r} is not one of auto, "
                              f"{', '.join(MOE_BACKENDS.names)}")
+        if (self.linear_attn_backend != "auto"
+                and self.linear_attn_backend not in LINEAR_ATTN_BACKENDS):
+            raise ValueError(f"linear_attn_backend: {self.linear_attn_backend!r} is not one of "
+                             f"auto, {', '.join(LINEAR_ATTN_BACKENDS.names)}")
+        if self.mamba_ssm_dtype not in ("auto", *_STATE_DTYPES):
+            raise ValueError(f"mamba_ssm_dtype: {self.mamba_ssm_dtype!r} is not one of auto, "
+                             f"{', '.join(_STATE_DTYPES)}")
         if self.warmup not in WARMUP_MODES:
             raise ValueError(f"warmup: {self.warmup!r} is not one of {', '.join(WARMUP_MODES)}")
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
@@ -192,6 +205,8 @@ class EngineOptions:
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),
+            linear_attn_backend=resolve_linear_attn_backend(self.linear_attn_backend, device),
+            state_dtype=self._resolve_state_dtype(model_path),
             cuda_graph_max_bs=self.cuda_graph_max_bs if device.type == "cuda" else 0,
             piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
                                              if device.type == "cuda" else 0),
@@ -219,6 +234,13 @@ class EngineOptions:
             max_wait_steps=self.max_wait_steps,
             warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
         )
+
+    def _resolve_state_dtype(self, model_path: str) -> torch.dtype:
+        if self.mamba_ssm_dtype != "auto":
+            return _STATE_DTYPES[self.mamba_ssm_dtype]
+        raw = ModelConfig.from_path(model_path).raw
+        name = (raw.get("text_config") or raw).get("mamba_ssm_dtype", "float32")
+        return _STATE_DTYPES.get(name, torch.float32)
 
     def _resolve_dtype(self, model_path: str, device: torch.device) -> torch.dtype:
         if self.dtype != "auto":

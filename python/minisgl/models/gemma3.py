@@ -125,7 +125,8 @@ class GeluMLP(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator) -> None:
+    def __init__(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator,
+                 moe: BaseMoeBackend | None = None) -> None:
         super().__init__()
         sliding = cfg.layer_types[layer_id] == "sliding_attention"
         rotary = cfg.local_rotary if sliding else cfg.rotary
@@ -152,6 +153,8 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3ForCausalLM(BaseLLMModel):
     cfg: GemmaConfig
     softcaps_logits = True  # final_logit_softcapping, when the config sets it
+    layer_cls: type[nn.Module] = Gemma3DecoderLayer  # Gemma 4 brings its own layer and norm
+    norm_cls: type[nn.Module] = OffsetRMSNorm
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -162,9 +165,9 @@ class Gemma3ForCausalLM(BaseLLMModel):
         nn.Module.__init__(self)  # not BaseLLMModel's: Gemma's norms and layers
         self.cfg = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, comm)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i, comm)
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i, comm, moe)
                                     for i in range(cfg.num_layers))
-        self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
                                       quant=cfg.quant)

@@ -15,6 +15,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    "Gemma4ForCausalLM": ("gemma4", "Gemma4ForCausalLM"),
+    "Gemma4ForConditionalGeneration": ("gemma4", "Gemma4ForConditionalGeneration"),
     # hybrid Gated DeltaNet / gated attention (dense or MoE by their config)
     "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),

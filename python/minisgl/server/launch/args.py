@@ -109,6 +109,11 @@ _HELP = {
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",
     "moe_backend": "MoE backend: auto, torch, triton",
+    "linear_attn_backend": "hybrid (Gated DeltaNet) models: auto, torch (the reference) or triton "
+                           "(CUDA: in-place state kernels and fla-core's chunked rule)",
+    "mamba_ssm_dtype": "hybrid models: the recurrent (delta-rule) state's dtype: auto (the "
+                       "checkpoint's mamba_ssm_dtype, else float32), float32 or bfloat16 (half "
+                       "the state bytes each decode step moves)",
     "disable_overlap": "read every forward back before launching the next (ablation)",
     "disable_gemv": "one-token unquantized linear layers on CUDA through cuBLAS, not the Triton "
                     "GEMV (ablation)",

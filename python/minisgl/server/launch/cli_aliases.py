@@ -22,6 +22,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "max_running_requests": ("--max-num-seqs",),
     "max_prefill_tokens": ("--chunked-prefill-size",),
     "page_size": ("--block-size",),
+    "mamba_ssm_dtype": ("--mamba-ssm-cache-dtype",),
 }
 
 # vLLM's and PyTorch's short dtype names

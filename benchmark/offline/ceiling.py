@@ -1,0 +1,93 @@
+"""The bandwidth ceiling of the offline workload: the output tok/s a GPU would reach if every decode
+step only streamed its bytes at peak HBM bandwidth and every prefill only ran its matmuls at peak
+tensor throughput, with no CPU overhead and no kernel below its roofline.
+
+A decode step of ``B`` running requests reads
+  - the weights once (every layer and the LM head; the embedding gives B rows only),
+  - each request's KV cache of its full-attention layers (its context so far),
+  - each request's recurrent state of its linear-attention layers, **twice** (read, then written
+    back: the delta-rule state in its dtype and the conv window in the model's dtype),
+and the workload's requests all run together from the start (256 requests fit every pool of
+these models), each leaving after its ``max_tokens``. Prefill adds ``2 * parameters`` FLOPs per
+prompt token plus the causal attention of its full-attention layers.
+
+Peak figures: HBM 3.35 TB/s (H100 SXM) / 4.8 TB/s (H200), bf16 matmuls 790 TFLOP/s (what a
+large GEMM measures on both). This reproduces the ceilings docs/performance.md quotes for dense
+models (Qwen3-8B 10.7k on an H100 against the quoted 10.5k) and extends them to hybrid ones.
+"""
+
+from __future__ import annotations
+
+BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}
+MATMUL_FLOPS = 790e12
+
+
+def _text(raw: dict) -> dict:
+    return raw.get("text_config") or raw
+
+
+def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4) -> tuple[int, int, int]:
+    """(weight bytes a decode step reads, KV bytes per token of context, recurrent-state bytes per
+    request, read once): from a model's config.json."""
+    c = _text(raw)
+    h, vocab, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim") or h // heads
+    types = c.get("layer_types") or ["full_attention"] * layers
+    gate = 2 if c.get("attn_output_gate") else 1
+    experts, topk = c.get("num_experts") or 0, c.get("num_experts_per_tok") or 0
+    weights, kv, state = vocab * h, 0, 0  # the LM head
+    for kind in types:
+        if experts:  # the routed experts a step touches (at most all of them), the shared one
+            inter = c["moe_intermediate_size"]
+            weights += 3 * h * inter * experts + h * experts
+            weights += 3 * h * c.get("shared_expert_intermediate_size", 0)
+        else:
+            weights += 3 * h * c["intermediate_size"]
+        if kind == "full_attention":
+            weights += h * (gate * heads * d + 2 * kv_heads * d) + heads * d * h
+            kv += 2 * kv_heads * d * dtype_bytes
+        else:
+            hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+            dk, dv, width = (c["linear_key_head_dim"], c["linear_value_head_dim"],
+                             c["linear_conv_kernel_dim"])
+            conv = 2 * hk * dk + hv * dv
+            weights += h * (conv + hv * dv + 2 * hv) + hv * dv * h + conv * width
+            state += hv * dk * dv * state_bytes + conv * (width - 1) * dtype_bytes
+    del topk
+    return weights * dtype_bytes, kv, state
+
+
+def prefill_flops(raw: dict, prompt_lens: list[int]) -> float:
+    c = _text(raw)
+    weights, _, _ = decode_bytes(raw, dtype_bytes=1)
+    if c.get("num_experts"):  # a token runs its top-k experts only
+        per_layer_all = 3 * c["hidden_size"] * c["moe_intermediate_size"] * c["num_experts"]
+        per_layer_used = 3 * c["hidden_size"] * c["moe_intermediate_size"] * \
+            c["num_experts_per_tok"]
+        weights -= c["num_hidden_layers"] * (per_layer_all - per_layer_used)
+    params = weights - c["vocab_size"] * c["hidden_size"]  # the LM head: last tokens only
+    heads = c["num_attention_heads"]
+    d = c.get("head_dim") or c["hidden_size"] // heads
+    types = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
+    full = sum(kind == "full_attention" for kind in types)
+    return sum(2 * params * n + full * 2 * heads * d * n * n for n in prompt_lens)
+
+
+def ceiling_tok_per_s(raw: dict, prompt_lens: list[int], max_tokens: list[int], gpu: str,
+                      state_bytes: int = 4) -> float | None:
+    """Output tok/s of the workload at the ceiling, or None for a GPU without figures."""
+    if gpu not in BANDWIDTH:
+        return None
+    weights, kv, state = decode_bytes(raw, state_bytes=state_bytes)
+    context, left = list(prompt_lens), list(max_tokens)
+    alive = [i for i, n in enumerate(left) if n > 0]
+    moved = 0.0
+    while alive:
+        moved += weights + kv * sum(context[i] for i in alive) + 2 * state * len(alive)
+        for i in alive:
+            context[i] += 1
+            left[i] -= 1
+        alive = [i for i in alive if left[i] > 0]
+    seconds = moved / BANDWIDTH[gpu] + prefill_flops(raw, prompt_lens) / MATMUL_FLOPS
+    return sum(max_tokens) / seconds

@@ -1,0 +1,64 @@
+"""The CUDA backend: decode rows through the in-place Triton kernels
+(``kernel/triton/gated_delta.py``: conv window step, fused gating + L2 norm + delta rule), prefill
+chunks through the varlen conv kernel and flash-linear-attention's chunked delta rule (``fla-core``,
+``pip install 'minisgl[hybrid]'``), whose states are gathered from the chunks' slots and written
+back (a prefill chunk moves its state once; a decode row moves nothing but its own slot)."""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_decode
+from minisgl.layers import gated_delta as ops
+
+from .base import BaseLinearAttnBackend
+
+
+def _chunk_rule():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as e:
+        raise ImportError("hybrid (Gated DeltaNet) models on CUDA need flash-linear-attention: "
+                          "pip install 'minisgl[hybrid]' (the fla-core package)") from e
+    return chunk_gated_delta_rule
+
+
+class TritonLinearAttnBackend(BaseLinearAttnBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, state_pool) -> None:
+        super().__init__(state_pool)
+        self.chunk_rule = _chunk_rule()
+
+    def forward(self, layer, qkv, a, b, batch, out=None):
+        meta = batch.state_metadata
+        conv_state, ssm_state = self.state_pool.layer(layer.state_index)
+        if out is None:
+            out = qkv.new_empty(qkv.shape[0], layer.num_v_heads, layer.v_dim)
+        weight, scale = layer.conv_weight, layer.k_dim ** -0.5
+        d, n = meta.num_decode, meta.num_tokens
+        if d:
+            slots = meta.slots[:d]
+            mixed = conv_decode(qkv[:d], weight, conv_state, slots)
+            gdn_decode(mixed, a[:d], b[:d], layer.A_log, layer.dt_bias, ssm_state, slots,
+                       layer.num_k_heads, layer.k_dim, scale, out=out[:d])
+        if meta.chunks is not None:
+            out[d:n] = self._chunks(layer, qkv[d:n], a[d:n], b[d:n], meta.chunks, weight, scale,
+                                    conv_state, ssm_state)
+        if n < out.shape[0]:
+            out[n:].zero_()
+        return out
+
+    def _chunks(self, layer, qkv, a, b, chunks, weight, scale, conv_state, ssm_state):
+        mixed = conv_varlen(qkv, weight, conv_state, chunks.slots, chunks.cu_dev,
+                            chunks.token_seq, chunks.has_init)
+        q, k, v = (t.to(qkv.dtype)[None] for t in layer.split_heads(mixed))
+        g, beta = ops.gdn_gating(a, b, layer.A_log, layer.dt_bias)
+        slots = chunks.slots.long()
+        init = ssm_state[slots].float() * chunks.has_init[:, None, None, None]
+        o, final = self.chunk_rule(q, k, v, g=g[None], beta=beta[None].to(qkv.dtype), scale=scale,
+                                   initial_state=init, output_final_state=True,
+                                   cu_seqlens=chunks.cu_dev.long(),
+                                   cu_seqlens_cpu=torch.tensor(chunks.cu, dtype=torch.long))
+        ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
+        return o[0]

@@ -1,0 +1,148 @@
+"""The in-place Gated DeltaNet kernels (``kernel/triton/gated_delta.py``) against the torch ops,
+and the Triton linear-attention backend against the torch backend.
+
+Without a GPU the kernels run under the Triton interpreter on fp32 data (they use no ``tl.dot``,
+so bf16 states load and store exactly there too); the backend test needs fla-core's chunked
+kernel and runs on CUDA only."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import minisgl.models  # noqa: F401  (before minisgl.layers, which alone imports circularly)
+from helpers.interpreter import import_triton
+
+triton = import_triton()
+
+from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_decode
+from minisgl.layers import gated_delta as ops
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+HK, HV, K, V, W = 2, 4, 16, 8, 4
+C = 2 * HK * K + HV * V
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.any_device
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_conv_decode_matches_the_reference(state_dtype) -> None:
+    gen = _gen(0)
+    x = torch.randn(3, C, generator=gen)
+    weight = torch.randn(C, W, generator=gen)
+    state = torch.randn(5, C, W - 1, generator=gen).to(state_dtype)
+    slots = torch.tensor([3, -1, 0], dtype=torch.int32)
+    ref_state = state.clone()
+    dev_state = state.clone().to(DEV)
+    out = conv_decode(x.to(DEV), weight.to(DEV), dev_state, slots.to(DEV)).cpu()
+    for row, slot in ((0, 3), (2, 0)):
+        want, ref_state[slot] = ops.causal_conv1d(x[row:row + 1], weight, None, ref_state[slot])
+        torch.testing.assert_close(out[row], want[0], atol=1e-5, rtol=1e-5)
+    assert out[1].abs().max() == 0  # a padding row: zeros, no slot touched
+    torch.testing.assert_close(dev_state.cpu(), ref_state)
+
+
+@pytest.mark.any_device
+def test_conv_varlen_matches_the_reference() -> None:
+    """Chunks of 1, 2 (shorter than the window), 3 and 9 tokens, some continuing a window."""
+    gen = _gen(1)
+    lens, slots, init = [3, 1, 9, 2], [4, 0, 2, 1], [1, 0, 1, 1]
+    x = torch.randn(sum(lens), C, generator=gen)
+    weight = torch.randn(C, W, generator=gen)
+    state = torch.randn(5, C, W - 1, generator=gen)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    seq = [i for i, n in enumerate(lens) for _ in range(n)]
+    as_dev = lambda v: torch.tensor(v, dtype=torch.int32, device=DEV)  # noqa: E731
+    dev_state = state.clone().to(DEV)  # .to('cpu') would not copy
+    out = conv_varlen(x.to(DEV), weight.to(DEV), dev_state, as_dev(slots), as_dev(cu),
+                      as_dev(seq), as_dev(init)).cpu()
+    ref = state.clone()
+    for i, slot in enumerate(slots):
+        if not init[i]:
+            ref[slot].zero_()
+        want, ref[slot] = ops.causal_conv1d(x[cu[i]:cu[i + 1]], weight, None, ref[slot])
+        torch.testing.assert_close(out[cu[i]:cu[i + 1]], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dev_state.cpu(), ref)
+
+
+@pytest.mark.any_device
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_gdn_decode_matches_the_reference(state_dtype) -> None:
+    """The fused step (gating, L2 norm, delta rule) on three slots and a padding row."""
+    gen = _gen(2)
+    x = torch.randn(4, C, generator=gen)
+    a, b = torch.randn(4, HV, generator=gen), torch.randn(4, HV, generator=gen)
+    a_log, dt_bias = torch.randn(HV, generator=gen) * 0.5, torch.randn(HV, generator=gen)
+    state = (torch.randn(6, HV, K, V, generator=gen) * 0.3).to(state_dtype)
+    slots = [5, 0, -1, 2]
+    dev_state = state.clone().to(DEV)  # .to('cpu') would not copy
+    out = gdn_decode(x.to(DEV), a.to(DEV), b.to(DEV), a_log.to(DEV), dt_bias.to(DEV), dev_state,
+                     torch.tensor(slots, dtype=torch.int32, device=DEV), HK, K, K ** -0.5).cpu()
+    g, beta = ops.gdn_gating(a, b, a_log, dt_bias)
+    ref = state.clone()
+    for row, slot in enumerate(slots):
+        if slot < 0:
+            assert out[row].abs().max() == 0
+            continue
+        q, k, v = x[row:row + 1].split([HK * K, HK * K, HV * V], dim=-1)
+        q, k = ops.l2norm(q.view(1, HK, K)), ops.l2norm(k.view(1, HK, K))
+        o, s = ops.recurrent_gated_delta_rule(q, k, v.view(1, HV, V), g[row:row + 1],
+                                              beta[row:row + 1], ref[slot].float(), K ** -0.5)
+        ref[slot] = s.to(state_dtype)
+        torch.testing.assert_close(out[row], o[0], atol=1e-5, rtol=1e-4)
+    tol = 1e-5 if state_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(dev_state.cpu().float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16)])
+def test_triton_backend_matches_the_torch_backend(dtype, state_dtype) -> None:
+    """A mixed batch (decode rows, a fresh prefill, a continuing prefill, padding tokens), then a
+    decode batch, through both backends from the same pool: outputs and pool states."""
+    pytest.importorskip("fla")
+    from minisgl.core import Batch
+    from minisgl.distributed import DistributedCommunicator, DistributedInfo
+    from minisgl.kvcache.state_metadata import StateMetadata
+    from minisgl.kvcache.state_pool import StatePool, StateShape
+    from minisgl.linear_attn.torch_backend import TorchLinearAttnBackend
+    from minisgl.linear_attn.triton_backend import TritonLinearAttnBackend
+    from minisgl.models.qwen3_5 import Qwen3_5GatedDeltaNet
+
+    cfg = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+               linear_value_head_dim=128, linear_conv_kernel_dim=4, hidden_size=256)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        layer = Qwen3_5GatedDeltaNet(cfg, 0, DistributedCommunicator(DistributedInfo()), None)
+        for p in layer.parameters():
+            p.data.normal_(0, 0.5)
+    layer = layer.to(dtype)
+    layer.A_log.data, layer.dt_bias.data = layer.A_log.float(), layer.dt_bias.float()
+    shape = StateShape(layer.conv_dim, 4, layer.num_v_heads, 128, 128)
+    pool = StatePool(shape, 1, 4, 0, dtype, "cuda", ssm_dtype=state_dtype)
+    pool.conv[0].normal_()
+    pool.ssm[0].copy_(torch.randn_like(pool.ssm[0], dtype=torch.float32) * 0.1)
+    pools = [pool, copy.deepcopy(pool)]
+    backends = [TritonLinearAttnBackend(pools[0]), TorchLinearAttnBackend(pools[1])]
+    for lens, fresh, nd, pad in (([1, 1, 70, 9], [False, False, True, False], 2, 16),
+                                 ([1, 1, 1, 1], [False] * 4, 4, 0)):
+        meta = StateMetadata.build([0, 1, 2, 3], lens, fresh, nd, torch.device("cuda"))
+        batch = Batch([], "mixed", state_metadata=meta)
+        x = torch.randn(sum(lens) + pad, 256, device="cuda", dtype=dtype)
+        qkv, _, b, a = layer.project(x)
+        outs = [be.forward(layer, qkv, a, b, batch).float() for be in backends]
+        tol = 2e-3 if dtype == torch.float32 and state_dtype == torch.float32 else 5e-2
+        torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=tol)
+        if pad:
+            assert outs[0][sum(lens):].abs().max() == 0
+        torch.testing.assert_close(pools[0].ssm[0].float(), pools[1].ssm[0].float(), atol=tol,
+                                   rtol=tol)
+        torch.testing.assert_close(pools[0].conv[0].float(), pools[1].conv[0].float())

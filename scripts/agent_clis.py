@@ -11,7 +11,8 @@ in a private ``CODEX_HOME`` whose ``config.toml`` holds only the model and a cus
 (``wire_api = "responses"``): Codex's defaults otherwise, its multi-agent namespace tools offered
 to the model, its web search left out by the server; Claude Code runs ``claude -p`` with
 ``ANTHROPIC_BASE_URL`` in a private ``HOME``, telemetry and non-essential traffic off. Each must
-exit 0 with the model's answer on stdout; the small model need not solve the task. Prints one JSON line per client.
+exit 0 with the model's answer on stdout; the small model need not solve the task. Prints one
+JSON line per client.
 
 With its full 20k-token prompt, 2.5x the positions SmolLM2-135M was trained on, that model does
 not end an answer: Claude Code continues a ``max_tokens`` stop three times, then exits 1 with

@@ -186,5 +186,33 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     engine = EngineOptions(**{k: v for k, v in ns.items() if k in engine_names})
     config = ServerConfig(engine=engine, **{k: v for k, v in ns.items() if k not in engine_names})
     check_options(config)
+    warn_unused(engine)
     return config
+
+
+# engine options that one kind of device reads: set for the other, they change nothing
+DEVICE_ONLY = {
+    "mem_fraction": ("cuda", "--mem-fraction (--gpu-memory-utilization)",
+                     "the CPU's KV pool is sized by --kv-cache-memory-gb or --num-pages"),
+    "kv_cache_memory_gb": ("cpu", "--kv-cache-memory-gb",
+                           "a GPU's KV pool is sized by --mem-fraction or --num-pages"),
+    "cuda_graph_max_bs": ("cuda", "--cuda-graph-max-bs", "no CUDA graphs on a CPU"),
+    "piecewise_cuda_graph_max_tokens": ("cuda", "--piecewise-cuda-graph-max-tokens",
+                                        "no CUDA graphs on a CPU"),
+    "disable_pdl": ("cuda", "--disable-pdl", "a CPU runs no Triton kernels"),
+    "disable_gemv": ("cuda", "--disable-gemv", "a CPU runs no Triton kernels"),
+}
+
+
+def warn_unused(engine: EngineOptions) -> None:
+    """Say at start-up which given options the device will not read (as the flags that are
+    always on say they are accepted)."""
+    import torch
+
+    cuda = engine.device.startswith("cuda") or (engine.device == "auto"
+                                                 and torch.cuda.is_available())
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineOptions)}
+    for name, (device, flag, why) in DEVICE_ONLY.items():
+        if getattr(engine, name) != defaults[name] and device != ("cuda" if cuda else "cpu"):
+            logger.warning("%s: no effect on this device (%s)", flag, why)
 

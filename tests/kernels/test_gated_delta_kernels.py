@@ -115,13 +115,15 @@ def test_triton_backend_matches_the_torch_backend(dtype, state_dtype) -> None:
     from minisgl.kvcache.state_pool import StatePool, StateShape
     from minisgl.linear_attn.torch_backend import TorchLinearAttnBackend
     from minisgl.linear_attn.triton_backend import TritonLinearAttnBackend
+    from minisgl.models.config import LinearAttnConfig
     from minisgl.models.qwen3_5 import Qwen3_5GatedDeltaNet
 
-    cfg = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
-               linear_value_head_dim=128, linear_conv_kernel_dim=4, hidden_size=256)
+    cfg = LinearAttnConfig(num_key_heads=2, num_value_heads=4, key_head_dim=128,
+                           value_head_dim=128, conv_kernel=4)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        layer = Qwen3_5GatedDeltaNet(cfg, 0, DistributedCommunicator(DistributedInfo()), None)
+        layer = Qwen3_5GatedDeltaNet(cfg, 256, 1e-6, 0,
+                                     DistributedCommunicator(DistributedInfo()), None)
         for p in layer.parameters():
             p.data.normal_(0, 0.5)
     layer = layer.to(dtype)

@@ -1,5 +1,6 @@
 """The published Qwen3.5 / Qwen3.6 / Qwen3-Next configs: parsed (text_config, layer types,
-partial rotary), and a shrunk copy of each runs on ``--dummy-weights`` (bench.py's path)."""
+partial rotary, the typed linear-attention shape), and a shrunk copy of each runs on
+``--dummy-weights`` (bench.py's path)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.models import ModelConfig, get_model_class
-from minisgl.models.qwen3_next import layer_types, partial_rotary
 
 CONFIGS = Path(__file__).resolve().parents[2] / "benchmark" / "configs"
 NAMES = ["qwen3.5-9b.json", "qwen3.6-35b-a3b.json"]
@@ -23,9 +23,10 @@ def test_real_config_parses(name):
     text = raw["text_config"]
     assert cfg.hidden_size == text["hidden_size"] and cfg.num_layers == text["num_hidden_layers"]
     assert cfg.vocab_size == text["vocab_size"] and cfg.eos_token_ids == (text["eos_token_id"],)
-    types = layer_types(cfg.raw)
+    types = cfg.hybrid.layer_types
     assert types.count("full_attention") * 4 == len(types)
-    assert partial_rotary(cfg).head_dim == cfg.head_dim // 4
+    assert int(cfg.head_dim * cfg.hybrid.rotary_fraction) == cfg.head_dim // 4
+    assert cfg.hybrid.linear.num_value_heads == text["linear_num_value_heads"]
     assert get_model_class(cfg.architecture).__name__ == raw["architectures"][0]
     assert cfg.is_moe == ("num_experts" in text)
 

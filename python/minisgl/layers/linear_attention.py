@@ -25,6 +25,7 @@ from .linear import LinearRowParallel, _Linear
 
 if TYPE_CHECKING:
     from minisgl.context import Context
+    from minisgl.models.config import LinearAttnConfig
     from minisgl.quant import QuantizationConfig
 
 
@@ -70,24 +71,21 @@ class GatedDeltaNet(nn.Module):
     The subclass (per checkpoint family) builds ``in_proj*`` and implements ``project`` returning
     ``(qkv [T, conv_dim], z [T, Hv, Dv], b [T, Hv], a [T, Hv])`` for this rank."""
 
-    def __init__(self, cfg: dict, state_index: int, comm: DistributedCommunicator,
-                 quant: QuantizationConfig | None) -> None:
+    def __init__(self, cfg: LinearAttnConfig, hidden_size: int, eps: float, state_index: int,
+                 comm: DistributedCommunicator, quant: QuantizationConfig | None) -> None:
         super().__init__()
         tp = comm.info.size
+        self.cfg, self.hidden_size, self.eps = cfg, hidden_size, eps
         self.state_index = state_index  # which linear layer of the state pool
-        self.num_k_heads = divide(cfg["linear_num_key_heads"], tp, "linear_num_key_heads")
-        self.num_v_heads = divide(cfg["linear_num_value_heads"], tp, "linear_num_value_heads")
-        if self.num_v_heads % self.num_k_heads:
-            raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
-        self.k_dim, self.v_dim = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        self.num_k_heads = divide(cfg.num_key_heads, tp, "linear_num_key_heads")
+        self.num_v_heads = divide(cfg.num_value_heads, tp, "linear_num_value_heads")
+        self.k_dim, self.v_dim = cfg.key_head_dim, cfg.value_head_dim
         self.key_size = self.num_k_heads * self.k_dim
         self.value_size = self.num_v_heads * self.v_dim
         self.conv_dim = 2 * self.key_size + self.value_size
-        self.conv_width = cfg["linear_conv_kernel_dim"]
-        self.eps = cfg.get("rms_norm_eps", 1e-6)
-        total_k = cfg["linear_num_key_heads"] * self.k_dim
-        total_v = cfg["linear_num_value_heads"] * self.v_dim
-        self.conv_parts = [total_k, total_k, total_v]
+        self.conv_width = cfg.conv_kernel
+        total_k = cfg.num_key_heads * self.k_dim
+        self.conv_parts = [total_k, total_k, cfg.value_size]
         local = [self.key_size, self.key_size, self.value_size]
         rank = comm.info.rank
         # [conv_dim, 1, W] as the checkpoint stores it (a depthwise Conv1d)
@@ -96,7 +94,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = new_param(self.num_v_heads, loader=self._load_heads, dtype=torch.float32)
         self.A_log = new_param(self.num_v_heads, loader=self._load_heads, dtype=torch.float32)
         self.norm_weight = new_param(self.v_dim)
-        self.out_proj = LinearRowParallel(total_v, cfg["hidden_size"], False, comm, quant)
+        self.out_proj = LinearRowParallel(cfg.value_size, hidden_size, False, comm, quant)
         self.rank = rank
 
     def _load_heads(self, param: nn.Parameter, loaded: torch.Tensor, _=None) -> None:

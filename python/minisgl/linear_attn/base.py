@@ -10,7 +10,6 @@ import torch
 if TYPE_CHECKING:
     from minisgl.core import Batch
     from minisgl.kvcache.state_pool import StatePool
-    from minisgl.layers.linear_attention import GatedDeltaNet
 
 
 class BaseLinearAttnBackend(ABC):
@@ -30,7 +29,9 @@ class BaseLinearAttnBackend(ABC):
         self.state_pool = state_pool
 
     @abstractmethod
-    def forward(self, layer: GatedDeltaNet, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                batch: Batch, out: torch.Tensor | None = None) -> torch.Tensor:
-        """qkv ``[T, conv_dim]`` (conv input: q | k | v heads), a, b ``[T, HV]`` (gating inputs);
-        returns ``[T, HV, V]`` in qkv's dtype (written into ``out`` when given)."""
+    def forward(self, layer: torch.nn.Module, qkv: torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor, batch: Batch,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """``layer``: a ``layers.linear_attention.GatedDeltaNet`` (its weights, head counts and
+        ``state_index``); qkv ``[T, conv_dim]`` (conv input: q | k | v heads), a, b ``[T, HV]``
+        (gating inputs). Returns ``[T, HV, V]`` in qkv's dtype (into ``out`` when given)."""

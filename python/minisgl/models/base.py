@@ -42,6 +42,8 @@ class BaseLLMModel(nn.Module):
     ``layer(x, residual, positions, ctx) -> (x, residual)`` and may offer ``fuse_norms()``,
     called once after loading, before the weights are processed."""
 
+    final_norm_cls: type[nn.Module] = RMSNormFused  # called as norm(x, residual) -> (x, residual)
+
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator, moe: BaseMoeBackend):
         super().__init__()
         self.cfg = cfg
@@ -49,7 +51,7 @@ class BaseLLMModel(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(cfg, i, comm, moe) for i in range(cfg.num_layers)
         )
-        self.norm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = self.final_norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
                                       quant=cfg.quant)

@@ -28,6 +28,63 @@ class RotaryConfig:
 
 
 @dataclass(frozen=True)
+class LinearAttnConfig:
+    """A Gated DeltaNet layer of the whole model (before tensor parallelism)."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: q, k and v heads side by side."""
+        return 2 * self.num_key_heads * self.key_head_dim + self.value_size
+
+    @property
+    def value_size(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """What a hybrid (Gated DeltaNet / gated attention) decoder adds to ``ModelConfig``."""
+
+    layer_types: tuple[str, ...]  # "linear_attention" or "full_attention" per layer
+    linear: LinearAttnConfig
+    rotary_fraction: float = 1.0  # the head dims the gated attention rotates
+    shared_expert_intermediate_size: int = 0
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> HybridConfig:
+        n = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types")
+        if types is None:  # every full_attention_interval-th layer is full attention
+            interval = cfg.get("full_attention_interval", 4)
+            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                     for i in range(n)]
+        if len(types) != n or set(types) - {"full_attention", "linear_attention"}:
+            raise ValueError(f"layer_types: expected {n} of full_attention/linear_attention")
+        linear = LinearAttnConfig(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"],
+                                  cfg["linear_key_head_dim"], cfg["linear_value_head_dim"],
+                                  cfg["linear_conv_kernel_dim"])
+        if linear.num_value_heads % linear.num_key_heads:
+            raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        fraction = (cfg.get("rope_parameters") or {}).get(
+            "partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        return cls(tuple(types), linear, float(fraction),
+                   cfg.get("shared_expert_intermediate_size") or 0)
+
+    def index(self, layer_id: int) -> int:
+        """The layer's index among the layers of its own kind (KV layers, state layers)."""
+        return self.layer_types[:layer_id].count(self.layer_types[layer_id])
+
+    def count(self, kind: str) -> int:
+        return self.layer_types.count(kind)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     model_type: str
@@ -54,6 +111,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
+    hybrid: HybridConfig | None = None  # Qwen3-Next / Qwen3.5 / Qwen3.6
     # the weight format: the checkpoint's quantization_config (None: unquantized); the engine
     # resolves it with the quantization option and the kernel switches (never None there)
     quant: QuantizationConfig | None = None

@@ -29,11 +29,11 @@ from minisgl.layers import (
     VocabParallelEmbedding,
 )
 from minisgl.layers.activation import gelu_and_mul
+from minisgl.layers.gated_attention import OffsetRMSNorm
 from minisgl.moe import BaseMoeBackend
 
 from .base import BaseLLMModel
 from .config import ModelConfig, RotaryConfig, common_fields, rotary_config
-from .hybrid import OffsetRMSNorm
 from .weight import _checkpoint_shapes
 
 if TYPE_CHECKING:

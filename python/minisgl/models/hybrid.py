@@ -1,111 +1,43 @@
-"""Building blocks of the hybrid Gated DeltaNet / gated-attention decoders (Qwen3-Next, Qwen3.5,
-Qwen3.6) that are not linear attention itself (that is ``layers/linear_attention.py``).
+"""The decoder every hybrid family shares (Qwen3-Next, Qwen3.5, Qwen3.6): Gated DeltaNet layers
+(``layers/linear_attention.py``) between gated full-attention layers
+(``layers/gated_attention.py``), as ``cfg.hybrid.layer_types`` lays them out, each followed by an
+MoE with a gated shared expert or a dense MLP.
 
-Norm convention: every RMSNorm of these checkpoints but the gated one scales by ``1 + weight``
-(weights are stored centred on zero), computed in fp32 and cast once, as the reference does.
+The model declares two caches (``cache_spec``): the paged KV of its full-attention layers only,
+and a state slot per request for its linear layers. A family file sets the checkpoint's
+conventions: its Gated DeltaNet projections (``linear_cls``, ``split_projs``), where the text
+decoder's weights live (``prefix``) and what is skipped. The multi-token-prediction head of the
+checkpoints is not loaded (loading says so).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import TYPE_CHECKING
+import dataclasses
+import re
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.attention.spec import AttentionSpec
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel, MoELayer
-from minisgl.layers.base import divide, new_param
-from minisgl.layers.rotary import _inv_freq
+from minisgl.kvcache.spec import CacheSpec
+from minisgl.kvcache.state_pool import StateShape
+from minisgl.layers import LinearColParallelMerged, LinearRowParallel, MoELayer
+from minisgl.layers.base import new_param
+from minisgl.layers.gated_attention import FusedOffsetRMSNorm, GatedAttention
+from minisgl.layers.linear_attention import GatedDeltaNet
+from minisgl.moe import BaseMoeBackend
+from minisgl.utils import init_logger
+
+from .base import BaseLLMModel
+from .config import HybridConfig, ModelConfig, common_fields
+from .hybrid_weights import checkpoint_shapes, unfuse_experts
 
 if TYPE_CHECKING:
     from minisgl.context import Context
-    from minisgl.models.config import ModelConfig, RotaryConfig
-    from minisgl.moe import BaseMoeBackend
 
-
-class OffsetRMSNorm(nn.Module):
-    """``norm(x) * (1 + weight)``; with a residual, ``(norm(x + r) * (1 + w), x + r)``."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = new_param(size)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is not None:
-            x = x + residual
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = (out * (1.0 + self.weight.float())).to(x.dtype)
-        return out if residual is None and not self.fused else (out, x)
-
-    fused = False
-
-
-class FusedOffsetRMSNorm(OffsetRMSNorm):
-    fused = True
-
-
-@lru_cache(maxsize=8)
-def _cos_sin(cfg: RotaryConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), _inv_freq(cfg))
-    return freqs.cos().to(device), freqs.sin().to(device)
-
-
-def partial_rope(x: torch.Tensor, positions: torch.Tensor, cfg: RotaryConfig) -> torch.Tensor:
-    """Neox-style RoPE on the first ``cfg.head_dim`` dims of each head, the rest passed through.
-
-    Text positions only: the checkpoints' mRoPE sections (t, h, w) all see the same position for
-    text, so every frequency rotates by the token's position and mRoPE is plain RoPE."""
-    cos, sin = _cos_sin(cfg, x.device)
-    cos, sin = cos[positions][:, None].to(x.dtype), sin[positions][:, None].to(x.dtype)
-    rot, rest = x[..., : cfg.head_dim], x[..., cfg.head_dim:]
-    x1, x2 = rot.chunk(2, dim=-1)
-    rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return torch.cat([rot, rest], dim=-1)
-
-
-class GatedAttention(nn.Module):
-    """Full attention with an output gate: q_proj gives each head's query and gate side by side;
-    q/k get (1 + w) RMSNorm and partial RoPE; the output is ``o_proj(attn * sigmoid(gate))``.
-
-    ``kv_layer``: this layer's index among the full-attention layers (the KV pool holds only them).
-    """
-
-    def __init__(self, cfg: ModelConfig, rotary: RotaryConfig, kv_layer: int,
-                 comm: DistributedCommunicator) -> None:
-        super().__init__()
-        self.kv_layer, self.head_dim, self.rotary = kv_layer, cfg.head_dim, rotary
-        divide(cfg.num_qo_heads, comm.info.size, "num_attention_heads")
-        # each head's [query | gate] rows are adjacent: 2 * heads rows of head_dim, split evenly
-        self.qkv_proj = LinearQKVMerged(cfg.hidden_size, cfg.head_dim, 2 * cfg.num_qo_heads,
-                                        cfg.num_kv_heads, cfg.attention_bias, comm.info,
-                                        cfg.quant)
-        self.local_qo = self.qkv_proj.local_qo // 2
-        self.o_proj = LinearRowParallel(cfg.num_qo_heads * cfg.head_dim, cfg.hidden_size, False,
-                                        comm, cfg.quant)
-        self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.spec = AttentionSpec(kv_layer, self.local_qo, self.qkv_proj.local_kv, cfg.head_dim,
-                                  cfg.head_dim**-0.5, rotary=rotary)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
-        proj = self.qkv_proj
-        q_gate, k, v = proj(x).split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
-        q, gate = q_gate.view(-1, self.local_qo, 2 * self.head_dim).chunk(2, dim=-1)
-        gate = gate.reshape(x.shape[0], -1)
-        q = partial_rope(self.q_norm(q), positions, self.rotary)
-        k = partial_rope(self.k_norm(k.view(-1, proj.local_kv, self.head_dim)), positions,
-                         self.rotary)
-        v = v.reshape(-1, proj.local_kv, self.head_dim)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        ctx.kv_pool.store_kv(k, v, ctx.batch.out_loc, self.kv_layer)
-        out = ctx.attn_backend.forward(q, k, v, self.spec, ctx.batch)
-        out = out.reshape(x.shape[0], -1) * torch.sigmoid(gate)
-        return self.o_proj(out)
+logger = init_logger(__name__)
 
 
 class DenseMLP(nn.Module):
@@ -132,3 +64,146 @@ class SharedExpertMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
         return self.experts(x) + shared
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, model: HybridModel, cfg: ModelConfig, layer_id: int,
+                 comm: DistributedCommunicator, moe: BaseMoeBackend) -> None:
+        super().__init__()
+        hybrid = cfg.hybrid
+        index = hybrid.index(layer_id)  # among the layers of its kind: a KV or a state layer
+        self.is_linear = hybrid.layer_types[layer_id] == "linear_attention"
+        if self.is_linear:
+            self.linear_attn = model.linear_cls(hybrid.linear, cfg.hidden_size, cfg.rms_norm_eps,
+                                                index, comm, cfg.quant)
+        else:
+            rotary = dataclasses.replace(
+                cfg.rotary, head_dim=int(cfg.head_dim * hybrid.rotary_fraction))
+            self.self_attn = GatedAttention(cfg, rotary, index, comm)
+        if cfg.is_sparse_layer(layer_id):
+            self.mlp = SharedExpertMoE(cfg, hybrid.shared_expert_intermediate_size, comm, moe)
+        else:
+            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, comm, cfg.quant)
+        self.input_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.input_layernorm(x, residual)
+        x = self.linear_attn(x, ctx) if self.is_linear else self.self_attn(x, positions, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+# checkpoint name (prefix removed) -> (our name, shard id)
+_RULES: list[tuple[re.Pattern, str, object]] = [
+    (re.compile(r"(.*)\.self_attn\.([qkv])_proj\.(weight|bias|weight_scale_inv)$"),
+     r"\1.self_attn.qkv_proj.\3", "qkv"),
+    (re.compile(r"(.*)\.mlp\.shared_expert\.gate_proj\.(weight|weight_scale_inv)$"),
+     r"\1.mlp.shared_expert.gate_up_proj.\2", 0),
+    (re.compile(r"(.*)\.mlp\.shared_expert\.up_proj\.(weight|weight_scale_inv)$"),
+     r"\1.mlp.shared_expert.gate_up_proj.\2", 1),
+    (re.compile(r"(.*)\.mlp\.shared_expert_gate\.weight$"), r"\1.mlp.shared_expert_gate", None),
+    (re.compile(r"(.*)\.mlp\.gate\.weight$"), r"\1.mlp.experts.gate.weight", None),
+    (re.compile(r"(.*)\.mlp\.gate_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 0),
+    (re.compile(r"(.*)\.mlp\.up_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 1),
+    (re.compile(r"(.*)\.linear_attn\.conv1d\.weight$"), r"\1.linear_attn.conv1d_weight", None),
+    (re.compile(r"(.*)\.linear_attn\.norm\.weight$"), r"\1.linear_attn.norm_weight", None),
+]
+_EXPERT = re.compile(r"(.*)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale_inv)$")
+_FUSED_EXPERTS = re.compile(r"(.*)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+class HybridModel(BaseLLMModel):
+    """The decoder of every hybrid family; subclasses set the checkpoint conventions."""
+
+    linear_cls: type[GatedDeltaNet]
+    final_norm_cls = FusedOffsetRMSNorm
+    prefix = "model."
+    # checkpoint parts that are not the text model: skipped, and loading says so
+    skipped = {"mtp.": "the multi-token-prediction head (speculative decoding is not supported)"}
+    # checkpoint projection name -> (our SplitColumnLinear, its part ids)
+    split_projs = {"in_proj_qkvz": ("in_proj_qkvz", (0,)), "in_proj_ba": ("in_proj_ba", (0,))}
+
+    @classmethod
+    def parse_config(cls, raw: dict) -> ModelConfig:
+        """A vision-language checkpoint's ``text_config`` is read as the model's config."""
+        if isinstance(raw.get("text_config"), dict):
+            outer = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config")}
+            raw = {**outer, **raw["text_config"], "architectures": raw["architectures"]}
+        return ModelConfig(
+            **common_fields(raw),
+            num_experts=raw.get("num_experts") or 0,
+            num_experts_per_tok=raw.get("num_experts_per_tok", 0),
+            moe_intermediate_size=raw.get("moe_intermediate_size", 0),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
+            decoder_sparse_step=raw.get("decoder_sparse_step") or 1,
+            hybrid=HybridConfig.from_dict(raw),
+        )
+
+    def make_layer(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator,
+                   moe: BaseMoeBackend) -> nn.Module:
+        return HybridDecoderLayer(self, cfg, layer_id, comm, moe)
+
+    def cache_spec(self) -> CacheSpec:
+        """KV for the gated-attention layers, a state slot per linear layer."""
+        lin = next(layer.linear_attn for layer in self.layers if layer.is_linear)
+        shape = StateShape(lin.conv_dim, lin.conv_width, lin.num_v_heads, lin.k_dim, lin.v_dim)
+        return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers
+                               if not layer.is_linear), shape,
+                         self.cfg.hybrid.count("linear_attention"))
+
+    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
+        for skip in self.skipped:
+            if name.startswith(skip):
+                return None
+        if name.startswith(self.prefix):
+            name = name[len(self.prefix):]
+        elif not name.startswith("lm_head."):
+            return None
+        if name.startswith("lm_head.") and self.cfg.tie_word_embeddings:
+            return None
+        for pattern, target, shard in _RULES:
+            match = pattern.match(name)
+            if match:
+                return match.expand(target), match.group(2) if shard == "qkv" else shard
+        match = re.match(r"(.*)\.linear_attn\.(\w+)\.(weight|weight_scale_inv)$", name)
+        if match and match.group(2) in self.split_projs:
+            ours, ids = self.split_projs[match.group(2)]
+            return f"{match.group(1)}.linear_attn.{ours}.{match.group(3)}", ids
+        match = _EXPERT.match(name)
+        if match:
+            prefix, expert, kind = match.group(1), int(match.group(2)), match.group(3)
+            suffix = "_scale_inv" if match.group(4) == "weight_scale_inv" else ""
+            if kind == "down":
+                return f"{prefix}.mlp.experts.w2{suffix}", expert
+            return f"{prefix}.mlp.experts.w13{suffix}", (expert, 0 if kind == "gate" else 1)
+        return name, None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        seen: set[str] = set()
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                for skip, what in self.skipped.items():
+                    if name.startswith(skip) and skip not in seen:
+                        seen.add(skip)
+                        logger.info("not loaded: %s (%s*)", what, skip)
+                yield from unfuse_experts(name, tensor)
+
+        super().load_weights(stream())
+        # the KV pool holds the full-attention layers only: its scales go by their index
+        hybrid = self.cfg.hybrid
+        self.kv_scales = {hybrid.index(i): s for i, s in self.kv_scales.items()
+                          if hybrid.layer_types[i] == "full_attention"}
+
+    @classmethod
+    def checkpoint_shapes(cls, cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Names and full shapes of a checkpoint of ``cfg`` (for ``--dummy-weights``)."""
+        return checkpoint_shapes(cfg, cls.prefix, cls.linear_shapes)
+
+    @staticmethod
+    def linear_shapes(h: int, hk: int, hv: int, dk: int, dv: int):
+        yield "in_proj_qkvz.weight", (2 * hk * dk + 2 * hv * dv, h)
+        yield "in_proj_ba.weight", (2 * hv, h)

@@ -14,19 +14,20 @@ import torch
 from minisgl.distributed import DistributedCommunicator
 from minisgl.layers.linear_attention import GatedDeltaNet, SplitColumnLinear
 
-from .qwen3_next import HybridModel
+from .hybrid import HybridModel
 
 
 class Qwen3_5GatedDeltaNet(GatedDeltaNet):
     """``in_proj_qkv`` (q | k | v over all heads) and ``in_proj_z`` load into one GEMM, parts
     ``[q, k, v, z]``; ``in_proj_b`` and ``in_proj_a`` into another, parts ``[b, a]``."""
 
-    def __init__(self, cfg: dict, state_index: int, comm: DistributedCommunicator, quant) -> None:
-        super().__init__(cfg, state_index, comm, quant)
-        hv = cfg["linear_num_value_heads"]
-        parts = self.conv_parts + [hv * self.v_dim]
-        self.in_proj_qkvz = SplitColumnLinear(cfg["hidden_size"], parts, comm, quant)
-        self.in_proj_ba = SplitColumnLinear(cfg["hidden_size"], [hv, hv], comm)
+    def __init__(self, cfg, hidden_size: int, eps: float, state_index: int,
+                 comm: DistributedCommunicator, quant) -> None:
+        super().__init__(cfg, hidden_size, eps, state_index, comm, quant)
+        hv = cfg.num_value_heads
+        parts = self.conv_parts + [cfg.value_size]
+        self.in_proj_qkvz = SplitColumnLinear(hidden_size, parts, comm, quant)
+        self.in_proj_ba = SplitColumnLinear(hidden_size, [hv, hv], comm)
 
     def project(self, x: torch.Tensor):
         t = x.shape[0]

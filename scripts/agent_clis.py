@@ -1,16 +1,18 @@
 """Run Codex CLI and Claude Code non-interactively against a minisgl server.
 
     npm install -g @openai/codex @anthropic-ai/claude-code
-    MINISGL_ALLOW_LONG_MAX_MODEL_LEN=1 python -m minisgl --max-model-len 32768 --num-pages 36000
+    MINISGL_ALLOW_LONG_MAX_MODEL_LEN=1 python -m minisgl --max-model-len 32768 \
+        --kv-cache-memory-gb 2
     python scripts/agent_clis.py --url http://127.0.0.1:1919 [--only codex|claude]
 
 Their system prompts and tools are 10-20k tokens, beyond the default model's 8,192-token window,
-hence the long window (an explicit opt-in). Codex runs ``codex exec`` with a custom provider
-(``wire_api = "responses"``) in a private ``CODEX_HOME``, with the features whose tools are not
-function tools switched off (web search, multi-agent namespaces, goals: the server refuses
-built-in tools by name); Claude Code runs ``claude -p`` with ``ANTHROPIC_BASE_URL`` in a private
-``HOME``, telemetry and non-essential traffic off. Each must exit 0 with the model's answer on
-stdout; the small model need not solve the task. Prints one JSON line per client.
+hence the long window (an explicit opt-in) and a KV pool that holds it. Codex runs ``codex exec``
+in a private ``CODEX_HOME`` whose ``config.toml`` holds only the model and a custom provider
+(``wire_api = "responses"``): Codex's defaults otherwise, its multi-agent namespace tools offered
+to the model, its web search left out by the server; Claude Code runs ``claude -p`` with
+``ANTHROPIC_BASE_URL`` in a private ``HOME``, telemetry and non-essential traffic off. Each must
+exit 0 with the model's answer on stdout; the small model need not solve the task. Prints one
+JSON line per client.
 
 With its full 20k-token prompt, 2.5x the positions SmolLM2-135M was trained on, that model does
 not end an answer: Claude Code continues a ``max_tokens`` stop three times, then exits 1 with
@@ -37,7 +39,6 @@ PROMPT = "Reply with one short sentence saying hello."
 CODEX_CONFIG = """\
 model = "{model}"
 model_provider = "minisgl"
-web_search = "disabled"
 
 [model_providers.minisgl]
 name = "minisgl"
@@ -47,12 +48,6 @@ env_key = "MINISGL_API_KEY"
 request_max_retries = 0
 stream_max_retries = 0
 stream_idle_timeout_ms = 1800000
-
-[agents]
-enabled = false
-
-[features]
-goals = false
 """
 
 

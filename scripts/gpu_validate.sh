@@ -12,6 +12,9 @@
 #   scripts/gpu_validate.sh itl        OUT  # streaming smoothness: mixed steps vs prefill-first
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs admission on shared prefixes
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
+#   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests;
+#                                           # gpt-oss-20b in MXFP4 (random weights) offline and
+#                                           # batch 1, transformers (bf16) in the same run
 #   scripts/gpu_validate.sh hybrid-tests OUT  # hybrid models on CUDA: the in-place state kernels,
 #                                           # the Triton backend vs torch, greedy parity (fp32)
 #   scripts/gpu_validate.sh hybrid     OUT  # Qwen3.5-9B: offline (fp32 / bf16 state) with its
@@ -31,6 +34,7 @@ cd "$(dirname "$0")/.."
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 MINISGL_TEST_DEVICE=cuda
 m06=benchmark/configs/qwen3-0.6b.json m8=benchmark/configs/qwen3-8b.json
+moss=benchmark/configs/gpt-oss-20b.json
 step() {  # step SECONDS CMD...: one step under a time limit, its wall time printed
     local limit=$1 t0=$SECONDS
     shift
@@ -41,6 +45,14 @@ step() {  # step SECONDS CMD...: one step under a time limit, its wall time prin
 bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, results in OUT
 
 case $stage in
+gpt-oss)
+    step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests/kernels/test_mxfp4_moe.py \
+        tests/kernels/test_gpt_oss_triton.py tests/engine/test_gpt_oss.py \
+        >"$out/gpt_oss_tests.log" 2>&1
+    tail -3 "$out/gpt_oss_tests.log"
+    step 540 "${bench[@]}" --model $moss --batch1 --hf-requests 8 --hf-batch 8 \
+        >"$out/bench_gpt-oss-20b.log" 2>&1
+    cat "$out"/offline_gpt-oss-20b_*.md ;;
 tests)
     "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests --durations=15 \
         >"$out/gpu_tests.log" 2>&1

@@ -38,7 +38,7 @@ def tiny_checkpoints(tmp_path_factory):
 def default_model_dir(tmp_path_factory):
     """The default model, converted once per session into a fresh cache (the conversion is
     tested)."""
-    from minisgl.utils import default_model
+    from minisgl.models import default_model
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINISGL_CACHE_DIR", str(tmp_path_factory.mktemp("minisgl_cache")))

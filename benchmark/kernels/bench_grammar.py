@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
 from bench import LONG_JSON, gpu_name  # noqa: E402
 
+from minisgl.models.default_model import default_model_path  # noqa: E402
 from minisgl.structured import BatchMasks, GrammarCompiler, fill_threads, new_bitmask  # noqa: E402
-from minisgl.utils.default_model import default_model_path  # noqa: E402
 from minisgl.utils.hf import load_tokenizer  # noqa: E402
 
 VOCAB = 151_936

@@ -36,7 +36,7 @@ def model_dir(model: str) -> tuple[str, bool]:
 def borrow_tokenizer(path: str) -> None:
     """Grammars need a tokenizer: a bare config (random weights) borrows the default model's. Its
     vocabulary is smaller than most models'; the ids past it are masked off, as padding is."""
-    from minisgl.utils.default_model import default_model_path
+    from minisgl.models.default_model import default_model_path
 
     source = default_model_path()
     for name in ("tokenizer.json", "tokenizer_config.json"):

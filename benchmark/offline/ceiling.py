@@ -3,8 +3,10 @@ step only streamed its bytes at peak HBM bandwidth and every prefill only ran it
 tensor throughput, with no CPU overhead and no kernel below its roofline.
 
 A decode step of ``B`` running requests reads
-  - the weights once (every layer and the LM head; the embedding gives B rows only),
-  - each request's KV cache of its full-attention layers (its context so far),
+  - the weights once (every layer and the LM head; the embedding gives B rows only; MXFP4 experts
+    at 4.25 bits a weight: a byte per two values, one scale byte per 32),
+  - each request's KV cache of its full-attention layers (its context so far) and of its sliding
+    layers (the last ``sliding_window`` tokens of it),
   - each request's recurrent state of its linear-attention layers, **twice** (read, then written
     back: the delta-rule state in its dtype and the conv window in the model's dtype),
 and the workload's requests all run together from the start (256 requests fit every pool of
@@ -20,33 +22,51 @@ from __future__ import annotations
 
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}
 MATMUL_FLOPS = 790e12
+MXFP4_BYTES = 17 / 32  # per weight: 16 bytes of e2m1 pairs and one e8m0 scale per 32 values
 
 
 def _text(raw: dict) -> dict:
     return raw.get("text_config") or raw
 
 
+def _experts(c: dict) -> tuple[int, int]:
+    """(routed experts, their intermediate size); gpt-oss names them its own way."""
+    experts = c.get("num_experts") or c.get("num_local_experts") or 0
+    return experts, c.get("moe_intermediate_size") or c.get("intermediate_size", 0)
+
+
+def sliding_kv(raw: dict, dtype_bytes: int = 2) -> tuple[int, int]:
+    """(KV bytes per token of the sliding layers, their window)."""
+    c = _text(raw)
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim") or c["hidden_size"] // heads
+    n = sum(kind == "sliding_attention" for kind in c.get("layer_types") or ())
+    return n * 2 * kv_heads * d * dtype_bytes, c.get("sliding_window") or 0
+
+
 def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4) -> tuple[int, int, int]:
-    """(weight bytes a decode step reads, KV bytes per token of context, recurrent-state bytes per
-    request, read once): from a model's config.json."""
+    """(weight bytes a decode step reads, KV bytes per token of context of the full-attention
+    layers, recurrent-state bytes per request, read once): from a model's config.json.
+    ``dtype_bytes=1`` counts parameters (MXFP4 experts included)."""
     c = _text(raw)
     h, vocab, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim") or h // heads
     types = c.get("layer_types") or ["full_attention"] * layers
     gate = 2 if c.get("attn_output_gate") else 1
-    experts, topk = c.get("num_experts") or 0, c.get("num_experts_per_tok") or 0
-    weights, kv, state = vocab * h, 0, 0  # the LM head
+    experts, inter = _experts(c)
+    mxfp4 = (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+    expert_bytes = MXFP4_BYTES if mxfp4 and dtype_bytes > 1 else dtype_bytes
+    weights, expert_weights, kv, state = vocab * h, 0, 0, 0  # the LM head
     for kind in types:
         if experts:  # the routed experts a step touches (at most all of them), the shared one
-            inter = c["moe_intermediate_size"]
-            weights += 3 * h * inter * experts + h * experts
-            weights += 3 * h * c.get("shared_expert_intermediate_size", 0)
+            expert_weights += 3 * h * inter * experts
+            weights += h * experts + 3 * h * c.get("shared_expert_intermediate_size", 0)
         else:
             weights += 3 * h * c["intermediate_size"]
-        if kind == "full_attention":
+        if kind in ("full_attention", "sliding_attention"):
             weights += h * (gate * heads * d + 2 * kv_heads * d) + heads * d * h
-            kv += 2 * kv_heads * d * dtype_bytes
+            kv += 2 * kv_heads * d * dtype_bytes if kind == "full_attention" else 0
         else:
             hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
             dk, dv, width = (c["linear_key_head_dim"], c["linear_value_head_dim"],
@@ -54,24 +74,25 @@ def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4) -> tuple
             conv = 2 * hk * dk + hv * dv
             weights += h * (conv + hv * dv + 2 * hv) + hv * dv * h + conv * width
             state += hv * dk * dv * state_bytes + conv * (width - 1) * dtype_bytes
-    del topk
-    return weights * dtype_bytes, kv, state
+    return round(weights * dtype_bytes + expert_weights * expert_bytes), kv, state
 
 
 def prefill_flops(raw: dict, prompt_lens: list[int]) -> float:
     c = _text(raw)
     weights, _, _ = decode_bytes(raw, dtype_bytes=1)
-    if c.get("num_experts"):  # a token runs its top-k experts only
-        per_layer_all = 3 * c["hidden_size"] * c["moe_intermediate_size"] * c["num_experts"]
-        per_layer_used = 3 * c["hidden_size"] * c["moe_intermediate_size"] * \
-            c["num_experts_per_tok"]
-        weights -= c["num_hidden_layers"] * (per_layer_all - per_layer_used)
+    experts, inter = _experts(c)
+    if experts:  # a token runs its top-k experts only
+        unused = experts - c["num_experts_per_tok"]
+        weights -= c["num_hidden_layers"] * 3 * c["hidden_size"] * inter * unused
     params = weights - c["vocab_size"] * c["hidden_size"]  # the LM head: last tokens only
     heads = c["num_attention_heads"]
     d = c.get("head_dim") or c["hidden_size"] // heads
     types = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
     full = sum(kind == "full_attention" for kind in types)
-    return sum(2 * params * n + full * 2 * heads * d * n * n for n in prompt_lens)
+    sliding = sum(kind == "sliding_attention" for kind in types)
+    window = c.get("sliding_window") or 0
+    return sum(2 * params * n + full * 2 * heads * d * n * n
+               + sliding * 4 * heads * d * n * min(n, window) for n in prompt_lens)
 
 
 def ceiling_tok_per_s(raw: dict, prompt_lens: list[int], max_tokens: list[int], gpu: str,
@@ -80,11 +101,13 @@ def ceiling_tok_per_s(raw: dict, prompt_lens: list[int], max_tokens: list[int], 
     if gpu not in BANDWIDTH:
         return None
     weights, kv, state = decode_bytes(raw, state_bytes=state_bytes)
+    window_kv, window = sliding_kv(raw)
     context, left = list(prompt_lens), list(max_tokens)
     alive = [i for i, n in enumerate(left) if n > 0]
     moved = 0.0
     while alive:
         moved += weights + kv * sum(context[i] for i in alive) + 2 * state * len(alive)
+        moved += window_kv * sum(min(context[i], window) for i in alive)
         for i in alive:
             context[i] += 1
             left[i] -= 1

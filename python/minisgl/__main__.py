@@ -7,7 +7,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from minisgl.env import set_process_defaults
-    from minisgl.server.args import parse_args
+    from minisgl.server.launch.args import parse_args
     from minisgl.utils.stacks import enable_stack_dumps
 
     set_process_defaults()
@@ -23,14 +23,14 @@ def main(argv: list[str] | None = None) -> int:
 
         set_log_level(config.log_level)
     if config.shell:
-        from minisgl.server.shell import run_shell
+        from minisgl.server.launch.shell import run_shell
 
         return run_shell(config)
     if config.dp > 1:
-        from minisgl.server.dp_launch import launch_dp
+        from minisgl.server.launch.dp_launch import launch_dp
 
         return launch_dp(config)
-    from minisgl.server.launch import launch_server
+    from minisgl.server.launch.serve import launch_server
 
     return launch_server(config)
 

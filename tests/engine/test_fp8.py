@@ -329,7 +329,7 @@ def test_bad_options_are_clear_errors(tmp_path):
         EngineOptions(quantization="int4")
     with pytest.raises(ValueError, match="kv_cache_dtype: 'fp8_e5m2'"):
         EngineOptions(kv_cache_dtype="fp8_e5m2")
-    from minisgl.server.args import parse_args
+    from minisgl.server.launch.args import parse_args
 
     engine = parse_args(["--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3"]).engine
     assert (engine.quantization, engine.kv_cache_dtype) == ("fp8", "fp8_e4m3")

@@ -216,3 +216,33 @@ def test_pool_with_per_layer_shapes():
     assert pool.k_cache(3).abs().sum() == 0  # other layers untouched
     with pytest.raises(ValueError, match="layer_shapes"):
         MHAKVCache(2, 8, 64, 5, 2, torch.float32, "cpu", layer_shapes=shapes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,heads,window", [(256, (16, 8), 1024), (512, (16, 2), 0),
+                                              (64, (64, 8), 128)])
+def test_real_sizes_bf16(dim, heads, window):
+    """Gemma 4's local (256, 8 KV heads, window 1024) and global (512, 2 KV heads) layers and a
+    gpt-oss-like one (64, window 128, sinks) in bf16 on the GPU, over 3k-token contexts."""
+    gen = torch.Generator().manual_seed(dim)
+    hq, hkv = heads
+    extend, cached = [700, 1, 300], [2300, 3000, 0]
+    seq_lens = [e + c for e, c in zip(extend, cached)]
+    k, v, table, rows, slots_of = paged(seq_lens, hkv, dim, torch.bfloat16, gen)
+    sinks = torch.randn(hq, generator=gen).to(DEV) if dim == 64 else None
+    q = torch.randn(sum(extend), hq, dim, generator=gen).to(torch.bfloat16).to(DEV)
+    cu = [0] + torch.tensor(extend).cumsum(0).tolist()
+    out = extend_attention(q, k, v, table, rows, torch.tensor(cu, dtype=torch.int32, device=DEV),
+                           torch.tensor(seq_lens, dtype=torch.int32, device=DEV), max(extend),
+                           dim**-0.5, window=window, sinks=sinks)
+    ref = reference([q[cu[b]: cu[b + 1]] for b in range(3)], k, v, slots_of, cached, dim**-0.5,
+                    window, sinks)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    qd = q[torch.tensor(cu[1:]) - 1]
+    for splits in (1, 8):
+        got = decode_attention(qd, k, v, table, rows, lens, dim**-0.5, splits, window=window,
+                               sinks=sinks)
+        want = reference(qd.unsqueeze(1), k, v, slots_of, [n - 1 for n in seq_lens],
+                         dim**-0.5, window, sinks)
+        torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)

@@ -16,7 +16,7 @@ import pytest
 from test_api_server import fake_server, wait_until
 
 from minisgl.message import SchedulerStatsMsg, StatsReply
-from minisgl.server.validation import MAX_STOP, MAX_STOP_TOKEN_IDS
+from minisgl.server.openai.validation import MAX_STOP, MAX_STOP_TOKEN_IDS
 
 KEY, MODEL = "secret", "fake-model"
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -164,7 +164,7 @@ class Lines(logging.Handler):
 
 @pytest.fixture()
 def request_log():
-    handler, log = Lines(), logging.getLogger("minisgl.server.request_log")
+    handler, log = Lines(), logging.getLogger("minisgl.server.openai.request_log")
     log.addHandler(handler)
     yield handler.lines
     log.removeHandler(handler)
@@ -176,7 +176,8 @@ def test_one_log_line_per_request_without_the_prompt(http, server, request_log):
     rid = r.json()["id"]
     assert wait_until(lambda: request_log)
     (line,) = request_log
-    assert line.startswith(f"request {rid}: prompt_tokens=13 output_tokens=3 cached_tokens=1 ")
+    assert line.startswith(f"request {rid}: status=200 prompt_tokens=13 output_tokens=3 "
+                           "cached_tokens=1 ")
     assert "ttft=" in line and "total=" in line and line.endswith("finish=length")
     assert "private" not in line
     http.post("/v1/completions", json={"prompt": "Hi", "n": 2, "stream": True})
@@ -184,7 +185,20 @@ def test_one_log_line_per_request_without_the_prompt(http, server, request_log):
     assert request_log[1].split(":")[0].endswith("/0") and request_log[2].endswith("finish=length")
     r = http.post("/v1/completions", json={"prompt": "TOOLONG"})
     assert r.status_code == 400 and wait_until(lambda: len(request_log) == 4)
-    assert request_log[3].endswith("finish=error")
+    message = r.json()["error"]["message"]
+    assert " status=400 " in request_log[3]
+    assert request_log[3].endswith(f"finish=error error={message!r}")
+
+
+def test_a_refused_request_logs_its_status_and_message(http, request_log):
+    r = http.post("/v1/chat/completions", json={"messages": CHAT, "temperature": "hot"})
+    assert r.status_code == 400
+    (line,) = request_log
+    assert line.startswith("request refused: POST /v1/chat/completions status=400 total=")
+    assert line.endswith(f"error={r.json()['error']['message']!r}")
+    r = http.get("/no/such/route")
+    assert r.status_code == 404 and len(request_log) == 2
+    assert request_log[1].startswith("request refused: GET /no/such/route status=404 ")
 
 
 def test_log_requests_adds_the_prompt(http, server, request_log):

@@ -29,10 +29,16 @@ from minisgl.message import (
     TokenizeMsg,
     UserReply,
 )
-from minisgl.server.api_server import create_app
-from minisgl.server.args import ServerAddrs, ServerConfig
-from minisgl.server.frontend import FrontendManager
-from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+from minisgl.server.app.api_server import create_app
+from minisgl.server.config import ServerConfig
+from minisgl.server.openai.frontend import FrontendManager
+from minisgl.utils.mp import (
+    ServerAddrs,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    make_runtime_dir,
+    remove_runtime_dir,
+)
 
 KEY, MODEL = "secret", "fake-model"
 CHAT = [{"role": "user", "content": "Hi"}]

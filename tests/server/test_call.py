@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from minisgl.message import UserReply
-from minisgl.server.call import Call
-from minisgl.server.protocol import ApiError
-from minisgl.server.responses import ChoiceState
+from minisgl.server.openai.bodies import ChoiceState
+from minisgl.server.openai.call import Call
+from minisgl.server.openai.protocol import ApiError
 
 
 class QueuedFrontend:

@@ -7,8 +7,8 @@ import re
 from fastapi.testclient import TestClient
 
 from minisgl.llm.config import EngineOptions
-from minisgl.server.api_server import create_app
-from minisgl.server.args import ServerConfig
+from minisgl.server.app.api_server import create_app
+from minisgl.server.config import ServerConfig
 
 
 def test_docs_page_and_its_assets_are_served_locally():

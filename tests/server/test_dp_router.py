@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from helpers.server_utils import start_server, wait_until
-from minisgl.server.args import parse_args
-from minisgl.server.dp_children import router_command
+from minisgl.server.launch.args import parse_args
+from minisgl.server.launch.dp_children import router_command
 
 KEY = "dp-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -171,7 +171,7 @@ def test_children_die_with_a_killed_launcher(tmp_path):
     import subprocess
     import sys
 
-    child = ("from minisgl.server.dp_children import _die_with_launcher; import time; "
+    child = ("from minisgl.server.launch.dp_children import _die_with_launcher; import time; "
              "_die_with_launcher(); time.sleep(60)")
     parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
               f"{child!r}], start_new_session=True); print(p.pid, flush=True); time.sleep(60)")

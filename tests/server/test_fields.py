@@ -10,8 +10,8 @@ from test_api_server import CHAT, KEY, MODEL, client, http, server  # noqa: F401
 
 from minisgl.server.agents.anthropic_messages import MessagesRequest
 from minisgl.server.agents.responses_api import ResponsesRequest
-from minisgl.server.fields import UNSUPPORTED, check_fields
-from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from minisgl.server.openai.fields import UNSUPPORTED, check_fields
+from minisgl.server.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 CHAT_BODY = {"messages": CHAT, "max_tokens": 3}
 COMPLETION_BODY = {"prompt": "Hi", "max_tokens": 3}

@@ -49,7 +49,7 @@ def test_generation_config_none_keeps_the_servers_defaults(model_dir):
 
 
 def test_generation_config_must_be_a_choice_or_a_directory():
-    from minisgl.server.args import ServerConfig
+    from minisgl.server.launch.args import parse_args
 
     with pytest.raises(ValueError, match="generation_config"):
-        ServerConfig(generation_config="/no/such/dir")
+        parse_args(["--generation-config", "/no/such/dir"])

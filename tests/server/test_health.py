@@ -23,11 +23,11 @@ from test_api_server import FakeWorker
 from helpers.server_utils import free_port, start_server, wait_until
 from minisgl.llm.config import EngineOptions
 from minisgl.message import FRONTEND_CODEC, SchedulerStatsMsg, StatsReply
-from minisgl.server.api_server import create_app
-from minisgl.server.args import ServerAddrs, ServerConfig
-from minisgl.server.frontend import FrontendManager
-from minisgl.server.http_server import make_http_server
-from minisgl.utils.mp import ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+from minisgl.server.app.api_server import create_app
+from minisgl.server.config import ServerConfig
+from minisgl.server.launch.http_server import make_http_server
+from minisgl.server.openai.frontend import FrontendManager
+from minisgl.utils.mp import ServerAddrs, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
 
 
 def _stats(ready: bool) -> StatsReply:

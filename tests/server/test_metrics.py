@@ -36,8 +36,8 @@ from minisgl.benchmark import (
 )
 from minisgl.message import SchedulerStatsMsg
 from minisgl.scheduler.stats import FirstForwards, LiveStats
-from minisgl.server.metrics import ServerMetrics
-from minisgl.server.responses import ChoiceState
+from minisgl.server.openai.bodies import ChoiceState
+from minisgl.server.openai.metrics import ServerMetrics
 
 
 def samples(text: str) -> dict[tuple, float]:

@@ -13,7 +13,7 @@ import itertools
 import openai
 import pytest
 
-from minisgl.server.reasoning import ReasoningConfig, ReasoningSplitter, split
+from minisgl.server.openai.reasoning import ReasoningConfig, ReasoningSplitter, split
 
 QWEN3 = "<think>\nLet me see.\n2 + 2 is 4.\n</think>\n\nThe answer is 4."
 CASES = [  # (output, the prompt opened <think>, (reasoning, content))

@@ -119,7 +119,6 @@ def test_text_format_json_schema(client, model):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"background": True}, "background"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),

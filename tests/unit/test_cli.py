@@ -4,6 +4,7 @@ bench.py's commit."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from minisgl.server.args import parse_args
+from minisgl.server.launch.args import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -125,3 +126,14 @@ def test_bench_records_the_projects_own_commit(tmp_path):
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "outer"], check=True)
     assert _project_commit(str(export / "benchmark" / "offline" / "bench_common.py")) == "unknown"
+
+
+def test_flags_the_device_does_not_read_say_so(caplog):
+    with caplog.at_level(logging.WARNING, logger="minisgl.server.launch.args"):
+        parse_args(["--device", "cpu", "--gpu-memory-utilization", "0.5"])
+        parse_args(["--device", "cpu", "--kv-cache-memory-gb", "2", "--cuda-graph-max-bs", "0"])
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "--mem-fraction (--gpu-memory-utilization): no effect on this device (the CPU's KV pool "
+        "is sized by --kv-cache-memory-gb or --num-pages)",
+        "--cuda-graph-max-bs: no effect on this device (no CUDA graphs on a CPU)"]

@@ -108,3 +108,32 @@ def test_minisgl_has_no_import_cycles() -> None:
         " <-> ".join(c) + "".join(f"\n    {m} imports {sorted(graph[m] & set(c))}" for m in c)
         for c in found)
     assert not found, f"import cycles:\n{detail}"
+
+
+# The front end's layers, lowest first (docs/architecture.md): a module may import its own layer
+# and those before it. Every package not named here is the engine (core, kvcache, layers, models,
+# scheduler, ...) and comes first; it is one layer, whose packages are not ordered among themselves.
+LAYERS = ("minisgl.tokenizer", "minisgl.llm", "minisgl", "minisgl.server",
+          "minisgl.server.openai", "minisgl.server.agents", "minisgl.server.app",
+          "minisgl.server.launch", "minisgl.__main__")
+
+
+def layer(module: str) -> int:
+    """The index of the deepest layer that holds ``module`` (0: the engine)."""
+    found = [i for i, name in enumerate(LAYERS)
+             if module == name or (name != "minisgl" and module.startswith(name + "."))]
+    return max(found, default=-1) + 1
+
+
+def test_the_layer_order_places_packages():
+    assert layer("minisgl.scheduler.prefill") == 0 and layer("minisgl") == 3
+    assert layer("minisgl.server.config") == 4 and layer("minisgl.server.openai.chat") == 5
+    assert layer("minisgl.server.launch.serve") == 8 and layer("minisgl.tokenizer.server") == 1
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    graph = import_graph()
+    upward = sorted(f"{m} ({LAYERS[layer(m) - 1] if layer(m) else 'engine'}) imports {d} "
+                    f"({LAYERS[layer(d) - 1]})"
+                    for m, deps in graph.items() for d in deps if layer(d) > layer(m))
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)

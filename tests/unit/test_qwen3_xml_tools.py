@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from minisgl.server.tool_parsers import ToolCallStream, detect_parser, parse_tool_calls
+from minisgl.server.openai.tool_parsers import ToolCallStream, detect_parser, parse_tool_calls
 
 TEXT = ("Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, France\n"
         "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"unit\": \"C\"}\n"

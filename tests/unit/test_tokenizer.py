@@ -30,9 +30,14 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
-from minisgl.server.args import ServerAddrs
 from minisgl.tokenizer import IncrementalDetokenizer, TokenizeManager, tokenize_worker
-from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+from minisgl.utils.mp import (
+    ServerAddrs,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    make_runtime_dir,
+    remove_runtime_dir,
+)
 
 MIXED = [
     "Héllo wörld 😀🎉 中文字符 naïve café — ok",
@@ -388,3 +393,21 @@ def test_worker_exits_when_parent_dies(default_model_dir):
     finally:
         parent.join(1)
         remove_runtime_dir(runtime)
+
+
+def test_a_long_prompt_logs_no_tokenizer_length_warning(default_model_dir):
+    """The window is the scheduler's to enforce; transformers' own limit only made noise."""
+    import logging
+
+    from minisgl.utils.hf import load_tokenizer
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("transformers")
+    log.addHandler(handler)
+    try:
+        assert len(load_tokenizer(default_model_dir).encode("hello " * 9000)) > 9000
+    finally:
+        log.removeHandler(handler)
+    assert not [m for m in seen if "longer than the specified maximum" in m]

@@ -7,10 +7,15 @@ import json
 
 import pytest
 
-from minisgl.server.protocol import ApiError, ChatCompletionRequest
-from minisgl.server.structured import requested_grammar
-from minisgl.server.tool_parsers import ToolCallStream, detect_parser, parse_tool_calls, scan_value
-from minisgl.server.tools import ChatTools
+from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest
+from minisgl.server.openai.structured import requested_grammar
+from minisgl.server.openai.tool_parsers import (
+    ToolCallStream,
+    detect_parser,
+    parse_tool_calls,
+    scan_value,
+)
+from minisgl.server.openai.tools import ChatTools
 from minisgl.tokenizer.tool_prompt import describe_tools, with_argument_objects
 
 WEATHER = {"city": "Paris", "days": [1, {"note": "a } and a \" inside"}]}

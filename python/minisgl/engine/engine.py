@@ -24,7 +24,7 @@ from .batch import prepare_batch
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
-from .window import window
+from .window import check_pool, window
 
 logger = init_logger(__name__)
 
@@ -93,6 +93,8 @@ class Engine:
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
         self.window_pages = self._window_pages(self.num_pages)
+        check_pool(config.max_seq_len, self.max_seq_len, (self.num_pages - 1) * config.page_size,
+                   config.page_size, self.kv_bytes_per_token, self.device.type == "cpu")
         self.kv_pool, self.attn_backend = self._make_pool(self.num_pages, self.window_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool,
                            self.linear_attn)

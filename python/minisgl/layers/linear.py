@@ -159,15 +159,16 @@ class LinearRowParallel(_Linear):
 
 class ReplicatedLinear(nn.Module):
     """A small linear layer every rank holds whole (the MoE router; never quantized, as in the
-    published FP8 checkpoints)."""
+    published FP8 and MXFP4 checkpoints)."""
 
     pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
 
     def __init__(self, in_features: int, out_features: int,
-                 quant: QuantizationConfig | None = None) -> None:
+                 quant: QuantizationConfig | None = None, bias: bool = False) -> None:
         super().__init__()
         self.method = unquantized_method(quant)
         self.method.create_weights(self, out_features, in_features, new_param)
+        self.bias = new_param(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x, None)
+        return self.method.apply(self, x, self.bias)

@@ -1,93 +1,180 @@
-"""Sparse MoE block (Qwen3-MoE): a replicated router picks top-k experts per token; the experts are
-sharded on their intermediate dimension, so each rank computes a partial sum that is all-reduced.
+"""Sparse MoE block: a replicated router picks top-k experts per token; the experts are sharded on
+their intermediate dimension, so each rank computes a partial sum that is all-reduced.
 
-With a format that quantizes experts (``QuantizationConfig.expert_block``: FP8) the stacked expert
-weights are e4m3 with per-expert block scales ``w13_scale_inv [E, 2I/bn, H/bk]`` and
-``w2_scale_inv [E, H/bn, I/bk]``, loaded from the checkpoint or quantized after loading (online);
-the router stays unquantized.
+The layer shards, loads and routes; how the experts are stored, what loading leaves to do and
+which storage the MoE backend runs are the ``MoEMethod``'s that the quantization config hands it
+(``minisgl.quant``: the model's dtype, FP8 blocks, MXFP4). ``MoESpec`` holds what the families
+differ in: the routing, router and expert biases, the activation.
+
+Checkpoint tensors reach the stacked parameters per expert (shard id ``(expert, 0 | 1)`` for an
+expert's gate | up, ``expert`` for its down projection) or stacked over the experts (shard id
+``Stacked``: transformers' fused ``experts.gate_up_proj`` / ``down_proj`` and gpt-oss's MXFP4
+``*_blocks`` / ``*_scales``).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.moe import BaseMoeBackend
-from minisgl.quant import FP8, QuantizationConfig, quantize_block
+from minisgl.moe import SILU, BaseMoeBackend, ExpertBias, MoeActivation
+from minisgl.quant import QuantizationConfig, moe_method
 
-from .base import copy_part, divide, new_param
+from .base import copy_part, copy_weight, divide, new_param
 from .linear import ReplicatedLinear
 
 if TYPE_CHECKING:
     from minisgl.models.config import ModelConfig
 
+ROUTINGS = ("softmax", "topk_softmax")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """``routing``: ``softmax`` (Qwen: softmax over every expert's logit, top-k, renormalised
+    to sum 1 when ``renormalize``) or ``topk_softmax`` (gpt-oss: the top-k logits, softmax over
+    them). ``router_bias``/``expert_bias``: the router and both expert projections have biases."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    routing: str = "softmax"
+    renormalize: bool = True
+    router_bias: bool = False
+    expert_bias: bool = False
+    act: MoeActivation = SILU
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"MoE routing {self.routing!r} is not one of {', '.join(ROUTINGS)}")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok: {self.top_k} must be in 1..num_experts "
+                             f"({self.num_experts})")
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> MoESpec:
+        return cls(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+                   renormalize=cfg.norm_topk_prob)
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """Shard id of a checkpoint tensor holding every expert. Gate-up: ``[E, 2I, ...]``, each
+    expert's gate rows then its up rows, or ``interleaved`` pairs (row 2j gate j, row 2j + 1 up j,
+    gpt-oss). Down: ``[E, H, C, ...]``, where index c of dim 2 covers ``unit`` columns of I (the
+    parameter's unit: 32 for MXFP4 groups). ``transposed``: the rows are the last dimension
+    instead (``[E, H, 2I]``, ``[E, I, H]``: transformers' unquantized layout)."""
+
+    interleaved: bool = False
+    transposed: bool = False
+
+
+def _read(t) -> torch.Tensor:
+    return t.load() if hasattr(t, "load") else t
+
 
 class MoELayer(nn.Module):
     def __init__(
         self, cfg: ModelConfig, comm: DistributedCommunicator, backend: BaseMoeBackend,
-        quant: QuantizationConfig | None = None,
+        quant: QuantizationConfig | None = None, spec: MoESpec | None = None,
     ) -> None:
         super().__init__()
-        self.comm, self.backend = comm, backend
-        self.block = None if quant is None else quant.expert_block()
-        self.online = quant is not None and quant.online
-        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        tp = comm.info
-        inter = divide(cfg.moe_intermediate_size, tp.size, "moe_intermediate_size")
-        experts, hidden = cfg.num_experts, cfg.hidden_size
-        self.gate = ReplicatedLinear(hidden, experts, quant)
-        fp8 = self.block is not None and not self.online
-        dtype = FP8 if fp8 else None
-        # w13[e] = [gate_e | up_e] (this rank's rows); w2[e] = down_e (this rank's columns)
-        self.w13 = new_param(experts, 2 * inter, hidden, loader=self._load_w13, dtype=dtype)
-        self.w2 = new_param(experts, hidden, inter, loader=self._load_w2, dtype=dtype)
-        self.w13_scale_inv = self.w2_scale_inv = None
-        if fp8:
-            bn, bk = self.block
-            self.w13_scale_inv = new_param(experts, -(-2 * inter // bn), -(-hidden // bk),
-                                           dtype=torch.float32,
-                                           loader=functools.partial(self._load_w13, unit=bn))
-            self.w2_scale_inv = new_param(experts, -(-hidden // bn), -(-inter // bk),
-                                          dtype=torch.float32,
-                                          loader=functools.partial(self._load_w2, unit=bk))
-        self.inter = inter
+        spec = spec or MoESpec.from_config(cfg)
+        self.comm, self.backend, self.spec = comm, backend, spec
+        self.inter_total = spec.intermediate_size
+        self.inter = divide(spec.intermediate_size, comm.info.size, "moe_intermediate_size")
+        experts, hidden = spec.num_experts, cfg.hidden_size
+        self.gate = ReplicatedLinear(hidden, experts, quant, bias=spec.router_bias)
+        self.method = moe_method(quant)
+        self.method.create_weights(self, experts, hidden, self.inter, self._new_param)
+        self.w13_bias = self.w2_bias = None
+        if spec.expert_bias:
+            self.w13_bias = self._new_param("w13", experts, 2 * self.inter)
+            self.w2_bias = new_param(experts, hidden)  # replicated: every rank loads it whole
 
-    def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, int],
+    def _new_param(self, which: str, *shape: int, dtype: torch.dtype | None = None,
+                   unit: int = 1) -> nn.Parameter:
+        loader = self._load_w13 if which == "w13" else self._load_w2
+        return new_param(*shape, loader=functools.partial(loader, unit=unit), dtype=dtype)
+
+    def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id,
                   unit: int = 1) -> None:
+        if isinstance(shard_id, Stacked):
+            return self._load_w13_stacked(param, loaded, shard_id, unit)
         expert, which = shard_id
         start = self.comm.info.rank * self.inter
         copy_part(param.data[expert], loaded, 0, which * self.inter, start, self.inter, unit)
 
-    def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, expert: int,
+    def _load_w13_stacked(self, param: nn.Parameter, loaded, how: Stacked, unit: int) -> None:
+        inter, start = self.inter, self.comm.info.rank * self.inter
+        if not how.interleaved and not how.transposed:  # block-scaled rows are fine here
+            for which in (0, 1):
+                copy_part(param, loaded, 1, which * inter, which * self.inter_total + start,
+                          inter, unit)
+            return
+        if unit != 1:
+            raise ValueError("scale blocks over rows cannot be cut from interleaved or "
+                             "transposed experts")
+        row_dim = len(loaded.shape) - 1 if how.transposed and len(loaded.shape) > 2 else 1
+        if how.interleaved:
+            part = _read(loaded.narrow(row_dim, 2 * start, 2 * inter)).movedim(row_dim, 1)
+            part = part.reshape(part.shape[0], 2 * inter, -1)
+            halves = part[:, 0::2], part[:, 1::2]
+        else:
+            halves = tuple(
+                _read(loaded.narrow(row_dim, which * self.inter_total + start, inter))
+                .movedim(row_dim, 1).reshape(loaded.shape[0], inter, -1) for which in (0, 1))
+        dst = param.data.view(param.shape[0], 2 * inter, -1)
+        for which, half in enumerate(halves):
+            copy_weight(dst[:, which * inter : (which + 1) * inter], half)
+
+    def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, shard_id,
                  unit: int = 1) -> None:
         start = self.comm.info.rank * self.inter
-        copy_part(param.data[expert], loaded, 1, 0, start, self.inter, unit)
+        if not isinstance(shard_id, Stacked):
+            copy_part(param.data[shard_id], loaded, 1, 0, start, self.inter, unit)
+            return
+        if shard_id.transposed:
+            if unit != 1:
+                raise ValueError("scale blocks cannot be cut from transposed experts")
+            part = _read(loaded.narrow(1, start, self.inter)).transpose(1, 2)
+        else:
+            if start % unit or self.inter % unit:
+                raise ValueError(f"the intermediate size per rank ({self.inter}) must be a "
+                                 f"multiple of the scale group ({unit})")
+            part = _read(loaded.narrow(2, start // unit, self.inter // unit))
+        if part.shape[:2] != param.shape[:2] or part.numel() != param.numel():
+            raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint part "
+                             f"{tuple(part.shape)}")
+        copy_weight(param, part.reshape(param.shape))
 
     # the norm before feeds no single linear layer (``layers.fusion``)
     input_linear = None
 
     def process_weights_after_loading(self) -> None:
-        """``--quantization fp8`` / ``fp8-block``: every expert's weights to e4m3 with block
-        scales. Per-channel quantization (``fp8``'s for dense layers) is not applied to experts:
-        the fused MoE kernel reads block scales, so experts keep ``expert_block`` in both modes."""
-        if self.block is None or not self.online or self.w13.dtype == FP8:
-            return
-        for name in ("w13", "w2"):
-            q, s = quantize_block(getattr(self, name).data, self.block)
-            setattr(self, name, nn.Parameter(q, requires_grad=False))
-            setattr(self, name + "_scale_inv", nn.Parameter(s, requires_grad=False))
+        self.method.process_weights_after_loading(self)
+
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (weights [T, K] float32, expert ids [T, K])."""
+        k = self.spec.top_k
+        if self.spec.routing == "topk_softmax":
+            values, ids = torch.topk(router_logits, k, dim=-1)
+            return values.float().softmax(dim=-1), ids
+        weights, ids = torch.topk(router_logits.float().softmax(dim=-1), k, dim=-1)
+        if self.spec.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        router_logits = self.gate(x)
-        weights, ids = torch.topk(router_logits.float().softmax(dim=-1), self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        scales = None
-        if self.w13_scale_inv is not None:
-            scales = (self.w13_scale_inv, self.w2_scale_inv, self.block)
-        out = self.backend.forward(x, self.w13, self.w2, weights.to(x.dtype), ids, scales)
+        weights, ids = self.route(self.gate(x))
+        bias = None
+        if self.w13_bias is not None:  # the down bias once over the ranks' partial sums
+            bias = ExpertBias(self.w13_bias, self.w2_bias if self.comm.info.rank == 0 else None)
+        out = self.method.apply(self, self.backend, x, weights.to(x.dtype), ids, bias,
+                                self.spec.act)
         return self.comm.all_reduce(out)

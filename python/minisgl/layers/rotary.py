@@ -1,6 +1,7 @@
 """Rotary position embedding (neox layout: the two halves of each head rotate together).
 
-cos/sin are precomputed once per (config, device) for every position up to the model's maximum.
+cos/sin are precomputed once per (config, device) for every position up to the model's maximum,
+times the scaling's attention factor (YaRN's; 1 for the others), as transformers applies it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,55 @@ def _inv_freq(cfg: RotaryConfig) -> torch.Tensor:
         return inv_freq / scaling["factor"]
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn_inv_freq(cfg.base**exponents, cfg, scaling)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3, yarn)")
+
+
+def attention_factor(cfg: RotaryConfig) -> float:
+    """What cos and sin are multiplied by: YaRN's attention temperature (``attention_factor``,
+    else ``0.1 * mscale * ln(factor) + 1``, divided by the same for ``mscale_all_dim`` when both
+    are given); 1 for the other scalings."""
+    s = dict(cfg.scaling or ())
+    if s.get("rope_type") != "yarn":
+        return 1.0
+    if s.get("attention_factor") is not None:
+        return float(s["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor = _yarn_factor(cfg, s)
+    if s.get("mscale") and s.get("mscale_all_dim"):
+        return mscale(factor, s["mscale"]) / mscale(factor, s["mscale_all_dim"])
+    return mscale(factor)
+
+
+def _yarn_factor(cfg: RotaryConfig, s: dict) -> float:
+    factor = s.get("factor")
+    old = s["original_max_position_embeddings"]
+    return factor if factor is not None else cfg.max_position / old
+
+
+def _yarn_inv_freq(pos_freqs: torch.Tensor, cfg: RotaryConfig, s: dict) -> torch.Tensor:
+    """YaRN (gpt-oss, DeepSeek): dimensions that turn fewer than ``beta_slow`` times over the
+    original context are interpolated (divided by ``factor``), those turning more than
+    ``beta_fast`` times keep their frequency, a linear ramp blends the dimensions between."""
+    dim, base = cfg.head_dim, cfg.base
+    old = s["original_max_position_embeddings"]
+
+    def dim_of(rotations: float) -> float:  # the dimension that turns that often over ``old``
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(s.get("beta_fast") or 32), dim_of(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate
+    return 1.0 / (_yarn_factor(cfg, s) * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -46,7 +95,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 def cos_sin_cache(cfg: RotaryConfig, device: torch.device) -> torch.Tensor:
     positions = torch.arange(cfg.max_position, dtype=torch.float32)
     freqs = torch.outer(positions, _inv_freq(cfg))
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+    cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    factor = attention_factor(cfg)
+    return (cache * factor if factor != 1.0 else cache).to(device)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from minisgl.quant import QuantizationConfig, fp8_config_from_checkpoint
+from minisgl.quant import QuantizationConfig, config_from_checkpoint
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         attention_bias=bool(cfg.get("attention_bias", False)),
         dtype=getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name,
         eos_token_ids=eos_ids,
-        quant=fp8_config_from_checkpoint(cfg),
+        quant=config_from_checkpoint(cfg),
         raw=cfg,
     )
 

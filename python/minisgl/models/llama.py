@@ -40,11 +40,15 @@ class GatedMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """``attn``: the layer's attention, when not the config's plain one (gpt-oss: sinks, a
+    window)."""
+
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator, mlp: nn.Module
+        self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator, mlp: nn.Module,
+        attn: AttentionLayer | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = AttentionLayer(cfg, layer_id, comm)
+        self.self_attn = attn if attn is not None else AttentionLayer(cfg, layer_id, comm)
         self.mlp = mlp
         self.input_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)

@@ -23,7 +23,8 @@ from .config import ModelConfig
 
 logger = init_logger(__name__)
 _QUANTIZED = re.compile(
-    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$")
+    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$"
+    r"|layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # stacked experts (gpt-oss)
 
 
 def resolve_model_path(model: str | None, revision: str | None = None) -> str:
@@ -33,7 +34,7 @@ def resolve_model_path(model: str | None, revision: str | None = None) -> str:
         raise ValueError(f"revision: applies to a Hugging Face repo id, not to the local model "
                          f"{model or 'default'!r}")
     if model is None:
-        from minisgl.utils.default_model import default_model_path
+        from minisgl.models.default_model import default_model_path
 
         return default_model_path()
     if os.path.isfile(model) and model.endswith(".gguf"):
@@ -64,7 +65,8 @@ def _download(repo_id: str, revision: str | None = None) -> str:
 
 def _gguf_to_dir(path: str) -> str:
     """Dequantize once into a cached HF directory, keyed by the file's identity."""
-    from minisgl.utils.default_model import cache_root, convert_gguf_cached
+    from minisgl.models.default_model import cache_root
+    from minisgl.models.gguf import convert_gguf_cached
 
     stat = os.stat(path)
     key = hashlib.sha1(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())

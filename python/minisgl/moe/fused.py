@@ -1,4 +1,5 @@
-"""Fused Triton MoE backend: alignment plus two grouped GEMMs (``minisgl.kernel.triton.fused_moe``).
+"""Fused Triton MoE backend: alignment plus two grouped GEMMs (``minisgl.kernel.triton.fused_moe``),
+for experts in the model's dtype, FP8 blocks or MXFP4 (decoded inside the GEMMs).
 
 No host sync and buffers sized from the batch alone, so decode steps can be captured in CUDA graphs
 (the torch reference reads per-expert counts back to the host and cannot be).
@@ -10,12 +11,13 @@ import torch
 
 from minisgl.kernel.triton.fused_moe import fused_moe
 
-from .base import BaseMoeBackend
+from .base import SILU, BaseMoeBackend
 
 
 class TritonMoeBackend(BaseMoeBackend):
     def forward(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                topk_weights: torch.Tensor, topk_ids: torch.Tensor, scales=None) -> torch.Tensor:
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor, scales=None, *, bias=None,
+                act=SILU) -> torch.Tensor:
         if x.stride(-1) != 1:
             x = x.contiguous()
-        return fused_moe(x, w13, w2, topk_weights, topk_ids, scales=scales)
+        return fused_moe(x, w13, w2, topk_weights, topk_ids, scales=scales, bias=bias, act=act)

@@ -1,17 +1,20 @@
-"""Quantized weights and KV cache. ``base``: the seam (``QuantizationConfig``, ``LinearMethod``);
-one module per format (``unquantized``, ``fp8_channel``, ``fp8_block``); ``config``: which format
-a model runs with; ``fp8_dispatch``: the FP8 kernel decision table; ``fp8``: the FP8 layouts'
-torch reference (kernels in ``minisgl.kernel.triton.fp8_*``)."""
+"""Quantized weights and KV cache. ``base``: the seam (``QuantizationConfig``, ``LinearMethod``,
+``MoEMethod``); one module per format (``unquantized``, ``fp8_channel``, ``fp8_block``,
+``mxfp4_moe``); ``config``: which format a model runs with (``CHECKPOINT_FORMATS``);
+``fp8_dispatch``: the FP8 kernel decision table; ``fp8`` and ``mxfp4``: the layouts' torch
+references (kernels in ``minisgl.kernel.triton``)."""
 
 from .base import (
     LinearMethod,
+    MoEMethod,
     QuantizationConfig,
     QuantizedInput,
 )
 from .config import (
+    CHECKPOINT_FORMATS,
     QUANTIZATIONS,
     Fp8Config,
-    fp8_config_from_checkpoint,
+    config_from_checkpoint,
     fp8_device_error,
     resolve_quantization,
 )
@@ -28,16 +31,24 @@ from .fp8 import (
     quantize_kv,
 )
 from .fp8_dispatch import fp8_linear
-from .unquantized import UnquantizedConfig, linear, linear_method, unquantized_method
+from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from .mxfp4_moe import Mxfp4Config
+from .unquantized import (
+    UnquantizedConfig,
+    linear,
+    linear_method,
+    moe_method,
+    unquantized_method,
+)
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 __all__ = [
-    "FP8", "FP8_MAX", "KV_CACHE_DTYPES", "QUANTIZATIONS", "Fp8Config", "LinearMethod",
-    "QuantizationConfig", "QuantizedInput", "UnquantizedConfig", "block_gemm_reference",
-    "channel_gemm_reference", "dequantize_block", "dequantize_channel",
-    "fp8_config_from_checkpoint",
-    "fp8_device_error", "fp8_linear", "linear", "linear_method", "quantize_block",
-    "quantize_channel", "quantize_groups", "quantize_kv", "resolve_quantization",
+    "CHECKPOINT_FORMATS", "FP8", "FP8_MAX", "KV_CACHE_DTYPES", "QUANTIZATIONS", "Fp8Config",
+    "LinearMethod", "MoEMethod", "Mxfp4Config", "QuantizationConfig", "QuantizedInput",
+    "UnquantizedConfig", "block_gemm_reference", "channel_gemm_reference", "config_from_checkpoint",
+    "dequantize_block", "dequantize_channel", "dequantize_mxfp4", "fp8_device_error",
+    "fp8_linear", "linear", "linear_method", "moe_method", "quantize_block", "quantize_channel",
+    "quantize_groups", "quantize_kv", "quantize_mxfp4", "resolve_quantization",
     "unquantized_method",
 ]

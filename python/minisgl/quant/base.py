@@ -1,12 +1,15 @@
 """The quantization seam: a ``QuantizationConfig`` (from the checkpoint's ``quantization_config``
-or the ``quantization`` option) gives every linear layer a ``LinearMethod`` at construction.
+or the ``quantization`` option) gives every linear layer a ``LinearMethod`` and every MoE layer a
+``MoEMethod`` at construction.
 
 The method owns what differs between formats: which parameters the layer holds (``create_weights``),
 what loading must remember (``on_load``), what happens once every tensor is in
 (``process_weights_after_loading``: online quantization, a folded input scale) and which kernel a
 forward runs (``apply``). The layers shard and load; the methods decide. Fusions a format offers
 (an RMSNorm weight folded into the weight, a norm that quantizes the input, one-token
-norm + GEMV + residual) are capabilities the layers ask about once, after loading.
+norm + GEMV + residual) are capabilities the layers ask about once, after loading. A
+``MoEMethod`` does the same for a layer's stacked experts: their storage, what loading leaves to
+do, and which storage the MoE backend is handed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import torch
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from minisgl.moe import BaseMoeBackend, ExpertBias, MoeActivation
 
 # (shape, storage dtype or None for the model's dtype, block unit of a scale's loader) -> parameter
 MakeParam = Callable[..., "nn.Parameter"]
@@ -81,6 +86,35 @@ class LinearMethod(ABC):
         return False
 
 
+class MoEMethod(ABC):
+    """How one MoE layer stores, loads and runs its stacked experts: ``w13 [E, 2I, H]`` (each
+    expert's gate rows, then its up rows, this rank's I of them) and ``w2 [E, H, I]``, in the
+    format's storage.
+
+    The layer (``layers.moe``) shards and routes; it calls ``create_weights`` once in its
+    constructor, ``process_weights_after_loading`` once, and ``apply`` every forward with the
+    routing decision. Checkpoint tensors reach the parameters through the layer's loaders, which
+    cut this rank's rows (w13) or columns (w2); ``make_param``'s ``unit`` says how many weight
+    rows (w13) or columns (w2) one index of the parameter's last sharded dimension covers.
+    """
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, experts: int, hidden: int, inter: int,
+                       make_param: Callable[..., nn.Parameter]) -> None:
+        """Set ``layer.w13``, ``layer.w2`` and the format's scales (``layer.w13_scale_inv``,
+        ``layer.w2_scale_inv``, None when unscaled) from ``make_param(which, *shape, dtype=...,
+        unit=...)``, ``which`` being ``"w13"`` or ``"w2"``."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Once loading is done (online quantization). Idempotent."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, backend: BaseMoeBackend, x: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, bias: ExpertBias | None,
+              act: MoeActivation) -> torch.Tensor:
+        """``x [T, H]`` through the routed experts -> ``[T, H]``, this rank's partial sum."""
+
+
 @dataclass(frozen=True)
 class QuantizationConfig(ABC):
     """A model's weight format, chosen once at load. The keyword-only fields are the kernel
@@ -102,9 +136,10 @@ class QuantizationConfig(ABC):
     def linear_method(self) -> LinearMethod:
         """The method of the model's dense projections (QKV, o, gate-up, down)."""
 
-    def expert_block(self) -> tuple[int, int] | None:
-        """MoE experts: their weights' (rows, columns) scale block, None when unquantized."""
-        return None
+    @abstractmethod
+    def moe_method(self) -> MoEMethod:
+        """The method of the model's MoE experts (the router is a dense layer no format
+        quantizes)."""
 
     def device_error(self, device_type: str, capability: tuple[int, int] | None) -> str | None:
         """Why the device cannot run this format, or None."""

@@ -5,22 +5,24 @@ asked for with ``--quantization`` (then the weights are quantized while loading)
 * ``fp8-block``: dense weights and experts in 128x128 blocks, the FP8 checkpoints' format
   (``fp8_block``).
 
-Only the format of the published FP8 checkpoints (Qwen3-*-FP8, DeepSeek-V3) is read from a
-checkpoint: e4m3 weights with one ``weight_scale_inv`` per ``weight_block_size`` block and
-activations quantized dynamically per token and column group. Anything else is refused by name
-rather than loaded wrongly.
+A checkpoint's format comes from ``CHECKPOINT_FORMATS`` (its ``quant_method``): ``fp8``, the
+published FP8 checkpoints' (Qwen3-*-FP8, DeepSeek-V3: e4m3 weights with one ``weight_scale_inv``
+per ``weight_block_size`` block, activations quantized dynamically per token and column group), and
+``mxfp4``, gpt-oss's (MoE experts in MXFP4, everything else unquantized: ``mxfp4_moe``). Anything
+else is refused by name rather than loaded wrongly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
-from .base import LinearMethod, QuantizationConfig
+from .base import LinearMethod, MoEMethod, QuantizationConfig
 from .fp8 import quantize_block
+from .mxfp4_moe import Mxfp4Config
 from .unquantized import UnquantizedConfig
 
 QUANTIZATIONS = ("fp8", "fp8-block")
@@ -60,8 +62,10 @@ class Fp8Config(QuantizationConfig):
 
         return Fp8BlockLinearMethod(self.block, self.online)
 
-    def expert_block(self) -> tuple[int, int] | None:
-        return self.block
+    def moe_method(self) -> MoEMethod:
+        from .fp8_block import Fp8MoEMethod
+
+        return Fp8MoEMethod(self.block, self.online)
 
     def device_error(self, device_type: str, capability: tuple[int, int] | None) -> str | None:
         return fp8_device_error(device_type, capability)
@@ -76,15 +80,7 @@ class Fp8Config(QuantizationConfig):
         yield name + "_scale_inv", scale_inv
 
 
-def fp8_config_from_checkpoint(raw: dict[str, Any]) -> Fp8Config | None:
-    """The ``quantization_config`` of a ``config.json`` dict, or None when the model is
-    unquantized."""
-    q = raw.get("quantization_config")
-    if not q:
-        return None
-    method = q.get("quant_method")
-    if method != "fp8":
-        raise ValueError(f"quantization_config.quant_method: {method!r} is not supported (fp8)")
+def _fp8_from_checkpoint(q: dict[str, Any]) -> Fp8Config:
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ValueError(f"quantization_config.fmt: {fmt!r} is not supported (e4m3)")
@@ -98,6 +94,30 @@ def fp8_config_from_checkpoint(raw: dict[str, Any]) -> Fp8Config | None:
                          "checkpoints (weight_scale_inv per block) are supported, not per-tensor "
                          "ones")
     return Fp8Config(block=tuple(int(b) for b in block))
+
+
+def _mxfp4_from_checkpoint(q: dict[str, Any]) -> Mxfp4Config:
+    return Mxfp4Config()
+
+
+# quant_method of a checkpoint's quantization_config -> its config's parser
+CHECKPOINT_FORMATS: dict[str, Callable[[dict[str, Any]], QuantizationConfig]] = {
+    "fp8": _fp8_from_checkpoint,
+    "mxfp4": _mxfp4_from_checkpoint,
+}
+
+
+def config_from_checkpoint(raw: dict[str, Any]) -> QuantizationConfig | None:
+    """The format of a ``config.json`` dict's ``quantization_config`` (``CHECKPOINT_FORMATS``),
+    or None when the model is unquantized."""
+    q = raw.get("quantization_config")
+    if not q:
+        return None
+    method = q.get("quant_method")
+    if method not in CHECKPOINT_FORMATS:
+        raise ValueError(f"quantization_config.quant_method: {method!r} is not supported "
+                         f"({', '.join(CHECKPOINT_FORMATS)})")
+    return CHECKPOINT_FORMATS[method](q)
 
 
 def resolve_quantization(checkpoint: QuantizationConfig | None, option: str | None,

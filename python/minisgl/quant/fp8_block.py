@@ -4,6 +4,10 @@ like the weight: a scale's ranges are the weight's divided by the block), or ``-
 fp8-block`` (an unquantized checkpoint quantized into 128x128 blocks once loading is done).
 Activations are quantized per token and ``bk`` columns. Kernels: ``fp8_dispatch.fp8_linear``.
 No fusion is offered: the layers run their norms and activations as kernels of their own.
+
+MoE experts (``Fp8MoEMethod``) use block scales in both FP8 modes (the fused MoE kernel reads
+block scales only): ``w13_scale_inv [E, 2I/bn, H/bk]``, ``w2_scale_inv [E, H/bn, I/bk]``, loaded
+from the checkpoint or made once loading is done (online).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import torch
 from torch import nn
 
 from . import fp8_dispatch
-from .base import LinearMethod, MakeParam
+from .base import LinearMethod, MakeParam, MoEMethod
 from .fp8 import FP8, quantize_block
 
 
@@ -42,3 +46,35 @@ class Fp8BlockLinearMethod(LinearMethod):
     def apply(self, layer, x, bias, gated=False, norm_eps=None, residual=None, act=False):
         return fp8_dispatch.fp8_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias,
                                        gated, norm_eps, residual, act, pdl=layer.pdl)
+
+
+class Fp8MoEMethod(MoEMethod):
+    def __init__(self, block: tuple[int, int], online: bool) -> None:
+        self.block, self.online = block, online
+
+    def create_weights(self, layer, experts, hidden, inter, make_param):
+        layer.w13_scale_inv = layer.w2_scale_inv = None
+        if self.online:
+            layer.w13 = make_param("w13", experts, 2 * inter, hidden)
+            layer.w2 = make_param("w2", experts, hidden, inter)
+            return
+        bn, bk = self.block
+        layer.w13 = make_param("w13", experts, 2 * inter, hidden, dtype=FP8)
+        layer.w2 = make_param("w2", experts, hidden, inter, dtype=FP8)
+        layer.w13_scale_inv = make_param("w13", experts, -(-2 * inter // bn), -(-hidden // bk),
+                                         dtype=torch.float32, unit=bn)
+        layer.w2_scale_inv = make_param("w2", experts, -(-hidden // bn), -(-inter // bk),
+                                        dtype=torch.float32, unit=bk)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if not self.online or layer.w13.dtype == FP8:
+            return
+        for name in ("w13", "w2"):
+            q, s = quantize_block(getattr(layer, name).data, self.block)
+            setattr(layer, name, nn.Parameter(q, requires_grad=False))
+            setattr(layer, name + "_scale_inv", nn.Parameter(s, requires_grad=False))
+
+    def apply(self, layer, backend, x, topk_weights, topk_ids, bias, act):
+        scales = (layer.w13_scale_inv, layer.w2_scale_inv, self.block)
+        return backend.forward(x, layer.w13, layer.w2, topk_weights, topk_ids, scales, bias=bias,
+                               act=act)

@@ -36,7 +36,7 @@ def load_model_config(config: EngineConfig, device: torch.device) -> ModelConfig
     mc = ModelConfig.from_path(config.model_path)
     quant = resolve_quantization(mc.quant, config.quantization, gemv=config.gemv,
                                  norm_gemv=config.norm_gemv, norm_quant=config.norm_quant)
-    what = "quantization" if quant.online else "FP8 checkpoint (quantization_config)"
+    what = "quantization" if quant.online else f"{quant.name} checkpoint (quantization_config)"
     _check_device(quant.device_error(device.type, _capability(device)), what)
     if config.kv_cache_dtype == torch.float8_e4m3fn:
         _check_device(fp8_device_error(device.type, _capability(device)), "kv_cache_dtype")

@@ -11,7 +11,7 @@ from torch import nn
 
 from minisgl.kernel.ops import silu_and_mul
 
-from .base import LinearMethod, MakeParam, QuantizationConfig
+from .base import LinearMethod, MakeParam, MoEMethod, QuantizationConfig
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -43,6 +43,18 @@ class UnquantizedLinearMethod(LinearMethod):
         return linear(x, layer.weight, bias, gated, self.gemv, layer.pdl)
 
 
+class UnquantizedMoEMethod(MoEMethod):
+    """Experts in the model's dtype."""
+
+    def create_weights(self, layer, experts, hidden, inter, make_param):
+        layer.w13 = make_param("w13", experts, 2 * inter, hidden)
+        layer.w2 = make_param("w2", experts, hidden, inter)
+        layer.w13_scale_inv = layer.w2_scale_inv = None
+
+    def apply(self, layer, backend, x, topk_weights, topk_ids, bias, act):
+        return backend.forward(x, layer.w13, layer.w2, topk_weights, topk_ids, bias=bias, act=act)
+
+
 @dataclass(frozen=True)
 class UnquantizedConfig(QuantizationConfig):
     """No quantization; carries the kernel switches."""
@@ -52,12 +64,20 @@ class UnquantizedConfig(QuantizationConfig):
     def linear_method(self) -> LinearMethod:
         return UnquantizedLinearMethod(self.gemv)
 
+    def moe_method(self) -> MoEMethod:
+        return UnquantizedMoEMethod()
+
 
 def linear_method(quant: QuantizationConfig | None) -> LinearMethod:
     """The dense projections' method; None: unquantized, default switches."""
     if quant is None:
         return UnquantizedLinearMethod()
     return quant.linear_method()
+
+
+def moe_method(quant: QuantizationConfig | None) -> MoEMethod:
+    """The MoE experts' method; None: unquantized."""
+    return UnquantizedMoEMethod() if quant is None else quant.moe_method()
 
 
 def unquantized_method(quant: QuantizationConfig | None) -> LinearMethod:

@@ -1,4 +1,4 @@
-from .args import ServerAddrs, ServerConfig, parse_args
-from .launch import launch_server
-
-__all__ = ["ServerAddrs", "ServerConfig", "launch_server", "parse_args"]
+"""The HTTP server, by layer (each imports only those before it): ``config.py`` (the options),
+``openai/`` (the OpenAI API and the request plumbing), ``agents/`` (the agents' APIs, translated
+onto the chat path), ``app/`` (the FastAPI app), ``launch/`` (the command line and the processes).
+``python -m minisgl`` is the way in; ``launch.serve.launch_server(config)`` from Python."""

@@ -48,10 +48,11 @@ from minisgl.utils.hf import load_tokenizer
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
 from .detokenize import IncrementalDetokenizer
+from .harmony import Harmony
 from .tokenize import TokenizeManager, one_line
 
 if TYPE_CHECKING:
-    from minisgl.server.args import ServerAddrs
+    from minisgl.utils.mp import ServerAddrs
 
 logger = init_logger(__name__)
 
@@ -79,8 +80,9 @@ def tokenize_worker(
         if not (tokenize or detokenize):
             raise ValueError("a tokenizer worker needs at least one role")
         tokenizer = load_tokenizer(model_path, revision, chat_template)
-        TokenizeManager(tokenizer).warm_up()  # the first chat request pays no template compile
-        worker = _Worker(tokenizer, addrs, tokenize, detokenize)
+        harmony = Harmony.for_model(model_path) if tokenize else None  # gpt-oss's chat format
+        TokenizeManager(tokenizer, harmony).warm_up()  # the first chat request pays no compile
+        worker = _Worker(tokenizer, addrs, tokenize, detokenize, harmony)
     except Exception as e:  # any start-up failure is reported, never raised into the void
         ready.send(("error", f"tokenizer worker failed to start: {one_line(e)}"))
         return
@@ -127,7 +129,8 @@ class _Worker:
     """Owns the queues of the roles it plays; ``run`` polls the inboxes until told to stop."""
 
     def __init__(
-        self, tokenizer: Any, addrs: ServerAddrs, tokenize: bool, detokenize: bool
+        self, tokenizer: Any, addrs: ServerAddrs, tokenize: bool, detokenize: bool,
+        harmony: Harmony | None = None,
     ) -> None:
         self.queues: list[ZmqPullQueue | ZmqPushQueue] = []
         try:
@@ -136,7 +139,7 @@ class _Worker:
             self.inboxes: list[tuple[ZmqPullQueue, Any]] = []
             if tokenize:
                 inbox = self._open(ZmqPullQueue(addrs.tokenizer, False, TOKENIZER_CODEC))
-                self.inboxes.append((inbox, _TokenizeRole(tokenizer)))
+                self.inboxes.append((inbox, _TokenizeRole(tokenizer, harmony)))
             if detokenize:
                 inbox = self._open(ZmqPullQueue(addrs.detokenizer, True, DETOKENIZER_CODEC))
                 self.inboxes.append((inbox, _DetokenizeRole(tokenizer)))
@@ -168,8 +171,8 @@ class _Worker:
 
 
 class _TokenizeRole:
-    def __init__(self, tokenizer: Any) -> None:
-        self.manager = TokenizeManager(tokenizer)
+    def __init__(self, tokenizer: Any, harmony: Harmony | None = None) -> None:
+        self.manager = TokenizeManager(tokenizer, harmony)
 
     def handle(self, msgs: list[TokenizerMsg]) -> Outbox:
         front: list[FrontendMsg] = []

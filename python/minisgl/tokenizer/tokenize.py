@@ -8,6 +8,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.utils import init_logger
 
+from .harmony import Harmony
 from .tool_prompt import describe_tools, template_takes_tools, with_argument_objects
 
 logger = init_logger(__name__)
@@ -17,14 +18,19 @@ class TokenizeManager:
     """Tokenizes prompts. Every problem the client caused is a ``ValueError`` whose message names
     the field at fault ("prompt" or "messages"), so the API can answer it with an HTTP 400."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, harmony: Harmony | None = None) -> None:
         self.tokenizer = tokenizer  # None: the model ships no tokenizer, only ids are accepted
+        self.harmony = harmony  # gpt-oss: chats render in harmony, not through the template
 
     def tokenize(self, msg: TokenizeMsg) -> list[int]:
         if msg.input_ids is not None:
             ids = list(msg.input_ids)
             if any(i < 0 for i in ids):
                 raise ValueError("prompt: token ids must be >= 0")
+        elif msg.messages is not None and self.harmony is not None:
+            if not msg.messages:
+                raise ValueError("messages: at least one message is required")
+            ids = self.harmony.render(msg.messages, msg.tools, msg.chat_template_kwargs or {})
         elif msg.messages is not None:
             text = self._template(msg.messages, msg.chat_template_kwargs or {}, msg.tools)
             ids = self._encode(text, add_special_tokens=False)

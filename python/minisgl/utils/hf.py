@@ -12,6 +12,9 @@ logger = init_logger(__name__)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+_NO_LIMIT = 1 << 62
+
+
 def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: str | None = None):
     """The fast tokenizer of a directory (None when it ships none: token-id-only use) or of a
     Hugging Face repo id at ``revision``; ``chat_template`` (Jinja text) replaces its template
@@ -23,6 +26,10 @@ def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: s
         logger.warning("%s has no tokenizer: only token-id prompts will work", model_dir)
         return None
     tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)
+    # NOTE: the scheduler enforces the context window (a 400 giving both lengths); the tokenizer's
+    # own limit would only log "sequence length is longer than the specified maximum" for every
+    # long prompt, and nothing here truncates to it
+    tokenizer.model_max_length = _NO_LIMIT
     if chat_template is not None:
         tokenizer.chat_template = chat_template
         try:

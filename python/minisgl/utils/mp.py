@@ -1,4 +1,5 @@
-"""Typed ZMQ PUSH/PULL queues over ``ipc://`` addresses private to one launch.
+"""Typed ZMQ PUSH/PULL queues over ``ipc://`` addresses private to one launch, and those addresses
+(``ServerAddrs``: the launcher, the API server and the tokenizer workers all read them).
 
 The binding side owns the address; any number of peers may connect (several tokenizer workers push
 to the one scheduler, for instance). A queue carries the messages of one channel codec only.
@@ -7,6 +8,7 @@ to the one scheduler, for instance). A queue carries the messages of one channel
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import zmq
@@ -21,6 +23,28 @@ T = TypeVar("T")
 
 def ipc_address(runtime_dir: str, name: str) -> str:
     return f"ipc://{os.path.join(runtime_dir, name)}"
+
+
+@dataclass(frozen=True)
+class ServerAddrs:
+    """ZMQ addresses of one launch (inside its private runtime directory).
+
+    tokenizer: API (binds, PUSH) -> tokenizer workers (PULL)
+    backend: tokenizer workers and detokenizer (PUSH) -> scheduler rank 0 (binds, PULL)
+    detokenizer: scheduler rank 0 (PUSH) -> detokenizer (binds, PULL)
+    frontend: tokenizer workers and detokenizer (PUSH) -> API (binds, PULL)
+    """
+
+    runtime_dir: str
+    tokenizer: str
+    backend: str
+    detokenizer: str
+    frontend: str
+
+    @classmethod
+    def create(cls, runtime_dir: str) -> ServerAddrs:
+        names = ("tokenizer", "backend", "detokenizer", "frontend")
+        return cls(runtime_dir, *(ipc_address(runtime_dir, n) for n in names))
 
 
 class _Queue(Generic[T]):

@@ -1,25 +1,29 @@
 """Fused MoE: token-to-expert alignment, then two grouped GEMMs over the experts' padded row blocks.
 
-1. Alignment (three small kernels, no host sync): count the (token, k) pairs per expert, pad each
-   expert's segment to ``BLOCK_M`` rows, and scatter the pair ids into their expert's segment.
-   ``expert_ids[b]`` names the expert of row block ``b``; padding rows hold the sentinel ``T * K``.
-   The order of pairs inside a segment comes from atomics and is not fixed, but every row is
-   computed on its own and written to its pair's slot, so the result is deterministic.
-2. GEMM 1 (gate and up together, SiLU-and-mul in the epilogue): each program takes one ``BLOCK_M``
-   block of one expert's rows, gathers the token rows of x and multiplies by the gate and the up
-   rows of ``w13[e]``, writing ``silu(gate) * up`` [T*K, I] by pair id. The [T*K, 2I] tensor never
-   exists.
-3. GEMM 2: the same over ``w2[e]``, times the pair's routing weight, into a [T, K, H] buffer that is
-   summed over K (fp32 accumulation, in a fixed order).
+1. Alignment (``moe_align``): every (token, k) pair lands in its expert's segment, padded to
+   ``BLOCK_M`` rows; ``expert_ids[b]`` names the expert of row block ``b``.
+2. GEMM 1 (gate and up together, the activation in the epilogue): each program takes one
+   ``BLOCK_M`` block of one expert's rows, gathers the token rows of x and multiplies by the gate
+   and the up rows of ``w13[e]``, adds the expert's biases (gpt-oss), and writes
+   ``act(gate, up)`` [T*K, I] by pair id (``silu(gate) * up``, or gpt-oss's clamped SwiGLU). The
+   [T*K, 2I] tensor never exists.
+3. GEMM 2: the same over ``w2[e]`` (plus its bias), times the pair's routing weight, into a
+   [T, K, H] buffer that is summed over K (fp32 accumulation, in a fixed order).
 
 Every buffer is sized from T, K, E and the block size alone, and the grids over row blocks are the
 worst case (programs past the padded total return at once), so the whole path is CUDA-graph safe.
 Intermediate roundings follow the torch reference backend (``moe/reference.py``).
 
-FP8 experts (``scales`` given): the weights are read as e4m3, half the bytes, and each tile is
-scaled by its block's ``scale_inv`` and cast to x's dtype in registers before the dot (weight-only:
-the activations stay in bf16, so nothing changes for the routing or the roundings above).
-``BLOCK_K`` is capped at the block's column width, so a K step meets one scale per output column.
+Quantized experts are decoded in registers before the dot (weight-only: the activations stay in
+x's dtype, so nothing changes for the routing or the roundings above):
+
+- FP8 (``scales`` a tuple): the weights are read as e4m3 and each tile is scaled by its block's
+  ``scale_inv``; ``BLOCK_K`` is capped at the block's column width, so a K step meets one scale
+  per output column.
+- MXFP4 (``Mxfp4Scales``): a K step of ``BLOCK_K`` values reads ``BLOCK_K / 2`` bytes per row and
+  their e8m0 scales; the low nibbles (even k) and the high ones (odd k) become two tiles in x's
+  dtype, multiplied by x's even and odd columns (two dots of half the depth, the same work as
+  one): a quarter of bf16's weight bytes, the win of batch-1 decode.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
+
 from .activation import silu_mul
+from .moe_align import moe_align, padded_capacity
+from .mxfp4 import decode_pair
+
+__all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
 
 
 @dataclass(frozen=True)
@@ -58,94 +68,6 @@ def pick_config(num_pairs: int, num_experts: int) -> MoeConfig:
     return MoeConfig(128, 128, 256, 64, 8, 8, 3)
 
 
-def padded_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """Rows after padding, worst case: every non-empty expert wastes up to ``block_m - 1`` rows."""
-    return triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m) * block_m
-
-
-# ---------------------------------------------------------------- alignment
-
-
-@triton.jit
-def _count_kernel(ids_ptr, counts_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    e = tl.load(ids_ptr + offs, mask=mask, other=0)
-    tl.atomic_add(counts_ptr + e, tl.full([BLOCK], 1, tl.int32), mask=mask)
-
-
-@triton.jit
-def _offsets_kernel(ids_ptr, counts_ptr, expert_ids_ptr, sorted_ptr, total_ptr, n_experts, n_pairs,
-                    n_blocks, capacity, COUNT: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_B: tl.constexpr,
-                    FILL: tl.constexpr):
-    """One program: padded segment starts (left in ``counts`` as the scatter cursors), the padded
-    total, each row block's expert, and the sentinel fill of ``sorted``. With COUNT (small batches,
-    i.e. decode) it also counts the pairs per expert itself, saving a memset and a launch."""
-    e = tl.arange(0, BLOCK_E)
-    e_ok = e < n_experts
-    if COUNT:
-        cnt = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for p0 in range(0, n_pairs, BLOCK_P):
-            p = p0 + tl.arange(0, BLOCK_P)
-            ids = tl.load(ids_ptr + p, mask=p < n_pairs, other=-1)
-            cnt += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), 0)
-    else:
-        cnt = tl.load(counts_ptr + e, mask=e_ok, other=0)
-    padded = (cnt + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, 0)
-    tl.store(counts_ptr + e, ends - padded, mask=e_ok)
-    tl.store(total_ptr, tl.sum(padded, 0))
-    for b0 in range(0, n_blocks, BLOCK_B):
-        b = b0 + tl.arange(0, BLOCK_B)
-        # a block's expert = how many segments end at or before the block's first row
-        owned = (ends[None, :] <= (b * BLOCK_M)[:, None]) & e_ok[None, :]
-        tl.store(expert_ids_ptr + b, tl.sum(owned.to(tl.int32), 1), mask=b < n_blocks)
-    for i0 in range(0, capacity, FILL):
-        i = i0 + tl.arange(0, FILL)
-        tl.store(sorted_ptr + i, tl.full([FILL], 0, tl.int32) + n_pairs, mask=i < capacity)
-
-
-@triton.jit
-def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    e = tl.load(ids_ptr + offs, mask=mask, other=0)
-    slot = tl.atomic_add(cursor_ptr + e, tl.full([BLOCK], 1, tl.int32), mask=mask)
-    tl.store(sorted_ptr + slot, offs.to(tl.int32), mask=mask)
-
-
-_INLINE_COUNT_PAIRS = 256  # up to here one program counts (a few loop steps) instead of atomics
-
-
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (sorted pair ids [capacity] int32, expert of each row block [capacity / block_m] int32,
-    padded total [1] int32). Pair id = token * K + k; padding rows hold ``T * K``."""
-    ids = topk_ids.reshape(-1)
-    n = ids.numel()
-    cap = padded_capacity(n, num_experts, block_m)
-    dev = topk_ids.device
-    count_inline = n <= _INLINE_COUNT_PAIRS
-    counts = (torch.empty if count_inline else torch.zeros)(
-        num_experts, dtype=torch.int32, device=dev)
-    sorted_ids = torch.empty(cap, dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(cap // block_m, dtype=torch.int32, device=dev)
-    total = torch.empty(1, dtype=torch.int32, device=dev)
-    grid = (triton.cdiv(n, 256),)
-    if not count_inline:
-        _count_kernel[grid](ids, counts, n, BLOCK=256)
-    _offsets_kernel[(1,)](ids, counts, expert_ids, sorted_ids, total, num_experts, n,
-                          cap // block_m, cap, COUNT=count_inline, BLOCK_M=block_m,
-                          BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_P=64, BLOCK_B=32,
-                          FILL=1024)
-    _scatter_kernel[grid](ids, counts, sorted_ids, n, BLOCK=256)
-    return sorted_ids, expert_ids, total
-
-
-# ---------------------------------------------------------------- grouped GEMMs
-
-
 @triton.jit
 def _tile(n_tiles_n, n_blocks_m, GROUP_M: tl.constexpr):
     """Grouped program order: GROUP_M row blocks (about one expert) sweep all N tiles together."""
@@ -157,21 +79,9 @@ def _tile(n_tiles_n, n_blocks_m, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _moe_gemm_kernel(
-    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr,
-    n_pairs, n_out, k_dim, top_k, n_blocks_m,
-    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn,
-    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-    FP8_W: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-):
-    """GATED: out[pair, n] = silu(a[tok] . w[e, n]) * (a[tok] . w[e, n_out + n])
-              (a = x, rows by token)
-    else:     out[pair, n] = (a[pair] . w[e, n]) * weights[pair]
-              (a = act, rows by pair)"""
-    pid_m, pid_n = _tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
-        return
+def _rows(sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's pairs, their x rows, its expert and output columns."""
     pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < n_pairs
     pair = tl.where(valid, pair, 0).to(tl.int64)  # padding rows read row 0; never stored
@@ -179,7 +89,55 @@ def _moe_gemm_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n_out
-    offs_n_safe = tl.where(n_ok, offs_n, 0)
+    return pair, valid, row, expert, offs_n, n_ok, tl.where(n_ok, offs_n, 0)
+
+
+@triton.jit
+def _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
+              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED: tl.constexpr,
+              HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr):
+    """Bias, activation (GATED) or routing weight, store by pair id."""
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        b_ptrs = bias_ptr + expert * stride_be + offs_n_safe
+        acc += tl.load(b_ptrs).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b_ptrs + n_out).to(tl.float32)[None, :]
+    gate = acc.to(dt).to(tl.float32)
+    if GATED:
+        up = acc_up.to(dt).to(tl.float32)
+        if CLAMPED:
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+            res = ((up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))).to(dt)
+        else:
+            res = silu_mul(gate, up, dt)
+    else:
+        rw = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+        res = (gate * rw[:, None]).to(dt)
+    tl.store(out_ptr + pair[:, None] * stride_om + offs_n[None, :], res,
+             mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
+    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
+    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    FP8_W: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
+):
+    """GATED: out[pair, n] = act(a[tok] . w[e, n], a[tok] . w[e, n_out + n])
+              (a = x, rows by token)
+    else:     out[pair, n] = (a[pair] . w[e, n]) * weights[pair]
+              (a = act, rows by pair)"""
+    pid_m, pid_n = _tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = _rows(
+        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + row[:, None] * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_k[:, None]
@@ -209,50 +167,106 @@ def _moe_gemm_kernel(
             acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    dt = out_ptr.dtype.element_ty
-    if GATED:
-        res = silu_mul(acc.to(dt).to(tl.float32), acc_up.to(dt).to(tl.float32), dt)
-    else:
-        rw = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-        res = (acc.to(dt).to(tl.float32) * rw[:, None]).to(dt)
-    tl.store(out_ptr + pair[:, None] * stride_om + offs_n[None, :], res,
-             mask=valid[:, None] & n_ok[None, :])
+    _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
+              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED)
+
+
+@triton.jit
+def _moe_gemm_mx_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
+    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
+    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
+):
+    """``_moe_gemm_kernel`` over MXFP4 weights: ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]``
+    e8m0 scales; BLOCK_K (values) is a multiple of 32."""
+    pid_m, pid_n = _tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = _rows(
+        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
+    HALF: tl.constexpr = BLOCK_K // 2
+    offs_b = tl.arange(0, HALF)  # bytes of the K step: values 2b and 2b + 1
+    a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
+    s_ptrs = (ws_ptr + expert * stride_se + offs_n_safe[None, :] * stride_sn
+              + (offs_b // 16)[:, None])
+    dt = a_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(tl.cdiv(k_dim, BLOCK_K)):
+        b_ok = offs_b < (k_dim - k * BLOCK_K) // 2
+        if EVEN_K:
+            a_even, a_odd = tl.load(a_ptrs), tl.load(a_ptrs + 1)
+            lo, hi = decode_pair(tl.load(w_ptrs), tl.load(s_ptrs), dt)
+        else:
+            a_even = tl.load(a_ptrs, mask=b_ok[None, :], other=0.0)
+            a_odd = tl.load(a_ptrs + 1, mask=b_ok[None, :], other=0.0)
+            lo, hi = decode_pair(tl.load(w_ptrs, mask=b_ok[:, None], other=0),
+                                 tl.load(s_ptrs, mask=b_ok[:, None], other=0), dt)
+        acc = tl.dot(a_even, lo, acc, input_precision=PRECISION)
+        acc = tl.dot(a_odd, hi, acc, input_precision=PRECISION)
+        if GATED:
+            if EVEN_K:
+                lo, hi = decode_pair(tl.load(w_ptrs + n_out * stride_wn),
+                                     tl.load(s_ptrs + n_out * stride_sn), dt)
+            else:
+                lo, hi = decode_pair(
+                    tl.load(w_ptrs + n_out * stride_wn, mask=b_ok[:, None], other=0),
+                    tl.load(s_ptrs + n_out * stride_sn, mask=b_ok[:, None], other=0), dt)
+            acc_up = tl.dot(a_even, lo, acc_up, input_precision=PRECISION)
+            acc_up = tl.dot(a_odd, hi, acc_up, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += HALF
+        s_ptrs += BLOCK_K // 32
+    _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
+              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED)
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
-          w_scale=None, block=(1, 1)):
+          w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU):
+    k_dim = w.shape[2] * (2 if mx else 1)
     n_out = w.shape[1] // 2 if gated else w.shape[1]
-    k_dim = w.shape[2]
     n_blocks_m = sorted_ids.numel() // cfg.block_m
-    block_k = min(cfg.block_k, max(16, triton.next_power_of_2(k_dim)))
-    if w_scale is not None:
+    block_k = min(cfg.block_k, max(32 if mx else 16, triton.next_power_of_2(k_dim)))
+    if w_scale is not None and not mx:
         block_k = min(block_k, block[1])
     block_n = min(block_n, max(16, triton.next_power_of_2(n_out)))
     grid = (n_blocks_m * triton.cdiv(n_out, block_n),)
-    fp8 = w_scale is not None
-    _moe_gemm_kernel[grid](
-        a, w, out, weights, sorted_ids, expert_ids, total, w_scale if fp8 else a,
-        n_pairs, n_out, k_dim, top_k, n_blocks_m,
-        a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        w_scale.stride(0) if fp8 else 0, w_scale.stride(1) if fp8 else 0,
-        GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        GROUP_M=cfg.group_m, EVEN_K=k_dim % block_k == 0,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        FP8_W=fp8, SCALE_BN=block[0], SCALE_BK=block[1],
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    scaled = w_scale is not None
+    args = (a, w, out, weights, sorted_ids, expert_ids, total, w_scale if scaled else a,
+            bias if bias is not None else a, n_pairs, n_out, k_dim, top_k, n_blocks_m,
+            act.alpha, act.limit, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+            w_scale.stride(0) if scaled else 0, w_scale.stride(1) if scaled else 0,
+            bias.stride(0) if bias is not None else 0)
+    meta = dict(GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                GROUP_M=cfg.group_m, EVEN_K=k_dim % block_k == 0,
+                PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+                HAS_BIAS=bias is not None, CLAMPED=act.kind == "swiglu_clamped",
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if mx:
+        _moe_gemm_mx_kernel[grid](*args, **meta)
+    else:
+        _moe_gemm_kernel[grid](*args, FP8_W=scaled, SCALE_BN=block[0], SCALE_BK=block[1], **meta)
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, config: MoeConfig | None = None,
-              scales: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None
-              ) -> torch.Tensor:
+              scales: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | Mxfp4Scales | None
+              = None, bias: ExpertBias | None = None, act: MoeActivation = SILU) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H].
-    ``scales``: (w13_scale_inv, w2_scale_inv, block) when w13/w2 are e4m3."""
+    ``scales``: (w13_scale_inv, w2_scale_inv, block) when w13/w2 are e4m3; ``Mxfp4Scales`` when
+    they are packed MXFP4 (``w13 [E, 2I, H/2]``, ``w2 [E, H, I/2]`` uint8). ``bias``/``act``: see
+    ``minisgl.moe.base``."""
     tokens, hidden = x.shape
+    mx = isinstance(scales, Mxfp4Scales)
     n_experts, two_i, _ = w13.shape
+    inter = two_i // 2
     top_k = topk_ids.shape[1]
-    assert w13.shape[2] == hidden and w2.shape == (n_experts, hidden, two_i // 2)
+    unpacked = 2 if mx else 1
+    assert w13.shape[2] * unpacked == hidden and w2.shape == (n_experts, hidden, inter // unpacked)
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
     n_pairs = tokens * top_k
     if n_pairs == 0:
@@ -261,16 +275,20 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if x.element_size() == 4:  # fp32 tiles are twice the bytes: keep within shared memory
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m)
-    act = torch.empty((n_pairs, two_i // 2), dtype=x.dtype, device=x.device)
-    s13, s2, block = scales if scales is not None else (None, None, (1, 1))
+    act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
+    if mx:
+        s13, s2, block = scales.w13, scales.w2, (1, 1)
+    else:
+        s13, s2, block = scales if scales is not None else (None, None, (1, 1))
     if s13 is not None:
         assert s13.stride(2) == 1 and s2.stride(2) == 1
-    _gemm(x, w13, act, act, sorted_ids, expert_ids, total, n_pairs, top_k, True, cfg.block_n1, cfg,
-          s13, block)
+    b13, b2 = bias if bias is not None else (None, None)
+    _gemm(x, w13, act_out, act_out, sorted_ids, expert_ids, total, n_pairs, top_k, True,
+          cfg.block_n1, cfg, s13, block, mx, b13, act)
     out = torch.empty((n_pairs, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)
     if not weights.is_contiguous():
         weights = weights.contiguous()
-    _gemm(act, w2, out, weights, sorted_ids, expert_ids, total, n_pairs, 1, False,
-          cfg.block_n2, cfg, s2, block)
+    _gemm(act_out, w2, out, weights, sorted_ids, expert_ids, total, n_pairs, 1, False,
+          cfg.block_n2, cfg, s2, block, mx, b2)
     return out.view(tokens, top_k, hidden).sum(dim=1)

@@ -30,8 +30,8 @@ from minisgl.server.agents.chat_bridge import (
     start_chat,
     strip_billing_header,
 )
-from minisgl.server.protocol import ApiError, parse
-from minisgl.server.request_context import check_model, read_json
+from minisgl.server.openai.protocol import ApiError, parse
+from minisgl.server.openai.request_context import check_model, read_json
 
 router = APIRouter()
 NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences",

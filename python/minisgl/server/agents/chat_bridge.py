@@ -1,9 +1,8 @@
 """The agent APIs' one way to generate: a translated request runs as a streamed chat completion
-through the handler of ``/v1/chat/completions`` (``api_server.run_chat``, given to the agents as
-``app.state.run_chat``), so the chat template,
-tool and reasoning parsers, grammars, limits and metrics are the chat path's own. Each API module
-builds the chat body, reads the chat chunks back as dicts, and renders them in its own shape,
-whole or as its own stream events.
+through the handler of ``/v1/chat/completions`` (``openai/chat.py``'s ``run_chat``), so the chat
+template, tool and reasoning parsers, grammars, limits and metrics are the chat path's own. Each
+API module builds the chat body, reads the chat chunks back as dicts, and renders them in its own
+shape, whole or as its own stream events.
 
 Errors the chat path raises name the chat field; ``rename`` puts the agent API's name back.
 """
@@ -20,8 +19,9 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 
 from minisgl.message import UserReply
-from minisgl.server.protocol import ApiError, ChatCompletionRequest, parse
-from minisgl.server.responses import ChoiceState
+from minisgl.server.openai.bodies import ChoiceState
+from minisgl.server.openai.chat import run_chat
+from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
@@ -152,7 +152,6 @@ async def start_chat(request: Request, body: dict, names: dict[str, str]) -> Cha
     stream starts (a prompt longer than the context) are raised as ``ApiError`` with ``names``
     applied."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    run_chat = request.app.state.run_chat  # the chat handler (api_server.run_chat)
     try:
         return ChatRun(await run_chat(request, parse(ChatCompletionRequest, body)))
     except ApiError as e:

@@ -2,10 +2,11 @@
 
 A request becomes a chat request: ``instructions`` a system message, ``input`` items chat messages
 (``function_call`` items an assistant's ``tool_calls``, ``function_call_output`` items tool
-messages, ``reasoning`` items the next assistant message's ``reasoning_content``), function tools
-chat tools, ``text.format`` the chat ``response_format``. ``previous_response_id`` prepends the
-stored conversation. What the chat path cannot do (built-in tools, background mode, images) is a
-400 naming it (``fields.py`` holds the field tables).
+messages, ``reasoning`` items the next assistant message's ``reasoning_content``), function
+and namespace tools chat tools (``responses_tools.py``: built-in tools are left out),
+``text.format`` the chat ``response_format``. ``previous_response_id`` prepends the stored
+conversation. What the chat path cannot do (background mode, images) is a 400 naming it
+(``fields.py`` holds the field tables).
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ from minisgl.server.agents.chat_bridge import (
 )
 from minisgl.server.agents.responses_store import ResponseStore, Stored
 from minisgl.server.agents.responses_stream import ResponseBuilder, _id
-from minisgl.server.protocol import ApiError, parse
-from minisgl.server.request_context import authorize, check_model, read_json
+from minisgl.server.agents.responses_tools import ResponsesTools, chat_name
+from minisgl.server.openai.protocol import ApiError, parse
+from minisgl.server.openai.request_context import (
+    authorize,
+    check_model,
+    read_json,
+    server_config,
+)
+from minisgl.utils import init_logger
 
+logger = init_logger(__name__)
 router = APIRouter()
 # chat field -> Responses field, for the chat path's errors
 NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
@@ -117,9 +126,10 @@ def input_messages(items: str | list[dict]) -> list[dict]:
             for name in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(name), str):
                     raise _bad(f"{param}.{name}", "must be a string")
+            name = chat_name(item.get("namespace"), item["name"])
             assistant().setdefault("tool_calls", []).append(
                 {"id": item["call_id"], "type": "function",
-                 "function": {"name": item["name"], "arguments": item["arguments"]}})
+                 "function": {"name": name, "arguments": item["arguments"]}})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise _bad(f"{param}.call_id", "must be a string")
@@ -133,28 +143,6 @@ def input_messages(items: str | list[dict]) -> list[dict]:
             raise _bad(f"{param}.type", f"input items of type {kind!r} are not supported "
                        "(message, function_call, function_call_output, reasoning)")
     return messages
-
-
-def chat_tools(tools: list[dict] | None) -> list[dict] | None:
-    if tools is None:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise _bad(f"tools[{i}].type", f"{tool.get('type')!r} tools are not supported "
-                       "(built-in tools need an OpenAI server; function tools only)")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
-        out.append({"type": "function", "function": fn})
-    return out or None
-
-
-def chat_tool_choice(choice: Any) -> Any:
-    if choice is None or isinstance(choice, str):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    raise _bad("tool_choice", "must be 'none', 'auto', 'required' or "
-               "{'type': 'function', 'name': ...}")
 
 
 def chat_format(text: dict | None) -> dict | None:
@@ -173,7 +161,8 @@ def chat_format(text: dict | None) -> dict | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
-async def chat_body(request: Request, req: ResponsesRequest, history: list[dict]) -> dict:
+async def chat_body(request: Request, req: ResponsesRequest, history: list[dict],
+                    tools: ResponsesTools) -> dict:
     instructions = ([{"role": "system", "content": strip_billing_header(req.instructions)}]
                     if req.instructions else [])
     reasoning = req.reasoning or {}
@@ -181,7 +170,7 @@ async def chat_body(request: Request, req: ResponsesRequest, history: list[dict]
         if name not in ("effort", "summary", "generate_summary"):
             raise _bad(f"reasoning.{name}", "unknown field")
     body = {"model": req.model, "messages": instructions + history + input_messages(req.input),
-            "tools": chat_tools(req.tools), "tool_choice": chat_tool_choice(req.tool_choice),
+            "tools": tools.chat_tools(), "tool_choice": tools.chat_tool_choice(req.tool_choice),
             "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": chat_format(req.text), "temperature": req.temperature,
             "top_p": req.top_p, "max_completion_tokens": req.max_output_tokens,
@@ -222,16 +211,21 @@ async def create_response(request: Request) -> Response:
                            f"{req.previous_response_id!r}", "previous_response_id",
                            "previous_response_not_found")
         history = previous.messages
-    body = await chat_body(request, req, history)
+    tools = ResponsesTools.from_request(req.tools, server_config(request).reject_unsupported_tools)
+    body = await chat_body(request, req, history, tools)
     include = set(req.include or ())
     if include - {"reasoning.encrypted_content"}:
         raise _bad("include", f"{sorted(include)} is not supported (only "
                    "reasoning.encrypted_content)")
     summary = (req.reasoning or {}).get("summary") or (req.reasoning or {}).get("generate_summary")
     rid = _id("resp")
-    builder = ResponseBuilder(_echo(req, rid, model), bool(summary),
-                              "reasoning.encrypted_content" in include,
-                              await count_tokens_of(request))
+    echo = _echo(req, rid, model)
+    if tools.dropped:
+        logger.info("%s: tools left out (the server cannot run them): %s", rid,
+                    tools.describe_dropped())
+        echo["dropped_tools"] = tools.dropped
+    builder = ResponseBuilder(echo, bool(summary), "reasoning.encrypted_content" in include,
+                              await count_tokens_of(request), tools.namespaces)
     run = await start_chat(request, body, NAMES)
     entry = Stored(builder.response(), run=run)
     if req.store is not False:

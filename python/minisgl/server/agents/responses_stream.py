@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Callable
 from copy import deepcopy
 
+from minisgl.server.agents.responses_tools import chat_name
+
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -21,11 +23,14 @@ class ResponseBuilder:
     """``base``: the response object's request echo (model, tools, ...); ``summary``: reasoning
     summaries were asked for; ``encrypted``: reasoning items carry ``encrypted_content`` (the
     reasoning text itself, not encrypted, so a stateless client can send it back);
-    ``count``: tokens of a text (reasoning tokens in the usage)."""
+    ``count``: tokens of a text (reasoning tokens in the usage); ``namespaces``: chat tool name
+    -> (namespace, function) of the functions offered from namespace tools."""
 
     def __init__(self, base: dict, summary: bool, encrypted: bool,
-                 count: Callable[[str], int]) -> None:
+                 count: Callable[[str], int],
+                 namespaces: dict[str, tuple[str, str]] | None = None) -> None:
         self.base, self.summary, self.encrypted, self.count = base, summary, encrypted, count
+        self.namespaces = namespaces or {}
         self.output: list[dict] = []
         self.calls: dict[int, dict] = {}  # chat tool-call index -> its item
         self.open: dict | None = None
@@ -119,6 +124,8 @@ class ResponseBuilder:
             item = {"type": "function_call", "id": _id("fc"),
                     "call_id": delta.get("id") or _id("call"), "name": fn.get("name") or "",
                     "arguments": "", "status": "in_progress"}
+            if item["name"] in self.namespaces:
+                item["namespace"], item["name"] = self.namespaces[item["name"]]
             self.calls[index] = item
             out += self._opening(item)
         item = self.calls[index]
@@ -193,5 +200,6 @@ class ResponseBuilder:
             else:
                 msg.setdefault("tool_calls", []).append(
                     {"id": item["call_id"], "type": "function",
-                     "function": {"name": item["name"], "arguments": item["arguments"]}})
+                     "function": {"name": chat_name(item.get("namespace"), item["name"]),
+                                  "arguments": item["arguments"]}})
         return msg if len(msg) > 2 or msg["content"] else None

@@ -1,0 +1,285 @@
+"""Start the server's processes, serve HTTP until a signal, then take everything down.
+
+Start-up is acknowledged: every child sends ``("ok", info)`` or ``("error", line)`` on a pipe; one
+error (or a child dying) stops the launch with that line and no process left behind. While serving,
+a monitor thread watches the children: if one dies, the server turns unhealthy and every in-flight
+request fails at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from minisgl.server.config import ServerConfig
+from minisgl.utils import init_logger
+from minisgl.utils.heap import freeze_heap
+from minisgl.utils.mp import ServerAddrs, make_runtime_dir, remove_runtime_dir
+
+from .http_server import make_http_server
+
+logger = init_logger(__name__)
+
+_START_TIMEOUT_S = 900.0
+
+
+class LaunchError(RuntimeError):
+    """A start-up failure, with the one line to show the user."""
+
+
+@dataclass
+class Child:
+    name: str
+    process: BaseProcess
+    ready: Connection
+
+
+class ProcessGroup:
+    """The children of one launch, their runtime directory, and their orderly shutdown."""
+
+    def __init__(self, config: ServerConfig, model_path: str) -> None:
+        self.config, self.model_path = config, model_path
+        self.tokenizer_path = config.tokenizer or model_path
+        self.runtime_dir = make_runtime_dir()
+        self.addrs = ServerAddrs.create(self.runtime_dir)
+        self.children: list[Child] = []
+        self.info: dict = {}
+        self.stopping = False
+        self.failed = False  # a child died while serving
+
+    def _spawn(self, name: str, target, *args, **kwargs) -> None:
+        """Start ``target(*args, ready=pipe, **kwargs)`` in a child; it reports on the pipe."""
+        ctx = mp.get_context("spawn")
+        parent_end, child_end = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=target, args=args, kwargs={**kwargs, "ready": child_end},
+                           name=name, daemon=True)
+        proc.start()
+        child_end.close()
+        self.children.append(Child(name, proc, parent_end))
+
+    def start(self) -> None:
+        from minisgl.distributed import DistributedInfo
+        from minisgl.scheduler.io import run_scheduler_process
+        from minisgl.tokenizer.server import tokenize_worker
+
+        cfg, addrs = self.config, self.addrs
+        dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"
+        per_node = cfg.tp // cfg.nnodes
+        for local in range(per_node):
+            rank = cfg.node_rank * per_node + local
+            self._spawn("scheduler" if rank == 0 else f"scheduler-{rank}", _worker,
+                        run_scheduler_process, cfg.engine, self.model_path, addrs.backend,
+                        addrs.detokenizer, log_stats_interval=cfg.log_stats_interval,
+                        watchdog_timeout=cfg.watchdog_timeout,
+                        tp=DistributedInfo(rank, cfg.tp), dist_init_addr=dist_addr,
+                        local_index=local)
+        if cfg.node_rank > 0:  # only node 0 talks to clients
+            self._wait_ready()
+            return
+        tokenizer = {"revision": cfg.revision if cfg.tokenizer else None,
+                     "chat_template": read_chat_template(cfg.chat_template)}
+        self._spawn("detokenizer", _worker, tokenize_worker, self.tokenizer_path, addrs,
+                    tokenize=cfg.num_tokenizer == 0, detokenize=True, **tokenizer)
+        for i in range(cfg.num_tokenizer):
+            self._spawn(f"tokenizer-{i}", _worker, tokenize_worker, self.tokenizer_path, addrs,
+                        tokenize=True, detokenize=False, **tokenizer)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        pending = list(self.children)
+        while pending:
+            for child in list(pending):
+                if child.ready.poll(0.05):
+                    try:
+                        status, payload = child.ready.recv()
+                    except EOFError:
+                        status, payload = "error", f"{child.name} exited during start-up"
+                    if status != "ok":
+                        raise LaunchError(payload)
+                    self.info[child.name] = payload
+                    pending.remove(child)
+                elif not child.process.is_alive():
+                    raise LaunchError(f"{child.name} exited during start-up "
+                                      f"(exit code {child.process.exitcode})")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"start-up timed out waiting for {pending[0].name}")
+
+    def dead_child(self) -> Child | None:
+        return next((c for c in self.children if not c.process.is_alive()), None)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self.stopping = True
+        for child in self.children:
+            if child.process.is_alive():
+                child.process.terminate()
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join(2.0)
+        remove_runtime_dir(self.runtime_dir)
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a file's content, or the template text itself."""
+    if value is None or "{" in value:
+        return value
+    try:
+        with open(os.path.expanduser(value), encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise LaunchError(f"chat_template: {value!r} is neither a readable file ({e.strerror}) "
+                          "nor a Jinja template") from None
+
+
+def check_ssl_files(config: ServerConfig) -> None:
+    for name in ("ssl_keyfile", "ssl_certfile"):
+        path = getattr(config, name)
+        if path is not None and not os.path.isfile(path):
+            raise LaunchError(f"{name}: no such file {path!r}")
+
+
+def _worker(target, *args, **kwargs) -> None:
+    """Children ignore Ctrl-C (the terminal sends it to the whole group): the launcher decides.
+    ``kill -USR1`` prints a child's stacks."""
+    import signal
+
+    from minisgl.utils.stacks import enable_stack_dumps
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    enable_stack_dumps()
+    _thread_lock_for_progress_bars()
+    target(*args, **kwargs)
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """tqdm's default lock is a multiprocessing semaphore, registered with the launcher's resource
+    tracker; a child killed with ``kill -9`` never unregisters it, and the launcher then warns of a
+    leaked semaphore at exit. A child's progress bars (weight loading) need only a thread lock."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LaunchError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def _monitor(group: ProcessGroup, frontend_ref) -> None:
+    """Turn the server unhealthy and fail in-flight requests as soon as a child dies.
+
+    A single-machine server stays up (unhealthy) for inspection; one spread over several machines
+    cannot recover a lost rank, so it then shuts down.
+    """
+    while not group.stopping:
+        dead = group.dead_child()
+        frontend = frontend_ref()
+        if dead is not None and frontend is not None:
+            message = f"the {dead.name} process died (exit code {dead.process.exitcode})"
+            logger.error("%s; the server is unhealthy", message)
+            frontend.workers_lost_threadsafe(message)
+            if group.config.nnodes > 1:
+                group.failed = True
+                time.sleep(1.0)  # let the failed requests' replies go out
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+        time.sleep(0.2)
+
+
+def start_stack(config: ServerConfig):
+    """Start every child and build the app: ``(group, app)``; raise ``LaunchError`` on failure."""
+    from minisgl.models.weight import resolve_model_path
+    from minisgl.server.app.api_server import create_app
+    from minisgl.server.openai.frontend import FrontendManager
+
+    group: ProcessGroup | None = None
+    try:
+        check_port_free(config.host, config.port)
+        check_ssl_files(config)
+        model_path = resolve_model_path(config.model, config.revision)
+        group = ProcessGroup(config, model_path)
+        group.start()
+    except (LaunchError, FileNotFoundError, ValueError, RuntimeError) as e:
+        if group is not None:
+            group.shutdown()
+        raise LaunchError(str(e)) from None
+    processes = {c.name: c.process.pid for c in group.children}
+    app = create_app(config, lambda: FrontendManager(group.addrs), model_path,
+                     {**group.info["scheduler"], "processes": processes})
+    monitor = threading.Thread(
+        target=_monitor, args=(group, lambda: getattr(app.state, "frontend", None)), daemon=True
+    )
+    monitor.start()
+    return group, app
+
+
+def launch_server(config: ServerConfig) -> int:
+    """Run the server until SIGINT/SIGTERM; return the process exit code."""
+    if config.node_rank > 0:
+        return _serve_worker_node(config)
+    if config.port == 0:  # chosen here, so that the log and the listening socket agree
+        config = dataclasses.replace(config, port=_free_port())
+    try:
+        group, app = start_stack(config)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    scheme = "https" if config.ssl_certfile else "http"
+    logger.info("serving %s on %s://%s:%d", config.model_name, scheme, config.host, config.port)
+    freeze_heap()
+    try:
+        make_http_server(config, app).run()
+    finally:
+        group.shutdown()
+    return 1 if group.failed else 0
+
+
+def _serve_worker_node(config: ServerConfig) -> int:
+    """A node other than 0 runs only its scheduler ranks, until a signal or one of them exits."""
+    from minisgl.models.weight import resolve_model_path
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    group: ProcessGroup | None = None
+    try:
+        group = ProcessGroup(config, resolve_model_path(config.model, config.revision))
+        group.start()
+        logger.info("node %d: %d scheduler ranks ready", config.node_rank, len(group.children))
+        while not stop.wait(0.2):
+            dead = group.dead_child()
+            if dead is not None:
+                logger.error("%s exited (code %s): stopping this node", dead.name,
+                             dead.process.exitcode)
+                return 1
+        return 0
+    except (LaunchError, FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if group is not None:
+            group.shutdown()

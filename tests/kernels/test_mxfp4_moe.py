@@ -1,0 +1,131 @@
+"""MXFP4 experts: the torch reference (``quant.mxfp4``) against the tests' own quantizer, and the
+fused MoE kernel (MXFP4 decoded in the GEMMs; biases; gpt-oss's clamped SwiGLU) against the torch
+backend.
+
+Without a GPU the kernels run under the Triton interpreter at small sizes in float32/float16 (the
+interpreter's bf16 dot is wrong); the ``gpu`` tests run gpt-oss-20b's expert shapes in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minisgl.models  # noqa: F401  (before minisgl.layers, which alone imports circularly)
+from helpers import mxfp4 as ref_mx
+from helpers.interpreter import import_triton
+
+triton = import_triton()
+
+from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
+from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales  # noqa: E402
+from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
+from minisgl.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+
+pytestmark = pytest.mark.any_device
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+GPT_OSS = MoeActivation("swiglu_clamped", alpha=1.702, limit=7.0)
+
+
+def test_dequantize_matches_the_tests_quantizer():
+    w = torch.randn(3, 40, 96, generator=torch.Generator().manual_seed(0)) * 0.05
+    blocks, scales = ref_mx.quantize(w)
+    expected = ref_mx.dequantize(blocks, scales)
+    got = dequantize_mxfp4(blocks.flatten(-2), scales, torch.float32)
+    assert torch.equal(got, expected)
+    # every code of the table, every nibble position
+    codes = torch.arange(256, dtype=torch.uint8).reshape(8, 32)
+    s = torch.full((8, 2), 127, dtype=torch.uint8)
+    assert torch.equal(dequantize_mxfp4(codes, s), ref_mx.dequantize(codes.view(8, 2, 16), s))
+
+
+def test_quantize_round_trip():
+    """The package's quantizer (random MXFP4 weights): within half a step of the e2m1 grid, and a
+    fixed point on values already on the grid."""
+    w = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    blocks, scales = quantize_mxfp4(w)
+    back = dequantize_mxfp4(blocks, scales)
+    step = torch.exp2(scales.float() - 127).repeat_interleave(32, -1)  # grid gap <= 2 * step
+    assert (back - w).abs().le(2 * step).all()
+    assert torch.equal(dequantize_mxfp4(*quantize_mxfp4(back)), back)  # (up to the sign of 0)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_mxfp4(torch.zeros(2, 48))
+
+
+def mx_inputs(tokens, hidden, inter, experts, top_k, dtype, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g)
+    w13, s13, _ = ref_mx.quantized_experts(torch.randn(experts, 2 * inter, hidden, generator=g)
+                                           / hidden**0.5)
+    w2, s2, _ = ref_mx.quantized_experts(torch.randn(experts, hidden, inter, generator=g)
+                                         / inter**0.5)
+    logits = torch.randn(tokens, experts, generator=g)
+    values, ids = torch.topk(logits, top_k, dim=-1)
+    weights = values.softmax(-1)
+    b = None
+    if bias:
+        b = ExpertBias(torch.randn(experts, 2 * inter, generator=g).to(DEV, dtype),
+                       torch.randn(experts, hidden, generator=g).to(DEV, dtype) * 0.1)
+    return (x.to(DEV, dtype), w13.to(DEV), w2.to(DEV), weights.to(DEV, dtype), ids.to(DEV),
+            Mxfp4Scales(s13.to(DEV), s2.to(DEV)), b)
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 40])
+@pytest.mark.parametrize("act", [GPT_OSS, MoeActivation()], ids=["swiglu_clamped", "silu"])
+def test_fused_moe_mxfp4_fp32(tokens, act):
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(tokens, 64, 64, 6, 2, torch.float32,
+                                                       seed=tokens)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=act)
+    out = fused_moe(x, w13, w2, weights, ids, scales=scales, bias=bias, act=act)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config", [MoeConfig(16, 32, 32, 32, 1, 4, 2),
+                                    MoeConfig(32, 16, 64, 64, 2, 4, 2)])
+def test_fused_moe_mxfp4_ragged_k_and_no_down_bias(config):
+    """K (hidden 96, inter 32) not a multiple of BLOCK_K 64; the down bias absent (TP rank > 0)."""
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(23, 96, 32, 5, 3, torch.float32, seed=4)
+    bias = ExpertBias(bias.w13, None)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, w13, w2, weights, ids, config=config, scales=scales, bias=bias, act=GPT_OSS)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_moe_mxfp4_fp16():
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(17, 64, 32, 8, 4, torch.float16, seed=2)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, w13, w2, weights, ids, scales=scales, bias=bias, act=GPT_OSS)
+    torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
+
+
+def test_fused_moe_dense_bias_and_clamped_swiglu():
+    """The unquantized path with gpt-oss's biases and activation (a bf16 gpt-oss checkpoint)."""
+    x, _, _, weights, ids, _, bias = mx_inputs(13, 64, 32, 6, 2, torch.float32, seed=5)
+    g = torch.Generator().manual_seed(6)
+    w13 = (torch.randn(6, 64, 64, generator=g) / 8).to(DEV)
+    w2 = (torch.randn(6, 64, 32, generator=g) / 6).to(DEV)
+    x = x * 4  # into the clamp
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, w13, w2, weights, ids, bias=bias, act=GPT_OSS)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 64, 700])
+def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens):
+    """gpt-oss-20b's experts (32 x 2880 x 2880, top 4) in bf16 against the dequantizing
+    reference: within bf16's rounding of two GEMMs."""
+    e, h, inter, top_k = 32, 2880, 2880, 4
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
+    w13, s13 = quantize_mxfp4(torch.randn(e, 2 * inter, h, device="cuda", generator=g) * 0.02)
+    w2, s2 = quantize_mxfp4(torch.randn(e, h, inter, device="cuda", generator=g) * 0.02)
+    values, ids = torch.topk(torch.randn(tokens, e, device="cuda", generator=g), top_k)
+    weights = values.softmax(-1).bfloat16()
+    bias = ExpertBias(torch.randn(e, 2 * inter, device="cuda", generator=g).bfloat16() * 0.1,
+                      torch.randn(e, h, device="cuda", generator=g).bfloat16() * 0.1)
+    scales = Mxfp4Scales(s13, s2)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, w13, w2, weights, ids, scales=scales, bias=bias, act=GPT_OSS)
+    err = (out.float() - ref.float()).norm() / ref.float().norm()
+    assert err <= 2e-2, err

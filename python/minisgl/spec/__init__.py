@@ -1,0 +1,9 @@
+"""Speculative decoding: proposers draft tokens, the target verifies them in the ordinary batch."""
+
+from .config import METHODS, SpecConfig, from_sglang_flags, parse_speculative_config
+from .decoder import SpecDecoder
+from .proposer import Proposer, create_proposer
+from .stats import SpecStats
+
+__all__ = ["METHODS", "SpecConfig", "SpecDecoder", "SpecStats", "Proposer", "create_proposer",
+           "from_sglang_flags", "parse_speculative_config"]

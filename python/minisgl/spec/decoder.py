@@ -1,0 +1,138 @@
+"""The scheduler's side of speculative decoding: drafts onto decode requests, and the verdict.
+
+A decoding request with ``k`` drafts is fed as ``k + 1`` tokens (its last token, then the drafts)
+in the prefill part of the step's batch: an extend over its cached prefix, causal over the drafts,
+beside the ordinary one-token decode rows. Every one of the k + 1 positions is sampled::
+
+    input_ids: ... last | d1 d2 .. dk            (drafts appended for the forward only)
+    sampled:          x0  x1 .. x(k-1) xk        (xj: the target's token after position L-1+j)
+
+Row j is sampled with the request's own seed at output index ``j`` past its next one, exactly the
+draw the request would make at that index without speculation (``sampling/rng.py``). The run
+``x0 .. xm`` is accepted, m being the first j with ``xj != d(j+1)`` (or k). For greedy rows this is
+the usual exact match. For sampled rows it is rejection sampling with a one-hot proposal: the
+draft ``t`` survives with probability p(t) (the draw equals t), and on rejection the token is a
+draw from p conditioned on not being t (p with t removed, renormalised); after k accepted drafts
+``xk`` is the bonus token. The output is the very sequence the request would have produced
+without speculation, not only the same distribution. Penalties are not applied per verified
+position (their counts would need the drafts), so such requests do not speculate.
+
+After the verdict the drafts leave ``input_ids``, the accepted run is appended as ordinary
+tokens, and KV past the accepted prefix is given back (``CacheManager.shrink``): only accepted
+tokens ever reach the prefix cache.
+"""
+
+from __future__ import annotations
+
+from minisgl.core import Req
+from minisgl.utils import init_logger
+
+from .adaptive import Acceptance
+from .config import SpecConfig
+from .proposer import create_proposer
+from .stats import SpecStats
+
+logger = init_logger(__name__)
+
+
+class SpecDecoder:
+    def __init__(self, config: SpecConfig, cache) -> None:
+        self.config, self.cache = config, cache
+        self.proposer = create_proposer(config)
+        self.stats = SpecStats(config.method)
+        self.accept_state: dict[int, Acceptance] = {}
+        self.ineligible: set[int] = set()
+
+    def active(self, num_running: int) -> bool:
+        """Whether this step speculates: not once the batch is large (it is compute-bound)."""
+        return 0 < num_running <= self.config.disable_by_batch_size
+
+    def _eligible(self, req: Req) -> bool:
+        if req.uid in self.ineligible:
+            return False
+        params = req.sampling_params
+        reason = ("penalties" if params.needs_penalties
+                  else "grammar" if params.grammar is not None else None)
+        if reason is None:
+            return True
+        self.ineligible.add(req.uid)
+        self.stats.skip(reason)
+        return False
+
+    def add_drafts(self, reqs: list[Req], budget: int) -> list[Req]:
+        """Give this step's decode requests (counters already advanced by one) their drafts, as
+        far as ``budget`` tokens and free KV allow; return those that verify."""
+        verify: list[Req] = []
+        k_max = self.config.num_speculative_tokens
+        for req in reqs:
+            if budget <= 0:
+                break
+            if not self._eligible(req):
+                continue
+            state = self.accept_state.setdefault(req.uid, Acceptance(float(k_max)))
+            k = state.draft_len(k_max, self.config.min_expected_accept)
+            room = min(budget, req.max_device_len - req.device_len)
+            if k == 0:  # below the bar: draft in the shadow only
+                if not state.shadow:
+                    state.shadow = self.proposer.propose(req, k_max)
+                continue
+            draft = self.proposer.propose(req, min(k, room))
+            if not draft:
+                continue
+            new_len = req.device_len + len(draft)
+            if self.cache.tokens_needed(req, new_len) > self.cache.available_tokens:
+                continue
+            self.cache.allocate(req, new_len)
+            req.input_ids += draft
+            req.device_len, req.draft_len = new_len, len(draft)
+            budget -= len(draft)
+            verify.append(req)
+        return verify
+
+    @staticmethod
+    def rows(sampled: list[Req]) -> tuple[list[Req], list[int] | None]:
+        """One entry per sampled row (a verifying request has k + 1), and each row's output
+        index when any request verifies (None otherwise: the default of one row each)."""
+        if not any(req.draft_len for req in sampled):
+            return sampled, None
+        rows = [req for req in sampled for _ in range(req.draft_len + 1)]
+        steps = [req.device_len - req.draft_len - req.prompt_len + j
+                 for req in sampled for j in range(req.draft_len + 1)]
+        return rows, steps
+
+    def verdict(self, req: Req, sampled: list[int]) -> list[int]:
+        """The accepted run of a verifying request (its k + 1 sampled tokens in); the drafts leave
+        ``input_ids`` and the KV past the accepted prefix is freed."""
+        k = req.draft_len
+        base = len(req.input_ids) - k  # L: the real tokens
+        drafts = req.input_ids[base:]
+        m = 0
+        while m < k and sampled[m] == drafts[m]:
+            m += 1
+        del req.input_ids[base:]
+        # KV is valid for positions .. L-1+m: the last real token and the m accepted drafts
+        self.cache.shrink(req, base + m)
+        req.cached_len = req.device_len = base + m
+        req.draft_len = 0
+        self.stats.add(k, m)
+        self.accept_state[req.uid].record(m)
+        return sampled[: m + 1]
+
+    def observe(self, req: Req, tokens: list[int]) -> None:
+        """Tokens a request got without verifying drafts: score its shadow draft."""
+        state = self.accept_state.get(req.uid)
+        if state is not None and state.shadow:
+            state.observe(tokens)
+
+    def finished(self, req: Req) -> None:
+        self.proposer.finished(req)
+        self.accept_state.pop(req.uid, None)
+        self.ineligible.discard(req.uid)
+
+    def trim(self, req: Req) -> None:
+        """A stop inside an accepted run left KV past the last kept token: give it back (the
+        request is about to be released, and only its kept tokens may enter the prefix cache)."""
+        n = len(req.input_ids)
+        if req.device_len > n:
+            self.cache.shrink(req, n)
+            req.cached_len = req.device_len = n

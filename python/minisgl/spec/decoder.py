@@ -131,8 +131,9 @@ class SpecDecoder:
 
     def trim(self, req: Req) -> None:
         """A stop inside an accepted run left KV past the last kept token: give it back (the
-        request is about to be released, and only its kept tokens may enter the prefix cache)."""
-        n = len(req.input_ids)
+        request is about to be released, and only its kept tokens may enter the prefix cache).
+        As without speculation, the last token's KV is not kept: that token was never fed."""
+        n = len(req.input_ids) - 1
         if req.device_len > n:
             self.cache.shrink(req, n)
             req.cached_len = req.device_len = n

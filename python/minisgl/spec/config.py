@@ -51,8 +51,9 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         if self.method in _NOT_BUILT:
-            raise ValueError(f"speculative_config: method {self.method!r} ({_NOT_BUILT[self.method]}) "
-                             f"is not built in minisgl; use one of {', '.join(METHODS)}")
+            what = _NOT_BUILT[self.method]
+            raise ValueError(f"speculative_config: method {self.method!r} ({what}) is not built "
+                             f"in minisgl; use one of {', '.join(METHODS)}")
         if self.method not in METHODS:
             raise ValueError(f"speculative_config: method {self.method!r} is not one of "
                              f"{', '.join(METHODS)}")

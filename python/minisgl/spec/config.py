@@ -36,7 +36,8 @@ class SpecConfig:
     with more running requests than this nobody speculates (a large batch is compute-bound: the
     verified tokens cost as much as they save). ``min_expected_accept``: a request speculates
     only while its recent accepted drafts per step are at least this (below it, a step of k+1
-    tokens costs more than it gains)."""
+    tokens costs more than it gains). ``adaptive=False`` drafts ``num_speculative_tokens``
+    whenever the proposer has them (the verify-cost benchmark, an ablation)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -48,6 +49,7 @@ class SpecConfig:
     min_token_prob: float = 0.1
     disable_by_batch_size: int = 16
     min_expected_accept: float = 0.5
+    adaptive: bool = True  # False: always num_speculative_tokens drafts (an ablation)
 
     def __post_init__(self) -> None:
         if self.method in _NOT_BUILT:
@@ -63,6 +65,9 @@ class SpecConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"speculative_config: {name} must be a positive integer, "
                                  f"got {value!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"speculative_config: adaptive must be a boolean, got "
+                             f"{self.adaptive!r}")
         if self.num_speculative_tokens > 16:
             raise ValueError("speculative_config: num_speculative_tokens must be <= 16")
         if self.prompt_lookup_min > self.prompt_lookup_max:

@@ -70,7 +70,8 @@ class SpecDecoder:
             if not self._eligible(req):
                 continue
             state = self.accept_state.setdefault(req.uid, Acceptance(float(k_max)))
-            k = state.draft_len(k_max, self.config.min_expected_accept)
+            k = (state.draft_len(k_max, self.config.min_expected_accept)
+                 if self.config.adaptive else k_max)
             room = min(budget, req.max_device_len - req.device_len)
             if k == 0:  # below the bar: draft in the shadow only
                 if not state.shadow:

@@ -6,6 +6,7 @@ exactly there; only accepted tokens reach the prefix cache."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
@@ -202,6 +203,8 @@ def test_only_accepted_tokens_are_cached(tiny_checkpoints):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
 def test_tp2(tiny_checkpoints, expected):
     prompts = repetitive_prompts()
     llm = make_llm(tiny_checkpoints["qwen3"], tp=2, num_pages=1024,

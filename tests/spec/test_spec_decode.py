@@ -215,3 +215,17 @@ def test_tp2(tiny_checkpoints, expected):
              .generate(prompts, GREEDY)]
     finally:
         llm.close()
+
+
+def test_hybrid_models_turn_speculation_off(tmp_path, caplog):
+    """A rejected draft would need the recurrent state rolled back: not supported yet, so the
+    scheduler runs without speculation and says why."""
+    from helpers.hybrid_models import make_hybrid_checkpoint
+
+    path = make_hybrid_checkpoint("qwen3_5", tmp_path / "qwen3_5")
+    prompts = repetitive_prompts(2)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm = make_llm(path, speculative_config=spec("ngram"))
+    assert llm.scheduler.spec is None
+    assert "speculative decoding is off" in caplog.text
+    assert generate(llm, prompts, params) == generate(make_llm(path), prompts, params)

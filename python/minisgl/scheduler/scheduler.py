@@ -153,7 +153,7 @@ class Scheduler:
     def _speculates(self) -> bool:
         """Whether the next step drafts: the proposers need every token so far, so the forward
         in flight is read back first (speculating steps run without overlap)."""
-        return self.spec is not None and self.spec.active(len(self.decode))
+        return self.spec is not None and self.spec.active(self.decode.running)
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -283,6 +283,8 @@ class Scheduler:
         for i, req, run in live:
             if req.sampling_params.max_tokens != 0:
                 reasons[i] = self._append_run(req, run)
+                if self.spec is not None and i not in verified:
+                    self.spec.observe(req, [token for token, _ in run])
         ended = set()  # the grammars advance in one batch: those that terminated end the request
         if self.grammar.active:
             going = [(req, run[-1][0]) for i, req, run in live
@@ -323,11 +325,8 @@ class Scheduler:
             n = req.draft_len + 1
             run = list(zip(tokens[r : r + n], logprobs[r : r + n]))
             r += n
-            if self.spec is not None and self.reqs.get(req.uid) is req:
-                if req.draft_len:
-                    run = run[: len(self.spec.verdict(req, [t for t, _ in run]))]
-                else:
-                    self.spec.observe(req, [run[0][0]])
+            if req.draft_len and self.reqs.get(req.uid) is req:
+                run = run[: len(self.spec.verdict(req, [t for t, _ in run]))]
             runs.append(run)
         return runs
 

@@ -43,9 +43,21 @@ class SpecDecoder:
         self.accept_state: dict[int, Acceptance] = {}
         self.ineligible: set[int] = set()
 
-    def active(self, num_running: int) -> bool:
-        """Whether this step speculates: not once the batch is large (it is compute-bound)."""
-        return 0 < num_running <= self.config.disable_by_batch_size
+    def active(self, running: list[Req]) -> bool:
+        """Whether this step drafts: not once the batch is large (it is compute-bound), nor when
+        no running request would (then the step keeps overlap scheduling)."""
+        if not 0 < len(running) <= self.config.disable_by_batch_size:
+            return False
+        return any(self._draft_len(req) for req in running if self._eligible(req))
+
+    def _draft_len(self, req: Req) -> int:
+        k_max = self.config.num_speculative_tokens
+        state = self.accept_state.get(req.uid)
+        if state is None:
+            state = self.accept_state[req.uid] = Acceptance(float(k_max))
+        if not self.config.adaptive:
+            return k_max
+        return state.draft_len(k_max, self.config.min_expected_accept)
 
     def _eligible(self, req: Req) -> bool:
         if req.uid in self.ineligible:
@@ -63,21 +75,15 @@ class SpecDecoder:
         """Give this step's decode requests (counters already advanced by one) their drafts, as
         far as ``budget`` tokens and free KV allow; return those that verify."""
         verify: list[Req] = []
-        k_max = self.config.num_speculative_tokens
         for req in reqs:
             if budget <= 0:
                 break
             if not self._eligible(req):
                 continue
-            state = self.accept_state.setdefault(req.uid, Acceptance(float(k_max)))
-            k = (state.draft_len(k_max, self.config.min_expected_accept)
-                 if self.config.adaptive else k_max)
-            room = min(budget, req.max_device_len - req.device_len)
-            if k == 0:  # below the bar: draft in the shadow only
-                if not state.shadow:
-                    state.shadow = self.proposer.propose(req, k_max)
+            k = min(self._draft_len(req), budget, req.max_device_len - req.device_len)
+            if k <= 0:
                 continue
-            draft = self.proposer.propose(req, min(k, room))
+            draft = self.proposer.propose(req, k)
             if not draft:
                 continue
             new_len = req.device_len + len(draft)
@@ -120,10 +126,16 @@ class SpecDecoder:
         return sampled[: m + 1]
 
     def observe(self, req: Req, tokens: list[int]) -> None:
-        """Tokens a request got without verifying drafts: score its shadow draft."""
+        """Tokens a request got without verifying drafts (now in ``input_ids``): score its shadow
+        draft, and draft a new one while the request does not speculate. Called when a forward is
+        read back, when the tokens are current even under overlap scheduling."""
         state = self.accept_state.get(req.uid)
-        if state is not None and state.shadow:
+        if state is None or req.uid in self.ineligible:
+            return
+        if state.shadow:
             state.observe(tokens)
+        if not state.shadow and self._draft_len(req) == 0:
+            state.shadow = self.proposer.propose(req, self.config.num_speculative_tokens)
 
     def finished(self, req: Req) -> None:
         self.proposer.finished(req)

@@ -2,7 +2,8 @@
 
 from .config import METHODS, SpecConfig, from_sglang_flags, parse_speculative_config
 from .decoder import SpecDecoder
-from .proposer import Proposer, create_proposer
+from .proposer import Proposer
+from .registry import create_proposer
 from .stats import SpecStats
 
 __all__ = ["METHODS", "SpecConfig", "SpecDecoder", "SpecStats", "Proposer", "create_proposer",

@@ -29,7 +29,7 @@ from minisgl.utils import init_logger
 
 from .adaptive import Acceptance
 from .config import SpecConfig
-from .proposer import create_proposer
+from .registry import create_proposer
 from .stats import SpecStats
 
 logger = init_logger(__name__)

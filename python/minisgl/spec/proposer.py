@@ -30,16 +30,3 @@ class Proposer(ABC):
         """``req`` ended (finished or aborted): drop its state; a method that learns across
         requests keeps what it wants of its tokens."""
 
-
-def create_proposer(config) -> Proposer:
-    """The proposer of ``config.method`` (a ``SpecConfig``)."""
-    if config.method == "ngram":
-        from .ngram import NgramProposer
-
-        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-    if config.method == "suffix":
-        from .suffix import SuffixProposer
-
-        return SuffixProposer(config.max_tree_depth, config.max_cached_requests,
-                              config.max_spec_factor, config.min_token_prob)
-    raise ValueError(f"speculative_config: no proposer for method {config.method!r}")

@@ -112,3 +112,9 @@ def test_vllm_and_sglang_spellings():
 def test_bad_settings_name_their_field(options, message):
     with pytest.raises(ValueError, match=message):
         EngineOptions(**options)
+
+
+def test_draft_model_flags_say_what_to_use(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--speculative-algorithm", "NGRAM", "--speculative-draft-model-path", "x"])
+    assert "not built" in capsys.readouterr().err

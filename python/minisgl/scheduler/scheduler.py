@@ -15,7 +15,7 @@ from minisgl.engine import Engine, ForwardOutput
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.kvcache import create_prefix_cache
 from minisgl.sampling import BatchSamplingArgs
-from minisgl.spec import SpecDecoder
+from minisgl.spec import SpecDecoder, create_spec_decoder
 from minisgl.utils import init_logger
 
 from .cache import CacheManager
@@ -61,7 +61,7 @@ class Scheduler:
         self.grammar = GrammarManager(config.engine.model_path, self.engine.vocab_size,
                                       tuple(config.eos_token_ids),
                                       synchronous=config.engine.tp.size > 1)
-        self.spec = self._create_spec()
+        self.spec = create_spec_decoder(config.spec, self.engine, self.cache)
         self._drafting = False  # this step speculates (decided before the batch is picked)
 
     # ---- requests in and out ----------------------------------------------------------------
@@ -134,21 +134,6 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.reqs) or self._inflight is not None
-
-    def _create_spec(self) -> SpecDecoder | None:
-        spec = self.config.spec
-        if spec is None:
-            return None
-        if self.engine.state_pool is not None:
-            # NOTE: a rejected draft would have to roll the recurrent state back to the accepted
-            # position, which the linear-attention layers cannot do yet
-            logger.warning("speculative decoding is off: %s is a hybrid (recurrent) model",
-                           self.engine.model_config.architecture)
-            return None
-        logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running "
-                    "requests", spec.method, spec.num_speculative_tokens,
-                    spec.disable_by_batch_size)
-        return SpecDecoder(spec, self.cache)
 
     def _speculates(self) -> bool:
         """Whether the next step drafts: the proposers need every token so far, so the forward
@@ -319,15 +304,10 @@ class Scheduler:
         """Per sampled request its new tokens with their log-prob entries: one, or the accepted
         run of a request that verified drafts (``SpecDecoder.verdict``)."""
         rows, _ = SpecDecoder.rows(sampled)
-        tokens, logprobs = out.next_tokens.tolist(), logprob_rows(out, rows)
-        runs, r = [], 0
-        for req in sampled:
-            n = req.draft_len + 1
-            run = list(zip(tokens[r : r + n], logprobs[r : r + n]))
-            r += n
+        runs = SpecDecoder.split(sampled, out.next_tokens.tolist(), logprob_rows(out, rows))
+        for i, req in enumerate(sampled):
             if req.draft_len and self.reqs.get(req.uid) is req:
-                run = run[: len(self.spec.verdict(req, [t for t, _ in run]))]
-            runs.append(run)
+                runs[i] = runs[i][: len(self.spec.verdict(req, [t for t, _ in runs[i]]))]
         return runs
 
     def _append_run(self, req: Req, run: list[tuple[int, tuple]]) -> FinishReason | None:

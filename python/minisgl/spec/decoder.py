@@ -35,6 +35,21 @@ from .stats import SpecStats
 logger = init_logger(__name__)
 
 
+def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder | None:
+    """The scheduler's ``SpecDecoder``, or None: speculation off, or a model it cannot serve."""
+    if config is None:
+        return None
+    if engine.state_pool is not None:
+        # NOTE: a rejected draft would have to roll the recurrent state back to the accepted
+        # position, which the linear-attention layers cannot do yet
+        logger.warning("speculative decoding is off: %s is a hybrid (recurrent) model",
+                       engine.model_config.architecture)
+        return None
+    logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running requests",
+                config.method, config.num_speculative_tokens, config.disable_by_batch_size)
+    return SpecDecoder(config, cache)
+
+
 class SpecDecoder:
     def __init__(self, config: SpecConfig, cache) -> None:
         self.config, self.cache = config, cache
@@ -106,6 +121,16 @@ class SpecDecoder:
         steps = [req.device_len - req.draft_len - req.prompt_len + j
                  for req in sampled for j in range(req.draft_len + 1)]
         return rows, steps
+
+    @staticmethod
+    def split(sampled: list[Req], tokens: list, logprobs: list) -> list[list[tuple]]:
+        """The per-row tokens and log-prob entries of a forward, grouped per request."""
+        runs, r = [], 0
+        for req in sampled:
+            n = req.draft_len + 1
+            runs.append(list(zip(tokens[r : r + n], logprobs[r : r + n])))
+            r += n
+        return runs
 
     def verdict(self, req: Req, sampled: list[int]) -> list[int]:
         """The accepted run of a verifying request (its k + 1 sampled tokens in); the drafts leave

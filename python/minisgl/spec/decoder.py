@@ -95,7 +95,9 @@ class SpecDecoder:
                 break
             if not self._eligible(req):
                 continue
-            k = min(self._draft_len(req), budget, req.max_device_len - req.device_len)
+            # NOTE: the last sampled position, device_len + k, must stay inside the page table
+            # and token pool (< max_device_len), as a decode step's does
+            k = min(self._draft_len(req), budget, req.max_device_len - req.device_len - 1)
             if k <= 0:
                 continue
             draft = self.proposer.propose(req, k)

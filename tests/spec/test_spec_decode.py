@@ -229,3 +229,13 @@ def test_hybrid_models_turn_speculation_off(tmp_path, caplog):
     assert llm.scheduler.spec is None
     assert "speculative decoding is off" in caplog.text
     assert generate(llm, prompts, params) == generate(make_llm(path), prompts, params)
+
+
+def test_requests_that_run_into_the_context_limit(tiny_checkpoints):
+    """Drafts never reach past the context: the last verified position stays inside the page
+    table and the token pool."""
+    prompts = repetitive_prompts(2)
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, clamp_max_tokens=True)
+    outs = [generate(make_llm(tiny_checkpoints["llama"], max_seq_len=96, speculative_config=c),
+                     prompts, params) for c in (None, spec("ngram"))]
+    assert outs[0] == outs[1] and all(len(p) + len(o) == 96 for p, o in zip(prompts, outs[0]))

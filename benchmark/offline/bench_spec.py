@@ -179,6 +179,9 @@ def write(records: list[dict], out: str, tag: str, command: str) -> None:
     lines = [f"`{command}` on {first['gpu']}, commit `{first['commit']}`, model "
              f"`{first['model']}`.", ""]
     work = [r for r in records if r["kind"] == "workload"]
+    if first["gpu"] == "cpu":
+        lines += ["CPU tok/s are only indicative: the machine's cores are shared with other jobs, "
+                  "so the acceptance columns are the result here.", ""]
     if work:
         lines += ["| workload | batch | method | tok/s | speedup | mean accepted len | "
                   "acceptance | identical |", "|---|---|---|---|---|---|---|---|"]

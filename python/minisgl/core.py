@@ -207,6 +207,9 @@ class Req:
     # of the prefix cache without a state snapshot; kvcache/hybrid_radix.py); 0: none
     snapshot_at: int = 0
     seed: int = 0
+    # speculative decoding: draft tokens at the end of ``input_ids`` that the forward in flight
+    # verifies (``minisgl/spec/``); 0 outside a verify step
+    draft_len: int = 0
 
     def __post_init__(self) -> None:
         assert 0 <= self.cached_len <= self.device_len <= self.max_device_len, self

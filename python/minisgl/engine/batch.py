@@ -34,7 +34,9 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
         rows += [req.table_idx] * req.extend_len
         last_rows.append(len(rows) - 1)
     sampled = batch.sampled_reqs
-    sample_loc = ([r.table_idx for r in sampled], [r.device_len for r in sampled])
+    # a request verifying k drafts (``minisgl/spec/``) samples its last k + 1 positions
+    sample_loc = ([r.table_idx for r in sampled for _ in range(r.draft_len + 1)],
+                  [p for r in sampled for p in range(r.device_len - r.draft_len, r.device_len + 1)])
     if batch.is_decode:
         batch.positions, row_ids, *loc = to_device([positions, rows, *sample_loc], torch.int64,
                                                    device)
@@ -52,7 +54,8 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
             positions += [0] * pad
             rows += [page_table.shape[0] - 1] * pad
         chosen = {id(r) for r in sampled}
-        logits_idx = [i for r, i in zip(batch.reqs, last_rows) if id(r) in chosen]
+        logits_idx = [j for r, i in zip(batch.reqs, last_rows) if id(r) in chosen
+                      for j in range(i - r.draft_len, i + 1)]
         batch.positions, row_ids, batch.input_ids, batch.logits_idx, *loc = to_device(
             [positions, rows, ids, logits_idx, *sample_loc], torch.int64, device)
         if n_dec:

@@ -22,6 +22,7 @@ from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
 from minisgl.sampling import SAMPLERS
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.config import check_schedule
+from minisgl.spec import SpecConfig, from_sglang_flags, parse_speculative_config
 
 WARMUP_MODES = ("auto", "on", "off")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,6 +83,13 @@ class EngineOptions:
     # run every kernel variant before serving (scheduler/warmup.py); "auto": on CUDA only (the
     # CPU path compiles nothing)
     warmup: str = "auto"
+    # speculative decoding (minisgl/spec/): vLLM's JSON (offline also a dict), e.g.
+    # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; or SGLang's flags
+    speculative_config: str | None = None
+    speculative_algorithm: str | None = None  # NGRAM or SUFFIX
+    speculative_num_draft_tokens: int | None = None  # SGLang's N: N - 1 drafts per step
+    speculative_ngram_min_match_window_size: int | None = None
+    speculative_ngram_max_match_window_size: int | None = None
 
     @classmethod
     def from_kwargs(cls, owner: str, options: dict[str, Any]) -> EngineOptions:
@@ -164,6 +172,16 @@ class EngineOptions:
                              "device (CPU samples with the torch reference: auto or torch)")
         if not isinstance(self.disable_pdl, bool):
             raise ValueError(f"disable_pdl: must be a boolean, got {self.disable_pdl!r}")
+        self.spec_config()  # a bad speculative setting fails here, naming its field
+
+    def spec_config(self) -> SpecConfig | None:
+        """The speculative-decoding config from either spelling (not both)."""
+        sglang = from_sglang_flags(self.speculative_algorithm, self.speculative_num_draft_tokens,
+                                   self.speculative_ngram_min_match_window_size,
+                                   self.speculative_ngram_max_match_window_size)
+        if sglang is not None and self.speculative_config:
+            raise ValueError("speculative_config: give it or --speculative-algorithm, not both")
+        return parse_speculative_config(sglang if sglang is not None else self.speculative_config)
 
     def default_batched_tokens(self, device: torch.device, online: bool,
                                model_path: str | None = None) -> int:
@@ -233,6 +251,7 @@ class EngineOptions:
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
             warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
+            spec=self.spec_config(),
         )
 
     def _resolve_state_dtype(self, model_path: str) -> torch.dtype:

@@ -15,9 +15,12 @@ from minisgl.models.weight import resolve_model_path
 from minisgl.scheduler import Scheduler, TokenOutput
 from minisgl.scheduler.warmup import warm_up
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
+from minisgl.utils import init_logger
 from minisgl.utils.hf import load_tokenizer
 
 from .config import EngineOptions
+
+logger = init_logger(__name__)
 
 Prompt = Union[str, Sequence[int]]
 Message = dict
@@ -166,6 +169,8 @@ class LLM:
                     bar.update(1)
         self.scheduler.drain()  # a request stopped by a stop string may still have a step in flight
         bar.close()
+        if getattr(self.scheduler, "spec", None) is not None:
+            logger.info(self.scheduler.spec.stats.line())  # cumulative over this LLM's runs
         return outputs
 
     def _append(self, out: GenerateOutput, tok: TokenOutput, detok) -> bool:

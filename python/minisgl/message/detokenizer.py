@@ -75,6 +75,13 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     state_slots_total: int = 0
     state_snapshots: int = 0
     state_pool_bytes: int = 0
+    # speculative decoding (minisgl/spec/stats.py): the method ("" when off), verify steps (one per
+    # request and step), drafted and accepted tokens, requests that could not speculate
+    spec_method: str = ""
+    spec_verify_steps: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_skipped_requests: int = 0
 
 
 class BatchDetokenizerMsg(BaseDetokenizerMsg):

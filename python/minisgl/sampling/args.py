@@ -75,12 +75,15 @@ class BatchSamplingArgs:
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device: torch.device,
                   state: SamplingState | None = None,
-                  argmax_only: bool = False) -> BatchSamplingArgs:
+                  argmax_only: bool = False,
+                  steps: list[int] | None = None) -> BatchSamplingArgs:
         """``state`` holds the device rows of the running requests (the engine's); without one
         (tests, one-off calls) a temporary state gives row ``i`` to the ``i``-th request.
         ``argmax_only``: no grammar constrains these rows (the scheduler knows), so a plain greedy
         batch (no penalties, biases or log-probs) is sampled by ``sample``'s argmax and its
-        settings need not reach the device: two copies fewer in a one-token decode step."""
+        settings need not reach the device: two copies fewer in a one-token decode step.
+        ``steps``: each row's output index, when not the request's next one (speculative
+        decoding verifies several positions of one request, ``minisgl/spec/``)."""
         params = [req.sampling_params for req in reqs]
         greedy = [p.is_greedy or p.temperature < GREEDY_EPS for p in params]
         use_pen = any(p.needs_penalties for p in params)
@@ -115,7 +118,8 @@ class BatchSamplingArgs:
                       if use_pen else [])
         bias_rows = [r if p.logit_bias else -1 for r, p in zip(rows, params)] if use_bias else []
         ints = to_device([[wrap_i64(req.seed) for req in reqs],
-                          [req.device_len - req.prompt_len for req in reqs],
+                          steps if steps is not None
+                          else [req.device_len - req.prompt_len for req in reqs],
                           top_k, count_rows, bias_rows], torch.int64, device)
         return cls(
             temperatures=floats[0],

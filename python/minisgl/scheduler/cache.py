@@ -250,6 +250,14 @@ class CacheManager:
             self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
             self._free_slots(duplicates)
 
+    def shrink(self, req: Req, new_device_len: int) -> None:
+        """Free the whole pages past ``new_device_len`` (rejected draft tokens, ``minisgl/spec/``);
+        call before lowering ``req.device_len``. The device table keeps stale entries there, which
+        no forward reads before an allocation rewrites them."""
+        keep, end = _round_up(new_device_len, self.page_size), self.alloc_len(req)
+        if end > keep:
+            self._free_slots(self.host_table[req.table_idx, keep:end].clone())
+
     def check_integrity(self, live_reqs: list[Req]) -> None:
         """free + cached + owned by live requests == total, and no page is in two places."""
         self.prefix_cache.check_integrity()

@@ -3,6 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minisgl.engine import EngineConfig
+from minisgl.spec.config import SpecConfig
 
 from .policy import POLICIES
 
@@ -37,6 +38,7 @@ class SchedulerConfig:
     schedule_policy: str = "lpm"  # admission order: "lpm" or "fcfs"
     max_wait_steps: int = 64  # lpm: a request waiting this many steps is admitted in arrival order
     warmup: bool = True  # run every kernel variant before serving (``warmup.py``)
+    spec: SpecConfig | None = None  # speculative decoding (``minisgl/spec/``); None: off
 
     def __post_init__(self) -> None:
         for name in ("max_prefill_tokens", "max_num_batched_tokens"):

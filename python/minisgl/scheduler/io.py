@@ -207,6 +207,8 @@ class SchedulerIO:
         self.outbox.put(stats)
         if self.live.due(now) and (line := self.live.roll(now, stats)) is not None:
             logger.info(line)
+            if self.scheduler.spec is not None:
+                logger.info(self.scheduler.spec.stats.line())
 
     def stats(self) -> SchedulerStatsMsg:
         s = self.scheduler
@@ -223,6 +225,7 @@ class SchedulerIO:
             max_context_len=s.max_context_len,
             ready=self.ready,
             **state_stats(s),
+            **spec_stats(s),
         )
 
 
@@ -235,6 +238,16 @@ def state_stats(s) -> dict[str, int]:
                 state_slots_total=s.table.size,
                 state_snapshots=pool.num_snapshots - pool.num_free_snapshots,
                 state_pool_bytes=pool.total_bytes)
+
+
+def spec_stats(s) -> dict:
+    """Speculative decoding's counters (empty when it is off)."""
+    if s.spec is None:
+        return {}
+    st = s.spec.stats
+    return dict(spec_method=st.method, spec_verify_steps=st.verify_steps,
+                spec_draft_tokens=st.draft_tokens, spec_accepted_tokens=st.accepted_tokens,
+                spec_skipped_requests=sum(st.skipped.values()))
 
 
 def run_scheduler_process(

@@ -15,6 +15,7 @@ from minisgl.engine import Engine, ForwardOutput
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.kvcache import create_prefix_cache
 from minisgl.sampling import BatchSamplingArgs
+from minisgl.spec import SpecDecoder, create_spec_decoder
 from minisgl.utils import init_logger
 
 from .cache import CacheManager
@@ -68,6 +69,8 @@ class Scheduler:
         self.grammar = GrammarManager(config.engine.model_path, self.engine.vocab_size,
                                       tuple(config.eos_token_ids),
                                       synchronous=config.engine.tp.size > 1)
+        self.spec = create_spec_decoder(config.spec, self.engine, self.cache)
+        self._drafting = False  # this step speculates (decided before the batch is picked)
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -140,6 +143,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.reqs) or self._inflight is not None
 
+    def _speculates(self) -> bool:
+        """Whether the next step drafts: the proposers need every token so far, so the forward
+        in flight is read back first (speculating steps run without overlap)."""
+        return self.spec is not None and self.spec.active(self.decode.running)
+
     # ---- one step ---------------------------------------------------------------------------
 
     def step(self) -> list[TokenOutput]:
@@ -154,7 +162,8 @@ class Scheduler:
         """
         prev, self._inflight = self._inflight, None
         outputs: list[TokenOutput] = self._admit_compiled()
-        if prev is not None and not self.config.overlap:
+        self._drafting = self._speculates()
+        if prev is not None and (not self.config.overlap or self._drafting):
             outputs, prev = outputs + self._finish(*prev), None
 
         def finish_prev() -> None:
@@ -166,7 +175,8 @@ class Scheduler:
         launched = self._launch(finish_prev)
         finish_prev()
         if launched is not None:
-            if self.config.overlap:
+            # a verify forward changes its requests' counters when read back: read it now
+            if self.config.overlap and not any(r.draft_len for r in launched[1]):
                 self._inflight = launched
             else:
                 outputs += self._finish(*launched)
@@ -198,11 +208,13 @@ class Scheduler:
         batch.out_slots = self.cache.flush(new_tokens_of=batch.reqs if replays else None)
         self.engine.prepare(batch)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
+        rows, steps = SpecDecoder.rows(sampled)  # a verifying request samples k + 1 rows
         constrained = self.grammar.constrains(sampled)
-        args = BatchSamplingArgs.from_reqs(sampled, self.engine.vocab_size, self.engine.device,
-                                           self.engine.sampling_state, argmax_only=not constrained)
+        args = BatchSamplingArgs.from_reqs(rows, self.engine.vocab_size, self.engine.device,
+                                           self.engine.sampling_state, argmax_only=not constrained,
+                                           steps=steps)
         if constrained:
-            args.late_bitmask = lambda: self.grammar.bitmask(sampled, self.engine.device,
+            args.late_bitmask = lambda: self.grammar.bitmask(rows, self.engine.device,
                                                              before_mask)
         return batch, sampled, self.engine.forward(batch, args)
 
@@ -211,7 +223,22 @@ class Scheduler:
 
     def _schedule_prefill_first(self) -> Batch | None:
         batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
-        return batch if batch is not None else self.decode.schedule()
+        if batch is not None:
+            return batch
+        return self._with_drafts(self.decode.schedule(), self.config.max_prefill_tokens)
+
+    def _with_drafts(self, decode: Batch | None, budget: int) -> Batch | None:
+        """Speculating: decode requests with drafts move to the prefill part of the batch (they
+        feed k + 1 tokens); the others stay one-token decode rows."""
+        if decode is None or not self._drafting:
+            return decode
+        verify = self.spec.add_drafts(decode.reqs, budget - decode.size)
+        if not verify:
+            return decode
+        plain = [req for req in decode.reqs if not req.draft_len]
+        if not plain:
+            return Batch(verify, "prefill")
+        return Batch(plain + verify, "mixed", num_decode=len(plain))
 
     def _schedule_mixed(self) -> Batch | None:
         """Decode every running request, then fill the step's token budget with prefill chunks.
@@ -220,39 +247,44 @@ class Scheduler:
         re-admitting what was just retracted.
         """
         retractions = self.num_retractions
-        decode = self.decode.schedule()
+        decode = self._with_drafts(self.decode.schedule(), self.config.max_num_batched_tokens)
         if self.num_retractions > retractions:
             return decode
-        num_decode = decode.size if decode is not None else 0
+        num_decode = decode.num_tokens if decode is not None else 0
         prefill = self.prefill.schedule(decode_reserve=self.decode.tokens_needed(),
                                         budget=self.config.max_num_batched_tokens - num_decode)
         if prefill is None or decode is None:
             return prefill or decode
-        return Batch(decode.reqs + prefill.reqs, "mixed", num_decode=num_decode)
+        if decode.num_decode_rows == 0:  # only verifying requests: they extend like prefills
+            return Batch(decode.reqs + prefill.reqs, "prefill")
+        return Batch(decode.reqs + prefill.reqs, "mixed", num_decode=decode.num_decode_rows)
 
     def _finish(self, batch: Batch, sampled: list[Req], out: ForwardOutput) -> list[TokenOutput]:
         """Read a forward back: append its tokens, check stops, release finished requests.
 
         A request may have finished or been aborted since the batch was launched: its tokens are
         dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
+        A request that verified drafts gets its accepted run, cut at the first stop.
         """
         out.wait()
         self.prompt_logprobs.add(out.prompt_logprobs, self.reqs)
-        tokens = out.next_tokens.tolist()
-        logprobs = logprob_rows(out, sampled)
-        live = [(i, req, token) for i, (req, token) in enumerate(zip(sampled, tokens))
+        verified = {i for i, req in enumerate(sampled) if req.draft_len}  # decoding already
+        runs = self._runs(sampled, out)
+        live = [(i, req, runs[i]) for i, req in enumerate(sampled)
                 if self.reqs.get(req.uid) is req]  # not finished or aborted while this forward ran
         reasons: dict[int, FinishReason | None] = {}
-        for i, req, token in live:
+        for i, req, run in live:
             if req.sampling_params.max_tokens != 0:
-                req.append_token(token)
-                reasons[i] = self._finish_reason(req, token)
+                reasons[i] = self._append_run(req, run)
+                if self.spec is not None and i not in verified:
+                    self.spec.observe(req, [token for token, _ in run])
         ended = set()  # the grammars advance in one batch: those that terminated end the request
         if self.grammar.active:
-            going = [(req, token) for i, req, token in live if i in reasons and reasons[i] is None]
+            going = [(req, run[-1][0]) for i, req, run in live
+                     if i in reasons and reasons[i] is None]
             ended = self.grammar.accept([r for r, _ in going], [t for _, t in going])
         results = []
-        for i, req, token in live:
+        for i, req, run in live:
             if i not in reasons:  # max_tokens 0, the prompt alone: its token is dropped
                 results.append(TokenOutput(req.uid, None, "length", first=req,
                                            prompt_logprobs=self.prompt_logprobs.pop(req)))
@@ -261,18 +293,43 @@ class Scheduler:
             reason = reasons[i]
             if reason is None and req.uid in ended:
                 reason = "stop"  # the grammar is complete
-            result = TokenOutput(req.uid, token, reason, *logprobs[i])
+            results += [TokenOutput(req.uid, token, None, *lp) for token, lp in run[:-1]]
+            result = TokenOutput(req.uid, run[-1][0], reason, *run[-1][1])
             if req.output_len == 1:
                 result.first = req
                 result.prompt_logprobs = self.prompt_logprobs.pop(req)
             if result.finish_reason is not None:
                 self._release(req)
-            elif i >= batch.num_decode_rows and req.table_idx >= 0:  # its prefill ended
+            elif i >= batch.num_decode_rows and req.table_idx >= 0 and i not in verified:
+                # its prefill ended
                 self.prefill.remove(req)
                 self.decode.add(req)
                 self.cache.cache_prefix(req)  # later requests with this prompt reuse it now
             results.append(result)
         return results
+
+    def _runs(self, sampled: list[Req], out: ForwardOutput) -> list[list[tuple[int, tuple]]]:
+        """Per sampled request its new tokens with their log-prob entries: one, or the accepted
+        run of a request that verified drafts (``SpecDecoder.verdict``)."""
+        rows, _ = SpecDecoder.rows(sampled)
+        runs = SpecDecoder.split(sampled, out.next_tokens.tolist(), logprob_rows(out, rows))
+        for i, req in enumerate(sampled):
+            if req.draft_len and self.reqs.get(req.uid) is req:
+                runs[i] = runs[i][: len(self.spec.verdict(req, [t for t, _ in runs[i]]))]
+        return runs
+
+    def _append_run(self, req: Req, run: list[tuple[int, tuple]]) -> FinishReason | None:
+        """Append a run of tokens up to the first that ends the request (the rest is dropped)."""
+        reason = None
+        for n, (token, _) in enumerate(run, 1):
+            req.append_token(token)
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                del run[n:]
+                if self.spec is not None:
+                    self.spec.trim(req)
+                break
+        return reason
 
     def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
         params = req.sampling_params
@@ -288,6 +345,8 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         """Finished or aborted: free everything the request holds."""
+        if self.spec is not None:
+            self.spec.finished(req)
         if self.grammar.remove(req):  # still compiling: in no queue, holds nothing
             del self.reqs[req.uid]
             return

@@ -58,6 +58,12 @@ DIFFERENT: dict[str, str] = {
     "--served-model": "use --served-model-name",
     "--load-format": "use --dummy-weights for random weights; checkpoints are detected by their "
                      "files",
+    "--speculative-draft-model-path": "draft models (EAGLE-3, MTP) are not built: use "
+                                      "--speculative-algorithm NGRAM or SUFFIX",
+    "--speculative-num-steps": "minisgl drafts without a model: --speculative-num-draft-tokens "
+                               "sets the tokens verified per step",
+    "--speculative-eagle-topk": "minisgl verifies one chain of drafts, not a tree: use "
+                                "--speculative-num-draft-tokens",
 }
 
 

@@ -125,6 +125,30 @@ class _SchedulerCollector:
             yield GaugeMetricFamily(PREFIX + name, doc, value=v)
         yield CounterMetricFamily(PREFIX + "retractions", "Requests retracted (preempted) when the "
                                   "KV cache ran out", value=value("num_retractions"))
+        if s is not None and s.spec_method:
+            yield from _spec_metrics(s)
+
+
+def _spec_metrics(s: SchedulerStatsMsg) -> Iterator[Metric]:
+    """Speculative decoding, labelled by method (vLLM's spec_decode_* names)."""
+    steps, drafts, accepted = s.spec_verify_steps, s.spec_draft_tokens, s.spec_accepted_tokens
+    for name, doc, v, kind in (
+        ("spec_decode_num_drafts", "Verify steps (one per request and step)", steps,
+         CounterMetricFamily),
+        ("spec_decode_num_draft_tokens", "Draft tokens proposed", drafts, CounterMetricFamily),
+        ("spec_decode_num_accepted_tokens", "Draft tokens accepted", accepted,
+         CounterMetricFamily),
+        ("spec_decode_skipped_requests", "Requests that could not speculate (penalties, "
+         "grammar)", s.spec_skipped_requests, CounterMetricFamily),
+        ("spec_decode_acceptance_rate", "Accepted / proposed draft tokens, cumulative",
+         accepted / drafts if drafts else 0.0, GaugeMetricFamily),
+        ("spec_decode_mean_accepted_length", "Tokens emitted per verify step (accepted drafts "
+         "plus one), cumulative", (accepted + steps) / steps if steps else 0.0,
+         GaugeMetricFamily),
+    ):
+        metric = kind(PREFIX + name, doc, labels=["method"])
+        metric.add_metric([s.spec_method], v)
+        yield metric
 
 
 class MetricsMiddleware:

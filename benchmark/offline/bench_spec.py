@@ -1,0 +1,229 @@
+"""Speculative decoding: acceptance and batch-1 decode tokens/s with and without it, and the cost
+of a verify step.
+
+``--workloads code,chat``: code editing (a source file of this repository plus an instruction to
+change a little of it: the answer mostly copies the file) and chat (open questions: little to
+copy). Each prompt runs alone (batch 1), greedy, once per method in ``--methods`` (``none`` is
+the baseline), after its prompt was prefilled into the prefix cache (the timed run decodes); the
+record has decode tokens/s, the mean accepted length and acceptance rate, and whether
+the tokens equal the baseline's. ``--batch N`` also runs all prompts of a workload together, N at
+a time (speculation backs off above ``disable_by_batch_size``).
+
+``--verify-cost``: on ``--model`` (a config.json gets random weights), the time of a step in which
+every request verifies k drafts (a proposer that always drafts k tokens), k = 1..8, against a
+plain decode step, at batch 1 and ``--batch``.
+
+    python benchmark/offline/bench_spec.py --out benchmark/results/cpu
+    python benchmark/offline/bench_spec.py --model benchmark/configs/qwen3-8b.json --verify-cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+import torch
+from bench_common import gpu_name, model_dir, project_commit
+
+from minisgl import LLM, SamplingParams
+from minisgl.spec.proposer import Proposer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [("python/minisgl/scheduler/decode.py", "DecodeManager", "RunningRequests"),
+           ("python/minisgl/spec/adaptive.py", "Acceptance", "AcceptanceTracker"),
+           ("python/minisgl/scheduler/policy.py", "AdmissionPolicy", "QueueOrder")]
+CHATS = ["What are the main differences between a process and a thread?",
+         "Give me three tips to sleep better.",
+         "Explain what a hash map is to a beginner.",
+         "Write a short story about a robot who learns to paint."]
+
+
+def code_prompts(llm: LLM) -> list[list[int]]:
+    root = os.path.join(HERE, "..", "..")
+    prompts = []
+    for path, old, new in SOURCES:
+        with open(os.path.join(root, path)) as f:
+            source = f.read()
+        text = (f"Here is a Python file:\n\n```python\n{source}```\n\nRename the class `{old}` to "
+                f"`{new}` everywhere. Reply with the whole updated file and nothing else.")
+        prompts.append(llm.apply_chat_template([{"role": "user", "content": text}]))
+    return prompts
+
+
+def chat_prompts(llm: LLM) -> list[list[int]]:
+    return [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHATS]
+
+
+def spec_config(method: str, k: int) -> dict | None:
+    return None if method == "none" else {"method": method, "num_speculative_tokens": k}
+
+
+def run_workload(llm: LLM, prompts, params, batch: int) -> tuple[list[list[int]], float, int]:
+    """Token ids per prompt, wall seconds, output tokens; ``batch`` prompts at a time. Each
+    group's prompts are prefilled first (into the prefix cache), so the time is the decode's."""
+    outs, tokens, secs = [], 0, 0.0
+    for i in range(0, len(prompts), batch):
+        group = prompts[i : i + batch]
+        llm.generate(group, SamplingParams(max_tokens=1), use_tqdm=False)
+        start = time.perf_counter()
+        for o in llm.generate(group, params, use_tqdm=False):
+            outs.append(o.token_ids)
+            tokens += len(o.token_ids)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        secs += time.perf_counter() - start
+    return outs, secs, tokens
+
+
+def bench_workloads(args, base: dict) -> list[dict]:
+    records = []
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    baseline: dict[tuple[str, int], list[list[int]]] = {}
+    for method in args.methods.split(","):
+        llm = LLM(args.model, device=args.device,
+                  speculative_config=spec_config(method, args.num_spec_tokens))
+        workloads = {"code": code_prompts(llm), "chat": chat_prompts(llm)}
+        llm.generate(workloads["chat"][:1], SamplingParams(max_tokens=8), use_tqdm=False)
+        for name in args.workloads.split(","):
+            for batch in sorted({1, args.batch}):
+                prompts = workloads[name]
+                if batch > 1:  # enough copies to fill the batch
+                    prompts = (prompts * -(-batch // len(prompts)))[:batch]
+                spec = llm.scheduler.spec
+                before = (spec.stats.verify_steps, spec.stats.draft_tokens,
+                          spec.stats.accepted_tokens) if spec else (0, 0, 0)
+                outs, secs, tokens = run_workload(llm, prompts, params, batch)
+                baseline.setdefault((name, batch), outs)
+                steps, drafts, accepted = ((spec.stats.verify_steps - before[0],
+                                            spec.stats.draft_tokens - before[1],
+                                            spec.stats.accepted_tokens - before[2])
+                                           if spec else (0, 0, 0))
+                rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
+                           num_spec_tokens=args.num_spec_tokens if spec else 0,
+                           prompts=len(outs), output_tokens=tokens, seconds=round(secs, 3),
+                           tokens_per_s=round(tokens / secs, 2),
+                           mean_accepted_len=round((accepted + steps) / steps, 3) if steps else 0,
+                           acceptance_rate=round(accepted / drafts, 3) if drafts else 0,
+                           verify_steps=steps,
+                           identical_to_baseline=outs == baseline[(name, batch)])
+                records.append(rec)
+                print(json.dumps(rec), flush=True)
+        llm.close()
+    for rec in records:
+        ref = next(r for r in records if r["method"] == "none" and r["workload"] == rec["workload"]
+                   and r["batch"] == rec["batch"]) if "none" in args.methods else None
+        rec["speedup"] = round(rec["tokens_per_s"] / ref["tokens_per_s"], 3) if ref else None
+    return records
+
+
+class FixedDrafts(Proposer):
+    """Always ``k`` drafts (the last token repeated): the cost of verifying k tokens, whatever
+    the acceptance."""
+
+    name = "fixed"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def propose(self, req, max_len: int) -> list[int]:
+        return [req.input_ids[-1]] * min(self.k, max_len)
+
+
+def bench_verify_cost(args, base: dict) -> list[dict]:
+    """One engine per batch size; a step with speculation off (overlap on: the real baseline),
+    then steps in which every request verifies k drafts (rejected or not, the cost is the same)."""
+    path, dummy = model_dir(args.model)
+    records = []
+    params = SamplingParams(temperature=0, max_tokens=args.cost_steps, ignore_eos=True)
+    config = {"method": "ngram", "num_speculative_tokens": 8, "adaptive": False,
+              "disable_by_batch_size": 4096}
+    for batch in sorted({1, args.batch}):
+        prompts = [[(7 * i + j) % 1000 + 10 for j in range(64)] for i in range(batch)]
+        llm = LLM(path, device=args.device, dummy_weights=dummy,
+                  max_running_requests=max(batch, 8), speculative_config=config)
+        sched = llm.scheduler
+        spec = sched.spec
+        for k in [0, *range(1, 9)]:
+            sched.spec = spec if k else None
+            spec.proposer = FixedDrafts(k)
+            llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+            for uid, p in enumerate(prompts):
+                sched.add_request(10**6 * (k + 1) + uid, p, params)
+            sched.step()  # the prefill (a prefix-cache hit)
+            steps, start = 0, time.perf_counter()
+            while sched.has_work:
+                sched.step()
+                steps += 1
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            ms = (time.perf_counter() - start) * 1000 / steps
+            rec = dict(base, kind="verify_cost", batch=batch, k=k, ms_per_step=round(ms, 3),
+                       tokens_per_step=batch * (k + 1))
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+        llm.close()
+    for rec in records:
+        plain = next(r for r in records if r["batch"] == rec["batch"] and r["k"] == 0)
+        rec["cost_vs_decode"] = round(rec["ms_per_step"] / plain["ms_per_step"], 3)
+    return records
+
+
+def write(records: list[dict], out: str, tag: str, command: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"spec_{tag}.json"), "w") as f:
+        json.dump(records, f, indent=1)
+    first = records[0]
+    lines = [f"`{command}` on {first['gpu']}, commit `{first['commit']}`, model "
+             f"`{first['model']}`.", ""]
+    work = [r for r in records if r["kind"] == "workload"]
+    if first["gpu"] == "cpu":
+        lines += ["CPU tok/s are only indicative: the machine's cores are shared with other jobs, "
+                  "so the acceptance columns are the result here.", ""]
+    if work:
+        lines += ["| workload | batch | method | tok/s | speedup | mean accepted len | "
+                  "acceptance | identical |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['workload']} | {r['batch']} | {r['method']} | {r['tokens_per_s']} | "
+                  f"{r['speedup']} | {r['mean_accepted_len']} | {r['acceptance_rate']} | "
+                  f"{r['identical_to_baseline']} |" for r in work]
+    cost = [r for r in records if r["kind"] == "verify_cost"]
+    if cost:
+        lines += ["", "| batch | k | ms/step | x decode step |", "|---|---|---|---|"]
+        lines += [f"| {r['batch']} | {r['k']} | {r['ms_per_step']} | {r['cost_vs_decode']} |"
+                  for r in cost]
+    with open(os.path.join(out, f"spec_{tag}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: the built-in SmolLM2-135M")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--methods", default="none,ngram,suffix")
+    parser.add_argument("--workloads", default="code,chat")
+    parser.add_argument("--num-spec-tokens", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1, help="also run the prompts N at a time")
+    parser.add_argument("--verify-cost", action="store_true")
+    parser.add_argument("--cost-steps", type=int, default=32)
+    parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
+    parser.add_argument("--tag", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() and args.device == "auto" else args.device
+    gpu = gpu_name() if device != "cpu" else "cpu"
+    base = {"model": args.model or "SmolLM2-135M-Instruct", "gpu": gpu,
+            "date": datetime.date.today().isoformat(), "commit": project_commit()}
+    records = bench_verify_cost(args, base) if args.verify_cost else bench_workloads(args, base)
+    tag = args.tag or ("verify_cost" if args.verify_cost else "workloads")
+    write(records, args.out, tag, "python benchmark/offline/bench_spec.py " +
+          " ".join(os.sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

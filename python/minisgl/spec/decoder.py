@@ -1,0 +1,179 @@
+"""The scheduler's side of speculative decoding: drafts onto decode requests, and the verdict.
+
+A decoding request with ``k`` drafts is fed as ``k + 1`` tokens (its last token, then the drafts)
+in the prefill part of the step's batch: an extend over its cached prefix, causal over the drafts,
+beside the ordinary one-token decode rows. Every one of the k + 1 positions is sampled::
+
+    input_ids: ... last | d1 d2 .. dk            (drafts appended for the forward only)
+    sampled:          x0  x1 .. x(k-1) xk        (xj: the target's token after position L-1+j)
+
+Row j is sampled with the request's own seed at output index ``j`` past its next one, exactly the
+draw the request would make at that index without speculation (``sampling/rng.py``). The run
+``x0 .. xm`` is accepted, m being the first j with ``xj != d(j+1)`` (or k). For greedy rows this is
+the usual exact match. For sampled rows it is rejection sampling with a one-hot proposal: the
+draft ``t`` survives with probability p(t) (the draw equals t), and on rejection the token is a
+draw from p conditioned on not being t (p with t removed, renormalised); after k accepted drafts
+``xk`` is the bonus token. The output is the very sequence the request would have produced
+without speculation, not only the same distribution. Penalties are not applied per verified
+position (their counts would need the drafts), so such requests do not speculate.
+
+After the verdict the drafts leave ``input_ids``, the accepted run is appended as ordinary
+tokens, and KV past the accepted prefix is given back (``CacheManager.shrink``): only accepted
+tokens ever reach the prefix cache.
+"""
+
+from __future__ import annotations
+
+from minisgl.core import Req
+from minisgl.utils import init_logger
+
+from .adaptive import Acceptance
+from .config import SpecConfig
+from .registry import create_proposer
+from .stats import SpecStats
+
+logger = init_logger(__name__)
+
+
+def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder | None:
+    """The scheduler's ``SpecDecoder``, or None: speculation off, or a model it cannot serve."""
+    if config is None:
+        return None
+    if engine.state_pool is not None:
+        # NOTE: a rejected draft would have to roll the recurrent state back to the accepted
+        # position, which the linear-attention layers cannot do yet
+        logger.warning("speculative decoding is off: %s is a hybrid (recurrent) model",
+                       engine.model_config.architecture)
+        return None
+    logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running requests",
+                config.method, config.num_speculative_tokens, config.disable_by_batch_size)
+    return SpecDecoder(config, cache)
+
+
+class SpecDecoder:
+    def __init__(self, config: SpecConfig, cache) -> None:
+        self.config, self.cache = config, cache
+        self.proposer = create_proposer(config)
+        self.stats = SpecStats(config.method)
+        self.accept_state: dict[int, Acceptance] = {}
+        self.ineligible: set[int] = set()
+
+    def active(self, running: list[Req]) -> bool:
+        """Whether this step drafts: not once the batch is large (it is compute-bound), nor when
+        no running request would (then the step keeps overlap scheduling)."""
+        if not 0 < len(running) <= self.config.disable_by_batch_size:
+            return False
+        return any(self._draft_len(req) for req in running if self._eligible(req))
+
+    def _draft_len(self, req: Req) -> int:
+        k_max = self.config.num_speculative_tokens
+        state = self.accept_state.get(req.uid)
+        if state is None:
+            state = self.accept_state[req.uid] = Acceptance(float(k_max))
+        if not self.config.adaptive:
+            return k_max
+        return state.draft_len(k_max, self.config.min_expected_accept)
+
+    def _eligible(self, req: Req) -> bool:
+        if req.uid in self.ineligible:
+            return False
+        params = req.sampling_params
+        reason = ("penalties" if params.needs_penalties
+                  else "grammar" if params.grammar is not None else None)
+        if reason is None:
+            return True
+        self.ineligible.add(req.uid)
+        self.stats.skip(reason)
+        return False
+
+    def add_drafts(self, reqs: list[Req], budget: int) -> list[Req]:
+        """Give this step's decode requests (counters already advanced by one) their drafts, as
+        far as ``budget`` tokens and free KV allow; return those that verify."""
+        verify: list[Req] = []
+        for req in reqs:
+            if budget <= 0:
+                break
+            if not self._eligible(req):
+                continue
+            # NOTE: the last sampled position, device_len + k, must stay inside the page table
+            # and token pool (< max_device_len), as a decode step's does
+            k = min(self._draft_len(req), budget, req.max_device_len - req.device_len - 1)
+            if k <= 0:
+                continue
+            draft = self.proposer.propose(req, k)
+            if not draft:
+                continue
+            new_len = req.device_len + len(draft)
+            if self.cache.tokens_needed(req, new_len) > self.cache.available_tokens:
+                continue
+            self.cache.allocate(req, new_len)
+            req.input_ids += draft
+            req.device_len, req.draft_len = new_len, len(draft)
+            budget -= len(draft)
+            verify.append(req)
+        return verify
+
+    @staticmethod
+    def rows(sampled: list[Req]) -> tuple[list[Req], list[int] | None]:
+        """One entry per sampled row (a verifying request has k + 1), and each row's output
+        index when any request verifies (None otherwise: the default of one row each)."""
+        if not any(req.draft_len for req in sampled):
+            return sampled, None
+        rows = [req for req in sampled for _ in range(req.draft_len + 1)]
+        steps = [req.device_len - req.draft_len - req.prompt_len + j
+                 for req in sampled for j in range(req.draft_len + 1)]
+        return rows, steps
+
+    @staticmethod
+    def split(sampled: list[Req], tokens: list, logprobs: list) -> list[list[tuple]]:
+        """The per-row tokens and log-prob entries of a forward, grouped per request."""
+        runs, r = [], 0
+        for req in sampled:
+            n = req.draft_len + 1
+            runs.append(list(zip(tokens[r : r + n], logprobs[r : r + n])))
+            r += n
+        return runs
+
+    def verdict(self, req: Req, sampled: list[int]) -> list[int]:
+        """The accepted run of a verifying request (its k + 1 sampled tokens in); the drafts leave
+        ``input_ids`` and the KV past the accepted prefix is freed."""
+        k = req.draft_len
+        base = len(req.input_ids) - k  # L: the real tokens
+        drafts = req.input_ids[base:]
+        m = 0
+        while m < k and sampled[m] == drafts[m]:
+            m += 1
+        del req.input_ids[base:]
+        # KV is valid for positions .. L-1+m: the last real token and the m accepted drafts
+        self.cache.shrink(req, base + m)
+        req.cached_len = req.device_len = base + m
+        req.draft_len = 0
+        self.stats.add(k, m)
+        self.accept_state[req.uid].record(m)
+        return sampled[: m + 1]
+
+    def observe(self, req: Req, tokens: list[int]) -> None:
+        """Tokens a request got without verifying drafts (now in ``input_ids``): score its shadow
+        draft, and draft a new one while the request does not speculate. Called when a forward is
+        read back, when the tokens are current even under overlap scheduling."""
+        state = self.accept_state.get(req.uid)
+        if state is None or req.uid in self.ineligible:
+            return
+        if state.shadow:
+            state.observe(tokens)
+        if not state.shadow and self._draft_len(req) == 0:
+            state.shadow = self.proposer.propose(req, self.config.num_speculative_tokens)
+
+    def finished(self, req: Req) -> None:
+        self.proposer.finished(req)
+        self.accept_state.pop(req.uid, None)
+        self.ineligible.discard(req.uid)
+
+    def trim(self, req: Req) -> None:
+        """A stop inside an accepted run left KV past the last kept token: give it back (the
+        request is about to be released, and only its kept tokens may enter the prefix cache).
+        As without speculation, the last token's KV is not kept: that token was never fed."""
+        n = len(req.input_ids) - 1
+        if req.device_len > n:
+            self.cache.shrink(req, n)
+            req.cached_len = req.device_len = n

@@ -1,0 +1,32 @@
+"""The proposer interface: k draft tokens per request per step, from whatever it knows.
+
+A proposer sees a request's real tokens only (prompt and accepted output: drafts under verification
+are never shown), and keeps per-request state keyed by uid, which it builds incrementally from
+``req.input_ids`` (tokens are only ever appended to a live request's list between two calls).
+Every TP rank runs the same proposer on the same tokens, so all ranks draft the same tokens.
+
+Draft-model methods (MTP heads, EAGLE-3) would implement the same ``propose``, fed by the target's
+hidden states; they are not built (``config.py`` rejects them).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from minisgl.core import Req
+
+
+class Proposer(ABC):
+    """Drafts for one method. ``propose`` must be cheap on the host: it runs for every
+    speculating request every step, between two forwards."""
+
+    name: str = ""
+
+    @abstractmethod
+    def propose(self, req: Req, max_len: int) -> list[int]:
+        """Up to ``max_len`` tokens likely to follow ``req.input_ids`` (maybe none)."""
+
+    def finished(self, req: Req) -> None:
+        """``req`` ended (finished or aborted): drop its state; a method that learns across
+        requests keeps what it wants of its tokens."""
+

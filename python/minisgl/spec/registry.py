@@ -1,0 +1,20 @@
+"""Proposers by method name: the one place that knows every method's class."""
+
+from __future__ import annotations
+
+from .config import SpecConfig
+from .proposer import Proposer
+
+
+def create_proposer(config: SpecConfig) -> Proposer:
+    """The proposer of ``config.method``."""
+    if config.method == "ngram":
+        from .ngram import NgramProposer
+
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "suffix":
+        from .suffix import SuffixProposer
+
+        return SuffixProposer(config.max_tree_depth, config.max_cached_requests,
+                              config.max_spec_factor, config.min_token_prob)
+    raise ValueError(f"speculative_config: no proposer for method {config.method!r}")

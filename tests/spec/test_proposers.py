@@ -1,0 +1,120 @@
+"""Proposers, the adaptive draft length and the speculative flags, without a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minisgl.core import Req, SamplingParams
+from minisgl.llm.config import EngineOptions
+from minisgl.server.args import parse_args
+from minisgl.spec import SpecConfig, create_proposer, parse_speculative_config
+from minisgl.spec.adaptive import Acceptance
+from minisgl.spec.ngram import lookup
+
+
+def req(ids: list[int], uid: int = 0, prompt_len: int | None = None) -> Req:
+    return Req(uid=uid, input_ids=list(ids), prompt_len=prompt_len or len(ids),
+               sampling_params=SamplingParams(), max_device_len=1000)
+
+
+def test_ngram_takes_the_longest_match_and_its_latest_occurrence():
+    tokens = np.array([1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 4, 1, 2, 3])
+    # "1 2 3" (n=3) occurred at the start: it beats the later "2 3" (n=2)
+    assert lookup(tokens, 2, 3, 3) == [9, 9, 5]
+    # with n <= 2, the latest "2 3" wins
+    assert lookup(tokens, 2, 2, 3) == [7, 8, 4]
+    assert lookup(tokens, 4, 5, 3) == []  # no 4-gram repeats
+    assert lookup(np.array([5, 5, 5, 5]), 2, 3, 4) == [5]  # an overlapping match
+
+
+def test_ngram_proposer_follows_a_growing_request():
+    p = create_proposer(SpecConfig(method="ngram", prompt_lookup_min=1, prompt_lookup_max=3))
+    r = req([10, 11, 12, 13, 10, 11])
+    assert p.propose(r, 2) == [12, 13]
+    r.input_ids += [12, 13, 99] + [0] * 300  # past the initial buffer
+    r.input_ids += [12, 13]
+    assert p.propose(r, 3) == [99, 0, 0]
+    p.finished(r)
+    assert not p.history
+
+
+def test_suffix_proposer_uses_own_history_and_other_requests():
+    p = create_proposer(SpecConfig(method="suffix", max_tree_depth=8))
+    first = req([1, 2, 3, 4, 5, 6, 7, 8], uid=1, prompt_len=2)
+    assert p.propose(first, 4) == []  # nothing repeats yet
+    p.finished(first)  # its output 3..8 joins the global trie
+    other = req([50, 51, 3, 4, 5], uid=2)
+    assert p.propose(other, 4) == [6, 7, 8]  # a 3-token match allows 3 drafts
+    own = req([20, 21, 22, 23, 24, 20, 21], uid=3)
+    assert p.propose(own, 2) == [22, 23]
+
+
+def test_suffix_draft_stops_at_unlikely_continuations():
+    p = create_proposer(SpecConfig(method="suffix", min_token_prob=0.6))
+    # after "1 2": 3 twice, 4 once, 5 once: 3 has a share of 1/2 < 0.6
+    r = req([1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 4, 0, 1, 2, 5, 0, 1, 2])
+    assert p.propose(r, 4) == []
+    r = req([1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 5, 0, 1, 2], uid=9)
+    assert p.propose(r, 4) == [3, 0, 1]  # "0 1 2" then 3 in 3 of 4 cases; a 3-token match
+
+
+def test_suffix_global_trie_is_bounded():
+    p = create_proposer(SpecConfig(method="suffix", max_cached_requests=2))
+    for uid in range(5):
+        p.finished(req([0, 100 + uid, 7, 8], uid=uid, prompt_len=1))
+    assert len(p.shared.texts) == 2
+    assert set(p.shared.root.children) == {103, 104, 7, 8}
+
+
+def test_adaptive_length_backs_off_and_recovers_through_the_shadow():
+    a = Acceptance(4.0)
+    assert a.draft_len(4, 0.5) == 4
+    for _ in range(4):
+        a.record(0)
+    assert a.draft_len(4, 0.5) == 0  # not worth it: shadow drafts only
+    for _ in range(3):
+        a.shadow = [1, 2, 3]
+        a.observe([1, 2, 3])
+    assert a.draft_len(4, 0.5) >= 3
+
+
+def test_vllm_and_sglang_spellings():
+    config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, '
+                                      '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
+    assert (config.method, config.num_speculative_tokens, config.prompt_lookup_max) == \
+        ("ngram", 4, 4)
+    config = parse_args(["--speculative-algorithm", "SUFFIX",
+                         "--speculative-num-draft-tokens", "6"]).engine.spec_config()
+    assert (config.method, config.num_speculative_tokens) == ("suffix", 5)
+    config = EngineOptions(speculative_config={"method": "suffix",
+                                               "suffix_decoding_max_tree_depth": 16}).spec_config()
+    assert config.max_tree_depth == 16
+    assert EngineOptions().spec_config() is None
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"speculative_config": '{"method": "eagle3"}'}, "not built"),
+    ({"speculative_config": '{"method": "mtp", "num_speculative_tokens": 1}'}, "not built"),
+    ({"speculative_config": '{"method": "ngram", "k": 3}'}, "unknown key 'k'"),
+    ({"speculative_config": '{"num_speculative_tokens": 3}'}, "'method' is required"),
+    ({"speculative_config": "{oops"}, "not valid JSON"),
+    ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 0}'},
+     "num_speculative_tokens"),
+    ({"speculative_algorithm": "EAGLE3"}, "not built"),
+    ({"speculative_algorithm": "LOOKAHEAD"}, "speculative_algorithm"),
+    ({"speculative_num_draft_tokens": 3}, "speculative_algorithm"),
+    ({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 1},
+     "speculative_num_draft_tokens"),
+    ({"speculative_algorithm": "NGRAM", "speculative_config": '{"method": "ngram"}'},
+     "not both"),
+])
+def test_bad_settings_name_their_field(options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineOptions(**options)
+
+
+def test_draft_model_flags_say_what_to_use(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--speculative-algorithm", "NGRAM", "--speculative-draft-model-path", "x"])
+    assert "not built" in capsys.readouterr().err

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minisgl.server.args import parse_args
 
 from minisgl.core import Req, SamplingParams
 from minisgl.llm.config import EngineOptions
+from minisgl.server.launch.args import parse_args
 from minisgl.spec import SpecConfig, create_proposer, parse_speculative_config
 from minisgl.spec.adaptive import Acceptance
 from minisgl.spec.ngram import lookup

@@ -23,10 +23,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_common import model_dir, project_commit  # noqa: E402
 
+from helpers.engine_utils import record_sampled_logits  # noqa: E402
 from minisgl import LLM, SamplingParams  # noqa: E402
 
 
@@ -34,21 +36,12 @@ def run(path: str, dummy: bool, device: str, state: str, prompts, new_tokens: in
     """(greedy continuations, per request the logits of each decode step [T, vocab], on CPU)."""
     llm = LLM(path, dummy_weights=dummy, device=device, mamba_ssm_dtype=state, warmup="off",
               cuda_graph_max_bs=0, max_running_requests=len(prompts), kv_cache_memory_gb=4)
-    engine, recorded = llm.scheduler.engine, {}
-    forward = engine.forward
-
-    def spy(batch, args):
-        out = forward(batch, args)
-        for req, row in zip(batch.sampled_reqs, out.logits):
-            recorded.setdefault(req.uid, []).append(row.float().cpu())
-        return out
-
-    engine.forward = spy
+    recorded = record_sampled_logits(llm.scheduler.engine)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     llm.close()
     uids = sorted(recorded)
-    return [o.token_ids for o in outs], [torch.stack(recorded[u]) for u in uids]
+    return [o.token_ids for o in outs], [torch.stack(recorded[u]).float().cpu() for u in uids]
 
 
 def main() -> None:

@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits
+from helpers.engine_utils import prefill_logits, record_sampled_logits
 from helpers.gemma_models import WINDOW, make_gemma_checkpoint
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
-from minisgl.core import Batch
 
 pytestmark = pytest.mark.any_device
 ARCHS = ("gemma3", "gemma3_mm", "gemma4")
@@ -77,16 +76,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, checkpoints, prompts
     logits = prefill_logits(llm.scheduler, prompts)
     expected = torch.cat(hf_prefill_logits(path, prompts))
     torch.testing.assert_close(logits.cpu(), expected, atol=1e-3, rtol=0)
-    engine, recorded = llm.scheduler.engine, {}
-    forward = engine.forward
-
-    def spy(batch: Batch, args):
-        out = forward(batch, args)
-        for req, row in zip(batch.sampled_reqs, out.logits):
-            recorded.setdefault(req.uid, []).append(row.clone())
-        return out
-
-    engine.forward = spy
+    recorded = record_sampled_logits(llm.scheduler.engine)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate(prompts, params)
     model = hf_model(path)

@@ -16,11 +16,10 @@ import torch
 from test_tp import run_rank, run_tp
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits
+from helpers.engine_utils import prefill_logits, record_sampled_logits
 from helpers.gpt_oss_models import WINDOW, make_gpt_oss_checkpoint, make_mxfp4_pair
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
-from minisgl.core import Batch
 
 pytestmark = pytest.mark.any_device
 VOCAB = 256
@@ -85,16 +84,7 @@ def test_prefill_and_decode_logits_match_transformers(name, checkpoints, prompts
     logits = prefill_logits(llm.scheduler, prompts)
     torch.testing.assert_close(logits.cpu(), torch.cat(hf_prefill_logits(ref_path, prompts)),
                                atol=1e-3, rtol=0)
-    recorded: dict[int, list[torch.Tensor]] = {}
-    forward = engine.forward
-
-    def spy(batch: Batch, args):
-        out = forward(batch, args)
-        for req, row in zip(batch.sampled_reqs, out.logits):
-            recorded.setdefault(req.uid, []).append(row.clone())
-        return out
-
-    engine.forward = spy
+    recorded = record_sampled_logits(engine)
     outputs = llm.generate(prompts, GREEDY)
     model = hf_model(ref_path)
     for uid, (out, prompt) in enumerate(zip(outputs, prompts)):

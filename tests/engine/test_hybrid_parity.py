@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits
+from helpers.engine_utils import prefill_logits, record_sampled_logits
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint
 from minisgl import LLM, SamplingParams
-from minisgl.core import Batch
 
 pytestmark = pytest.mark.any_device  # MINISGL_TEST_DEVICE=cuda: fla's kernels, float32
 
@@ -74,16 +73,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, checkpoints, prompts
     # where the chunked and the token-by-token delta rule meet): 1e-3 of the logits' spread
     atol = 1e-3 * float(expected.std())
     torch.testing.assert_close(logits.cpu(), expected, atol=atol, rtol=0)
-    engine, recorded = llm.scheduler.engine, {}
-    forward = engine.forward
-
-    def spy(batch: Batch, args):
-        out = forward(batch, args)
-        for req, row in zip(batch.sampled_reqs, out.logits):
-            recorded.setdefault(req.uid, []).append(row.clone())
-        return out
-
-    engine.forward = spy
+    recorded = record_sampled_logits(llm.scheduler.engine)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate(prompts, params)
     model = hf_model(path)

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits
+from helpers.engine_utils import prefill_logits, record_sampled_logits
 from helpers.hf_models import ARCHS, hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
-from minisgl.core import Batch
 
 pytestmark = pytest.mark.any_device
 VOCAB = 256
@@ -69,16 +68,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, tiny_checkpoints, pr
     expected = torch.cat(hf_prefill_logits(path, prompts))
     torch.testing.assert_close(logits.cpu(), expected, atol=1e-3, rtol=0)
 
-    recorded: dict[int, list[torch.Tensor]] = {}
-    forward = engine.forward
-
-    def spy(batch: Batch, args):
-        out = forward(batch, args)
-        for req, row in zip(batch.sampled_reqs, out.logits):
-            recorded.setdefault(req.uid, []).append(row.clone())
-        return out
-
-    engine.forward = spy
+    recorded = record_sampled_logits(engine)
     outputs = llm.generate(prompts, GREEDY)
     model = hf_model(path)
     # the LLM numbers requests 0, 1, ...

@@ -45,3 +45,19 @@ def logits_and_tokens(scheduler, prompts: list[list[int]],
     scheduler.check_integrity()
     scheduler.close()
     return logits, [tokens[i] for i in range(len(prompts))]
+
+
+def record_sampled_logits(engine) -> dict[int, list[torch.Tensor]]:
+    """From now on, every forward's logits of each sampled request, by request uid (a row per
+    step): wraps ``engine.forward``."""
+    recorded: dict[int, list[torch.Tensor]] = {}
+    forward = engine.forward
+
+    def spy(batch, args):
+        out = forward(batch, args)
+        for req, row in zip(batch.sampled_reqs, out.logits):
+            recorded.setdefault(req.uid, []).append(row.clone())
+        return out
+
+    engine.forward = spy
+    return recorded

@@ -57,6 +57,7 @@ def main() -> None:
     worker.start()
     time.sleep(args.delay)
     first_token_time(args.url, short, result, "short_ttft_s")
+    print(f"short request: first token after {result['short_ttft_s']} s", flush=True)
     worker.join()
     out = args.out or os.path.join(tempfile.mkdtemp(prefix="short-behind-long-"), "result.json")
     with open(out, "w") as f:

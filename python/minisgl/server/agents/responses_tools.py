@@ -93,7 +93,9 @@ class ResponsesTools:
         if choice is None or isinstance(choice, str):
             return choice
         if isinstance(choice, dict) and choice.get("type") == "function":
-            name = chat_name(choice.get("namespace"), str(choice.get("name")))
+            name = choice.get("name")
+            if isinstance(name, str) and isinstance(choice.get("namespace"), str):
+                name = chat_name(choice["namespace"], name)
             return {"type": "function", "function": {"name": name}}
         raise _bad("tool_choice", "must be 'none', 'auto', 'required' or "
                    "{'type': 'function', 'name': ...}")

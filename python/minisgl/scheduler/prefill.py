@@ -96,7 +96,8 @@ class PrefillManager:
             else:
                 self.cache.save_state_at_branch(req)
             chunk = min(budget, req.pending_len)
-            if 1 < chunk < req.pending_len and self._yields(req, order[i + 1:]):
+            if 1 < chunk < req.pending_len and self._yields(req, order[i + 1:],
+                                                            chunk + decode_reserve):
                 chunk //= 2
             if req.snapshot_at > req.device_len:  # stop at the branch point (hybrid models)
                 chunk = min(chunk, req.snapshot_at - req.device_len)
@@ -114,9 +115,16 @@ class PrefillManager:
             computing.add(head)
         return Batch(reqs, "prefill") if reqs else None
 
-    def _yields(self, req: Req, behind: list[Req]) -> bool:
-        """Whether a shorter prompt that could be fed this step waits behind ``req``."""
-        return any(0 < r.pending_len < req.pending_len
+    def _yields(self, req: Req, behind: list[Req], reserved: int) -> bool:
+        """Whether a shorter prompt that could be fed this step waits behind ``req``: a row for
+        it, and room for its whole prompt beside ``reserved`` tokens. NOTE: never with a
+        sliding-window pool (``--sliding-pool-ratio``): sized for the running requests' windows,
+        it stalled in a loop of admissions and releases when the long prompt yielded
+        (``test_sliding_pool_smaller_than_the_requests``)."""
+        if self.cache.window is not None:
+            return False
+        room = self.cache.available_tokens - reserved
+        return any(0 < r.pending_len < req.pending_len and r.pending_len <= room
                    and (r.table_idx >= 0 or self.table.num_free > 0) for r in behind)
 
     def release(self, req: Req) -> None:

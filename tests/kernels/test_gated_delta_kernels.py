@@ -101,50 +101,86 @@ def test_gdn_decode_matches_the_reference(state_dtype) -> None:
     torch.testing.assert_close(dev_state.cpu().float(), ref.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32),
-                                               (torch.bfloat16, torch.float32),
-                                               (torch.bfloat16, torch.bfloat16)])
-def test_triton_backend_matches_the_torch_backend(dtype, state_dtype) -> None:
-    """A mixed batch (decode rows, a fresh prefill, a continuing prefill, padding tokens), then a
-    decode batch, through both backends from the same pool: outputs and pool states."""
-    pytest.importorskip("fla")
-    from minisgl.core import Batch
+def _torch_chunk_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu):
+    """fla's ``chunk_gated_delta_rule`` (varlen, batch 1) in terms of the torch ops: the stand-in
+    that lets the Triton backend's own code run on CPU."""
+    outs, finals, cu = [], [], cu_seqlens_cpu.tolist()
+    for n in range(len(cu) - 1):
+        lo, hi = cu[n], cu[n + 1]
+        o, s = ops.chunk_gated_delta_rule(q[0, lo:hi], k[0, lo:hi], v[0, lo:hi], g[0, lo:hi],
+                                          beta[0, lo:hi], initial_state[n], scale)
+        outs.append(o)
+        finals.append(s)
+    return torch.cat(outs)[None].to(v.dtype), torch.stack(finals)
+
+
+def _backend_case(dtype, state_dtype, dev, k_dim):
+    """A layer, one pool and the two backends over copies of it."""
     from minisgl.distributed import DistributedCommunicator, DistributedInfo
-    from minisgl.kvcache.state_metadata import StateMetadata
     from minisgl.kvcache.state_pool import StatePool, StateShape
     from minisgl.linear_attn.torch_backend import TorchLinearAttnBackend
     from minisgl.linear_attn.triton_backend import TritonLinearAttnBackend
     from minisgl.models.config import LinearAttnConfig
     from minisgl.models.qwen3_5 import Qwen3_5GatedDeltaNet
 
-    cfg = LinearAttnConfig(num_key_heads=2, num_value_heads=4, key_head_dim=128,
-                           value_head_dim=128, conv_kernel=4)
+    cfg = LinearAttnConfig(num_key_heads=2, num_value_heads=4, key_head_dim=k_dim,
+                           value_head_dim=k_dim, conv_kernel=4)
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        layer = Qwen3_5GatedDeltaNet(cfg, 256, 1e-6, 0,
+    with torch.device(dev):
+        layer = Qwen3_5GatedDeltaNet(cfg, 64, 1e-6, 0,
                                      DistributedCommunicator(DistributedInfo()), None)
         for p in layer.parameters():
             p.data.normal_(0, 0.5)
     layer = layer.to(dtype)
     layer.A_log.data, layer.dt_bias.data = layer.A_log.float(), layer.dt_bias.float()
-    shape = StateShape(layer.conv_dim, 4, layer.num_v_heads, 128, 128)
-    pool = StatePool(shape, 1, 4, 0, dtype, "cuda", ssm_dtype=state_dtype)
+    shape = StateShape(layer.conv_dim, 4, layer.num_v_heads, k_dim, k_dim)
+    pool = StatePool(shape, 1, 4, 0, dtype, dev, ssm_dtype=state_dtype)
     pool.conv[0].normal_()
     pool.ssm[0].copy_(torch.randn_like(pool.ssm[0], dtype=torch.float32) * 0.1)
     pools = [pool, copy.deepcopy(pool)]
-    backends = [TritonLinearAttnBackend(pools[0]), TorchLinearAttnBackend(pools[1])]
+    if dev == "cuda":
+        triton_backend = TritonLinearAttnBackend(pools[0])
+    else:  # fla's chunked kernel needs CUDA: the torch ops stand in for it
+        triton_backend = TritonLinearAttnBackend.__new__(TritonLinearAttnBackend)
+        triton_backend.state_pool, triton_backend.chunk_rule = pools[0], _torch_chunk_rule
+    return layer, pools, [triton_backend, TorchLinearAttnBackend(pools[1])]
+
+
+def _compare_backends(dtype, state_dtype, dev, k_dim, tol):
+    """A mixed batch (decode rows, a fresh prefill, a continuing prefill, padding tokens), then a
+    decode batch, through both backends from the same pool: outputs and pool states."""
+    from minisgl.core import Batch
+    from minisgl.kvcache.state_metadata import StateMetadata
+
+    layer, pools, backends = _backend_case(dtype, state_dtype, dev, k_dim)
     for lens, fresh, nd, pad in (([1, 1, 70, 9], [False, False, True, False], 2, 16),
                                  ([1, 1, 1, 1], [False] * 4, 4, 0)):
-        meta = StateMetadata.build([0, 1, 2, 3], lens, fresh, nd, torch.device("cuda"))
+        meta = StateMetadata.build([0, 1, 2, 3], lens, fresh, nd, torch.device(dev))
         batch = Batch([], "mixed", state_metadata=meta)
-        x = torch.randn(sum(lens) + pad, 256, device="cuda", dtype=dtype)
+        x = torch.randn(sum(lens) + pad, 64, device=dev, dtype=dtype)
         qkv, _, b, a = layer.project(x)
         outs = [be.forward(layer, qkv, a, b, batch).float() for be in backends]
-        tol = 2e-3 if dtype == torch.float32 and state_dtype == torch.float32 else 5e-2
         torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=tol)
         if pad:
             assert outs[0][sum(lens):].abs().max() == 0
         torch.testing.assert_close(pools[0].ssm[0].float(), pools[1].ssm[0].float(), atol=tol,
                                    rtol=tol)
         torch.testing.assert_close(pools[0].conv[0].float(), pools[1].conv[0].float())
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="CUDA runs the real fla kernel (the test below)")
+def test_triton_backend_glue_matches_the_torch_backend() -> None:
+    """CPU: the Triton backend's own code (kernels in the interpreter, metadata, the chunk
+    path's gather and write-back) with the torch ops standing in for fla's kernel."""
+    _compare_backends(torch.float32, torch.float32, "cpu", 8, 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16)])
+def test_triton_backend_matches_the_torch_backend(dtype, state_dtype) -> None:
+    pytest.importorskip("fla")
+    tol = 2e-3 if dtype == torch.float32 and state_dtype == torch.float32 else 5e-2
+    _compare_backends(dtype, state_dtype, "cuda", 128, tol)

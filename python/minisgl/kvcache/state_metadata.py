@@ -14,6 +14,7 @@ CUDA graph builds its metadata from its static slot row (``for_decode``): no hos
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,12 @@ class ChunkMetadata:
     token_seq: torch.Tensor  # [cu[-1]]: the chunk of each token
     has_init: torch.Tensor  # [N]: 1 continues from the slot's state, 0 starts from zeros
     slots: torch.Tensor  # [N]
+
+    @functools.cached_property
+    def cu_long(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The offsets as int64 on the device and on the host (what fla's kernels take), made
+        once per batch rather than once per layer."""
+        return self.cu_dev.long(), torch.tensor(self.cu, dtype=torch.long)
 
     @property
     def num_tokens(self) -> int:

@@ -6,8 +6,6 @@ back (a prefill chunk moves its state once; a decode row moves nothing but its o
 
 from __future__ import annotations
 
-import torch
-
 from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_decode
 from minisgl.layers import gated_delta as ops
 
@@ -56,9 +54,9 @@ class TritonLinearAttnBackend(BaseLinearAttnBackend):
         g, beta = ops.gdn_gating(a, b, layer.A_log, layer.dt_bias)
         slots = chunks.slots.long()
         init = ssm_state[slots].float() * chunks.has_init[:, None, None, None]
+        cu_dev, cu_cpu = chunks.cu_long
         o, final = self.chunk_rule(q, k, v, g=g[None], beta=beta[None].to(qkv.dtype), scale=scale,
                                    initial_state=init, output_final_state=True,
-                                   cu_seqlens=chunks.cu_dev.long(),
-                                   cu_seqlens_cpu=torch.tensor(chunks.cu, dtype=torch.long))
+                                   cu_seqlens=cu_dev, cu_seqlens_cpu=cu_cpu)
         ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
         return o[0]

@@ -106,22 +106,25 @@ def _fp8_kernels():
             weights_ptr="*bf16", sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32",
             ws_ptr="*fp32", n_pairs="i32", n_out="i32", k_dim="i32", top_k="i32", n_blocks_m="i32",
             stride_am="i32", stride_we="i32", stride_wn="i32", stride_om="i32", stride_se="i32",
-            stride_sn="i32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
-            EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128), 4
+            stride_sn="i32", bias_ptr="*bf16", stride_be="i32", alpha="fp32",
+            limit="fp32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+            EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128,
+            HAS_BIAS=False, CLAMPED=False), 4
     attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32",
-                SeqLens="*i32")
+                SeqLens="*i32", Sinks="*fp32", window="i32")
     yield decode_attention._decode_stage1, dict(attn, Order="*i32", PartOut="*fp32",
         PartLse="*fp32", Out="*bf16",
         qk_scale="fp32", v_scale="fp32", num_splits="i32", **{s: "i32" for s in (
             "stride_qb", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh",
             "stride_pt", "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh",
             "stride_ob", "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128,
-        BLOCK_N=64, DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True), 4
+        BLOCK_N=64, DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True,
+        HAS_SINKS=True), 4
     yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32",
         qk_scale="fp32", v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh",
         "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_ot", "stride_oh",
         "stride_pt")}), dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64,
-        DOT_PREC="tf32"), 4
+        DOT_PREC="tf32", WINDOWED=True, HAS_SINKS=True), 4
     yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
         cache_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16", kc_ptr="*fp8e4nv", vc_ptr="*fp8e4nv",
         loc_ptr="*i64", eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32", **{s: "i32" for s in (
@@ -152,9 +155,10 @@ def _pdl_kernels():
             V="i32", chunk="i32"), dict(SPLITS=splits, BLOCK=1024, USE_PDL=True), 4
     yield decode_step._final_kernel, greedy_sig, dict(SPLITS=64, USE_PDL=True), 1
     yield decode_attention._decode_stage2, dict(PartOut="*fp32", PartLse="*fp32", SeqLens="*i32",
-        Out="*bf16", num_splits="i32", **{s: "i32" for s in ("stride_pb", "stride_ph", "stride_ps",
-        "stride_lb", "stride_lh", "stride_ob", "stride_oh")}), dict(
-        HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16, USE_PDL=True), 4
+        Out="*bf16", Sinks="*fp32", num_splits="i32", window="i32", **{s: "i32" for s in (
+            "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
+            "stride_oh")}), dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16,
+                                 USE_PDL=True, HAS_SINKS=True), 4
 
 
 def main(suite: str) -> None:

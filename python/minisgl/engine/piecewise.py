@@ -20,13 +20,14 @@ Token counts are captured at every multiple of ``STEP`` up to ``max_tokens``; a 
 padded up to the next one with the dummy request's (token 0 at position 0, K/V into the scratch
 slot 0), as ``batch.py`` pads eager forwards. q/k/v and the attention output are static buffers that
 every layer and every size shares: each graph copies its layer's q/k/v there and the next reads
-``out``. The backend must accept padding rows (``supports_padding``).
+``out``. The backend must accept padding rows (``supports_padding``), and every attention layer
+must have the same q/k/v shapes (one set of buffers; the engine checks ``cache_spec``).
 """
 
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,13 +46,14 @@ STEP = 64  # captured token counts: STEP, 2 * STEP, ..., max_tokens
 class _Cut:
     """Stands in for the attention backend while a forward is warmed up or captured: it hands the
     layer's q/k/v to the static buffers and, when capturing, ends the current graph there and begins
-    the next, which starts from ``out``. ``layers`` records each cut: an attention layer's id, or
-    the linear-attention layer itself (``_LinearCut``)."""
+    the next, which starts from ``out``. ``layers`` records each cut: ``(False, what the attention
+    layer handed its backend)`` (its spec), or ``(True, the linear-attention layer)``
+    (``_LinearCut``)."""
 
     def __init__(self, runner: PiecewiseRunner, capture: bool) -> None:
         self.runner, self.capture = runner, capture
         self.graphs: list[torch.cuda.CUDAGraph] = []
-        self.layers: list[int | torch.nn.Module] = []
+        self.layers: list[tuple[bool, Any]] = []
 
     def begin(self) -> None:
         if self.capture:
@@ -62,9 +64,9 @@ class _Cut:
         if self.capture:
             self.graphs[-1].capture_end()
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Any,
                 batch: Batch, out: torch.Tensor | None = None) -> torch.Tensor:
-        return self.cut(self.runner.buffers(q, k, v), (q, k, v), layer_id)
+        return self.cut(self.runner.buffers(q, k, v), (q, k, v), (False, spec))
 
     def cut(self, bufs: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], layer):
         n = inputs[0].shape[0]
@@ -85,7 +87,7 @@ class _LinearCut:
     def forward(self, layer, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: Batch,
                 out: torch.Tensor | None = None) -> torch.Tensor:
         bufs = self._cut.runner.linear_buffers(layer, qkv, a, b)
-        return self._cut.cut(bufs, (qkv, a, b), layer)
+        return self._cut.cut(bufs, (qkv, a, b), (True, layer))
 
 
 class PiecewiseRunner:
@@ -178,12 +180,12 @@ class PiecewiseRunner:
         q, k, v, out = _views(self._bufs, n)
         qkv, a, b, mixed = _views(self._linear_bufs, n)  # hybrid models only
         backend, linear = self.ctx.attn_backend, self.ctx.linear_attn
-        for graph, layer in zip(graphs, layers):
+        for graph, (is_linear, layer) in zip(graphs, layers):
             graph.replay()
-            if isinstance(layer, int):
-                backend.forward(q, k, v, layer, batch, out=out)
-            else:
+            if is_linear:
                 linear.forward(layer, qkv, a, b, batch, out=mixed)
+            else:
+                backend.forward(q, k, v, layer, batch, out=out)
         graphs[-1].replay()
         return hidden[:n]
 

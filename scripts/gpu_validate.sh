@@ -155,9 +155,11 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); fl
     # TF32-rounded prefill flips near-tied MoE routes of the tiny random models
     TRITON_F32_DEFAULT=ieee step 500 "$py" -m pytest -q -p no:cacheprovider -rf \
         -m "gpu or any_device" tests/kernels/test_gated_delta_kernels.py \
-        tests/kernels/test_gated_delta.py tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
+        tests/kernels/test_hybrid_norm_kernels.py tests/kernels/test_gated_delta.py \
+        tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
     tail -5 "$out/hybrid_tests.log" ;;
 hybrid)
+    step 100 "$py" benchmark/kernels/bench_gated_delta.py --out "$out" >"$out/bench_gdn.log" 2>&1
     step 420 "${bench[@]}" --model benchmark/configs/qwen3.5-9b.json --variants default,state-bf16 \
         --batch1 --batch1-variants default,state-bf16 --hf-requests 16 --hf-batch 16 \
         >"$out/bench_qwen3.5-9b.log" 2>&1

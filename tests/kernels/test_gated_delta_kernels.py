@@ -102,9 +102,14 @@ def test_gdn_decode_matches_the_reference(state_dtype) -> None:
 
 
 def _torch_chunk_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu):
-    """fla's ``chunk_gated_delta_rule`` (varlen, batch 1) in terms of the torch ops: the stand-in
-    that lets the Triton backend's own code run on CPU."""
+                      cu_seqlens_cpu, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log,
+                      dt_bias):
+    """fla's ``chunk_gated_delta_rule`` (varlen, batch 1; the q/k L2 norm and the decay's gating
+    inside) in terms of the torch ops: the stand-in that lets the Triton backend's own code run
+    on CPU."""
+    assert use_qk_l2norm_in_kernel and use_gate_in_kernel
+    q, k = ops.l2norm(q).to(q.dtype), ops.l2norm(k).to(k.dtype)
+    g = ops.gdn_gating(g, beta, A_log, dt_bias)[0]
     outs, finals, cu = [], [], cu_seqlens_cpu.tolist()
     for n in range(len(cu) - 1):
         lo, hi = cu[n], cu[n + 1]

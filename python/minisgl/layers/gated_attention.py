@@ -34,6 +34,13 @@ class OffsetRMSNorm(nn.Module):
         self.weight = new_param(size)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.is_cuda:  # one Triton pass (``kernel/triton/norm.py``)
+            from minisgl.kernel.triton import norm
+
+            if residual is not None:
+                return norm.fused_add_rms_norm(x, residual, self.weight, self.eps, offset=True)
+            out = norm.rms_norm(x, self.weight, self.eps, offset=True)
+            return out if not self.fused else (out, x)
         if residual is not None:
             x = x + residual
         xf = x.float()
@@ -96,11 +103,17 @@ class GatedAttention(nn.Module):
         q_gate, k, v = proj(x).split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
         q, gate = q_gate.view(-1, self.local_qo, 2 * self.head_dim).chunk(2, dim=-1)
         gate = gate.reshape(x.shape[0], -1)
-        q = partial_rope(self.q_norm(q), positions, self.rotary)
-        k = partial_rope(self.k_norm(k.view(-1, proj.local_kv, self.head_dim)), positions,
-                         self.rotary)
-        v = v.reshape(-1, proj.local_kv, self.head_dim)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        k = k.view(-1, proj.local_kv, self.head_dim)
+        if x.is_cuda:  # norms and RoPE in one launch
+            from minisgl.kernel.triton.partial_rope import qk_norm_partial_rope
+
+            cos, sin = _cos_sin(self.rotary, x.device)
+            q, k = qk_norm_partial_rope(q, k, positions, cos, sin, self.q_norm.weight,
+                                        self.k_norm.weight, self.q_norm.eps)
+        else:
+            q = partial_rope(self.q_norm(q), positions, self.rotary).contiguous()
+            k = partial_rope(self.k_norm(k), positions, self.rotary).contiguous()
+        v = v.reshape(-1, proj.local_kv, self.head_dim).contiguous()
         ctx.kv_pool.store_kv(k, v, ctx.batch.out_loc, self.kv_layer)
         out = ctx.attn_backend.forward(q, k, v, self.spec, ctx.batch)
         out = out.reshape(x.shape[0], -1) * torch.sigmoid(gate)

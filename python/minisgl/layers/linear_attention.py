@@ -111,7 +111,12 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         qkv, z, b, a = self.project(x)
         out = ctx.linear_attn.forward(self, qkv, a, b, ctx.batch)
-        out = ops.gated_rms_norm(out, z, self.norm_weight, self.eps)
+        if out.is_cuda:
+            from minisgl.kernel.triton.norm import gated_rms_norm
+
+            out = gated_rms_norm(out, z, self.norm_weight, self.eps)
+        else:
+            out = ops.gated_rms_norm(out, z, self.norm_weight, self.eps)
         return self.out_proj(out.reshape(x.shape[0], -1))
 
     def split_heads(self, mixed: torch.Tensor):

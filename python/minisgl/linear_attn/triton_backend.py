@@ -7,7 +7,6 @@ back (a prefill chunk moves its state once; a decode row moves nothing but its o
 from __future__ import annotations
 
 from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_decode
-from minisgl.layers import gated_delta as ops
 
 from .base import BaseLinearAttnBackend
 
@@ -50,13 +49,19 @@ class TritonLinearAttnBackend(BaseLinearAttnBackend):
     def _chunks(self, layer, qkv, a, b, chunks, weight, scale, conv_state, ssm_state):
         mixed = conv_varlen(qkv, weight, conv_state, chunks.slots, chunks.cu_dev,
                             chunks.token_seq, chunks.has_init)
-        q, k, v = (t.to(qkv.dtype)[None] for t in layer.split_heads(mixed))
-        g, beta = ops.gdn_gating(a, b, layer.A_log, layer.dt_bias)
+        tokens = mixed.shape[0]
+        q, k, v = (t.reshape(1, tokens, -1, d).contiguous() for t, d in zip(
+            mixed.split([layer.key_size, layer.key_size, layer.value_size], dim=-1),
+            (layer.k_dim, layer.k_dim, layer.v_dim)))
         slots = chunks.slots.long()
         init = ssm_state[slots].float() * chunks.has_init[:, None, None, None]
         cu_dev, cu_cpu = chunks.cu_long
-        o, final = self.chunk_rule(q, k, v, g=g[None], beta=beta[None].to(qkv.dtype), scale=scale,
-                                   initial_state=init, output_final_state=True,
-                                   cu_seqlens=cu_dev, cu_seqlens_cpu=cu_cpu)
+        # the q/k L2 norm and the decay's gating run inside fla's kernels; beta is sigmoid(b) in
+        # the activation dtype, as the reference rounds it
+        o, final = self.chunk_rule(q, k, v, g=a.contiguous()[None], beta=b.sigmoid()[None],
+                                   scale=scale, initial_state=init, output_final_state=True,
+                                   cu_seqlens=cu_dev, cu_seqlens_cpu=cu_cpu,
+                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                   A_log=layer.A_log, dt_bias=layer.dt_bias)
         ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
         return o[0]

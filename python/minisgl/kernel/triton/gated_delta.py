@@ -189,7 +189,8 @@ def _gdn_decode_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, s
 def gdn_decode(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
                dt_bias: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
                num_k_heads: int, k_dim: int, scale: float,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, block_v: int | None = None,
+               num_warps: int | None = None) -> torch.Tensor:
     """One token per request onto its slot's state. x ``[B, C]`` (the conv output: q | k | v),
     a, b ``[B, HV]`` (each row contiguous), ``ssm_state [slots, HV, K, V]``. Returns
     ``[B, HV, V]`` in x's dtype (into ``out``, a contiguous tensor, when given)."""
@@ -197,10 +198,10 @@ def gdn_decode(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.T
     hv, v_dim = ssm_state.shape[1], ssm_state.shape[3]
     if out is None:
         out = torch.empty(batch, hv, v_dim, dtype=x.dtype, device=x.device)
-    bv = min(32, triton.next_power_of_2(v_dim))
+    bv = block_v or min(64, triton.next_power_of_2(v_dim))
     grid = (batch, hv, triton.cdiv(v_dim, bv))
     _gdn_decode_kernel[grid](x, a, b, a_log, dt_bias, ssm_state, slots, out, x.stride(0),
                              a.stride(0), b.stride(0), ssm_state.stride(0), out.stride(0), scale,
                              HK=num_k_heads, HV=hv, K=k_dim, V=v_dim,
-                             BK=triton.next_power_of_2(k_dim), BV=bv, num_warps=4)
+                             BK=triton.next_power_of_2(k_dim), BV=bv, num_warps=num_warps or 4)
     return out

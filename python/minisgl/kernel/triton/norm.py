@@ -9,6 +9,11 @@ the weight multiply is rounded once more. Each program normalises ``ROWS`` rows,
 ``rms_norm_quant``: the norm of a layer whose input an FP8 W8A8 GEMM quantizes per token also
 quantizes its output (``fp8_quant.quantize_tokens``' arithmetic on the rounded row, held whole in
 registers), one kernel instead of two.
+
+Two conventions of the hybrid (Qwen3.5 / Qwen3-Next) checkpoints, rounded as their references
+(``layers/gated_attention.py::OffsetRMSNorm``, ``layers/gated_delta.py::gated_rms_norm``):
+``offset``: weights stored centred on zero, ``norm(x) * (1 + w)`` in fp32 and rounded once;
+``gated_rms_norm``: ``(w * norm(x)) * silu(gate)``, the gate a strided per-head view.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from .pdl import wait_then_release
 
 @triton.jit
 def _rmsnorm_kernel(
-    x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, s_ptr,
+    x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, s_ptr, g_ptr,
     n_rows, n_inner, stride_x0, stride_x1, stride_r, stride_y, stride_ro, dim, eps,
+    g_inner, stride_g0, stride_g1,
     HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, OFFSET: tl.constexpr = False, GATE: tl.constexpr = False,
 ):
     wait_then_release(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -44,9 +50,19 @@ def _rmsnorm_kernel(
         tl.store(res_out_ptr + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / dim + eps)
-    normed = (xf * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
     y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+    if OFFSET:  # (1 + w) in fp32, rounded once
+        tl.store(y_ptrs, (xf * rstd[:, None] * (1.0 + w[None, :])).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+        return
+    normed = (xf * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    if GATE:  # (w * norm(x)) rounded, times silu(gate) in fp32
+        g_off = (rows // g_inner) * stride_g0 + (rows % g_inner) * stride_g1
+        g = tl.load(g_ptr + g_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = (normed * w[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(y_ptrs, (y * g / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty), mask=mask)
+        return
     if QUANT:  # quantize_tokens(y): e4m3 with one scale per row, its largest magnitude -> 448
         y = (normed * w[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
         scale = fp8_scale(tl.max(tl.abs(y), axis=1))
@@ -57,11 +73,13 @@ def _rmsnorm_kernel(
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-            quant: bool = False, pdl: bool = False
+            quant: bool = False, pdl: bool = False, offset: bool = False,
+            gate: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     dim = x.shape[-1]
     assert x.stride(-1) == 1 and weight.shape == (dim,), "last dimension must be contiguous"
-    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    out_dtype = x.dtype if offset or gate is not None else torch.promote_types(x.dtype,
+                                                                               weight.dtype)
     assert not quant or out_dtype == x.dtype and x.dim() == 2, "quantized: 2-D, x's dtype"
     y = torch.empty(x.shape, dtype=torch.float8_e4m3fn if quant else out_dtype, device=x.device)
     scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device) if quant else None
@@ -77,6 +95,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         residual = residual.reshape(-1, dim)
         assert residual.stride(-1) == 1
         res_out = torch.empty((n_rows, dim), dtype=x.dtype, device=x.device)
+    g_inner, gs0, gs1 = 1, 0, 0
+    if gate is not None:  # [T, H, dim] (a strided view) or [rows, dim]
+        assert gate.stride(-1) == 1 and gate.shape[-1] == dim and gate.numel() == x.numel()
+        g3 = gate if gate.dim() == 3 else gate.reshape(-1, 1, dim)
+        g_inner, gs0, gs1 = g3.shape[1], g3.stride(0), g3.stride(1)
     block_d = triton.next_power_of_2(dim)
     rows = max(1, min(16, 2048 // block_d))
     warps = min(16, max(4, block_d * rows // 1024))
@@ -84,19 +107,31 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         _rmsnorm_kernel[(triton.cdiv(n_rows, rows),)](
             xs, residual if residual is not None else xs, weight, y,
             res_out if res_out is not None else y, scale if quant else weight,
+            gate if gate is not None else xs,
             n_rows, n_inner, s0, s1,
             residual.stride(0) if residual is not None else 0, dim,
-            res_out.stride(0) if res_out is not None else 0, dim, eps,
+            res_out.stride(0) if res_out is not None else 0, dim, eps, g_inner, gs0, gs1,
             HAS_RES=residual is not None, QUANT=quant, ROWS=rows, BLOCK_D=block_d,
+            OFFSET=offset, GATE=gate is not None,
             num_warps=warps, **pdl_.launch_options(x, pdl),
         )
     return y, (res_out.view(x.shape) if res_out is not None else None), scale
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
-    """``weight * norm(x)`` over the last dimension; x is 2-D or 3-D (may be a strided view).
-    ``pdl`` (every launcher here): launch with programmatic dependent launch (``pdl.py``)."""
-    return _launch(x, weight, eps, None, pdl=pdl)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False,
+             offset: bool = False) -> torch.Tensor:
+    """``weight * norm(x)`` over the last dimension (``(1 + weight) * norm(x)`` with ``offset``);
+    x is 2-D or 3-D (may be a strided view). ``pdl`` (every launcher here): launch with
+    programmatic dependent launch (``pdl.py``)."""
+    return _launch(x, weight, eps, None, pdl=pdl, offset=offset)[0]
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """``(weight * norm(x)) * silu(gate)``: x ``[T, H, D]`` contiguous, gate the same shape
+    (a strided view is fine); in x's dtype."""
+    assert x.is_contiguous()
+    return _launch(x, weight, eps, None, gate=gate)[0]
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -111,9 +146,10 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False,
+    offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(x + residual), x + residual)`` in one pass; both outputs are new tensors."""
-    y, res, _ = _launch(x, weight, eps, residual, pdl=pdl)
+    y, res, _ = _launch(x, weight, eps, residual, pdl=pdl, offset=offset)
     assert res is not None
     return y, res

@@ -165,7 +165,8 @@ hybrid)
         >"$out/bench_qwen3.5-9b.log" 2>&1
     "$0" hybrid-online "$out"
     cat "$out"/offline_qwen3.5-9b_*.md ;;
-hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner
+hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRENCY_ONLY=1 skips
+    # radix vs naive
     m9=benchmark/configs/qwen3.5-9b.json here=benchmark/online tag=qwen3.5-9b
     model=$(mktemp -d)/$tag
     source benchmark/online/gpu_common.sh
@@ -175,6 +176,7 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner
     serve "${tag}_radix" --cache radix
     bench --dataset random --num-prompts 64 --input-len 128,1024 --output-len 256 \
         --concurrencies 1,16,64 --rounds 2 --tag "${tag}_${gpu}_concurrency"
+    [ -n "${CONCURRENCY_ONLY:-}" ] && { stop; cat "$out"/*_concurrency*.md; exit; }
     bench "${shared[@]}" --tag "${tag}_${gpu}_shared_prefix_radix"
     stop
     serve "${tag}_naive" --cache naive

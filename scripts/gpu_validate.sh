@@ -17,7 +17,8 @@
 #                                           # batch 1, transformers (bf16) in the same run
 #   scripts/gpu_validate.sh hybrid-tests OUT  # hybrid models on CUDA: the in-place state kernels,
 #                                           # the Triton backend vs torch, greedy parity (fp32)
-#   scripts/gpu_validate.sh hybrid     OUT  # Qwen3.5-9B: offline (fp32 / bf16 state) with its
+#   scripts/gpu_validate.sh hybrid     OUT  # the state kernels against bandwidth; Qwen3.5-9B:
+#                                           # offline (fp32 / bf16 state) with its
 #                                           # ceiling, batch 1, transformers; then hybrid-online:
 #                                           # concurrency 1/16/64; radix vs naive, shared prefixes
 #   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA

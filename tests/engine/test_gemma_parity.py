@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits, record_sampled_logits
+from helpers.engine_utils import (
+    conversation_with_radix_hits,
+    prefill_logits,
+    record_sampled_logits,
+)
 from helpers.gemma_models import WINDOW, make_gemma_checkpoint
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
@@ -153,8 +157,8 @@ def test_sliding_pool_gives_the_same_tokens(arch, setting, checkpoints, prompts,
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
     """Eight requests of 80-odd tokens each through a sliding pool of about 30 tokens: it holds
-    each running request's window only, its pages go round many times, admission waits for them,
-    and every token is transformers'. The radix cache is turned off (with a warning)."""
+    each running request's window only, its pages go round many times, admission waits for them
+    (the radix cache dropping the sliding pages it keeps), and every token is transformers'."""
     path = checkpoints["gemma3"]
     prompts = random_prompts(8, [20, 33, 41, 12, 27, 38, 15, 30], 256, seed=7)
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
@@ -163,7 +167,7 @@ def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
     cache = llm.scheduler.cache
     window = cache.window
     pool_tokens = window.num_tokens
-    assert pool_tokens <= 40 and not cache.shares_prefixes
+    assert pool_tokens <= 40 and cache.window_tree is not None
     taken, seen = [0], set()
     allocate = window.allocate
 
@@ -178,6 +182,7 @@ def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
     assert max(seen) <= pool_tokens
     assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 48)
     llm.scheduler.check_integrity()
+    cache.flush_prefix_cache()
     assert window.free_tokens == pool_tokens  # all back at the end
 
 
@@ -190,3 +195,12 @@ def test_sliding_pool_with_retraction(checkpoints):
     assert tight.scheduler.num_retractions > 0
     assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 24)
     tight.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_sliding_pool_with_radix_hits(arch, page_size, checkpoints):
+    """A conversation of three turns, each prompt the last one with its answer and a new message:
+    every turn resumes where the previous one's cached KV ends (the tree kept that turn's last
+    window of sliding pages), and every token is transformers'."""
+    conversation_with_radix_hits(checkpoints[arch], make_llm, page_size)

@@ -16,7 +16,11 @@ import torch
 from test_tp import run_rank, run_tp
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits, record_sampled_logits
+from helpers.engine_utils import (
+    conversation_with_radix_hits,
+    prefill_logits,
+    record_sampled_logits,
+)
 from helpers.gpt_oss_models import WINDOW, make_gpt_oss_checkpoint, make_mxfp4_pair
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
@@ -106,6 +110,13 @@ def test_radix_cache_hit_gives_same_tokens(page_size, checkpoints):
     assert llm.scheduler.cache.num_hit_tokens > WINDOW  # the hits reach past the window
     assert [o.token_ids for o in first + rest] == expected
     llm.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sliding_pool_with_radix_hits(page_size, checkpoints):
+    """Turns of a conversation through the sliding layers' own pool and the radix cache: each
+    resumes where the previous turn's cached KV ends."""
+    conversation_with_radix_hits(checkpoints["fp32"], make_llm, page_size)
 
 
 def test_retraction_gives_the_same_tokens(checkpoints):

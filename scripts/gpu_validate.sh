@@ -21,8 +21,9 @@
 #                                           # ceiling, batch 1, transformers; then hybrid-online:
 #                                           # concurrency 1/16/64; radix vs naive, shared prefixes
 #   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
-#                                           # (float32), Gemma 3 27B and Gemma 4 26B-A4B offline
-#                                           # (random weights)
+#                                           # (float32; the sliding pool under CUDA graphs and
+#                                           # with radix hits), Gemma 3 27B and Gemma 4 26B-A4B
+#                                           # offline (random weights)
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)

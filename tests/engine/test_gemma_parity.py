@@ -204,3 +204,28 @@ def test_sliding_pool_with_radix_hits(arch, page_size, checkpoints):
     every turn resumes where the previous one's cached KV ends (the tree kept that turn's last
     window of sliding pages), and every token is transformers'."""
     conversation_with_radix_hits(checkpoints[arch], make_llm, page_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_sliding_pool_under_cuda_graphs(arch, checkpoints, prompts, reference):
+    """Decode steps replay CUDA graphs that read the sliding layers' own page table (a static
+    buffer; the pages freed past the window are stale entries the window masks) and gather the
+    new tokens' sliding slots from it; with radix hits (conversation turns) too."""
+    llm = LLM(checkpoints[arch], device="cuda", dtype="float32", num_pages=4096,
+              sliding_pool_ratio=0.1, cache="radix")
+    runner = llm.scheduler.engine.graph_runner
+    assert runner is not None and llm.scheduler.cache.window_tree is not None
+    replays, replay = [0], runner.replay
+
+    def counting(batch, greedy):
+        replays[0] += 1
+        return replay(batch, greedy)
+
+    runner.replay = counting
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference[arch]
+    assert replays[0] >= NEW_TOKENS - 1
+    llm.scheduler.check_integrity()
+    conversation_with_radix_hits(
+        checkpoints[arch], lambda path, **o: LLM(path, device="cuda", dtype="float32",
+                                                 num_pages=4096 // o["page_size"], **o), 16)

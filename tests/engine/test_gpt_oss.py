@@ -119,6 +119,20 @@ def test_sliding_pool_with_radix_hits(page_size, checkpoints):
     conversation_with_radix_hits(checkpoints["fp32"], make_llm, page_size)
 
 
+@pytest.mark.gpu
+def test_sliding_pool_under_cuda_graphs(checkpoints, prompts, reference):
+    """Decode CUDA graphs over the sliding layers' own page table (sinks and the window in the
+    decode kernel), then conversation turns resumed from radix hits."""
+    llm = LLM(str(checkpoints["fp32"]), device="cuda", dtype="float32", num_pages=4096,
+              sliding_pool_ratio=0.1, cache="radix")
+    assert llm.scheduler.engine.graph_runner is not None
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference["fp32"]
+    llm.scheduler.check_integrity()
+    conversation_with_radix_hits(
+        checkpoints["fp32"], lambda path, **o: LLM(str(path), device="cuda", dtype="float32",
+                                                   num_pages=4096 // o["page_size"], **o), 16)
+
+
 def test_retraction_gives_the_same_tokens(checkpoints):
     """A pool too small for every request at once: the newest are retracted and resumed."""
     path = checkpoints["fp32"]

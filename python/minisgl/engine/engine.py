@@ -102,10 +102,9 @@ class Engine:
         self.pad_tokens = (config.pad_tokens if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
         self.graph_runner = self.piecewise = None
-        # a hybrid model's graphs need a linear-attention backend that can be captured
-        # NOTE: no CUDA graphs over the sliding layers' own page table yet
-        graphs = ((self.linear_attn is None or self.linear_attn.supports_cuda_graph)
-                  and self.window_page_table is None)
+        # a hybrid model's graphs need a linear-attention backend that can be captured; decode
+        # graphs read the sliding layers' own page table, a static buffer, as they read the other
+        graphs = self.linear_attn is None or self.linear_attn.supports_cuda_graph
         if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0 and graphs
                 and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
@@ -116,8 +115,10 @@ class Engine:
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
                            for a in self.cache_spec.attention}) == 1
+        # NOTE: piecewise graphs replay one static ``out_loc``; the sliding pool's second one
+        # (``window_out_loc``) is not among their buffers
         if (self.device.type == "cuda" and self.attn_backend.supports_padding and graphs
-                and same_shapes):
+                and same_shapes and self.window_page_table is None):
             from .piecewise import STEP, PiecewiseRunner
 
             # no forward exceeds its budget (padding included)

@@ -26,7 +26,12 @@ the token pool, and only ``tokens`` goes back to the host, so the GPU waits only
 between two graphs.
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
-page (page 0, never handed to a request) and attending over that one slot. A hybrid model's state
+page (page 0, never handed to a request) and attending over that one slot.
+
+With the sliding layers in a pool of their own (``--sliding-pool-ratio``), their slots come from
+their own page table, a static buffer the scheduler's flush updates before the replay; the graph
+gathers the new tokens' slots from it. Pages freed past the window are stale entries there that
+the window's mask keeps every kernel from using. A hybrid model's state
 slot is the page-table row (``kvcache/state_pool.py``), so row 0 is also the slots the
 linear-attention kernels update in place; padding rows update the dummy row's scratch slot.
 """
@@ -125,6 +130,9 @@ class GraphRunner:
         inputs = self._inputs(batch.size)
         batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
             inputs[0], inputs[1], inputs[4], self.token_pool, ctx.page_table)
+        window_table = ctx.attn_backend.window_page_table
+        if window_table is not None:  # the sliding layers' own slots (flushed before the replay)
+            batch.window_out_loc = window_table[inputs[0].long(), batch.positions]
         if ctx.linear_attn is not None:  # a hybrid model's state slots are the page-table rows
             batch.state_metadata = StateMetadata.for_decode(inputs[0])
         with ctx.forward_batch(batch):

@@ -64,7 +64,7 @@ _HELP = {
                         "template uses <think>), none, qwen3, deepseek-r1 (the output starts "
                         "inside the reasoning)",
     "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
-                        "hermes, llama3, mistral or json",
+                        "hermes, qwen3_xml, llama3, mistral, gemma4 or json",
     "reject_unsupported_tools": "/v1/responses: answer 400 to a request offering a built-in tool "
                                 "the server cannot run (web_search, file_search, ...; default: "
                                 "leave it out and say so in the response's dropped_tools)",

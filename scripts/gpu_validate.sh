@@ -123,12 +123,13 @@ tp)
     cat "$out"/offline_*_tp.md ;;
 gemma)
     "$py" -m pytest -q -p no:cacheprovider -rf tests/kernels/test_window_sinks.py \
-        tests/kernels/test_gemma_triton.py tests/engine/test_gemma_parity.py \
+        tests/kernels/test_gemma_triton.py tests/kernels/test_gemma_moe.py \
+        tests/engine/test_gemma_parity.py \
         >"$out/gemma_tests.log" 2>&1
     tail -3 "$out/gemma_tests.log"
     step 400 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
         --num-requests 64 --tag gemma3 >"$out/bench_gemma3.log" 2>&1
-    # its experts run the torch loop (the MoE kernels apply SiLU, Gemma's experts GELU)
+    # its experts run the fused Triton MoE kernel (GELU-tanh gated)
     step 400 "${bench[@]}" --model benchmark/configs/gemma-4-26b-a4b.json --hf-requests 0 \
         --num-requests 16 --tag gemma4 >"$out/bench_gemma4.log" 2>&1
     cat "$out"/offline_*gemma*.md ;;

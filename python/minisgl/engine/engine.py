@@ -139,7 +139,9 @@ class Engine:
         if self.window_ratio is None:
             return None
         ps = self.config.page_size
-        least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 2
+        # + the scratch page, the pages a window and a forward straddle, and the page a radix
+        # cache keeps for a resumable end (``scheduler/window.py``)
+        least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 3
         return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
 
     def _make_pool(self, num_pages: int, window_pages: int | None = None):

@@ -111,7 +111,8 @@ class Engine:
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
-                                            self.dummy_row, max_bs, config.pdl)
+                                            self.dummy_row, max_bs, config.pdl,
+                                            self.window_page_table)
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
                            for a in self.cache_spec.attention}) == 1

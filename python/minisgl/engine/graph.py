@@ -71,11 +71,14 @@ def capture_sizes(max_bs: int) -> list[int]:
 class GraphRunner:
     """The decode graphs of one engine: its model, forward context (page table, KV pool, attention
     backend), token pool and dummy row (the page table's last), captured for batches up to
-    ``max_bs``; ``pdl``: the graph's own kernels launch with programmatic dependent launch."""
+    ``max_bs``; ``pdl``: the graph's own kernels launch with programmatic dependent launch;
+    ``window_table``: the sliding layers' own page table, if they have a pool of their own."""
 
     def __init__(self, model: BaseLLMModel, ctx: Context, token_pool: torch.Tensor,
-                 dummy_row: int, max_bs: int, pdl: bool) -> None:
+                 dummy_row: int, max_bs: int, pdl: bool,
+                 window_table: torch.Tensor | None = None) -> None:
         self.model, self.ctx, self.token_pool = model, ctx, token_pool
+        self.window_table = window_table
         self.dummy_row, self.pdl = dummy_row, pdl
         self.device = token_pool.device
         self.sizes = capture_sizes(max_bs)
@@ -130,9 +133,8 @@ class GraphRunner:
         inputs = self._inputs(batch.size)
         batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
             inputs[0], inputs[1], inputs[4], self.token_pool, ctx.page_table)
-        window_table = ctx.attn_backend.window_page_table
-        if window_table is not None:  # the sliding layers' own slots (flushed before the replay)
-            batch.window_out_loc = window_table[inputs[0].long(), batch.positions]
+        if self.window_table is not None:  # the sliding layers' slots (flushed before the replay)
+            batch.window_out_loc = self.window_table[inputs[0].long(), batch.positions]
         if ctx.linear_attn is not None:  # a hybrid model's state slots are the page-table rows
             batch.state_metadata = StateMetadata.for_decode(inputs[0])
         with ctx.forward_batch(batch):

@@ -104,7 +104,8 @@ _HELP = {
     "sliding_pool_ratio": "sliding-window models (Gemma 3): > 0 gives the sliding layers a KV "
                           "pool of their own, this many tokens per token of the full-attention "
                           "layers', and frees its pages past the window as requests grow (more "
-                          "long requests fit; no prefix sharing, no CUDA graphs); 0: one pool",
+                          "long requests fit; a prefix hit resumes only where the window's KV "
+                          "is still held); 0: one pool",
     "max_seq_len": "longest sequence, prompt and output (default: the model's)",
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",

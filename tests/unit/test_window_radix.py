@@ -110,3 +110,19 @@ def test_the_tree_gives_its_sliding_pages_back_under_pressure():
     cache.flush_prefix_cache()
     cache.check_integrity([])
     assert pages.free_tokens == pages.num_tokens and tree.window_size == 0
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_rejected_drafts_give_back_their_sliding_pages(page):
+    """``shrink`` (speculative decoding's rejected drafts) frees the sliding pages past the kept
+    length as it frees the full ones."""
+    cache, pages, _ = make(page)
+    req = request(0, range(100, 160))
+    cache.match(req)
+    run(cache, req, 40, [req])
+    cache.shrink(req, 30)
+    req.device_len = req.cached_len = 30
+    cache.check_integrity([req])
+    run(cache, req, 44, [req])
+    cache.release(req)
+    cache.check_integrity([])

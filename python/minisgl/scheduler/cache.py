@@ -294,6 +294,9 @@ class CacheManager:
         keep, end = _round_up(new_device_len, self.page_size), self.alloc_len(req)
         if end > keep:
             self._free_slots(self.host_table[req.table_idx, keep:end].clone())
+            if self.window is not None:  # the sliding pages of those positions too
+                first, owned = self.window.owned(req, end)
+                self.window.free(owned[max(0, keep - first):])
 
     def check_integrity(self, live_reqs: list[Req]) -> None:
         """free + cached + owned by live requests == total, and no page is in two places."""

@@ -206,6 +206,17 @@ def test_sliding_pool_with_radix_hits(arch, page_size, checkpoints):
     conversation_with_radix_hits(checkpoints[arch], make_llm, page_size)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
+def test_sliding_pool_with_radix_hits_tp2(checkpoints):
+    """The same conversation on two ranks (gloo on CPU): every rank frees, caches and resumes
+    alike."""
+    conversation_with_radix_hits(
+        checkpoints["gemma3"], lambda path, **o: LLM(path, tp=2, device=TEST_DEVICE,
+                                                     dtype="float32", num_pages=256, **o), 16)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", TEXT_ARCHS)
 def test_sliding_pool_under_cuda_graphs(arch, checkpoints, prompts, reference):

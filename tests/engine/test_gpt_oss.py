@@ -119,6 +119,15 @@ def test_sliding_pool_with_radix_hits(page_size, checkpoints):
     conversation_with_radix_hits(checkpoints["fp32"], make_llm, page_size)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
+def test_sliding_pool_with_radix_hits_tp2(checkpoints):
+    conversation_with_radix_hits(
+        checkpoints["fp32"], lambda path, **o: LLM(str(path), tp=2, device=TEST_DEVICE,
+                                                   dtype="float32", num_pages=256, **o), 16)
+
+
 @pytest.mark.gpu
 def test_sliding_pool_under_cuda_graphs(checkpoints, prompts, reference):
     """Decode CUDA graphs over the sliding layers' own page table (sinks and the window in the

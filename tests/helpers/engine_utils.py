@@ -67,7 +67,7 @@ def conversation_with_radix_hits(path, make_llm, page_size: int) -> None:
     """Three turns of a conversation, each prompt the previous one with its answer and a new
     message, through the sliding layers' own pool and the radix cache: each turn resumes where
     the previous one's cached KV ends (``kvcache/window_radix.py``) and gives transformers'
-    tokens; then the cache is flushed and both pools are whole again."""
+    tokens; then the cache is flushed, both pools are whole again, and the LLM is closed."""
     from helpers.hf_models import hf_greedy, random_prompts
 
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -90,3 +90,4 @@ def conversation_with_radix_hits(path, make_llm, page_size: int) -> None:
     cache.flush_prefix_cache()
     assert cache.window.free_tokens == cache.window.num_tokens
     llm.scheduler.check_integrity()
+    llm.close()

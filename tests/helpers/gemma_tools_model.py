@@ -34,8 +34,8 @@ GEMMA4_TEMPLATE = (
     "{%- for k, v in c.function.arguments.items() %}{{ k }}:"
     "{%- if v is string %}<|\"|>{{ v }}<|\"|>{% else %}{{ v | tojson }}{% endif %}"
     "{{ ',' if not loop.last }}{% endfor %}}<tool_call|>{% endfor %}<turn|>\n"
-    "{%- elif m.role == 'tool' %}<|turn>user\n<|tool_response>response:"
-    "{{ m.content }}<tool_response|><turn|>\n{% endif %}"
+    "{%- elif m.role == 'tool' %}<|turn>user\n<|tool_response>response:{{ m.name }}"
+    "{{ '{' }}value:<|\"|>{{ m.content }}<|\"|>}<tool_response|><turn|>\n{% endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|turn>model\n{% endif %}"
 )

@@ -13,7 +13,7 @@ from helpers.gemma_tools_model import GEMMA3_TEMPLATE, GEMMA4_TEMPLATE, byte_tok
 from minisgl.server.openai.gemma_tools import arguments_json
 from minisgl.server.openai.tool_parsers import ToolCallStream, detect_parser, parse_tool_calls
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer, kept_special_ids
-from minisgl.tokenizer.tool_prompt import describe_tools
+from minisgl.tokenizer.tool_prompt import describe_tools, with_argument_objects
 
 Q = '<|"|>'
 TEXT = (f"Checking.<|tool_call>call:get_weather{{city:{Q}Paris, {{FR}}: \"x\"\\{Q},days:3,"
@@ -91,3 +91,15 @@ def test_gemma3_renders_a_tool_exchange():
         in text
     assert '<tool_call>\n{"name": "f", "arguments": {"n": 1}}\n</tool_call>' in text
     assert "Be brief." in text and '"name": "f"' in text
+
+
+def test_tool_results_are_named_for_templates_that_take_tools():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"n": 1}'}}
+    history = [{"role": "user", "content": "?"},
+               {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "2"},
+               {"role": "tool", "tool_call_id": "other", "content": "3"}]
+    out = with_argument_objects(history)
+    assert out[1]["tool_calls"][0]["function"]["arguments"] == {"n": 1}
+    assert out[2]["name"] == "f" and "name" not in out[3]
+    assert history[2] == {"role": "tool", "tool_call_id": "c1", "content": "2"}  # not mutated

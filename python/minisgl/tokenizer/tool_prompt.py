@@ -41,8 +41,21 @@ def _arguments(call: dict) -> dict:
 
 
 def with_argument_objects(messages: list[dict]) -> list[dict]:
-    return [{**m, "tool_calls": [_arguments(c) for c in m["tool_calls"]]}
-            if m.get("tool_calls") else m for m in messages]
+    """The history for a template that takes tools: call arguments as objects, and each tool
+    result named after its call (OpenAI gives only ``tool_call_id``; templates such as Gemma 4's
+    render the function's name with the result)."""
+    names: dict[str, str] = {}
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [_arguments(c) for c in m["tool_calls"]]
+            names.update({c.get("id"): (c.get("function") or {}).get("name") for c in calls
+                          if isinstance(c.get("id"), str)})
+            m = {**m, "tool_calls": calls}
+        elif m.get("role") == "tool" and not m.get("name") and m.get("tool_call_id") in names:
+            m = {**m, "name": names[m["tool_call_id"]]}
+        out.append(m)
+    return out
 
 
 def _as_text(message: dict) -> dict:

@@ -22,8 +22,9 @@
 #                                           # ceiling, batch 1, transformers; then hybrid-online:
 #                                           # concurrency 1/16/64; radix vs naive, shared prefixes
 #   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
-#                                           # (float32), Gemma 3 27B and Gemma 4 26B-A4B offline
-#                                           # (random weights)
+#                                           # (float32; the sliding pool under CUDA graphs and
+#                                           # with radix hits), Gemma 3 27B and Gemma 4 26B-A4B
+#                                           # offline (random weights)
 #   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
 #                                           # kernel cache without and with the warm-up, and a
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
@@ -123,12 +124,13 @@ tp)
     cat "$out"/offline_*_tp.md ;;
 gemma)
     "$py" -m pytest -q -p no:cacheprovider -rf tests/kernels/test_window_sinks.py \
-        tests/kernels/test_gemma_triton.py tests/engine/test_gemma_parity.py \
+        tests/kernels/test_gemma_triton.py tests/kernels/test_gemma_moe.py \
+        tests/engine/test_gemma_parity.py \
         >"$out/gemma_tests.log" 2>&1
     tail -3 "$out/gemma_tests.log"
     step 400 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
         --num-requests 64 --tag gemma3 >"$out/bench_gemma3.log" 2>&1
-    # its experts run the torch loop (the MoE kernels apply SiLU, Gemma's experts GELU)
+    # its experts run the fused Triton MoE kernel (GELU-tanh gated)
     step 400 "${bench[@]}" --model benchmark/configs/gemma-4-26b-a4b.json --hf-requests 0 \
         --num-requests 16 --tag gemma4 >"$out/bench_gemma4.log" 2>&1
     cat "$out"/offline_*gemma*.md ;;

@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits, record_sampled_logits
+from helpers.engine_utils import (
+    conversation_with_radix_hits,
+    prefill_logits,
+    record_sampled_logits,
+)
 from helpers.gemma_models import WINDOW, make_gemma_checkpoint
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
@@ -153,8 +157,8 @@ def test_sliding_pool_gives_the_same_tokens(arch, setting, checkpoints, prompts,
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
     """Eight requests of 80-odd tokens each through a sliding pool of about 30 tokens: it holds
-    each running request's window only, its pages go round many times, admission waits for them,
-    and every token is transformers'. The radix cache is turned off (with a warning)."""
+    each running request's window only, its pages go round many times, admission waits for them
+    (the radix cache dropping the sliding pages it keeps), and every token is transformers'."""
     path = checkpoints["gemma3"]
     prompts = random_prompts(8, [20, 33, 41, 12, 27, 38, 15, 30], 256, seed=7)
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
@@ -163,7 +167,7 @@ def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
     cache = llm.scheduler.cache
     window = cache.window
     pool_tokens = window.num_tokens
-    assert pool_tokens <= 40 and not cache.shares_prefixes
+    assert pool_tokens <= 40 and cache.window_tree is not None
     taken, seen = [0], set()
     allocate = window.allocate
 
@@ -178,6 +182,7 @@ def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
     assert max(seen) <= pool_tokens
     assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 48)
     llm.scheduler.check_integrity()
+    cache.flush_prefix_cache()
     assert window.free_tokens == pool_tokens  # all back at the end
 
 
@@ -190,3 +195,48 @@ def test_sliding_pool_with_retraction(checkpoints):
     assert tight.scheduler.num_retractions > 0
     assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 24)
     tight.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_sliding_pool_with_radix_hits(arch, page_size, checkpoints):
+    """A conversation of three turns, each prompt the last one with its answer and a new message:
+    every turn resumes where the previous one's cached KV ends (the tree kept that turn's last
+    window of sliding pages), and every token is transformers'."""
+    conversation_with_radix_hits(checkpoints[arch], make_llm, page_size)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
+def test_sliding_pool_with_radix_hits_tp2(checkpoints):
+    """The same conversation on two ranks (gloo on CPU): every rank frees, caches and resumes
+    alike."""
+    conversation_with_radix_hits(
+        checkpoints["gemma3"], lambda path, **o: LLM(path, tp=2, device=TEST_DEVICE,
+                                                     dtype="float32", num_pages=256, **o), 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_sliding_pool_under_cuda_graphs(arch, checkpoints, prompts, reference):
+    """Decode steps replay CUDA graphs that read the sliding layers' own page table (a static
+    buffer; the pages freed past the window are stale entries the window masks) and gather the
+    new tokens' sliding slots from it; with radix hits (conversation turns) too."""
+    llm = LLM(checkpoints[arch], device="cuda", dtype="float32", num_pages=4096,
+              sliding_pool_ratio=0.1, cache="radix")
+    runner = llm.scheduler.engine.graph_runner
+    assert runner is not None and llm.scheduler.cache.window_tree is not None
+    replays, replay = [0], runner.replay
+
+    def counting(batch, greedy):
+        replays[0] += 1
+        return replay(batch, greedy)
+
+    runner.replay = counting
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference[arch]
+    assert replays[0] >= NEW_TOKENS - 1
+    llm.scheduler.check_integrity()
+    conversation_with_radix_hits(
+        checkpoints[arch], lambda path, **o: LLM(path, device="cuda", dtype="float32",
+                                                 num_pages=4096 // o["page_size"], **o), 16)

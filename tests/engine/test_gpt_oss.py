@@ -16,7 +16,11 @@ import torch
 from test_tp import run_rank, run_tp
 
 from helpers.device import TEST_DEVICE
-from helpers.engine_utils import prefill_logits, record_sampled_logits
+from helpers.engine_utils import (
+    conversation_with_radix_hits,
+    prefill_logits,
+    record_sampled_logits,
+)
 from helpers.gpt_oss_models import WINDOW, make_gpt_oss_checkpoint, make_mxfp4_pair
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
@@ -106,6 +110,36 @@ def test_radix_cache_hit_gives_same_tokens(page_size, checkpoints):
     assert llm.scheduler.cache.num_hit_tokens > WINDOW  # the hits reach past the window
     assert [o.token_ids for o in first + rest] == expected
     llm.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sliding_pool_with_radix_hits(page_size, checkpoints):
+    """Turns of a conversation through the sliding layers' own pool and the radix cache: each
+    resumes where the previous turn's cached KV ends."""
+    conversation_with_radix_hits(checkpoints["fp32"], make_llm, page_size)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
+def test_sliding_pool_with_radix_hits_tp2(checkpoints):
+    conversation_with_radix_hits(
+        checkpoints["fp32"], lambda path, **o: LLM(str(path), tp=2, device=TEST_DEVICE,
+                                                   dtype="float32", num_pages=256, **o), 16)
+
+
+@pytest.mark.gpu
+def test_sliding_pool_under_cuda_graphs(checkpoints, prompts, reference):
+    """Decode CUDA graphs over the sliding layers' own page table (sinks and the window in the
+    decode kernel), then conversation turns resumed from radix hits."""
+    llm = LLM(str(checkpoints["fp32"]), device="cuda", dtype="float32", num_pages=4096,
+              sliding_pool_ratio=0.1, cache="radix")
+    assert llm.scheduler.engine.graph_runner is not None
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference["fp32"]
+    llm.scheduler.check_integrity()
+    conversation_with_radix_hits(
+        checkpoints["fp32"], lambda path, **o: LLM(str(path), device="cuda", dtype="float32",
+                                                   num_pages=4096 // o["page_size"], **o), 16)
 
 
 def test_retraction_gives_the_same_tokens(checkpoints):

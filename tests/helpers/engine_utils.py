@@ -61,3 +61,33 @@ def record_sampled_logits(engine) -> dict[int, list[torch.Tensor]]:
 
     engine.forward = spy
     return recorded
+
+
+def conversation_with_radix_hits(path, make_llm, page_size: int) -> None:
+    """Three turns of a conversation, each prompt the previous one with its answer and a new
+    message, through the sliding layers' own pool and the radix cache: each turn resumes where
+    the previous one's cached KV ends (``kvcache/window_radix.py``) and gives transformers'
+    tokens; then the cache is flushed, both pools are whole again, and the LLM is closed."""
+    from helpers.hf_models import hf_greedy, random_prompts
+
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm = make_llm(path, page_size=page_size, sliding_pool_ratio=0.1, cache="radix")
+    cache = llm.scheduler.cache
+    assert cache.window_tree is not None
+    messages = random_prompts(3, [23, 9, 14], 256, seed=3)
+    prompt: list[int] = []
+    for message in messages:
+        prompt = prompt + message
+        expected = hf_greedy(path, [prompt], 16)[0]
+        before = cache.num_hit_tokens
+        out = llm.generate([prompt], params)[0].token_ids
+        assert out == expected
+        if len(prompt) > len(messages[0]):  # resumes at the last turn's cached end
+            previous_end = len(prompt) - len(message) - 1  # its last token was not fed
+            assert cache.num_hit_tokens - before == previous_end // page_size * page_size
+        llm.scheduler.check_integrity()
+        prompt = prompt + out
+    cache.flush_prefix_cache()
+    assert cache.window.free_tokens == cache.window.num_tokens
+    llm.scheduler.check_integrity()
+    llm.close()

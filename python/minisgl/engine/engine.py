@@ -102,22 +102,24 @@ class Engine:
         self.pad_tokens = (config.pad_tokens if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
         self.graph_runner = self.piecewise = None
-        # a hybrid model's graphs need a linear-attention backend that can be captured
-        # NOTE: no CUDA graphs over the sliding layers' own page table yet
-        graphs = ((self.linear_attn is None or self.linear_attn.supports_cuda_graph)
-                  and self.window_page_table is None)
+        # a hybrid model's graphs need a linear-attention backend that can be captured; decode
+        # graphs read the sliding layers' own page table, a static buffer, as they read the other
+        graphs = self.linear_attn is None or self.linear_attn.supports_cuda_graph
         if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0 and graphs
                 and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
-                                            self.dummy_row, max_bs, config.pdl)
+                                            self.dummy_row, max_bs, config.pdl,
+                                            self.window_page_table)
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
                            for a in self.cache_spec.attention}) == 1
+        # NOTE: piecewise graphs replay one static ``out_loc``; the sliding pool's second one
+        # (``window_out_loc``) is not among their buffers
         if (self.device.type == "cuda" and self.attn_backend.supports_padding and graphs
-                and same_shapes):
+                and same_shapes and self.window_page_table is None):
             from .piecewise import STEP, PiecewiseRunner
 
             # no forward exceeds its budget (padding included)
@@ -138,7 +140,9 @@ class Engine:
         if self.window_ratio is None:
             return None
         ps = self.config.page_size
-        least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 2
+        # + the scratch page, the pages a window and a forward straddle, and the page a radix
+        # cache keeps for a resumable end (``scheduler/window.py``)
+        least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 3
         return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
 
     def _make_pool(self, num_pages: int, window_pages: int | None = None):

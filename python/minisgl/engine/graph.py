@@ -26,7 +26,12 @@ the token pool, and only ``tokens`` goes back to the host, so the GPU waits only
 between two graphs.
 
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
-page (page 0, never handed to a request) and attending over that one slot. A hybrid model's state
+page (page 0, never handed to a request) and attending over that one slot.
+
+With the sliding layers in a pool of their own (``--sliding-pool-ratio``), their slots come from
+their own page table, a static buffer the scheduler's flush updates before the replay; the graph
+gathers the new tokens' slots from it. Pages freed past the window are stale entries there that
+the window's mask keeps every kernel from using. A hybrid model's state
 slot is the page-table row (``kvcache/state_pool.py``), so row 0 is also the slots the
 linear-attention kernels update in place; padding rows update the dummy row's scratch slot.
 """
@@ -66,11 +71,14 @@ def capture_sizes(max_bs: int) -> list[int]:
 class GraphRunner:
     """The decode graphs of one engine: its model, forward context (page table, KV pool, attention
     backend), token pool and dummy row (the page table's last), captured for batches up to
-    ``max_bs``; ``pdl``: the graph's own kernels launch with programmatic dependent launch."""
+    ``max_bs``; ``pdl``: the graph's own kernels launch with programmatic dependent launch;
+    ``window_table``: the sliding layers' own page table, if they have a pool of their own."""
 
     def __init__(self, model: BaseLLMModel, ctx: Context, token_pool: torch.Tensor,
-                 dummy_row: int, max_bs: int, pdl: bool) -> None:
+                 dummy_row: int, max_bs: int, pdl: bool,
+                 window_table: torch.Tensor | None = None) -> None:
         self.model, self.ctx, self.token_pool = model, ctx, token_pool
+        self.window_table = window_table
         self.dummy_row, self.pdl = dummy_row, pdl
         self.device = token_pool.device
         self.sizes = capture_sizes(max_bs)
@@ -125,6 +133,8 @@ class GraphRunner:
         inputs = self._inputs(batch.size)
         batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
             inputs[0], inputs[1], inputs[4], self.token_pool, ctx.page_table)
+        if self.window_table is not None:  # the sliding layers' slots (flushed before the replay)
+            batch.window_out_loc = self.window_table[inputs[0].long(), batch.positions]
         if ctx.linear_attn is not None:  # a hybrid model's state slots are the page-table rows
             batch.state_metadata = StateMetadata.for_decode(inputs[0])
         with ctx.forward_batch(batch):

@@ -54,8 +54,12 @@ def create_kvcache_pool(
 
 
 def create_prefix_cache(name: str, page_size: int, device: torch.device | str,
-                        state_pool: StatePool | None = None) -> BasePrefixCache:
+                        state_pool: StatePool | None = None,
+                        window: int | None = None) -> BasePrefixCache:
     """Build the prefix cache called ``name``; slot tensors it returns are int32 on the CPU.
+
+    ``window``: the sliding layers free their pages past this window (a pool of their own): the
+    radix cache becomes ``WindowRadixCache``, whose hits resume only where that KV is held.
 
     A hybrid model (``state_pool``) shares prefixes only through recurrent-state snapshots: the
     radix cache becomes ``HybridRadixCache``, or no sharing when the pool has no snapshot slots
@@ -63,6 +67,12 @@ def create_prefix_cache(name: str, page_size: int, device: torch.device | str,
     if name not in PREFIX_CACHES:
         choices = ", ".join(sorted(PREFIX_CACHES))
         raise ValueError(f"unknown prefix cache {name!r}; choose one of: {choices}")
+    if window is not None and name == "radix":
+        if state_pool is not None:
+            raise ValueError("sliding_pool_ratio: not supported with recurrent layers")
+        from .window_radix import WindowRadixCache
+
+        return WindowRadixCache(page_size, device, window)
     if state_pool is not None and name == "radix":
         if state_pool.num_snapshots > 0:
             from .hybrid_radix import HybridRadixCache

@@ -34,7 +34,7 @@ class RadixTreeNode:
     """One edge of the tree: ``key`` tokens (a whole number of pages) and their ``value`` slots."""
 
     __slots__ = ("key", "value", "parent", "children", "ref_count", "last_access", "uid",
-                 "snapshot")
+                 "snapshot", "window")
     _uids = itertools.count()
 
     def __init__(
@@ -48,6 +48,8 @@ class RadixTreeNode:
         self.last_access = tick
         self.uid = next(self._uids)
         self.snapshot: int | None = None  # a state slot (hybrid models: hybrid_radix.py)
+        # the sliding layers' slots of the same tokens, -1 where freed (window_radix.py)
+        self.window: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.key)
@@ -119,7 +121,11 @@ class RadixPrefixCache(BasePrefixCache):
             if n.ref_count == (1 if unlock else 0):
                 self._evictable -= len(n) * delta
                 self._protected += len(n) * delta
+                self._on_lock_change(n, delta)
             n.ref_count += delta
+
+    def _on_lock_change(self, node: RadixTreeNode, delta: int) -> None:
+        """Called when ``node`` becomes locked (``delta`` 1) or unlocked (-1)."""
 
     def insert_prefix(self, input_ids: Sequence[int], indices: torch.Tensor) -> torch.Tensor:
         ids = _as_list(input_ids)
@@ -200,6 +206,8 @@ class RadixPrefixCache(BasePrefixCache):
         upper.ref_count = node.ref_count
         parent.children[tuple(upper.key[: self.page_size])] = upper
         node.key, node.value = node.key[m:], node.value[m:].clone()
+        if node.window is not None:
+            upper.window, node.window = node.window[:m].clone(), node.window[m:].clone()
         node.parent = upper
         upper.children[tuple(node.key[: self.page_size])] = node
         return upper

@@ -15,6 +15,7 @@ from minisgl.models.weight import resolve_model_path
 from minisgl.scheduler import Scheduler, TokenOutput
 from minisgl.scheduler.warmup import warm_up
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
+from minisgl.tokenizer.harmony import Harmony, is_harmony_model
 from minisgl.utils import init_logger
 from minisgl.utils.hf import load_tokenizer
 
@@ -38,10 +39,13 @@ class GenerateOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length" ("tool_calls": ``chat`` of a harmony model)
     logprobs: list[TokenLogprob] | None = None
     # with SamplingParams.prompt_logprobs: from logprob_start_len on; index 0's logprob is None
     prompt_logprobs: list[TokenLogprob] | None = None
+    # ``chat`` of a harmony model (gpt-oss): the assistant message read from the output, in the
+    # OpenAI shape: ``content``, ``reasoning_content``, ``tool_calls``
+    message: dict | None = None
 
 
 class LLM:
@@ -71,6 +75,7 @@ class LLM:
             self.scheduler = TPScheduler(config, tp)
         self._finalizer = weakref.finalize(self, self.scheduler.close)
         self._next_uid = 0
+        self._harmony: Harmony | None = None  # gpt-oss's chat format (on first use)
         if config.warmup:
             warm_up(self.scheduler)
 
@@ -112,23 +117,44 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
         chat_template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> list[GenerateOutput]:
         """Apply the model's chat template to each conversation, then generate.
         ``chat_template_kwargs`` are extra template variables
-        (e.g. ``{"enable_thinking": False}``)."""
+        (e.g. ``{"enable_thinking": False}``); ``tools`` (OpenAI function tools) go to it too.
+
+        gpt-oss speaks harmony, not a template: its chats are rendered by openai-harmony
+        (``reasoning_effort`` in ``chat_template_kwargs``), and each output's ``message`` holds
+        what the server would return: the reasoning, the tool calls (finish reason
+        ``tool_calls``) and the answer."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        prompts = [self.apply_chat_template(c, **(chat_template_kwargs or {}))
+        kwargs = dict(chat_template_kwargs or {})
+        harmony = self._harmony_codec()
+        if harmony is None:
+            if tools is not None:
+                kwargs["tools"] = tools
+            prompts = [self.apply_chat_template(c, **kwargs)
+                       for c in conversations]  # type: ignore[arg-type]
+            return self.generate(prompts, sampling_params, use_tqdm)
+        prompts = [harmony.render(_checked(c), tools, kwargs)
                    for c in conversations]  # type: ignore[arg-type]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        outputs = self.generate(prompts, sampling_params, use_tqdm)
+        for out in outputs:
+            out.message, out.finish_reason = harmony.stream().message(out.token_ids,
+                                                                       out.finish_reason)
+        return outputs
 
     def apply_chat_template(self, messages: list[Message], **kwargs) -> list[int]:
         tokenizer = self._require_tokenizer("chat")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise ValueError("messages: must be a list of {'role': ..., 'content': ...} dicts")
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **kwargs)
+        text = tokenizer.apply_chat_template(_checked(messages), tokenize=False,
+                                             add_generation_prompt=True, **kwargs)
         return tokenizer.encode(text, add_special_tokens=False)
+
+    def _harmony_codec(self) -> Harmony | None:
+        if self._harmony is None and is_harmony_model(self.model_path):
+            self._harmony = Harmony()
+        return self._harmony
 
     def _require_tokenizer(self, what: str):
         if self.tokenizer is None:
@@ -192,6 +218,12 @@ class LLM:
         if finish is not None:
             out.finish_reason = finish
         return finish is not None
+
+
+def _checked(messages) -> list[Message]:
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ValueError("messages: must be a list of {'role': ..., 'content': ...} dicts")
+    return messages
 
 
 def _wants_logprobs(params: SamplingParams) -> bool:

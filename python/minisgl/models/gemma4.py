@@ -186,7 +186,7 @@ class Gemma4DecoderLayer(nn.Module):
         if cfg.moe_block:
             names += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                       "pre_feedforward_layernorm_2"]
-            self.moe = Gemma4MoE(cfg, comm)
+            self.moe = Gemma4MoE(cfg, comm, moe)
         for name in names:
             setattr(self, name, Gemma4Norm(h, eps))
         self.layer_scalar = new_param(1)

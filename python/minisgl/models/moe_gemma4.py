@@ -2,9 +2,10 @@
 weight), scales it by a learned vector and ``hidden ** -0.5``, takes the softmax's top k,
 renormalises them and multiplies each by its expert's learned scale; GELU-tanh gated experts.
 
-The experts run the torch reference loop here: the MoE backends' kernels apply SiLU, so Gemma's
-GELU needs an activation choice in the MoE seam first (``moe/``). Experts are sharded on their
-intermediate dimension under TP, their partial sums all-reduced; the router is replicated.
+The experts run on the engine's MoE backend with the GELU-tanh activation (``moe/``: the fused
+Triton kernel on CUDA, the reference loop on CPU); the routing is the block's own. Experts are
+sharded on their intermediate dimension under TP, their partial sums all-reduced; the router is
+replicated.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers.activation import gelu_and_mul
 from minisgl.layers.base import copy_part, copy_weight, divide, new_param
+from minisgl.moe import BaseMoeBackend, MoeActivation
+
+GELU_TANH = MoeActivation("gelu_tanh")
 
 if TYPE_CHECKING:
     from minisgl.models.config import ModelConfig
@@ -28,9 +31,11 @@ class Gemma4MoE(nn.Module):
     ``scale``, ``per_expert_scale``) and ``experts.{gate_up_proj [E, 2I, H], down_proj
     [E, H, I]}`` (this rank's part of I)."""
 
-    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator) -> None:
+    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator,
+                 backend: BaseMoeBackend) -> None:
         super().__init__()
         self.comm, self.top_k, self.eps = comm, cfg.num_experts_per_tok, cfg.rms_norm_eps
+        self.backend = backend
         e, h = cfg.num_experts, cfg.hidden_size
         self.inter = divide(cfg.moe_intermediate_size, comm.info.size, "moe_intermediate_size")
         self.gate = new_param(e, h)
@@ -60,17 +65,6 @@ class Gemma4MoE(nn.Module):
     def forward(self, stream: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``stream`` routes; ``x`` (the stream after its own norm) enters the experts."""
         weights, ids = self.route(stream)
-        out = torch.zeros_like(x)
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.gate.shape[0]).tolist()
-        tokens, start = order // ids.shape[1], 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            idx, rows = order[start: start + count], tokens[start: start + count]
-            start += count
-            h = gelu_and_mul(F.linear(x[rows], self.gate_up_proj[expert]))
-            h = F.linear(h, self.down_proj[expert])
-            out.index_add_(0, rows, (h * weights.flatten()[idx, None]).to(x.dtype))
+        out = self.backend.forward(x, self.gate_up_proj, self.down_proj, weights.to(x.dtype),
+                                   ids, act=GELU_TANH)
         return self.comm.all_reduce(out)

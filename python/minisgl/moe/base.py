@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 FP8Scales = tuple[torch.Tensor, torch.Tensor, tuple[int, int]]
 
-ACTIVATIONS = ("silu", "swiglu_clamped")
+ACTIVATIONS = ("silu", "swiglu_clamped", "gelu_tanh")
 
 
 class Mxfp4Scales(NamedTuple):
@@ -45,7 +45,8 @@ class MoeActivation:
     ``silu``: ``silu(gate) * up`` (Llama, Qwen). ``swiglu_clamped`` (gpt-oss): the gate is
     clamped from above and the up half on both sides at ``limit``, then
     ``(up + 1) * gate * sigmoid(alpha * gate)``; the clamp keeps the product of two unbounded
-    halves from overflowing bf16."""
+    halves from overflowing bf16. ``gelu_tanh`` (Gemma 4): ``gelu(gate, approximate="tanh") *
+    up``."""
 
     kind: str = "silu"
     alpha: float = 1.702
@@ -62,6 +63,8 @@ class MoeActivation:
         gate, up = h.chunk(2, dim=-1)
         if self.kind == "silu":
             return F.silu(gate) * up
+        if self.kind == "gelu_tanh":
+            return F.gelu(gate, approximate="tanh") * up
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))

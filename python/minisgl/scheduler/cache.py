@@ -11,7 +11,8 @@ it does not already hold; everything else returns to the free list.
 
 With a sliding-window pool (``window``, ``window.py``) the sliding layers' pages are allocated
 alongside, in their own table, and freed as they fall behind the window; ``available_tokens`` is
-what both pools can give.
+what both pools can give. A radix cache then keeps the sliding pages a finished request still held
+(``kvcache/window_radix.py``) and resumes a hit only where they cover the window.
 
 The host keeps the truth (``host_table``); changes reach the device table in one batched,
 non-blocking copy per step (``flush``). Reading or writing the device table per request would make
@@ -25,6 +26,7 @@ import torch
 from minisgl.core import Req
 from minisgl.engine.prompt_logprobs import prefix_limit
 from minisgl.kvcache import BasePrefixCache
+from minisgl.kvcache.window_radix import WindowRadixCache
 
 from .window import WindowPages
 
@@ -36,10 +38,14 @@ def _round_up(n: int, page: int) -> int:
 class CacheManager:
     def __init__(self, num_pages: int, page_size: int, prefix_cache: BasePrefixCache,
                  page_table: torch.Tensor, window: WindowPages | None = None) -> None:
-        if window is not None and prefix_cache.shares_prefixes:
-            raise ValueError("a sliding-window pool frees pages a prefix hit would need: "
-                             "use the naive prefix cache with it")
+        if window is not None and prefix_cache.shares_prefixes and not (
+                isinstance(prefix_cache, WindowRadixCache) and window.resumable):
+            raise ValueError("a sliding-window pool frees pages a prefix hit would need: use "
+                             "the naive prefix cache, or a WindowRadixCache, with it")
         self.num_pages, self.page_size, self.window = num_pages, page_size, window
+        # the tree that also holds sliding pages (None: no prefix sharing or no sliding pool)
+        self.window_tree = prefix_cache if window is not None and prefix_cache.shares_prefixes \
+            else None
         self.prefix_cache, self.page_table = prefix_cache, page_table
         on_host = page_table.device.type == "cpu"
         self.host_table = page_table if on_host else torch.zeros_like(page_table, device="cpu")
@@ -57,7 +63,10 @@ class CacheManager:
     def available_tokens(self) -> int:
         """Tokens that can be allocated now, evicting unreferenced cached prefixes if needed."""
         n = len(self.free_pages) * self.page_size + self.prefix_cache.evictable_size
-        return n if self.window is None else min(n, self.window.free_tokens)
+        if self.window is None:
+            return n
+        tree = self.window_tree.window_evictable_size if self.window_tree is not None else 0
+        return min(n, self.window.free_tokens + tree)
 
     def alloc_len(self, req: Req) -> int:
         return _round_up(req.device_len, self.page_size)
@@ -93,6 +102,8 @@ class CacheManager:
         req.cache_handle, req.cached_len, req.device_len = result.handle, n, n
         if n:
             self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
+            if self.window_tree is not None:
+                self.window.adopt(req, self.window_tree.window_slots(result.handle))
         branch = self.prefix_cache.branch_point(req.input_ids[: prefix_limit(req)])
         req.snapshot_at = branch if branch > n else 0
 
@@ -127,6 +138,7 @@ class CacheManager:
         if self.window is not None:
             self.window.trim(reqs)  # before allocating: the freed pages serve this step too
             if rows:
+                self._window_room(sum(counts))
                 self.window.allocate(rows, starts, counts)
         if not rows:
             return
@@ -188,13 +200,24 @@ class CacheManager:
         freed."""
         n = self.prefix_cache.evictable_size
         if n:
-            self._free_slots(self.prefix_cache.evict(n))
+            self._evict(n)
         return n
+
+    def _window_room(self, tokens: int) -> None:
+        """Drop cached sliding pages until ``tokens`` fit the sliding pool."""
+        short = tokens - self.window.free_tokens
+        if short > 0 and self.window_tree is not None:
+            self.window.free(self.window_tree.evict_window(short))
+
+    def _evict(self, tokens: int) -> None:
+        self._free_slots(self.prefix_cache.evict(tokens))
+        if self.window_tree is not None:  # the evicted nodes' sliding pages
+            self.window.free(self.window_tree.take_freed_window())
 
     def _take_pages(self, n: int) -> torch.Tensor:
         short = n - len(self.free_pages)
         if short > 0:
-            self._free_slots(self.prefix_cache.evict(short * self.page_size))
+            self._evict(short * self.page_size)
         if n > len(self.free_pages):
             raise RuntimeError(f"out of KV pages: need {n}, have {len(self.free_pages)}")
         pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]
@@ -209,8 +232,6 @@ class CacheManager:
         """Return a request's slots: its computed prefix goes to the prefix cache, the rest is
         freed."""
         alloc_len = self.alloc_len(req)
-        if self.window is not None:
-            self.window.release(req, alloc_len)
         slots = self.host_table[req.table_idx, :alloc_len].clone()
         # every fed token's KV is computed, or being computed by a launched forward (stream order
         # makes it available to every later one)
@@ -218,11 +239,27 @@ class CacheManager:
         aligned = done - done % self.page_size
         self._free_slots(self.prefix_cache.insert_prefix(req.input_ids[:aligned], slots[:aligned]))
         self._free_slots(slots[aligned:])
+        if self.window_tree is not None and req.table_idx >= 0:
+            self._offer_window(req, alloc_len, aligned)
+        elif self.window is not None:
+            self.window.release(req, alloc_len)
         if aligned == done and req.table_idx >= 0:  # the state after exactly the cached tokens
             self.prefix_cache.save_state(req.input_ids[:aligned], req.table_idx)
         if req.cache_handle is not None:
             self.prefix_cache.lock_handle(req.cache_handle, unlock=True)
         req.cache_handle = None
+
+    def _offer_window(self, req: Req, alloc_len: int, aligned: int) -> None:
+        """The sliding pages ``req`` owns before ``aligned`` go to the tree (those it lacks), the
+        rest back to the sliding pool."""
+        first, owned = self.window.owned(req, alloc_len)
+        if aligned > first:
+            offered = torch.full((aligned,), -1, dtype=torch.int32)
+            offered[first:] = owned[: aligned - first]
+            self.window.free(self.window_tree.insert_window(req.input_ids[:aligned], offered))
+            owned = owned[aligned - first:]
+        self.window.free(owned)
+        self.window.forget(req)
 
     def cache_prefix(self, req: Req) -> None:
         """Share a running request's computed prefix now, not only when it finishes.
@@ -257,6 +294,9 @@ class CacheManager:
         keep, end = _round_up(new_device_len, self.page_size), self.alloc_len(req)
         if end > keep:
             self._free_slots(self.host_table[req.table_idx, keep:end].clone())
+            if self.window is not None:  # the sliding pages of those positions too
+                first, owned = self.window.owned(req, end)
+                self.window.free(owned[max(0, keep - first):])
 
     def check_integrity(self, live_reqs: list[Req]) -> None:
         """free + cached + owned by live requests == total, and no page is in two places."""
@@ -273,4 +313,6 @@ class CacheManager:
         everything = torch.cat([self.free_pages, owned_pages.to(torch.int32)])
         assert len(torch.unique(everything)) == len(everything), "a KV page is owned twice"
         if self.window is not None:
-            self.window.check_integrity([(r, self.alloc_len(r)) for r in live_reqs])
+            cached = (self.window_tree.held_window_slots() if self.window_tree is not None
+                      else None)
+            self.window.check_integrity([(r, self.alloc_len(r)) for r in live_reqs], cached)

@@ -47,14 +47,13 @@ class Scheduler:
         self.table = TableManager(config.max_running_reqs)
         engine, window = self.engine, None
         cache_name = config.cache
+        max_window = None
         if engine.window_pages:  # the sliding layers' pages past the window are freed
-            window = WindowPages(engine.window_pages, page_size, engine.cache_spec.max_window,
-                                 engine.window_page_table)
-            if cache_name != "naive":
-                logger.warning("prefix cache %r: off with --sliding-pool-ratio (a hit would need "
-                               "sliding-window KV that was freed)", cache_name)
-                cache_name = "naive"
-        prefix_cache = create_prefix_cache(cache_name, page_size, engine.device, engine.state_pool)
+            max_window = engine.cache_spec.max_window
+            window = WindowPages(engine.window_pages, page_size, max_window,
+                                 engine.window_page_table, resumable=cache_name != "naive")
+        prefix_cache = create_prefix_cache(cache_name, page_size, engine.device, engine.state_pool,
+                                           max_window)
         self.cache = CacheManager(engine.num_pages, page_size, prefix_cache, engine.page_table,
                                   window)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)

@@ -9,6 +9,10 @@ gives the window its context, and the delta is emitted only once it does not end
 Stop strings are matched on the text, never on tokens, so a stop string split over tokens (or
 over chunks of a stream) is still found. Text that could be the start of a stop string is held
 back until it either completes one (then it is cut) or can no longer do so (then it is emitted).
+
+Special tokens are left out of the text, except the tool-call markup that a tool parser reads
+(Gemma 4's ``<|tool_call>``, ``<tool_call|>`` and ``<|"|>``, special tokens of its tokenizer):
+without them its calls could not be told from text (``kept_special_ids``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,14 @@ logger = init_logger(__name__)
 
 _REPLACEMENT = "\ufffd"
 _TRIM_IDS = 1024  # drop ids before the window once this many have piled up (bounded memory)
+KEPT_SPECIAL_TOKENS = ("<|tool_call>", "<tool_call|>", '<|"|>')
+
+
+def kept_special_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids of ``KEPT_SPECIAL_TOKENS`` that are special tokens of ``tokenizer``."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return frozenset(i for i, tok in added.items()
+                     if getattr(tok, "special", False) and str(tok) in KEPT_SPECIAL_TOKENS)
 
 
 class IncrementalDetokenizer:
@@ -31,9 +43,15 @@ class IncrementalDetokenizer:
     """
 
     def __init__(
-        self, tokenizer: Any, stop: tuple[str, ...] = (), skip_special_tokens: bool = True
+        self, tokenizer: Any, stop: tuple[str, ...] = (), skip_special_tokens: bool = True,
+        keep: frozenset[int] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
+        # special tokens shown all the same (``kept_special_ids``): the others are filtered here
+        self.keep = keep
+        self._special = (frozenset(getattr(tokenizer, "all_special_ids", ())) | frozenset(
+            i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+            if getattr(t, "special", False))) - keep if keep else frozenset()
         self.stop = tuple(s for s in stop if s)
         self.skip_special_tokens = skip_special_tokens
         self.stopped = False
@@ -68,9 +86,12 @@ class IncrementalDetokenizer:
         return self._emit(self._decode_delta(final=True), final=True)
 
     def _decode(self, ids: list[int]) -> str:
+        skip = self.skip_special_tokens
+        if skip and self.keep:
+            ids, skip = [i for i in ids if i not in self._special], False
         return self.tokenizer.decode(
             ids,
-            skip_special_tokens=self.skip_special_tokens,
+            skip_special_tokens=skip,
             clean_up_tokenization_spaces=False,  # clean-up rewrites earlier text: no stable diff
         )
 

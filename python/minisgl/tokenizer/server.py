@@ -47,7 +47,7 @@ from minisgl.utils.heap import freeze_heap
 from minisgl.utils.hf import load_tokenizer
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 
-from .detokenize import IncrementalDetokenizer
+from .detokenize import IncrementalDetokenizer, kept_special_ids
 from .harmony import Harmony
 from .tokenize import TokenizeManager, one_line
 
@@ -207,6 +207,7 @@ class _DetokenizeRole:
         self.reqs: OrderedDict[int, IncrementalDetokenizer | None] = OrderedDict()  # LRU first
         self.seen: dict[int, float] = {}  # uid -> when its last token came
         self.stopped: OrderedDict[int, None] = OrderedDict()  # by a stop string, not yet freed
+        self._kept: frozenset[int] | None = None  # special tokens shown (on first use)
 
     def handle(self, msgs: list[DetokenizerMsg]) -> Outbox:
         replies: dict[int, UserReply] = {}
@@ -290,7 +291,9 @@ class _DetokenizeRole:
         """None when the model has no tokenizer: replies then carry token ids only."""
         if self.tokenizer is None:
             return None
-        return IncrementalDetokenizer(self.tokenizer, stop)
+        if self._kept is None:
+            self._kept = kept_special_ids(self.tokenizer)
+        return IncrementalDetokenizer(self.tokenizer, stop, keep=self._kept)
 
     def _stop(self, uid: int, back: list) -> None:
         """Ask the scheduler to free ``uid`` and drop the tokens it sends meanwhile."""

@@ -19,6 +19,15 @@ def silu_mul(gate, up, dt):
 
 
 @triton.jit
+def gelu_tanh_mul(gate, up, dt):
+    """``gelu(gate, approximate="tanh") * up`` of fp32 values (Gemma's gated MLPs), rounded as
+    ``silu_mul`` is. ``0.5 * (1 + tanh(y)) == sigmoid(2 * y)``, so the GELU is
+    ``gate * sigmoid(2 * y)`` with ``y = sqrt(2 / pi) * (gate + 0.044715 * gate ** 3)``."""
+    y2 = 1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)
+    return ((gate / (1.0 + tl.exp(-y2))).to(dt).to(tl.float32) * up).to(dt)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

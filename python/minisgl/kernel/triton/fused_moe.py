@@ -5,7 +5,8 @@
 2. GEMM 1 (gate and up together, the activation in the epilogue): each program takes one
    ``BLOCK_M`` block of one expert's rows, gathers the token rows of x and multiplies by the gate
    and the up rows of ``w13[e]``, adds the expert's biases (gpt-oss), and writes
-   ``act(gate, up)`` [T*K, I] by pair id (``silu(gate) * up``, or gpt-oss's clamped SwiGLU). The
+   ``act(gate, up)`` [T*K, I] by pair id (``silu(gate) * up``, gpt-oss's clamped SwiGLU, or
+   Gemma's ``gelu_tanh(gate) * up``). The
    [T*K, 2I] tensor never exists.
 3. GEMM 2: the same over ``w2[e]`` (plus its bias), times the pair's routing weight, into a
    [T, K, H] buffer that is summed over K (fp32 accumulation, in a fixed order).
@@ -36,7 +37,7 @@ import triton.language as tl
 
 from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
-from .activation import silu_mul
+from .activation import gelu_tanh_mul, silu_mul
 from .moe_align import moe_align, padded_capacity
 from .mxfp4 import decode_pair
 
@@ -95,7 +96,7 @@ def _rows(sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out,
 @triton.jit
 def _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
               offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED: tl.constexpr,
-              HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr):
+              HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr):
     """Bias, activation (GATED) or routing weight, store by pair id."""
     dt = out_ptr.dtype.element_ty
     if HAS_BIAS:
@@ -110,6 +111,8 @@ def _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, 
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
             res = ((up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))).to(dt)
+        elif GELU:
+            res = gelu_tanh_mul(gate, up, dt)
         else:
             res = silu_mul(gate, up, dt)
     else:
@@ -127,7 +130,7 @@ def _moe_gemm_kernel(
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     FP8_W: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
 ):
     """GATED: out[pair, n] = act(a[tok] . w[e, n], a[tok] . w[e, n_out + n])
               (a = x, rows by token)
@@ -168,7 +171,8 @@ def _moe_gemm_kernel(
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED)
+              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
+              GELU)
 
 
 @triton.jit
@@ -178,7 +182,7 @@ def _moe_gemm_mx_kernel(
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
 ):
     """``_moe_gemm_kernel`` over MXFP4 weights: ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]``
     e8m0 scales; BLOCK_K (values) is a multiple of 32."""
@@ -222,7 +226,8 @@ def _moe_gemm_mx_kernel(
         w_ptrs += HALF
         s_ptrs += BLOCK_K // 32
     _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED)
+              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
+              GELU)
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
@@ -245,6 +250,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 GROUP_M=cfg.group_m, EVEN_K=k_dim % block_k == 0,
                 PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
                 HAS_BIAS=bias is not None, CLAMPED=act.kind == "swiglu_clamped",
+                GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if mx:
         _moe_gemm_mx_kernel[grid](*args, **meta)

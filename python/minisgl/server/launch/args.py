@@ -64,7 +64,7 @@ _HELP = {
                         "template uses <think>), none, qwen3, deepseek-r1 (the output starts "
                         "inside the reasoning)",
     "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
-                        "hermes, llama3, mistral or json",
+                        "hermes, qwen3_xml, llama3, mistral, gemma4 or json",
     "reject_unsupported_tools": "/v1/responses: answer 400 to a request offering a built-in tool "
                                 "the server cannot run (web_search, file_search, ...; default: "
                                 "leave it out and say so in the response's dropped_tools)",
@@ -104,7 +104,8 @@ _HELP = {
     "sliding_pool_ratio": "sliding-window models (Gemma 3): > 0 gives the sliding layers a KV "
                           "pool of their own, this many tokens per token of the full-attention "
                           "layers', and frees its pages past the window as requests grow (more "
-                          "long requests fit; no prefix sharing, no CUDA graphs); 0: one pool",
+                          "long requests fit; a prefix hit resumes only where the window's KV "
+                          "is still held); 0: one pool",
     "max_seq_len": "longest sequence, prompt and output (default: the model's)",
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",

@@ -1,7 +1,8 @@
 """Tool-call parsers: a model's text -> OpenAI ``tool_calls``, whole or as streamed deltas.
 
-Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Qwen3.5's XML calls, Llama 3's bare
-JSON objects, Mistral's ``[TOOL_CALLS] [...]``, and the plain JSON that a constrained
+Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Qwen3.5's XML calls, Gemma 4's
+``<|tool_call>call:NAME{...}<tool_call|>`` (``gemma_tools.py``), Llama 3's bare JSON objects,
+Mistral's ``[TOOL_CALLS] [...]``, and the plain JSON that a constrained
 ``tool_choice`` produces) only says where the content ends and where each call's JSON object
 starts. The rest is shared: a call object whose ``name`` comes first streams its arguments as the
 raw text arrives, cut by a JSON scanner at the end of the arguments value, so the fragments
@@ -16,6 +17,8 @@ import re
 import uuid
 from dataclasses import dataclass
 from typing import Callable
+
+from minisgl.server.openai import gemma_tools
 
 _WS = " \t\r\n"
 _NAME_FIRST = re.compile(
@@ -104,19 +107,22 @@ def _held(text: str, marker: str) -> int:
 Split = tuple[str, list[str]]  # (content, raw call objects)
 
 
-def _tagged(text: str, final: bool, parse: Callable[[str], list[str]]) -> Split:
-    """Calls inside ``<tool_call>...</tool_call>`` (the last one may still be open): ``parse``
-    turns one tag's body into its raw calls; the text before the first tag is the content."""
-    start = text.find("<tool_call>")
+def _tagged(text: str, final: bool, parse: Callable[[str], list[str]],
+            tags: tuple[str, str] = ("<tool_call>", "</tool_call>")) -> Split:
+    """Calls inside ``<tool_call>...</tool_call>`` (or other ``tags``; the last one may still be
+    open): ``parse`` turns one tag's body into its raw calls; the text before the first tag is the
+    content."""
+    open_tag, close_tag = tags
+    start = text.find(open_tag)
     if start < 0:
-        return text if final else text[: len(text) - _held(text, "<tool_call>")], []
+        return text if final else text[: len(text) - _held(text, open_tag)], []
     raws: list[str] = []
     pos = start
     while pos >= 0:
-        body = pos + len("<tool_call>")
-        close = text.find("</tool_call>", body)
+        body = pos + len(open_tag)
+        close = text.find(close_tag, body)
         raws += parse(text[body: close if close >= 0 else len(text)])
-        pos = text.find("<tool_call>", close) if close >= 0 else -1
+        pos = text.find(open_tag, close) if close >= 0 else -1
     return text[:start], raws
 
 
@@ -197,9 +203,15 @@ def split_qwen3_xml(text: str, final: bool) -> Split:
                    lambda body: [] if (call := _xml_call(body)) is None else [call])
 
 
+def split_gemma4(text: str, final: bool) -> Split:
+    """Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>``."""
+    return _tagged(text, final, gemma_tools.calls_in_block,
+                   (gemma_tools.OPEN, gemma_tools.CLOSE))
+
+
 TOOL_PARSERS: dict[str, Callable[[str, bool], Split]] = {
     "hermes": split_hermes, "llama3": split_llama3, "mistral": split_mistral, "json": split_json,
-    "qwen3_xml": split_qwen3_xml,
+    "qwen3_xml": split_qwen3_xml, "gemma4": split_gemma4,
 }
 
 
@@ -209,6 +221,8 @@ def detect_parser(chat_template: str | None) -> str:
     template = chat_template or ""
     if "[TOOL_CALLS]" in template:
         return "mistral"
+    if gemma_tools.OPEN in template:
+        return "gemma4"
     if "<function=" in template:
         return "qwen3_xml"
     if "<tool_call>" in template:

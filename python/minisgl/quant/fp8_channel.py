@@ -30,7 +30,7 @@ class Fp8ChannelLinearMethod(LinearMethod):
         return self.norm_gemv
 
     def create_weights(self, layer: nn.Module, out: int, inp: int, make_param: MakeParam) -> None:
-        layer.weight = make_param(out, inp)
+        layer.weight = make_param(out, inp, deferred=True)
         layer.weight_scale_inv = None
 
     def on_load(self, layer: nn.Module, param: nn.Parameter, loaded) -> None:

@@ -34,6 +34,7 @@ STACKED = [
 ]
 # per-layer FP8 KV-cache scales (``layers.N.self_attn.k_scale``), kept for the KV pool
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
+_WIDE = (torch.bfloat16, torch.float16, torch.float32)  # unquantized checkpoint dtypes
 _LAYER = re.compile(r"layers\.(\d+)\.")  # our name of a decoder layer's parameter
 
 
@@ -150,6 +151,11 @@ class BaseLLMModel(nn.Module):
         if name not in params:
             raise ValueError(f"checkpoint tensor {source!r} matches no parameter of the model")
         param = params[name]
+        if param.dtype == torch.float8_e4m3fn and getattr(tensor, "dtype", None) in _WIDE:
+            raise ValueError(
+                f"checkpoint tensor {source!r} is {tensor.dtype}, where the model holds FP8 with "
+                "block scales (weight_scale_inv): a projection the checkpoint leaves unquantized "
+                "(quantization_config.modules_to_not_convert) that minisgl quantizes")
         materialize(param)
         tensor = tensor.to(param.dtype)
         loader = getattr(param, "weight_loader", None)

@@ -79,6 +79,10 @@ def _gguf_to_dir(path: str) -> str:
     return convert_gguf_cached(path, out)
 
 
+_SAFETENSORS_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16,
+                       "F16": torch.float16, "F32": torch.float32}
+
+
 class WeightStream:
     """A checkpoint's ``(name, tensor)`` pairs in the order they are read, with every name known
     before the first tensor is: loading then quantizes and frees each decoder layer as soon as its
@@ -117,6 +121,11 @@ class CheckpointTensor:
         start, stop, step = rows.indices(self.shape[0])
         assert step == 1, "only contiguous row ranges"
         return self.narrow(0, start, max(0, stop - start))
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The dtype the file stores (None where safetensors names one torch lacks)."""
+        return _SAFETENSORS_DTYPES.get(self._part.get_dtype())
 
     def to(self, dtype: torch.dtype) -> CheckpointTensor:
         return CheckpointTensor(self._part, self.shape, self._index, dtype)

@@ -229,8 +229,9 @@ def main() -> None:
                         help="variants whose batch-1 latency --batch1 measures "
                              "(default adds cuBLAS)")
     parser.add_argument("--batch1-baseline", action=argparse.BooleanOptionalAction, default=True,
-                        help="--batch1 also runs the unquantized model (Triton GEMV, cuBLAS); "
-                             "--no-batch1-baseline for a model that fits only quantized")
+                        help="--batch1 also runs the model as it is (Triton GEMV, then "
+                             "cuBLAS); --no-batch1-baseline: only --batch1-variants (default "
+                             "among them: the Triton GEMV alone)")
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
@@ -279,9 +280,10 @@ def main() -> None:
                                                            VARIANTS[variant], tp, structured=True))
     if args.batch1:
         runs = [("minisgl[batch1]", {}), ("minisgl[batch1][cublas]", VARIANTS["cublas"])]
-        runs = runs if args.batch1_baseline else []
+        listed = args.batch1_variants.split(",")
+        runs = runs if args.batch1_baseline else runs[:1] if "default" in listed else []
         runs += [(f"minisgl[batch1][{v}]", VARIANTS[v])
-                 for v in args.batch1_variants.split(",") if v not in ("default", "cublas")]
+                 for v in listed if v not in ("default", "cublas")]
         for tp in map(int, args.tp.split(",")):
             for engine, variant in runs:
                 with environment(variant.get("env", {})):

@@ -229,3 +229,48 @@ def test_dummy_weights_in_the_qwen_fp8_format(arch, checkpoints, tmp_path):
     assert model.layers[0].linear_attn.in_proj_qkvz.weight.dtype == FP8
     out = llm.generate(PROMPTS[:2], GREEDY)
     assert [len(o.token_ids) for o in out] == [16, 16]
+
+
+def test_fused_experts_quantize_per_layer_too(checkpoints, tmp_path):
+    """Experts stored stacked (transformers 5's ``experts.gate_up_proj [E, 2I, H]`` and
+    ``experts.down_proj [E, H, I]``) load into the same FP8 model as per-expert tensors, one
+    layer unquantized at most."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    from minisgl.models.weight import iter_weights
+
+    src = checkpoints["qwen3_5_moe"][1]
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    expert = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    stacked: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name in [n for n in tensors if expert.match(n)]:
+        prefix, e, kind = expert.match(name).groups()
+        stacked.setdefault(prefix, {}).setdefault(int(e), {})[kind] = tensors.pop(name)
+    for prefix, experts in stacked.items():
+        order = [experts[e] for e in sorted(experts)]
+        tensors[prefix + ".gate_up_proj"] = torch.stack([torch.cat([x["gate"], x["up"]])
+                                                         for x in order])
+        tensors[prefix + ".down_proj"] = torch.stack([x["down"] for x in order])
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    for f in src.iterdir():
+        if not f.name.endswith(".safetensors"):
+            (fused / f.name).write_bytes(f.read_bytes())
+    names = sorted(tensors)
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        save_file({n: tensors[n] for n in part}, str(fused / f"model-{i + 1:05d}-of-00002"
+                                                      ".safetensors"))
+    model, _ = build_model(fused)
+    stream = iter_weights(str(fused))
+    peak, layer, whole = peak_unquantized(model, load_watching(model, stream, stream.names))
+    assert 0 < peak <= layer < whole / 4
+    reference, _ = build_model(src)
+    reference.load_weights(iter_weights(str(src)))
+    theirs = dict(model.named_parameters())
+    for name, param in reference.named_parameters():
+        bits = (lambda t: t.view(torch.uint8)) if param.dtype == FP8 else (lambda t: t)
+        assert torch.equal(bits(param), bits(theirs[name])), name

@@ -67,8 +67,8 @@ class LinearMethod(ABC):
 
     def process_weights_after_loading(self, layer: nn.Module,
                                       input_scale: torch.Tensor | None = None) -> None:
-        """Once loading is done. ``input_scale [K]`` (only where ``folds_input_scale``): multiply
-        it into the weight's columns first. Idempotent: a second call changes nothing."""
+        """Once the layer is loaded. ``input_scale [K]`` (only where ``folds_input_scale``):
+        multiply it into the weight's columns first. Idempotent: a second call changes nothing."""
 
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedInput, bias: torch.Tensor | None,
@@ -109,7 +109,7 @@ class MoEMethod(ABC):
         unit=..., deferred=...)``, ``which`` being ``"w13"`` or ``"w2"``."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Once loading is done (online quantization). Idempotent."""
+        """Once the layer is loaded (online quantization). Idempotent."""
 
     @abstractmethod
     def apply(self, layer: nn.Module, backend: BaseMoeBackend, x: torch.Tensor,

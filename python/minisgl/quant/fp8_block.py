@@ -1,13 +1,14 @@
 """FP8 with one scale per ``block = (bn, bk)`` of the weight: the published FP8 checkpoints'
 format (``weight`` e4m3, ``weight_scale_inv [cdiv(N, bn), cdiv(K, bk)]``, loaded shard by shard
 like the weight: a scale's ranges are the weight's divided by the block), or ``--quantization
-fp8-block`` (an unquantized checkpoint quantized into 128x128 blocks once loading is done).
+fp8-block`` (an unquantized checkpoint quantized into 128x128 blocks once its decoder layer is
+loaded).
 Activations are quantized per token and ``bk`` columns. Kernels: ``fp8_dispatch.fp8_linear``.
 No fusion is offered: the layers run their norms and activations as kernels of their own.
 
 MoE experts (``Fp8MoEMethod``) use block scales in both FP8 modes (the fused MoE kernel reads
 block scales only): ``w13_scale_inv [E, 2I/bn, H/bk]``, ``w2_scale_inv [E, H/bn, I/bk]``, loaded
-from the checkpoint or made once loading is done (online).
+from the checkpoint or made once the layer is loaded (online).
 """
 
 from __future__ import annotations

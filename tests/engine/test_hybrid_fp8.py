@@ -21,7 +21,12 @@ import torch
 from helpers.engine_utils import logits_and_tokens, prefill_logits
 from helpers.fp8_models import make_dequantized_checkpoint
 from helpers.hf_models import random_prompts
-from helpers.hybrid_models import make_hybrid_checkpoint, make_qwen_fp8_checkpoint, save_sharded
+from helpers.hybrid_models import (
+    make_hybrid_checkpoint,
+    make_qwen_fp8_checkpoint,
+    save_sharded,
+    stack_experts,
+)
 from minisgl import LLM, SamplingParams
 
 FP8 = torch.float8_e4m3fn
@@ -235,35 +240,10 @@ def test_fused_experts_quantize_per_layer_too(checkpoints, tmp_path):
     """Experts stored stacked (transformers 5's ``experts.gate_up_proj [E, 2I, H]`` and
     ``experts.down_proj [E, H, I]``) load into the same FP8 model as per-expert tensors, one
     layer unquantized at most."""
-    import re
-
-    from safetensors.torch import load_file, save_file
-
     from minisgl.models.weight import iter_weights
 
     src = checkpoints["qwen3_5_moe"][1]
-    tensors = {}
-    for f in sorted(src.glob("*.safetensors")):
-        tensors.update(load_file(str(f)))
-    expert = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
-    stacked: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    for name in [n for n in tensors if expert.match(n)]:
-        prefix, e, kind = expert.match(name).groups()
-        stacked.setdefault(prefix, {}).setdefault(int(e), {})[kind] = tensors.pop(name)
-    for prefix, experts in stacked.items():
-        order = [experts[e] for e in sorted(experts)]
-        tensors[prefix + ".gate_up_proj"] = torch.stack([torch.cat([x["gate"], x["up"]])
-                                                         for x in order])
-        tensors[prefix + ".down_proj"] = torch.stack([x["down"] for x in order])
-    fused = tmp_path / "fused"
-    fused.mkdir()
-    for f in src.iterdir():
-        if not f.name.endswith(".safetensors"):
-            (fused / f.name).write_bytes(f.read_bytes())
-    names = sorted(tensors)
-    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
-        save_file({n: tensors[n] for n in part}, str(fused / f"model-{i + 1:05d}-of-00002"
-                                                      ".safetensors"))
+    fused = stack_experts(src, tmp_path / "fused")
     model, _ = build_model(fused)
     stream = iter_weights(str(fused))
     peak, layer, whole = peak_unquantized(model, load_watching(model, stream, stream.names))

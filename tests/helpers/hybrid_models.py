@@ -129,6 +129,34 @@ def save_sharded(src: str | Path, out: str | Path, shards: int,
     return out
 
 
+_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def stack_experts(src: str | Path, out: str | Path) -> Path:
+    """``src`` with each layer's experts stacked as transformers 5 saves them
+    (``experts.gate_up_proj [E, 2I, H]``: each expert's gate rows then its up rows;
+    ``experts.down_proj [E, H, I]``), in two shards."""
+    from safetensors.torch import save_file
+
+    src, out = Path(src), Path(out)
+    _copy_side_files(src, out)
+    tensors = _tensors(src)
+    stacked: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name in [n for n in tensors if _EXPERT.match(n)]:
+        prefix, e, kind = _EXPERT.match(name).groups()
+        stacked.setdefault(prefix, {}).setdefault(int(e), {})[kind] = tensors.pop(name)
+    for prefix, experts in stacked.items():
+        order = [experts[e] for e in sorted(experts)]
+        tensors[prefix + ".gate_up_proj"] = torch.stack([torch.cat([x["gate"], x["up"]])
+                                                         for x in order])
+        tensors[prefix + ".down_proj"] = torch.stack([x["down"] for x in order])
+    names = sorted(tensors)
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        save_file({n: tensors[n] for n in part}, str(out / f"model-{i + 1:05d}-of-00002"
+                                                    ".safetensors"))
+    return out
+
+
 # what Qwen's FP8 checkpoints of the hybrid families store in e4m3 with a weight_scale_inv per
 # block: attention, the Gated DeltaNet projections but for in_proj_b / in_proj_a, the dense MLPs,
 # the experts and the shared expert; embeddings, LM head, norms, conv, router and the shared

@@ -21,6 +21,13 @@
 #                                           # offline (fp32 / bf16 state) with its
 #                                           # ceiling, batch 1, transformers; then hybrid-online:
 #                                           # concurrency 1/16/64; radix vs naive, shared prefixes
+#   scripts/gpu_validate.sh hybrid-big OUT  # one GPU: Qwen3.6-35B-A3B (random weights) with
+#                                           # --quantization fp8, quantized layer by layer while
+#                                           # loading: offline and batch 1, weights and peak GPU
+#                                           # memory while loading
+#   scripts/gpu_validate.sh hybrid-27b OUT  # one GPU: Qwen3.5-27B fp8 the same way (64 requests)
+#   scripts/gpu_validate.sh hybrid-tp  OUT  # two GPUs: Qwen3.6-35B-A3B in bf16 at TP=2, offline
+#                                           # and batch 1
 #   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
 #                                           # (float32; the sliding pool under CUDA graphs and
 #                                           # with radix hits), Gemma 3 27B and Gemma 4 26B-A4B
@@ -122,6 +129,26 @@ tp)
             >"$out/bench_${m}_tp.log" 2>&1
     done
     cat "$out"/offline_*_tp.md ;;
+hybrid-big)  # bf16 Qwen3.6-35B-A3B (70 GB) does not fit one H100; quantized at load it does
+    m36=benchmark/configs/qwen3.6-35b-a3b.json
+    step 330 "${bench[@]}" --model $m36 --variants fp8 --hf-requests 0 --tag fp8 \
+        >"$out/bench_qwen3.6-35b-a3b_fp8.log" 2>&1
+    step 180 "${bench[@]}" --model $m36 --variants "" --batch1 --batch1-variants fp8 \
+        --no-batch1-baseline --hf-requests 0 --tag fp8_batch1 \
+        >"$out/bench_qwen3.6-35b-a3b_fp8_batch1.log" 2>&1
+    cat "$out"/offline_qwen3.6-35b-a3b_*_fp8*.md ;;
+hybrid-27b)  # Qwen3.5-27B (54 GB in bf16) quantized at load: batch 1 and 64 requests offline
+    step 400 "${bench[@]}" --model benchmark/configs/qwen3.5-27b.json --variants fp8 \
+        --num-requests 64 --batch1 --batch1-variants fp8 --no-batch1-baseline --hf-requests 0 \
+        --tag fp8 >"$out/bench_qwen3.5-27b_fp8.log" 2>&1
+    cat "$out"/offline_qwen3.5-27b_*_fp8.md ;;
+hybrid-tp)  # two GPUs: bf16 at TP=2
+    m36=benchmark/configs/qwen3.6-35b-a3b.json
+    step 330 "${bench[@]}" --model $m36 --tp 2 --hf-requests 0 --tag tp2 \
+        >"$out/bench_qwen3.6-35b-a3b_tp2.log" 2>&1
+    step 180 "${bench[@]}" --model $m36 --tp 2 --variants "" --batch1 --no-batch1-baseline \
+        --hf-requests 0 --tag tp2_batch1 >"$out/bench_qwen3.6-35b-a3b_tp2_batch1.log" 2>&1
+    cat "$out"/offline_qwen3.6-35b-a3b_*_tp2*.md ;;
 gemma)
     "$py" -m pytest -q -p no:cacheprovider -rf tests/kernels/test_window_sinks.py \
         tests/kernels/test_gemma_triton.py tests/kernels/test_gemma_moe.py \
@@ -190,7 +217,7 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRE
     cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
 *)
     echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
-         "hybrid|hybrid-online|gemma|gpt-oss|spec|first-minute OUT" >&2
+         "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

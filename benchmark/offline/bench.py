@@ -131,6 +131,7 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
               "kv_pages": llm.scheduler.engine.num_pages,
               "kv_tokens": llm.scheduler.engine.num_pages * llm.scheduler.engine.config.page_size,
               "tp": tp}
+    result.update(memory(llm))
     result["trace"] = trace.summary()
     del trace  # its hooks hold the scheduler: the next run needs the memory back
     llm.close()  # CUDA graphs (and the TP group) go now, before the next run allocates
@@ -140,9 +141,20 @@ def _run_minisgl(path, dummy, prompts, max_tokens, options: dict, sampling: dict
     return result
 
 
-def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> dict:
+def memory(llm: LLM) -> dict:
+    """What rank 0's weights take on the GPU, and the most it held while loading them (a model
+    quantized at load: about the quantized model plus one layer unquantized)."""
+    engine = llm.scheduler.engine
+    peak = engine.load_peak_bytes
+    return {"weight_gib": round(engine.weight_bytes / (1 << 30), 2),
+            "load_peak_gib": None if peak is None else round(peak / (1 << 30), 2)}
+
+
+def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256,
+               tp: int = 1) -> dict:
     """Decode latency of one request: (total - time to first token) / (tokens - 1)."""
-    llm = LLM(path, dummy_weights=dummy, **{"warmup": "off", **options})
+    llm = LLM(path, tp=tp, dummy_weights=dummy, **{"warmup": "off", **options})
+    mem = memory(llm)
     prompt = [random.Random(1).randint(0, 10000) for _ in range(128)]
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     full = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -158,7 +170,7 @@ def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256) -> 
     del llm
     gc.collect()
     torch.cuda.empty_cache()
-    return {"ms_per_token": 1000 * (times[1] - times[0]) / (new_tokens - 1)}
+    return {"ms_per_token": 1000 * (times[1] - times[0]) / (new_tokens - 1), "tp": tp, **mem}
 
 
 def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict:
@@ -216,6 +228,10 @@ def main() -> None:
     parser.add_argument("--batch1-variants", default="default",
                         help="variants whose batch-1 latency --batch1 measures "
                              "(default adds cuBLAS)")
+    parser.add_argument("--batch1-baseline", action=argparse.BooleanOptionalAction, default=True,
+                        help="--batch1 also runs the model as it is (Triton GEMV, then "
+                             "cuBLAS); --no-batch1-baseline: only --batch1-variants (default "
+                             "among them: the Triton GEMV alone)")
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", help="suffix of the result files' name")
     args = parser.parse_args()
@@ -264,13 +280,17 @@ def main() -> None:
                                                            VARIANTS[variant], tp, structured=True))
     if args.batch1:
         runs = [("minisgl[batch1]", {}), ("minisgl[batch1][cublas]", VARIANTS["cublas"])]
+        listed = args.batch1_variants.split(",")
+        runs = runs if args.batch1_baseline else runs[:1] if "default" in listed else []
         runs += [(f"minisgl[batch1][{v}]", VARIANTS[v])
-                 for v in args.batch1_variants.split(",") if v not in ("default", "cublas")]
-        for engine, variant in runs:
-            with environment(variant.get("env", {})):
-                res = run_batch1(path, dummy, llm_options(variant))
-            records.append({**base, "engine": engine, **res})
-            print(json.dumps(records[-1]), flush=True)
+                 for v in listed if v not in ("default", "cublas")]
+        for tp in map(int, args.tp.split(",")):
+            for engine, variant in runs:
+                with environment(variant.get("env", {})):
+                    res = run_batch1(path, dummy, llm_options(variant), tp=tp)
+                records.append({**base, "engine": engine + (f"[tp{tp}]" if tp > 1 else ""),
+                                **res})
+                print(json.dumps(records[-1]), flush=True)
     if args.hf_requests:
         n = args.hf_requests
         record("transformers", run_hf(path, dummy, prompts[:n], max_tokens[:n], args.hf_batch),
@@ -313,8 +333,9 @@ def write(records: list[dict], out_dir: str, stem: str, command: str) -> None:
                         if ref_kv and r.get("kv_tokens") else "")
             lines.append(f"| {r['engine']} | {r['output_tok_per_s']:,.0f} | "
                          f"{r['output_tok_per_s'] / default[r.get('tp')]:.3f}x | {kv_ratio} |")
-    tp1 = {r["engine"]: r["output_tok_per_s"] for r in records if r.get("tp") == 1}
-    scaled = [r for r in records if r.get("tp", 1) > 1 and r["engine"].rsplit("[tp", 1)[0] in tp1]
+    rates = [r for r in records if "output_tok_per_s" in r]
+    tp1 = {r["engine"]: r["output_tok_per_s"] for r in rates if r.get("tp") == 1}
+    scaled = [r for r in rates if r.get("tp", 1) > 1 and r["engine"].rsplit("[tp", 1)[0] in tp1]
     if scaled:
         lines += ["", "| engine | TP | output tok/s | speed-up over TP=1 | per GPU |",
                   "|---|---|---|---|---|"]
@@ -322,6 +343,13 @@ def write(records: list[dict], out_dir: str, stem: str, command: str) -> None:
             speedup = r["output_tok_per_s"] / tp1[r["engine"].rsplit("[tp", 1)[0]]
             lines.append(f"| {r['engine']} | {r['tp']} | {r['output_tok_per_s']:,.0f} | "
                          f"{speedup:.2f}x | {speedup / r['tp']:.2f} |")
+    loaded = [r for r in records if r.get("weight_gib") is not None]
+    if loaded:
+        lines += ["", "| engine | TP | weights per GPU (GiB) | peak while loading (GiB) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['engine']} | {r.get('tp', 1)} | {r['weight_gib']} | "
+                  f"{r['load_peak_gib'] if r['load_peak_gib'] is not None else ''} |"
+                  for r in loaded]
     traced = [r for r in records if r.get("trace")]
     if traced:
         lines += ["", "Where the time goes (scheduler steps of the timed run, by the batch read "

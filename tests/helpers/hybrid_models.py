@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -85,4 +87,110 @@ def make_hybrid_checkpoint(arch: str, out_dir: str | Path, seed: int = 0) -> Pat
     model.save_pretrained(out, safe_serialization=True)
     gen = {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen) + "\n")
+    return out
+
+
+def _tensors(src: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def _copy_side_files(src: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors"):
+            shutil.copy(f, out / f.name)
+
+
+def save_sharded(src: str | Path, out: str | Path, shards: int,
+                 dtype: torch.dtype = torch.bfloat16) -> Path:
+    """``src``'s tensors in ``dtype``, in ``shards`` files of about equal size cut without regard
+    to layers (a layer may span two files), named as transformers names them."""
+    from safetensors.torch import save_file
+
+    src, out = Path(src), Path(out)
+    _copy_side_files(src, out)
+    tensors = {k: v.to(dtype) for k, v in sorted(_tensors(src).items())}
+    total, size, part, parts = sum(t.numel() for t in tensors.values()), 0, {}, []
+    for name, t in tensors.items():
+        part[name] = t
+        size += t.numel()
+        if size >= total * (len(parts) + 1) / shards and len(parts) < shards - 1:
+            parts.append(part)
+            part = {}
+    parts.append(part)
+    for i, part in enumerate(parts):
+        save_file(part, str(out / f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"),
+                  metadata={"format": "pt"})
+    return out
+
+
+_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def stack_experts(src: str | Path, out: str | Path) -> Path:
+    """``src`` with each layer's experts stacked as transformers 5 saves them
+    (``experts.gate_up_proj [E, 2I, H]``: each expert's gate rows then its up rows;
+    ``experts.down_proj [E, H, I]``), in two shards."""
+    from safetensors.torch import save_file
+
+    src, out = Path(src), Path(out)
+    _copy_side_files(src, out)
+    tensors = _tensors(src)
+    stacked: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name in [n for n in tensors if _EXPERT.match(n)]:
+        prefix, e, kind = _EXPERT.match(name).groups()
+        stacked.setdefault(prefix, {}).setdefault(int(e), {})[kind] = tensors.pop(name)
+    for prefix, experts in stacked.items():
+        order = [experts[e] for e in sorted(experts)]
+        tensors[prefix + ".gate_up_proj"] = torch.stack([torch.cat([x["gate"], x["up"]])
+                                                         for x in order])
+        tensors[prefix + ".down_proj"] = torch.stack([x["down"] for x in order])
+    names = sorted(tensors)
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        save_file({n: tensors[n] for n in part}, str(out / f"model-{i + 1:05d}-of-00002"
+                                                    ".safetensors"))
+    return out
+
+
+# what Qwen's FP8 checkpoints of the hybrid families store in e4m3 with a weight_scale_inv per
+# block: attention, the Gated DeltaNet projections but for in_proj_b / in_proj_a, the dense MLPs,
+# the experts and the shared expert; embeddings, LM head, norms, conv, router and the shared
+# expert's gate stay unquantized
+QWEN_FP8_QUANTIZED = re.compile(
+    r"layers\.\d+\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkvz?|in_proj_z|out_proj)"
+    r"|mlp\.(experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj)\.weight$")
+
+
+def make_qwen_fp8_checkpoint(src: str | Path, out: str | Path,
+                             block: tuple[int, int] = (128, 128)) -> Path:
+    """A hybrid checkpoint in the layout of Qwen's FP8 releases (Qwen3.5-*-FP8, Qwen3.6-*-FP8):
+    ``QWEN_FP8_QUANTIZED`` weights quantized by the tests' own block quantizer
+    (``helpers.fp8_models.quantize``), everything else as it was, and the ``quantization_config``
+    those checkpoints carry (block FP8, dynamic activations)."""
+    from safetensors.torch import save_file
+
+    from helpers.fp8_models import quantize
+
+    src, out = Path(src), Path(out)
+    _copy_side_files(src, out)
+    result = {}
+    for name, t in _tensors(src).items():
+        if QWEN_FP8_QUANTIZED.search(name) and not name.startswith("mtp."):
+            result[name], result[name + "_scale_inv"] = quantize(t, block)
+        else:
+            result[name] = t
+    save_file(result, str(out / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+        "weight_block_size": list(block),
+        "modules_to_not_convert": ["lm_head", "model.language_model.embed_tokens", "model.visual",
+                                   "mtp", "linear_attn.in_proj_a", "linear_attn.in_proj_b",
+                                   "mlp.gate", "mlp.shared_expert_gate"]}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out

@@ -172,6 +172,21 @@ class Engine:
         return self.cache_spec.kv_bytes_per_token(self.config.kv_dtype, self.window_ratio)
 
     def _build_model(self) -> BaseLLMModel:
+        """The model, loaded. Records ``weight_bytes`` (its parameters) and, on CUDA,
+        ``load_peak_bytes`` (the most the device held while loading: with weights quantized at
+        load, about the quantized model plus one layer unquantized)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        model = self._load_model()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.load_peak_bytes = (torch.cuda.max_memory_allocated(self.device)
+                                if self.device.type == "cuda" else None)
+        peak = "" if self.load_peak_bytes is None else \
+            f", peak {self.load_peak_bytes / (1 << 30):.2f} GiB while loading"
+        logger.info("weights: %.2f GiB on %s%s", self.weight_bytes / (1 << 30), self.device, peak)
+        return model
+
+    def _load_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)
         with torch.device(self.device):
             model = cls(self.model_config, self.comm, create_moe_backend(self.config.moe_backend))

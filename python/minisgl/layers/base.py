@@ -19,10 +19,15 @@ WeightLoader = Callable[[nn.Parameter, torch.Tensor, Any], None]
 
 
 def new_param(*shape: int, loader: WeightLoader | None = None,
-              dtype: torch.dtype | None = None) -> nn.Parameter:
+              dtype: torch.dtype | None = None, deferred: bool = False) -> nn.Parameter:
     """``dtype``: a storage type the model's cast to its compute dtype must keep (FP8 weights, their
-    float32 scales); ``restore_param_dtypes`` puts it back after ``model.to(dtype)``."""
-    param = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+    float32 scales); ``restore_param_dtypes`` puts it back after ``model.to(dtype)``.
+    ``deferred``: no storage until its first checkpoint tensor arrives (``materialize``), for a
+    weight that is quantized once its layer is loaded: the unquantized model never resides whole
+    on the device, only the layers being loaded."""
+    param = nn.Parameter(torch.empty(0 if deferred else shape, dtype=dtype), requires_grad=False)
+    if deferred:
+        param.deferred_shape = torch.Size(shape)  # type: ignore[attr-defined]
     if loader is not None:
         param.weight_loader = loader  # type: ignore[attr-defined]
     if dtype is not None:
@@ -37,6 +42,15 @@ def restore_param_dtypes(model: nn.Module) -> None:
         keep = getattr(param, "keep_dtype", None)
         if keep is not None and param.dtype != keep:
             param.data = torch.empty(param.shape, dtype=keep, device=param.device)
+
+
+def materialize(param: nn.Parameter) -> None:
+    """Give a deferred parameter (``new_param(deferred=True)``) its storage, in its current dtype
+    and device; a no-op for any other."""
+    shape = getattr(param, "deferred_shape", None)
+    if shape is not None:
+        param.data = torch.empty(shape, dtype=param.dtype, device=param.device)
+        del param.deferred_shape
 
 
 def copy_weight(param: nn.Parameter, loaded: torch.Tensor) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 from minisgl.distributed import DistributedCommunicator, DistributedInfo
 from minisgl.quant import QuantizationConfig, linear, linear_method, unquantized_method
 
-from .base import copy_part, divide, new_param
+from .base import copy_part, divide, materialize, new_param
 
 __all__ = ["LinearColParallelMerged", "LinearQKVMerged", "LinearRowParallel", "ReplicatedLinear",
            "linear"]
@@ -40,11 +40,13 @@ class _Linear(nn.Module):
         self.method = linear_method(quant)
         self.method.create_weights(self, out, inp, self._new_param)
 
-    def _new_param(self, *shape: int, dtype: torch.dtype | None = None,
-                   unit: int = 1) -> nn.Parameter:
-        return new_param(*shape, loader=functools.partial(self._load, unit=unit), dtype=dtype)
+    def _new_param(self, *shape: int, dtype: torch.dtype | None = None, unit: int = 1,
+                   deferred: bool = False) -> nn.Parameter:
+        return new_param(*shape, loader=functools.partial(self._load, unit=unit), dtype=dtype,
+                         deferred=deferred)
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id, unit: int = 1) -> None:
+        materialize(param)
         dim = self.shard_dim if param.dim() == 2 else 0
         self.method.on_load(self, param, loaded)
         copy_part(param, loaded, dim, *self._place(shard_id), unit=unit)

@@ -25,7 +25,7 @@ from minisgl.distributed import DistributedCommunicator
 from minisgl.moe import SILU, BaseMoeBackend, ExpertBias, MoeActivation
 from minisgl.quant import QuantizationConfig, moe_method
 
-from .base import copy_part, copy_weight, divide, new_param
+from .base import copy_part, copy_weight, divide, materialize, new_param
 from .linear import ReplicatedLinear
 
 if TYPE_CHECKING:
@@ -98,12 +98,14 @@ class MoELayer(nn.Module):
             self.w2_bias = new_param(experts, hidden)  # replicated: every rank loads it whole
 
     def _new_param(self, which: str, *shape: int, dtype: torch.dtype | None = None,
-                   unit: int = 1) -> nn.Parameter:
+                   unit: int = 1, deferred: bool = False) -> nn.Parameter:
         loader = self._load_w13 if which == "w13" else self._load_w2
-        return new_param(*shape, loader=functools.partial(loader, unit=unit), dtype=dtype)
+        return new_param(*shape, loader=functools.partial(loader, unit=unit), dtype=dtype,
+                         deferred=deferred)
 
     def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id,
                   unit: int = 1) -> None:
+        materialize(param)
         if isinstance(shard_id, Stacked):
             return self._load_w13_stacked(param, loaded, shard_id, unit)
         expert, which = shard_id
@@ -135,6 +137,7 @@ class MoELayer(nn.Module):
 
     def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, shard_id,
                  unit: int = 1) -> None:
+        materialize(param)
         start = self.comm.info.rank * self.inter
         if not isinstance(shard_id, Stacked):
             copy_part(param.data[shard_id], loaded, 1, 0, start, self.inter, unit)

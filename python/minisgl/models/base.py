@@ -17,7 +17,7 @@ from torch import nn
 from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import CacheSpec
 from minisgl.layers import ParallelLMHead, RMSNormFused, VocabParallelEmbedding
-from minisgl.layers.base import copy_weight
+from minisgl.layers.base import copy_weight, materialize
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig, common_fields
@@ -34,6 +34,8 @@ STACKED = [
 ]
 # per-layer FP8 KV-cache scales (``layers.N.self_attn.k_scale``), kept for the KV pool
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
+_WIDE = (torch.bfloat16, torch.float16, torch.float32)  # unquantized checkpoint dtypes
+_LAYER = re.compile(r"layers\.(\d+)\.")  # our name of a decoder layer's parameter
 
 
 class BaseLLMModel(nn.Module):
@@ -94,44 +96,101 @@ class BaseLLMModel(nn.Module):
                 return match.expand(target), shard_id
         return name, None
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load every tensor into its parameter; then the layers' norm fusions, then each
-        module's ``process_weights_after_loading`` (online quantization). Per-layer KV-cache
-        scales land in ``self.kv_scales`` ({layer: {"k": s, "v": s}}) for the KV pool."""
+    def expand_tensor(self, name: str, tensor: Any) -> Iterable[tuple[str, Any]]:
+        """The tensors one checkpoint tensor loads as (a family whose checkpoint stacks what the
+        loaders take one by one splits it here); by default itself."""
+        return ((name, tensor),)
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Load every tensor into its parameter; each decoder layer's norm fusions, then each of
+        its modules' ``process_weights_after_loading`` (online quantization); then the same for
+        the rest of the model. Per-layer KV-cache scales land in ``self.kv_scales``
+        ({layer: {"k": s, "v": s}}) for the KV pool.
+
+        When ``weights`` names its tensors up front (``models.weight.WeightStream``), a layer is
+        processed as soon as its last tensor arrived, so weights quantized at load (created
+        deferred: no storage before their first tensor) are unquantized one layer at a time,
+        never the whole model; otherwise every layer is processed at the end."""
         params = dict(self.named_parameters())
-        loaded: set[str] = set()
+        expected, loaded = set(params), set()
         self.kv_scales: dict[int, dict[str, float]] = {}
+        remaining = self._tensors_per_layer(getattr(weights, "names", None))
         for ckpt_name, tensor in weights:
-            kv_scale = _KV_SCALE.search(ckpt_name)
-            if kv_scale:
-                value = tensor.load() if hasattr(tensor, "load") else tensor
-                self.kv_scales.setdefault(int(kv_scale.group(1)), {})[kv_scale.group(2)] = \
-                    float(value.float().reshape(-1)[0])
-                continue
-            mapped = self.checkpoint_names(ckpt_name)
-            if mapped is None:
-                continue
-            name, shard_id = mapped
-            if name not in params:
-                raise ValueError(
-                    f"checkpoint tensor {ckpt_name!r} matches no parameter of the model")
-            param = params[name]
-            tensor = tensor.to(param.dtype)
-            loader = getattr(param, "weight_loader", None)
-            try:
-                if loader is not None:
-                    loader(param, tensor, shard_id)
-                else:
-                    copy_weight(param, tensor)
-            except ValueError as e:
-                raise ValueError(f"{ckpt_name}: {e}") from None
-            loaded.add(name)
-        missing = set(params) - loaded
+            layer = self._layer_of(ckpt_name)
+            if layer is not None and remaining.get(layer) == 0:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} arrived after its layer was "
+                                 "complete and processed (a name listed twice?)")
+            for name, part in self.expand_tensor(ckpt_name, tensor):
+                self._load_tensor(name, part, params, loaded, ckpt_name)
+            if layer is not None and remaining.get(layer):
+                remaining[layer] -= 1
+                if remaining[layer] == 0:
+                    self._process_layer(layer, params)
+        missing = expected - loaded
         if missing:
             raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing)[:8])}")
-        for layer in self.layers:
-            if hasattr(layer, "fuse_norms"):
-                layer.fuse_norms()
-        for module in self.modules():
+        for i in range(len(self.layers)):
+            if remaining.get(i) != 0:
+                self._process_layer(i, params)
+        for module in self.modules():  # idempotent for the layers done above
             if hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
+
+    def _load_tensor(self, ckpt_name: str, tensor: Any, params: dict[str, nn.Parameter],
+                     loaded: set[str], source: str) -> None:
+        kv_scale = _KV_SCALE.search(ckpt_name)
+        if kv_scale:
+            value = tensor.load() if hasattr(tensor, "load") else tensor
+            self.kv_scales.setdefault(int(kv_scale.group(1)), {})[kv_scale.group(2)] = \
+                float(value.float().reshape(-1)[0])
+            return
+        mapped = self.checkpoint_names(ckpt_name)
+        if mapped is None:
+            return
+        name, shard_id = mapped
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {source!r} matches no parameter of the model")
+        param = params[name]
+        if param.dtype == torch.float8_e4m3fn and getattr(tensor, "dtype", None) in _WIDE:
+            raise ValueError(
+                f"checkpoint tensor {source!r} is {tensor.dtype}, where the model holds FP8 with "
+                "block scales (weight_scale_inv): a projection the checkpoint leaves unquantized "
+                "(quantization_config.modules_to_not_convert) that minisgl quantizes")
+        materialize(param)
+        tensor = tensor.to(param.dtype)
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is not None:
+                loader(param, tensor, shard_id)
+            else:
+                copy_weight(param, tensor)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+        loaded.add(name)
+
+    def _layer_of(self, ckpt_name: str) -> int | None:
+        """The decoder layer a checkpoint tensor loads into, or None (embeddings, head, skipped
+        tensors)."""
+        mapped = self.checkpoint_names(ckpt_name)
+        match = _LAYER.match(mapped[0]) if mapped is not None else None
+        return int(match.group(1)) if match else None
+
+    def _tensors_per_layer(self, names: Iterable[str] | None) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for name in names or ():
+            layer = self._layer_of(name)
+            if layer is not None:
+                counts[layer] = counts.get(layer, 0) + 1
+        return counts
+
+    def _process_layer(self, i: int, params: dict[str, nn.Parameter]) -> None:
+        """Fuse and process decoder layer ``i``; forget its parameters (a quantized weight
+        replaces its unquantized one, which is freed once nothing refers to it)."""
+        layer = self.layers[i]
+        if hasattr(layer, "fuse_norms"):
+            layer.fuse_norms()
+        for module in layer.modules():
+            if hasattr(module, "process_weights_after_loading"):
+                module.process_weights_after_loading()
+        for name in [n for n in params if n.startswith(f"layers.{i}.")]:
+            del params[name]

@@ -181,18 +181,17 @@ class HybridModel(BaseLLMModel):
             return f"{prefix}.mlp.experts.w13{suffix}", (expert, 0 if kind == "gate" else 1)
         return name, None
 
+    def expand_tensor(self, name: str, tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """Fused experts split per expert; a skipped part of the checkpoint is named once."""
+        for skip, what in self.skipped.items():
+            if name.startswith(skip) and skip not in self._skipped_seen:
+                self._skipped_seen.add(skip)
+                logger.info("not loaded: %s (%s*)", what, skip)
+        return unfuse_experts(name, tensor)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        seen: set[str] = set()
-
-        def stream() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                for skip, what in self.skipped.items():
-                    if name.startswith(skip) and skip not in seen:
-                        seen.add(skip)
-                        logger.info("not loaded: %s (%s*)", what, skip)
-                yield from unfuse_experts(name, tensor)
-
-        super().load_weights(stream())
+        self._skipped_seen: set[str] = set()
+        super().load_weights(weights)
         # the KV pool holds the full-attention layers only: its scales go by their index
         hybrid = self.cfg.hybrid
         self.kv_scales = {hybrid.index(i): s for i, s in self.kv_scales.items()

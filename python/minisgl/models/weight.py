@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 import zlib
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -22,9 +22,14 @@ from minisgl.utils import init_logger
 from .config import ModelConfig
 
 logger = init_logger(__name__)
+# the projections a quantized checkpoint stores quantized: attention, MLP, experts (one by one or
+# stacked, gpt-oss), the hybrid models' shared experts and Gated DeltaNet projections but for the
+# small b/a ones (Qwen's FP8 checkpoints keep in_proj_b/in_proj_a/in_proj_ba unquantized)
 _QUANTIZED = re.compile(
-    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.)?(q|k|v|o|gate|up|down)_proj\.weight$"
-    r"|layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # stacked experts (gpt-oss)
+    r"layers\.\d+\.(self_attn|mlp)\.(experts\.\d+\.|shared_expert\.)?"
+    r"(q|k|v|o|gate|up|down)_proj\.weight$"
+    r"|layers\.\d+\.linear_attn\.(in_proj_qkvz|in_proj_qkv|in_proj_z|out_proj)\.weight$"
+    r"|layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")
 
 
 def resolve_model_path(model: str | None, revision: str | None = None) -> str:
@@ -74,6 +79,22 @@ def _gguf_to_dir(path: str) -> str:
     return convert_gguf_cached(path, out)
 
 
+_SAFETENSORS_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16,
+                       "F16": torch.float16, "F32": torch.float32}
+
+
+class WeightStream:
+    """A checkpoint's ``(name, tensor)`` pairs in the order they are read, with every name known
+    before the first tensor is: loading then quantizes and frees each decoder layer as soon as its
+    last tensor arrived (``BaseLLMModel.load_weights``)."""
+
+    def __init__(self, names: list[str], tensors: Iterable[tuple[str, Any]]) -> None:
+        self.names, self._tensors = names, tensors
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(self._tensors)
+
+
 class CheckpointTensor:
     """A tensor of a safetensors file, read when a parameter loads it (``load()``).
 
@@ -101,6 +122,11 @@ class CheckpointTensor:
         assert step == 1, "only contiguous row ranges"
         return self.narrow(0, start, max(0, stop - start))
 
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The dtype the file stores (None where safetensors names one torch lacks)."""
+        return _SAFETENSORS_DTYPES.get(self._part.get_dtype())
+
     def to(self, dtype: torch.dtype) -> CheckpointTensor:
         return CheckpointTensor(self._part, self.shape, self._index, dtype)
 
@@ -109,7 +135,7 @@ class CheckpointTensor:
         return tensor.to(self._dtype) if self._dtype is not None else tensor
 
 
-def iter_weights(model_dir: str) -> Iterator[tuple[str, CheckpointTensor]]:
+def iter_weights(model_dir: str) -> WeightStream:
     """Every tensor of the directory's safetensors files, not read yet, with a progress bar."""
     from safetensors import safe_open
 
@@ -117,13 +143,17 @@ def iter_weights(model_dir: str) -> Iterator[tuple[str, CheckpointTensor]]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir!r}")
     handles = [safe_open(file, framework="pt") for file in files]
-    total = sum(len(h.keys()) for h in handles)
-    with tqdm(total=total, desc="Loading weights", unit="tensor") as bar:
-        for handle in handles:
-            for name in handle.keys():
-                part = handle.get_slice(name)
-                yield name, CheckpointTensor(part, part.get_shape())
-                bar.update(1)
+
+    def tensors() -> Iterator[tuple[str, CheckpointTensor]]:
+        with tqdm(total=len(names), desc="Loading weights", unit="tensor") as bar:
+            for handle in handles:
+                for name in handle.keys():
+                    part = handle.get_slice(name)
+                    yield name, CheckpointTensor(part, part.get_shape())
+                    bar.update(1)
+
+    names = [name for handle in handles for name in handle.keys()]
+    return WeightStream(names, tensors())
 
 
 def _checkpoint_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -159,28 +189,35 @@ def _checkpoint_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]
             yield p + "mlp.down_proj.weight", (h, inter)
 
 
-def dummy_weights(
-    cfg: ModelConfig, seed: int, device: torch.device, dtype: torch.dtype
-) -> Iterator[tuple[str, torch.Tensor]]:
+def dummy_weights(cfg: ModelConfig, seed: int, device: torch.device,
+                  dtype: torch.dtype) -> WeightStream:
     """Random weights of a realistic scale, for benchmarks without a checkpoint.
 
     Each full tensor is drawn from a generator seeded by (seed, name) and then sharded by the
     normal loader, so every TP size sees the same model. With a quantized checkpoint's config the
     projection weights come quantized, as that checkpoint would hold them
-    (``QuantizationConfig.checkpoint_tensors``).
+    (``QuantizationConfig.checkpoint_tensors``); one tensor exists at a time.
     """
     from .registry import get_model_class
 
     model_shapes = getattr(get_model_class(cfg.architecture), "checkpoint_shapes", None)
-    shapes = model_shapes(cfg) if model_shapes is not None else _checkpoint_shapes(cfg)
-    for name, shape in shapes:
-        if name.endswith("norm.weight"):
-            yield name, torch.ones(shape, dtype=dtype, device=device)
-            continue
-        gen = torch.Generator(device=device).manual_seed(
-            seed * 1_000_003 + zlib.crc32(name.encode()))
-        tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
-        if cfg.quant is not None and _QUANTIZED.search(name):
-            yield from cfg.quant.checkpoint_tensors(name, tensor)
-            continue
-        yield name, tensor
+    shapes = list(model_shapes(cfg) if model_shapes is not None else _checkpoint_shapes(cfg))
+
+    def quantized(name: str) -> bool:
+        return cfg.quant is not None and bool(_QUANTIZED.search(name))
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, shape in shapes:
+            if name.endswith("norm.weight"):
+                yield name, torch.ones(shape, dtype=dtype, device=device)
+                continue
+            gen = torch.Generator(device=device).manual_seed(
+                seed * 1_000_003 + zlib.crc32(name.encode()))
+            tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02,
+                                                                              generator=gen)
+            yield from cfg.quant.checkpoint_tensors(name, tensor) if quantized(name) \
+                else ((name, tensor),)
+
+    names = [n for name, shape in shapes
+             for n in (cfg.quant.checkpoint_names(name, shape) if quantized(name) else (name,))]
+    return WeightStream(names, tensors())

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
     from minisgl.moe import BaseMoeBackend, ExpertBias, MoeActivation
 
-# (shape, storage dtype or None for the model's dtype, block unit of a scale's loader) -> parameter
+# (shape, storage dtype or None for the model's dtype, block unit of a scale's loader, deferred:
+# no storage before its first checkpoint tensor) -> parameter
 MakeParam = Callable[..., "nn.Parameter"]
 
 
@@ -56,16 +57,18 @@ class LinearMethod(ABC):
     @abstractmethod
     def create_weights(self, layer: nn.Module, out: int, inp: int, make_param: MakeParam) -> None:
         """Set ``layer.weight`` (and ``layer.weight_scale_inv``, None when unscaled) from
-        ``make_param(*shape, dtype=..., unit=...)``: ``unit`` is the block size of a scale tensor
-        along the layer's shard dimension (its ranges are the weight's, divided by it)."""
+        ``make_param(*shape, dtype=..., unit=..., deferred=...)``: ``unit`` is the block size of a
+        scale tensor along the layer's shard dimension (its ranges are the weight's, divided by
+        it); ``deferred`` for a weight quantized after loading (no storage before its first
+        tensor: the model's loader quantizes each decoder layer as soon as it is complete)."""
 
     def on_load(self, layer: nn.Module, param: nn.Parameter, loaded: Any) -> None:
         """Called before a checkpoint tensor (full, not yet sharded) is copied into ``param``."""
 
     def process_weights_after_loading(self, layer: nn.Module,
                                       input_scale: torch.Tensor | None = None) -> None:
-        """Once loading is done. ``input_scale [K]`` (only where ``folds_input_scale``): multiply
-        it into the weight's columns first. Idempotent: a second call changes nothing."""
+        """Once the layer is loaded. ``input_scale [K]`` (only where ``folds_input_scale``):
+        multiply it into the weight's columns first. Idempotent: a second call changes nothing."""
 
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedInput, bias: torch.Tensor | None,
@@ -103,10 +106,10 @@ class MoEMethod(ABC):
                        make_param: Callable[..., nn.Parameter]) -> None:
         """Set ``layer.w13``, ``layer.w2`` and the format's scales (``layer.w13_scale_inv``,
         ``layer.w2_scale_inv``, None when unscaled) from ``make_param(which, *shape, dtype=...,
-        unit=...)``, ``which`` being ``"w13"`` or ``"w2"``."""
+        unit=..., deferred=...)``, ``which`` being ``"w13"`` or ``"w2"``."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Once loading is done (online quantization). Idempotent."""
+        """Once the layer is loaded (online quantization). Idempotent."""
 
     @abstractmethod
     def apply(self, layer: nn.Module, backend: BaseMoeBackend, x: torch.Tensor,
@@ -150,3 +153,8 @@ class QuantizationConfig(ABC):
         """A projection weight as a checkpoint of this format holds it (random weights of
         ``--dummy-weights``): the tensor itself unless the format stores it quantized."""
         yield name, tensor
+
+    def checkpoint_names(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The names ``checkpoint_tensors`` yields for a weight of that name and shape, known
+        before any tensor is made."""
+        return (name,)

@@ -79,6 +79,9 @@ class Fp8Config(QuantizationConfig):
         yield name, q
         yield name + "_scale_inv", scale_inv
 
+    def checkpoint_names(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        return (name,) if self.online else (name, name + "_scale_inv")
+
 
 def _fp8_from_checkpoint(q: dict[str, Any]) -> Fp8Config:
     fmt = q.get("fmt", "e4m3")

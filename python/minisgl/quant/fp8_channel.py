@@ -1,5 +1,5 @@
 """FP8 with one scale per output channel (``--quantization fp8``): a bf16/fp16/fp32 checkpoint's
-weight is loaded as is and quantized once loading is done (``weight [N, K]`` e4m3,
+weight is loaded as is and quantized once its decoder layer is loaded (``weight [N, K]`` e4m3,
 ``weight_scale_inv [N, 1]`` fp32; activations per token). Kernels: ``fp8_dispatch.fp8_linear``.
 
 Tensor parallelism: a column-parallel shard holds whole rows, so its rows' scales are TP=1's; a
@@ -30,7 +30,7 @@ class Fp8ChannelLinearMethod(LinearMethod):
         return self.norm_gemv
 
     def create_weights(self, layer: nn.Module, out: int, inp: int, make_param: MakeParam) -> None:
-        layer.weight = make_param(out, inp)
+        layer.weight = make_param(out, inp, deferred=True)
         layer.weight_scale_inv = None
 
     def on_load(self, layer: nn.Module, param: nn.Parameter, loaded) -> None:

@@ -88,3 +88,8 @@ class Mxfp4Config(QuantizationConfig):
         blocks, scales = quantize_mxfp4(tensor.transpose(1, 2))
         yield name + "_blocks", blocks.reshape(*scales.shape, GROUP // 2)
         yield name + "_scales", scales
+
+    def checkpoint_names(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        if len(shape) != 3 or not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            return (name,)
+        return name + "_blocks", name + "_scales"

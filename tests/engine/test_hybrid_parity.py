@@ -139,15 +139,16 @@ def test_radix_hit_resumes_from_a_snapshot(checkpoints, page_size):
 def test_tp2_matches_tp1(arch, checkpoints):
     """Two gloo ranks: half the linear heads, conv channels and state of each layer per rank.
 
-    The tolerance is rounding's: these six-layer random models amplify the all-reduce's
-    different summation order to a few 1e-3 on logits of std ~10 (TP=1 against transformers
-    differs as much on the same rows)."""
+    The tolerance is rounding's, the one the comparison with transformers uses (1e-3 of the
+    logits' spread): these six-layer random models amplify the all-reduce's different summation
+    order to a few 1e-3 on logits of std ~20 (TP=1 against transformers differs as much on the
+    same rows)."""
     from test_tp import run_rank, run_tp
 
     prompts = random_prompts(3, [6, 19, 40], 256, seed=11)
     logits1, tokens1 = run_rank(checkpoints[arch], prompts, 0, 1, "")
     logits2, tokens2 = run_tp(checkpoints[arch], prompts, 2)
-    torch.testing.assert_close(logits2, logits1.cpu(), atol=2e-2, rtol=0)
+    torch.testing.assert_close(logits2, logits1.cpu(), atol=1e-3 * float(logits1.std()), rtol=0)
     assert tokens2 == tokens1
 
 

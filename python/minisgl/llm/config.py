@@ -207,6 +207,7 @@ class EngineOptions:
         batched = (self.max_num_batched_tokens
                    or self.default_batched_tokens(device, online, model_path))
         mixed = self.schedule_mode == "mixed"
+        spec = self.spec_config()
         engine = EngineConfig(
             model_path=model_path,
             device=device,
@@ -219,6 +220,10 @@ class EngineOptions:
             mem_fraction=self.mem_fraction,
             max_running_reqs=self.max_running_requests,
             num_state_snapshots=0 if self.cache == "naive" else self.num_state_snapshots,
+            # hybrid models: state slots for each verifying request's draft positions
+            spec_state_groups=(min(spec.disable_by_batch_size, self.max_running_requests)
+                               if spec else 0),
+            spec_group_size=spec.num_speculative_tokens + 1 if spec else 0,
             sliding_pool_ratio=float(self.sliding_pool_ratio),
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
@@ -251,7 +256,7 @@ class EngineOptions:
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
             warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
-            spec=self.spec_config(),
+            spec=spec,
         )
 
     def _resolve_state_dtype(self, model_path: str) -> torch.dtype:

@@ -2,7 +2,9 @@
 (``kernel/triton/gated_delta.py``: conv window step, fused gating + L2 norm + delta rule), prefill
 chunks through the varlen conv kernel and flash-linear-attention's chunked delta rule (``fla-core``,
 ``pip install 'minisgl[hybrid]'``), whose states are gathered from the chunks' slots and written
-back (a prefill chunk moves its state once; a decode row moves nothing but its own slot)."""
+back (a prefill chunk moves its state once; a decode row moves nothing but its own slot).
+Requests verifying drafts (speculative decoding) go through the decode kernels one position per
+launch, each position's state into its draft slot (``kvcache/state_metadata.py``)."""
 
 from __future__ import annotations
 
@@ -40,8 +42,16 @@ class TritonLinearAttnBackend(BaseLinearAttnBackend):
             mixed = conv_decode(qkv[:d], weight, conv_state, slots)
             gdn_decode(mixed, a[:d], b[:d], layer.A_log, layer.dt_bias, ssm_state, slots,
                        layer.num_k_heads, layer.k_dim, scale, out=out[:d])
+        if meta.verify is not None:
+            for index, src, dst in meta.verify.steps:
+                mixed = conv_decode(qkv.index_select(0, index), weight, conv_state, src, dst)
+                o = gdn_decode(mixed, a.index_select(0, index), b.index_select(0, index),
+                               layer.A_log, layer.dt_bias, ssm_state, src, layer.num_k_heads,
+                               layer.k_dim, scale, dst_slots=dst)
+                out.index_copy_(0, index.long(), o.to(out.dtype))
         if meta.chunks is not None:
-            out[d:n] = self._chunks(layer, qkv[d:n], a[d:n], b[d:n], meta.chunks, weight, scale,
+            c = meta.chunk_start
+            out[c:n] = self._chunks(layer, qkv[c:n], a[c:n], b[c:n], meta.chunks, weight, scale,
                                     conv_state, ssm_state)
         if n < out.shape[0]:
             out[n:].zero_()

@@ -95,7 +95,7 @@ def test_vllm_and_sglang_spellings():
 
 @pytest.mark.parametrize("options, message", [
     ({"speculative_config": '{"method": "eagle3"}'}, "not built"),
-    ({"speculative_config": '{"method": "mtp", "num_speculative_tokens": 1}'}, "not built"),
+    ({"speculative_config": '{"method": "medusa", "num_speculative_tokens": 1}'}, "not built"),
     ({"speculative_config": '{"method": "ngram", "k": 3}'}, "unknown key 'k'"),
     ({"speculative_config": '{"num_speculative_tokens": 3}'}, "'method' is required"),
     ({"speculative_config": "{oops"}, "not valid JSON"),

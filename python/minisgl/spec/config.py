@@ -2,7 +2,7 @@
 ``--speculative-algorithm`` flags.
 
 One frozen ``SpecConfig`` reaches the scheduler; ``None`` means no speculation. Unknown keys and
-methods that this build does not have (``mtp``, ``eagle3``) are a ``ValueError`` naming the field.
+methods that this build does not have (``eagle3``, ...) are a ``ValueError`` naming the field.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "suffix")
+METHODS = ("ngram", "suffix", "mtp")
 # methods users know from vLLM / SGLang that need a draft model or head: not built here
-_NOT_BUILT = {"mtp": "Qwen3.5's MTP head", "eagle3": "EAGLE-3 draft models",
-              "eagle": "EAGLE draft models", "nextn": "MTP (NEXTN) heads",
+_NOT_BUILT = {"eagle3": "EAGLE-3 draft models", "eagle": "EAGLE draft models",
               "draft_model": "separate draft models", "medusa": "Medusa heads"}
 _SGLANG_ALGORITHMS = {"NGRAM": "ngram", "SUFFIX": "suffix", "EAGLE3": "eagle3", "EAGLE": "eagle",
-                      "NEXTN": "nextn", "STANDALONE": "draft_model"}
+                      "NEXTN": "mtp", "STANDALONE": "draft_model"}
 # vLLM's suffix-decoding keys, and ours for them
 _SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": "max_tree_depth",
                 "suffix_decoding_max_cached_requests": "max_cached_requests",
@@ -100,7 +99,7 @@ def parse_speculative_config(value: str | dict | None) -> SpecConfig | None:
                              f"{', '.join(sorted(known | set(_SUFFIX_KEYS)))}")
         args[name] = item
     if "method" not in args:
-        raise ValueError("speculative_config: 'method' is required (ngram or suffix)")
+        raise ValueError("speculative_config: 'method' is required (ngram, suffix or mtp)")
     if "prompt_lookup_max" in args and "prompt_lookup_min" not in args:
         args["prompt_lookup_min"] = min(SpecConfig.prompt_lookup_min, args["prompt_lookup_max"])
     return SpecConfig(**args)

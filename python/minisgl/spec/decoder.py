@@ -57,13 +57,13 @@ def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder
         return None
     logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running requests",
                 config.method, config.num_speculative_tokens, config.disable_by_batch_size)
-    return SpecDecoder(config, cache, pool)
+    return SpecDecoder(config, cache, pool, engine.model)
 
 
 class SpecDecoder:
-    def __init__(self, config: SpecConfig, cache, state_pool=None) -> None:
+    def __init__(self, config: SpecConfig, cache, state_pool=None, model=None) -> None:
         self.config, self.cache, self.state_pool = config, cache, state_pool
-        self.proposer = create_proposer(config)
+        self.proposer = create_proposer(config, model)
         self.stats = SpecStats(config.method)
         self.accept_state: dict[int, Acceptance] = {}
         self.ineligible: set[int] = set()
@@ -174,12 +174,24 @@ class SpecDecoder:
         self.accept_state[req.uid].record(m)
         return sampled[: m + 1]
 
-    def move_states(self) -> None:
-        """Copy this step's accepted recurrent states into their requests' slots (hybrid models;
-        before the next forward, which reads them)."""
+    def after_forward(self, out) -> None:
+        """After the verdicts of a forward: copy the accepted recurrent states into their
+        requests' slots (hybrid models; before the next forward, which reads them), and hand a
+        proposer that drafts from the target's hidden states (MTP) the rows of the positions
+        that were kept."""
         if self._moves:
             self.state_pool.copy_slots(*map(list, zip(*self._moves)))
             self._moves.clear()
+        record = getattr(self.proposer, "record", None)
+        if record is None or out.hidden is None:
+            return
+        hidden, layout = out.hidden
+        row = 0
+        for req, start, n in layout:  # batch rows: requests back to back, decode rows first
+            keep = min(n, req.device_len - start) if req.table_idx >= 0 else 0
+            if keep > 0:
+                record(req, start, hidden[row : row + keep])
+            row += n
 
     def observe(self, req: Req, tokens: list[int]) -> None:
         """Tokens a request got without verifying drafts (now in ``input_ids``): score its shadow

@@ -147,8 +147,6 @@ class HybridModel(BaseLLMModel):
                    moe: BaseMoeBackend) -> nn.Module:
         return HybridDecoderLayer(self, cfg, layer_id, comm, moe)
 
-    mtp = None
-
     def add_mtp(self, comm: DistributedCommunicator, moe: BaseMoeBackend) -> None:
         """Build the MTP head (``mtp.*`` then loads into it) for the ``mtp`` speculative
         method."""

@@ -148,3 +148,40 @@ def test_a_checkpoint_without_a_head_is_refused(tmp_path):
     path = make_hybrid_checkpoint("qwen3_5", tmp_path / "plain")
     with pytest.raises(ValueError, match="mtp"):
         make_llm(path, MTP)
+
+
+def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
+    """The proposer feeds the head a step's positions at a time, against the K/V it keeps; the
+    drafts at every step equal those of a fresh proposer fed the whole history at once (the same
+    target hidden states)."""
+    from minisgl.core import Req
+    from minisgl.spec.mtp import MtpProposer
+
+    path = mtp_checkpoints["qwen3_5"]
+    llm = make_llm(path, MTP)
+    proposer = llm.scheduler.spec.proposer
+    rows: dict[int, torch.Tensor] = {}  # position -> the target's hidden state there
+    calls: list[tuple[list[int], list[int]]] = []
+    record, propose = proposer.record, proposer.propose
+
+    def spy_record(req, start, hidden):
+        rows.update({start + i: row.clone() for i, row in enumerate(hidden)})
+        record(req, start, hidden)
+
+    def spy_propose(req, max_len):
+        drafts = propose(req, max_len)
+        calls.append((list(req.input_ids), drafts))
+        return drafts
+
+    proposer.record, proposer.propose = spy_record, spy_propose
+    prompt = random_prompts(1, [40], 256, seed=7)[0]
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    assert len(calls) > 5 and all(drafts for _, drafts in calls)
+    model = llm.scheduler.engine.model
+    for ids, drafts in calls:
+        fresh = MtpProposer(model)
+        req = Req(uid=0, input_ids=ids, prompt_len=len(prompt), sampling_params=None,
+                  max_device_len=len(ids) + 8)
+        fresh.record(req, 0, torch.stack([rows[p] for p in range(len(ids) - 1)]))
+        assert fresh.propose(req, len(drafts)) == drafts
+    llm.close()

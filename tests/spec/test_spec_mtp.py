@@ -185,3 +185,15 @@ def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
         fresh.record(req, 0, torch.stack([rows[p] for p in range(len(ids) - 1)]))
         assert fresh.propose(req, len(drafts)) == drafts
     llm.close()
+
+
+def test_dummy_weights_include_the_head(mtp_checkpoints):
+    """``--dummy-weights`` on a config with ``mtp_num_hidden_layers`` gives the head random
+    weights too (timing MTP on a config alone); without ``mtp`` they are skipped."""
+    path = mtp_checkpoints["qwen3_5"]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    for spec in (MTP, None):
+        llm = make_llm(path, spec, dummy_weights=True)
+        assert len(llm.generate([[1, 2, 3, 4]], params)[0].token_ids) == 6
+        assert (getattr(llm.scheduler.engine.model, "mtp", None) is None) == (spec is None)
+        llm.close()

@@ -25,6 +25,8 @@ from minisgl.core import Req
 
 from .proposer import Proposer
 
+_MAX_PENDING = 64  # recorded positions a request keeps before they are fed to the head
+
 
 @dataclass
 class _HeadState:
@@ -48,9 +50,15 @@ class MtpProposer(Proposer):
         self.states: dict[int, _HeadState] = {}
 
     def record(self, req: Req, start: int, rows: torch.Tensor) -> None:
-        """The target's hidden states of positions ``start .. start + len(rows) - 1``."""
+        """The target's hidden states of positions ``start .. start + len(rows) - 1``. A request
+        that does not draft for a while (a large batch) has them fed to the head every
+        ``_MAX_PENDING`` positions, so what waits stays small."""
         if len(rows):
-            self.states.setdefault(req.uid, _HeadState()).pending.append((start, rows))
+            state = self.states.setdefault(req.uid, _HeadState())
+            state.pending.append((start, rows))
+            if sum(len(r) for _, r in state.pending) >= _MAX_PENDING:
+                with torch.inference_mode():
+                    self._catch_up(req, state)
 
     @torch.inference_mode()
     def propose(self, req: Req, max_len: int) -> list[int]:
@@ -84,14 +92,16 @@ class MtpProposer(Proposer):
         positions = [p for start, rows in state.pending for p in range(start, start + len(rows))]
         hidden = torch.cat([rows for _, rows in state.pending])
         state.pending.clear()
+        # a position whose next token is not known yet (the forward just read back) waits
+        ready = sum(1 for p in positions if p + 1 < len(req.input_ids))
+        if ready < len(positions):
+            state.pending.append((positions[ready], hidden[ready:]))
+            positions, hidden = positions[:ready], hidden[:ready]
+        if not positions:
+            return
         # a re-fed position (retraction) replaces what the cache holds from it on
         keep = sum(1 for p in state.positions if p < positions[0])
         del state.positions[keep:]
-        ok = [i for i, p in enumerate(positions) if p + 1 < len(req.input_ids)]
-        if len(ok) < len(positions):
-            positions, hidden = [positions[i] for i in ok], hidden[ok]
-        if not positions:
-            return
         device = hidden.device
         tokens = torch.tensor([req.input_ids[p + 1] for p in positions], device=device)
         keys, values = self._past(state)

@@ -48,12 +48,14 @@ class ChunkMetadata:
 
 @dataclass
 class VerifyMetadata:
-    """The verifying requests' tokens by position: step j takes every request with more than j
-    tokens, its j-th token (``index``, into the batch's tokens), reading the state after its
-    position j - 1 (``src``: its own slot for j = 0) and writing position j's (``dst``). Device
-    tensors, int32, one triple per step."""
+    """The verifying requests (device tensors, int32, one entry each): their first token
+    (``starts``, counted from the first verifying token), token count, own slot and first draft
+    slot (position j's state goes to ``drafts + j``)."""
 
-    steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    slots: torch.Tensor
+    drafts: torch.Tensor
     num_tokens: int
 
 
@@ -102,8 +104,9 @@ class StateMetadata:
         chunk_cu = [c - cu[first] for c in cu[first:]]
         token_seq = [n for n, length in enumerate(chunk_lens) for _ in range(length)]
         has_init = [int(not f) for f in fresh[first:]]
-        steps = _verify_steps(slots, lengths, cu, num_decode, draft_slots)
-        flat = [x for step in steps for part in step for x in part]
+        verifying = range(num_decode, first)
+        flat = ([cu[r] - cu[num_decode] for r in verifying] + [lengths[r] for r in verifying]
+                + [slots[r] for r in verifying] + draft_slots)
         host = torch.tensor(slots + chunk_cu + token_seq + has_init + flat, dtype=torch.int32,
                             pin_memory=device.type == "cuda")
         dev = host.to(device, non_blocking=True)
@@ -113,24 +116,10 @@ class StateMetadata:
         if n:
             parts = dev[b : b + 2 * n + 1 + t].split([n + 1, t, n])
             chunks = ChunkMetadata(chunk_cu, parts[0], parts[1], parts[2], dev[first:b])
-        if steps:
+        if draft_slots:
             # after the slots, chunk_cu (n + 1 entries, even for n = 0), token_seq and has_init
-            rest = dev[b + 2 * n + 1 + t:].split([len(i) for i, _, _ in steps for _ in range(3)])
-            verify = VerifyMetadata([tuple(rest[3 * j : 3 * j + 3]) for j in range(len(steps))],
-                                    cu[first] - cu[num_decode])
+            parts = dev[b + 2 * n + 1 + t:].split(len(draft_slots))
+            verify = VerifyMetadata(*parts, cu[first] - cu[num_decode])
         return cls(num_decode, dev[:b], chunks, verify, list(slots), cu, list(fresh),
                    draft_slots)
 
-
-def _verify_steps(slots: list[int], lengths: list[int], cu: list[int], num_decode: int,
-                  draft_slots: list[int]) -> list[tuple[list[int], list[int], list[int]]]:
-    """Per position j of the verifying requests: (token index, source slot, destination slot)
-    of each request with more than j tokens."""
-    reqs = range(num_decode, num_decode + len(draft_slots))
-    steps = []
-    for j in range(max((lengths[r] for r in reqs), default=0)):
-        live = [(r, d) for r, d in zip(reqs, draft_slots) if lengths[r] > j]
-        steps.append(([cu[r] + j for r, _ in live],
-                      [slots[r] if j == 0 else d + j - 1 for r, d in live],
-                      [d + j for _, d in live]))
-    return steps

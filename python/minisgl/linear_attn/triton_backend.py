@@ -3,12 +3,14 @@
 chunks through the varlen conv kernel and flash-linear-attention's chunked delta rule (``fla-core``,
 ``pip install 'minisgl[hybrid]'``), whose states are gathered from the chunks' slots and written
 back (a prefill chunk moves its state once; a decode row moves nothing but its own slot).
-Requests verifying drafts (speculative decoding) go through the decode kernels one position per
-launch, each position's state into its draft slot (``kvcache/state_metadata.py``)."""
+Requests verifying drafts (speculative decoding) run the decode rule position by position inside
+one program per request, each position's state into its draft slot
+(``kernel/triton/gated_delta_verify.py``)."""
 
 from __future__ import annotations
 
 from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_decode
+from minisgl.kernel.triton.gated_delta_verify import conv_verify, gdn_verify
 from minisgl.layers import gated_delta as ops
 
 from .base import BaseLinearAttnBackend
@@ -43,12 +45,12 @@ class TritonLinearAttnBackend(BaseLinearAttnBackend):
             gdn_decode(mixed, a[:d], b[:d], layer.A_log, layer.dt_bias, ssm_state, slots,
                        layer.num_k_heads, layer.k_dim, scale, out=out[:d])
         if meta.verify is not None:
-            for index, src, dst in meta.verify.steps:
-                mixed = conv_decode(qkv.index_select(0, index), weight, conv_state, src, dst)
-                o = gdn_decode(mixed, a.index_select(0, index), b.index_select(0, index),
-                               layer.A_log, layer.dt_bias, ssm_state, src, layer.num_k_heads,
-                               layer.k_dim, scale, dst_slots=dst)
-                out.index_copy_(0, index.long(), o.to(out.dtype))
+            v, end = meta.verify, d + meta.verify.num_tokens
+            mixed = conv_verify(qkv[d:end], weight, conv_state, v.starts, v.lengths, v.slots,
+                                v.drafts)
+            out[d:end] = gdn_verify(mixed, a[d:end], b[d:end], layer.A_log, layer.dt_bias,
+                                    ssm_state, v.starts, v.lengths, v.slots, v.drafts,
+                                    layer.num_k_heads, layer.k_dim, scale)
         if meta.chunks is not None:
             c = meta.chunk_start
             out[c:n] = self._chunks(layer, qkv[c:n], a[c:n], b[c:n], meta.chunks, weight, scale,

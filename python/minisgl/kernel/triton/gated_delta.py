@@ -16,10 +16,6 @@ The conv input ``x`` is ``[T, C]`` with ``C = 2 * HK * K + HV * V``: q heads | k
 - ``gdn_decode``: one token per request: the gating (``-exp(A_log) * softplus(a + dt_bias)``,
   ``sigmoid(b)``), the q/k L2 norm and the delta rule fused; the state is updated where it lies.
 
-The two decode kernels take an optional ``dst_slots``: the new state goes there instead of back
-into ``slots`` (speculative decoding's verify tokens, one position per launch, each reading the
-previous position's state and leaving its own in a draft slot).
-
 The torch reference for all three is ``layers/gated_delta.py``.
 """
 
@@ -36,9 +32,8 @@ def _silu(x):
 
 
 @triton.jit
-def _conv_decode_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, dst_ptr, out_ptr, C, stride_x,
-                        stride_slot, stride_out, W: tl.constexpr, WP: tl.constexpr,
-                        BLOCK_C: tl.constexpr):
+def _conv_decode_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, out_ptr, C, stride_x, stride_slot,
+                        stride_out, W: tl.constexpr, WP: tl.constexpr, BLOCK_C: tl.constexpr):
     i = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = c < C
@@ -57,22 +52,19 @@ def _conv_decode_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, dst_ptr, out_ptr, C,
     # the window shifted by one: [old[1:], x]
     shifted = tl.load(base + j[None, :] + 1, mask=cm[:, None] & (j[None, :] < W - 2), other=0.0)
     shifted = tl.where(j[None, :] == W - 2, x[:, None].to(shifted.dtype), shifted)
-    dst = state_ptr + tl.load(dst_ptr + i).to(tl.int64) * stride_slot + c[:, None] * (W - 1)
-    tl.store(dst + j[None, :], shifted, mask=cm[:, None] & old)
+    tl.store(base + j[None, :], shifted, mask=cm[:, None] & old)
     tl.store(out_ptr + i * stride_out + c, _silu(acc), mask=cm)
 
 
 def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
-                slots: torch.Tensor, dst_slots: torch.Tensor | None = None) -> torch.Tensor:
-    """x ``[B, C]``, weight ``[C, W]``, slots ``[B]``: ``silu(conv)`` ``[B, C]`` in x's dtype; the
-    shifted windows go to ``dst_slots`` (default: back to ``slots``)."""
+                slots: torch.Tensor) -> torch.Tensor:
+    """x ``[B, C]``, weight ``[C, W]``, slots ``[B]``: ``silu(conv)`` ``[B, C]`` in x's dtype."""
     batch, channels = x.shape
     width = weight.shape[-1]
     out = torch.empty_like(x)
     block = 256
     grid = (batch, triton.cdiv(channels, block))
-    dst = slots if dst_slots is None else dst_slots
-    _conv_decode_kernel[grid](x, weight, conv_state, slots, dst, out, channels, x.stride(0),
+    _conv_decode_kernel[grid](x, weight, conv_state, slots, out, channels, x.stride(0),
                               conv_state.stride(0), out.stride(0), W=width,
                               WP=triton.next_power_of_2(width), BLOCK_C=block)
     return out
@@ -158,8 +150,7 @@ def conv_varlen(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
 
 @triton.jit
 def _gdn_decode_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr,
-                       dst_ptr, out_ptr, stride_x, stride_a, stride_b, stride_slot, stride_out,
-                       scale,
+                       out_ptr, stride_x, stride_a, stride_b, stride_slot, stride_out, scale,
                        HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr):
     """Request ``i``, value head ``h``, ``BV`` of its value columns: the state block ``[K, BV]``
@@ -186,34 +177,29 @@ def _gdn_decode_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, s
     softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
     decay = tl.exp(-tl.exp(tl.load(a_log_ptr + h)) * softplus)
     beta = tl.sigmoid(tl.load(b_ptr + i * stride_b + h).to(tl.float32))
-    offs = h * K * V + rows[:, None] * V + v_cols[None, :]
+    ptrs = state_ptr + slot * stride_slot + h * K * V + rows[:, None] * V + v_cols[None, :]
     mask = km[:, None] & vm[None, :]
-    s = tl.load(state_ptr + slot * stride_slot + offs, mask=mask, other=0.0).to(tl.float32)
-    s = s * decay
+    s = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * decay
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
     s += k[:, None] * delta[None, :]
-    dst = tl.load(dst_ptr + i).to(tl.int64)
-    tl.store(state_ptr + dst * stride_slot + offs, s.to(state_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs, s.to(state_ptr.dtype.element_ty), mask=mask)
     tl.store(out, tl.sum(s * q[:, None], axis=0), mask=vm)
 
 
 def gdn_decode(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
                dt_bias: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
                num_k_heads: int, k_dim: int, scale: float,
-               out: torch.Tensor | None = None,
-               dst_slots: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """One token per request onto its slot's state. x ``[B, C]`` (the conv output: q | k | v),
     a, b ``[B, HV]`` (each row contiguous), ``ssm_state [slots, HV, K, V]``. Returns
-    ``[B, HV, V]`` in x's dtype (into ``out``, a contiguous tensor, when given); the new states
-    go to ``dst_slots`` (default: back to ``slots``)."""
+    ``[B, HV, V]`` in x's dtype (into ``out``, a contiguous tensor, when given)."""
     batch = x.shape[0]
     hv, v_dim = ssm_state.shape[1], ssm_state.shape[3]
     if out is None:
         out = torch.empty(batch, hv, v_dim, dtype=x.dtype, device=x.device)
     bv = min(32, triton.next_power_of_2(v_dim))
     grid = (batch, hv, triton.cdiv(v_dim, bv))
-    dst = slots if dst_slots is None else dst_slots
-    _gdn_decode_kernel[grid](x, a, b, a_log, dt_bias, ssm_state, slots, dst, out, x.stride(0),
+    _gdn_decode_kernel[grid](x, a, b, a_log, dt_bias, ssm_state, slots, out, x.stride(0),
                              a.stride(0), b.stride(0), ssm_state.stride(0), out.stride(0), scale,
                              HK=num_k_heads, HV=hv, K=k_dim, V=v_dim,
                              BK=triton.next_power_of_2(k_dim), BV=bv, num_warps=4)

@@ -221,8 +221,8 @@ class EngineOptions:
             max_running_reqs=self.max_running_requests,
             num_state_snapshots=0 if self.cache == "naive" else self.num_state_snapshots,
             # hybrid models: state slots for each verifying request's draft positions
-            spec_state_groups=(min(spec.disable_by_batch_size, self.max_running_requests)
-                               if spec else 0),
+            spec_state_groups=(min(spec.hybrid_verify_requests, spec.disable_by_batch_size,
+                                   self.max_running_requests) if spec else 0),
             spec_group_size=spec.num_speculative_tokens + 1 if spec else 0,
             mtp=spec is not None and spec.method == "mtp",
             sliding_pool_ratio=float(self.sliding_pool_ratio),

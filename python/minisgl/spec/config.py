@@ -36,7 +36,10 @@ class SpecConfig:
     verified tokens cost as much as they save). ``min_expected_accept``: a request speculates
     only while its recent accepted drafts per step are at least this (below it, a step of k+1
     tokens costs more than it gains). ``adaptive=False`` drafts ``num_speculative_tokens``
-    whenever the proposer has them (the verify-cost benchmark, an ablation)."""
+    whenever the proposer has them (the verify-cost benchmark, an ablation).
+    ``hybrid_verify_requests``: hybrid models only, the most requests that verify drafts in one
+    step; each holds ``num_speculative_tokens + 1`` recurrent-state slots (tens of MiB each on
+    real models), taken from the KV cache's memory."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -48,6 +51,7 @@ class SpecConfig:
     min_token_prob: float = 0.1
     disable_by_batch_size: int = 16
     min_expected_accept: float = 0.5
+    hybrid_verify_requests: int = 4
     adaptive: bool = True  # False: always num_speculative_tokens drafts (an ablation)
 
     def __post_init__(self) -> None:
@@ -59,7 +63,8 @@ class SpecConfig:
             raise ValueError(f"speculative_config: method {self.method!r} is not one of "
                              f"{', '.join(METHODS)}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-                     "max_tree_depth", "max_cached_requests", "disable_by_batch_size"):
+                     "max_tree_depth", "max_cached_requests", "disable_by_batch_size",
+                     "hybrid_verify_requests"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"speculative_config: {name} must be a positive integer, "

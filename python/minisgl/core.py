@@ -210,6 +210,8 @@ class Req:
     # speculative decoding: draft tokens at the end of ``input_ids`` that the forward in flight
     # verifies (``minisgl/spec/``); 0 outside a verify step
     draft_len: int = 0
+    # hybrid models: the first state slot of the draft group this verify step writes (-1: none)
+    draft_slot: int = -1
 
     def __post_init__(self) -> None:
         assert 0 <= self.cached_len <= self.device_len <= self.max_device_len, self

@@ -140,7 +140,8 @@ def _backend_case(dtype, state_dtype, dev, k_dim):
     layer = layer.to(dtype)
     layer.A_log.data, layer.dt_bias.data = layer.A_log.float(), layer.dt_bias.float()
     shape = StateShape(layer.conv_dim, 4, layer.num_v_heads, k_dim, k_dim)
-    pool = StatePool(shape, 1, 4, 0, dtype, dev, ssm_dtype=state_dtype)
+    pool = StatePool(shape, 1, 4, 0, dtype, dev, ssm_dtype=state_dtype, num_draft_groups=2,
+                     draft_group_size=5)  # slots 5 .. 14: two requests' draft positions
     pool.conv[0].normal_()
     pool.ssm[0].copy_(torch.randn_like(pool.ssm[0], dtype=torch.float32) * 0.1)
     pools = [pool, copy.deepcopy(pool)]
@@ -153,15 +154,19 @@ def _backend_case(dtype, state_dtype, dev, k_dim):
 
 
 def _compare_backends(dtype, state_dtype, dev, k_dim, tol):
-    """A mixed batch (decode rows, a fresh prefill, a continuing prefill, padding tokens), then a
-    decode batch, through both backends from the same pool: outputs and pool states."""
+    """A mixed batch (decode rows, a fresh prefill, a continuing prefill, padding tokens), a
+    decode batch, then decode rows, two requests verifying drafts (5 and 3 tokens, their states
+    into draft slots) and a prefill, through both backends from the same pool: outputs and pool
+    states (the draft slots included)."""
     from minisgl.core import Batch
     from minisgl.kvcache.state_metadata import StateMetadata
 
     layer, pools, backends = _backend_case(dtype, state_dtype, dev, k_dim)
-    for lens, fresh, nd, pad in (([1, 1, 70, 9], [False, False, True, False], 2, 16),
-                                 ([1, 1, 1, 1], [False] * 4, 4, 0)):
-        meta = StateMetadata.build([0, 1, 2, 3], lens, fresh, nd, torch.device(dev))
+    for lens, fresh, nd, pad, drafts in (
+            ([1, 1, 70, 9], [False, False, True, False], 2, 16, None),
+            ([1, 1, 1, 1], [False] * 4, 4, 0, None),
+            ([1, 5, 3, 9], [False] * 4, 1, 8, [5, 10])):
+        meta = StateMetadata.build([0, 1, 2, 3], lens, fresh, nd, torch.device(dev), drafts)
         batch = Batch([], "mixed", state_metadata=meta)
         x = torch.randn(sum(lens) + pad, 64, device=dev, dtype=dtype)
         qkv, _, b, a = layer.project(x)

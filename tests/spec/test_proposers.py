@@ -87,6 +87,9 @@ def test_vllm_and_sglang_spellings():
     config = parse_args(["--speculative-algorithm", "SUFFIX",
                          "--speculative-num-draft-tokens", "6"]).engine.spec_config()
     assert (config.method, config.num_speculative_tokens) == ("suffix", 5)
+    config = parse_args(["--speculative-algorithm", "NEXTN",
+                         "--speculative-num-draft-tokens", "4"]).engine.spec_config()
+    assert (config.method, config.num_speculative_tokens) == ("mtp", 3)
     config = EngineOptions(speculative_config={"method": "suffix",
                                                "suffix_decoding_max_tree_depth": 16}).spec_config()
     assert config.max_tree_depth == 16
@@ -95,7 +98,7 @@ def test_vllm_and_sglang_spellings():
 
 @pytest.mark.parametrize("options, message", [
     ({"speculative_config": '{"method": "eagle3"}'}, "not built"),
-    ({"speculative_config": '{"method": "mtp", "num_speculative_tokens": 1}'}, "not built"),
+    ({"speculative_config": '{"method": "medusa", "num_speculative_tokens": 1}'}, "not built"),
     ({"speculative_config": '{"method": "ngram", "k": 3}'}, "unknown key 'k'"),
     ({"speculative_config": '{"num_speculative_tokens": 3}'}, "'method' is required"),
     ({"speculative_config": "{oops"}, "not valid JSON"),

@@ -1,7 +1,8 @@
 """Speculative decoding on the real scheduler and engine (tiny models, CPU): greedy and seeded
 outputs are the outputs without speculation, for every proposer, dense and MoE, page sizes 1 and
 16, with radix hits, chunked prefill, retraction and TP=2; stops inside an accepted run stop
-exactly there; only accepted tokens reach the prefix cache."""
+exactly there; only accepted tokens reach the prefix cache. Hybrid models: ``test_spec_hybrid.py``.
+"""
 
 from __future__ import annotations
 
@@ -215,20 +216,6 @@ def test_tp2(tiny_checkpoints, expected):
              .generate(prompts, GREEDY)]
     finally:
         llm.close()
-
-
-def test_hybrid_models_turn_speculation_off(tmp_path, caplog):
-    """A rejected draft would need the recurrent state rolled back: not supported yet, so the
-    scheduler runs without speculation and says why."""
-    from helpers.hybrid_models import make_hybrid_checkpoint
-
-    path = make_hybrid_checkpoint("qwen3_5", tmp_path / "qwen3_5")
-    prompts = repetitive_prompts(2)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    llm = make_llm(path, speculative_config=spec("ngram"))
-    assert llm.scheduler.spec is None
-    assert "speculative decoding is off" in caplog.text
-    assert generate(llm, prompts, params) == generate(make_llm(path), prompts, params)
 
 
 def test_requests_that_run_into_the_context_limit(tiny_checkpoints):

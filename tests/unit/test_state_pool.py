@@ -47,3 +47,22 @@ def test_bad_sizes() -> None:
         StatePool(SHAPE, 1, 0, 0, torch.float32, "cpu")
     with pytest.raises(ValueError, match="num_snapshots"):
         StatePool(SHAPE, 1, 1, -1, torch.float32, "cpu")
+
+
+def test_draft_slots_follow_the_snapshots_and_copy_in_one_go() -> None:
+    """Speculative decoding's draft groups lie after the snapshot slots (never handed out as
+    snapshots); ``copy_slots`` copies many pairs, every layer."""
+    pool = StatePool(SHAPE, 2, max_running_reqs=2, num_snapshots=2, dtype=torch.float32,
+                     device="cpu", num_draft_groups=2, draft_group_size=3)
+    assert pool.num_slots == 3 + 2 + 6 and pool.first_draft_slot == 5
+    assert [pool.draft_slot(g) for g in (0, 1)] == [5, 8]
+    snaps = [pool.alloc_snapshot(), pool.alloc_snapshot()]
+    assert set(snaps) == {3, 4} and pool.alloc_snapshot() is None
+    pool.check_integrity(snaps)
+    for t in pool.conv + pool.ssm:
+        t.copy_(torch.randn_like(t))
+    before = [t.clone() for t in pool.conv + pool.ssm]
+    pool.copy_slots([0, 1], [7, 9])
+    for t, old in zip(pool.conv + pool.ssm, before):
+        assert torch.equal(t[0], old[7]) and torch.equal(t[1], old[9])
+        assert torch.equal(t[2:], old[2:])

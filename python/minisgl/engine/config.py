@@ -30,6 +30,13 @@ class EngineConfig:
     # hybrid models: state slots the radix cache keeps snapshots in (kvcache/hybrid_radix.py);
     # None: a quarter of max_running_reqs
     num_state_snapshots: int | None = None
+    # hybrid models with speculative decoding: requests that may verify drafts in one step, each
+    # with state slots for ``spec_group_size`` (k + 1) fed tokens (``kvcache/state_pool.py``)
+    spec_state_groups: int = 0
+    spec_group_size: int = 0
+    # the ``mtp`` speculative method: build and load the checkpoint's MTP head, and hand each
+    # forward's hidden states back (``ForwardOutput.hidden``); decode CUDA graphs are off
+    mtp: bool = False
     # > 0: the sliding-window layers get a slot space of their own, this many tokens per token of
     # the others, and their pages past the window go back to the pool (0: they share the others')
     sliding_pool_ratio: float = 0.0

@@ -44,6 +44,9 @@ class ForwardOutput:
     logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
     copy_done: torch.cuda.Event | None = None
     prompt_logprobs: PromptLogprobs | None = None  # host copies (echo, logprob_start_len)
+    # the MTP method (``EngineConfig.mtp``): every computed token's hidden state (device), and
+    # per request of the batch (req, first position, tokens), taken at launch
+    hidden: tuple[torch.Tensor, list] | None = None
 
     def wait(self) -> None:
         if self.copy_done is not None:
@@ -188,8 +191,14 @@ class Engine:
 
     def _load_model(self) -> BaseLLMModel:
         cls = get_model_class(self.model_config.architecture)
+        moe = create_moe_backend(self.config.moe_backend)
         with torch.device(self.device):
-            model = cls(self.model_config, self.comm, create_moe_backend(self.config.moe_backend))
+            model = cls(self.model_config, self.comm, moe)
+            if self.config.mtp:
+                if not hasattr(model, "add_mtp"):
+                    raise ValueError(f"speculative_config: method 'mtp' needs a model with an "
+                                     f"MTP head; {self.model_config.architecture} has none")
+                model.add_mtp(self.comm, moe)
         model = model.to(self.config.dtype).eval()
         restore_param_dtypes(model)
         for module in model.modules():  # the layers that launch Triton kernels: fixed here, once
@@ -288,7 +297,7 @@ class Engine:
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """Run the model on ``batch`` (``prepare`` first) and sample from it."""
-        prompt_lps, greedy = None, None
+        prompt_lps, greedy, keep = None, None, None
         if self.replays_graph(batch):
             logits, greedy = self.graph_runner.replay(batch, args.argmax_only)
         else:
@@ -299,6 +308,8 @@ class Engine:
                 else:
                     hidden = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = self.model.compute_logits(hidden[batch.logits_idx])
+            if self.config.mtp:
+                keep = (hidden.clone(), [(r, r.cached_len, r.extend_len) for r in batch.reqs])
             # prompt log-probs, for the requests that ask (prompt_logprobs.py)
             if not batch.is_decode:
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
@@ -320,5 +331,6 @@ class Engine:
         if non_blocking:
             event = torch.cuda.Event()
             event.record()
-        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps)
+        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps,
+                             keep)
 

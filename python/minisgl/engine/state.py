@@ -31,17 +31,23 @@ def create_state_pool(spec: CacheSpec, config: EngineConfig,
     if snapshots is None:  # a quarter of the request slots: a slot is ~1.5-3k tokens of KV
         snapshots = max(1, config.max_running_reqs // 4)
     pool = StatePool(spec.state_shape, spec.num_state_layers, config.max_running_reqs,
-                     snapshots, config.dtype, device, ssm_dtype=config.state_dtype)
-    logger.info("state pool: %d slots (%d requests + %d snapshots) of %.2f MiB (%s state), "
-                "%.2f GiB", pool.num_slots, config.max_running_reqs, pool.num_snapshots,
+                     snapshots, config.dtype, device, ssm_dtype=config.state_dtype,
+                     num_draft_groups=config.spec_state_groups,
+                     draft_group_size=config.spec_group_size)
+    logger.info("state pool: %d slots (%d requests + %d snapshots + %d draft) of %.2f MiB "
+                "(%s state), %.2f GiB", pool.num_slots, config.max_running_reqs,
+                pool.num_snapshots, pool.num_slots - pool.first_draft_slot,
                 pool.bytes_per_slot / (1 << 20), str(config.state_dtype).removeprefix("torch."),
                 pool.total_bytes / (1 << 30))
     return pool
 
 
 def attach_state_metadata(batch: Batch, device: torch.device) -> None:
-    """Slots are page-table rows; a request starts from zeros when nothing of it is cached."""
+    """Slots are page-table rows; a request starts from zeros when nothing of it is cached; a
+    request verifying drafts (right after the decode rows) leaves its per-token states in its
+    draft slots (``Req.draft_slot``)."""
     reqs = batch.reqs
     batch.state_metadata = StateMetadata.build(
         [req.table_idx for req in reqs], [req.extend_len for req in reqs],
-        [req.cached_len == 0 for req in reqs], batch.num_decode_rows, device)
+        [req.cached_len == 0 for req in reqs], batch.num_decode_rows, device,
+        draft_slots=[req.draft_slot for req in reqs if req.draft_len])

@@ -98,7 +98,9 @@ class GatedAttention(nn.Module):
         self.spec = AttentionSpec(kv_layer, self.local_qo, self.qkv_proj.local_kv, cfg.head_dim,
                                   cfg.head_dim**-0.5, rotary=rotary)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        """(q ``[T, H, D]``, k, v ``[T, Hkv, D]`` normed and rotated, gate ``[T, H * D]``): what
+        the attention takes (the MTP head, ``models/mtp.py``, attends over its own KV)."""
         proj = self.qkv_proj
         q_gate, k, v = proj(x).split([proj.q_size, proj.kv_size, proj.kv_size], dim=-1)
         q, gate = q_gate.view(-1, self.local_qo, 2 * self.head_dim).chunk(2, dim=-1)
@@ -114,6 +116,10 @@ class GatedAttention(nn.Module):
             q = partial_rope(self.q_norm(q), positions, self.rotary).contiguous()
             k = partial_rope(self.k_norm(k), positions, self.rotary).contiguous()
         v = v.reshape(-1, proj.local_kv, self.head_dim).contiguous()
+        return q, k, v, gate
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+        q, k, v, gate = self.project(x, positions)
         ctx.kv_pool.store_kv(k, v, ctx.batch.out_loc, self.kv_layer)
         out = ctx.attn_backend.forward(q, k, v, self.spec, ctx.batch)
         out = out.reshape(x.shape[0], -1) * torch.sigmoid(gate)

@@ -15,16 +15,26 @@ class TorchLinearAttnBackend(BaseLinearAttnBackend):
             out = qkv.new_empty(qkv.shape[0], layer.num_v_heads, layer.v_dim)
         g, beta = ops.gdn_gating(a, b, layer.A_log, layer.dt_bias)
         weight, scale = layer.conv1d_weight[:, 0], layer.k_dim ** -0.5
+        verify = range(meta.num_decode, meta.num_decode + meta.num_verify)
         for i, slot in enumerate(meta.slot_list):
             lo, hi = meta.cu_seqlens[i], meta.cu_seqlens[i + 1]
             if meta.fresh[i]:
                 conv_state[slot].zero_()
                 ssm_state[slot].zero_()
-            mixed, conv_state[slot] = ops.causal_conv1d(qkv[lo:hi], weight, None, conv_state[slot])
-            q, k, v = layer.split_heads(mixed)
-            rule = ops.recurrent_gated_delta_rule if hi - lo == 1 else ops.chunk_gated_delta_rule
-            o, state = rule(q, k, v, g[lo:hi], beta[lo:hi], ssm_state[slot], scale)
-            ssm_state[slot] = state.to(ssm_state.dtype)
-            out[lo:hi] = o.to(out.dtype)
+            # a verifying request: one position at a time, each state into its draft slot
+            steps = [(lo, hi, slot, slot)]
+            if i in verify:
+                first = meta.draft_slots[i - verify.start]
+                steps = [(t, t + 1, first + j - 1 if j else slot, first + j)
+                         for j, t in enumerate(range(lo, hi))]
+            for start, end, src, dst in steps:
+                mixed, conv_state[dst] = ops.causal_conv1d(qkv[start:end], weight, None,
+                                                           conv_state[src])
+                q, k, v = layer.split_heads(mixed)
+                rule = (ops.recurrent_gated_delta_rule if end - start == 1
+                        else ops.chunk_gated_delta_rule)
+                o, state = rule(q, k, v, g[start:end], beta[start:end], ssm_state[src], scale)
+                ssm_state[dst] = state.to(ssm_state.dtype)
+                out[start:end] = o.to(out.dtype)
         out[meta.cu_seqlens[-1]:].zero_()
         return out

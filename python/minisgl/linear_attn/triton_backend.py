@@ -2,11 +2,15 @@
 (``kernel/triton/gated_delta.py``: conv window step, fused gating + L2 norm + delta rule), prefill
 chunks through the varlen conv kernel and flash-linear-attention's chunked delta rule (``fla-core``,
 ``pip install 'minisgl[hybrid]'``), whose states are gathered from the chunks' slots and written
-back (a prefill chunk moves its state once; a decode row moves nothing but its own slot)."""
+back (a prefill chunk moves its state once; a decode row moves nothing but its own slot).
+Requests verifying drafts (speculative decoding) run the decode rule position by position inside
+one program per request, each position's state into its draft slot
+(``kernel/triton/gated_delta_verify.py``)."""
 
 from __future__ import annotations
 
 from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_decode
+from minisgl.kernel.triton.gated_delta_verify import conv_verify, gdn_verify
 
 from .base import BaseLinearAttnBackend
 
@@ -39,8 +43,16 @@ class TritonLinearAttnBackend(BaseLinearAttnBackend):
             mixed = conv_decode(qkv[:d], weight, conv_state, slots)
             gdn_decode(mixed, a[:d], b[:d], layer.A_log, layer.dt_bias, ssm_state, slots,
                        layer.num_k_heads, layer.k_dim, scale, out=out[:d])
+        if meta.verify is not None:
+            v, end = meta.verify, d + meta.verify.num_tokens
+            mixed = conv_verify(qkv[d:end], weight, conv_state, v.starts, v.lengths, v.slots,
+                                v.drafts)
+            out[d:end] = gdn_verify(mixed, a[d:end], b[d:end], layer.A_log, layer.dt_bias,
+                                    ssm_state, v.starts, v.lengths, v.slots, v.drafts,
+                                    layer.num_k_heads, layer.k_dim, scale)
         if meta.chunks is not None:
-            out[d:n] = self._chunks(layer, qkv[d:n], a[d:n], b[d:n], meta.chunks, weight, scale,
+            c = meta.chunk_start
+            out[c:n] = self._chunks(layer, qkv[c:n], a[c:n], b[c:n], meta.chunks, weight, scale,
                                     conv_state, ssm_state)
         if n < out.shape[0]:
             out[n:].zero_()

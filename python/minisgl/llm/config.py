@@ -86,7 +86,7 @@ class EngineOptions:
     # speculative decoding (minisgl/spec/): vLLM's JSON (offline also a dict), e.g.
     # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; or SGLang's flags
     speculative_config: str | None = None
-    speculative_algorithm: str | None = None  # NGRAM or SUFFIX
+    speculative_algorithm: str | None = None  # NGRAM, SUFFIX or NEXTN (MTP)
     speculative_num_draft_tokens: int | None = None  # SGLang's N: N - 1 drafts per step
     speculative_ngram_min_match_window_size: int | None = None
     speculative_ngram_max_match_window_size: int | None = None
@@ -207,6 +207,7 @@ class EngineOptions:
         batched = (self.max_num_batched_tokens
                    or self.default_batched_tokens(device, online, model_path))
         mixed = self.schedule_mode == "mixed"
+        spec = self.spec_config()
         engine = EngineConfig(
             model_path=model_path,
             device=device,
@@ -219,13 +220,20 @@ class EngineOptions:
             mem_fraction=self.mem_fraction,
             max_running_reqs=self.max_running_requests,
             num_state_snapshots=0 if self.cache == "naive" else self.num_state_snapshots,
+            # hybrid models: state slots for each verifying request's draft positions
+            spec_state_groups=(min(spec.hybrid_verify_requests, spec.disable_by_batch_size,
+                                   self.max_running_requests) if spec else 0),
+            spec_group_size=spec.num_speculative_tokens + 1 if spec else 0,
+            mtp=spec is not None and spec.method == "mtp",
             sliding_pool_ratio=float(self.sliding_pool_ratio),
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),
             linear_attn_backend=resolve_linear_attn_backend(self.linear_attn_backend, device),
             state_dtype=self._resolve_state_dtype(model_path),
-            cuda_graph_max_bs=self.cuda_graph_max_bs if device.type == "cuda" else 0,
+            # MTP reads every forward's hidden states, which decode graphs keep to themselves
+            cuda_graph_max_bs=(self.cuda_graph_max_bs if device.type == "cuda"
+                               and not (spec and spec.method == "mtp") else 0),
             piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
                                              if device.type == "cuda" else 0),
             max_forward_tokens=max(batched if mixed else self.max_prefill_tokens,
@@ -251,7 +259,7 @@ class EngineOptions:
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
             warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
-            spec=self.spec_config(),
+            spec=spec,
         )
 
     def _resolve_state_dtype(self, model_path: str) -> torch.dtype:

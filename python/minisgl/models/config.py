@@ -55,6 +55,7 @@ class HybridConfig:
     linear: LinearAttnConfig
     rotary_fraction: float = 1.0  # the head dims the gated attention rotates
     shared_expert_intermediate_size: int = 0
+    mtp_layers: int = 0  # the checkpoint's multi-token-prediction layers (``models/mtp.py``)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> HybridConfig:
@@ -74,7 +75,8 @@ class HybridConfig:
         fraction = (cfg.get("rope_parameters") or {}).get(
             "partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
         return cls(tuple(types), linear, float(fraction),
-                   cfg.get("shared_expert_intermediate_size") or 0)
+                   cfg.get("shared_expert_intermediate_size") or 0,
+                   cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
 
     def index(self, layer_id: int) -> int:
         """The layer's index among the layers of its own kind (KV layers, state layers)."""

@@ -1,4 +1,4 @@
-"""A llama.cpp GGUF file (Llama architecture) as a Hugging Face model directory.
+"""A llama.cpp GGUF file (Llama or Qwen2 architecture) as a Hugging Face model directory.
 
 We dequantize it once with the ``gguf`` package (seconds, unlike transformers'
 ``from_pretrained(gguf_file=...)``) into ``config.json`` + float32 ``model.safetensors``
@@ -49,6 +49,9 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# GGUF architecture -> HF architecture. llama.cpp permutes q/k rows only for Llama (its rotary
+# pairs adjacent rows); Qwen2 keeps HF's rotate-half layout and has q/k/v biases.
+_ARCHS = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
 # Tensors llama.cpp adds that have no HF counterpart (derivable from the config).
 _SKIPPED = ("rope_freqs.weight",)
 
@@ -134,6 +137,7 @@ def _read_gguf(reader: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
     config = _hf_config(reader)
     n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
+    permuted = config["model_type"] == "llama"
     state_dict: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc="Dequantizing GGUF", unit="tensor"):
         name = _hf_name(t.name)
@@ -142,7 +146,9 @@ def _read_gguf(reader: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         # GGUF lists dims fastest-first (ne order); numpy/torch want them reversed.
         shape = tuple(int(d) for d in reversed(t.shape))
         w = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
-        if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
+        if not permuted:
+            pass
+        elif name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
             w = _unpermute_rotary(w, n_head)
         elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
             w = _unpermute_rotary(w, n_kv)
@@ -160,7 +166,7 @@ def _hf_name(gguf_name: str) -> str | None:
     if gguf_name in _SKIPPED:
         logger.warning("Skipping GGUF tensor %s (no HF counterpart)", gguf_name)
         return None
-    raise ValueError(f"Unknown GGUF tensor {gguf_name!r}: not a Llama checkpoint?")
+    raise ValueError(f"Unknown GGUF tensor {gguf_name!r}: not a Llama or Qwen2 checkpoint?")
 
 
 def _unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -174,10 +180,10 @@ def _unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _hf_config(reader: Any) -> dict[str, Any]:
-    """Build a transformers LlamaConfig dict from GGUF metadata."""
+    """Build a transformers Llama (or Qwen2) config dict from GGUF metadata."""
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"Only Llama-architecture GGUF files are supported, got {arch!r}")
+    if arch not in _ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (only {sorted(_ARCHS)})")
     if any(k.startswith(f"{arch}.rope.scaling.") for k in reader.fields):
         logger.warning("GGUF declares rope scaling; it is not carried into config.json")
 
@@ -187,8 +193,8 @@ def _hf_config(reader: Any) -> dict[str, Any]:
     hidden, n_head = int(get("embedding_length")), int(get("attention.head_count"))
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [_ARCHS[arch][0]],
+        "model_type": _ARCHS[arch][1],
         "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
@@ -200,7 +206,7 @@ def _hf_config(reader: Any) -> dict[str, Any]:
         "max_position_embeddings": int(get("context_length", 2048)),
         "vocab_size": int(embd.shape[1]),
         "hidden_act": "silu",
-        "attention_bias": False,
+        "attention_bias": arch == "qwen2",
         "mlp_bias": False,
         "tie_word_embeddings": True,  # overwritten from the tensors present
         "torch_dtype": "float32",

@@ -7,7 +7,8 @@ The model declares two caches (``cache_spec``): the paged KV of its full-attenti
 and a state slot per request for its linear layers. A family file sets the checkpoint's
 conventions: its Gated DeltaNet projections (``linear_cls``, ``split_projs``), where the text
 decoder's weights live (``prefix``) and what is skipped. The multi-token-prediction head of the
-checkpoints is not loaded (loading says so).
+checkpoints is loaded only for the ``mtp`` speculative method (``add_mtp``, ``models/mtp.py``);
+otherwise it is skipped, and loading says so.
 """
 
 from __future__ import annotations
@@ -146,6 +147,17 @@ class HybridModel(BaseLLMModel):
                    moe: BaseMoeBackend) -> nn.Module:
         return HybridDecoderLayer(self, cfg, layer_id, comm, moe)
 
+    def add_mtp(self, comm: DistributedCommunicator, moe: BaseMoeBackend) -> None:
+        """Build the MTP head (``mtp.*`` then loads into it) for the ``mtp`` speculative
+        method."""
+        from .mtp import MTPHead
+
+        if self.cfg.hybrid.mtp_layers < 1:
+            raise ValueError("speculative_config: method 'mtp' needs a checkpoint with an MTP "
+                             "head (mtp_num_hidden_layers >= 1 in its config)")
+        self.mtp = MTPHead(self.cfg, comm, moe)
+        self.skipped = {k: v for k, v in self.skipped.items() if k != "mtp."}
+
     def cache_spec(self) -> CacheSpec:
         """KV for the gated-attention layers, a state slot per linear layer."""
         lin = next(layer.linear_attn for layer in self.layers if layer.is_linear)
@@ -158,6 +170,9 @@ class HybridModel(BaseLLMModel):
         for skip in self.skipped:
             if name.startswith(skip):
                 return None
+        if name.startswith("mtp."):  # the head's layer follows the decoder's naming rules
+            mapped = self.checkpoint_names(self.prefix + name[len("mtp."):])
+            return None if mapped is None else ("mtp." + mapped[0], mapped[1])
         if name.startswith(self.prefix):
             name = name[len(self.prefix):]
         elif not name.startswith("lm_head."):

@@ -315,6 +315,8 @@ class Scheduler:
         for i, req in enumerate(sampled):
             if req.draft_len and self.reqs.get(req.uid) is req:
                 runs[i] = runs[i][: len(self.spec.verdict(req, [t for t, _ in runs[i]]))]
+        if self.spec is not None:
+            self.spec.after_forward(out)  # recurrent states, MTP's hidden states
         return runs
 
     def _append_run(self, req: Req, run: list[tuple[int, tuple]]) -> FinishReason | None:

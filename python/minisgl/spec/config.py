@@ -2,7 +2,7 @@
 ``--speculative-algorithm`` flags.
 
 One frozen ``SpecConfig`` reaches the scheduler; ``None`` means no speculation. Unknown keys and
-methods that this build does not have (``mtp``, ``eagle3``) are a ``ValueError`` naming the field.
+methods that this build does not have (``eagle3``, ...) are a ``ValueError`` naming the field.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "suffix")
+METHODS = ("ngram", "suffix", "mtp")
 # methods users know from vLLM / SGLang that need a draft model or head: not built here
-_NOT_BUILT = {"mtp": "Qwen3.5's MTP head", "eagle3": "EAGLE-3 draft models",
-              "eagle": "EAGLE draft models", "nextn": "MTP (NEXTN) heads",
+_NOT_BUILT = {"eagle3": "EAGLE-3 draft models", "eagle": "EAGLE draft models",
               "draft_model": "separate draft models", "medusa": "Medusa heads"}
 _SGLANG_ALGORITHMS = {"NGRAM": "ngram", "SUFFIX": "suffix", "EAGLE3": "eagle3", "EAGLE": "eagle",
-                      "NEXTN": "nextn", "STANDALONE": "draft_model"}
+                      "NEXTN": "mtp", "STANDALONE": "draft_model"}
 # vLLM's suffix-decoding keys, and ours for them
 _SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": "max_tree_depth",
                 "suffix_decoding_max_cached_requests": "max_cached_requests",
@@ -37,7 +36,10 @@ class SpecConfig:
     verified tokens cost as much as they save). ``min_expected_accept``: a request speculates
     only while its recent accepted drafts per step are at least this (below it, a step of k+1
     tokens costs more than it gains). ``adaptive=False`` drafts ``num_speculative_tokens``
-    whenever the proposer has them (the verify-cost benchmark, an ablation)."""
+    whenever the proposer has them (the verify-cost benchmark, an ablation).
+    ``hybrid_verify_requests``: hybrid models only, the most requests that verify drafts in one
+    step; each holds ``num_speculative_tokens + 1`` recurrent-state slots (tens of MiB each on
+    real models), taken from the KV cache's memory."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -49,6 +51,7 @@ class SpecConfig:
     min_token_prob: float = 0.1
     disable_by_batch_size: int = 16
     min_expected_accept: float = 0.5
+    hybrid_verify_requests: int = 4
     adaptive: bool = True  # False: always num_speculative_tokens drafts (an ablation)
 
     def __post_init__(self) -> None:
@@ -60,7 +63,8 @@ class SpecConfig:
             raise ValueError(f"speculative_config: method {self.method!r} is not one of "
                              f"{', '.join(METHODS)}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-                     "max_tree_depth", "max_cached_requests", "disable_by_batch_size"):
+                     "max_tree_depth", "max_cached_requests", "disable_by_batch_size",
+                     "hybrid_verify_requests"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"speculative_config: {name} must be a positive integer, "
@@ -100,7 +104,7 @@ def parse_speculative_config(value: str | dict | None) -> SpecConfig | None:
                              f"{', '.join(sorted(known | set(_SUFFIX_KEYS)))}")
         args[name] = item
     if "method" not in args:
-        raise ValueError("speculative_config: 'method' is required (ngram or suffix)")
+        raise ValueError("speculative_config: 'method' is required (ngram, suffix or mtp)")
     if "prompt_lookup_max" in args and "prompt_lookup_min" not in args:
         args["prompt_lookup_min"] = min(SpecConfig.prompt_lookup_min, args["prompt_lookup_max"])
     return SpecConfig(**args)

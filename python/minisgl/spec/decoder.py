@@ -20,6 +20,13 @@ position (their counts would need the drafts), so such requests do not speculate
 After the verdict the drafts leave ``input_ids``, the accepted run is appended as ordinary
 tokens, and KV past the accepted prefix is given back (``CacheManager.shrink``): only accepted
 tokens ever reach the prefix cache.
+
+Hybrid models: the linear-attention layers cannot give back a token, so a verifying request feeds
+its k + 1 tokens through them one at a time, leaving the state after each in a draft group of the
+state pool (``Req.draft_slot``, ``kvcache/state_metadata.py``), and its own slot untouched. The
+verdict copies the accepted position's state into the request's slot (``move_states``, one batched
+copy per step), so a rejection resumes from there with nothing recomputed. A step verifies at
+most as many requests as the pool has draft groups.
 """
 
 from __future__ import annotations
@@ -39,24 +46,31 @@ def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder
     """The scheduler's ``SpecDecoder``, or None: speculation off, or a model it cannot serve."""
     if config is None:
         return None
-    if engine.state_pool is not None:
-        # NOTE: a rejected draft would have to roll the recurrent state back to the accepted
-        # position, which the linear-attention layers cannot do yet
-        logger.warning("speculative decoding is off: %s is a hybrid (recurrent) model",
-                       engine.model_config.architecture)
+    pool = engine.state_pool
+    if pool is not None and (pool.num_draft_groups == 0
+                             or pool.draft_group_size < config.num_speculative_tokens + 1):
+        # the engine was built without state slots for the draft positions (EngineConfig's
+        # spec_state_groups / spec_group_size; the LLM and server set them)
+        logger.warning("speculative decoding is off: %s is a hybrid (recurrent) model and its "
+                       "state pool has no slots for %d draft positions",
+                       engine.model_config.architecture, config.num_speculative_tokens + 1)
         return None
     logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running requests",
                 config.method, config.num_speculative_tokens, config.disable_by_batch_size)
-    return SpecDecoder(config, cache)
+    return SpecDecoder(config, cache, pool, engine.model)
 
 
 class SpecDecoder:
-    def __init__(self, config: SpecConfig, cache) -> None:
-        self.config, self.cache = config, cache
-        self.proposer = create_proposer(config)
+    def __init__(self, config: SpecConfig, cache, state_pool=None, model=None) -> None:
+        self.config, self.cache, self.state_pool = config, cache, state_pool
+        self.proposer = create_proposer(config, model)
         self.stats = SpecStats(config.method)
         self.accept_state: dict[int, Acceptance] = {}
         self.ineligible: set[int] = set()
+        # hybrid models: (request slot, draft slot) copies of this step's verdicts, and per
+        # verified request ``draft_slot - L`` (the slot of the state after n tokens is this + n)
+        self._moves: list[tuple[int, int]] = []
+        self._state_at: dict[int, int] = {}
 
     def active(self, running: list[Req]) -> bool:
         """Whether this step drafts: not once the batch is large (it is compute-bound), nor when
@@ -90,8 +104,10 @@ class SpecDecoder:
         """Give this step's decode requests (counters already advanced by one) their drafts, as
         far as ``budget`` tokens and free KV allow; return those that verify."""
         verify: list[Req] = []
+        self._state_at.clear()
+        groups = self.state_pool.num_draft_groups if self.state_pool is not None else len(reqs)
         for req in reqs:
-            if budget <= 0:
+            if budget <= 0 or len(verify) == groups:
                 break
             if not self._eligible(req):
                 continue
@@ -109,6 +125,8 @@ class SpecDecoder:
             self.cache.allocate(req, new_len)
             req.input_ids += draft
             req.device_len, req.draft_len = new_len, len(draft)
+            if self.state_pool is not None:
+                req.draft_slot = self.state_pool.draft_slot(len(verify))
             budget -= len(draft)
             verify.append(req)
         return verify
@@ -148,9 +166,32 @@ class SpecDecoder:
         self.cache.shrink(req, base + m)
         req.cached_len = req.device_len = base + m
         req.draft_len = 0
+        if req.draft_slot >= 0:  # the state after the accepted position becomes the request's
+            self._moves.append((req.table_idx, req.draft_slot + m))
+            self._state_at[req.uid] = req.draft_slot - base
+            req.draft_slot = -1
         self.stats.add(k, m)
         self.accept_state[req.uid].record(m)
         return sampled[: m + 1]
+
+    def after_forward(self, out) -> None:
+        """After the verdicts of a forward: copy the accepted recurrent states into their
+        requests' slots (hybrid models; before the next forward, which reads them), and hand a
+        proposer that drafts from the target's hidden states (MTP) the rows of the positions
+        that were kept."""
+        if self._moves:
+            self.state_pool.copy_slots(*map(list, zip(*self._moves)))
+            self._moves.clear()
+        record = getattr(self.proposer, "record", None)
+        if record is None or out.hidden is None:
+            return
+        hidden, layout = out.hidden
+        row = 0
+        for req, start, n in layout:  # batch rows: requests back to back, decode rows first
+            keep = min(n, req.device_len - start) if req.table_idx >= 0 else 0
+            if keep > 0:
+                record(req, start, hidden[row : row + keep])
+            row += n
 
     def observe(self, req: Req, tokens: list[int]) -> None:
         """Tokens a request got without verifying drafts (now in ``input_ids``): score its shadow
@@ -177,3 +218,5 @@ class SpecDecoder:
         if req.device_len > n:
             self.cache.shrink(req, n)
             req.cached_len = req.device_len = n
+            if req.uid in self._state_at:  # the state after exactly n tokens, for the snapshot
+                self.state_pool.copy_slot(req.table_idx, self._state_at[req.uid] + n)

@@ -6,8 +6,8 @@ from .config import SpecConfig
 from .proposer import Proposer
 
 
-def create_proposer(config: SpecConfig) -> Proposer:
-    """The proposer of ``config.method``."""
+def create_proposer(config: SpecConfig, model=None) -> Proposer:
+    """The proposer of ``config.method`` (``model``: the target, for MTP's head)."""
     if config.method == "ngram":
         from .ngram import NgramProposer
 
@@ -17,4 +17,8 @@ def create_proposer(config: SpecConfig) -> Proposer:
 
         return SuffixProposer(config.max_tree_depth, config.max_cached_requests,
                               config.max_spec_factor, config.min_token_prob)
+    if config.method == "mtp":
+        from .mtp import MtpProposer
+
+        return MtpProposer(model)
     raise ValueError(f"speculative_config: no proposer for method {config.method!r}")

@@ -116,10 +116,12 @@ _HELP = {
                        "checkpoint's mamba_ssm_dtype, else float32), float32 or bfloat16 (half "
                        "the state bytes each decode step moves)",
     "disable_overlap": "read every forward back before launching the next (ablation)",
-    "speculative_config": "speculative decoding, vLLM's JSON: {\"method\": \"ngram\" or "
-                          "\"suffix\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": "
+    "speculative_config": "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", "
+                          "\"suffix\" or \"mtp\", \"num_speculative_tokens\": 4, "
+                          "\"prompt_lookup_max\": "
                           "5, \"prompt_lookup_min\": 2, \"disable_by_batch_size\": 16, ...}",
-    "speculative_algorithm": "speculative decoding, SGLang's spelling: NGRAM or SUFFIX",
+    "speculative_algorithm": "speculative decoding, SGLang's spelling: NGRAM, SUFFIX or NEXTN "
+                             "(MTP)",
     "speculative_num_draft_tokens": "with --speculative-algorithm: tokens verified per step, "
                                     "the last accepted one included (N - 1 drafts)",
     "speculative_ngram_min_match_window_size": "NGRAM: the shortest n-gram matched",

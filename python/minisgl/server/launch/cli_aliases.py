@@ -58,8 +58,8 @@ DIFFERENT: dict[str, str] = {
     "--served-model": "use --served-model-name",
     "--load-format": "use --dummy-weights for random weights; checkpoints are detected by their "
                      "files",
-    "--speculative-draft-model-path": "draft models (EAGLE-3, MTP) are not built: use "
-                                      "--speculative-algorithm NGRAM or SUFFIX",
+    "--speculative-draft-model-path": "separate draft models (EAGLE-3) are not built: use "
+                                      "--speculative-algorithm NGRAM, SUFFIX or NEXTN (MTP)",
     "--speculative-num-steps": "minisgl drafts without a model: --speculative-num-draft-tokens "
                                "sets the tokens verified per step",
     "--speculative-eagle-topk": "minisgl verifies one chain of drafts, not a tree: use "

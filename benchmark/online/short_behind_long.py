@@ -52,9 +52,11 @@ def main() -> None:
                         help="seconds between the long request and the short one")
     parser.add_argument("--abort-long", action="store_true",
                         help="close the long request once the short one has its first token")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="of the random prompts (another one misses the prefix cache)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     long = [rng.randint(100, 10000) for _ in range(args.long)]
     short = [rng.randint(100, 10000) for _ in range(args.short)]
     result: dict = {"long_tokens": args.long, "short_tokens": args.short, "delay_s": args.delay}

@@ -9,7 +9,10 @@ times to first token. The server must hold the long prompt's window, e.g. on a C
         --kv-cache-memory-gb 2
     python benchmark/online/short_behind_long.py --url http://127.0.0.1:1919 --long 20000
 
-Writes a JSON report (to a scratch folder unless ``--out`` says otherwise) and prints it.
+``--abort-long`` leaves once the short request has its first token: the long one's stream closes,
+the server aborts it, and the rest of its prefill is not waited for (its time to first token is
+then not measured). Writes a JSON report (to a scratch folder unless ``--out`` says otherwise)
+and prints it.
 """
 
 from __future__ import annotations
@@ -47,18 +50,24 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=388, help="tokens of the short prompt")
     parser.add_argument("--delay", type=float, default=5.0,
                         help="seconds between the long request and the short one")
+    parser.add_argument("--abort-long", action="store_true",
+                        help="close the long request once the short one has its first token")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="of the random prompts (another one misses the prefix cache)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     long = [rng.randint(100, 10000) for _ in range(args.long)]
     short = [rng.randint(100, 10000) for _ in range(args.short)]
     result: dict = {"long_tokens": args.long, "short_tokens": args.short, "delay_s": args.delay}
-    worker = threading.Thread(target=first_token_time, args=(args.url, long, result, "long_ttft_s"))
+    worker = threading.Thread(target=first_token_time, args=(args.url, long, result, "long_ttft_s"),
+                              daemon=True)  # with --abort-long, its socket closes as we exit
     worker.start()
     time.sleep(args.delay)
     first_token_time(args.url, short, result, "short_ttft_s")
     print(f"short request: first token after {result['short_ttft_s']} s", flush=True)
-    worker.join()
+    if not args.abort_long:
+        worker.join()
     out = args.out or os.path.join(tempfile.mkdtemp(prefix="short-behind-long-"), "result.json")
     with open(out, "w") as f:
         json.dump(result, f, indent=1)

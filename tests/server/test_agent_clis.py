@@ -1,4 +1,5 @@
-"""Codex CLI and Claude Code complete a non-interactive turn against a minisgl server.
+"""Codex CLI and Claude Code complete a non-interactive turn against a minisgl server started with
+the README's agent line, and every request they send is answered (the server's request log).
 
 Both send 10-20k-token prompts: the server runs with a 32k window, the explicit opt-in beyond the
 default model's 8,192 positions. On a CPU a turn takes minutes. Skipped when the CLIs are not
@@ -32,7 +33,7 @@ KEY = "cli-test-key"
 
 @pytest.fixture(scope="module")
 def long_server(default_model_dir, tmp_path_factory):
-    srv = start_server(default_model_dir, "--max-model-len", "32768", "--num-pages", "36000",
+    srv = start_server(default_model_dir, "--max-model-len", "32768", "--kv-cache-memory-gb", "2",
                        "--api-key", KEY, log_dir=str(tmp_path_factory.mktemp("logs")),
                        env={"MINISGL_ALLOW_LONG_MAX_MODEL_LEN": "1"})
     yield srv
@@ -48,6 +49,9 @@ def test_cli_turn_reaches_the_client(long_server, cli, run):
     if shutil.which(cli) is None:
         pytest.skip(f"{cli} is not installed (npm install -g {agent_clis.PACKAGES[cli]})")
     model = agent_clis.served_model(long_server.url, KEY)
+    logged = len(agent_clis.logged_requests(long_server.log()))
     result = run(long_server.url, model, KEY, 3600)
     assert result["rc"] == 0, result
     assert result["stdout"], result
+    requests = agent_clis.logged_requests(long_server.log())[logged:]
+    assert requests and not agent_clis.unanswered(requests), requests

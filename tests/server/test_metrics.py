@@ -124,9 +124,12 @@ def test_first_forwards_and_live_stats():
     assert live.roll(2.0, stats) == (
         "prefill throughput: 3.0 tok/s, decode throughput: 1.0 tok/s, #running: 1, #queued: 2, "
         "KV usage: 25.0%, cache hit rate: 40.0%")
+    live.add([SimpleNamespace(first=None)])
+    assert live.roll(4.0, stats, prefilling=(512, 20000)).endswith(  # a prompt fed in chunks
+        "cache hit rate: 0.0%, prefilling: 512 of 20000 prompt tokens")
     idle = SchedulerStatsMsg(**{**{f: getattr(stats, f) for f in stats.__struct_fields__},
                                 "num_running": 0, "num_waiting": 0})
-    assert live.roll(4.0, idle) is None and not LiveStats(interval=0).due(1e9)
+    assert live.roll(6.0, idle) is None and not LiveStats(interval=0).due(1e9)
 
 
 def test_server_metrics_bookkeeping():

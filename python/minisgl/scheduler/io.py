@@ -205,7 +205,11 @@ class SchedulerIO:
         self._last_stats = now
         stats = self.stats()
         self.outbox.put(stats)
-        if self.live.due(now) and (line := self.live.roll(now, stats)) is not None:
+        if not self.live.due(now):
+            return
+        fed = self.scheduler.prefill.admitted()  # half-fed prompts
+        prefilling = (sum(r.device_len for r in fed), sum(len(r.input_ids) for r in fed))
+        if (line := self.live.roll(now, stats, prefilling)) is not None:
             logger.info(line)
             if self.scheduler.spec is not None:
                 logger.info(self.scheduler.spec.stats.line())

@@ -57,7 +57,9 @@ class LiveStats:
 
     A first token stands for its request's prefill (prompt minus prefix-cache hit), every later one
     for one decode step; prompts that retraction re-feeds are not counted twice: the line shows the
-    work the users asked for, not the work redone.
+    work the users asked for, not the work redone. A prompt still being fed in chunks has no first
+    token yet (a 20k-token prompt takes minutes on a CPU), so the line also says how far the
+    half-fed prompts are (``prefilling``), lest it read as a server doing nothing.
     """
 
     interval: float
@@ -80,8 +82,10 @@ class LiveStats:
     def due(self, now: float) -> bool:
         return self.interval > 0 and now - self.started >= self.interval
 
-    def roll(self, now: float, stats: SchedulerStatsMsg) -> str | None:
-        """The line of the window ending ``now`` (None when nothing happened); start a new one."""
+    def roll(self, now: float, stats: SchedulerStatsMsg,
+             prefilling: tuple[int, int] = (0, 0)) -> str | None:
+        """The line of the window ending ``now`` (None when nothing happened); start a new one.
+        ``prefilling``: the prompt tokens in the KV cache, and in all, of the half-fed prompts."""
         elapsed = max(now - self.started, 1e-9)
         busy = self.prefill_tokens or self.decode_tokens or stats.num_running or stats.num_waiting
         line = None
@@ -92,6 +96,8 @@ class LiveStats:
                     f"decode throughput: {self.decode_tokens / elapsed:.1f} tok/s, "
                     f"#running: {stats.num_running}, #queued: {stats.num_waiting}, "
                     f"KV usage: {kv:.1%}, cache hit rate: {hit:.1%}")
+            if prefilling[1]:
+                line += f", prefilling: {prefilling[0]} of {prefilling[1]} prompt tokens"
         self.started, self.prefill_tokens, self.decode_tokens = now, 0, 0
         self.prompt_tokens = self.hit_tokens = 0
         return line

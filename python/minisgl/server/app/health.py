@@ -6,7 +6,9 @@ route of that name): it runs a one-token generation through the whole pipeline (
 scheduler, engine, detokenizer) and answers 200 only when that comes back. It is 503, without
 generating, while the server starts or warms up (until the scheduler's stats say ``ready``:
 ``FrontendManager.warm``), once a worker process died, and while the server drains for shutdown; a
-load balancer then stops sending it traffic while the requests in flight still finish.
+load balancer then stops sending it traffic while the requests in flight still finish. ``/``
+answers that a server is there: clients probe their base URL before their first request (Claude
+Code sends ``HEAD /``), and a 404 there reads as a server that is not one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ _PROBE = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
 def _not_ready(message: str, code: str) -> ApiError:
     return ApiError(503, message, code=code)
+
+
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def root() -> JSONResponse:
+    """Open like ``/health`` and free of work: the name and where the API's schema is."""
+    return JSONResponse({"name": "minisgl", "docs": "/docs", "openapi": "/openapi.json"})
 
 
 @router.get("/health")

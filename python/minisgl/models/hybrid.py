@@ -18,14 +18,11 @@ import re
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import CacheSpec
 from minisgl.kvcache.state_pool import StateShape
-from minisgl.layers import LinearColParallelMerged, LinearRowParallel, MoELayer
-from minisgl.layers.base import new_param
 from minisgl.layers.gated_attention import FusedOffsetRMSNorm, GatedAttention
 from minisgl.layers.linear_attention import GatedDeltaNet
 from minisgl.moe import BaseMoeBackend
@@ -33,38 +30,13 @@ from minisgl.utils import init_logger
 
 from .base import BaseLLMModel
 from .config import HybridConfig, ModelConfig, common_fields
+from .hybrid_mlp import DenseMLP, SharedExpertMoE
 from .hybrid_weights import checkpoint_shapes, unfuse_experts
 
 if TYPE_CHECKING:
     from minisgl.context import Context
 
 logger = init_logger(__name__)
-
-
-class DenseMLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, comm: DistributedCommunicator, quant) -> None:
-        super().__init__()
-        self.gate_up_proj = LinearColParallelMerged(hidden, [inter, inter], False, comm.info,
-                                                    quant)
-        self.down_proj = LinearRowParallel(inter, hidden, False, comm, quant)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x), gated=True)
-
-
-class SharedExpertMoE(nn.Module):
-    """Routed experts plus one shared expert scaled by ``sigmoid(shared_expert_gate(x))``."""
-
-    def __init__(self, cfg: ModelConfig, shared_inter: int, comm: DistributedCommunicator,
-                 backend: BaseMoeBackend) -> None:
-        super().__init__()
-        self.experts = MoELayer(cfg, comm, backend, cfg.quant)
-        self.shared_expert = DenseMLP(cfg.hidden_size, shared_inter, comm, cfg.quant)
-        self.shared_expert_gate = new_param(1, cfg.hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
-        return self.experts(x) + shared
 
 
 class HybridDecoderLayer(nn.Module):

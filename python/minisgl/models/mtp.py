@@ -26,6 +26,7 @@ from minisgl.layers.gated_attention import FusedOffsetRMSNorm, GatedAttention, O
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig
+from .hybrid_mlp import DenseMLP, SharedExpertMoE
 
 
 class MTPLayer(nn.Module):
@@ -35,8 +36,6 @@ class MTPLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator,
                  moe: BaseMoeBackend) -> None:
         super().__init__()
-        from .hybrid import DenseMLP, SharedExpertMoE
-
         rotary = dataclasses.replace(
             cfg.rotary, head_dim=int(cfg.head_dim * cfg.hybrid.rotary_fraction))
         self.self_attn = GatedAttention(cfg, rotary, 0, comm)

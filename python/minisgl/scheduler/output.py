@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from minisgl.core import Req
 from minisgl.engine import ForwardOutput
 from minisgl.engine.prompt_logprobs import Entry
+
+if TYPE_CHECKING:
+    from minisgl.spec import SpecDecoder
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -42,3 +45,29 @@ def logprob_rows(out: ForwardOutput, reqs: list[Req]) -> list[tuple]:
         else:
             rows.append((chosen[i], list(zip(ids[i][:k], lps[i][:k]))))
     return rows
+
+
+def finish_reason(req: Req, token: int, eos_token_ids: frozenset[int]) -> FinishReason | None:
+    """Whether ``token``, just appended, ends ``req``: a stop or EOS token, or its length."""
+    params = req.sampling_params
+    if token in params.stop_token_ids or (token in eos_token_ids and not params.ignore_eos):
+        return "stop"
+    if req.output_len >= params.max_tokens or len(req.input_ids) >= req.max_device_len:
+        return "length"
+    return None
+
+
+def append_run(req: Req, run: list[tuple[int, tuple]], eos_token_ids: frozenset[int],
+               spec: SpecDecoder | None) -> FinishReason | None:
+    """Append a run of tokens (one, or a verified draft's accepted run) up to the first that ends
+    the request; the rest is dropped, and the drafts' state trimmed to what was kept."""
+    reason = None
+    for n, (token, _) in enumerate(run, 1):
+        req.append_token(token)
+        reason = finish_reason(req, token, eos_token_ids)
+        if reason is not None:
+            del run[n:]
+            if spec is not None:
+                spec.trim(req)
+            break
+    return reason

@@ -22,21 +22,16 @@ from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager
-from .output import FinishReason, TokenOutput, logprob_rows
+from .output import FinishReason, TokenOutput, append_run, logprob_rows
 from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
+from .validation import check_context, check_params, check_prompt
 from .window import WindowPages
 
 logger = init_logger(__name__)
 
 Launched = tuple[Batch, list[Req], ForwardOutput]
-
-
-class ContextLengthError(ValueError):
-    """Prompt + max_tokens over the context; ``param`` names the request field to blame."""
-
-    param = "max_tokens"
 
 
 class Scheduler:
@@ -80,9 +75,12 @@ class Scheduler:
 
     def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> Req:
         """Queue a request; raise ``ValueError`` for an unusable prompt."""
-        self._validate_prompt(uid, input_ids)
-        self._validate_params(params)
-        self._check_context(len(input_ids), params)
+        if uid in self.reqs:
+            raise ValueError(f"request id {uid} is already in use")
+        vocab = self.engine.vocab_size
+        check_prompt(input_ids, vocab, self.max_context_len)
+        check_params(params, vocab, self.grammar)
+        check_context(len(input_ids), params, self.max_context_len)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),
@@ -96,39 +94,6 @@ class Scheduler:
         if ready:
             self.prefill.add(req)
         return req
-
-    def _validate_params(self, params: SamplingParams) -> None:
-        vocab = self.engine.vocab_size
-        bad = [t for t, _ in params.logit_bias if t >= vocab]
-        if bad:
-            raise ValueError(f"logit_bias: token id {bad[0]} is outside the vocabulary "
-                             f"[0, {vocab})")
-        self.grammar.check(params)
-
-    def _check_context(self, prompt_len: int, params: SamplingParams) -> None:
-        """Prompt + ``max_tokens`` must fit the context, unless ``clamp_max_tokens`` (the wording
-        is OpenAI's and vLLM's, which clients match on to shorten the request)."""
-        total, limit = prompt_len + params.max_tokens, self.max_context_len
-        if total > limit and not params.clamp_max_tokens:
-            raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{total} tokens ({prompt_len} in the prompt, {params.max_tokens} in the "
-                "completion). Please reduce the length of the prompt or max_tokens.")
-
-    def _validate_prompt(self, uid: int, input_ids: list[int]) -> None:
-        if uid in self.reqs:
-            raise ValueError(f"request id {uid} is already in use")
-        if len(input_ids) == 0:
-            raise ValueError("prompt: must not be empty")
-        vocab = self.engine.vocab_size
-        bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids: {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        if len(input_ids) >= self.max_context_len:
-            raise ValueError(
-                f"prompt: {len(input_ids)} tokens is too long; the maximum context length is "
-                f"{self.max_context_len} tokens (prompt and output together)"
-            )
 
     def abort(self, uid: int) -> bool:
         """Drop a request wherever it is and free its KV. False if it is unknown or finished."""
@@ -274,7 +239,7 @@ class Scheduler:
         reasons: dict[int, FinishReason | None] = {}
         for i, req, run in live:
             if req.sampling_params.max_tokens != 0:
-                reasons[i] = self._append_run(req, run)
+                reasons[i] = append_run(req, run, self.eos_token_ids, self.spec)
                 if self.spec is not None and i not in verified:
                     self.spec.observe(req, [token for token, _ in run])
         ended = set()  # the grammars advance in one batch: those that terminated end the request
@@ -318,29 +283,6 @@ class Scheduler:
         if self.spec is not None:
             self.spec.after_forward(out)  # recurrent states, MTP's hidden states
         return runs
-
-    def _append_run(self, req: Req, run: list[tuple[int, tuple]]) -> FinishReason | None:
-        """Append a run of tokens up to the first that ends the request (the rest is dropped)."""
-        reason = None
-        for n, (token, _) in enumerate(run, 1):
-            req.append_token(token)
-            reason = self._finish_reason(req, token)
-            if reason is not None:
-                del run[n:]
-                if self.spec is not None:
-                    self.spec.trim(req)
-                break
-        return reason
-
-    def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
-        params = req.sampling_params
-        if token in params.stop_token_ids or (
-            token in self.eos_token_ids and not params.ignore_eos
-        ):
-            return "stop"
-        if req.output_len >= params.max_tokens or len(req.input_ids) >= req.max_device_len:
-            return "length"
-        return None
 
     # ---- releasing requests -----------------------------------------------------------------
 

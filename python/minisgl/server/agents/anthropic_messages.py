@@ -72,7 +72,7 @@ def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param)
 
 
-# the scheduler's context errors (scheduler.Scheduler._check_context, _validate_prompt), worded
+# the scheduler's context errors (scheduler/validation.py), worded
 # for Anthropic clients: Claude Code parses the first to retry with a smaller max_tokens and
 # compacts its conversation on the second
 _OVER_CONTEXT = re.compile(r"maximum context length is (\d+) tokens. However, you requested \d+ "

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from helpers.engine_utils import logits_and_tokens, prefill_logits
-from helpers.fp8_models import make_dequantized_checkpoint
+from helpers.fp8_models import dequantize_scaled, make_dequantized_checkpoint
 from helpers.hf_models import random_prompts
 from helpers.hybrid_models import (
     make_hybrid_checkpoint,
@@ -48,16 +48,6 @@ def checkpoints(tmp_path_factory):
 
 def make_llm(path, **options) -> LLM:
     return LLM(str(path), device="cpu", dtype="float32", num_pages=4096, **options)
-
-
-def _dequantized(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """e4m3 weight times its per-row (``[N, 1]``) or per-block scales, in float32."""
-    w = weight.float()
-    if scale.shape[-1] == 1 and scale.dim() == w.dim():
-        return w * scale
-    rows, cols = -(-w.shape[-2] // scale.shape[-2]), -(-w.shape[-1] // scale.shape[-1])
-    full = scale.repeat_interleave(rows, -2).repeat_interleave(cols, -1)
-    return w * full[..., : w.shape[-2], : w.shape[-1]]
 
 
 def build_model(path, quantization: str | None = "fp8"):
@@ -126,7 +116,7 @@ def test_fp8_from_bf16_shards_is_the_dequantized_model(arch, checkpoints):
     quantized = dict(model.named_parameters())
     for name, param in quantized.items():
         if param.dtype == FP8:
-            params[name].data.copy_(_dequantized(param, quantized[name + "_scale_inv"]))
+            params[name].data.copy_(dequantize_scaled(param, quantized[name + "_scale_inv"]))
     logits = prefill_logits(llm.scheduler, PROMPTS)
     torch.testing.assert_close(logits, prefill_logits(ref.scheduler, PROMPTS), atol=1e-4, rtol=0)
     assert (logits - bf16).abs().max() > 1e-3

@@ -47,6 +47,17 @@ def dequantize(q: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torc
     return w
 
 
+def dequantize_scaled(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """e4m3 weight times its per-row (``[N, 1]``) or per-block scales, in float32 (a partial
+    last block where the shape is not a multiple of the block)."""
+    w = weight.float()
+    if scale.shape[-1] == 1 and scale.dim() == w.dim():
+        return w * scale
+    rows, cols = -(-w.shape[-2] // scale.shape[-2]), -(-w.shape[-1] // scale.shape[-1])
+    full = scale.repeat_interleave(rows, -2).repeat_interleave(cols, -1)
+    return w * full[..., : w.shape[-2], : w.shape[-1]]
+
+
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-output-channel quantization, row by row: (e4m3 [N, K], float32 scales [N, 1])."""
     q = torch.empty(w.shape, dtype=torch.float8_e4m3fn)

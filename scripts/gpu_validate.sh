@@ -11,6 +11,8 @@
 #   scripts/gpu_validate.sh online     OUT  # the online suite: request rates, radix vs naive cache
 #   scripts/gpu_validate.sh itl        OUT  # streaming smoothness: mixed steps vs prefill-first
 #   scripts/gpu_validate.sh itl-shared OUT  # lpm vs fcfs admission on shared prefixes
+#   scripts/gpu_validate.sh short-behind-long OUT  # a short request's TTFT behind a 20k-token
+#                                           # prefill, with and without --disable-prefill-yield
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
 #   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests;
 #                                           # gpt-oss-20b in MXFP4 (random weights) offline and
@@ -119,6 +121,18 @@ itl)
     MODES="prefill-first mixed-default" PYTHON=$py step 170 benchmark/online/gpu_itl.sh qwen3-0.6b \
         "$out" >"$out/itl_qwen3-0.6b.log" 2>&1
     cat "$out"/*_itl.md ;;
+short-behind-long)  # a 388-token request's first token behind a 20k-token prefill, Qwen3-8B
+    here=benchmark/online tag=qwen3-8b model=$(mktemp -d)/qwen3-8b
+    source benchmark/online/gpu_common.sh
+    "$py" benchmark/online/dummy_model.py $m8 "$model" >/dev/null
+    for mode in yield no-yield; do
+        flags=(--warmup off --max-model-len 32768)
+        [ $mode = no-yield ] && flags+=(--disable-prefill-yield)
+        serve "${tag}_$mode" "${flags[@]}" || continue
+        step 120 "$py" $here/short_behind_long.py --url "http://127.0.0.1:$port" --long 20000 \
+            --delay 0.3 --out "$out/short_behind_long_${gpu}_$mode.json"
+        stop
+    done ;;
 itl-shared)
     PYTHON=$py step 300 benchmark/online/gpu_itl.sh shared "$out" >"$out/itl_shared.log" 2>&1
     "${bench[@]}" --model $m06 --variants default,prefill-first --hf-requests 0 \
@@ -235,7 +249,7 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRE
 *)
     echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
          "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
-         "first-minute OUT" >&2
+         "short-behind-long|first-minute OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

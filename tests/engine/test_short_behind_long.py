@@ -65,3 +65,16 @@ def test_prompts_of_equal_length_do_not_share(llm):
     assert [r.uid for r in batch.reqs] == [0] and batch.reqs[0].device_len == BUDGET
     while sched.has_work:
         sched.step() if sched.reqs else sched.drain()
+
+
+def test_without_yielding_the_short_prompt_waits_for_every_chunk(tiny_checkpoints):
+    """``--disable-prefill-yield`` (the ablation the TTFT benchmark compares against): the long
+    prompt keeps every step, and the short one's first token comes only after its last chunk."""
+    llm = LLM(str(tiny_checkpoints["llama"]), device=TEST_DEVICE, dtype="float32",
+              num_pages=4096, max_prefill_tokens=BUDGET, max_num_batched_tokens=BUDGET,
+              disable_prefill_yield=True)
+    long, short = random_prompts(2, [480, 40], 256, seed=3)
+    first, tokens = steps_to_first_token(llm, long, short, arrive_at=2)
+    # 416 tokens of the long prompt (13 steps) go first, then the short one's 40 (2 steps)
+    assert first is not None and first >= 14
+    assert tokens[1] == [o.token_ids for o in llm.generate([short], GREEDY)][0]

@@ -74,6 +74,7 @@ class EngineOptions:
     max_num_batched_tokens: int | None = None
     schedule_policy: str = "lpm"  # admission order: "lpm" (longest cached prefix) or "fcfs"
     max_wait_steps: int = 64
+    disable_prefill_yield: bool = False  # ablation: a long prompt's chunks never yield
     dummy_weights: bool = False
     seed: int = 0
     # ablations: "auto" (Triton kernels on CUDA, the torch reference on CPU), "torch", "triton-row"
@@ -258,6 +259,7 @@ class EngineOptions:
             max_num_batched_tokens=batched,
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
+            prefill_yield=not self.disable_prefill_yield,
             warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
             spec=spec,
         )

@@ -37,6 +37,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # mixed: tokens of one step, decode rows included
     schedule_policy: str = "lpm"  # admission order: "lpm" or "fcfs"
     max_wait_steps: int = 64  # lpm: a request waiting this many steps is admitted in arrival order
+    prefill_yield: bool = True  # a chunked prompt yields half a step to a shorter one behind it
     warmup: bool = True  # run every kernel variant before serving (``warmup.py``)
     spec: SpecConfig | None = None  # speculative decoding (``minisgl/spec/``); None: off
 

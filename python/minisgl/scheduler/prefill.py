@@ -37,8 +37,9 @@ def _head(req: Req) -> tuple[int, ...] | None:
 
 class PrefillManager:
     def __init__(self, cache: CacheManager, table: TableManager, max_prefill_tokens: int,
-                 policy: AdmissionPolicy | None = None) -> None:
+                 policy: AdmissionPolicy | None = None, yield_to_shorter: bool = True) -> None:
         self.cache, self.table, self.budget = cache, table, max_prefill_tokens
+        self.yield_to_shorter = yield_to_shorter  # off: ``--disable-prefill-yield`` (ablation)
         self.policy = policy or AdmissionPolicy("fcfs", 0, cache.hit_len)
         self.waiting: deque[Req] = deque()
 
@@ -121,7 +122,7 @@ class PrefillManager:
         sliding-window pool (``--sliding-pool-ratio``): sized for the running requests' windows,
         it stalled in a loop of admissions and releases when the long prompt yielded
         (``test_sliding_pool_smaller_than_the_requests``)."""
-        if self.cache.window is not None:
+        if self.cache.window is not None or not self.yield_to_shorter:
             return False
         room = self.cache.available_tokens - reserved
         return any(0 < r.pending_len < req.pending_len and r.pending_len <= room

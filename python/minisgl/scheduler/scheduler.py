@@ -52,7 +52,8 @@ class Scheduler:
         self.cache = CacheManager(engine.num_pages, page_size, prefix_cache, engine.page_table,
                                   window)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
-        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy)
+        self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy,
+                                      config.prefill_yield)
         self.decode = DecodeManager(self.cache, self._retract)
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)

@@ -94,6 +94,8 @@ _HELP = {
     "schedule_policy": "admission order: lpm (longest cached prefix first) or fcfs",
     "max_wait_steps": "lpm: a request that waited this many steps is admitted first, in "
                       "arrival order",
+    "disable_prefill_yield": "a prompt fed in chunks takes the whole prefill budget even with a "
+                             "shorter prompt waiting behind it (ablation)",
     "num_pages": "KV pages (default: sized from memory)",
     "kv_cache_memory_gb": "KV cache budget on CPU, in GiB",
     "mem_fraction": "fraction of GPU memory the server may use",

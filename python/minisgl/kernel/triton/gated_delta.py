@@ -193,7 +193,9 @@ def gdn_decode(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.T
                num_warps: int | None = None) -> torch.Tensor:
     """One token per request onto its slot's state. x ``[B, C]`` (the conv output: q | k | v),
     a, b ``[B, HV]`` (each row contiguous), ``ssm_state [slots, HV, K, V]``. Returns
-    ``[B, HV, V]`` in x's dtype (into ``out``, a contiguous tensor, when given)."""
+    ``[B, HV, V]`` in x's dtype (into ``out``, a contiguous tensor, when given). ``block_v`` /
+    ``num_warps``: the program's block of value columns and its warps (default 64 / 4, the best
+    of ``benchmark/kernels/bench_gated_delta.py --sweep`` on an H100 for both state dtypes)."""
     batch = x.shape[0]
     hv, v_dim = ssm_state.shape[1], ssm_state.shape[3]
     if out is None:

@@ -21,24 +21,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
-from bench_common import gpu_name  # noqa: E402
+from bench_common import cuda_ms, gpu_name  # noqa: E402
 
 from minisgl.kernel.triton import gated_delta as k  # noqa: E402
 
 HK, HV, D, W = 16, 32, 128, 4
-
-
-def _time(fn, iters: int = 50) -> float:
-    """Milliseconds per call, CUDA events over ``iters`` calls after a warm-up."""
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def case(batch: int, state_dtype: torch.dtype, sweep: bool) -> list[dict]:
@@ -58,7 +45,7 @@ def case(batch: int, state_dtype: torch.dtype, sweep: bool) -> list[dict]:
     conv_bytes = 2 * batch * conv_dim * (W - 1) * 2 + 2 * batch * conv_dim * 2
     rows = []
     name = str(state_dtype).split(".")[-1]
-    ms = _time(lambda: k.conv_decode(x, weight, conv, slots))
+    ms = cuda_ms(lambda: k.conv_decode(x, weight, conv, slots))
     rows.append(dict(kernel="conv_decode", batch=batch, state=name, ms=ms,
                      gbps=conv_bytes / ms / 1e6))
     configs = [(None, None)]
@@ -67,7 +54,7 @@ def case(batch: int, state_dtype: torch.dtype, sweep: bool) -> list[dict]:
     for bv, warps in configs:
         fn = lambda: k.gdn_decode(x, a, b, a_log, dt_bias, ssm, slots, HK, D, D**-0.5,  # noqa: E731
                                   block_v=bv, num_warps=warps)
-        ms = _time(fn)
+        ms = cuda_ms(fn)
         label = "gdn_decode" if bv is None else f"gdn_decode BV={bv} warps={warps}"
         rows.append(dict(kernel=label, batch=batch, state=name, ms=ms,
                          gbps=(state_bytes + batch * conv_dim * 2) / ms / 1e6))

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
-from bench_common import gpu_name, model_dir  # noqa: E402
+from bench_common import cuda_ms, gpu_name, model_dir  # noqa: E402
 
 from minisgl.core import Req, SamplingParams  # noqa: E402
 from minisgl.sampling import (  # noqa: E402
@@ -62,16 +62,7 @@ def make_args(bsz: int, vocab: int, params: dict, device: torch.device) -> Batch
 
 
 def time_call(fn, iters: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3  # us
+    return cuda_ms(fn, iters) * 1e3  # us
 
 
 def flagged_share(logits: torch.Tensor, args: BatchSamplingArgs, **sizes) -> float:

@@ -24,6 +24,21 @@ def gpu_name() -> str:
     return next((k for k in ("H100", "H200", "A100", "B200") if k in name), name)
 
 
+def cuda_ms(fn, iters: int = 50) -> float:
+    """Milliseconds per call of ``fn`` on the GPU: CUDA events around ``iters`` calls, after three
+    untimed ones (compilation, autotuning)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def model_dir(model: str) -> tuple[str, bool]:
     """A directory for ``model``; a bare config.json is copied into a temp dir (dummy weights)."""
     if model.endswith(".json"):

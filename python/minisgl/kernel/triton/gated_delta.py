@@ -32,6 +32,22 @@ def _silu(x):
 
 
 @triton.jit
+def _conv_step(src, dst, x, w, w_last, cm, W: tl.constexpr, WP: tl.constexpr):
+    """One new input per channel onto a window of the last ``W - 1`` inputs (``src``: the
+    ``[BLOCK_C, W - 1]`` block's base pointers): returns ``silu(conv)`` in fp32 and writes the
+    shifted window ``[old[1:], x]`` at ``dst`` (``src`` itself for decode, a draft slot for a
+    verify row). ``w``: the first ``W - 1`` taps ``[BLOCK_C, WP]``; ``w_last``: the last, fp32."""
+    j = tl.arange(0, WP)
+    old = cm[:, None] & (j[None, :] < W - 1)
+    win = tl.load(src + j[None, :], mask=old, other=0.0).to(tl.float32)
+    acc = tl.sum(win * w.to(tl.float32), axis=1) + x.to(tl.float32) * w_last
+    shifted = tl.load(src + j[None, :] + 1, mask=cm[:, None] & (j[None, :] < W - 2), other=0.0)
+    shifted = tl.where(j[None, :] == W - 2, x[:, None].to(shifted.dtype), shifted)
+    tl.store(dst + j[None, :], shifted, mask=old)
+    return _silu(acc)
+
+
+@triton.jit
 def _conv_decode_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, out_ptr, C, stride_x, stride_slot,
                         stride_out, W: tl.constexpr, WP: tl.constexpr, BLOCK_C: tl.constexpr):
     i = tl.program_id(0)
@@ -42,18 +58,13 @@ def _conv_decode_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, out_ptr, C, stride_x
         tl.store(out_ptr + i * stride_out + c, tl.zeros([BLOCK_C], tl.float32), mask=cm)
         return
     j = tl.arange(0, WP)
-    old = j[None, :] < W - 1
-    base = state_ptr + slot * stride_slot + c[:, None] * (W - 1)
-    win = tl.load(base + j[None, :], mask=cm[:, None] & old, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c[:, None] * W + j[None, :], mask=cm[:, None] & (j[None, :] < W - 1),
+                other=0.0)
+    w_last = tl.load(w_ptr + c * W + (W - 1), mask=cm, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + i * stride_x + c, mask=cm, other=0.0)
-    w = tl.load(w_ptr + c[:, None] * W + j[None, :], mask=cm[:, None] & old, other=0.0)
-    acc = tl.sum(win * w.to(tl.float32), axis=1)
-    acc += x.to(tl.float32) * tl.load(w_ptr + c * W + (W - 1), mask=cm, other=0.0).to(tl.float32)
-    # the window shifted by one: [old[1:], x]
-    shifted = tl.load(base + j[None, :] + 1, mask=cm[:, None] & (j[None, :] < W - 2), other=0.0)
-    shifted = tl.where(j[None, :] == W - 2, x[:, None].to(shifted.dtype), shifted)
-    tl.store(base + j[None, :], shifted, mask=cm[:, None] & old)
-    tl.store(out_ptr + i * stride_out + c, _silu(acc), mask=cm)
+    base = state_ptr + slot * stride_slot + c[:, None] * (W - 1)
+    tl.store(out_ptr + i * stride_out + c, _conv_step(base, base, x, w, w_last, cm, W, WP),
+             mask=cm)
 
 
 def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
@@ -149,6 +160,29 @@ def conv_varlen(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
 
 
 @triton.jit
+def _delta_step(s, x, a_row, b_row, h, decay_rate, dt_bias, rows, km, v_cols, vm, scale,
+                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """One token of the gated delta rule on value head ``h``'s state block ``s`` (``[BK, BV]``,
+    fp32): ``x`` the token's conv output row (q | k | v heads), ``a_row`` / ``b_row`` its gate
+    inputs, ``decay_rate`` = ``exp(A_log[h])``. The q/k L2 norm, the decay
+    ``exp(-decay_rate * softplus(a + dt_bias))``, ``beta = sigmoid(b)``, the correction; returns
+    (the new block, its output columns ``S^T q``)."""
+    kh = h // (HV // HK)
+    q = tl.load(x + kh * K + rows, mask=km, other=0.0).to(tl.float32)
+    k = tl.load(x + HK * K + kh * K + rows, mask=km, other=0.0).to(tl.float32)
+    v = tl.load(x + 2 * HK * K + h * V + v_cols, mask=vm, other=0.0).to(tl.float32)
+    q = q * tl.rsqrt(tl.sum(q * q) + 1e-6) * scale
+    k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
+    a = tl.load(a_row + h).to(tl.float32) + dt_bias
+    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+    beta = tl.sigmoid(tl.load(b_row + h).to(tl.float32))
+    s = s * tl.exp(-decay_rate * softplus)
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s += k[:, None] * delta[None, :]
+    return s, tl.sum(s * q[:, None], axis=0)
+
+
+@triton.jit
 def _gdn_decode_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr,
                        out_ptr, stride_x, stride_a, stride_b, stride_slot, stride_out, scale,
                        HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -164,26 +198,16 @@ def _gdn_decode_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, s
     if slot < 0:
         tl.store(out, tl.zeros([BV], tl.float32), mask=vm)
         return
-    kh = h // (HV // HK)
     rows = tl.arange(0, BK)
     km = rows < K
-    x = x_ptr + i * stride_x
-    q = tl.load(x + kh * K + rows, mask=km, other=0.0).to(tl.float32)
-    k = tl.load(x + HK * K + kh * K + rows, mask=km, other=0.0).to(tl.float32)
-    v = tl.load(x + 2 * HK * K + h * V + v_cols, mask=vm, other=0.0).to(tl.float32)
-    q = q * tl.rsqrt(tl.sum(q * q) + 1e-6) * scale
-    k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
-    a = tl.load(a_ptr + i * stride_a + h).to(tl.float32) + tl.load(dt_bias_ptr + h)
-    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-    decay = tl.exp(-tl.exp(tl.load(a_log_ptr + h)) * softplus)
-    beta = tl.sigmoid(tl.load(b_ptr + i * stride_b + h).to(tl.float32))
     ptrs = state_ptr + slot * stride_slot + h * K * V + rows[:, None] * V + v_cols[None, :]
     mask = km[:, None] & vm[None, :]
-    s = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * decay
-    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-    s += k[:, None] * delta[None, :]
+    s = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    s, o = _delta_step(s, x_ptr + i * stride_x, a_ptr + i * stride_a, b_ptr + i * stride_b, h,
+                       tl.exp(tl.load(a_log_ptr + h)), tl.load(dt_bias_ptr + h), rows, km,
+                       v_cols, vm, scale, HK, HV, K, V)
     tl.store(ptrs, s.to(state_ptr.dtype.element_ty), mask=mask)
-    tl.store(out, tl.sum(s * q[:, None], axis=0), mask=vm)
+    tl.store(out, o, mask=vm)
 
 
 def gdn_decode(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,

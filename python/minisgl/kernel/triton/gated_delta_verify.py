@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .gated_delta import _conv_step, _delta_step
+
 
 @triton.jit
 def _conv_verify_kernel(x_ptr, w_ptr, state_ptr, starts_ptr, lengths_ptr, slots_ptr, drafts_ptr,
@@ -31,22 +33,17 @@ def _conv_verify_kernel(x_ptr, w_ptr, state_ptr, starts_ptr, lengths_ptr, slots_
     src = tl.load(slots_ptr + i).to(tl.int64)
     first = tl.load(drafts_ptr + i).to(tl.int64)
     j = tl.arange(0, WP)
-    old = j[None, :] < W - 1
-    w = tl.load(w_ptr + c[:, None] * W + j[None, :], mask=cm[:, None] & old, other=0.0)
+    w = tl.load(w_ptr + c[:, None] * W + j[None, :], mask=cm[:, None] & (j[None, :] < W - 1),
+                other=0.0)
     w_last = tl.load(w_ptr + c * W + (W - 1), mask=cm, other=0.0).to(tl.float32)
     for t in range(0, length):
-        base = state_ptr + src * stride_slot + c[:, None] * (W - 1)
-        win = tl.load(base + j[None, :], mask=cm[:, None] & old, other=0.0).to(tl.float32)
         row = (start + t).to(tl.int64)
         x = tl.load(x_ptr + row * stride_x + c, mask=cm, other=0.0)
-        acc = tl.sum(win * w.to(tl.float32), axis=1) + x.to(tl.float32) * w_last
-        shifted = tl.load(base + j[None, :] + 1, mask=cm[:, None] & (j[None, :] < W - 2),
-                          other=0.0)
-        shifted = tl.where(j[None, :] == W - 2, x[:, None].to(shifted.dtype), shifted)
         dst = first + t
-        tl.store(state_ptr + dst * stride_slot + c[:, None] * (W - 1) + j[None, :], shifted,
-                 mask=cm[:, None] & old)
-        tl.store(out_ptr + row * stride_out + c, (acc / (1.0 + tl.exp(-acc))), mask=cm)
+        out = _conv_step(state_ptr + src * stride_slot + c[:, None] * (W - 1),
+                         state_ptr + dst * stride_slot + c[:, None] * (W - 1), x, w, w_last, cm,
+                         W, WP)
+        tl.store(out_ptr + row * stride_out + c, out, mask=cm)
         # the next position reads what this one wrote (other threads' elements)
         tl.debug_barrier()
         src = dst
@@ -83,30 +80,19 @@ def _gdn_verify_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, s
     length = tl.load(lengths_ptr + i)
     slot = tl.load(slots_ptr + i).to(tl.int64)
     first = tl.load(drafts_ptr + i).to(tl.int64)
-    kh = h // (HV // HK)
     rows = tl.arange(0, BK)
     km = rows < K
     offs = h * K * V + rows[:, None] * V + v_cols[None, :]
     mask = km[:, None] & vm[None, :]
     s = tl.load(state_ptr + slot * stride_slot + offs, mask=mask, other=0.0).to(tl.float32)
-    a_log = tl.exp(tl.load(a_log_ptr + h))
+    decay_rate = tl.exp(tl.load(a_log_ptr + h))
     dt_bias = tl.load(dt_bias_ptr + h)
     for t in range(0, length):
         row = (start + t).to(tl.int64)
-        x = x_ptr + row * stride_x
-        q = tl.load(x + kh * K + rows, mask=km, other=0.0).to(tl.float32)
-        k = tl.load(x + HK * K + kh * K + rows, mask=km, other=0.0).to(tl.float32)
-        v = tl.load(x + 2 * HK * K + h * V + v_cols, mask=vm, other=0.0).to(tl.float32)
-        q = q * tl.rsqrt(tl.sum(q * q) + 1e-6) * scale
-        k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
-        a = tl.load(a_ptr + row * stride_a + h).to(tl.float32) + dt_bias
-        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-        beta = tl.sigmoid(tl.load(b_ptr + row * stride_b + h).to(tl.float32))
-        s = s * tl.exp(-a_log * softplus)
-        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-        s += k[:, None] * delta[None, :]
-        tl.store(out_ptr + row * stride_out + h * V + v_cols, tl.sum(s * q[:, None], axis=0),
-                 mask=vm)
+        s, o = _delta_step(s, x_ptr + row * stride_x, a_ptr + row * stride_a,
+                           b_ptr + row * stride_b, h, decay_rate, dt_bias, rows, km, v_cols, vm,
+                           scale, HK, HV, K, V)
+        tl.store(out_ptr + row * stride_out + h * V + v_cols, o, mask=vm)
         # stored in the pool's dtype, and continued from what was stored (a bf16 pool rounds
         # every position's state, as the one-token kernel does step by step)
         s_stored = s.to(state_ptr.dtype.element_ty)

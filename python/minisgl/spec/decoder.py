@@ -1,8 +1,10 @@
 """The scheduler's side of speculative decoding: drafts onto decode requests, and the verdict.
 
-A decoding request with ``k`` drafts is fed as ``k + 1`` tokens (its last token, then the drafts)
-in the prefill part of the step's batch: an extend over its cached prefix, causal over the drafts,
-beside the ordinary one-token decode rows. Every one of the k + 1 positions is sampled::
+A decoding request with ``k`` drafts is fed as ``k + 1`` tokens (its last token, then the drafts).
+In a step where every request decodes or verifies they are ``k + 1`` one-token decode rows, which
+replay the decode CUDA graphs (``rows.py``); otherwise (a prefill chunk in the step, a hybrid
+model) they go in the prefill part of the batch: an extend over the cached prefix, causal over the
+drafts, beside the ordinary one-token decode rows. Every one of the k + 1 positions is sampled::
 
     input_ids: ... last | d1 d2 .. dk            (drafts appended for the forward only)
     sampled:          x0  x1 .. x(k-1) xk        (xj: the target's token after position L-1+j)
@@ -31,12 +33,13 @@ most as many requests as the pool has draft groups.
 
 from __future__ import annotations
 
-from minisgl.core import Req
+from minisgl.core import Batch, Req
 from minisgl.utils import init_logger
 
 from .adaptive import Acceptance
 from .config import SpecConfig
 from .registry import create_proposer
+from .rows import as_decode_rows
 from .stats import SpecStats
 
 logger = init_logger(__name__)
@@ -130,6 +133,17 @@ class SpecDecoder:
             budget -= len(draft)
             verify.append(req)
         return verify
+
+    @staticmethod
+    def as_rows(batch: Batch, engine) -> Batch:
+        """A step in which every request decodes or verifies, as one-token decode rows where the
+        engine can run them so (``rows.py``: they replay the decode CUDA graphs)."""
+        if not any(req.draft_len for req in batch.reqs):
+            return batch
+        rows = as_decode_rows(batch)
+        if rows is None or not engine.verifies_as_rows(rows.size):
+            return batch
+        return rows
 
     @staticmethod
     def rows(sampled: list[Req]) -> tuple[list[Req], list[int] | None]:

@@ -65,15 +65,20 @@ def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder
 
 class SpecDecoder:
     def __init__(self, config: SpecConfig, cache, state_pool=None, model=None) -> None:
-        self.config, self.cache, self.state_pool = config, cache, state_pool
-        self.proposer = create_proposer(config, model)
-        self.stats = SpecStats(config.method)
-        self.accept_state: dict[int, Acceptance] = {}
-        self.ineligible: set[int] = set()
+        self.config, self.cache, self.state_pool, self.model = config, cache, state_pool, model
+        self.reset()
         # hybrid models: (request slot, draft slot) copies of this step's verdicts, and per
         # verified request ``draft_slot - L`` (the slot of the state after n tokens is this + n)
         self._moves: list[tuple[int, int]] = []
         self._state_at: dict[int, int] = {}
+
+    def reset(self) -> None:
+        """Forget every request and what the proposer learned, and zero the statistics (after the
+        warm-up, whose random requests must not count nor teach the suffix trees)."""
+        self.proposer = create_proposer(self.config, self.model)
+        self.stats = SpecStats(self.config.method)
+        self.accept_state: dict[int, Acceptance] = {}
+        self.ineligible: set[int] = set()
 
     def active(self, running: list[Req]) -> bool:
         """Whether this step drafts: not once the batch is large (it is compute-bound), nor when

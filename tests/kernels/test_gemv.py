@@ -14,8 +14,8 @@ from helpers.interpreter import import_triton
 
 triton = import_triton()
 
-from minisgl.kernel.triton.activation import silu_and_mul  # noqa: E402
 from minisgl.kernel.triton.gemv import gemv  # noqa: E402
+from minisgl.kernel.triton.activation import silu_and_mul  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float32

@@ -13,17 +13,15 @@ from minisgl.kernel.ops import silu_and_mul
 
 from .base import LinearMethod, MakeParam, MoEMethod, QuantizationConfig
 
-_GEMV_MAX_ROWS = 8  # kernel/triton/gemv.py's MAX_ROWS (not imported here: it needs triton)
-
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            gated: bool = False, gemv: bool = True, pdl: bool = False) -> torch.Tensor:
-    """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One to
-    ``MAX_ROWS`` tokens in half precision on CUDA go through the Triton GEMV (unless ``gemv`` is
-    off), which streams the weight faster than cuBLAS does at that shape, applies the gate as it
-    reads x, and computes each token as it would alone (benchmark/kernels/bench_gemv.py).
-    ``pdl``: the GEMV launches with programmatic dependent launch (``kernel/triton/pdl.py``)."""
-    if gemv and x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= _GEMV_MAX_ROWS \
+    """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One
+    token in half precision on CUDA goes through the Triton GEMV (unless ``gemv`` is off), which
+    streams the weight faster than cuBLAS does at that shape and applies the gate as it reads x
+    (benchmark/kernels/bench_gemv.py). ``pdl``: the GEMV launches with programmatic dependent
+    launch (``kernel/triton/pdl.py``)."""
+    if gemv and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 \
             and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:
         from minisgl.kernel.triton.gemv import gemv as triton_gemv
 

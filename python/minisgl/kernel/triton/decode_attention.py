@@ -53,7 +53,6 @@ __all__ = ["choose_num_splits", "decode_attention", "decode_workspace", "longest
 
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
-SAME_SPLITS_AS_ONE = 8  # the GEMV's MAX_ROWS (gemv.py): up to 8 rows, each as it is alone
 
 
 @triton.jit
@@ -168,12 +167,9 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
     16-32 splits to fill the GPU (``bench_decode_attention.py --sweep`` on an H100). Depends on
     host-side bounds only (``max_seq_len`` may be the engine's maximum), so a CUDA graph captured
     for a batch size stays valid for any lengths; surplus splits of short requests are empty and
-    cost one early-out program each. Batches of up to ``SAME_SPLITS_AS_ONE`` rows split as one
-    row does: a row's result depends on its split count, and a batch-1 verify step's positions
-    (``spec/rows.py``) are then computed as their plain decode steps were.
+    cost one early-out program each.
     """
-    rows = 1 if batch_size <= SAME_SPLITS_AS_ONE else batch_size
-    want = (2 * num_sms) // max(1, rows * num_kv_heads)
+    want = (2 * num_sms) // max(1, batch_size * num_kv_heads)
     return max(1, min(want, MAX_SPLITS, -(-max_seq_len // block_n)))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import time
@@ -112,6 +113,10 @@ def bench_workloads(args, base: dict) -> list[dict]:
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
         llm.close()
+        del llm, spec  # the next engine sizes its KV cache from the memory left
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     for rec in records:
         ref = next(r for r in records if r["method"] == "none" and r["workload"] == rec["workload"]
                    and r["batch"] == rec["batch"]) if "none" in args.methods else None

@@ -1,0 +1,334 @@
+"""The EAGLE-3 speculative method on tiny Llama and Qwen3 targets (four layers, so three distinct
+aux layers exist) given random EAGLE-3 drafts in the checkpoint layout SGLang and vLLM load:
+the target hands over the right layers' residual streams (against transformers), the draft's
+forward and drafts are the layout's (against a plain-torch reimplementation from the raw
+tensors), greedy outputs with EAGLE-3 drafts are the outputs without speculation, and bad drafts
+and flags are refused naming their field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from helpers.device import TEST_DEVICE
+from helpers.hf_models import hf_model, make_tiny_checkpoint, random_prompts
+from minisgl import LLM, SamplingParams
+
+pytestmark = pytest.mark.any_device
+VOCAB, DRAFT_VOCAB, HEADS, KV_HEADS, HEAD_DIM = 256, 96, 4, 2, 16
+
+
+def make_draft(out, target, *, seed: int = 0, hidden: int = 64, own_embed: bool = False,
+               config: dict | None = None):
+    """A random EAGLE-3 draft for ``target``: every tensor random (norms around 1), a ``d2t``
+    onto a random subset of the target's vocabulary, ``t2d`` beside it."""
+    out.mkdir(parents=True, exist_ok=True)
+    th = json.loads((target / "config.json").read_text())["hidden_size"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=0.15):
+        return torch.randn(*shape, generator=gen) * scale
+
+    m = "midlayer."
+    w = {"fc.weight": r(hidden, 3 * th, scale=0.1),
+         m + "self_attn.q_proj.weight": r(HEADS * HEAD_DIM, 2 * hidden),
+         m + "self_attn.k_proj.weight": r(KV_HEADS * HEAD_DIM, 2 * hidden),
+         m + "self_attn.v_proj.weight": r(KV_HEADS * HEAD_DIM, 2 * hidden),
+         m + "self_attn.o_proj.weight": r(hidden, HEADS * HEAD_DIM),
+         m + "mlp.gate_proj.weight": r(96, hidden), m + "mlp.up_proj.weight": r(96, hidden),
+         m + "mlp.down_proj.weight": r(hidden, 96), "lm_head.weight": r(DRAFT_VOCAB, hidden)}
+    for name in (m + "input_layernorm", m + "hidden_norm", m + "post_attention_layernorm",
+                 "norm"):
+        w[name + ".weight"] = 1 + r(hidden, scale=0.2)
+    if own_embed:
+        w["embed_tokens.weight"] = r(VOCAB, hidden, scale=1.0)
+    chosen = torch.randperm(VOCAB, generator=gen)[:DRAFT_VOCAB].sort().values
+    w["d2t"] = chosen - torch.arange(DRAFT_VOCAB)
+    w["t2d"] = torch.zeros(VOCAB, dtype=torch.bool).index_fill_(0, chosen, True)
+    save_file(w, str(out / "model.safetensors"))
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+           "hidden_size": hidden, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+           "head_dim": HEAD_DIM, "intermediate_size": 96, "num_hidden_layers": 1,
+           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512,
+           "vocab_size": VOCAB, "draft_vocab_size": DRAFT_VOCAB, "target_hidden_size": th,
+           "tie_word_embeddings": False,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}, **(config or {})}
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """(target, draft) per arch: llama's draft uses the target's embedding and SGLang's layer
+    ids (outputs of layers 0, 1, 2); qwen3's is narrower than its target with an embedding of its
+    own and vLLM's top-level ids (inputs of layers 1, 2 and of the final norm: outputs of 0, 1,
+    3)."""
+    root = tmp_path_factory.mktemp("eagle3")
+    llama = make_tiny_checkpoint("llama", root / "llama", num_hidden_layers=4)
+    qwen3 = make_tiny_checkpoint("qwen3", root / "qwen3", num_hidden_layers=4)
+    top = {"eagle_config": {}, "eagle_aux_hidden_state_layer_ids": [1, 2, 4]}
+    return {"llama": (llama, make_draft(root / "llama_draft", llama)),
+            "qwen3": (qwen3, make_draft(root / "qwen3_draft", qwen3, seed=1, hidden=48,
+                                        own_embed=True, config=top)),
+            "llama_echo": (llama, make_echo_draft(root / "llama_echo", llama))}
+
+
+def make_echo_draft(out, target):
+    """A draft that repeats the target's last prediction: ``fc`` passes the last layer's output
+    through, the midlayer adds nothing (zero o/down projections), the final norm and LM head are
+    the target's (its rows of the draft vocabulary). Repetitions in the output get accepted, so
+    multi-token accepted runs are exercised."""
+    layers = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 3]}}
+    make_draft(out, target, seed=2, config=layers)
+    w, t = load_file(str(out / "model.safetensors")), load_file(str(target / "model.safetensors"))
+    h = t["model.norm.weight"].shape[0]
+    w["fc.weight"] = torch.cat([torch.zeros(h, 2 * h), torch.eye(h)], 1)
+    w["midlayer.self_attn.o_proj.weight"].zero_()
+    w["midlayer.mlp.down_proj.weight"].zero_()
+    w["norm.weight"] = t["model.norm.weight"]
+    w["lm_head.weight"] = t["lm_head.weight"][torch.arange(DRAFT_VOCAB) + w["d2t"]]
+    save_file(w, str(out / "model.safetensors"))
+    return out
+
+
+def eagle3(draft, k: int = 3, **extra) -> dict:
+    return {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
+            "adaptive": False, **extra}
+
+
+def make_llm(path, spec=None, **options) -> LLM:
+    options.setdefault("num_pages", 4096 // options.get("page_size", 1))
+    return LLM(str(path), device=TEST_DEVICE, dtype="float32", speculative_config=spec,
+               **options)
+
+
+def _norm(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x, pos, theta=10000.0):
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = pos[:, None].float() * inv[None]
+    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def reference_step(w: dict, embeds, g, pos, past_k, past_v):
+    """The EAGLE-3 midlayer in plain torch from the checkpoint's tensors: (pre-norm out, k, v)."""
+    m, t = "midlayer.", g.shape[0]
+    x = torch.cat([_norm(embeds, w[m + "input_layernorm.weight"]),
+                   _norm(g, w[m + "hidden_norm.weight"])], -1)
+    q = _rope((x @ w[m + "self_attn.q_proj.weight"].T).view(t, HEADS, HEAD_DIM), pos)
+    k = _rope((x @ w[m + "self_attn.k_proj.weight"].T).view(t, KV_HEADS, HEAD_DIM), pos)
+    v = (x @ w[m + "self_attn.v_proj.weight"].T).view(t, KV_HEADS, HEAD_DIM)
+    keys, values = torch.cat([past_k, k]), torch.cat([past_v, v])
+    p, group = past_k.shape[0], HEADS // KV_HEADS
+    out = torch.empty(t, HEADS, HEAD_DIM)
+    for i in range(t):
+        for head in range(HEADS):
+            kk, vv = keys[: p + i + 1, head // group], values[: p + i + 1, head // group]
+            out[i, head] = torch.softmax(kk @ q[i, head] / HEAD_DIM ** 0.5, 0) @ vv
+    a = g + out.reshape(t, -1) @ w[m + "self_attn.o_proj.weight"].T
+    h = _norm(a, w[m + "post_attention_layernorm.weight"])
+    mlp = (F.silu(h @ w[m + "mlp.gate_proj.weight"].T) * (h @ w[m + "mlp.up_proj.weight"].T)) \
+        @ w[m + "mlp.down_proj.weight"].T
+    return a + mlp, k, v
+
+
+def reference_drafts(w: dict, embed, aux, ids: list[int], k: int) -> list[int]:
+    """k drafts after ``ids`` from the target's aux rows of positions 0 .. n-2: the whole history
+    at once, then a chain on the pre-norm output; draft ids mapped through ``d2t``."""
+    n = len(ids)
+    out, keys, values = reference_step(w, embed[ids[1:]], aux[: n - 1] @ w["fc.weight"].T,
+                                       torch.arange(n - 1), torch.empty(0, KV_HEADS, HEAD_DIM),
+                                       torch.empty(0, KV_HEADS, HEAD_DIM))
+    last, drafts = out[-1:], []
+    for j in range(k):
+        d = int((_norm(last, w["norm.weight"]) @ w["lm_head.weight"].T)[0].argmax())
+        drafts.append(d + int(w["d2t"][d]))
+        if j < k - 1:
+            last, kk, vv = reference_step(w, embed[[drafts[-1]]], last, torch.tensor([n - 1 + j]),
+                                          keys, values)
+            keys, values = torch.cat([keys, kk]), torch.cat([values, vv])
+    return drafts
+
+
+def _spy(llm: LLM):
+    """Record every aux row the proposer is handed (by position) and every propose call."""
+    proposer = llm.scheduler.spec.proposer
+    rows: dict[int, torch.Tensor] = {}
+    calls: list[tuple[list[int], list[int]]] = []
+    record, propose = proposer.record, proposer.propose
+
+    def spy_record(req, start, hidden):
+        rows.update({start + i: row.float().cpu().clone() for i, row in enumerate(hidden)})
+        record(req, start, hidden)
+
+    def spy_propose(req, max_len):
+        drafts = propose(req, max_len)
+        calls.append((list(req.input_ids), drafts))
+        return drafts
+
+    proposer.record, proposer.propose = spy_record, spy_propose
+    return rows, calls
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_drafts_are_the_checkpoint_layout(checkpoints, arch):
+    """Chunked prefill then decode: the aux rows are transformers' hidden states of the layers
+    (llama, whose layers are all below the last), and every step's drafts are the plain-torch
+    reference's drafts from those rows."""
+    target, draft = checkpoints[arch]
+    llm = make_llm(target, eagle3(draft, k=4), max_prefill_tokens=16)
+    rows, calls = _spy(llm)
+    prompt = random_prompts(1, [40], VOCAB, seed=7)[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    ids = prompt + out[0].token_ids
+    llm.close()
+    assert len(calls) > 3 and all(drafts for _, drafts in calls)
+    aux = torch.stack([rows[p] for p in range(len(ids) - 1)])
+    if arch == "llama":
+        with torch.no_grad():
+            states = hf_model(target)(torch.tensor([ids[:-1]]), output_hidden_states=True)
+        expected = torch.cat([states.hidden_states[i + 1][0] for i in (0, 1, 2)], -1)
+        torch.testing.assert_close(aux, expected, atol=1e-4, rtol=1e-4)
+    w = load_file(str(draft / "model.safetensors"))
+    embed = w.get("embed_tokens.weight")
+    if embed is None:
+        embed = load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]
+    for ids, drafts in calls:
+        assert reference_drafts(w, embed, aux, ids, len(drafts)) == drafts
+
+
+@pytest.mark.parametrize("arch, page_size", [("llama", 1), ("qwen3", 16), ("llama_echo", 4),
+                                             pytest.param("llama", 16, marks=pytest.mark.slow),
+                                             pytest.param("qwen3", 1, marks=pytest.mark.slow)])
+def test_greedy_equals_no_speculation(checkpoints, arch, page_size):
+    """Prompts sharing a prefix (a radix hit), chunks of 16 tokens, run twice (the second time
+    from the prefix cache)."""
+    target, draft = checkpoints[arch]
+    base = random_prompts(3, [20, 30, 25], VOCAB, seed=3)
+    prompts = [p + p[:10] + p for p in base] + [base[0] * 2 + base[1]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    options = dict(page_size=page_size, max_prefill_tokens=16, max_num_batched_tokens=24)
+    expected = [o.token_ids for o in make_llm(target, **options).generate(prompts, params)]
+    llm = make_llm(target, eagle3(draft), **options)
+    hits = llm.scheduler.cache.num_hit_tokens
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+        llm.scheduler.check_integrity()
+    assert llm.scheduler.cache.num_hit_tokens > hits
+    stats = llm.scheduler.spec.stats
+    assert stats.verify_steps > 10 and stats.draft_tokens > 3 * 10
+    assert arch != "llama_echo" or stats.accepted_tokens > 4
+    assert not llm.scheduler.spec.proposer.states  # every request's draft state was dropped
+    llm.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="TP=2 on CUDA needs two GPUs")
+def test_tp2(checkpoints):
+    """The draft is replicated: every rank drafts the same tokens from the same aux states."""
+    target, draft = checkpoints["qwen3"]
+    prompts = random_prompts(3, [20, 30, 25], VOCAB, seed=4)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    expected = [o.token_ids for o in make_llm(target, num_pages=1024).generate(prompts, params)]
+    llm = make_llm(target, eagle3(draft), tp=2, num_pages=1024)
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    finally:
+        llm.close()
+
+
+def test_dummy_weights_need_only_the_config(checkpoints, tmp_path):
+    """``--dummy-weights`` gives the draft random weights from its config (timing without a
+    checkpoint)."""
+    target, draft = checkpoints["llama"]
+    (tmp_path / "config.json").write_text((draft / "config.json").read_text())
+    llm = make_llm(target, eagle3(tmp_path), dummy_weights=True)
+    out = llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=6,
+                                                      ignore_eos=True))
+    assert len(out[0].token_ids) == 6 and llm.scheduler.spec.stats.verify_steps > 0
+    llm.close()
+
+
+def test_default_aux_layers():
+    """Both engines' default: the inputs of layers 2, L/2 and L - 3, i.e. the outputs of 1,
+    L/2 - 1 and L - 4; SGLang's ids count outputs, vLLM's top-level ids count inputs."""
+    from minisgl.models.eagle3 import aux_layers
+
+    assert aux_layers({}, 32) == (1, 15, 28)
+    assert aux_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},
+                      32) == (1, 15, 28)
+    assert aux_layers({"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}, 32) == (1, 15, 28)
+
+
+def _edit(draft, tmp_path, config=None, tensors=None):
+    """A copy of ``draft`` with config keys and tensors replaced."""
+    cfg = {**json.loads((draft / "config.json").read_text()), **(config or {})}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    w = {**load_file(str(draft / "model.safetensors")), **(tensors or {})}
+    save_file(w, str(tmp_path / "model.safetensors"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("config, tensors, message", [
+    ({"target_hidden_size": 32}, None, "target_hidden_size"),
+    ({"vocab_size": 300}, None, "vocab_size"),
+    ({"draft_vocab_size": 400}, None, "draft_vocab_size"),
+    ({"architectures": ["LlamaForCausalLM"]}, None, "architectures"),
+    ({"num_hidden_layers": 2}, None, "num_hidden_layers"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 7]}}, None,
+     "eagle_aux_hidden_state_layer_ids"),
+    ({"eagle_config": {}}, None, "eagle_aux_hidden_state_layer_ids"),  # the default, 4 layers
+    (None, {"d2t": torch.full((DRAFT_VOCAB,), VOCAB)}, "d2t"),
+    (None, {"fc.weight": torch.zeros(64, 64)}, "fc.weight"),
+    ({"hidden_size": 48}, None, "hidden_size"),  # no embedding of its own, narrower
+])
+def test_bad_drafts_name_their_field(checkpoints, tmp_path, config, tensors, message):
+    target, draft = checkpoints["llama"]
+    with pytest.raises(ValueError, match=message):
+        make_llm(target, eagle3(_edit(draft, tmp_path, config, tensors)))
+
+
+def test_a_missing_draft_is_refused(checkpoints, tmp_path):
+    target, _ = checkpoints["llama"]
+    with pytest.raises(ValueError, match=r"speculative_config.model"):
+        make_llm(target, eagle3(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="needs 'model'"):
+        make_llm(target, {"method": "eagle3"})
+
+
+def test_a_pytorch_bin_draft_loads_alike(checkpoints, tmp_path):
+    """Checkpoints saved by EAGLE's trainer are ``pytorch_model.bin`` (read weights-only)."""
+    target, draft = checkpoints["llama"]
+    torch.save(load_file(str(draft / "model.safetensors")), str(tmp_path / "pytorch_model.bin"))
+    (tmp_path / "config.json").write_text((draft / "config.json").read_text())
+    llms = [make_llm(target, eagle3(path)) for path in (draft, tmp_path)]
+    a, b = (llm.scheduler.engine.model.eagle3.state_dict() for llm in llms)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for llm in llms:
+        llm.close()
+
+
+def test_sglang_flags(checkpoints):
+    """SGLang's EAGLE-3 command line, as copied: steps, top-k 1 and draft tokens."""
+    from minisgl.server.launch.args import parse_args
+
+    _, draft = checkpoints["llama"]
+    config = parse_args(["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                         str(draft), "--speculative-num-steps", "3", "--speculative-eagle-topk",
+                         "1", "--speculative-num-draft-tokens", "4"])
+    spec = config.engine.spec_config()
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("eagle3", str(draft), 3)
+    with pytest.raises(ValueError, match="speculative_num_steps"):
+        parse_args(["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                    str(draft), "--speculative-num-steps", "3",
+                    "--speculative-num-draft-tokens", "8"])

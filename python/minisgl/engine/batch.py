@@ -64,3 +64,17 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
     if window_table is not None:
         batch.window_out_loc = window_table[row_ids, batch.positions]
     batch.sample_loc = tuple(loc)
+
+
+def write_drafts(token_pool: torch.Tensor, drafts: list[list[int]]) -> None:
+    """``token_pool[rows[i], positions[i]] = tokens[i]`` for ``drafts = [rows, positions, tokens]``
+    (a verify step fed as decode rows reads its drafts there, ``spec/rows.py``); on a GPU one copy
+    and one kernel."""
+    if token_pool.is_cuda:
+        from minisgl.kernel.triton.scatter import scatter_2d_  # needs triton
+
+        host = torch.tensor(drafts, dtype=torch.int32).pin_memory()
+        scatter_2d_(token_pool, host.to(token_pool.device, non_blocking=True))
+    else:
+        rows, positions, tokens = (torch.tensor(x, dtype=torch.int64) for x in drafts)
+        token_pool[rows, positions] = tokens.to(token_pool.dtype)

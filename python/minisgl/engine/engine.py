@@ -20,7 +20,7 @@ from minisgl.quant.loading import load_model_config, set_kv_scales
 from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
 
-from .batch import prepare_batch
+from .batch import prepare_batch, write_drafts
 from .config import EngineConfig
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
@@ -291,9 +291,21 @@ class Engine:
         """Whether ``batch`` is a decode batch that replays a CUDA graph (``graph.py``)."""
         return self.graph_runner is not None and self.graph_runner.can_run(batch)
 
+    def verifies_as_rows(self, num_rows: int) -> bool:
+        """Whether a verify step of ``num_rows`` rows may run as one-token decode rows
+        (``spec/rows.py``): not for a recurrent model (its rows would share one state slot) nor
+        with MTP (it reads the hidden states of an eager forward); under CUDA graphs only when a
+        captured graph holds the rows."""
+        if self.state_pool is not None or self.config.mtp:
+            return False
+        return self.graph_runner is None or num_rows <= self.graph_runner.max_bs
+
     def prepare(self, batch: Batch) -> None:
         """Build the batch's device inputs (``batch.py``), except for a decode batch that replays a
-        CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends."""
+        CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends
+        (and from the token pool, where a verify step's drafts are written first)."""
+        if batch.draft_tokens is not None:
+            write_drafts(self.token_pool, batch.draft_tokens)
         if self.replays_graph(batch):
             return
         prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens,

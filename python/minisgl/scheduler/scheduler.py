@@ -168,6 +168,8 @@ class Scheduler:
         if batch is None:
             self.cache.flush()
             return None
+        if self._drafting:  # a step of decodes and verifies alone: as decode rows (spec/rows.py)
+            batch = self.spec.as_rows(batch, self.engine)
         # a decode graph writes its new tokens' slots into the device page table itself
         replays = self.engine.replays_graph(batch)
         batch.out_slots = self.cache.flush(new_tokens_of=batch.reqs if replays else None)

@@ -23,6 +23,7 @@ from typing import Callable
 
 from minisgl.core import SamplingParams
 from minisgl.utils import init_logger
+from minisgl.utils.hf import has_tokenizer
 
 logger = init_logger(__name__)
 
@@ -157,10 +158,13 @@ def warm_up(scheduler, should_stop: Callable[[], bool] = lambda: False) -> None:
         vocab_size=engine.vocab_size, max_context_len=scheduler.max_context_len,
         max_prefill_tokens=config.max_prefill_tokens, max_running_reqs=config.max_running_reqs,
         graph_max_bs=config.engine.cuda_graph_max_bs, cuda=engine.device.type == "cuda",
-        grammar=True,
+        # without a tokenizer no request can have a grammar
+        grammar=has_tokenizer(config.engine.model_path),
     )
     num = sum(len(w.requests) for w in waves)
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "
                 "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))
     seconds = run_warmup(scheduler, waves, should_stop)
+    if scheduler.spec is not None:
+        scheduler.spec.reset()
     logger.info("warm-up done in %.1f s", seconds)

@@ -1,8 +1,10 @@
 """The scheduler's side of speculative decoding: drafts onto decode requests, and the verdict.
 
-A decoding request with ``k`` drafts is fed as ``k + 1`` tokens (its last token, then the drafts)
-in the prefill part of the step's batch: an extend over its cached prefix, causal over the drafts,
-beside the ordinary one-token decode rows. Every one of the k + 1 positions is sampled::
+A decoding request with ``k`` drafts is fed as ``k + 1`` tokens (its last token, then the drafts).
+In a step where every request decodes or verifies they are ``k + 1`` one-token decode rows, which
+replay the decode CUDA graphs (``rows.py``); otherwise (a prefill chunk in the step, a hybrid
+model) they go in the prefill part of the batch: an extend over the cached prefix, causal over the
+drafts, beside the ordinary one-token decode rows. Every one of the k + 1 positions is sampled::
 
     input_ids: ... last | d1 d2 .. dk            (drafts appended for the forward only)
     sampled:          x0  x1 .. x(k-1) xk        (xj: the target's token after position L-1+j)
@@ -31,12 +33,13 @@ most as many requests as the pool has draft groups.
 
 from __future__ import annotations
 
-from minisgl.core import Req
+from minisgl.core import Batch, Req
 from minisgl.utils import init_logger
 
 from .adaptive import Acceptance
 from .config import SpecConfig
 from .registry import create_proposer
+from .rows import as_decode_rows
 from .stats import SpecStats
 
 logger = init_logger(__name__)
@@ -62,15 +65,20 @@ def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder
 
 class SpecDecoder:
     def __init__(self, config: SpecConfig, cache, state_pool=None, model=None) -> None:
-        self.config, self.cache, self.state_pool = config, cache, state_pool
-        self.proposer = create_proposer(config, model)
-        self.stats = SpecStats(config.method)
-        self.accept_state: dict[int, Acceptance] = {}
-        self.ineligible: set[int] = set()
+        self.config, self.cache, self.state_pool, self.model = config, cache, state_pool, model
+        self.reset()
         # hybrid models: (request slot, draft slot) copies of this step's verdicts, and per
         # verified request ``draft_slot - L`` (the slot of the state after n tokens is this + n)
         self._moves: list[tuple[int, int]] = []
         self._state_at: dict[int, int] = {}
+
+    def reset(self) -> None:
+        """Forget every request and what the proposer learned, and zero the statistics (after the
+        warm-up, whose random requests must not count nor teach the suffix trees)."""
+        self.proposer = create_proposer(self.config, self.model)
+        self.stats = SpecStats(self.config.method)
+        self.accept_state: dict[int, Acceptance] = {}
+        self.ineligible: set[int] = set()
 
     def active(self, running: list[Req]) -> bool:
         """Whether this step drafts: not once the batch is large (it is compute-bound), nor when
@@ -130,6 +138,17 @@ class SpecDecoder:
             budget -= len(draft)
             verify.append(req)
         return verify
+
+    @staticmethod
+    def as_rows(batch: Batch, engine) -> Batch:
+        """A step in which every request decodes or verifies, as one-token decode rows where the
+        engine can run them so (``rows.py``: they replay the decode CUDA graphs)."""
+        if not any(req.draft_len for req in batch.reqs):
+            return batch
+        rows = as_decode_rows(batch)
+        if rows is None or not engine.verifies_as_rows(rows.size):
+            return batch
+        return rows
 
     @staticmethod
     def rows(sampled: list[Req]) -> tuple[list[Req], list[int] | None]:

@@ -15,14 +15,19 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 _NO_LIMIT = 1 << 62
 
 
+def has_tokenizer(model_dir: str) -> bool:
+    """Whether ``load_tokenizer`` finds one (a repo id: assumed so)."""
+    return not os.path.isdir(model_dir) or any(
+        glob.glob(os.path.join(model_dir, name)) for name in _TOKENIZER_FILES)
+
+
 def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: str | None = None):
     """The fast tokenizer of a directory (None when it ships none: token-id-only use) or of a
     Hugging Face repo id at ``revision``; ``chat_template`` (Jinja text) replaces its template
     and must render a one-message chat (else ``ValueError`` naming chat_template)."""
     from transformers import AutoTokenizer
 
-    if os.path.isdir(model_dir) and not any(
-            glob.glob(os.path.join(model_dir, name)) for name in _TOKENIZER_FILES):
+    if not has_tokenizer(model_dir):
         logger.warning("%s has no tokenizer: only token-id prompts will work", model_dir)
         return None
     tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)

@@ -294,9 +294,9 @@ class Engine:
     def verifies_as_rows(self, num_rows: int) -> bool:
         """Whether a verify step of ``num_rows`` rows may run as one-token decode rows
         (``spec/rows.py``): not for a recurrent model (its rows would share one state slot) nor
-        with MTP (it reads the hidden states of an eager forward); under CUDA graphs only when a
-        captured graph holds the rows."""
-        if self.state_pool is not None or self.config.mtp:
+        with MTP or EAGLE-3 (they read the hidden states of an eager forward, per request); under
+        CUDA graphs only when a captured graph holds the rows."""
+        if self.state_pool is not None or self.config.mtp or self.config.draft_model_path:
             return False
         return self.graph_runner is None or num_rows <= self.graph_runner.max_bs
 

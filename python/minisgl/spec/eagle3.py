@@ -30,12 +30,12 @@ class Eagle3Proposer(HeadProposer):
         embed = head.embed_tokens if head.embed_tokens is not None else self.model.embed_tokens
         return head(embed(tokens), hidden, positions, keys, values, from_target)
 
-    def draft(self, out: torch.Tensor) -> int:
+    def draft(self, out: torch.Tensor) -> torch.Tensor:
         head = self.head
         normed = head.norm(out)
         if head.lm_head is None:  # the target's head over the target's vocabulary
-            return int(self.model.compute_logits(normed)[0].argmax())
-        return int(head.to_target(head.lm_head(normed)[0].argmax()))
+            return self.model.compute_logits(normed)[0].argmax().view(1)
+        return head.to_target(head.lm_head(normed)[0].argmax()).view(1)
 
     def kv_row(self):
         cfg, weight = self.head.cfg, self.head.fc.weight

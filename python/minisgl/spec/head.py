@@ -56,8 +56,9 @@ class HeadProposer(Proposer):
         (``from_target``) or the previous step's output. Returns (output, new K, new V)."""
 
     @abstractmethod
-    def draft(self, out: torch.Tensor) -> int:
-        """The target token id the head's output row ``out`` ``[1, H]`` predicts."""
+    def draft(self, out: torch.Tensor) -> torch.Tensor:
+        """The target token id the head's output row ``out`` ``[1, H]`` predicts, ``[1]`` on the
+        device (the chain feeds it on without reading it back)."""
 
     @abstractmethod
     def kv_row(self) -> tuple[tuple[int, int], torch.dtype, torch.device]:
@@ -86,15 +87,16 @@ class HeadProposer(Proposer):
         out = state.last[1][None]
         past = len(state.positions)
         self._reserve(state, past + max_len - 1)
+        # NOTE: no host sync inside the chain (one per draft would stall the GPU k times)
+        positions = torch.arange(n - 1, n - 2 + max_len, device=out.device)
         drafts = [self.draft(out)]
         for j in range(1, max_len):
-            token = torch.tensor([drafts[-1]], device=out.device)
-            pos = torch.tensor([n - 2 + j], device=out.device)
             row = past + j - 1  # scratch rows past the cache's length
-            out, k, v = self.run(token, out, pos, state.keys[:row], state.values[:row], False)
+            out, k, v = self.run(drafts[-1], out, positions[j - 1 : j], state.keys[:row],
+                                 state.values[:row], False)
             state.keys[row], state.values[row] = k[0], v[0]
             drafts.append(self.draft(out))
-        return drafts
+        return torch.cat(drafts).tolist()
 
     def _catch_up(self, req: Req, state: HeadState) -> None:
         """Feed the recorded positions to the head (their next tokens are known now)."""

@@ -25,8 +25,8 @@ class MtpProposer(HeadProposer):
     def run(self, tokens, hidden, positions, keys, values, from_target: bool):
         return self.head(self.model.embed_tokens(tokens), hidden, positions, keys, values)
 
-    def draft(self, out: torch.Tensor) -> int:
-        return int(self.model.compute_logits(out)[0].argmax())
+    def draft(self, out: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(out)[0].argmax().view(1)
 
     def kv_row(self):
         attn = self.head.layers[0].self_attn

@@ -83,6 +83,8 @@ def read_config(path: str, target: ModelConfig) -> Eagle3Config:
     if not eagle.get("use_aux_hidden_state", True):
         raise ValueError("eagle_config.use_aux_hidden_state: false (an EAGLE-1/2 draft on the "
                          "last hidden state) is not supported; EAGLE-3 drafts read aux states")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act: {raw['hidden_act']!r} is not supported (silu)")
     if raw.get("num_hidden_layers", 1) != 1:
         raise ValueError(f"num_hidden_layers: the draft has {raw['num_hidden_layers']} layers; "
                          "only one-layer EAGLE-3 drafts are supported")
@@ -121,7 +123,7 @@ def read_config(path: str, target: ModelConfig) -> Eagle3Config:
 
 def aux_layers(raw: dict[str, Any], num_layers: int) -> tuple[int, ...]:
     """The target layers whose outputs the draft reads (the module docstring says whose
-    convention); checked by ``BaseLLMModel.capture_aux``."""
+    convention), unchecked."""
     ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids is not None:
         return tuple(int(i) for i in ids)

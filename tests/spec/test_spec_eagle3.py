@@ -129,6 +129,21 @@ def test_greedy_equals_no_speculation(checkpoints, arch, page_size):
     llm.close()
 
 
+def test_retraction(checkpoints):
+    """A pool too small for every request at once: retracted requests are re-fed, and the draft
+    replaces its K/V from the first re-fed position on."""
+    target, draft = checkpoints["llama_echo"]
+    base = random_prompts(6, [20, 30, 25, 40, 18, 33], VOCAB, seed=5)
+    prompts = [p + p[:10] + p for p in base]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = [o.token_ids for o in make_llm(target).generate(prompts, params)]
+    llm = make_llm(target, eagle3(draft), num_pages=400)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    llm.scheduler.check_integrity()
+    assert llm.scheduler.num_retractions > 0 and llm.scheduler.spec.stats.verify_steps > 0
+    llm.close()
+
+
 @pytest.mark.skipif(TEST_DEVICE == "cuda" and importlib.util.find_spec("fla") is None,
                     reason="hybrid models on CUDA need fla-core")
 def test_hybrid_target(tmp_path):

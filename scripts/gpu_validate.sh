@@ -221,8 +221,8 @@ spec-eagle3)
     tail -3 "$out/spec_eagle3_tests.log"
     sb=("$py" benchmark/offline/bench_spec.py --out "$out" --model $m8)
     step 240 "${sb[@]}" --eagle3-cost >"$out/bench_spec_eagle3.log" 2>&1
-    step 240 "${sb[@]}" --verify-cost >"$out/bench_spec_cost_1.log" 2>&1
-    cat "$out"/spec_eagle3_cost.md "$out"/spec_verify_cost.md ;;
+    step 240 "${sb[@]}" --verify-cost --tag verify_cost_batch1 >"$out/bench_spec_cost_1.log" 2>&1
+    cat "$out"/spec_eagle3_cost.md "$out"/spec_verify_cost_batch1.md ;;
 spec-hybrid)  # needs fla-core (pip install 'minisgl[hybrid]')
     step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_hybrid.py \
         tests/spec/test_spec_mtp.py \

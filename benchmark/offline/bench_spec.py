@@ -258,10 +258,11 @@ def write(records: list[dict], out: str, tag: str, command: str) -> None:
                   f"{r['identical_to_baseline']} |" for r in work]
     cost = [r for r in records if r["kind"] in ("verify_cost", "eagle3_cost")]
     if cost:
-        lines += ["", "| batch | k | ms/step | x decode step | ms drafting |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r['batch']} | {r['k']} | {r['ms_per_step']} | {r['cost_vs_decode']} | "
-                  f"{r.get('draft_ms', '')} |" for r in cost]
+        drafting = "draft_ms" in cost[0]  # --eagle3-cost: the proposer's own time too
+        lines += ["", "| batch | k | ms/step | x decode step |" + (" ms drafting |" * drafting),
+                  "|---|---|---|---|" + ("---|" * drafting)]
+        lines += [f"| {r['batch']} | {r['k']} | {r['ms_per_step']} | {r['cost_vs_decode']} |"
+                  + (f" {r['draft_ms']} |" if drafting else "") for r in cost]
     with open(os.path.join(out, f"spec_{tag}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -109,6 +109,11 @@ def reference_step(w: dict, embeds, g, pos, past_k, past_v):
     return a + mlp, k, v
 
 
+def reference_logits(w: dict, out):
+    """The draft-vocabulary logits of pre-norm outputs ``out``."""
+    return _norm(out, w["norm.weight"]) @ w["lm_head.weight"].T
+
+
 def reference_drafts(w: dict, embed, aux, ids: list[int], k: int) -> list[int]:
     """k drafts after ``ids`` from the target's aux rows of positions 0 .. n-2: the whole history
     at once, then a chain on the pre-norm output; draft ids mapped through ``d2t``."""
@@ -118,7 +123,7 @@ def reference_drafts(w: dict, embed, aux, ids: list[int], k: int) -> list[int]:
                                        torch.empty(0, KV_HEADS, HEAD_DIM))
     last, drafts = out[-1:], []
     for j in range(k):
-        d = int((_norm(last, w["norm.weight"]) @ w["lm_head.weight"].T)[0].argmax())
+        d = int(reference_logits(w, last)[0].argmax())
         drafts.append(d + int(w["d2t"][d]))
         if j < k - 1:
             last, kk, vv = reference_step(w, embed[[drafts[-1]]], last, torch.tensor([n - 1 + j]),

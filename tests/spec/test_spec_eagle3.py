@@ -22,6 +22,8 @@ from helpers.eagle3_drafts import (
     make_draft,
     make_echo_draft,
     reference_drafts,
+    reference_logits,
+    reference_step,
 )
 from helpers.hf_models import hf_model, make_tiny_checkpoint, random_prompts
 from minisgl import LLM, SamplingParams
@@ -40,7 +42,9 @@ def checkpoints(tmp_path_factory):
     qwen3 = make_tiny_checkpoint("qwen3", root / "qwen3", num_hidden_layers=4)
     top = {"eagle_config": {}, "eagle_aux_hidden_state_layer_ids": [1, 2, 4],
            "max_position_embeddings": 64}  # shorter than the requests: RoPE goes on
+    qwen2 = make_tiny_checkpoint("qwen2", root / "qwen2", num_hidden_layers=4)
     return {"llama": (llama, make_draft(root / "llama_draft", llama)),
+            "qwen2": (qwen2, make_draft(root / "qwen2_draft", qwen2, seed=4)),
             "qwen3": (qwen3, make_draft(root / "qwen3_draft", qwen3, seed=1, hidden=48,
                                         own_embed=True, config=top)),
             "llama_echo": (llama, make_echo_draft(root / "llama_echo", llama))}
@@ -78,10 +82,33 @@ def _spy(llm: LLM):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_the_draft_forward_is_the_checkpoint_layout(checkpoints, arch):
+    """One step over 3 positions after 5 cached ones: the pre-norm output, the new K/V and the
+    draft-vocabulary logits, against the plain-torch reference."""
+    target, draft = checkpoints[arch]
+    llm = make_llm(target, eagle3(draft))
+    head = llm.scheduler.engine.model.eagle3
+    w = load_file(str(draft / "model.safetensors"))
+    torch.manual_seed(0)
+    hidden, th = head.cfg.hidden_size, head.cfg.target_hidden_size
+    past_k, past_v = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
+    embeds, aux, pos = torch.randn(3, hidden), torch.randn(3, 3 * th), torch.tensor([5, 6, 7])
+    dev = head.fc.weight.device
+    with torch.inference_mode():
+        out, k, v = head(embeds.to(dev), aux.to(dev), pos.to(dev), past_k.to(dev),
+                         past_v.to(dev), True)
+        logits = head.lm_head(head.norm(out))
+    ref, ref_k, ref_v = reference_step(w, embeds, aux @ w["fc.weight"].T, pos, past_k, past_v)
+    for got, want in ((out, ref), (k, ref_k), (v, ref_v), (logits, reference_logits(w, ref))):
+        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    llm.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_drafts_are_the_checkpoint_layout(checkpoints, arch):
     """Chunked prefill then decode: the aux rows are transformers' hidden states of the layers
-    (llama, whose layers are all below the last), and every step's drafts are the plain-torch
-    reference's drafts from those rows."""
+    (llama and qwen2, whose layers are all below the last), and every step's drafts are the
+    plain-torch reference's drafts from those rows."""
     target, draft = checkpoints[arch]
     llm = make_llm(target, eagle3(draft, k=4), max_prefill_tokens=16)
     rows, calls = _spy(llm)
@@ -91,7 +118,7 @@ def test_drafts_are_the_checkpoint_layout(checkpoints, arch):
     llm.close()
     assert len(calls) > 3 and all(drafts for _, drafts in calls)
     aux = torch.stack([rows[p] for p in range(len(ids) - 1)])
-    if arch == "llama":
+    if arch != "qwen3":
         with torch.no_grad():
             states = hf_model(target)(torch.tensor([ids[:-1]]), output_hidden_states=True)
         expected = torch.cat([states.hidden_states[i + 1][0] for i in (0, 1, 2)], -1)

@@ -253,6 +253,8 @@ def _edit(draft, tmp_path, config=None, tensors=None):
     (None, {"d2t": torch.full((DRAFT_VOCAB,), VOCAB)}, "d2t"),
     (None, {"fc.weight": torch.zeros(64, 64)}, "fc.weight"),
     ({"hidden_size": 48}, None, "hidden_size"),  # no embedding of its own, narrower
+    ({"tie_word_embeddings": True}, None, "tie_word_embeddings"),
+    ({"hidden_act": "gelu"}, None, "hidden_act"),
 ])
 def test_bad_drafts_name_their_field(checkpoints, tmp_path, config, tensors, message):
     target, draft = checkpoints["llama"]

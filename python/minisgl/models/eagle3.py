@@ -98,6 +98,9 @@ def read_config(path: str, target: ModelConfig) -> Eagle3Config:
     draft_vocab = raw.get("draft_vocab_size") or raw["vocab_size"]
     if not 0 < draft_vocab <= target.vocab_size:
         raise ValueError(f"draft_vocab_size: {draft_vocab} must be in [1, {target.vocab_size}]")
+    if raw.get("tie_word_embeddings") and draft_vocab != raw["vocab_size"]:
+        raise ValueError(f"tie_word_embeddings: an LM head tied to the embedding predicts the "
+                         f"whole vocabulary, not draft_vocab_size {draft_vocab}")
     layers = aux_layers(raw, target.num_layers)
     if len(set(layers)) != len(layers) or not all(0 <= i < target.num_layers for i in layers):
         raise ValueError(f"eagle_aux_hidden_state_layer_ids: the draft reads target layers "

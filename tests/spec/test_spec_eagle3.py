@@ -156,6 +156,25 @@ def test_greedy_equals_no_speculation(checkpoints, arch, page_size):
     llm.close()
 
 
+def test_seeded_sampling_is_the_same_sequence(checkpoints):
+    """Verified positions draw with the request's seed at their output index: a seeded sampled
+    request gives the tokens (and log-probs) it gives without speculation."""
+    target, draft = checkpoints["llama_echo"]
+    base = random_prompts(3, [20, 30, 25], VOCAB, seed=6)
+    prompts = [p + p[:10] + p for p in base]
+    params = SamplingParams(temperature=0.7, top_p=0.9, seed=11, max_tokens=30, ignore_eos=True,
+                            logprobs=True, top_logprobs=2)
+    expected = make_llm(target).generate(prompts, params)
+    llm = make_llm(target, eagle3(draft))
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    for o, e in zip(outs, expected):
+        for x, y in zip(o.logprobs, e.logprobs):
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+    assert llm.scheduler.spec.stats.verify_steps > 0
+    llm.close()
+
+
 def test_retraction(checkpoints):
     """A pool too small for every request at once: retracted requests are re-fed, and the draft
     replaces its K/V from the first re-fed position on."""

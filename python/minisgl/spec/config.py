@@ -2,7 +2,9 @@
 ``--speculative-algorithm`` flags.
 
 One frozen ``SpecConfig`` reaches the scheduler; ``None`` means no speculation. Unknown keys and
-methods that this build does not have (``eagle3``, ...) are a ``ValueError`` naming the field.
+methods that this build does not have (``eagle``, ``medusa``, ``draft_model``) are a
+``ValueError`` naming the field. The draft of ``eagle3`` is read when the engine loads
+(``models/eagle3.py``): no I/O here.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "suffix", "mtp")
+METHODS = ("ngram", "suffix", "mtp", "eagle3")
 # methods users know from vLLM / SGLang that need a draft model or head: not built here
-_NOT_BUILT = {"eagle3": "EAGLE-3 draft models", "eagle": "EAGLE draft models",
+_NOT_BUILT = {"eagle": "EAGLE-1/2 draft models",
               "draft_model": "separate draft models", "medusa": "Medusa heads"}
 _SGLANG_ALGORITHMS = {"NGRAM": "ngram", "SUFFIX": "suffix", "EAGLE3": "eagle3", "EAGLE": "eagle",
                       "NEXTN": "mtp", "STANDALONE": "draft_model"}
@@ -39,9 +41,11 @@ class SpecConfig:
     whenever the proposer has them (the verify-cost benchmark, an ablation).
     ``hybrid_verify_requests``: hybrid models only, the most requests that verify drafts in one
     step; each holds ``num_speculative_tokens + 1`` recurrent-state slots (tens of MiB each on
-    real models), taken from the KV cache's memory."""
+    real models), taken from the KV cache's memory. ``model``: the ``eagle3`` method's draft
+    checkpoint directory (vLLM's key; SGLang's ``--speculative-draft-model-path``)."""
 
     method: str = "ngram"
+    model: str | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
@@ -62,6 +66,12 @@ class SpecConfig:
         if self.method not in METHODS:
             raise ValueError(f"speculative_config: method {self.method!r} is not one of "
                              f"{', '.join(METHODS)}")
+        if self.method == "eagle3" and not (isinstance(self.model, str) and self.model):
+            raise ValueError("speculative_config: method 'eagle3' needs 'model', the EAGLE-3 "
+                             "draft's directory (--speculative-draft-model-path)")
+        if self.method != "eagle3" and self.model is not None:
+            raise ValueError(f"speculative_config: 'model' (a draft model) applies to method "
+                             f"'eagle3', not {self.method!r}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
                      "max_tree_depth", "max_cached_requests", "disable_by_batch_size",
                      "hybrid_verify_requests"):
@@ -104,19 +114,22 @@ def parse_speculative_config(value: str | dict | None) -> SpecConfig | None:
                              f"{', '.join(sorted(known | set(_SUFFIX_KEYS)))}")
         args[name] = item
     if "method" not in args:
-        raise ValueError("speculative_config: 'method' is required (ngram, suffix or mtp)")
+        raise ValueError("speculative_config: 'method' is required (ngram, suffix, mtp or "
+                         "eagle3)")
     if "prompt_lookup_max" in args and "prompt_lookup_min" not in args:
         args["prompt_lookup_min"] = min(SpecConfig.prompt_lookup_min, args["prompt_lookup_max"])
     return SpecConfig(**args)
 
 
 def from_sglang_flags(algorithm: str | None, num_draft_tokens: int | None,
-                      ngram_min: int | None, ngram_max: int | None) -> dict | None:
-    """SGLang's ``--speculative-algorithm NGRAM --speculative-num-draft-tokens N`` as a
-    ``speculative_config`` dict. SGLang's N counts the verified tokens including the last accepted
-    one, so N tokens are N - 1 drafts."""
+                      ngram_min: int | None, ngram_max: int | None,
+                      draft_model_path: str | None = None) -> dict | None:
+    """SGLang's ``--speculative-algorithm NGRAM --speculative-num-draft-tokens N`` (and
+    ``--speculative-draft-model-path`` for EAGLE3) as a ``speculative_config`` dict. SGLang's N
+    counts the verified tokens including the last accepted one, so N tokens are N - 1 drafts."""
     if algorithm is None:
-        if num_draft_tokens is not None or ngram_min is not None or ngram_max is not None:
+        if (num_draft_tokens is not None or ngram_min is not None or ngram_max is not None
+                or draft_model_path is not None):
             raise ValueError("speculative_algorithm: the other --speculative-* flags need it")
         return None
     method = _SGLANG_ALGORITHMS.get(algorithm.upper())
@@ -129,6 +142,8 @@ def from_sglang_flags(algorithm: str | None, num_draft_tokens: int | None,
             raise ValueError("speculative_num_draft_tokens: must be >= 2 (the last token and at "
                              "least one draft)")
         config["num_speculative_tokens"] = num_draft_tokens - 1
+    if draft_model_path is not None:
+        config["model"] = draft_model_path
     if ngram_min is not None:
         config["prompt_lookup_min"] = ngram_min
     if ngram_max is not None:

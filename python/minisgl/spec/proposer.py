@@ -5,8 +5,8 @@ are never shown), and keeps per-request state keyed by uid, which it builds incr
 ``req.input_ids`` (tokens are only ever appended to a live request's list between two calls).
 Every TP rank runs the same proposer on the same tokens, so all ranks draft the same tokens.
 
-Draft-model methods (MTP heads, EAGLE-3) would implement the same ``propose``, fed by the target's
-hidden states; they are not built (``config.py`` rejects them).
+The draft-head methods (MTP heads, EAGLE-3 drafts: ``head.py``) implement the same ``propose``,
+fed besides by the target's hidden states (``record``).
 """
 
 from __future__ import annotations

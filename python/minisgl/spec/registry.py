@@ -7,7 +7,8 @@ from .proposer import Proposer
 
 
 def create_proposer(config: SpecConfig, model=None) -> Proposer:
-    """The proposer of ``config.method`` (``model``: the target, for MTP's head)."""
+    """The proposer of ``config.method`` (``model``: the target, which carries the MTP head or
+    the EAGLE-3 draft)."""
     if config.method == "ngram":
         from .ngram import NgramProposer
 
@@ -21,4 +22,8 @@ def create_proposer(config: SpecConfig, model=None) -> Proposer:
         from .mtp import MtpProposer
 
         return MtpProposer(model)
+    if config.method == "eagle3":
+        from .eagle3 import Eagle3Proposer
+
+        return Eagle3Proposer(model)
     raise ValueError(f"speculative_config: no proposer for method {config.method!r}")

@@ -18,6 +18,7 @@ from minisgl.server.launch.cli_aliases import (
     DTYPE_NAMES,
     add_translated_aliases,
     parse_known_flags,
+    speculative_steps,
 )
 from minisgl.server.openai.options import check_options
 from minisgl.utils import init_logger
@@ -119,11 +120,14 @@ _HELP = {
                        "the state bytes each decode step moves)",
     "disable_overlap": "read every forward back before launching the next (ablation)",
     "speculative_config": "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", "
-                          "\"suffix\" or \"mtp\", \"num_speculative_tokens\": 4, "
+                          "\"suffix\", \"mtp\" or \"eagle3\", \"num_speculative_tokens\": 4, "
                           "\"prompt_lookup_max\": "
-                          "5, \"prompt_lookup_min\": 2, \"disable_by_batch_size\": 16, ...}",
-    "speculative_algorithm": "speculative decoding, SGLang's spelling: NGRAM, SUFFIX or NEXTN "
-                             "(MTP)",
+                          "5, \"prompt_lookup_min\": 2, \"disable_by_batch_size\": 16, ...}; "
+                          "eagle3 also \"model\": the EAGLE-3 draft's directory",
+    "speculative_algorithm": "speculative decoding, SGLang's spelling: NGRAM, SUFFIX, NEXTN "
+                             "(MTP) or EAGLE3",
+    "speculative_draft_model_path": "EAGLE3: the EAGLE-3 draft checkpoint's directory "
+                                    "(LlamaForCausalLMEagle3)",
     "speculative_num_draft_tokens": "with --speculative-algorithm: tokens verified per step, "
                                     "the last accepted one included (N - 1 drafts)",
     "speculative_ngram_min_match_window_size": "NGRAM: the shortest n-gram matched",
@@ -192,6 +196,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     ns = vars(parse_known_flags(build_parser(), argv))
     for flag in ns.pop("always_on", ()):
         logger.info("%s: accepted; %s", flag, ALWAYS_ON[flag])
+    speculative_steps(ns)
     ns["dtype"] = DTYPE_NAMES.get(ns["dtype"], ns["dtype"])
     ns["api_key"] = ns["api_key"] or API_KEY.get() or None
     ns["allowed_origins"] = tuple(o for arg in ns["allowed_origins"] for o in arg.split(",") if o)

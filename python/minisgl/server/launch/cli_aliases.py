@@ -58,12 +58,6 @@ DIFFERENT: dict[str, str] = {
     "--served-model": "use --served-model-name",
     "--load-format": "use --dummy-weights for random weights; checkpoints are detected by their "
                      "files",
-    "--speculative-draft-model-path": "separate draft models (EAGLE-3) are not built: use "
-                                      "--speculative-algorithm NGRAM, SUFFIX or NEXTN (MTP)",
-    "--speculative-num-steps": "minisgl drafts without a model: --speculative-num-draft-tokens "
-                               "sets the tokens verified per step",
-    "--speculative-eagle-topk": "minisgl verifies one chain of drafts, not a tree: use "
-                                "--speculative-num-draft-tokens",
 }
 
 
@@ -92,10 +86,39 @@ def add_translated_aliases(parser: argparse.ArgumentParser) -> None:
     for flag, meaning in ALWAYS_ON.items():
         group.add_argument(flag, dest="always_on", action="append_const", const=flag,
                            default=argparse.SUPPRESS, help=f"accepted: {meaning}")
+    group.add_argument("--speculative-num-steps", dest="speculative_num_steps", type=int,
+                       default=argparse.SUPPRESS, help="SGLang's draft steps S (one chain): the "
+                       "same as --speculative-num-draft-tokens S+1")
+    group.add_argument("--speculative-eagle-topk", dest="speculative_eagle_topk",
+                       type=_eagle_topk, default=argparse.SUPPRESS,
+                       help="accepted as 1 only: minisgl verifies one chain of drafts, no tree")
     for flag in ("--enforce-eager", "--disable-cuda-graph"):
         group.add_argument(flag, action=_NoCudaGraphs, nargs=0, default=argparse.SUPPRESS,
                            help="the same as --cuda-graph-max-bs 0 "
                                 "--piecewise-cuda-graph-max-tokens 0")
+
+
+def _eagle_topk(value: str) -> int:
+    if value.strip() != "1":
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: minisgl drafts one chain (top-k 1), not a tree; drop the flag or give 1")
+    return 1
+
+
+def speculative_steps(ns: dict) -> None:
+    """SGLang's ``--speculative-num-steps S`` (with top-k 1: S drafts) as ours, N = S + 1
+    verified tokens; a different explicit N is an error, as it would be a tree in SGLang."""
+    ns.pop("speculative_eagle_topk", None)
+    steps = ns.pop("speculative_num_steps", None)
+    if steps is None:
+        return
+    if steps < 1:
+        raise ValueError(f"speculative_num_steps: must be >= 1, got {steps}")
+    given = ns.get("speculative_num_draft_tokens")
+    if given is not None and given != steps + 1:
+        raise ValueError(f"speculative_num_steps: {steps} steps of one chain verify {steps + 1} "
+                         f"tokens, not --speculative-num-draft-tokens {given}")
+    ns["speculative_num_draft_tokens"] = steps + 1
 
 
 class _NoCudaGraphs(argparse.Action):

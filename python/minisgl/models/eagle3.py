@@ -1,0 +1,297 @@
+"""EAGLE-3 draft models: the ``LlamaForCausalLMEagle3`` checkpoints SGLang and vLLM load, the
+draft of the ``eagle3`` speculative method (``spec/eagle3.py``).
+
+The target hands over, per position p, the residual streams leaving a few of its layers
+(``BaseLLMModel.capture_aux``), concatenated: ``aux[p]``. One decoder layer predicts the token at
+p + 2 from them and the token at p + 1::
+
+    g   = fc(aux[p])        (a chained step: g = the previous step's ``out``, no fc)
+    x   = [input_layernorm(embed(token[p + 1])) | hidden_norm(g)]                    [2 * H]
+    a   = g + o_proj(attention(q, k, v of x; RoPE at position p))     causal over the draft's K/V
+    out = a + mlp(post_attention_layernorm(a))      the pre-norm output: the next step's g
+    logits = lm_head(norm(out))     over the draft vocabulary; draft id i is target id i + d2t[i]
+
+(``norm_before_residual``, vLLM's option: the residual is ``hidden_norm(g)`` instead of g.) The
+embedding is the checkpoint's ``embed_tokens`` when it has one, else the target's; the LM head is
+the checkpoint's ``lm_head``, or the target's when the draft predicts over the whole vocabulary
+and has none. The draft is small and replicated on every TP rank: plain torch modules.
+
+Which target layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` counts layer outputs
+(SGLang's reading); a top-level ``eagle_aux_hidden_state_layer_ids`` (vLLM's speculators layout)
+counts layer inputs, so id j is the output of layer j - 1; with neither, the outputs of layers
+1, L/2 - 1 and L - 4 (the inputs of 2, L/2 and L - 3, both engines' default).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.layers import RMSNorm
+from minisgl.layers.rotary import RotaryEmbedding
+
+from .config import ModelConfig, RotaryConfig, rotary_config
+
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+_FIELD = "speculative_config.model (--speculative-draft-model-path)"
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int
+    target_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    eps: float
+    rotary: RotaryConfig
+    vocab_size: int
+    draft_vocab_size: int
+    aux_layers: tuple[int, ...]  # the target layers whose outputs ``fc`` reads, in order
+    tie_word_embeddings: bool = False
+    norm_before_residual: bool = False
+    fc_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+
+def read_config(path: str, target: ModelConfig) -> Eagle3Config:
+    """The draft's config, checked against the target's: a ``ValueError`` naming the field."""
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file) as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{_FIELD}: cannot read an EAGLE-3 draft's config.json in the local "
+                         f"directory {path!r} ({e.__class__.__name__}; Hugging Face repo ids "
+                         "are not downloaded for drafts)") from None
+    for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
+        if not isinstance(raw.get(key), int):
+            raise ValueError(f"{key}: missing from the EAGLE-3 draft's config.json ({path!r})")
+    archs = raw.get("architectures") or []
+    if not set(archs) & set(ARCHITECTURES):
+        raise ValueError(f"{_FIELD}: architectures {archs} is not an EAGLE-3 draft "
+                         f"({' or '.join(ARCHITECTURES)})")
+    eagle = raw.get("eagle_config") or {}
+    if not eagle.get("use_aux_hidden_state", True):
+        raise ValueError("eagle_config.use_aux_hidden_state: false (an EAGLE-1/2 draft on the "
+                         "last hidden state) is not supported; EAGLE-3 drafts read aux states")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act: {raw['hidden_act']!r} is not supported (silu)")
+    if raw.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"num_hidden_layers: the draft has {raw['num_hidden_layers']} layers; "
+                         "only one-layer EAGLE-3 drafts are supported")
+    target_hidden = raw.get("target_hidden_size") or raw["hidden_size"]
+    if target_hidden != target.hidden_size:
+        raise ValueError(f"target_hidden_size: the draft reads hidden states of {target_hidden} "
+                         f"features, the target has {target.hidden_size}")
+    if raw.get("vocab_size") != target.vocab_size:
+        raise ValueError(f"vocab_size: the draft's {raw.get('vocab_size')} is not the target's "
+                         f"{target.vocab_size}")
+    draft_vocab = raw.get("draft_vocab_size") or raw["vocab_size"]
+    if not 0 < draft_vocab <= target.vocab_size:
+        raise ValueError(f"draft_vocab_size: {draft_vocab} must be in [1, {target.vocab_size}]")
+    if raw.get("tie_word_embeddings") and draft_vocab != raw["vocab_size"]:
+        raise ValueError(f"tie_word_embeddings: an LM head tied to the embedding predicts the "
+                         f"whole vocabulary, not draft_vocab_size {draft_vocab}")
+    layers = aux_layers(raw, target.num_layers)
+    if len(set(layers)) != len(layers) or not all(0 <= i < target.num_layers for i in layers):
+        raise ValueError(f"eagle_aux_hidden_state_layer_ids: the draft reads target layers "
+                         f"{list(layers)}, which must be distinct layers of the target's "
+                         f"{target.num_layers}")
+    heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+    return Eagle3Config(
+        hidden_size=raw["hidden_size"], target_hidden_size=target_hidden, num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=head_dim,
+        intermediate_size=raw["intermediate_size"], eps=raw.get("rms_norm_eps", 1e-6),
+        # NOTE: drafts often declare a shorter context than their target's (2048): RoPE is
+        # defined at every position, and the cos/sin table must cover the target's
+        rotary=rotary_config(raw, head_dim, max(raw.get("max_position_embeddings", 4096),
+                                                target.max_position)),
+        vocab_size=raw["vocab_size"], draft_vocab_size=draft_vocab,
+        aux_layers=layers,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        norm_before_residual=bool(raw.get("norm_before_residual", False)),
+        fc_bias=bool(raw.get("bias", False)), attention_bias=bool(raw.get("attention_bias", False)),
+        mlp_bias=bool(raw.get("mlp_bias", False)))
+
+
+def aux_layers(raw: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    """The target layers whose outputs the draft reads (the module docstring says whose
+    convention), unchecked."""
+    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None:
+        return tuple(int(i) for i in ids)
+    if raw.get("eagle_aux_hidden_state_layer_ids") is not None:
+        return tuple(int(i) - 1 for i in raw["eagle_aux_hidden_state_layer_ids"])
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+class Eagle3Layer(nn.Module):
+    """``midlayer``: a Llama decoder layer whose q/k/v read ``2 * hidden`` features."""
+
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.cfg = cfg
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * h, cfg.num_heads * d, bias=bias)
+        self.self_attn.k_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=bias)
+        self.self_attn.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=bias)
+        self.self_attn.o_proj = nn.Linear(cfg.num_heads * d, h, bias=bias)
+        self.mlp = nn.Module()
+        inter, bias = cfg.intermediate_size, cfg.mlp_bias
+        self.mlp.gate_proj = nn.Linear(h, inter, bias=bias)
+        self.mlp.up_proj = nn.Linear(h, inter, bias=bias)
+        self.mlp.down_proj = nn.Linear(inter, h, bias=bias)
+        self.input_layernorm = RMSNorm(h, cfg.eps)
+        self.hidden_norm = RMSNorm(h, cfg.eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.eps)
+        self.rotary = RotaryEmbedding(cfg.rotary)
+
+    def forward(self, embeds: torch.Tensor, g: torch.Tensor, positions: torch.Tensor,
+                past_k: torch.Tensor, past_v: torch.Tensor):
+        """``embeds``, ``g`` ``[T, H]`` at ``positions`` (increasing, after every past one); past
+        K/V ``[P, Hkv, D]``. Returns (out ``[T, H]``, the new rows' K/V ``[T, Hkv, D]``)."""
+        cfg, attn, t = self.cfg, self.self_attn, embeds.shape[0]
+        normed = self.hidden_norm(g)
+        residual = normed if cfg.norm_before_residual else g
+        x = torch.cat([self.input_layernorm(embeds), normed], -1)
+        q = attn.q_proj(x).view(t, cfg.num_heads, cfg.head_dim)
+        k = attn.k_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
+        v = attn.v_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self.rotary(positions, q, k)
+        keys, values = torch.cat([past_k, k]), torch.cat([past_v, v])
+        p = past_k.shape[0]
+        mask = torch.ones(t, p + t, dtype=torch.bool, device=x.device)
+        mask[:, p:] = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        rep = cfg.num_heads // cfg.num_kv_heads
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), keys.repeat_interleave(rep, 1).transpose(0, 1),
+            values.repeat_interleave(rep, 1).transpose(0, 1), attn_mask=mask,
+            scale=cfg.head_dim ** -0.5)
+        a = residual + attn.o_proj(out.transpose(0, 1).reshape(t, -1))
+        h = self.post_attention_layernorm(a)
+        mlp = self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+        return a + mlp, k, v
+
+
+class Eagle3Draft(nn.Module):
+    """The checkpoint's tensors by their own names (``midlayer.``, ``fc``, ``norm``, ``lm_head``,
+    ``d2t``, maybe ``embed_tokens``). ``embed_tokens`` / ``lm_head`` are None where the target's
+    serve (the proposer then calls the target's)."""
+
+    def __init__(self, cfg: Eagle3Config, own_embed: bool, own_head: bool) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, h, bias=cfg.fc_bias)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(h, cfg.eps)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h) if own_embed else None
+        self.lm_head = None
+        if own_head:
+            self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+            if cfg.tie_word_embeddings and self.embed_tokens is not None:
+                self.lm_head.weight = self.embed_tokens.weight
+        # target id of draft id i: i + d2t[i]
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                past_k: torch.Tensor, past_v: torch.Tensor, from_target: bool):
+        """``hidden``: the target's concatenated aux states (``from_target``) or the previous
+        step's output. Returns (out: the pre-norm output, the new K/V)."""
+        g = self.fc(hidden) if from_target else hidden
+        return self.midlayer(embeds, g, positions, past_k, past_v)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+
+def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
+                dummy: bool = False, seed: int = 0) -> Eagle3Draft:
+    """The draft of ``path`` for ``target`` (a loaded ``BaseLLMModel``); ``dummy``: random
+    weights from the config alone (timing without a checkpoint)."""
+    cfg = read_config(path, target.cfg)
+    tensors = _random_tensors(cfg, seed) if dummy else _read_tensors(path)
+    tensors = {_our_name(k): v for k, v in tensors.items() if not k.endswith("t2d")}
+    own_embed = "embed_tokens.weight" in tensors
+    if cfg.tie_word_embeddings and own_embed:  # the LM head is the embedding
+        tensors.pop("lm_head.weight", None)
+    own_head = "lm_head.weight" in tensors or (cfg.tie_word_embeddings and own_embed)
+    if not own_embed and cfg.hidden_size != target.cfg.hidden_size:
+        raise ValueError(f"hidden_size: the draft has no embed_tokens and its {cfg.hidden_size} "
+                         f"features are not the target's {target.cfg.hidden_size}")
+    if not own_head and (cfg.draft_vocab_size != cfg.vocab_size
+                         or cfg.hidden_size != target.cfg.hidden_size):
+        raise ValueError(f"{_FIELD}: lm_head.weight is missing (the target's LM head serves only "
+                         "a draft of the target's vocabulary and hidden size)")
+    with torch.device(device):
+        draft = Eagle3Draft(cfg, own_embed, own_head)
+    draft = draft.to(dtype).eval()
+    params = dict(draft.named_parameters()) | dict(draft.named_buffers())
+    loaded = set()
+    for name, tensor in tensors.items():
+        if name not in params:
+            raise ValueError(f"{_FIELD}: checkpoint tensor {name!r} matches no parameter of the "
+                             "EAGLE-3 draft")
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise ValueError(f"{_FIELD}: {name} has shape {tuple(tensor.shape)}, the draft's "
+                             f"config makes it {tuple(params[name].shape)}")
+        params[name].data.copy_(tensor.to(params[name].dtype))
+        loaded.add(name)
+    if "lm_head.weight" not in tensors and own_head:  # tied to embed_tokens
+        loaded.add("lm_head.weight")
+    if "d2t" not in loaded and cfg.draft_vocab_size == cfg.vocab_size:
+        loaded.add("d2t")  # the identity
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"{_FIELD}: the checkpoint lacks {', '.join(missing)}")
+    ids = draft.to_target(torch.arange(cfg.draft_vocab_size, device=device))
+    if int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
+        raise ValueError(f"d2t: maps draft ids outside the target vocabulary of {cfg.vocab_size}")
+    return draft
+
+
+def _our_name(name: str) -> str:
+    """``model.`` prefixes dropped; ``layers.0.`` (vLLM's name of the midlayer) is ``midlayer.``."""
+    name = name.removeprefix("model.")
+    return "midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
+
+
+def _read_tensors(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the draft's safetensors files, else of its ``pytorch_model.bin`` (read
+    with ``weights_only``: no code in a pickle runs)."""
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        from safetensors.torch import load_file
+
+        return {k: v for f in files for k, v in load_file(f).items()}
+    files = sorted(glob.glob(os.path.join(path, "*.bin")))
+    if not files:
+        raise ValueError(f"{_FIELD}: no *.safetensors or *.bin weights in {path!r}")
+    return {k: v for f in files
+            for k, v in torch.load(f, map_location="cpu", weights_only=True).items()}
+
+
+def _random_tensors(cfg: Eagle3Config, seed: int) -> dict[str, torch.Tensor]:
+    """Random weights of every parameter; the embedding is the target's where the hidden sizes
+    agree, and ``d2t`` the identity (the first draft_vocab_size target ids)."""
+    gen = torch.Generator().manual_seed(seed)
+    own_embed = cfg.hidden_size != cfg.target_hidden_size
+    with torch.device("meta"):
+        shapes = Eagle3Draft(cfg, own_embed=own_embed, own_head=True)
+    out = {"d2t": torch.zeros(cfg.draft_vocab_size, dtype=torch.long)}
+    for name, p in shapes.named_parameters():
+        noise = torch.randn(p.shape, generator=gen) * 0.02
+        out[name] = noise + 1 if name.endswith("norm.weight") else noise
+    return out

@@ -9,7 +9,7 @@ from minisgl.core import Req, SamplingParams
 from minisgl.llm.config import EngineOptions
 from minisgl.server.launch.args import parse_args
 from minisgl.spec import SpecConfig, create_proposer, parse_speculative_config
-from minisgl.spec.adaptive import Acceptance
+from minisgl.spec.adaptive import Acceptance, StepCost
 from minisgl.spec.ngram import lookup
 
 
@@ -77,6 +77,22 @@ def test_adaptive_length_backs_off_and_recovers_through_the_shadow():
         a.shadow = [1, 2, 3]
         a.observe([1, 2, 3])
     assert a.draft_len(4, 0.5) >= 3
+
+
+def test_step_cost_is_measured_and_the_plain_step_probed_again():
+    cost = StepCost()
+    assert cost.ratio == 1.0 and not cost.probe()  # nothing measured: speculation is free
+    cost.add(True, 3.0)  # a verify step
+    assert cost.probe()  # the plain step was never measured: three plain steps
+    cost.add(False, 9.0)  # the first still waited for the verify step: not counted
+    assert cost.probe()
+    cost.add(False, 1.0)
+    assert cost.probe()
+    cost.add(False, 1.0)
+    assert not cost.probe() and cost.ratio == 3.0
+    for _ in range(64):  # speculating all along: the plain step is measured again
+        cost.add(True, 3.0)
+    assert cost.probe()
 
 
 def test_vllm_and_sglang_spellings():

@@ -8,6 +8,7 @@ forward and sampling -> append tokens, check stop conditions, release finished r
 from __future__ import annotations
 
 import random
+import time
 from typing import Callable
 
 from minisgl.core import Batch, Req, SamplingParams
@@ -125,6 +126,7 @@ class Scheduler:
         launched first, and its sampler waits while the host reads N back and advances the
         grammars (``_launch``'s ``before_mask``).
         """
+        start = time.perf_counter()
         prev, self._inflight = self._inflight, None
         outputs: list[TokenOutput] = self._admit_compiled()
         self._drafting = self._speculates()
@@ -140,11 +142,16 @@ class Scheduler:
         launched = self._launch(finish_prev)
         finish_prev()
         if launched is not None:
+            batch, sampled = launched[0], launched[1]
+            verified = any(r.draft_len for r in sampled)
+            decoding = all(r.draft_len for r in batch.reqs[batch.num_decode_rows:])
             # a verify forward changes its requests' counters when read back: read it now
-            if self.config.overlap and not any(r.draft_len for r in launched[1]):
+            if self.config.overlap and not verified:
                 self._inflight = launched
             else:
                 outputs += self._finish(*launched)
+            if self.spec is not None and decoding:  # what a verify step costs (spec/adaptive.py)
+                self.spec.timed(verified, time.perf_counter() - start)
         return outputs
 
     def drain(self) -> list[TokenOutput]:

@@ -4,7 +4,11 @@ saves.
 A verify step of k + 1 tokens costs more than a one-token decode step; it pays only when enough
 drafts are accepted. Each request keeps ``ema``: its recent accepted drafts per step. The next
 draft is one longer than that (it grows by one after a fully accepted draft, shrinks after a
-rejection), and while ``ema`` is below ``min_expected_accept`` the request does not speculate.
+rejection). A verify step emits ``accepted + 1`` tokens for ``StepCost.ratio`` decode steps'
+time, so while ``ema`` is below ``ratio - 1`` (and below ``min_expected_accept``) the request does
+not speculate. The ratio is measured, not assumed: a verify step of a small model is bound by the
+host, which overlap scheduling hides in a decode step but not in a verify step (on an H100 it
+costs about 3.4 decode steps of SmolLM2-135M, 1.3 of Qwen3-8B).
 It still drafts in the shadow: the draft is checked against the tokens that then come, for free,
 so a request whose text turns repetitive (a file being copied) starts speculating again.
 """
@@ -46,3 +50,51 @@ class Acceptance:
                     continue
             self.record(self.shadow_hits)
             self.shadow, self.shadow_hits = [], 0
+
+
+_PROBE_EVERY = 64  # verify steps between two measurements of the plain decode step
+_PROBE_STEPS = 3  # plain steps a probe takes: the first still waits for the verify step before
+
+
+@dataclass
+class StepCost:
+    """Wall time of a verify step and of a plain decode step (exponential averages over recent
+    steps of a small batch), and when to measure the plain step again: speculating requests never
+    take one, so after ``_PROBE_EVERY`` verify steps nobody drafts for ``_PROBE_STEPS`` steps."""
+
+    verify: float | None = None
+    plain: float | None = None
+    since_plain: int = 0
+    probing: int = 0
+
+    def add(self, verified: bool, seconds: float) -> None:
+        """A decode step's wall time (``verified``: it verified drafts)."""
+        if verified:
+            self.verify = _average(self.verify, seconds)
+            self.since_plain += 1
+            return
+        if self.probing:
+            self.probing -= 1
+            if self.probing == _PROBE_STEPS - 1:
+                return  # this step still waited for the verify step before it
+        self.plain = _average(self.plain, seconds)
+        self.since_plain = 0
+
+    def probe(self) -> bool:
+        """Whether this step must be a plain one (a measurement of the plain step is due)."""
+        if self.probing or (self.since_plain >= _PROBE_EVERY or self.plain is None) and \
+                self.verify is not None:
+            self.probing = self.probing or _PROBE_STEPS
+            return True
+        return False
+
+    @property
+    def ratio(self) -> float:
+        """A verify step's time in plain decode steps (1 until both are measured)."""
+        if self.verify is None or not self.plain:
+            return 1.0
+        return self.verify / self.plain
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else 0.8 * old + 0.2 * new

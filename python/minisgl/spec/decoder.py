@@ -36,7 +36,7 @@ from __future__ import annotations
 from minisgl.core import Batch, Req
 from minisgl.utils import init_logger
 
-from .adaptive import Acceptance
+from .adaptive import Acceptance, StepCost
 from .config import SpecConfig
 from .registry import create_proposer
 from .rows import as_decode_rows
@@ -79,13 +79,23 @@ class SpecDecoder:
         self.stats = SpecStats(self.config.method)
         self.accept_state: dict[int, Acceptance] = {}
         self.ineligible: set[int] = set()
+        self.cost = StepCost()
+        self.large = False  # the running batch is above disable_by_batch_size
 
     def active(self, running: list[Req]) -> bool:
-        """Whether this step drafts: not once the batch is large (it is compute-bound), nor when
-        no running request would (then the step keeps overlap scheduling)."""
-        if not 0 < len(running) <= self.config.disable_by_batch_size:
+        """Whether this step drafts: not once the batch is large (it is compute-bound), not while
+        the plain decode step is measured (``StepCost``), nor when no running request would (then
+        the step keeps overlap scheduling)."""
+        self.large = len(running) > self.config.disable_by_batch_size
+        if self.large or not running or self.cost.probe():
             return False
         return any(self._draft_len(req) for req in running if self._eligible(req))
+
+    def timed(self, verified: bool, seconds: float) -> None:
+        """The wall time of a step that only decoded (``verified``: and verified drafts), at a
+        batch small enough to speculate."""
+        if not self.large:
+            self.cost.add(verified, seconds)
 
     def _draft_len(self, req: Req) -> int:
         k_max = self.config.num_speculative_tokens
@@ -94,7 +104,9 @@ class SpecDecoder:
             state = self.accept_state[req.uid] = Acceptance(float(k_max))
         if not self.config.adaptive:
             return k_max
-        return state.draft_len(k_max, self.config.min_expected_accept)
+        # a verify step pays when its accepted drafts + 1 beat its cost in decode steps
+        threshold = max(self.config.min_expected_accept, self.cost.ratio - 1.0)
+        return state.draft_len(k_max, threshold)
 
     def _eligible(self, req: Req) -> bool:
         if req.uid in self.ineligible:
@@ -217,8 +229,8 @@ class SpecDecoder:
         draft, and draft a new one while the request does not speculate. Called when a forward is
         read back, when the tokens are current even under overlap scheduling."""
         state = self.accept_state.get(req.uid)
-        if state is None or req.uid in self.ineligible:
-            return
+        if state is None or req.uid in self.ineligible or self.large:
+            return  # no shadow drafts in a batch too large to speculate: pure host time
         if state.shadow:
             state.observe(tokens)
         if not state.shadow and self._draft_len(req) == 0:

@@ -30,10 +30,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import gc
 import json
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 from bench_common import gpu_name, model_dir, project_commit
@@ -88,44 +89,53 @@ def run_workload(llm: LLM, prompts, params, batch: int) -> tuple[list[list[int]]
     return outs, secs, tokens
 
 
-def bench_workloads(args, base: dict) -> list[dict]:
-    records = []
+def run_method(args, base: dict, method: str) -> list[tuple[dict, list[list[int]]]]:
+    """Every workload at batch 1 and ``--batch`` with one method: (record, token ids) each."""
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    llm = LLM(args.model, device=args.device,
+              speculative_config=spec_config(method, args.num_spec_tokens))
+    spec = llm.scheduler.spec
+    workloads = {"code": code_prompts(llm), "chat": chat_prompts(llm)}
+    llm.generate(workloads["chat"][:1], SamplingParams(max_tokens=8), use_tqdm=False)
+    results = []
+    for name in args.workloads.split(","):
+        for batch in sorted({1, args.batch}):
+            prompts = workloads[name]
+            if batch > 1:  # enough copies to fill the batch
+                prompts = (prompts * -(-batch // len(prompts)))[:batch]
+            before = (spec.stats.verify_steps, spec.stats.draft_tokens,
+                      spec.stats.accepted_tokens) if spec else (0, 0, 0)
+            outs, secs, tokens = run_workload(llm, prompts, params, batch)
+            steps, drafts, accepted = ((spec.stats.verify_steps - before[0],
+                                        spec.stats.draft_tokens - before[1],
+                                        spec.stats.accepted_tokens - before[2])
+                                       if spec else (0, 0, 0))
+            rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
+                       num_spec_tokens=args.num_spec_tokens if spec else 0,
+                       prompts=len(outs), output_tokens=tokens, seconds=round(secs, 3),
+                       tokens_per_s=round(tokens / secs, 2),
+                       mean_accepted_len=round((accepted + steps) / steps, 3) if steps else 0,
+                       acceptance_rate=round(accepted / drafts, 3) if drafts else 0,
+                       verify_steps=steps)
+            results.append((rec, outs))
+    llm.close()
+    return results
+
+
+def bench_workloads(args, base: dict) -> list[dict]:
+    """Each method in a process of its own: an engine sizes its KV cache from the memory left,
+    and one built after another would get less than the first."""
+    records = []
     baseline: dict[tuple[str, int], list[list[int]]] = {}
+    spawn = multiprocessing.get_context("spawn")
     for method in args.methods.split(","):
-        llm = LLM(args.model, device=args.device,
-                  speculative_config=spec_config(method, args.num_spec_tokens))
-        workloads = {"code": code_prompts(llm), "chat": chat_prompts(llm)}
-        llm.generate(workloads["chat"][:1], SamplingParams(max_tokens=8), use_tqdm=False)
-        for name in args.workloads.split(","):
-            for batch in sorted({1, args.batch}):
-                prompts = workloads[name]
-                if batch > 1:  # enough copies to fill the batch
-                    prompts = (prompts * -(-batch // len(prompts)))[:batch]
-                spec = llm.scheduler.spec
-                before = (spec.stats.verify_steps, spec.stats.draft_tokens,
-                          spec.stats.accepted_tokens) if spec else (0, 0, 0)
-                outs, secs, tokens = run_workload(llm, prompts, params, batch)
-                baseline.setdefault((name, batch), outs)
-                steps, drafts, accepted = ((spec.stats.verify_steps - before[0],
-                                            spec.stats.draft_tokens - before[1],
-                                            spec.stats.accepted_tokens - before[2])
-                                           if spec else (0, 0, 0))
-                rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
-                           num_spec_tokens=args.num_spec_tokens if spec else 0,
-                           prompts=len(outs), output_tokens=tokens, seconds=round(secs, 3),
-                           tokens_per_s=round(tokens / secs, 2),
-                           mean_accepted_len=round((accepted + steps) / steps, 3) if steps else 0,
-                           acceptance_rate=round(accepted / drafts, 3) if drafts else 0,
-                           verify_steps=steps,
-                           identical_to_baseline=outs == baseline[(name, batch)])
-                records.append(rec)
-                print(json.dumps(rec), flush=True)
-        llm.close()
-        del llm, spec  # the next engine sizes its KV cache from the memory left
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            results = pool.submit(run_method, args, base, method).result()
+        for rec, outs in results:
+            baseline.setdefault((rec["workload"], rec["batch"]), outs)
+            rec["identical_to_baseline"] = outs == baseline[(rec["workload"], rec["batch"])]
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
     for rec in records:
         ref = next(r for r in records if r["method"] == "none" and r["workload"] == rec["workload"]
                    and r["batch"] == rec["batch"]) if "none" in args.methods else None

@@ -87,7 +87,7 @@ class SpecDecoder:
         the plain decode step is measured (``StepCost``), nor when no running request would (then
         the step keeps overlap scheduling)."""
         self.large = len(running) > self.config.disable_by_batch_size
-        if self.large or not running or self.cost.probe():
+        if self.large or not running or (self.config.adaptive and self.cost.probe()):
             return False
         return any(self._draft_len(req) for req in running if self._eligible(req))
 

@@ -24,6 +24,7 @@ from helpers.eagle3_drafts import (
     reference_step,
 )
 from helpers.hf_models import hf_model, random_prompts
+from helpers.spec_spy import spy_on_proposer
 from minisgl import LLM, SamplingParams
 
 pytestmark = pytest.mark.any_device
@@ -38,26 +39,6 @@ def make_llm(path, spec=None, **options) -> LLM:
     options.setdefault("num_pages", 4096 // options.get("page_size", 1))
     return LLM(str(path), device=TEST_DEVICE, dtype="float32", speculative_config=spec,
                **options)
-
-
-def _spy(llm: LLM):
-    """Record every aux row the proposer is handed (by position) and every propose call."""
-    proposer = llm.scheduler.spec.proposer
-    rows: dict[int, torch.Tensor] = {}
-    calls: list[tuple[list[int], list[int]]] = []
-    record, propose = proposer.record, proposer.propose
-
-    def spy_record(req, start, hidden):
-        rows.update({start + i: row.float().cpu().clone() for i, row in enumerate(hidden)})
-        record(req, start, hidden)
-
-    def spy_propose(req, max_len):
-        drafts = propose(req, max_len)
-        calls.append((list(req.input_ids), drafts))
-        return drafts
-
-    proposer.record, proposer.propose = spy_record, spy_propose
-    return rows, calls
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -90,13 +71,13 @@ def test_drafts_are_the_checkpoint_layout(checkpoints, arch):
     plain-torch reference's drafts from those rows."""
     target, draft = checkpoints[arch]
     llm = make_llm(target, eagle3_spec(draft, k=4), max_prefill_tokens=16)
-    rows, calls = _spy(llm)
+    rows, calls = spy_on_proposer(llm.scheduler.spec.proposer)
     prompt = random_prompts(1, [40], VOCAB, seed=7)[0]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     ids = prompt + out[0].token_ids
     llm.close()
     assert len(calls) > 3 and all(drafts for _, drafts in calls)
-    aux = torch.stack([rows[p] for p in range(len(ids) - 1)])
+    aux = torch.stack([rows[p] for p in range(len(ids) - 1)]).float().cpu()
     if arch != "qwen3":
         with torch.no_grad():
             states = hf_model(target)(torch.tensor([ids[:-1]]), output_hidden_states=True)

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from helpers.hybrid_models import make_hybrid_checkpoint
+from helpers.spec_spy import spy_on_proposer
 from minisgl import LLM, SamplingParams
 
 pytestmark = pytest.mark.any_device
@@ -159,21 +160,7 @@ def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
 
     path = mtp_checkpoints["qwen3_5"]
     llm = make_llm(path, MTP)
-    proposer = llm.scheduler.spec.proposer
-    rows: dict[int, torch.Tensor] = {}  # position -> the target's hidden state there
-    calls: list[tuple[list[int], list[int]]] = []
-    record, propose = proposer.record, proposer.propose
-
-    def spy_record(req, start, hidden):
-        rows.update({start + i: row.clone() for i, row in enumerate(hidden)})
-        record(req, start, hidden)
-
-    def spy_propose(req, max_len):
-        drafts = propose(req, max_len)
-        calls.append((list(req.input_ids), drafts))
-        return drafts
-
-    proposer.record, proposer.propose = spy_record, spy_propose
+    rows, calls = spy_on_proposer(llm.scheduler.spec.proposer)  # rows: the hidden states
     prompt = random_prompts(1, [40], 256, seed=7)[0]
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     assert len(calls) > 5 and all(drafts for _, drafts in calls)

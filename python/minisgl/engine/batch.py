@@ -73,7 +73,7 @@ def write_drafts(token_pool: torch.Tensor, drafts: list[list[int]]) -> None:
     if token_pool.is_cuda:
         from minisgl.kernel.triton.scatter import scatter_2d_  # needs triton
 
-        host = torch.tensor(drafts, dtype=torch.int32).pin_memory()
+        host = torch.tensor(drafts, dtype=torch.int32, pin_memory=True)
         scatter_2d_(token_pool, host.to(token_pool.device, non_blocking=True))
     else:
         rows, positions, tokens = (torch.tensor(x, dtype=torch.int64) for x in drafts)

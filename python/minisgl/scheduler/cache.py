@@ -31,6 +31,8 @@ from minisgl.kvcache.window_radix import WindowRadixCache
 from .free_pages import FreePages
 from .window import WindowPages
 
+_FEW = 64  # slots an allocation writes from Python lists (more: vectorised tensor ops)
+
 
 def _round_up(n: int, page: int) -> int:
     return -(-n // page) * page
@@ -145,6 +147,15 @@ class CacheManager:
             return
         total = sum(counts)
         pages = self._take_pages(total // self.page_size)
+        if total <= _FEW:  # a small decode or verify step: plain lists cost less than tensor ops
+            size, r, c = self.page_size, [], []
+            for row, start, count in zip(rows, starts, counts):
+                r += [row] * count
+                c += range(start, start + count)
+            slots = pages.tolist() if size == 1 else [
+                p * size + i for p in pages.tolist() for i in range(size)]
+            self._write(torch.tensor(r), torch.tensor(c), torch.tensor(slots, dtype=torch.int32))
+            return
         slots = (pages[:, None] * self.page_size + torch.arange(self.page_size, dtype=torch.int32))
         if counts.count(counts[0]) == len(counts):  # decode: as many slots for everyone
             run = torch.arange(counts[0])
@@ -170,19 +181,26 @@ class CacheManager:
         (``engine/graph.py``): those entries are left out, and their slots returned (host list).
         """
         slots = None
-        if self._dirty:
-            rows = torch.cat([r for r, _ in self._dirty]).to(torch.int32)
-            cols = torch.cat([c for _, c in self._dirty]).to(torch.int32)
-            self._dirty.clear()
+        dirty, self._dirty = self._dirty, []
+        if dirty:
+            rows = torch.cat([r for r, _ in dirty]).to(torch.int32)
+            cols = torch.cat([c for _, c in dirty]).to(torch.int32)
         else:
             rows = cols = torch.zeros(0, dtype=torch.int32)
         if new_tokens_of is not None:
-            new_rows = torch.tensor([r.table_idx for r in new_tokens_of], dtype=torch.int32)
-            new_cols = torch.tensor([r.device_len - 1 for r in new_tokens_of], dtype=torch.int32)
-            slots = self.host_table[new_rows, new_cols].tolist()
-            width = self.host_table.shape[1]
-            keep = ~torch.isin(rows * width + cols, new_rows * width + new_cols)
-            rows, cols = rows[keep], cols[keep]
+            new = [(r.table_idx, r.device_len - 1) for r in new_tokens_of]
+            slots = self.host_table[[r for r, _ in new], [c for _, c in new]].tolist()
+            if len(rows) <= _FEW:  # a decode step's own slots alone, most often: set lookups
+                new_set = set(new)
+                keep = [key not in new_set for key in zip(rows.tolist(), cols.tolist())]
+                if not all(keep):
+                    rows, cols = rows[keep], cols[keep]
+            else:
+                width = self.host_table.shape[1]
+                new_rows = torch.tensor([r for r, _ in new], dtype=torch.int32)
+                new_cols = torch.tensor([c for _, c in new], dtype=torch.int32)
+                keep = ~torch.isin(rows * width + cols, new_rows * width + new_cols)
+                rows, cols = rows[keep], cols[keep]
         if self.window is not None:
             self.window.flush()
         if not len(rows):

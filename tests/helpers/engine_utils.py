@@ -21,11 +21,11 @@ def prefill_logits(scheduler, prompts: list[list[int]]) -> torch.Tensor:
     scheduler.cache.flush()
     assert batch is not None and batch.reqs == reqs, "the prompts must fit in one prefill"
     engine = scheduler.engine
-    engine.prepare(batch)  # on CPU no padding; a hybrid model's state metadata too
+    engine.prepare(batch)  # a hybrid model's state metadata too; on CUDA padding tokens last
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
         engine.attn_backend.prepare_metadata(batch)
         hidden = engine.model(batch.input_ids, batch.positions, engine.ctx)
-        logits = engine.model.compute_logits(hidden)
+        logits = engine.model.compute_logits(hidden[: sum(map(len, prompts))])
     for uid in uids:
         scheduler.abort(uid)
     return logits

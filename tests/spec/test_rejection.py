@@ -49,7 +49,7 @@ def test_sampled_outputs_keep_their_distribution(tiny_checkpoints):
     n, at = 600, 12
     counts = []
     for config, offset in ((None, 0), ({"method": "ngram", "num_speculative_tokens": 3,
-                                        "prompt_lookup_min": 1, "min_expected_accept": 0,
+                                        "prompt_lookup_min": 1, "adaptive": False,
                                         "disable_by_batch_size": 1000}, 10**6)):
         llm = LLM(str(tiny_checkpoints["llama"]), device=TEST_DEVICE, dtype="float32",
                   num_pages=16384, max_running_requests=600, speculative_config=config)

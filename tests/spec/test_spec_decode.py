@@ -20,7 +20,9 @@ METHODS = ("ngram", "suffix")
 
 
 def spec(method: str, **extra) -> dict:
-    return {"method": method, "num_speculative_tokens": 4, **extra}
+    """A speculative config; the adaptive draft length is off (it follows measured step times,
+    which would make how much is drafted vary from run to run; ``test_proposers.py`` tests it)."""
+    return {"method": method, "num_speculative_tokens": 4, "adaptive": False, **extra}
 
 
 def make_llm(model, **options) -> LLM:

@@ -7,7 +7,9 @@ copy). Each prompt runs alone (batch 1), greedy, once per method in ``--methods`
 the baseline), after its prompt was prefilled into the prefix cache (the timed run decodes); the
 record has decode tokens/s, the mean accepted length and acceptance rate, and whether
 the tokens equal the baseline's. ``--batch N`` also runs all prompts of a workload together, N at
-a time (speculation backs off above ``disable_by_batch_size``).
+a time (speculation backs off above ``disable_by_batch_size``). Every run is preceded by a short
+untimed one of the same shapes (kernels compile there), and its proposer starts empty (the suffix
+method's global trie has not seen the same prompts' answers in an earlier run).
 
 ``--verify-cost``: on ``--model`` (a config.json gets random weights), the time of a step in which
 every request verifies k drafts (a proposer that always drafts k tokens), k = 1..8, against a
@@ -96,10 +98,17 @@ def run_method(args, base: dict, method: str) -> list[tuple[dict, list[list[int]
               speculative_config=spec_config(method, args.num_spec_tokens))
     spec = llm.scheduler.spec
     workloads = {"code": code_prompts(llm), "chat": chat_prompts(llm)}
-    llm.generate(workloads["chat"][:1], SamplingParams(max_tokens=8), use_tqdm=False)
+    # untimed: every shape each run will meet (the first process on a machine would otherwise
+    # compile kernels inside its timed runs)
+    for name in args.workloads.split(","):
+        for batch in sorted({1, args.batch}):
+            prompts = (workloads[name] * batch)[: max(batch, len(workloads[name]))]
+            run_workload(llm, prompts, SamplingParams(max_tokens=16), batch)
     results = []
     for name in args.workloads.split(","):
         for batch in sorted({1, args.batch}):
+            if spec is not None:  # nothing learned from an earlier run of the same prompts
+                spec.reset()
             prompts = workloads[name]
             if batch > 1:  # enough copies to fill the batch
                 prompts = (prompts * -(-batch // len(prompts)))[:batch]

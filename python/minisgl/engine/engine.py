@@ -8,7 +8,7 @@ import torch
 
 from minisgl.attention import create_attention_backend
 from minisgl.context import Context
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.layers.base import restore_param_dtypes
@@ -22,6 +22,7 @@ from minisgl.utils import init_logger
 
 from .batch import prepare_batch, write_drafts
 from .config import EngineConfig
+from .memory import pages_from_memory
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
 from .window import check_pool, window
@@ -95,11 +96,11 @@ class Engine:
         self.window_page_table = (torch.zeros(table_shape, dtype=torch.int32, device=self.device)
                                   if self.window_ratio else None)
         # every rank must hold the same number of pages: the schedulers make identical decisions
-        self.num_pages = self.comm.min_int(config.num_pages or self._pages_from_memory())
+        self.num_pages = self.comm.min_int(config.num_pages or pages_from_memory(self))
         self.window_pages = self._window_pages(self.num_pages)
         check_pool(config.max_seq_len, self.max_seq_len, (self.num_pages - 1) * config.page_size,
                    config.page_size, self.kv_bytes_per_token, self.device.type == "cpu")
-        self.kv_pool, self.attn_backend = self._make_pool(self.num_pages, self.window_pages)
+        self.kv_pool, self.attn_backend = self.make_pool(self.num_pages, self.window_pages)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool,
                            self.linear_attn)
         # eager forwards' token counts are rounded up to this (batch.py says why)
@@ -149,7 +150,9 @@ class Engine:
         least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 3
         return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
 
-    def _make_pool(self, num_pages: int, window_pages: int | None = None):
+    def make_pool(self, num_pages: int, window_pages: int | None = None):
+        """A KV pool of ``num_pages`` pages (and ``window_pages`` for the sliding layers) and its
+        attention backend (``memory.py`` builds a throwaway one to measure a forward)."""
         mc, config = self.model_config, self.config
         spec = self.cache_spec
         shapes = spec.kv_layer_shapes
@@ -217,62 +220,6 @@ class Engine:
                                        self.device, self.config.dummy_weights, self.config.seed)
             model.capture_aux(model.eagle3.cfg.aux_layers)
         return model
-
-    def _pages_from_memory(self) -> int:
-        """CPU: a fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and the
-        activations of one worst-case forward (measured by running it)."""
-        config = self.config
-        page_bytes = self.kv_bytes_per_token * config.page_size
-        if self.device.type == "cuda":
-            peak = self._profile_forward()
-            total = torch.cuda.mem_get_info(self.device)[1]
-            budget = total * config.mem_fraction - peak
-        else:
-            budget = config.kv_cache_memory_gb * (1 << 30)
-            if self.state_pool is not None:  # one budget for both caches
-                budget -= self.state_pool.total_bytes
-        pages = int(budget // page_bytes)
-        # more than every request at full length could ever use is wasted memory (+1: scratch page)
-        pages = min(pages, -(-config.max_running_reqs * self.max_seq_len // config.page_size) + 1)
-        if pages < 2:
-            raise RuntimeError(
-                "no memory left for the KV cache: use a smaller model, a higher mem_fraction, "
-                "or a smaller max_prefill_tokens"
-            )
-        return pages
-
-    @torch.inference_mode()
-    def _profile_forward(self) -> int:
-        """Peak bytes of one prefill of ``max_forward_tokens`` tokens (weights included)."""
-        pad = self.config.pad_tokens  # an eager forward runs at most its budget, padding included
-        tokens = min(-(-self.config.max_forward_tokens // pad) * pad, self.max_seq_len - 1)
-        pages = -(-tokens // self.config.page_size) + 1
-        pool, backend = self._make_pool(pages, pages if self.window_ratio else None)
-        req = Req(uid=-1, input_ids=[0] * (tokens + 1), prompt_len=tokens + 1,
-                  sampling_params=SamplingParams(), max_device_len=tokens + 1,
-                  table_idx=self.dummy_row, device_len=tokens)
-        batch = Batch([req], "prefill")
-        for table in (self.page_table, self.window_page_table):
-            if table is not None:
-                table[self.dummy_row, :tokens] = torch.arange(tokens, dtype=torch.int32)
-        prepare_batch(batch, self.page_table, self.token_pool, 1, self.window_page_table)
-        if self.state_pool is not None:
-            attach_state_metadata(batch, self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        ctx = Context(self.page_table, pool, backend, self.state_pool, self.linear_attn)
-        with ctx.forward_batch(batch):
-            backend.prepare_metadata(batch)
-            hidden = self.model(batch.input_ids, batch.positions, ctx)
-        self.model.compute_logits(self.model.split_aux(hidden)[0][-1:])
-        torch.cuda.synchronize(self.device)
-        peak = (torch.cuda.max_memory_allocated(self.device)
-                - pool.mem_bytes)
-        for table in (self.page_table, self.window_page_table):
-            if table is not None:
-                table[self.dummy_row].zero_()
-        del pool, backend, ctx, hidden
-        torch.cuda.empty_cache()
-        return peak
 
     def close(self) -> None:
         """Release the CUDA graphs, then leave the TP group (in this order:

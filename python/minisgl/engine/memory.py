@@ -4,8 +4,6 @@ running it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from minisgl.context import Context
@@ -14,13 +12,11 @@ from minisgl.core import Batch, Req, SamplingParams
 from .batch import prepare_batch
 from .state import attach_state_metadata
 
-if TYPE_CHECKING:
-    from .engine import Engine
 
-
-def pages_from_memory(engine: Engine) -> int:
-    """CPU: a fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and the
-    activations of one worst-case forward (measured by running it)."""
+def pages_from_memory(engine) -> int:
+    """Pages for ``engine`` (the ``Engine`` being built: weights loaded, no pool yet). CPU: a
+    fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and the activations
+    of one worst-case forward (measured by running it)."""
     config = engine.config
     page_bytes = engine.kv_bytes_per_token * config.page_size
     if engine.device.type == "cuda":
@@ -43,7 +39,7 @@ def pages_from_memory(engine: Engine) -> int:
 
 
 @torch.inference_mode()
-def profile_forward(engine: Engine) -> int:
+def profile_forward(engine) -> int:
     """Peak bytes of one prefill of ``max_forward_tokens`` tokens (weights included)."""
     pad = engine.config.pad_tokens  # an eager forward runs at most its budget, padding included
     tokens = min(-(-engine.config.max_forward_tokens // pad) * pad, engine.max_seq_len - 1)

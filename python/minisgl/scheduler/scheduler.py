@@ -1,7 +1,7 @@
 """The scheduler of one TP worker: the five steps of a forward, around one engine.
 
-pick a batch (every running request's decode token plus prefill chunks under a token budget, or
-prefill first in the ``prefill-first`` ablation) -> allocate KV -> build the batch tensors -> engine
+pick a batch (``planner.py``: every running request's decode token plus prefill chunks under a
+token budget, or prefill first in the ``prefill-first`` ablation) -> allocate KV -> build the batch tensors -> engine
 forward and sampling -> append tokens, check stop conditions, release finished requests.
 """
 
@@ -24,6 +24,7 @@ from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager
 from .output import FinishReason, TokenOutput, append_run, logprob_rows
+from .planner import BatchPlanner
 from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
@@ -56,6 +57,8 @@ class Scheduler:
         self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy,
                                       config.prefill_yield)
         self.decode = DecodeManager(self.cache, self._retract)
+        self.planner = BatchPlanner(config, self.prefill, self.decode,
+                                    lambda: self.num_retractions)
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.num_retractions = 0
@@ -195,45 +198,7 @@ class Scheduler:
         return batch, sampled, self.engine.forward(batch, args)
 
     def _schedule(self) -> Batch | None:
-        return self._schedule_mixed() if self.config.mixed else self._schedule_prefill_first()
-
-    def _schedule_prefill_first(self) -> Batch | None:
-        batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
-        if batch is not None:
-            return batch
-        return self._with_drafts(self.decode.schedule(), self.config.max_prefill_tokens)
-
-    def _with_drafts(self, decode: Batch | None, budget: int) -> Batch | None:
-        """Speculating: decode requests with drafts move to the prefill part of the batch (they
-        feed k + 1 tokens); the others stay one-token decode rows."""
-        if decode is None or not self._drafting:
-            return decode
-        verify = self.spec.add_drafts(decode.reqs, budget - decode.size)
-        if not verify:
-            return decode
-        plain = [req for req in decode.reqs if not req.draft_len]
-        if not plain:
-            return Batch(verify, "prefill")
-        return Batch(plain + verify, "mixed", num_decode=len(plain))
-
-    def _schedule_mixed(self) -> Batch | None:
-        """Decode every running request, then fill the step's token budget with prefill chunks.
-
-        A step that had to retract admits nothing: memory is short, and the freed room would go to
-        re-admitting what was just retracted.
-        """
-        retractions = self.num_retractions
-        decode = self._with_drafts(self.decode.schedule(), self.config.max_num_batched_tokens)
-        if self.num_retractions > retractions:
-            return decode
-        num_decode = decode.num_tokens if decode is not None else 0
-        prefill = self.prefill.schedule(decode_reserve=self.decode.tokens_needed(),
-                                        budget=self.config.max_num_batched_tokens - num_decode)
-        if prefill is None or decode is None:
-            return prefill or decode
-        if decode.num_decode_rows == 0:  # only verifying requests: they extend like prefills
-            return Batch(decode.reqs + prefill.reqs, "prefill")
-        return Batch(decode.reqs + prefill.reqs, "mixed", num_decode=decode.num_decode_rows)
+        return self.planner.schedule(self.spec if self._drafting else None)
 
     def _finish(self, batch: Batch, sampled: list[Req], out: ForwardOutput) -> list[TokenOutput]:
         """Read a forward back: append its tokens, check stops, release finished requests.

@@ -240,3 +240,33 @@ def test_the_warm_up_leaves_no_trace_in_the_statistics(tiny_checkpoints):
     prompts = repetitive_prompts(2)
     assert generate(llm, prompts) == generate(make_llm(tiny_checkpoints["llama"]), prompts)
     llm.close()
+
+
+class _FixedCost:
+    """A ``StepCost`` whose verify step costs ``ratio`` plain steps, whatever the clock says."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def add(self, verified: bool, seconds: float) -> None:
+        pass
+
+    def probe(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("ratio", [1.0, 50.0])
+def test_adaptive_length_follows_the_step_cost(tiny_checkpoints, expected, ratio):
+    """With the adaptive length on, the engine's measured cost decides: at 1 plain step a verify
+    step pays and requests speculate; at 50 no acceptance pays and no request verifies drafts
+    (they draft in the shadow only). The output is the output without speculation either way."""
+    prompts = repetitive_prompts()
+    llm = make_llm(tiny_checkpoints["llama"], speculative_config=spec("ngram", adaptive=True))
+    llm.scheduler.spec.cost = _FixedCost(ratio)
+    assert generate(llm, prompts) == expected("llama", 1, prompts)
+    stats = llm.scheduler.spec.stats
+    if ratio == 1.0:
+        assert stats.verify_steps > 0 and stats.accepted_tokens > 0
+    else:
+        assert stats.verify_steps == 0
+    llm.close()

@@ -1,8 +1,9 @@
 """The scheduler of one TP worker: the five steps of a forward, around one engine.
 
 pick a batch (``planner.py``: every running request's decode token plus prefill chunks under a
-token budget, or prefill first in the ``prefill-first`` ablation) -> allocate KV -> build the batch tensors -> engine
-forward and sampling -> append tokens, check stop conditions, release finished requests.
+token budget, or prefill first in the ``prefill-first`` ablation) -> allocate KV -> build the
+batch tensors -> engine forward and sampling -> append tokens, check stop conditions, release
+finished requests.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from minisgl.core import Req
 from .proposer import Proposer
 
 
-class _History:
+class TokenHistory:
     """A request's tokens as a growing int64 array (amortised doubling)."""
 
     def __init__(self) -> None:
@@ -62,10 +62,10 @@ class NgramProposer(Proposer):
 
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max
-        self.history: dict[int, _History] = {}
+        self.history: dict[int, TokenHistory] = {}
 
     def propose(self, req: Req, max_len: int) -> list[int]:
-        tokens = self.history.setdefault(req.uid, _History()).sync(req.input_ids)
+        tokens = self.history.setdefault(req.uid, TokenHistory()).sync(req.input_ids)
         return lookup(tokens, self.n_min, self.n_max, max_len)
 
     def finished(self, req: Req) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from minisgl.core import Req
 
-from .ngram import _History
+from .ngram import TokenHistory
 from .proposer import Proposer
 
 
@@ -96,8 +96,7 @@ def _own_walk(tokens: np.ndarray, ends: np.ndarray, max_len: int,
     draft: list[int] = []
     prob, score = 1.0, 0.0
     while len(draft) < max_len:
-        nxt = ends + 1 + len(draft)
-        ends = ends[nxt < len(tokens)]
+        ends = ends[ends + 1 + len(draft) < len(tokens)]  # those whose text goes on
         if not len(ends):
             break
         following = tokens[ends + 1 + len(draft)]
@@ -146,7 +145,7 @@ class _State:
     """One request: its text (numpy) and its matched nodes in the global trie."""
 
     def __init__(self) -> None:
-        self.history = _History()
+        self.history = TokenHistory()
         self.shared: list[_Node] = []  # shared[j]: the node of the last j + 1 tokens, if any
         self.seen = 0
 

@@ -22,8 +22,14 @@ class BatchPlanner:
         self.config, self.prefill, self.decode = config, prefill, decode
         self.retractions = retractions  # how many retractions so far (the scheduler counts)
 
-    def schedule(self, spec=None) -> Batch | None:
-        """The next batch; ``spec``: the ``SpecDecoder`` when this step speculates."""
+    def schedule(self, spec=None, ahead: frozenset[int] = frozenset()) -> Batch | None:
+        """The next batch; ``spec``: the ``SpecDecoder`` when this step speculates; ``ahead``:
+        requests whose verify step is still in flight (``SpecDecoder.add_drafts``)."""
+        self.ahead = ahead
+        if ahead:  # no prefill joins: the step must run as decode rows (``spec/rows.py``), whose
+            # first row of a request reads the bonus token from the token pool
+            return self._with_drafts(self.decode.schedule(), self.config.max_num_batched_tokens,
+                                     spec)
         if self.config.mixed:
             return self._mixed(spec)
         batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
@@ -34,9 +40,13 @@ class BatchPlanner:
     def _with_drafts(self, decode: Batch | None, budget: int, spec) -> Batch | None:
         """Speculating: decode requests with drafts move to the prefill part of the batch (they
         feed k + 1 tokens); the others stay one-token decode rows."""
-        if decode is None or spec is None:
+        if decode is None:
+            return None
+        for req in decode.reqs:  # what an earlier launch still in flight drafts is its Segment's
+            req.draft_len = 0
+        if spec is None:
             return decode
-        verify = spec.add_drafts(decode.reqs, budget - decode.size)
+        verify = spec.add_drafts(decode.reqs, budget - decode.size, self.ahead)
         if not verify:
             return decode
         plain = [req for req in decode.reqs if not req.draft_len]

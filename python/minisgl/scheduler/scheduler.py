@@ -18,6 +18,7 @@ from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.kvcache import create_prefix_cache
 from minisgl.sampling import BatchSamplingArgs
 from minisgl.spec import SpecDecoder, create_spec_decoder
+from minisgl.spec.decoder import Segment
 from minisgl.utils import init_logger
 
 from .cache import CacheManager
@@ -34,7 +35,8 @@ from .window import WindowPages
 
 logger = init_logger(__name__)
 
-Launched = tuple[Batch, list[Req], ForwardOutput]
+# the batch, its sampled requests, the forward, and their ``Segment``s (with speculation)
+Launched = tuple[Batch, list[Req], ForwardOutput, list[Segment] | None]
 
 
 class Scheduler:
@@ -71,6 +73,8 @@ class Scheduler:
                                       synchronous=config.engine.tp.size > 1)
         self.spec = create_spec_decoder(config.spec, self.engine, self.cache)
         self._drafting = False  # this step speculates (decided before the batch is picked)
+        self._ahead: frozenset[int] = frozenset()  # requests drafted on a verify step in flight
+        self._launch_segs: dict[int, Segment] = {}  # the launching forward's, by request uid
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -114,9 +118,34 @@ class Scheduler:
         return bool(self.reqs) or self._inflight is not None
 
     def _speculates(self) -> bool:
-        """Whether the next step drafts: the proposers need every token so far, so the forward
-        in flight is read back first (speculating steps run without overlap)."""
+        """Whether the next step drafts (``SpecDecoder.active``)."""
         return self.spec is not None and self.spec.active(self.decode.running)
+
+    def _read_ahead(self, prev: Launched | None) -> frozenset[int] | None:
+        """Whether the next forward may be launched before ``prev``, a forward in flight, is read
+        back, and if so the requests it drafts for on the optimistic context (``add_drafts``'s
+        ``ahead``); None: read ``prev`` back first.
+
+        A request that verified drafts in ``prev`` can draft again on the assumption that all of
+        them are accepted (the verdict drops this forward's part otherwise). One that decoded a
+        plain row in ``prev`` cannot: its drafts would follow a token the host does not know, so
+        a step that drafts reads such a ``prev`` first, as does a step that might have to retract
+        a request (room for every running request's drafts is asked)."""
+        segs = prev[3] if prev is not None else None
+        if segs is None or not self.config.overlap:
+            return None
+        verifying = any(seg.k and not seg.dropped for seg in segs)
+        if not verifying:
+            return frozenset() if not self._drafting else None
+        if self._drafting and (any(not seg.k and not seg.dropped for seg in segs)
+                               or not getattr(self.spec.proposer, "lookahead", False)):
+            return None
+        page, k = self.cache.page_size, self.spec.config.num_speculative_tokens
+        running = len(self.decode.running)
+        if (running * (k + 2 + page) > self.cache.available_tokens
+                or not self.engine.verifies_as_rows(running * (k + 1))):
+            return None
+        return frozenset(req.uid for req, seg in zip(prev[1], segs) if seg.k and not seg.dropped)
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -128,33 +157,38 @@ class Scheduler:
         still computes step N (penalties and biases live on the device, so they need no sync). A
         grammar's mask for step N+1 needs token N: the forward of N+1 is
         launched first, and its sampler waits while the host reads N back and advances the
-        grammars (``_launch``'s ``before_mask``).
+        grammars (``_launch``'s ``before_mask``). A verify step stays in flight the same way: the
+        next one drafts as if all its drafts were accepted (``_read_ahead``).
         """
         start = time.perf_counter()
         prev, self._inflight = self._inflight, None
         outputs: list[TokenOutput] = self._admit_compiled()
         self._drafting = self._speculates()
-        if prev is not None and (not self.config.overlap or self._drafting):
+        ahead = self._read_ahead(prev)
+        if prev is not None and (not self.config.overlap or ahead is None and (
+                self._drafting or prev[3] is not None and any(s.k for s in prev[3]))):
             outputs, prev = outputs + self._finish(*prev), None
+        self._ahead = ahead or frozenset()
+        self._launch_segs = {}
 
         def finish_prev() -> None:
             nonlocal prev
             if prev is not None:
                 done, prev = prev, None
-                outputs.extend(self._finish(*done))
+                outputs.extend(self._finish(*done, successor=self._launch_segs))
 
         launched = self._launch(finish_prev)
         finish_prev()
         if launched is not None:
-            batch, sampled = launched[0], launched[1]
-            verified = any(r.draft_len for r in sampled)
+            batch, segs = launched[0], launched[3]
+            verified = segs is not None and any(seg.k for seg in segs)
             # steps that only decode (and verify) are timed: what a verify step costs against a
-            # plain one (spec/adaptive.py); read before the verdicts clear ``draft_len``
+            # plain one (spec/adaptive.py)
             decoding = all(r.draft_len for r in batch.reqs[batch.num_decode_rows:])
-            # a verify forward changes its requests' counters when read back: read it now
-            if self.config.overlap and not verified:
+            if self.config.overlap and (not verified or batch.row_reqs is not None
+                                        and getattr(self.spec.proposer, "lookahead", False)):
                 self._inflight = launched
-            else:
+            else:  # a verify forward whose successor could not be drafted ahead: read it now
                 outputs += self._finish(*launched)
             if self.spec is not None and decoding:
                 self.spec.timed(verified, time.perf_counter() - start)
@@ -188,6 +222,9 @@ class Scheduler:
         batch.out_slots = self.cache.flush(new_tokens_of=batch.reqs if replays else None)
         self.engine.prepare(batch)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
+        segs = self.spec.segments(sampled) if self.spec is not None else None
+        if segs is not None:
+            self._launch_segs = {req.uid: seg for req, seg in zip(sampled, segs)}
         rows, steps = SpecDecoder.rows(sampled)  # a verifying request samples k + 1 rows
         constrained = self.grammar.constrains(sampled)
         args = BatchSamplingArgs.from_reqs(rows, self.engine.vocab_size, self.engine.device,
@@ -196,30 +233,37 @@ class Scheduler:
         if constrained:
             args.late_bitmask = lambda: self.grammar.bitmask(rows, self.engine.device,
                                                              before_mask)
-        return batch, sampled, self.engine.forward(batch, args)
+        return batch, sampled, self.engine.forward(batch, args), segs
 
     def _schedule(self) -> Batch | None:
-        return self.planner.schedule(self.spec if self._drafting else None)
+        return self.planner.schedule(self.spec if self._drafting else None, self._ahead)
 
-    def _finish(self, batch: Batch, sampled: list[Req], out: ForwardOutput) -> list[TokenOutput]:
+    def _finish(self, batch: Batch, sampled: list[Req], out: ForwardOutput,
+                segs: list[Segment] | None, successor: dict[int, Segment] | None = None,
+                ) -> list[TokenOutput]:
         """Read a forward back: append its tokens, check stops, release finished requests.
 
         A request may have finished or been aborted since the batch was launched: its tokens are
         dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
-        A request that verified drafts gets its accepted run, cut at the first stop.
+        A request that verified drafts gets its accepted run, cut at the first stop; one whose
+        part was built on drafts since rejected (``Segment.dropped``) gets nothing.
+        ``successor``: the forward launched since, per request (``SpecDecoder.verdict``).
         """
         out.wait()
         self.prompt_logprobs.add(out.prompt_logprobs, self.reqs)
-        verified = {i for i, req in enumerate(sampled) if req.draft_len}  # decoding already
-        runs = self._runs(sampled, out)
+        verified = {i for i, seg in enumerate(segs) if seg.k} if segs else set()
+        runs = self._runs(sampled, out, segs, successor or {})
         live = [(i, req, runs[i]) for i, req in enumerate(sampled)
-                if self.reqs.get(req.uid) is req]  # not finished or aborted while this forward ran
+                if self.reqs.get(req.uid) is req  # not finished or aborted while this forward ran
+                and not (segs and segs[i].dropped)]
         reasons: dict[int, FinishReason | None] = {}
         for i, req, run in live:
             if req.sampling_params.max_tokens != 0:
                 reasons[i] = append_run(req, run, self.eos_token_ids, self.spec)
                 if self.spec is not None and i not in verified:
                     self.spec.observe(req, [token for token, _ in run])
+                elif self.spec is not None and reasons[i] is None:
+                    self.spec.take_tail(req)
         ended = set()  # the grammars advance in one batch: those that terminated end the request
         if self.grammar.active:
             going = [(req, run[-1][0]) for i, req, run in live
@@ -250,14 +294,19 @@ class Scheduler:
             results.append(result)
         return results
 
-    def _runs(self, sampled: list[Req], out: ForwardOutput) -> list[list[tuple[int, tuple]]]:
+    def _runs(self, sampled: list[Req], out: ForwardOutput, segs: list[Segment] | None,
+              successor: dict[int, Segment]) -> list[list[tuple[int, tuple]]]:
         """Per sampled request its new tokens with their log-prob entries: one, or the accepted
         run of a request that verified drafts (``SpecDecoder.verdict``)."""
-        rows, _ = SpecDecoder.rows(sampled)
-        runs = SpecDecoder.split(sampled, out.next_tokens.tolist(), logprob_rows(out, rows))
+        ks = [seg.k for seg in segs] if segs else [0] * len(sampled)
+        rows = [req for req, k in zip(sampled, ks) for _ in range(k + 1)]
+        runs = SpecDecoder.split(ks, out.next_tokens.tolist(), logprob_rows(out, rows))
         for i, req in enumerate(sampled):
-            if req.draft_len and self.reqs.get(req.uid) is req:
-                runs[i] = runs[i][: len(self.spec.verdict(req, [t for t, _ in runs[i]]))]
+            seg = segs[i] if segs else None
+            if seg is None or not seg.k or seg.dropped or self.reqs.get(req.uid) is not req:
+                continue
+            tokens = [t for t, _ in runs[i]]
+            runs[i] = runs[i][: len(self.spec.verdict(req, tokens, seg, successor.get(req.uid)))]
         if self.spec is not None:
             self.spec.after_forward(out)  # recurrent states, MTP's hidden states
         return runs

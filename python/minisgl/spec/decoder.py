@@ -33,6 +33,8 @@ most as many requests as the pool has draft groups.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from minisgl.core import Batch, Req
 from minisgl.utils import init_logger
 
@@ -63,6 +65,20 @@ def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder
     return SpecDecoder(config, cache, pool, engine.model)
 
 
+@dataclass(eq=False)
+class Segment:
+    """What one launched forward feeds for one request, taken at launch (a later launch changes
+    the request's counters before this one is read back): ``k`` drafts from ``input_ids[base]``
+    on. ``guess``: (index, token), the token this step assumed at ``input_ids[index]``, the bonus
+    token of the verify step before it, still in flight when this one was drafted; ``dropped``:
+    that step rejected a draft, so this one computed positions that do not exist."""
+
+    k: int
+    base: int
+    guess: tuple[int, int] | None = None
+    dropped: bool = False
+
+
 class SpecDecoder:
     def __init__(self, config: SpecConfig, cache, state_pool=None, model=None) -> None:
         self.config, self.cache, self.state_pool, self.model = config, cache, state_pool, model
@@ -81,6 +97,10 @@ class SpecDecoder:
         self.ineligible: set[int] = set()
         self.cost = StepCost()
         self.large = False  # the running batch is above disable_by_batch_size
+        self._guesses: dict[int, tuple[int, int]] = {}  # this launch's (see ``Segment``)
+        self.drafted_ahead = 0  # drafts made on a verify step in flight (``add_drafts``)
+        self.dropped = 0  # of those, the ones whose verify step rejected a draft
+        self._tails: dict[int, list[int]] = {}  # drafts of a step in flight, kept out of a run
 
     def active(self, running: list[Req]) -> bool:
         """Whether this step drafts: not once the batch is large (it is compute-bound), not while
@@ -120,11 +140,19 @@ class SpecDecoder:
         self.stats.skip(reason)
         return False
 
-    def add_drafts(self, reqs: list[Req], budget: int) -> list[Req]:
+    def add_drafts(self, reqs: list[Req], budget: int,
+                   ahead: frozenset[int] = frozenset()) -> list[Req]:
         """Give this step's decode requests (counters already advanced by one) their drafts, as
-        far as ``budget`` tokens and free KV allow; return those that verify."""
+        far as ``budget`` tokens and free KV allow; return those that verify.
+
+        ``ahead``: requests whose verify step is still in flight (``Scheduler.step``): their
+        ``input_ids`` end with that step's drafts, as if all were accepted, and the token this
+        step feeds first is its bonus token, not yet known. The proposer's first token is taken
+        as a guess of it (kept in ``input_ids`` at its place) and the rest are the drafts, which
+        count only if the guess was right."""
         verify: list[Req] = []
         self._state_at.clear()
+        self._guesses.clear()
         groups = self.state_pool.num_draft_groups if self.state_pool is not None else len(reqs)
         for req in reqs:
             if budget <= 0 or len(verify) == groups:
@@ -136,11 +164,22 @@ class SpecDecoder:
             k = min(self._draft_len(req), budget, req.max_device_len - req.device_len - 1)
             if k <= 0:
                 continue
-            draft = self.proposer.propose(req, k)
+            lookahead = req.uid in ahead
+            draft = self.proposer.propose(req, k + lookahead)
+            if lookahead:
+                if len(draft) < 2:
+                    continue
+                self._guesses[req.uid] = (len(req.input_ids), draft[0])
+                self.drafted_ahead += 1
+                req.input_ids.append(draft[0])
+                draft = draft[1:]
             if not draft:
                 continue
             new_len = req.device_len + len(draft)
             if self.cache.tokens_needed(req, new_len) > self.cache.available_tokens:
+                if lookahead:
+                    req.input_ids.pop()
+                    del self._guesses[req.uid]
                 continue
             self.cache.allocate(req, new_len)
             req.input_ids += draft
@@ -150,6 +189,11 @@ class SpecDecoder:
             budget -= len(draft)
             verify.append(req)
         return verify
+
+    def segments(self, sampled: list[Req]) -> list[Segment]:
+        """Each sampled request's ``Segment`` of the forward being launched."""
+        return [Segment(req.draft_len, len(req.input_ids) - req.draft_len,
+                        self._guesses.pop(req.uid, None)) for req in sampled]
 
     @staticmethod
     def as_rows(batch: Batch, engine) -> Batch:
@@ -174,29 +218,41 @@ class SpecDecoder:
         return rows, steps
 
     @staticmethod
-    def split(sampled: list[Req], tokens: list, logprobs: list) -> list[list[tuple]]:
-        """The per-row tokens and log-prob entries of a forward, grouped per request."""
+    def split(ks: list[int], tokens: list, logprobs: list) -> list[list[tuple]]:
+        """The per-row tokens and log-prob entries of a forward, grouped per request (``ks``:
+        each request's drafts in that forward)."""
         runs, r = [], 0
-        for req in sampled:
-            n = req.draft_len + 1
-            runs.append(list(zip(tokens[r : r + n], logprobs[r : r + n])))
-            r += n
+        for k in ks:
+            runs.append(list(zip(tokens[r : r + k + 1], logprobs[r : r + k + 1])))
+            r += k + 1
         return runs
 
-    def verdict(self, req: Req, sampled: list[int]) -> list[int]:
+    def verdict(self, req: Req, sampled: list[int], seg: Segment,
+                successor: Segment | None = None) -> list[int]:
         """The accepted run of a verifying request (its k + 1 sampled tokens in); the drafts leave
-        ``input_ids`` and the KV past the accepted prefix is freed."""
-        k = req.draft_len
-        base = len(req.input_ids) - k  # L: the real tokens
-        drafts = req.input_ids[base:]
+        ``input_ids`` and the KV past the accepted prefix is freed.
+
+        ``successor``: the request's ``Segment`` in the forward launched after this one, built on
+        all of these drafts being accepted. If they are, it stands: its drafts are kept aside
+        (``take_tail``) and the counters are left as it set them. Otherwise it is dropped."""
+        k, base = seg.k, seg.base
+        drafts = req.input_ids[base : base + k]
         m = 0
-        while m < k and sampled[m] == drafts[m]:
-            m += 1
+        if seg.guess is None or req.input_ids[seg.guess[0]] == seg.guess[1]:
+            while m < k and sampled[m] == drafts[m]:
+                m += 1
+        stands = successor is not None and m == k
+        if stands:  # after the bonus token (in the run), the successor's guess and drafts
+            self._tails[req.uid] = req.input_ids[base + k + 1 :]
         del req.input_ids[base:]
-        # KV is valid for positions .. L-1+m: the last real token and the m accepted drafts
-        self.cache.shrink(req, base + m)
-        req.cached_len = req.device_len = base + m
-        req.draft_len = 0
+        if not stands:
+            if successor is not None:
+                successor.dropped = True
+                self.dropped += successor.k > 0
+            # KV is valid for positions .. L-1+m: the last real token and the m accepted drafts
+            self.cache.shrink(req, base + m)
+            req.cached_len = req.device_len = base + m
+            req.draft_len = 0
         if req.draft_slot >= 0:  # the state after the accepted position becomes the request's
             self._moves.append((req.table_idx, req.draft_slot + m))
             self._state_at[req.uid] = req.draft_slot - base
@@ -204,6 +260,11 @@ class SpecDecoder:
         self.stats.add(k, m)
         self.accept_state[req.uid].record(m)
         return sampled[: m + 1]
+
+    def take_tail(self, req: Req) -> None:
+        """After a run was appended: put back the drafts of the forward in flight that
+        ``verdict`` kept aside."""
+        req.input_ids += self._tails.pop(req.uid, [])
 
     def after_forward(self, out) -> None:
         """After the verdicts of a forward: copy the accepted recurrent states into their
@@ -237,6 +298,7 @@ class SpecDecoder:
             state.shadow = self.proposer.propose(req, self.config.num_speculative_tokens)
 
     def finished(self, req: Req) -> None:
+        self._tails.pop(req.uid, None)
         self.proposer.finished(req)
         self.accept_state.pop(req.uid, None)
         self.ineligible.discard(req.uid)

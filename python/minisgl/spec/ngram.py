@@ -15,6 +15,10 @@ from minisgl.core import Req
 
 from .proposer import Proposer
 
+# the last tokens read again on every sync: a verify step still in flight may have had its
+# drafts (at most 16) and a guessed token replaced by what was accepted (``SpecDecoder.verdict``)
+REREAD = 40
+
 
 class TokenHistory:
     """A request's tokens as a growing int64 array (amortised doubling)."""
@@ -25,15 +29,13 @@ class TokenHistory:
 
     def sync(self, ids: list[int]) -> np.ndarray:
         n = len(ids)
-        if n < self.len:  # NOTE: cannot happen for a live request; rebuild rather than trust
-            self.len = 0
+        start = max(0, min(self.len, n) - REREAD)
         if n > len(self.buf):
             grown = np.zeros(max(n, 2 * len(self.buf)), dtype=np.int64)
-            grown[: self.len] = self.buf[: self.len]
+            grown[:start] = self.buf[:start]
             self.buf = grown
-        if n > self.len:
-            self.buf[self.len : n] = ids[self.len :]
-            self.len = n
+        self.buf[start:n] = ids[start:]
+        self.len = n
         return self.buf[:n]
 
 
@@ -59,6 +61,7 @@ def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
 
 class NgramProposer(Proposer):
     name = "ngram"
+    lookahead = True  # it drafts from ``input_ids`` alone, whatever ends them
 
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max

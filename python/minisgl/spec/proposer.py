@@ -1,8 +1,9 @@
 """The proposer interface: k draft tokens per request per step, from whatever it knows.
 
-A proposer sees a request's real tokens only (prompt and accepted output: drafts under verification
-are never shown), and keeps per-request state keyed by uid, which it builds incrementally from
-``req.input_ids`` (tokens are only ever appended to a live request's list between two calls).
+A proposer sees a request's real tokens (prompt and accepted output), and keeps per-request state
+keyed by uid, which it builds incrementally from ``req.input_ids``. Tokens are only appended to a
+live request's list between two calls, except for a ``lookahead`` proposer: it may be shown the
+drafts of a verify step in flight, and the next call may find the last few of them replaced.
 Every TP rank runs the same proposer on the same tokens, so all ranks draft the same tokens.
 
 The draft-head methods (MTP heads, EAGLE-3 drafts: ``head.py``) implement the same ``propose``,
@@ -21,6 +22,10 @@ class Proposer(ABC):
     speculating request every step, between two forwards."""
 
     name: str = ""
+    # whether ``propose`` may be given ``input_ids`` that end with a verify step's drafts, not yet
+    # verified (``SpecDecoder.add_drafts``'s ``ahead``): a proposer that learns from what it
+    # sees (a draft head fed the target's hidden states) cannot
+    lookahead: bool = False
 
     @abstractmethod
     def propose(self, req: Req, max_len: int) -> list[int]:

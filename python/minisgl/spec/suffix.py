@@ -27,7 +27,7 @@ import numpy as np
 
 from minisgl.core import Req
 
-from .ngram import TokenHistory
+from .ngram import REREAD, TokenHistory
 from .proposer import Proposer
 
 
@@ -148,10 +148,12 @@ class _State:
         self.history = TokenHistory()
         self.shared: list[_Node] = []  # shared[j]: the node of the last j + 1 tokens, if any
         self.seen = 0
+        self.tail: list[int] = []  # the last tokens the nodes were matched from
 
 
 class SuffixProposer(Proposer):
     name = "suffix"
+    lookahead = True  # it drafts from ``input_ids`` alone, whatever ends them
 
     def __init__(self, depth: int, max_cached_requests: int, max_spec_factor: float,
                  min_token_prob: float) -> None:
@@ -164,14 +166,15 @@ class SuffixProposer(Proposer):
         if state is None:
             state = self.states[req.uid] = _State()
         ids = req.input_ids
-        if len(ids) < state.seen:  # drafts left input_ids: match the kept tokens again
-            state.seen, state.shared = 0, []
         start = state.seen
+        if ids[start - len(state.tail) : start] != state.tail:  # drafts replaced (REREAD)
+            start, state.shared = 0, []
         if len(ids) - start >= self.depth:  # the nodes depend on the last D tokens only
             start, state.shared = len(ids) - self.depth, []
         for token in ids[start:]:
             state.shared = _advance(self.shared.root, state.shared, token, self.depth, grow=False)
         state.seen = len(ids)
+        state.tail = ids[-REREAD:]
         return state
 
     def propose(self, req: Req, max_len: int) -> list[int]:

@@ -18,7 +18,7 @@ from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.kvcache import create_prefix_cache
 from minisgl.sampling import BatchSamplingArgs
 from minisgl.spec import SpecDecoder, create_spec_decoder
-from minisgl.spec.decoder import Segment
+from minisgl.spec.ahead import Segment, read_ahead
 from minisgl.utils import init_logger
 
 from .cache import CacheManager
@@ -121,32 +121,6 @@ class Scheduler:
         """Whether the next step drafts (``SpecDecoder.active``)."""
         return self.spec is not None and self.spec.active(self.decode.running)
 
-    def _read_ahead(self, prev: Launched | None) -> frozenset[int] | None:
-        """Whether the next forward may be launched before ``prev``, a forward in flight, is read
-        back, and if so the requests it drafts for on the optimistic context (``add_drafts``'s
-        ``ahead``); None: read ``prev`` back first.
-
-        A request that verified drafts in ``prev`` can draft again on the assumption that all of
-        them are accepted (the verdict drops this forward's part otherwise). One that decoded a
-        plain row in ``prev`` cannot: its drafts would follow a token the host does not know, so
-        a step that drafts reads such a ``prev`` first, as does a step that might have to retract
-        a request (room for every running request's drafts is asked)."""
-        segs = prev[3] if prev is not None else None
-        if segs is None or not self.config.overlap:
-            return None
-        verifying = any(seg.k and not seg.dropped for seg in segs)
-        if not verifying:
-            return frozenset() if not self._drafting else None
-        if self._drafting and (any(not seg.k and not seg.dropped for seg in segs)
-                               or not getattr(self.spec.proposer, "lookahead", False)):
-            return None
-        page, k = self.cache.page_size, self.spec.config.num_speculative_tokens
-        running = len(self.decode.running)
-        if (running * (k + 2 + page) > self.cache.available_tokens
-                or not self.engine.verifies_as_rows(running * (k + 1))):
-            return None
-        return frozenset(req.uid for req, seg in zip(prev[1], segs) if seg.k and not seg.dropped)
-
     # ---- one step ---------------------------------------------------------------------------
 
     def step(self) -> list[TokenOutput]:
@@ -158,13 +132,13 @@ class Scheduler:
         grammar's mask for step N+1 needs token N: the forward of N+1 is
         launched first, and its sampler waits while the host reads N back and advances the
         grammars (``_launch``'s ``before_mask``). A verify step stays in flight the same way: the
-        next one drafts as if all its drafts were accepted (``_read_ahead``).
+        next one drafts as if all its drafts were accepted (``spec/ahead.py``).
         """
         start = time.perf_counter()
         prev, self._inflight = self._inflight, None
         outputs: list[TokenOutput] = self._admit_compiled()
         self._drafting = self._speculates()
-        ahead = self._read_ahead(prev)
+        ahead = read_ahead(self, prev[1:] if prev is not None else None, self._drafting)
         if prev is not None and (not self.config.overlap or ahead is None and (
                 self._drafting or prev[3] is not None and any(s.k for s in prev[3]))):
             outputs, prev = outputs + self._finish(*prev), None

@@ -23,6 +23,17 @@ After the verdict the drafts leave ``input_ids``, the accepted run is appended a
 tokens, and KV past the accepted prefix is given back (``CacheManager.shrink``): only accepted
 tokens ever reach the prefix cache.
 
+Overlap scheduling (``ahead.py``): a verify step of decode rows stays in flight while
+the next one is drafted on the assumption that all of its drafts are accepted. The proposer sees
+``input_ids`` ending with those drafts; its first token is a guess of the bonus token ``xk``,
+kept in ``input_ids`` at its place, and the rest are the next step's drafts. That step's first row
+feeds position L+k, whose token the token pool holds (the sampler of the step in flight writes
+``xk`` there), so it is right whatever the guess. Each launched request's part is a ``Segment``.
+The verdict of the step in flight then either accepts everything, and the next step stands (its
+drafts are put back after the run; its own verdict takes none of them if the guess was wrong),
+or rejects a draft, and the next step's part of that request is dropped when it is read back (its
+KV past the kept tokens is freed with the rest).
+
 Hybrid models: the linear-attention layers cannot give back a token, so a verifying request feeds
 its k + 1 tokens through them one at a time, leaving the state after each in a draft group of the
 state pool (``Req.draft_slot``, ``kvcache/state_metadata.py``), and its own slot untouched. The
@@ -33,12 +44,11 @@ most as many requests as the pool has draft groups.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from minisgl.core import Batch, Req
 from minisgl.utils import init_logger
 
 from .adaptive import Acceptance, StepCost
+from .ahead import Segment
 from .config import SpecConfig
 from .registry import create_proposer
 from .rows import as_decode_rows
@@ -63,20 +73,6 @@ def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder
     logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running requests",
                 config.method, config.num_speculative_tokens, config.disable_by_batch_size)
     return SpecDecoder(config, cache, pool, engine.model)
-
-
-@dataclass(eq=False)
-class Segment:
-    """What one launched forward feeds for one request, taken at launch (a later launch changes
-    the request's counters before this one is read back): ``k`` drafts from ``input_ids[base]``
-    on. ``guess``: (index, token), the token this step assumed at ``input_ids[index]``, the bonus
-    token of the verify step before it, still in flight when this one was drafted; ``dropped``:
-    that step rejected a draft, so this one computed positions that do not exist."""
-
-    k: int
-    base: int
-    guess: tuple[int, int] | None = None
-    dropped: bool = False
 
 
 class SpecDecoder:

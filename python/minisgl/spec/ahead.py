@@ -40,7 +40,7 @@ def read_ahead(sched, prev, drafting: bool) -> frozenset[int] | None:
     if not verifying:
         return frozenset() if not drafting else None
     if drafting and (any(not seg.k and not seg.dropped for seg in segs)
-                     or not getattr(spec.proposer, "lookahead", False)):
+                     or not spec.proposer.lookahead):
         return None
     page, k = sched.cache.page_size, spec.config.num_speculative_tokens
     running = len(sched.decode.running)

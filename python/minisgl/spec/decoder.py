@@ -208,10 +208,15 @@ class SpecDecoder:
         index when any request verifies (None otherwise: the default of one row each)."""
         if not any(req.draft_len for req in sampled):
             return sampled, None
-        rows = [req for req in sampled for _ in range(req.draft_len + 1)]
+        rows = SpecDecoder.expand(sampled, [req.draft_len for req in sampled])
         steps = [req.device_len - req.draft_len - req.prompt_len + j
                  for req in sampled for j in range(req.draft_len + 1)]
         return rows, steps
+
+    @staticmethod
+    def expand(sampled: list[Req], ks: list[int]) -> list[Req]:
+        """Each request once per row it samples (``ks``: its drafts in the forward)."""
+        return [req for req, k in zip(sampled, ks) for _ in range(k + 1)]
 
     @staticmethod
     def split(ks: list[int], tokens: list, logprobs: list) -> list[list[tuple]]:

@@ -70,8 +70,11 @@ def chat_prompts(llm: LLM) -> list[list[int]]:
     return [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHATS]
 
 
-def spec_config(method: str, k: int) -> dict | None:
-    return None if method == "none" else {"method": method, "num_speculative_tokens": k}
+def spec_config(method: str, k: int, options: str | None = None) -> dict | None:
+    """``options``: more of the config, as JSON (e.g. '{"adaptive": false}')."""
+    if method == "none":
+        return None
+    return {"method": method, "num_speculative_tokens": k, **json.loads(options or "{}")}
 
 
 def run_workload(llm: LLM, prompts, params, batch: int) -> tuple[list[list[int]], float, int]:
@@ -95,7 +98,7 @@ def run_method(args, base: dict, method: str) -> list[tuple[dict, list[list[int]
     """Every workload at batch 1 and ``--batch`` with one method: (record, token ids) each."""
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     llm = LLM(args.model, device=args.device,
-              speculative_config=spec_config(method, args.num_spec_tokens))
+              speculative_config=spec_config(method, args.num_spec_tokens, args.spec_options))
     spec = llm.scheduler.spec
     workloads = {"code": code_prompts(llm), "chat": chat_prompts(llm)}
     # untimed: every shape each run will meet (the first process on a machine would otherwise
@@ -107,18 +110,18 @@ def run_method(args, base: dict, method: str) -> list[tuple[dict, list[list[int]
     results = []
     for name in args.workloads.split(","):
         for batch in sorted({1, args.batch}):
-            if spec is not None:  # nothing learned from an earlier run of the same prompts
-                spec.reset()
             prompts = workloads[name]
             if batch > 1:  # enough copies to fill the batch
                 prompts = (prompts * -(-batch // len(prompts)))[:batch]
-            before = (spec.stats.verify_steps, spec.stats.draft_tokens,
-                      spec.stats.accepted_tokens) if spec else (0, 0, 0)
-            outs, secs, tokens = run_workload(llm, prompts, params, batch)
-            steps, drafts, accepted = ((spec.stats.verify_steps - before[0],
-                                        spec.stats.draft_tokens - before[1],
-                                        spec.stats.accepted_tokens - before[2])
-                                       if spec else (0, 0, 0))
+            times = []
+            for _ in range(args.repeats):  # the median run (one run is a second or so)
+                if spec is not None:  # nothing learned from an earlier run of the same prompts
+                    spec.reset()
+                outs, secs, tokens = run_workload(llm, prompts, params, batch)
+                times.append(secs)
+            secs = sorted(times)[len(times) // 2]
+            steps, drafts, accepted = ((spec.stats.verify_steps, spec.stats.draft_tokens,
+                                        spec.stats.accepted_tokens) if spec else (0, 0, 0))
             rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
                        num_spec_tokens=args.num_spec_tokens if spec else 0,
                        prompts=len(outs), output_tokens=tokens, seconds=round(secs, 3),
@@ -299,6 +302,9 @@ def main() -> None:
     parser.add_argument("--methods", default="none,ngram,suffix")
     parser.add_argument("--workloads", default="code,chat")
     parser.add_argument("--num-spec-tokens", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per shape (median)")
+    parser.add_argument("--spec-options", default=None, help="more of the speculative config, "
+                        "JSON (e.g. '{\"adaptive\": false}')")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1, help="also run the prompts N at a time")
     parser.add_argument("--verify-cost", action="store_true")

@@ -71,7 +71,7 @@ def test_adaptive_length_backs_off_and_recovers_through_the_shadow():
     a = Acceptance(4.0)
     assert a.draft_len(4, 0.5) == 4
     for _ in range(4):
-        a.record(0)
+        a.record(0, 4)
     assert a.draft_len(4, 0.5) == 0  # not worth it: shadow drafts only
     for _ in range(3):
         a.shadow = [1, 2, 3]
@@ -141,3 +141,18 @@ def test_a_tree_of_drafts_is_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "4"])
     assert "one chain" in capsys.readouterr().err
+
+
+def test_drafting_ahead_follows_the_measured_step_times():
+    """A step drafted ahead is dropped when the one in flight loses a draft: it pays while the
+    request keeps all its drafts more often than (ahead step time) / (read-back step time)."""
+    cost = StepCost()
+    assert cost.ahead_pays(0.6, 0.5) and not cost.ahead_pays(0.4, 0.5)  # unmeasured: the default
+    cost.add(True, 0.9e-3, ahead=True)
+    cost.add(True, 1.0e-3)
+    assert not cost.ahead_pays(0.8, 0.5)  # read back first: nearly as fast, never wasted
+    assert cost.ahead_pays(0.95, 0.5)
+    cost = StepCost()
+    cost.add(True, 0.5e-3, ahead=True)
+    cost.add(True, 1.0e-3)
+    assert cost.ahead_pays(0.6, 0.9) and not cost.ahead_pays(0.4, 0.1)

@@ -251,11 +251,14 @@ class _FixedCost:
     def __init__(self, ratio: float) -> None:
         self.ratio = ratio
 
-    def add(self, verified: bool, seconds: float) -> None:
+    def add(self, verified: bool, seconds: float, ahead: bool = False) -> None:
         pass
 
     def probe(self) -> bool:
         return False
+
+    def ahead_pays(self, kept: float, default: float) -> bool:
+        return kept >= default
 
 
 @pytest.mark.parametrize("ratio", [1.0, 50.0])
@@ -275,6 +278,24 @@ def test_adaptive_length_follows_the_step_cost(tiny_checkpoints, expected, ratio
     llm.close()
 
 
+def watch_launches(sched) -> list[str]:
+    """The scheduler's forwards in order: "launch" when one is launched, "read" when one is read
+    back, "dropped" when one whose every part was dropped is."""
+    events: list[str] = []
+    forward, finish = sched.engine.forward, sched._finish
+
+    def launched(*args):
+        events.append("launch")
+        return forward(*args)
+
+    def read(batch, sampled, out, segs, *rest, **kwargs):
+        events.append("dropped" if segs and all(seg.dropped for seg in segs) else "read")
+        return finish(batch, sampled, out, segs, *rest, **kwargs)
+
+    sched.engine.forward, sched._finish = launched, read
+    return events
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_drafts_made_ahead_of_a_verify_step_in_flight(tiny_checkpoints, expected, method):
     """Under overlap scheduling a verify step stays in flight while the next one drafts as if all
@@ -283,12 +304,16 @@ def test_drafts_made_ahead_of_a_verify_step_in_flight(tiny_checkpoints, expected
     prompts = repetitive_prompts()
     for one in prompts:
         llm = make_llm(tiny_checkpoints["llama"], speculative_config=spec(method))
+        events = watch_launches(llm.scheduler)
         assert generate(llm, [one]) == expected("llama", 1, [one])
         decoder = llm.scheduler.spec
         llm.close()
         if decoder.drafted_ahead and decoder.dropped:
             break
     assert decoder.drafted_ahead > decoder.dropped > 0
+    # the step after a drop is launched before the dropped forward is read back (its request is
+    # known exactly: the verdict cut it back)
+    assert "launch dropped" in " ".join(events)
     llm = make_llm(tiny_checkpoints["llama"], disable_overlap=True, speculative_config=spec(method))
     generate(llm, [one])
     assert llm.scheduler.spec.drafted_ahead == 0  # without overlap, every step is read back first

@@ -165,7 +165,7 @@ class Scheduler:
             else:  # a verify forward whose successor could not be drafted ahead: read it now
                 outputs += self._finish(*launched)
             if self.spec is not None and decoding:
-                self.spec.timed(verified, time.perf_counter() - start)
+                self.spec.timed(verified, time.perf_counter() - start, bool(self._ahead))
         return outputs
 
     def drain(self) -> list[TokenOutput]:

@@ -28,23 +28,26 @@ def read_ahead(sched, prev, drafting: bool) -> frozenset[int] | None:
     ``ahead``), or None if ``prev`` must be read back first.
 
     A request that verified drafts in ``prev`` can draft again on the assumption that all of them
-    are accepted (the verdict drops this forward's part otherwise). One that decoded a plain row
-    in ``prev`` cannot: its drafts would follow a token the host does not know, so a step that
+    are accepted (the verdict drops this forward's part otherwise), if its drafts are usually all
+    accepted (``SpecDecoder.drafts_ahead``: a dropped step costs a forward). One whose part of
+    ``prev`` was already dropped is exactly known to the host (the verdict before cut it back), so
+    it drafts as usual while that useless forward finishes. One that decoded a plain row in
+    ``prev`` cannot draft: its drafts would follow a token the host does not know, so a step that
     drafts reads such a ``prev`` first, as does a step that might have to retract a request (room
     for every running request's drafts is asked) or that would not run as decode rows."""
     segs = prev[2] if prev is not None else None
     if segs is None or not sched.config.overlap:
         return None
     spec = sched.spec
-    verifying = any(seg.k and not seg.dropped for seg in segs)
-    if not verifying:
-        return frozenset() if not drafting else None
+    verifying = [req for req, seg in zip(prev[0], segs) if seg.k and not seg.dropped]
+    if not verifying and not drafting:
+        return frozenset()
     if drafting and (any(not seg.k and not seg.dropped for seg in segs)
-                     or not spec.proposer.lookahead):
+                     or verifying and not spec.drafts_ahead(verifying)):
         return None
     page, k = sched.cache.page_size, spec.config.num_speculative_tokens
     running = len(sched.decode.running)
     if (running * (k + 2 + page) > sched.cache.available_tokens
             or not sched.engine.verifies_as_rows(running * (k + 1))):
         return None
-    return frozenset(req.uid for req, seg in zip(prev[0], segs) if seg.k and not seg.dropped)
+    return frozenset(req.uid for req in verifying)

@@ -56,6 +56,10 @@ from .stats import SpecStats
 
 logger = init_logger(__name__)
 
+# how often a request's verify steps must keep all their drafts for the next step to be drafted
+# ahead, until both kinds of step are timed (``StepCost.ahead_pays``)
+AHEAD_MIN = 0.5
+
 
 def create_spec_decoder(config: SpecConfig | None, engine, cache) -> SpecDecoder | None:
     """The scheduler's ``SpecDecoder``, or None: speculation off, or a model it cannot serve."""
@@ -107,11 +111,23 @@ class SpecDecoder:
             return False
         return any(self._draft_len(req) for req in running if self._eligible(req))
 
-    def timed(self, verified: bool, seconds: float) -> None:
-        """The wall time of a step that only decoded (``verified``: and verified drafts), at a
-        batch small enough to speculate."""
+    def timed(self, verified: bool, seconds: float, ahead: bool = False) -> None:
+        """The wall time of a step that only decoded (``verified``: and verified drafts;
+        ``ahead``: drafted while the step before was in flight), at a batch small enough to
+        speculate."""
         if not self.large:
-            self.cost.add(verified, seconds)
+            self.cost.add(verified, seconds, ahead)
+
+    def drafts_ahead(self, reqs: list[Req]) -> bool:
+        """Whether the next step drafts for ``reqs`` while their verify step is in flight
+        (``ahead.py``). It saves the read-back's wait when that step keeps all its drafts, and
+        costs a forward when it does not (the next step's part is dropped): with adaptive draft
+        lengths, only while each request's recent steps kept all their drafts often enough
+        (``StepCost.ahead_pays``)."""
+        if not self.proposer.lookahead:
+            return False
+        return not self.config.adaptive or all(
+            self.cost.ahead_pays(self.accept_state[req.uid].full, AHEAD_MIN) for req in reqs)
 
     def _draft_len(self, req: Req) -> int:
         k_max = self.config.num_speculative_tokens
@@ -259,7 +275,7 @@ class SpecDecoder:
             self._state_at[req.uid] = req.draft_slot - base
             req.draft_slot = -1
         self.stats.add(k, m)
-        self.accept_state[req.uid].record(m)
+        self.accept_state[req.uid].record(m, k)
         return sampled[: m + 1]
 
     def take_tail(self, req: Req) -> None:

@@ -1,10 +1,9 @@
-"""A few tokens through the linear layers: the Triton GEMV (``kernel/triton/gemv.py``) vs cuBLAS.
+"""One token through the linear layers: the Triton GEMV (``kernel/triton/gemv.py``) against cuBLAS.
 
-    python benchmark/kernels/bench_gemv.py [--sweep] [--tokens 1,2,5] [--models ...] [--out DIR]
+    python benchmark/kernels/bench_gemv.py [--sweep] [--out DIR]
 
-Shapes are the linear layers of SmolLM2-135M, Qwen3-0.6B and Qwen3-8B (merged QKV, o, merged
-gate-up, down, LM head), bf16. ``--tokens``: rows per call (a verify step's k + 1; one by
-default). Each case is timed the way decode runs it: a CUDA graph replays many calls back to
+Shapes are the linear layers of Qwen3-0.6B and Qwen3-8B (merged QKV, o, merged gate-up, down, LM
+head), bf16. Each case is timed the way decode runs it: a CUDA graph replays many calls back to
 back, cycling over enough copies of the weight that none is still in L2 (decode streams every
 layer's weight once per step). TB/s counts the weight bytes; ``ratio`` is cuBLAS time / Triton time.
 ``--sweep`` also times a grid of (block_n, block_k, num_warps) per case, to guide ``pick_config``.
@@ -29,29 +28,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 from bench_common import gpu_name  # noqa: E402
 
 from minisgl.kernel.triton.activation import silu_and_mul  # noqa: E402
-from minisgl.kernel.triton.few_tokens import few_token_gemm  # noqa: E402
-from minisgl.kernel.triton.few_tokens import pick_config as few_config  # noqa: E402
-from minisgl.kernel.triton.fp8_w8a16 import W8A16Config  # noqa: E402
 from minisgl.kernel.triton.gemv import gemv, pick_config  # noqa: E402
 
 SHAPES = {  # (N, K) of nn.Linear weights
-    "smollm2-135m": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576),
-                     "down": (576, 1536), "lm_head": (49152, 576)},
     "qwen3-0.6b": {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
                    "down": (1024, 3072), "lm_head": (151936, 1024)},
     "qwen3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
                  "down": (4096, 12288), "lm_head": (151936, 4096)},
 }
 SWEEP = list(itertools.product([2, 4, 8], [512, 1024, 2048], [4, 8]))
-SWEEP_FEW = [W8A16Config(16, bn, bk, split, 4, 3)  # (rows, K step, split-K) of the few-token GEMM
-             for bn, bk, split in itertools.product([16, 32, 64], [64, 128, 256], [1, 2, 4])]
-
-
-def triton_linear(x: torch.Tensor, w: torch.Tensor, gated: bool = False, config=None):
-    """The Triton path of ``quant.unquantized.linear``: the GEMV for one token, else few-token."""
-    if x.shape[0] == 1:
-        return gemv(x, w, gated=gated, config=config)
-    return few_token_gemm(x, w, gated=gated, config=config)
 L2_FLUSH_BYTES = 512 << 20  # the weights cycled through in one replay: far more than any L2
 
 
@@ -83,71 +68,61 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--tokens", default="1", help="rows per call, comma-separated")
-    parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b", help=",".join(SHAPES))
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
 
     gpu = gpu_name()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     records = []
-    cases = [(model, layer, n, k, m) for model in args.models.split(",")
-             for layer, (n, k) in SHAPES[model].items() for m in map(int, args.tokens.split(","))]
-    for model, layer, n, k, m in cases:
-        nbytes = n * k * 2
-        copies = max(2, min(64, L2_FLUSH_BYTES // nbytes))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(copies)]
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ref = F.linear(x, weights[0])
-        err = (triton_linear(x, weights[0]) - ref).abs().max().item() / ref.abs().max().item()
-        t_cublas = time_graph(F.linear, weights, x)
-        t_triton = time_graph(triton_linear, weights, x)
-        config = pick_config(n, k) if m == 1 else few_config(m, n, k, sms)
-        rec = {"model": model, "layer": layer, "n": n, "k": k, "tokens": m,
-               "config": list(config) if m == 1 else [config.block_n, config.block_k,
-                                                      config.split_k],
-               "rel_err": round(err, 5), "cublas_us": round(t_cublas * 1e6, 2),
-               "triton_us": round(t_triton * 1e6, 2),
-               "cublas_tb_s": round(nbytes / t_cublas / 1e12, 3),
-               "triton_tb_s": round(nbytes / t_triton / 1e12, 3),
-               "ratio": round(t_cublas / t_triton, 3)}
-        if layer == "down":  # the MLP's real pair: silu-and-mul then the down projection
-            h = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
-            rec["gated_cublas_us"] = round(1e6 * time_graph(
-                lambda a, b: F.linear(silu_and_mul(a), b), weights, h), 2)
-            rec["gated_triton_us"] = round(1e6 * time_graph(
-                lambda a, b: triton_linear(a, b, gated=True), weights, h), 2)
-        if args.sweep:
-            sweep = {cfg: time_graph(lambda a, b, c=cfg: triton_linear(a, b, config=c), weights, x)
-                     for cfg in (SWEEP if m == 1 else SWEEP_FEW)}
-            best = min(sweep, key=sweep.get)
-            rec["best_config"] = list(best) if m == 1 else [best.block_n, best.block_k,
-                                                            best.split_k]
-            rec["best_tb_s"] = round(nbytes / sweep[best] / 1e12, 3)
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
-        del weights
-        torch.cuda.empty_cache()
+    for model, layers in SHAPES.items():
+        for layer, (n, k) in layers.items():
+            nbytes = n * k * 2
+            copies = max(2, min(64, L2_FLUSH_BYTES // nbytes))
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(copies)]
+            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x, weights[0])
+            err = (gemv(x, weights[0]) - ref).abs().max().item() / ref.abs().max().item()
+            t_cublas = time_graph(F.linear, weights, x)
+            t_triton = time_graph(gemv, weights, x)
+            rec = {"model": model, "layer": layer, "n": n, "k": k,
+                   "config": list(pick_config(n, k)),
+                   "rel_err": round(err, 5), "cublas_us": round(t_cublas * 1e6, 2),
+                   "triton_us": round(t_triton * 1e6, 2),
+                   "cublas_tb_s": round(nbytes / t_cublas / 1e12, 3),
+                   "triton_tb_s": round(nbytes / t_triton / 1e12, 3),
+                   "ratio": round(t_cublas / t_triton, 3)}
+            if layer == "down":  # the MLP's real pair: silu-and-mul then the down projection
+                h = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
+                rec["gated_cublas_us"] = round(1e6 * time_graph(
+                    lambda a, b: F.linear(silu_and_mul(a), b), weights, h), 2)
+                rec["gated_triton_us"] = round(1e6 * time_graph(
+                    lambda a, b: gemv(a, b, gated=True), weights, h), 2)
+            if args.sweep:
+                sweep = {cfg: time_graph(lambda a, b, c=cfg: gemv(a, b, config=c), weights, x)
+                         for cfg in SWEEP}
+                best = min(sweep, key=sweep.get)
+                rec["best_config"], rec["best_tb_s"] = (
+                    list(best), round(nbytes / sweep[best] / 1e12, 3))
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+            del weights
+            torch.cuda.empty_cache()
 
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"{datetime.date.today().isoformat()}_gemv_{gpu}")
     with open(stem + ".json", "w") as f:
         json.dump(records, f, indent=1)
-    lines = [f"Tokens through the linear layers, bf16, {torch.cuda.get_device_name()}: "
+    lines = [f"One token through the linear layers, bf16, {torch.cuda.get_device_name()}: "
              "cuBLAS (F.linear) vs the Triton GEMV, CUDA-graph replays over L2-cold weights. "
              "Gated: silu-and-mul then down (cuBLAS: two kernels) vs the GEMV reading "
              "[gate | up].", "",
-             "| model | layer | N x K | tokens | cuBLAS us | cuBLAS TB/s | Triton us | "
-             "Triton TB/s | "
-             "ratio | gated: cuBLAS us / Triton us | best swept (bn, bk, warps or split): "
-             "TB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | layer | N x K | cuBLAS us | cuBLAS TB/s | Triton us | Triton TB/s | "
+             "ratio | gated: cuBLAS us / Triton us | best swept (bn, bk, warps): TB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         best = f"{tuple(r['best_config'])}: {r['best_tb_s']}" if "best_config" in r else ""
         gated = f"{r['gated_cublas_us']} / {r['gated_triton_us']}" if "gated_cublas_us" in r else ""
-        lines.append(f"| {r['model']} | {r['layer']} | {r['n']} x {r['k']} | {r['tokens']} | "
-                     f"{r['cublas_us']} | "
+        lines.append(f"| {r['model']} | {r['layer']} | {r['n']} x {r['k']} | {r['cublas_us']} | "
                      f"{r['cublas_tb_s']} | {r['triton_us']} | {r['triton_tb_s']} | {r['ratio']} | "
                      f"{gated} | {best} |")
     with open(stem + ".md", "w") as f:

@@ -89,16 +89,14 @@ def _fp8_kernels():
         y_type = "*fp32" if cfg.split_k > 1 else "*bf16"  # split-K: fp32 partials
         yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, y_ptr=y_type,
                                             x_ptr="*fp8e4nv" if a8 else "*bf16"), dict(
-            CHANNEL=channel, SCALED=True, W_BYTES=1, SCALE_BN=1 if channel else 128,
-            SCALE_BK=1 if channel else 128,
+            CHANNEL=channel, SCALE_BN=1 if channel else 128, SCALE_BK=1 if channel else 128,
             GATED=gated, A8=a8, HAS_BIAS=not gated, EVEN_M=m not in (2, 200),
             EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=2 if a8 else 0,
             USE_PDL=a8), cfg.num_warps
     cfg = fp8_w8a16.pick_config(16, 4096, 4096, x_bytes=4)  # fp32 x: 64-deep K steps, no prefetch
     yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, x_ptr="*fp32", y_ptr="*fp32"), dict(
-        CHANNEL=True, SCALED=True, W_BYTES=1, SCALE_BN=1, SCALE_BK=1, GATED=False, A8=False,
-        HAS_BIAS=False, EVEN_M=True,
+        CHANNEL=True, SCALE_BN=1, SCALE_BK=1, GATED=False, A8=False, HAS_BIAS=False, EVEN_M=True,
         EVEN_K=True, SPLIT=cfg.split_k > 1, DOT_PREC="ieee", BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=0, USE_PDL=False), cfg.num_warps
     yield fp8_w8a16._sum_splits_kernel, dict(p_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16", MN="i32",
@@ -137,31 +135,13 @@ def _fp8_kernels():
 
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
-    the FP8 ones): the GEMV, the few-token GEMM, the norm, the attention reduction, the greedy
-    sampler."""
-    from minisgl.kernel.triton import (
-        decode_attention,
-        decode_step,
-        few_tokens,
-        fp8_w8a16,
-        gemv,
-        norm,
-    )
+    the FP8 ones): the GEMV, the norm, the attention reduction, the greedy sampler."""
+    from minisgl.kernel.triton import decode_attention, decode_step, gemv, norm
 
     for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
             N="i32", K="i32", stride_w="i32"), dict(GATED=gated, HAS_BIAS=False, EVEN=True,
             BLOCK_N=4, BLOCK_K=2048, USE_PDL=True), 4
-    for m, n, k, gated in ((5, 960, 576, False), (9, 576, 1536, True), (2, 24576, 4096, False)):
-        cfg = few_tokens.pick_config(m, n, k, 132)  # SmolLM2-135M's qkv, down; Qwen3-8B's gate-up
-        yield fp8_w8a16._w8a16_kernel, dict(x_ptr="*bf16", xs_ptr="*bf16", w_ptr="*bf16",
-            s_ptr="*bf16", b_ptr="*bf16", y_ptr="*fp32" if cfg.split_k > 1 else "*bf16",
-            M="i32", N="i32", K="i32", steps_per_split="i32", stride_x="i32", stride_w="i32",
-            stride_s="i32", stride_xs="i32"), dict(
-            CHANNEL=True, SCALED=False, W_BYTES=2, SCALE_BN=1, SCALE_BK=1, GATED=gated, A8=False,
-            HAS_BIAS=False, EVEN_M=False, EVEN_K=k % cfg.block_k == 0, SPLIT=cfg.split_k > 1,
-            DOT_PREC="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            PREFETCH=2, USE_PDL=True), cfg.num_warps
     for quant in (False, True):  # the norm, and the norm quantizing for an FP8 layer
         yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16",
             y_ptr="*fp8e4nv" if quant else "*bf16", res_out_ptr="*bf16", s_ptr="*fp32",

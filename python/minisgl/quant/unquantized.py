@@ -1,5 +1,4 @@
-"""Weights in the model's dtype: ``F.linear``, or on CUDA the Triton GEMV for one token and the
-few-token GEMM for 2-16."""
+"""Weights in the model's dtype: ``F.linear``, or the Triton GEMV for one token on CUDA."""
 
 from __future__ import annotations
 
@@ -14,26 +13,19 @@ from minisgl.kernel.ops import silu_and_mul
 
 from .base import LinearMethod, MakeParam, MoEMethod, QuantizationConfig
 
-FEW_TOKENS = 16  # ``kernel/triton/few_tokens.py``'s MAX_TOKENS (that module imports Triton)
-
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            gated: bool = False, gemv: bool = True, pdl: bool = False) -> torch.Tensor:
     """``F.linear``. ``gated``: x is ``[gate | up]`` and the input is ``silu(gate) * up``. One
-    token in half precision on CUDA goes through the Triton GEMV, and 2-16 tokens (a verify
-    step's rows, a small decode batch) through the few-token GEMM (unless ``gemv`` is off): they
-    stream the weight faster than cuBLAS does at those shapes, apply the gate as they read x, and
-    launch with programmatic dependent launch when ``pdl`` (``kernel/triton/pdl.py``), which
-    cuBLAS's kernels break (benchmark/kernels/bench_gemv.py)."""
-    if gemv and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= FEW_TOKENS \
+    token in half precision on CUDA goes through the Triton GEMV (unless ``gemv`` is off), which
+    streams the weight faster than cuBLAS does at that shape and applies the gate as it reads x
+    (benchmark/kernels/bench_gemv.py). ``pdl``: the GEMV launches with programmatic dependent
+    launch (``kernel/triton/pdl.py``)."""
+    if gemv and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 \
             and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1:
-        if x.shape[0] == 1:
-            from minisgl.kernel.triton.gemv import gemv as triton_gemv
+        from minisgl.kernel.triton.gemv import gemv as triton_gemv
 
-            return triton_gemv(x, weight, bias, gated, pdl=pdl)
-        from minisgl.kernel.triton.few_tokens import few_token_gemm
-
-        return few_token_gemm(x, weight, bias, gated, pdl=pdl)
+        return triton_gemv(x, weight, bias, gated, pdl=pdl)
     return F.linear(silu_and_mul(x) if gated else x, weight, bias)
 
 

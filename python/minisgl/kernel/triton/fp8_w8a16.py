@@ -1,6 +1,5 @@
 """W8A16 FP8 GEMM for batched decode: ``y[M, N] = x[M, K] @ dequant(wq, ws)^T (+ b)``, M ~ 2..32,
-and its W8A8 form for larger batches. The same program multiplies 16-bit weights, unscaled, for a
-few tokens (``few_tokens.py``).
+and its W8A8 form for larger batches.
 
 At a few tens of tokens a linear layer is still bound by reading its weight, yet the per-token
 FP8 path (quantize x, then ``torch._scaled_mm``) spends a kernel on the activations and reaches
@@ -62,8 +61,7 @@ from .pdl import release, wait
 @triton.jit
 def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_split,
                   stride_x, stride_w, stride_s, stride_xs,
-                  CHANNEL: tl.constexpr, SCALED: tl.constexpr, W_BYTES: tl.constexpr,
-                  SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                  CHANNEL: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                   GATED: tl.constexpr, A8: tl.constexpr, HAS_BIAS: tl.constexpr,
                   EVEN_M: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
                   DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -87,7 +85,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
     # no kernel writes a weight: while the kernel before runs, ask L2 for the first PREFETCH K
     # steps' weight tiles, one 128-byte line per request (``PREFETCH_STEPS``)
     if PREFETCH:
-        lines = tl.arange(0, BLOCK_K * W_BYTES // 128) * (128 // W_BYTES)
+        lines = tl.arange(0, BLOCK_K // 128) * 128
         for i in tl.static_range(PREFETCH):
             if first + i < last:
                 cols = tl.minimum((first + i) * BLOCK_K + lines, K - 1)
@@ -133,7 +131,7 @@ def _w8a16_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, steps_per_
         w_ptrs += BLOCK_K
         x_offs += BLOCK_K
     release(USE_PDL)
-    if CHANNEL and SCALED:
+    if CHANNEL:
         acc *= tl.load(s_ptr + rows_w * stride_s)[:, None]
     if A8 and CHANNEL:
         acc *= tl.load(xs_ptr + rows_x)[None, :]
@@ -272,20 +270,16 @@ def _sms(x: torch.Tensor) -> int:
     return sm_count(x.device) if x.is_cuda else SMS
 
 
-def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch.Tensor | None,
+def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch.Tensor,
             block: tuple[int, int] | None, bias: torch.Tensor | None, gated: bool,
             cfg: W8A16Config, out_dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
-    """``ws=None``: w in x's 16-bit dtype, nothing to scale (``few_token_gemm``)."""
     n, k = w.shape
     m = x.shape[0]
     channel = block is None
     bn, bk = (1, 1) if channel else block
-    if ws is None:
-        assert channel and xs is None and w.dtype == x.dtype and w.is_contiguous()
-    else:
-        assert w.is_contiguous() and w.dtype == torch.float8_e4m3fn and ws.dtype == torch.float32
-        assert ws.shape == ((n, 1) if channel else (triton.cdiv(n, bn), triton.cdiv(k, bk)))
-        assert ws.stride(1) == 1 or ws.shape[1] == 1
+    assert w.is_contiguous() and w.dtype == torch.float8_e4m3fn and ws.dtype == torch.float32
+    assert ws.shape == ((n, 1) if channel else (triton.cdiv(n, bn), triton.cdiv(k, bk)))
+    assert ws.stride(1) == 1 or ws.shape[1] == 1
     assert bias is None or bias.shape == (n,) and bias.is_contiguous()
     if not channel:  # a tile never straddles two scale blocks
         cfg = replace(cfg, block_n=min(cfg.block_n, bn), block_k=min(cfg.block_k, bk))
@@ -300,22 +294,18 @@ def _launch(x: torch.Tensor, xs: torch.Tensor | None, w: torch.Tensor, ws: torch
     assert splits * m * n < 2**31, "split-K partials are indexed in int32"
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
-    # the split partials' sum is an ordinary launch, which waits for the whole GEMM
-    launch = (pdl_.launch_options(x, pdl) if xs is not None and splits == 1 or ws is None
+    launch = (pdl_.launch_options(x, pdl) if xs is not None and splits == 1
               else {"USE_PDL": False})
-    scales = w if ws is None else ws  # (unread without scales)
     _w8a16_kernel[grid](
-        x, scales if xs is None else xs, w, scales, w if bias is None else bias, out, m, n, k,
-        per, x.stride(0), w.stride(0), scales.stride(0), 0 if xs is None else xs.stride(0),
-        CHANNEL=channel, SCALED=ws is not None, W_BYTES=w.element_size(), SCALE_BN=bn,
-        SCALE_BK=bk,
+        x, ws if xs is None else xs, w, ws, w if bias is None else bias, out, m, n, k, per,
+        x.stride(0), w.stride(0), ws.stride(0), 0 if xs is None else xs.stride(0),
+        CHANNEL=channel, SCALE_BN=bn, SCALE_BK=bk,
         GATED=gated, A8=xs is not None, HAS_BIAS=bias is not None, EVEN_M=m % cfg.block_m == 0,
         EVEN_K=k % cfg.block_k == 0, SPLIT=splits > 1,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        PREFETCH=PREFETCH_STEPS if launch["USE_PDL"] and cfg.block_k * w.element_size() % 128 == 0
-        else 0, **launch,
+        PREFETCH=PREFETCH_STEPS if launch["USE_PDL"] and cfg.block_k % 128 == 0 else 0, **launch,
     )
     if splits > 1:
         block_sum = 1024

@@ -10,7 +10,11 @@ tokens cuBLAS is as fast or faster, so the layers use this only for one token. (
 sharing each chunk, with an accumulator of their own each, so that every token's output is bit for
 bit its one-token output and a verify step's rows equal their plain decode steps in bf16. It was
 exact, but from 4 tokens slower than cuBLAS, the accumulators taking the registers: SmolLM2-135M on
-an H100, 8 tokens of the LM head took 144 us against cuBLAS's 23, of gate-up 12.7 against 4.4.)
+an H100, 8 tokens of the LM head took 144 us against cuBLAS's 23, of gate-up 12.7 against 4.4.
+Also tried: 2-16 tokens on the swap-AB program of ``fp8_w8a16`` with 16-bit weights, launched with
+PDL. Per layer it ran at 0.69-1.07x cuBLAS's speed (SmolLM2-135M's small layers slower, Qwen3-8B's
+gate-up and LM head 5-7% faster, its split-K gated down far slower), and SmolLM2-135M's decode
+graph at 2 rows took 0.955 ms against cuBLAS's 0.906.)
 The first chunk of weight rows is loaded before the PDL wait (``pdl.py``): the previous kernel is
 still finishing while it arrives (Qwen3-8B batch 1, H100: 5.50 against 5.62-5.64 ms).
 

@@ -132,8 +132,8 @@ _HELP = {
                                     "the last accepted one included (N - 1 drafts)",
     "speculative_ngram_min_match_window_size": "NGRAM: the shortest n-gram matched",
     "speculative_ngram_max_match_window_size": "NGRAM: the longest n-gram matched",
-    "disable_gemv": "1-16-token unquantized linear layers on CUDA through cuBLAS, not the Triton "
-                    "GEMV and few-token GEMM (ablation)",
+    "disable_gemv": "one-token unquantized linear layers on CUDA through cuBLAS, not the Triton "
+                    "GEMV (ablation)",
     "disable_norm_gemv": "--quantization fp8, one token: run the RMSNorm kernels instead of "
                          "normalising inside the FP8 GEMVs (ablation)",
     "disable_norm_quant": "--quantization fp8, batches: quantize the QKV and gate-up inputs in a "

@@ -3,13 +3,14 @@ of a verify step.
 
 ``--workloads code,chat``: code editing (a source file of this repository plus an instruction to
 change a little of it: the answer mostly copies the file) and chat (open questions: little to
-copy). Each prompt runs alone (batch 1), greedy, once per method in ``--methods`` (``none`` is
-the baseline), after its prompt was prefilled into the prefix cache (the timed run decodes); the
-record has decode tokens/s, the mean accepted length and acceptance rate, and whether
-the tokens equal the baseline's. ``--batch N`` also runs all prompts of a workload together, N at
-a time (speculation backs off above ``disable_by_batch_size``). Every run is preceded by a short
-untimed one of the same shapes (kernels compile there), and its proposer starts empty (the suffix
-method's global trie has not seen the same prompts' answers in an earlier run).
+copy). Each prompt runs alone (batch 1), greedy, with each method in ``--methods`` (``none`` is
+the baseline; ``spec_workloads.py`` runs them on one engine, interleaved, ``--repeats`` times),
+after its prompt was prefilled into the prefix cache (the timed run decodes); the record has the
+median run's decode tokens/s, the mean accepted length and acceptance rate, and whether the
+tokens equal the baseline's. ``--batch N`` also runs all prompts of a workload together, N at a
+time (speculation backs off above ``disable_by_batch_size``). Every shape first runs untimed
+(kernels compile there), and every run's proposer starts empty (the suffix method's global trie
+has not seen the same prompts' answers in an earlier run).
 
 ``--verify-cost``: on ``--model`` (a config.json gets random weights), the time of a step in which
 every request verifies k drafts (a proposer that always drafts k tokens), k = 1..8, against a
@@ -33,126 +34,15 @@ import argparse
 import dataclasses
 import datetime
 import json
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 from bench_common import gpu_name, model_dir, project_commit
+from spec_workloads import bench_workloads, run_workload
 
 from minisgl import LLM, SamplingParams
 from minisgl.spec.proposer import Proposer
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [("python/minisgl/scheduler/decode.py", "DecodeManager", "RunningRequests"),
-           ("python/minisgl/spec/adaptive.py", "Acceptance", "AcceptanceTracker"),
-           ("python/minisgl/scheduler/policy.py", "AdmissionPolicy", "QueueOrder")]
-CHATS = ["What are the main differences between a process and a thread?",
-         "Give me three tips to sleep better.",
-         "Explain what a hash map is to a beginner.",
-         "Write a short story about a robot who learns to paint."]
-
-
-def code_prompts(llm: LLM) -> list[list[int]]:
-    root = os.path.join(HERE, "..", "..")
-    prompts = []
-    for path, old, new in SOURCES:
-        with open(os.path.join(root, path)) as f:
-            source = f.read()
-        text = (f"Here is a Python file:\n\n```python\n{source}```\n\nRename the class `{old}` to "
-                f"`{new}` everywhere. Reply with the whole updated file and nothing else.")
-        prompts.append(llm.apply_chat_template([{"role": "user", "content": text}]))
-    return prompts
-
-
-def chat_prompts(llm: LLM) -> list[list[int]]:
-    return [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHATS]
-
-
-def spec_config(method: str, k: int, options: str | None = None) -> dict | None:
-    """``options``: more of the config, as JSON (e.g. '{"adaptive": false}')."""
-    if method == "none":
-        return None
-    return {"method": method, "num_speculative_tokens": k, **json.loads(options or "{}")}
-
-
-def run_workload(llm: LLM, prompts, params, batch: int) -> tuple[list[list[int]], float, int]:
-    """Token ids per prompt, wall seconds, output tokens; ``batch`` prompts at a time. Each
-    group's prompts are prefilled first (into the prefix cache), so the time is the decode's."""
-    outs, tokens, secs = [], 0, 0.0
-    for i in range(0, len(prompts), batch):
-        group = prompts[i : i + batch]
-        llm.generate(group, SamplingParams(max_tokens=1), use_tqdm=False)
-        start = time.perf_counter()
-        for o in llm.generate(group, params, use_tqdm=False):
-            outs.append(o.token_ids)
-            tokens += len(o.token_ids)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        secs += time.perf_counter() - start
-    return outs, secs, tokens
-
-
-def run_method(args, base: dict, method: str) -> list[tuple[dict, list[list[int]]]]:
-    """Every workload at batch 1 and ``--batch`` with one method: (record, token ids) each."""
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    llm = LLM(args.model, device=args.device,
-              speculative_config=spec_config(method, args.num_spec_tokens, args.spec_options))
-    spec = llm.scheduler.spec
-    workloads = {"code": code_prompts(llm), "chat": chat_prompts(llm)}
-    # untimed: every shape each run will meet (the first process on a machine would otherwise
-    # compile kernels inside its timed runs)
-    for name in args.workloads.split(","):
-        for batch in sorted({1, args.batch}):
-            prompts = (workloads[name] * batch)[: max(batch, len(workloads[name]))]
-            run_workload(llm, prompts, SamplingParams(max_tokens=16), batch)
-    results = []
-    for name in args.workloads.split(","):
-        for batch in sorted({1, args.batch}):
-            prompts = workloads[name]
-            if batch > 1:  # enough copies to fill the batch
-                prompts = (prompts * -(-batch // len(prompts)))[:batch]
-            times = []
-            for _ in range(args.repeats):  # the median run (one run is a second or so)
-                if spec is not None:  # nothing learned from an earlier run of the same prompts
-                    spec.reset()
-                outs, secs, tokens = run_workload(llm, prompts, params, batch)
-                times.append(secs)
-            secs = sorted(times)[len(times) // 2]
-            steps, drafts, accepted = ((spec.stats.verify_steps, spec.stats.draft_tokens,
-                                        spec.stats.accepted_tokens) if spec else (0, 0, 0))
-            rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
-                       num_spec_tokens=args.num_spec_tokens if spec else 0,
-                       prompts=len(outs), output_tokens=tokens, seconds=round(secs, 3),
-                       tokens_per_s=round(tokens / secs, 2),
-                       mean_accepted_len=round((accepted + steps) / steps, 3) if steps else 0,
-                       acceptance_rate=round(accepted / drafts, 3) if drafts else 0,
-                       verify_steps=steps)
-            results.append((rec, outs))
-    llm.close()
-    return results
-
-
-def bench_workloads(args, base: dict) -> list[dict]:
-    """Each method in a process of its own: an engine sizes its KV cache from the memory left,
-    and one built after another would get less than the first."""
-    records = []
-    baseline: dict[tuple[str, int], list[list[int]]] = {}
-    spawn = multiprocessing.get_context("spawn")
-    for method in args.methods.split(","):
-        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-            results = pool.submit(run_method, args, base, method).result()
-        for rec, outs in results:
-            baseline.setdefault((rec["workload"], rec["batch"]), outs)
-            rec["identical_to_baseline"] = outs == baseline[(rec["workload"], rec["batch"])]
-            records.append(rec)
-            print(json.dumps(rec), flush=True)
-    for rec in records:
-        ref = next(r for r in records if r["method"] == "none" and r["workload"] == rec["workload"]
-                   and r["batch"] == rec["batch"]) if "none" in args.methods else None
-        rec["speedup"] = round(rec["tokens_per_s"] / ref["tokens_per_s"], 3) if ref else None
-    return records
 
 
 class FixedDrafts(Proposer):

@@ -50,6 +50,17 @@ def test_suffix_proposer_uses_own_history_and_other_requests():
     assert p.propose(own, 2) == [22, 23]
 
 
+def test_suffix_long_match_still_drafts_in_full():
+    """Copying a long stretch matches as deep as the trie goes (D - 1 tokens), below which a trie
+    cut at D holds one token: the draft comes from a shorter match that leaves room for it."""
+    p = create_proposer(SpecConfig(method="suffix", max_tree_depth=8))
+    text = list(range(100, 120))
+    copying = req(text + text[:15], uid=1)
+    assert p.propose(copying, 4) == text[15:19]
+    p.finished(req([0] + text, uid=2, prompt_len=1))  # the global trie, the same way
+    assert p.propose(req([7] + text[:15], uid=3), 4) == text[15:19]
+
+
 def test_suffix_draft_stops_at_unlikely_continuations():
     p = create_proposer(SpecConfig(method="suffix", min_token_prob=0.6))
     # after "1 2": 3 twice, 4 once, 5 once: 3 has a share of 1/2 < 0.6

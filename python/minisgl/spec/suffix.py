@@ -3,11 +3,14 @@ over the request's own tokens and over recent requests' outputs.
 
 Each trie holds every suffix of its text cut to ``max_tree_depth`` tokens, with a count per node:
 how many times that token sequence occurred. A request's last tokens locate the deepest node that
-matches them (a longer match predicts better); from there the draft follows the most frequent
+matches them (a longer match predicts better), and a shallower one that leaves room below it for a
+whole draft (a trie cut at D tokens holds only D - n tokens after an n-token match; Arctic
+Inference also weighs several match lengths); from each, the draft follows the most frequent
 child while the product of the children's shares (an estimate of the chance that the whole draft
 so far is right) stays above ``min_token_prob``, and for at most ``max_spec_factor`` tokens per
-matched token. Agent loops repeat themselves across turns (tool calls, file contents), which the
-global trie catches; a request's own trie catches copying from its prompt.
+matched token; the draft with the larger sum of those estimates wins. Agent loops repeat
+themselves across turns (tool calls, file contents), which the global trie catches; a request's
+own trie catches copying from its prompt.
 
 The request's own text is not built into a trie: that costs O(n D) dictionary operations for an
 n-token prompt (60 ms in Python for 1,500 tokens at D = 24, as long as hundreds of decode steps of
@@ -73,20 +76,22 @@ def _walk(node: _Node, max_len: int, min_prob: float) -> tuple[list[int], float]
     return draft, score
 
 
-def _own_match(tokens: np.ndarray, depth: int) -> tuple[np.ndarray, int]:
-    """The earlier occurrences (end positions) of the longest suffix of ``tokens`` (at most
-    ``depth - 1`` long, as a trie cut at ``depth`` has children there) that occurred before, and
-    its length; empty and 0 if the last token is new."""
+def _own_match(tokens: np.ndarray, depth: int) -> list[np.ndarray]:
+    """``levels[n - 1]``: the earlier occurrences (end positions) of the last n tokens, for every n
+    up to the longest suffix of ``tokens`` that occurred before (at most ``depth - 1`` long, as a
+    trie cut at ``depth`` has children there); empty if the last token is new."""
     total = len(tokens)
     ends = np.flatnonzero(tokens[: total - 1] == tokens[-1])
-    n = 1 if len(ends) else 0
-    while len(ends) and n < min(depth - 1, total - 1):
+    levels = [ends] if len(ends) else []
+    while levels and len(levels) < min(depth - 1, total - 1):
+        n = len(levels)
         longer = ends[ends >= n]
         longer = longer[tokens[longer - n] == tokens[total - 1 - n]]
         if not len(longer):
             break
-        ends, n = longer, n + 1
-    return ends, n
+        ends = longer
+        levels.append(ends)
+    return levels
 
 
 def _own_walk(tokens: np.ndarray, ends: np.ndarray, max_len: int,
@@ -178,20 +183,28 @@ class SuffixProposer(Proposer):
         return state
 
     def propose(self, req: Req, max_len: int) -> list[int]:
+        """The best-scored draft from two matches in each trie: the longest one, and the longest
+        that leaves room below it in the depth-cut trie for ``max_len`` tokens (a long match
+        predicts better, but a trie cut at D tokens holds only D - n of what followed an n-token
+        match)."""
         state = self._sync(req)
         tokens = state.history.sync(req.input_ids)
-        best: tuple[list[int], float] = ([], 0.0)
-        ends, n = _own_match(tokens, self.depth) if len(tokens) > 1 else (None, 0)
-        if n:  # the own trie's deepest node with children: the last n tokens
-            best = _own_walk(tokens, ends, self._limit(n, max_len), self.min_prob)
-        nodes = state.shared
-        for j in range(len(nodes) - 1, -1, -1):  # the deepest match that has a continuation
-            if nodes[j].children:
-                found = _walk(nodes[j], self._limit(j + 1, max_len), self.min_prob)
-                if found[1] > best[1]:
-                    best = found
-                break
-        return best[0]
+        candidates = []
+        levels = _own_match(tokens, self.depth) if len(tokens) > 1 else []
+        for n in self._match_lengths(len(levels), max_len):
+            candidates.append(_own_walk(tokens, levels[n - 1], self._limit(n, max_len),
+                                        self.min_prob))
+        nodes = state.shared  # nodes[j]: the last j + 1 tokens; the deepest with a continuation
+        deepest = next((j + 1 for j in range(len(nodes) - 1, -1, -1) if nodes[j].children), 0)
+        for n in self._match_lengths(deepest, max_len):
+            candidates.append(_walk(nodes[n - 1], self._limit(n, max_len), self.min_prob))
+        return max(candidates, key=lambda found: found[1], default=([], 0.0))[0]
+
+    def _match_lengths(self, longest: int, max_len: int) -> set[int]:
+        """The match lengths to draft from, given the longest (0: none)."""
+        if not longest:
+            return set()
+        return {longest, max(1, min(longest, self.depth - max_len))}
 
     def _limit(self, matched: int, max_len: int) -> int:
         """Draft length allowed after a ``matched``-token match: ``max_spec_factor`` per token, and

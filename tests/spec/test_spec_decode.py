@@ -12,6 +12,7 @@ import torch
 from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from minisgl import LLM, SamplingParams
+from minisgl.spec.adaptive import MISSES
 
 pytestmark = pytest.mark.any_device
 VOCAB = 256
@@ -278,22 +279,56 @@ def test_adaptive_length_follows_the_step_cost(tiny_checkpoints, expected, ratio
     llm.close()
 
 
-def watch_launches(sched) -> list[str]:
-    """The scheduler's forwards in order: "launch" when one is launched, "read" when one is read
-    back, "dropped" when one whose every part was dropped is."""
-    events: list[str] = []
+def test_requests_without_drafts_stop_asking_and_keep_overlap(tiny_checkpoints, expected):
+    """A proposer with nothing to draft (chat, where nothing repeats): after ``MISSES`` steps in a
+    row the request stops asking, so its steps keep overlap scheduling (each launched before the
+    one before is read back) instead of reading every step back first in case it drafts; once the
+    proposer has drafts again (here after 12 tokens), it speculates."""
+    prompts = repetitive_prompts(1)
+    llm = make_llm(tiny_checkpoints["llama"], speculative_config=spec("ngram", adaptive=True))
+    decoder = llm.scheduler.spec
+    propose = decoder.proposer.propose
+    decoder.proposer.propose = lambda req, n: propose(req, n) if req.output_len >= 12 else []
+    events = watch_launches(llm.scheduler)
+    assert generate(llm, prompts) == expected("llama", 1, prompts)
+    assert decoder.stats.verify_steps > 0
+    early = events[: 2 * 12]  # about the first 12 tokens' launches and read-backs
+    assert overlapped(early) >= 12 - 2 - MISSES, early  # without the rule: none
+    llm.close()
+
+
+def watch_launches(sched) -> list[tuple[str, int]]:
+    """The scheduler's forwards in order: ("launch", i) when the i-th is launched, ("read", i) when
+    it is read back, ("dropped", i) when it is read back and its every part was dropped."""
+    events: list[tuple[str, int]] = []
+    index: dict[int, int] = {}
     forward, finish = sched.engine.forward, sched._finish
 
     def launched(*args):
-        events.append("launch")
-        return forward(*args)
+        out = forward(*args)
+        index[id(out)] = len(index)
+        events.append(("launch", index[id(out)]))
+        return out
 
     def read(batch, sampled, out, segs, *rest, **kwargs):
-        events.append("dropped" if segs and all(seg.dropped for seg in segs) else "read")
+        dropped = segs and all(seg.dropped for seg in segs)
+        events.append(("dropped" if dropped else "read", index[id(out)]))
         return finish(batch, sampled, out, segs, *rest, **kwargs)
 
     sched.engine.forward, sched._finish = launched, read
     return events
+
+
+def overlapped(events: list[tuple[str, int]], kind: str = "read") -> int:
+    """How many forwards read back as ``kind`` were read after the next one was launched."""
+    seen: set[int] = set()
+    count = 0
+    for what, i in events:
+        if what == "launch":
+            seen.add(i)
+        elif what == kind and i + 1 in seen:
+            count += 1
+    return count
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -313,7 +348,7 @@ def test_drafts_made_ahead_of_a_verify_step_in_flight(tiny_checkpoints, expected
     assert decoder.drafted_ahead > decoder.dropped > 0
     # the step after a drop is launched before the dropped forward is read back (its request is
     # known exactly: the verdict cut it back)
-    assert "launch dropped" in " ".join(events)
+    assert overlapped(events, "dropped") > 0
     llm = make_llm(tiny_checkpoints["llama"], disable_overlap=True, speculative_config=spec(method))
     generate(llm, [one])
     assert llm.scheduler.spec.drafted_ahead == 0  # without overlap, every step is read back first

@@ -10,7 +10,10 @@ not speculate. The ratio is measured, not assumed: a verify step of a small mode
 host, which overlap scheduling hides in a decode step but not in a verify step (on an H100 it
 costs about 3.4 decode steps of SmolLM2-135M, 1.3 of Qwen3-8B).
 It still drafts in the shadow: the draft is checked against the tokens that then come, for free,
-so a request whose text turns repetitive (a file being copied) starts speculating again.
+so a request whose text turns repetitive (a file being copied) starts speculating again. A
+request whose proposer found nothing to draft ``MISSES`` steps in a row (chat, where nothing
+repeats) also stops asking, since a step that might draft gives up overlap scheduling for nothing,
+until a shadow proposal finds a draft again.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import math
 from dataclasses import dataclass, field
 
 _DECAY = 0.5  # weight of the newest observation: a few steps decide
+# steps in a row without a draft after which a request stops asking for one (a step that may draft
+# reads the forward in flight back first, losing overlap) until its shadow proposal finds one
+MISSES = 2
 
 
 @dataclass
@@ -28,6 +34,7 @@ class Acceptance:
 
     ema: float
     full: float = 1.0  # recent share of drafts accepted whole (``SpecDecoder.drafts_ahead``)
+    misses: int = 0  # steps in a row that asked for a draft and the proposer had none
     shadow: list[int] = field(default_factory=list)
     shadow_hits: int = 0
 
@@ -37,7 +44,7 @@ class Acceptance:
 
     def draft_len(self, k_max: int, threshold: float) -> int:
         """0: do not speculate this step (shadow drafting only)."""
-        if self.ema < threshold:
+        if self.ema < threshold or self.misses >= MISSES:
             return 0
         return min(k_max, max(1, math.ceil(self.ema) + 1))
 

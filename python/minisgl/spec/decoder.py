@@ -47,7 +47,7 @@ from __future__ import annotations
 from minisgl.core import Batch, Req
 from minisgl.utils import init_logger
 
-from .adaptive import Acceptance, StepCost
+from .adaptive import MISSES, Acceptance, StepCost
 from .ahead import Segment
 from .config import SpecConfig
 from .registry import create_proposer
@@ -178,6 +178,8 @@ class SpecDecoder:
                 continue
             lookahead = req.uid in ahead
             draft = self.proposer.propose(req, k + lookahead)
+            state = self.accept_state[req.uid]
+            state.misses = 0 if draft else state.misses + 1
             if lookahead:
                 if len(draft) < 2:
                     continue
@@ -312,7 +314,11 @@ class SpecDecoder:
         if state.shadow:
             state.observe(tokens)
         if not state.shadow and self._draft_len(req) == 0:
-            state.shadow = self.proposer.propose(req, self.config.num_speculative_tokens)
+            draft = self.proposer.propose(req, self.config.num_speculative_tokens)
+            if state.misses >= MISSES:  # it stopped for want of drafts: one is back
+                state.misses = 0 if draft else state.misses
+            else:
+                state.shadow = draft
 
     def finished(self, req: Req) -> None:
         self._tails.pop(req.uid, None)

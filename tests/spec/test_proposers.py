@@ -167,3 +167,13 @@ def test_drafting_ahead_follows_the_measured_step_times():
     cost.add(True, 0.5e-3, ahead=True)
     cost.add(True, 1.0e-3)
     assert cost.ahead_pays(0.6, 0.9) and not cost.ahead_pays(0.4, 0.1)
+
+
+def test_suffix_learns_from_finished_requests_only_when_asked():
+    """A request that ends while the batch is too large to speculate teaches the global trie
+    nothing (``SpecDecoder.finished``): inserting its answer costs O(n D) on the host."""
+    p = create_proposer(SpecConfig(method="suffix"))
+    p.finished(req([1, 2, 3, 4], uid=1, prompt_len=1), learn=False)
+    assert not p.shared.texts and not p.shared.root.children
+    p.finished(req([1, 2, 3, 4], uid=2, prompt_len=1))
+    assert len(p.shared.texts) == 1

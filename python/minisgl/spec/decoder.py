@@ -322,7 +322,7 @@ class SpecDecoder:
 
     def finished(self, req: Req) -> None:
         self._tails.pop(req.uid, None)
-        self.proposer.finished(req)
+        self.proposer.finished(req, learn=not self.large)
         self.accept_state.pop(req.uid, None)
         self.ineligible.discard(req.uid)
 

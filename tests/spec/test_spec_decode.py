@@ -12,7 +12,6 @@ import torch
 from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from minisgl import LLM, SamplingParams
-from minisgl.spec.adaptive import MISSES
 
 pytestmark = pytest.mark.any_device
 VOCAB = 256
@@ -287,13 +286,16 @@ def test_requests_without_drafts_stop_asking_and_keep_overlap(tiny_checkpoints, 
     prompts = repetitive_prompts(1)
     llm = make_llm(tiny_checkpoints["llama"], speculative_config=spec("ngram", adaptive=True))
     decoder = llm.scheduler.spec
+    decoder.cost = _FixedCost(1.0)  # the clock out of it
     propose = decoder.proposer.propose
     decoder.proposer.propose = lambda req, n: propose(req, n) if req.output_len >= 12 else []
     events = watch_launches(llm.scheduler)
     assert generate(llm, prompts) == expected("llama", 1, prompts)
     assert decoder.stats.verify_steps > 0
     early = events[: 2 * 12]  # about the first 12 tokens' launches and read-backs
-    assert overlapped(early) >= 12 - 2 - MISSES, early  # without the rule: none
+    # about 12 forwards, the first few read back first (the prefill, MISSES steps that asked);
+    # without the rule none overlaps
+    assert overlapped(early) >= 7, early
     llm.close()
 
 
@@ -302,10 +304,12 @@ def watch_launches(sched) -> list[tuple[str, int]]:
     it is read back, ("dropped", i) when it is read back and its every part was dropped."""
     events: list[tuple[str, int]] = []
     index: dict[int, int] = {}
+    kept: list = []
     forward, finish = sched.engine.forward, sched._finish
 
     def launched(*args):
         out = forward(*args)
+        kept.append(out)  # alive, so that no later output takes its id
         index[id(out)] = len(index)
         events.append(("launch", index[id(out)]))
         return out

@@ -196,7 +196,10 @@ class Scheduler:
         batch.out_slots = self.cache.flush(new_tokens_of=batch.reqs if replays else None)
         self.engine.prepare(batch)
         sampled = batch.sampled_reqs  # fixed now: a later retraction changes the counters
-        segs = self.spec.segments(sampled) if self.spec is not None else None
+        # a step that neither drafts nor follows a verify step in flight feeds one token each:
+        # no ``Segment``s (the per-request bookkeeping a large batch's host cannot spare)
+        segs = (self.spec.segments(sampled)
+                if self.spec is not None and (self._drafting or self._ahead) else None)
         if segs is not None:
             self._launch_segs = {req.uid: seg for req, seg in zip(sampled, segs)}
         rows, steps = SpecDecoder.rows(sampled)  # a verifying request samples k + 1 rows

@@ -189,9 +189,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: the built-in SmolLM2-135M")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--methods", default="none,ngram,suffix")
+    parser.add_argument("--methods", default="none,ngram,suffix",
+                        help="comma-separated; method:k drafts k tokens (else --num-spec-tokens)")
     parser.add_argument("--workloads", default="code,chat")
-    parser.add_argument("--num-spec-tokens", type=int, default=4)
+    parser.add_argument("--num-spec-tokens", type=int, default=None,
+                        help="the most drafts (default: the method's own, 4; suffix: 15)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per shape (median)")
     parser.add_argument("--spec-options", default=None, help="more of the speculative config, "
                         "JSON (e.g. '{\"adaptive\": false}')")

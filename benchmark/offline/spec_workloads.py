@@ -10,6 +10,7 @@ of its repeats. Only the model-free methods (ngram, suffix) can share an engine 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -46,11 +47,30 @@ def chat_prompts(llm: LLM) -> list[list[int]]:
     return [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHATS]
 
 
-def spec_config(method: str, k: int, options: str | None = None) -> dict | None:
-    """``options``: more of the config, as JSON (e.g. '{"adaptive": false}')."""
+def spec_config(method: str, k: int | None, options: str | None = None) -> dict | None:
+    """``k``: the most drafts (None: the method's default); ``options``: more of the config, as
+    JSON (e.g. '{"adaptive": false}')."""
     if method == "none":
         return None
-    return {"method": method, "num_speculative_tokens": k, **json.loads(options or "{}")}
+    drafts = {"num_speculative_tokens": k} if k else {}
+    return {"method": method, **drafts, **json.loads(options or "{}")}
+
+
+class GcClock:
+    """Seconds the garbage collector ran while installed (its pauses stall every request)."""
+
+    def __init__(self) -> None:
+        self.seconds, self._start = 0.0, 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+
+GC_CLOCK = GcClock()
 
 
 def run_workload(llm: LLM, prompts, params, batch: int) -> tuple[list[list[int]], float, int]:
@@ -72,10 +92,13 @@ def run_workload(llm: LLM, prompts, params, batch: int) -> tuple[list[list[int]]
 
 def bench_workloads(args, base: dict) -> list[dict]:
     """Every workload at batch 1 and ``--batch`` with every method: one record each."""
-    methods = args.methods.split(",")
-    if not set(methods) <= set(METHODS):
-        raise ValueError(f"--methods: the workloads run {', '.join(METHODS)}, not {methods}")
-    configs = {m: spec_config(m, args.num_spec_tokens, args.spec_options) for m in methods}
+    methods = args.methods.split(",")  # a method, or method:k for k drafts (--num-spec-tokens)
+    draft_lens = {m: int(m.partition(":")[2] or 0) or args.num_spec_tokens for m in methods}
+    if not {m.partition(":")[0] for m in methods} <= set(METHODS):
+        raise ValueError(f"--methods: the workloads run {', '.join(METHODS)} (each may be "
+                         f"method:k), not {methods}")
+    configs = {m: spec_config(m.partition(":")[0], draft_lens[m], args.spec_options)
+               for m in methods}
     llm = LLM(args.model, device=args.device,
               speculative_config=next((c for c in configs.values() if c), None))
     sched = llm.scheduler
@@ -102,11 +125,14 @@ def bench_workloads(args, base: dict) -> list[dict]:
     records = []
     for name, batch in shapes:
         times: dict[str, list[float]] = {m: [] for m in methods}
+        gc_secs: dict[str, list[float]] = {m: [] for m in methods}
         last: dict[str, tuple] = {}
         for r in range(args.repeats):
             for method in methods[r % len(methods):] + methods[: r % len(methods)]:
+                before = GC_CLOCK.seconds
                 outs, secs, tokens = run(method, prompts_of(name, batch), params, batch)
                 times[method].append(secs)
+                gc_secs[method].append(GC_CLOCK.seconds - before)
                 spec = decoders[method]
                 last[method] = (outs, tokens, spec and (
                     spec.stats.verify_steps, spec.stats.draft_tokens, spec.stats.accepted_tokens,
@@ -116,8 +142,10 @@ def bench_workloads(args, base: dict) -> list[dict]:
             steps, drafts, accepted, ahead, dropped = stats or (0, 0, 0, 0, 0)
             secs = sorted(times[method])[len(times[method]) // 2]
             rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
-                       num_spec_tokens=args.num_spec_tokens if stats else 0,
+                       num_spec_tokens=stats and decoders[method].config.num_speculative_tokens,
                        prompts=len(outs), output_tokens=tokens, seconds=round(secs, 3),
+                       runs=[round(t, 3) for t in times[method]],
+                       gc_seconds=[round(t, 3) for t in gc_secs[method]],
                        tokens_per_s=round(tokens / secs, 2),
                        mean_accepted_len=round((accepted + steps) / steps, 3) if steps else 0,
                        acceptance_rate=round(accepted / drafts, 3) if drafts else 0,

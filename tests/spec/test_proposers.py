@@ -43,7 +43,9 @@ def test_suffix_proposer_uses_own_history_and_other_requests():
     p = create_proposer(SpecConfig(method="suffix", max_tree_depth=8))
     first = req([1, 2, 3, 4, 5, 6, 7, 8], uid=1, prompt_len=2)
     assert p.propose(first, 4) == []  # nothing repeats yet
-    p.finished(first)  # its output 3..8 joins the global trie
+    p.finished(first)  # its output 3..8 joins the global trie, in the host's spare time
+    assert p.propose(req([50, 51, 3, 4, 5], uid=4), 4) == []
+    assert not p.spare(None)
     other = req([50, 51, 3, 4, 5], uid=2)
     assert p.propose(other, 4) == [6, 7, 8]  # a 3-token match allows 3 drafts
     own = req([20, 21, 22, 23, 24, 20, 21], uid=3)
@@ -58,6 +60,7 @@ def test_suffix_long_match_still_drafts_in_full():
     copying = req(text + text[:15], uid=1)
     assert p.propose(copying, 4) == text[15:19]
     p.finished(req([0] + text, uid=2, prompt_len=1))  # the global trie, the same way
+    p.spare(None)
     assert p.propose(req([7] + text[:15], uid=3), 4) == text[15:19]
 
 
@@ -74,8 +77,32 @@ def test_suffix_global_trie_is_bounded():
     p = create_proposer(SpecConfig(method="suffix", max_cached_requests=2))
     for uid in range(5):
         p.finished(req([0, 100 + uid, 7, 8], uid=uid, prompt_len=1))
-    assert len(p.shared.texts) == 2
-    assert set(p.shared.root.children) == {103, 104, 7, 8}
+        while p.spare(2):  # in slices, as between forwards
+            pass
+    trie = p.shared
+    assert len(trie.texts) == 2
+    assert set(trie.children[0]) == {103, 104, 7, 8}
+    assert trie.count[trie.children[0][7]] == 2
+    # the forgotten texts' nodes are free for reuse: the trie holds only the live ones
+    assert len(trie.count) - len(trie.free) == 1 + 2 * (3 + 2 + 1) - 3
+
+
+def test_suffix_trie_reuses_freed_nodes_and_rematches():
+    """A request's matched nodes are ids; once the trie forgets a text (its ids then reused),
+    they are matched again from the request's last tokens."""
+    p = create_proposer(SpecConfig(method="suffix", max_cached_requests=1))
+    p.finished(req([0, 1, 2, 3, 4], uid=1, prompt_len=1))
+    p.spare(None)
+    r = req([9, 1, 2], uid=2)
+    assert p.propose(r, 2) == [3, 4]
+    p.finished(req([0, 5, 6, 7, 8], uid=3, prompt_len=1))  # forgets 1 2 3 4: its ids are free
+    p.spare(None)
+    p.finished(req([0, 2, 3, 4, 5, 6], uid=4, prompt_len=1))  # takes them
+    p.spare(None)
+    r.input_ids.append(3)
+    fresh = req(list(r.input_ids), uid=5)
+    assert p.propose(r, 2) == p.propose(fresh, 2) == [4, 5]
+    assert p.states[r.uid].shared == p.states[fresh.uid].shared
 
 
 def test_adaptive_length_backs_off_and_recovers_through_the_shadow():
@@ -123,6 +150,17 @@ def test_vllm_and_sglang_spellings():
     assert EngineOptions().spec_config() is None
 
 
+def test_draft_length_defaults_per_method():
+    """vLLM's defaults: suffix decoding sizes each draft from its match, so its ceiling is the
+    tree's depth (at most 15: 16 rows, a decode graph's size); the other methods draft 4."""
+    assert parse_speculative_config('{"method": "ngram"}').num_speculative_tokens == 4
+    assert parse_speculative_config('{"method": "suffix"}').num_speculative_tokens == 15
+    config = parse_speculative_config('{"method": "suffix", "suffix_decoding_max_tree_depth": 8}')
+    assert config.num_speculative_tokens == 8
+    config = parse_speculative_config('{"method": "suffix", "num_speculative_tokens": 3}')
+    assert config.num_speculative_tokens == 3
+
+
 @pytest.mark.parametrize("options, message", [
     ({"speculative_config": '{"method": "eagle3"}'}, "needs 'model'"),
     ({"speculative_config": '{"method": "eagle", "model": "x"}'}, "not built"),
@@ -132,6 +170,7 @@ def test_vllm_and_sglang_spellings():
     ({"speculative_config": "{oops"}, "not valid JSON"),
     ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 0}'},
      "num_speculative_tokens"),
+    ({"speculative_config": '{"method": "suffix", "num_speculative_tokens": 17}'}, "<= 16"),
     ({"speculative_algorithm": "EAGLE3"}, "needs 'model'"),
     ({"speculative_algorithm": "NGRAM", "speculative_draft_model_path": "x"},
      "applies to method 'eagle3'"),
@@ -174,6 +213,7 @@ def test_suffix_learns_from_finished_requests_only_when_asked():
     nothing (``SpecDecoder.finished``): inserting its answer costs O(n D) on the host."""
     p = create_proposer(SpecConfig(method="suffix"))
     p.finished(req([1, 2, 3, 4], uid=1, prompt_len=1), learn=False)
-    assert not p.shared.texts and not p.shared.root.children
+    assert not p.spare(None) and not p.shared.texts and not p.shared.children[0]
     p.finished(req([1, 2, 3, 4], uid=2, prompt_len=1))
+    p.spare(None)
     assert len(p.shared.texts) == 1

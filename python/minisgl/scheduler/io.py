@@ -85,6 +85,7 @@ class SchedulerIO:
         self._parent = os.getppid()
         self.watchdog_timeout = watchdog_timeout
         self.ready = not scheduler.config.warmup
+        self._idle_work = False  # the scheduler has deferred work for its idle turns
 
     def run(self) -> None:
         # TP: only rank 0 acts on SIGTERM; it forwards an ExitMsg, so every rank leaves the loop
@@ -108,6 +109,7 @@ class SchedulerIO:
                 if self.scheduler.has_work:
                     self._send(self._step())
                 else:
+                    self._idle_work = self.scheduler.idle()
                     self.scheduler.check_integrity()
                 self._maybe_send_stats()
         finally:
@@ -133,7 +135,8 @@ class SchedulerIO:
             if self.scheduler.has_work:
                 msgs = self.inbox.get_all_nowait()
             else:
-                first = self.inbox.get(timeout_ms=_IDLE_POLL_MS)
+                # idle: wait for a request, only a glance while deferred work is left
+                first = self.inbox.get(timeout_ms=0 if self._idle_work else _IDLE_POLL_MS)
                 msgs = [] if first is None else [first, *self.inbox.get_all_nowait()]
         if self.comm.info.size > 1:
             if not self.running:

@@ -152,6 +152,8 @@ class Scheduler:
                 outputs.extend(self._finish(*done, successor=self._launch_segs))
 
         launched = self._launch(finish_prev)
+        if launched is not None and self.spec is not None:
+            self.spec.spare(idle=False)  # while the forward computes
         finish_prev()
         if launched is not None:
             batch, segs = launched[0], launched[3]
@@ -325,6 +327,11 @@ class Scheduler:
         """Release the engine's device resources (CUDA graphs, the TP group)."""
         self.grammar.close()
         self.engine.close()
+
+    def idle(self) -> bool:
+        """No request to run: the host's time is spare (``SpecDecoder.spare``); whether deferred
+        work is left."""
+        return self.spec is not None and self.spec.spare(idle=True)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity(self.decode.running + self.prefill.admitted())

@@ -14,6 +14,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 METHODS = ("ngram", "suffix", "mtp", "eagle3")
+DEFAULT_DRAFTS = 4
+MAX_DRAFTS = 16  # the most drafts a request may verify in one step
+# suffix decoding's default ceiling: with the last token a verify step of 16 rows, the size of a
+# captured decode graph (17 rows would replay the 32-row graph)
+SUFFIX_DRAFTS = 15
 # methods users know from vLLM / SGLang that need a draft model or head: not built here
 _NOT_BUILT = {"eagle": "EAGLE-1/2 draft models",
               "draft_model": "separate draft models", "medusa": "Medusa heads"}
@@ -29,7 +34,9 @@ _SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": "max_tree_depth",
 @dataclass(frozen=True)
 class SpecConfig:
     """``num_speculative_tokens``: the most drafts one request verifies per step (its draft
-    length adapts below it, ``adaptive.py``). ``prompt_lookup_min/max``: the n-gram sizes the
+    length adapts below it, ``adaptive.py``); by default 4, and for ``suffix`` the tree's depth,
+    as in vLLM (suffix decoding sizes each draft from its match, so the setting is only a
+    ceiling, and copied text is drafted a long run at a time), at most ``SUFFIX_DRAFTS``. ``prompt_lookup_min/max``: the n-gram sizes the
     ``ngram`` method matches (vLLM's names). ``max_tree_depth``, ``max_cached_requests``,
     ``max_spec_factor``, ``min_token_prob``: the ``suffix`` method's tree depth, how many finished
     requests its global tree remembers, drafts per matched token, and the least estimated
@@ -46,7 +53,7 @@ class SpecConfig:
 
     method: str = "ngram"
     model: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None  # None: the method's default (above)
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     max_tree_depth: int = 24
@@ -72,6 +79,10 @@ class SpecConfig:
         if self.method != "eagle3" and self.model is not None:
             raise ValueError(f"speculative_config: 'model' (a draft model) applies to method "
                              f"'eagle3', not {self.method!r}")
+        if self.num_speculative_tokens is None:
+            default = (min(self.max_tree_depth, SUFFIX_DRAFTS) if self.method == "suffix"
+                       and isinstance(self.max_tree_depth, int) else DEFAULT_DRAFTS)
+            object.__setattr__(self, "num_speculative_tokens", default)
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
                      "max_tree_depth", "max_cached_requests", "disable_by_batch_size",
                      "hybrid_verify_requests"):
@@ -82,8 +93,8 @@ class SpecConfig:
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"speculative_config: adaptive must be a boolean, got "
                              f"{self.adaptive!r}")
-        if self.num_speculative_tokens > 16:
-            raise ValueError("speculative_config: num_speculative_tokens must be <= 16")
+        if self.num_speculative_tokens > MAX_DRAFTS:
+            raise ValueError(f"speculative_config: num_speculative_tokens must be <= {MAX_DRAFTS}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("speculative_config: prompt_lookup_min must be <= prompt_lookup_max")
         for name in ("max_spec_factor", "min_token_prob", "min_expected_accept"):

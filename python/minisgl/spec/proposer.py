@@ -36,3 +36,8 @@ class Proposer(ABC):
         requests keeps what it wants of its tokens, if ``learn`` (False while the batch is too
         large to speculate: the host is then the bottleneck, and nothing drafts from it)."""
 
+    def spare(self, budget: int | None) -> bool:
+        """Host time to spare (a forward computing, the scheduler idle): do up to ``budget``
+        units of deferred work (None: all of it); whether some is left."""
+        return False
+

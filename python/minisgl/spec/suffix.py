@@ -16,7 +16,8 @@ The request's own text is not built into a trie: that costs O(n D) dictionary op
 n-token prompt (60 ms in Python for 1,500 tokens at D = 24, as long as hundreds of decode steps of
 a small model on a GPU). Its occurrences of the last tokens are found with vectorised compares over
 a numpy copy of the text (``ngram.py``'s history), and the continuations of those occurrences,
-counted, are the trie's children: the same drafts, at O(n) per step. The global trie is matched
+counted, are the trie's children: the same drafts, at O(n) per step. The global trie
+(``suffix_trie.py``, which learns finished outputs in the host's spare time) is matched
 incrementally: per request the nodes of its last 1..D tokens are kept (they depend on those tokens
 alone, so a long new stretch is matched from its last D), and one appended token advances them in
 O(D).
@@ -24,56 +25,13 @@ O(D).
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from minisgl.core import Req
 
 from .ngram import REREAD, TokenHistory
 from .proposer import Proposer
-
-
-class _Node:
-    __slots__ = ("count", "children")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.children: dict[int, _Node] = {}
-
-
-def _advance(root: _Node, nodes: list[_Node], token: int, depth: int, grow: bool) -> list[_Node]:
-    """The nodes of the suffixes one token longer. ``grow``: add the token (the request's own
-    trie); otherwise follow existing edges only, stopping at the first missing one (a missing
-    suffix has no longer extension in a trie of all suffixes)."""
-    out: list[_Node] = []
-    for node in [root, *nodes[: depth - 1]]:
-        child = node.children.get(token)
-        if child is None:
-            if not grow:
-                break
-            child = node.children[token] = _Node()
-        if grow:
-            child.count += 1
-        out.append(child)
-    return out
-
-
-def _walk(node: _Node, max_len: int, min_prob: float) -> tuple[list[int], float]:
-    """The most frequent path below ``node`` while its estimated probability stays above
-    ``min_prob``; its score is the expected number of accepted tokens."""
-    draft: list[int] = []
-    prob, score = 1.0, 0.0
-    while len(draft) < max_len and node.children:
-        total = sum(child.count for child in node.children.values())
-        token, child = max(node.children.items(), key=lambda item: item[1].count)
-        prob *= child.count / total
-        if prob < min_prob:
-            break
-        draft.append(token)
-        score += prob
-        node = child
-    return draft, score
+from .suffix_trie import SuffixTrie
 
 
 def _own_match(tokens: np.ndarray, depth: int) -> list[np.ndarray]:
@@ -96,7 +54,7 @@ def _own_match(tokens: np.ndarray, depth: int) -> list[np.ndarray]:
 
 def _own_walk(tokens: np.ndarray, ends: np.ndarray, max_len: int,
               min_prob: float) -> tuple[list[int], float]:
-    """``_walk`` over the continuations of the occurrences ``ends``: at each step the most
+    """``SuffixTrie.walk`` over the continuations of the occurrences ``ends``: at each step the most
     frequent next token (ties: the one that occurred first, as a trie's first-made child)."""
     draft: list[int] = []
     prob, score = 1.0, 0.0
@@ -116,42 +74,13 @@ def _own_walk(tokens: np.ndarray, ends: np.ndarray, max_len: int,
     return draft, score
 
 
-class _GlobalTrie:
-    """Suffixes of the last ``capacity`` finished requests' outputs; the oldest is removed (its
-    counts taken back) when a new one comes."""
-
-    def __init__(self, depth: int, capacity: int) -> None:
-        self.root, self.depth, self.capacity = _Node(), depth, capacity
-        self.texts: deque[list[int]] = deque()
-
-    def add(self, tokens: list[int]) -> None:
-        if not tokens:
-            return
-        self.texts.append(tokens)
-        self._update(tokens, +1)
-        while len(self.texts) > self.capacity:
-            self._update(self.texts.popleft(), -1)
-
-    def _update(self, tokens: list[int], delta: int) -> None:
-        for start in range(len(tokens)):
-            node = self.root
-            for token in tokens[start : start + self.depth]:
-                child = node.children.get(token)
-                if child is None:
-                    child = node.children[token] = _Node()
-                child.count += delta
-                if child.count <= 0:
-                    del node.children[token]
-                    break
-                node = child
-
-
 class _State:
     """One request: its text (numpy) and its matched nodes in the global trie."""
 
     def __init__(self) -> None:
         self.history = TokenHistory()
-        self.shared: list[_Node] = []  # shared[j]: the node of the last j + 1 tokens, if any
+        self.shared: list[int] = []  # shared[j]: the node of the last j + 1 tokens, if any
+        self.removals = 0  # the trie's ``removals`` when they were matched
         self.seen = 0
         self.tail: list[int] = []  # the last tokens the nodes were matched from
 
@@ -163,7 +92,7 @@ class SuffixProposer(Proposer):
     def __init__(self, depth: int, max_cached_requests: int, max_spec_factor: float,
                  min_token_prob: float) -> None:
         self.depth, self.factor, self.min_prob = depth, max_spec_factor, min_token_prob
-        self.shared = _GlobalTrie(depth, max_cached_requests)
+        self.shared = SuffixTrie(depth, max_cached_requests)
         self.states: dict[int, _State] = {}
 
     def _sync(self, req: Req) -> _State:
@@ -172,12 +101,13 @@ class SuffixProposer(Proposer):
             state = self.states[req.uid] = _State()
         ids = req.input_ids
         start = state.seen
-        if ids[start - len(state.tail) : start] != state.tail:  # drafts replaced (REREAD)
-            start, state.shared = 0, []
+        if (ids[start - len(state.tail) : start] != state.tail  # drafts replaced (REREAD)
+                or state.removals != self.shared.removals):  # its nodes' ids may be reused
+            start, state.shared, state.removals = 0, [], self.shared.removals
         if len(ids) - start >= self.depth:  # the nodes depend on the last D tokens only
             start, state.shared = len(ids) - self.depth, []
         for token in ids[start:]:
-            state.shared = _advance(self.shared.root, state.shared, token, self.depth, grow=False)
+            state.shared = self.shared.advance(state.shared, token)
         state.seen = len(ids)
         state.tail = ids[-REREAD:]
         return state
@@ -195,9 +125,11 @@ class SuffixProposer(Proposer):
             candidates.append(_own_walk(tokens, levels[n - 1], self._limit(n, max_len),
                                         self.min_prob))
         nodes = state.shared  # nodes[j]: the last j + 1 tokens; the deepest with a continuation
-        deepest = next((j + 1 for j in range(len(nodes) - 1, -1, -1) if nodes[j].children), 0)
+        children = self.shared.children
+        deepest = next((j + 1 for j in range(len(nodes) - 1, -1, -1) if children[nodes[j]]), 0)
         for n in self._match_lengths(deepest, max_len):
-            candidates.append(_walk(nodes[n - 1], self._limit(n, max_len), self.min_prob))
+            candidates.append(self.shared.walk(nodes[n - 1], self._limit(n, max_len),
+                                               self.min_prob))
         return max(candidates, key=lambda found: found[1], default=([], 0.0))[0]
 
     def _match_lengths(self, longest: int, max_len: int) -> set[int]:
@@ -213,5 +145,8 @@ class SuffixProposer(Proposer):
 
     def finished(self, req: Req, learn: bool = True) -> None:
         self.states.pop(req.uid, None)
-        if learn:  # O(n D) dictionary operations: 0.4 s for 64 answers of 512 tokens
+        if learn:  # learned in the host's spare time (``spare``)
             self.shared.add(req.input_ids[req.prompt_len :])
+
+    def spare(self, budget: int | None) -> bool:
+        return self.shared.learn(budget)

@@ -36,9 +36,9 @@ class SpecConfig:
     """``num_speculative_tokens``: the most drafts one request verifies per step (its draft
     length adapts below it, ``adaptive.py``); by default 4, and for ``suffix`` the tree's depth,
     as in vLLM (suffix decoding sizes each draft from its match, so the setting is only a
-    ceiling, and copied text is drafted a long run at a time), at most ``SUFFIX_DRAFTS``. ``prompt_lookup_min/max``: the n-gram sizes the
-    ``ngram`` method matches (vLLM's names). ``max_tree_depth``, ``max_cached_requests``,
-    ``max_spec_factor``, ``min_token_prob``: the ``suffix`` method's tree depth, how many finished
+    ceiling, and copied text is drafted a long run at a time), at most ``SUFFIX_DRAFTS``.
+    ``prompt_lookup_min/max``: the n-gram sizes the ``ngram`` method matches (vLLM's names).
+    ``max_tree_depth``, ``max_cached_requests``, ``max_spec_factor``, ``min_token_prob``: the ``suffix`` method's tree depth, how many finished
     requests its global tree remembers, drafts per matched token, and the least estimated
     probability a drafted token may have (Arctic Inference's meaning). ``disable_by_batch_size``:
     with more running requests than this nobody speculates (a large batch is compute-bound: the

@@ -38,9 +38,10 @@ class SpecConfig:
     as in vLLM (suffix decoding sizes each draft from its match, so the setting is only a
     ceiling, and copied text is drafted a long run at a time), at most ``SUFFIX_DRAFTS``.
     ``prompt_lookup_min/max``: the n-gram sizes the ``ngram`` method matches (vLLM's names).
-    ``max_tree_depth``, ``max_cached_requests``, ``max_spec_factor``, ``min_token_prob``: the ``suffix`` method's tree depth, how many finished
-    requests its global tree remembers, drafts per matched token, and the least estimated
-    probability a drafted token may have (Arctic Inference's meaning). ``disable_by_batch_size``:
+    ``max_tree_depth``, ``max_cached_requests``, ``max_spec_factor``, ``min_token_prob``: the
+    ``suffix`` method's tree depth, how many finished requests its global tree remembers,
+    drafts per matched token, and the least estimated probability a drafted token may have
+    (Arctic Inference's meaning). ``disable_by_batch_size``:
     with more running requests than this nobody speculates (a large batch is compute-bound: the
     verified tokens cost as much as they save). ``min_expected_accept``: a request speculates
     only while its recent accepted drafts per step are at least this (below it, a step of k+1

@@ -198,6 +198,9 @@ def main() -> None:
     parser.add_argument("--spec-options", default=None, help="more of the speculative config, "
                         "JSON (e.g. '{\"adaptive\": false}')")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None,
+                        help="the decode graphs captured (16 32 48 64: a one-row step replays "
+                        "the 16-row graph, as a verify step does, so greedy tokens match in bf16)")
     parser.add_argument("--batch", type=int, default=1, help="also run the prompts N at a time")
     parser.add_argument("--verify-cost", action="store_true")
     parser.add_argument("--eagle3-cost", action="store_true")

@@ -99,7 +99,7 @@ def bench_workloads(args, base: dict) -> list[dict]:
                          f"method:k), not {methods}")
     configs = {m: spec_config(m.partition(":")[0], draft_lens[m], args.spec_options)
                for m in methods}
-    llm = LLM(args.model, device=args.device,
+    llm = LLM(args.model, device=args.device, cuda_graph_bs=tuple(args.cuda_graph_bs or ()),
               speculative_config=next((c for c in configs.values() if c), None))
     sched = llm.scheduler
     decoders = {m: c and create_spec_decoder(parse_speculative_config(c), sched.engine,

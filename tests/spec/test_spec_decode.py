@@ -70,6 +70,25 @@ def test_greedy_equals_no_speculation(tiny_checkpoints, expected, method, arch, 
     llm.close()
 
 
+@pytest.mark.skipif(TEST_DEVICE != "cuda", reason="bf16 decode graphs: GPU only")
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_equals_no_speculation_in_bf16_with_one_graph_size(tiny_checkpoints, method):
+    """In bf16 a one-row decode step (a GEMV) and a verify step's rows (a GEMM) round differently,
+    so greedy tokens can part ways at a near tie. With only the 16-row graph captured
+    (``--cuda-graph-bs 16``) every step of a request alone replays it: the same kernels for every
+    row, and the same tokens."""
+    model, opts = str(tiny_checkpoints["llama"]), dict(dtype="bfloat16", cuda_graph_bs=(16,))
+    prompts = repetitive_prompts()
+    base = LLM(model, device="cuda", **opts)
+    want = [generate(base, [p])[0] for p in prompts]
+    base.close()
+    llm = LLM(model, device="cuda", speculative_config=spec(method), **opts)
+    assert [generate(llm, [p])[0] for p in prompts] == want
+    assert llm.scheduler.engine.graph_runner.sizes == [16]
+    assert llm.scheduler.spec.stats.verify_steps > 0
+    llm.close()
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_radix_hits_and_chunked_prefill(tiny_checkpoints, expected, method):
     """Prompts sharing prefixes, run twice (the second time from the prefix cache), fed in

@@ -84,6 +84,20 @@ def test_new_flags():
             parse_args(bad)
 
 
+def test_cuda_graph_batch_sizes():
+    """SGLang's --cuda-graph-bs: the decode batch sizes captured, each up to --cuda-graph-max-bs;
+    a batch replays the smallest that holds it."""
+    from minisgl.engine.graph import capture_sizes
+
+    engine = parse_args(["--cuda-graph-bs", "16", "32"]).engine
+    assert engine.cuda_graph_bs == [16, 32]
+    assert capture_sizes(256, (16, 32)) == [16, 32] and capture_sizes(8, (16, 32)) == [8]
+    assert capture_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    for bad in (["0"], ["16", "512"]):
+        with pytest.raises(ValueError, match="cuda_graph_bs"):
+            parse_args(["--cuda-graph-bs", *bad])
+
+
 def test_api_key_from_the_environment(monkeypatch):
     monkeypatch.delenv("MINISGL_API_KEY", raising=False)
     assert parse_args([]).api_key is None

@@ -48,6 +48,7 @@ class EngineConfig:
     linear_attn_backend: str = "torch"  # hybrid models: ``minisgl.linear_attn``
     state_dtype: torch.dtype = torch.float32  # hybrid models: the delta-rule state's dtype
     cuda_graph_max_bs: int = 0  # decode batches up to this size replay CUDA graphs; 0 disables
+    cuda_graph_sizes: tuple[int, ...] = ()  # the batch sizes captured (): 1, 2, 4, 8, 16k
     # prefill/mixed forwards up to this many tokens replay piecewise CUDA graphs; 0 disables
     piecewise_cuda_graph_max_tokens: int = 0
     max_forward_tokens: int = 8192  # the largest forward (prefill budget): sizes the profiling run

@@ -110,14 +110,14 @@ class Engine:
         # a hybrid model's graphs need a linear-attention backend that can be captured; decode
         # graphs read the sliding layers' own page table, a static buffer, as they read the other
         graphs = self.linear_attn is None or self.linear_attn.supports_cuda_graph
-        if (self.device.type == "cuda" and config.cuda_graph_max_bs > 0 and graphs
+        max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
+        if (self.device.type == "cuda" and max_bs > 0 and graphs
                 and self.attn_backend.supports_cuda_graph):
             from .graph import GraphRunner
 
-            max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
                                             self.dummy_row, max_bs, config.pdl,
-                                            self.window_page_table)
+                                            self.window_page_table, config.cuda_graph_sizes)
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
                            for a in self.cache_spec.attention}) == 1

@@ -63,25 +63,31 @@ def dummy_decode_batch(dummy_row: int, batch_size: int) -> Batch:
     return Batch([dummy] * batch_size, "decode")
 
 
-def capture_sizes(max_bs: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, max_bs + 1, 16))
+def capture_sizes(max_bs: int, sizes: tuple[int, ...] = ()) -> list[int]:
+    """The decode batch sizes to capture: ``sizes`` (``--cuda-graph-bs``) up to ``max_bs``, else
+    1, 2, 4, 8, the multiples of 16 and ``max_bs``. A batch replays the smallest graph that holds
+    it, its rows padded."""
+    if sizes:
+        return sorted({s for s in sizes if s <= max_bs}) or [max_bs]
+    sizes = (1, 2, 4, 8, *range(16, max_bs + 1, 16))
     return sorted({s for s in sizes if s <= max_bs} | {max_bs})
 
 
 class GraphRunner:
     """The decode graphs of one engine: its model, forward context (page table, KV pool, attention
     backend), token pool and dummy row (the page table's last), captured for batches up to
-    ``max_bs``; ``pdl``: the graph's own kernels launch with programmatic dependent launch;
+    ``max_bs`` (the ``sizes`` among them, if given); ``pdl``: the graph's own kernels launch with
+    programmatic dependent launch;
     ``window_table``: the sliding layers' own page table, if they have a pool of their own."""
 
     def __init__(self, model: BaseLLMModel, ctx: Context, token_pool: torch.Tensor,
                  dummy_row: int, max_bs: int, pdl: bool,
-                 window_table: torch.Tensor | None = None) -> None:
+                 window_table: torch.Tensor | None = None, sizes: tuple[int, ...] = ()) -> None:
         self.model, self.ctx, self.token_pool = model, ctx, token_pool
         self.window_table = window_table
         self.dummy_row, self.pdl = dummy_row, pdl
         self.device = token_pool.device
-        self.sizes = capture_sizes(max_bs)
+        self.sizes = capture_sizes(max_bs, sizes)
         self.max_bs = self.sizes[-1]
         self.rows = 5 + ctx.attn_backend.graph_metadata_rows
         self.inputs = torch.zeros(self.rows * self.max_bs, dtype=torch.int32, device=self.device)

@@ -60,6 +60,8 @@ class EngineOptions:
     linear_attn_backend: str = "auto"
     mamba_ssm_dtype: str = "auto"
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs (GPU only)
+    # the decode batch sizes captured (SGLang's --cuda-graph-bs); (): 1, 2, 4, 8, multiples of 16
+    cuda_graph_bs: tuple[int, ...] = ()
     # prefill/mixed forwards of up to this many tokens: piecewise CUDA graphs (0: off; GPU only)
     piecewise_cuda_graph_max_tokens: int = 4096
     disable_overlap: bool = False  # read every forward back before launching the next
@@ -153,6 +155,10 @@ class EngineOptions:
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
             raise ValueError("cuda_graph_max_bs: must be an integer >= 0, "
                              f"got {self.cuda_graph_max_bs!r}")
+        if any(not isinstance(bs, int) or isinstance(bs, bool)
+               or not 0 < bs <= self.cuda_graph_max_bs for bs in self.cuda_graph_bs):
+            raise ValueError(f"cuda_graph_bs: batch sizes from 1 to cuda_graph_max_bs "
+                             f"({self.cuda_graph_max_bs}), got {list(self.cuda_graph_bs)}")
         if (not isinstance(self.piecewise_cuda_graph_max_tokens, int)
                 or self.piecewise_cuda_graph_max_tokens < 0):
             raise ValueError("piecewise_cuda_graph_max_tokens: must be an integer >= 0, got "
@@ -243,6 +249,7 @@ class EngineOptions:
             # themselves
             cuda_graph_max_bs=(self.cuda_graph_max_bs if device.type == "cuda"
                                and not (spec and spec.method in ("mtp", "eagle3")) else 0),
+            cuda_graph_sizes=tuple(self.cuda_graph_bs),
             piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
                                              if device.type == "cuda" else 0),
             max_forward_tokens=max(batched if mixed else self.max_prefill_tokens,

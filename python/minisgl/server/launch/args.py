@@ -139,6 +139,10 @@ _HELP = {
     "disable_norm_quant": "--quantization fp8, batches: quantize the QKV and gate-up inputs in a "
                           "kernel of their own, not in the RMSNorm (ablation)",
     "cuda_graph_max_bs": "decode batches up to this size replay CUDA graphs (0: off; GPU only)",
+    "cuda_graph_bs": "the decode batch sizes to capture (default: 1 2 4 8 and multiples of 16 up "
+                     "to --cuda-graph-max-bs); a batch replays the smallest that holds it. Only "
+                     "16 32 ...: every step of up to 16 rows runs the same kernels, so greedy "
+                     "tokens with speculation equal those without it in bf16 too",
     "piecewise_cuda_graph_max_tokens": "prefill and mixed forwards of up to this many tokens "
                                        "replay CUDA graphs of all but attention, captured per "
                                        "multiple of 64 tokens (0: off; GPU only)",
@@ -215,6 +219,7 @@ DEVICE_ONLY = {
     "kv_cache_memory_gb": ("cpu", "--kv-cache-memory-gb",
                            "a GPU's KV pool is sized by --mem-fraction or --num-pages"),
     "cuda_graph_max_bs": ("cuda", "--cuda-graph-max-bs", "no CUDA graphs on a CPU"),
+    "cuda_graph_bs": ("cuda", "--cuda-graph-bs", "no CUDA graphs on a CPU"),
     "piecewise_cuda_graph_max_tokens": ("cuda", "--piecewise-cuda-graph-max-tokens",
                                         "no CUDA graphs on a CPU"),
     "disable_pdl": ("cuda", "--disable-pdl", "a CPU runs no Triton kernels"),

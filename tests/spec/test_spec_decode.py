@@ -212,6 +212,22 @@ def test_stops_inside_an_accepted_run_stop_there(tiny_checkpoints, expected):
     llm.scheduler.check_integrity()
 
 
+def test_suffix_learns_finished_answers_in_spare_time(tiny_checkpoints):
+    """A finished answer joins suffix decoding's global trie a slice at a time: after each launch
+    while other requests run, and while the scheduler is idle (``Scheduler.idle``)."""
+    llm = make_llm(tiny_checkpoints["llama"], speculative_config=spec("suffix"))
+    first, second = repetitive_prompts(2)
+    answers = generate(llm, [first])
+    trie = llm.scheduler.spec.proposer.shared
+    assert not trie.texts and trie.jobs  # queued: nothing ran since it finished
+    answers += generate(llm, [second])  # its steps learn the first answer, 8 suffixes each
+    assert list(trie.texts) == answers[:1]
+    while llm.scheduler.idle():
+        pass
+    assert list(trie.texts) == answers and not trie.jobs
+    llm.close()
+
+
 def test_only_accepted_tokens_are_cached(tiny_checkpoints):
     """After the requests end, the prefix cache holds exactly what it holds without
     speculation: rejected drafts never enter it."""

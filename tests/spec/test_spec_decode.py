@@ -214,17 +214,19 @@ def test_stops_inside_an_accepted_run_stop_there(tiny_checkpoints, expected):
 
 def test_suffix_learns_finished_answers_in_spare_time(tiny_checkpoints):
     """A finished answer joins suffix decoding's global trie a slice at a time: after each launch
-    while other requests run, and while the scheduler is idle (``Scheduler.idle``)."""
+    while other requests run, and while the scheduler is idle (``Scheduler.idle``; ``generate``
+    does the rest before it returns)."""
     llm = make_llm(tiny_checkpoints["llama"], speculative_config=spec("suffix"))
-    first, second = repetitive_prompts(2)
-    answers = generate(llm, [first])
-    trie = llm.scheduler.spec.proposer.shared
-    assert not trie.texts and trie.jobs  # queued: nothing ran since it finished
-    answers += generate(llm, [second])  # its steps learn the first answer, 8 suffixes each
-    assert list(trie.texts) == answers[:1]
-    while llm.scheduler.idle():
-        pass
+    proposer = llm.scheduler.spec.proposer
+    trie, slices = proposer.shared, []
+    spare = proposer.spare
+    proposer.spare = lambda budget: (slices.append((budget, len(trie.texts))), spare(budget))[1]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (5, 40)]
+    answers = generate(llm, repetitive_prompts(2), params)
     assert list(trie.texts) == answers and not trie.jobs
+    # the short answer was learned while the long one ran, 8 suffixes a step
+    assert (8, 1) in slices and slices.index((8, 1)) < len(slices) - 1
+    assert slices[-1][0] == 256  # the long one, after the last step
     llm.close()
 
 

@@ -194,6 +194,8 @@ class LLM:
                     pending.discard(tok.uid)
                     bar.update(1)
         self.scheduler.drain()  # a request stopped by a stop string may still have a step in flight
+        while self.scheduler.idle():  # deferred work (suffix decoding learning the answers) is
+            pass  # done before the next call: it may draft from them
         bar.close()
         if getattr(self.scheduler, "spec", None) is not None:
             logger.info(self.scheduler.spec.stats.line())  # cumulative over this LLM's runs

@@ -52,6 +52,8 @@ def follower_main(config: SchedulerConfig, rank: int, size: int, addr: str) -> N
     while _apply(scheduler, BACKEND_CODEC.decode(comm.broadcast_bytes(None))):
         if scheduler.has_work:
             scheduler.step()
+        else:  # rank 0 broadcasts before its idle turns as before its steps
+            scheduler.idle()
     scheduler.engine.close()  # rank 0 closes its engine at the same time
 
 
@@ -87,6 +89,10 @@ class TPScheduler:
     def step(self) -> list[TokenOutput]:
         self._broadcast()
         return self.inner.step()
+
+    def idle(self) -> bool:
+        self._broadcast()
+        return self.inner.idle()
 
     def drain(self) -> list[TokenOutput]:
         # NOTE: draining rank 0 alone would let the ranks schedule from different states; the

@@ -77,8 +77,8 @@ class GraphRunner:
     """The decode graphs of one engine: its model, forward context (page table, KV pool, attention
     backend), token pool and dummy row (the page table's last), captured for batches up to
     ``max_bs`` (the ``sizes`` among them, if given); ``pdl``: the graph's own kernels launch with
-    programmatic dependent launch;
-    ``window_table``: the sliding layers' own page table, if they have a pool of their own."""
+    programmatic dependent launch; ``window_table``: the sliding layers' own page table, if they
+    have a pool of their own."""
 
     def __init__(self, model: BaseLLMModel, ctx: Context, token_pool: torch.Tensor,
                  dummy_row: int, max_bs: int, pdl: bool,

@@ -41,12 +41,12 @@ class SpecConfig:
     ``max_tree_depth``, ``max_cached_requests``, ``max_spec_factor``, ``min_token_prob``: the
     ``suffix`` method's tree depth, how many finished requests its global tree remembers,
     drafts per matched token, and the least estimated probability a drafted token may have
-    (Arctic Inference's meaning). ``disable_by_batch_size``:
-    with more running requests than this nobody speculates (a large batch is compute-bound: the
-    verified tokens cost as much as they save). ``min_expected_accept``: a request speculates
-    only while its recent accepted drafts per step are at least this (below it, a step of k+1
-    tokens costs more than it gains). ``adaptive=False`` drafts ``num_speculative_tokens``
-    whenever the proposer has them (the verify-cost benchmark, an ablation).
+    (Arctic Inference's meaning). ``disable_by_batch_size``: with more running requests than this
+    nobody speculates (a large batch is compute-bound: the verified tokens cost as much as they
+    save). ``min_expected_accept``: a request speculates only while its recent accepted drafts
+    per step are at least this (below it, a step of k+1 tokens costs more than it gains).
+    ``adaptive=False`` drafts ``num_speculative_tokens`` whenever the proposer has them (the
+    verify-cost benchmark, an ablation).
     ``hybrid_verify_requests``: hybrid models only, the most requests that verify drafts in one
     step; each holds ``num_speculative_tokens + 1`` recurrent-state slots (tens of MiB each on
     real models), taken from the KV cache's memory. ``model``: the ``eagle3`` method's draft

@@ -40,4 +40,3 @@ class Proposer(ABC):
         """Host time to spare (a forward computing, the scheduler idle): do up to ``budget``
         units of deferred work (None: all of it); whether some is left."""
         return False
-

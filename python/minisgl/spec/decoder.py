@@ -320,7 +320,8 @@ class SpecDecoder:
         if not state.shadow and self._draft_len(req) == 0:
             draft = self.proposer.propose(req, self.config.num_speculative_tokens)
             if state.misses >= MISSES:  # it stopped for want of drafts: one is back
-                state.misses = 0 if draft else state.misses
+                if draft:
+                    state.misses = 0
             else:
                 state.shadow = draft
 

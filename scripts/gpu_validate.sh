@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Reproduce the published GPU figures (benchmark/results/H100, H200), one stage at a time; each
 # stage fits in about ten minutes on one H100 or H200 (tp needs two GPUs):
+#   scripts/gpu_validate.sh families   OUT  # GPU parity of every family on CUDA (float32, IEEE
+#                                           # dots): dense, MoE, hybrid, gpt-oss (fp32 and
+#                                           # MXFP4), Gemma 3/4, windows and sinks, the sliding
+#                                           # pool, CUDA graphs; run it first after changing a
+#                                           # model, a kernel or the engine
 #   scripts/gpu_validate.sh tests      OUT  # every test marked `gpu` (pytest -m gpu) on CUDA
 #   scripts/gpu_validate.sh offline    OUT  # one-token GEMV vs cuBLAS; Qwen3-0.6B with ablations
 #                                           # and transformers; Qwen3-8B with batch 1
@@ -77,6 +82,17 @@ step() {  # step SECONDS CMD...: one step under a time limit, its wall time prin
 bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, results in OUT
 
 case $stage in
+families)  # the tiny random models against CPU transformers in float32: Triton's fp32 dots
+    # default to TF32 (10-bit mantissas), which flips near-tied greedy tokens and routes of
+    # these models, so every dot here is IEEE; bf16 has tests of its own (test_gpu.py)
+    TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -q -p no:cacheprovider -rf \
+        -m "gpu or any_device" -n "${WORKERS:-6}" --dist loadfile --durations=25 \
+        tests/engine/test_parity.py tests/engine/test_gpu.py tests/engine/test_hybrid_parity.py \
+        tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py \
+        tests/kernels/test_gpt_oss_triton.py tests/engine/test_gemma_parity.py \
+        tests/kernels/test_gemma_moe.py tests/kernels/test_gemma_triton.py \
+        tests/kernels/test_window_sinks.py >"$out/families_tests.log" 2>&1
+    tail -25 "$out/families_tests.log" ;;
 gpt-oss)
     step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests/kernels/test_mxfp4_moe.py \
         tests/kernels/test_gpt_oss_triton.py tests/engine/test_gpt_oss.py \
@@ -275,7 +291,7 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRE
         "$out/${tag}_${gpu}_shared_prefix_naive.json" --tag "${tag}_${gpu}_radix_vs_naive"
     cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
 *)
-    echo "usage: $0 tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
+    echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
          "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
          "short-behind-long|first-minute OUT" >&2
     exit 2 ;;

@@ -177,7 +177,8 @@ def test_torch_backend_softcap():
     for b, (qb, slots, c) in enumerate(zip((q[:5], q[5:]), slots_of, (3, 0))):
         s = torch.einsum("thd,shd->hts", qb.double(), pool.k_cache(1)[slots].double()) * 0.5
         s = torch.tanh(s / 2.0) * 2.0
-        causal = torch.arange(len(slots))[None] <= (c + torch.arange(qb.shape[0]))[:, None]
+        causal = (torch.arange(len(slots))[None] <= (c + torch.arange(qb.shape[0]))[:, None]
+                  ).to(s.device)
         p = s.masked_fill(~causal, float("-inf")).softmax(-1)
         outs.append(torch.einsum("hts,shd->thd", p, pool.v_cache(1)[slots].double()))
     torch.testing.assert_close(out.double(), torch.cat(outs), atol=1e-5, rtol=1e-5)

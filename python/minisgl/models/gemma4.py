@@ -140,13 +140,17 @@ class ProportionalRotary(nn.Module):
     def __init__(self, head_dim: int, base: float, fraction: float, max_position: int) -> None:
         super().__init__()
         angles = int(fraction * head_dim // 2)
-        inv = 1.0 / base ** (torch.arange(0, 2 * angles, 2, dtype=torch.float32) / head_dim)
-        self.inv_freq = torch.cat([inv, torch.zeros(head_dim // 2 - angles)])
+        # NOTE: on the host whatever the default device (models are built under
+        # ``torch.device(cuda)``); the cos/sin table is made here and moved once per device
+        exps = torch.arange(0, 2 * angles, 2, dtype=torch.float32, device="cpu") / head_dim
+        self.inv_freq = torch.cat([1.0 / base**exps, torch.zeros(head_dim // 2 - angles,
+                                                                  device="cpu")])
         self.max_position = max_position
 
     @functools.lru_cache(maxsize=4)  # noqa: B019 (one module per layer kind, kept for the run)
     def _cos_sin(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32), self.inv_freq)
+        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32, device="cpu"),
+                            self.inv_freq)
         return freqs.cos().to(device), freqs.sin().to(device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,

@@ -16,6 +16,9 @@ def prefill_logits(scheduler, prompts: list[list[int]]) -> torch.Tensor:
     attention backend and model (all positions, not just the sampled rows). The requests are
     aborted afterwards, so the scheduler is left as it was."""
     uids = [_FIRST_UID + i for i in range(len(prompts))]
+    # NOTE: the warm-up (on CUDA) leaves prompts in the radix cache; a prefix hit would leave
+    # positions uncomputed and let the cache-aware policy reorder the batch
+    scheduler.cache.flush_prefix_cache()
     reqs = [scheduler.add_request(uid, p, _PARAMS) for uid, p in zip(uids, prompts)]
     batch = scheduler.prefill.schedule(decode_reserve=0)
     scheduler.cache.flush()

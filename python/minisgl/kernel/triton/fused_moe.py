@@ -39,7 +39,7 @@ from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
 from .activation import gelu_tanh_mul, silu_mul
 from .moe_align import moe_align, padded_capacity
-from .mxfp4 import decode_pair
+from .mxfp4 import decode_pair, e8m0
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
 
@@ -180,54 +180,52 @@ def _moe_gemm_mx_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
-    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
 ):
     """``_moe_gemm_kernel`` over MXFP4 weights: ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]``
-    e8m0 scales; BLOCK_K (values) is a multiple of 32."""
+    e8m0 scales. A K step is ``GROUPS`` 32-value groups (``k_dim`` a multiple of 32 * GROUPS):
+    per group, 16 bytes a row decode into its even and odd values, two dots of depth 16 give the
+    group's partial sums, and its scale multiplies them into the accumulator."""
     pid_m, pid_n = _tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
     pair, valid, row, expert, offs_n, n_ok, offs_n_safe = _rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
-    HALF: tl.constexpr = BLOCK_K // 2
-    offs_b = tl.arange(0, HALF)  # bytes of the K step: values 2b and 2b + 1
+    offs_b = tl.arange(0, 16)  # the bytes of one group: values 2b and 2b + 1
     a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
     w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
-    s_ptrs = (ws_ptr + expert * stride_se + offs_n_safe[None, :] * stride_sn
-              + (offs_b // 16)[:, None])
+    s_ptrs = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
+    up = n_out * stride_wn  # the up rows follow the gate rows (GATED)
+    up_s = n_out * stride_sn
     dt = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(tl.cdiv(k_dim, BLOCK_K)):
-        b_ok = offs_b < (k_dim - k * BLOCK_K) // 2
-        if EVEN_K:
-            a_even, a_odd = tl.load(a_ptrs), tl.load(a_ptrs + 1)
-            lo, hi = decode_pair(tl.load(w_ptrs), tl.load(s_ptrs), dt)
-        else:
-            a_even = tl.load(a_ptrs, mask=b_ok[None, :], other=0.0)
-            a_odd = tl.load(a_ptrs + 1, mask=b_ok[None, :], other=0.0)
-            lo, hi = decode_pair(tl.load(w_ptrs, mask=b_ok[:, None], other=0),
-                                 tl.load(s_ptrs, mask=b_ok[:, None], other=0), dt)
-        acc = tl.dot(a_even, lo, acc, input_precision=PRECISION)
-        acc = tl.dot(a_odd, hi, acc, input_precision=PRECISION)
-        if GATED:
-            if EVEN_K:
-                lo, hi = decode_pair(tl.load(w_ptrs + n_out * stride_wn),
-                                     tl.load(s_ptrs + n_out * stride_sn), dt)
-            else:
-                lo, hi = decode_pair(
-                    tl.load(w_ptrs + n_out * stride_wn, mask=b_ok[:, None], other=0),
-                    tl.load(s_ptrs + n_out * stride_sn, mask=b_ok[:, None], other=0), dt)
-            acc_up = tl.dot(a_even, lo, acc_up, input_precision=PRECISION)
-            acc_up = tl.dot(a_odd, hi, acc_up, input_precision=PRECISION)
-        a_ptrs += BLOCK_K
-        w_ptrs += HALF
-        s_ptrs += BLOCK_K // 32
+    for _ in range(k_dim // (32 * GROUPS)):
+        for g in tl.static_range(GROUPS):
+            a_even, a_odd = tl.load(a_ptrs + 32 * g), tl.load(a_ptrs + 32 * g + 1)
+            lo, hi = decode_pair(tl.load(w_ptrs + 16 * g), dt)
+            part = tl.dot(a_even, lo, input_precision=PRECISION)
+            part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
+            acc += part * e8m0(tl.load(s_ptrs + g))[None, :]
+            if GATED:
+                lo, hi = decode_pair(tl.load(w_ptrs + up + 16 * g), dt)
+                part = tl.dot(a_even, lo, input_precision=PRECISION)
+                part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
+                acc_up += part * e8m0(tl.load(s_ptrs + up_s + g))[None, :]
+        a_ptrs += 32 * GROUPS
+        w_ptrs += 16 * GROUPS
+        s_ptrs += GROUPS
     _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
               offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
               GELU)
+
+
+def _mx_groups(k_dim: int, block_k: int) -> int:
+    """32-value groups per K step: the most that divide ``k_dim`` and fit ``block_k`` values."""
+    n = k_dim // 32
+    return max(g for g in range(1, max(1, block_k // 32) + 1) if n % g == 0)
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
@@ -253,7 +251,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if mx:
-        _moe_gemm_mx_kernel[grid](*args, **meta)
+        del meta["BLOCK_K"], meta["EVEN_K"]
+        _moe_gemm_mx_kernel[grid](*args, GROUPS=_mx_groups(k_dim, cfg.block_k), **meta)
     else:
         _moe_gemm_kernel[grid](*args, FP8_W=scaled, SCALE_BN=block[0], SCALE_BK=block[1], **meta)
 

@@ -1,10 +1,11 @@
 """MXFP4 decoding inside Triton kernels (layout and torch reference: ``minisgl.quant.mxfp4``).
 
-Bit operations instead of a table: a nibble's magnitude times 4 is an integer (``2m`` when the
-exponent bits are 0, else ``(2 + m) << e``), and the group's scale ``2 ** (s - 127)``, divided by
-that 4, is a float32 built from its exponent field, so a decoded value costs a few integer ops and
-one multiply. Scales below ``2 ** -124`` (e8m0 < 3) flush to zero (no real weight group is that
-small).
+A nibble ``s e1 e0 m`` becomes a float32 by bit placement alone: its sign to bit 31, its three
+magnitude bits to bits 22-24 (exponent's lowest two bits and the mantissa's first). That float is
+the e2m1 value times ``2 ** -126`` (``e0 = e1 = 0, m = 1`` lands on the subnormal ``2 ** -127``,
+0.5's image), so one multiply by ``2 ** 126`` gives the exact value, and the group's e8m0 scale
+``2 ** (s - 127)``, a float32 built from its exponent field, multiplies a whole tile of partial
+sums instead of every weight. A byte costs about six integer operations for its two values.
 """
 
 from __future__ import annotations
@@ -14,20 +15,19 @@ import triton.language as tl
 
 
 @triton.jit
-def e2m1_scaled(nib, s):
-    """``nib`` (int32, 0..15) times ``2 ** (s - 127)`` (``s``: int32 e8m0), as float32."""
-    e = (nib >> 1) & 3
-    m = nib & 1
-    mag4 = tl.where(e == 0, 2 * m, (2 + m) << e)
-    quarter = tl.where(s >= 3, ((s - 2) << 23).to(tl.float32, bitcast=True), 0.0)
-    val = mag4.to(tl.float32) * quarter
-    return tl.where((nib & 8) != 0, -val, val)
+def decode_pair(packed, dtype: tl.constexpr):
+    """Packed bytes (any shape) -> (values of the low nibbles, of the high nibbles) in ``dtype``,
+    unscaled (exact: e2m1 values are representable in bf16, fp16 and fp32)."""
+    b = packed.to(tl.int32)
+    lo = ((b & 7) << 22) | ((b & 8) << 28)
+    hi = ((b & 0x70) << 18) | ((b & 0x80) << 24)
+    two126: tl.constexpr = 8.507059173023462e37
+    return ((lo.to(tl.float32, bitcast=True) * two126).to(dtype),
+            (hi.to(tl.float32, bitcast=True) * two126).to(dtype))
 
 
 @triton.jit
-def decode_pair(packed, s, dtype: tl.constexpr):
-    """A tile of packed bytes and its scales (same shape) -> (even values, odd values) in
-    ``dtype``: the low and the high nibble of every byte."""
-    b = packed.to(tl.int32)
-    si = s.to(tl.int32)
-    return e2m1_scaled(b & 15, si).to(dtype), e2m1_scaled(b >> 4, si).to(dtype)
+def e8m0(s):
+    """e8m0 scales (uint8) -> ``2 ** (s - 127)`` in float32 (``s = 0``, ``2 ** -127``, flushes to
+    zero: no weight group is that small)."""
+    return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)

@@ -5,7 +5,10 @@ reference.
 
 The config is built to make each feature matter: a window of 8 tokens on every other layer (the
 prompts are longer), YaRN with a small original context (its ramp crosses the head), sinks and
-biases of unit scale, and a SwiGLU limit that the experts' pre-activations cross.
+biases of unit scale, and experts whose pre-activations cross the SwiGLU limit. The limit is the
+released models' 7.0: transformers before 5.2x ignores the config's ``swiglu_limit`` and
+``swiglu_alpha`` (its experts hard-code 7.0 and 1.702), so another value would make the reference
+depend on the installed version.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ _STD = {  # (mean, std) by parameter name suffix; the first match wins
     "bias": (0.0, 0.1),
     "sinks": (0.0, 1.0),
     "router.weight": (0.0, 1.0),
-    "experts.gate_up_proj": (0.0, 0.25),
+    "experts.gate_up_proj": (0.0, 0.6),  # pre-activations of std ~5: about 1 in 6 clamped
     "experts.down_proj": (0.0, 0.15),
     "embed_tokens.weight": (0.0, 1.0),
     "lm_head.weight": (0.0, 1.5),
@@ -40,7 +43,7 @@ def config(**overrides):
     kwargs = dict(
         hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512,
-        num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW, swiglu_limit=3.0,
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW, swiglu_limit=7.0,
         rms_norm_eps=1e-6, bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID,
         tie_word_embeddings=False,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,

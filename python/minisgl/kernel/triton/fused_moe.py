@@ -39,7 +39,7 @@ from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
 from .activation import gelu_tanh_mul, silu_mul
 from .moe_align import moe_align, padded_capacity
-from .mxfp4 import decode_pair, e8m0
+from .mxfp4 import decode_pair, decode_pair_bf16, e8m0
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
 
@@ -55,11 +55,13 @@ class MoeConfig:
     num_stages: int = 4
 
 
-def pick_config(num_pairs: int, num_experts: int) -> MoeConfig:
+def pick_config(num_pairs: int, num_experts: int, mx: bool = False) -> MoeConfig:
     """Block sizes by expected rows per expert: small blocks when each expert sees a few rows
     (decode is weight-bandwidth bound: more programs in flight), tensor-core sized tiles in
-    prefill."""
+    prefill. MXFP4 keeps 16-row blocks longer: decoding, not the dot, bounds its small batches."""
     rows = num_pairs / num_experts  # picked from sweeps on an H100 (benchmark/kernels/bench_moe.py)
+    if mx and 4 < rows <= 32:  # an H200 sweep at gpt-oss-20b's shapes
+        return MoeConfig(16, 64, 64, 256, 1, 4, 3)
     if rows <= 4:  # narrow GEMM-1 tiles: with T=1 there are only top_k row blocks to spread
         return MoeConfig(16, 32, 64, 256, 1, 4, 3)
     if rows <= 32:
@@ -176,6 +178,13 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
+def _decode(packed, dt: tl.constexpr, PACKED: tl.constexpr):
+    if PACKED:  # bf16 on CUDA: two values per instruction
+        return decode_pair_bf16(packed)
+    return decode_pair(packed, dt)
+
+
+@triton.jit
 def _moe_gemm_mx_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
@@ -183,6 +192,7 @@ def _moe_gemm_mx_kernel(
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+    PACKED: tl.constexpr = False,
 ):
     """``_moe_gemm_kernel`` over MXFP4 weights: ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]``
     e8m0 scales. A K step is ``GROUPS`` 32-value groups (``k_dim`` a multiple of 32 * GROUPS):
@@ -205,12 +215,12 @@ def _moe_gemm_mx_kernel(
     for _ in range(k_dim // (32 * GROUPS)):
         for g in tl.static_range(GROUPS):
             a_even, a_odd = tl.load(a_ptrs + 32 * g), tl.load(a_ptrs + 32 * g + 1)
-            lo, hi = decode_pair(tl.load(w_ptrs + 16 * g), dt)
+            lo, hi = _decode(tl.load(w_ptrs + 16 * g), dt, PACKED)
             part = tl.dot(a_even, lo, input_precision=PRECISION)
             part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
             acc += part * e8m0(tl.load(s_ptrs + g))[None, :]
             if GATED:
-                lo, hi = decode_pair(tl.load(w_ptrs + up + 16 * g), dt)
+                lo, hi = _decode(tl.load(w_ptrs + up + 16 * g), dt, PACKED)
                 part = tl.dot(a_even, lo, input_precision=PRECISION)
                 part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
                 acc_up += part * e8m0(tl.load(s_ptrs + up_s + g))[None, :]
@@ -220,6 +230,9 @@ def _moe_gemm_mx_kernel(
     _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
               offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
               GELU)
+
+
+_MX_PACKED = True  # bf16 weights decoded by inline PTX (``decode_pair_bf16``)
 
 
 def _mx_groups(k_dim: int, block_k: int) -> int:
@@ -252,7 +265,9 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if mx:
         del meta["BLOCK_K"], meta["EVEN_K"]
-        _moe_gemm_mx_kernel[grid](*args, GROUPS=_mx_groups(k_dim, cfg.block_k), **meta)
+        packed = a.dtype == torch.bfloat16 and a.is_cuda and _MX_PACKED
+        _moe_gemm_mx_kernel[grid](*args, GROUPS=_mx_groups(k_dim, cfg.block_k), PACKED=packed,
+                                  **meta)
     else:
         _moe_gemm_kernel[grid](*args, FP8_W=scaled, SCALE_BN=block[0], SCALE_BK=block[1], **meta)
 
@@ -276,7 +291,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     n_pairs = tokens * top_k
     if n_pairs == 0:
         return torch.zeros_like(x)
-    cfg = config or pick_config(n_pairs, n_experts)
+    cfg = config or pick_config(n_pairs, n_experts, mx)
     if x.element_size() == 4:  # fp32 tiles are twice the bytes: keep within shared memory
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m)

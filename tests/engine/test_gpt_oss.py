@@ -162,8 +162,11 @@ def test_mxfp4_matches_transformers_and_the_float32_path(checkpoints, prompts, r
     layer = mx.scheduler.engine.model.layers[0].mlp
     assert layer.w13.dtype == torch.uint8 and layer.w13_scales.shape == (4, 128, 2)
     mx, fp32 = (make_llm(checkpoints[name], page_size=16) for name in ("mxfp4", "dequantized"))
-    torch.testing.assert_close(prefill_logits(mx.scheduler, prompts),
-                               prefill_logits(fp32.scheduler, prompts), atol=1e-4, rtol=0)
+    got, want = prefill_logits(mx.scheduler, prompts), prefill_logits(fp32.scheduler, prompts)
+    # the same exact weights, summed in another order: the MXFP4 kernel adds each 32-value
+    # group's scaled partial sum on its own, so the float32 roundings differ, by ~1e-5 of the
+    # logits' size after two layers
+    torch.testing.assert_close(got, want, atol=2e-5 * float(want.abs().max()), rtol=0)
 
 
 @pytest.mark.slow

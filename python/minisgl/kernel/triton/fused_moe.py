@@ -21,10 +21,11 @@ x's dtype, so nothing changes for the routing or the roundings above):
 - FP8 (``scales`` a tuple): the weights are read as e4m3 and each tile is scaled by its block's
   ``scale_inv``; ``BLOCK_K`` is capped at the block's column width, so a K step meets one scale
   per output column.
-- MXFP4 (``Mxfp4Scales``): a K step of ``BLOCK_K`` values reads ``BLOCK_K / 2`` bytes per row and
-  their e8m0 scales; the low nibbles (even k) and the high ones (odd k) become two tiles in x's
-  dtype, multiplied by x's even and odd columns (two dots of half the depth, the same work as
-  one): a quarter of bf16's weight bytes, the win of batch-1 decode.
+- MXFP4 (``Mxfp4Scales``, ``moe_mxfp4``): a byte holds two values, the low nibbles (even k) and
+  the high ones (odd k) become two tiles in x's dtype, multiplied by x's even and odd columns (two
+  dots of half the depth, the same work as one): a quarter of bf16's weight bytes, the win of
+  batch-1 decode. Small batches scale each 32-value group's partial sums, prefill tiles the
+  weights.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ import triton.language as tl
 
 from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
-from .activation import gelu_tanh_mul, silu_mul
 from .moe_align import moe_align, padded_capacity
-from .mxfp4 import decode_pair, decode_pair_bf16, e8m0
+from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
+from .moe_tiles import epilogue, rows, tile
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
 
@@ -72,59 +73,6 @@ def pick_config(num_pairs: int, num_experts: int, mx: bool = False) -> MoeConfig
 
 
 @triton.jit
-def _tile(n_tiles_n, n_blocks_m, GROUP_M: tl.constexpr):
-    """Grouped program order: GROUP_M row blocks (about one expert) sweep all N tiles together."""
-    pid = tl.program_id(0)
-    width = GROUP_M * n_tiles_n
-    first = (pid // width) * GROUP_M
-    size = tl.minimum(n_blocks_m - first, GROUP_M)
-    return first + (pid % width) % size, (pid % width) // size
-
-
-@triton.jit
-def _rows(sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's pairs, their x rows, its expert and output columns."""
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pair < n_pairs
-    pair = tl.where(valid, pair, 0).to(tl.int64)  # padding rows read row 0; never stored
-    row = pair // top_k  # GEMM 1 gathers token rows of x; GEMM 2 passes top_k=1 (pair rows)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n_out
-    return pair, valid, row, expert, offs_n, n_ok, tl.where(n_ok, offs_n, 0)
-
-
-@triton.jit
-def _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED: tl.constexpr,
-              HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr):
-    """Bias, activation (GATED) or routing weight, store by pair id."""
-    dt = out_ptr.dtype.element_ty
-    if HAS_BIAS:
-        b_ptrs = bias_ptr + expert * stride_be + offs_n_safe
-        acc += tl.load(b_ptrs).to(tl.float32)[None, :]
-        if GATED:
-            acc_up += tl.load(b_ptrs + n_out).to(tl.float32)[None, :]
-    gate = acc.to(dt).to(tl.float32)
-    if GATED:
-        up = acc_up.to(dt).to(tl.float32)
-        if CLAMPED:
-            gate = tl.minimum(gate, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
-            res = ((up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))).to(dt)
-        elif GELU:
-            res = gelu_tanh_mul(gate, up, dt)
-        else:
-            res = silu_mul(gate, up, dt)
-    else:
-        rw = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-        res = (gate * rw[:, None]).to(dt)
-    tl.store(out_ptr + pair[:, None] * stride_om + offs_n[None, :], res,
-             mask=valid[:, None] & n_ok[None, :])
-
-
-@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
@@ -138,10 +86,10 @@ def _moe_gemm_kernel(
               (a = x, rows by token)
     else:     out[pair, n] = (a[pair] . w[e, n]) * weights[pair]
               (a = act, rows by pair)"""
-    pid_m, pid_n = _tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
+    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = _rows(
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + row[:, None] * stride_am + offs_k[None, :]
@@ -172,73 +120,9 @@ def _moe_gemm_kernel(
             acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
+    epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
               offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
               GELU)
-
-
-@triton.jit
-def _decode(packed, dt: tl.constexpr, PACKED: tl.constexpr):
-    if PACKED:  # bf16 on CUDA: two values per instruction
-        return decode_pair_bf16(packed)
-    return decode_pair(packed, dt)
-
-
-@triton.jit
-def _moe_gemm_mx_kernel(
-    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
-    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
-    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
-    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
-    PACKED: tl.constexpr = False,
-):
-    """``_moe_gemm_kernel`` over MXFP4 weights: ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]``
-    e8m0 scales. A K step is ``GROUPS`` 32-value groups (``k_dim`` a multiple of 32 * GROUPS):
-    per group, 16 bytes a row decode into its even and odd values, two dots of depth 16 give the
-    group's partial sums, and its scale multiplies them into the accumulator."""
-    pid_m, pid_n = _tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
-        return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = _rows(
-        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
-    offs_b = tl.arange(0, 16)  # the bytes of one group: values 2b and 2b + 1
-    a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
-    w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
-    s_ptrs = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
-    up = n_out * stride_wn  # the up rows follow the gate rows (GATED)
-    up_s = n_out * stride_sn
-    dt = a_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(k_dim // (32 * GROUPS)):
-        for g in tl.static_range(GROUPS):
-            a_even, a_odd = tl.load(a_ptrs + 32 * g), tl.load(a_ptrs + 32 * g + 1)
-            lo, hi = _decode(tl.load(w_ptrs + 16 * g), dt, PACKED)
-            part = tl.dot(a_even, lo, input_precision=PRECISION)
-            part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
-            acc += part * e8m0(tl.load(s_ptrs + g))[None, :]
-            if GATED:
-                lo, hi = _decode(tl.load(w_ptrs + up + 16 * g), dt, PACKED)
-                part = tl.dot(a_even, lo, input_precision=PRECISION)
-                part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
-                acc_up += part * e8m0(tl.load(s_ptrs + up_s + g))[None, :]
-        a_ptrs += 32 * GROUPS
-        w_ptrs += 16 * GROUPS
-        s_ptrs += GROUPS
-    _epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
-              GELU)
-
-
-_MX_PACKED = True  # bf16 weights decoded by inline PTX (``decode_pair_bf16``)
-
-
-def _mx_groups(k_dim: int, block_k: int) -> int:
-    """32-value groups per K step: the most that divide ``k_dim`` and fit ``block_k`` values."""
-    n = k_dim // 32
-    return max(g for g in range(1, max(1, block_k // 32) + 1) if n % g == 0)
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
@@ -263,11 +147,11 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 HAS_BIAS=bias is not None, CLAMPED=act.kind == "swiglu_clamped",
                 GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if mx:
+    if mx and cfg.block_m > 32:
+        moe_gemm_mx_wide_kernel[grid](*args, **meta)
+    elif mx:
         del meta["BLOCK_K"], meta["EVEN_K"]
-        packed = a.dtype == torch.bfloat16 and a.is_cuda and _MX_PACKED
-        _moe_gemm_mx_kernel[grid](*args, GROUPS=_mx_groups(k_dim, cfg.block_k), PACKED=packed,
-                                  **meta)
+        moe_gemm_mx_kernel[grid](*args, GROUPS=mx_groups(k_dim, cfg.block_k), **meta)
     else:
         _moe_gemm_kernel[grid](*args, FP8_W=scaled, SCALE_BN=block[0], SCALE_BK=block[1], **meta)
 

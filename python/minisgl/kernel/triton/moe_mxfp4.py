@@ -1,0 +1,127 @@
+"""The fused MoE's GEMMs over MXFP4 experts (``fused_moe`` launches them; the decoding is
+``mxfp4``'s): ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]`` e8m0 scales, x in its own dtype.
+
+Two shapes of the same work. Small batches (16- or 32-row blocks: decode, a few rows per expert)
+take ``moe_gemm_mx_kernel``: a K step is whole 32-value groups, each group's bytes decode without
+their scale, two dots of depth 16 give its partial sums and one multiply by the scale adds them
+in; no mask, since K is a multiple of 32. Prefill tiles take ``moe_gemm_mx_wide_kernel``: a K step
+of ``BLOCK_K`` values decodes scaled weights (scaling a 64- or 128-row accumulator per group would
+cost more than scaling the weights once) and feeds two dots of depth ``BLOCK_K / 2``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .moe_tiles import epilogue, rows, tile
+from .mxfp4 import decode_pair, decode_pair_scaled, e8m0
+
+
+@triton.jit
+def moe_gemm_mx_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
+    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
+    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+):
+    """``fused_moe``'s GEMM over MXFP4 weights for small batches. A K step is ``GROUPS``
+    32-value groups (``k_dim`` a multiple of 32 * GROUPS): per group, 16 bytes a row decode into
+    its even and odd values, two dots of depth 16 give the group's partial sums, and its scale
+    multiplies them into the accumulator."""
+    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = rows(
+        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
+    offs_b = tl.arange(0, 16)  # the bytes of one group: values 2b and 2b + 1
+    a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
+    s_ptrs = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
+    up = n_out * stride_wn  # the up rows follow the gate rows (GATED)
+    up_s = n_out * stride_sn
+    dt = a_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(k_dim // (32 * GROUPS)):
+        for g in tl.static_range(GROUPS):
+            a_even, a_odd = tl.load(a_ptrs + 32 * g), tl.load(a_ptrs + 32 * g + 1)
+            lo, hi = decode_pair(tl.load(w_ptrs + 16 * g), dt)
+            part = tl.dot(a_even, lo, input_precision=PRECISION)
+            part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
+            acc += part * e8m0(tl.load(s_ptrs + g))[None, :]
+            if GATED:
+                lo, hi = decode_pair(tl.load(w_ptrs + up + 16 * g), dt)
+                part = tl.dot(a_even, lo, input_precision=PRECISION)
+                part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
+                acc_up += part * e8m0(tl.load(s_ptrs + up_s + g))[None, :]
+        a_ptrs += 32 * GROUPS
+        w_ptrs += 16 * GROUPS
+        s_ptrs += GROUPS
+    epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
+              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
+              GELU)
+
+
+@triton.jit
+def moe_gemm_mx_wide_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
+    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
+    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+):
+    """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill): a K step of ``BLOCK_K``
+    values (a multiple of 32) reads every byte's scale beside it and decodes scaled weights, two
+    dots of depth ``BLOCK_K / 2`` a step."""
+    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = rows(
+        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
+    HALF: tl.constexpr = BLOCK_K // 2
+    offs_b = tl.arange(0, HALF)  # bytes of the K step: values 2b and 2b + 1
+    a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
+    s_ptrs = (ws_ptr + expert * stride_se + offs_n_safe[None, :] * stride_sn
+              + (offs_b // 16)[:, None])
+    dt = a_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(tl.cdiv(k_dim, BLOCK_K)):
+        b_ok = offs_b < (k_dim - k * BLOCK_K) // 2
+        if EVEN_K:
+            a_even, a_odd = tl.load(a_ptrs), tl.load(a_ptrs + 1)
+            lo, hi = decode_pair_scaled(tl.load(w_ptrs), tl.load(s_ptrs), dt)
+        else:
+            a_even = tl.load(a_ptrs, mask=b_ok[None, :], other=0.0)
+            a_odd = tl.load(a_ptrs + 1, mask=b_ok[None, :], other=0.0)
+            lo, hi = decode_pair_scaled(tl.load(w_ptrs, mask=b_ok[:, None], other=0),
+                                 tl.load(s_ptrs, mask=b_ok[:, None], other=0), dt)
+        acc = tl.dot(a_even, lo, acc, input_precision=PRECISION)
+        acc = tl.dot(a_odd, hi, acc, input_precision=PRECISION)
+        if GATED:
+            if EVEN_K:
+                lo, hi = decode_pair_scaled(tl.load(w_ptrs + n_out * stride_wn),
+                                     tl.load(s_ptrs + n_out * stride_sn), dt)
+            else:
+                lo, hi = decode_pair_scaled(
+                    tl.load(w_ptrs + n_out * stride_wn, mask=b_ok[:, None], other=0),
+                    tl.load(s_ptrs + n_out * stride_sn, mask=b_ok[:, None], other=0), dt)
+            acc_up = tl.dot(a_even, lo, acc_up, input_precision=PRECISION)
+            acc_up = tl.dot(a_odd, hi, acc_up, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += HALF
+        s_ptrs += BLOCK_K // 32
+    epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
+              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
+              GELU)
+
+
+def mx_groups(k_dim: int, block_k: int) -> int:
+    """32-value groups per K step: the most that divide ``k_dim`` and fit ``block_k`` values."""
+    n = k_dim // 32
+    return max(g for g in range(1, max(1, block_k // 32) + 1) if n % g == 0)

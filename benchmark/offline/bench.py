@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -32,7 +33,7 @@ from bench_common import (  # noqa: E402
     model_dir,
     project_commit,
 )
-from ceiling import ceiling_tok_per_s  # noqa: E402
+from ceiling import batch1_floor_ms, ceiling_tok_per_s  # noqa: E402
 
 from minisgl import LLM, SamplingParams  # noqa: E402
 
@@ -150,27 +151,39 @@ def memory(llm: LLM) -> dict:
             "load_peak_gib": None if peak is None else round(peak / (1 << 30), 2)}
 
 
+def token_times(llm: LLM, prompt: list[int], params: SamplingParams) -> list[float]:
+    """Host clock at which each token of one request came back from the scheduler."""
+    sched, uid = llm.scheduler, 1 << 50
+    sched.add_request(uid, prompt, params)
+    times, done = [], False
+    while not done:
+        for tok in sched.step():
+            if tok.uid == uid:
+                times.append(time.perf_counter())
+                done = tok.finish_reason is not None
+    sched.drain()
+    return times
+
+
 def run_batch1(path: str, dummy: bool, options: dict, new_tokens: int = 256,
-               tp: int = 1) -> dict:
-    """Decode latency of one request: (total - time to first token) / (tokens - 1)."""
+               tp: int = 1, runs: int = 3) -> dict:
+    """Decode latency of one request from its own token timestamps: (last - first) / (tokens -
+    1), the median of ``runs`` runs after an untimed one that compiles what they use."""
     llm = LLM(path, tp=tp, dummy_weights=dummy, **{"warmup": "off", **options})
     mem = memory(llm)
     prompt = [random.Random(1).randint(0, 10000) for _ in range(128)]
-    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     full = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    llm.generate([prompt], full, use_tqdm=False)  # warm-up
-    times = []
-    for params in (first, full):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        llm.generate([prompt], params, use_tqdm=False)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    token_times(llm, prompt, full)  # warm-up
+    per_run = []
+    for _ in range(runs):
+        times = token_times(llm, prompt, full)
+        per_run.append(1000 * (times[-1] - times[0]) / (len(times) - 1))
     llm.close()
     del llm
     gc.collect()
     torch.cuda.empty_cache()
-    return {"ms_per_token": 1000 * (times[1] - times[0]) / (new_tokens - 1), "tp": tp, **mem}
+    return {"ms_per_token": statistics.median(per_run), "ms_per_token_runs": per_run, "tp": tp,
+            **mem}
 
 
 def run_hf(path: str, dummy: bool, prompts, max_tokens, batch_size: int) -> dict:
@@ -288,6 +301,12 @@ def main() -> None:
             for engine, variant in runs:
                 with environment(variant.get("env", {})):
                     res = run_batch1(path, dummy, llm_options(variant), tp=tp)
+                # what one token's step must stream (weights, the experts one token routes to)
+                floor = batch1_floor_ms(raw_config, gpu, tp)
+                if floor is not None:
+                    res["floor_ms"] = round(floor, 3)
+                    if res["ms_per_token"] < floor:
+                        res["below_floor"] = True  # a measuring error until shown otherwise
                 records.append({**base, "engine": engine + (f"[tp{tp}]" if tp > 1 else ""),
                                 **res})
                 print(json.dumps(records[-1]), flush=True)
@@ -316,8 +335,10 @@ def write(records: list[dict], out_dir: str, stem: str, command: str) -> None:
                          f"{r['output_tok_per_s']:,.0f} | {r['ceiling_fraction'] or ''} | "
                          f"{r['seconds']:.1f} | {r['output_tokens']:,} |")
         else:
+            floor = r.get("floor_ms")
+            of_floor = f"floor {floor:.2f} ms: {floor / r['ms_per_token']:.2f}" if floor else ""
             lines.append(f"| {r['engine']} | {r['model']} | {r['gpu']} | "
-                         f"{r['ms_per_token']:.2f} ms/token | | | |")
+                         f"{r['ms_per_token']:.2f} ms/token | {of_floor} | | |")
     default = {r.get("tp"): r["output_tok_per_s"] for r in records
                if r["engine"].startswith("minisgl[default]")}
     variants = [r for r in records if r["engine"].startswith("minisgl[") and "output_tok_per_s" in r

@@ -4,7 +4,8 @@ tensor throughput, with no CPU overhead and no kernel below its roofline.
 
 A decode step of ``B`` running requests reads
   - the weights once (every layer and the LM head; the embedding gives B rows only; MXFP4 experts
-    at 4.25 bits a weight: a byte per two values, one scale byte per 32),
+    at 4.25 bits a weight: a byte per two values, one scale byte per 32); of the routed experts
+    only those its B tokens route to, expected under uniform routing (``experts_touched``),
   - each request's KV cache of its full-attention layers (its context so far) and of its sliding
     layers (the last ``sliding_window`` tokens of it),
   - each request's recurrent state of its linear-attention layers, **twice** (read, then written
@@ -26,7 +27,29 @@ MXFP4_BYTES = 17 / 32  # per weight: 16 bytes of e2m1 pairs and one e8m0 scale p
 
 
 def _text(raw: dict) -> dict:
-    return raw.get("text_config") or raw
+    """The text model's fields, with transformers' defaults for those ``config.json`` leaves out
+    (Gemma 3's text config omits ``vocab_size``), as loading reads them."""
+    text = raw.get("text_config") or raw
+    try:
+        from transformers import AutoConfig
+
+        fields = {k: v for k, v in raw.items() if k != "model_type"}
+        defaults = AutoConfig.for_model(raw["model_type"], **fields).get_text_config().to_dict()
+    except (ImportError, KeyError, ValueError):  # no transformers, or a type it lacks
+        defaults = {}
+    return {**defaults, **text}
+
+
+def experts_touched(raw: dict, batch: int) -> float:
+    """Routed experts per layer a decode step of ``batch`` tokens reads, expected under uniform
+    routing: each token picks top-k of E, so an expert is missed by all with (1 - k/E) ** B. One
+    token reads k (gpt-oss-20b: 4 of 32); from a few dozen tokens on, nearly all."""
+    c = _text(raw)
+    experts, _ = _experts(c)
+    top_k = c.get("num_experts_per_tok") or c.get("experts_per_token") or c.get("top_k_experts")
+    if not experts or not top_k:
+        return float(experts)
+    return experts * (1 - (1 - top_k / experts) ** batch)
 
 
 def _experts(c: dict) -> tuple[int, int]:
@@ -44,10 +67,12 @@ def sliding_kv(raw: dict, dtype_bytes: int = 2) -> tuple[int, int]:
     return n * 2 * kv_heads * d * dtype_bytes, c.get("sliding_window") or 0
 
 
-def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4) -> tuple[int, int, int]:
+def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4,
+                 batch: int | None = None) -> tuple[int, int, int]:
     """(weight bytes a decode step reads, KV bytes per token of context of the full-attention
     layers, recurrent-state bytes per request, read once): from a model's config.json.
-    ``dtype_bytes=1`` counts parameters (MXFP4 experts included)."""
+    ``dtype_bytes=1`` counts parameters (MXFP4 experts included). ``batch``: the routed experts
+    a step of that many tokens touches (``experts_touched``); None: all of them."""
     c = _text(raw)
     h, vocab, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
@@ -74,6 +99,8 @@ def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4) -> tuple
             conv = 2 * hk * dk + hv * dv
             weights += h * (conv + hv * dv + 2 * hv) + hv * dv * h + conv * width
             state += hv * dk * dv * state_bytes + conv * (width - 1) * dtype_bytes
+    if experts and batch is not None:
+        expert_weights *= experts_touched(raw, batch) / experts
     return round(weights * dtype_bytes + expert_weights * expert_bytes), kv, state
 
 
@@ -95,18 +122,30 @@ def prefill_flops(raw: dict, prompt_lens: list[int]) -> float:
                + sliding * 4 * heads * d * n * min(n, window) for n in prompt_lens)
 
 
+def batch1_floor_ms(raw: dict, gpu: str, tp: int = 1) -> float | None:
+    """Milliseconds a one-token decode step takes at least: its weights (the experts one token
+    routes to) streamed at peak bandwidth, over ``tp`` GPUs; None for a GPU without figures."""
+    if gpu not in BANDWIDTH:
+        return None
+    return 1000 * decode_bytes(raw, batch=1)[0] / (BANDWIDTH[gpu] * tp)
+
+
 def ceiling_tok_per_s(raw: dict, prompt_lens: list[int], max_tokens: list[int], gpu: str,
                       state_bytes: int = 4) -> float | None:
     """Output tok/s of the workload at the ceiling, or None for a GPU without figures."""
     if gpu not in BANDWIDTH:
         return None
-    weights, kv, state = decode_bytes(raw, state_bytes=state_bytes)
+    weights = {}  # by batch size: a MoE step reads the experts its tokens route to
+    _, kv, state = decode_bytes(raw, state_bytes=state_bytes)
     window_kv, window = sliding_kv(raw)
     context, left = list(prompt_lens), list(max_tokens)
     alive = [i for i, n in enumerate(left) if n > 0]
     moved = 0.0
     while alive:
-        moved += weights + kv * sum(context[i] for i in alive) + 2 * state * len(alive)
+        b = len(alive)
+        if b not in weights:
+            weights[b] = decode_bytes(raw, state_bytes=state_bytes, batch=b)[0]
+        moved += weights[b] + kv * sum(context[i] for i in alive) + 2 * state * b
         moved += window_kv * sum(min(context[i], window) for i in alive)
         for i in alive:
             context[i] += 1

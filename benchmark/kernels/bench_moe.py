@@ -1,6 +1,7 @@
-"""Fused Triton MoE vs the torch reference backend on the Qwen3-30B-A3B expert shape, bf16.
+"""Fused Triton MoE vs the torch reference backend on the Qwen3-30B-A3B expert shape, bf16, or
+(``--mxfp4``) on gpt-oss-20b's MXFP4 experts (32 x 2880 x 2880, top 4, biases, clamped SwiGLU).
 
-    python benchmark/kernels/bench_moe.py [--tokens 1 16 256 4096] [--sweep] [--out DIR]
+    python benchmark/kernels/bench_moe.py [--tokens 1 16 256 4096] [--sweep] [--mxfp4] [--out DIR]
 
 Per token count: the fused kernel eagerly and replayed from a CUDA graph (how decode runs it), and
 the torch backend (eager only: it reads expert counts back to the host). TFLOP/s counts the active
@@ -31,7 +32,9 @@ from triton.testing import do_bench
 
 import minisgl.models  # noqa: F401  (first: importing minisgl.layers alone is circular)
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
+from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales
 from minisgl.moe.reference import TorchMoeBackend
+from minisgl.quant.mxfp4 import quantize_mxfp4
 
 H, INTER, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B: hidden, moe_intermediate, experts, top-k
 
@@ -46,17 +49,23 @@ SWEEP = {  # (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stag
 }
 
 
-def inputs(tokens: int, seed: int = 0):
+def inputs(tokens: int, seed: int = 0, mx: bool = False) -> tuple[tuple, dict]:
+    """(fused_moe's positional arguments, its keywords) for ``tokens`` routed tokens."""
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def randn(*s):
         return torch.randn(*s, generator=g, device="cuda")
 
     x = randn(tokens, H).bfloat16()
-    w13 = (randn(E, 2 * INTER, H) / H**0.5).bfloat16()
-    w2 = (randn(E, H, INTER) / INTER**0.5).bfloat16()
+    w13, w2 = randn(E, 2 * INTER, H) / H**0.5, randn(E, H, INTER) / INTER**0.5
     weights, ids = torch.topk(randn(tokens, E).softmax(-1), K, dim=-1)
-    return x, w13, w2, (weights / weights.sum(-1, keepdim=True)).bfloat16(), ids
+    weights = (weights / weights.sum(-1, keepdim=True)).bfloat16()
+    if not mx:
+        return (x, w13.bfloat16(), w2.bfloat16(), weights, ids), {}
+    (w13, s13), (w2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
+    bias = ExpertBias((randn(E, 2 * INTER) * 0.1).bfloat16(), (randn(E, H) * 0.1).bfloat16())
+    return (x, w13, w2, weights, ids), dict(scales=Mxfp4Scales(s13, s2), bias=bias,
+                                            act=MoeActivation("swiglu_clamped", 1.702, 7.0))
 
 
 def graph_ms(fn) -> float:
@@ -68,7 +77,7 @@ def graph_ms(fn) -> float:
     return do_bench(graph.replay, return_mode="median")
 
 
-def sweep(tokens: int, args, deadline: float) -> list[dict]:
+def sweep(tokens: int, args, kw, deadline: float) -> list[dict]:
     kind = "decode" if tokens * K / E <= 4 else "mid" if tokens * K / E <= 32 else "prefill"
     rows = []
     for c in SWEEP[kind]:
@@ -76,7 +85,7 @@ def sweep(tokens: int, args, deadline: float) -> list[dict]:
             break
         cfg = MoeConfig(*c)
         try:
-            ms = graph_ms(lambda: fused_moe(*args, config=cfg))
+            ms = graph_ms(lambda: fused_moe(*args, config=cfg, **kw))
             rows.append(dict(config=asdict(cfg), ms=ms))
         except Exception as e:  # e.g. out of shared memory
             rows.append(dict(config=asdict(cfg), error=f"{type(e).__name__}: {e}"[:200]))
@@ -90,29 +99,35 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="also time a few block configurations")
     p.add_argument("--sweep-budget", type=float, default=100.0, help="seconds for the whole sweep")
     p.add_argument("--no-torch", action="store_true", help="skip the torch reference backend")
+    p.add_argument("--mxfp4", action="store_true", help="gpt-oss-20b's MXFP4 experts")
     a = p.parse_args()
+    global H, INTER, E, K
+    if a.mxfp4:
+        H, INTER, E, K = 2880, 2880, 32, 4
+    weight_bytes = 17 / 32 if a.mxfp4 else 2  # MXFP4: 16 bytes of values and a scale per 32
     gpu = torch.cuda.get_device_name()
     results = []
     for tokens in a.tokens:
-        args = inputs(tokens)
+        args, kw = inputs(tokens, mx=a.mxfp4)
         flops = 6 * tokens * K * H * INTER
         hit = int(args[4].unique().numel())
-        fused = do_bench(lambda: fused_moe(*args), return_mode="median")
-        graphed = graph_ms(lambda: fused_moe(*args))
-        ref = None if a.no_torch else do_bench(lambda: TorchMoeBackend().forward(*args),
+        fused = do_bench(lambda: fused_moe(*args, **kw), return_mode="median")
+        graphed = graph_ms(lambda: fused_moe(*args, **kw))
+        ref = None if a.no_torch else do_bench(lambda: TorchMoeBackend().forward(*args, **kw),
                                                return_mode="median")
-        row = dict(tokens=tokens, experts_hit=hit, config=asdict(pick_config(tokens * K, E)),
+        cfg = pick_config(tokens * K, E, a.mxfp4)
+        row = dict(tokens=tokens, experts_hit=hit, config=asdict(cfg),
                    fused_ms=fused, fused_graph_ms=graphed, torch_ms=ref,
                    fused_tflops=flops / fused / 1e9, fused_graph_tflops=flops / graphed / 1e9,
                    torch_tflops=flops / ref / 1e9 if ref else None,
                    speedup=ref / fused if ref else None,
-                   graph_weight_gbps=hit * 3 * H * INTER * 2 / graphed / 1e6)
+                   graph_weight_gbps=hit * 3 * H * INTER * weight_bytes / graphed / 1e6)
         print(json.dumps(row), flush=True)
         results.append(row)
     if a.sweep:
         deadline = time.time() + a.sweep_budget
         for row in results:
-            row["sweep"] = sweep(row["tokens"], inputs(row["tokens"]), deadline)
+            row["sweep"] = sweep(row["tokens"], *inputs(row["tokens"], mx=a.mxfp4), deadline)
             best = min((r for r in row["sweep"] if "ms" in r), key=lambda r: r["ms"], default=None)
             print(f"T={row['tokens']}: best {best}", flush=True)
     date = datetime.date.today().isoformat()
@@ -120,11 +135,12 @@ def main() -> None:
     meta = dict(gpu=gpu, date=date, torch=torch.__version__, triton=triton.__version__,
                 shape=dict(hidden=H, moe_intermediate=INTER, experts=E, top_k=K), dtype="bfloat16")
     os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"{date}_moe_{slug}")
+    stem = os.path.join(a.out, f"{date}_moe{'_mxfp4' if a.mxfp4 else ''}_{slug}")
     with open(stem + ".json", "w") as f:
         json.dump(dict(meta=meta, results=results), f, indent=1)
     lines = [f"# Fused MoE vs torch reference: {gpu}, {date}", "",
-             f"Qwen3-30B-A3B experts (H={H}, I={INTER}, E={E}, top-{K}), bf16, "
+             f"{'gpt-oss-20b MXFP4' if a.mxfp4 else 'Qwen3-30B-A3B'} experts (H={H}, I={INTER}, "
+             f"E={E}, top-{K}), bf16 activations, "
              f"torch {torch.__version__}, triton {triton.__version__}. Median ms (L2 flushed); "
              "TFLOP/s of active FLOPs.", "",
              "| T | experts hit | fused ms | fused (graph) ms | torch ms | speedup | "

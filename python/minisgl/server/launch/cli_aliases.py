@@ -56,6 +56,9 @@ DIFFERENT: dict[str, str] = {
     "--pp-size": "minisgl has no pipeline parallelism: use --tp",
     "--swap-space": "minisgl does not swap KV to the host: requests are retracted and re-run",
     "--served-model": "use --served-model-name",
+    "--override-generation-config": "sampling defaults come from --generation-config (auto, none or "
+                                    "a directory); the default output limit (vLLM's "
+                                    "max_new_tokens there) is --default-max-tokens",
     "--load-format": "use --dummy-weights for random weights; checkpoints are detected by their "
                      "files",
 }

@@ -141,6 +141,10 @@ def chat_messages(req: CountTokensRequest) -> list[dict]:
         if role not in ("user", "assistant", "system"):
             raise _bad(f"messages[{i}].role", "must be user or assistant")
         chat: dict = {"role": role, "content": ""}
+        final_assistant = role == "assistant" and i == len(req.messages) - 1
+        if message.get("content") == [] and not final_assistant:
+            raise _bad(param, "must not be empty: all messages must have non-empty content "
+                       "except for the optional final assistant message")
         for j, block in enumerate(_blocks(message.get("content"), param)):
             kind, where = block["type"], f"{param}[{j}]"
             if kind == "text":

@@ -1,9 +1,9 @@
 """Run Codex CLI and Claude Code non-interactively against a minisgl server.
 
     npm install -g @openai/codex @anthropic-ai/claude-code
-    MINISGL_ALLOW_LONG_MAX_MODEL_LEN=1 python -m minisgl --max-model-len 32768 \
+    MINISGL_ALLOW_LONG_MAX_MODEL_LEN=1 .venv/bin/python -m minisgl --max-model-len 32768 \
         --kv-cache-memory-gb 2
-    python scripts/agent_clis.py --url http://127.0.0.1:1919 [--only codex|claude]
+    .venv/bin/python scripts/agent_clis.py --url http://127.0.0.1:1919 [--only codex|claude]
 
 Their system prompts and tools are 10-20k tokens, beyond the default model's 8,192-token window,
 hence the long window (an explicit opt-in) and a KV pool that holds it. Codex runs ``codex exec``

@@ -78,3 +78,24 @@ def test_without_yielding_the_short_prompt_waits_for_every_chunk(tiny_checkpoint
     # 416 tokens of the long prompt (13 steps) go first, then the short one's 40 (2 steps)
     assert first is not None and first >= 14
     assert tokens[1] == [o.token_ids for o in llm.generate([short], GREEDY)][0]
+
+
+def test_prefill_tokens_are_counted_as_the_chunks_are_fed(llm):
+    """The live log's prefill rate (``PrefillManager.fed_tokens``) advances with each chunk of a
+    long prompt, before its first token; a prefix-cache hit is not computed, so not counted."""
+    (prompt,) = random_prompts(1, [100], 256, seed=5)
+    sched = llm.scheduler
+    start = sched.prefill.fed_tokens
+    sched.add_request(0, prompt, GREEDY)
+    fed = []
+    for _ in range(3):
+        assert not [o for o in sched.step() if o.token is not None]  # still prefilling
+        fed.append(sched.prefill.fed_tokens - start)
+    assert fed == [BUDGET, 2 * BUDGET, 3 * BUDGET]
+    while sched.has_work:
+        sched.step() if sched.reqs else sched.drain()
+    assert sched.prefill.fed_tokens - start == 100
+    sched.add_request(1, prompt + [7, 8], GREEDY)  # the first 100 tokens are cached
+    while sched.has_work:
+        sched.step() if sched.reqs else sched.drain()
+    assert 100 < sched.prefill.fed_tokens - start <= 100 + 3

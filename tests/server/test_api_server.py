@@ -314,7 +314,7 @@ BAD = [  # (name, path, body, status, param)
     ("presence_penalty 9", "/v1/completions", {"prompt": "a", "presence_penalty": 9}, 400,
      "presence_penalty"),
     ("seed negative", "/v1/completions", {"prompt": "a", "seed": -1}, 400, "seed"),
-    ("seed 10**30", "/v1/completions", {"prompt": "a", "seed": 10**30}, 400, None),
+    ("seed 10**30", "/v1/completions", {"prompt": "a", "seed": 10**30}, 400, "seed"),
     ("stop_token_ids str", "/v1/completions", {"prompt": "a", "stop_token_ids": ["x"]}, 400,
      "stop_token_ids[0]"),
     ("stop 20", "/v1/completions", {"prompt": "a", "stop": ["x"] * 20}, 400, "stop"),

@@ -116,7 +116,7 @@ def test_first_forwards_and_live_stats():
     assert not ff.unstarted and not ff.started
     live = LiveStats(interval=2.0, started=0.0)
     first = SimpleNamespace(prompt_len=10, cache_hit_len=4)
-    live.add([SimpleNamespace(first=first)] + [SimpleNamespace(first=None)] * 2)
+    live.add([SimpleNamespace(first=first)] + [SimpleNamespace(first=None)] * 2, fed_tokens=6)
     stats = SchedulerStatsMsg(num_running=1, num_waiting=2, num_aborted=0, num_retractions=0,
                               kv_used_tokens=25, kv_total_tokens=100, cache_hit_tokens=4,
                               max_context_len=64)
@@ -124,9 +124,12 @@ def test_first_forwards_and_live_stats():
     assert live.roll(2.0, stats) == (
         "prefill throughput: 3.0 tok/s, decode throughput: 1.0 tok/s, #running: 1, #queued: 2, "
         "KV usage: 25.0%, cache hit rate: 40.0%")
-    live.add([SimpleNamespace(first=None)])
-    assert live.roll(4.0, stats, prefilling=(512, 20000)).endswith(  # a prompt fed in chunks
-        "cache hit rate: 0.0%, prefilling: 512 of 20000 prompt tokens")
+    live.add([], fed_tokens=6 + 256)  # two chunks of a long prompt, no first token yet
+    live.add([SimpleNamespace(first=None)], fed_tokens=6 + 512)
+    assert live.roll(4.0, stats, prefilling=(512, 20000)) == (
+        "prefill throughput: 256.0 tok/s, decode throughput: 0.5 tok/s, #running: 1, "
+        "#queued: 2, KV usage: 25.0%, cache hit rate: 0.0%, prefilling: 512 of 20000 prompt "
+        "tokens")
     idle = SchedulerStatsMsg(**{**{f: getattr(stats, f) for f in stats.__struct_fields__},
                                 "num_running": 0, "num_waiting": 0})
     assert live.roll(6.0, idle) is None and not LiveStats(interval=0).due(1e9)

@@ -6,9 +6,7 @@ engine and scheduler configs are built.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -94,14 +92,6 @@ class EngineOptions:
     speculative_draft_model_path: str | None = None  # EAGLE3: the draft's directory
     speculative_ngram_min_match_window_size: int | None = None
     speculative_ngram_max_match_window_size: int | None = None
-
-    @classmethod
-    def from_kwargs(cls, owner: str, options: dict[str, Any]) -> EngineOptions:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise TypeError(f"{owner} got unknown option(s) {unknown}; valid: {sorted(names)}")
-        return cls(**options)
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:

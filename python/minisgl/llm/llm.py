@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from typing import Sequence, Union
@@ -19,12 +20,14 @@ from minisgl.tokenizer.harmony import Harmony, is_harmony_model
 from minisgl.utils import init_logger
 from minisgl.utils.hf import load_tokenizer
 
+from .aliases import llm_keywords
 from .config import EngineOptions
 
 logger = init_logger(__name__)
 
 Prompt = Union[str, Sequence[int]]
 Message = dict
+_OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)} | {"model", "tp"}
 
 
 @dataclass
@@ -52,14 +55,20 @@ class LLM:
     """``LLM(model=None, tp=1, **options)``; ``model=None`` is the built-in default model.
 
     Options are the fields of ``EngineOptions`` (device, dtype, page_size, cache,
-    max_prefill_tokens, num_pages, max_running_requests, ...); an unknown one raises ``TypeError``.
-    ``tp > 1`` runs ranks 1.. in child processes (one GPU each). ``close()`` (or leaving a
-    ``with LLM(...) as llm`` block) releases the CUDA graphs, the TP group and its processes at
-    once; otherwise that happens when the object is collected or at exit.
+    max_prefill_tokens, num_pages, max_running_requests, ...), also under vLLM's and SGLang's
+    names as the server's flags take them (``tensor_parallel_size``, ``max_model_len``,
+    ``gpu_memory_utilization``, ``max_num_seqs``, ``enable_prefix_caching``, ...: ``aliases.py``);
+    an unknown one raises ``TypeError`` with the closest names. ``tp > 1`` runs ranks 1.. in child
+    processes (one GPU each). ``close()`` (or leaving a ``with LLM(...) as llm`` block) releases
+    the CUDA graphs, the TP group and its processes at once; otherwise that happens when the
+    object is collected or at exit.
     """
 
-    def __init__(self, model: str | None = None, tp: int = 1, **options) -> None:
-        opts = EngineOptions.from_kwargs("LLM()", options)
+    def __init__(self, model: str | None = None, tp: int | None = None, **options) -> None:
+        given = {k: v for k, v in (("model", model), ("tp", tp)) if v is not None}
+        options = llm_keywords({**given, **options}, _OPTIONS)
+        model, tp = options.pop("model", None), options.pop("tp", 1)
+        opts = EngineOptions(**options)
         use_kernel_cache()
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp: must be a positive integer, got {tp!r}")

@@ -99,6 +99,7 @@ class SchedulerIO:
                 # the others inside a collective)
                 alone = self.comm.info.size == 1
                 warm_up(self.scheduler, should_stop=lambda: alone and not self.running)
+                self.live.fed_tokens = self.scheduler.prefill.fed_tokens  # not the warm-up's
                 self.ready = True
             watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
             while os.getppid() == self._parent:
@@ -126,7 +127,7 @@ class SchedulerIO:
         launched_at = time.time()
         outputs = self.scheduler.step()
         self.first_forwards.mark(launched_at, self.scheduler.reqs)
-        self.live.add(outputs)
+        self.live.add(outputs, self.scheduler.prefill.fed_tokens)
         return outputs
 
     def _receive(self) -> None:

@@ -42,6 +42,7 @@ class PrefillManager:
         self.yield_to_shorter = yield_to_shorter  # off: ``--disable-prefill-yield`` (ablation)
         self.policy = policy or AdmissionPolicy("fcfs", 0, cache.hit_len)
         self.waiting: deque[Req] = deque()
+        self.fed_tokens = 0  # tokens of every prefill chunk scheduled so far (the live log's rate)
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -112,6 +113,7 @@ class PrefillManager:
             req.cached_len = req.device_len  # earlier chunks: computed by launched forwards
             req.device_len += chunk
             budget -= chunk
+            self.fed_tokens += chunk
             reqs.append(req)
             computing.add(head)
         return Batch(reqs, "prefill") if reqs else None

@@ -53,23 +53,28 @@ class FirstForwards:
 
 @dataclass
 class LiveStats:
-    """Tokens of one logging window, counted from the outputs rank 0 sends.
+    """Tokens of one logging window.
 
-    A first token stands for its request's prefill (prompt minus prefix-cache hit), every later one
-    for one decode step; prompts that retraction re-feeds are not counted twice: the line shows the
-    work the users asked for, not the work redone. A prompt still being fed in chunks has no first
-    token yet (a 20k-token prompt takes minutes on a CPU), so the line also says how far the
-    half-fed prompts are (``prefilling``), lest it read as a server doing nothing.
+    Prefill counts the tokens the prefill chunks scheduled in the window computed (the prefix
+    cache's hits are not computed; a retracted request's re-fed tokens are, as work done again), so
+    a long prompt fed chunk by chunk shows its rate while it advances, not at its first token
+    minutes later (a 20k-token prompt on a CPU). Decode counts the tokens after each request's
+    first; the hit rate is over the prompts whose first token came in the window. The line also
+    says how far the half-fed prompts are (``prefilling``).
     """
 
     interval: float
     started: float = field(default_factory=time.monotonic)
+    fed_tokens: int = 0  # the scheduler's count of prefill tokens scheduled, at the last step
     prefill_tokens: int = 0
     decode_tokens: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
 
-    def add(self, outputs: list[TokenOutput]) -> None:
+    def add(self, outputs: list[TokenOutput], fed_tokens: int) -> None:
+        """One step's outputs; ``fed_tokens``: the prefill tokens scheduled so far, in all."""
+        self.prefill_tokens += fed_tokens - self.fed_tokens
+        self.fed_tokens = fed_tokens
         for out in outputs:
             req = out.first
             if req is None:
@@ -77,7 +82,6 @@ class LiveStats:
                 continue
             self.prompt_tokens += req.prompt_len
             self.hit_tokens += req.cache_hit_len
-            self.prefill_tokens += req.prompt_len - req.cache_hit_len
 
     def due(self, now: float) -> bool:
         return self.interval > 0 and now - self.started >= self.interval

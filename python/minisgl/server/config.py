@@ -42,6 +42,9 @@ class ServerConfig:
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
     clamp_max_tokens: bool = False
+    # the output limit of a chat or Responses request that sets none (None: what the context
+    # leaves after the prompt, as OpenAI, vLLM and SGLang do)
+    default_max_tokens: int | None = None
     generation_config: str = "auto"
     reject_unsupported_tools: bool = False
 
@@ -55,6 +58,10 @@ class ServerConfig:
             raise ValueError(f"shutdown_timeout: must be >= 0, got {self.shutdown_timeout}")
         if not self.watchdog_timeout >= 0:
             raise ValueError(f"watchdog_timeout: must be >= 0, got {self.watchdog_timeout}")
+        if self.default_max_tokens is not None and not (
+                isinstance(self.default_max_tokens, int) and self.default_max_tokens >= 1):
+            raise ValueError(f"default_max_tokens: must be a positive integer, "
+                             f"got {self.default_max_tokens!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535] (0: any free port), got {self.port}")
         if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
-from minisgl.server.agents.anthropic_stream import MessageBuilder
+from minisgl.server.agents.anthropic_stream import MessageBuilder, message_id
 from minisgl.server.agents.chat_bridge import (
     AgentStream,
     StreamFailed,
@@ -141,6 +141,10 @@ def chat_messages(req: CountTokensRequest) -> list[dict]:
         if role not in ("user", "assistant", "system"):
             raise _bad(f"messages[{i}].role", "must be user or assistant")
         chat: dict = {"role": role, "content": ""}
+        final_assistant = role == "assistant" and i == len(req.messages) - 1
+        if message.get("content") == [] and not final_assistant:
+            raise _bad(param, "must not be empty: all messages must have non-empty content "
+                       "except for the optional final assistant message")
         for j, block in enumerate(_blocks(message.get("content"), param)):
             kind, where = block["type"], f"{param}[{j}]"
             if kind == "text":
@@ -225,10 +229,11 @@ async def _messages(request: Request) -> Response:
     sampling = {"max_completion_tokens": req.max_tokens, "stop": req.stop_sequences,
                 "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}
     body.update({k: v for k, v in sampling.items() if v is not None})
-    run = await start_chat(request, body, NAMES)
+    mid = message_id()
+    run = await start_chat(request, body, NAMES, mid)
     state = run.state
     builder = MessageBuilder(model, state.prompt_tokens if state else 0,
-                             state.cached_tokens if state else 0)
+                             state.cached_tokens if state else 0, mid)
 
     async def events():
         for event in builder.start():

@@ -24,9 +24,14 @@ def usage_fields(prompt: int, cached: int, output: int) -> dict:
             "cache_read_input_tokens": cached, "output_tokens": output}
 
 
+def message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
 class MessageBuilder:
-    def __init__(self, model: str, prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
-        self.message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+    def __init__(self, model: str, prompt_tokens: int = 0, cached_tokens: int = 0,
+                 mid: str | None = None) -> None:
+        self.message = {"id": mid or message_id(), "type": "message", "role": "assistant",
                         "model": model, "content": [], "stop_reason": None,
                         "stop_sequence": None,
                         "usage": usage_fields(prompt_tokens, cached_tokens, 0)}

@@ -147,13 +147,13 @@ class AgentStream(StreamingResponse):
             self.run.close()
 
 
-async def start_chat(request: Request, body: dict, names: dict[str, str]) -> ChatRun:
-    """Validate ``body`` as a chat request and start it, streamed with usage; errors before the
-    stream starts (a prompt longer than the context) are raised as ``ApiError`` with ``names``
-    applied."""
+async def start_chat(request: Request, body: dict, names: dict[str, str], rid: str) -> ChatRun:
+    """Validate ``body`` as a chat request and start it, streamed with usage, logged as ``rid``
+    (the agent API's own id); errors before the stream starts (a prompt longer than the context)
+    are raised as ``ApiError`` with ``names`` applied."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     try:
-        return ChatRun(await run_chat(request, parse(ChatCompletionRequest, body)))
+        return ChatRun(await run_chat(request, parse(ChatCompletionRequest, body), rid))
     except ApiError as e:
         raise rename(e, names) from None
 

@@ -226,7 +226,7 @@ async def create_response(request: Request) -> Response:
         echo["dropped_tools"] = tools.dropped
     builder = ResponseBuilder(echo, bool(summary), "reasoning.encrypted_content" in include,
                               await count_tokens_of(request), tools.namespaces)
-    run = await start_chat(request, body, NAMES)
+    run = await start_chat(request, body, NAMES, rid)
     entry = Stored(builder.response(), run=run)
     if req.store is not False:
         store.put(rid, entry)

@@ -71,6 +71,9 @@ _HELP = {
                                 "leave it out and say so in the response's dropped_tools)",
     "clamp_max_tokens": "cut a request's max_tokens to what the context leaves after its prompt "
                         "(default: a prompt plus max_tokens beyond the context is a 400)",
+    "default_max_tokens": "output limit of a chat or /v1/responses request that sets none "
+                          "(default: what the context leaves after the prompt, as OpenAI and "
+                          "vLLM; completions keep 16, /generate 128)",
     "generation_config": "sampling defaults for requests that omit them: auto (the model's "
                          "generation_config.json, as vLLM), none (temperature 1, no top-p/top-k) "
                          "or a directory holding a generation_config.json",

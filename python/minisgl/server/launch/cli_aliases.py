@@ -1,5 +1,5 @@
 """vLLM's and SGLang's spellings of minisgl's flags, so that a command line copied from either
-works.
+works (the table, shared with the offline ``LLM``'s keywords, is ``llm/aliases.py``).
 
 Three kinds: a flag that means exactly one of ours is a second name of it (``ALIASES``, shown in
 ``--help``); a flag whose values need translating sets our option through a converter
@@ -13,63 +13,17 @@ from __future__ import annotations
 import argparse
 import difflib
 
-ALIASES: dict[str, tuple[str, ...]] = {
-    "model": ("--model-path",),
-    "tp": ("--tensor-parallel-size", "--tp-size"),
-    "dp": ("--data-parallel-size", "--dp-size"),
-    "max_seq_len": ("--max-model-len", "--context-length"),
-    "mem_fraction": ("--gpu-memory-utilization", "--mem-fraction-static"),
-    "max_running_requests": ("--max-num-seqs",),
-    "max_prefill_tokens": ("--chunked-prefill-size",),
-    "page_size": ("--block-size",),
-    "mamba_ssm_dtype": ("--mamba-ssm-cache-dtype",),
-}
+from minisgl.llm.aliases import ALIASES, ALWAYS_ON, DIFFERENT, DTYPE_NAMES, attention_backend
 
-# vLLM's and PyTorch's short dtype names
-DTYPE_NAMES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32",
-               "fp32": "float32"}
-# flags that ask for what minisgl always does: accepted, and they change nothing
-ALWAYS_ON: dict[str, str] = {
-    "--enable-prefix-caching": "prefix caching is on by default (--cache radix)",
-    "--enable-auto-tool-choice": "tool calls are always parsed (--tool-call-parser picks the "
-                                 "format)",
-    "--trust-remote-code": "minisgl runs its own model code for every model it supports; no "
-                           "checkpoint code is ever run",
-}
-
-# vLLM's backend names are upper case; SGLang's are lower case
-_ATTN_NAMES = {
-    "triton": "triton", "triton_attn": "triton", "flashinfer": "fi", "fa": "fa", "fa3": "fa",
-    "flash_attn": "fa", "torch_native": "torch", "torch_sdpa": "torch", "torch": "torch",
-    "trtllm_mha": "trtllm", "trtllm": "trtllm", "fi": "fi",
-}
-
-DIFFERENT: dict[str, str] = {
-    "--max-total-tokens": "the KV pool is sized in pages: use --num-pages (of --page-size tokens "
-                          "each), or --mem-fraction / --kv-cache-memory-gb",
-    "--disable-log-requests": "minisgl logs one line per request at INFO: use --log-level warning "
-                              "to silence it (prompt texts are logged only with --log-requests)",
-    "--disable-log-stats": "use --log-stats-interval 0",
-    "--uvicorn-log-level": "use --log-level (it applies to every process)",
-    "--tokenizer-path": "use --tokenizer",
-    "--pipeline-parallel-size": "minisgl has no pipeline parallelism: use --tp",
-    "--pp-size": "minisgl has no pipeline parallelism: use --tp",
-    "--swap-space": "minisgl does not swap KV to the host: requests are retracted and re-run",
-    "--served-model": "use --served-model-name",
-    "--load-format": "use --dummy-weights for random weights; checkpoints are detected by their "
-                     "files",
-}
+__all__ = ["ALIASES", "ALWAYS_ON", "DIFFERENT", "DTYPE_NAMES", "add_translated_aliases",
+           "parse_known_flags", "speculative_steps"]
 
 
 def _attention_backend(value: str) -> str:
-    from minisgl.attention import ATTN_BACKENDS
-
-    names = [_ATTN_NAMES.get(part.strip().lower()) for part in value.split(",")]
-    if not value or any(name not in ATTN_BACKENDS for name in names):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a backend this minisgl has: use --attn with auto, "
-            f"{', '.join(ATTN_BACKENDS.names)} (or PREFILL,DECODE)")
-    return ",".join(names)  # type: ignore[arg-type]
+    try:
+        return attention_backend(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_translated_aliases(parser: argparse.ArgumentParser) -> None:

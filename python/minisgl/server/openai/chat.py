@@ -35,9 +35,10 @@ async def chat_completions(request: Request) -> Response:
     return await run_chat(request, parse(ChatCompletionRequest, await read_json(request)))
 
 
-async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
+async def run_chat(request: Request, req: ChatCompletionRequest,
+                   rid: str | None = None) -> Response:
     """One parsed chat request, whole or streamed; the agent APIs (``agents/``) translate onto
-    it."""
+    it, giving the id their clients see (``resp_...``, ``msg_...``) for the request's log line."""
     req = apply_defaults(req, request.app.state.sampling_defaults)
     model = check_model(request, req.model)
     messages = [m.to_dict() for m in req.messages]
@@ -51,12 +52,13 @@ async def run_chat(request: Request, req: ChatCompletionRequest) -> Response:
     extra = {grammar[0]: grammar[1]} if grammar else None
     fields = {"messages": messages, "chat_template_kwargs": kwargs,
               "tools": tools.tools if tools else None}
-    specs = [(fields, check_limits(req.params(i, extra)), 0) for i in range(req.n or 1)]
+    cap = request.app.state.config.default_max_tokens
+    specs = [(fields, check_limits(req.params(i, extra, cap)), 0) for i in range(req.n or 1)]
     think = (await request.app.state.reasoning.mode(request.app.state.tokens, kwargs)
              if req.separate_reasoning is not False and harmony is None else None)
     text_of = await request.app.state.tokens.get() if req.logprobs else None
     top = req.top_logprobs or 0
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    rid, created = rid or f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     call = await start_call(request, specs, rid, messages)
     states = list(call.states.values())
     splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}

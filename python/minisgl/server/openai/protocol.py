@@ -20,6 +20,9 @@ from minisgl.utils import init_logger
 logger = init_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 MAX_N = 128
+# the output limit of a request that sets none: the scheduler cuts it to what the context leaves
+# after the prompt (``clamp_max_tokens``), as OpenAI, vLLM and SGLang bound such a request
+TO_THE_WINDOW = 1 << 31
 
 
 class ApiError(Exception):
@@ -114,11 +117,13 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int | None, default_max: int, top_logprobs: int | None,
-                        choice: int, extra: dict | None = None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, default_max: int | None,
+                        top_logprobs: int | None, choice: int,
+                        extra: dict | None = None) -> SamplingParams:
         """The engine's parameters of choice ``choice`` (seeded ``seed + choice``); ``extra``:
         more ``SamplingParams`` fields (the grammar). Without ``max_tokens`` the request gets
-        ``default_max``, cut to what the context leaves (a given one must fit)."""
+        ``default_max`` (None: no limit but the context), cut to what the context leaves; a given
+        one must fit."""
         given = {
             name: getattr(self, name)
             for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -132,7 +137,7 @@ class _SamplingFields(_Strict):
         if top_logprobs is not None:
             given.update(logprobs=True, top_logprobs=top_logprobs)
         try:
-            return SamplingParams(max_tokens=_first(max_tokens, default_max),
+            return SamplingParams(max_tokens=_first(max_tokens, default_max, TO_THE_WINDOW),
                                   clamp_max_tokens=max_tokens is None, **given)
         except ValueError as e:
             param = str(e).split(":", 1)[0]
@@ -213,12 +218,15 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Any = None
     parallel_tool_calls: Any = None
 
-    def params(self, choice: int, extra: dict | None = None) -> SamplingParams:
+    def params(self, choice: int, extra: dict | None = None,
+               default_max: int | None = None) -> SamplingParams:
+        """``default_max``: the output limit when the request sets none (the server's
+        ``--default-max-tokens``; None: what the context leaves)."""
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: requires logprobs=true", "top_logprobs")
         top = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens or self.max_tokens
-        return self.sampling_params(max_tokens, 1024, top, choice, extra)
+        return self.sampling_params(max_tokens, default_max, top, choice, extra)
 
 
 class CompletionRequest(_SamplingFields):

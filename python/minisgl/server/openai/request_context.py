@@ -20,7 +20,7 @@ from minisgl.server.openai.call import Call
 from minisgl.server.openai.frontend import FrontendManager
 from minisgl.server.openai.protocol import ApiError
 from minisgl.server.openai.tools import model_parser
-from minisgl.server.openai.validation import check_text
+from minisgl.server.openai.validation import check_values, int64
 
 
 def server_config(request: Request) -> ServerConfig:
@@ -39,8 +39,14 @@ def authorize(request: Request) -> None:
 
 
 async def read_json(request: Request) -> Any:
-    """The body as JSON, refusing oversized bodies before and while reading them."""
+    """The body as JSON, refusing oversized bodies before and while reading them, and bodies that
+    say they are something else (415: ``curl -d`` sends a form unless told otherwise)."""
     authorize(request)
+    kind = request.headers.get("content-type")
+    media = (kind or "").split(";", 1)[0].strip().lower()
+    if kind is not None and media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, f"Content-Type must be application/json, got {kind[:80]!r} (with curl: "
+                       "-H 'content-type: application/json')", code="unsupported_media_type")
     limit, length = server_config(request).max_body_bytes, request.headers.get("content-length")
     too_large = ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
     if length is not None and (not length.isdigit() or int(length) > limit):
@@ -54,27 +60,19 @@ async def read_json(request: Request) -> Any:
     except ClientDisconnect:  # nobody reads the answer; this only keeps it out of the error log
         raise ApiError(400, "the client disconnected while sending the body") from None
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=_int64)
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=int64)
     except UnicodeDecodeError:
         raise ApiError(400, "request body is not valid UTF-8", code="invalid_json") from None
     except (ValueError, RecursionError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
-    check_text(data)
+    check_values(data)
     return data
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
-
-
-def _int64(text: str) -> int:
-    """Integers must fit the 64 bits the messages carry (else encoding them would be a 500)."""
-    value = int(text)
-    if not -(1 << 63) <= value < 1 << 63:
-        raise ValueError(f"integer {text[:24]} does not fit in 64 bits")
-    return value
 
 
 def check_model(request: Request, model: str | None) -> str:

@@ -1,9 +1,10 @@
 """Checks every endpoint shares, so that a request is judged the same whichever way it came in.
 
-Two kinds: the decoded JSON body must hold only text that can be encoded again (JSON's ``\\ud800``
-escape decodes to a lone surrogate, which no message encoder, tokenizer or log line can write), and
-the sampling parameters a request ends up with must stay within the server's limits (a list of
-10,000 stop strings costs every detokenizer step).
+Two kinds: the decoded JSON body must hold only values the messages can carry again (JSON's
+``\\ud800`` escape decodes to a lone surrogate, which no message encoder, tokenizer or log line can
+write; an integer beyond 64 bits no message encoder takes), and the sampling parameters a request
+ends up with must stay within the server's limits (a list of 10,000 stop strings costs every
+detokenizer step).
 """
 
 from __future__ import annotations
@@ -18,22 +19,44 @@ MAX_STOP_LEN = 1024  # characters of one stop string
 MAX_STOP_TOKEN_IDS = 256
 
 
-def check_text(data: Any) -> None:
-    """Raise a 400 naming the first string (value or key) of ``data`` that is not valid Unicode."""
+class OutOfRange(str):
+    """An integer of the body beyond 64 bits, kept as its text (``int64``) until ``check_values``
+    finds where it is."""
+
+
+def int64(text: str) -> int | OutOfRange:
+    """``json.loads``' ``parse_int``: the integer, or ``OutOfRange`` when it needs more than 64
+    bits (its length is checked first: Python refuses to convert 4,300 digits or more)."""
+    if len(text.lstrip("-")) <= 19 and -(1 << 63) <= (value := int(text)) < 1 << 63:
+        return value
+    return OutOfRange(text)
+
+
+def check_values(data: Any) -> None:
+    """Raise a 400 naming the first string (value or key) of ``data`` that is not valid Unicode,
+    or the first integer beyond 64 bits."""
     param = _unencodable(data, ())
-    if param is not None:
-        name = _param(param)
-        raise ApiError(400, f"{name}: contains a lone UTF-16 surrogate (an escape such as "
-                       "\\ud800 that is not half of a pair), which is not valid text", name)
+    if param is None:
+        return
+    name, value = _param(param[0]), param[1]
+    if isinstance(value, OutOfRange):
+        shown = value if len(value) <= 40 else f"{value[:20]}... ({len(value)} digits)"
+        raise ApiError(400, f"{name}: integer {shown} is out of range (integers must fit in 64 "
+                       "bits, -2^63 to 2^63 - 1)", name)
+    raise ApiError(400, f"{name}: contains a lone UTF-16 surrogate (an escape such as "
+                   "\\ud800 that is not half of a pair), which is not valid text", name)
 
 
-def _unencodable(value: Any, path: tuple) -> tuple | None:
+def _unencodable(value: Any, path: tuple) -> tuple[tuple, Any] | None:
+    """(path, value) of the first value the messages cannot carry."""
+    if isinstance(value, OutOfRange):
+        return path, value
     if isinstance(value, str):
-        return None if _encodable(value) else path
+        return None if _encodable(value) else (path, value)
     if isinstance(value, dict):
         for key, item in value.items():
             if not _encodable(key):
-                return (*path, "<key>")
+                return (*path, "<key>"), key
             found = _unencodable(item, (*path, key))
             if found is not None:
                 return found

@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import VisionTower, load_vision_tower
+import torch
+
+from .base import VisionTower
 
 # architecture -> (module under minisgl.models.vision, class)
 VISION_TOWERS: dict[str, tuple[str, str]] = {
@@ -33,6 +35,17 @@ def create_vision_tower(raw: dict[str, Any]) -> VisionTower:
     module, name = VISION_TOWERS[architecture(raw)]
     cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
     return cls.from_config(raw)
+
+
+def load_vision_tower(model_dir: str, raw: dict[str, Any], dtype: torch.dtype,
+                      device: torch.device | str = "cpu") -> VisionTower:
+    """Build the tower of ``raw`` (a checkpoint's ``config.json``) and load its weights from the
+    safetensors files of ``model_dir`` (the other parts of the checkpoint are not read)."""
+    from minisgl.models.weight import iter_weights
+
+    tower = create_vision_tower(raw)
+    tower.load_weights(iter_weights(model_dir))
+    return tower.to(device=device, dtype=dtype).eval()
 
 
 __all__ = ["VISION_TOWERS", "VisionTower", "create_vision_tower", "has_vision",

@@ -73,24 +73,7 @@ class VisionTower(nn.Module):
                                  f"expected {tuple(param.shape)}")
             param.copy_(value.to(param.dtype))
             loaded.add(local)
-        missing = sorted(set(params) - loaded - set(self.computed_buffers()))
+        missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"vision tower: the checkpoint lacks {', '.join(missing[:5])}"
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-
-    def computed_buffers(self) -> tuple[str, ...]:
-        """Buffers computed at construction, not read from the checkpoint."""
-        return tuple(name for name, _ in self.named_buffers() if name.endswith("inv_freq"))
-
-
-def load_vision_tower(model_dir: str, raw: dict[str, Any], dtype: torch.dtype,
-                      device: torch.device | str = "cpu") -> VisionTower:
-    """Build the tower of ``raw`` (a checkpoint's ``config.json``) and load its weights from the
-    safetensors files of ``model_dir``."""
-    from minisgl.models.weight import iter_weights
-
-    from . import create_vision_tower
-
-    tower = create_vision_tower(raw)
-    tower.load_weights(iter_weights(model_dir))
-    return tower.to(device=device, dtype=dtype).eval()

@@ -26,28 +26,29 @@ VOCAB = 272  # 256 byte tokens, then the specials
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 GEMMA_SPECIALS = ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>",
-                  "<start_of_image>", "<end_of_image>", "<image_soft_token>", "<|image|>"]
+                  "<start_of_image>", "<end_of_image>", "<image_soft_token>", "<|image|>",
+                  "<|image>", "<image|>", "<|audio|>", "<|audio>", "<audio|>"]
 
 QWEN_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
     "{%- if m.content is string %}{{ m.content }}{%- else %}{%- for item in m.content %}"
     "{%- if item.type == 'image' or 'image' in item or 'image_url' in item %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
     "{%- elif item.type == 'text' %}{{ item.text }}{%- endif %}{%- endfor %}{%- endif %}"
-    "<|im_end|>\n{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{{ '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 
 def gemma_template(placeholder: str) -> str:
     return (
         "{{ bos_token }}{%- for m in messages %}<start_of_turn>"
-        "{{ 'model' if m.role == 'assistant' else m.role }}\n"
+        "{{ ('model' if m.role == 'assistant' else m.role) + '\\n' }}"
         "{%- if m.content is string %}{{ m.content | trim }}{%- else %}"
         "{%- for item in m.content %}{%- if item.type == 'image' %}" + placeholder +
         "{%- elif item.type == 'text' %}{{ item.text | trim }}{%- endif %}{%- endfor %}"
-        "{%- endif %}<end_of_turn>\n{%- endfor %}"
-        "{%- if add_generation_prompt %}<start_of_turn>model\n{%- endif %}"
+        "{%- endif %}{{ '<end_of_turn>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}"
     )
 
 
@@ -119,8 +120,8 @@ def _gemma(arch: str):
     import transformers as tf
 
     specials = dict(bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
-    ids = {"boi": gemma_id("<start_of_image>"), "eoi": gemma_id("<end_of_image>")}
     if arch == "gemma3":
+        ids = {"boi": gemma_id("<start_of_image>"), "eoi": gemma_id("<end_of_image>")}
         text = tf.Gemma3TextConfig(**{**GEMMA3_TEXT, "vocab_size": VOCAB, "bos_token_id": 256,
                                       "eos_token_id": 257, "pad_token_id": 258})
         cfg = tf.Gemma3Config(text_config=text, vision_config=GEMMA3_VISION, mm_tokens_per_image=16,
@@ -138,13 +139,14 @@ def _gemma(arch: str):
     text = {**GEMMA4_TEXT, "vocab_size": VOCAB, "bos_token_id": 256, "eos_token_id": 257,
             "pad_token_id": 258}
     cfg = tf.Gemma4Config(text_config=text, vision_config=GEMMA4_VISION, audio_config=None,
-                          image_token_id=gemma_id("<|image|>"), boi_token_id=ids["boi"],
-                          eoi_token_id=ids["eoi"], vision_soft_tokens_per_image=16)
+                          image_token_id=gemma_id("<|image|>"), boi_token_id=gemma_id("<|image>"),
+                          eoi_token_id=gemma_id("<image|>"), vision_soft_tokens_per_image=16)
     model = tf.Gemma4ForConditionalGeneration(cfg)
     tok = byte_tokenizer(GEMMA_SPECIALS, gemma_template("<|image|>"), **specials,
-                         extra_special_tokens={"boi_token": "<start_of_image>",
-                                               "eoi_token": "<end_of_image>",
-                                               "image_token": "<|image|>"})
+                         extra_special_tokens={"boi_token": "<|image>", "eoi_token": "<image|>",
+                                               "image_token": "<|image|>",
+                                               "audio_token": "<|audio|>", "boa_token": "<|audio>",
+                                               "eoa_token": "<audio|>"})
     pre = {"image_processor_type": "Gemma4ImageProcessor", "processor_class": "Gemma4Processor",
            "patch_size": 4, "max_soft_tokens": 70, "pooling_kernel_size": 2}
     return model, tok, pre

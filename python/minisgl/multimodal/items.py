@@ -55,3 +55,42 @@ def check_count(refs: list[ImageRef], limit: int, param: str = "messages") -> No
     if len(refs) > limit:
         raise MediaError(param, f"{len(refs)} images, more than the {limit} a request may carry "
                          "(--limit-mm-per-prompt)")
+
+
+def split_images(messages: list[dict]) -> tuple[list[dict], list[ImageRef]]:
+    """OpenAI chat messages -> the messages the chat template takes and their images in order.
+
+    In a message with an image, each ``image_url`` part becomes ``{"type": "image"}`` (what the
+    vision models' templates place a placeholder for) and text parts stay parts; a message of
+    text parts alone becomes one string, as for a text model. Images are taken in user messages
+    only."""
+    out: list[dict] = []
+    refs: list[ImageRef] = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts: list[dict] = []
+        for j, part in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                if not isinstance(part.get("text"), str):
+                    raise MediaError(f"{where}.text", "must be a string")
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url":
+                if message.get("role") != "user":
+                    raise MediaError(where, "images are taken in user messages only")
+                image = part.get("image_url")
+                url, detail = ((image.get("url"), image.get("detail")) if isinstance(image, dict)
+                               else (image, None))
+                refs.append(image_ref(url, f"{where}.image_url", detail))
+                parts.append({"type": "image"})
+            else:
+                raise MediaError(f"{where}.type", f"content parts of type {kind!r} are not "
+                                 "supported (text, image_url)")
+        if not any(p["type"] == "image" for p in parts):
+            parts = "".join(p["text"] for p in parts)  # type: ignore[assignment]
+        out.append({**message, "content": parts})
+    return out, refs

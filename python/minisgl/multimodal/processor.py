@@ -164,13 +164,17 @@ class ImageProcessor:
         except ValueError as e:  # e.g. an aspect ratio beyond the processor's limit
             raise MediaError(item.field, f"the image cannot be preprocessed: {e}") from None
 
+    def check_placeholders(self, text: str, count: int, param: str = "messages") -> None:
+        found = text.count(self.family.placeholder)
+        if found != count:
+            raise MediaError(param, f"the prompt holds {found} image placeholders "
+                             f"({self.family.placeholder!r}) for {count} images; a text may not "
+                             "contain the placeholder")
+
     def expand(self, text: str, images: list[ProcessedImage], param: str = "messages") -> str:
         """``text`` (the rendered template) with each placeholder replaced by its image's run."""
+        self.check_placeholders(text, len(images), param)
         pieces = text.split(self.family.placeholder)
-        if len(pieces) - 1 != len(images):
-            raise MediaError(param, f"the prompt holds {len(pieces) - 1} image placeholders "
-                             f"({self.family.placeholder!r}) for {len(images)} images; a text "
-                             "may not contain the placeholder")
         out = [pieces[0]]
         for image, piece in zip(images, pieces[1:]):
             out += [self.family.replacement(image), piece]
@@ -179,6 +183,7 @@ class ImageProcessor:
     def prompt(self, text: str, items: list[ImageItem], encode: Callable[[str], list[int]],
                param: str = "messages") -> MultimodalPrompt:
         """The tokenized prompt of a rendered template and its images, as the engine takes it."""
+        self.check_placeholders(text, len(items), param)  # before the costly preprocessing
         images = [self.preprocess(item) for item in items]
         ids = encode(self.expand(text, images, param))
         offsets = image_offsets(ids, self.family.image_token_id, [i.num_tokens for i in images])

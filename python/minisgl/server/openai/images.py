@@ -13,7 +13,7 @@ import os
 from fastapi import Request
 
 from minisgl.multimodal.fetch import load_image
-from minisgl.multimodal.items import ImageItem, MediaError, check_count, split_images
+from minisgl.multimodal.items import ImageItem, ImageRef, MediaError, check_count, split_images
 from minisgl.server.openai.protocol import ApiError
 from minisgl.server.openai.request_context import server_config
 
@@ -29,23 +29,31 @@ def has_vision(model_path: str | None) -> bool:
         return config_has_vision(json.load(f))
 
 
-async def chat_images(request: Request, messages: list[dict]
-                      ) -> tuple[list[dict], list[ImageItem] | None]:
-    """``messages`` for the chat template and the loaded images (None: a text-only chat)."""
+def chat_images(request: Request, messages: list[dict]) -> tuple[list[dict], list[ImageRef]]:
+    """``messages`` for the chat template and their images, not loaded yet (a cheap check, made
+    before the request's other checks)."""
     first = next((i for i, m in enumerate(messages) if isinstance(m.get("content"), list)), None)
     if first is None:
-        return messages, None
+        return messages, []
     if not request.app.state.vision:
         param = f"messages[{first}].content"
         raise ApiError(400, f"{param}: only text content parts are supported", param)
-    media = server_config(request).media
     try:
         messages, refs = split_images(messages)
-        if not refs:
-            return messages, None
-        check_count(refs, media.limit_mm_per_prompt)
+        check_count(refs, server_config(request).media.limit_mm_per_prompt)
+    except MediaError as e:
+        raise ApiError(400, str(e), e.param) from None
+    return messages, refs
+
+
+async def load_images(request: Request, refs: list[ImageRef]) -> list[ImageItem] | None:
+    """The images' bytes (None: no image), read or fetched concurrently in threads."""
+    if not refs:
+        return None
+    media = server_config(request).media
+    try:
         items = await asyncio.gather(*(asyncio.to_thread(load_image, ref, media)
                                        for ref in refs))
     except MediaError as e:
         raise ApiError(400, str(e), e.param) from None
-    return messages, list(items)
+    return list(items)

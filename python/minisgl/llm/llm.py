@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from minisgl.core import SamplingParams
 from minisgl.env import use_kernel_cache
+from minisgl.message import TokenizeMsg
 from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
 from minisgl.scheduler import Scheduler, TokenOutput
@@ -155,10 +156,39 @@ class LLM:
         return outputs
 
     def apply_chat_template(self, messages: list[Message], **kwargs) -> list[int]:
+        """A chat's prompt ids. Content parts are OpenAI's: ``text``, and ``image_url`` (data
+        URLs) for a model with a vision tower; a chat with images is read and checked, then
+        refused, as the engine does not run the vision tower yet."""
         tokenizer = self._require_tokenizer("chat")
-        text = tokenizer.apply_chat_template(_checked(messages), tokenize=False,
+        messages = _checked(messages)
+        if any(map(_has_non_text, messages)):
+            self._image_chat(messages, kwargs)
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
                                              add_generation_prompt=True, **kwargs)
         return tokenizer.encode(text, add_special_tokens=False)
+
+    def _image_chat(self, messages: list[Message], kwargs: dict) -> None:
+        """Raises the error a chat with non-text parts gets (``ValueError`` naming the field)."""
+        from minisgl.multimodal.config import MediaOptions
+        from minisgl.multimodal.fetch import load_image
+        from minisgl.multimodal.items import check_count, split_images
+        from minisgl.multimodal.processor import ImageProcessor
+        from minisgl.tokenizer.tokenize import TokenizeManager
+
+        processor = ImageProcessor.for_model(self.model_path, self.tokenizer)
+        if processor is None:
+            i = next(i for i, m in enumerate(messages) if _has_non_text(m))
+            raise ValueError(f"messages[{i}].content: only text content parts are supported "
+                             "(the model has no vision tower)")
+        messages, refs = split_images(messages)
+        media = MediaOptions()
+        check_count(refs, media.limit_mm_per_prompt)
+        kwargs = dict(kwargs)
+        tools = kwargs.pop("tools", None)
+        msg = TokenizeMsg(uid=0, sampling_params=SamplingParams(), messages=messages,
+                          chat_template_kwargs=kwargs, tools=tools,
+                          images=[load_image(ref, media) for ref in refs])
+        TokenizeManager(self.tokenizer, images=processor).tokenize(msg)
 
     def _harmony_codec(self) -> Harmony | None:
         if self._harmony is None and is_harmony_model(self.model_path):
@@ -235,6 +265,12 @@ def _checked(messages) -> list[Message]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError("messages: must be a list of {'role': ..., 'content': ...} dicts")
     return messages
+
+
+def _has_non_text(message: Message) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        not isinstance(p, dict) or p.get("type") != "text" for p in content)
 
 
 def _wants_logprobs(params: SamplingParams) -> bool:

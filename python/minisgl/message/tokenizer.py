@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Union
 
 from minisgl.core import SamplingParams
+from minisgl.multimodal.items import ImageItem
 
 from .base import Codec, Msg
 
@@ -23,6 +24,8 @@ class TokenizeMsg(BaseTokenizerMsg):
     messages: list[dict] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables of the chat template
     tools: list[dict] | None = None  # OpenAI tool definitions for the chat template
+    # the images of ``messages`` in order, one per ``{"type": "image"}`` content part
+    images: list[ImageItem] | None = None
 
 
 class AbortMsg(BaseTokenizerMsg):

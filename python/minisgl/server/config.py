@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minisgl.llm.config import EngineOptions
+from minisgl.multimodal.config import MediaOptions
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,13 @@ class ServerConfig:
     default_max_tokens: int | None = None
     generation_config: str = "auto"
     reject_unsupported_tools: bool = False
+    # images (vision-language models): MediaOptions' fields, read through ``media``
+    allowed_media_domains: tuple[str, ...] = MediaOptions.allowed_media_domains
+    allow_private_media: bool = MediaOptions.allow_private_media
+    media_fetch_timeout: float = MediaOptions.media_fetch_timeout
+    max_image_bytes: int = MediaOptions.max_image_bytes
+    max_image_pixels: int = MediaOptions.max_image_pixels
+    limit_mm_per_prompt: int = MediaOptions.limit_mm_per_prompt
 
     def __post_init__(self) -> None:
         # NOTE: the parser and sampling-default names are checked against their registries by
@@ -72,11 +80,18 @@ class ServerConfig:
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank}")
         check_dp(self)
+        _ = self.media  # MediaOptions checks its fields
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ValueError("ssl_keyfile: give both ssl_keyfile and ssl_certfile, or neither")
         if self.log_level is not None and self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level: {self.log_level!r} is not one of "
                              f"{', '.join(n.lower() for n in LOG_LEVELS)}")
+
+    @property
+    def media(self) -> MediaOptions:
+        return MediaOptions(self.allowed_media_domains, self.allow_private_media,
+                            self.media_fetch_timeout, self.max_image_bytes, self.max_image_pixels,
+                            self.limit_mm_per_prompt)
 
     @property
     def model_name(self) -> str:

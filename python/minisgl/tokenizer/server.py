@@ -42,6 +42,8 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
+from minisgl.multimodal.config import MediaOptions
+from minisgl.multimodal.processor import ImageProcessor
 from minisgl.utils import init_logger
 from minisgl.utils.heap import freeze_heap
 from minisgl.utils.hf import load_tokenizer
@@ -70,19 +72,23 @@ Outbox = tuple[list[FrontendMsg], list[BackendMsg]]
 def tokenize_worker(
     model_path: str, addrs: ServerAddrs, *, tokenize: bool, detokenize: bool, ready: Connection,
     revision: str | None = None, chat_template: str | None = None,
+    model_dir: str | None = None, media: MediaOptions | None = None,
 ) -> None:
     """Child-process entry point. Reports ``("ok", None)`` or ``("error", line)`` on ``ready``,
     then serves until SIGTERM/SIGINT or until its parent dies (no orphan outlives the server).
     ``model_path`` is where the tokenizer is (a directory or a repo id at ``revision``);
-    ``chat_template`` replaces its template."""
+    ``chat_template`` replaces its template; ``model_dir`` is the checkpoint (a vision-language
+    one's images are preprocessed here, under ``media``'s limits)."""
     parent = os.getppid()  # now, while the launcher surely waits for ``ready``
     try:
         if not (tokenize or detokenize):
             raise ValueError("a tokenizer worker needs at least one role")
         tokenizer = load_tokenizer(model_path, revision, chat_template)
         harmony = Harmony.for_model(model_path) if tokenize else None  # gpt-oss's chat format
+        images = (ImageProcessor.for_model(model_dir, tokenizer, media)
+                  if tokenize and model_dir else None)
         TokenizeManager(tokenizer, harmony).warm_up()  # the first chat request pays no compile
-        worker = _Worker(tokenizer, addrs, tokenize, detokenize, harmony)
+        worker = _Worker(tokenizer, addrs, tokenize, detokenize, harmony, images)
     except Exception as e:  # any start-up failure is reported, never raised into the void
         ready.send(("error", f"tokenizer worker failed to start: {one_line(e)}"))
         return
@@ -130,7 +136,7 @@ class _Worker:
 
     def __init__(
         self, tokenizer: Any, addrs: ServerAddrs, tokenize: bool, detokenize: bool,
-        harmony: Harmony | None = None,
+        harmony: Harmony | None = None, images: ImageProcessor | None = None,
     ) -> None:
         self.queues: list[ZmqPullQueue | ZmqPushQueue] = []
         try:
@@ -139,7 +145,7 @@ class _Worker:
             self.inboxes: list[tuple[ZmqPullQueue, Any]] = []
             if tokenize:
                 inbox = self._open(ZmqPullQueue(addrs.tokenizer, False, TOKENIZER_CODEC))
-                self.inboxes.append((inbox, _TokenizeRole(tokenizer, harmony)))
+                self.inboxes.append((inbox, _TokenizeRole(tokenizer, harmony, images)))
             if detokenize:
                 inbox = self._open(ZmqPullQueue(addrs.detokenizer, True, DETOKENIZER_CODEC))
                 self.inboxes.append((inbox, _DetokenizeRole(tokenizer)))
@@ -171,8 +177,9 @@ class _Worker:
 
 
 class _TokenizeRole:
-    def __init__(self, tokenizer: Any, harmony: Harmony | None = None) -> None:
-        self.manager = TokenizeManager(tokenizer, harmony)
+    def __init__(self, tokenizer: Any, harmony: Harmony | None = None,
+                 images: ImageProcessor | None = None) -> None:
+        self.manager = TokenizeManager(tokenizer, harmony, images)
 
     def handle(self, msgs: list[TokenizerMsg]) -> Outbox:
         front: list[FrontendMsg] = []
@@ -187,8 +194,9 @@ class _TokenizeRole:
             param = "messages" if msg.messages is not None else "prompt"
             try:
                 ids = self.manager.tokenize(msg)
-            except ValueError as e:
-                front.append(UserReply(uid=msg.uid, error=str(e), error_param=param, status=400))
+            except ValueError as e:  # a MediaError names the image's field
+                front.append(UserReply(uid=msg.uid, error=str(e),
+                                       error_param=getattr(e, "param", param), status=400))
             except Exception as e:  # a tokenizer bug must not kill the server
                 logger.exception("tokenizing request %d failed", msg.uid)
                 error = f"tokenization failed: {one_line(e)}"

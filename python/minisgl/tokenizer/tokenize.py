@@ -1,4 +1,5 @@
-"""Prompt -> token ids for one TokenizeMsg (text, chat messages or ids given as they are)."""
+"""Prompt -> token ids for one TokenizeMsg (text, chat messages or ids given as they are); a chat
+with images -> a ``MultimodalPrompt`` (``minisgl.multimodal``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from typing import Any
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
+from minisgl.multimodal.items import MediaError
+from minisgl.multimodal.processor import ImageProcessor
+from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.utils import init_logger
 
 from .harmony import Harmony
@@ -13,16 +17,27 @@ from .tool_prompt import describe_tools, template_takes_tools, with_argument_obj
 
 logger = init_logger(__name__)
 
+# NOTE: the scheduler and engine do not run the vision encoder yet: a chat with images is read,
+# checked and preprocessed into its MultimodalPrompt, then refused with this 400
+IMAGES_NOT_SERVED = ("images are not served yet: this model has a vision tower, but the engine "
+                     "does not run it (the request's images were read and checked)")
+
 
 class TokenizeManager:
     """Tokenizes prompts. Every problem the client caused is a ``ValueError`` whose message names
     the field at fault ("prompt" or "messages"), so the API can answer it with an HTTP 400."""
 
-    def __init__(self, tokenizer: Any, harmony: Harmony | None = None) -> None:
+    def __init__(self, tokenizer: Any, harmony: Harmony | None = None,
+                 images: ImageProcessor | None = None) -> None:
         self.tokenizer = tokenizer  # None: the model ships no tokenizer, only ids are accepted
         self.harmony = harmony  # gpt-oss: chats render in harmony, not through the template
+        self.images = images  # a vision-language model's image preprocessing
 
     def tokenize(self, msg: TokenizeMsg) -> list[int]:
+        if msg.images:
+            prompt = self.multimodal(msg)
+            raise MediaError("messages", f"{IMAGES_NOT_SERVED}: {len(prompt.images)} image(s), "
+                             f"{len(prompt.input_ids)} prompt tokens")
         if msg.input_ids is not None:
             ids = list(msg.input_ids)
             if any(i < 0 for i in ids):
@@ -42,6 +57,16 @@ class TokenizeManager:
             field = "messages" if msg.messages is not None else "prompt"
             raise ValueError(f"{field}: the prompt is empty (no tokens)")
         return ids
+
+    def multimodal(self, msg: TokenizeMsg) -> MultimodalPrompt:
+        """A chat with images: the template's placeholders expanded to each image's tokens."""
+        if self.images is None:
+            raise MediaError("messages", "this model takes no images (it has no vision tower)")
+        if msg.messages is None:
+            raise MediaError("prompt", "images come with chat messages only")
+        text = self._template(msg.messages, msg.chat_template_kwargs or {}, msg.tools)
+        return self.images.prompt(text, list(msg.images or ()),
+                                  lambda t: self._encode(t, add_special_tokens=False))
 
     def warm_up(self) -> None:
         """Run the chat template, with and without tools, the encoder and the decoder once: the

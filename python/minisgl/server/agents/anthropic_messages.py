@@ -3,9 +3,10 @@ translated onto the chat path, and ``/v1/messages/count_tokens``.
 
 ``system`` becomes a system message (Claude Code's per-request billing header stripped:
 ``chat_bridge.strip_billing_header``), content blocks chat messages (``tool_use`` an assistant's
-``tool_calls``, ``tool_result`` tool messages, ``thinking`` ``reasoning_content``), tools chat
-function tools, ``tool_choice`` auto/any/tool/none the chat ``tool_choice``. Every error answers
-Anthropic's ``{"type": "error", "error": {...}}`` body.
+``tool_calls``, ``tool_result`` tool messages, ``thinking`` ``reasoning_content``, ``image``
+blocks of a vision model chat ``image_url`` parts: ``images.py``), tools chat function tools,
+``tool_choice`` auto/any/tool/none the chat ``tool_choice``. Every error answers Anthropic's
+``{"type": "error", "error": {...}}`` body.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from minisgl.server.agents.chat_bridge import (
     start_chat,
     strip_billing_header,
 )
+from minisgl.server.agents.images import anthropic_image
 from minisgl.server.openai.protocol import ApiError, parse
 from minisgl.server.openai.request_context import check_model, read_json
 
@@ -106,13 +108,15 @@ def _text(block: dict, param: str) -> str:
     return block["text"]
 
 
-def _blocks(content: Any, param: str) -> list[dict]:
+def _blocks(content: Any, param: str, vision: bool = False) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise _bad(param, "must be a string or a list of content blocks")
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "image" and vision:
+            continue
         if kind in ("image", "document"):
             raise _bad(f"{param}[{j}].type", f"{kind} blocks are not supported (text only)")
         if kind not in ("text", "tool_use", "tool_result", "thinking"):
@@ -130,7 +134,9 @@ def _tool_result(block: dict, param: str) -> dict:
     return {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text}
 
 
-def chat_messages(req: CountTokensRequest) -> list[dict]:
+def chat_messages(req: CountTokensRequest, vision: bool = False) -> list[dict]:
+    """The chat messages of ``system`` and ``messages``; ``vision``: the model takes image
+    blocks (in user messages)."""
     system = req.system
     if isinstance(system, list):
         system = "\n".join(strip_billing_header(_text(b, f"system[{i}]"))
@@ -145,10 +151,14 @@ def chat_messages(req: CountTokensRequest) -> list[dict]:
         if message.get("content") == [] and not final_assistant:
             raise _bad(param, "must not be empty: all messages must have non-empty content "
                        "except for the optional final assistant message")
-        for j, block in enumerate(_blocks(message.get("content"), param)):
+        parts: list[dict] = []  # text and image parts, when the message has an image
+        for j, block in enumerate(_blocks(message.get("content"), param, vision)):
             kind, where = block["type"], f"{param}[{j}]"
             if kind == "text":
                 chat["content"] += _text(block, where)
+                parts.append({"type": "text", "text": _text(block, where)})
+            elif kind == "image" and role == "user":
+                parts.append(anthropic_image(block, where))
             elif kind == "tool_result" and role == "user":
                 out.append(_tool_result(block, where))
             elif kind == "tool_use" and role == "assistant":
@@ -160,6 +170,8 @@ def chat_messages(req: CountTokensRequest) -> list[dict]:
                 chat["reasoning_content"] = block.get("thinking") or ""
             else:
                 raise _bad(f"{where}.type", f"a {kind} block cannot be in a {role} message")
+        if any(p["type"] == "image_url" for p in parts):
+            chat["content"] = parts
         if chat["content"] or len(chat) > 2 or (role == "assistant"):
             out.append(chat)
     return out
@@ -204,7 +216,8 @@ async def chat_body(request: Request, req: CountTokensRequest) -> dict:
         effort = "none" if kind == "disabled" else "medium"
     config = dict(req.output_config or {})
     effort = config.pop("effort", None) or effort
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req), **chat_tools(req)}
+    messages = chat_messages(req, request.app.state.vision)
+    body: dict[str, Any] = {"model": req.model, "messages": messages, **chat_tools(req)}
     if (fmt := config.pop("format", None)) is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
             raise _bad("output_config.format.type", "must be json_schema")
@@ -277,7 +290,10 @@ async def count_tokens(request: Request) -> Response:
         await tokens.get()
         if tokens.tokenizer is None:
             raise ApiError(400, "messages: this model has no tokenizer", "messages")
-        from minisgl.tokenizer.tokenize import TokenizeManager
+        from minisgl.tokenizer.tokenize import IMAGES_NOT_SERVED, TokenizeManager
+
+        if any(isinstance(m.get("content"), list) for m in body["messages"]):
+            raise ApiError(400, f"messages: {IMAGES_NOT_SERVED}", "messages")
 
         msg = TokenizeMsg(uid=0, sampling_params=SamplingParams(), messages=body["messages"],
                           tools=body.get("tools") if body.get("tool_choice") != "none" else None,

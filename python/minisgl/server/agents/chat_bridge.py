@@ -19,6 +19,7 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 
 from minisgl.message import UserReply
+from minisgl.server.agents.images import image_names
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.chat import run_chat
 from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
@@ -46,13 +47,15 @@ class StreamFailed(Exception):
 
 
 def rename(e: ApiError, names: dict[str, str]) -> ApiError:
-    """The chat path's error with the agent API's field names (``max_tokens`` -> ...)."""
+    """The chat path's error with the agent API's field names (``max_tokens`` -> ...): the
+    longest name that is the error's field or a dotted prefix of it."""
     if e.param is None:
         return e
-    head, dot, rest = e.param.partition(".")
-    if head not in names:
+    found = [k for k in names if e.param == k or e.param.startswith(k + ".")]
+    if not found:
         return e
-    param = names[head] + dot + rest
+    key = max(found, key=len)
+    param = names[key] + e.param[len(key):]
     message = e.message.replace(e.param, param, 1) if e.message.startswith(e.param) else e.message
     return ApiError(e.status, message, param, e.code)
 
@@ -152,6 +155,7 @@ async def start_chat(request: Request, body: dict, names: dict[str, str], rid: s
     (the agent API's own id); errors before the stream starts (a prompt longer than the context)
     are raised as ``ApiError`` with ``names`` applied."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    names = {**names, **image_names(body.get("messages") or [])}
     try:
         return ChatRun(await run_chat(request, parse(ChatCompletionRequest, body), rid))
     except ApiError as e:

@@ -4,8 +4,9 @@ A request becomes a chat request: ``instructions`` a system message, ``input`` i
 (``function_call`` items an assistant's ``tool_calls``, ``function_call_output`` items tool
 messages, ``reasoning`` items the next assistant message's ``reasoning_content``), function
 and namespace tools chat tools (``responses_tools.py``: built-in tools are left out),
-``text.format`` the chat ``response_format``. ``previous_response_id`` prepends the stored
-conversation. What the chat path cannot do (background mode, images) is a 400 naming it
+``text.format`` the chat ``response_format``, ``input_image`` parts (a vision model's) chat
+``image_url`` parts. ``previous_response_id`` prepends the stored conversation. What the chat
+path cannot do (background mode; images for a model without a vision tower) is a 400 naming it
 (``fields.py`` holds the field tables).
 """
 
@@ -26,6 +27,7 @@ from minisgl.server.agents.chat_bridge import (
     start_chat,
     strip_billing_header,
 )
+from minisgl.server.agents.images import responses_image
 from minisgl.server.agents.responses_store import ResponseStore, Stored
 from minisgl.server.agents.responses_stream import ResponseBuilder, _id
 from minisgl.server.agents.responses_tools import ResponsesTools, chat_name
@@ -80,21 +82,39 @@ def _text_of(content: Any, param: str) -> str:
         return content
     if not isinstance(content, list):
         raise _bad(param, "must be a string or a list of content parts")
-    texts = []
+    return "".join(_part_text(part, f"{param}[{j}]") for j, part in enumerate(content))
+
+
+def _part_text(part: Any, param: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+        what = "images" if kind == "input_image" else "files" if kind == "input_file" else kind
+        raise _bad(f"{param}.type", f"{what!s} content parts are not supported (text only)")
+    if not isinstance(part.get("text"), str):
+        raise _bad(f"{param}.text", "must be a string")
+    return part["text"]
+
+
+def _user_content(content: Any, param: str, vision: bool) -> str | list[dict]:
+    """A user message's content: its text, or (a vision model, ``input_image`` parts) chat
+    parts, each image an ``image_url`` part that remembers its Responses field."""
+    images = [j for j, part in enumerate(content) if isinstance(part, dict)
+              and part.get("type") == "input_image"] if isinstance(content, list) else []
+    if not vision or not images:
+        return _text_of(content, param)
+    parts: list[dict] = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            what = "images" if kind == "input_image" else "files" if kind == "input_file" else kind
-            raise _bad(f"{param}[{j}].type",
-                       f"{what!s} content parts are not supported (text only)")
-        if not isinstance(part.get("text"), str):
-            raise _bad(f"{param}[{j}].text", "must be a string")
-        texts.append(part["text"])
-    return "".join(texts)
+        where = f"{param}[{j}]"
+        if j not in images:
+            parts.append({"type": "text", "text": _part_text(part, where)})
+        else:
+            parts.append(responses_image(part, where))
+    return parts
 
 
-def input_messages(items: str | list[dict]) -> list[dict]:
-    """The chat messages of ``input``."""
+def input_messages(items: str | list[dict], vision: bool = False) -> list[dict]:
+    """The chat messages of ``input``; ``vision``: the model takes ``input_image`` parts (in
+    user messages)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
@@ -116,6 +136,12 @@ def input_messages(items: str | list[dict]) -> list[dict]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise _bad(f"{param}.role", "must be user, assistant, system or developer")
+            if role == "user":
+                content = _user_content(item.get("content"), f"{param}.content", vision)
+                if isinstance(content, str):
+                    content = strip_billing_header(content)
+                messages.append({"role": "user", "content": content})
+                continue
             text = _text_of(item.get("content"), f"{param}.content")
             if role == "assistant":
                 assistant()["content"] += text
@@ -169,7 +195,8 @@ async def chat_body(request: Request, req: ResponsesRequest, history: list[dict]
     for name in reasoning:
         if name not in ("effort", "summary", "generate_summary"):
             raise _bad(f"reasoning.{name}", "unknown field")
-    body = {"model": req.model, "messages": instructions + history + input_messages(req.input),
+    messages = input_messages(req.input, request.app.state.vision)
+    body = {"model": req.model, "messages": instructions + history + messages,
             "tools": tools.chat_tools(), "tool_choice": tools.chat_tool_choice(req.tool_choice),
             "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": chat_format(req.text), "temperature": req.temperature,

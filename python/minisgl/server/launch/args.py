@@ -11,6 +11,7 @@ from minisgl.attention import ATTN_BACKENDS
 from minisgl.env import API_KEY, LOG_LEVEL
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.llm.config import EngineOptions
+from minisgl.multimodal.config import parse_mm_limit
 from minisgl.server.config import ROUTER_POLICIES, ServerConfig
 from minisgl.server.launch.cli_aliases import (
     ALIASES,
@@ -77,6 +78,16 @@ _HELP = {
     "generation_config": "sampling defaults for requests that omit them: auto (the model's "
                          "generation_config.json, as vLLM), none (temperature 1, no top-p/top-k) "
                          "or a directory holding a generation_config.json",
+    "allowed_media_domains": "hosts whose http(s) image URLs are fetched ('*': any; default: "
+                             "none, images come as data URLs)",
+    "allow_private_media": "also fetch image URLs whose host resolves to a private, loopback or "
+                           "link-local address (default: refused, even for a listed host)",
+    "media_fetch_timeout": "seconds one image URL may take to fetch",
+    "max_image_bytes": "largest encoded image accepted (a data URL's or a fetched one)",
+    "max_image_pixels": "largest image accepted, in width x height pixels (checked before "
+                        "decoding)",
+    "limit_mm_per_prompt": "images one request may carry: a number, or vLLM's JSON "
+                           "'{\"image\": N}'",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16 (also: half, fp16, bf16, float, fp32)",
     "quantization": "quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3) at load: fp8 (one "
@@ -164,6 +175,10 @@ _HELP = {
 }
 
 
+# flags whose text is not their field's type
+_PARSERS = {"limit_mm_per_prompt": parse_mm_limit}
+
+
 def _value_type(annotation) -> type:
     """``int | None`` -> int: the type argparse converts a flag's text to."""
     kinds = [t for t in typing.get_args(annotation) if t is not type(None)] or [annotation]
@@ -179,8 +194,8 @@ def _add(parser: argparse.ArgumentParser, f: dataclasses.Field, annotation) -> N
     if "default" not in help_text:
         help_text += f" (default: {f.default})"
     many = {"nargs": "+"} if typing.get_origin(annotation) is tuple else {}
-    parser.add_argument(*flags, type=_value_type(annotation), default=f.default, help=help_text,
-                        **many)
+    kind = _PARSERS.get(f.name, _value_type(annotation))
+    parser.add_argument(*flags, type=kind, default=f.default, help=help_text, **many)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,7 +221,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     speculative_steps(ns)
     ns["dtype"] = DTYPE_NAMES.get(ns["dtype"], ns["dtype"])
     ns["api_key"] = ns["api_key"] or API_KEY.get() or None
-    ns["allowed_origins"] = tuple(o for arg in ns["allowed_origins"] for o in arg.split(",") if o)
+    for name in ("allowed_origins", "allowed_media_domains"):
+        ns[name] = tuple(o for arg in ns[name] for o in arg.split(",") if o)
     engine_names = {f.name for f in dataclasses.fields(EngineOptions)}
     engine = EngineOptions(**{k: v for k, v in ns.items() if k in engine_names})
     config = ServerConfig(engine=engine, **{k: v for k, v in ns.items() if k not in engine_names})

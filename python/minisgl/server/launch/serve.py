@@ -86,7 +86,8 @@ class ProcessGroup:
             self._wait_ready()
             return
         tokenizer = {"revision": cfg.revision if cfg.tokenizer else None,
-                     "chat_template": read_chat_template(cfg.chat_template)}
+                     "chat_template": read_chat_template(cfg.chat_template),
+                     "model_dir": self.model_path, "media": cfg.media}
         self._spawn("detokenizer", _worker, tokenize_worker, self.tokenizer_path, addrs,
                     tokenize=cfg.num_tokenizer == 0, detokenize=True, **tokenizer)
         for i in range(cfg.num_tokenizer):

@@ -20,6 +20,7 @@ from minisgl.server.openai import structured
 from minisgl.server.openai.bodies import ChoiceState, chat_logprobs, chunker, response, usage
 from minisgl.server.openai.call import respond
 from minisgl.server.openai.generation_defaults import apply_defaults
+from minisgl.server.openai.images import chat_images, load_images
 from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
 from minisgl.server.openai.reasoning import ReasoningSplitter, delta_fields, message_fields
 from minisgl.server.openai.request_context import check_model, read_json, start_call, tool_parser
@@ -41,7 +42,7 @@ async def run_chat(request: Request, req: ChatCompletionRequest,
     it, giving the id their clients see (``resp_...``, ``msg_...``) for the request's log line."""
     req = apply_defaults(req, request.app.state.sampling_defaults)
     model = check_model(request, req.model)
-    messages = [m.to_dict() for m in req.messages]
+    messages, images = chat_images(request, [m.to_dict() for m in req.messages])
     kwargs = req.chat_template_kwargs
     tools = ChatTools.from_request(req.tools, req.tool_choice, req.parallel_tool_calls,
                                    tool_parser(request))
@@ -50,10 +51,12 @@ async def run_chat(request: Request, req: ChatCompletionRequest,
     grammar = structured.requested_grammar(req, tools and tools.schema())
     await structured.check(grammar)
     extra = {grammar[0]: grammar[1]} if grammar else None
-    fields = {"messages": messages, "chat_template_kwargs": kwargs,
-              "tools": tools.tools if tools else None}
     cap = request.app.state.config.default_max_tokens
-    specs = [(fields, check_limits(req.params(i, extra, cap)), 0) for i in range(req.n or 1)]
+    params = [check_limits(req.params(i, extra, cap)) for i in range(req.n or 1)]
+    fields = {"messages": messages, "chat_template_kwargs": kwargs,
+              "tools": tools.tools if tools else None,
+              "images": await load_images(request, images)}  # fetched once all else is checked
+    specs = [(fields, p, 0) for p in params]
     think = (await request.app.state.reasoning.mode(request.app.state.tokens, kwargs)
              if req.separate_reasoning is not False and harmony is None else None)
     text_of = await request.app.state.tokens.get() if req.logprobs else None

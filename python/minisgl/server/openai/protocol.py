@@ -163,7 +163,7 @@ class ToolCall(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | None = None
+    content: str | list[dict[str, Any]] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -171,17 +171,17 @@ class ChatMessage(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts(cls, value: Any) -> Any:
-        """OpenAI's content parts: only text ones are supported; they are joined."""
+        """OpenAI's content parts: text parts alone are joined into one string; with other parts
+        (``image_url``) the list stays, for the chat path to read (``openai/images.py``)."""
         if not isinstance(value, list):
             return value
-        texts = []
-        for part in value:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise ValueError("only text content parts are supported")
-            if not isinstance(part.get("text"), str):
-                raise ValueError("a text part needs a string 'text'")
-            texts.append(part["text"])
-        return "".join(texts)
+        if not all(isinstance(part, dict) for part in value):
+            raise ValueError("content parts must be objects")
+        if any(part.get("type") != "text" for part in value):
+            return value
+        if not all(isinstance(part.get("text"), str) for part in value):
+            raise ValueError("a text part needs a string 'text'")
+        return "".join(part["text"] for part in value)
 
     def to_dict(self) -> dict:
         out = self.model_dump(exclude_none=True)

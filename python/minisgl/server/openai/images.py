@@ -1,0 +1,59 @@
+"""The images of a chat request, read in the API server: parsed from the content parts
+(``multimodal.items.split_images``), counted against ``--limit-mm-per-prompt`` and loaded (data
+URLs decoded, ``http(s)`` URLs fetched in threads, concurrently), so that the tokenizer worker,
+which decodes and preprocesses them, never waits on the network. A model without a vision tower
+refuses any non-text part, as it always has."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from fastapi import Request
+
+from minisgl.multimodal.fetch import load_image
+from minisgl.multimodal.items import ImageItem, ImageRef, MediaError, check_count, split_images
+from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.request_context import server_config
+
+
+def has_vision(model_path: str | None) -> bool:
+    """Whether the served checkpoint has a vision tower minisgl can preprocess for."""
+    from minisgl.models.vision import has_vision as config_has_vision
+
+    path = os.path.join(model_path or "", "config.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return config_has_vision(json.load(f))
+
+
+def chat_images(request: Request, messages: list[dict]) -> tuple[list[dict], list[ImageRef]]:
+    """``messages`` for the chat template and their images, not loaded yet (a cheap check, made
+    before the request's other checks)."""
+    first = next((i for i, m in enumerate(messages) if isinstance(m.get("content"), list)), None)
+    if first is None:
+        return messages, []
+    if not request.app.state.vision:
+        param = f"messages[{first}].content"
+        raise ApiError(400, f"{param}: only text content parts are supported", param)
+    try:
+        messages, refs = split_images(messages)
+        check_count(refs, server_config(request).media.limit_mm_per_prompt)
+    except MediaError as e:
+        raise ApiError(400, str(e), e.param) from None
+    return messages, refs
+
+
+async def load_images(request: Request, refs: list[ImageRef]) -> list[ImageItem] | None:
+    """The images' bytes (None: no image), read or fetched concurrently in threads."""
+    if not refs:
+        return None
+    media = server_config(request).media
+    try:
+        items = await asyncio.gather(*(asyncio.to_thread(load_image, ref, media)
+                                       for ref in refs))
+    except MediaError as e:
+        raise ApiError(400, str(e), e.param) from None
+    return list(items)

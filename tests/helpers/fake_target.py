@@ -55,9 +55,8 @@ class ScriptProposer(Proposer):
     name = "script"
 
     def __init__(self, script: dict[int, list[int]],
-                 wrong: Callable[[int, int], bool] = lambda uid, pos: False,
-                 lookahead: bool = False) -> None:
-        self.script, self.wrong, self.lookahead = script, wrong, lookahead
+                 wrong: Callable[[int, int], bool] = lambda uid, pos: False) -> None:
+        self.script, self.wrong = script, wrong
         self.proposed = 0
 
     def propose(self, req, max_len: int) -> list[int]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from minisgl.core import Batch, Req
+from minisgl.core import Feed, Req
 
 from .cache import CacheManager
 from .policy import AdmissionPolicy
@@ -64,7 +64,7 @@ class PrefillManager:
         """Waiting requests that hold a page-table row (and KV pages)."""
         return [req for req in self.waiting if req.table_idx >= 0]
 
-    def schedule(self, decode_reserve: int, budget: int | None = None) -> Batch | None:
+    def schedule(self, decode_reserve: int, budget: int | None = None) -> list[Feed]:
         """Take as many waiting tokens as the budget (``max_prefill_tokens`` unless a smaller one is
         given: what a mixed step has left) and memory allow.
 
@@ -74,8 +74,8 @@ class PrefillManager:
         self.policy.tick()
         budget = self.budget if budget is None else min(budget, self.budget)
         if budget <= 0 or not self.waiting:
-            return None
-        reqs: list[Req] = []
+            return []
+        feeds: list[Feed] = []
         computing: set[tuple[int, ...]] = set()  # prompt heads whose prefill is under way
         order = self.policy.order(self.waiting)
         for i, req in enumerate(order):
@@ -112,9 +112,9 @@ class PrefillManager:
             req.cached_len = req.device_len  # earlier chunks: computed by launched forwards
             req.device_len += chunk
             budget -= chunk
-            reqs.append(req)
+            feeds.append(Feed.of(req))
             computing.add(head)
-        return Batch(reqs, "prefill") if reqs else None
+        return feeds
 
     def _yields(self, req: Req, behind: list[Req], reserved: int) -> bool:
         """Whether a shorter prompt that could be fed this step waits behind ``req``: a row for

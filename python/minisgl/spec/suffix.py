@@ -29,7 +29,7 @@ import numpy as np
 
 from minisgl.core import Req
 
-from .ngram import REREAD, TokenHistory
+from .ngram import TokenHistory
 from .proposer import Proposer
 from .suffix_trie import SuffixTrie
 
@@ -82,12 +82,10 @@ class _State:
         self.shared: list[int] = []  # shared[j]: the node of the last j + 1 tokens, if any
         self.removals = 0  # the trie's ``removals`` when they were matched
         self.seen = 0
-        self.tail: list[int] = []  # the last tokens the nodes were matched from
 
 
 class SuffixProposer(Proposer):
     name = "suffix"
-    lookahead = True  # it drafts from ``input_ids`` alone, whatever ends them
 
     def __init__(self, depth: int, max_cached_requests: int, max_spec_factor: float,
                  min_token_prob: float) -> None:
@@ -101,15 +99,13 @@ class SuffixProposer(Proposer):
             state = self.states[req.uid] = _State()
         ids = req.input_ids
         start = state.seen
-        if (ids[start - len(state.tail) : start] != state.tail  # drafts replaced (REREAD)
-                or state.removals != self.shared.removals):  # its nodes' ids may be reused
+        if state.removals != self.shared.removals:  # its nodes' ids may be reused
             start, state.shared, state.removals = 0, [], self.shared.removals
         if len(ids) - start >= self.depth:  # the nodes depend on the last D tokens only
             start, state.shared = len(ids) - self.depth, []
         for token in ids[start:]:
             state.shared = self.shared.advance(state.shared, token)
         state.seen = len(ids)
-        state.tail = ids[-REREAD:]
         return state
 
     def propose(self, req: Req, max_len: int) -> list[int]:

@@ -18,11 +18,11 @@ import time
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.spec import create_spec_decoder, parse_speculative_config
+from minisgl.speculative import create_spec_decoder, parse_speculative_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [("python/minisgl/scheduler/decode.py", "DecodeManager", "RunningRequests"),
-           ("python/minisgl/spec/adaptive.py", "Acceptance", "AcceptanceTracker"),
+           ("python/minisgl/speculative/adaptive.py", "Acceptance", "AcceptanceTracker"),
            ("python/minisgl/scheduler/policy.py", "AdmissionPolicy", "QueueOrder")]
 CHATS = ["What are the main differences between a process and a thread?",
          "Give me three tips to sleep better.",

@@ -21,7 +21,7 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.engine.engine import ForwardOutput
 from minisgl.sampling import SampleOutput
-from minisgl.spec.proposer import Proposer
+from minisgl.speculative.proposer import Proposer
 
 
 def scripted_forward(scheduler, script: dict[int, list[int]]) -> list[dict[int, list[int]]]:

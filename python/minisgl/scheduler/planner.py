@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from minisgl.core import Feed
-from minisgl.spec import DraftBudget, SpecDecoder
+from minisgl.speculative import DraftBudget, SpecDecoder
 
 from .cache import CacheManager
 from .config import SchedulerConfig

@@ -8,9 +8,9 @@ left half-fed, and it is first in line next time.
 
 A prompt that must be chunked yields half of the step to a shorter prompt waiting behind it
 (``_yields``): a short request that arrives while a long prompt is being fed gets its first token
-within a few steps instead of after every chunk of the long one (one 388-token request waited
-minutes on a CPU behind a 22k-token prompt), as shortest-remaining-first would. Alone, or behind
-prompts at least as long, a prompt takes the whole budget.
+within a few steps instead of after every chunk of the long one, as shortest-remaining-first would
+(``benchmark/results/cpu/short_behind_long.md``). Alone, or behind prompts at least as long, a
+prompt takes the whole budget.
 
 A request that starts like one being prefilled right now (the same first tokens: ``n`` > 1, a
 shared system prompt) and finds nothing cached waits until its twin's prefix enters the prefix

@@ -17,7 +17,7 @@ from minisgl.engine import Engine, ForwardOutput
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.kvcache import create_prefix_cache
 from minisgl.sampling import BatchSamplingArgs
-from minisgl.spec import create_spec_decoder
+from minisgl.speculative import create_spec_decoder
 from minisgl.utils import init_logger
 
 from .cache import CacheManager
@@ -150,7 +150,7 @@ class Scheduler:
             else:
                 outputs += self._read_back(launched)
             # steps that only decode (and verify) are timed: what a verify step costs against a
-            # plain one (spec/adaptive.py)
+            # plain one (speculative/adaptive.py)
             if self.spec is not None and not plan.prefill:
                 self.spec.timed(bool(plan.verify), time.perf_counter() - start)
         return outputs

@@ -18,7 +18,7 @@ from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from helpers.hybrid_models import make_hybrid_checkpoint
 from minisgl import LLM, SamplingParams
-from minisgl.spec.proposer import Proposer
+from minisgl.speculative.proposer import Proposer
 
 pytestmark = pytest.mark.any_device
 VOCAB = 256

@@ -8,9 +8,9 @@ import pytest
 from minisgl.core import Req, SamplingParams
 from minisgl.llm.config import EngineOptions
 from minisgl.server.launch.args import parse_args
-from minisgl.spec import SpecConfig, create_proposer, parse_speculative_config
-from minisgl.spec.adaptive import Acceptance, StepCost
-from minisgl.spec.ngram import lookup
+from minisgl.speculative import SpecConfig, create_proposer, parse_speculative_config
+from minisgl.speculative.adaptive import Acceptance, StepCost
+from minisgl.speculative.ngram import lookup
 
 
 def req(ids: list[int], uid: int = 0, prompt_len: int | None = None) -> Req:

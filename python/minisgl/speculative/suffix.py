@@ -13,14 +13,13 @@ themselves across turns (tool calls, file contents), which the global trie catch
 own trie catches copying from its prompt.
 
 The request's own text is not built into a trie: that costs O(n D) dictionary operations for an
-n-token prompt (60 ms in Python for 1,500 tokens at D = 24, as long as hundreds of decode steps of
-a small model on a GPU). Its occurrences of the last tokens are found with vectorised compares over
-a numpy copy of the text (``ngram.py``'s history), and the continuations of those occurrences,
-counted, are the trie's children: the same drafts, at O(n) per step. The global trie
-(``suffix_trie.py``, which learns finished outputs in the host's spare time) is matched
-incrementally: per request the nodes of its last 1..D tokens are kept (they depend on those tokens
-alone, so a long new stretch is matched from its last D), and one appended token advances them in
-O(D).
+n-token prompt, as long as hundreds of decode steps of a small model on a GPU. Its occurrences of
+the last tokens are found with vectorised compares over a numpy copy of the text (``ngram.py``'s
+history), and the continuations of those occurrences, counted, are the trie's children: the same
+drafts, at O(n) per step. The global trie (``suffix_trie.py``, which learns finished outputs in the
+host's spare time) is matched incrementally: per request the nodes of its last 1..D tokens are kept
+(they depend on those tokens alone, so a long new stretch is matched from its last D), and one
+appended token advances them in O(D).
 """
 
 from __future__ import annotations

@@ -6,10 +6,9 @@ drafts are accepted. Each request keeps ``ema``: its recent accepted drafts per 
 draft is one longer than that (it grows by one after a fully accepted draft, shrinks after a
 rejection). A verify step emits ``accepted + 1`` tokens for ``StepCost.ratio`` decode steps'
 time, so while ``ema`` is below ``ratio - 1`` (and below ``min_expected_accept``) the request does
-not speculate. The ratio is measured, not assumed: on an H100 a verify step costs about 1.8-2.5
-decode steps of SmolLM2-135M (its decode graph at 2+ rows takes 1.8x the one-row graph's GPU time,
-and a step read back before the next is drafted adds the host's time) and 1.3 of Qwen3-8B.
-It still drafts in the shadow: the draft is checked against the tokens that then come, for free,
+not speculate. The ratio is measured, not assumed: it differs by model and GPU (a small model's
+decode graph at 2+ rows costs far more than its one-row graph; docs/performance.md). It still
+drafts in the shadow: the draft is checked against the tokens that then come, for free,
 so a request whose text turns repetitive (a file being copied) starts speculating again. A
 request whose proposer found nothing to draft ``MISSES`` steps in a row (chat, where nothing
 repeats) also stops asking, since a step that might draft gives up overlap scheduling for nothing,

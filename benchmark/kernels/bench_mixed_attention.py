@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 from minisgl.attention.triton_backend import TritonBackend  # noqa: E402
-from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
+from minisgl.core import Batch, Feed, Req, SamplingParams  # noqa: E402
 from minisgl.kvcache.mha_pool import MHAKVCache  # noqa: E402
 
 MODELS = {"Qwen3-0.6B": (16, 8, 128), "Qwen3-8B": (32, 8, 128)}  # (q heads, kv heads, head_dim)
@@ -50,7 +50,7 @@ def mixed_batch(decode: int, ctx: int, chunk: int, prefix: int, hkv: int, dim: i
         reqs.append(Req(uid=i, input_ids=[0] * (n + 1), prompt_len=n + 1,
                         sampling_params=SamplingParams(), max_device_len=n + 2, table_idx=i,
                         cached_len=cached, device_len=n))
-    return pool, table, Batch(reqs, "mixed", num_decode=decode)
+    return pool, table, Batch([Feed.of(r) for r in reqs], "mixed", num_decode=decode)
 
 
 def time_case(model: str, case: tuple[int, int, int, int]) -> dict:

@@ -119,8 +119,8 @@ class StepTrace:
         def traced_launch(*args):
             res = launch(*args)
             if res is not None:
-                batch = res[0]
-                launched.append((batch.phase, batch.size, sum(r.device_len for r in batch.reqs)))
+                batch = res.plan.batch
+                launched.append((batch.phase, batch.size, sum(r.device_len for r in batch.feeds)))
             return res
 
         def traced_step():

@@ -42,7 +42,7 @@ from bench_common import gpu_name, model_dir, project_commit
 from spec_workloads import bench_workloads, run_workload
 
 from minisgl import LLM, SamplingParams
-from minisgl.spec.proposer import Proposer
+from minisgl.speculative.proposer import Proposer
 
 
 class FixedDrafts(Proposer):

@@ -8,11 +8,9 @@ step rejects its drafts and gives KV back) feeds one request; each phase is time
 scheduler's methods: ``schedule`` (the batch, drafts included), ``flush`` (page-table copy),
 ``prepare`` (the batch's device inputs and the drafts' write), ``forward`` (the host's side of the
 launch), ``wait`` (the host waiting for the device: the GPU time left after the launch), ``finish``
-(the read-back without ``wait``: verdicts, stops, outputs). A plain step with overlap waits for
-the forward launched one step before, so its ``wait`` is what the host could not hide. The fixed
-proposer cannot draft ahead of a verify step in flight (``Proposer.lookahead``), so every verify
-step is read back at once, the cost of a synchronous verify step; with ``--ahead`` it can
-(``spec/ahead.py``), and verify steps overlap as plain ones do.
+(the read-back without ``wait``: verdicts, commits, stops, outputs). A plain step with overlap
+waits for the forward launched one step before, so its ``wait`` is what the host could not hide;
+a verify step is read back at once.
 """
 
 from __future__ import annotations
@@ -31,13 +29,6 @@ from minisgl import LLM, SamplingParams
 from minisgl.engine.engine import ForwardOutput
 
 PHASES = ("schedule", "flush", "prepare", "forward", "wait", "finish")
-
-
-class AheadDrafts(FixedDrafts):
-    """``FixedDrafts`` that may draft ahead of a verify step in flight: its guess of that step's
-    bonus token is the last token, as its drafts are."""
-
-    lookahead = True
 
 
 class WrongDrafts(FixedDrafts):
@@ -64,11 +55,11 @@ def timed_phases(sched) -> collections.defaultdict:
 
         setattr(obj, name, timed)
 
-    wrap(sched, "_schedule", "schedule")
+    wrap(sched.planner, "plan", "schedule")
     wrap(sched.cache, "flush", "flush")
     wrap(sched.engine, "prepare", "prepare")
     wrap(sched.engine, "forward", "forward")
-    wrap(sched, "_finish", "finish")
+    wrap(sched, "_read_back", "finish")
     wait = ForwardOutput.wait
 
     def timed_wait(out) -> None:
@@ -88,7 +79,6 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=200, help="output tokens per run")
     parser.add_argument("--reject", action="store_true", help="drafts that are always rejected")
-    parser.add_argument("--ahead", action="store_true", help="verify steps keep overlap")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args()
 
@@ -101,18 +91,16 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.steps, ignore_eos=True)
     acc = timed_phases(sched)
     base = dict(model=os.path.basename(args.model), gpu=gpu_name(), commit=project_commit(),
-                reject=args.reject, ahead=args.ahead)
+                reject=args.reject)
     records = []
     for rep in range(2):  # the first pass compiles and captures: only the second is kept
         for k in (int(x) for x in args.ks.split(",")):
             sched.spec = spec if k else None
-            kind = WrongDrafts if args.reject else AheadDrafts if args.ahead else FixedDrafts
-            spec.proposer = kind(k)
+            spec.proposer = (WrongDrafts if args.reject else FixedDrafts)(k)
             sched.add_request(10**6 * rep + k, prompt, params)
             for _ in range(3):  # the prefill and the first steps
                 sched.step()
             acc.clear()
-            ahead = spec.drafted_ahead
             steps = tokens = 0
             start = time.perf_counter()
             while sched.has_work:
@@ -123,7 +111,6 @@ def main() -> None:
             wall = time.perf_counter() - start
             acc["finish"] -= acc["wait"]  # the read-back's own work
             rec = dict(base, k=k, steps=steps, tokens=tokens,
-                       drafted_ahead=spec.drafted_ahead - ahead,
                        ms_per_step=round(wall * 1e3 / steps, 3),
                        ms_per_token=round(wall * 1e3 / tokens, 3),
                        **{p: round(acc[p] * 1e3 / steps, 3) for p in PHASES})
@@ -132,17 +119,16 @@ def main() -> None:
                 print(json.dumps(rec), flush=True)
     llm.close()
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "spec_step_phases" + ("_reject" if args.reject else "")
-                        + ("_ahead" if args.ahead else ""))
+    stem = os.path.join(args.out, "spec_step_phases" + ("_reject" if args.reject else ""))
     with open(stem + ".json", "w") as f:
         json.dump(records, f, indent=1)
     lines = [f"`profile_verify_step.py --model {args.model}"
-             + (" --reject" if args.reject else "") + (" --ahead" if args.ahead else "")
+             + (" --reject" if args.reject else "")
              + f"` on {base['gpu']}, commit "
              f"`{base['commit']}`: ms per step (batch 1, {args.prompt_len}-token prompt).", "",
-             "| k | ms/step | ms/token | drafted ahead | " + " | ".join(PHASES) + " |",
-             "|---|---|---|---|" + "---|" * len(PHASES)]
-    lines += [f"| {r['k']} | {r['ms_per_step']} | {r['ms_per_token']} | {r['drafted_ahead']} | "
+             "| k | ms/step | ms/token | " + " | ".join(PHASES) + " |",
+             "|---|---|---|" + "---|" * len(PHASES)]
+    lines += [f"| {r['k']} | {r['ms_per_step']} | {r['ms_per_token']} | "
               + " | ".join(str(r[p]) for p in PHASES) + " |" for r in records]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")

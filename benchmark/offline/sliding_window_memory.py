@@ -46,7 +46,7 @@ def shrunk_model(config: str) -> tuple[str, dict]:
 
 
 def stub_forward(batch, args) -> ForwardOutput:
-    n = len(batch.sampled_reqs)
+    n = sum(feed.samples for feed in batch.feeds)
     return ForwardOutput(torch.zeros(n, dtype=torch.int64), None, None)  # type: ignore[arg-type]
 
 
@@ -61,8 +61,8 @@ def run(path: str, prompts, params, ratio: float, budget_gb: float, args) -> dic
     held, steady, decoding = [], [], []
     total = len(prompts)
 
-    def counting():
-        batch = schedule()
+    def counting(drafter=None):
+        plan = schedule(drafter)
         n = len(sched.decode.running) + len(sched.prefill.admitted())
         held.append(n)
         # steady state: some request has finished and others still wait for room
@@ -70,10 +70,10 @@ def run(path: str, prompts, params, ratio: float, budget_gb: float, args) -> dic
         if finished and any(r.table_idx < 0 for r in sched.prefill.waiting):
             steady.append(n)
             decoding.append(len(sched.decode.running))
-        return batch
+        return plan
 
-    schedule = sched._schedule
-    sched._schedule = counting
+    schedule = sched.planner.plan
+    sched.planner.plan = counting
     llm.generate(prompts, params)
     sched.check_integrity()
     return dict(sliding_pool_ratio=ratio, full_pages=engine.num_pages,

@@ -18,11 +18,11 @@ import time
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.spec import create_spec_decoder, parse_speculative_config
+from minisgl.speculative import create_spec_decoder, parse_speculative_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [("python/minisgl/scheduler/decode.py", "DecodeManager", "RunningRequests"),
-           ("python/minisgl/spec/adaptive.py", "Acceptance", "AcceptanceTracker"),
+           ("python/minisgl/speculative/adaptive.py", "Acceptance", "AcceptanceTracker"),
            ("python/minisgl/scheduler/policy.py", "AdmissionPolicy", "QueueOrder")]
 CHATS = ["What are the main differences between a process and a thread?",
          "Give me three tips to sleep better.",
@@ -102,8 +102,8 @@ def bench_workloads(args, base: dict) -> list[dict]:
     llm = LLM(args.model, device=args.device, cuda_graph_bs=tuple(args.cuda_graph_bs or ()),
               speculative_config=next((c for c in configs.values() if c), None))
     sched = llm.scheduler
-    decoders = {m: c and create_spec_decoder(parse_speculative_config(c), sched.engine,
-                                             sched.cache) for m, c in configs.items()}
+    decoders = {m: c and create_spec_decoder(parse_speculative_config(c), sched.engine)
+                for m, c in configs.items()}
     workloads = {"code": code_prompts(llm), "chat": chat_prompts(llm)}
     shapes = [(name, batch) for name in args.workloads.split(",")
               for batch in sorted({1, args.batch})]
@@ -135,11 +135,10 @@ def bench_workloads(args, base: dict) -> list[dict]:
                 gc_secs[method].append(GC_CLOCK.seconds - before)
                 spec = decoders[method]
                 last[method] = (outs, tokens, spec and (
-                    spec.stats.verify_steps, spec.stats.draft_tokens, spec.stats.accepted_tokens,
-                    spec.drafted_ahead, spec.dropped))
+                    spec.stats.verify_steps, spec.stats.draft_tokens, spec.stats.accepted_tokens))
         for method in methods:
             outs, tokens, stats = last[method]
-            steps, drafts, accepted, ahead, dropped = stats or (0, 0, 0, 0, 0)
+            steps, drafts, accepted = stats or (0, 0, 0)
             secs = sorted(times[method])[len(times[method]) // 2]
             rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
                        num_spec_tokens=stats and decoders[method].config.num_speculative_tokens,
@@ -149,7 +148,7 @@ def bench_workloads(args, base: dict) -> list[dict]:
                        tokens_per_s=round(tokens / secs, 2),
                        mean_accepted_len=round((accepted + steps) / steps, 3) if steps else 0,
                        acceptance_rate=round(accepted / drafts, 3) if drafts else 0,
-                       verify_steps=steps, drafted_ahead=ahead, dropped=dropped,
+                       verify_steps=steps,
                        identical_to_baseline=outs == last.get("none", last[methods[0]])[0])
             records.append(rec)
             print(json.dumps(rec), flush=True)

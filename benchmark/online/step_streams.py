@@ -70,17 +70,18 @@ class Steps:
         def traced(*args):
             res = launch(*args)
             if res is not None:
-                batch = res[0]
+                batch = res.plan.batch
                 n_dec = batch.num_decode_rows
-                self.launched.append((n_dec, sum(r.extend_len for r in batch.reqs[n_dec:])))
+                self.launched.append((n_dec, sum(r.extend_len for r in batch.feeds[n_dec:])))
             return res
 
         sched._launch = traced
         # host time of each phase of a launch, by the kind of batch launched
         self.host: dict[str, dict[str, list[float]]] = {}
         self._phase: dict[str, float] = {}
-        for name, owner in (("schedule", sched), ("forward", sched.engine), ("finish", sched)):
-            attr = "_" + name if name != "forward" else name
+        for name, owner, attr in (("schedule", sched.planner, "plan"),
+                                  ("forward", sched.engine, "forward"),
+                                  ("finish", sched, "_read_back")):
             setattr(owner, attr, self._timed(name, getattr(owner, attr)))
 
     def _timed(self, name: str, fn):

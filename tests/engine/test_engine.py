@@ -203,7 +203,7 @@ def test_twins_share_a_prefix_computed_once(llama, overlap):
     forward = llm.scheduler.engine.forward
 
     def spy(batch, args):
-        computed.append(sum(r.extend_len for r in batch.reqs[batch.num_decode_rows :]))
+        computed.append(sum(r.extend_len for r in batch.feeds[batch.num_decode_rows :]))
         return forward(batch, args)
 
     llm.scheduler.engine.forward = spy

@@ -34,16 +34,16 @@ def record_steps(scheduler) -> list[tuple[Batch | None, list, bool]]:
     """Per scheduled step: (batch, the running requests that needed a token, whether it
     retracted)."""
     steps = []
-    schedule = scheduler._schedule
+    plan = scheduler.planner.plan
 
-    def spy():
+    def spy(drafter=None):
         due = [r for r in scheduler.decode.running if r.device_len + 1 < r.max_device_len]
         retracted = scheduler.num_retractions
-        batch = schedule()
-        steps.append((batch, due, scheduler.num_retractions > retracted))
-        return batch
+        step = plan(drafter)
+        steps.append((step.batch if step else None, due, scheduler.num_retractions > retracted))
+        return step
 
-    scheduler._schedule = spy
+    scheduler.planner.plan = spy
     return steps
 
 
@@ -94,7 +94,7 @@ def test_padding_tokens_are_the_dummy_requests():
     padding is token 0 at position 0 of the dummy row (the page table's last), writing to slot 0."""
     import torch
 
-    from minisgl.core import Req
+    from minisgl.core import Feed, Req
     from minisgl.engine.batch import prepare_batch
 
     table = torch.arange(5 * 32, dtype=torch.int32).view(5, 32) + 1  # the dummy row's slot 0: below
@@ -107,7 +107,7 @@ def test_padding_tokens_are_the_dummy_requests():
                   max_device_len=30, table_idx=0, cached_len=7, device_len=8)
         pre = Req(uid=1, input_ids=list(range(100, 111)), prompt_len=11, sampling_params=SHORT,
                   max_device_len=30, table_idx=2, cached_len=4, device_len=9)
-        return Batch([dec, pre], "mixed", num_decode=1)
+        return Batch([Feed(dec, 7, 8), Feed.of(pre)], "mixed", num_decode=1)
 
     plain, padded = reqs(), reqs()
     prepare_batch(plain, table, pool)
@@ -130,7 +130,8 @@ def test_every_step_carries_the_running_decode_tokens(llama, workload, overlap):
     assert len(mixed) >= 10  # 375 burst tokens in chunks of at most 29 next to 3 streams
     for batch, due, retracted in steps:
         if due and not retracted:
-            assert batch is not None and batch.reqs[: batch.num_decode_rows] == due
+            assert batch is not None
+            assert [f.req for f in batch.feeds[: batch.num_decode_rows]] == due
             assert batch.num_tokens <= 32 or batch.is_decode
     llm.scheduler.check_integrity()
 
@@ -186,7 +187,7 @@ def test_twins_wait_for_the_prefix_in_mixed_steps(llama):
     steps = record_steps(llm.scheduler)
     assert run_burst(llm, streams, twins)[0] == reference
     prefill = sum(r.extend_len for b, _, _ in steps if b is not None
-                  for r in b.reqs[b.num_decode_rows :])
+                  for r in b.feeds[b.num_decode_rows :])
     assert prefill < 6 + 9 + 80 + 4 * 10
     llm.scheduler.check_integrity()
 
@@ -229,7 +230,7 @@ def test_lpm_admits_the_longest_cached_prefix_first(llama):
         while sched.has_work:
             sched.step() if sched.reqs else sched.drain()
         first = next(b for b, _, _ in steps if b is not None)
-        order[policy] = [r.uid for r in first.reqs]
+        order[policy] = [r.uid for r in first.feeds]
     assert order["lpm"][0] == 11 and order["fcfs"][0] == 10
 
 
@@ -253,7 +254,7 @@ def test_lpm_waiting_is_bounded(llama):
         sched.add_request(i, system + tail, SHORT)
         sched.step()
     admitted = next(i for i, (b, _, _) in enumerate(steps)
-                    if b is not None and any(r.uid == 1000 for r in b.reqs))
+                    if b is not None and any(r.uid == 1000 for r in b.feeds))
     assert 1 <= admitted - arrived <= max_wait + 1
     while sched.has_work:
         sched.step() if sched.reqs else sched.drain()

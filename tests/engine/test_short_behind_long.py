@@ -61,8 +61,8 @@ def test_prompts_of_equal_length_do_not_share(llm):
     sched = llm.scheduler
     sched.add_request(0, a, GREEDY)
     sched.add_request(1, b, GREEDY)
-    batch = sched._schedule()
-    assert [r.uid for r in batch.reqs] == [0] and batch.reqs[0].device_len == BUDGET
+    batch = sched.planner.plan().batch
+    assert [r.uid for r in batch.feeds] == [0] and batch.feeds[0].device_len == BUDGET
     while sched.has_work:
         sched.step() if sched.reqs else sched.drain()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.core import SamplingParams
+from minisgl.core import Batch, SamplingParams
 
 _PARAMS = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 _FIRST_UID = 1 << 40  # out of the way of the ids the callers use
@@ -20,9 +20,10 @@ def prefill_logits(scheduler, prompts: list[list[int]]) -> torch.Tensor:
     # positions uncomputed and let the cache-aware policy reorder the batch
     scheduler.cache.flush_prefix_cache()
     reqs = [scheduler.add_request(uid, p, _PARAMS) for uid, p in zip(uids, prompts)]
-    batch = scheduler.prefill.schedule(decode_reserve=0)
+    feeds = scheduler.prefill.schedule(decode_reserve=0)
     scheduler.cache.flush()
-    assert batch is not None and batch.reqs == reqs, "the prompts must fit in one prefill"
+    assert [f.req for f in feeds] == reqs, "the prompts must fit in one prefill"
+    batch = Batch(feeds, "prefill")
     engine = scheduler.engine
     engine.prepare(batch)  # a hybrid model's state metadata too; on CUDA padding tokens last
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
@@ -58,8 +59,8 @@ def record_sampled_logits(engine) -> dict[int, list[torch.Tensor]]:
 
     def spy(batch, args):
         out = forward(batch, args)
-        for req, row in zip(batch.sampled_reqs, out.logits):
-            recorded.setdefault(req.uid, []).append(row.clone())
+        for feed, row in zip(batch.sampled, out.logits):
+            recorded.setdefault(feed.uid, []).append(row.clone())
         return out
 
     engine.forward = spy

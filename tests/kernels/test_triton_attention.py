@@ -20,7 +20,7 @@ triton = import_triton()
 from minisgl.attention import create_attention_backend, resolve_attention_backend
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.engine.graph import dummy_decode_batch
 from minisgl.kernel.triton.decode_attention import decode_attention, longest_first
 from minisgl.kernel.triton.extend_attention import extend_attention
@@ -158,7 +158,7 @@ class Scene:
         self.gen = gen
 
     def batch(self, phase: str) -> tuple[Batch, tuple[torch.Tensor, ...]]:
-        batch = Batch(list(self.reqs), phase)
+        batch = Batch([Feed.of(r) for r in self.reqs], phase)
         rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in self.reqs])
         pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in self.reqs])
         dev = self.page_table.device

@@ -19,7 +19,7 @@ from minisgl.attention import create_attention_backend
 from minisgl.attention.spec import AttentionSpec
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.kernel.triton.decode_attention import decode_attention
 from minisgl.kernel.triton.extend_attention import extend_attention
 from minisgl.kvcache.mha_pool import MHAKVCache
@@ -128,7 +128,7 @@ def scene(cached, extend, spec: AttentionSpec, dtype, page_size, seed):
                         sampling_params=SamplingParams(), max_device_len=t + 4, table_idx=i,
                         cached_len=c, device_len=t))
     phase = "decode" if all(e == 1 for e in extend) else "prefill"
-    batch = Batch(reqs, phase)
+    batch = Batch([Feed.of(r) for r in reqs], phase)
     rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in reqs])
     pos = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
     batch.out_loc = table[rows.to(DEV), pos.to(DEV)]
@@ -156,7 +156,7 @@ def test_backends_window_and_sinks(cached, extend, page_size):
     ref_backend = TorchBackend(pool, table, 1.0)
     ref = run(ref_backend, batch, qkv, spec)
     # the torch backend itself against the dense reference
-    slots_of = [table[r.table_idx, : r.device_len].long() for r in batch.reqs]
+    slots_of = [table[r.table_idx, : r.device_len].long() for r in batch.feeds]
     cu = [0] + torch.tensor(extend).cumsum(0).tolist()
     qs = [qkv[0][cu[b]: cu[b + 1]] for b in range(len(extend))]
     dense = reference(qs, pool.k_cache(1), pool.v_cache(1), slots_of, cached, 0.17, 6,
@@ -171,7 +171,7 @@ def test_torch_backend_softcap():
                          logit_softcap=2.0)
     pool, table, batch, qkv = scene([3, 0], [5, 9], spec, torch.float32, 1, seed=5)
     out = run(TorchBackend(pool, table, 1.0), batch, qkv, spec)
-    slots_of = [table[r.table_idx, : r.device_len].long() for r in batch.reqs]
+    slots_of = [table[r.table_idx, : r.device_len].long() for r in batch.feeds]
     q = qkv[0]
     outs = []
     for b, (qb, slots, c) in enumerate(zip((q[:5], q[5:]), slots_of, (3, 0))):

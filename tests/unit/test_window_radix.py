@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.core import Req, SamplingParams
+from minisgl.core import Feed, Req, SamplingParams
 from minisgl.kvcache import create_prefix_cache
 from minisgl.kvcache.window_radix import WindowRadixCache
 from minisgl.scheduler.cache import CacheManager
@@ -114,14 +114,14 @@ def test_the_tree_gives_its_sliding_pages_back_under_pressure():
 
 @pytest.mark.parametrize("page", [1, 4])
 def test_rejected_drafts_give_back_their_sliding_pages(page):
-    """``shrink`` (speculative decoding's rejected drafts) frees the sliding pages past the kept
+    """``commit`` (what a verify step kept of its drafts) frees the sliding pages past the kept
     length as it frees the full ones."""
     cache, pages, _ = make(page)
     req = request(0, range(100, 160))
     cache.match(req)
     run(cache, req, 40, [req])
-    cache.shrink(req, 30)
-    req.device_len = req.cached_len = 30
+    cache.commit(req, 30, Feed(req, 29, 40, 11, list(range(10))))
+    assert req.device_len == req.cached_len == 30
     cache.check_integrity([req])
     run(cache, req, 44, [req])
     cache.release(req)

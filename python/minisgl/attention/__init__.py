@@ -41,9 +41,9 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     """Turn ``auto`` into a concrete name for this device: our Triton kernels on CUDA (when triton
     is installed), the reference elsewhere. ``auto`` inside ``PREFILL,DECODE`` resolves the same.
 
-    Not ``fa,triton``: on an H100 (torch 2.11's built-in FlashAttention 2, no flash_attn package)
-    the Triton extend kernel measured as fast for one 8K prompt (1.69 vs 1.69 ms) and faster for
-    batches (8x1K: 0.29 vs 0.33 ms; 32x256: 0.14 vs 0.17 ms), and it also serves cached prefixes.
+    Not ``fa,triton``: the Triton extend kernel measured as fast as torch's built-in
+    FlashAttention for one long prompt, faster for batches, and it also serves cached prefixes
+    (docs/performance.md, "Measurements behind the code").
     """
     if "," in name:
         return ",".join(resolve_attention_backend(part, device) for part in name.split(","))

@@ -63,7 +63,7 @@ class TorchBackend(BaseAttnBackend):
         self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
 
     def prepare_metadata(self, batch: Batch) -> None:
-        reqs = batch.reqs
+        reqs = batch.feeds
         device = self.page_table.device
         seq = torch.tensor([r.device_len for r in reqs])
         cached = torch.tensor([r.cached_len for r in reqs])

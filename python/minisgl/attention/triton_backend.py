@@ -117,7 +117,7 @@ class TritonBackend(BaseAttnBackend):
     # -- metadata -----------------------------------------------------------------------------
 
     def prepare_metadata(self, batch: Batch) -> None:
-        reqs = batch.reqs
+        reqs = batch.feeds
         if batch.is_decode:
             batch.attn_metadata = self._decode_metadata(reqs)
             return
@@ -227,5 +227,5 @@ class TritonBackend(BaseAttnBackend):
 
     def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
         n, pad = batch.size, padded_bs - batch.size
-        rows, lens, order = _decode_lists(batch.reqs)
+        rows, lens, order = _decode_lists(batch.feeds)
         return [rows + [self.dummy_row] * pad, lens + [1] * pad, order + list(range(n, padded_bs))]

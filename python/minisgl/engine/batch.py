@@ -29,14 +29,14 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
     positions: list[int] = []
     rows: list[int] = []
     last_rows: list[int] = []
-    for req in batch.reqs:
-        positions += range(req.cached_len, req.device_len)
-        rows += [req.table_idx] * req.extend_len
+    for feed in batch.feeds:
+        positions += range(feed.cached_len, feed.device_len)
+        rows += [feed.table_idx] * feed.extend_len
         last_rows.append(len(rows) - 1)
-    sampled = batch.sampled_reqs
-    # a request verifying k drafts (``minisgl/spec/``) samples its last k + 1 positions
-    sample_loc = ([r.table_idx for r in sampled for _ in range(r.draft_len + 1)],
-                  [p for r in sampled for p in range(r.device_len - r.draft_len, r.device_len + 1)])
+    # a feed samples its last ``samples`` positions; each token goes to the pool one position on
+    sample_loc = ([f.table_idx for f in batch.feeds for _ in range(f.samples)],
+                  [p for f in batch.feeds
+                   for p in range(f.device_len - f.samples + 1, f.device_len + 1)])
     if batch.is_decode:
         batch.positions, row_ids, *loc = to_device([positions, rows, *sample_loc], torch.int64,
                                                    device)
@@ -46,16 +46,15 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
         n_dec = batch.num_decode_rows  # one token each: rows 0 .. n_dec-1
         # NOTE: a decode row's input_ids may lag its counters (overlap): its token is in the pool
         ids: list[int] = [0] * n_dec
-        for req in batch.reqs[n_dec:]:
-            ids += req.input_ids[req.cached_len : req.device_len]
+        for feed in batch.feeds[n_dec:]:
+            ids += feed.tokens()
         pad = -len(ids) % pad_multiple
         if pad:  # the dummy request: the page table's last row, whose slot 0 is scratch
             ids += [0] * pad
             positions += [0] * pad
             rows += [page_table.shape[0] - 1] * pad
-        chosen = {id(r) for r in sampled}
-        logits_idx = [j for r, i in zip(batch.reqs, last_rows) if id(r) in chosen
-                      for j in range(i - r.draft_len, i + 1)]
+        logits_idx = [j for f, i in zip(batch.feeds, last_rows)
+                      for j in range(i - f.samples + 1, i + 1)]
         batch.positions, row_ids, batch.input_ids, batch.logits_idx, *loc = to_device(
             [positions, rows, ids, logits_idx, *sample_loc], torch.int64, device)
         if n_dec:
@@ -66,15 +65,19 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
     batch.sample_loc = tuple(loc)
 
 
-def write_drafts(token_pool: torch.Tensor, drafts: list[list[int]]) -> None:
-    """``token_pool[rows[i], positions[i]] = tokens[i]`` for ``drafts = [rows, positions, tokens]``
-    (a verify step fed as decode rows reads its drafts there, ``spec/rows.py``); on a GPU one copy
-    and one kernel."""
+def write_drafts(token_pool: torch.Tensor, batch: Batch) -> None:
+    """A decode batch's rows that feed drafts (a verify step as rows, ``Feed.as_rows``) read them
+    from the token pool, as every decode row reads its token: write them there first; on a GPU
+    one copy and one kernel."""
+    drafts = [[f.table_idx, f.cached_len, f.drafts[0]] for f in batch.feeds if f.drafts]
+    if not drafts:
+        return
+    columns = list(map(list, zip(*drafts)))  # page-table rows, positions, tokens
     if token_pool.is_cuda:
         from minisgl.kernel.triton.scatter import scatter_2d_  # needs triton
 
-        host = torch.tensor(drafts, dtype=torch.int32, pin_memory=True)
+        host = torch.tensor(columns, dtype=torch.int32, pin_memory=True)
         scatter_2d_(token_pool, host.to(token_pool.device, non_blocking=True))
     else:
-        rows, positions, tokens = (torch.tensor(x, dtype=torch.int64) for x in drafts)
+        rows, positions, tokens = (torch.tensor(x, dtype=torch.int64) for x in columns)
         token_pool[rows, positions] = tokens.to(token_pool.dtype)

@@ -240,7 +240,7 @@ class Engine:
 
     def verifies_as_rows(self, num_rows: int) -> bool:
         """Whether a verify step of ``num_rows`` rows may run as one-token decode rows
-        (``spec/rows.py``): not for a recurrent model (its rows would share one state slot) nor
+        (``Feed.as_rows``): not for a recurrent model (its rows would share one state slot) nor
         with MTP or EAGLE-3 (they read the hidden states of an eager forward, per request); under
         CUDA graphs only when a captured graph holds the rows."""
         if self.state_pool is not None or self.config.mtp or self.config.draft_model_path:
@@ -251,8 +251,8 @@ class Engine:
         """Build the batch's device inputs (``batch.py``), except for a decode batch that replays a
         CUDA graph: the graph gathers them itself from the rows and positions ``replay`` sends
         (and from the token pool, where a verify step's drafts are written first)."""
-        if batch.draft_tokens is not None:
-            write_drafts(self.token_pool, batch.draft_tokens)
+        if batch.is_decode:
+            write_drafts(self.token_pool, batch)
         if self.replays_graph(batch):
             return
         prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens,
@@ -277,7 +277,7 @@ class Engine:
             logits = self.model.compute_logits(hidden[batch.logits_idx])
             if self.config.mtp or aux is not None:  # a copy: graphs' outputs are reused
                 keep = ((hidden if aux is None else aux).clone(),
-                        [(r, r.cached_len, r.extend_len) for r in batch.reqs])
+                        [(f.req, f.cached_len, f.extend_len) for f in batch.feeds])
             # prompt log-probs, for the requests that ask (prompt_logprobs.py)
             if not batch.is_decode:
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)

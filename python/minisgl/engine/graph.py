@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.kernel.triton.decode_step import gather_inputs, greedy_to_pool
 from minisgl.kvcache.state_metadata import StateMetadata
 from minisgl.utils import init_logger
@@ -60,7 +60,7 @@ def dummy_decode_batch(dummy_row: int, batch_size: int) -> Batch:
     on)."""
     dummy = Req(uid=-1, input_ids=[0, 0], prompt_len=1, sampling_params=SamplingParams(),
                 max_device_len=2, table_idx=dummy_row, cached_len=0, device_len=1)
-    return Batch([dummy] * batch_size, "decode")
+    return Batch([Feed(dummy, 0, 1)] * batch_size, "decode")
 
 
 def capture_sizes(max_bs: int, sizes: tuple[int, ...] = ()) -> list[int]:
@@ -169,8 +169,8 @@ class GraphRunner:
 
     def _host_inputs(self, batch: Batch, padded: int, greedy: bool, pin: bool) -> torch.Tensor:
         pad = padded - batch.size
-        rows = [req.table_idx for req in batch.reqs] + [self.dummy_row] * pad
-        new = [req.device_len - 1 for req in batch.reqs]  # decode: cached_len == device_len - 1
+        rows = [feed.table_idx for feed in batch.feeds] + [self.dummy_row] * pad
+        new = [feed.device_len - 1 for feed in batch.feeds]  # decode: one token each
         slots = batch.out_slots if batch.out_slots is not None else [-1] * batch.size
         meta = self.ctx.attn_backend.replay_metadata(batch, padded)
         # padding rows: the dummy request's slot 0 of the scratch page

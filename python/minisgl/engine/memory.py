@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.context import Context
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Feed, Req, SamplingParams
 
 from .batch import prepare_batch
 from .state import attach_state_metadata
@@ -48,7 +48,7 @@ def profile_forward(engine) -> int:
     req = Req(uid=-1, input_ids=[0] * (tokens + 1), prompt_len=tokens + 1,
               sampling_params=SamplingParams(), max_device_len=tokens + 1,
               table_idx=engine.dummy_row, device_len=tokens)
-    batch = Batch([req], "prefill")
+    batch = Batch([Feed(req, 0, tokens, samples=0)], "prefill")
     for table in (engine.page_table, engine.window_page_table):
         if table is not None:
             table[engine.dummy_row, :tokens] = torch.arange(tokens, dtype=torch.int32)

@@ -1,10 +1,11 @@
 """Piecewise CUDA graphs for prefill and mixed forwards: everything but attention is replayed.
 
 Besides attention, a forward launches about ten kernels per layer (norms, GEMMs, RoPE and the K/V
-store, the MLP): for Qwen3-8B some 400 launches, whose host cost (17-35 ms on an H100's host)
-exceeds the device time of a 1024-token step. Their shapes depend on the token count alone, so they
-are captured once per token count. Attention depends on the requests (how many decode, the lengths
-of chunks and contexts), so it runs eagerly between the graphs, on the batch's own metadata::
+store, the MLP): for Qwen3-8B some 400 launches, whose host cost exceeds the device time of a
+1024-token step (docs/performance.md, "Measurements behind the code"). Their shapes depend on the
+token count alone, so they are captured once per token count. Attention depends on the requests (how
+many decode, the lengths of chunks and contexts), so it runs eagerly between the graphs, on the
+batch's own metadata::
 
     graph 0       embedding; layer 0 up to its attention (norms, QKV, RoPE, K/V store) -> q, k, v
     attention 0   eager, the backend:                                        q, k, v -> out

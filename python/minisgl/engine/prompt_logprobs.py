@@ -90,17 +90,18 @@ def compute_prompt_logprobs(model, hidden: torch.Tensor, batch: Batch,
     """Score the prompt tokens that this prefill forward predicts, for the requests that ask."""
     rows, targets, spans = [], [], []
     offset = 0
-    for req in batch.reqs:
+    for feed in batch.feeds:
+        req = feed.req
         if wants_prompt_logprobs(req):
             params = req.sampling_params
-            first = max(req.cached_len, params.logprob_start_len - 1, 0)
-            last = min(req.device_len, req.prompt_len - 1)
+            first = max(feed.cached_len, params.logprob_start_len - 1, 0)
+            last = min(feed.device_len, req.prompt_len - 1)
             if last > first:
-                start = offset + first - req.cached_len
+                start = offset + first - feed.cached_len
                 rows += range(start, start + last - first)
                 targets += req.input_ids[first + 1 : last + 1]
                 spans.append((req.uid, first + 1, last - first, params.top_logprobs))
-        offset += req.extend_len
+        offset += feed.extend_len
     if not spans:
         return None
     k = max(s[3] for s in spans)

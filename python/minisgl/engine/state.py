@@ -45,9 +45,9 @@ def create_state_pool(spec: CacheSpec, config: EngineConfig,
 def attach_state_metadata(batch: Batch, device: torch.device) -> None:
     """Slots are page-table rows; a request starts from zeros when nothing of it is cached; a
     request verifying drafts (right after the decode rows) leaves its per-token states in its
-    draft slots (``Req.draft_slot``)."""
-    reqs = batch.reqs
+    draft slots (``Feed.draft_slot``)."""
+    feeds = batch.feeds
     batch.state_metadata = StateMetadata.build(
-        [req.table_idx for req in reqs], [req.extend_len for req in reqs],
-        [req.cached_len == 0 for req in reqs], batch.num_decode_rows, device,
-        draft_slots=[req.draft_slot for req in reqs if req.draft_len])
+        [f.table_idx for f in feeds], [f.extend_len for f in feeds],
+        [f.cached_len == 0 for f in feeds], batch.num_decode_rows, device,
+        draft_slots=[f.draft_slot for f in feeds if f.drafts])

@@ -11,7 +11,7 @@ A batch's requests lie back to back, decode rows first::
 
 A verifying request's tokens run through the recurrent rule one position at a time, and the state
 after each is left in its draft slots (``draft_slot + j``); its own slot is not written (the
-scheduler copies the accepted position's state there, ``spec/decoder.py``).
+scheduler copies the accepted position's state there, ``speculative/decoder.py``).
 
 Padding tokens after the last request's belong to no request (their outputs are zeros). A decode
 CUDA graph builds its metadata from its static slot row (``for_decode``): no host lists then.

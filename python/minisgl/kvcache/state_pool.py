@@ -12,7 +12,7 @@ row per request, so counting rows counts slots, retraction frees both at once, a
 that takes the batch's rows as input takes its state slots with them. The dummy row's slot is
 scratch, written by padding rows. Snapshot slots are handed out by ``alloc_snapshot`` to the
 prefix cache, which copies a request's state into one at a boundary worth keeping. Draft slots
-(speculative decoding, ``minisgl/spec/``) come in groups of ``draft_group_size``: a request
+(speculative decoding, ``minisgl/speculative/``) come in groups of ``draft_group_size``: a request
 verifying k drafts leaves the state after each of its k + 1 fed tokens in one group's slots, and
 the accepted position's is copied back into its own slot (``copy_slots``), so a rejection resumes
 from there without recomputing anything.

@@ -20,7 +20,7 @@ from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
 from minisgl.sampling import SAMPLERS
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.config import check_schedule
-from minisgl.spec import SpecConfig, from_sglang_flags, parse_speculative_config
+from minisgl.speculative import SpecConfig, from_sglang_flags, parse_speculative_config
 
 WARMUP_MODES = ("auto", "on", "off")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,7 +84,7 @@ class EngineOptions:
     # run every kernel variant before serving (scheduler/warmup.py); "auto": on CUDA only (the
     # CPU path compiles nothing)
     warmup: str = "auto"
-    # speculative decoding (minisgl/spec/): vLLM's JSON (offline also a dict), e.g.
+    # speculative decoding (minisgl/speculative/): vLLM's JSON (offline also a dict), e.g.
     # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; or SGLang's flags
     speculative_config: str | None = None
     speculative_algorithm: str | None = None  # NGRAM, SUFFIX, NEXTN (MTP) or EAGLE3

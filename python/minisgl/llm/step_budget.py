@@ -2,17 +2,12 @@
 
 A mixed step is as long as its prefill chunk's matrix work, and every running stream waits for it,
 so the budget is a compute budget: the tokens whose weight multiplications cost about as much as
-``STEP_TOKENS_8B`` tokens of Qwen3-8B (~7e9 matmul weights per token). On an H100 with 64 streams
-and piecewise CUDA graphs, the server's P99 gap between tokens over its median was 2.18-2.20 at 640
-tokens with a mean time to first token 1.11-1.15x prefill-first's, where 768 tokens gave 2.67 on
-the same machine (2.49-3.67 on five) and 512 tokens 1.69 but 1.22x; a slower host gave 3.07 at 640.
-A small model gets proportionally more tokens, up to the largest forward that replays piecewise
-graphs: a step beyond them is eager, and its launch alone costs 14-35 ms of host time (Qwen3-0.6B
-at 2048 tokens with graphs up to 1024: 0.84x of prefill-first's throughput; with graphs up to 4096,
-4096 tokens: 1.035x, the largest gap 30 ms).
-
-Without piecewise graphs every mixed step is eager, and budgets below 1024 tokens of an 8B model
-lost throughput (768: 0.81x, 512: 0.6x of prefill-first): more, smaller chunks mean more launches.
+``STEP_TOKENS_8B`` tokens of Qwen3-8B (~7e9 matmul weights per token): the budget that kept the
+P99 gap between tokens near twice the median without delaying first tokens much. A small model
+gets proportionally more tokens, up to the largest forward that replays piecewise graphs: a step
+beyond them is eager, and its launch alone costs more host time than the graphs save. Without
+piecewise graphs every mixed step is eager, and small budgets lose throughput: more, smaller
+chunks mean more launches. The measurements: docs/performance.md, "Measurements behind the code".
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     state_slots_total: int = 0
     state_snapshots: int = 0
     state_pool_bytes: int = 0
-    # speculative decoding (minisgl/spec/stats.py): the method ("" when off), verify steps (one per
-    # request and step), drafted and accepted tokens, requests that could not speculate
+    # speculative decoding (minisgl/speculative/stats.py): the method ("" when off), verify steps
+    # (one per request and step), drafted and accepted tokens, requests that could not speculate
     spec_method: str = ""
     spec_verify_steps: int = 0
     spec_draft_tokens: int = 0

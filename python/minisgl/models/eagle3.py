@@ -1,5 +1,5 @@
 """EAGLE-3 draft models: the ``LlamaForCausalLMEagle3`` checkpoints SGLang and vLLM load, the
-draft of the ``eagle3`` speculative method (``spec/eagle3.py``).
+draft of the ``eagle3`` speculative method (``speculative/eagle3.py``).
 
 The target hands over, per position p, the residual streams leaving a few of its layers
 (``BaseLLMModel.capture_aux``), concatenated: ``aux[p]``. One decoder layer predicts the token at

@@ -94,7 +94,7 @@ class HybridModel(BaseLLMModel):
     final_norm_cls = FusedOffsetRMSNorm
     prefix = "model."
     # checkpoint parts that are not the text model: skipped, and loading says so
-    skipped = {"mtp.": "the multi-token-prediction head (speculative decoding is not supported)"}
+    skipped = {"mtp.": "the multi-token-prediction head (loaded for the speculative method 'mtp')"}
     # checkpoint projection name -> (our SplitColumnLinear, its part ids)
     split_projs = {"in_proj_qkvz": ("in_proj_qkvz", (0,)), "in_proj_ba": ("in_proj_ba", (0,))}
 

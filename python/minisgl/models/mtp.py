@@ -1,5 +1,5 @@
 """The multi-token-prediction head of Qwen3.5 / Qwen3.6 / Qwen3-Next checkpoints (``mtp.``), the
-draft model of the ``mtp`` speculative method (``spec/mtp.py``).
+draft model of the ``mtp`` speculative method (``speculative/mtp.py``).
 
 Given the target's last hidden state at position p (after its final norm) and the token at
 p + 1, it predicts the token at p + 2::
@@ -10,7 +10,7 @@ p + 1, it predicts the token at p + 2::
 
 The embedding and the LM head are the target's. Drafting k tokens chains it: ``out`` at one
 position is the hidden input of the next. The attention keeps its own K/V per request (the
-proposer holds them, ``spec/mtp.py``), so ``forward`` takes the past K/V and returns the new.
+proposer holds them, ``speculative/mtp.py``), so ``forward`` takes the past K/V and returns the new.
 """
 
 from __future__ import annotations

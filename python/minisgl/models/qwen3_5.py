@@ -43,7 +43,7 @@ class Qwen3_5ForConditionalGeneration(HybridModel):
     prefix = "model.language_model."
     skipped = {
         "model.visual.": "the vision tower (image and video inputs are not supported)",
-        "mtp.": "the multi-token-prediction head (speculative decoding is not supported)",
+        "mtp.": HybridModel.skipped["mtp."],
     }
     split_projs = {"in_proj_qkv": ("in_proj_qkvz", (0, 1, 2)), "in_proj_z": ("in_proj_qkvz", (3,)),
                    "in_proj_b": ("in_proj_ba", (0,)), "in_proj_a": ("in_proj_ba", (1,))}

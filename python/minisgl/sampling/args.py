@@ -83,7 +83,7 @@ class BatchSamplingArgs:
         batch (no penalties, biases or log-probs) is sampled by ``sample``'s argmax and its
         settings need not reach the device: two copies fewer in a one-token decode step.
         ``steps``: each row's output index, when not the request's next one (speculative
-        decoding verifies several positions of one request, ``minisgl/spec/``)."""
+        decoding verifies several positions of one request, ``minisgl/speculative/``)."""
         params = [req.sampling_params for req in reqs]
         greedy = [p.is_greedy or p.temperature < GREEDY_EPS for p in params]
         use_pen = any(p.needs_penalties for p in params)

@@ -5,9 +5,12 @@ A request's row of the page table maps its positions to KV slots::
     position  0 ............ handle.cached_len ............ device_len .. alloc_len
               | shared with the prefix cache | owned by the request (whole pages) |
 
-``alloc_len`` is ``device_len`` rounded up to a page: pages are allocated whole and never shared
-partially. On release the request offers its computed prefix to the prefix cache, which keeps what
-it does not already hold; everything else returns to the free list.
+``alloc_len`` (kept per row) is what was allocated, in whole pages: ``device_len`` rounded up, or
+more while a verify step's drafts are in flight. Pages are never shared partially. A verify step
+read back is committed (``commit``): the pages past the kept tokens go back, and on a hybrid model
+the state after the last kept token becomes the request's. On release the request offers its
+computed prefix to the prefix cache, which keeps what it does not already hold; everything else
+returns to the free list.
 
 With a sliding-window pool (``window``, ``window.py``) the sliding layers' pages are allocated
 alongside, in their own table, and freed as they fall behind the window; ``available_tokens`` is
@@ -23,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.core import Req
+from minisgl.core import Feed, Req
 from minisgl.engine.prompt_logprobs import prefix_limit
-from minisgl.kvcache import BasePrefixCache
+from minisgl.kvcache import BasePrefixCache, StatePool
 from minisgl.kvcache.window_radix import WindowRadixCache
 
 from .free_pages import FreePages
@@ -40,7 +43,8 @@ def _round_up(n: int, page: int) -> int:
 
 class CacheManager:
     def __init__(self, num_pages: int, page_size: int, prefix_cache: BasePrefixCache,
-                 page_table: torch.Tensor, window: WindowPages | None = None) -> None:
+                 page_table: torch.Tensor, window: WindowPages | None = None,
+                 state_pool: StatePool | None = None) -> None:
         if window is not None and prefix_cache.shares_prefixes and not (
                 isinstance(prefix_cache, WindowRadixCache) and window.resumable):
             raise ValueError("a sliding-window pool frees pages a prefix hit would need: use "
@@ -56,6 +60,11 @@ class CacheManager:
         # page 0 is the engine's scratch page (padding rows write there): never handed out
         self.free_pages = FreePages(torch.arange(1, num_pages, dtype=torch.int32))
         self.num_hit_tokens = 0  # tokens served from the prefix cache, over all matches
+        self._alloc = [0] * page_table.shape[0]  # per page-table row: alloc_len
+        self.state_pool = state_pool
+        # (request slot, draft slot) state copies of committed verify steps, applied together
+        # before anything reads a request's slot (``_settle``)
+        self._moves: list[tuple[int, int]] = []
 
     @property
     def num_tokens(self) -> int:
@@ -72,7 +81,17 @@ class CacheManager:
         return min(n, self.window.free_tokens + tree)
 
     def alloc_len(self, req: Req) -> int:
-        return _round_up(req.device_len, self.page_size)
+        return self._alloc[req.table_idx]
+
+    @property
+    def draft_groups(self) -> int | None:
+        """How many requests one step may verify: a hybrid model's draft groups of state slots
+        (None: no limit)."""
+        return self.state_pool.num_draft_groups if self.state_pool is not None else None
+
+    def draft_slot(self, group: int) -> int:
+        """The first state slot of draft group ``group`` (-1 without a state pool)."""
+        return self.state_pool.draft_slot(group) if self.state_pool is not None else -1
 
     def tokens_needed(self, req: Req, new_device_len: int) -> int:
         return _round_up(new_device_len, self.page_size) - self.alloc_len(req)
@@ -80,7 +99,8 @@ class CacheManager:
     def tokens_for_one_more(self, reqs: list[Req]) -> int:
         """``tokens_needed(req, req.device_len + 1)`` summed over ``reqs`` (a decode step), without
         a call per request: a new page for each request whose pages are full."""
-        return self.page_size * sum(1 for req in reqs if req.device_len % self.page_size == 0)
+        alloc = self._alloc
+        return self.page_size * sum(1 for req in reqs if alloc[req.table_idx] <= req.device_len)
 
     @property
     def shares_prefixes(self) -> bool:
@@ -103,6 +123,7 @@ class CacheManager:
         if req.output_len == 0:
             req.cache_hit_len = n
         req.cache_handle, req.cached_len, req.device_len = result.handle, n, n
+        self._alloc[req.table_idx] = _round_up(n, self.page_size)
         if n:
             self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
             if self.window_tree is not None:
@@ -138,6 +159,7 @@ class CacheManager:
                 rows.append(req.table_idx)
                 starts.append(start)
                 counts.append(count)
+                self._alloc[req.table_idx] = start + count
         if self.window is not None:
             self.window.trim(reqs)  # before allocating: the freed pages serve this step too
             if rows:
@@ -180,6 +202,7 @@ class CacheManager:
         ``new_tokens_of``: a decode batch whose CUDA graph writes its new tokens' slots itself
         (``engine/graph.py``): those entries are left out, and their slots returned (host list).
         """
+        self._settle()
         slots = None
         dirty, self._dirty = self._dirty, []
         if dirty:
@@ -249,7 +272,9 @@ class CacheManager:
     def release(self, req: Req) -> None:
         """Return a request's slots: its computed prefix goes to the prefix cache, the rest is
         freed."""
+        self._settle()
         alloc_len = self.alloc_len(req)
+        self._alloc[req.table_idx] = 0
         slots = self.host_table[req.table_idx, :alloc_len].clone()
         # every fed token's KV is computed, or being computed by a launched forward (stream order
         # makes it available to every later one)
@@ -287,6 +312,7 @@ class CacheManager:
         row is pointed at the cache's pages and its own copies are freed.
         """
         # called when the forward that fed the prompt has been read back: all of it is computed
+        self._settle()
         done = req.device_len - req.device_len % self.page_size
         old = req.cache_handle
         if not self.shares_prefixes or old is None or done <= old.cached_len:
@@ -305,16 +331,30 @@ class CacheManager:
             self._write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
             self._free_slots(duplicates)
 
-    def shrink(self, req: Req, new_device_len: int) -> None:
-        """Free the whole pages past ``new_device_len`` (rejected draft tokens, ``minisgl/spec/``);
-        call before lowering ``req.device_len``. The device table keeps stale entries there, which
-        no forward reads before an allocation rewrites them."""
-        keep, end = _round_up(new_device_len, self.page_size), self.alloc_len(req)
+    def commit(self, req: Req, kept: int, feed: Feed) -> None:
+        """``feed`` verified drafts and was read back: ``req`` keeps the KV of its first ``kept``
+        positions (those of the tokens it kept, the last excepted: it was never fed). The whole
+        pages past them go back (the device table keeps stale entries there, which no forward
+        reads before an allocation rewrites them); on a hybrid model the state after position
+        ``kept - 1``, left in the feed's draft slots, becomes the request's."""
+        row = req.table_idx
+        keep, end = _round_up(kept, self.page_size), self._alloc[row]
         if end > keep:
-            self._free_slots(self.host_table[req.table_idx, keep:end].clone())
+            self._free_slots(self.host_table[row, keep:end].clone())
             if self.window is not None:  # the sliding pages of those positions too
                 first, owned = self.window.owned(req, end)
                 self.window.free(owned[max(0, keep - first):])
+            self._alloc[row] = keep
+        req.cached_len = req.device_len = kept
+        if feed.draft_slot >= 0:
+            self._moves.append((row, feed.draft_slot + kept - 1 - feed.cached_len))
+
+    def _settle(self) -> None:
+        """The committed states, in one batched copy (before a forward or a snapshot reads a
+        request's slot)."""
+        if self._moves:
+            self.state_pool.copy_slots(*map(list, zip(*self._moves)))
+            self._moves.clear()
 
     def check_integrity(self, live_reqs: list[Req]) -> None:
         """free + cached + owned by live requests == total, and no page is in two places."""

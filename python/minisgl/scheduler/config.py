@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minisgl.engine import EngineConfig
-from minisgl.spec.config import SpecConfig
+from minisgl.speculative.config import SpecConfig
 
 from .policy import POLICIES
 
@@ -39,7 +39,7 @@ class SchedulerConfig:
     max_wait_steps: int = 64  # lpm: a request waiting this many steps is admitted in arrival order
     prefill_yield: bool = True  # a chunked prompt yields half a step to a shorter one behind it
     warmup: bool = True  # run every kernel variant before serving (``warmup.py``)
-    spec: SpecConfig | None = None  # speculative decoding (``minisgl/spec/``); None: off
+    spec: SpecConfig | None = None  # speculative decoding (``minisgl/speculative/``); None: off
 
     def __post_init__(self) -> None:
         for name in ("max_prefill_tokens", "max_num_batched_tokens"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from minisgl.core import Batch, Req
+from minisgl.core import Feed, Req
 
 from .cache import CacheManager
 
@@ -38,14 +38,16 @@ class DecodeManager:
         """KV tokens the next decode step allocates."""
         return self.cache.tokens_for_one_more(self.schedulable())
 
-    def schedule(self) -> Batch | None:
-        """The decode batch of every running request, retracting the newest ones to make room."""
+    def schedule(self) -> list[Feed]:
+        """A one-token feed for every running request, retracting the newest ones to make room."""
         self.cache.trim(self.running)
         while self.running and self.tokens_needed() > self.cache.available_tokens:
             self.retract(self.running.pop())
         reqs = self.schedulable()
         self.cache.allocate_many(reqs, [req.device_len + 1 for req in reqs])
+        feeds = []
         for req in reqs:
             req.cached_len = req.device_len  # computed by an earlier (launched) forward
             req.device_len += 1
-        return Batch(reqs, "decode") if reqs else None
+            feeds.append(Feed(req, req.cached_len, req.device_len))
+        return feeds

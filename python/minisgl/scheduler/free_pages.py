@@ -3,11 +3,9 @@ freed in.
 
 Freeing appends a chunk and taking reads the newest chunks first, so either costs the pages it
 moves. A single tensor would have to be concatenated on every free, copying the whole list: with
-page size 1 an H100 engine has millions of pages (8 MiB of int32), and a verify step that rejects
-drafts frees a page or two every step (``minisgl/spec/``). In a torch-profiler trace on an
-H100's host that concatenation took 0.48 ms per verify step on average, as much as the rest of
-the step's bookkeeping; on a CPU with as many pages, a step that rejects its drafts went from 1.75
-to 0.45 ms of host time.
+page size 1 a GPU engine has millions of pages, and a verify step that rejects drafts frees a
+page or two every step (``minisgl/speculative/``): that copy cost as much as the rest of the
+step's bookkeeping (docs/performance.md, "Measurements behind the code").
 """
 
 from __future__ import annotations

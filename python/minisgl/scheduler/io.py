@@ -75,15 +75,14 @@ class SchedulerIO:
         self.outbox = (ZmqPushQueue(detokenizer_addr, bind=False, codec=DETOKENIZER_CODEC)
                        if self.primary else _NoOutbox())
         self.running = True
-        # readiness: the API's /health_generate answers 503 until a stats message says ready. A
-        # warm-up inside the loop sets this False first; one before run() delays the first stats
-        self.ready = True
         self.num_aborted = 0
         self._last_stats = 0.0
         self.first_forwards = FirstForwards()
         self.live = LiveStats(log_stats_interval)
         self._parent = os.getppid()
         self.watchdog_timeout = watchdog_timeout
+        # readiness: the API's /health_generate answers 503 until a stats message says ready;
+        # a warm-up inside the loop comes first (one before run() delays the first stats)
         self.ready = not scheduler.config.warmup
         self._idle_work = False  # the scheduler has deferred work for its idle turns
 

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from minisgl.core import Req
 from minisgl.engine import ForwardOutput
 from minisgl.engine.prompt_logprobs import Entry
-
-if TYPE_CHECKING:
-    from minisgl.spec import SpecDecoder
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -57,17 +54,15 @@ def finish_reason(req: Req, token: int, eos_token_ids: frozenset[int]) -> Finish
     return None
 
 
-def append_run(req: Req, run: list[tuple[int, tuple]], eos_token_ids: frozenset[int],
-               spec: SpecDecoder | None) -> FinishReason | None:
+def append_run(req: Req, run: list[tuple[int, tuple]],
+               eos_token_ids: frozenset[int]) -> FinishReason | None:
     """Append a run of tokens (one, or a verified draft's accepted run) up to the first that ends
-    the request; the rest is dropped, and the drafts' state trimmed to what was kept."""
+    the request; the rest is dropped."""
     reason = None
     for n, (token, _) in enumerate(run, 1):
         req.append_token(token)
         reason = finish_reason(req, token, eos_token_ids)
         if reason is not None:
             del run[n:]
-            if spec is not None:
-                spec.trim(req)
             break
     return reason

@@ -1,75 +1,77 @@
-"""Which requests the next forward runs: decode rows, verifying requests' drafts, prefill chunks.
+"""Which requests the next forward runs: decode feeds, verify feeds (drafts), prefill chunks.
 
-``mixed`` (the default): every running request's decode token (with its drafts when this step
-speculates), then prefill chunks under the step's token budget. ``prefill-first`` (an ablation):
-a prefill batch whenever one can be made, else the decode batch.
+``mixed`` (the default): every running request's decode feed (a verify feed, with its drafts,
+when this step speculates), then prefill chunks under the step's token budget. ``prefill-first``
+(an ablation): a prefill step whenever one can be made, else the decode step.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from minisgl.core import Batch
+from minisgl.core import Feed
+from minisgl.speculative import DraftBudget, SpecDecoder
 
+from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .plan import StepPlan
 from .prefill import PrefillManager
 
 
 class BatchPlanner:
+    """``retractions()``: how many retractions so far (the scheduler counts); ``rows_fit(n)``:
+    whether a verify step of ``n`` rows runs as decode rows (``StepPlan.build``)."""
+
     def __init__(self, config: SchedulerConfig, prefill: PrefillManager, decode: DecodeManager,
-                 retractions: Callable[[], int]) -> None:
-        self.config, self.prefill, self.decode = config, prefill, decode
-        self.retractions = retractions  # how many retractions so far (the scheduler counts)
+                 cache: CacheManager, retractions: Callable[[], int],
+                 rows_fit: Callable[[int], bool]) -> None:
+        self.config, self.prefill, self.decode, self.cache = config, prefill, decode, cache
+        self.retractions, self.rows_fit = retractions, rows_fit
 
-    def schedule(self, spec=None, ahead: frozenset[int] = frozenset()) -> Batch | None:
-        """The next batch; ``spec``: the ``SpecDecoder`` when this step speculates; ``ahead``:
-        requests whose verify step is still in flight (``SpecDecoder.add_drafts``)."""
-        if ahead:  # no prefill joins: the step must run as decode rows (``spec/rows.py``), whose
-            # first row of a request reads the bonus token from the token pool
-            return self._with_drafts(self.decode.schedule(), self.config.max_num_batched_tokens,
-                                     spec, ahead)
-        if self.config.mixed:
-            return self._mixed(spec)
-        batch = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
-        if batch is not None:
-            return batch
-        return self._with_drafts(self.decode.schedule(), self.config.max_prefill_tokens, spec)
+    def plan(self, drafter: SpecDecoder | None = None) -> StepPlan | None:
+        """The next step's plan (None: nothing to run); ``drafter``: the speculation that drafts
+        for this step, if it drafts."""
+        if not self.config.mixed:
+            prefill = self.prefill.schedule(decode_reserve=self.decode.tokens_needed())
+            if prefill:
+                return StepPlan.build([], [], prefill, self.rows_fit)
+            decode, verify = self._decode(drafter, self.config.max_prefill_tokens)
+            return StepPlan.build(decode, verify, [], self.rows_fit)
+        return self._mixed(drafter)
 
-    def _with_drafts(self, decode: Batch | None, budget: int, spec,
-                     ahead: frozenset[int] = frozenset()) -> Batch | None:
-        """Speculating: decode requests with drafts move to the prefill part of the batch (they
-        feed k + 1 tokens); the others stay one-token decode rows."""
-        if decode is None:
-            return None
-        for req in decode.reqs:  # what an earlier launch still in flight drafts is its Segment's
-            req.draft_len = 0
-        if spec is None:
-            return decode
-        verify = spec.add_drafts(decode.reqs, budget - decode.size, ahead)
-        if not verify:
-            return decode
-        plain = [req for req in decode.reqs if not req.draft_len]
-        if not plain:
-            return Batch(verify, "prefill")
-        return Batch(plain + verify, "mixed", num_decode=len(plain))
-
-    def _mixed(self, spec) -> Batch | None:
+    def _mixed(self, drafter: SpecDecoder | None) -> StepPlan | None:
         """Decode every running request, then fill the step's token budget with prefill chunks.
 
         A step that had to retract admits nothing: memory is short, and the freed room would go to
         re-admitting what was just retracted.
         """
         retractions = self.retractions()
-        decode = self._with_drafts(self.decode.schedule(), self.config.max_num_batched_tokens,
-                                   spec)
-        if self.retractions() > retractions:
-            return decode
-        num_decode = decode.num_tokens if decode is not None else 0
-        prefill = self.prefill.schedule(decode_reserve=self.decode.tokens_needed(),
-                                        budget=self.config.max_num_batched_tokens - num_decode)
-        if prefill is None or decode is None:
-            return prefill or decode
-        if decode.num_decode_rows == 0:  # only verifying requests: they extend like prefills
-            return Batch(decode.reqs + prefill.reqs, "prefill")
-        return Batch(decode.reqs + prefill.reqs, "mixed", num_decode=decode.num_decode_rows)
+        budget = self.config.max_num_batched_tokens
+        decode, verify = self._decode(drafter, budget)
+        prefill: list[Feed] = []
+        if self.retractions() == retractions:
+            used = len(decode) + sum(feed.extend_len for feed in verify)
+            prefill = self.prefill.schedule(decode_reserve=self.decode.tokens_needed(),
+                                            budget=budget - used)
+        return StepPlan.build(decode, verify, prefill, self.rows_fit)
+
+    def _decode(self, drafter: SpecDecoder | None, budget: int) -> tuple[list[Feed], list[Feed]]:
+        """The running requests' feeds: one token each, and when this step speculates, those
+        given drafts (as far as ``budget`` tokens and free KV allow) as verify feeds."""
+        feeds = self.decode.schedule()
+        if drafter is None or not feeds:
+            return feeds, []
+        drafts = drafter.draft([feed.req for feed in feeds],
+                                 DraftBudget(budget - len(feeds), self.cache.draft_groups))
+        plain: list[Feed] = []
+        verify: list[Feed] = []
+        for feed, draft in zip(feeds, drafts):
+            req, end = feed.req, feed.device_len + len(draft)
+            if not draft or self.cache.tokens_needed(req, end) > self.cache.available_tokens:
+                plain.append(feed)
+                continue
+            self.cache.allocate(req, end)
+            verify.append(Feed(req, feed.cached_len, end, len(draft) + 1, draft,
+                               self.cache.draft_slot(len(verify))))
+        return plain, verify

@@ -8,9 +8,9 @@ left half-fed, and it is first in line next time.
 
 A prompt that must be chunked yields half of the step to a shorter prompt waiting behind it
 (``_yields``): a short request that arrives while a long prompt is being fed gets its first token
-within a few steps instead of after every chunk of the long one (one 388-token request waited
-minutes on a CPU behind a 22k-token prompt), as shortest-remaining-first would. Alone, or behind
-prompts at least as long, a prompt takes the whole budget.
+within a few steps instead of after every chunk of the long one, as shortest-remaining-first would
+(``benchmark/results/cpu/short_behind_long.md``). Alone, or behind prompts at least as long, a
+prompt takes the whole budget.
 
 A request that starts like one being prefilled right now (the same first tokens: ``n`` > 1, a
 shared system prompt) and finds nothing cached waits until its twin's prefix enters the prefix
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from minisgl.core import Batch, Req
+from minisgl.core import Feed, Req
 
 from .cache import CacheManager
 from .policy import AdmissionPolicy
@@ -65,7 +65,7 @@ class PrefillManager:
         """Waiting requests that hold a page-table row (and KV pages)."""
         return [req for req in self.waiting if req.table_idx >= 0]
 
-    def schedule(self, decode_reserve: int, budget: int | None = None) -> Batch | None:
+    def schedule(self, decode_reserve: int, budget: int | None = None) -> list[Feed]:
         """Take as many waiting tokens as the budget (``max_prefill_tokens`` unless a smaller one is
         given: what a mixed step has left) and memory allow.
 
@@ -75,8 +75,8 @@ class PrefillManager:
         self.policy.tick()
         budget = self.budget if budget is None else min(budget, self.budget)
         if budget <= 0 or not self.waiting:
-            return None
-        reqs: list[Req] = []
+            return []
+        feeds: list[Feed] = []
         computing: set[tuple[int, ...]] = set()  # prompt heads whose prefill is under way
         order = self.policy.order(self.waiting)
         for i, req in enumerate(order):
@@ -114,9 +114,9 @@ class PrefillManager:
             req.device_len += chunk
             budget -= chunk
             self.fed_tokens += chunk
-            reqs.append(req)
+            feeds.append(Feed.of(req))
             computing.add(head)
-        return Batch(reqs, "prefill") if reqs else None
+        return feeds
 
     def _yields(self, req: Req, behind: list[Req], reserved: int) -> bool:
         """Whether a shorter prompt that could be fed this step waits behind ``req``: a row for

@@ -10,13 +10,13 @@ import triton
 from .row import CAND, INTERPRET, MAX_SEARCH, PIVOTS, sample_kernel
 from .split import GUESS, NSTAT, collect_kernel, merge_kernel, stats_kernel, threshold_kernel
 
-# below this vocabulary the row kernel alone is faster (H100, B=256, 32,000 columns: 131 us)
+# below this vocabulary the row kernel alone is faster (docs/performance.md)
 SPLIT_MIN_VOCAB = 65536
 TopLogits = tuple[torch.Tensor, torch.Tensor]  # ids int64 [B, n], raw logits float32 [B, n]
 
 
-# columns per chunk program (H100, B=256, vocabulary 151,936, Qwen's sampling: 92.5 us per call
-# against 105 with 2048, which re-reads twice the columns around the threshold)
+# columns per chunk program: 2048 re-reads twice the columns around the threshold
+# (docs/performance.md)
 CHUNK = 1024
 
 

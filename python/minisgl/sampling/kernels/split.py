@@ -26,8 +26,8 @@
     row kernel, grid (B,)        ``row.sample_kernel``: flagged rows only (the others return)
 
 The logits are read a little more than once (the collect kernel re-reads the chunks that reach
-t: about top_k of the S); no sort of the vocabulary and no host sync. H100, B=256, vocabulary
-151,936, Qwen's settings: 92.5 us per call (CUDA graph), 131 with top-5 log-probs.
+t: about top_k of the S); no sort of the vocabulary and no host sync (timings:
+docs/performance.md, "Measurements behind the code").
 ``launch.sample_rows`` launches them.
 """
 

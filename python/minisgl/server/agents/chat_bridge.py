@@ -177,13 +177,6 @@ async def matched_stop(request: Request, run: ChatRun, text: str, stops: list[st
     return min(found)[1] if found else None
 
 
-def usage_numbers(usage: dict | None) -> tuple[int, int, int]:
-    """(prompt, completion, cached) tokens of a chat ``usage``."""
-    usage = usage or {}
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached
-
-
 async def reasoning_kwargs(request: Request, effort: str | None, param: str) -> dict | None:
     """``chat_template_kwargs`` for a reasoning effort (``none``/``minimal``/``low``/``medium``/
     ``high``; Anthropic's ``thinking`` arrives as ``none`` or ``medium``): given as it is to a

@@ -18,7 +18,7 @@ from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from helpers.hybrid_models import make_hybrid_checkpoint
 from minisgl import LLM, SamplingParams
-from minisgl.spec.proposer import Proposer
+from minisgl.speculative.proposer import Proposer
 
 pytestmark = pytest.mark.any_device
 VOCAB = 256
@@ -122,7 +122,7 @@ def test_the_accepted_state_is_what_resumes(hybrid_checkpoints):
     path, prompts = hybrid_checkpoints["qwen3_5"], prompts_for()
     expected = generate(make_llm(path), prompts)
     llm = with_oracle(path, prompts, expected)
-    llm.scheduler.spec._moves = _Discard()
+    llm.scheduler.cache._moves = _Discard()
     assert generate(llm, prompts) != expected
 
 
@@ -156,9 +156,12 @@ def test_radix_hits_chunked_prefill_stops_and_suffix(hybrid_checkpoints):
     base, llm = make_llm(path), make_llm(path, {"method": "suffix", "num_speculative_tokens": 4})
     generate(llm, prompts)  # the suffix tree learns the outputs; the prefix cache forgets them
     llm.scheduler.cache.flush_prefix_cache()
-    spec, cut = llm.scheduler.spec, []  # whether a stop fell inside an accepted run
-    trim = spec.trim
-    spec.trim = lambda req: (cut.append(req.device_len > len(req.input_ids) - 1), trim(req))
+    spec, cache = llm.scheduler.spec, llm.scheduler.cache
+    accepted, cut = {}, []  # per verify feed its accepted drafts; whether a stop cut its run
+    judge, commit = spec.judge, cache.commit
+    spec.judge = lambda feed, tokens: accepted.setdefault(id(feed), judge(feed, tokens))
+    cache.commit = lambda req, kept, feed: (
+        cut.append(kept < feed.cached_len + 1 + accepted[id(feed)]), commit(req, kept, feed))
     for at in (6, 12):  # drafts never pass max_tokens: stop tokens cut runs
         stops = [o[at] for o in expected]
         params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=stops)

@@ -5,12 +5,12 @@ sequence occurred).
 Nodes are ids into flat lists: ``children[i]`` maps a token to a child's id and ``count[i]`` is
 node i's count (node 0 the root). Lists of ints and int-to-int dicts are invisible to Python's
 garbage collector, whereas a trie of node objects (hundreds of thousands after a few hundred
-answers) was walked by every full collection: 70 ms per 140,000 nodes, a pause of every request.
+answers) was walked by every full collection, a pause of every request.
 The ids of removed nodes are reused; ``removals`` counts removals, after which ids held elsewhere
 (``SuffixProposer``'s matched nodes) may name other nodes and must be matched again.
 
-Learning a text costs O(n D) dictionary operations (5-15 ms for a 512-token answer at D = 24,
-several decode steps of a small model), so it is queued and done in slices in the host's spare
+Learning a text costs O(n D) dictionary operations (several decode steps of a small model for a
+long answer), so it is queued and done in slices in the host's spare
 time (``learn``: while a forward computes, or when the scheduler is idle); so is forgetting the
 oldest text.
 """

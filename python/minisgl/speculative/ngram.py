@@ -15,13 +15,10 @@ from minisgl.core import Req
 
 from .proposer import Proposer
 
-# the last tokens read again on every sync: a verify step still in flight may have had its
-# drafts (at most 16) and a guessed token replaced by what was accepted (``SpecDecoder.verdict``)
-REREAD = 40
-
 
 class TokenHistory:
-    """A request's tokens as a growing int64 array (amortised doubling)."""
+    """A request's tokens as a growing int64 array (amortised doubling); tokens are only ever
+    appended, so a sync copies the new ones."""
 
     def __init__(self) -> None:
         self.buf = np.zeros(256, dtype=np.int64)
@@ -29,7 +26,7 @@ class TokenHistory:
 
     def sync(self, ids: list[int]) -> np.ndarray:
         n = len(ids)
-        start = max(0, min(self.len, n) - REREAD)
+        start = min(self.len, n)
         if n > len(self.buf):
             grown = np.zeros(max(n, 2 * len(self.buf)), dtype=np.int64)
             grown[:start] = self.buf[:start]
@@ -61,7 +58,6 @@ def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
 
 class NgramProposer(Proposer):
     name = "ngram"
-    lookahead = True  # it drafts from ``input_ids`` alone, whatever ends them
 
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max

@@ -156,7 +156,7 @@ def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
     drafts at every step equal those of a fresh proposer fed the whole history at once (the same
     target hidden states)."""
     from minisgl.core import Req
-    from minisgl.spec.mtp import MtpProposer
+    from minisgl.speculative.mtp import MtpProposer
 
     path = mtp_checkpoints["qwen3_5"]
     llm = make_llm(path, MTP)

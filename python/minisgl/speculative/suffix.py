@@ -13,14 +13,13 @@ themselves across turns (tool calls, file contents), which the global trie catch
 own trie catches copying from its prompt.
 
 The request's own text is not built into a trie: that costs O(n D) dictionary operations for an
-n-token prompt (60 ms in Python for 1,500 tokens at D = 24, as long as hundreds of decode steps of
-a small model on a GPU). Its occurrences of the last tokens are found with vectorised compares over
-a numpy copy of the text (``ngram.py``'s history), and the continuations of those occurrences,
-counted, are the trie's children: the same drafts, at O(n) per step. The global trie
-(``suffix_trie.py``, which learns finished outputs in the host's spare time) is matched
-incrementally: per request the nodes of its last 1..D tokens are kept (they depend on those tokens
-alone, so a long new stretch is matched from its last D), and one appended token advances them in
-O(D).
+n-token prompt, as long as hundreds of decode steps of a small model on a GPU. Its occurrences of
+the last tokens are found with vectorised compares over a numpy copy of the text (``ngram.py``'s
+history), and the continuations of those occurrences, counted, are the trie's children: the same
+drafts, at O(n) per step. The global trie (``suffix_trie.py``, which learns finished outputs in the
+host's spare time) is matched incrementally: per request the nodes of its last 1..D tokens are kept
+(they depend on those tokens alone, so a long new stretch is matched from its last D), and one
+appended token advances them in O(D).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import numpy as np
 
 from minisgl.core import Req
 
-from .ngram import REREAD, TokenHistory
+from .ngram import TokenHistory
 from .proposer import Proposer
 from .suffix_trie import SuffixTrie
 
@@ -82,12 +81,10 @@ class _State:
         self.shared: list[int] = []  # shared[j]: the node of the last j + 1 tokens, if any
         self.removals = 0  # the trie's ``removals`` when they were matched
         self.seen = 0
-        self.tail: list[int] = []  # the last tokens the nodes were matched from
 
 
 class SuffixProposer(Proposer):
     name = "suffix"
-    lookahead = True  # it drafts from ``input_ids`` alone, whatever ends them
 
     def __init__(self, depth: int, max_cached_requests: int, max_spec_factor: float,
                  min_token_prob: float) -> None:
@@ -101,15 +98,13 @@ class SuffixProposer(Proposer):
             state = self.states[req.uid] = _State()
         ids = req.input_ids
         start = state.seen
-        if (ids[start - len(state.tail) : start] != state.tail  # drafts replaced (REREAD)
-                or state.removals != self.shared.removals):  # its nodes' ids may be reused
+        if state.removals != self.shared.removals:  # its nodes' ids may be reused
             start, state.shared, state.removals = 0, [], self.shared.removals
         if len(ids) - start >= self.depth:  # the nodes depend on the last D tokens only
             start, state.shared = len(ids) - self.depth, []
         for token in ids[start:]:
             state.shared = self.shared.advance(state.shared, token)
         state.seen = len(ids)
-        state.tail = ids[-REREAD:]
         return state
 
     def propose(self, req: Req, max_len: int) -> list[int]:

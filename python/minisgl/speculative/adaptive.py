@@ -6,10 +6,9 @@ drafts are accepted. Each request keeps ``ema``: its recent accepted drafts per 
 draft is one longer than that (it grows by one after a fully accepted draft, shrinks after a
 rejection). A verify step emits ``accepted + 1`` tokens for ``StepCost.ratio`` decode steps'
 time, so while ``ema`` is below ``ratio - 1`` (and below ``min_expected_accept``) the request does
-not speculate. The ratio is measured, not assumed: on an H100 a verify step costs about 1.8-2.5
-decode steps of SmolLM2-135M (its decode graph at 2+ rows takes 1.8x the one-row graph's GPU time,
-and a step read back before the next is drafted adds the host's time) and 1.3 of Qwen3-8B.
-It still drafts in the shadow: the draft is checked against the tokens that then come, for free,
+not speculate. The ratio is measured, not assumed: it differs by model and GPU (a small model's
+decode graph at 2+ rows costs far more than its one-row graph; docs/performance.md). It still
+drafts in the shadow: the draft is checked against the tokens that then come, for free,
 so a request whose text turns repetitive (a file being copied) starts speculating again. A
 request whose proposer found nothing to draft ``MISSES`` steps in a row (chat, where nothing
 repeats) also stops asking, since a step that might draft gives up overlap scheduling for nothing,
@@ -33,14 +32,12 @@ class Acceptance:
     tokens that come."""
 
     ema: float
-    full: float = 1.0  # recent share of drafts accepted whole (``SpecDecoder.drafts_ahead``)
     misses: int = 0  # steps in a row that asked for a draft and the proposer had none
     shadow: list[int] = field(default_factory=list)
     shadow_hits: int = 0
 
     def record(self, accepted: int, drafted: int) -> None:
         self.ema = (1 - _DECAY) * self.ema + _DECAY * accepted
-        self.full = (1 - _DECAY) * self.full + _DECAY * (accepted == drafted)
 
     def draft_len(self, k_max: int, threshold: float) -> int:
         """0: do not speculate this step (shadow drafting only)."""
@@ -69,26 +66,17 @@ _PROBE_STEPS = 3  # plain steps a probe takes: the first still waits for the ver
 class StepCost:
     """Wall time of a verify step and of a plain decode step (exponential averages over recent
     steps of a small batch), and when to measure the plain step again: speculating requests never
-    take one, so after ``_PROBE_EVERY`` verify steps nobody drafts for ``_PROBE_STEPS`` steps.
-    Verify steps are also timed by kind: ``ahead``, drafted while the one before was in flight
-    (``ahead.py``), and ``read_back``, drafted after reading it back."""
+    take one, so after ``_PROBE_EVERY`` verify steps nobody drafts for ``_PROBE_STEPS`` steps."""
 
     verify: float | None = None
     plain: float | None = None
-    ahead: float | None = None
-    read_back: float | None = None
     since_plain: int = 0
     probing: int = 0
 
-    def add(self, verified: bool, seconds: float, ahead: bool = False) -> None:
-        """A decode step's wall time (``verified``: it verified drafts; ``ahead``: drafted while
-        the step before was in flight)."""
+    def add(self, verified: bool, seconds: float) -> None:
+        """A decode step's wall time (``verified``: it verified drafts)."""
         if verified:
             self.verify = _average(self.verify, seconds)
-            if ahead:
-                self.ahead = _average(self.ahead, seconds)
-            else:
-                self.read_back = _average(self.read_back, seconds)
             self.since_plain += 1
             return
         if self.probing:
@@ -105,15 +93,6 @@ class StepCost:
             self.probing = self.probing or _PROBE_STEPS
             return True
         return False
-
-    def ahead_pays(self, kept: float, default: float) -> bool:
-        """Whether drafting ahead beats reading back first for a request whose verify steps keep
-        all their drafts ``kept`` of the time: each dropped step costs a forward, so it pays while
-        ``kept`` exceeds the ahead step's time over the read-back step's (``default`` until both
-        are measured)."""
-        if self.ahead is None or self.read_back is None:
-            return kept >= default
-        return kept >= self.ahead / self.read_back
 
     @property
     def ratio(self) -> float:

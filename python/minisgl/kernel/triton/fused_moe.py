@@ -40,7 +40,7 @@ from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
 from .moe_align import moe_align, padded_capacity
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
-from .moe_tiles import epilogue, rows, tile
+from .moe_tiles import epilogue, tile, tile_rows
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
 
@@ -89,7 +89,7 @@ def _moe_gemm_kernel(
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = rows(
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + row[:, None] * stride_am + offs_k[None, :]
@@ -121,8 +121,8 @@ def _moe_gemm_kernel(
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
-              GELU)
+             offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
+             GELU)
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .moe_tiles import epilogue, rows, tile
+from .moe_tiles import epilogue, tile, tile_rows
 from .mxfp4 import decode_pair, decode_pair_scaled, e8m0
 
 
@@ -34,7 +34,7 @@ def moe_gemm_mx_kernel(
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = rows(
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     offs_b = tl.arange(0, 16)  # the bytes of one group: values 2b and 2b + 1
     a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
@@ -61,8 +61,8 @@ def moe_gemm_mx_kernel(
         w_ptrs += 16 * GROUPS
         s_ptrs += GROUPS
     epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
-              GELU)
+             offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
+             GELU)
 
 
 @triton.jit
@@ -80,7 +80,7 @@ def moe_gemm_mx_wide_kernel(
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = rows(
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     HALF: tl.constexpr = BLOCK_K // 2
     offs_b = tl.arange(0, HALF)  # bytes of the K step: values 2b and 2b + 1
@@ -100,13 +100,13 @@ def moe_gemm_mx_wide_kernel(
             a_even = tl.load(a_ptrs, mask=b_ok[None, :], other=0.0)
             a_odd = tl.load(a_ptrs + 1, mask=b_ok[None, :], other=0.0)
             lo, hi = decode_pair_scaled(tl.load(w_ptrs, mask=b_ok[:, None], other=0),
-                                 tl.load(s_ptrs, mask=b_ok[:, None], other=0), dt)
+                                        tl.load(s_ptrs, mask=b_ok[:, None], other=0), dt)
         acc = tl.dot(a_even, lo, acc, input_precision=PRECISION)
         acc = tl.dot(a_odd, hi, acc, input_precision=PRECISION)
         if GATED:
             if EVEN_K:
                 lo, hi = decode_pair_scaled(tl.load(w_ptrs + n_out * stride_wn),
-                                     tl.load(s_ptrs + n_out * stride_sn), dt)
+                                            tl.load(s_ptrs + n_out * stride_sn), dt)
             else:
                 lo, hi = decode_pair_scaled(
                     tl.load(w_ptrs + n_out * stride_wn, mask=b_ok[:, None], other=0),
@@ -117,8 +117,8 @@ def moe_gemm_mx_wide_kernel(
         w_ptrs += HALF
         s_ptrs += BLOCK_K // 32
     epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
-              GELU)
+             offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
+             GELU)
 
 
 def mx_groups(k_dim: int, block_k: int) -> int:

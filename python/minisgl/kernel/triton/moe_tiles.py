@@ -21,7 +21,7 @@ def tile(n_tiles_n, n_blocks_m, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def rows(sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out,
+def tile_rows(sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """This program's pairs, their x rows, its expert and output columns."""
     pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))

@@ -84,9 +84,14 @@ bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, 
 case $stage in
 families)  # the tiny random models against CPU transformers in float32: Triton's fp32 dots
     # default to TF32 (10-bit mantissas), which flips near-tied greedy tokens and routes of
-    # these models, so every dot here is IEEE; bf16 has tests of its own (test_gpu.py)
+    # these models, so every dot here is IEEE; bf16 has tests of its own (test_gpu.py). The
+    # reference is the installed transformers: use the version CI uses (older ones differ, e.g.
+    # before 5.2x gpt-oss's experts ignore the config's swiglu_limit)
+    xd=()  # test files in parallel when pytest-xdist is there (WORKERS=0: one process)
+    "$py" -c "import xdist" 2>/dev/null && [ "${WORKERS:-6}" != 0 ] \
+        && xd=(-n "${WORKERS:-6}" --dist loadfile)
     TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -q -p no:cacheprovider -rf \
-        -m "gpu or any_device" -n "${WORKERS:-6}" --dist loadfile --durations=25 \
+        -m "gpu or any_device" "${xd[@]}" --durations=25 \
         tests/engine/test_parity.py tests/engine/test_gpu.py tests/engine/test_hybrid_parity.py \
         tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py \
         tests/kernels/test_gpt_oss_triton.py tests/engine/test_gemma_parity.py \

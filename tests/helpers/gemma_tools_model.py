@@ -1,12 +1,19 @@
-"""A tiny Gemma 4 checkpoint that a server can chat with: ``gemma_models``' config (no MoE block)
-with a byte-level tokenizer (256 byte tokens, then ``<bos>``, ``<eos>``, ``<pad>`` and Gemma 4's
-tool markup ``<|tool_call>``, ``<tool_call|>``, ``<|"|>`` as special tokens), and a chat template
-in Gemma 4's shape that teaches its tool-call syntax (so the server picks the ``gemma4`` parser).
-Its weights are built so that its greedy answer to any chat is a call of ``get_weather``
-(``_scripted``); tests force other answers with a grammar.
+"""Tiny Gemma checkpoints that a server can chat with, whose greedy answer is scripted.
 
-``GEMMA3_TEMPLATE`` is a template in Gemma 3's shape: no tools, the system message folded into the
-first user turn, and an error unless user and model turns alternate.
+Each has ``gemma_models``' config (Gemma 4 without its MoE block) and a byte-level tokenizer (256
+byte tokens, then ``<bos>``, ``<eos>``, ``<pad>`` and Gemma 4's markup ``<|tool_call>``,
+``<tool_call|>``, ``<|"|>``, ``<|channel>``, ``<channel|>`` as special tokens). Its weights are
+built so that its greedy answer to any chat is a fixed script (``_scripted``); tests force other
+answers with a grammar:
+
+- ``make_gemma4_tools_model``: a template in Gemma 4's shape that teaches its tool-call syntax (so
+  the server picks the ``gemma4`` parser); the answer is a call of ``get_weather``.
+- ``make_gemma4_thinking_model``: a template in Gemma 4's shape with ``enable_thinking``, which
+  otherwise closes an empty thought channel in the prompt; thinking, the answer is a thought
+  channel and then ``ANSWER``; not thinking, ``ANSWER`` alone.
+- ``make_gemma3_tools_model``: a Gemma 3 with ``GEMMA3_TEMPLATE``, a template in Gemma 3's shape
+  (no tools, the system message folded into the first user turn, an error unless user and model
+  turns alternate); the answer is a call of ``get_weather`` in a ``tool_code`` block.
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ from pathlib import Path
 import torch
 
 from helpers.gemma_models import GEMMA4_TEXT
+from helpers.gemma_models import TEXT as GEMMA3_TEXT
 
-SPECIALS = ["<bos>", "<eos>", "<pad>", "<|tool_call>", "<tool_call|>", '<|"|>']
+SPECIALS = ["<bos>", "<eos>", "<pad>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>",
+            "<channel|>"]
 BOS, EOS, PAD = 256, 257, 258
 
 GEMMA4_TEMPLATE = (
@@ -73,21 +82,41 @@ def byte_tokenizer(template: str):
     return tok
 
 
-# the greedy answer to any chat: each piece one token, each token with one successor
+GEMMA4_THINKING_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if enable_thinking or messages[0].role == 'system' %}<|turn>system\n"
+    "{% if enable_thinking %}<|think|>{% endif %}"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}<turn|>\n"
+    "{% endif %}"
+    "{%- for m in messages if m.role != 'system' %}"
+    "<|turn>{{ 'model' if m.role == 'assistant' else m.role }}\n{{ m.content }}<turn|>\n"
+    "{% endfor %}"
+    "{%- if add_generation_prompt %}<|turn>model\n"
+    "{% if not enable_thinking %}<|channel>thought\n<channel|>{% endif %}{% endif %}"
+)
+
+# the greedy answers after each model's generation prompt: each piece one token, each token with
+# one successor
 SCRIPT = ["<|tool_call>", "call:get_weather{city:", '<|"|>', 'Paris<|"|>}', "<tool_call|>"]
-GEN_PROMPT = "<|turn>model\n"  # how every prompt ends (one added token)
+GEN_PROMPT = "<|turn>model\n"  # how every Gemma 4 prompt ends (one added token)
+THOUGHT = "The user asks about Paris."
+ANSWER = "Sunny in Paris."
+# thinking off, the prompt ends with "<channel|>" itself, whose successor is the answer
+THINKING_SCRIPT = ["<|channel>", f"thought\n{THOUGHT}", "<channel|>", ANSWER]
+GEMMA3_GEN_PROMPT = "<start_of_turn>model\n"
+CODE_SCRIPT = ["```tool_code\n", 'get_weather(city="Paris")', "\n```"]
 
 
-def _scripted(model, tok) -> None:
-    """Weights whose greedy output after ``GEN_PROMPT`` is ``SCRIPT`` then ``<eos>``.
+def _scripted(model, tok, pieces: list[str], norm_offset: float) -> None:
+    """Weights whose greedy output after ``pieces[0]`` is ``pieces[1:]`` then ``<eos>``.
 
-    The script tokens' embeddings are orthonormal (every other token lives in the dimensions
-    left). Layer 0's MLP maps each script token to the next: one intermediate unit per token,
-    whose gate and up rows are that token's embedding and whose down column is its successor's;
-    its post-norm scales that up 4x over the embedding. Attention adds nothing (its post-norm
-    weight is 0, Gemma 4's norms scaling by ``w``), nor do the later layers; the tied LM head
-    then ranks the successor first."""
-    ids = tok.convert_tokens_to_ids([GEN_PROMPT, *SCRIPT, "<eos>"])
+    The pieces' embeddings are orthonormal (every other token lives in the dimensions left).
+    Layer 0's MLP maps each piece to the next: one intermediate unit per piece, whose gate and up
+    rows are that piece's embedding and whose down column is its successor's; its post-norm
+    scales that up 4x over the embedding. Attention adds nothing (its post-norm scales by 0), nor
+    do the later layers; the tied LM head then ranks the successor first. ``norm_offset``: what
+    a norm's scale is over its weight (Gemma 3 scales by ``1 + w``, Gemma 4 by ``w``)."""
+    ids = tok.convert_tokens_to_ids([*pieces, "<eos>"])
     sd = model.state_dict()
     h = sd["model.embed_tokens.weight"].shape[1]
     gen = torch.Generator().manual_seed(0)
@@ -106,31 +135,55 @@ def _scripted(model, tok) -> None:
            "model.layers.0.mlp.up_proj.weight": up, "model.layers.0.mlp.down_proj.weight": down}
     for name, value in sd.items():
         if name.endswith("post_attention_layernorm.weight"):
-            new[name] = torch.zeros_like(value)
+            new[name] = torch.full_like(value, 0.0 - norm_offset)
         elif name.endswith("post_feedforward_layernorm.weight"):
-            new[name] = torch.full_like(value, 4.0 if ".layers.0." in name else 0.0)
+            scale = 4.0 if ".layers.0." in name else 0.0
+            new[name] = torch.full_like(value, scale - norm_offset)
         elif name.endswith("layernorm.weight") or name == "model.norm.weight":
-            new[name] = torch.ones_like(value)
+            new[name] = torch.full_like(value, 1.0 - norm_offset)
     model.load_state_dict(new, strict=False)
 
 
-def make_gemma4_tools_model(out_dir: str | Path) -> Path:
-    """The tiny Gemma 4 (no MoE block) with the byte tokenizer, ``SCRIPT``'s pieces added to its
-    vocabulary, whose greedy answer to every chat is a call of ``get_weather``."""
+def _save(out_dir: str | Path, arch: str, template: str, pieces: list[str]) -> Path:
+    """The tiny ``arch`` (``gemma3`` or ``gemma4``) with the byte tokenizer, ``pieces`` that are
+    not tokens yet added to its vocabulary, answering ``pieces[1:]`` after ``pieces[0]``."""
     import transformers as tf
 
     out = Path(out_dir)
-    tok = byte_tokenizer(GEMMA4_TEMPLATE)
-    tok.add_tokens([GEN_PROMPT, SCRIPT[1], SCRIPT[3]])
-    cfg = dict(GEMMA4_TEXT, vocab_size=len(tok), bos_token_id=BOS, eos_token_id=EOS,
-               pad_token_id=PAD, enable_moe_block=False, num_experts=None, top_k_experts=None,
-               moe_intermediate_size=None)
+    tok = byte_tokenizer(template)
+    tok.add_tokens([p for p in pieces if p not in SPECIALS])
+    ids = dict(vocab_size=len(tok), bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
     torch.manual_seed(0)
-    model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**cfg)).to(torch.float32).eval()
+    if arch == "gemma3":
+        # the described tools take a system message of a few hundred byte tokens
+        cfg = dict(GEMMA3_TEXT, **ids, max_position_embeddings=4096)
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**cfg))
+    else:
+        cfg = dict(GEMMA4_TEXT, **ids, enable_moe_block=False, num_experts=None,
+                   top_k_experts=None, moe_intermediate_size=None)
+        model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**cfg))
+    model = model.to(torch.float32).eval()
     with torch.no_grad():
-        _scripted(model, tok)
+        _scripted(model, tok, pieces, 1.0 if arch == "gemma3" else 0.0)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": BOS, "eos_token_id": EOS}) + "\n")
     return out
+
+
+def make_gemma4_tools_model(out_dir: str | Path) -> Path:
+    """The tiny Gemma 4 whose greedy answer to every chat is a call of ``get_weather``."""
+    return _save(out_dir, "gemma4", GEMMA4_TEMPLATE, [GEN_PROMPT, *SCRIPT])
+
+
+def make_gemma4_thinking_model(out_dir: str | Path) -> Path:
+    """The tiny Gemma 4 that thinks ``THOUGHT`` and answers ``ANSWER`` with ``enable_thinking``,
+    and answers ``ANSWER`` alone without."""
+    return _save(out_dir, "gemma4", GEMMA4_THINKING_TEMPLATE, [GEN_PROMPT, *THINKING_SCRIPT])
+
+
+def make_gemma3_tools_model(out_dir: str | Path) -> Path:
+    """The tiny Gemma 3 whose greedy answer to every chat is a ``tool_code`` block calling
+    ``get_weather``."""
+    return _save(out_dir, "gemma3", GEMMA3_TEMPLATE, [GEMMA3_GEN_PROMPT, *CODE_SCRIPT])

@@ -1,4 +1,5 @@
-"""Reasoning output: ``<think>...</think>`` split into ``reasoning_content``, whole and streamed.
+"""Reasoning output: ``<think>...</think>`` (and Gemma 4's ``<|channel>thought\\n...<channel|>``)
+split into ``reasoning_content``, whole and streamed.
 
 The parser is checked on text cut at every place (a tag split across chunks); end to end, a tiny
 Qwen3 checkpoint gets a word-level tokenizer whose ``</think>`` is a token the model's greedy
@@ -13,7 +14,14 @@ import itertools
 import openai
 import pytest
 
-from minisgl.server.openai.reasoning import ReasoningConfig, ReasoningSplitter, split
+from helpers.gemma_tools_model import GEMMA4_THINKING_TEMPLATE, byte_tokenizer
+from minisgl.server.openai.reasoning import (
+    CHANNEL,
+    THINK,
+    ReasoningConfig,
+    ReasoningSplitter,
+    split,
+)
 
 QWEN3 = "<think>\nLet me see.\n2 + 2 is 4.\n</think>\n\nThe answer is 4."
 CASES = [  # (output, the prompt opened <think>, (reasoning, content))
@@ -33,21 +41,35 @@ CASES = [  # (output, the prompt opened <think>, (reasoning, content))
     ("", True, ("", "")),
     ("<", False, (None, "<")),
 ]
+GEMMA4 = "<|channel>thought\nThe user wants 2 + 2.\n<channel|>4"
+GEMMA4_CASES = [  # Gemma 4's thought channel; "thought" names the channel
+    (GEMMA4, False, ("The user wants 2 + 2.", "4")),
+    ("4", False, (None, "4")),  # thinking off: the prompt closed an empty channel
+    ("<|channel>thought\n<channel|>\n\nHi", False, ("", "Hi")),
+    ("<|channel>thought\nstill thinking", False, ("still thinking", "")),
+    ("<|channel>thought\nx<channel|>y<channel|>z", False, ("x", "y<channel|>z")),
+    ("<|channel>", False, (None, "<|channel>")),
+    ("<|channel>other<channel|>x", False, (None, "<|channel>other<channel|>x")),
+    ("<think>x</think>y", False, (None, "<think>x</think>y")),  # another family's tags: text
+    ("See <|channel>thought\nx<channel|>", False, (None, "See <|channel>thought\nx<channel|>")),
+    ("x<channel|>y", True, ("x", "y")),
+]
+ALL = [(t, o, e, THINK) for t, o, e in CASES] + [(t, o, e, CHANNEL) for t, o, e in GEMMA4_CASES]
 
 
-@pytest.mark.parametrize("text, opened, expected", CASES)
-def test_split_whole_text(text, opened, expected):
-    assert split(text, opened) == expected
+@pytest.mark.parametrize("text, opened, expected, tags", ALL)
+def test_split_whole_text(text, opened, expected, tags):
+    assert split(text, opened, tags) == expected
 
 
-@pytest.mark.parametrize("text, opened, expected", CASES)
-def test_streamed_pieces_give_the_same_split(text, opened, expected):
+@pytest.mark.parametrize("text, opened, expected, tags", ALL)
+def test_streamed_pieces_give_the_same_split(text, opened, expected, tags):
     """Every way of cutting the text in two and three pieces, and char by char."""
     n = len(text)
     cuts = [list(c) for k in (1, 2) for c in itertools.combinations(range(1, n), k)] + \
         [list(range(1, n))]
     for cut in cuts:
-        splitter = ReasoningSplitter(opened)
+        splitter = ReasoningSplitter(opened, tags)
         reasoning = content = ""
         for a, b in zip([0, *cut], [*cut, n]):
             r, c = splitter.feed(text[a:b])
@@ -62,6 +84,10 @@ def test_close_tag_split_across_chunks_is_never_shown():
     assert splitter.feed("abc</th") == ("abc", "")
     assert splitter.feed("ink>\n") == ("", "")
     assert splitter.feed("\nDone") == ("", "Done")
+    gemma = ReasoningSplitter(False, CHANNEL)
+    assert gemma.feed("<|chan") == ("", "")
+    assert gemma.feed("nel>thought\nhmm<chan") == ("hmm", "")
+    assert gemma.feed("nel|>Ok") == ("", "Ok")
 
 
 class _Tok:
@@ -86,6 +112,26 @@ def test_config_resolves_from_the_template():
     assert ReasoningConfig("qwen3").enabled(plain)
     with pytest.raises(ValueError, match="reasoning_parser"):
         ReasoningConfig("r1")
+
+
+_PROBE = [{"role": "user", "content": "Hi"}]
+
+
+def test_gemma4_config_from_its_template():
+    """A template in Gemma 4's shape picks the channel's tags; without ``enable_thinking`` its
+    prompt closes an empty channel, with it the model opens the channel itself."""
+    tok = byte_tokenizer(GEMMA4_THINKING_TEMPLATE)
+    auto = ReasoningConfig("auto")
+    assert auto.tags(tok) == CHANNEL and ReasoningConfig("qwen3").tags(tok) == THINK
+    assert ReasoningConfig("gemma4").tags(_Tok("{{ messages }}")) == CHANNEL
+    assert auto.tags(_Tok("... <think> ...")) == THINK
+    assert auto.starts_in_reasoning(tok, None) is False
+    assert auto.starts_in_reasoning(tok, {"enable_thinking": True}) is False
+    off = tok.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
+    on = tok.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True,
+                                 enable_thinking=True)
+    assert off.endswith("<|channel>thought\n<channel|>") and on.endswith("<|turn>model\n")
+    assert "<|think|>" in on and "<|think|>" not in off
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -63,10 +63,12 @@ def test_detokenizer_keeps_the_markup():
     ids = tok.encode(TEXT, add_special_tokens=False)
     assert tok.decode(ids, skip_special_tokens=True) != TEXT  # the markup is special
     keep = kept_special_ids(tok)
-    assert len(keep) == 3
-    detok = IncrementalDetokenizer(tok, keep=keep)
-    text = "".join(detok.add([i]) for i in [tok.bos_token_id, *ids, tok.eos_token_id])
-    assert text + detok.finish() == TEXT
+    assert len(keep) == 5  # the tool-call markup and the thought channel's
+    for source in (TEXT, "<|channel>thought\nHmm.<channel|>Yes."):
+        ids = tok.encode(source, add_special_tokens=False)
+        detok = IncrementalDetokenizer(tok, keep=keep)
+        text = "".join(detok.add([i]) for i in [tok.bos_token_id, *ids, tok.eos_token_id])
+        assert text + detok.finish() == source
 
 
 def test_gemma3_renders_a_tool_exchange():

@@ -10,9 +10,10 @@ Stop strings are matched on the text, never on tokens, so a stop string split ov
 over chunks of a stream) is still found. Text that could be the start of a stop string is held
 back until it either completes one (then it is cut) or can no longer do so (then it is emitted).
 
-Special tokens are left out of the text, except the tool-call markup that a tool parser reads
-(Gemma 4's ``<|tool_call>``, ``<tool_call|>`` and ``<|"|>``, special tokens of its tokenizer):
-without them its calls could not be told from text (``kept_special_ids``).
+Special tokens are left out of the text, except the markup that the tool-call and reasoning
+parsers read (Gemma 4's ``<|tool_call>``, ``<tool_call|>``, ``<|"|>`` and its thinking channel's
+``<|channel>``, ``<channel|>``, special tokens of its tokenizer): without them its calls and its
+reasoning could not be told from text (``kept_special_ids``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ logger = init_logger(__name__)
 
 _REPLACEMENT = "\ufffd"
 _TRIM_IDS = 1024  # drop ids before the window once this many have piled up (bounded memory)
-KEPT_SPECIAL_TOKENS = ("<|tool_call>", "<tool_call|>", '<|"|>')
+KEPT_SPECIAL_TOKENS = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>")
 
 
 def kept_special_ids(tokenizer: Any) -> frozenset[int]:

@@ -63,8 +63,9 @@ _HELP = {
                     "times)",
     "shell": "chat in the terminal instead of serving HTTP",
     "reasoning_parser": "split <think>...</think> into reasoning_content: auto (when the chat "
-                        "template uses <think>), none, qwen3, deepseek-r1 (the output starts "
-                        "inside the reasoning)",
+                        "template uses <think>, or Gemma 4's thought channel), none, qwen3, "
+                        "gemma4 (<|channel>thought...<channel|>), deepseek-r1 (the output "
+                        "starts inside the reasoning)",
     "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
                         "hermes, qwen3_xml, llama3, mistral, gemma4 or json",
     "reject_unsupported_tools": "/v1/responses: answer 400 to a request offering a built-in tool "

@@ -22,7 +22,7 @@ from minisgl.server.openai.call import respond
 from minisgl.server.openai.generation_defaults import apply_defaults
 from minisgl.server.openai.images import chat_images, load_images
 from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
-from minisgl.server.openai.reasoning import ReasoningSplitter, delta_fields, message_fields
+from minisgl.server.openai.reasoning import delta_fields, message_fields
 from minisgl.server.openai.request_context import check_model, read_json, start_call, tool_parser
 from minisgl.server.openai.tools import ChatTools, tool_delta, tool_message
 from minisgl.server.openai.validation import check_limits
@@ -64,7 +64,7 @@ async def run_chat(request: Request, req: ChatCompletionRequest,
     rid, created = rid or f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     call = await start_call(request, specs, rid, messages)
     states = list(call.states.values())
-    splitters = {s.uid: ReasoningSplitter(think) if think is not None else None for s in states}
+    splitters = {s.uid: think.splitter() if think is not None else None for s in states}
     streams = {s.index: tools.stream() for s in states} if tools else {}
     channels = {s.uid: harmony.stream() for s in states} if harmony else {}
 

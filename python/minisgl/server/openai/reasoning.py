@@ -1,15 +1,18 @@
-"""Reasoning models: split ``<think>...</think>`` from the answer into ``reasoning_content``.
+"""Reasoning models: split the reasoning from the answer into ``reasoning_content``.
 
-Thinking models (Qwen3, DeepSeek-R1, QwQ) write their reasoning between ``<think>`` and
-``</think>`` and the answer after it. Clients (the OpenAI SDK through ``reasoning_content``,
-LangChain, agents) expect the two apart, in whole messages and in streamed deltas.
+Thinking models write their reasoning between two tags and the answer after it: Qwen3,
+DeepSeek-R1 and QwQ between ``<think>`` and ``</think>``, Gemma 4 in a ``thought`` channel,
+``<|channel>thought\\n...<channel|>`` (its chat template turns it on with ``enable_thinking`` and
+otherwise ends the prompt with an empty channel, so the answer comes alone). Clients (the OpenAI
+SDK through ``reasoning_content``, LangChain, agents) expect the two apart, in whole messages and
+in streamed deltas.
 
 Where the reasoning starts depends on the chat template, not on the model name: Qwen3's template
 lets the model open ``<think>`` itself (and with ``enable_thinking: false`` writes an empty
 ``<think></think>`` into the prompt), while DeepSeek-R1's and Qwen3-2507-Thinking's open it in the
 prompt, so their output has only the closing tag. So the parser renders the template once per set
 of ``chat_template_kwargs`` and starts inside the reasoning when the prompt ends with an open
-``<think>``; otherwise the reasoning is only what the output opens with ``<think>``.
+tag; otherwise the reasoning is only what the output opens with the tag.
 
 Streams arrive in arbitrary pieces, so a tag may be split across them (``</thi`` + ``nk>``): text
 that could be the start of a tag is held back until it is resolved. Whitespace around the tags
@@ -20,10 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
-OPEN, CLOSE = "<think>", "</think>"
-PARSERS = ("auto", "none", "qwen3", "deepseek-r1")
+
+@dataclass(frozen=True)
+class Tags:
+    """Where a family's reasoning opens and closes in the decoded text."""
+
+    open: str
+    close: str
+
+
+THINK = Tags("<think>", "</think>")
+# ``thought`` names Gemma 4's channel (as ``model`` names a turn): part of the tag, not reasoning
+CHANNEL = Tags("<|channel>thought", "<channel|>")
+TAGS = {"qwen3": THINK, "deepseek-r1": THINK, "gemma4": CHANNEL}
+PARSERS = ("auto", "none", *TAGS)
 
 _START, _REASONING, _CONTENT = "start", "reasoning", "content"
 _PROBE = [{"role": "user", "content": "Hi"}]
@@ -40,13 +56,14 @@ def _partial_tag_len(text: str, tag: str) -> int:
 class ReasoningSplitter:
     """Splits one output, fed piece by piece, into (reasoning, content) deltas.
 
-    ``in_reasoning``: the prompt opened ``<think>`` (the output starts inside the reasoning).
+    ``in_reasoning``: the prompt opened the tag (the output starts inside the reasoning).
     ``feed`` returns what can be shown now; ``finish`` the rest. Concatenated, the deltas equal the
     split of the whole text (``split``)."""
 
-    def __init__(self, in_reasoning: bool) -> None:
+    def __init__(self, in_reasoning: bool, tags: Tags = THINK) -> None:
         self.state = _START
         self.in_reasoning = in_reasoning
+        self.tags = tags
         self._buf = ""  # text not yet resolved (a possible tag, or whitespace to trim)
         self._trim = False  # drop whitespace at the start of the current part
         self.entered = False  # the output had a reasoning part (maybe empty)
@@ -77,13 +94,13 @@ class ReasoningSplitter:
 
     def _start(self) -> bool:
         """Decide where the output begins; False while the opening tag may still come."""
-        head = self._buf.lstrip()
-        if head.startswith(OPEN):
-            self._buf = head[len(OPEN):]
+        head, tag = self._buf.lstrip(), self.tags.open
+        if head.startswith(tag):
+            self._buf = head[len(tag):]
             self._enter(_REASONING, True)
             return True
-        if OPEN.startswith(head):
-            return False  # whitespace or a partial "<think>" so far
+        if tag.startswith(head):
+            return False  # whitespace or a partial opening tag so far
         self._enter(_REASONING if self.in_reasoning else _CONTENT, self.in_reasoning)
         return True
 
@@ -92,20 +109,21 @@ class ReasoningSplitter:
         self.entered = self.entered or state == _REASONING
 
     def _reasoning(self) -> tuple[bool, str]:
-        """Reasoning text up to ``</think>``: (closed?, text to show)."""
+        """Reasoning text up to the closing tag: (closed?, text to show)."""
         if self._trim:
             self._buf = self._buf.lstrip()
             if not self._buf:
                 return False, ""
             self._trim = False
-        end = self._buf.find(CLOSE)
+        close = self.tags.close
+        end = self._buf.find(close)
         if end >= 0:
-            out, self._buf = self._buf[:end].rstrip(), self._buf[end + len(CLOSE):]
+            out, self._buf = self._buf[:end].rstrip(), self._buf[end + len(close):]
             self.state, self._trim = _CONTENT, True
             return True, out
-        keep = _partial_tag_len(self._buf, CLOSE)
+        keep = _partial_tag_len(self._buf, close)
         body = self._buf[: len(self._buf) - keep]
-        shown = body.rstrip()  # trailing whitespace waits: it may precede "</think>"
+        shown = body.rstrip()  # trailing whitespace waits: it may precede the closing tag
         self._buf = body[len(shown):] + self._buf[len(body):]
         return False, shown
 
@@ -117,19 +135,31 @@ class ReasoningSplitter:
         return out
 
 
-def split(text: str, in_reasoning: bool) -> tuple[str | None, str]:
+def split(text: str, in_reasoning: bool, tags: Tags = THINK) -> tuple[str | None, str]:
     """``(reasoning or None, content)`` of a whole output."""
-    splitter = ReasoningSplitter(in_reasoning)
+    splitter = ReasoningSplitter(in_reasoning, tags)
     r1, c1 = splitter.feed(text)
     r2, c2 = splitter.finish()
     return (r1 + r2 if splitter.entered else None), c1 + c2
 
 
+@dataclass(frozen=True)
+class Mode:
+    """How one request's output is split: the model's tags, and whether its prompt opened them."""
+
+    tags: Tags
+    in_reasoning: bool
+
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(self.in_reasoning, self.tags)
+
+
 class ReasoningConfig:
     """The server's choice (``--reasoning-parser``), resolved against the model's chat template.
 
-    ``auto`` turns the split on when the template mentions ``<think>``; ``qwen3`` always (the
-    start is found from the template); ``deepseek-r1`` always, starting inside the reasoning."""
+    ``auto`` turns the split on when the template mentions a family's tags (Gemma 4's channel,
+    else ``<think>``); ``qwen3`` and ``gemma4`` always (the start is found from the template);
+    ``deepseek-r1`` always, starting inside the reasoning."""
 
     def __init__(self, name: str) -> None:
         if name not in PARSERS:
@@ -137,14 +167,21 @@ class ReasoningConfig:
         self.name = name
         self._starts: dict[tuple[int, str], bool] = {}  # (tokenizer, kwargs) -> opened
 
+    def tags(self, tokenizer: Any) -> Tags | None:
+        """The tags this model's reasoning is split at; None: no split."""
+        if self.name != "auto":
+            return TAGS.get(self.name)
+        template = getattr(tokenizer, "chat_template", None) or ""
+        if not isinstance(template, str):
+            return None
+        return next((t for t in (CHANNEL, THINK) if t.open in template or t.close in template),
+                    None)
+
     def enabled(self, tokenizer: Any) -> bool:
-        if self.name == "auto":
-            template = getattr(tokenizer, "chat_template", None) or ""
-            return isinstance(template, str) and (OPEN in template or CLOSE in template)
-        return self.name != "none"
+        return self.tags(tokenizer) is not None
 
     def starts_in_reasoning(self, tokenizer: Any, kwargs: dict | None) -> bool:
-        """Whether the generation prompt (with these template kwargs) ends inside ``<think>``."""
+        """Whether the generation prompt (with these template kwargs) ends inside the reasoning."""
         if self.name == "deepseek-r1":
             return True
         key = self._key(tokenizer, kwargs)
@@ -154,32 +191,34 @@ class ReasoningConfig:
                                                        add_generation_prompt=True, **(kwargs or {}))
             except Exception:  # the request's own templating reports the problem
                 prompt = ""
-            self._starts[key] = prompt.rstrip().endswith(OPEN)
+            tags = self.tags(tokenizer) or THINK
+            self._starts[key] = prompt.rstrip().endswith(tags.open)
         return self._starts[key]
 
     @staticmethod
     def _key(tokenizer: Any, kwargs: dict | None) -> tuple[int, str]:
         return id(tokenizer), json.dumps(kwargs or {}, sort_keys=True, default=str)
 
-    async def mode(self, tokens: Any, kwargs: dict | None) -> bool | None:
-        """For one chat request: None (no split), else whether its output starts inside the
-        reasoning. ``tokens``: the API's ``TokenTexts`` (it loads the tokenizer once)."""
+    async def mode(self, tokens: Any, kwargs: dict | None) -> Mode | None:
+        """For one chat request: None (no split), else its tags and whether its output starts
+        inside the reasoning. ``tokens``: the API's ``TokenTexts`` (it loads the tokenizer once)."""
         if self.name == "none":
             return None
         await tokens.get()
         tokenizer = tokens.tokenizer
-        if tokenizer is None or not self.enabled(tokenizer):
+        tags = self.tags(tokenizer) if tokenizer is not None else None
+        if tags is None:
             return None
         if self.name != "deepseek-r1" and self._key(tokenizer, kwargs) not in self._starts:
             await asyncio.to_thread(self.starts_in_reasoning, tokenizer, kwargs)  # renders once
-        return self.starts_in_reasoning(tokenizer, kwargs)
+        return Mode(tags, self.starts_in_reasoning(tokenizer, kwargs))
 
 
-def message_fields(text: str, think: bool | None) -> dict:
+def message_fields(text: str, mode: Mode | None) -> dict:
     """A whole message's ``content`` (and ``reasoning_content`` when the split is on)."""
-    if think is None:
+    if mode is None:
         return {"content": text}
-    reasoning, content = split(text, think)
+    reasoning, content = split(text, mode.in_reasoning, mode.tags)
     return {"content": content, "reasoning_content": reasoning}
 
 

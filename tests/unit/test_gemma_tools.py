@@ -1,10 +1,13 @@
 """Gemma's tool calls without a model: Gemma 4's ``<|tool_call>call:NAME{...}<tool_call|>`` parsed
 whole and streamed character by character (the argument deltas concatenate to the whole call's),
 the parser picked from the template, the markup kept by the detokenizer although its tokens are
-special; Gemma 3's template (alternating turns, no tools) rendering a whole tool exchange."""
+special; Gemma 3's ``tool_code`` blocks parsed whole and streamed at every cut, blocks that are not
+calls left as text; Gemma 3's template (alternating turns, no tools) rendering a whole tool
+exchange."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -55,7 +58,7 @@ def test_arguments_grow_only():
 
 def test_parser_from_the_template():
     assert detect_parser(GEMMA4_TEMPLATE) == "gemma4"
-    assert detect_parser(GEMMA3_TEMPLATE) == "hermes"  # no tool syntax: described tools
+    assert detect_parser(GEMMA3_TEMPLATE) == "gemma3"  # tool_code, and the described tools'
 
 
 def test_detokenizer_keeps_the_markup():
@@ -69,6 +72,78 @@ def test_detokenizer_keeps_the_markup():
         detok = IncrementalDetokenizer(tok, keep=keep)
         text = "".join(detok.add([i]) for i in [tok.bos_token_id, *ids, tok.eos_token_id])
         assert text + detok.finish() == source
+
+
+CODE = ('I will look.\n```tool_code\nget_weather(city="Paris, \\"FR\\"", days=3, ok=true,\n'
+        '            opts={"unit": "C", "list": [1, "a", None, -2.5e3]})\n'
+        "default_api.get_time(zone='UTC')\n```\n")
+CODE_CALLS = [("get_weather", {"city": 'Paris, "FR"', "days": 3, "ok": True,
+                               "opts": {"unit": "C", "list": [1, "a", None, -2500.0]}}),
+              ("get_time", {"zone": "UTC"})]
+
+
+def _gemma3_stream(text: str, cut: list[int]) -> tuple[str, list[tuple[str, dict]]]:
+    """Content and calls of ``text`` fed in the pieces that ``cut`` makes."""
+    stream, content, names, args = ToolCallStream("gemma3"), "", {}, {}
+    bounds = [0, *cut, len(text)]
+    for a, b in zip(bounds, bounds[1:]):
+        piece, deltas = stream.feed(text[a:b], final=b == len(text))
+        content += piece
+        for d in deltas:
+            names.setdefault(d["index"], d["function"].get("name"))
+            args[d["index"]] = args.get(d["index"], "") + d["function"]["arguments"]
+    return content, [(names[i], json.loads(args[i])) for i in sorted(names)]
+
+
+def test_tool_code_whole():
+    content, calls = parse_tool_calls(CODE, "gemma3")
+    assert content == "I will look.\n"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] \
+        == CODE_CALLS
+
+
+def test_tool_code_streamed_at_every_cut():
+    """Cut once anywhere, twice at every pair of places 7 characters apart or more, char by
+    char: the content and the calls are the whole output's."""
+    n = len(CODE)
+    cuts = [[i] for i in range(1, n)] + [list(range(1, n))]
+    cuts += [[a, b] for a, b in itertools.combinations(range(1, n), 2) if b - a >= 7 and a % 3]
+    for cut in cuts:
+        assert _gemma3_stream(CODE, cut) == ("I will look.\n", CODE_CALLS), cut
+
+
+NOT_CALLS = [
+    "```tool_code\nget_weather('Paris')\n```",  # positional: no names to give it
+    "```tool_code\nx = get_weather(city='Paris')\n```",
+    "```tool_code\nget_weather(city=os.environ['HOME'])\n```",  # not a literal
+    "```tool_code\n__import__('os').system(cmd='true')\n```",  # a call of a call
+    "```tool_code\nget_weather(city='Paris'\n```",  # syntax error
+    "```tool_code\nget_weather(**{'city': 'Paris'})\n```",
+    "```tool_code\nf(x=b'raw')\n```",
+    "```tool_code\nf(x={1, 2})\n```",
+    "```tool_code\nf(x=1e999)\n```",
+    "```tool_code\nf(x={1: 2})\n```",
+    "```tool_code\n```",
+    "```python\nget_weather(city='Paris')\n```",  # another language's block
+    "Three ``` and ```tool_ are text.",
+    "```tool_code\nget_weather(city='Par",  # cut off by max_tokens
+]
+
+
+@pytest.mark.parametrize("text", NOT_CALLS)
+def test_blocks_that_are_not_calls_stay_text(text):
+    assert parse_tool_calls(text, "gemma3") == (text, [])
+    assert _gemma3_stream(text, list(range(1, len(text)))) == (text, [])
+
+
+def test_tool_code_after_text_blocks_and_hermes_blocks():
+    text = "```tool_code\nf(1)\n```\nRetrying.\n```tool_code\nf(n=1)\n```"
+    assert _gemma3_stream(text, list(range(1, len(text)))) == \
+        ("```tool_code\nf(1)\n```\nRetrying.\n", [("f", {"n": 1})])
+    assert parse_tool_calls("```tool_code\n[f(n=1), g()]", "gemma3")[1][1]["function"] == \
+        {"name": "g", "arguments": "{}"}  # an unclosed block at the end: still read
+    hermes = 'Sure.<tool_call>{"name": "f", "arguments": {"n": 1}}</tool_call>'
+    assert _gemma3_stream(hermes, list(range(1, len(hermes)))) == ("Sure.", [("f", {"n": 1})])
 
 
 def test_gemma3_renders_a_tool_exchange():

@@ -37,6 +37,14 @@ CASES = [  # parser, text, expected content, expected [(name, arguments)]
      [("f", '{"a": 1}'), ("g", "{}")]),
     ("json", '{"name": "f", "arguments": {"a": [1, 2]}}', "", [("f", '{"a": [1, 2]}')]),
     ("json", '{"name": "f", "arguments": "{\\"a\\": 1}"}', "", [("f", '{"a": 1}')]),
+    ("gemma3", 'Checking.\n```tool_code\nweather(city="Paris", days=[1, {"note": "a } and"}])\n'
+     "f(x=1)\n```", "Checking.\n",
+     [("weather", '{"city": "Paris", "days": [1, {"note": "a } and"}]}'), ("f", '{"x": 1}')]),
+    ("gemma3", "```tool_code\nweather('Paris')\n```\nSorry.", "```tool_code\nweather('Paris')\n"
+     "```\nSorry.", []),
+    ("gemma3", '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', "",
+     [("f", '{"x": 1}')]),
+    ("gemma3", "Code: ```py\nx = 1\n``` and `<tool`.", "Code: ```py\nx = 1\n``` and `<tool`.", []),
 ]
 
 
@@ -99,6 +107,7 @@ def test_detect_parser():
     assert detect_parser("[TOOL_CALLS] {{ x }}") == "mistral"
     assert detect_parser("{{ '<|python_tag|>' }}") == "llama3"
     assert detect_parser(None) == "hermes"  # our system prompt asks for Hermes blocks
+    assert detect_parser("<start_of_turn>{{ m.content }}") == "gemma3"
 
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {

@@ -67,7 +67,8 @@ _HELP = {
                         "gemma4 (<|channel>thought...<channel|>), deepseek-r1 (the output "
                         "starts inside the reasoning)",
     "tool_call_parser": "format of the model's tool calls: auto (from the chat template), "
-                        "hermes, qwen3_xml, llama3, mistral, gemma4 or json",
+                        "hermes, qwen3_xml, llama3, mistral, gemma4, gemma3 (tool_code blocks) "
+                        "or json",
     "reject_unsupported_tools": "/v1/responses: answer 400 to a request offering a built-in tool "
                                 "the server cannot run (web_search, file_search, ...; default: "
                                 "leave it out and say so in the response's dropped_tools)",

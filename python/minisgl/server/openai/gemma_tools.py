@@ -12,17 +12,32 @@ The conversion is a left-to-right transcription that emits only what is settled 
 ``<|"|>``), so the JSON of a prefix of the output is a prefix of the JSON of the whole: the
 arguments stream as deltas that concatenate to the whole call's (``tool_parsers.ToolCallStream``).
 
-Gemma 3 has no tool syntax of its own: its template renders text only, so it gets the tools
-described in a system message and answers in ``<tool_call>`` blocks (``tokenizer/tool_prompt.py``,
-the ``hermes`` parser).
+Gemma 3's template renders text only: it gets the tools described in a system message that asks
+for ``<tool_call>`` blocks (``tokenizer/tool_prompt.py``), while the prompts of Google's
+function-calling guide, which its users copy, have it write Python calls in a fenced block::
+
+    ```tool_code
+    get_weather(city="Paris", days=3)
+    ```
+    -> {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}
+
+A block is read with ``ast`` (never run): calls of a name (``default_api.f`` is ``f``), one a line
+or in a list, whose arguments are keywords with literal values (``true``/``false``/``null`` too).
+Anything else (positional arguments, expressions, a syntax error) is not a call, and the block stays
+in the content. A block's calls are known only once its fence closes, so they stream whole.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import re
+import textwrap
+from functools import lru_cache
 
 OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+CODE_OPEN, CODE_CLOSE = "```tool_code", "```"
 _WS = " \t\r\n"
 _CALL = re.compile(r"call:([A-Za-z0-9_.\-]+)\{")
 _LITERAL = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?|true|false|null")
@@ -119,3 +134,85 @@ def calls_in_block(body: str) -> list[str]:
             break
         pos = end
     return raws
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _literal(node: ast.expr) -> object:
+    """A literal argument value as JSON data; ``ValueError`` for anything else (a name, a call,
+    bytes, a set, a complex or non-finite number)."""
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        keys = [None if k is None else _literal(k) for k in node.keys]
+        if not all(isinstance(k, str) for k in keys):
+            raise ValueError("keys must be strings")
+        return dict(zip(keys, (_literal(v) for v in node.values)))
+    value = ast.literal_eval(node)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("not a JSON number")
+    if value is not None and not isinstance(value, (str, int, float)):
+        raise ValueError("not a JSON value")
+    return value
+
+
+def _call(node: ast.expr) -> str:
+    """One call as a JSON call object."""
+    if not isinstance(node, ast.Call) or node.args:
+        raise ValueError("a call with keyword arguments only")
+    name, func = None, node.func
+    while isinstance(func, ast.Attribute):  # a dotted name: its last part
+        name, func = name or func.attr, func.value
+    if not isinstance(func, ast.Name):
+        raise ValueError("a call of a name")
+    name = name or func.id
+    if any(k.arg is None for k in node.keywords):
+        raise ValueError("no **kwargs")
+    args = {k.arg: _literal(k.value) for k in node.keywords}
+    return json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+
+
+@lru_cache(maxsize=64)  # a stream re-reads its closed blocks at every chunk
+def code_calls(source: str) -> tuple[str, ...] | None:
+    """The calls of one ``tool_code`` block as JSON call objects; None when it is not calls."""
+    try:
+        body = ast.parse(textwrap.dedent(source).strip(), mode="exec").body
+        nodes = []
+        for stmt in body:
+            if not isinstance(stmt, ast.Expr):
+                return None
+            value = stmt.value
+            nodes += value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+        calls = tuple(_call(n) for n in nodes)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+    return calls or None
+
+
+def split_tool_code(text: str, final: bool) -> tuple[str, list[str]]:
+    """(content, calls) of an output with ``tool_code`` blocks. The content is the text before
+    the first block of calls; a block that is not calls is content, one still open is held back
+    (as is a tail that may start a block), so the content of a prefix is a prefix of the whole's."""
+    raws: list[str] = []
+    content, pos = None, 0
+    while (start := text.find(CODE_OPEN, pos)) >= 0:
+        body = start + len(CODE_OPEN)
+        close = text.find(CODE_CLOSE, body)
+        if close < 0 and not final:
+            return (text[:start] if content is None else content), raws
+        end = close if close >= 0 else len(text)
+        calls = code_calls(text[body:end])
+        if calls and content is None:
+            content = text[:start]
+        raws += calls or []
+        pos = end + len(CODE_CLOSE) if close >= 0 else len(text)
+    if content is not None:
+        return content, raws
+    if final:
+        return text, raws
+    held = next((n for n in range(min(len(CODE_OPEN) - 1, len(text)), 0, -1)
+                 if CODE_OPEN.startswith(text[-n:])), 0)
+    return text[: len(text) - held], raws

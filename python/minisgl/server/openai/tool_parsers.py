@@ -1,13 +1,13 @@
 """Tool-call parsers: a model's text -> OpenAI ``tool_calls``, whole or as streamed deltas.
 
 Each format (Hermes/Qwen ``<tool_call>{...}</tool_call>``, Qwen3.5's XML calls, Gemma 4's
-``<|tool_call>call:NAME{...}<tool_call|>`` (``gemma_tools.py``), Llama 3's bare JSON objects,
-Mistral's ``[TOOL_CALLS] [...]``, and the plain JSON that a constrained
-``tool_choice`` produces) only says where the content ends and where each call's JSON object
-starts. The rest is shared: a call object whose ``name`` comes first streams its arguments as the
-raw text arrives, cut by a JSON scanner at the end of the arguments value, so the fragments
-concatenate to exactly what a non-streamed response holds (which runs the same code over the whole
-text at once).
+``<|tool_call>call:NAME{...}<tool_call|>`` and Gemma 3's ```` ```tool_code ```` Python calls
+(``gemma_tools.py``), Llama 3's bare JSON objects, Mistral's ``[TOOL_CALLS] [...]``, and the
+plain JSON that a constrained ``tool_choice`` produces) only says where the content ends and
+where each call's JSON object starts. The rest is shared: a call object whose ``name`` comes first
+streams its arguments as the raw text arrives, cut by a JSON scanner at the end of the arguments
+value, so the fragments concatenate to exactly what a non-streamed response holds (which runs the
+same code over the whole text at once).
 """
 
 from __future__ import annotations
@@ -209,15 +209,28 @@ def split_gemma4(text: str, final: bool) -> Split:
                    (gemma_tools.OPEN, gemma_tools.CLOSE))
 
 
+def split_gemma3(text: str, final: bool) -> Split:
+    """Gemma 3: ```` ```tool_code ```` blocks, or the ``<tool_call>`` blocks that the described
+    tools ask for when one of those comes first."""
+    tagged, code = text.find("<tool_call>"), text.find(gemma_tools.CODE_OPEN)
+    if tagged >= 0 and (code < 0 or tagged < code):
+        return split_hermes(text, final)
+    content, raws = gemma_tools.split_tool_code(text, final)
+    if raws or final:
+        return content, raws
+    return content[: len(content) - _held(content, "<tool_call>")], raws
+
+
 TOOL_PARSERS: dict[str, Callable[[str, bool], Split]] = {
     "hermes": split_hermes, "llama3": split_llama3, "mistral": split_mistral, "json": split_json,
-    "qwen3_xml": split_qwen3_xml, "gemma4": split_gemma4,
+    "qwen3_xml": split_qwen3_xml, "gemma4": split_gemma4, "gemma3": split_gemma3,
 }
 
 
 def detect_parser(chat_template: str | None) -> str:
     """The format a chat template teaches; Hermes also for templates without tool support, whose
-    tools are described in a system message that asks for that format."""
+    tools are described in a system message that asks for that format (Gemma's turns: ``gemma3``,
+    which reads that format and Gemma 3's own ``tool_code`` blocks)."""
     template = chat_template or ""
     if "[TOOL_CALLS]" in template:
         return "mistral"
@@ -229,6 +242,8 @@ def detect_parser(chat_template: str | None) -> str:
         return "hermes"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3"
+    if "<start_of_turn>" in template:
+        return "gemma3"
     return "hermes"
 
 

@@ -1,0 +1,82 @@
+"""Gemma 3's ``tool_code`` calls through a real server and the official client: a tiny Gemma 3
+with a template in Gemma 3's shape (no tool support: the server describes the tools in a system
+message) whose weights make its greedy answer a ```` ```tool_code ```` block calling
+``get_weather`` (``helpers.gemma_tools_model``). The server must pick the ``gemma3`` parser from
+the template and return the call as a tool call on chat completions (whole and streamed) and the
+Responses API; then render the call and the tool's result into the next prompt (alternating
+turns, as Gemma 3's template demands), whose answer (forced by a grammar) comes back as content."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from helpers.gemma_tools_model import ANSWER, make_gemma3_tools_model
+from helpers.server_utils import start_server
+
+pytestmark = pytest.mark.slow
+ARGS = {"city": "Paris"}
+PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city", "parameters": PARAMS}}]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    model = make_gemma3_tools_model(tmp_path_factory.mktemp("gemma3_tools"))
+    srv = start_server(str(model), "--num-pages", "2048",
+                       log_dir=str(tmp_path_factory.mktemp("logs")))
+    yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    assert srv.stop() == 0
+
+
+def _model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def test_chat_round_trip(client):
+    model = _model(client)
+    r1 = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0)
+    choice = r1.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == ARGS
+    history = ASK + [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    r2 = client.chat.completions.create(model=model, messages=history, tools=TOOLS,
+                                        temperature=0, max_tokens=64,
+                                        extra_body={"guided_choice": [ANSWER]})
+    assert r2.usage.prompt_tokens > r1.usage.prompt_tokens + 12  # the call and its result
+    msg = r2.choices[0].message
+    assert (msg.content, r2.choices[0].finish_reason, msg.tool_calls) == (ANSWER, "stop", None)
+
+
+def test_without_tools_the_block_is_text(client):
+    r = client.chat.completions.create(model=_model(client), messages=ASK, temperature=0)
+    assert r.choices[0].message.content == '```tool_code\nget_weather(city="Paris")\n```'
+    assert r.choices[0].message.tool_calls is None
+
+
+def test_chat_streamed(client):
+    args, names, content, reasons = "", [], "", []
+    for chunk in client.chat.completions.create(model=_model(client), messages=ASK, tools=TOOLS,
+                                                temperature=0, stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for d in c.delta.tool_calls or []:
+                names += [d.function.name] if d.function.name else []
+                args += d.function.arguments or ""
+            reasons.append(c.finish_reason)
+    assert names == ["get_weather"] and json.loads(args) == ARGS and not content
+    assert reasons[-1] == "tool_calls"
+
+
+def test_responses_api(client):
+    tool = {"type": "function", **TOOLS[0]["function"]}
+    r = client.responses.create(model=_model(client), input="Weather in Paris?", tools=[tool],
+                                temperature=0)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == ARGS

@@ -155,7 +155,7 @@ class Batch:
     logits_idx: torch.Tensor | None = None
     sample_loc: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, position) of new tokens
     # a decode batch that replays a CUDA graph: its new tokens' KV slots (host), which the graph
-    # writes into the device page table itself (``CacheManager.flush(new_tokens_of=...)``)
+    # writes into the device page table itself (``CacheCoordinator.flush(new_tokens_of=...)``)
     out_slots: list[int] | None = None
     attn_metadata: BaseAttnMetadata | None = None
     # hybrid models: where each request's recurrent state lives (layers/linear_attention.py)

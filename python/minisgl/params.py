@@ -153,7 +153,7 @@ def _as_bias(value: Any) -> tuple[tuple[int, float], ...]:
         _check(isinstance(bias, (int, float)) and not isinstance(bias, bool)
                and math.isfinite(bias) and abs(bias) <= _MAX_LOGIT_BIAS, "logit_bias",
                f"the bias of token {key} must be a number in [-100, 100], got {bias!r}")
-        pairs[key] = float(bias)
+        pairs[int(key)] = float(bias)
     return tuple(sorted(pairs.items()))
 
 
@@ -165,10 +165,11 @@ def _as_tuple(value: Any, kind: type, name: str) -> tuple:
     if isinstance(value, kind) and not isinstance(value, bool):
         return (value,)
     _check(isinstance(value, (list, tuple)), name, f"must be a list of {kind.__name__}")
-    for item in value:
+    items: Any = value  # a list or tuple, checked
+    for item in items:
         _check(
             isinstance(item, kind) and not isinstance(item, bool),
             name,
             f"every item must be a {kind.__name__}, got {item!r}",
         )
-    return tuple(value)
+    return tuple(items)

@@ -41,7 +41,7 @@ def test_small_pool_retracts_and_matches_unconstrained(llama, page_size, cache, 
     assert [o.token_ids for o in outputs] == expected
     assert not sched.has_work
     sched.check_integrity()
-    free = len(sched.cache.free_pages) * page_size
+    free = sched.cache.free_tokens
     assert free + sched.cache.prefix_cache.evictable_size == sched.cache.num_tokens
     assert sched.cache.prefix_cache.protected_size == 0
 

@@ -267,9 +267,11 @@ def test_row_parallel_shards_are_quantized_with_whole_rows():
 
 
 def test_fp8_kv_pool_round_trips_within_fp8_error():
-    from minisgl.kvcache import create_kvcache_pool
+    from minisgl.attention.spec import AttentionSpec
+    from minisgl.kvcache import CacheSpec, create_kvcache_pool
 
-    pool = create_kvcache_pool(2, 2, 16, 8, 4, torch.float8_e4m3fn, "cpu")
+    spec = CacheSpec(tuple(AttentionSpec(i, 2, 2, 16, 0.25) for i in range(2)))
+    pool = create_kvcache_pool(spec, 8, 4, torch.float8_e4m3fn, "cpu")
     assert pool.mem_bytes == 2 * 2 * 32 * 2 * 16  # one byte per element
     pool.set_kv_scales(1, 0.05, 2.0)
     g = torch.Generator().manual_seed(0)

@@ -167,7 +167,7 @@ def test_sliding_pool_smaller_than_the_requests(checkpoints, page_size):
     cache = llm.scheduler.cache
     window = cache.window
     pool_tokens = window.num_tokens
-    assert pool_tokens <= 40 and cache.window_tree is not None
+    assert pool_tokens <= 40 and cache.window.tree is not None
     taken, seen = [0], set()
     allocate = window.allocate
 
@@ -226,7 +226,7 @@ def test_sliding_pool_under_cuda_graphs(arch, checkpoints, prompts, reference):
     llm = LLM(checkpoints[arch], device="cuda", dtype="float32", num_pages=4096,
               sliding_pool_ratio=0.1, cache="radix")
     runner = llm.scheduler.engine.graph_runner
-    assert runner is not None and llm.scheduler.cache.window_tree is not None
+    assert runner is not None and llm.scheduler.cache.window.tree is not None
     replays, replay = [0], runner.replay
 
     def counting(batch, greedy):

@@ -77,7 +77,7 @@ def conversation_with_radix_hits(path, make_llm, page_size: int) -> None:
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     llm = make_llm(path, page_size=page_size, sliding_pool_ratio=0.1, cache="radix")
     cache = llm.scheduler.cache
-    assert cache.window_tree is not None
+    assert cache.window.tree is not None
     messages = random_prompts(3, [23, 9, 14], 256, seed=3)
     prompt: list[int] = []
     for message in messages:

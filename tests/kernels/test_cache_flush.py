@@ -15,18 +15,20 @@ import_triton()
 
 from minisgl.core import Req, SamplingParams  # noqa: E402
 from minisgl.kvcache import create_prefix_cache  # noqa: E402
-from minisgl.scheduler.cache import CacheManager  # noqa: E402
+from minisgl.scheduler.cache import CacheCoordinator  # noqa: E402
+from minisgl.scheduler.full_attention import FullAttentionManager  # noqa: E402
 
 pytestmark = pytest.mark.any_device
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _manager(page_size: int) -> CacheManager:
+def _manager(page_size: int) -> CacheCoordinator:
     table = torch.zeros(4, 512, dtype=torch.int32, device=DEV)
-    cache = CacheManager(200, page_size, create_prefix_cache("radix", page_size, DEV), table)
+    full = FullAttentionManager(200, page_size, table,
+                                create_prefix_cache("radix", page_size, DEV))
     if not table.is_cuda:  # the host keeps its own table, as it does beside a GPU
-        cache.host_table = torch.zeros_like(table)
-    return cache
+        full.pages.host_table = torch.zeros_like(table)
+    return CacheCoordinator(full)
 
 
 def _req(row: int, n: int) -> Req:
@@ -43,7 +45,7 @@ def test_flush_leaves_out_the_graphs_own_slots(page_size, many):
     assert cache.flush() is None
     for r in reqs:
         r.device_len = r.prompt_len
-    assert torch.equal(cache.page_table.cpu(), cache.host_table)
+    assert torch.equal(cache.full.pages.page_table.cpu(), cache.full.pages.host_table)
     # a decode step (one new token each) plus drafts for the first request, replaying a graph
     cache.allocate_many(reqs, [r.device_len + 1 for r in reqs])
     for r in reqs:
@@ -52,9 +54,9 @@ def test_flush_leaves_out_the_graphs_own_slots(page_size, many):
     cache.allocate(reqs[0], reqs[0].device_len + drafts)
     reqs[0].device_len += drafts
     slots = cache.flush(new_tokens_of=reqs)
-    host = cache.host_table
+    host = cache.full.pages.host_table
     assert slots == [int(host[r.table_idx, r.device_len - 1]) for r in reqs]
-    device = cache.page_table.cpu()
+    device = cache.full.pages.page_table.cpu()
     for r in reqs:
         last = r.device_len - 1
         assert torch.equal(device[r.table_idx, :last], host[r.table_idx, :last])

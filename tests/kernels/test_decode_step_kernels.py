@@ -96,18 +96,20 @@ def test_scatter_writes_the_pairs_and_nothing_else(n):
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_flush_leaves_the_graph_its_new_tokens(page_size):
-    """``CacheManager.flush(new_tokens_of=...)`` (a decode batch replaying a CUDA graph): the new
-    tokens' slots come back for the graph to write; every other change reaches the device table,
+    """``CacheCoordinator.flush(new_tokens_of=...)`` (a decode batch replaying a CUDA graph): the
+    new tokens' slots come back for the graph to write; every other change reaches the device table,
     and together they make it equal the host's."""
     from minisgl.core import Req, SamplingParams
     from minisgl.kvcache import create_prefix_cache
-    from minisgl.scheduler.cache import CacheManager
+    from minisgl.scheduler.cache import CacheCoordinator
+    from minisgl.scheduler.full_attention import FullAttentionManager
 
     device_table = torch.zeros(5, 32, dtype=torch.int32, device=DEV)
-    cache = CacheManager(64, page_size, create_prefix_cache("naive", page_size, "cpu"),
-                         device_table)
+    full = FullAttentionManager(64, page_size, device_table,
+                                create_prefix_cache("naive", page_size, "cpu"))
     if DEV == "cpu":  # a separate device table, as on a GPU
-        cache.host_table = torch.zeros_like(device_table)
+        full.pages.host_table = torch.zeros_like(device_table)
+    cache = CacheCoordinator(full)
     reqs = [Req(uid=i, input_ids=[1] * 5, prompt_len=4, sampling_params=SamplingParams(),
                 max_device_len=30, table_idx=i, device_len=0) for i in range(3)]
     cache.allocate_many(reqs, [4, 4, 4])  # the prompts (whole pages): flushed as any change
@@ -118,8 +120,8 @@ def test_flush_leaves_the_graph_its_new_tokens(page_size):
     for req in reqs:
         req.device_len = 5
     slots = cache.flush(new_tokens_of=reqs)
-    assert slots == [int(cache.host_table[r.table_idx, 4]) for r in reqs]
+    assert slots == [int(full.pages.host_table[r.table_idx, 4]) for r in reqs]
     written = device_table.cpu().clone()
     assert (written[:3, 4] == 0).all(), "the new tokens' entries are the graph's to write"
     written[:3, 4] = torch.tensor(slots, dtype=torch.int32)
-    assert torch.equal(written, cache.host_table)  # the rest of a new page arrived
+    assert torch.equal(written, full.pages.host_table)  # the rest of a new page arrived

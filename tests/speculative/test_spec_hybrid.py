@@ -18,6 +18,7 @@ from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from helpers.hybrid_models import make_hybrid_checkpoint
 from minisgl import LLM, SamplingParams
+from minisgl.scheduler.state_slots import RecurrentStateManager
 from minisgl.speculative.proposer import Proposer
 
 pytestmark = pytest.mark.any_device
@@ -122,7 +123,8 @@ def test_the_accepted_state_is_what_resumes(hybrid_checkpoints):
     path, prompts = hybrid_checkpoints["qwen3_5"], prompts_for()
     expected = generate(make_llm(path), prompts)
     llm = with_oracle(path, prompts, expected)
-    llm.scheduler.cache._moves = _Discard()
+    state = next(g for g in llm.scheduler.cache.groups if isinstance(g, RecurrentStateManager))
+    state._moves = _Discard()
     assert generate(llm, prompts) != expected
 
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from minisgl.attention.spec import AttentionSpec
 from minisgl.kvcache import (
+    CacheSpec,
     MHAKVCache,
     NaivePrefixCache,
     RadixPrefixCache,
@@ -35,7 +37,8 @@ def sorted_list(t: torch.Tensor) -> list[int]:
 @PAGE_SIZES
 @pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
 def test_store_kv_roundtrip(p: int, loc_dtype: torch.dtype) -> None:
-    pool = create_kvcache_pool(3, 2, 8, 5, p, torch.float32, "cpu")
+    spec = CacheSpec(tuple(AttentionSpec(i, 2, 2, 8, 0.5) for i in range(3)))
+    pool = create_kvcache_pool(spec, 5, p, torch.float32, "cpu")
     assert isinstance(pool, MHAKVCache) and pool.num_slots == 5 * p
     gen = torch.Generator().manual_seed(0)
     loc = torch.randperm(pool.num_slots, generator=gen)[: 2 * p + 1].to(loc_dtype)

@@ -1,4 +1,4 @@
-"""The sliding layers' own pages (``scheduler/window.py``) through the cache manager, no model:
+"""The sliding layers' own pages (``scheduler/window.py``) through the cache coordinator, no model:
 pages are allocated with the full layers' and come back once every later query's window has
 passed them; admission sees the smaller of the two pools; a release returns everything."""
 
@@ -9,14 +9,17 @@ import torch
 
 from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import NaivePrefixCache, RadixPrefixCache
-from minisgl.scheduler.cache import CacheManager
-from minisgl.scheduler.window import WindowPages
+from minisgl.kvcache.window_radix import WindowRadixCache
+from minisgl.scheduler.cache import CacheCoordinator
+from minisgl.scheduler.full_attention import FullAttentionManager
+from minisgl.scheduler.window import SlidingWindowManager
 
 
 def make(page: int, window: int, full_pages: int = 64, window_pages: int = 9):
     table = torch.zeros(3, 256, dtype=torch.int32)
-    pages = WindowPages(window_pages, page, window, torch.zeros_like(table))
-    return CacheManager(full_pages, page, NaivePrefixCache(page), table, pages), pages
+    pages = SlidingWindowManager(window_pages, page, window, torch.zeros_like(table))
+    full = FullAttentionManager(full_pages, page, table, NaivePrefixCache(page))
+    return CacheCoordinator(full, [pages]), pages
 
 
 def request(row: int) -> Req:
@@ -39,7 +42,7 @@ def test_pages_come_back_past_the_window(page):
         held = pages.num_tokens - pages.free_tokens
         # the window before the next query, this chunk, and the pages they straddle
         assert held <= 8 + 4 + 2 * page, (step, held)
-    assert cache.num_tokens - len(cache.free_pages) * page == 160  # full layers keep theirs
+    assert cache.num_tokens - cache.free_tokens == 160  # full layers keep theirs
     cache.release(req)
     assert pages.free_tokens == pages.num_tokens
     cache.check_integrity([])
@@ -53,7 +56,14 @@ def test_admission_counts_the_smaller_pool():
 
 
 def test_no_prefix_sharing_with_a_window_pool():
-    table = torch.zeros(2, 16, dtype=torch.int32)
+    """Only a radix cache that keeps sliding pages (``WindowRadixCache``) shares prefixes with a
+    window pool."""
+
+    class Engine:  # what ``SlidingWindowManager.create`` reads of one
+        window_pages, window_page_table = 8, torch.zeros(2, 16, dtype=torch.int32)
+        cache_spec = type("Spec", (), {"max_window": 4})
+
     with pytest.raises(ValueError, match="naive"):
-        CacheManager(8, 1, RadixPrefixCache(1), table,
-                     WindowPages(8, 1, 4, torch.zeros_like(table)))
+        SlidingWindowManager.create(Engine, RadixPrefixCache(1), 1)
+    made = SlidingWindowManager.create(Engine, WindowRadixCache(1, "cpu", 4), 1)
+    assert made is not None and made.tree is not None

@@ -12,8 +12,9 @@ import torch
 from minisgl.core import Feed, Req, SamplingParams
 from minisgl.kvcache import create_prefix_cache
 from minisgl.kvcache.window_radix import WindowRadixCache
-from minisgl.scheduler.cache import CacheManager
-from minisgl.scheduler.window import WindowPages
+from minisgl.scheduler.cache import CacheCoordinator
+from minisgl.scheduler.full_attention import FullAttentionManager
+from minisgl.scheduler.window import SlidingWindowManager
 
 WINDOW = 8
 
@@ -22,8 +23,9 @@ def make(page: int, full_pages: int = 128, window_pages: int = 40):
     table = torch.zeros(4, 256, dtype=torch.int32)
     tree = create_prefix_cache("radix", page, "cpu", window=WINDOW)
     assert isinstance(tree, WindowRadixCache)
-    pages = WindowPages(window_pages, page, WINDOW, torch.zeros_like(table), resumable=True)
-    return CacheManager(full_pages, page, tree, table, pages), pages, tree
+    pages = SlidingWindowManager(window_pages, page, WINDOW, torch.zeros_like(table), tree)
+    full = FullAttentionManager(full_pages, page, table, tree)
+    return CacheCoordinator(full, [pages]), pages, tree
 
 
 def request(row: int, ids: list[int]) -> Req:
@@ -31,7 +33,7 @@ def request(row: int, ids: list[int]) -> Req:
                sampling_params=SamplingParams(), max_device_len=len(ids) + 50, table_idx=row)
 
 
-def run(cache: CacheManager, req: Req, upto: int, live: list[Req], chunk: int = 4) -> None:
+def run(cache: CacheCoordinator, req: Req, upto: int, live: list[Req], chunk: int = 4) -> None:
     """Feed ``req`` to ``upto`` tokens in chunks, checking both pools after every step."""
     while req.device_len < upto:
         new = min(req.device_len + chunk, upto)

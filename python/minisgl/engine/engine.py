@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.attention import create_attention_backend
+from minisgl.attention import BaseAttnBackend, create_attention_backend
 from minisgl.context import Context
 from minisgl.core import Batch
 from minisgl.distributed import DistributedCommunicator, init_distributed
-from minisgl.kvcache import create_kvcache_pool
+from minisgl.kvcache import BaseKVCachePool, create_kvcache_pool
 from minisgl.layers.base import restore_param_dtypes
 from minisgl.linear_attn import create_linear_attn_backend
 from minisgl.models import BaseLLMModel, get_model_class
@@ -150,19 +150,14 @@ class Engine:
         least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 3
         return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
 
-    def make_pool(self, num_pages: int, window_pages: int | None = None):
+    def make_pool(self, num_pages: int, window_pages: int | None = None
+                  ) -> tuple[BaseKVCachePool, BaseAttnBackend]:
         """A KV pool of ``num_pages`` pages (and ``window_pages`` for the sliding layers) and its
         attention backend (``memory.py`` builds a throwaway one to measure a forward)."""
         mc, config = self.model_config, self.config
         spec = self.cache_spec
-        shapes = spec.kv_layer_shapes
-        pool = create_kvcache_pool(
-            num_layers=spec.num_kv_layers, num_kv_heads=max(h for h, _ in shapes),
-            head_dim=max(d for _, d in shapes), num_pages=num_pages, page_size=config.page_size,
-            dtype=config.kv_dtype, device=self.device, layer_shapes=shapes,
-            window_pages=window_pages,
-            windowed=[w is not None for w in spec.windows] if window_pages else None,
-        )
+        pool = create_kvcache_pool(spec, num_pages, config.page_size, config.kv_dtype,
+                                   self.device, window_pages)
         set_kv_scales(pool, self.model.kv_scales)
         backend = create_attention_backend(
             config.attention_backend, pool, self.page_table, mc.head_dim**-0.5

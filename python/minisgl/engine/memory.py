@@ -4,6 +4,8 @@ running it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 
 from minisgl.context import Context
@@ -12,8 +14,38 @@ from minisgl.core import Batch, Feed, Req, SamplingParams
 from .batch import prepare_batch
 from .state import attach_state_metadata
 
+if TYPE_CHECKING:
+    from minisgl.attention import BaseAttnBackend
+    from minisgl.kvcache import BaseKVCachePool, StatePool
+    from minisgl.linear_attn import BaseLinearAttnBackend
+    from minisgl.models import BaseLLMModel
 
-def pages_from_memory(engine) -> int:
+    from .config import EngineConfig
+
+
+class BuildingEngine(Protocol):
+    """What sizing the pool reads of the ``Engine`` being built (weights loaded, no pool yet)."""
+
+    config: EngineConfig
+    device: torch.device
+    model: BaseLLMModel
+    state_pool: StatePool | None
+    linear_attn: BaseLinearAttnBackend | None
+    page_table: torch.Tensor
+    window_page_table: torch.Tensor | None
+    token_pool: torch.Tensor
+    window_ratio: float | None
+    dummy_row: int
+    max_seq_len: int
+
+    @property
+    def kv_bytes_per_token(self) -> float: ...
+
+    def make_pool(self, num_pages: int, window_pages: int | None = None
+                  ) -> tuple[BaseKVCachePool, BaseAttnBackend]: ...
+
+
+def pages_from_memory(engine: BuildingEngine) -> int:
     """Pages for ``engine`` (the ``Engine`` being built: weights loaded, no pool yet). CPU: a
     fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and the activations
     of one worst-case forward (measured by running it)."""
@@ -39,7 +71,7 @@ def pages_from_memory(engine) -> int:
 
 
 @torch.inference_mode()
-def profile_forward(engine) -> int:
+def profile_forward(engine: BuildingEngine) -> int:
     """Peak bytes of one prefill of ``max_forward_tokens`` tokens (weights included)."""
     pad = engine.config.pad_tokens  # an eager forward runs at most its budget, padding included
     tokens = min(-(-engine.config.max_forward_tokens // pad) * pad, engine.max_seq_len - 1)

@@ -23,12 +23,15 @@ Layout of one request in a prefill forward (rows are the forward's token rows)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from minisgl.core import Batch, Req
 from minisgl.utils.transfer import to_device
+
+if TYPE_CHECKING:
+    from minisgl.models import BaseLLMModel
 
 # one block of logits rows stays under this many bytes (float32)
 _BLOCK_BYTES = 256 << 20
@@ -85,7 +88,7 @@ class PromptLogprobs:
             row += count
 
 
-def compute_prompt_logprobs(model, hidden: torch.Tensor, batch: Batch,
+def compute_prompt_logprobs(model: BaseLLMModel, hidden: torch.Tensor, batch: Batch,
                             vocab_size: int) -> PromptLogprobs | None:
     """Score the prompt tokens that this prefill forward predicts, for the requests that ask."""
     rows, targets, spans = [], [], []

@@ -10,6 +10,7 @@ from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache, MatchResult
 from .mha_pool import MHAKVCache
 from .naive_cache import NaiveCacheHandle, NaivePrefixCache
 from .radix_cache import RadixCacheHandle, RadixPrefixCache
+from .spec import CacheSpec
 from .state_pool import StatePool
 
 logger = init_logger(__name__)
@@ -18,6 +19,7 @@ __all__ = [
     "BaseCacheHandle",
     "BaseKVCachePool",
     "BasePrefixCache",
+    "CacheSpec",
     "MatchResult",
     "MHAKVCache",
     "NaiveCacheHandle",
@@ -35,22 +37,16 @@ PREFIX_CACHES: dict[str, type[BasePrefixCache]] = {
 }
 
 
-def create_kvcache_pool(
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
-    num_pages: int,
-    page_size: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    layer_shapes: list[tuple[int, int]] | None = None,
-    window_pages: int | None = None,
-    windowed: list[bool] | None = None,
-) -> BaseKVCachePool:
-    """``layer_shapes``: ``(kv_heads, head_dim)`` per layer, when layers differ;
-    ``window_pages``/``windowed``: the sliding layers' own slot space (``MHAKVCache``)."""
-    return MHAKVCache(num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype, device,
-                      layer_shapes, window_pages, windowed)
+def create_kvcache_pool(spec: CacheSpec, num_pages: int, page_size: int, dtype: torch.dtype,
+                        device: torch.device | str,
+                        window_pages: int | None = None) -> BaseKVCachePool:
+    """The paged KV pool of ``spec``'s KV layers, each of its own ``(kv_heads, head_dim)``;
+    ``window_pages``: the sliding layers in a slot space of that many pages of their own
+    (``MHAKVCache``)."""
+    shapes = spec.kv_layer_shapes
+    windowed = [w is not None for w in spec.windows] if window_pages else None
+    return MHAKVCache(spec.num_kv_layers, max(h for h, _ in shapes), max(d for _, d in shapes),
+                      num_pages, page_size, dtype, device, shapes, window_pages, windowed)
 
 
 def create_prefix_cache(name: str, page_size: int, device: torch.device | str,

@@ -12,11 +12,11 @@ from typing import Callable
 
 from minisgl.core import Feed, Req
 
-from .cache import CacheManager
+from .cache import CacheCoordinator
 
 
 class DecodeManager:
-    def __init__(self, cache: CacheManager, retract: Callable[[Req], None]) -> None:
+    def __init__(self, cache: CacheCoordinator, retract: Callable[[Req], None]) -> None:
         self.cache, self.retract = cache, retract
         self.running: list[Req] = []
 

@@ -114,7 +114,7 @@ class GrammarManager:
             with torch.inference_mode(False):
                 before()
         matchers = [self.matchers.get(req.uid) for req in reqs]
-        if not any(matchers):
+        if not any(matchers) or self._masks is None:
             return None
         return self._masks.to_device(self._masks.fill(matchers), device)
 
@@ -129,6 +129,7 @@ class GrammarManager:
         from minisgl.structured import BatchMasks
 
         ended = set()
+        assert self._compiler is not None  # a matcher exists: the compiler built it
         stops = self._compiler.stop_token_ids
         accepted = BatchMasks.accept([m for _, _, m in rows], [t for _, t, _ in rows])
         for (req, token, matcher), ok in zip(rows, accepted):

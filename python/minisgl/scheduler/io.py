@@ -141,7 +141,10 @@ class SchedulerIO:
         if self.comm.info.size > 1:
             if not self.running:
                 msgs.append(ExitMsg())
-            data = BACKEND_CODEC.encode(BatchBackendMsg(msgs=msgs)) if self.primary else None
+            # one batch of the messages, a batch received flattened into it
+            flat = [m for msg in msgs
+                    for m in (msg.msgs if isinstance(msg, BatchBackendMsg) else [msg])]
+            data = BACKEND_CODEC.encode(BatchBackendMsg(msgs=flat)) if self.primary else None
             msgs = [BACKEND_CODEC.decode(self.comm.broadcast_bytes(data))]
         accepted: list[UserMsg] = []
         for msg in msgs:
@@ -186,7 +189,7 @@ class SchedulerIO:
         if not outputs:
             return
         msgs = [self._detokenize_msg(out) for out in outputs]
-        self.outbox.put(msgs[0] if len(msgs) == 1 else BatchDetokenizerMsg(msgs=msgs))
+        self.outbox.put(msgs[0] if len(msgs) == 1 else BatchDetokenizerMsg(msgs=[*msgs]))
 
     def _detokenize_msg(self, out: TokenOutput) -> DetokenizeMsg:
         msg = DetokenizeMsg(
@@ -220,7 +223,7 @@ class SchedulerIO:
     def stats(self) -> SchedulerStatsMsg:
         s = self.scheduler
         cache = s.cache
-        free = len(cache.free_pages) * cache.page_size + cache.prefix_cache.evictable_size
+        free = cache.free_tokens + cache.prefix_cache.evictable_size
         return SchedulerStatsMsg(
             num_running=len(s.decode),
             num_waiting=len(s.prefill),
@@ -236,7 +239,7 @@ class SchedulerIO:
         )
 
 
-def state_stats(s) -> dict[str, int]:
+def state_stats(s: Scheduler) -> dict[str, int]:
     """The recurrent-state pool's occupancy (hybrid models; empty otherwise)."""
     pool = s.engine.state_pool
     if pool is None:
@@ -247,7 +250,7 @@ def state_stats(s) -> dict[str, int]:
                 state_pool_bytes=pool.total_bytes)
 
 
-def spec_stats(s) -> dict:
+def spec_stats(s: Scheduler) -> dict:
     """Speculative decoding's counters (empty when it is off)."""
     if s.spec is None:
         return {}

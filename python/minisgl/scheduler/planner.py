@@ -12,7 +12,7 @@ from typing import Callable
 from minisgl.core import Feed
 from minisgl.speculative import DraftBudget, SpecDecoder
 
-from .cache import CacheManager
+from .cache import CacheCoordinator
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .plan import StepPlan
@@ -24,7 +24,7 @@ class BatchPlanner:
     whether a verify step of ``n`` rows runs as decode rows (``StepPlan.build``)."""
 
     def __init__(self, config: SchedulerConfig, prefill: PrefillManager, decode: DecodeManager,
-                 cache: CacheManager, retractions: Callable[[], int],
+                 cache: CacheCoordinator, retractions: Callable[[], int],
                  rows_fit: Callable[[int], bool]) -> None:
         self.config, self.prefill, self.decode, self.cache = config, prefill, decode, cache
         self.retractions, self.rows_fit = retractions, rows_fit

@@ -24,7 +24,7 @@ from typing import Iterable
 
 from minisgl.core import Feed, Req
 
-from .cache import CacheManager
+from .cache import CacheCoordinator
 from .policy import AdmissionPolicy
 from .table import TableManager
 
@@ -36,7 +36,7 @@ def _head(req: Req) -> tuple[int, ...] | None:
 
 
 class PrefillManager:
-    def __init__(self, cache: CacheManager, table: TableManager, max_prefill_tokens: int,
+    def __init__(self, cache: CacheCoordinator, table: TableManager, max_prefill_tokens: int,
                  policy: AdmissionPolicy | None = None, yield_to_shorter: bool = True) -> None:
         self.cache, self.table, self.budget = cache, table, max_prefill_tokens
         self.yield_to_shorter = yield_to_shorter  # off: ``--disable-prefill-yield`` (ablation)
@@ -77,7 +77,7 @@ class PrefillManager:
         if budget <= 0 or not self.waiting:
             return []
         feeds: list[Feed] = []
-        computing: set[tuple[int, ...]] = set()  # prompt heads whose prefill is under way
+        computing: set[tuple[int, ...] | None] = set()  # heads whose prefill is under way
         order = self.policy.order(self.waiting)
         for i, req in enumerate(order):
             if budget == 0:
@@ -96,7 +96,7 @@ class PrefillManager:
                 req.table_idx = self.table.allocate()
                 self.cache.match(req)
             else:
-                self.cache.save_state_at_branch(req)
+                self.cache.before_chunk(req)
             chunk = min(budget, req.pending_len)
             if 1 < chunk < req.pending_len and self._yields(req, order[i + 1:],
                                                             chunk + decode_reserve):

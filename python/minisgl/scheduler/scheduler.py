@@ -15,12 +15,11 @@ from typing import Callable
 from minisgl.core import Feed, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
-from minisgl.kvcache import create_prefix_cache
 from minisgl.sampling import BatchSamplingArgs
 from minisgl.speculative import create_spec_decoder
 from minisgl.utils import init_logger
 
-from .cache import CacheManager
+from .cache import create_cache
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager
@@ -31,7 +30,6 @@ from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
 from .validation import check_context, check_params, check_prompt
-from .window import WindowPages
 
 logger = init_logger(__name__)
 
@@ -40,19 +38,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:
         self.config = config
         self.engine = engine or Engine(config.engine)
-        page_size = config.engine.page_size
         self.table = TableManager(config.max_running_reqs)
-        engine, window = self.engine, None
-        cache_name = config.cache
-        max_window = None
-        if engine.window_pages:  # the sliding layers' pages past the window are freed
-            max_window = engine.cache_spec.max_window
-            window = WindowPages(engine.window_pages, page_size, max_window,
-                                 engine.window_page_table, resumable=cache_name != "naive")
-        prefix_cache = create_prefix_cache(cache_name, page_size, engine.device, engine.state_pool,
-                                           max_window)
-        self.cache = CacheManager(engine.num_pages, page_size, prefix_cache, engine.page_table,
-                                  window, engine.state_pool)
+        self.cache = create_cache(self.engine, config.cache)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
         self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy,
                                       config.prefill_yield)
@@ -194,7 +181,7 @@ class Scheduler:
         A request may have finished or been aborted since the forward was launched: its tokens are
         dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
         A verify feed's request gets its accepted run (``SpecDecoder.judge``), cut at the first
-        stop, and keeps the KV of what it kept (``CacheManager.commit``).
+        stop, and keeps the KV of what it kept (``CacheCoordinator.commit``).
         """
         plan, out = launched.plan, launched.out
         out.wait()
@@ -247,6 +234,7 @@ class Scheduler:
             if req.sampling_params.max_tokens == 0:
                 continue
             if feed.drafts:
+                assert self.spec is not None  # only speculation plans drafts
                 del run[self.spec.judge(feed, [token for token, _ in run]) + 1:]
             reasons[feed] = append_run(req, run, self.eos_token_ids)
             if feed.drafts:  # the KV of its kept tokens, the last excepted (never fed)

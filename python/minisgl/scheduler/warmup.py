@@ -19,13 +19,39 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from minisgl.core import SamplingParams
 from minisgl.utils import init_logger
 from minisgl.utils.hf import has_tokenizer
 
+if TYPE_CHECKING:
+    from minisgl.engine import Engine
+    from minisgl.speculative import SpecDecoder
+
+    from .cache import CacheCoordinator
+    from .config import SchedulerConfig
+
 logger = init_logger(__name__)
+
+
+class WarmUpTarget(Protocol):
+    """What the warm-up drives: a ``Scheduler``, or the offline TP front that forwards to one."""
+
+    config: SchedulerConfig
+    engine: Engine
+    cache: CacheCoordinator
+    spec: SpecDecoder | None
+
+    @property
+    def has_work(self) -> bool: ...
+
+    @property
+    def max_context_len(self) -> int: ...
+
+    def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> object: ...
+
+    def step(self) -> list: ...
 
 # far above any id the tokenizer workers or the offline LLM hand out
 WARMUP_UID_BASE = 1 << 62
@@ -125,10 +151,10 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
     return waves
 
 
-def run_warmup(scheduler, waves: list[Wave], should_stop: Callable[[], bool] = lambda: False
-               ) -> float:
-    """Run ``waves`` through ``scheduler`` (a ``Scheduler`` or anything with its request API);
-    return the seconds it took. Outputs are dropped; every request runs to its end."""
+def run_warmup(scheduler: WarmUpTarget, waves: list[Wave],
+               should_stop: Callable[[], bool] = lambda: False) -> float:
+    """Run ``waves`` through ``scheduler``; return the seconds it took. Outputs are dropped;
+    every request runs to its end."""
     start = time.perf_counter()
     uid = WARMUP_UID_BASE
     for wave in waves:
@@ -150,7 +176,7 @@ def run_warmup(scheduler, waves: list[Wave], should_stop: Callable[[], bool] = l
     return time.perf_counter() - start
 
 
-def warm_up(scheduler, should_stop: Callable[[], bool] = lambda: False) -> None:
+def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: False) -> None:
     """Plan the waves for ``scheduler``'s engine and run them, logging what and how long."""
     engine = scheduler.engine
     config = scheduler.config

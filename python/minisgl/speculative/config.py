@@ -66,6 +66,13 @@ class SpecConfig:
     hybrid_verify_requests: int = 4
     adaptive: bool = True  # False: always num_speculative_tokens drafts (an ablation)
 
+    @property
+    def max_drafts(self) -> int:
+        """``num_speculative_tokens``, resolved to the method's default when not given."""
+        k = self.num_speculative_tokens
+        assert isinstance(k, int), "resolved in __post_init__"
+        return k
+
     def __post_init__(self) -> None:
         if self.method in _NOT_BUILT:
             what = _NOT_BUILT[self.method]
@@ -94,7 +101,7 @@ class SpecConfig:
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"speculative_config: adaptive must be a boolean, got "
                              f"{self.adaptive!r}")
-        if self.num_speculative_tokens > MAX_DRAFTS:
+        if self.max_drafts > MAX_DRAFTS:
             raise ValueError(f"speculative_config: num_speculative_tokens must be <= {MAX_DRAFTS}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("speculative_config: prompt_lookup_min must be <= prompt_lookup_max")

@@ -3,7 +3,7 @@ drafts (``active``), the drafts of its decode requests (``draft``), the verdict 
 (``judge``), what came back without verification (``observe``), a request's end (``finished``),
 and the host's spare time (``spare``). The drafts belong to the step's plan
 (``scheduler/plan.py``), never to the request; what is kept of them is the cache's commit
-(``CacheManager.commit``).
+(``CacheCoordinator.commit``).
 
 A decoding request with ``k`` drafts is fed as ``k + 1`` tokens (its last token, then the drafts),
 and every one of the k + 1 positions is sampled::
@@ -71,15 +71,15 @@ def create_spec_decoder(config: SpecConfig | None, engine: Engine) -> SpecDecode
         return None
     pool = engine.state_pool
     if pool is not None and (pool.num_draft_groups == 0
-                             or pool.draft_group_size < config.num_speculative_tokens + 1):
+                             or pool.draft_group_size < config.max_drafts + 1):
         # the engine was built without state slots for the draft positions (EngineConfig's
         # spec_state_groups / spec_group_size; the LLM and server set them)
         logger.warning("speculative decoding is off: %s is a hybrid (recurrent) model and its "
                        "state pool has no slots for %d draft positions",
-                       engine.model_config.architecture, config.num_speculative_tokens + 1)
+                       engine.model_config.architecture, config.max_drafts + 1)
         return None
     logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running requests",
-                config.method, config.num_speculative_tokens, config.disable_by_batch_size)
+                config.method, config.max_drafts, config.disable_by_batch_size)
     return SpecDecoder(config, engine.model)
 
 
@@ -176,7 +176,7 @@ class SpecDecoder:
         self.ineligible.discard(req.uid)
 
     def _draft_len(self, req: Req) -> int:
-        k_max = self.config.num_speculative_tokens
+        k_max = self.config.max_drafts
         state = self.accept_state.get(req.uid)
         if state is None:
             state = self.accept_state[req.uid] = Acceptance(float(k_max))
@@ -208,7 +208,7 @@ class SpecDecoder:
         if state.shadow:
             state.observe(tokens)
         if not state.shadow and self._draft_len(req) == 0:
-            draft = self.proposer.propose(req, self.config.num_speculative_tokens)
+            draft = self.proposer.propose(req, self.config.max_drafts)
             if state.misses >= MISSES:  # it stopped for want of drafts: one is back
                 if draft:
                     state.misses = 0

@@ -12,20 +12,26 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.models import BaseLLMModel
+from minisgl.models.eagle3 import Eagle3Draft
+
 from .head import HeadProposer
 
 
 class Eagle3Proposer(HeadProposer):
     name = "eagle3"
 
-    def __init__(self, model) -> None:
-        if getattr(model, "eagle3", None) is None:
+    def __init__(self, model: BaseLLMModel) -> None:
+        head = getattr(model, "eagle3", None)  # the engine loads it after the target
+        if not isinstance(head, Eagle3Draft):
             raise ValueError("speculative_config: method 'eagle3' needs an EAGLE-3 draft "
                              "(speculative_config.model)")
         super().__init__()
-        self.model, self.head = model, model.eagle3
+        self.model, self.head = model, head
 
-    def run(self, tokens, hidden, positions, keys, values, from_target: bool):
+    def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+            keys: torch.Tensor, values: torch.Tensor,
+            from_target: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         head = self.head
         embed = head.embed_tokens if head.embed_tokens is not None else self.model.embed_tokens
         return head(embed(tokens), hidden, positions, keys, values, from_target)
@@ -37,6 +43,6 @@ class Eagle3Proposer(HeadProposer):
             return self.model.compute_logits(normed)[0].argmax().view(1)
         return head.to_target(head.lm_head(normed)[0].argmax()).view(1)
 
-    def kv_row(self):
+    def kv_row(self) -> tuple[tuple[int, int], torch.dtype, torch.device]:
         cfg, weight = self.head.cfg, self.head.fc.weight
         return (cfg.num_kv_heads, cfg.head_dim), weight.dtype, weight.device

@@ -51,7 +51,8 @@ class HeadProposer(Proposer):
 
     @abstractmethod
     def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-            keys: torch.Tensor, values: torch.Tensor, from_target: bool):
+            keys: torch.Tensor, values: torch.Tensor,
+            from_target: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The head at ``positions`` given the tokens at p + 1 and ``hidden``: the target's rows
         (``from_target``) or the previous step's output. Returns (output, new K, new V)."""
 
@@ -86,15 +87,15 @@ class HeadProposer(Proposer):
             return []  # the head has not seen the last fed position
         out = state.last[1][None]
         past = len(state.positions)
-        self._reserve(state, past + max_len - 1)
+        keys, values = self._reserve(state, past + max_len - 1)
         # NOTE: no host sync inside the chain (one per draft would stall the GPU k times)
         positions = torch.arange(n - 1, n - 2 + max_len, device=out.device)
         drafts = [self.draft(out)]
         for j in range(1, max_len):
             row = past + j - 1  # scratch rows past the cache's length
-            out, k, v = self.run(drafts[-1], out, positions[j - 1 : j], state.keys[:row],
-                                 state.values[:row], False)
-            state.keys[row], state.values[row] = k[0], v[0]
+            out, k, v = self.run(drafts[-1], out, positions[j - 1 : j], keys[:row],
+                                 values[:row], False)
+            keys[row], values[row] = k[0], v[0]
             drafts.append(self.draft(out))
         return torch.cat(drafts).tolist()
 
@@ -117,26 +118,28 @@ class HeadProposer(Proposer):
         del state.positions[keep:]
         device = hidden.device
         tokens = torch.tensor([req.input_ids[p + 1] for p in positions], device=device)
-        self._reserve(state, keep + len(positions))
+        keys, values = self._reserve(state, keep + len(positions))
         out, k, v = self.run(tokens, hidden, torch.tensor(positions, device=device),
-                             state.keys[:keep], state.values[:keep], True)
-        state.keys[keep : keep + len(positions)] = k
-        state.values[keep : keep + len(positions)] = v
+                             keys[:keep], values[:keep], True)
+        keys[keep : keep + len(positions)] = k
+        values[keep : keep + len(positions)] = v
         state.positions += positions
         state.last = (positions[-1], out[-1])
 
-    def _reserve(self, state: HeadState, rows: int) -> None:
-        """Room for ``rows`` K/V rows (the first ``len(positions)`` kept)."""
-        if state.keys is not None and rows <= state.keys.shape[0]:
-            return
+    def _reserve(self, state: HeadState, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for ``rows`` K/V rows (the first ``len(positions)`` kept): the K and V
+        buffers."""
+        if state.keys is not None and state.values is not None and rows <= state.keys.shape[0]:
+            return state.keys, state.values
         shape, dtype, device = self.kv_row()
         cap = max(64, 2 * rows)
         keys = torch.empty(cap, *shape, dtype=dtype, device=device)
         values = torch.empty(cap, *shape, dtype=dtype, device=device)
-        if state.keys is not None:
+        if state.keys is not None and state.values is not None:
             n = len(state.positions)
             keys[:n], values[:n] = state.keys[:n], state.values[:n]
         state.keys, state.values = keys, values
+        return keys, values
 
     def finished(self, req: Req, learn: bool = True) -> None:
         self.states.pop(req.uid, None)

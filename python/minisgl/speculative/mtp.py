@@ -8,7 +8,12 @@ catch-up, K/V and chaining are ``head.py``'s.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
+
+from minisgl.models import BaseLLMModel
+from minisgl.models.mtp import MTPHead, MTPLayer
 
 from .head import HeadProposer
 
@@ -16,19 +21,22 @@ from .head import HeadProposer
 class MtpProposer(HeadProposer):
     name = "mtp"
 
-    def __init__(self, model) -> None:
-        if getattr(model, "mtp", None) is None:
+    def __init__(self, model: BaseLLMModel) -> None:
+        head = getattr(model, "mtp", None)  # ``add_mtp`` built it
+        if not isinstance(head, MTPHead):
             raise ValueError("speculative_config: method 'mtp' needs the model's MTP head")
         super().__init__()
-        self.model, self.head = model, model.mtp
+        self.model, self.head = model, head
 
-    def run(self, tokens, hidden, positions, keys, values, from_target: bool):
+    def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+            keys: torch.Tensor, values: torch.Tensor,
+            from_target: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.head(self.model.embed_tokens(tokens), hidden, positions, keys, values)
 
     def draft(self, out: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(out)[0].argmax().view(1)
 
-    def kv_row(self):
-        attn = self.head.layers[0].self_attn
+    def kv_row(self) -> tuple[tuple[int, int], torch.dtype, torch.device]:
+        attn = cast(MTPLayer, self.head.layers[0]).self_attn
         weight = self.head.fc.weight
         return (attn.qkv_proj.local_kv, attn.head_dim), weight.dtype, weight.device

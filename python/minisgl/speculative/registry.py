@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from minisgl.models import BaseLLMModel
+
 from .config import SpecConfig
 from .proposer import Proposer
 
 
-def create_proposer(config: SpecConfig, model=None) -> Proposer:
+def create_proposer(config: SpecConfig, model: BaseLLMModel | None = None) -> Proposer:
     """The proposer of ``config.method`` (``model``: the target, which carries the MTP head or
     the EAGLE-3 draft)."""
     if config.method == "ngram":
@@ -18,6 +20,9 @@ def create_proposer(config: SpecConfig, model=None) -> Proposer:
 
         return SuffixProposer(config.max_tree_depth, config.max_cached_requests,
                               config.max_spec_factor, config.min_token_prob)
+    if model is None:
+        raise ValueError(f"speculative_config: method {config.method!r} drafts with the "
+                         "target model's head, and none was given")
     if config.method == "mtp":
         from .mtp import MtpProposer
 

@@ -64,7 +64,7 @@ def _own_walk(tokens: np.ndarray, ends: np.ndarray, max_len: int,
         following = tokens[ends + 1 + len(draft)]
         values, first, counts = np.unique(following, return_index=True, return_counts=True)
         best = np.lexsort((first, -counts))[0]
-        prob *= counts[best] / len(following)
+        prob *= float(counts[best]) / len(following)
         if prob < min_prob:
             break
         draft.append(int(values[best]))

@@ -6,12 +6,9 @@ worker's output without starting an engine."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
-import time
 
-import uvicorn
-
+from helpers.app_server import serve_app
 from minisgl.llm.config import EngineOptions
 from minisgl.message import (
     FRONTEND_CODEC,
@@ -23,15 +20,11 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
-from minisgl.server.app.api_server import create_app
 from minisgl.server.config import ServerConfig
-from minisgl.server.openai.frontend import FrontendManager
 from minisgl.utils.mp import (
     ServerAddrs,
     ZmqPullQueue,
     ZmqPushQueue,
-    make_runtime_dir,
-    remove_runtime_dir,
 )
 
 MODEL = "tiny-vl"
@@ -73,36 +66,11 @@ class TokenizerThread(threading.Thread):
         push.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def image_server(model_dir: str, **options):
     """``options``: ServerConfig's (the media limits)."""
-    runtime = make_runtime_dir()
-    addrs = ServerAddrs.create(runtime)
     config = ServerConfig(model=model_dir, served_model_name=MODEL,
                           engine=EngineOptions(device="cpu"), **options)
-    app = create_app(config, lambda: FrontendManager(addrs), model_path=model_dir,
-                     server_info={"processes": {}})
-    port = _free_port()
-    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=http.run, daemon=True)
-    thread.start()
-    worker = TokenizerThread(addrs, model_dir, config)
-    worker.start()
-    deadline = time.monotonic() + 30
-    while not http.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield type("Srv", (), {"url": f"http://127.0.0.1:{port}", "app": app,
-                               "worker": worker})
-    finally:
-        http.should_exit = True
-        thread.join(10)
-        worker.stopping.set()
-        worker.join(5)
-        remove_runtime_dir(runtime)
+    with serve_app(config, lambda addrs: TokenizerThread(addrs, model_dir, config),
+                   model_path=model_dir) as srv:
+        yield srv

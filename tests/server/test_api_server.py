@@ -15,8 +15,8 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
 
+from helpers.app_server import serve_app
 from minisgl.llm.config import EngineOptions
 from minisgl.message import (
     FRONTEND_CODEC,
@@ -29,15 +29,11 @@ from minisgl.message import (
     TokenizeMsg,
     UserReply,
 )
-from minisgl.server.app.api_server import create_app
 from minisgl.server.config import ServerConfig
-from minisgl.server.openai.frontend import FrontendManager
 from minisgl.utils.mp import (
     ServerAddrs,
     ZmqPullQueue,
     ZmqPushQueue,
-    make_runtime_dir,
-    remove_runtime_dir,
 )
 
 KEY, MODEL = "secret", "fake-model"
@@ -117,12 +113,6 @@ class FakeWorker(threading.Thread):
             self.push.put(BatchFrontendMsg(msgs=replies))  # batches must be unpacked too
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_until(cond, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -135,28 +125,17 @@ def wait_until(cond, timeout: float = 5.0) -> bool:
 @contextlib.contextmanager
 def fake_server(max_running: int, **options):
     """The real app on a real socket, with ``FakeWorker`` behind it; ``options``: ServerConfig's."""
-    runtime = make_runtime_dir()
-    addrs = ServerAddrs.create(runtime)
     config = ServerConfig(model="/models/fake/", served_model_name=MODEL, api_key=KEY,
                           engine=EngineOptions(device="cpu", max_running_requests=max_running),
                           **options)
-    app = create_app(config, lambda: FrontendManager(addrs), server_info={"processes": {}})
-    port = _free_port()
-    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=http.run, daemon=True)
-    thread.start()
-    worker = FakeWorker(addrs)
-    worker.warm_at_start = True
-    worker.start()
-    assert wait_until(lambda: http.started, 10)
-    try:
-        yield type("Srv", (), {"url": f"http://127.0.0.1:{port}", "app": app, "worker": worker})
-    finally:
-        http.should_exit = True
-        thread.join(10)
-        worker.stopping.set()
-        worker.join(5)
-        remove_runtime_dir(runtime)
+
+    def warm_worker(addrs: ServerAddrs) -> FakeWorker:
+        worker = FakeWorker(addrs)
+        worker.warm_at_start = True
+        return worker
+
+    with serve_app(config, warm_worker) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

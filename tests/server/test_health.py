@@ -12,22 +12,19 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import signal
-import threading
 
 import httpx
 import psutil
 import pytest
-import uvicorn
 from test_api_server import FakeWorker
 
+from helpers.app_server import serve_app
 from helpers.server_utils import free_port, start_server, wait_until
 from minisgl.llm.config import EngineOptions
 from minisgl.message import FRONTEND_CODEC, SchedulerStatsMsg, StatsReply
-from minisgl.server.app.api_server import create_app
 from minisgl.server.config import ServerConfig
 from minisgl.server.launch.http_server import make_http_server
-from minisgl.server.openai.frontend import FrontendManager
-from minisgl.utils.mp import ServerAddrs, ZmqPushQueue, make_runtime_dir, remove_runtime_dir
+from minisgl.utils.mp import ZmqPushQueue
 
 
 def _stats(ready: bool) -> StatsReply:
@@ -40,28 +37,14 @@ def _stats(ready: bool) -> StatsReply:
 def fake_stack(model: str = "/models/fake/", **options):
     """The real app on a real socket, the fake worker behind it, and a socket to send the
     scheduler's messages from: ``(url, app, config, scheduler, worker)``."""
-    runtime = make_runtime_dir()
-    addrs = ServerAddrs.create(runtime)
     config = ServerConfig(model=model, served_model_name="fake", api_key="key",
                           port=free_port(), engine=EngineOptions(device="cpu"), **options)
-    app = create_app(config, lambda: FrontendManager(addrs), server_info={"processes": {}})
-    http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
-                                         log_level="warning"))
-    thread = threading.Thread(target=http.run, daemon=True)
-    thread.start()
-    worker = FakeWorker(addrs)
-    worker.start()
-    scheduler = ZmqPushQueue(addrs.frontend, bind=False, codec=FRONTEND_CODEC)
-    assert wait_until(lambda: http.started, 10)
-    try:
-        yield f"http://127.0.0.1:{config.port}", app, config, scheduler, worker
-    finally:
-        scheduler.close()
-        http.should_exit = True
-        thread.join(10)
-        worker.stopping.set()
-        worker.join(5)
-        remove_runtime_dir(runtime)
+    with serve_app(config, FakeWorker, port=config.port) as srv:
+        scheduler = ZmqPushQueue(srv.addrs.frontend, bind=False, codec=FRONTEND_CODEC)
+        try:
+            yield srv.url, srv.app, config, scheduler, srv.worker
+        finally:
+            scheduler.close()
 
 
 def _ready(url: str) -> httpx.Response:

@@ -1,9 +1,15 @@
-"""Gemma 4's tool calls through a real server and the official clients: a tiny Gemma 4 whose
-chat template teaches ``<|tool_call>call:NAME{...}<tool_call|>`` and whose weights make its
-greedy answer a call of ``get_weather`` (``helpers.gemma_tools_model``). The server must pick the
-``gemma4`` parser from the template and return the call as a tool call on chat completions (whole
-and streamed), the Responses API and the Anthropic Messages API; then render the call and the
-tool's result into the next prompt, whose answer (forced by a grammar) comes back as content."""
+"""Gemma's tool calls through a real server and the official clients, one tiny model per format
+whose weights make its greedy answer a call of ``get_weather`` (``helpers.gemma_tools_model``):
+
+- Gemma 4, whose chat template teaches ``<|tool_call>call:NAME{...}<tool_call|>``;
+- Gemma 3, a template in Gemma 3's shape (no tool support: the server describes the tools in a
+  system message) and a ```` ```tool_code ```` block for an answer.
+
+The server must pick the family's parser (``gemma4``, ``gemma3``) from the template and return the
+call as a tool call on chat completions (whole and streamed), the Responses API and (Gemma 4) the
+Anthropic Messages API; then render the call and the tool's result into the next prompt (Gemma 3:
+in alternating turns, as its template demands), whose answer (forced by a grammar) comes back as
+content."""
 
 from __future__ import annotations
 
@@ -12,30 +18,31 @@ import json
 import openai
 import pytest
 
-from helpers.gemma_tools_model import make_gemma4_tools_model
+from helpers.gemma_tools_model import ANSWER, make_gemma3_tools_model, make_gemma4_tools_model
 from helpers.server_utils import start_server
 
 pytestmark = pytest.mark.slow
 ARGS = {"city": "Paris"}
-ANSWER = "Sunny in Paris."
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city", "parameters": PARAMS}}]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
+MODELS = {"gemma4": make_gemma4_tools_model, "gemma3": make_gemma3_tools_model}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model = make_gemma4_tools_model(tmp_path_factory.mktemp("gemma4_tools"))
+@pytest.fixture(scope="module", params=list(MODELS))
+def server(request, tmp_path_factory):
+    model = MODELS[request.param](tmp_path_factory.mktemp(f"{request.param}_tools"))
     srv = start_server(str(model), "--num-pages", "2048",
                        log_dir=str(tmp_path_factory.mktemp("logs")))
+    srv.family = request.param
     yield srv
     assert srv.stop() == 0
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 def _model(client) -> str:
@@ -58,6 +65,14 @@ def test_chat_round_trip(client):
     assert r2.usage.prompt_tokens > r1.usage.prompt_tokens + 12
     msg = r2.choices[0].message
     assert (msg.content, r2.choices[0].finish_reason, msg.tool_calls) == (ANSWER, "stop", None)
+
+
+def test_without_tools_the_block_is_text(server, client):
+    if server.family != "gemma3":
+        pytest.skip("Gemma 3's tool_code block")
+    r = client.chat.completions.create(model=_model(client), messages=ASK, temperature=0)
+    assert r.choices[0].message.content == '```tool_code\nget_weather(city="Paris")\n```'
+    assert r.choices[0].message.tool_calls is None
 
 
 def test_chat_streamed(client):
@@ -83,6 +98,8 @@ def test_responses_api(client):
 
 
 def test_anthropic_messages(server, client):
+    if server.family != "gemma4":
+        pytest.skip("checked on Gemma 4's format")
     anthropic = pytest.importorskip("anthropic")
     messages = anthropic.Anthropic(base_url=server.url, api_key="unused").messages
     tool = {"name": "get_weather", "description": "Weather of a city", "input_schema": PARAMS}

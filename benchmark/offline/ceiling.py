@@ -44,7 +44,10 @@ def experts_touched(raw: dict, batch: int) -> float:
     """Routed experts per layer a decode step of ``batch`` tokens reads, expected under uniform
     routing: each token picks top-k of E, so an expert is missed by all with (1 - k/E) ** B. One
     token reads k (gpt-oss-20b: 4 of 32); from a few dozen tokens on, nearly all."""
-    c = _text(raw)
+    return _touched(_text(raw), batch)
+
+
+def _touched(c: dict, batch: int) -> float:
     experts, _ = _experts(c)
     top_k = c.get("num_experts_per_tok") or c.get("experts_per_token") or c.get("top_k_experts")
     if not experts or not top_k:
@@ -74,6 +77,20 @@ def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4,
     ``dtype_bytes=1`` counts parameters (MXFP4 experts included). ``batch``: the routed experts
     a step of that many tokens touches (``experts_touched``); None: all of them."""
     c = _text(raw)
+    dense, experts, kv, state = _decode_parts(raw, c, dtype_bytes, state_bytes)
+    return round(dense + experts * _touched_share(c, batch)), kv, state
+
+
+def _touched_share(c: dict, batch: int | None) -> float:
+    """The share of the routed experts' bytes a step of ``batch`` tokens reads (None: all)."""
+    experts, _ = _experts(c)
+    return 1.0 if not experts or batch is None else _touched(c, batch) / experts
+
+
+def _decode_parts(raw: dict, c: dict, dtype_bytes: int,
+                  state_bytes: int) -> tuple[int, float, int, int]:
+    """``decode_bytes``' parts: (bytes of the weights but the routed experts, bytes of all routed
+    experts, KV bytes per token of context, state bytes per request); ``c``: ``_text(raw)``."""
     h, vocab, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim") or h // heads
@@ -84,7 +101,7 @@ def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4,
     expert_bytes = MXFP4_BYTES if mxfp4 and dtype_bytes > 1 else dtype_bytes
     weights, expert_weights, kv, state = vocab * h, 0, 0, 0  # the LM head
     for kind in types:
-        if experts:  # the routed experts a step touches (at most all of them), the shared one
+        if experts:  # the routed experts, the router, the shared expert
             expert_weights += 3 * h * inter * experts
             weights += h * experts + 3 * h * c.get("shared_expert_intermediate_size", 0)
         else:
@@ -99,9 +116,7 @@ def decode_bytes(raw: dict, dtype_bytes: int = 2, state_bytes: int = 4,
             conv = 2 * hk * dk + hv * dv
             weights += h * (conv + hv * dv + 2 * hv) + hv * dv * h + conv * width
             state += hv * dk * dv * state_bytes + conv * (width - 1) * dtype_bytes
-    if experts and batch is not None:
-        expert_weights *= experts_touched(raw, batch) / experts
-    return round(weights * dtype_bytes + expert_weights * expert_bytes), kv, state
+    return weights * dtype_bytes, expert_weights * expert_bytes, kv, state
 
 
 def prefill_flops(raw: dict, prompt_lens: list[int]) -> float:
@@ -135,17 +150,16 @@ def ceiling_tok_per_s(raw: dict, prompt_lens: list[int], max_tokens: list[int], 
     """Output tok/s of the workload at the ceiling, or None for a GPU without figures."""
     if gpu not in BANDWIDTH:
         return None
-    weights = {}  # by batch size: a MoE step reads the experts its tokens route to
-    _, kv, state = decode_bytes(raw, state_bytes=state_bytes)
+    c = _text(raw)
+    dense, experts, kv, state = _decode_parts(raw, c, 2, state_bytes)
     window_kv, window = sliding_kv(raw)
     context, left = list(prompt_lens), list(max_tokens)
     alive = [i for i, n in enumerate(left) if n > 0]
     moved = 0.0
     while alive:
-        b = len(alive)
-        if b not in weights:
-            weights[b] = decode_bytes(raw, state_bytes=state_bytes, batch=b)[0]
-        moved += weights[b] + kv * sum(context[i] for i in alive) + 2 * state * b
+        b = len(alive)  # a MoE step reads the experts its b tokens route to
+        moved += dense + experts * _touched_share(c, b) + kv * sum(context[i] for i in alive)
+        moved += 2 * state * b
         moved += window_kv * sum(min(context[i], window) for i in alive)
         for i in alive:
             context[i] += 1

@@ -47,9 +47,14 @@ def experts_touched(raw: dict, batch: int) -> float:
     return _touched(_text(raw), batch)
 
 
+def _top_k(c: dict) -> int:
+    """Experts per token: gpt-oss and Gemma 4 name it their own way."""
+    return c.get("num_experts_per_tok") or c.get("experts_per_token") or c.get("top_k_experts") or 0
+
+
 def _touched(c: dict, batch: int) -> float:
     experts, _ = _experts(c)
-    top_k = c.get("num_experts_per_tok") or c.get("experts_per_token") or c.get("top_k_experts")
+    top_k = _top_k(c)
     if not experts or not top_k:
         return float(experts)
     return experts * (1 - (1 - top_k / experts) ** batch)
@@ -124,7 +129,7 @@ def prefill_flops(raw: dict, prompt_lens: list[int]) -> float:
     weights, _, _ = decode_bytes(raw, dtype_bytes=1)
     experts, inter = _experts(c)
     if experts:  # a token runs its top-k experts only
-        unused = experts - c["num_experts_per_tok"]
+        unused = experts - _top_k(c)
         weights -= c["num_hidden_layers"] * 3 * c["hidden_size"] * inter * unused
     params = weights - c["vocab_size"] * c["hidden_size"]  # the LM head: last tokens only
     heads = c["num_attention_heads"]

@@ -82,10 +82,13 @@ def test_fused_moe_mxfp4_fp32(tokens, act):
 
 @pytest.mark.parametrize("config", [MoeConfig(16, 32, 32, 32, 1, 4, 2),
                                     MoeConfig(32, 16, 64, 64, 2, 4, 2),
-                                    MoeConfig(64, 32, 32, 64, 1, 4, 2)])
+                                    MoeConfig(64, 32, 32, 64, 1, 4, 2),
+                                    MoeConfig(16, 32, 32, 64, 1, 4, 2, swap=True),
+                                    MoeConfig(64, 32, 64, 64, 2, 4, 2, swap=True)])
 def test_fused_moe_mxfp4_ragged_k_and_no_down_bias(config):
     """K (hidden 96, inter 32) not a multiple of BLOCK_K 64; the down bias absent (TP rank > 0).
-    16- and 32-row blocks run the small-batch kernel, 64-row ones the prefill kernel."""
+    16- and 32-row blocks run the small-batch kernel, 64-row ones the prefill kernel, ``swap``
+    the kernel with the weights as the dot's left operand."""
     x, w13, w2, weights, ids, scales, bias = mx_inputs(23, 96, 32, 5, 3, torch.float32, seed=4)
     bias = ExpertBias(bias.w13, None)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)

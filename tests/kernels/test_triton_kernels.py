@@ -199,7 +199,7 @@ def rope_case(tokens, n_q, n_kv, head_dim, dtype, device, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads", [(4, 2), (6, 6)])
+@pytest.mark.parametrize("heads", [(4, 2), (6, 6), (40, 8)])  # 40: three 16-head programs a token
 def test_rope_in_place(dtype, heads):
     cfg = RotaryConfig(head_dim=32, base=10000.0, max_position=512)
     _, q, k, v, pos = rope_case(9, *heads, 32, dtype, DEV)
@@ -221,7 +221,7 @@ def test_norm_rope_store(dtype, qk_norm, loc_dtype):
     from minisgl.kvcache.mha_pool import MHAKVCache
 
     cfg = RotaryConfig(head_dim=32, base=10000.0, max_position=512)
-    tokens, n_q, n_kv = 7, 6, 2
+    tokens, n_q, n_kv = 7, 20, 2  # q heads over two programs a token (16 and 4)
     _, q, k, v, pos = rope_case(tokens, n_q, n_kv, 32, dtype, DEV, seed=3)
     v = v.view(tokens, n_kv, 32)
     g = torch.Generator().manual_seed(1)

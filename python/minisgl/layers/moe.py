@@ -165,6 +165,11 @@ class MoELayer(nn.Module):
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (weights [T, K] float32, expert ids [T, K])."""
         k = self.spec.top_k
+        if router_logits.is_cuda and k & (k - 1) == 0:  # one launch instead of four
+            from minisgl.kernel.triton.topk_route import topk_route
+
+            return topk_route(router_logits, k, self.spec.routing == "softmax",
+                              self.spec.renormalize)
         if self.spec.routing == "topk_softmax":
             values, ids = torch.topk(router_logits, k, dim=-1)
             return values.float().softmax(dim=-1), ids

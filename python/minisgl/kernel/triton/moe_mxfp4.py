@@ -37,7 +37,7 @@ def moe_gemm_mx_kernel(
     pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     offs_b = tl.arange(0, 16)  # the bytes of one group: values 2b and 2b + 1
-    a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
+    a_ptrs = a_ptr + row[:, None] * stride_am + tl.arange(0, 32)[None, :]
     w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
     up = n_out * stride_wn  # the up rows follow the gate rows (GATED)
@@ -47,7 +47,7 @@ def moe_gemm_mx_kernel(
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(k_dim // (32 * GROUPS)):
         for g in tl.static_range(GROUPS):
-            a_even, a_odd = tl.load(a_ptrs + 32 * g), tl.load(a_ptrs + 32 * g + 1)
+            a_even, a_odd = tl.split(tl.reshape(tl.load(a_ptrs + 32 * g), (BLOCK_M, 16, 2)))
             lo, hi = decode_pair(tl.load(w_ptrs + 16 * g), dt)
             part = tl.dot(a_even, lo, input_precision=PRECISION)
             part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
@@ -120,6 +120,72 @@ def moe_gemm_mx_wide_kernel(
              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
              GELU)
 
+
+@triton.jit
+def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Bytes [BLOCK_N, G, 16] and their groups' scales [BLOCK_N, G] -> weights [BLOCK_N, BLOCK_K]
+    in ``dtype``, K in order (a byte's low nibble, then its high one)."""
+    lo, hi = decode_pair(packed, tl.float32)
+    scale = e8m0(s)[:, :, None]
+    return tl.reshape(tl.join((lo * scale).to(dtype), (hi * scale).to(dtype)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def moe_gemm_mx_swapped_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
+    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
+    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+):
+    """The same GEMM with the operands swapped: ``out^T = w . x^T``. The decoded weights are the
+    dot's left operand, which Hopper's wgmma reads from registers (where they were decoded) and
+    which spans the 64-row instruction with output columns; the tokens, however few, are the
+    16-wide right operand. Every load is contiguous: a K step's bytes as [BLOCK_N, groups, 16],
+    one scale per group, x's rows whole; the two nibbles of a byte are joined into K order in
+    registers, so one dot of depth ``BLOCK_K`` does the step."""
+    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
+        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
+    G: tl.constexpr = BLOCK_K // 32
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_g = tl.arange(0, G)
+    a_ptrs = a_ptr + row[None, :] * stride_am + offs_k[:, None]
+    w_ptrs = (w_ptr + expert * stride_we + offs_n_safe[:, None, None] * stride_wn
+              + (16 * offs_g)[None, :, None] + tl.arange(0, 16)[None, None, :])
+    s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
+    dt = a_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(tl.cdiv(k_dim, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w = _scaled_tile(tl.load(w_ptrs), tl.load(s_ptrs), dt, BLOCK_N, BLOCK_K)
+        else:
+            g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
+            a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None], other=0.0)
+            w = _scaled_tile(tl.load(w_ptrs, mask=g_ok[None, :, None], other=0),
+                             tl.load(s_ptrs, mask=g_ok[None, :], other=0), dt, BLOCK_N, BLOCK_K)
+        acc = tl.dot(w, a, acc, input_precision=PRECISION)
+        if GATED:
+            if EVEN_K:
+                w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn),
+                                 tl.load(s_ptrs + n_out * stride_sn), dt, BLOCK_N, BLOCK_K)
+            else:
+                w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn, mask=g_ok[None, :, None],
+                                         other=0),
+                                 tl.load(s_ptrs + n_out * stride_sn, mask=g_ok[None, :], other=0),
+                                 dt, BLOCK_N, BLOCK_K)
+            acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K // 2
+        s_ptrs += G
+    epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
+             offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
+             HAS_BIAS, CLAMPED, GELU)
 
 def mx_groups(k_dim: int, block_k: int) -> int:
     """32-value groups per K step: the most that divide ``k_dim`` and fit ``block_k`` values."""

@@ -1,7 +1,9 @@
 """Neox-style rotary embedding applied in place to q and k, optionally fused with Qwen3's per-head
 q/k RMSNorm before it and the KV-cache store after it.
 
-One program per token: the token's cos/sin row is read once and applied to all its q and k heads.
+A program per token and block of up to 16 q heads (a token's heads spread over several SMs, which
+is what a decode step of a few tokens waits on); the first block of each token also takes its k
+heads and the cache stores.
 q, k and v may be strided views (sliced from the fused QKV output); only the last dimension must be
 contiguous. The arithmetic mirrors the torch references (``layers/norm.py``, ``layers/rotary.py``):
 the normalised row is rounded to the activation dtype before the weight multiply, cos/sin are
@@ -24,9 +26,11 @@ from .pdl import wait_then_release
 
 @triton.jit
 def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
-                       HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
-    """Norm (optional) and rotate one token's heads in place; return the rotated halves."""
-    heads = tl.arange(0, BLOCK_H)
+                       HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+                       first=0):
+    """Norm (optional) and rotate one token's heads ``first ..`` in place; return the rotated
+    halves."""
+    heads = first + tl.arange(0, BLOCK_H)
     cols = tl.arange(0, HALF)
     mask = (heads < n_heads)[:, None]
     p = ptr + tok * stride_t + heads[:, None] * stride_h + cols[None, :]
@@ -80,8 +84,11 @@ def _rope_kernel(
     dt = q_ptr.dtype.element_ty
     c = tl.load(cache_ptr + pos * cache_stride + cols).to(dt).to(tl.float32)[None, :]
     s = tl.load(cache_ptr + pos * cache_stride + HALF + cols).to(dt).to(tl.float32)[None, :]
+    block = tl.program_id(1)
     _norm_rotate_heads(q_ptr, tok, q_stride_t, q_stride_h, n_q, c, s, qw_ptr, eps,
-                       HAS_NORM, BLOCK_Q, HALF)
+                       HAS_NORM, BLOCK_Q, HALF, block * BLOCK_Q)
+    if block != 0:
+        return
     k1, k2 = _norm_rotate_heads(k_ptr, tok, k_stride_t, k_stride_h, n_k, c, s, kw_ptr, eps,
                                 HAS_NORM, BLOCK_K, HALF)
     if STORE:
@@ -110,9 +117,9 @@ def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cac
     if tokens == 0:
         return
     has_norm, store = q_weight is not None, k_cache is not None
-    block_q, block_k = triton.next_power_of_2(n_q), triton.next_power_of_2(n_k)
-    warps = 4 if block_q * dim <= 4096 else 8
-    _rope_kernel[(tokens,)](
+    block_q, block_k = min(16, triton.next_power_of_2(n_q)), triton.next_power_of_2(n_k)
+    warps = 4 if max(block_q, block_k) * dim <= 4096 else 8
+    _rope_kernel[(tokens, triton.cdiv(n_q, block_q))](
         q, k, v if store else q, positions, cos_sin,
         q_weight if has_norm else q, k_weight if has_norm else q,
         k_cache if store else q, v_cache if store else q, out_loc if store else positions,

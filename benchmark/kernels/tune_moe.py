@@ -1,0 +1,95 @@
+"""Tune the fused MoE's tiles for this GPU: per token count, every candidate configuration timed
+(CUDA-graph medians, L2 flushed, ``bench_moe.graph_ms``), the fastest kept per bucket of rows per
+expert, written where ``pick_config`` reads it (``minisgl/kernel/triton/moe_configs``).
+
+    python benchmark/kernels/tune_moe.py --mxfp4 [--budget 180] [--write] [--out DIR]
+
+``--mxfp4``: gpt-oss's MXFP4 experts (2I = 5760, H = 2880; the file serves gpt-oss-20b and -120b,
+which differ in their expert count alone); else Qwen3-30B-A3B's bf16 experts. Candidates whose
+output differs from the default configuration's by more than bf16 rounding fail the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import bench_moe
+import torch
+from bench_moe import graph_ms, inputs
+
+from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
+from minisgl.kernel.triton.moe_configs import DIR, file_name
+
+S = True  # the swapped MXFP4 kernel (weights as the dot's left operand)
+SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 128, 1, 4, 4),
+         (16, 64, 64, 256, 1, 4, 3, S), (16, 64, 64, 128, 1, 4, 4, S),
+         (16, 128, 128, 128, 1, 4, 3, S), (16, 64, 32, 128, 1, 4, 4, S)]
+MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (16, 64, 64, 128, 1, 4, 4, S),
+       (32, 128, 128, 128, 4, 4, 3, S), (32, 64, 64, 128, 4, 4, 4, S),
+       (64, 128, 128, 64, 8, 4, 4, S), (64, 128, 128, 128, 8, 4, 3, S)]
+BIG = [(64, 128, 128, 64, 8, 4, 4, S), (128, 128, 128, 64, 8, 8, 4, S),
+       (128, 128, 128, 128, 8, 8, 3, S), (64, 128, 128, 64, 8, 4, 3, S),
+       (128, 128, 128, 64, 4, 8, 4, S), (128, 128, 256, 64, 8, 8, 3)]
+TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512
+
+
+def candidates(rows: float, mx: bool) -> list[MoeConfig]:
+    table = SMALL if rows <= 4 else MID if rows <= 64 else BIG
+    return [MoeConfig(*c[:7], swap=len(c) > 7) for c in table if mx or len(c) == 7]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mxfp4", action="store_true")
+    p.add_argument("--budget", type=float, default=180.0, help="seconds for the whole run")
+    p.add_argument("--write", action="store_true", help="into the package's moe_configs")
+    p.add_argument("--out", default="bench-out")
+    a = p.parse_args()
+    if a.mxfp4:
+        bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
+    h, inter, e, k = bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K
+    deadline = time.time() + a.budget
+    best = []
+    for tokens in TOKENS:
+        args, kw = inputs(tokens, mx=a.mxfp4)
+        rows = tokens * k / e
+        ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
+        timed = []
+        for cfg in candidates(rows, a.mxfp4):
+            if time.time() > deadline:
+                break
+            out = fused_moe(*args, config=cfg, **kw).float()
+            err = ((out - ref).abs().max() / ref.abs().max()).item()
+            assert err < 2e-2, (cfg, err)  # a few bf16 roundings of the largest output
+            timed.append((graph_ms(lambda: fused_moe(*args, config=cfg, **kw)) * 1e3, cfg))
+        if not timed:
+            break
+        us, cfg = min(timed, key=lambda t: t[0])
+        best.append(dict(tokens=tokens, rows=rows, us=round(us, 1),
+                         config=list(cfg.__dict__.values()),
+                         timed={str(tuple(c.__dict__.values())): round(t, 1) for t, c in timed}))
+        print(json.dumps(best[-1]), flush=True)
+    for lo, hi in zip(best, best[1:]):  # a bucket reaches the geometric mean of two tuned counts
+        lo["max_rows"] = (lo["rows"] * hi["rows"]) ** 0.5
+    best[-1]["max_rows"] = 1e9  # and the last bucket all beyond
+    gpu = torch.cuda.get_device_name()
+    name = file_name(gpu, "mxfp4" if a.mxfp4 else "bf16", 2 * inter, h)
+    doc = dict(gpu=gpu, torch=torch.__version__, experts=e, top_k=k,
+               command="python benchmark/kernels/tune_moe.py" + (" --mxfp4" if a.mxfp4 else ""),
+               buckets=[dict(max_rows=b["max_rows"], config=b["config"], tokens=b["tokens"],
+                             us=b["us"]) for b in best])
+    os.makedirs(a.out, exist_ok=True)
+    for path in [os.path.join(a.out, name)] + ([str(DIR / name)] if a.write else []):
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        print("wrote", path)
+    with open(os.path.join(a.out, name.replace(".json", "_timed.json")), "w") as f:
+        json.dump(best, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Tuned fused-MoE tiles (``kernel/triton/moe_configs``): the file a GPU and expert shape name,
+the bucket a row count falls in, and ``pick_config`` taking them over its rule."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from minisgl.kernel.triton import moe_configs
+from minisgl.kernel.triton.fused_moe import MoeConfig, pick_config
+
+
+def test_buckets_and_pick_config(tmp_path, monkeypatch):
+    name = moe_configs.file_name("NVIDIA H200", "mxfp4", 5760, 2880)
+    assert name == "nvidia-h200_mxfp4_N5760_K2880.json"
+    small, big = [16, 32, 64, 256, 1, 4, 3, False], [128, 128, 128, 64, 8, 8, 4, True]
+    (tmp_path / name).write_text(json.dumps({"buckets": [
+        {"max_rows": 2.0, "config": small}, {"max_rows": 1e9, "config": big}]}))
+    monkeypatch.setattr(moe_configs, "DIR", tmp_path)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    moe_configs._buckets.cache_clear()
+    cuda = torch.device("cuda")
+    assert moe_configs.tuned(0.125, "mxfp4", 5760, 2880, cuda) == tuple(small)
+    assert moe_configs.tuned(2.5, "mxfp4", 5760, 2880, cuda) == tuple(big)
+    assert moe_configs.tuned(1.0, "bf16", 5760, 2880, cuda) is None  # no file for bf16
+    assert moe_configs.tuned(1.0, "mxfp4", 5760, 2880, torch.device("cpu")) is None
+    assert pick_config(4, 32, True, ("mxfp4", 5760, 2880), cuda) == MoeConfig(*small)
+    assert pick_config(4096, 32, True, ("mxfp4", 5760, 2880), cuda) == MoeConfig(*big)
+    rule = pick_config(4, 32, True)  # no key: the rule
+    assert pick_config(4, 32, True, ("mxfp4", 4096, 2880), cuda) == rule
+    moe_configs._buckets.cache_clear()

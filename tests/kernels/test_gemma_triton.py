@@ -29,3 +29,21 @@ def test_triton_backend_matches_transformers(tmp_path_factory, arch, ratio):
     outputs = llm.generate(prompts, params)
     assert [o.token_ids for o in outputs] == hf_greedy(path, prompts, 24)
     llm.scheduler.check_integrity()
+
+
+def test_proportional_rotary_one_table_for_every_global_layer():
+    """Gemma 4 26B-A4B has five global layers: a table per layer (an lru_cache of four, keyed by
+    the module) made the fifth layer copy its table host-to-device inside CUDA-graph capture."""
+    import torch
+
+    from minisgl.models.gemma4 import ProportionalRotary, proportional_cos_sin
+
+    proportional_cos_sin.cache_clear()
+    layers = [ProportionalRotary(64, 1e6, 0.25, 128) for _ in range(6)]
+    q, k = torch.randn(3, 2, 64), torch.randn(3, 1, 64)
+    pos = torch.tensor([0, 5, 127])
+    outs = [layer(pos, q, k) for layer in layers]
+    assert proportional_cos_sin.cache_info().currsize == 1
+    assert all(torch.equal(o[0], outs[0][0]) for o in outs)
+    # the unrotated three quarters of the frequencies pass through
+    assert torch.equal(outs[0][0][..., 8:32], q[..., 8:32])

@@ -132,6 +132,19 @@ class Gemma4Norm(nn.Module):
         return out.to(x.dtype)
 
 
+@functools.lru_cache(maxsize=4)
+def proportional_cos_sin(head_dim: int, base: float, fraction: float, max_position: int,
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [max_position, head_dim / 2] of ``ProportionalRotary``, one table per shape and
+    device for every global layer (made on the host, whatever the default device: models are
+    built under ``torch.device(cuda)``; the first eager forward makes it, before any capture)."""
+    angles = int(fraction * head_dim // 2)
+    exps = torch.arange(0, 2 * angles, 2, dtype=torch.float32, device="cpu") / head_dim
+    inv_freq = torch.cat([1.0 / base**exps, torch.zeros(head_dim // 2 - angles, device="cpu")])
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device="cpu"), inv_freq)
+    return freqs.cos().to(device), freqs.sin().to(device)
+
+
 class ProportionalRotary(nn.Module):
     """Neox RoPE over the whole head whose first ``fraction`` of the frequencies are the usual
     ``base ** (-2i / head_dim)`` (the exponent over the whole head size, not the rotated part)
@@ -139,23 +152,11 @@ class ProportionalRotary(nn.Module):
 
     def __init__(self, head_dim: int, base: float, fraction: float, max_position: int) -> None:
         super().__init__()
-        angles = int(fraction * head_dim // 2)
-        # NOTE: on the host whatever the default device (models are built under
-        # ``torch.device(cuda)``); the cos/sin table is made here and moved once per device
-        exps = torch.arange(0, 2 * angles, 2, dtype=torch.float32, device="cpu") / head_dim
-        self.inv_freq = torch.cat([1.0 / base**exps, torch.zeros(head_dim // 2 - angles,
-                                                                  device="cpu")])
-        self.max_position = max_position
-
-    @functools.lru_cache(maxsize=4)  # noqa: B019 (one module per layer kind, kept for the run)
-    def _cos_sin(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32, device="cpu"),
-                            self.inv_freq)
-        return freqs.cos().to(device), freqs.sin().to(device)
+        self.table = (head_dim, base, fraction, max_position)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self._cos_sin(q.device)
+        cos, sin = proportional_cos_sin(*self.table, q.device)
         cos, sin = cos[positions][:, None], sin[positions][:, None]
 
         def rotate(x: torch.Tensor) -> torch.Tensor:

@@ -24,22 +24,19 @@ from bench_moe import graph_ms, inputs
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.kernel.triton.moe_configs import DIR, file_name
 
-S = True  # the swapped MXFP4 kernel (weights as the dot's left operand)
+# (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages); MXFP4 runs blocks of
+# up to 32 rows on its small-batch kernel, larger ones on the wide (swapped) one
 SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 128, 1, 4, 4),
-         (16, 64, 64, 256, 1, 4, 3, S), (16, 64, 64, 128, 1, 4, 4, S),
-         (16, 128, 128, 128, 1, 4, 3, S), (16, 64, 32, 128, 1, 4, 4, S)]
-MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (16, 64, 64, 128, 1, 4, 4, S),
-       (32, 128, 128, 128, 4, 4, 3, S), (32, 64, 64, 128, 4, 4, 4, S),
-       (64, 128, 128, 64, 8, 4, 4, S), (64, 128, 128, 128, 8, 4, 3, S)]
-BIG = [(64, 128, 128, 64, 8, 4, 4, S), (128, 128, 128, 64, 8, 8, 4, S),
-       (128, 128, 128, 128, 8, 8, 3, S), (64, 128, 128, 64, 8, 4, 3, S),
-       (128, 128, 128, 64, 4, 8, 4, S), (128, 128, 256, 64, 8, 8, 3)]
+         (16, 32, 32, 256, 1, 4, 3), (16, 64, 32, 128, 1, 4, 4)]
+MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256, 4, 4, 3),
+       (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
+BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
+       (64, 128, 128, 64, 8, 4, 3), (128, 128, 128, 64, 4, 8, 4), (128, 128, 256, 64, 8, 8, 3)]
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512
 
 
-def candidates(rows: float, mx: bool) -> list[MoeConfig]:
-    table = SMALL if rows <= 4 else MID if rows <= 64 else BIG
-    return [MoeConfig(*c[:7], swap=len(c) > 7) for c in table if mx or len(c) == 7]
+def candidates(rows: float) -> list[MoeConfig]:
+    return [MoeConfig(*c) for c in (SMALL if rows <= 4 else MID if rows <= 64 else BIG)]
 
 
 def main() -> None:
@@ -59,7 +56,7 @@ def main() -> None:
         rows = tokens * k / e
         ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
         timed = []
-        for cfg in candidates(rows, a.mxfp4):
+        for cfg in candidates(rows):
             if time.time() > deadline:
                 break
             out = fused_moe(*args, config=cfg, **kw).float()

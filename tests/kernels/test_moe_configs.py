@@ -14,7 +14,7 @@ from minisgl.kernel.triton.fused_moe import MoeConfig, pick_config
 def test_buckets_and_pick_config(tmp_path, monkeypatch):
     name = moe_configs.file_name("NVIDIA H200", "mxfp4", 5760, 2880)
     assert name == "nvidia-h200_mxfp4_N5760_K2880.json"
-    small, big = [16, 32, 64, 256, 1, 4, 3, False], [128, 128, 128, 64, 8, 8, 4, True]
+    small, big = [16, 32, 64, 256, 1, 4, 3], [128, 128, 128, 64, 8, 8, 4]
     (tmp_path / name).write_text(json.dumps({"buckets": [
         {"max_rows": 2.0, "config": small}, {"max_rows": 1e9, "config": big}]}))
     monkeypatch.setattr(moe_configs, "DIR", tmp_path)

@@ -40,12 +40,7 @@ from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
-from .moe_mxfp4 import (
-    moe_gemm_mx_kernel,
-    moe_gemm_mx_swapped_kernel,
-    moe_gemm_mx_wide_kernel,
-    mx_groups,
-)
+from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
 from .moe_tiles import epilogue, tile, tile_rows
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
@@ -60,7 +55,6 @@ class MoeConfig:
     group_m: int = 8  # row blocks that walk the N tiles together, so their rows stay in L2
     num_warps: int = 4
     num_stages: int = 4
-    swap: bool = False  # MXFP4: the weights as the dot's left operand (moe_gemm_mx_swapped_kernel)
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -69,8 +63,8 @@ def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
     """Block sizes by expected rows per expert: the tiles tuned for this GPU and ``key``
     (weight format, 2I, H) where ``moe_configs`` has them; else small blocks when each expert
     sees a few rows (decode is weight-bandwidth bound: more programs in flight), tensor-core
-    sized tiles in prefill. MXFP4 keeps 16-row blocks longer (decoding, not the dot, bounds its
-    small batches), then swaps the operands (``moe_gemm_mx_swapped_kernel``)."""
+    sized tiles in prefill. MXFP4 keeps 16-row blocks longer: decoding, not the dot, bounds its
+    small batches."""
     rows = num_pairs / num_experts  # picked from sweeps on an H100 (benchmark/kernels/bench_moe.py)
     if key is not None and device is not None:
         fields = tuned(rows, *key, device)
@@ -79,8 +73,7 @@ def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
     if mx and rows <= 16:  # an H200 sweep at gpt-oss-20b's shapes
         return MoeConfig(16, 32 if rows <= 4 else 64, 64, 256, 1, 4, 3)
     if mx:
-        return MoeConfig(128 if rows > 128 else 64, 128, 128, 64, 8, 8 if rows > 128 else 4, 4,
-                         swap=True)
+        return MoeConfig(128 if rows > 128 else 64, 128, 128, 64, 8, 8 if rows > 128 else 4, 4)
     if rows <= 4:  # narrow GEMM-1 tiles: with T=1 there are only top_k row blocks to spread
         return MoeConfig(16, 32, 64, 256, 1, 4, 3)
     if rows <= 32:
@@ -165,9 +158,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 HAS_BIAS=bias is not None, CLAMPED=act.kind == "swiglu_clamped",
                 GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if mx and cfg.swap:
-        moe_gemm_mx_swapped_kernel[grid](*args, **meta)
-    elif mx and cfg.block_m > 32:
+    if mx and cfg.block_m > 32:
         moe_gemm_mx_wide_kernel[grid](*args, **meta)
     elif mx:
         del meta["BLOCK_K"], meta["EVEN_K"]

@@ -1,12 +1,13 @@
 """The fused MoE's GEMMs over MXFP4 experts (``fused_moe`` launches them; the decoding is
 ``mxfp4``'s): ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]`` e8m0 scales, x in its own dtype.
 
-Two shapes of the same work. Small batches (16- or 32-row blocks: decode, a few rows per expert)
-take ``moe_gemm_mx_kernel``: a K step is whole 32-value groups, each group's bytes decode without
-their scale, two dots of depth 16 give its partial sums and one multiply by the scale adds them
-in; no mask, since K is a multiple of 32. Prefill tiles take ``moe_gemm_mx_wide_kernel``: a K step
-of ``BLOCK_K`` values decodes scaled weights (scaling a 64- or 128-row accumulator per group would
-cost more than scaling the weights once) and feeds two dots of depth ``BLOCK_K / 2``.
+Two shapes of the same work, chosen by the row block. Small batches (16- or 32-row blocks: decode,
+a few rows per expert) take ``moe_gemm_mx_kernel``: a K step is whole 32-value groups, each
+group's bytes decode without their scale, two dots of depth 16 (x's even and odd columns) give its
+partial sums and one multiply by the scale adds them in; no mask, since K is a multiple of 32.
+Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps the operands so that the decoded,
+scaled weights feed the tensor cores from registers, and one dot of depth ``BLOCK_K`` does a step.
+Which block size wins where is measured (``moe_configs``, ``benchmark/kernels/tune_moe.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import decode_pair, decode_pair_scaled, e8m0
+from .mxfp4 import decode_pair, e8m0
 
 
 @triton.jit
@@ -66,62 +67,6 @@ def moe_gemm_mx_kernel(
 
 
 @triton.jit
-def moe_gemm_mx_wide_kernel(
-    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
-    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
-    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
-    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
-):
-    """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill): a K step of ``BLOCK_K``
-    values (a multiple of 32) reads every byte's scale beside it and decodes scaled weights, two
-    dots of depth ``BLOCK_K / 2`` a step."""
-    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
-        return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
-        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
-    HALF: tl.constexpr = BLOCK_K // 2
-    offs_b = tl.arange(0, HALF)  # bytes of the K step: values 2b and 2b + 1
-    a_ptrs = a_ptr + row[:, None] * stride_am + 2 * offs_b[None, :]
-    w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
-    s_ptrs = (ws_ptr + expert * stride_se + offs_n_safe[None, :] * stride_sn
-              + (offs_b // 16)[:, None])
-    dt = a_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(tl.cdiv(k_dim, BLOCK_K)):
-        b_ok = offs_b < (k_dim - k * BLOCK_K) // 2
-        if EVEN_K:
-            a_even, a_odd = tl.load(a_ptrs), tl.load(a_ptrs + 1)
-            lo, hi = decode_pair_scaled(tl.load(w_ptrs), tl.load(s_ptrs), dt)
-        else:
-            a_even = tl.load(a_ptrs, mask=b_ok[None, :], other=0.0)
-            a_odd = tl.load(a_ptrs + 1, mask=b_ok[None, :], other=0.0)
-            lo, hi = decode_pair_scaled(tl.load(w_ptrs, mask=b_ok[:, None], other=0),
-                                        tl.load(s_ptrs, mask=b_ok[:, None], other=0), dt)
-        acc = tl.dot(a_even, lo, acc, input_precision=PRECISION)
-        acc = tl.dot(a_odd, hi, acc, input_precision=PRECISION)
-        if GATED:
-            if EVEN_K:
-                lo, hi = decode_pair_scaled(tl.load(w_ptrs + n_out * stride_wn),
-                                            tl.load(s_ptrs + n_out * stride_sn), dt)
-            else:
-                lo, hi = decode_pair_scaled(
-                    tl.load(w_ptrs + n_out * stride_wn, mask=b_ok[:, None], other=0),
-                    tl.load(s_ptrs + n_out * stride_sn, mask=b_ok[:, None], other=0), dt)
-            acc_up = tl.dot(a_even, lo, acc_up, input_precision=PRECISION)
-            acc_up = tl.dot(a_odd, hi, acc_up, input_precision=PRECISION)
-        a_ptrs += BLOCK_K
-        w_ptrs += HALF
-        s_ptrs += BLOCK_K // 32
-    epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
-             offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
-             GELU)
-
-
-@triton.jit
 def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Bytes [BLOCK_N, G, 16] and their groups' scales [BLOCK_N, G] -> weights [BLOCK_N, BLOCK_K]
     in ``dtype``, K in order (a byte's low nibble, then its high one)."""
@@ -131,7 +76,7 @@ def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def moe_gemm_mx_swapped_kernel(
+def moe_gemm_mx_wide_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
@@ -139,7 +84,8 @@ def moe_gemm_mx_swapped_kernel(
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
 ):
-    """The same GEMM with the operands swapped: ``out^T = w . x^T``. The decoded weights are the
+    """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill, and decode batches from about
+    64 rows an expert), the operands swapped: ``out^T = w . x^T``. The decoded weights are the
     dot's left operand, which Hopper's wgmma reads from registers (where they were decoded) and
     which spans the 64-row instruction with output columns; the tokens, however few, are the
     16-wide right operand. Every load is contiguous: a K step's bytes as [BLOCK_N, groups, 16],

@@ -5,8 +5,8 @@ magnitude bits to bits 22-24 (exponent's lowest two bits and the mantissa's firs
 the e2m1 value times ``2 ** -126`` (``e0 = e1 = 0, m = 1`` lands on the subnormal ``2 ** -127``,
 0.5's image), so one multiply by ``2 ** 126`` gives the exact value, and the group's e8m0 scale
 ``2 ** (s - 127)``, a float32 built from its exponent field, multiplies a tile of partial sums
-(small batches: ``decode_pair`` then ``e8m0``) or the weights (prefill tiles:
-``decode_pair_scaled``). A byte costs about six integer operations for its two values.
+(small batches) or the weights (prefill tiles). A byte costs about six integer operations for
+its two values.
 """
 
 from __future__ import annotations
@@ -32,14 +32,3 @@ def e8m0(s):
     """e8m0 scales (uint8) -> ``2 ** (s - 127)`` in float32 (``s = 0``, ``2 ** -127``, flushes to
     zero: no weight group is that small)."""
     return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def decode_pair_scaled(packed, s, dtype: tl.constexpr):
-    """``decode_pair`` times the scales ``s`` (e8m0, one per byte, same shape), in ``dtype``: for
-    tiles whose K step spans several groups (prefill), where scaling the weights costs less than
-    scaling a wide accumulator per group."""
-    lo, hi = decode_pair(packed, tl.float32)
-    scale = e8m0(s)
-    return (lo * scale).to(dtype), (hi * scale).to(dtype)
-

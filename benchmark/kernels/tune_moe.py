@@ -25,9 +25,12 @@ from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.kernel.triton.moe_configs import DIR, file_name
 
 # (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages); MXFP4 runs blocks of
-# up to 32 rows on its small-batch kernel, larger ones on the wide (swapped) one
+# one row on its GEMV kernel, up to 32 rows on its small-batch kernel, larger ones on the wide
+# (swapped) one
 SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 128, 1, 4, 4),
          (16, 32, 32, 256, 1, 4, 3), (16, 64, 32, 128, 1, 4, 4)]
+GEMV = [(1, 16, 16, 256, 1, 4, 3), (1, 32, 32, 256, 1, 4, 3), (1, 16, 16, 512, 1, 4, 2),
+        (1, 8, 8, 512, 1, 2, 2), (1, 32, 32, 128, 1, 8, 3)]  # MXFP4: one routed pair a block
 MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256, 4, 4, 3),
        (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
@@ -35,8 +38,10 @@ BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512
 
 
-def candidates(rows: float) -> list[MoeConfig]:
-    return [MoeConfig(*c) for c in (SMALL if rows <= 4 else MID if rows <= 64 else BIG)]
+def candidates(rows: float, mx: bool) -> list[MoeConfig]:
+    table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
+             else BIG)
+    return [MoeConfig(*c) for c in table]
 
 
 def main() -> None:
@@ -56,7 +61,7 @@ def main() -> None:
         rows = tokens * k / e
         ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
         timed = []
-        for cfg in candidates(rows):
+        for cfg in candidates(rows, a.mxfp4):
             if time.time() > deadline:
                 break
             out = fused_moe(*args, config=cfg, **kw).float()

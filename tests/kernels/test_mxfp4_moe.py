@@ -83,11 +83,12 @@ def test_fused_moe_mxfp4_fp32(tokens, act):
 @pytest.mark.parametrize("config", [MoeConfig(16, 32, 32, 32, 1, 4, 2),
                                     MoeConfig(32, 16, 64, 64, 2, 4, 2),
                                     MoeConfig(64, 32, 32, 64, 1, 4, 2),
-                                    MoeConfig(64, 32, 64, 128, 2, 4, 2)])
+                                    MoeConfig(64, 32, 64, 128, 2, 4, 2),
+                                    MoeConfig(1, 16, 32, 64, 1, 4, 2)])
 def test_fused_moe_mxfp4_ragged_k_and_no_down_bias(config):
     """K (hidden 96, inter 32) not a multiple of BLOCK_K 64; the down bias absent (TP rank > 0).
-    16- and 32-row blocks run the small-batch kernel, 64-row ones the prefill kernel (K steps
-    of 64 and 128 values: the last step of 96 masked)."""
+    Row blocks of one run the GEMV kernel, 16- and 32-row blocks the small-batch kernel, 64-row
+    ones the prefill kernel (K steps of 64 and 128 values: the last step of 96 masked)."""
     x, w13, w2, weights, ids, scales, bias = mx_inputs(23, 96, 32, 5, 3, torch.float32, seed=4)
     bias = ExpertBias(bias.w13, None)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
@@ -115,10 +116,13 @@ def test_fused_moe_dense_bias_and_clamped_swiglu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, MoeConfig(1, 16, 16, 256, 1, 4, 3)],
+                         ids=["picked", "gemv"])
 @pytest.mark.parametrize("tokens", [1, 64, 700])
-def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens):
+def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens, config):
     """gpt-oss-20b's experts (32 x 2880 x 2880, top 4) in bf16 against the dequantizing
-    reference: within bf16's rounding of two GEMMs."""
+    reference: within bf16's rounding of two GEMMs; the tiles ``pick_config`` picks and the GEMV
+    kernel's."""
     e, h, inter, top_k = 32, 2880, 2880, 4
     g = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
@@ -130,6 +134,7 @@ def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens):
                       torch.randn(e, h, device="cuda", generator=g).bfloat16() * 0.1)
     scales = Mxfp4Scales(s13, s2)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    out = fused_moe(x, w13, w2, weights, ids, scales=scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, w13, w2, weights, ids, config=config, scales=scales, bias=bias,
+                    act=GPT_OSS)
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err <= 2e-2, err

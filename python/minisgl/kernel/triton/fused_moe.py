@@ -40,7 +40,7 @@ from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
-from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
+from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, moe_gemv_mx_kernel, mx_groups
 from .moe_tiles import epilogue, tile, tile_rows
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
@@ -158,7 +158,11 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 HAS_BIAS=bias is not None, CLAMPED=act.kind == "swiglu_clamped",
                 GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if mx and cfg.block_m > 32:
+    if mx and cfg.block_m == 1:
+        for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
+            del meta[name]
+        moe_gemv_mx_kernel[grid](*args, **meta)
+    elif mx and cfg.block_m > 32:
         moe_gemm_mx_wide_kernel[grid](*args, **meta)
     elif mx:
         del meta["BLOCK_K"], meta["EVEN_K"]

@@ -1,10 +1,12 @@
 """The fused MoE's GEMMs over MXFP4 experts (``fused_moe`` launches them; the decoding is
 ``mxfp4``'s): ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]`` e8m0 scales, x in its own dtype.
 
-Two shapes of the same work, chosen by the row block. Small batches (16- or 32-row blocks: decode,
-a few rows per expert) take ``moe_gemm_mx_kernel``: a K step is whole 32-value groups, each
-group's bytes decode without their scale, two dots of depth 16 (x's even and odd columns) give its
-partial sums and one multiply by the scale adds them in; no mask, since K is a multiple of 32.
+Three shapes of the same work, chosen by the row block. Row blocks of one (a batch of a few
+tokens, each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores. Small
+batches (16- or 32-row blocks: decode, a few rows per expert) take ``moe_gemm_mx_kernel``: a K
+step is whole 32-value groups, each group's bytes decode without their scale, two dots of depth
+16 (x's even and odd columns) give its partial sums and one multiply by the scale adds them in; no
+mask, since K is a multiple of 32.
 Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps the operands so that the decoded,
 scaled weights feed the tensor cores from registers, and one dot of depth ``BLOCK_K`` does a step.
 Which block size wins where is measured (``moe_configs``, ``benchmark/kernels/tune_moe.py``).
@@ -65,6 +67,62 @@ def moe_gemm_mx_kernel(
              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
              GELU)
 
+
+@triton.jit
+def moe_gemv_mx_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
+    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
+    GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+):
+    """One routed pair a program (row blocks of one, ``block_m == 1``: a batch of a few tokens),
+    no tensor cores: ``BLOCK_N`` weight rows decoded in float32, multiplied by x's K step on the
+    CUDA cores and summed per 32-value group, then scaled; a dot padded to 16 rows would decode
+    the same weights for 15 rows of padding."""
+    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
+    if pid_m >= tl.load(total_ptr):
+        return
+    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
+        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, 1, BLOCK_N)
+    G: tl.constexpr = BLOCK_K // 32
+    offs_g = tl.arange(0, G)
+    x_ptrs = a_ptr + row * stride_am + (32 * offs_g)[:, None] + tl.arange(0, 32)[None, :]
+    w_ptrs = (w_ptr + expert * stride_we + offs_n_safe[:, None, None] * stride_wn
+              + (16 * offs_g)[None, :, None] + tl.arange(0, 16)[None, None, :])
+    s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(tl.cdiv(k_dim, BLOCK_K)):
+        g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+        else:
+            x = tl.load(x_ptrs, mask=g_ok[:, None], other=0.0)
+        x_even, x_odd = tl.split(tl.reshape(x.to(tl.float32), (G, 16, 2)))
+        acc += _group_dot(w_ptrs, s_ptrs, x_even, x_odd, g_ok, EVEN_K)
+        if GATED:
+            acc_up += _group_dot(w_ptrs + n_out * stride_wn, s_ptrs + n_out * stride_sn, x_even,
+                                 x_odd, g_ok, EVEN_K)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K // 2
+        s_ptrs += G
+    epilogue(acc[None, :], acc_up[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
+             offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
+             HAS_BIAS, CLAMPED, GELU)
+
+
+@triton.jit
+def _group_dot(w_ptrs, s_ptrs, x_even, x_odd, g_ok, EVEN_K: tl.constexpr):
+    """[BLOCK_N] rows . one K step of x: each 32-value group summed unscaled, then scaled."""
+    if EVEN_K:
+        packed, s = tl.load(w_ptrs), tl.load(s_ptrs)
+    else:
+        packed = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
+        s = tl.load(s_ptrs, mask=g_ok[None, :], other=0)
+    lo, hi = decode_pair(packed, tl.float32)
+    part = tl.sum(lo * x_even[None, :, :] + hi * x_odd[None, :, :], axis=2)
+    return tl.sum(part * e8m0(s), axis=1)
 
 @triton.jit
 def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

@@ -386,9 +386,10 @@ def gpu_scene(phase, page_size, dtype=torch.bfloat16, hq=32, hkv=8, seed=0):
 @needs_fi
 @pytest.mark.parametrize("phase", ["prefill", "extend", "decode", "mixed"])
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("heads", [(32, 8), (16, 8)])
-def test_gpu_fi_matches_torch(phase, page_size, heads):
-    scene = gpu_scene(phase, page_size, hq=heads[0], hkv=heads[1], seed=page_size)
+def test_gpu_fi_matches_torch(phase, page_size):
+    """Qwen3-8B's heads (32, 8 KV, 128): the kernels the benchmark uses (each variant of head
+    size, dtype, GQA group or mask is a JIT compile of its own on a cold cache)."""
+    scene = gpu_scene(phase, page_size, seed=page_size)
     batch, qkv = scene.batch(pad=7 if phase != "decode" else 0)
     backend = create_attention_backend("fi", scene.pool, scene.page_table, scene.dim**-0.5)
     out = scene.run(backend, batch, qkv)
@@ -458,23 +459,31 @@ def test_gpu_fi_cuda_graph_replay(page_size):
 @needs_fi
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_gpu_engine_greedy_parity_fi(tmp_path, page_size):
-    """--attn fi through the engine (fp16; chunked prefill hits prefixes; decode under CUDA
-    graphs, prefill under piecewise graphs): transformers' fp32 greedy tokens, except after a
-    near-tie of transformers' own logits (top-2 gap < 0.02), where fp16 may pick the other."""
-    from helpers.hf_models import greedy_margins, hf_greedy, make_tiny_checkpoint, random_prompts
+    """--attn fi through the engine in bf16 (chunked prefill hits prefixes; decode under CUDA
+    graphs, prefill under piecewise graphs): transformers' fp32 greedy tokens, up to a near-tie
+    of transformers' own logits, where bf16 (~1% of the logits' spread) may pick the other one.
+    Head size 128 and a GQA group of 4, as Qwen3-8B: the kernels the benchmark compiles too."""
+    from helpers.hf_models import (
+        hf_greedy,
+        hf_prefill_logits,
+        make_tiny_checkpoint,
+        random_prompts,
+    )
     from minisgl import LLM
 
     prompts = random_prompts(4, [5, 17, 33, 60], 256, seed=0)
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for arch in ("llama", "qwen3"):
-        path = make_tiny_checkpoint(arch, tmp_path / arch, head_dim=64)
+        path = make_tiny_checkpoint(arch, tmp_path / arch, num_kv_heads=1, head_dim=128)
         expected = hf_greedy(path, prompts, 24)
-        llm = LLM(str(path), device="cuda", dtype="float16", attn="fi", num_pages=2048,
+        llm = LLM(str(path), device="cuda", dtype="bfloat16", attn="fi", num_pages=2048,
                   page_size=page_size, max_prefill_tokens=13, cuda_graph_max_bs=8)
         got = [o.token_ids for o in llm.generate(prompts, greedy)]
         for prompt, ours, theirs in zip(prompts, got, expected):
             if ours == theirs:
                 continue
             i = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-            gap = greedy_margins(path, [prompt], [theirs])[0][i]
-            assert gap < 0.02, (arch, i, float(gap), ours, theirs)
+            step = hf_prefill_logits(path, [list(prompt) + theirs[:i]])[0][-1]
+            top2 = step.topk(2).values
+            gap = float(top2[0] - top2[1])
+            assert gap < 0.03 * float(step.std()), (arch, i, gap, ours, theirs)

@@ -51,7 +51,7 @@ Kind = tuple[int, int, int, float, Any, Any, bool]
 def import_flashinfer():
     """The flashinfer module, or an ImportError that says how to install it."""
     try:
-        import flashinfer
+        import flashinfer  # pyright: ignore[reportMissingImports]
     except ImportError as exc:
         raise ImportError(
             f"the 'fi' attention backend needs FlashInfer ({exc}): install the extra with "
@@ -210,12 +210,11 @@ class FlashInferBackend(BaseAttnBackend):
         """Static indptr, page-id (one per page table) and last-page-length buffers, shared by
         every captured size: the most pages a padded batch of ``max_bs`` can list."""
         most = max_bs * -(-self.page_table.shape[1] // self.page_size)
-        i32 = dict(dtype=torch.int32, device=self.device)
-        self._graph_bufs = {"indptr": torch.zeros(max_bs + 1, **i32),
-                            "last": torch.zeros(max_bs, **i32),
-                            "ids0": torch.zeros(most, **i32)}
+        sizes = {"indptr": max_bs + 1, "last": max_bs, "ids0": most}
         if self.window_page_table is not None:
-            self._graph_bufs["ids1"] = torch.zeros(most, **i32)
+            sizes["ids1"] = most
+        self._graph_bufs = {name: torch.zeros(n, dtype=torch.int32, device=self.device)
+                            for name, n in sizes.items()}
         self._graph.clear()
 
     def prepare_for_capture(self, batch: Batch, bufs: torch.Tensor) -> None:

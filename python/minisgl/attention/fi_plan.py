@@ -9,6 +9,10 @@ request's pages listed back to back::
     kv_indices [sum]  :  slot(j * P) // P for j < ceil(n / P), request after request
     last_page_len [B] :  tokens in each request's last page, 1 .. P
 
+This relies on position ``j`` of a request sitting at offset ``j % P`` of its page, which whole-page
+allocation and page-aligned prefix matches guarantee (the Triton kernels read slot by slot and do
+not need it).
+
 The host knows every length, so the indptrs and last-page lengths are host lists; the page ids
 live in the device page table and are gathered there, in a launch whose size the host knows (no
 synchronisation). Nothing here imports flashinfer: ``fi_backend.py`` hands these to its wrappers,

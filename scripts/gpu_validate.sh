@@ -68,12 +68,13 @@
 #                                           # wheels.sh; carry ".whl-fi/1", and with a larger
 #                                           # wheel ".whl-fi/2" in an earlier call), its kernels
 #                                           # compiled on first use into /tmp/minisgl-fi/jit (kept
-#                                           # while the machine stays warm); then fi-tests and
-#                                           # fi-bench, which run alone too:
+#                                           # while the machine stays warm); then the three
+#                                           # below, which run alone too (one call each fits
+#                                           # the 10-minute limit better than all three):
 #   scripts/gpu_validate.sh fi-tests   OUT  # tests/kernels/test_fi_attention.py -m gpu: fi vs
 #                                           # torch, CUDA graphs, greedy parity with transformers
-#   scripts/gpu_validate.sh fi-bench   OUT  # decode and mixed attention kernels with fi beside
-#                                           # triton; Qwen3-8B offline, variants default and fi
+#   scripts/gpu_validate.sh fi-kernels OUT  # decode and mixed attention kernels, fi beside triton
+#   scripts/gpu_validate.sh fi-offline OUT  # Qwen3-8B offline, variants default and fi
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 set -uo pipefail
 stage=$1 out=$2
@@ -326,32 +327,35 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRE
     bench --compare "$out/${tag}_${gpu}_shared_prefix_radix.json" \
         "$out/${tag}_${gpu}_shared_prefix_naive.json" --tag "${tag}_${gpu}_radix_vs_naive"
     cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
-fi|fi-tests|fi-bench)
+fi|fi-tests|fi-kernels|fi-offline)
     fi_install
     "$py" -c "import flashinfer, torch; print('flashinfer', flashinfer.__version__, 'torch',
-        torch.__version__, 'cuda', torch.version.cuda)" | tee "$out/fi_versions.txt"
+        torch.__version__, 'cuda', torch.version.cuda)" | tee "$out/fi_versions.txt" || exit 3
     jit=$FLASHINFER_WORKSPACE_BASE
-    if [ $stage != fi-bench ]; then  # a cold JIT cache: the tests' first runs compile
+    if [ $stage = fi ] || [ $stage = fi-tests ]; then  # on a cold JIT cache they compile
         echo "JIT cache before: $(du -sh $jit 2>/dev/null | cut -f1)" >>"$out/fi_versions.txt"
         step 560 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu --durations=12 \
             tests/kernels/test_fi_attention.py >"$out/fi_tests.log" 2>&1
         tail -20 "$out/fi_tests.log"
     fi
-    if [ $stage != fi-tests ]; then
+    if [ $stage = fi ] || [ $stage = fi-kernels ]; then
         step 300 "$py" benchmark/kernels/bench_decode_attention.py --batch 1 32 256 \
             --ctx 1024 4096 16384 --prefill --out "$out" >"$out/bench_decode_attention.log" 2>&1
         step 200 "$py" benchmark/kernels/bench_mixed_attention.py --out "$out" \
             >"$out/bench_mixed_attention.log" 2>&1
-        step 400 "${bench[@]}" --model $m8 --variants default,fi --hf-requests 0 --tag fi \
+        cat "$out"/*decode_attention*.md "$out"/*mixed_attention*.md
+    fi
+    if [ $stage = fi ] || [ $stage = fi-offline ]; then
+        step 500 "${bench[@]}" --model $m8 --variants default,fi --hf-requests 0 --tag fi \
             >"$out/bench_qwen3-8b_fi.log" 2>&1
-        cat "$out"/*decode_attention*.md "$out"/*mixed_attention*.md "$out"/offline_*_fi.md
+        cat "$out"/offline_*_fi.md
     fi
     { echo "JIT cache after: $(du -sh $jit | cut -f1)"; ls "$jit"/.cache/flashinfer/*/*/cached_ops \
         2>/dev/null; } | tee -a "$out/fi_versions.txt" ;;
 *)
     echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
          "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
-         "short-behind-long|first-minute|fi|fi-tests|fi-bench OUT" >&2
+         "short-behind-long|first-minute|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

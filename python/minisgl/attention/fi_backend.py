@@ -174,12 +174,14 @@ class FlashInferBackend(BaseAttnBackend):
         event = self._events.get(id(wrapper))
         if event is not None:
             event.synchronize()
+        elif self.device.type == "cuda":
+            event = self._events[id(wrapper)] = torch.cuda.Event()
         if meta.decode:
             wrapper.plan(kv, ids, last, hq, hkv, dim, self.page_size, **common)
         else:
             wrapper.plan(qo, kv, ids, last, hq, hkv, dim, self.page_size, causal=True, **common)
-        if self.device.type == "cuda":
-            self._events.setdefault(id(wrapper), torch.cuda.Event()).record()
+        if event is not None:
+            event.record()
         meta.planned[kind] = wrapper
         return wrapper
 

@@ -67,6 +67,18 @@
 #                                           # random draft on Qwen3-8B (random weights) against
 #                                           # a step without speculation, with the drafting's own
 #                                           # time; --verify-cost's verify steps beside it
+#   scripts/gpu_validate.sh fi         OUT  # FlashInfer (--attn fi): installs it from the wheels
+#                                           # carried in .whl-fi/N (scripts/fetch_flashinfer_
+#                                           # wheels.sh; carry ".whl-fi/1", and with a larger
+#                                           # wheel ".whl-fi/2" in an earlier call), its kernels
+#                                           # compiled on first use into /tmp/minisgl-fi/jit (kept
+#                                           # while the machine stays warm); then the three
+#                                           # below, which run alone too (one call each fits
+#                                           # the 10-minute limit better than all three):
+#   scripts/gpu_validate.sh fi-tests   OUT  # tests/kernels/test_fi_attention.py -m gpu: fi vs
+#                                           # torch, CUDA graphs, greedy parity with transformers
+#   scripts/gpu_validate.sh fi-kernels OUT  # decode and mixed attention kernels, fi beside triton
+#   scripts/gpu_validate.sh fi-offline OUT  # Qwen3-8B offline, variants default and fi
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 # On a machine whose copy of the tree has no current .git, set MINISGL_COMMIT to the commit run:
 # the result files record it.
@@ -86,6 +98,26 @@ step() {  # step SECONDS CMD...: one step under a time limit, its wall time prin
     echo "[$stage] ${*: -1} rc=$rc $((SECONDS - t0))s" >&2
 }
 bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, results in OUT
+fi_install() {  # FlashInfer from .whl-fi/*/ (this call's and earlier calls' pieces), once
+    local keep=/tmp/minisgl-fi
+    mkdir -p $keep/whl
+    cp .whl-fi/*/* $keep/whl/ 2>/dev/null
+    export FLASHINFER_WORKSPACE_BASE=$keep/jit FLASHINFER_CUDA_ARCH_LIST=${FI_ARCH:-9.0a}
+    export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONPATH=$keep/site${PYTHONPATH:+:$PYTHONPATH}
+    [ -f $keep/site/.installed ] && return 0
+    (cd $keep/whl || exit 1
+     for f in $(awk '{print $2}' SHA256SUMS); do  # a wheel split in pieces: join them
+         compgen -G "$f.part*" >/dev/null && cat "$f".part* >"$f"
+     done
+     sha256sum -c --quiet SHA256SUMS) || {
+        echo "[fi] wheels incomplete (have: $(ls $keep/whl | tr '\n' ' ')): carry the next" \
+             ".whl-fi/N, or run scripts/fetch_flashinfer_wheels.sh here first" >&2
+        exit 3
+    }
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target $keep/site $(awk '{print "'$keep'/whl/" $2}' $keep/whl/SHA256SUMS) || exit 3
+    touch $keep/site/.installed
+}
 
 case $stage in
 families)  # the tiny random models against CPU transformers in float32: Triton's fp32 dots
@@ -307,10 +339,35 @@ hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRE
     bench --compare "$out/${tag}_${gpu}_shared_prefix_radix.json" \
         "$out/${tag}_${gpu}_shared_prefix_naive.json" --tag "${tag}_${gpu}_radix_vs_naive"
     cat "$out"/*_concurrency*.md "$out"/*radix_vs_naive.md ;;
+fi|fi-tests|fi-kernels|fi-offline)
+    fi_install
+    "$py" -c "import flashinfer, torch; print('flashinfer', flashinfer.__version__, 'torch',
+        torch.__version__, 'cuda', torch.version.cuda)" | tee "$out/fi_versions.txt" || exit 3
+    jit=$FLASHINFER_WORKSPACE_BASE
+    if [ $stage = fi ] || [ $stage = fi-tests ]; then  # on a cold JIT cache they compile
+        echo "JIT cache before: $(du -sh $jit 2>/dev/null | cut -f1)" >>"$out/fi_versions.txt"
+        step 560 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu --durations=12 \
+            tests/kernels/test_fi_attention.py >"$out/fi_tests.log" 2>&1
+        tail -20 "$out/fi_tests.log"
+    fi
+    if [ $stage = fi ] || [ $stage = fi-kernels ]; then
+        step 300 "$py" benchmark/kernels/bench_decode_attention.py --batch 1 32 256 \
+            --ctx 1024 4096 16384 --prefill --out "$out" >"$out/bench_decode_attention.log" 2>&1
+        step 200 "$py" benchmark/kernels/bench_mixed_attention.py --out "$out" \
+            >"$out/bench_mixed_attention.log" 2>&1
+        cat "$out"/*decode_attention*.md "$out"/*mixed_attention*.md
+    fi
+    if [ $stage = fi ] || [ $stage = fi-offline ]; then
+        step 500 "${bench[@]}" --model $m8 --variants default,fi --hf-requests 0 --tag fi \
+            >"$out/bench_qwen3-8b_fi.log" 2>&1
+        cat "$out"/offline_*_fi.md
+    fi
+    { echo "JIT cache after: $(du -sh $jit | cut -f1)"; ls "$jit"/.cache/flashinfer/*/*/cached_ops \
+        2>/dev/null; } | tee -a "$out/fi_versions.txt" ;;
 *)
     echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
          "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
-         "short-behind-long|first-minute OUT" >&2
+         "short-behind-long|first-minute|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -1,7 +1,8 @@
-"""Paged Triton decode attention vs dense SDPA (FlashAttention / cuDNN) on contiguous K/V, bf16.
+"""Paged Triton decode attention vs dense SDPA (FlashAttention / cuDNN) on contiguous K/V, bf16,
+and FlashInfer's paged decode on the same pages when flashinfer is installed.
 
     python benchmark/kernels/bench_decode_attention.py [--batch 1 32 256]
-        [--ctx 512 1024 4096 16384] [--sweep] [--prefill] [--out DIR]
+        [--ctx 512 1024 4096 16384] [--sweep] [--prefill] [--no-fi] [--out DIR]
 
 Per (batch, context, model shape): our kernel reads K/V through a shuffled page table (page size 1,
 every token in a random slot); the reference is ``scaled_dot_product_attention`` on contiguous
@@ -10,7 +11,12 @@ byte read once, as in our kernel), timed under the flash and the cuDNN backends;
 the reference. TB/s = bytes of K+V read / median time (``triton.testing.do_bench``, L2 flushed
 between runs). ``--sweep`` times launch configurations and split counts on a few cases (to tune
 ``_launch_config`` / ``choose_num_splits``); ``--prefill`` times the extend kernel against
-FlashAttention varlen for prefill. Writes ``<date>_decode_attention_<gpu>.{json,md}``.
+FlashAttention varlen for prefill. FlashInfer (``fi`` columns): its
+``BatchDecodeWithPagedKVCacheWrapper`` over the same page table (page size 1), planned once per
+input copy outside the graph, as
+``--attn fi`` plans once per step (tensor cores for GQA groups of 4 and more, as the backend
+chooses); ``--prefill`` adds its paged prefill wrapper. Writes
+``<date>_decode_attention_<gpu>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -85,7 +91,44 @@ def eager_ms(fn, backend=None) -> float | None:
         return None
 
 
-def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
+def fi_module():
+    """flashinfer, or None (its columns are left out)."""
+    try:
+        import flashinfer
+    except ImportError as exc:
+        print(f"no fi columns: {exc}", flush=True)
+        return None
+    return flashinfer
+
+
+_FI_WORKSPACE: list[torch.Tensor] = []
+
+
+def fi_workspace() -> torch.Tensor:
+    if not _FI_WORKSPACE:
+        _FI_WORKSPACE.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    return _FI_WORKSPACE[0]
+
+
+def fi_decode_fns(fi, q, k_cache, v_cache, table, rows, ctx, scale) -> list:
+    """One planned FlashInfer decode per input copy (page size 1: a page per slot)."""
+    bs, hq, dim = q.shape
+    hkv = k_cache.shape[1]
+    pages = (k_cache.view(-1, 1, hkv, dim), v_cache.view(-1, 1, hkv, dim))
+    indptr = torch.arange(0, (bs + 1) * ctx, ctx, dtype=torch.int32)
+    last = torch.ones(bs, dtype=torch.int32)
+    fns = []
+    for r in rows:
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+            fi_workspace(), "NHD", use_tensor_cores=k_cache.dtype != q.dtype or hq // hkv >= 4)
+        wrapper.plan(indptr, table[r.long()].reshape(-1), last, hq, hkv, dim, 1, sm_scale=scale,
+                     q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+        out = torch.empty_like(q)
+        fns.append(functools.partial(wrapper.run, q, pages, out=out))
+    return fns
+
+
+def run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi=None) -> dict:
     hq, hkv, dim = MODELS[model]
     k, v, k_cache, v_cache, table = cache
     fp8 = k_cache.dtype == torch.float8_e4m3fn
@@ -116,6 +159,14 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep) -> dict:
                eager_ours_ms=eager_ms(ours),
                eager_flash_ms=eager_ms(ref, SDPBackend.FLASH_ATTENTION),
                eager_cudnn_ms=eager_ms(ref, SDPBackend.CUDNN_ATTENTION))
+    if fi is not None:
+        fns_fi = fi_decode_fns(fi, q, k_cache, v_cache, table, rows, ctx, dim**-0.5)
+        got = fns_fi[0]().float()
+        row["fi_max_abs_err"] = (got - ref().reshape(bs, hq, dim).float()).abs().max().item()
+        row["fi_ms"] = graph_ms(fns_fi)
+        row["fi_tbps"] = nbytes / row["fi_ms"] / 1e9
+        row["fi_vs_ours"] = row["ours_ms"] / row["fi_ms"]  # > 1: FlashInfer faster
+        row["eager_fi_ms"] = eager_ms(fns_fi[0])
     torch.cuda.synchronize()
     tic = time.perf_counter()
     for _ in range(100):
@@ -139,8 +190,24 @@ EXTEND_CFG = [(64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3),
               (128, 64, 4, 2)]  # (block_m, block_n, warps, stages)
 
 
-def prefill_bench(sweep: bool) -> list[dict]:
-    """Extend kernel vs FlashAttention varlen (no prefix; alone with one), Qwen3-8B heads."""
+def fi_prefill_ms(fi, q, kc, vc, table, bs, ext, prefix, scale) -> tuple[float, torch.Tensor]:
+    """FlashInfer's paged prefill (page size 1) of the same batch: median ms, its output."""
+    hkv, dim = kc.shape[1], kc.shape[2]
+    n = ext + prefix
+    wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(fi_workspace(), "NHD")
+    wrapper.plan(torch.arange(0, (bs + 1) * ext, ext, dtype=torch.int32),
+                 torch.arange(0, (bs + 1) * n, n, dtype=torch.int32), table.reshape(-1),
+                 torch.ones(bs, dtype=torch.int32), q.shape[1], hkv, dim, 1, causal=True,
+                 sm_scale=scale, q_data_type=q.dtype, kv_data_type=kc.dtype)
+    pages = (kc.view(-1, 1, hkv, dim), vc.view(-1, 1, hkv, dim))
+    out = torch.empty_like(q)
+    run = functools.partial(wrapper.run, q, pages, out=out)
+    return do_bench(run, return_mode="median"), run()
+
+
+def prefill_bench(sweep: bool, fi=None) -> list[dict]:
+    """Extend kernel vs FlashAttention varlen (no prefix; alone with one), Qwen3-8B heads; and
+    FlashInfer's paged prefill when given."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     from minisgl.attention.fa_backend import find_varlen
 
@@ -161,6 +228,11 @@ def prefill_bench(sweep: bool) -> list[dict]:
         flops = 4 * bs * hq * dim * (ext * prefix + ext * ext / 2)
         row = dict(batch=bs, extend=ext, prefix=prefix, triton_ms=t_ext, fa_impl=impl,
                    triton_tflops=flops / t_ext / 1e9)
+        if fi is not None:
+            t_fi, got_fi = fi_prefill_ms(fi, *args[:4], bs, ext, prefix, dim**-0.5)
+            got = extend_attention(*args)
+            row.update(fi_ms=t_fi, fi_tflops=flops / t_fi / 1e9,
+                       fi_max_abs_diff=(got_fi.float() - got.float()).abs().max().item())
         if sweep:
             row["sweep"] = [
                 dict(cfg=c, ms=do_bench(lambda c=c, args=args: extend_attention(
@@ -190,8 +262,10 @@ def main() -> None:
     p.add_argument("--prefill", action="store_true")
     p.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16",
                    help="fp8: the paged K/V in e4m3 (scale 1; the reference keeps bf16)")
+    p.add_argument("--no-fi", action="store_true", help="leave FlashInfer's columns out")
     p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     a = p.parse_args()
+    fi = None if a.no_fi else fi_module()
     gpu = torch.cuda.get_device_name()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     results, start = [], time.time()
@@ -210,7 +284,7 @@ def main() -> None:
             for model in MODELS:
                 sweep = a.sweep and (model == "Qwen3-8B" or a.kv_dtype == "fp8") \
                     and ctx in (1024, 16384)
-                row = run_case(bs, ctx, copies, model, cache, num_sms, sweep)
+                row = run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi)
                 print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
                 results.append(row)
             del cache
@@ -218,13 +292,14 @@ def main() -> None:
     prefill = []
     if a.prefill:
         try:
-            prefill = prefill_bench(a.sweep)
+            prefill = prefill_bench(a.sweep, fi)
         except Exception as exc:  # e.g. no FlashAttention here: keep the decode results
             print(f"prefill bench failed: {type(exc).__name__}: {exc}", flush=True)
     date = datetime.date.today().isoformat()
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
     meta = dict(gpu=gpu, date=date, torch=torch.__version__, triton=triton.__version__,
-                num_sms=num_sms, dtype="bfloat16", page_size=1, seconds=time.time() - start)
+                flashinfer=getattr(fi, "__version__", None), num_sms=num_sms, dtype="bfloat16",
+                page_size=1, seconds=time.time() - start)
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"{date}_decode_attention_{slug}"
                         + ("_fp8" if a.kv_dtype == "fp8" else ""))
@@ -236,25 +311,32 @@ def main() -> None:
              "engine runs decode) over enough input copies to exceed L2, median of triton's "
              "do_bench (L2 flushed between replays); TB/s = K+V bytes / time; ref = faster "
              "of SDPA flash / cuDNN on contiguous K/V with the GQA group packed as query rows. "
-             "Eager columns: one call per do_bench run, launch overhead included.", "",
+             "Eager columns: one call per do_bench run, launch overhead included."
+             + (f" fi: FlashInfer {fi.__version__}'s paged decode on the same pages (fi/ours > 1: "
+                "FlashInfer faster)." if fi is not None else ""), "",
              "| model | B | ctx | splits | ours us | ref us | ours TB/s | ref TB/s | ours/ref |"
-             " eager ours us | eager ref us |", "|---" * 11 + "|"]
+             " eager ours us | eager ref us |" + (" fi us | fi TB/s | ours/fi |" if fi else ""),
+             "|---" * (14 if fi else 11) + "|"]
     for r in results:
         ref_ms = min(t for t in (r["flash_ms"], r["cudnn_ms"]) if t is not None)
         eager_ref = min((t for t in (r["eager_flash_ms"], r["eager_cudnn_ms"]) if t), default=0)
+        fi_cols = (f" {r['fi_ms'] * 1e3:.1f} | {r['fi_tbps']:.2f} | {r['fi_vs_ours']:.2f} |"
+                   if "fi_ms" in r else "")
         lines.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['splits']} | "
                      f"{r['ours_ms'] * 1e3:.1f} | {ref_ms * 1e3:.1f} | {r['ours_tbps']:.2f} | "
                      f"{r['ref_tbps']:.2f} | {r['ratio']:.2f} | {r['eager_ours_ms'] * 1e3:.1f} | "
-                     f"{eager_ref * 1e3:.1f} |")
+                     f"{eager_ref * 1e3:.1f} |" + fi_cols)
     if prefill:
-        lines += ["", "Prefill (Qwen3-8B heads, bf16): extend kernel vs FlashAttention varlen", "",
-                  "| B | new | prefix | triton ms | fa ms | triton TFLOP/s | fa TFLOP/s |",
-                  "|---" * 7 + "|"]
+        lines += ["", "Prefill (Qwen3-8B heads, bf16): extend kernel vs FlashAttention varlen"
+                  + (" and FlashInfer's paged prefill" if fi else ""), "",
+                  "| B | new | prefix | triton ms | fa ms | triton TFLOP/s | fa TFLOP/s |"
+                  + (" fi ms | fi TFLOP/s |" if fi else ""), "|---" * (9 if fi else 7) + "|"]
         for r in prefill:
             fa = f"{r['fa_ms']:.3f} | " if "fa_ms" in r else "- | "
             fat = f"{r['fa_tflops']:.0f}" if "fa_tflops" in r else "-"
+            fic = f" {r['fi_ms']:.3f} | {r['fi_tflops']:.0f} |" if "fi_ms" in r else ""
             lines.append(f"| {r['batch']} | {r['extend']} | {r['prefix']} | {r['triton_ms']:.3f} | "
-                         f"{fa}{r['triton_tflops']:.0f} | {fat} |")
+                         f"{fa}{r['triton_tflops']:.0f} | {fat} |{fic}")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

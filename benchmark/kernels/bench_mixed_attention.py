@@ -7,13 +7,18 @@ decode kernel, or through the extend kernel as one-token extends
 Per case (model shape, decode rows and their context, prefill chunk and its prefix): the median
 time of one layer's attention through the backend's ``forward`` (eager, as mixed steps run), bf16,
 page size 1 with every token in a random slot. The faster variant should be the default of
-``TritonBackend.mixed_decode_kernel``. Writes ``<date>_mixed_attention_<gpu>.{json,md}`` with --out.
+``TritonBackend.mixed_decode_kernel``. With flashinfer installed (and no ``--no-fi``), the same
+batch through ``--attn fi`` (FlashInfer's paged prefill wrapper over every row, decode rows as
+one-token extends): its ``forward`` on a plan made once (as a step's layers share one), and the
+step's planning apart (``prepare_metadata`` + the plan of the first layer, host wall time).
+Writes ``<date>_mixed_attention_<gpu>.{json,md}`` with --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import sys
@@ -53,7 +58,32 @@ def mixed_batch(decode: int, ctx: int, chunk: int, prefix: int, hkv: int, dim: i
     return pool, table, Batch([Feed.of(r) for r in reqs], "mixed", num_decode=decode)
 
 
-def time_case(model: str, case: tuple[int, int, int, int]) -> dict:
+def fi_times(pool, table, batch, q, dim: int) -> tuple[float, float, torch.Tensor]:
+    """``--attn fi`` on the batch: forward us (planned), plan us (host, synchronised), output."""
+    import time
+
+    from triton.testing import do_bench
+
+    from minisgl.attention.fi_backend import FlashInferBackend
+
+    backend = FlashInferBackend(pool, table, dim**-0.5)
+    fn = lambda: backend.forward(q, None, None, 0, batch)  # noqa: E731
+    backend.prepare_metadata(batch)
+    out = fn().float()  # compiles on first use
+    plans = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        tic = time.perf_counter()
+        backend.prepare_metadata(batch)
+        backend.forward(q, None, None, 0, batch)
+        torch.cuda.synchronize()
+        plans.append(time.perf_counter() - tic)
+    run_us = do_bench(fn, return_mode="median") * 1000
+    plan_us = max(0.0, sorted(plans)[len(plans) // 2] * 1e6 - run_us)
+    return round(run_us, 1), round(plan_us, 1), out
+
+
+def time_case(model: str, case: tuple[int, int, int, int], fi: bool = False) -> dict:
     from triton.testing import do_bench
 
     hq, hkv, dim = MODELS[model]
@@ -70,23 +100,31 @@ def time_case(model: str, case: tuple[int, int, int, int]) -> dict:
         outs[name] = fn().float()
         row[f"{name}_us"] = round(do_bench(fn, return_mode="median") * 1000, 1)
     row["max_abs_diff"] = float((outs["decode_kernel"] - outs["extend_kernel"]).abs().max())
+    if fi:
+        row["fi_us"], row["fi_plan_us"], out = fi_times(pool, table, batch, q, dim)
+        row["fi_max_abs_diff"] = float((out - outs["decode_kernel"]).abs().max())
     return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--no-fi", action="store_true", help="leave FlashInfer out")
     p.add_argument("--out", help="directory for the JSON and markdown results")
     args = p.parse_args()
     gpu = torch.cuda.get_device_name()
-    rows = [time_case(m, c) for m in MODELS for c in CASES]
+    fi = not args.no_fi and importlib.util.find_spec("flashinfer") is not None
+    rows = [time_case(m, c, fi) for m in MODELS for c in CASES]
     head = ["model", "decode rows", "context", "chunk", "prefix", "decode kernel (us)",
             "extend kernel (us)", "max |diff|"]
+    keys = ["model", "decode_rows", "context", "chunk", "prefix", "decode_kernel_us",
+            "extend_kernel_us", "max_abs_diff"]
+    if fi:
+        head += ["fi (us)", "fi plan (us)", "fi max |diff|"]
+        keys += ["fi_us", "fi_plan_us", "fi_max_abs_diff"]
     lines = [f"### mixed-batch attention, one layer, bf16, {gpu}", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join(str(r[k]) for k in (
-            "model", "decode_rows", "context", "chunk", "prefix", "decode_kernel_us",
-            "extend_kernel_us", "max_abs_diff")) + " |")
+        lines.append("| " + " | ".join(str(r[k]) for k in keys) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -46,6 +46,8 @@ VARIANTS = {
     "no-piecewise": {"piecewise_cuda_graph_max_tokens": 0},  # prefill/mixed steps all eager
     "no-overlap": {"disable_overlap": True},
     "torch-attn": {"attn": "torch"},
+    "fi": {"attn": "fi"},  # FlashInfer's paged kernels (pip install -e '.[flashinfer]')
+    "fi-triton": {"attn": "fi,triton"},  # FlashInfer's prefill, the Triton decode
     "page16": {"page_size": 16},
     "prefill-first": {"schedule_mode": "prefill-first"},  # the ablation of mixed steps
     "sample": {"sampling": QWEN_SAMPLING},

@@ -37,6 +37,36 @@ def _create_fa(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float)
     return FlashAttnBackend(kv_pool, page_table, scale)
 
 
+@ATTN_BACKENDS.register("fi")
+def _create_fi(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float):
+    from .fi_backend import FlashInferBackend, check_usable
+
+    check_usable(kv_pool, page_table)
+    return FlashInferBackend(kv_pool, page_table, scale)  # raises ImportError naming the extra
+
+
+# names that other engines (and the seeds) have, refused with the reason rather than "unknown"
+REFUSED = {
+    "trtllm": "TensorRT-LLM's attention runs only on Blackwell GPUs (sm_100), through "
+              "FlashInfer's trtllm-gen kernels; on Hopper (sm_90) and older there is no such "
+              "kernel, and minisgl does not offer it untested: use --attn fi or --attn triton",
+}
+
+
+def check_backend_name(name: str) -> None:
+    """``ValueError`` unless ``name`` is ``auto``, a backend, or ``PREFILL,DECODE`` of them; a
+    refused name says why."""
+    parts = name.split(",")
+    if len(parts) > 2:
+        raise ValueError(f"attn: {name!r}: give NAME or PREFILL,DECODE")
+    for part in parts:
+        if part in REFUSED:
+            raise ValueError(f"attn: {part!r}: {REFUSED[part]}")
+        if part != "auto" and part not in ATTN_BACKENDS:
+            raise ValueError(f"attn: {part!r} is not one of auto, "
+                             f"{', '.join(ATTN_BACKENDS.names)}")
+
+
 def resolve_attention_backend(name: str, device: torch.device) -> str:
     """Turn ``auto`` into a concrete name for this device: our Triton kernels on CUDA (when triton
     is installed), the reference elsewhere. ``auto`` inside ``PREFILL,DECODE`` resolves the same.
@@ -71,8 +101,10 @@ def create_attention_backend(
 
 __all__ = [
     "ATTN_BACKENDS",
+    "REFUSED",
     "BaseAttnBackend",
     "BaseAttnMetadata",
+    "check_backend_name",
     "create_attention_backend",
     "resolve_attention_backend",
 ]

@@ -29,6 +29,9 @@ CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_g
                                      copies with its own inputs in one transfer; rows batch.size ..
                                      padded_bs-1 are the dummy request (the page table's last row,
                                      context length 1)
+        plan_replay(batch, padded_bs)
+                                     host work the replay needs besides bufs (FlashInfer's plan);
+                                     a no-op for backends whose kernels read everything from bufs
 
 Everything a captured forward reads (lengths, page-table rows, split workspace) must therefore live
 in ``bufs`` or in buffers the backend owns, and no launch may depend on device data (grids from
@@ -121,3 +124,8 @@ class BaseAttnBackend(ABC):
     def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
         """The rows of the graph's ``bufs`` for ``batch``, padded to ``padded_bs`` (the dummy)."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def plan_replay(self, batch: Batch, padded_bs: int) -> None:
+        """Before the graph of ``padded_bs`` replays ``batch``: what its kernels read that is not
+        in ``bufs`` (``batch.out_slots``: the new tokens' slots, which the graph itself writes into
+        the page table)."""

@@ -141,6 +141,7 @@ class HybridBackend(BaseAttnBackend):
         self.prefill, self.decode = prefill, decode
         self.supports_cuda_graph = decode.supports_cuda_graph
         self.graph_metadata_rows = decode.graph_metadata_rows
+        self.supports_padding = prefill.supports_padding  # padding rows: prefill and mixed only
 
     def check_layers(self, specs: list[AttentionSpec]) -> None:
         self.prefill.check_layers(specs)
@@ -170,3 +171,6 @@ class HybridBackend(BaseAttnBackend):
 
     def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
         return self.decode.replay_metadata(batch, padded_bs)
+
+    def plan_replay(self, batch: Batch, padded_bs: int) -> None:
+        self.decode.plan_replay(batch, padded_bs)

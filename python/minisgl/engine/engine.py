@@ -162,7 +162,10 @@ class Engine:
         backend = create_attention_backend(
             config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
         )
-        backend.check_layers(list(spec.attention))  # refuses a window or sinks it cannot do
+        try:  # refuses a window or sinks it cannot do; the model's family named
+            backend.check_layers(list(spec.attention))
+        except ValueError as exc:
+            raise ValueError(f"{mc.architecture}: {exc}") from None
         if window_pages:
             backend.set_window_page_table(self.window_page_table)
         backend.pdl = config.pdl

@@ -159,6 +159,7 @@ class GraphRunner:
         padded = next(s for s in self.sizes if s >= bs)
         inputs = self._inputs(padded)
         inputs.copy_(self._host_inputs(batch, padded, greedy, pin=True), non_blocking=True)
+        self.ctx.attn_backend.plan_replay(batch, padded)
         self.graphs[padded].replay()
         batch.sample_loc = (inputs[0, :bs], inputs[2, :bs])
         return self.logits[padded][:bs], self.tokens[:bs] if greedy else None

@@ -74,9 +74,12 @@ _ATTN_NAMES = {
 def attention_backend(value: str) -> str:
     """vLLM's or SGLang's ``attention_backend`` as our ``attn``; ``ValueError`` for a backend
     this minisgl does not have."""
-    from minisgl.attention import ATTN_BACKENDS
+    from minisgl.attention import ATTN_BACKENDS, REFUSED
 
     names = [_ATTN_NAMES.get(part.strip().lower()) for part in value.split(",")]
+    for name in names:
+        if name in REFUSED:
+            raise ValueError(f"{value!r}: {REFUSED[name]}")
     if not value or any(name not in ATTN_BACKENDS for name in names):
         raise ValueError(f"{value!r} is not a backend this minisgl has: use --attn with auto, "
                          f"{', '.join(ATTN_BACKENDS.names)} (or PREFILL,DECODE)")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.attention import ATTN_BACKENDS, resolve_attention_backend
+from minisgl.attention import check_backend_name, resolve_attention_backend
 from minisgl.engine import EngineConfig
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.linear_attn import LINEAR_ATTN_BACKENDS, resolve_linear_attn_backend
@@ -126,10 +126,7 @@ class EngineOptions:
         if self.cache not in PREFIX_CACHES:
             raise ValueError(f"cache: {self.cache!r} is not one of "
                              f"{', '.join(sorted(PREFIX_CACHES))}")
-        for name in self.attn.split(","):
-            if name != "auto" and name not in ATTN_BACKENDS:
-                raise ValueError(f"attn: {name!r} is not one of auto, "
-                                 f"{', '.join(ATTN_BACKENDS.names)}")
+        check_backend_name(self.attn)
         if self.moe_backend != "auto" and self.moe_backend not in MOE_BACKENDS:
             raise ValueError(f"moe_backend: {self.moe_backend!r} is not one of auto, "
                              f"{', '.join(MOE_BACKENDS.names)}")

@@ -5,11 +5,11 @@ Three shapes of the same work, chosen by the row block. Row blocks of one (a bat
 tokens, each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores. Small
 batches (16- or 32-row blocks: decode, a few rows per expert) take ``moe_gemm_mx_kernel``: a K
 step is whole 32-value groups, each group's bytes decode without their scale, two dots of depth
-16 (x's even and odd columns) give its partial sums and one multiply by the scale adds them in; no
-mask, since K is a multiple of 32.
-Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps the operands so that the decoded,
-scaled weights feed the tensor cores from registers, and one dot of depth ``BLOCK_K`` does a step.
-Which block size wins where is measured (``moe_configs``, ``benchmark/kernels/tune_moe.py``).
+16 (x's even and odd columns) give its partial sums and one multiply by the scale adds them in;
+no mask, since K is a multiple of 32. Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps
+the operands so that the decoded, scaled weights feed the tensor cores from registers, and one
+dot of depth ``BLOCK_K`` does a step. Which block size wins where is measured (``moe_configs``,
+``benchmark/kernels/tune_moe.py``).
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def _group_dot(w_ptrs, s_ptrs, x_even, x_odd, g_ok, EVEN_K: tl.constexpr):
     lo, hi = decode_pair(packed, tl.float32)
     part = tl.sum(lo * x_even[None, :, :] + hi * x_odd[None, :, :], axis=2)
     return tl.sum(part * e8m0(s), axis=1)
+
 
 @triton.jit
 def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

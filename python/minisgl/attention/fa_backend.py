@@ -139,6 +139,7 @@ class HybridBackend(BaseAttnBackend):
 
     def __init__(self, prefill: BaseAttnBackend, decode: BaseAttnBackend) -> None:
         self.prefill, self.decode = prefill, decode
+        self.supports_image_blocks = prefill.supports_image_blocks  # no image token decodes
         self.supports_cuda_graph = decode.supports_cuda_graph
         self.graph_metadata_rows = decode.graph_metadata_rows
 

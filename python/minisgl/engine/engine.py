@@ -244,11 +244,15 @@ class Engine:
                 and not (self.images is not None and self.images.mrope
                          and any(feed.req.mm is not None for feed in batch.feeds)))
 
-    def check_images(self, input_ids: list[int], mm: MultimodalPrompt) -> None:
-        """Raise ``ValueError`` (a 400 naming the field) for images this engine cannot take."""
+    def check_images(self, input_ids: list[int], mm: MultimodalPrompt | None) -> None:
+        """Raise ``ValueError`` (a 400 naming the field) for images this engine cannot take, or
+        image tokens without their image."""
         if self.images is None:
-            raise ValueError("messages: this model takes no images (it has no vision tower)")
-        if self.images.image_blocks and not self.attn_backend.supports_image_blocks:
+            if mm is not None:
+                raise ValueError("messages: this model takes no images (it has no vision tower)")
+            return
+        if mm is not None and self.images.image_blocks \
+                and not self.attn_backend.supports_image_blocks:
             raise ValueError(
                 f"messages: the attention backend {self.config.attention_backend!r} cannot let "
                 "an image's tokens attend to each other both ways, as this model needs; serve "

@@ -85,8 +85,14 @@ class ImageEncoder:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def check(self, input_ids: list[int], mm: MultimodalPrompt) -> None:
-        """Raise ``ValueError`` unless ``mm``'s images sit on runs of this model's image token."""
+    def check(self, input_ids: list[int], mm: MultimodalPrompt | None) -> None:
+        """Raise ``ValueError`` unless ``mm``'s images sit on runs of this model's image token
+        (and a prompt without images holds none)."""
+        if mm is None:
+            if self.image_token_id in input_ids:
+                raise ValueError(f"prompt: holds the image token ({self.image_token_id}) but no "
+                                 "image (send the image with it)")
+            return
         if mm.image_token_id != self.image_token_id:
             raise ValueError(f"prompt: images on token {mm.image_token_id}, but this model's "
                              f"image token is {self.image_token_id}")

@@ -76,10 +76,8 @@ class Scheduler:
         check_prompt(input_ids, vocab, self.max_context_len)
         check_params(params, vocab, self.grammar)
         check_context(len(input_ids), params, self.max_context_len)
-        if mm is not None and mm.images:
-            self.engine.check_images(input_ids, mm)
-        else:
-            mm = None
+        mm = mm if mm is not None and mm.images else None
+        self.engine.check_images(input_ids, mm)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),

@@ -72,7 +72,8 @@ def _chunks(llm: LLM) -> list[tuple[int, int, object]]:
     prepare = engine.prepare
 
     def spy(batch):
-        seen.extend((f.cached_len, f.device_len, f.req) for f in batch.feeds[batch.num_decode_rows:])
+        prefill = batch.feeds[batch.num_decode_rows:]
+        seen.extend((f.cached_len, f.device_len, f.req) for f in prefill)
         return prepare(batch)
 
     engine.prepare = spy

@@ -14,9 +14,9 @@ import socket
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.distributed import DistributedInfo, set_rank_threads
 from minisgl.message import BACKEND_CODEC, AbortBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
+from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 
 

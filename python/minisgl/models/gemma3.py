@@ -1,6 +1,6 @@
-"""Gemma 3, text only: ``Gemma3ForCausalLM`` and the text part of ``Gemma3ForConditionalGeneration``
-checkpoints (the vision tower and projector are skipped here: they are
-``models/vision/siglip.py``, which the engine does not run yet).
+"""Gemma 3's language model: ``Gemma3ForCausalLM`` and the text part of
+``Gemma3ForConditionalGeneration`` checkpoints (the vision tower and projector are skipped here:
+they are ``models/vision/siglip.py``, which the engine runs, ``engine/images.py``).
 
 Gemma's conventions against Llama's: (1 + w) RMSNorms computed in fp32, a norm before *and* after
 attention and the MLP (the residual is added after the post-norm), embeddings scaled by

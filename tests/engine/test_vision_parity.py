@@ -1,11 +1,12 @@
 """Chats with images through the real engine (``LLM``: scheduler, vision tower, KV cache, torch
 attention), float32 on CPU, against transformers' multimodal models (``helpers/vision_reference``)
-for tiny random Qwen3.5, Gemma 3 and Gemma 4 checkpoints: identical greedy tokens and every
-step's logits within 1e-3, with one image and with two, two requests with different images in
-one step (one batched tower call), a prefill chunk boundary inside an image (Qwen: the chunks
-take the image's rows by position; Gemma: the scheduler keeps an image in one chunk, since its
-tokens attend to each other both ways), and the prefix cache keyed by the image's content (a
-repeated image is a hit and is not encoded again; another image is not)."""
+for tiny random Qwen3.5 (and Qwen3.5-MoE), Gemma 3 and Gemma 4 checkpoints: identical greedy
+tokens and every step's logits within 1e-3 of their spread, with one image and with two, two
+requests with different images in one step (one batched tower call), a prefill chunk boundary
+inside an image (Qwen: the chunks take the image's rows by position; Gemma: the scheduler keeps
+an image in one chunk, since its tokens attend to each other both ways), and the prefix cache
+keyed by the image's content (a repeated image is a hit and is not encoded again; another image
+is not)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ ATOL = 1e-3
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlm")
-    return {arch: str(make_vision_checkpoint(arch, root / arch)) for arch in ARCHS}
+    return {arch: str(make_vision_checkpoint(arch, root / arch))
+            for arch in (*ARCHS, "qwen3_5_moe")}
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +50,16 @@ def check_against_transformers(llm: LLM, path: str, arch: str, conversations, im
     for i, (prompt, out) in enumerate(zip(prompts, outputs)):
         tokens, logits = hf_vision_greedy(path, arch, prompt.input_ids, images_of[i], NEW_TOKENS)
         assert out.token_ids == tokens
-        torch.testing.assert_close(torch.stack(recorded[first + i]), logits, atol=ATOL, rtol=0)
+        # 1e-3 of the logits' spread, as test_hybrid_parity (float32 rounding that the hybrid
+        # MoE's near-tied routes amplify)
+        atol = ATOL * max(1.0, float(logits.std()))
+        torch.testing.assert_close(torch.stack(recorded[first + i]), logits, atol=atol, rtol=0)
     llm.scheduler.check_integrity()
     return prompts, outputs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "qwen3_5_moe"])
 def test_one_and_two_images_match_transformers(arch, checkpoints, images):
     """One request with one image and one with two, prefilled in the same step."""
     llm = make_llm(checkpoints[arch])

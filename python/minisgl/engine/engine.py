@@ -238,26 +238,17 @@ class Engine:
         return self.model_config.vocab_size
 
     def replays_graph(self, batch: Batch) -> bool:
-        """Whether ``batch`` is a decode batch that replays a CUDA graph (``graph.py``): not
-        when a request with images needs M-RoPE positions (the graphs take 1-D ones)."""
+        """Whether ``batch`` is a decode batch that replays a CUDA graph (``graph.py``)."""
         return (self.graph_runner is not None and self.graph_runner.can_run(batch)
-                and not (self.images is not None and self.images.mrope
-                         and any(feed.req.mm is not None for feed in batch.feeds)))
+                and (self.images is None or not self.images.needs_positions(batch)))
 
     def check_images(self, input_ids: list[int], mm: MultimodalPrompt | None) -> None:
         """Raise ``ValueError`` (a 400 naming the field) for images this engine cannot take, or
         image tokens without their image."""
-        if self.images is None:
-            if mm is not None:
-                raise ValueError("messages: this model takes no images (it has no vision tower)")
-            return
-        if mm is not None and self.images.image_blocks \
-                and not self.attn_backend.supports_image_blocks:
-            raise ValueError(
-                f"messages: the attention backend {self.config.attention_backend!r} cannot let "
-                "an image's tokens attend to each other both ways, as this model needs; serve "
-                "images with --attn torch or triton")
-        self.images.check(input_ids, mm)
+        if self.images is not None:
+            self.images.check(input_ids, mm, self.attn_backend)
+        elif mm is not None:
+            raise ValueError("messages: this model takes no images (it has no vision tower)")
 
     def forget_images(self, req: Req) -> None:
         """``req`` holds its row no longer (finished, aborted, retracted)."""

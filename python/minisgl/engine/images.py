@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from minisgl.attention import BaseAttnBackend
 from minisgl.core import Batch, BatchImages, Feed, Req
 from minisgl.multimodal.prompt import ImageInput, MultimodalPrompt
 from minisgl.utils import init_logger
@@ -85,18 +86,28 @@ class ImageEncoder:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def check(self, input_ids: list[int], mm: MultimodalPrompt | None) -> None:
+    def check(self, input_ids: list[int], mm: MultimodalPrompt | None,
+              backend: BaseAttnBackend) -> None:
         """Raise ``ValueError`` unless ``mm``'s images sit on runs of this model's image token
-        (and a prompt without images holds none)."""
+        (and a prompt without images holds none) and ``backend`` attends as the model needs."""
         if mm is None:
             if self.image_token_id in input_ids:
                 raise ValueError(f"prompt: holds the image token ({self.image_token_id}) but no "
                                  "image (send the image with it)")
             return
+        if self.image_blocks and not backend.supports_image_blocks:
+            raise ValueError(
+                f"messages: the attention backend {type(backend).__name__} cannot let an "
+                "image's tokens attend to each other both ways, as this model needs; serve "
+                "images with --attn torch, triton or fa")
         if mm.image_token_id != self.image_token_id:
             raise ValueError(f"prompt: images on token {mm.image_token_id}, but this model's "
                              f"image token is {self.image_token_id}")
         mm.check(input_ids)
+
+    def needs_positions(self, batch: Batch) -> bool:
+        """Whether ``batch`` needs M-RoPE positions (a CUDA graph takes 1-D ones only)."""
+        return self.mrope and any(feed.req.mm is not None for feed in batch.feeds)
 
     def forget(self, req: Req) -> None:
         """``req`` left (finished, aborted or retracted): it holds none of its images now."""

@@ -6,7 +6,7 @@ requests with different images in one step (one batched tower call), a prefill c
 inside an image (Qwen: the chunks take the image's rows by position; Gemma: the scheduler keeps
 an image in one chunk, since its tokens attend to each other both ways), and the prefix cache
 keyed by the image's content (a repeated image is a hit and is not encoded again; another image
-is not)."""
+is not), and TP=2."""
 
 from __future__ import annotations
 
@@ -128,4 +128,18 @@ def test_prefix_cache_keys_images_by_content(arch, checkpoints, images):
     assert cache.num_hit_tokens - hits <= prompts[0].images[0].offset
     assert encoder.num_encoded == encoded + 1
     assert outputs[0].token_ids != answer.token_ids or arch == "gemma3"  # a tiny Gemma repeats
+    llm.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3_5", "gemma3"])
+def test_tensor_parallel(arch, checkpoints, images):
+    """TP=2 (gloo): every rank gets the request's images in the broadcast message, runs its own
+    replica of the tower and swaps its embedding rows: transformers' tokens."""
+    llm = make_llm(checkpoints[arch], tp=2)
+    prompts = [llm.apply_chat_template(chat(images))]
+    out = llm.generate(prompts, GREEDY)[0]
+    tokens, _ = hf_vision_greedy(checkpoints[arch], arch, prompts[0].input_ids, images,
+                                 NEW_TOKENS)
+    assert out.token_ids == tokens
     llm.close()

@@ -70,15 +70,17 @@ def test_one_and_two_images_match_transformers(arch, checkpoints, images):
     llm.close()
 
 
-def _chunks(llm: LLM) -> list[tuple[int, int, object]]:
-    """From now on, every prefill chunk the engine prepares: (start, end, its request)."""
-    seen: list[tuple[int, int, object]] = []
+def _chunks(llm: LLM) -> list[tuple[int, int, object, bool]]:
+    """From now on, every prefill chunk the engine prepares: (start, end, its request, whether
+    decode rows share its step)."""
+    seen: list[tuple[int, int, object, bool]] = []
     engine = llm.scheduler.engine
     prepare = engine.prepare
 
     def spy(batch):
         prefill = batch.feeds[batch.num_decode_rows:]
-        seen.extend((f.cached_len, f.device_len, f.req) for f in prefill)
+        mixed = batch.num_decode_rows > 0
+        seen.extend((f.cached_len, f.device_len, f.req, mixed) for f in prefill)
         return prepare(batch)
 
     engine.prepare = spy
@@ -89,17 +91,20 @@ def _chunks(llm: LLM) -> list[tuple[int, int, object]]:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chunked_prefill_through_an_image(arch, checkpoints, images):
     """Chunks of 7 tokens: Qwen's cut through the image (its rows go by position); Gemma's
-    never end inside one (the first chunk of a step runs to the image's end)."""
+    never end inside one (the first chunk of a step runs to the image's end). The second
+    request's chunks share their steps with the first one's decode rows (mixed steps)."""
     llm = make_llm(checkpoints[arch], max_prefill_tokens=7)
     chunks = _chunks(llm)
-    prompts, _ = check_against_transformers(llm, checkpoints[arch], arch, [chat(images[:1])],
-                                            [images[:1]])
-    image = prompts[0].images[0]
-    cut = [end for _, end, req in chunks if req.mm is not None and image.offset < end < image.end]
+    prompts, _ = check_against_transformers(
+        llm, checkpoints[arch], arch, [chat(images[:1]), chat(images[1:], text="and?")],
+        [images[:1], images[1:]])
+    assert any(mixed for *_, mixed in chunks)
+    cut = [end for _, end, req, _ in chunks for image in req.mm.images
+           if image.offset < end < image.end]
     if arch.startswith("qwen"):
-        assert cut, "no chunk ended inside the image"
+        assert cut, "no chunk ended inside an image"
     else:
-        assert not cut and any(end - start > 7 for start, end, _ in chunks)
+        assert not cut and any(end - start > 7 for start, end, *_ in chunks)
     llm.close()
 
 

@@ -26,8 +26,9 @@ from .params import SamplingParams
 
 if TYPE_CHECKING:
     from minisgl.kvcache.base import BaseCacheHandle
+    from minisgl.multimodal.prompt import MultimodalPrompt
 
-__all__ = ["SamplingParams", "Req", "Feed", "Batch", "BaseAttnMetadata"]
+__all__ = ["SamplingParams", "Req", "Feed", "Batch", "BatchImages", "BaseAttnMetadata"]
 
 
 @dataclass(eq=False)
@@ -48,9 +49,13 @@ class Req:
     # of the prefix cache without a state snapshot; kvcache/hybrid_radix.py); 0: none
     snapshot_at: int = 0
     seed: int = 0
+    # a prompt with images: where they are, their pixels and content hashes (multimodal/prompt.py)
+    mm: MultimodalPrompt | None = None
 
     def __post_init__(self) -> None:
         assert 0 <= self.cached_len <= self.device_len <= self.max_device_len, self
+        # the prompt as the prefix cache keys it: an image's tokens by the image's content hash
+        self._key = self.mm.cache_key() if self.mm is not None else None
 
     @property
     def extend_len(self) -> int:
@@ -68,6 +73,14 @@ class Req:
 
     def append_token(self, token: int) -> None:
         self.input_ids.append(token)
+
+    def cache_ids(self, end: int) -> list[int]:
+        """The first ``end`` tokens as the prefix cache keys them: ``input_ids``, except that
+        each image's tokens are ids derived from its content hash (two different images never
+        share a cached prefix, a repeated one does)."""
+        if self._key is None:
+            return self.input_ids[:end]
+        return self._key[:end] + self.input_ids[len(self._key):end]
 
 
 @dataclass(eq=False)
@@ -126,6 +139,20 @@ class Feed:
 Phase = Literal["prefill", "decode", "mixed"]
 
 
+@dataclass(eq=False)
+class BatchImages:
+    """What a forward with images reads (``engine/images.py`` builds it): the token rows whose
+    embeddings the vision tower's output replaces, and where the model attends or rotates
+    differently for them. ``positions``: ``[3, T]`` M-RoPE positions of every token (Qwen), or
+    None; ``key_limits``: ``[T]`` the last key position each token sees (an image's tokens see
+    their whole image, Gemma), or None where every token is causal."""
+
+    rows: torch.Tensor  # [N] int64 token rows of the batch
+    embeds: torch.Tensor  # [N, hidden] in the model's dtype
+    positions: torch.Tensor | None = None
+    key_limits: torch.Tensor | None = None
+
+
 class BaseAttnMetadata:
     """Whatever tensors an attention backend derives from a batch (lengths, page-table rows, ...);
     each backend subclasses it (``minisgl.attention``)."""
@@ -161,6 +188,7 @@ class Batch:
     # hybrid models: where each request's recurrent state lives (layers/linear_attention.py)
     state_metadata: Any = None
     num_decode: int = 0  # mixed batches: the leading feeds that decode
+    images: BatchImages | None = None  # image embeddings and their positions (engine/images.py)
 
     @property
     def size(self) -> int:

@@ -1,7 +1,7 @@
 """The real app and the real tokenizer role (``tokenizer/server.py``'s ``_TokenizeRole``, with a
 checkpoint's image preprocessing) in-process, a stand-in scheduler behind them that answers
-every text prompt with "ok". Enough to take images through every API down to the tokenizer
-worker's output without starting an engine."""
+every prompt with "ok". Enough to take images through every API down to the tokenizer worker's
+output (``sent``: its ``UserMsg``s, images included) without starting an engine."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class TokenizerThread(threading.Thread):
         self.addrs, self.stopping = addrs, threading.Event()
         self.model_dir, self.config = model_dir, config
         self.seen: list = []  # the TokenizeMsgs, as the worker got them
+        self.sent: list = []  # the UserMsgs the worker sent the scheduler
 
     def run(self) -> None:
         from minisgl.multimodal.processor import ImageProcessor
@@ -57,6 +58,7 @@ class TokenizerThread(threading.Thread):
             front, back = role.handle(msgs)
             for reply in back:  # the scheduler and detokenizer's part: one "ok" per prompt
                 if isinstance(reply, UserMsg):
+                    self.sent.append(reply)
                     front.append(UserReply(uid=reply.uid, text="ok", token_ids=[7],
                                            finish_reason="stop",
                                            prompt_tokens=len(reply.input_ids)))

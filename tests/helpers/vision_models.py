@@ -136,8 +136,9 @@ def _gemma(arch: str):
                "size": {"height": 32, "width": 32}, "resample": 2, "do_pan_and_scan": False,
                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
         return model, tok, pre
+    # as the released ones: an image's tokens see each other both ways in the sliding layers
     text = {**GEMMA4_TEXT, "vocab_size": VOCAB, "bos_token_id": 256, "eos_token_id": 257,
-            "pad_token_id": 258}
+            "pad_token_id": 258, "use_bidirectional_attention": "vision"}
     cfg = tf.Gemma4Config(text_config=text, vision_config=GEMMA4_VISION, audio_config=None,
                           image_token_id=gemma_id("<|image|>"), boi_token_id=gemma_id("<|image>"),
                           eoi_token_id=gemma_id("<image|>"), vision_soft_tokens_per_image=16)

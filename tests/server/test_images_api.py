@@ -1,9 +1,10 @@
 """Images through every API down to the tokenizer worker (``helpers/image_server.py``: the real
 app and tokenizer role, a stand-in scheduler): the openai SDK's chat ``image_url`` parts, the
 Responses API's ``input_image``, the anthropic SDK's ``image`` blocks (base64 and url) and
-``LLM.chat``'s parts are read, fetched, decoded and preprocessed, then refused with a clear 400
-(the engine does not run the vision tower yet); every bad image is a 400 naming its field, and
-the server keeps serving; a model without a vision tower keeps its text-only 400s."""
+``LLM.chat``'s parts are read, fetched, decoded and preprocessed into the ``UserMsg``'s
+``MultimodalPrompt``; every bad image is a 400 naming its field, and the server keeps serving; a
+model without a vision tower keeps its text-only 400s. The engine's side is
+``tests/engine/test_vision_parity.py``, a real server ``test_vision_server.py``."""
 
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ import pytest
 from helpers.image_server import MODEL, image_server
 from helpers.vision_models import make_vision_checkpoint
 from minisgl.multimodal.items import ImageItem
-
-NOT_SERVED = "images are not served yet"
+from minisgl.multimodal.prompt import MultimodalPrompt
 
 
 def png(size=(24, 20), seed=0, fmt="PNG") -> bytes:
@@ -93,31 +93,41 @@ def bad_request(call) -> dict:
     return e.value.body
 
 
-def test_openai_chat_image_is_read_then_refused(server, client):
+def sent_images(server) -> MultimodalPrompt:
+    """The images of the last prompt the tokenizer worker sent the scheduler."""
+    mm = server.worker.sent[-1].mm
+    assert mm is not None and mm.input_ids == server.worker.sent[-1].input_ids
+    return mm
+
+
+def test_openai_chat_image_reaches_the_scheduler(server, client):
     blob = png()
-    err = bad_request(lambda: client.chat.completions.create(
-        model=MODEL, max_tokens=4, messages=chat(image_part(data_url(blob), detail="low"))))
-    assert NOT_SERVED in err["message"] and "1 image(s)" in err["message"]
-    assert err["param"] == "messages"
+    out = client.chat.completions.create(
+        model=MODEL, max_tokens=4, messages=chat(image_part(data_url(blob), detail="low")))
+    assert out.choices[0].message.content == "ok"
+    mm = sent_images(server)
+    assert len(mm.images) == 1 and out.usage.prompt_tokens == len(mm.input_ids)
+    image = mm.images[0]
+    assert mm.input_ids[image.offset:image.end] == [mm.image_token_id] * image.num_tokens
     msg = server.worker.seen[-1]
     assert msg.images == [ImageItem(blob, "messages[0].content[1].image_url")]
     assert msg.messages[0]["content"] == [{"type": "text", "text": "Describe:"},
                                           {"type": "image"}]
 
 
-def test_two_images_and_a_fetched_one(client, origin):
-    err = bad_request(lambda: client.chat.completions.create(
+def test_two_images_and_a_fetched_one(server, client, origin):
+    client.chat.completions.create(
         model=MODEL, max_tokens=4,
-        messages=chat(image_part(data_url(png(seed=1))), image_part(f"{origin}/cat.png"))))
-    assert "2 image(s)" in err["message"]
+        messages=chat(image_part(data_url(png(seed=1))), image_part(f"{origin}/cat.png")))
+    first, second = sent_images(server).images
+    assert first.digest != second.digest and first.end <= second.offset
 
 
-def test_responses_input_image(client):
+def test_responses_input_image(server, client):
     content = [{"type": "input_text", "text": "What is it?"},
                {"type": "input_image", "image_url": data_url(png()), "detail": "auto"}]
-    err = bad_request(lambda: client.responses.create(
-        model=MODEL, input=[{"role": "user", "content": content}]))
-    assert NOT_SERVED in err["message"] and err["param"] == "input"
+    out = client.responses.create(model=MODEL, input=[{"role": "user", "content": content}])
+    assert out.output_text == "ok" and len(sent_images(server).images) == 1
     content[1]["image_url"] = data_url(b"garbage")
     err = bad_request(lambda: client.responses.create(
         model=MODEL, input=[{"role": "user", "content": content}]))
@@ -132,10 +142,9 @@ def test_anthropic_image_blocks(server, origin, source):
             "data": base64.b64encode(png()).decode()} if source == "base64"
            else {"type": "url", "url": f"{origin}/cat.png"})
     content = [{"type": "image", "source": src}, {"type": "text", "text": "What is it?"}]
-    with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(model=MODEL, max_tokens=4,
-                               messages=[{"role": "user", "content": content}])
-    assert NOT_SERVED in e.value.body["error"]["message"]
+    out = client.messages.create(model=MODEL, max_tokens=4,
+                                 messages=[{"role": "user", "content": content}])
+    assert out.content[0].text == "ok" and len(sent_images(server).images) == 1
 
 
 def test_anthropic_bad_images_name_their_block(server):
@@ -241,8 +250,8 @@ def test_llm_chat_parts(checkpoint):
         return out
 
     vl = llm(checkpoint)
-    with pytest.raises(ValueError, match=NOT_SERVED):
-        vl.apply_chat_template(chat(image_part(data_url(png()))))
+    mm = vl.apply_chat_template(chat(image_part(data_url(png()))))
+    assert isinstance(mm, MultimodalPrompt) and len(mm.images) == 1
     with pytest.raises(ValueError, match="messages\\[0\\].content\\[1\\].image_url: not a"):
         vl.apply_chat_template(chat(image_part(data_url(b"zzz"))))
     with pytest.raises(ValueError, match="--allowed-media-domains"):

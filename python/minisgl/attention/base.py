@@ -72,6 +72,9 @@ class BaseAttnBackend(ABC):
     supports_window: bool = False
     supports_sinks: bool = False
     supports_softcap: bool = False
+    # image blocks (``AttentionSpec.image_blocks``): checked per request with images, since a
+    # model that needs them serves text on any backend
+    supports_image_blocks: bool = False
     scale: float  # the default scale: of a layer handed as a bare index
     page_table: torch.Tensor
     # the sliding layers' own page table, when the engine frees their pages past the window

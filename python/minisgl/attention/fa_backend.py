@@ -89,6 +89,7 @@ class FlashAttnBackend(BaseAttnBackend):
 
     supports_cuda_graph = True  # decode is the Triton backend's
     supports_window = supports_sinks = True  # such layers go to the Triton backend
+    supports_image_blocks = True  # ... and so do image blocks
 
     def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
         from .triton_backend import TritonBackend, TritonPrefillMetadata  # needs triton
@@ -118,6 +119,8 @@ class FlashAttnBackend(BaseAttnBackend):
             isinstance(meta, self._prefill_meta) and meta.no_prefix
             and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
             and spec.sliding_window is None and spec.sinks is None
+            and not (spec.image_blocks and batch.images is not None
+                     and batch.images.key_limits is not None)
         )
         if not usable:
             return self.triton.forward(q, k, v, spec, batch, out)
@@ -139,6 +142,7 @@ class HybridBackend(BaseAttnBackend):
 
     def __init__(self, prefill: BaseAttnBackend, decode: BaseAttnBackend) -> None:
         self.prefill, self.decode = prefill, decode
+        self.supports_image_blocks = prefill.supports_image_blocks  # no image token decodes
         self.supports_cuda_graph = decode.supports_cuda_graph
         self.graph_metadata_rows = decode.graph_metadata_rows
         self.supports_padding = prefill.supports_padding  # padding rows: prefill and mixed only

@@ -13,6 +13,10 @@ Window convention (transformers'): a query at position ``p`` sees keys ``k`` wit
 
 Sinks (gpt-oss): one learned logit per query head, an extra entry in the softmax's denominator
 that carries no value: ``out = sum_k e^{s_k} v_k / (e^{sink} + sum_k e^{s_k})``.
+
+Image blocks (Gemma's vision-language models): the tokens of one image attend to each other both
+ways; a query sees keys up to its ``batch.images.key_limits`` entry (its image's last token, or
+itself) instead of up to its own position. A window still counts back from the query.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class AttentionSpec:
     sinks: torch.Tensor | None = None
     logit_softcap: float | None = None
     rotary: Any = None  # a RotaryConfig (not imported: kvcache.spec imports this module)
+    image_blocks: bool = False  # an image's tokens attend to each other both ways
 
     def __post_init__(self) -> None:
         for name in ("num_qo_heads", "num_kv_heads", "head_dim"):

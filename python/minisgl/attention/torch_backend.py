@@ -27,15 +27,21 @@ class TorchAttnMetadata(BaseAttnMetadata):
     mask: torch.Tensor  # [B, 1, max_extend, max_seq] True where a query may attend
     token_index: torch.Tensor  # [T] position of each packed token in the [B * max_extend] padding
     distance: torch.Tensor  # [B, 1, max_extend, max_seq] query position - key position
-    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> its mask
+    windowed: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (window, ...) -> mask
+    # the mask whose image tokens see their whole image (``AttentionSpec.image_blocks``)
+    image_mask: torch.Tensor | None = None
 
-    def mask_for(self, window: int | None) -> torch.Tensor:
-        """The causal mask, narrowed to the last ``window`` keys of each query when given."""
+    def mask_for(self, window: int | None, image_blocks: bool = False) -> torch.Tensor:
+        """The causal mask (with image blocks when asked and the batch has them), narrowed to
+        the last ``window`` keys of each query when given."""
+        blocks = image_blocks and self.image_mask is not None
+        mask = self.image_mask if blocks else self.mask
+        assert mask is not None
         if window is None:
-            return self.mask
-        if window not in self.windowed:
-            self.windowed[window] = self.mask & (self.distance < window)
-        return self.windowed[window]
+            return mask
+        if (window, blocks) not in self.windowed:
+            self.windowed[(window, blocks)] = mask & (self.distance < window)
+        return self.windowed[(window, blocks)]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -57,7 +63,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class TorchBackend(BaseAttnBackend):
-    supports_window = supports_sinks = supports_softcap = True
+    supports_window = supports_sinks = supports_softcap = supports_image_blocks = True
 
     def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
         self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
@@ -81,10 +87,17 @@ class TorchBackend(BaseAttnBackend):
             [b * max_ext + torch.arange(n) for b, n in enumerate(extend.tolist())]
         )
         distance = (q_pos[:, :, None] - key_pos[None, None, :]).unsqueeze(1)
+        image_mask = None
+        if batch.images is not None and batch.images.key_limits is not None:
+            limits = torch.zeros(len(reqs) * max_ext, dtype=torch.long)
+            limits[token_index] = batch.images.key_limits[:len(token_index)].cpu().long()
+            limits = limits.view(len(reqs), max_ext)
+            image_mask = ((key_pos[None, None, :] <= limits[:, :, None])
+                          & (key_pos < seq[:, None, None])).unsqueeze(1).to(device)
         batch.attn_metadata = TorchAttnMetadata(
             slots=slots, window_slots=window_slots, mask=mask.unsqueeze(1).to(device),
             token_index=token_index.to(device),
-            distance=distance.to(device),
+            distance=distance.to(device), image_mask=image_mask,
         )
 
     def forward(
@@ -102,7 +115,7 @@ class TorchBackend(BaseAttnBackend):
             slots = meta.window_slots
         k_ctx, v_ctx = self.kv_pool.read_kv(spec.kv_layer, slots, q.dtype)
         k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
-        mask = meta.mask_for(spec.sliding_window)
+        mask = meta.mask_for(spec.sliding_window, spec.image_blocks)
         if spec.sinks is None and spec.logit_softcap is None:
             res = F.scaled_dot_product_attention(
                 q_pad, k_ctx, v_ctx, attn_mask=mask, scale=spec.scale,

@@ -47,6 +47,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 
+def _limits(batch: Batch, spec: AttentionSpec, skip: int) -> torch.Tensor | None:
+    """The key limits of the batch's tokens from ``skip`` on, when ``spec``'s layer lets an
+    image's tokens see each other (``AttentionSpec.image_blocks``) and the batch has images."""
+    images = batch.images
+    if not spec.image_blocks or images is None or images.key_limits is None:
+        return None
+    return images.key_limits[skip:]
+
+
 def _decode_lists(reqs: list) -> list[list[int]]:
     """A decode batch's host-side metadata: page-table rows, lengths, the longest-first order."""
     lens = [r.device_len for r in reqs]
@@ -92,6 +101,7 @@ class TritonBackend(BaseAttnBackend):
     # benchmark/kernels/bench_mixed_attention.py measures both
     mixed_decode_kernel = True
     supports_window = supports_sinks = True  # soft-capping: not in the kernels
+    supports_image_blocks = True  # the extend kernel's key limits
 
     def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
         self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
@@ -160,10 +170,10 @@ class TritonBackend(BaseAttnBackend):
             out = torch.empty_like(q) if out is None else out
             d = meta.num_decode
             self._decode(q[:d], spec, meta.decode, out[:d])
-            self._extend(q[d:], spec, meta.prefill, out[d:])
+            self._extend(q[d:], spec, meta.prefill, out[d:], _limits(batch, spec, d))
             return out
         assert isinstance(meta, TritonPrefillMetadata), "prepare_metadata was not called"
-        return self._extend(q, spec, meta, out)
+        return self._extend(q, spec, meta, out, _limits(batch, spec, 0))
 
     def _decode(self, q, spec: AttentionSpec, meta: TritonDecodeMetadata, out) -> torch.Tensor:
         pool, layer = self.kv_pool, spec.kv_layer
@@ -174,12 +184,14 @@ class TritonBackend(BaseAttnBackend):
             order=meta.order, pdl=self.pdl, window=spec.window, sinks=spec.sinks,
         )
 
-    def _extend(self, q, spec: AttentionSpec, meta: TritonPrefillMetadata, out) -> torch.Tensor:
+    def _extend(self, q, spec: AttentionSpec, meta: TritonPrefillMetadata, out,
+                key_limits: torch.Tensor | None = None) -> torch.Tensor:
         pool, layer = self.kv_pool, spec.kv_layer
         return extend_attention(
             q, pool.k_cache(layer), pool.v_cache(layer), self.table_for(spec), meta.rows,
             meta.cu_seqlens, meta.seq_lens, meta.max_extend, spec.scale, out=out,
             kv_scales=pool.kv_scales(layer), window=spec.window, sinks=spec.sinks,
+            key_limits=key_limits,
         )
 
     def _workspace(self, meta: TritonDecodeMetadata, q: torch.Tensor):

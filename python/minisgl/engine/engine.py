@@ -8,7 +8,7 @@ import torch
 
 from minisgl.attention import BaseAttnBackend, create_attention_backend
 from minisgl.context import Context
-from minisgl.core import Batch
+from minisgl.core import Batch, Req
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import BaseKVCachePool, create_kvcache_pool
 from minisgl.layers.base import restore_param_dtypes
@@ -16,12 +16,14 @@ from minisgl.linear_attn import create_linear_attn_backend
 from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
+from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.quant.loading import load_model_config, set_kv_scales
 from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
 
 from .batch import prepare_batch, write_drafts
 from .config import EngineConfig
+from .images import ImageEncoder
 from .memory import pages_from_memory
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
@@ -77,6 +79,12 @@ class Engine:
         self.model = self._build_model()
         # the model declares its caches: KV layers and their shapes, windows, recurrent state
         self.cache_spec = self.model.cache_spec()
+        # a vision-language checkpoint's tower (None: the model takes no images), loaded before
+        # the pool is sized from what memory is left
+        self.images = ImageEncoder.load(
+            config.model_path, mc.rotary.mrope is not None,
+            any(spec.image_blocks for spec in self.cache_spec.attention), config.dtype,
+            self.device, config.dummy_weights)
         self.max_seq_len = config.max_seq_len or mc.max_position
         self.dummy_row = config.max_running_reqs
         table_shape = (config.max_running_reqs + 1, self.max_seq_len)
@@ -234,7 +242,21 @@ class Engine:
 
     def replays_graph(self, batch: Batch) -> bool:
         """Whether ``batch`` is a decode batch that replays a CUDA graph (``graph.py``)."""
-        return self.graph_runner is not None and self.graph_runner.can_run(batch)
+        return (self.graph_runner is not None and self.graph_runner.can_run(batch)
+                and (self.images is None or not self.images.needs_positions(batch)))
+
+    def check_images(self, input_ids: list[int], mm: MultimodalPrompt | None) -> None:
+        """Raise ``ValueError`` (a 400 naming the field) for images this engine cannot take, or
+        image tokens without their image."""
+        if self.images is not None:
+            self.images.check(input_ids, mm, self.attn_backend)
+        elif mm is not None:
+            raise ValueError("messages: this model takes no images (it has no vision tower)")
+
+    def forget_images(self, req: Req) -> None:
+        """``req`` holds its row no longer (finished, aborted, retracted)."""
+        if self.images is not None:
+            self.images.forget(req)
 
     def verifies_as_rows(self, num_rows: int) -> bool:
         """Whether a verify step of ``num_rows`` rows may run as one-token decode rows
@@ -255,6 +277,8 @@ class Engine:
             return
         prepare_batch(batch, self.page_table, self.token_pool, self.pad_tokens,
                       self.window_page_table)
+        if self.images is not None:  # the image embeddings and positions (images.py)
+            self.images.attach(batch)
         if self.state_pool is not None:
             attach_state_metadata(batch, self.device)
 
@@ -267,10 +291,14 @@ class Engine:
         else:
             with self.ctx.forward_batch(batch):
                 self.attn_backend.prepare_metadata(batch)
-                if self.piecewise is not None and self.piecewise.can_run(batch):
+                images = batch.images
+                if self.piecewise is not None and images is None and self.piecewise.can_run(batch):
                     hidden = self.piecewise.forward(batch)
                 else:
-                    hidden = self.model(batch.input_ids, batch.positions, self.ctx)
+                    positions = batch.positions
+                    if images is not None and images.positions is not None:
+                        positions = images.positions  # M-RoPE: [3, T]
+                    hidden = self.model(batch.input_ids, positions, self.ctx)
             hidden, aux = self.model.split_aux(hidden)  # aux: EAGLE-3's, else None
             logits = self.model.compute_logits(hidden[batch.logits_idx])
             if self.config.mtp or aux is not None:  # a copy: graphs' outputs are reused

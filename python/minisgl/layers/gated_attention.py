@@ -18,7 +18,7 @@ from minisgl.distributed import DistributedCommunicator
 
 from .base import divide, new_param
 from .linear import LinearQKVMerged, LinearRowParallel
-from .rotary import _inv_freq
+from .rotary import _inv_freq, mrope_cos_sin
 
 if TYPE_CHECKING:
     from minisgl.context import Context
@@ -64,14 +64,23 @@ def _cos_sin(cfg: RotaryConfig, device: torch.device) -> tuple[torch.Tensor, tor
 def partial_rope(x: torch.Tensor, positions: torch.Tensor, cfg: RotaryConfig) -> torch.Tensor:
     """Neox-style RoPE on the first ``cfg.head_dim`` dims of each head, the rest passed through.
 
-    Text positions only: the checkpoints' mRoPE sections (t, h, w) all see the same position for
-    text, so every frequency rotates by the token's position and mRoPE is plain RoPE."""
-    cos, sin = _cos_sin(cfg, x.device)
-    cos, sin = cos[positions][:, None].to(x.dtype), sin[positions][:, None].to(x.dtype)
+    ``positions``: ``[T]``, or ``[3, T]`` for a prompt with images (M-RoPE; the sections of a
+    text token all hold its position, so there M-RoPE is plain RoPE)."""
+    cos, sin = _rope_rows(cfg, positions, x.device)
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
     rot, rest = x[..., : cfg.head_dim], x[..., cfg.head_dim:]
     x1, x2 = rot.chunk(2, dim=-1)
     rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return torch.cat([rot, rest], dim=-1)
+
+
+def _rope_rows(cfg: RotaryConfig, positions: torch.Tensor, device: torch.device
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[T, head_dim / 2]`` of each token."""
+    if positions.dim() == 2:
+        return mrope_cos_sin(cfg, positions)
+    cos, sin = _cos_sin(cfg, device)
+    return cos[positions], sin[positions]
 
 
 class GatedAttention(nn.Module):
@@ -110,6 +119,9 @@ class GatedAttention(nn.Module):
             from minisgl.kernel.triton.partial_rope import qk_norm_partial_rope
 
             cos, sin = _cos_sin(self.rotary, x.device)
+            if positions.dim() == 2:  # M-RoPE: a table of the batch's own rows
+                cos, sin = mrope_cos_sin(self.rotary, positions)
+                positions = torch.arange(x.shape[0], device=x.device)
             q, k = qk_norm_partial_rope(q, k, positions, cos, sin, self.q_norm.weight,
                                         self.k_norm.weight, self.q_norm.eps)
         else:

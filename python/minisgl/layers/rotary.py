@@ -100,6 +100,20 @@ def cos_sin_cache(cfg: RotaryConfig, device: torch.device) -> torch.Tensor:
     return (cache * factor if factor != 1.0 else cache).to(device)
 
 
+def mrope_cos_sin(cfg: RotaryConfig, positions: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen's multimodal rotary: ``[3, T]`` (temporal, height, width) positions -> each token's
+    cos and sin ``[T, head_dim / 2]`` (float32), every frequency turning with the position of
+    its ``mrope_section`` (``multimodal/mrope.py``). Text tokens get plain RoPE's values."""
+    from minisgl.multimodal.mrope import mrope_angles
+
+    if cfg.mrope is None:
+        raise ValueError("multimodal positions for a rotary embedding without mrope_section")
+    section, interleaved = cfg.mrope
+    angles = mrope_angles(positions, _inv_freq(cfg), section, interleaved)
+    return angles.cos(), angles.sin()
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

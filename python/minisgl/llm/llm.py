@@ -14,6 +14,7 @@ from minisgl.env import use_kernel_cache
 from minisgl.message import TokenizeMsg
 from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
+from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.scheduler import Scheduler, TokenOutput
 from minisgl.scheduler.warmup import warm_up
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
@@ -26,7 +27,7 @@ from .config import EngineOptions
 
 logger = init_logger(__name__)
 
-Prompt = Union[str, Sequence[int]]
+Prompt = Union[str, Sequence[int], MultimodalPrompt]  # the last: a chat with images
 Message = dict
 _OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)} | {"model", "tp"}
 
@@ -113,8 +114,9 @@ class LLM:
         token_lists = [self._encode(p) for p in batch]
         uids = []
         try:
-            for ids, sp in zip(token_lists, params):
-                uids.append(self._add(ids, sp))
+            for prompt, ids, sp in zip(batch, token_lists, params):
+                mm = prompt if isinstance(prompt, MultimodalPrompt) else None
+                uids.append(self._add(ids, sp, mm))
         except ValueError:
             for uid in uids:
                 self.scheduler.abort(uid)
@@ -155,20 +157,21 @@ class LLM:
                                                                        out.finish_reason)
         return outputs
 
-    def apply_chat_template(self, messages: list[Message], **kwargs) -> list[int]:
+    def apply_chat_template(self, messages: list[Message],
+                            **kwargs) -> list[int] | MultimodalPrompt:
         """A chat's prompt ids. Content parts are OpenAI's: ``text``, and ``image_url`` (data
-        URLs) for a model with a vision tower; a chat with images is read and checked, then
-        refused, as the engine does not run the vision tower yet."""
+        URLs) for a model with a vision tower, whose chat becomes a ``MultimodalPrompt`` (its ids
+        and images), which ``generate`` takes as it takes ids."""
         tokenizer = self._require_tokenizer("chat")
         messages = _checked(messages)
         if any(map(_has_non_text, messages)):
-            self._image_chat(messages, kwargs)
+            return self._image_chat(messages, kwargs)
         text = tokenizer.apply_chat_template(messages, tokenize=False,
                                              add_generation_prompt=True, **kwargs)
         return tokenizer.encode(text, add_special_tokens=False)
 
-    def _image_chat(self, messages: list[Message], kwargs: dict) -> None:
-        """Raises the error a chat with non-text parts gets (``ValueError`` naming the field)."""
+    def _image_chat(self, messages: list[Message], kwargs: dict) -> MultimodalPrompt:
+        """A chat with images, read and preprocessed (a bad part: ``ValueError`` naming it)."""
         from minisgl.multimodal.config import MediaOptions
         from minisgl.multimodal.fetch import load_image
         from minisgl.multimodal.items import check_count, split_images
@@ -188,7 +191,7 @@ class LLM:
         msg = TokenizeMsg(uid=0, sampling_params=SamplingParams(), messages=messages,
                           chat_template_kwargs=kwargs, tools=tools,
                           images=[load_image(ref, media) for ref in refs])
-        TokenizeManager(self.tokenizer, images=processor).tokenize(msg)
+        return TokenizeManager(self.tokenizer, images=processor).multimodal(msg)
 
     def _harmony_codec(self) -> Harmony | None:
         if self._harmony is None and is_harmony_model(self.model_path):
@@ -204,13 +207,16 @@ class LLM:
     # ---- internals --------------------------------------------------------------------------
 
     def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, MultimodalPrompt):
+            return list(prompt.input_ids)
         if isinstance(prompt, str):
             return self._require_tokenizer("prompts").encode(prompt)
         return list(prompt)
 
-    def _add(self, ids: list[int], params: SamplingParams) -> int:
+    def _add(self, ids: list[int], params: SamplingParams,
+             mm: MultimodalPrompt | None = None) -> int:
         uid, self._next_uid = self._next_uid, self._next_uid + 1
-        self.scheduler.add_request(uid, ids, params)
+        self.scheduler.add_request(uid, ids, params, mm)
         return uid
 
     def _run(self, uids, token_lists, params, use_tqdm) -> list[GenerateOutput]:
@@ -278,14 +284,14 @@ def _wants_logprobs(params: SamplingParams) -> bool:
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, MultimodalPrompt)):
         return [prompts]
     if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]  # one prompt of token ids
     if not isinstance(prompts, Sequence) or not prompts:
         raise ValueError("prompts: must be a non-empty string, token-id list, or list of them")
     for p in prompts:
-        if isinstance(p, str):
+        if isinstance(p, (str, MultimodalPrompt)):
             continue
         if not isinstance(p, Sequence) or not all(isinstance(t, int) for t in p):
             raise ValueError("prompts: each prompt must be a string or a list of token ids, "

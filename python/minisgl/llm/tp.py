@@ -16,6 +16,7 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.distributed import DistributedInfo, set_rank_threads
 from minisgl.message import BACKEND_CODEC, AbortBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
+from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 
 
@@ -33,7 +34,7 @@ def _apply(scheduler: Scheduler, msg) -> bool:
     if isinstance(msg, BatchBackendMsg):
         return all(_apply(scheduler, m) for m in msg.msgs)
     if isinstance(msg, UserMsg):
-        scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
+        scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params, msg.mm)
     elif isinstance(msg, AbortBackendMsg):
         scheduler.abort(msg.uid)
     elif isinstance(msg, ExitMsg):
@@ -77,9 +78,12 @@ class TPScheduler:
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # engine, cache, eos_token_ids, check_integrity, ...
 
-    def add_request(self, uid: int, input_ids: list[int], params: SamplingParams):
-        req = self.inner.add_request(uid, input_ids, params)  # validates before anyone else sees it
-        self._pending.append(UserMsg(uid=uid, input_ids=list(input_ids), sampling_params=params))
+    def add_request(self, uid: int, input_ids: list[int], params: SamplingParams,
+                    mm: MultimodalPrompt | None = None):
+        # validates before anyone else sees it
+        req = self.inner.add_request(uid, input_ids, params, mm)
+        self._pending.append(UserMsg(uid=uid, input_ids=list(input_ids), sampling_params=params,
+                                     mm=mm))
         return req
 
     def abort(self, uid: int) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Union
 
 from minisgl.core import SamplingParams
+from minisgl.multimodal.prompt import MultimodalPrompt
 
 from .base import Codec, Msg
 
@@ -14,9 +15,12 @@ class BaseBackendMsg(Msg):
 
 
 class UserMsg(BaseBackendMsg):
+    """``mm``: a prompt with images (``input_ids`` are its ids, the image tokens included)."""
+
     uid: int
     input_ids: list[int]
     sampling_params: SamplingParams
+    mm: MultimodalPrompt | None = None
 
 
 class AbortBackendMsg(BaseBackendMsg):

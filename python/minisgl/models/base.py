@@ -38,6 +38,16 @@ _WIDE = (torch.bfloat16, torch.float16, torch.float32)  # unquantized checkpoint
 _LAYER = re.compile(r"layers\.(\d+)\.")  # our name of a decoder layer's parameter
 
 
+def with_images(x: torch.Tensor, ctx: Context) -> torch.Tensor:
+    """The token embeddings ``x`` with the rows of the batch's image tokens replaced by the
+    vision tower's output (``core.BatchImages``; as transformers' ``masked_scatter``, after any
+    scaling of the text embeddings)."""
+    images = ctx.batch.images
+    if images is None or images.rows.numel() == 0:
+        return x
+    return x.index_copy(0, images.rows, images.embeds.to(x.dtype))
+
+
 class BaseLLMModel(nn.Module):
     """``forward(input_ids, positions, ctx)`` returns the hidden states of every computed token;
     ``compute_logits`` projects only the rows that are sampled. A decoder layer is called as
@@ -73,7 +83,7 @@ class BaseLLMModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: Context) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = with_images(self.embed_tokens(input_ids), ctx), None
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, ctx)

@@ -25,6 +25,8 @@ class RotaryConfig:
     max_position: int
     # sorted (key, value) pairs, e.g. (("factor", 8.0), ("rope_type", "llama3"), ...): hashable
     scaling: tuple[tuple[str, Any], ...] | None = None
+    # Qwen's multimodal rotary (``multimodal/mrope.py``): (mrope_section, mrope_interleaved)
+    mrope: tuple[tuple[int, ...], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -186,15 +188,21 @@ def rotary_config(cfg: dict[str, Any], head_dim: int, max_pos: int) -> RotaryCon
     base = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     if scaling is None and rope_params.get("rope_type", "default") != "default":
         scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    section = rope_params.get("mrope_section") or (scaling or {}).get("mrope_section")
+    mrope = None
+    if section:
+        interleaved = rope_params.get("mrope_interleaved", (scaling or {}).get(
+            "mrope_interleaved", False))
+        mrope = (tuple(int(n) for n in section), bool(interleaved))
     if scaling is not None:
-        scaling = dict(scaling)
+        scaling = {k: v for k, v in scaling.items() if not k.startswith("mrope_")}
         scaling.setdefault("rope_type", scaling.get("type", "default"))
-        if scaling["rope_type"] == "default":
+        if scaling["rope_type"] in ("default", "mrope"):
             scaling = None
         else:
             scaling = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
                                    for k, v in scaling.items()))
-    return RotaryConfig(head_dim, float(base), max_pos, scaling)
+    return RotaryConfig(head_dim, float(base), max_pos, scaling, mrope)
 
 
 def load_eos_token_ids(model_dir: str, tokenizer=None) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
-"""Gemma 3, text only: ``Gemma3ForCausalLM`` and the text part of ``Gemma3ForConditionalGeneration``
-checkpoints (the vision tower and projector are skipped here: they are
-``models/vision/siglip.py``, which the engine does not run yet).
+"""Gemma 3's language model: ``Gemma3ForCausalLM`` and the text part of
+``Gemma3ForConditionalGeneration`` checkpoints (the vision tower and projector are skipped here:
+they are ``models/vision/siglip.py``, which the engine runs, ``engine/images.py``).
 
 Gemma's conventions against Llama's: (1 + w) RMSNorms computed in fp32, a norm before *and* after
 attention and the MLP (the residual is added after the post-norm), embeddings scaled by
@@ -33,7 +33,7 @@ from minisgl.layers.activation import gelu_and_mul
 from minisgl.layers.gated_attention import OffsetRMSNorm
 from minisgl.moe import BaseMoeBackend
 
-from .base import BaseLLMModel
+from .base import BaseLLMModel, with_images
 from .config import ModelConfig, RotaryConfig, common_fields, rotary_config
 from .weight import _checkpoint_shapes
 
@@ -187,6 +187,7 @@ class Gemma3ForCausalLM(BaseLLMModel):
         x = self.embed_tokens(input_ids)
         # the reference rounds sqrt(hidden) to the model dtype before multiplying
         x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype)
+        x = with_images(x, ctx)  # an image's rows are not scaled (transformers' Gemma3Model)
         for layer in self.layers:
             x = layer(x, positions, ctx)
         return self.norm(x)
@@ -210,8 +211,17 @@ class Gemma3ForCausalLM(BaseLLMModel):
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
-    """The multimodal checkpoint served as text: its ``text_config``, its language model. As in
-    the reference's multimodal class, the final logits are not soft-capped (the released
-    checkpoints set no cap; a greedy choice is the same either way)."""
+    """The multimodal checkpoint: its ``text_config``, its language model (the vision tower runs
+    in the engine, ``engine/images.py``). As in the reference's multimodal class, the final
+    logits are not soft-capped (the released checkpoints set no cap; a greedy choice is the same
+    either way). An image's tokens attend to each other both ways in every layer
+    (transformers' ``token_type_ids`` mask)."""
 
     softcaps_logits = False
+
+    def __init__(self, cfg: GemmaConfig, comm: DistributedCommunicator,
+                 moe: BaseMoeBackend) -> None:
+        super().__init__(cfg, comm, moe)
+        for layer in self.layers:
+            attn = layer.self_attn
+            attn.spec = dataclasses.replace(attn.spec, image_blocks=True)

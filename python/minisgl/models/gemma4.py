@@ -14,6 +14,7 @@ Per-layer input embeddings and KV sharing across layers (Gemma 3n-style) are ref
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -289,5 +290,17 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
 
 
 class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
-    """The multimodal checkpoint served as text (its ``text_config``, its language model)."""
+    """The multimodal checkpoint (its ``text_config``, its language model; the vision tower runs
+    in the engine, ``engine/images.py``). With ``use_bidirectional_attention: "vision"`` an
+    image's tokens attend to each other both ways in the sliding layers only (transformers'
+    ``create_masks_for_vision_model``: the global layers stay causal)."""
+
+    def __init__(self, cfg: Gemma4Config, comm: DistributedCommunicator,
+                 moe: BaseMoeBackend) -> None:
+        super().__init__(cfg, comm, moe)
+        if cfg.raw.get("use_bidirectional_attention") == "vision":
+            for layer, kind in zip(self.layers, cfg.layer_types):
+                if kind == "sliding_attention":
+                    attn = layer.self_attn
+                    attn.spec = dataclasses.replace(attn.spec, image_blocks=True)
 

@@ -3,10 +3,10 @@ the Qwen3-Next decoder with separate linear-attention projections, served as a t
 
 The checkpoint is a vision-language model: the text decoder's weights live under
 ``model.language_model.``, its config under ``text_config`` (``ModelConfig`` reads it). The
-vision tower (``model.visual.``) and the MTP head (``mtp.``) are not loaded; loading says so, and
-image inputs are not accepted (the tower is ``models/vision/qwen3_5_vit.py``, its positions
-``multimodal/mrope.py``; the engine does not run them yet). Rotary positions are the text
-positions of the checkpoints' mRoPE.
+vision tower (``model.visual.``) is not part of this module: the engine loads and runs it
+(``models/vision/qwen3_5_vit.py``, ``engine/images.py``), and a prompt with images gets M-RoPE
+positions (``multimodal/mrope.py``, applied in ``layers/gated_attention.py``). The MTP head
+(``mtp.``) is loaded for the speculative method ``mtp`` only.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Qwen3_5ForConditionalGeneration(HybridModel):
     linear_cls = Qwen3_5GatedDeltaNet
     prefix = "model.language_model."
     skipped = {
-        "model.visual.": "the vision tower (image and video inputs are not supported)",
+        "model.visual.": "the vision tower (loaded by the engine beside the decoder)",
         "mtp.": HybridModel.skipped["mtp."],
     }
     split_projs = {"in_proj_qkv": ("in_proj_qkvz", (0, 1, 2)), "in_proj_z": ("in_proj_qkvz", (3,)),

@@ -28,12 +28,47 @@ class ImageInput(msgspec.Struct, frozen=True):
     num_tokens: int
     digest: str
 
+    @property
+    def end(self) -> int:
+        return self.offset + self.num_tokens
+
+    @property
+    def key(self) -> int:
+        """The id a prefix cache keys this image's tokens by: negative (never a token id),
+        from the content hash."""
+        return -1 - int(self.digest[:15], 16)
+
+    def pixels(self):
+        """The tower's input as a float32 CPU tensor of ``shape``."""
+        import numpy as np
+        import torch
+
+        array = np.frombuffer(self.pixel_values, dtype=np.float32).reshape(self.shape)
+        return torch.from_numpy(array.copy())
+
 
 class MultimodalPrompt(msgspec.Struct, frozen=True):
     input_ids: list[int]
     images: list[ImageInput]
     image_token_id: int
     mrope_delta: int | None = None
+
+    def cache_key(self) -> list[int]:
+        """``input_ids`` with each image's tokens replaced by its ``key``."""
+        key = list(self.input_ids)
+        for image in self.images:
+            key[image.offset:image.end] = [image.key] * image.num_tokens
+        return key
+
+    def check(self, input_ids: Sequence[int]) -> None:
+        """Raise ``ValueError`` unless the images fill runs of image tokens of ``input_ids``."""
+        if list(input_ids) != self.input_ids:
+            raise ValueError("prompt: the token ids differ from the multimodal prompt's")
+        for image in self.images:
+            if image.end > len(input_ids) or any(
+                    t != self.image_token_id for t in input_ids[image.offset:image.end]):
+                raise ValueError(f"prompt: an image of {image.num_tokens} tokens at "
+                                 f"{image.offset} is not a run of image tokens")
 
 
 def image_offsets(ids: Sequence[int], image_token_id: int, counts: Sequence[int]) -> list[int]:

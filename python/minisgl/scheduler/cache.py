@@ -102,13 +102,13 @@ class CacheCoordinator:
 
     def hit_len(self, req: Req) -> int:
         """How many tokens ``match`` would reuse now (nothing is locked)."""
-        ids = req.input_ids[: prefix_limit(req)]
+        ids = req.cache_ids(prefix_limit(req))
         return self.prefix_cache.match_resumable(ids).handle.cached_len
 
     def match(self, req: Req) -> None:
         """Reuse the longest cached prefix; at least one token is left to compute (its logits), and
         the tokens whose prompt log-probs are asked for are computed too."""
-        ids = req.input_ids[: prefix_limit(req)]
+        ids = req.cache_ids(prefix_limit(req))
         result = self.prefix_cache.match_resumable(ids)
         self.prefix_cache.lock_handle(result.handle)
         n = result.handle.cached_len

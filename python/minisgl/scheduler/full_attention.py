@@ -57,7 +57,7 @@ class FullAttentionManager(CacheGroup):
 
     def release(self, req: Req, alloc_len: int, aligned: int) -> None:
         slots = self.pages.host_table[req.table_idx, :alloc_len].clone()
-        self.pages.put(self.prefix_cache.insert_prefix(req.input_ids[:aligned], slots[:aligned]))
+        self.pages.put(self.prefix_cache.insert_prefix(req.cache_ids(aligned), slots[:aligned]))
         self.pages.put(slots[aligned:])
         self.pages.alloc[req.table_idx] = 0
 
@@ -65,7 +65,7 @@ class FullAttentionManager(CacheGroup):
         """The prefix goes into the prefix cache and the request holds it through a new handle;
         where the cache already had those tokens (another request computed them meanwhile), the
         request's row is pointed at the cache's pages and its own copies are freed."""
-        ids = req.input_ids[:done]
+        ids = req.cache_ids(done)
         duplicates = self.prefix_cache.insert_prefix(
             ids, self.pages.host_table[req.table_idx, :done].clone())
         result = self.prefix_cache.match_prefix(ids)

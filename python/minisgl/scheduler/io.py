@@ -159,7 +159,8 @@ class SchedulerIO:
                 self._handle(m, accepted)
         elif isinstance(msg, UserMsg):
             try:
-                req = self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params)
+                req = self.scheduler.add_request(msg.uid, msg.input_ids, msg.sampling_params,
+                                                 msg.mm)
                 self.first_forwards.add(req)
                 accepted.append(msg)
             except ValueError as e:

@@ -12,6 +12,10 @@ within a few steps instead of after every chunk of the long one, as shortest-rem
 (``benchmark/results/cpu/short_behind_long.md``). Alone, or behind prompts at least as long, a
 prompt takes the whole budget.
 
+A model whose image tokens attend to each other both ways (Gemma) needs each image's tokens in
+one forward: a chunk never ends inside an image (``whole_images``); the step's first chunk runs
+to the image's end rather than stopping short of it, past the budget if it must.
+
 A request that starts like one being prefilled right now (the same first tokens: ``n`` > 1, a
 shared system prompt) and finds nothing cached waits until its twin's prefix enters the prefix
 cache, instead of computing the same prefix a second time in the same batch.
@@ -31,14 +35,30 @@ from .table import TableManager
 _SHARED_HEAD = 32  # requests whose first this-many tokens agree are assumed to share a prefix
 
 
+def whole_images(req: Req, chunk: int, first: bool) -> int:
+    """``chunk`` (positions from ``req.device_len``) shortened to end before the image it would
+    cut, or, for the step's ``first`` chunk, stretched to that image's end when nothing would be
+    left."""
+    start = req.device_len
+    end = start + chunk
+    for image in req.mm.images if req.mm is not None else ():
+        if image.offset < end < image.end:
+            if image.offset > start:
+                return image.offset - start
+            return image.end - start if first else 0
+    return chunk
+
+
 def _head(req: Req) -> tuple[int, ...] | None:
-    return tuple(req.input_ids[:_SHARED_HEAD]) if len(req.input_ids) > _SHARED_HEAD else None
+    return tuple(req.cache_ids(_SHARED_HEAD)) if len(req.input_ids) > _SHARED_HEAD else None
 
 
 class PrefillManager:
     def __init__(self, cache: CacheCoordinator, table: TableManager, max_prefill_tokens: int,
-                 policy: AdmissionPolicy | None = None, yield_to_shorter: bool = True) -> None:
+                 policy: AdmissionPolicy | None = None, yield_to_shorter: bool = True,
+                 keep_images_whole: bool = False) -> None:
         self.cache, self.table, self.budget = cache, table, max_prefill_tokens
+        self.keep_images_whole = keep_images_whole  # a chunk never cuts an image
         self.yield_to_shorter = yield_to_shorter  # off: ``--disable-prefill-yield`` (ablation)
         self.policy = policy or AdmissionPolicy("fcfs", 0, cache.hit_len)
         self.waiting: deque[Req] = deque()
@@ -80,7 +100,7 @@ class PrefillManager:
         computing: set[tuple[int, ...] | None] = set()  # heads whose prefill is under way
         order = self.policy.order(self.waiting)
         for i, req in enumerate(order):
-            if budget == 0:
+            if budget <= 0:
                 break
             head = _head(req)
             if req.pending_len == 0:
@@ -103,9 +123,11 @@ class PrefillManager:
                 chunk //= 2
             if req.snapshot_at > req.device_len:  # stop at the branch point (hybrid models)
                 chunk = min(chunk, req.snapshot_at - req.device_len)
+            if self.keep_images_whole:
+                chunk = whole_images(req, chunk, first=not feeds)
             self.cache.trim([req])
             needed = self.cache.tokens_needed(req, req.device_len + chunk)
-            if needed + decode_reserve > self.cache.available_tokens:
+            if chunk == 0 or needed + decode_reserve > self.cache.available_tokens:
                 if newly_admitted:
                     self.release(req)
                 break

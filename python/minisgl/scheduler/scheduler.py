@@ -15,6 +15,7 @@ from typing import Callable
 from minisgl.core import Feed, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
+from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.sampling import BatchSamplingArgs
 from minisgl.speculative import create_spec_decoder
 from minisgl.utils import init_logger
@@ -41,8 +42,10 @@ class Scheduler:
         self.table = TableManager(config.max_running_reqs)
         self.cache = create_cache(self.engine, config.cache)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
+        images = self.engine.images
         self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy,
-                                      config.prefill_yield)
+                                      config.prefill_yield,
+                                      images is not None and images.image_blocks)
         self.decode = DecodeManager(self.cache, self._retract)
         self.spec = create_spec_decoder(config.spec, self.engine)
         self.planner = BatchPlanner(config, self.prefill, self.decode, self.cache,
@@ -64,14 +67,17 @@ class Scheduler:
         """The longest sequence (prompt + output) one request may reach."""
         return min(self.engine.max_seq_len, self.cache.num_tokens)
 
-    def add_request(self, uid: int, input_ids: list[int], params: SamplingParams) -> Req:
-        """Queue a request; raise ``ValueError`` for an unusable prompt."""
+    def add_request(self, uid: int, input_ids: list[int], params: SamplingParams,
+                    mm: MultimodalPrompt | None = None) -> Req:
+        """Queue a request (``mm``: its images); raise ``ValueError`` for an unusable prompt."""
         if uid in self.reqs:
             raise ValueError(f"request id {uid} is already in use")
         vocab = self.engine.vocab_size
         check_prompt(input_ids, vocab, self.max_context_len)
         check_params(params, vocab, self.grammar)
         check_context(len(input_ids), params, self.max_context_len)
+        mm = mm if mm is not None and mm.images else None
+        self.engine.check_images(input_ids, mm)
         req = Req(
             uid=uid,
             input_ids=list(input_ids),
@@ -79,6 +85,7 @@ class Scheduler:
             sampling_params=params,
             max_device_len=min(len(input_ids) + params.max_tokens, self.max_context_len),
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
+            mm=mm,
         )
         ready = self.grammar.add(req)  # False: it waits for its grammar to compile
         self.reqs[uid] = req
@@ -265,6 +272,7 @@ class Scheduler:
         self.prompt_logprobs.forget(req.uid)
 
     def _free(self, req: Req) -> None:
+        self.engine.forget_images(req)
         self.engine.sampling_state.release(req.table_idx)
         self.cache.release(req)
         self.table.free(req.table_idx)

@@ -46,7 +46,7 @@ class RecurrentStateManager(CacheGroup):
     def before_chunk(self, req: Req) -> None:
         """The chunk that ended at ``req.snapshot_at`` is launched: keep the state there."""
         if req.snapshot_at and req.device_len == req.snapshot_at:
-            self.prefix_cache.save_state(req.input_ids[: req.device_len], req.table_idx)
+            self.prefix_cache.save_state(req.cache_ids(req.device_len), req.table_idx)
             req.snapshot_at = 0
 
     def commit(self, req: Req, keep: int, end: int, feed: Feed) -> None:
@@ -57,12 +57,12 @@ class RecurrentStateManager(CacheGroup):
     def release(self, req: Req, alloc_len: int, aligned: int) -> None:
         self._settle()
         if aligned == req.device_len:  # the state after exactly the cached tokens
-            self.prefix_cache.save_state(req.input_ids[:aligned], req.table_idx)
+            self.prefix_cache.save_state(req.cache_ids(aligned), req.table_idx)
 
     def cache_prefix(self, req: Req, done: int) -> None:
         self._settle()
         if done == req.device_len:
-            self.prefix_cache.save_state(req.input_ids[:done], req.table_idx)
+            self.prefix_cache.save_state(req.cache_ids(done), req.table_idx)
 
     def flush(self) -> None:
         self._settle()

@@ -102,9 +102,11 @@ def sampler_variants(base: SamplingParams, grammar: bool) -> dict[str, SamplingP
 
 
 def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: int,
-                max_running_reqs: int, graph_max_bs: int, cuda: bool, grammar: bool) -> list[Wave]:
+                max_running_reqs: int, graph_max_bs: int, cuda: bool, grammar: bool,
+                avoid: frozenset[int] = frozenset()) -> list[Wave]:
     """The waves to run. On CUDA every variant; on CPU (no Triton kernels, no graphs) one wave of
-    one short request per sampler path, which still builds the grammar tables."""
+    one short request per sampler path, which still builds the grammar tables. ``avoid``: ids no
+    prompt may hold (a vision model's image token, which comes with an image only)."""
     rng = random.Random(0)
     low = min(1000, vocab_size // 2)
 
@@ -113,7 +115,8 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
     longest = max(1, max_context_len - 25)
 
     def prompt(n: int) -> list[int]:
-        return [rng.randrange(low, vocab_size) for _ in range(min(n, longest))]
+        ids = [rng.randrange(low, vocab_size) for _ in range(min(n, longest))]
+        return [low if t in avoid else t for t in ids]
 
     waves: list[Wave] = []
     if cuda:
@@ -186,6 +189,7 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
         graph_max_bs=config.engine.cuda_graph_max_bs, cuda=engine.device.type == "cuda",
         # without a tokenizer no request can have a grammar
         grammar=has_tokenizer(config.engine.model_path),
+        avoid=frozenset([engine.images.image_token_id] if engine.images is not None else []),
     )
     num = sum(len(w.requests) for w in waves)
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "

@@ -132,7 +132,7 @@ class SlidingWindowManager(CacheGroup):
         if self.tree is not None and aligned > first:
             offered = torch.full((aligned,), -1, dtype=torch.int32)
             offered[first:] = owned[: aligned - first]
-            self.pages.put(self.tree.insert_window(req.input_ids[:aligned], offered))
+            self.pages.put(self.tree.insert_window(req.cache_ids(aligned), offered))
             owned = owned[aligned - first:]
         self.pages.put(owned)
         self.start[req.table_idx] = self.shared[req.table_idx] = 0

@@ -193,7 +193,7 @@ class _TokenizeRole:
                 continue
             param = "messages" if msg.messages is not None else "prompt"
             try:
-                ids = self.manager.tokenize(msg)
+                ids, mm = self.manager.prompt(msg)
             except ValueError as e:  # a MediaError names the image's field
                 front.append(UserReply(uid=msg.uid, error=str(e),
                                        error_param=getattr(e, "param", param), status=400))
@@ -203,7 +203,7 @@ class _TokenizeRole:
                 front.append(UserReply(uid=msg.uid, error=error, error_param=param, status=500))
             else:
                 params = msg.sampling_params
-                back.append(UserMsg(uid=msg.uid, input_ids=ids, sampling_params=params))
+                back.append(UserMsg(uid=msg.uid, input_ids=ids, sampling_params=params, mm=mm))
         return front, back
 
 

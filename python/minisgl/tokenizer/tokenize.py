@@ -17,11 +17,6 @@ from .tool_prompt import describe_tools, template_takes_tools, with_argument_obj
 
 logger = init_logger(__name__)
 
-# NOTE: the scheduler and engine do not run the vision encoder yet: a chat with images is read,
-# checked and preprocessed into its MultimodalPrompt, then refused with this 400
-IMAGES_NOT_SERVED = ("images are not served yet: this model has a vision tower, but the engine "
-                     "does not run it (the request's images were read and checked)")
-
 
 class TokenizeManager:
     """Tokenizes prompts. Every problem the client caused is a ``ValueError`` whose message names
@@ -33,11 +28,16 @@ class TokenizeManager:
         self.harmony = harmony  # gpt-oss: chats render in harmony, not through the template
         self.images = images  # a vision-language model's image preprocessing
 
+    def prompt(self, msg: TokenizeMsg) -> tuple[list[int], MultimodalPrompt | None]:
+        """The prompt's ids, and with images the ``MultimodalPrompt`` the engine takes."""
+        if msg.images:
+            mm = self.multimodal(msg)
+            return mm.input_ids, mm
+        return self.tokenize(msg), None
+
     def tokenize(self, msg: TokenizeMsg) -> list[int]:
         if msg.images:
-            prompt = self.multimodal(msg)
-            raise MediaError("messages", f"{IMAGES_NOT_SERVED}: {len(prompt.images)} image(s), "
-                             f"{len(prompt.input_ids)} prompt tokens")
+            return self.multimodal(msg).input_ids
         if msg.input_ids is not None:
             ids = list(msg.input_ids)
             if any(i < 0 for i in ids):
@@ -59,14 +59,21 @@ class TokenizeManager:
         return ids
 
     def multimodal(self, msg: TokenizeMsg) -> MultimodalPrompt:
-        """A chat with images: the template's placeholders expanded to each image's tokens."""
+        """A chat (or a text prompt, ``/generate``) with images: the template's (the text's)
+        placeholders expanded to each image's tokens."""
+        param = "messages" if msg.messages is not None else "prompt"
         if self.images is None:
-            raise MediaError("messages", "this model takes no images (it has no vision tower)")
-        if msg.messages is None:
-            raise MediaError("prompt", "images come with chat messages only")
-        text = self._template(msg.messages, msg.chat_template_kwargs or {}, msg.tools)
+            raise MediaError(param, "this model takes no images (it has no vision tower)")
+        if msg.messages is not None:
+            text = self._template(msg.messages, msg.chat_template_kwargs or {}, msg.tools)
+            special = False
+        elif msg.text is not None:
+            text, special = msg.text, True
+        else:
+            raise MediaError("prompt", "images come with chat messages or a text prompt, not "
+                             "token ids")
         return self.images.prompt(text, list(msg.images or ()),
-                                  lambda t: self._encode(t, add_special_tokens=False))
+                                  lambda t: self._encode(t, add_special_tokens=special), param)
 
     def warm_up(self) -> None:
         """Run the chat template, with and without tools, the encoder and the decoder once: the

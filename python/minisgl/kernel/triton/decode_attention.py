@@ -93,7 +93,7 @@ def _decode_stage1(
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     pt_row = PageTable + row * stride_pt
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, offs_g, K, V, pt_row, kvh, start, end, qk_scale,
+        acc, m_i, l_i, q, offs_g, offs_g, K, V, pt_row, kvh, start, end, qk_scale,
         stride_kn, stride_kh, stride_vn, stride_vh, d_mask, 0,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, CAUSAL=False, DOT_PREC=DOT_PREC,
     )

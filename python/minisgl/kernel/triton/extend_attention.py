@@ -18,8 +18,10 @@ the call, so prefix and new keys are read the same way. Token ``i`` of a request
 
 A sliding window (``window > 0``: a query at ``p`` sees keys ``p - window < k <= p``) starts the
 first pass at the block's lowest visible key, ``cached_len + m*BLOCK_M - window + 1``, and masks per
-row in both passes. Sinks (one logit per query head, natural units) join each row's denominator at
-the end: ``l += 2^(sink * log2(e) - m)``; they carry no value.
+row in both passes. Image blocks (``key_limits``: per query token the last key it sees, an
+image's last token for the image's tokens) replace ``k <= p`` by ``k <= limit`` and end the
+second pass at the block's largest limit. Sinks (one logit per query head, natural units) join
+each row's denominator at the end: ``l += 2^(sink * log2(e) - m)``; they carry no value.
 
 ``max_extend`` is a host-side bound (the scheduler knows every request's extend length); programs
 past a request's end do no work. Online softmax in the log2 domain, fp32 accumulation.
@@ -42,14 +44,15 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attend_keys(
-    acc, m_i, l_i, q, q_pos, K, V, pt_row, kvh, start, end, qk_scale,
+    acc, m_i, l_i, q, q_pos, q_lim, K, V, pt_row, kvh, start, end, qk_scale,
     stride_kn, stride_kh, stride_vn, stride_vh, d_mask, window,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
     WINDOWED: tl.constexpr = False,
 ):
-    """Online softmax over keys [start, end); CAUSAL adds the mask ``key <= query position``,
-    WINDOWED the mask ``key > query position - window``. A row may see no key of a block (a
-    window): its exponents are taken against 0 instead of a -inf maximum, so it stays 0, not NaN."""
+    """Online softmax over keys [start, end); CAUSAL adds the mask ``key <= q_lim`` (the query's
+    position, or its image's end), WINDOWED the mask ``key > query position - window``. A row
+    may see no key of a block (a window): its exponents are taken against 0 instead of a -inf
+    maximum, so it stays 0, not NaN."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     for n in range(start, end, BLOCK_N):
@@ -64,7 +67,7 @@ def _attend_keys(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
         seen = valid[None, :]
         if CAUSAL:
-            seen = seen & (pos[None, :] <= q_pos[:, None])
+            seen = seen & (pos[None, :] <= q_lim[:, None])
         if WINDOWED:
             seen = seen & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(seen, s, float("-inf"))
@@ -80,13 +83,13 @@ def _attend_keys(
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, Out, PageTable, Rows, CuSeqlens, SeqLens, Sinks,
+    Q, K, V, Out, PageTable, Rows, CuSeqlens, SeqLens, Sinks, Limits,
     qk_scale, v_scale, window,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh,
     stride_pt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-    WINDOWED: tl.constexpr, HAS_SINKS: tl.constexpr,
+    WINDOWED: tl.constexpr, HAS_SINKS: tl.constexpr, BLOCKS: tl.constexpr,
 ):
     mb = tl.program_id(0)
     b = tl.program_id(1)
@@ -108,9 +111,13 @@ def _extend_kernel(
         mask=m_mask[:, None] & d_mask[None, :], other=0.0,
     )
     q_pos = cached + offs_m
+    q_lim = q_pos
     # keys [0, mid) are visible to every row of the block (no causal mask needed), [mid, end) are
     # the diagonal; a block past the request's end loops zero times
     end = tl.minimum(seq_len, cached + (mb + 1) * BLOCK_M)
+    if BLOCKS:  # an image's tokens see up to its last
+        q_lim = tl.load(Limits + q_rows, mask=m_mask, other=0)
+        end = tl.minimum(seq_len, tl.max(tl.where(m_mask, q_lim, 0), 0) + 1)
     end = tl.where(mb * BLOCK_M < ext, end, 0)
     mid = tl.minimum(cached + mb * BLOCK_M, end)
     lo = 0
@@ -123,12 +130,12 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     pt_row = PageTable + row * stride_pt
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, q_pos, K, V, pt_row, kvh, lo, mid, qk_scale,
+        acc, m_i, l_i, q, q_pos, q_lim, K, V, pt_row, kvh, lo, mid, qk_scale,
         stride_kn, stride_kh, stride_vn, stride_vh, d_mask, window, BLOCK_N, BLOCK_D, False,
         DOT_PREC, WINDOWED,
     )
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, q_pos, K, V, pt_row, kvh, mid, end, qk_scale,
+        acc, m_i, l_i, q, q_pos, q_lim, K, V, pt_row, kvh, mid, end, qk_scale,
         stride_kn, stride_kh, stride_vn, stride_vh, d_mask, window, BLOCK_N, BLOCK_D, True,
         DOT_PREC, WINDOWED,
     )
@@ -170,6 +177,7 @@ def extend_attention(
     kv_scales: tuple[float, float] = (1.0, 1.0),
     window: int = 0,  # > 0: each query sees its last ``window`` positions only
     sinks: torch.Tensor | None = None,  # [Hq] one logit per query head in the denominator
+    key_limits: torch.Tensor | None = None,  # [T] int32: the last key each query sees
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context -> ``[T, Hq, D]``.
     ``kv_scales``: (k_scale, v_scale) of an FP8 cache (stored value * scale = K, V)."""
@@ -189,13 +197,14 @@ def extend_attention(
     grid = (triton.cdiv(max_extend, block_m), num_reqs, hq)
     _extend_kernel[grid](
         q, k_cache, v_cache, out, page_table, rows, cu_seqlens, seq_lens,
-        rows if sinks is None else sinks, scale * _LOG2E * kv_scales[0], kv_scales[1], window,
+        rows if sinks is None else sinks, rows if key_limits is None else key_limits,
+        scale * _LOG2E * kv_scales[0], kv_scales[1], window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
         GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
         BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        WINDOWED=window > 0, HAS_SINKS=sinks is not None,
+        WINDOWED=window > 0, HAS_SINKS=sinks is not None, BLOCKS=key_limits is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

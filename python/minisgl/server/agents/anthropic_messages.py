@@ -290,10 +290,12 @@ async def count_tokens(request: Request) -> Response:
         await tokens.get()
         if tokens.tokenizer is None:
             raise ApiError(400, "messages: this model has no tokenizer", "messages")
-        from minisgl.tokenizer.tokenize import IMAGES_NOT_SERVED, TokenizeManager
+        from minisgl.tokenizer.tokenize import TokenizeManager
 
         if any(isinstance(m.get("content"), list) for m in body["messages"]):
-            raise ApiError(400, f"messages: {IMAGES_NOT_SERVED}", "messages")
+            # an image's tokens depend on its size: the tokenizer worker's preprocessing
+            raise ApiError(400, "messages: the tokens of images are not counted here (send "
+                           "the request: its usage counts them)", "messages")
 
         msg = TokenizeMsg(uid=0, sampling_params=SamplingParams(), messages=body["messages"],
                           tools=body.get("tools") if body.get("tool_choice") != "none" else None,

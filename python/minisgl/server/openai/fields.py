@@ -86,7 +86,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "mcp_servers": "MCP servers (a server-side tool) are not supported",
     },
     "GenerateRequest": {
-        "image_data": "images are not supported",
         "audio_data": "audio is not supported",
         "lora_path": "LoRA adapters are not supported",
         "return_text_in_logprobs": "log-probs carry token ids only",

@@ -1,5 +1,7 @@
 """``/generate``: SGLang's native endpoint (text or token ids in, text, ids and ``meta_info``
-out), which SGLang's router and tools call."""
+out), which SGLang's router and tools call. A vision model's text prompt may carry
+``image_data``, one image per placeholder the text holds (Qwen's ``<|image_pad|>``, Gemma 3's
+``<start_of_image>``, Gemma 4's ``<|image|>``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from minisgl.server.openai.call import respond
 from minisgl.server.openai.echo import generate_prompt_logprobs
 from minisgl.server.openai.fields import ROUTER_NO_MODEL
 from minisgl.server.openai.generation_defaults import apply_to_dict
+from minisgl.server.openai.images import generate_images, load_images
 from minisgl.server.openai.protocol import GenerateRequest, parse
 from minisgl.server.openai.request_context import check_model, read_json, start_call
 from minisgl.server.openai.validation import check_limits
@@ -24,10 +27,13 @@ async def generate(request: Request) -> Response:
     req = parse(GenerateRequest, await read_json(request))
     req.sampling_params = apply_to_dict(req.sampling_params, request.app.state.sampling_defaults)
     check_model(request, None if req.model == ROUTER_NO_MODEL else req.model)
-    fields = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
+    fields: dict = {"text": req.text} if req.text is not None else {"input_ids": req.input_ids}
     params = check_limits(req.params(), "sampling_params.")
+    refs = generate_images(request, req.image_data, req.text)
     if params.grammar is not None:
         await structured.check((*params.grammar, f"sampling_params.{params.grammar[0]}"))
+    if refs:  # fetched once all else is checked
+        fields["images"] = await load_images(request, refs)
     call = await start_call(request, [(fields, params, 0)], None, req.text or req.input_ids)
     (state,) = call.states.values()
 

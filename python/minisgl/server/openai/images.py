@@ -13,7 +13,14 @@ import os
 from fastapi import Request
 
 from minisgl.multimodal.fetch import load_image
-from minisgl.multimodal.items import ImageItem, ImageRef, MediaError, check_count, split_images
+from minisgl.multimodal.items import (
+    ImageItem,
+    ImageRef,
+    MediaError,
+    check_count,
+    image_ref,
+    split_images,
+)
 from minisgl.server.openai.protocol import ApiError
 from minisgl.server.openai.request_context import server_config
 
@@ -44,6 +51,27 @@ def chat_images(request: Request, messages: list[dict]) -> tuple[list[dict], lis
     except MediaError as e:
         raise ApiError(400, str(e), e.param) from None
     return messages, refs
+
+
+def generate_images(request: Request, image_data: str | list[str] | None,
+                    text: str | None) -> list[ImageRef]:
+    """``/generate``'s ``image_data`` (SGLang's: one URL or a list), for a text prompt whose
+    placeholders they fill."""
+    if image_data is None:
+        return []
+    urls = [image_data] if isinstance(image_data, str) else image_data
+    if not request.app.state.vision:
+        raise ApiError(400, "image_data: this model takes no images (it has no vision tower)",
+                       "image_data")
+    if text is None:
+        raise ApiError(400, "image_data: images come with a text prompt, not input_ids",
+                       "image_data")
+    try:
+        refs = [image_ref(url, f"image_data[{i}]") for i, url in enumerate(urls)]
+        check_count(refs, server_config(request).media.limit_mm_per_prompt, "image_data")
+    except MediaError as e:
+        raise ApiError(400, str(e), e.param) from None
+    return refs
 
 
 async def load_images(request: Request, refs: list[ImageRef]) -> list[ImageItem] | None:

@@ -276,6 +276,8 @@ class GenerateRequest(_Strict):
     return_logprob: bool = False
     logprob_start_len: int = Field(-1, ge=-1)
     top_logprobs_num: int = Field(0, ge=0, le=20)
+    # SGLang's images of a text prompt (data URLs or http(s) URLs), one per placeholder in it
+    image_data: str | list[str] | None = None
 
     def params(self) -> SamplingParams:
         if (self.text is None) == (self.input_ids is None):

@@ -18,8 +18,9 @@ triton = import_triton()
 
 from minisgl.kernel.triton import norm as triton_norm
 from minisgl.kernel.triton.partial_rope import qk_norm_partial_rope
+from minisgl.layers import RMSNorm
 from minisgl.layers import gated_delta as ops
-from minisgl.layers.gated_attention import OffsetRMSNorm, _cos_sin, partial_rope
+from minisgl.layers.gated_attention import _cos_sin, partial_rope
 from minisgl.models.config import RotaryConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -32,8 +33,8 @@ def _randn(*shape, seed=0, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(DEV, DTYPE)
 
 
-def _offset_norm(dim: int) -> OffsetRMSNorm:
-    norm = OffsetRMSNorm(dim, 1e-6)
+def _offset_norm(dim: int) -> RMSNorm:
+    norm = RMSNorm(dim, 1e-6, offset=1.0)
     norm.weight.data = _randn(dim, seed=1, scale=0.3).cpu()
     return norm
 
@@ -43,7 +44,7 @@ def _offset_norm(dim: int) -> OffsetRMSNorm:
 def test_offset_rms_norm_matches_the_reference(residual) -> None:
     norm = _offset_norm(96)
     x, r = _randn(5, 96, seed=2), _randn(5, 96, seed=3)
-    ref = norm(x.cpu(), r.cpu() if residual else None)
+    ref = norm.add_norm(x.cpu(), r.cpu()) if residual else norm(x.cpu())
     w = norm.weight.data.to(DEV)
     if residual:
         out, res = triton_norm.fused_add_rms_norm(x, r, w, 1e-6, offset=True)

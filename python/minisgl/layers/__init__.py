@@ -3,7 +3,7 @@ from .attention import AttentionLayer
 from .embedding import ParallelLMHead, VocabParallelEmbedding
 from .linear import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel, ReplicatedLinear
 from .moe import MoELayer
-from .norm import RMSNorm, RMSNormFused
+from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -14,7 +14,6 @@ __all__ = [
     "MoELayer",
     "ParallelLMHead",
     "RMSNorm",
-    "RMSNormFused",
     "ReplicatedLinear",
     "RotaryEmbedding",
     "VocabParallelEmbedding",

@@ -31,9 +31,10 @@ class AttentionLayer(nn.Module):
     """``kv_layer``: the pool layer (default ``layer_id``); ``head_dim``/``num_kv_heads``/``scale``
     override the config's (``scale`` defaults to ``head_dim ** -0.5``); ``sliding_window``: None or
     W; ``sinks``: learn one logit per query head (parameter ``sinks``, loaded per rank);
-    ``rotary``: the layer's RoPE module (default: the config's); ``norm``: the class of the q/k
-    norms, ``norm(head_dim, eps)`` (default: ``RMSNorm`` when the config has q/k norms, else
-    none); ``v_norm``: the same for v (Gemma 4), none by default."""
+    ``rotary``: the layer's RoPE module (default: the config's); ``norm``: makes the q/k norms,
+    ``norm(head_dim, eps)`` (default: ``RMSNorm`` when the config has q/k norms, else none;
+    ``functools.partial(RMSNorm, offset=1.0)`` for another variant); ``v_norm``: the same for v
+    (Gemma 4), none by default."""
 
     pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
 
@@ -42,8 +43,8 @@ class AttentionLayer(nn.Module):
                  num_kv_heads: int | None = None, scale: float | None = None,
                  sliding_window: int | None = None, sinks: bool = False,
                  logit_softcap: float | None = None, rotary: nn.Module | None = None,
-                 norm: Callable[[int, float], nn.Module] | None = None,
-                 v_norm: Callable[[int, float], nn.Module] | None = None) -> None:
+                 norm: Callable[[int, float], RMSNorm] | None = None,
+                 v_norm: Callable[[int, float], RMSNorm] | None = None) -> None:
         super().__init__()
         head_dim = head_dim or cfg.head_dim
         self.layer_id, self.head_dim = layer_id, head_dim
@@ -72,7 +73,7 @@ class AttentionLayer(nn.Module):
             rotary=getattr(self.rotary, "cfg", None),
         )
         # the fused CUDA kernel: RMSNorm (w) norms, RoPE over the whole head
-        self._fusable = (type(self.q_norm) in (RMSNorm, type(None)) and self.v_norm is None
+        self._fusable = ((self.q_norm is None or self.q_norm.plain) and self.v_norm is None
                          and type(self.rotary) is RotaryEmbedding
                          and self.rotary.cfg.head_dim == head_dim)
 

@@ -2,7 +2,8 @@
 linear attention between these layers is ``linear_attention.py``.
 
 Norm convention: every RMSNorm of these checkpoints but the gated one scales by ``1 + weight``
-(weights are stored centred on zero), computed in fp32 and cast once, as the reference does.
+(weights are stored centred on zero: ``RMSNorm(offset=1.0)``), computed in fp32 and cast once, as
+the reference does.
 """
 
 from __future__ import annotations
@@ -16,43 +17,14 @@ from torch import nn
 from minisgl.attention.spec import AttentionSpec
 from minisgl.distributed import DistributedCommunicator
 
-from .base import divide, new_param
+from .base import divide
 from .linear import LinearQKVMerged, LinearRowParallel
+from .norm import RMSNorm
 from .rotary import _inv_freq
 
 if TYPE_CHECKING:
     from minisgl.context import Context
     from minisgl.models.config import ModelConfig, RotaryConfig
-
-
-class OffsetRMSNorm(nn.Module):
-    """``norm(x) * (1 + weight)``; with a residual, ``(norm(x + r) * (1 + w), x + r)``."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = new_param(size)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if x.is_cuda:  # one Triton pass (``kernel/triton/norm.py``)
-            from minisgl.kernel.triton import norm
-
-            if residual is not None:
-                return norm.fused_add_rms_norm(x, residual, self.weight, self.eps, offset=True)
-            out = norm.rms_norm(x, self.weight, self.eps, offset=True)
-            return out if not self.fused else (out, x)
-        if residual is not None:
-            x = x + residual
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = (out * (1.0 + self.weight.float())).to(x.dtype)
-        return out if residual is None and not self.fused else (out, x)
-
-    fused = False
-
-
-class FusedOffsetRMSNorm(OffsetRMSNorm):
-    fused = True
 
 
 @lru_cache(maxsize=8)
@@ -93,8 +65,8 @@ class GatedAttention(nn.Module):
         self.local_qo = self.qkv_proj.local_qo // 2
         self.o_proj = LinearRowParallel(cfg.num_qo_heads * cfg.head_dim, cfg.hidden_size, False,
                                         comm, cfg.quant)
-        self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset=1.0)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset=1.0)
         self.spec = AttentionSpec(kv_layer, self.local_qo, self.qkv_proj.local_kv, cfg.head_dim,
                                   cfg.head_dim**-0.5, rotary=rotary)
 

@@ -9,14 +9,14 @@ model file: the layers get ``cfg.quant`` and ask its methods (``minisgl.quant``)
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import CacheSpec
-from minisgl.layers import ParallelLMHead, RMSNormFused, VocabParallelEmbedding
+from minisgl.layers import ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from minisgl.layers.base import copy_weight, materialize
 from minisgl.moe import BaseMoeBackend
 
@@ -44,7 +44,8 @@ class BaseLLMModel(nn.Module):
     ``layer(x, residual, positions, ctx) -> (x, residual)`` and may offer ``fuse_norms()``,
     called once after loading, before the weights are processed."""
 
-    final_norm_cls: type[nn.Module] = RMSNormFused  # called as norm(x, residual) -> (x, residual)
+    # the family's RMSNorm variant (``layers/norm.py``): ``RMSNorm(size, eps, **norm_options)``
+    norm_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator, moe: BaseMoeBackend):
         super().__init__()
@@ -53,7 +54,7 @@ class BaseLLMModel(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(cfg, i, comm, moe) for i in range(cfg.num_layers)
         )
-        self.norm = self.final_norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = self.make_norm(cfg.hidden_size)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
                                       quant=cfg.quant)
@@ -62,6 +63,9 @@ class BaseLLMModel(nn.Module):
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
         """This family's ``ModelConfig`` from a ``config.json`` dict."""
         return ModelConfig(**common_fields(raw))
+
+    def make_norm(self, size: int) -> RMSNorm:
+        return RMSNorm(size, self.cfg.rms_norm_eps, **self.norm_options)
 
     def make_layer(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator,
                    moe: BaseMoeBackend) -> nn.Module:
@@ -79,7 +83,7 @@ class BaseLLMModel(nn.Module):
             x, residual = layer(x, residual, positions, ctx)
             if i in self.aux_layers:  # the stream after layer i: what layer i + 1 adds to
                 aux.append(x if residual is None else x + residual)
-        hidden = self.norm(x, residual)[0]
+        hidden = self.norm.add_norm(x, residual)[0]
         return torch.cat([hidden, *aux], -1) if aux else hidden
 
     def capture_aux(self, layers: tuple[int, ...]) -> None:

@@ -14,6 +14,7 @@ layers per global one. Every layer's window and rope are in its ``AttentionSpec`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -25,12 +26,10 @@ from minisgl.layers import (
     AttentionLayer,
     LinearColParallelMerged,
     LinearRowParallel,
-    ParallelLMHead,
+    RMSNorm,
     RotaryEmbedding,
-    VocabParallelEmbedding,
 )
 from minisgl.layers.activation import gelu_and_mul
-from minisgl.layers.gated_attention import OffsetRMSNorm
 from minisgl.moe import BaseMoeBackend
 
 from .base import BaseLLMModel
@@ -126,8 +125,7 @@ class GeluMLP(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator,
-                 moe: BaseMoeBackend | None = None) -> None:
+    def __init__(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator) -> None:
         super().__init__()
         sliding = cfg.layer_types[layer_id] == "sliding_attention"
         rotary = cfg.local_rotary if sliding else cfg.rotary
@@ -135,14 +133,14 @@ class Gemma3DecoderLayer(nn.Module):
             cfg, layer_id, comm, scale=cfg.query_pre_attn_scalar**-0.5,
             sliding_window=cfg.sliding_window if sliding else None,
             logit_softcap=cfg.attn_logit_softcap, rotary=RotaryEmbedding(rotary),
-            norm=OffsetRMSNorm,
+            norm=functools.partial(RMSNorm, offset=1.0),
         )
         self.mlp = GeluMLP(cfg, comm)
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.input_layernorm = OffsetRMSNorm(h, eps)
-        self.post_attention_layernorm = OffsetRMSNorm(h, eps)
-        self.pre_feedforward_layernorm = OffsetRMSNorm(h, eps)
-        self.post_feedforward_layernorm = OffsetRMSNorm(h, eps)
+        self.input_layernorm = RMSNorm(h, eps, offset=1.0)
+        self.post_attention_layernorm = RMSNorm(h, eps, offset=1.0)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps, offset=1.0)
+        self.post_feedforward_layernorm = RMSNorm(h, eps, offset=1.0)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         h = self.self_attn(self.input_layernorm(x), positions, ctx)
@@ -154,24 +152,15 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3ForCausalLM(BaseLLMModel):
     cfg: GemmaConfig
     softcaps_logits = True  # final_logit_softcapping, when the config sets it
-    layer_cls: type[nn.Module] = Gemma3DecoderLayer  # Gemma 4 brings its own layer and norm
-    norm_cls: type[nn.Module] = OffsetRMSNorm
+    norm_options = {"offset": 1.0}
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
         return parse_gemma3(raw)
 
-    def __init__(self, cfg: GemmaConfig, comm: DistributedCommunicator,
-                 moe: BaseMoeBackend) -> None:
-        nn.Module.__init__(self)  # not BaseLLMModel's: Gemma's norms and layers
-        self.cfg = cfg
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, comm)
-        self.layers = nn.ModuleList(self.layer_cls(cfg, i, comm, moe)
-                                    for i in range(cfg.num_layers))
-        self.norm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
-        tied = self.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
-                                      quant=cfg.quant)
+    def make_layer(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator,
+                   moe: BaseMoeBackend) -> nn.Module:
+        return Gemma3DecoderLayer(cfg, layer_id, comm)
 
     @classmethod
     def checkpoint_shapes(cls, cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import AttentionLayer, RotaryEmbedding
+from minisgl.layers import AttentionLayer, RMSNorm, RotaryEmbedding
 from minisgl.layers.base import new_param
 from minisgl.moe import BaseMoeBackend
 
@@ -116,22 +116,6 @@ def layer_attention(cfg: dict[str, Any], types: list[str], head_dim: int, kv_hea
     return tuple(out)
 
 
-class Gemma4Norm(nn.Module):
-    """``x / rms(x) * w`` in fp32, cast once; ``scale=False``: no weight (v's norm)."""
-
-    def __init__(self, size: int, eps: float, scale: bool = True) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = new_param(size) if scale else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if self.weight is not None:
-            out = out * self.weight.float()
-        return out.to(x.dtype)
-
-
 class ProportionalRotary(nn.Module):
     """Neox RoPE over the whole head whose first ``fraction`` of the frequencies are the usual
     ``base ** (-2i / head_dim)`` (the exponent over the whole head size, not the rotated part)
@@ -180,8 +164,9 @@ class Gemma4DecoderLayer(nn.Module):
         self.self_attn = AttentionLayer(
             cfg, layer_id, comm, head_dim=head_dim, num_kv_heads=kv_heads, scale=1.0,
             sliding_window=cfg.sliding_window if sliding else None,
-            logit_softcap=cfg.attn_logit_softcap, rotary=rotary, norm=Gemma4Norm,
-            v_norm=functools.partial(Gemma4Norm, scale=False),
+            logit_softcap=cfg.attn_logit_softcap, rotary=rotary,
+            norm=functools.partial(RMSNorm, fp32=True),
+            v_norm=functools.partial(RMSNorm, scale=False),
         )
         self.mlp = GeluMLP(cfg, comm)
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -192,7 +177,7 @@ class Gemma4DecoderLayer(nn.Module):
                       "pre_feedforward_layernorm_2"]
             self.moe = Gemma4MoE(cfg, comm, moe)
         for name in names:
-            setattr(self, name, Gemma4Norm(h, eps))
+            setattr(self, name, RMSNorm(h, eps, fp32=True))
         self.layer_scalar = new_param(1)
         self.has_moe = cfg.moe_block
 
@@ -210,14 +195,17 @@ class Gemma4DecoderLayer(nn.Module):
 class Gemma4ForCausalLM(Gemma3ForCausalLM):
     cfg: Gemma4Config
     softcaps_logits = True
-    layer_cls = Gemma4DecoderLayer
-    norm_cls = Gemma4Norm
+    norm_options = {"fp32": True}
     _skipped = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
                 "model.embed_audio.", "vision_tower.", "audio_tower.")
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
         return parse_gemma4(raw)
+
+    def make_layer(self, cfg: Gemma4Config, layer_id: int, comm: DistributedCommunicator,
+                   moe: BaseMoeBackend) -> nn.Module:
+        return Gemma4DecoderLayer(cfg, layer_id, comm, moe)
 
     def checkpoint_names(self, name: str) -> tuple[str, object] | None:
         if name.startswith(self._skipped):

@@ -23,7 +23,8 @@ from torch import nn
 from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import CacheSpec
 from minisgl.kvcache.state_pool import StateShape
-from minisgl.layers.gated_attention import FusedOffsetRMSNorm, GatedAttention
+from minisgl.layers import RMSNorm
+from minisgl.layers.gated_attention import GatedAttention
 from minisgl.layers.linear_attention import GatedDeltaNet
 from minisgl.moe import BaseMoeBackend
 from minisgl.utils import init_logger
@@ -57,14 +58,14 @@ class HybridDecoderLayer(nn.Module):
             self.mlp = SharedExpertMoE(cfg, hybrid.shared_expert_intermediate_size, comm, moe)
         else:
             self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, comm, cfg.quant)
-        self.input_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
-        x, residual = self.input_layernorm(x, residual)
+        x, residual = self.input_layernorm.add_norm(x, residual)
         x = self.linear_attn(x, ctx) if self.is_linear else self.self_attn(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm.add_norm(x, residual)
         return self.mlp(x), residual
 
 
@@ -91,7 +92,7 @@ class HybridModel(BaseLLMModel):
     """The decoder of every hybrid family; subclasses set the checkpoint conventions."""
 
     linear_cls: type[GatedDeltaNet]
-    final_norm_cls = FusedOffsetRMSNorm
+    norm_options = {"offset": 1.0}
     prefix = "model."
     # checkpoint parts that are not the text model: skipped, and loading says so
     skipped = {"mtp.": "the multi-token-prediction head (loaded for the speculative method 'mtp')"}

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import AttentionLayer, LinearColParallelMerged, LinearRowParallel, RMSNormFused
+from minisgl.layers import AttentionLayer, LinearColParallelMerged, LinearRowParallel, RMSNorm
 from minisgl.layers.fusion import NormFusion, fuse_norms
 from minisgl.moe import BaseMoeBackend
 
@@ -50,8 +50,8 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = attn if attn is not None else AttentionLayer(cfg, layer_id, comm)
         self.mlp = mlp
-        self.input_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tp_size = comm.info.size
         self.fusion = NormFusion()
 
@@ -62,9 +62,9 @@ class LlamaDecoderLayer(nn.Module):
             return self._forward_one_token(x, residual, positions, ctx)
         # the projections after the norms quantize their input per token: the norms do it instead
         quant = self.fusion.quantized_inputs and x.is_cuda and x.shape[0] > 1
-        x, residual = self.input_layernorm(x, residual, quant)
+        x, residual = self.input_layernorm.add_norm(x, residual, quant)
         x = self.self_attn(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual, quant)
+        x, residual = self.post_attention_layernorm.add_norm(x, residual, quant)
         return self.mlp(x), residual
 
     def _forward_one_token(

@@ -21,17 +21,11 @@ from minisgl.layers.base import copy_weight, materialize
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig, common_fields
+from .names import CheckpointNames
 
 if TYPE_CHECKING:
     from minisgl.context import Context
 
-# checkpoint name -> (our parameter name, shard id; 2: the id is the regex's second group)
-STACKED = [
-    (re.compile(r"(.*)\.self_attn\.([qkv])_proj\.(weight|bias|weight_scale_inv)$"),
-     r"\1.self_attn.qkv_proj.\3", 2),
-    (re.compile(r"(.*)\.mlp\.gate_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 0),
-    (re.compile(r"(.*)\.mlp\.up_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 1),
-]
 # per-layer FP8 KV-cache scales (``layers.N.self_attn.k_scale``), kept for the KV pool
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
 _WIDE = (torch.bfloat16, torch.float16, torch.float32)  # unquantized checkpoint dtypes
@@ -46,6 +40,8 @@ class BaseLLMModel(nn.Module):
 
     # the family's RMSNorm variant (``layers/norm.py``): ``RMSNorm(size, eps, **norm_options)``
     norm_options: ClassVar[dict[str, Any]] = {}
+    # the family's checkpoint names (``names.py``); Llama's by default
+    names: CheckpointNames = CheckpointNames()
 
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator, moe: BaseMoeBackend):
         super().__init__()
@@ -117,18 +113,14 @@ class BaseLLMModel(nn.Module):
         return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers))
 
     def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        """Map a Hugging Face tensor name to (our parameter, shard id); None to skip it."""
-        name = name.removeprefix("model.")
-        if name.startswith("lm_head.") and self.cfg.tie_word_embeddings:
-            return None
+        """Map a Hugging Face tensor name to (our parameter, shard id) through the family's
+        ``names``; None to skip it (a tied LM head, RoPE's cached frequencies)."""
         if "rotary_emb.inv_freq" in name:
             return None
-        for pattern, target, shard in STACKED:
-            match = pattern.match(name)
-            if match:
-                shard_id = match.group(2) if shard == 2 else shard
-                return match.expand(target), shard_id
-        return name, None
+        mapped = self.names.map(name)
+        if mapped is None or (mapped[0].startswith("lm_head.") and self.cfg.tie_word_embeddings):
+            return None
+        return mapped
 
     def expand_tensor(self, name: str, tensor: Any) -> Iterable[tuple[str, Any]]:
         """The tensors one checkpoint tensor loads as (a family whose checkpoint stacks what the

@@ -22,18 +22,12 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import (
-    AttentionLayer,
-    LinearColParallelMerged,
-    LinearRowParallel,
-    RMSNorm,
-    RotaryEmbedding,
-)
-from minisgl.layers.activation import gelu_and_mul
+from minisgl.layers import AttentionLayer, GatedMLP, RMSNorm, RotaryEmbedding
 from minisgl.moe import BaseMoeBackend
 
 from .base import BaseLLMModel
 from .config import ModelConfig, RotaryConfig, common_fields, rotary_config
+from .names import CheckpointNames
 from .weight import _checkpoint_shapes
 
 if TYPE_CHECKING:
@@ -48,10 +42,13 @@ TEXT_DEFAULTS: dict[str, Any] = dict(
     final_logit_softcapping=None, attn_logit_softcapping=None, rope_theta=1_000_000.0,
     rope_local_base_freq=10_000.0, sliding_window_pattern=6,
 )
-# the parts of a Gemma3ForConditionalGeneration checkpoint that are not the text model
-_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-            "model.multi_modal_projector.")
-_TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
+# the text model under any of the multimodal layouts' prefixes; the parts of a
+# Gemma3ForConditionalGeneration checkpoint that are not the text model skipped
+NAMES = CheckpointNames(
+    prefixes=(("model.language_model.", ""), ("language_model.model.", ""),
+              ("language_model.", ""), ("model.", "")),
+    skipped=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+             "model.multi_modal_projector."))
 
 
 @dataclass(frozen=True)
@@ -110,20 +107,6 @@ def parse_gemma3(raw: dict[str, Any]) -> GemmaConfig:
     )
 
 
-class GeluMLP(nn.Module):
-    """``down(gelu_tanh(gate(x)) * up(x))``."""
-
-    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator) -> None:
-        super().__init__()
-        inter = cfg.intermediate_size
-        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False,
-                                                    comm.info, cfg.quant)
-        self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm, cfg.quant)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_and_mul(self.gate_up_proj(x)))
-
-
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator) -> None:
         super().__init__()
@@ -135,7 +118,7 @@ class Gemma3DecoderLayer(nn.Module):
             logit_softcap=cfg.attn_logit_softcap, rotary=RotaryEmbedding(rotary),
             norm=functools.partial(RMSNorm, offset=1.0),
         )
-        self.mlp = GeluMLP(cfg, comm)
+        self.mlp = GatedMLP.from_config(cfg, comm)
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps, offset=1.0)
         self.post_attention_layernorm = RMSNorm(h, eps, offset=1.0)
@@ -153,6 +136,7 @@ class Gemma3ForCausalLM(BaseLLMModel):
     cfg: GemmaConfig
     softcaps_logits = True  # final_logit_softcapping, when the config sets it
     norm_options = {"offset": 1.0}
+    names = NAMES
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -186,16 +170,6 @@ class Gemma3ForCausalLM(BaseLLMModel):
         if cap is None or not self.softcaps_logits:
             return logits
         return torch.tanh(logits / cap) * cap
-
-    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        """The text model's tensors under any of the multimodal layouts' prefixes."""
-        if name.startswith(_SKIPPED):
-            return None
-        for prefix in _TEXT_PREFIXES:
-            if name.startswith(prefix):
-                name = "model." + name.removeprefix(prefix)
-                break
-        return super().checkpoint_names(name)
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):

@@ -8,33 +8,47 @@ scale is 1 (q and k are normalised); global layers have their own head size
 no v projection (V is K's projection before its norm and RoPE: loading copies ``k_proj`` into the
 v slot of the merged projection), and a proportional partial RoPE (``ProportionalRotary``); local
 layers take the default RoPE. Each layer's output is multiplied by a loaded ``layer_scalar``. With
-``enable_moe_block`` every layer adds a routed MoE (``moe_gemma4.py``) beside its dense MLP.
+``enable_moe_block`` every layer adds a routed MoE beside its dense MLP: a ``MoELayer`` with
+GELU-tanh experts and Gemma's router scales (``MoESpec.router_scales``), its experts stored as the
+quantization config says like any family's.
 Per-layer input embeddings and KV sharing across layers (Gemma 3n-style) are refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import AttentionLayer, RMSNorm, RotaryEmbedding
+from minisgl.layers import AttentionLayer, GatedMLP, RMSNorm, RotaryEmbedding
 from minisgl.layers.base import new_param
-from minisgl.moe import BaseMoeBackend
+from minisgl.layers.moe import MoELayer, MoESpec, Stacked
+from minisgl.moe import BaseMoeBackend, MoeActivation
 
 from .config import ModelConfig, RotaryConfig, common_fields, rotary_config
-from .gemma3 import TEXT_DEFAULTS, GeluMLP, Gemma3ForCausalLM, GemmaConfig
-from .moe_gemma4 import Gemma4MoE
+from .gemma3 import NAMES as GEMMA3_NAMES
+from .gemma3 import TEXT_DEFAULTS, Gemma3ForCausalLM, GemmaConfig
+from .names import MERGED
 
 if TYPE_CHECKING:
     from minisgl.context import Context
 
-_K_PROJ = re.compile(r"(.*layers\.(\d+)\.self_attn\.)k_proj\.weight$")
+# the text model's tensors, its MoE block's router and experts in the layer's ``moe``; the vision
+# and audio towers skipped
+NAMES = dataclasses.replace(GEMMA3_NAMES, renames={
+    **MERGED,
+    "router.proj": ("moe.gate", None),
+    "router.scale": ("moe.router_scale", None),
+    "router.per_expert_scale": ("moe.expert_scale", None),
+    "experts.gate_up_proj": ("moe.w13", Stacked()),
+    "experts.down_proj": ("moe.w2", Stacked()),
+}, skipped=GEMMA3_NAMES.skipped + ("model.audio_tower.", "model.embed_vision.",
+                                   "model.embed_audio.", "audio_tower."))
 
 
 @dataclass(frozen=True)
@@ -168,14 +182,16 @@ class Gemma4DecoderLayer(nn.Module):
             norm=functools.partial(RMSNorm, fp32=True),
             v_norm=functools.partial(RMSNorm, scale=False),
         )
-        self.mlp = GeluMLP(cfg, comm)
+        self.mlp = GatedMLP.from_config(cfg, comm)
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                  "post_feedforward_layernorm"]
         if cfg.moe_block:
             names += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                       "pre_feedforward_layernorm_2"]
-            self.moe = Gemma4MoE(cfg, comm, moe)
+            spec = MoESpec(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+                           router_scales=True, act=MoeActivation("gelu_tanh"))
+            self.moe = MoELayer(cfg, comm, moe, cfg.quant, spec)
         for name in names:
             setattr(self, name, RMSNorm(h, eps, fp32=True))
         self.layer_scalar = new_param(1)
@@ -185,8 +201,8 @@ class Gemma4DecoderLayer(nn.Module):
         h = self.self_attn(self.input_layernorm(x), positions, ctx)
         x = x + self.post_attention_layernorm(h)
         h = self.mlp(self.pre_feedforward_layernorm(x))
-        if self.has_moe:  # the router and the experts read the stream before the MLP
-            experts = self.moe(x, self.pre_feedforward_layernorm_2(x))
+        if self.has_moe:  # the router reads the stream before the MLP, the experts its norm
+            experts = self.moe(self.pre_feedforward_layernorm_2(x), router_input=x)
             h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(experts)
         x = x + self.post_feedforward_layernorm(h)
         return x * self.layer_scalar
@@ -196,8 +212,7 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
     cfg: Gemma4Config
     softcaps_logits = True
     norm_options = {"fp32": True}
-    _skipped = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
-                "model.embed_audio.", "vision_tower.", "audio_tower.")
+    names = NAMES
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -207,35 +222,15 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
                    moe: BaseMoeBackend) -> nn.Module:
         return Gemma4DecoderLayer(cfg, layer_id, comm, moe)
 
-    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        if name.startswith(self._skipped):
-            return None
-        name = name.replace("model.language_model.", "model.", 1)
-        moe = re.match(r"model\.layers\.(\d+)\.(router\.|experts\.)(.*)$", name)
-        if moe:  # the router and experts live in this layer's ``moe`` module
-            return self.moe_names(f"layers.{moe.group(1)}.moe.{moe.group(2)}{moe.group(3)}")
-        return super().checkpoint_names(name)
-
-    @staticmethod
-    def moe_names(name: str) -> tuple[str, object]:
-        if name.endswith(".router.proj.weight"):
-            return name.replace(".router.proj.weight", ".gate"), None
-        return name.replace(".router.", ".").replace(".experts.", "."), None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def expand_tensor(self, name: str, tensor: Any) -> Iterator[tuple[str, Any]]:
         """K = V layers: the checkpoint's ``k_proj`` also fills the v rows of the merged
         projection."""
-        cfg = self.cfg
-
-        def with_v() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                yield name, tensor
-                m = _K_PROJ.match(name)
-                if (m and cfg.k_eq_v
-                        and cfg.layer_types[int(m.group(2))] == "full_attention"):
-                    yield m.group(1) + "v_proj.weight", tensor
-
-        super().load_weights(with_v())
+        yield name, tensor
+        mapped = self.checkpoint_names(name)
+        if mapped is not None and mapped[1] == "k" and self.cfg.k_eq_v:
+            layer = int(mapped[0].split(".")[1])
+            if self.cfg.layer_types[layer] == "full_attention":
+                yield name.replace(".k_proj.", ".v_proj."), tensor
 
     @classmethod
     def checkpoint_shapes(cls, cfg: Gemma4Config) -> Iterator[tuple[str, tuple[int, ...]]]:

@@ -8,22 +8,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import LinearColParallelMerged, LinearRowParallel, MoELayer
+from minisgl.layers import GatedMLP, MoELayer
 from minisgl.layers.base import new_param
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig
-
-
-class DenseMLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, comm: DistributedCommunicator, quant) -> None:
-        super().__init__()
-        self.gate_up_proj = LinearColParallelMerged(hidden, [inter, inter], False, comm.info,
-                                                    quant)
-        self.down_proj = LinearRowParallel(inter, hidden, False, comm, quant)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x), gated=True)
 
 
 class SharedExpertMoE(nn.Module):
@@ -33,7 +22,7 @@ class SharedExpertMoE(nn.Module):
                  backend: BaseMoeBackend) -> None:
         super().__init__()
         self.experts = MoELayer(cfg, comm, backend, cfg.quant)
-        self.shared_expert = DenseMLP(cfg.hidden_size, shared_inter, comm, cfg.quant)
+        self.shared_expert = GatedMLP(cfg.hidden_size, shared_inter, comm, cfg.quant)
         self.shared_expert_gate = new_param(1, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import AttentionLayer, LinearColParallelMerged, LinearRowParallel, RMSNorm
+from minisgl.layers import AttentionLayer, GatedMLP, RMSNorm
 from minisgl.layers.fusion import NormFusion, fuse_norms
 from minisgl.moe import BaseMoeBackend
 
@@ -18,25 +18,6 @@ from .config import ModelConfig
 
 if TYPE_CHECKING:
     from minisgl.context import Context
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator) -> None:
-        super().__init__()
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (silu)")
-        inter = cfg.intermediate_size
-        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False,
-                                                    comm.info, cfg.quant)
-        self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm, cfg.quant)
-
-    @property
-    def input_linear(self) -> LinearColParallelMerged:
-        """The linear layer the norm before feeds (``layers.fusion``)."""
-        return self.gate_up_proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x), gated=True)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -96,7 +77,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(BaseLLMModel):
     def make_layer(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator,
                    moe: BaseMoeBackend) -> nn.Module:
-        return LlamaDecoderLayer(cfg, layer_id, comm, GatedMLP(cfg, comm))
+        return LlamaDecoderLayer(cfg, layer_id, comm, GatedMLP.from_config(cfg, comm))
 
 
 class MistralForCausalLM(LlamaForCausalLM):

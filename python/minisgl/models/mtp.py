@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import RMSNorm
+from minisgl.layers import GatedMLP, RMSNorm
 from minisgl.layers.gated_attention import GatedAttention
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig
-from .hybrid_mlp import DenseMLP, SharedExpertMoE
+from .hybrid_mlp import SharedExpertMoE
 
 
 class MTPLayer(nn.Module):
@@ -43,7 +43,7 @@ class MTPLayer(nn.Module):
         if cfg.num_experts:
             self.mlp = SharedExpertMoE(cfg, cfg.hybrid.shared_expert_intermediate_size, comm, moe)
         else:
-            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, comm, cfg.quant)
+            self.mlp = GatedMLP.from_config(cfg, comm)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 

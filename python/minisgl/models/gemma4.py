@@ -269,7 +269,3 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
                 yield p + f"{norm}.weight", (h,)
             yield p + "layer_scalar", (1,)
 
-
-class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
-    """The multimodal checkpoint served as text (its ``text_config``, its language model)."""
-

@@ -1,5 +1,6 @@
-"""Llama (incl. Llama-3 RoPE scaling) and Mistral, and the Llama-style decoder layer the Qwen
-families reuse: pre-norm attention and gated-SiLU MLP with fused residual adds."""
+"""Llama (incl. Llama-3 RoPE scaling; Mistral's checkpoints too, ``registry.py``), and the
+Llama-style decoder layer the Qwen families reuse: pre-norm attention and gated-SiLU MLP with
+fused residual adds."""
 
 from __future__ import annotations
 
@@ -79,7 +80,3 @@ class LlamaForCausalLM(BaseLLMModel):
                    moe: BaseMoeBackend) -> nn.Module:
         return LlamaDecoderLayer(cfg, layer_id, comm, GatedMLP.from_config(cfg, comm))
 
-
-class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral's decoder is Llama's. A ``sliding_window`` in its config is not applied: attention
-    always sees the whole context."""

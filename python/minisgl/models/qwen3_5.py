@@ -1,5 +1,8 @@
-"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``; the MoE form and Qwen3.6 in ``qwen3_5_moe.py``):
-the Qwen3-Next decoder with separate linear-attention projections, served as a text model.
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``), and Qwen3.5-MoE and Qwen3.6
+(``Qwen3_5MoeForConditionalGeneration``, the same class, ``registry.py``): the Qwen3-Next decoder
+with separate linear-attention projections, served as a text model. Which layers' MLPs are routed
+experts beside a shared expert (``SharedExpertMoE``) comes from the config
+(``ModelConfig.is_sparse_layer``).
 
 The checkpoint is a vision-language model: the text decoder's weights live under
 ``model.language_model.``, its config under ``text_config`` (``ModelConfig`` reads it). The

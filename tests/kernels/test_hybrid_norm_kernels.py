@@ -18,9 +18,9 @@ triton = import_triton()
 
 from minisgl.kernel.triton import norm as triton_norm
 from minisgl.kernel.triton.partial_rope import qk_norm_partial_rope
-from minisgl.layers import RMSNorm
+from minisgl.layers import RMSNorm, RotaryEmbedding
 from minisgl.layers import gated_delta as ops
-from minisgl.layers.gated_attention import _cos_sin, partial_rope
+from minisgl.layers.rotary import cos_sin_cache
 from minisgl.models.config import RotaryConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,11 +78,10 @@ def test_qk_norm_partial_rope_matches_the_reference() -> None:
     q = q_gate[..., :dim]
     k = _randn(t, hk * dim + 32, seed=9)[:, 32:].reshape(t, hk, dim)
     positions = torch.tensor([0, 5, 9, 17, 40, 63], device=DEV)
-    cos, sin = _cos_sin(rotary, torch.device(DEV))
+    cos, sin = cos_sin_cache(rotary, torch.device(DEV)).chunk(2, dim=-1)
     out_q, out_k = qk_norm_partial_rope(q, k, positions, cos, sin, q_norm.weight.data.to(DEV),
                                         k_norm.weight.data.to(DEV), 1e-6)
-    ref_q = partial_rope(q_norm(q.cpu()), positions.cpu(), rotary)
-    ref_k = partial_rope(k_norm(k.cpu()), positions.cpu(), rotary)
+    ref_q, ref_k = RotaryEmbedding(rotary)(positions.cpu(), q_norm(q.cpu()), k_norm(k.cpu()))
     assert out_q.is_contiguous() and out_k.is_contiguous()
     torch.testing.assert_close(out_q.cpu(), ref_q, **TOL)
     torch.testing.assert_close(out_k.cpu(), ref_k, **TOL)

@@ -8,7 +8,6 @@ the reference does.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,30 +19,11 @@ from minisgl.distributed import DistributedCommunicator
 from .base import divide
 from .linear import LinearQKVMerged, LinearRowParallel
 from .norm import RMSNorm
-from .rotary import _inv_freq
+from .rotary import RotaryEmbedding, cos_sin_cache
 
 if TYPE_CHECKING:
     from minisgl.context import Context
     from minisgl.models.config import ModelConfig, RotaryConfig
-
-
-@lru_cache(maxsize=8)
-def _cos_sin(cfg: RotaryConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), _inv_freq(cfg))
-    return freqs.cos().to(device), freqs.sin().to(device)
-
-
-def partial_rope(x: torch.Tensor, positions: torch.Tensor, cfg: RotaryConfig) -> torch.Tensor:
-    """Neox-style RoPE on the first ``cfg.head_dim`` dims of each head, the rest passed through.
-
-    Text positions only: the checkpoints' mRoPE sections (t, h, w) all see the same position for
-    text, so every frequency rotates by the token's position and mRoPE is plain RoPE."""
-    cos, sin = _cos_sin(cfg, x.device)
-    cos, sin = cos[positions][:, None].to(x.dtype), sin[positions][:, None].to(x.dtype)
-    rot, rest = x[..., : cfg.head_dim], x[..., cfg.head_dim:]
-    x1, x2 = rot.chunk(2, dim=-1)
-    rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return torch.cat([rot, rest], dim=-1)
 
 
 class GatedAttention(nn.Module):
@@ -56,7 +36,8 @@ class GatedAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: RotaryConfig, kv_layer: int,
                  comm: DistributedCommunicator) -> None:
         super().__init__()
-        self.kv_layer, self.head_dim, self.rotary = kv_layer, cfg.head_dim, rotary
+        self.kv_layer, self.head_dim = kv_layer, cfg.head_dim
+        self.rotary = RotaryEmbedding(rotary)
         divide(cfg.num_qo_heads, comm.info.size, "num_attention_heads")
         # each head's [query | gate] rows are adjacent: 2 * heads rows of head_dim, split evenly
         self.qkv_proj = LinearQKVMerged(cfg.hidden_size, cfg.head_dim, 2 * cfg.num_qo_heads,
@@ -81,12 +62,11 @@ class GatedAttention(nn.Module):
         if x.is_cuda:  # norms and RoPE in one launch
             from minisgl.kernel.triton.partial_rope import qk_norm_partial_rope
 
-            cos, sin = _cos_sin(self.rotary, x.device)
+            cos, sin = cos_sin_cache(self.rotary.cfg, x.device).chunk(2, dim=-1)
             q, k = qk_norm_partial_rope(q, k, positions, cos, sin, self.q_norm.weight,
                                         self.k_norm.weight, self.q_norm.eps)
         else:
-            q = partial_rope(self.q_norm(q), positions, self.rotary).contiguous()
-            k = partial_rope(self.k_norm(k), positions, self.rotary).contiguous()
+            q, k = self.rotary(positions, self.q_norm(q), self.k_norm(k))
         v = v.reshape(-1, proj.local_kv, self.head_dim).contiguous()
         return q, k, v, gate
 

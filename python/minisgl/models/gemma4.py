@@ -6,11 +6,11 @@ Against Gemma 3: RMSNorms scale by ``w`` (not ``1 + w``); v gets a norm without 
 scale is 1 (q and k are normalised); global layers have their own head size
 (``global_head_dim``), KV heads (``num_global_key_value_heads``) and, with ``attention_k_eq_v``,
 no v projection (V is K's projection before its norm and RoPE: loading copies ``k_proj`` into the
-v slot of the merged projection), and a proportional partial RoPE (``ProportionalRotary``); local
-layers take the default RoPE. Each layer's output is multiplied by a loaded ``layer_scalar``. With
-``enable_moe_block`` every layer adds a routed MoE beside its dense MLP: a ``MoELayer`` with
-GELU-tanh experts and Gemma's router scales (``MoESpec.router_scales``), its experts stored as the
-quantization config says like any family's.
+v slot of the merged projection), and a proportional partial RoPE (``RotaryEmbedding`` with the
+``proportional`` scaling); local layers take the default RoPE. Each layer's output is multiplied
+by a loaded ``layer_scalar``. With ``enable_moe_block`` every layer adds a routed MoE beside its
+dense MLP: a ``MoELayer`` with GELU-tanh experts and Gemma's router scales
+(``MoESpec.router_scales``), its experts stored as the quantization config says like any family's.
 Per-layer input embeddings and KV sharing across layers (Gemma 3n-style) are refused.
 """
 
@@ -130,39 +130,6 @@ def layer_attention(cfg: dict[str, Any], types: list[str], head_dim: int, kv_hea
     return tuple(out)
 
 
-class ProportionalRotary(nn.Module):
-    """Neox RoPE over the whole head whose first ``fraction`` of the frequencies are the usual
-    ``base ** (-2i / head_dim)`` (the exponent over the whole head size, not the rotated part)
-    and the rest zero: those dimensions pass through unrotated."""
-
-    def __init__(self, head_dim: int, base: float, fraction: float, max_position: int) -> None:
-        super().__init__()
-        angles = int(fraction * head_dim // 2)
-        # NOTE: on the host whatever the default device (models are built under
-        # ``torch.device(cuda)``); the cos/sin table is made here and moved once per device
-        exps = torch.arange(0, 2 * angles, 2, dtype=torch.float32, device="cpu") / head_dim
-        self.inv_freq = torch.cat([1.0 / base**exps, torch.zeros(head_dim // 2 - angles,
-                                                                  device="cpu")])
-        self.max_position = max_position
-
-    @functools.lru_cache(maxsize=4)  # noqa: B019 (one module per layer kind, kept for the run)
-    def _cos_sin(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32, device="cpu"),
-                            self.inv_freq)
-        return freqs.cos().to(device), freqs.sin().to(device)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor,
-                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self._cos_sin(q.device)
-        cos, sin = cos[positions][:, None], sin[positions][:, None]
-
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            x1, x2 = x.float().chunk(2, dim=-1)
-            return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
-
-        return rotate(q), rotate(k)
-
-
 class Gemma4DecoderLayer(nn.Module):
     def __init__(self, cfg: Gemma4Config, layer_id: int, comm: DistributedCommunicator,
                  moe: BaseMoeBackend) -> None:
@@ -170,15 +137,14 @@ class Gemma4DecoderLayer(nn.Module):
         sliding = cfg.layer_types[layer_id] == "sliding_attention"
         head_dim, kv_heads = cfg.layer_attn[layer_id]
         if sliding:
-            rotary = RotaryEmbedding(RotaryConfig(head_dim, cfg.local_rope_base,
-                                                  cfg.max_position))
-        else:
-            rotary = ProportionalRotary(head_dim, cfg.global_rope_base, cfg.global_rope_fraction,
-                                        cfg.max_position)
+            rotary = RotaryConfig(head_dim, cfg.local_rope_base, cfg.max_position)
+        else:  # the first global_rope_fraction of the frequencies turn, over the whole head
+            rotary = RotaryConfig(head_dim, cfg.global_rope_base, cfg.max_position, scaling=(
+                ("partial_rotary_factor", cfg.global_rope_fraction), ("rope_type", "proportional")))
         self.self_attn = AttentionLayer(
             cfg, layer_id, comm, head_dim=head_dim, num_kv_heads=kv_heads, scale=1.0,
             sliding_window=cfg.sliding_window if sliding else None,
-            logit_softcap=cfg.attn_logit_softcap, rotary=rotary,
+            logit_softcap=cfg.attn_logit_softcap, rotary=RotaryEmbedding(rotary),
             norm=functools.partial(RMSNorm, fp32=True),
             v_norm=functools.partial(RMSNorm, scale=False),
         )

@@ -1,6 +1,6 @@
 """The decoder every hybrid family shares (Qwen3-Next, Qwen3.5, Qwen3.6): Gated DeltaNet layers
-(``layers/linear_attention.py``) between gated full-attention layers
-(``layers/gated_attention.py``), as ``cfg.hybrid.layer_types`` lays them out, each followed by an
+(``layers/linear_attention.py``) between gated full-attention layers (``AttentionLayer`` with an
+output gate, ``hybrid_layers.py``), as ``cfg.hybrid.layer_types`` lays them out, each followed by an
 MoE with a gated shared expert or a dense MLP.
 
 The model declares two caches (``cache_spec``): the paged KV of its full-attention layers only,
@@ -23,14 +23,13 @@ from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import CacheSpec
 from minisgl.kvcache.state_pool import StateShape
 from minisgl.layers import GatedMLP, RMSNorm
-from minisgl.layers.gated_attention import GatedAttention
 from minisgl.layers.linear_attention import GatedDeltaNet
 from minisgl.moe import BaseMoeBackend
 from minisgl.utils import init_logger
 
 from .base import BaseLLMModel
 from .config import HybridConfig, ModelConfig, common_fields
-from .hybrid_mlp import SharedExpertMoE
+from .hybrid_layers import SharedExpertMoE, gated_attention
 from .hybrid_weights import checkpoint_shapes, unfuse_experts
 from .names import MERGED, CheckpointNames, expert_names
 
@@ -51,9 +50,7 @@ class HybridDecoderLayer(nn.Module):
             self.linear_attn = model.linear_cls(hybrid.linear, cfg.hidden_size, cfg.rms_norm_eps,
                                                 index, comm, cfg.quant)
         else:
-            rotary = dataclasses.replace(
-                cfg.rotary, head_dim=int(cfg.head_dim * hybrid.rotary_fraction))
-            self.self_attn = GatedAttention(cfg, rotary, index, comm)
+            self.self_attn = gated_attention(cfg, layer_id, index, comm)
         if cfg.is_sparse_layer(layer_id):
             self.mlp = SharedExpertMoE(cfg, hybrid.shared_expert_intermediate_size, comm, moe)
         else:

@@ -15,19 +15,16 @@ proposer holds them, ``speculative/mtp.py``), so ``forward`` takes the past K/V 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
 from minisgl.layers import GatedMLP, RMSNorm
-from minisgl.layers.gated_attention import GatedAttention
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig
-from .hybrid_mlp import SharedExpertMoE
+from .hybrid_layers import SharedExpertMoE, gated_attention
 
 
 class MTPLayer(nn.Module):
@@ -37,9 +34,7 @@ class MTPLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator,
                  moe: BaseMoeBackend) -> None:
         super().__init__()
-        rotary = dataclasses.replace(
-            cfg.rotary, head_dim=int(cfg.head_dim * cfg.hybrid.rotary_fraction))
-        self.self_attn = GatedAttention(cfg, rotary, 0, comm)
+        self.self_attn = gated_attention(cfg, 0, 0, comm)
         if cfg.num_experts:
             self.mlp = SharedExpertMoE(cfg, cfg.hybrid.shared_expert_intermediate_size, comm, moe)
         else:

@@ -4,6 +4,8 @@ page table, give transformers' greedy tokens."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from helpers.interpreter import import_triton
@@ -32,18 +34,23 @@ def test_triton_backend_matches_transformers(tmp_path_factory, arch, ratio):
 
 
 def test_proportional_rotary_one_table_for_every_global_layer():
-    """Gemma 4 26B-A4B has five global layers: a table per layer (an lru_cache of four, keyed by
-    the module) made the fifth layer copy its table host-to-device inside CUDA-graph capture."""
+    """Gemma 4 26B-A4B has five global layers: a table per layer (a cache of four, keyed by the
+    module) made the fifth layer copy its table host-to-device inside CUDA-graph capture. One
+    table per config serves them all."""
     import torch
 
-    from minisgl.models.gemma4 import ProportionalRotary, proportional_cos_sin
+    from minisgl.layers.rotary import RotaryEmbedding, cos_sin_cache
+    from minisgl.models.config import RotaryConfig
 
-    proportional_cos_sin.cache_clear()
-    layers = [ProportionalRotary(64, 1e6, 0.25, 128) for _ in range(6)]
+    cfg = RotaryConfig(64, 1e6, 128, scaling=(("partial_rotary_factor", 0.25),
+                                              ("rope_type", "proportional")))
+    cos_sin_cache.cache_clear()
+    layers = [RotaryEmbedding(RotaryConfig(*dataclasses.astuple(cfg))) for _ in range(6)]
     q, k = torch.randn(3, 2, 64), torch.randn(3, 1, 64)
     pos = torch.tensor([0, 5, 127])
     outs = [layer(pos, q, k) for layer in layers]
-    assert proportional_cos_sin.cache_info().currsize == 1
+    assert cos_sin_cache.cache_info().currsize == 1
     assert all(torch.equal(o[0], outs[0][0]) for o in outs)
-    # the unrotated three quarters of the frequencies pass through
+    # three quarters of the frequencies are zero: dims 8..31 and 40..63 pass through
     assert torch.equal(outs[0][0][..., 8:32], q[..., 8:32])
+    assert not torch.equal(outs[0][0][1:, :, :8], q[1:, :, :8])

@@ -18,8 +18,9 @@ triton = import_triton()
 
 from minisgl.kernel.triton import norm as triton_norm
 from minisgl.kernel.triton.partial_rope import qk_norm_partial_rope
+from minisgl.layers import RMSNorm, RotaryEmbedding
 from minisgl.layers import gated_delta as ops
-from minisgl.layers.gated_attention import OffsetRMSNorm, _cos_sin, partial_rope
+from minisgl.layers.rotary import cos_sin_cache
 from minisgl.models.config import RotaryConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -32,8 +33,8 @@ def _randn(*shape, seed=0, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(DEV, DTYPE)
 
 
-def _offset_norm(dim: int) -> OffsetRMSNorm:
-    norm = OffsetRMSNorm(dim, 1e-6)
+def _offset_norm(dim: int) -> RMSNorm:
+    norm = RMSNorm(dim, 1e-6, offset=1.0)
     norm.weight.data = _randn(dim, seed=1, scale=0.3).cpu()
     return norm
 
@@ -43,7 +44,7 @@ def _offset_norm(dim: int) -> OffsetRMSNorm:
 def test_offset_rms_norm_matches_the_reference(residual) -> None:
     norm = _offset_norm(96)
     x, r = _randn(5, 96, seed=2), _randn(5, 96, seed=3)
-    ref = norm(x.cpu(), r.cpu() if residual else None)
+    ref = norm.add_norm(x.cpu(), r.cpu()) if residual else norm(x.cpu())
     w = norm.weight.data.to(DEV)
     if residual:
         out, res = triton_norm.fused_add_rms_norm(x, r, w, 1e-6, offset=True)
@@ -77,11 +78,10 @@ def test_qk_norm_partial_rope_matches_the_reference() -> None:
     q = q_gate[..., :dim]
     k = _randn(t, hk * dim + 32, seed=9)[:, 32:].reshape(t, hk, dim)
     positions = torch.tensor([0, 5, 9, 17, 40, 63], device=DEV)
-    cos, sin = _cos_sin(rotary, torch.device(DEV))
+    cos, sin = cos_sin_cache(rotary, torch.device(DEV)).chunk(2, dim=-1)
     out_q, out_k = qk_norm_partial_rope(q, k, positions, cos, sin, q_norm.weight.data.to(DEV),
                                         k_norm.weight.data.to(DEV), 1e-6)
-    ref_q = partial_rope(q_norm(q.cpu()), positions.cpu(), rotary)
-    ref_k = partial_rope(k_norm(k.cpu()), positions.cpu(), rotary)
+    ref_q, ref_k = RotaryEmbedding(rotary)(positions.cpu(), q_norm(q.cpu()), k_norm(k.cpu()))
     assert out_q.is_contiguous() and out_k.is_contiguous()
     torch.testing.assert_close(out_q.cpu(), ref_q, **TOL)
     torch.testing.assert_close(out_k.cpu(), ref_k, **TOL)

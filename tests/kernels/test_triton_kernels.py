@@ -388,14 +388,14 @@ def test_gemv_real_sizes_bf16(shape):
 @gpu
 def test_layers_dispatch_to_triton_on_cuda():
     """The public layers give the CPU reference's result when their tensors live on CUDA."""
-    from minisgl.layers import RMSNormFused, RotaryEmbedding
+    from minisgl.layers import RMSNorm, RotaryEmbedding
     from minisgl.layers import silu_and_mul as layer_silu
 
-    norm = RMSNormFused(256, 1e-6)
+    norm = RMSNorm(256, 1e-6)
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
     x, r = torch.randn(5, 256), torch.randn(5, 256)
-    y_cpu, res_cpu = norm(x, r)
-    y, res = norm.cuda()(x.cuda(), r.cuda())
+    y_cpu, res_cpu = norm.add_norm(x, r)
+    y, res = norm.cuda().add_norm(x.cuda(), r.cuda())
     torch.testing.assert_close(y.cpu(), y_cpu), torch.testing.assert_close(res.cpu(), res_cpu)
     rope = RotaryEmbedding(RotaryConfig(head_dim=64, base=10000.0, max_position=512))
     _, q, k, _, pos = rope_case(6, 4, 2, 64, torch.float32, "cpu")

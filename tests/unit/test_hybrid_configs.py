@@ -27,7 +27,8 @@ def test_real_config_parses(name):
     assert types.count("full_attention") * 4 == len(types)
     assert int(cfg.head_dim * cfg.hybrid.rotary_fraction) == cfg.head_dim // 4
     assert cfg.hybrid.linear.num_value_heads == text["linear_num_value_heads"]
-    assert get_model_class(cfg.architecture).__name__ == raw["architectures"][0]
+    assert cfg.architecture == raw["architectures"][0]
+    assert get_model_class(cfg.architecture).__name__ == "Qwen3_5ForConditionalGeneration"
     assert cfg.is_moe == ("num_experts" in text)
 
 

@@ -4,7 +4,7 @@ their intermediate dimension, so each rank computes a partial sum that is all-re
 The layer shards, loads and routes; how the experts are stored, what loading leaves to do and
 which storage the MoE backend runs are the ``MoEMethod``'s that the quantization config hands it
 (``minisgl.quant``: the model's dtype, FP8 blocks, MXFP4). ``MoESpec`` holds what the families
-differ in: the routing, router and expert biases, the activation.
+differ in: the routing, router and expert biases, the router's scales, the activation.
 
 Checkpoint tensors reach the stacked parameters per expert (shard id ``(expert, 0 | 1)`` for an
 expert's gate | up, ``expert`` for its down projection) or stacked over the experts (shard id
@@ -27,6 +27,7 @@ from minisgl.quant import QuantizationConfig, moe_method
 
 from .base import copy_part, copy_weight, divide, materialize, new_param
 from .linear import ReplicatedLinear
+from .norm import RMSNorm
 
 if TYPE_CHECKING:
     from minisgl.models.config import ModelConfig
@@ -38,7 +39,10 @@ ROUTINGS = ("softmax", "topk_softmax")
 class MoESpec:
     """``routing``: ``softmax`` (Qwen: softmax over every expert's logit, top-k, renormalised
     to sum 1 when ``renormalize``) or ``topk_softmax`` (gpt-oss: the top-k logits, softmax over
-    them). ``router_bias``/``expert_bias``: the router and both expert projections have biases."""
+    them). ``router_bias``/``expert_bias``: the router and both expert projections have biases.
+    ``router_scales`` (Gemma 4): the router reads its input RMS-normalised (no weight) times a
+    learned ``router_scale [H]`` and ``hidden ** -0.5``, and each routed weight is multiplied by
+    its expert's learned ``expert_scale``."""
 
     num_experts: int
     top_k: int
@@ -47,6 +51,7 @@ class MoESpec:
     renormalize: bool = True
     router_bias: bool = False
     expert_bias: bool = False
+    router_scales: bool = False
     act: MoeActivation = SILU
 
     def __post_init__(self) -> None:
@@ -92,6 +97,10 @@ class MoELayer(nn.Module):
         self.gate = ReplicatedLinear(hidden, experts, quant, bias=spec.router_bias)
         self.method = moe_method(quant)
         self.method.create_weights(self, experts, hidden, self.inter, self._new_param)
+        self.router_norm = self.router_scale = self.expert_scale = None
+        if spec.router_scales:
+            self.router_norm = RMSNorm(hidden, cfg.rms_norm_eps, scale=False)
+            self.router_scale, self.expert_scale = new_param(hidden), new_param(experts)
         self.w13_bias = self.w2_bias = None
         if spec.expert_bias:
             self.w13_bias = self._new_param("w13", experts, 2 * self.inter)
@@ -176,10 +185,17 @@ class MoELayer(nn.Module):
         weights, ids = torch.topk(router_logits.float().softmax(dim=-1), k, dim=-1)
         if self.spec.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[ids]
         return weights, ids
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(self.gate(x))
+    def forward(self, x: torch.Tensor, router_input: torch.Tensor | None = None) -> torch.Tensor:
+        """``router_input``: what the router reads where it is not x (Gemma 4 routes on the
+        stream before the norm whose output enters the experts)."""
+        r = x if router_input is None else router_input
+        if self.router_norm is not None:
+            r = self.router_norm(r) * self.router_scale * r.shape[-1] ** -0.5
+        weights, ids = self.route(self.gate(r))
         bias = None
         if self.w13_bias is not None:  # the down bias once over the ranks' partial sums
             bias = ExpertBias(self.w13_bias, self.w2_bias if self.comm.info.rank == 0 else None)

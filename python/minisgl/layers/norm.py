@@ -1,8 +1,16 @@
-"""RMSNorm, and its fused form that adds the residual first.
+"""RMSNorm, in every family's variant: ``x / rms(x)`` scaled by ``offset + weight``.
 
-On CUDA tensors these run the Triton kernels in ``minisgl.kernel.triton.norm`` (one pass over
-memory, imported lazily so CPU-only machines never import triton); the torch code here is the
-reference they are tested against and what CPU runs.
+* ``offset=1.0``: weights stored centred on zero (Gemma 3, the hybrid Qwen checkpoints);
+* ``scale=False``: no weight at all (Gemma 4's v norm, its MoE router's norm);
+* ``fp32``: the weight multiplies in float32 and the result is rounded once (Gemma's and the hybrid
+  checkpoints' references; implied by an offset); otherwise the normalised x is rounded to x's
+  dtype first and multiplied in it (Llama's, ``kernel.ops.rms_norm``).
+
+``forward(x)`` normalises; ``add_norm(x, residual)`` adds the residual stream first and returns
+both (``(norm(x + r), x + r)``; residual None on layer 0: ``(norm(x), x)``). On CUDA tensors the
+Llama and offset variants run the Triton kernels of ``minisgl.kernel.triton.norm`` (one pass,
+residual add included, imported lazily so CPU-only machines never import triton); the torch code
+here is the reference they are tested against and what CPU runs.
 """
 
 from __future__ import annotations
@@ -15,44 +23,66 @@ from minisgl.quant.base import QuantizedInput
 
 from .base import new_param
 
-__all__ = ["RMSNorm", "RMSNormFused", "rms_norm"]
+__all__ = ["RMSNorm", "rms_norm"]
 
 
 class RMSNorm(nn.Module):
     pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, *, offset: float = 0.0, scale: bool = True,
+                 fp32: bool = False) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = new_param(size)
+        if offset not in (0.0, 1.0):
+            raise ValueError(f"RMSNorm offset: 0 or 1, got {offset}")
+        self.eps, self.offset = eps, offset
+        self.fp32 = fp32 or offset != 0.0
+        self.weight = new_param(size) if scale else None
+
+    @property
+    def plain(self) -> bool:
+        """Llama's ``w * norm(x)``, the form the fused kernels (q/k norm + RoPE, the FP8
+        norm-quantize and one-token paths) implement."""
+        return self.weight is not None and not self.fp32
+
+    def _triton(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and self.weight is not None and (self.plain or self.offset == 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
+        if self._triton(x):
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
-            return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl)
-        return rms_norm(x, self.weight, self.eps)
+            return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl,
+                                   offset=self.offset != 0.0)
+        return self._reference(x)
 
-
-class RMSNormFused(RMSNorm):
-    """``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``; residual None on
-    layer 0. ``quantize`` (CUDA, 2-D x): the norm comes back quantized per token for the FP8 layer
-    it feeds, a ``QuantizedInput`` (``fusion.NormFusion.quantized_inputs``)."""
-
-    def forward(  # type: ignore[override]
-        self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False
-    ) -> tuple[torch.Tensor | QuantizedInput, torch.Tensor]:
-        if x.is_cuda:
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False
+                 ) -> tuple[torch.Tensor | QuantizedInput, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``. ``quantize`` (CUDA, 2-D x, the plain
+        variant): the norm comes back quantized per token for the FP8 layer it feeds, a
+        ``QuantizedInput`` (``fusion.NormFusion.quantized_inputs``)."""
+        if self._triton(x):
             from minisgl.kernel.triton.norm import fused_add_rms_norm, rms_norm_quant
-            from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
+            assert self.weight is not None
             if quantize:
                 q, scale, residual = rms_norm_quant(x, self.weight, self.eps, residual,
                                                     pdl=self.pdl)
                 return QuantizedInput(q, scale, x.dtype), residual
             if residual is None:
-                return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl), x
-            return fused_add_rms_norm(x, residual, self.weight, self.eps, pdl=self.pdl)
+                return self.forward(x), x
+            return fused_add_rms_norm(x, residual, self.weight, self.eps, pdl=self.pdl,
+                                      offset=self.offset != 0.0)
         if residual is not None:
             x = x + residual
-        return rms_norm(x, self.weight, self.eps), x
+        return self._reference(x), x
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain:
+            assert self.weight is not None
+            return rms_norm(x, self.weight, self.eps)
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            w = self.weight.float()
+            out = out * (w + 1.0 if self.offset else w)
+        return out.to(x.dtype)

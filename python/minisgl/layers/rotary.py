@@ -1,4 +1,12 @@
-"""Rotary position embedding (neox layout: the two halves of each head rotate together).
+"""Rotary position embedding (neox layout: the two halves of the rotated dims turn together), in
+every family's variant, one class:
+
+* full or partial: ``cfg.head_dim`` dims of each head are rotated, the first ones; a head wider
+  than that passes the rest through (the hybrid Qwen checkpoints rotate a quarter of the head);
+* the frequencies' scaling (``cfg.scaling``'s ``rope_type``): ``linear``, ``llama3``, ``yarn``, or
+  ``proportional`` (Gemma 4's global layers: the whole head turns, the first
+  ``partial_rotary_factor`` of its frequencies the usual ``base ** (-2i / head_dim)`` and the
+  rest zero, so those dims pass through).
 
 cos/sin are precomputed once per (config, device) for every position up to the model's maximum,
 times the scaling's attention factor (YaRN's; 1 for the others), as transformers applies it.
@@ -30,7 +38,11 @@ def _inv_freq(cfg: RotaryConfig) -> torch.Tensor:
         return _llama3_inv_freq(inv_freq, scaling)
     if kind == "yarn":
         return _yarn_inv_freq(cfg.base**exponents, cfg, scaling)
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3, yarn)")
+    if kind == "proportional":
+        turning = int(scaling.get("partial_rotary_factor", 1.0) * cfg.head_dim // 2)
+        return torch.cat([inv_freq[:turning], torch.zeros(cfg.head_dim // 2 - turning)])
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3, yarn, "
+                     "proportional)")
 
 
 def attention_factor(cfg: RotaryConfig) -> float:
@@ -130,18 +142,38 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.cfg = cfg
 
+    def table(self, positions: torch.Tensor, device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos | sin table [rows, cfg.head_dim] float32, each token's row [T]): the cached table
+        and the positions, or for ``[3, T]`` M-RoPE positions (a Qwen prompt with images) a table
+        of the batch's own rows."""
+        if positions.dim() == 2:
+            table = torch.cat(mrope_cos_sin(self.cfg, positions), dim=-1)
+            return table, torch.arange(positions.shape[1], device=positions.device)
+        return cos_sin_cache(self.cfg, device), positions
+
+    def partial(self, head_dim: int) -> bool:
+        """Whether a head of ``head_dim`` dims keeps some of them unrotated."""
+        return self.cfg.head_dim < head_dim
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, qo_heads, head_dim], k: [T, kv_heads, head_dim]; positions: [T].
+        """q: [T, qo_heads, D], k: [T, kv_heads, D]; positions: [T] (or [3, T]: M-RoPE). The
+        first ``cfg.head_dim`` of the D dims are rotated.
 
         On CUDA the Triton kernel rotates q and k in place (they are fresh activations) and returns
         them; elsewhere new tensors come back from the torch reference."""
-        if q.is_cuda and pow2(q.shape[-1]):
+        rot = self.cfg.head_dim
+        table, rows = self.table(positions, q.device)
+        if q.is_cuda and pow2(rot):
             from minisgl.kernel.triton.rotary import apply_rope_
 
-            apply_rope_(positions, q, k, cos_sin_cache(self.cfg, q.device), pdl=self.pdl)
+            apply_rope_(rows, q[..., :rot], k[..., :rot], table, pdl=self.pdl)
             return q, k
-        cos, sin = cos_sin_cache(self.cfg, q.device)[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = table[rows].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if rot == q.shape[-1]:
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return (torch.cat([_rotate(q[..., :rot], cos, sin), q[..., rot:]], dim=-1),
+                torch.cat([_rotate(k[..., :rot], cos, sin), k[..., rot:]], dim=-1))

@@ -9,29 +9,23 @@ model file: the layers get ``cfg.quant`` and ask its methods (``minisgl.quant``)
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import CacheSpec
-from minisgl.layers import ParallelLMHead, RMSNormFused, VocabParallelEmbedding
+from minisgl.layers import ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from minisgl.layers.base import copy_weight, materialize
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig, common_fields
+from .names import CheckpointNames
 
 if TYPE_CHECKING:
     from minisgl.context import Context
 
-# checkpoint name -> (our parameter name, shard id; 2: the id is the regex's second group)
-STACKED = [
-    (re.compile(r"(.*)\.self_attn\.([qkv])_proj\.(weight|bias|weight_scale_inv)$"),
-     r"\1.self_attn.qkv_proj.\3", 2),
-    (re.compile(r"(.*)\.mlp\.gate_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 0),
-    (re.compile(r"(.*)\.mlp\.up_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 1),
-]
 # per-layer FP8 KV-cache scales (``layers.N.self_attn.k_scale``), kept for the KV pool
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
 _WIDE = (torch.bfloat16, torch.float16, torch.float32)  # unquantized checkpoint dtypes
@@ -54,7 +48,10 @@ class BaseLLMModel(nn.Module):
     ``layer(x, residual, positions, ctx) -> (x, residual)`` and may offer ``fuse_norms()``,
     called once after loading, before the weights are processed."""
 
-    final_norm_cls: type[nn.Module] = RMSNormFused  # called as norm(x, residual) -> (x, residual)
+    # the family's RMSNorm variant (``layers/norm.py``): ``RMSNorm(size, eps, **norm_options)``
+    norm_options: ClassVar[dict[str, Any]] = {}
+    # the family's checkpoint names (``names.py``); Llama's by default
+    names: CheckpointNames = CheckpointNames()
 
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator, moe: BaseMoeBackend):
         super().__init__()
@@ -63,7 +60,7 @@ class BaseLLMModel(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(cfg, i, comm, moe) for i in range(cfg.num_layers)
         )
-        self.norm = self.final_norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = self.make_norm(cfg.hidden_size)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
                                       quant=cfg.quant)
@@ -72,6 +69,9 @@ class BaseLLMModel(nn.Module):
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
         """This family's ``ModelConfig`` from a ``config.json`` dict."""
         return ModelConfig(**common_fields(raw))
+
+    def make_norm(self, size: int) -> RMSNorm:
+        return RMSNorm(size, self.cfg.rms_norm_eps, **self.norm_options)
 
     def make_layer(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator,
                    moe: BaseMoeBackend) -> nn.Module:
@@ -89,7 +89,7 @@ class BaseLLMModel(nn.Module):
             x, residual = layer(x, residual, positions, ctx)
             if i in self.aux_layers:  # the stream after layer i: what layer i + 1 adds to
                 aux.append(x if residual is None else x + residual)
-        hidden = self.norm(x, residual)[0]
+        hidden = self.norm.add_norm(x, residual)[0]
         return torch.cat([hidden, *aux], -1) if aux else hidden
 
     def capture_aux(self, layers: tuple[int, ...]) -> None:
@@ -123,18 +123,14 @@ class BaseLLMModel(nn.Module):
         return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers))
 
     def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        """Map a Hugging Face tensor name to (our parameter, shard id); None to skip it."""
-        name = name.removeprefix("model.")
-        if name.startswith("lm_head.") and self.cfg.tie_word_embeddings:
-            return None
+        """Map a Hugging Face tensor name to (our parameter, shard id) through the family's
+        ``names``; None to skip it (a tied LM head, RoPE's cached frequencies)."""
         if "rotary_emb.inv_freq" in name:
             return None
-        for pattern, target, shard in STACKED:
-            match = pattern.match(name)
-            if match:
-                shard_id = match.group(2) if shard == 2 else shard
-                return match.expand(target), shard_id
-        return name, None
+        mapped = self.names.map(name)
+        if mapped is None or (mapped[0].startswith("lm_head.") and self.cfg.tie_word_embeddings):
+            return None
+        return mapped
 
     def expand_tensor(self, name: str, tensor: Any) -> Iterable[tuple[str, Any]]:
         """The tensors one checkpoint tensor loads as (a family whose checkpoint stacks what the

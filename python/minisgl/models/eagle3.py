@@ -38,8 +38,12 @@ from minisgl.layers import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 
 from .config import ModelConfig, RotaryConfig, rotary_config
+from .names import CheckpointNames
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+# ``model.`` prefixes dropped; ``layers.0.`` (vLLM's name of the midlayer) is ``midlayer.``
+NAMES = CheckpointNames({}, prefixes=(("model.layers.0.", "midlayer."), ("layers.0.", "midlayer."),
+                                      ("model.", "")))
 _FIELD = "speculative_config.model (--speculative-draft-model-path)"
 
 
@@ -263,9 +267,9 @@ def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
 
 
 def _our_name(name: str) -> str:
-    """``model.`` prefixes dropped; ``layers.0.`` (vLLM's name of the midlayer) is ``midlayer.``."""
-    name = name.removeprefix("model.")
-    return "midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
+    mapped = NAMES.map(name)
+    assert mapped is not None  # the table skips nothing
+    return mapped[0]
 
 
 def _read_tensors(path: str) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ layers per global one. Every layer's window and rope are in its ``AttentionSpec`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -21,20 +22,12 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import (
-    AttentionLayer,
-    LinearColParallelMerged,
-    LinearRowParallel,
-    ParallelLMHead,
-    RotaryEmbedding,
-    VocabParallelEmbedding,
-)
-from minisgl.layers.activation import gelu_and_mul
-from minisgl.layers.gated_attention import OffsetRMSNorm
+from minisgl.layers import AttentionLayer, GatedMLP, RMSNorm, RotaryEmbedding
 from minisgl.moe import BaseMoeBackend
 
 from .base import BaseLLMModel, with_images
 from .config import ModelConfig, RotaryConfig, common_fields, rotary_config
+from .names import CheckpointNames
 from .weight import _checkpoint_shapes
 
 if TYPE_CHECKING:
@@ -49,10 +42,13 @@ TEXT_DEFAULTS: dict[str, Any] = dict(
     final_logit_softcapping=None, attn_logit_softcapping=None, rope_theta=1_000_000.0,
     rope_local_base_freq=10_000.0, sliding_window_pattern=6,
 )
-# the parts of a Gemma3ForConditionalGeneration checkpoint that are not the text model
-_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-            "model.multi_modal_projector.")
-_TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
+# the text model under any of the multimodal layouts' prefixes; the parts of a
+# Gemma3ForConditionalGeneration checkpoint that are not the text model skipped
+NAMES = CheckpointNames(
+    prefixes=(("model.language_model.", ""), ("language_model.model.", ""),
+              ("language_model.", ""), ("model.", "")),
+    skipped=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+             "model.multi_modal_projector."))
 
 
 @dataclass(frozen=True)
@@ -111,23 +107,8 @@ def parse_gemma3(raw: dict[str, Any]) -> GemmaConfig:
     )
 
 
-class GeluMLP(nn.Module):
-    """``down(gelu_tanh(gate(x)) * up(x))``."""
-
-    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator) -> None:
-        super().__init__()
-        inter = cfg.intermediate_size
-        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False,
-                                                    comm.info, cfg.quant)
-        self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm, cfg.quant)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_and_mul(self.gate_up_proj(x)))
-
-
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator,
-                 moe: BaseMoeBackend | None = None) -> None:
+    def __init__(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator) -> None:
         super().__init__()
         sliding = cfg.layer_types[layer_id] == "sliding_attention"
         rotary = cfg.local_rotary if sliding else cfg.rotary
@@ -135,14 +116,14 @@ class Gemma3DecoderLayer(nn.Module):
             cfg, layer_id, comm, scale=cfg.query_pre_attn_scalar**-0.5,
             sliding_window=cfg.sliding_window if sliding else None,
             logit_softcap=cfg.attn_logit_softcap, rotary=RotaryEmbedding(rotary),
-            norm=OffsetRMSNorm,
+            norm=functools.partial(RMSNorm, offset=1.0),
         )
-        self.mlp = GeluMLP(cfg, comm)
+        self.mlp = GatedMLP.from_config(cfg, comm)
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.input_layernorm = OffsetRMSNorm(h, eps)
-        self.post_attention_layernorm = OffsetRMSNorm(h, eps)
-        self.pre_feedforward_layernorm = OffsetRMSNorm(h, eps)
-        self.post_feedforward_layernorm = OffsetRMSNorm(h, eps)
+        self.input_layernorm = RMSNorm(h, eps, offset=1.0)
+        self.post_attention_layernorm = RMSNorm(h, eps, offset=1.0)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps, offset=1.0)
+        self.post_feedforward_layernorm = RMSNorm(h, eps, offset=1.0)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         h = self.self_attn(self.input_layernorm(x), positions, ctx)
@@ -154,24 +135,16 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3ForCausalLM(BaseLLMModel):
     cfg: GemmaConfig
     softcaps_logits = True  # final_logit_softcapping, when the config sets it
-    layer_cls: type[nn.Module] = Gemma3DecoderLayer  # Gemma 4 brings its own layer and norm
-    norm_cls: type[nn.Module] = OffsetRMSNorm
+    norm_options = {"offset": 1.0}
+    names = NAMES
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
         return parse_gemma3(raw)
 
-    def __init__(self, cfg: GemmaConfig, comm: DistributedCommunicator,
-                 moe: BaseMoeBackend) -> None:
-        nn.Module.__init__(self)  # not BaseLLMModel's: Gemma's norms and layers
-        self.cfg = cfg
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, comm)
-        self.layers = nn.ModuleList(self.layer_cls(cfg, i, comm, moe)
-                                    for i in range(cfg.num_layers))
-        self.norm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
-        tied = self.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, comm, tied=tied,
-                                      quant=cfg.quant)
+    def make_layer(self, cfg: GemmaConfig, layer_id: int, comm: DistributedCommunicator,
+                   moe: BaseMoeBackend) -> nn.Module:
+        return Gemma3DecoderLayer(cfg, layer_id, comm)
 
     @classmethod
     def checkpoint_shapes(cls, cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -198,16 +171,6 @@ class Gemma3ForCausalLM(BaseLLMModel):
         if cap is None or not self.softcaps_logits:
             return logits
         return torch.tanh(logits / cap) * cap
-
-    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        """The text model's tensors under any of the multimodal layouts' prefixes."""
-        if name.startswith(_SKIPPED):
-            return None
-        for prefix in _TEXT_PREFIXES:
-            if name.startswith(prefix):
-                name = "model." + name.removeprefix(prefix)
-                break
-        return super().checkpoint_names(name)
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):

@@ -6,9 +6,11 @@ Against Gemma 3: RMSNorms scale by ``w`` (not ``1 + w``); v gets a norm without 
 scale is 1 (q and k are normalised); global layers have their own head size
 (``global_head_dim``), KV heads (``num_global_key_value_heads``) and, with ``attention_k_eq_v``,
 no v projection (V is K's projection before its norm and RoPE: loading copies ``k_proj`` into the
-v slot of the merged projection), and a proportional partial RoPE (``ProportionalRotary``); local
-layers take the default RoPE. Each layer's output is multiplied by a loaded ``layer_scalar``. With
-``enable_moe_block`` every layer adds a routed MoE (``moe_gemma4.py``) beside its dense MLP.
+v slot of the merged projection), and a proportional partial RoPE (``RotaryEmbedding`` with the
+``proportional`` scaling); local layers take the default RoPE. Each layer's output is multiplied
+by a loaded ``layer_scalar``. With ``enable_moe_block`` every layer adds a routed MoE beside its
+dense MLP: a ``MoELayer`` with GELU-tanh experts and Gemma's router scales
+(``MoESpec.router_scales``), its experts stored as the quantization config says like any family's.
 Per-layer input embeddings and KV sharing across layers (Gemma 3n-style) are refused.
 """
 
@@ -16,26 +18,37 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import AttentionLayer, RotaryEmbedding
+from minisgl.layers import AttentionLayer, GatedMLP, RMSNorm, RotaryEmbedding
 from minisgl.layers.base import new_param
-from minisgl.moe import BaseMoeBackend
+from minisgl.layers.moe import MoELayer, MoESpec, Stacked
+from minisgl.moe import BaseMoeBackend, MoeActivation
 
 from .config import ModelConfig, RotaryConfig, common_fields, rotary_config
-from .gemma3 import TEXT_DEFAULTS, GeluMLP, Gemma3ForCausalLM, GemmaConfig
-from .moe_gemma4 import Gemma4MoE
+from .gemma3 import NAMES as GEMMA3_NAMES
+from .gemma3 import TEXT_DEFAULTS, Gemma3ForCausalLM, GemmaConfig
+from .names import MERGED
 
 if TYPE_CHECKING:
     from minisgl.context import Context
 
-_K_PROJ = re.compile(r"(.*layers\.(\d+)\.self_attn\.)k_proj\.weight$")
+# the text model's tensors, its MoE block's router and experts in the layer's ``moe``; the vision
+# and audio towers skipped
+NAMES = dataclasses.replace(GEMMA3_NAMES, renames={
+    **MERGED,
+    "router.proj": ("moe.gate", None),
+    "router.scale": ("moe.router_scale", None),
+    "router.per_expert_scale": ("moe.expert_scale", None),
+    "experts.gate_up_proj": ("moe.w13", Stacked()),
+    "experts.down_proj": ("moe.w2", Stacked()),
+}, skipped=GEMMA3_NAMES.skipped + ("model.audio_tower.", "model.embed_vision.",
+                                   "model.embed_audio.", "audio_tower."))
 
 
 @dataclass(frozen=True)
@@ -117,56 +130,6 @@ def layer_attention(cfg: dict[str, Any], types: list[str], head_dim: int, kv_hea
     return tuple(out)
 
 
-class Gemma4Norm(nn.Module):
-    """``x / rms(x) * w`` in fp32, cast once; ``scale=False``: no weight (v's norm)."""
-
-    def __init__(self, size: int, eps: float, scale: bool = True) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = new_param(size) if scale else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if self.weight is not None:
-            out = out * self.weight.float()
-        return out.to(x.dtype)
-
-
-@functools.lru_cache(maxsize=4)
-def proportional_cos_sin(head_dim: int, base: float, fraction: float, max_position: int,
-                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_position, head_dim / 2] of ``ProportionalRotary``, one table per shape and
-    device for every global layer (made on the host, whatever the default device: models are
-    built under ``torch.device(cuda)``; the first eager forward makes it, before any capture)."""
-    angles = int(fraction * head_dim // 2)
-    exps = torch.arange(0, 2 * angles, 2, dtype=torch.float32, device="cpu") / head_dim
-    inv_freq = torch.cat([1.0 / base**exps, torch.zeros(head_dim // 2 - angles, device="cpu")])
-    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device="cpu"), inv_freq)
-    return freqs.cos().to(device), freqs.sin().to(device)
-
-
-class ProportionalRotary(nn.Module):
-    """Neox RoPE over the whole head whose first ``fraction`` of the frequencies are the usual
-    ``base ** (-2i / head_dim)`` (the exponent over the whole head size, not the rotated part)
-    and the rest zero: those dimensions pass through unrotated."""
-
-    def __init__(self, head_dim: int, base: float, fraction: float, max_position: int) -> None:
-        super().__init__()
-        self.table = (head_dim, base, fraction, max_position)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor,
-                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = proportional_cos_sin(*self.table, q.device)
-        cos, sin = cos[positions][:, None], sin[positions][:, None]
-
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            x1, x2 = x.float().chunk(2, dim=-1)
-            return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
-
-        return rotate(q), rotate(k)
-
-
 class Gemma4DecoderLayer(nn.Module):
     def __init__(self, cfg: Gemma4Config, layer_id: int, comm: DistributedCommunicator,
                  moe: BaseMoeBackend) -> None:
@@ -174,27 +137,29 @@ class Gemma4DecoderLayer(nn.Module):
         sliding = cfg.layer_types[layer_id] == "sliding_attention"
         head_dim, kv_heads = cfg.layer_attn[layer_id]
         if sliding:
-            rotary = RotaryEmbedding(RotaryConfig(head_dim, cfg.local_rope_base,
-                                                  cfg.max_position))
-        else:
-            rotary = ProportionalRotary(head_dim, cfg.global_rope_base, cfg.global_rope_fraction,
-                                        cfg.max_position)
+            rotary = RotaryConfig(head_dim, cfg.local_rope_base, cfg.max_position)
+        else:  # the first global_rope_fraction of the frequencies turn, over the whole head
+            rotary = RotaryConfig(head_dim, cfg.global_rope_base, cfg.max_position, scaling=(
+                ("partial_rotary_factor", cfg.global_rope_fraction), ("rope_type", "proportional")))
         self.self_attn = AttentionLayer(
             cfg, layer_id, comm, head_dim=head_dim, num_kv_heads=kv_heads, scale=1.0,
             sliding_window=cfg.sliding_window if sliding else None,
-            logit_softcap=cfg.attn_logit_softcap, rotary=rotary, norm=Gemma4Norm,
-            v_norm=functools.partial(Gemma4Norm, scale=False),
+            logit_softcap=cfg.attn_logit_softcap, rotary=RotaryEmbedding(rotary),
+            norm=functools.partial(RMSNorm, fp32=True),
+            v_norm=functools.partial(RMSNorm, scale=False),
         )
-        self.mlp = GeluMLP(cfg, comm)
+        self.mlp = GatedMLP.from_config(cfg, comm)
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                  "post_feedforward_layernorm"]
         if cfg.moe_block:
             names += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                       "pre_feedforward_layernorm_2"]
-            self.moe = Gemma4MoE(cfg, comm, moe)
+            spec = MoESpec(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+                           router_scales=True, act=MoeActivation("gelu_tanh"))
+            self.moe = MoELayer(cfg, comm, moe, cfg.quant, spec)
         for name in names:
-            setattr(self, name, Gemma4Norm(h, eps))
+            setattr(self, name, RMSNorm(h, eps, fp32=True))
         self.layer_scalar = new_param(1)
         self.has_moe = cfg.moe_block
 
@@ -202,8 +167,8 @@ class Gemma4DecoderLayer(nn.Module):
         h = self.self_attn(self.input_layernorm(x), positions, ctx)
         x = x + self.post_attention_layernorm(h)
         h = self.mlp(self.pre_feedforward_layernorm(x))
-        if self.has_moe:  # the router and the experts read the stream before the MLP
-            experts = self.moe(x, self.pre_feedforward_layernorm_2(x))
+        if self.has_moe:  # the router reads the stream before the MLP, the experts its norm
+            experts = self.moe(self.pre_feedforward_layernorm_2(x), router_input=x)
             h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(experts)
         x = x + self.post_feedforward_layernorm(h)
         return x * self.layer_scalar
@@ -212,44 +177,26 @@ class Gemma4DecoderLayer(nn.Module):
 class Gemma4ForCausalLM(Gemma3ForCausalLM):
     cfg: Gemma4Config
     softcaps_logits = True
-    layer_cls = Gemma4DecoderLayer
-    norm_cls = Gemma4Norm
-    _skipped = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
-                "model.embed_audio.", "vision_tower.", "audio_tower.")
+    norm_options = {"fp32": True}
+    names = NAMES
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
         return parse_gemma4(raw)
 
-    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        if name.startswith(self._skipped):
-            return None
-        name = name.replace("model.language_model.", "model.", 1)
-        moe = re.match(r"model\.layers\.(\d+)\.(router\.|experts\.)(.*)$", name)
-        if moe:  # the router and experts live in this layer's ``moe`` module
-            return self.moe_names(f"layers.{moe.group(1)}.moe.{moe.group(2)}{moe.group(3)}")
-        return super().checkpoint_names(name)
+    def make_layer(self, cfg: Gemma4Config, layer_id: int, comm: DistributedCommunicator,
+                   moe: BaseMoeBackend) -> nn.Module:
+        return Gemma4DecoderLayer(cfg, layer_id, comm, moe)
 
-    @staticmethod
-    def moe_names(name: str) -> tuple[str, object]:
-        if name.endswith(".router.proj.weight"):
-            return name.replace(".router.proj.weight", ".gate"), None
-        return name.replace(".router.", ".").replace(".experts.", "."), None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def expand_tensor(self, name: str, tensor: Any) -> Iterator[tuple[str, Any]]:
         """K = V layers: the checkpoint's ``k_proj`` also fills the v rows of the merged
         projection."""
-        cfg = self.cfg
-
-        def with_v() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                yield name, tensor
-                m = _K_PROJ.match(name)
-                if (m and cfg.k_eq_v
-                        and cfg.layer_types[int(m.group(2))] == "full_attention"):
-                    yield m.group(1) + "v_proj.weight", tensor
-
-        super().load_weights(with_v())
+        yield name, tensor
+        mapped = self.checkpoint_names(name)
+        if mapped is not None and mapped[1] == "k" and self.cfg.k_eq_v:
+            layer = int(mapped[0].split(".")[1])
+            if self.cfg.layer_types[layer] == "full_attention":
+                yield name.replace(".k_proj.", ".v_proj."), tensor
 
     @classmethod
     def checkpoint_shapes(cls, cfg: Gemma4Config) -> Iterator[tuple[str, tuple[int, ...]]]:

@@ -6,14 +6,13 @@
   with biases and a clamped SwiGLU (``(clamp(up) + 1) * glu``), stored fused with gate and up
   interleaved (``gate_up_proj``), in MXFP4 in the released checkpoints (``quant.mxfp4_moe``).
 
-Checkpoint names map through ``_NAMES`` (one row per tensor kind, declarative); the stacked experts
+Checkpoint names map through ``NAMES`` (one row per tensor kind, declarative); the stacked experts
 load whole (``layers.moe.Stacked``), in transformers' unquantized layout (``[E, H, 2I]``,
 ``[E, I, H]``) or as MXFP4 blocks and scales (``[E, 2I, H/32, 16]``, ``[E, H, I/32, 16]``).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -27,13 +26,13 @@ from minisgl.moe import BaseMoeBackend, MoeActivation
 from .base import BaseLLMModel
 from .config import ModelConfig, common_fields
 from .llama import LlamaDecoderLayer
+from .names import MERGED, CheckpointNames
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
-# checkpoint suffix (after ``layers.N.``) -> (our parameter, shard id)
-_NAMES: dict[str, tuple[str, object]] = {
-    "mlp.router.weight": ("mlp.gate.weight", None),
-    "mlp.router.bias": ("mlp.gate.bias", None),
+NAMES = CheckpointNames({
+    **MERGED,
+    "mlp.router": ("mlp.gate", None),
     "mlp.experts.gate_up_proj": ("mlp.w13", Stacked(interleaved=True, transposed=True)),
     "mlp.experts.gate_up_proj_bias": ("mlp.w13_bias", Stacked(interleaved=True)),
     "mlp.experts.down_proj": ("mlp.w2", Stacked(transposed=True)),
@@ -42,8 +41,7 @@ _NAMES: dict[str, tuple[str, object]] = {
     "mlp.experts.gate_up_proj_scales": ("mlp.w13_scales", Stacked(interleaved=True)),
     "mlp.experts.down_proj_blocks": ("mlp.w2", Stacked()),
     "mlp.experts.down_proj_scales": ("mlp.w2_scales", Stacked()),
-}
-_LAYER = re.compile(r"(layers\.\d+)\.(.+)$")
+})
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,8 @@ class GptOssConfig(ModelConfig):
 
 
 class GptOssForCausalLM(BaseLLMModel):
+    names = NAMES
+
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> GptOssConfig:
         n = raw["num_hidden_layers"]
@@ -92,13 +92,6 @@ class GptOssForCausalLM(BaseLLMModel):
                                         comm, cfg.quant)
         return LlamaDecoderLayer(cfg, layer_id, comm, MoELayer(cfg, comm, moe, cfg.quant, spec),
                                  attn=attn)
-
-    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        match = _LAYER.search(name)
-        if match is not None and match.group(2) in _NAMES:
-            param, shard_id = _NAMES[match.group(2)]
-            return f"{match.group(1)}.{param}", shard_id
-        return super().checkpoint_names(name)
 
     @staticmethod
     def checkpoint_shapes(cfg: GptOssConfig) -> Iterator[tuple[str, tuple[int, ...]]]:

@@ -1,6 +1,6 @@
 """The decoder every hybrid family shares (Qwen3-Next, Qwen3.5, Qwen3.6): Gated DeltaNet layers
-(``layers/linear_attention.py``) between gated full-attention layers
-(``layers/gated_attention.py``), as ``cfg.hybrid.layer_types`` lays them out, each followed by an
+(``layers/linear_attention.py``) between gated full-attention layers (``AttentionLayer`` with an
+output gate, ``hybrid_layers.py``), as ``cfg.hybrid.layer_types`` lays them out, each followed by an
 MoE with a gated shared expert or a dense MLP.
 
 The model declares two caches (``cache_spec``): the paged KV of its full-attention layers only,
@@ -14,7 +14,6 @@ otherwise it is skipped, and loading says so.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
@@ -23,15 +22,16 @@ from torch import nn
 from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import CacheSpec
 from minisgl.kvcache.state_pool import StateShape
-from minisgl.layers.gated_attention import FusedOffsetRMSNorm, GatedAttention
+from minisgl.layers import GatedMLP, RMSNorm
 from minisgl.layers.linear_attention import GatedDeltaNet
 from minisgl.moe import BaseMoeBackend
 from minisgl.utils import init_logger
 
 from .base import BaseLLMModel
 from .config import HybridConfig, ModelConfig, common_fields
-from .hybrid_mlp import DenseMLP, SharedExpertMoE
+from .hybrid_layers import SharedExpertMoE, gated_attention
 from .hybrid_weights import checkpoint_shapes, unfuse_experts
+from .names import MERGED, CheckpointNames, expert_names
 
 if TYPE_CHECKING:
     from minisgl.context import Context
@@ -50,53 +50,55 @@ class HybridDecoderLayer(nn.Module):
             self.linear_attn = model.linear_cls(hybrid.linear, cfg.hidden_size, cfg.rms_norm_eps,
                                                 index, comm, cfg.quant)
         else:
-            rotary = dataclasses.replace(
-                cfg.rotary, head_dim=int(cfg.head_dim * hybrid.rotary_fraction))
-            self.self_attn = GatedAttention(cfg, rotary, index, comm)
+            self.self_attn = gated_attention(cfg, layer_id, index, comm)
         if cfg.is_sparse_layer(layer_id):
             self.mlp = SharedExpertMoE(cfg, hybrid.shared_expert_intermediate_size, comm, moe)
         else:
-            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, comm, cfg.quant)
-        self.input_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.mlp = GatedMLP.from_config(cfg, comm)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
-        x, residual = self.input_layernorm(x, residual)
+        x, residual = self.input_layernorm.add_norm(x, residual)
         x = self.linear_attn(x, ctx) if self.is_linear else self.self_attn(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm.add_norm(x, residual)
         return self.mlp(x), residual
 
 
-# checkpoint name (prefix removed) -> (our name, shard id)
-_RULES: list[tuple[re.Pattern, str, object]] = [
-    (re.compile(r"(.*)\.self_attn\.([qkv])_proj\.(weight|bias|weight_scale_inv)$"),
-     r"\1.self_attn.qkv_proj.\3", "qkv"),
-    (re.compile(r"(.*)\.mlp\.shared_expert\.gate_proj\.(weight|weight_scale_inv)$"),
-     r"\1.mlp.shared_expert.gate_up_proj.\2", 0),
-    (re.compile(r"(.*)\.mlp\.shared_expert\.up_proj\.(weight|weight_scale_inv)$"),
-     r"\1.mlp.shared_expert.gate_up_proj.\2", 1),
-    (re.compile(r"(.*)\.mlp\.shared_expert_gate\.weight$"), r"\1.mlp.shared_expert_gate", None),
-    (re.compile(r"(.*)\.mlp\.gate\.weight$"), r"\1.mlp.experts.gate.weight", None),
-    (re.compile(r"(.*)\.mlp\.gate_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 0),
-    (re.compile(r"(.*)\.mlp\.up_proj\.(weight|weight_scale_inv)$"), r"\1.mlp.gate_up_proj.\2", 1),
-    (re.compile(r"(.*)\.linear_attn\.conv1d\.weight$"), r"\1.linear_attn.conv1d_weight", None),
-    (re.compile(r"(.*)\.linear_attn\.norm\.weight$"), r"\1.linear_attn.norm_weight", None),
-]
-_EXPERT = re.compile(r"(.*)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale_inv)$")
-_FUSED_EXPERTS = re.compile(r"(.*)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+# checkpoint name after ``layers.N.`` -> (ours, shard id), beside Llama's merged projections
+RENAMES: dict[str, tuple[str, object]] = {
+    **MERGED,
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", 0),
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", 1),
+    "mlp.shared_expert_gate.weight": ("mlp.shared_expert_gate", None),
+    "mlp.gate": ("mlp.experts.gate", None),
+    "linear_attn.conv1d.weight": ("linear_attn.conv1d_weight", None),
+    "linear_attn.norm.weight": ("linear_attn.norm_weight", None),
+    **expert_names("mlp.experts", "mlp.experts"),
+}
 
 
 class HybridModel(BaseLLMModel):
     """The decoder of every hybrid family; subclasses set the checkpoint conventions."""
 
     linear_cls: type[GatedDeltaNet]
-    final_norm_cls = FusedOffsetRMSNorm
+    norm_options = {"offset": 1.0}
     prefix = "model."
     # checkpoint parts that are not the text model: skipped, and loading says so
     skipped = {"mtp.": "the multi-token-prediction head (loaded for the speculative method 'mtp')"}
     # checkpoint projection name -> (our SplitColumnLinear, its part ids)
     split_projs = {"in_proj_qkvz": ("in_proj_qkvz", (0,)), "in_proj_ba": ("in_proj_ba", (0,))}
+
+    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator,
+                 moe: BaseMoeBackend) -> None:
+        super().__init__(cfg, comm, moe)
+        linear = {f"linear_attn.{k}": (f"linear_attn.{ours}", ids)
+                  for k, (ours, ids) in self.split_projs.items()}
+        # only the text decoder's names, the LM head's and the MTP head's are loaded
+        self.names = CheckpointNames(
+            {**RENAMES, **linear}, skipped=tuple(self.skipped), strict=True,
+            prefixes=((self.prefix, ""), ("lm_head.", "lm_head."), ("mtp.", "mtp.")))
 
     @classmethod
     def parse_config(cls, raw: dict) -> ModelConfig:
@@ -129,6 +131,7 @@ class HybridModel(BaseLLMModel):
                              "head (mtp_num_hidden_layers >= 1 in its config)")
         self.mtp = MTPHead(self.cfg, comm, moe)
         self.skipped = {k: v for k, v in self.skipped.items() if k != "mtp."}
+        self.names = dataclasses.replace(self.names, skipped=tuple(self.skipped))
 
     def cache_spec(self) -> CacheSpec:
         """KV for the gated-attention layers, a state slot per linear layer."""
@@ -137,36 +140,6 @@ class HybridModel(BaseLLMModel):
         return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers
                                if not layer.is_linear), shape,
                          self.cfg.hybrid.count("linear_attention"))
-
-    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        for skip in self.skipped:
-            if name.startswith(skip):
-                return None
-        if name.startswith("mtp."):  # the head's layer follows the decoder's naming rules
-            mapped = self.checkpoint_names(self.prefix + name[len("mtp."):])
-            return None if mapped is None else ("mtp." + mapped[0], mapped[1])
-        if name.startswith(self.prefix):
-            name = name[len(self.prefix):]
-        elif not name.startswith("lm_head."):
-            return None
-        if name.startswith("lm_head.") and self.cfg.tie_word_embeddings:
-            return None
-        for pattern, target, shard in _RULES:
-            match = pattern.match(name)
-            if match:
-                return match.expand(target), match.group(2) if shard == "qkv" else shard
-        match = re.match(r"(.*)\.linear_attn\.(\w+)\.(weight|weight_scale_inv)$", name)
-        if match and match.group(2) in self.split_projs:
-            ours, ids = self.split_projs[match.group(2)]
-            return f"{match.group(1)}.linear_attn.{ours}.{match.group(3)}", ids
-        match = _EXPERT.match(name)
-        if match:
-            prefix, expert, kind = match.group(1), int(match.group(2)), match.group(3)
-            suffix = "_scale_inv" if match.group(4) == "weight_scale_inv" else ""
-            if kind == "down":
-                return f"{prefix}.mlp.experts.w2{suffix}", expert
-            return f"{prefix}.mlp.experts.w13{suffix}", (expert, 0 if kind == "gate" else 1)
-        return name, None
 
     def expand_tensor(self, name: str, tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """Fused experts split per expert; a skipped part of the checkpoint is named once."""

@@ -1,5 +1,6 @@
-"""Llama (incl. Llama-3 RoPE scaling) and Mistral, and the Llama-style decoder layer the Qwen
-families reuse: pre-norm attention and gated-SiLU MLP with fused residual adds."""
+"""Llama (incl. Llama-3 RoPE scaling; Mistral's checkpoints too, ``registry.py``), and the
+Llama-style decoder layer the Qwen families reuse: pre-norm attention and gated-SiLU MLP with
+fused residual adds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import AttentionLayer, LinearColParallelMerged, LinearRowParallel, RMSNormFused
+from minisgl.layers import AttentionLayer, GatedMLP, RMSNorm
 from minisgl.layers.fusion import NormFusion, fuse_norms
 from minisgl.moe import BaseMoeBackend
 
@@ -18,25 +19,6 @@ from .config import ModelConfig
 
 if TYPE_CHECKING:
     from minisgl.context import Context
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator) -> None:
-        super().__init__()
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (silu)")
-        inter = cfg.intermediate_size
-        self.gate_up_proj = LinearColParallelMerged(cfg.hidden_size, [inter, inter], False,
-                                                    comm.info, cfg.quant)
-        self.down_proj = LinearRowParallel(inter, cfg.hidden_size, False, comm, cfg.quant)
-
-    @property
-    def input_linear(self) -> LinearColParallelMerged:
-        """The linear layer the norm before feeds (``layers.fusion``)."""
-        return self.gate_up_proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x), gated=True)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -50,8 +32,8 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = attn if attn is not None else AttentionLayer(cfg, layer_id, comm)
         self.mlp = mlp
-        self.input_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNormFused(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tp_size = comm.info.size
         self.fusion = NormFusion()
 
@@ -62,9 +44,9 @@ class LlamaDecoderLayer(nn.Module):
             return self._forward_one_token(x, residual, positions, ctx)
         # the projections after the norms quantize their input per token: the norms do it instead
         quant = self.fusion.quantized_inputs and x.is_cuda and x.shape[0] > 1
-        x, residual = self.input_layernorm(x, residual, quant)
+        x, residual = self.input_layernorm.add_norm(x, residual, quant)
         x = self.self_attn(x, positions, ctx)
-        x, residual = self.post_attention_layernorm(x, residual, quant)
+        x, residual = self.post_attention_layernorm.add_norm(x, residual, quant)
         return self.mlp(x), residual
 
     def _forward_one_token(
@@ -96,9 +78,5 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(BaseLLMModel):
     def make_layer(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator,
                    moe: BaseMoeBackend) -> nn.Module:
-        return LlamaDecoderLayer(cfg, layer_id, comm, GatedMLP(cfg, comm))
+        return LlamaDecoderLayer(cfg, layer_id, comm, GatedMLP.from_config(cfg, comm))
 
-
-class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral's decoder is Llama's. A ``sliding_window`` in its config is not applied: attention
-    always sees the whole context."""

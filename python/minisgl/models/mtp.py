@@ -15,18 +15,16 @@ proposer holds them, ``speculative/mtp.py``), so ``forward`` takes the past K/V 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers.gated_attention import FusedOffsetRMSNorm, GatedAttention, OffsetRMSNorm
+from minisgl.layers import GatedMLP, RMSNorm
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig
-from .hybrid_mlp import DenseMLP, SharedExpertMoE
+from .hybrid_layers import SharedExpertMoE, gated_attention
 
 
 class MTPLayer(nn.Module):
@@ -36,22 +34,20 @@ class MTPLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, comm: DistributedCommunicator,
                  moe: BaseMoeBackend) -> None:
         super().__init__()
-        rotary = dataclasses.replace(
-            cfg.rotary, head_dim=int(cfg.head_dim * cfg.hybrid.rotary_fraction))
-        self.self_attn = GatedAttention(cfg, rotary, 0, comm)
+        self.self_attn = gated_attention(cfg, 0, 0, comm)
         if cfg.num_experts:
             self.mlp = SharedExpertMoE(cfg, cfg.hybrid.shared_expert_intermediate_size, comm, moe)
         else:
-            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, comm, cfg.quant)
-        self.input_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = FusedOffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.mlp = GatedMLP.from_config(cfg, comm)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, past_k: torch.Tensor,
                 past_v: torch.Tensor):
         """x ``[T, H]`` at ``positions`` (increasing, after every past one); past K/V
         ``[P, Hkv, D]``. Returns (x, residual, k, v): the new rows' K/V ``[T, Hkv, D]``."""
         attn = self.self_attn
-        h, residual = self.input_layernorm(x)
+        h, residual = self.input_layernorm.add_norm(x, None)
         q, k, v, gate = attn.project(h, positions)
         keys, values = torch.cat([past_k, k]), torch.cat([past_v, v])
         t, p = x.shape[0], past_k.shape[0]
@@ -63,7 +59,7 @@ class MTPLayer(nn.Module):
             values.repeat_interleave(rep, 1).transpose(0, 1), attn_mask=mask,
             scale=attn.head_dim ** -0.5)
         out = out.transpose(0, 1).reshape(t, -1) * torch.sigmoid(gate)
-        h, residual = self.post_attention_layernorm(attn.o_proj(out), residual)
+        h, residual = self.post_attention_layernorm.add_norm(attn.o_proj(out), residual)
         return self.mlp(h), residual, k, v
 
 
@@ -76,10 +72,10 @@ class MTPHead(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.pre_fc_norm_embedding = OffsetRMSNorm(h, cfg.rms_norm_eps)
-        self.pre_fc_norm_hidden = OffsetRMSNorm(h, cfg.rms_norm_eps)
+        self.pre_fc_norm_embedding = RMSNorm(h, cfg.rms_norm_eps, offset=1.0)
+        self.pre_fc_norm_hidden = RMSNorm(h, cfg.rms_norm_eps, offset=1.0)
         self.layers = nn.ModuleList([MTPLayer(cfg, comm, moe)])
-        self.norm = FusedOffsetRMSNorm(h, cfg.rms_norm_eps)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps, offset=1.0)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 past_k: torch.Tensor, past_v: torch.Tensor):
@@ -88,4 +84,4 @@ class MTPHead(nn.Module):
         for the LM head and the next step, and the new K/V)."""
         x = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], -1)
         x, residual, k, v = self.layers[0](self.fc(x), positions, past_k, past_v)
-        return self.norm(x, residual)[0], k, v
+        return self.norm.add_norm(x, residual)[0], k, v

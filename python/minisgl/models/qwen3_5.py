@@ -1,12 +1,16 @@
-"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``; the MoE form and Qwen3.6 in ``qwen3_5_moe.py``):
-the Qwen3-Next decoder with separate linear-attention projections, served as a text model.
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``), and Qwen3.5-MoE and Qwen3.6
+(``Qwen3_5MoeForConditionalGeneration``, the same class, ``registry.py``): the Qwen3-Next decoder
+with separate linear-attention projections, served as a text model. Which layers' MLPs are routed
+experts beside a shared expert (``SharedExpertMoE``) comes from the config
+(``ModelConfig.is_sparse_layer``).
 
 The checkpoint is a vision-language model: the text decoder's weights live under
 ``model.language_model.``, its config under ``text_config`` (``ModelConfig`` reads it). The
 vision tower (``model.visual.``) is not part of this module: the engine loads and runs it
 (``models/vision/qwen3_5_vit.py``, ``engine/images.py``), and a prompt with images gets M-RoPE
-positions (``multimodal/mrope.py``, applied in ``layers/gated_attention.py``). The MTP head
-(``mtp.``) is loaded for the speculative method ``mtp`` only.
+positions (``multimodal/mrope.py``, applied by ``layers/rotary.py``'s
+``RotaryEmbedding.table``). The MTP head (``mtp.``) is loaded for the speculative method ``mtp``
+only.
 """
 
 from __future__ import annotations

@@ -3,23 +3,24 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.layers import MoELayer
+from minisgl.layers import GatedMLP, MoELayer
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig, common_fields
-from .llama import GatedMLP, LlamaDecoderLayer
+from .llama import LlamaDecoderLayer
+from .names import MERGED, CheckpointNames, expert_names
 from .qwen3 import Qwen3ForCausalLM
-
-_EXPERT = re.compile(r"(.*)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale_inv)$")
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    # experts' gate/up into the stacked w13[e], down into w2[e]
+    names = CheckpointNames({**MERGED, **expert_names("mlp.experts", "mlp")})
+
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
         return ModelConfig(
@@ -36,16 +37,5 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def make_layer(self, cfg: ModelConfig, layer_id: int, comm: DistributedCommunicator,
                    moe: BaseMoeBackend) -> nn.Module:
         mlp = (MoELayer(cfg, comm, moe, cfg.quant) if cfg.is_sparse_layer(layer_id)
-               else GatedMLP(cfg, comm))
+               else GatedMLP.from_config(cfg, comm))
         return LlamaDecoderLayer(cfg, layer_id, comm, mlp)
-
-    def checkpoint_names(self, name: str) -> tuple[str, object] | None:
-        """Experts' ``gate``/``up`` into the stacked ``w13[e]``, ``down`` into ``w2[e]``."""
-        match = _EXPERT.match(name.removeprefix("model."))
-        if match is None:
-            return super().checkpoint_names(name)
-        prefix, expert, kind = match.group(1), int(match.group(2)), match.group(3)
-        suffix = "_scale_inv" if match.group(4) == "weight_scale_inv" else ""
-        if kind == "down":
-            return f"{prefix}.mlp.w2{suffix}", expert
-        return f"{prefix}.mlp.w13{suffix}", (expert, 0 if kind == "gate" else 1)

@@ -11,7 +11,7 @@ quantizes its output (``fp8_quant.quantize_tokens``' arithmetic on the rounded r
 registers), one kernel instead of two.
 
 Two conventions of the hybrid (Qwen3.5 / Qwen3-Next) checkpoints, rounded as their references
-(``layers/gated_attention.py::OffsetRMSNorm``, ``layers/gated_delta.py::gated_rms_norm``):
+(``layers/norm.py::RMSNorm(offset=1.0)``, ``layers/gated_delta.py::gated_rms_norm``):
 ``offset``: weights stored centred on zero, ``norm(x) * (1 + w)`` in fp32 and rounded once;
 ``gated_rms_norm``: ``(w * norm(x)) * silu(gate)``, the gate a strided per-head view.
 """

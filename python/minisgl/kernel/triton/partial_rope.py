@@ -1,4 +1,4 @@
-"""The q/k preparation of the hybrid models' gated attention (``layers/gated_attention.py``) in
+"""The q/k preparation of the hybrid models' gated attention (``layers/attention.py``) in
 one launch: each head's ``(1 + w)`` RMSNorm, then neox RoPE on its first ``rotary_dim`` dims, the
 rest passed through; q and k come out contiguous.
 

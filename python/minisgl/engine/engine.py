@@ -11,9 +11,10 @@ from minisgl.context import Context
 from minisgl.core import Batch
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import BaseKVCachePool, create_kvcache_pool
-from minisgl.layers.base import restore_param_dtypes
+from minisgl.kvcache.spec import CacheSpec
+from minisgl.layers.base import cast_floating, restore_param_dtypes
 from minisgl.linear_attn import create_linear_attn_backend
-from minisgl.models import BaseLLMModel, get_model_class
+from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
 from minisgl.quant.loading import load_model_config, set_kv_scales
@@ -154,19 +155,8 @@ class Engine:
                   ) -> tuple[BaseKVCachePool, BaseAttnBackend]:
         """A KV pool of ``num_pages`` pages (and ``window_pages`` for the sliding layers) and its
         attention backend (``memory.py`` builds a throwaway one to measure a forward)."""
-        mc, config = self.model_config, self.config
-        spec = self.cache_spec
-        pool = create_kvcache_pool(spec, num_pages, config.page_size, config.kv_dtype,
-                                   self.device, window_pages)
-        set_kv_scales(pool, self.model.kv_scales)
-        backend = create_attention_backend(
-            config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
-        )
-        backend.check_layers(list(spec.attention))  # refuses a window or sinks it cannot do
-        if window_pages:
-            backend.set_window_page_table(self.window_page_table)
-        backend.pdl = config.pdl
-        return pool, backend
+        return make_pool(self.config, self.model_config, self.cache_spec, self.model.kv_scales,
+                         self.page_table, self.window_page_table, num_pages, window_pages)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -189,32 +179,7 @@ class Engine:
         return model
 
     def _load_model(self) -> BaseLLMModel:
-        cls = get_model_class(self.model_config.architecture)
-        moe = create_moe_backend(self.config.moe_backend)
-        with torch.device(self.device):
-            model = cls(self.model_config, self.comm, moe)
-            if self.config.mtp:
-                if not hasattr(model, "add_mtp"):
-                    raise ValueError(f"speculative_config: method 'mtp' needs a model with an "
-                                     f"MTP head; {self.model_config.architecture} has none")
-                model.add_mtp(self.comm, moe)
-        model = model.to(self.config.dtype).eval()
-        restore_param_dtypes(model)
-        for module in model.modules():  # the layers that launch Triton kernels: fixed here, once
-            if hasattr(module, "pdl"):
-                module.pdl = self.config.pdl
-        if self.config.dummy_weights:
-            model.load_weights(dummy_weights(self.model_config, self.config.seed, self.device,
-                                             self.config.dtype))
-        else:
-            model.load_weights(iter_weights(self.config.model_path))
-        if self.config.draft_model_path is not None:  # after the target's weights: not in them
-            from minisgl.models.eagle3 import load_eagle3
-
-            model.eagle3 = load_eagle3(self.config.draft_model_path, model, self.config.dtype,
-                                       self.device, self.config.dummy_weights, self.config.seed)
-            model.capture_aux(model.eagle3.cfg.aux_layers)
-        return model
+        return build_model(self.config, self.model_config, self.comm, self.device)
 
     def close(self) -> None:
         """Release the CUDA graphs, then leave the TP group (in this order:
@@ -297,3 +262,54 @@ class Engine:
         return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps,
                              keep)
 
+
+def build_model(config: EngineConfig, mc: ModelConfig, comm: DistributedCommunicator,
+                device: torch.device, shadow: bool = False) -> BaseLLMModel:
+    """The model of ``config`` on ``device``, its weights loaded. ``shadow``: a shadow run's
+    (``minisgl.warmup``), loaded with uninitialised dummy weights: a quantized layer's shapes
+    and dtypes come out of loading."""
+    cls = get_model_class(mc.architecture)
+    moe = create_moe_backend(config.moe_backend)
+    with torch.device(device):
+        model = cls(mc, comm, moe)
+        if config.mtp:
+            if not hasattr(model, "add_mtp"):
+                raise ValueError(f"speculative_config: method 'mtp' needs a model with an "
+                                 f"MTP head; {mc.architecture} has none")
+            model.add_mtp(comm, moe)
+    cast_floating(model, config.dtype)
+    model.eval()
+    restore_param_dtypes(model)
+    for module in model.modules():  # the layers that launch Triton kernels: fixed here, once
+        if hasattr(module, "pdl"):
+            module.pdl = config.pdl
+    dummy = config.dummy_weights or shadow
+    if dummy:
+        model.load_weights(dummy_weights(mc, config.seed, device, config.dtype,
+                                         values=not shadow))
+    else:
+        model.load_weights(iter_weights(config.model_path))
+    if config.draft_model_path is not None:  # after the target's weights: not in them
+        from minisgl.models.eagle3 import load_eagle3
+
+        model.eagle3 = load_eagle3(config.draft_model_path, model, config.dtype, device, dummy,
+                                   config.seed)
+        model.capture_aux(model.eagle3.cfg.aux_layers)
+    return model
+
+
+def make_pool(config: EngineConfig, mc: ModelConfig, spec: CacheSpec,
+              kv_scales: dict[int, dict[str, float]], page_table: torch.Tensor,
+              window_page_table: torch.Tensor | None, num_pages: int,
+              window_pages: int | None = None) -> tuple[BaseKVCachePool, BaseAttnBackend]:
+    """A KV pool of ``num_pages`` pages for the layers of ``spec`` and its attention backend."""
+    pool = create_kvcache_pool(spec, num_pages, config.page_size, config.kv_dtype,
+                               page_table.device, window_pages)
+    set_kv_scales(pool, kv_scales)
+    backend = create_attention_backend(config.attention_backend, pool, page_table,
+                                       mc.head_dim**-0.5)
+    backend.check_layers(list(spec.attention))  # refuses a window or sinks it cannot do
+    if window_pages:
+        backend.set_window_page_table(window_page_table)
+    backend.pdl = config.pdl
+    return pool, backend

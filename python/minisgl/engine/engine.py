@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -29,6 +30,13 @@ from .state import attach_state_metadata, create_state_pool
 from .window import check_pool, window
 
 logger = init_logger(__name__)
+
+
+class CompilingKernels(Protocol):
+    """The kernel warm-up (``minisgl.warmup.KernelWarmup``), started before the engine: the
+    engine waits for the variants its forwards need before it runs one."""
+
+    def wait_ready(self, timeout: float | None = None) -> bool: ...
 
 
 @dataclass
@@ -63,7 +71,8 @@ class Engine:
     and the profiling run write their K/V there. The page table's last row is the dummy request.
     """
 
-    def __init__(self, config: EngineConfig, comm: DistributedCommunicator | None = None) -> None:
+    def __init__(self, config: EngineConfig, comm: DistributedCommunicator | None = None,
+                 kernels: CompilingKernels | None = None) -> None:
         self.config = config
         self.device = config.device
         if self.device.type == "cuda":
@@ -74,8 +83,12 @@ class Engine:
             comm = (init_distributed(config.tp, config.dist_init_addr, self.device)
                     if config.tp.size > 1 else DistributedCommunicator(config.tp))
         self.comm = comm
+        # compiling the kernel variants on every core while the weights load (``minisgl.warmup``)
+        self.kernels = kernels
         self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
+        if self.kernels is not None:  # the forwards' kernels, before any forward runs
+            self.kernels.wait_ready()
         # the model declares its caches: KV layers and their shapes, windows, recurrent state
         self.cache_spec = self.model.cache_spec()
         self.max_seq_len = config.max_seq_len or mc.max_position
@@ -119,6 +132,7 @@ class Engine:
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
                                             self.dummy_row, max_bs, config.pdl,
                                             self.window_page_table, config.cuda_graph_sizes)
+            self.graph_runner.capture()
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
                            for a in self.cache_spec.attention}) == 1
@@ -133,6 +147,7 @@ class Engine:
                              -(-config.max_forward_tokens // STEP) * STEP)
             if max_tokens >= STEP:
                 self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens)
+                self.piecewise.capture()
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s",
             mc.architecture, self.device, config.dtype, self.num_pages, config.page_size,

@@ -206,6 +206,7 @@ class EngineOptions:
         batched = (self.max_num_batched_tokens
                    or self.default_batched_tokens(device, online, model_path))
         mixed = self.schedule_mode == "mixed"
+        warm = self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda")
         spec = self.spec_config()
         if spec is not None and spec.method == "eagle3":  # a bad draft fails here, not in a rank
             from minisgl.models.eagle3 import read_config
@@ -253,6 +254,7 @@ class EngineOptions:
             gemv=not self.disable_gemv,
             norm_gemv=not self.disable_norm_gemv,
             norm_quant=not self.disable_norm_quant,
+            precompile=warm and device.type == "cuda",
         )
         return SchedulerConfig(
             engine=engine,
@@ -265,7 +267,7 @@ class EngineOptions:
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
             prefill_yield=not self.disable_prefill_yield,
-            warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
+            warmup=warm,
             spec=spec,
         )
 

@@ -30,6 +30,7 @@ from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
 from .validation import check_context, check_params, check_prompt
+from .warming import WarmingGate
 
 logger = init_logger(__name__)
 
@@ -37,7 +38,16 @@ logger = init_logger(__name__)
 class Scheduler:
     def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:
         self.config = config
-        self.engine = engine or Engine(config.engine)
+        # the kernel warm-up compiles beside the engine's start-up (``minisgl.warmup``)
+        self.kernels = None
+        if engine is None and config.engine.precompile:
+            from minisgl.warmup.kernels import start_kernel_warmup
+
+            self.kernels = start_kernel_warmup(config.engine)
+        self.engine = engine or Engine(config.engine, kernels=self.kernels)
+        if self.kernels is not None and config.engine.tp.size > 1:
+            self.kernels.wait_all()  # every rank must admit the same requests at the same step
+        self.warming = WarmingGate(self.kernels)
         self.table = TableManager(config.max_running_reqs)
         self.cache = create_cache(self.engine, config.cache)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
@@ -83,8 +93,15 @@ class Scheduler:
         ready = self.grammar.add(req)  # False: it waits for its grammar to compile
         self.reqs[uid] = req
         if ready:
-            self.prefill.add(req)
+            self._queue(req)
         return req
+
+    def _queue(self, req: Req) -> None:
+        """Into the prefill queue, or held while its sampler kernels compile (``warming.py``)."""
+        if self.warming.admits(req):
+            self.prefill.add(req)
+        else:
+            self.warming.hold(req)
 
     def abort(self, uid: int) -> bool:
         """Drop a request wherever it is and free its KV. False if it is unknown or finished."""
@@ -97,6 +114,13 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.reqs) or self._inflight is not None
+
+    @property
+    def only_waiting(self) -> bool:
+        """Every request waits for a compiler (its grammar, its sampler kernels): a step would
+        do nothing."""
+        held = len(self.grammar.compiling) + len(self.warming.held)
+        return self._inflight is None and 0 < len(self.reqs) == held
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -150,8 +174,10 @@ class Scheduler:
     def _admit_compiled(self) -> list[TokenOutput]:
         """Queue the requests whose grammar compiled; end (abort) those whose grammar failed."""
         done, failed = self.grammar.ready()
-        for req in done:
+        for req in self.warming.release():
             self.prefill.add(req)
+        for req in done:
+            self._queue(req)
         for req in failed:
             del self.reqs[req.uid]
         return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
@@ -251,7 +277,7 @@ class Scheduler:
         """Finished or aborted: free everything the request holds."""
         if self.spec is not None:
             self.spec.finished(req)
-        if self.grammar.remove(req):  # still compiling: in no queue, holds nothing
+        if self.grammar.remove(req) or self.warming.remove(req):  # in no queue, holds nothing
             del self.reqs[req.uid]
             return
         if req in self.decode.running:

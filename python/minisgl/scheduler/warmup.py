@@ -102,9 +102,12 @@ def sampler_variants(base: SamplingParams, grammar: bool) -> dict[str, SamplingP
 
 
 def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: int,
-                max_running_reqs: int, graph_max_bs: int, cuda: bool, grammar: bool) -> list[Wave]:
+                max_running_reqs: int, graph_max_bs: int, cuda: bool, grammar: bool,
+                sampler: bool = True) -> list[Wave]:
     """The waves to run. On CUDA every variant; on CPU (no Triton kernels, no graphs) one wave of
-    one short request per sampler path, which still builds the grammar tables."""
+    one short request per sampler path, which still builds the grammar tables. ``sampler=False``:
+    no sampler waves (the kernel warm-up compiles those variants in the background and holds
+    the requests that need them, ``minisgl.warmup``)."""
     rng = random.Random(0)
     low = min(1000, vocab_size // 2)
 
@@ -137,6 +140,8 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
             for _ in range(min(max_running_reqs, rows)):
                 big.add(prompt(4), replace(base, max_tokens=4))
             waves.append(big)
+    if not sampler:
+        return waves
     length = 40 if cuda else 8
     variants = sampler_variants(base, grammar)
     for name, params in variants.items() if cuda else ():  # each alone, two rows (batched kernels)
@@ -186,6 +191,9 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
         graph_max_bs=config.engine.cuda_graph_max_bs, cuda=engine.device.type == "cuda",
         # without a tokenizer no request can have a grammar
         grammar=has_tokenizer(config.engine.model_path),
+        # compiled in parallel by the kernel warm-up; the waves load the rest (cuBLAS, fla's
+        # autotuning, the first launch of each kernel) on the greedy path
+        sampler=engine.kernels is None,
     )
     num = sum(len(w.requests) for w in waves)
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "

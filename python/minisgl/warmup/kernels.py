@@ -1,0 +1,162 @@
+"""Compiling an engine's kernel variants on every CPU core, beside its start-up.
+
+``KernelWarmup.start`` returns at once; a thread of its own finds the variants (``discover``: a
+shadow run, CPU only) and compiles them on a pool of threads, while the engine loads its weights.
+The engine waits (``wait_ready``) for the variants its forwards need before it profiles memory
+and captures CUDA graphs, so no capture compiles anything; the sampler's variants follow stage by
+stage (``plan.FEATURE_STAGES``) while the server already serves: ``stage`` is the number of
+stages done, ``warming`` says what is left.
+
+Each variant compiles once: Triton writes it to its cache (``TRITON_CACHE_DIR``), where a restart,
+or another machine given the directory (``python -m minisgl warmup --cache-dir``), finds it.
+Triton's compiler releases the GIL in its MLIR, LLVM and ptxas stages, so threads compile in
+parallel; a variant that fails to compile here is logged and compiles on first use instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import torch
+
+from minisgl.engine.config import EngineConfig
+from minisgl.utils import init_logger
+
+from .discover import KernelSet, discover
+from .plan import FEATURE_STAGES
+from .variants import Variant
+
+logger = init_logger(__name__)
+
+
+def compile_workers(tp_size: int = 1) -> int:
+    """The threads one rank compiles on: its share of this machine's cores."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, tp_size))
+
+
+def compile_variants(variants: list[Variant], workers: int, device: torch.device,
+                     on_done: Callable[[], None] = lambda: None) -> list[str]:
+    """Compile ``variants`` on ``workers`` threads for ``device`` (no launch); the errors, one
+    line each (their variants compile on first use instead)."""
+    if not variants:
+        return []
+    torch.cuda.set_device(device)
+    index = torch.cuda.current_device()
+    for name in {v.kernel for v in variants}:  # each kernel's per-device cache, made once here
+        from .variants import _kernel_by_name
+
+        _ = _kernel_by_name(name).device_caches[index]
+    errors: list[str] = []
+
+    def one(variant: Variant) -> None:
+        try:
+            variant.compile()
+        except Exception as e:  # noqa: BLE001 - compiled on first use instead
+            errors.append(f"{variant.short_name}: {type(e).__name__}: {str(e)[:200]}")
+        on_done()
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile",
+                            initializer=torch.cuda.set_device, initargs=(device,)) as pool:
+        list(pool.map(one, variants))
+    return errors
+
+
+class KernelWarmup:
+    """The kernel variants of the engine of ``config``, compiled on ``workers`` threads.
+    ``grammar``: requests may carry a grammar (the sampler's mask variants are needed);
+    ``kernels``: a set found before (a carried cache's manifest), else a shadow run finds it."""
+
+    def __init__(self, config: EngineConfig, grammar: bool, workers: int | None = None,
+                 kernels: KernelSet | None = None) -> None:
+        self.config, self.grammar = config, grammar
+        self.workers = workers or compile_workers(config.tp.size)
+        self.kernels = kernels
+        self.stage = 0  # sampler stages compiled (``plan.FEATURE_STAGES``)
+        self.compiled = 0
+        self.total = 0
+        self.errors: list[str] = []
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> KernelWarmup:
+        self._thread = threading.Thread(target=self._run, name="kernel-warmup", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the variants needed before ready are compiled (or the attempt failed)."""
+        return self._ready.wait(timeout)
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def warming(self) -> str:
+        """What is still compiling, in words; "" when nothing is."""
+        if self._done.is_set():
+            return ""
+        if not self._ready.is_set():
+            what = "finding the kernel variants" if self.total == 0 else "kernels before ready"
+            return f"{what}: {self.compiled} of {self.total} compiled"
+        left = ", ".join(FEATURE_STAGES[self.stage:])
+        return f"sampler kernels ({left}): {self.compiled} of {self.total} compiled"
+
+    def _count(self) -> None:
+        with self._lock:
+            self.compiled += 1
+
+    def _run(self) -> None:
+        device = self.config.device
+        try:
+            torch.cuda.set_device(device)
+            if self.kernels is None:
+                self.kernels = discover(self.config, self.grammar)
+            self.total = len(self.kernels.all)
+            self._compile(self.kernels.essential, "before ready", device)
+        except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
+            logger.warning("kernel warm-up failed (kernels compile on first use): %s: %s",
+                           type(e).__name__, e)
+            self._ready.set()
+            self._done.set()
+            return
+        finally:
+            self._ready.set()
+        for k, stage in enumerate(self.kernels.stages):
+            self._compile(stage, f"sampler stage {FEATURE_STAGES[k]}", device)
+            self.stage = k + 1
+        self._done.set()
+        logger.info("kernel warm-up done: %d variants", self.compiled)
+
+    def _compile(self, variants: list[Variant], what: str, device: torch.device) -> None:
+        start = time.perf_counter()
+        errors = compile_variants(variants, self.workers, device, self._count)
+        self.errors += errors
+        logger.info("compiled %d kernel variants (%s) on %d threads in %.1f s%s", len(variants),
+                    what, self.workers, time.perf_counter() - start,
+                    f"; {len(errors)} failed (compiled on first use): {errors[0]}" if errors
+                    else "")
+
+
+def start_kernel_warmup(config: EngineConfig) -> KernelWarmup | None:
+    """Start the kernel warm-up of the engine of ``config`` (None off CUDA: the CPU path compiles
+    nothing)."""
+    if config.device.type != "cuda":
+        return None
+    from minisgl.utils.hf import has_tokenizer
+
+    device = config.device
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    # without a tokenizer no request can carry a grammar
+    return KernelWarmup(dataclasses.replace(config, device=device),
+                        grammar=has_tokenizer(config.model_path)).start()

@@ -126,7 +126,6 @@ class KernelWarmup:
         except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
             logger.warning("kernel warm-up failed (kernels compile on first use): %s: %s",
                            type(e).__name__, e)
-            self._ready.set()
             self._done.set()
             return
         finally:

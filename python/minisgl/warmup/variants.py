@@ -82,12 +82,14 @@ def _kernel_by_name(name: str):
     return obj
 
 
-def arg_spec(value: Any, constexpr: bool, specialize: bool = True) -> tuple:
-    """What Triton's specialisation keeps of one argument (the module docstring)."""
+def arg_spec(value: Any, constexpr: bool, specialize: bool = True, align: bool = True) -> tuple:
+    """What Triton's specialisation keeps of one argument (the module docstring); ``specialize``
+    and ``align``: the parameter has no ``do_not_specialize`` / ``..._on_alignment``."""
     if constexpr:
         return ("const", _const(value))
     if isinstance(value, torch.Tensor):
-        return ("ptr", str(value.dtype).removeprefix("torch."), _tensor_aligned(value))
+        return ("ptr", str(value.dtype).removeprefix("torch."),
+                _tensor_aligned(value) if align else None)
     if value is None:
         return ("none",)
     if isinstance(value, bool):
@@ -97,7 +99,7 @@ def arg_spec(value: Any, constexpr: bool, specialize: bool = True) -> tuple:
     if isinstance(value, float):
         return ("float",)
     if isinstance(value, tuple):
-        return ("tuple", tuple(arg_spec(v, False, specialize) for v in value))
+        return ("tuple", tuple(arg_spec(v, False, specialize, align) for v in value))
     raise TypeError(f"cannot record a kernel argument of type {type(value).__name__}")
 
 
@@ -118,8 +120,8 @@ class Variant:
         bound = inspect.signature(kernel.fn).bind(
             *args, **{k: v for k, v in kwargs.items() if k in names})
         bound.apply_defaults()
-        specs = tuple(arg_spec(bound.arguments[p.name], p.is_constexpr, not p.do_not_specialize)
-                      for p in kernel.params)
+        specs = tuple(arg_spec(bound.arguments[p.name], p.is_constexpr, not p.do_not_specialize,
+                               not p.do_not_specialize_on_alignment) for p in kernel.params)
         name = f"{kernel.fn.__module__}:{kernel.fn.__qualname__}"
         return cls(name, specs, tuple(sorted((k, _const(v)) for k, v in options.items())))
 
@@ -171,7 +173,7 @@ def _stand_in(spec: tuple) -> Any:
     if kind == "const":
         return _unconst(spec[1])
     if kind == "ptr":
-        return _StandIn(getattr(torch, spec[1]), spec[2])
+        return _StandIn(getattr(torch, spec[1]), spec[2] is not False)
     if kind == "none":
         return None
     if kind == "bool":

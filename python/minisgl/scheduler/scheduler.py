@@ -40,7 +40,7 @@ class Scheduler:
         self.config = config
         # the kernel warm-up compiles beside the engine's start-up (``minisgl.warmup``)
         self.kernels = None
-        if engine is None and config.engine.precompile:
+        if engine is None and config.engine.device.type == "cuda":
             from minisgl.warmup.kernels import start_kernel_warmup
 
             self.kernels = start_kernel_warmup(config.engine)

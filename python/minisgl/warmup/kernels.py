@@ -69,11 +69,13 @@ def compile_variants(variants: list[Variant], workers: int, device: torch.device
 class KernelWarmup:
     """The kernel variants of the engine of ``config``, compiled on ``workers`` threads.
     ``grammar``: requests may carry a grammar (the sampler's mask variants are needed);
-    ``kernels``: a set found before (a carried cache's manifest), else a shadow run finds it."""
+    ``kernels``: a set found before (the kernel cache's plan), else a shadow run finds it and
+    hands it to ``on_found``."""
 
     def __init__(self, config: EngineConfig, grammar: bool, workers: int | None = None,
-                 kernels: KernelSet | None = None) -> None:
-        self.config, self.grammar = config, grammar
+                 kernels: KernelSet | None = None,
+                 on_found: Callable[[KernelSet], None] = lambda _: None) -> None:
+        self.config, self.grammar, self.on_found = config, grammar, on_found
         self.workers = workers or compile_workers(config.tp.size)
         self.kernels = kernels
         self.stage = 0  # sampler stages compiled (``plan.FEATURE_STAGES``)
@@ -121,6 +123,8 @@ class KernelWarmup:
             torch.cuda.set_device(device)
             if self.kernels is None:
                 self.kernels = discover(self.config, self.grammar)
+                if not self.kernels.failed:  # a plan with gaps is found again next time
+                    self.on_found(self.kernels)
             self.total = len(self.kernels.all)
             self._compile(self.kernels.essential, "before ready", device)
         except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
@@ -147,15 +151,24 @@ class KernelWarmup:
 
 
 def start_kernel_warmup(config: EngineConfig) -> KernelWarmup | None:
-    """Start the kernel warm-up of the engine of ``config`` (None off CUDA: the CPU path compiles
-    nothing)."""
+    """Open the kernel cache of the engine of ``config`` (Triton's directory is set for this
+    process) and, with ``precompile``, start its kernel warm-up from the cache's plan, if it has
+    one; None off CUDA (the CPU path compiles nothing) or without ``precompile``."""
     if config.device.type != "cuda":
         return None
     from minisgl.utils.hf import has_tokenizer
 
+    from .cache import model_key, open_kernel_cache
+
     device = config.device
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    # without a tokenizer no request can carry a grammar
-    return KernelWarmup(dataclasses.replace(config, device=device),
-                        grammar=has_tokenizer(config.model_path)).start()
+    cache = open_kernel_cache(config.kernel_cache_dir, device)
+    if not config.precompile:
+        return None
+    grammar = has_tokenizer(config.model_path)  # without one no request can carry a grammar
+    key, what = model_key(config, grammar)
+    kernels = cache.load_plan(key)
+    logger.info("kernel cache %s: %s", cache.dir, "plan found" if kernels else "no plan yet")
+    return KernelWarmup(dataclasses.replace(config, device=device), grammar, kernels=kernels,
+                        on_found=lambda found: cache.save_plan(key, found, what)).start()

@@ -52,7 +52,7 @@ class Scheduler:
         self.cache = create_cache(self.engine, config.cache)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
         self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy,
-                                      config.prefill_yield)
+                                      config.prefill_yield, self._may_sample)
         self.decode = DecodeManager(self.cache, self._retract)
         self.spec = create_spec_decoder(config.spec, self.engine)
         self.planner = BatchPlanner(config, self.prefill, self.decode, self.cache,
@@ -90,18 +90,15 @@ class Scheduler:
             max_device_len=min(len(input_ids) + params.max_tokens, self.max_context_len),
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
         )
-        ready = self.grammar.add(req)  # False: it waits for its grammar to compile
+        self.grammar.add(req)  # compiled while the prompt is prefilled
         self.reqs[uid] = req
-        if ready:
-            self._queue(req)
+        self.prefill.add(req)
         return req
 
-    def _queue(self, req: Req) -> None:
-        """Into the prefill queue, or held while its sampler kernels compile (``warming.py``)."""
-        if self.warming.admits(req):
-            self.prefill.add(req)
-        else:
-            self.warming.hold(req)
+    def _may_sample(self, req: Req) -> bool:
+        """Whether what ``req``'s first token needs is compiled: its grammar, and its sampler
+        kernels (``warming.py``); until then its prefill stops short of its last token."""
+        return not self.grammar.pending(req) and self.warming.admits(req)
 
     def abort(self, uid: int) -> bool:
         """Drop a request wherever it is and free its KV. False if it is unknown or finished."""
@@ -117,10 +114,11 @@ class Scheduler:
 
     @property
     def only_waiting(self) -> bool:
-        """Every request waits for a compiler (its grammar, its sampler kernels): a step would
-        do nothing."""
-        held = len(self.grammar.compiling) + len(self.warming.held)
-        return self._inflight is None and 0 < len(self.reqs) == held
+        """Every request waits, fed up to its last token, for a compiler (its grammar, its
+        sampler kernels): a step would do nothing."""
+        return (self._inflight is None and not self.decode.running
+                and all(r.pending_len <= 1 and not self._may_sample(r)
+                        for r in self.prefill.waiting))
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -172,14 +170,10 @@ class Scheduler:
         return self._read_back(prev) if prev is not None else []
 
     def _admit_compiled(self) -> list[TokenOutput]:
-        """Queue the requests whose grammar compiled; end (abort) those whose grammar failed."""
-        done, failed = self.grammar.ready()
-        for req in self.warming.release():
-            self.prefill.add(req)
-        for req in done:
-            self._queue(req)
+        """Hand the compiled grammars to their requests; end (abort) those whose grammar failed."""
+        _, failed = self.grammar.ready()
         for req in failed:
-            del self.reqs[req.uid]
+            self._release(req)
         return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
 
     def _launch(self, plan: StepPlan, before_mask: Callable[[], None]) -> Launched:
@@ -277,9 +271,7 @@ class Scheduler:
         """Finished or aborted: free everything the request holds."""
         if self.spec is not None:
             self.spec.finished(req)
-        if self.grammar.remove(req) or self.warming.remove(req):  # in no queue, holds nothing
-            del self.reqs[req.uid]
-            return
+        self.grammar.remove(req)
         if req in self.decode.running:
             self.decode.remove(req)
             self._free(req)

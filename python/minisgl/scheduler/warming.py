@@ -1,11 +1,12 @@
-"""Requests whose sampler kernels are still compiling wait here; every other request runs.
+"""Whether a request's sampler kernels are compiled yet; until they are it does not sample.
 
 After the server reports ready the sampler's variants keep compiling stage by stage
 (``minisgl.warmup``: sampled, log-probs, top log-probs, penalties, bias, grammar). A batch
-launches the sampler variant of the union of its rows' features, so a request is admitted only
-when every feature it uses belongs to a finished stage: no batch it joins can then need a variant
-that is still compiling, and no running stream waits for a compiler. A held request joins the
-prefill queue, in arrival order, at the first step after its stage is done.
+launches the sampler variant of the union of its rows' features, so a request samples only when
+every feature it uses belongs to a finished stage: no batch it joins can then need a variant that
+is still compiling, and no running stream waits for a compiler. Meanwhile its prompt is
+prefilled up to its last token (``PrefillManager``'s ``may_sample``), so the wait costs it the
+compilation's remainder at most, not its prefill on top.
 """
 
 from __future__ import annotations
@@ -28,31 +29,14 @@ class SamplerStages(Protocol):
 
 
 class WarmingGate:
+    """``admits(req)``: whether every sampler feature ``req`` uses is compiled (``stages`` None:
+    no kernel warm-up, everything is)."""
+
     def __init__(self, stages: SamplerStages | None) -> None:
         self.stages = stages
-        self.held: list[Req] = []
 
     def admits(self, req: Req) -> bool:
         s = self.stages
         if s is None or s.done:
             return True
         return feature_stage(request_features(req.sampling_params)) <= s.stage
-
-    def hold(self, req: Req) -> None:
-        self.held.append(req)
-
-    def release(self) -> list[Req]:
-        """The held requests that may run now, in arrival order."""
-        if not self.held:
-            return []
-        ready = [r for r in self.held if self.admits(r)]
-        if ready:
-            self.held = [r for r in self.held if not self.admits(r)]
-        return ready
-
-    def remove(self, req: Req) -> bool:
-        """Forget ``req``; True if it was held (so it is in no queue)."""
-        if req in self.held:
-            self.held.remove(req)
-            return True
-        return False

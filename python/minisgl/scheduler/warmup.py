@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from .cache import CacheCoordinator
     from .config import SchedulerConfig
+    from .grammar import GrammarManager
 
 logger = init_logger(__name__)
 
@@ -42,6 +43,7 @@ class WarmUpTarget(Protocol):
     engine: Engine
     cache: CacheCoordinator
     spec: SpecDecoder | None
+    grammar: GrammarManager
 
     @property
     def has_work(self) -> bool: ...
@@ -195,6 +197,7 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
         # autotuning, the first launch of each kernel) on the greedy path
         sampler=engine.kernels is None,
     )
+    scheduler.grammar.prepare()  # the grammar compiler's tables, in the background
     num = sum(len(w.requests) for w in waves)
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "
                 "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))

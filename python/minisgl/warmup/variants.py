@@ -115,13 +115,13 @@ class Variant:
     @classmethod
     def of_launch(cls, kernel, args: tuple, kwargs: dict) -> Variant:
         """The variant a launch ``kernel[grid](*args, **kwargs)`` compiles."""
-        names = [p.name for p in kernel.params]
+        params = _params(kernel)
+        names = [p[0] for p in params]
         options = {k: v for k, v in kwargs.items() if k not in names}
         bound = inspect.signature(kernel.fn).bind(
             *args, **{k: v for k, v in kwargs.items() if k in names})
         bound.apply_defaults()
-        specs = tuple(arg_spec(bound.arguments[p.name], p.is_constexpr, not p.do_not_specialize,
-                               not p.do_not_specialize_on_alignment) for p in kernel.params)
+        specs = tuple(arg_spec(bound.arguments[name], *flags) for name, *flags in params)
         name = f"{kernel.fn.__module__}:{kernel.fn.__qualname__}"
         return cls(name, specs, tuple(sorted((k, _const(v)) for k, v in options.items())))
 
@@ -147,6 +147,22 @@ class Variant:
     def from_json(cls, data: list) -> Variant:
         kernel, args, options = data
         return cls(kernel, _tuplify(args), _tuplify(options))
+
+
+def _params(kernel) -> list[tuple[str, bool, bool, bool]]:
+    """(name, constexpr, specialised, specialised on alignment) of each parameter, of a
+    ``JITFunction`` or of the interpreter's stand-in for one (``TRITON_INTERPRET=1``)."""
+    if hasattr(kernel, "params"):
+        return [(p.name, p.is_constexpr, not p.do_not_specialize,
+                 not p.do_not_specialize_on_alignment) for p in kernel.params]
+    options = getattr(kernel, "kwargs", {})
+
+    def listed(key: str, i: int, name: str) -> bool:
+        return any(x in (i, name) for x in options.get(key) or ())
+
+    return [(p.name, "constexpr" in str(p.annotation), not listed("do_not_specialize", i, p.name),
+             not listed("do_not_specialize_on_alignment", i, p.name))
+            for i, p in enumerate(inspect.signature(kernel.fn).parameters.values())]
 
 
 def _listify(x: Any) -> Any:
@@ -227,7 +243,7 @@ def _install() -> None:
             rec = recording()
             if rec is None:
                 return original(self, grid)
-            if isinstance(self, JITFunction):
+            if isinstance(self, JITFunction) or type(self).__name__ == "InterpretedFunction":
                 return lambda *args, **kwargs: rec.variants.add(
                     Variant.of_launch(self, args, kwargs))
             fn = getattr(self, "fn", None)

@@ -28,6 +28,7 @@ from minisgl.utils.hf import has_tokenizer
 if TYPE_CHECKING:
     from minisgl.engine import Engine
     from minisgl.speculative import SpecDecoder
+    from minisgl.warmup.kernels import KernelWarmup
 
     from .cache import CacheCoordinator
     from .config import SchedulerConfig
@@ -44,6 +45,7 @@ class WarmUpTarget(Protocol):
     cache: CacheCoordinator
     spec: SpecDecoder | None
     grammar: GrammarManager
+    kernels: KernelWarmup | None
 
     @property
     def has_work(self) -> bool: ...
@@ -193,9 +195,10 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
         graph_max_bs=config.engine.cuda_graph_max_bs, cuda=engine.device.type == "cuda",
         # without a tokenizer no request can have a grammar
         grammar=has_tokenizer(config.engine.model_path),
-        # compiled in parallel by the kernel warm-up; the waves load the rest (cuBLAS, fla's
-        # autotuning, the first launch of each kernel) on the greedy path
-        sampler=engine.kernels is None,
+        # compiled in parallel by the kernel warm-up (when it found its variants); the waves
+        # load the rest (cuBLAS, fla's autotuning, the first launch of each kernel) on the
+        # greedy path
+        sampler=scheduler.kernels is None or scheduler.kernels.kernels is None,
     )
     scheduler.grammar.prepare()  # the grammar compiler's tables, in the background
     num = sum(len(w.requests) for w in waves)

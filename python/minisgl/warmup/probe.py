@@ -66,6 +66,8 @@ class ShadowEngine:
 
             self.linear_attn = create_linear_attn_backend(config.linear_attn_backend,
                                                           self.state_pool, device)
+            if hasattr(self.linear_attn, "chunk_rule"):  # fla's: autotuned, data-dependent
+                self.linear_attn.chunk_rule = _chunk_rule_shapes  # type: ignore[attr-defined]
         windowed = bool(spec.max_window and config.sliding_pool_ratio > 0)
         self.window_page_table = torch.zeros(shape, dtype=torch.int32,
                                              device=device) if windowed else None
@@ -152,6 +154,14 @@ class ShadowEngine:
             row += 1
         phase = "decode" if not shape.extends else "mixed" if shape.decode else "prefill"
         return Batch(feeds, phase, num_decode=shape.decode if phase == "mixed" else 0)
+
+
+def _chunk_rule_shapes(q, k, v, *, initial_state, **_) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunked delta rule as a shadow run sees it: its outputs' shapes. Its kernels are
+    autotuned (their config is chosen by timing launches) and its index preparation depends on
+    the chunks' lengths (``repeat_interleave``), so they compile, and keep their choice in the
+    kernel cache, on first use."""
+    return torch.empty_like(v), torch.empty_like(initial_state, dtype=torch.float32)
 
 
 def _layer_signature(layer: nn.Module) -> tuple:

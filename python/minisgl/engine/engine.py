@@ -31,6 +31,8 @@ from .window import check_pool, window
 
 logger = init_logger(__name__)
 
+_KERNEL_WAIT_S = 900  # far beyond any warm-up (a wedged one must not hold the start-up forever)
+
 
 class CompilingKernels(Protocol):
     """The kernel warm-up (``minisgl.warmup.KernelWarmup``), started before the engine: the
@@ -87,8 +89,10 @@ class Engine:
         self.kernels = kernels
         self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
-        if self.kernels is not None:  # the forwards' kernels, before any forward runs
-            self.kernels.wait_ready()
+        if self.kernels is not None and not self.kernels.wait_ready(_KERNEL_WAIT_S):
+            # the forwards' kernels, before any forward runs; else they compile on first use
+            logger.warning("the kernel warm-up is not done after %d s; going on without it",
+                           _KERNEL_WAIT_S)
         # the model declares its caches: KV layers and their shapes, windows, recurrent state
         self.cache_spec = self.model.cache_spec()
         self.max_seq_len = config.max_seq_len or mc.max_position

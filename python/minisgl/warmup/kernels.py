@@ -11,6 +11,9 @@ Each variant compiles once: Triton writes it to its cache (``TRITON_CACHE_DIR``)
 or another machine given the directory (``python -m minisgl warmup --cache-dir``), finds it.
 Triton's compiler releases the GIL in its MLIR, LLVM and ptxas stages, so threads compile in
 parallel; a variant that fails to compile here is logged and compiles on first use instead.
+Triton also builds a C launcher per variant with the host's compiler and loads the module on its
+first launch: the threads do both for the variants needed before ready, and build the launchers
+(not the modules: the engine may be capturing graphs) of the rest.
 """
 
 from __future__ import annotations
@@ -39,13 +42,31 @@ def compile_workers(tp_size: int = 1) -> int:
     return max(1, len(os.sched_getaffinity(0)) // max(1, tp_size))
 
 
-def compile_variants(variants: list[Variant], workers: int, device: torch.device,
-                     on_done: Callable[[], None] = lambda: None) -> list[str]:
-    """Compile ``variants`` on ``workers`` threads for ``device`` (no launch); the errors, one
-    line each (their variants compile on first use instead)."""
+def _prepare_launch(kernel, load: bool) -> None:
+    """Triton builds each variant's launcher (C, with the host's compiler) and loads its module
+    on the first launch: do that here. ``load=False``: only the launcher, into the cache (a module
+    load while another thread captures a CUDA graph would break the capture)."""
+    if load and hasattr(kernel, "_init_handles"):
+        kernel._init_handles()
+    elif hasattr(kernel, "src") and hasattr(kernel, "metadata"):
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+
+
+def compile_pool(workers: int, device: torch.device) -> ThreadPoolExecutor:
+    """The threads ``compile_variants`` compiles on, each with ``device`` as its current one."""
+    return ThreadPoolExecutor(workers, thread_name_prefix="triton-compile",
+                              initializer=torch.cuda.set_device, initargs=(device,))
+
+
+def compile_variants(variants: list[Variant], pool: ThreadPoolExecutor,
+                     on_done: Callable[[], None] = lambda: None, load: bool = True) -> list[str]:
+    """Compile ``variants`` on ``pool`` (``compile_pool``) for the calling thread's device (no
+    launch), with their launchers, and with ``load`` their modules loaded; the errors, one line
+    each (their variants compile on first use instead)."""
     if not variants:
         return []
-    torch.cuda.set_device(device)
     index = torch.cuda.current_device()
     for name in {v.kernel for v in variants}:  # each kernel's per-device cache, made once here
         from .variants import _kernel_by_name
@@ -55,14 +76,14 @@ def compile_variants(variants: list[Variant], workers: int, device: torch.device
 
     def one(variant: Variant) -> None:
         try:
-            variant.compile()
+            kernel = variant.compile()
+            if kernel is not None:  # None: the interpreter
+                _prepare_launch(kernel, load)
         except Exception as e:  # noqa: BLE001 - compiled on first use instead
             errors.append(f"{variant.short_name}: {type(e).__name__}: {str(e)[:200]}")
         on_done()
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile",
-                            initializer=torch.cuda.set_device, initargs=(device,)) as pool:
-        list(pool.map(one, variants))
+    list(pool.map(one, variants))
     return errors
 
 
@@ -119,14 +140,18 @@ class KernelWarmup:
 
     def _run(self) -> None:
         device = self.config.device
+        torch.cuda.set_device(device)
+        with compile_pool(self.workers, device) as pool:
+            self._stages(pool)
+
+    def _stages(self, pool: ThreadPoolExecutor) -> None:
         try:
-            torch.cuda.set_device(device)
             if self.kernels is None:
                 self.kernels = discover(self.config, self.grammar)
                 if not self.kernels.failed:  # a plan with gaps is found again next time
                     self.on_found(self.kernels)
             self.total = len(self.kernels.all)
-            self._compile(self.kernels.essential, "before ready", device)
+            self._compile(self.kernels.essential, "before ready", pool, load=True)
         except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
             logger.warning("kernel warm-up failed (kernels compile on first use): %s: %s",
                            type(e).__name__, e)
@@ -135,14 +160,16 @@ class KernelWarmup:
         finally:
             self._ready.set()
         for k, stage in enumerate(self.kernels.stages):
-            self._compile(stage, f"sampler stage {FEATURE_STAGES[k]}", device)
+            # the engine captures its graphs meanwhile: no module loads here
+            self._compile(stage, f"sampler stage {FEATURE_STAGES[k]}", pool, load=False)
             self.stage = k + 1
         self._done.set()
         logger.info("kernel warm-up done: %d variants", self.compiled)
 
-    def _compile(self, variants: list[Variant], what: str, device: torch.device) -> None:
+    def _compile(self, variants: list[Variant], what: str, pool: ThreadPoolExecutor,
+                 load: bool) -> None:
         start = time.perf_counter()
-        errors = compile_variants(variants, self.workers, device, self._count)
+        errors = compile_variants(variants, pool, self._count, load)
         self.errors += errors
         logger.info("compiled %d kernel variants (%s) on %d threads in %.1f s%s", len(variants),
                     what, self.workers, time.perf_counter() - start,

@@ -90,3 +90,19 @@ def test_only_the_recording_thread_is_intercepted():
         silu_and_mul(torch.ones(3, 8))
     assert seen == [torch.Size([2, 4])]
     assert {v.short_name for v in rec.variants} == {"_silu_and_mul_kernel"}
+
+
+def test_a_shadow_runs_tables_stay_apart_from_the_engines():
+    """The engine's cached rotary tables are never the fakes a shadow run computed on its own
+    thread first (``utils/fake.py``)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from minisgl.layers.rotary import cos_sin_cache
+    from minisgl.models.config import RotaryConfig
+
+    cfg = RotaryConfig(64, 10000.0, 32)
+    with FakeTensorMode():
+        fake = cos_sin_cache(cfg, torch.device("cpu"))
+    real = cos_sin_cache(cfg, torch.device("cpu"))
+    assert isinstance(fake, FakeTensor) and not isinstance(real, FakeTensor)
+    assert real.shape == (32, 64) and torch.isfinite(real).all()

@@ -15,6 +15,7 @@ from torch import nn
 
 from minisgl.attention.spec import AttentionSpec
 from minisgl.distributed import DistributedCommunicator
+from minisgl.utils.fake import faking
 
 from .base import divide, new_param
 from .linear import LinearQKVMerged, LinearRowParallel
@@ -55,8 +56,13 @@ class FusedOffsetRMSNorm(OffsetRMSNorm):
     fused = True
 
 
-@lru_cache(maxsize=8)
 def _cos_sin(cfg: RotaryConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return _cos_sin_cached(cfg, device, faking())  # a shadow run's fakes apart (utils/fake.py)
+
+
+@lru_cache(maxsize=8)
+def _cos_sin_cached(cfg: RotaryConfig, device: torch.device,
+                    fake: bool) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), _inv_freq(cfg))
     return freqs.cos().to(device), freqs.sin().to(device)
 

@@ -51,7 +51,7 @@ def _prepare_launch(kernel, load: bool) -> None:
     elif hasattr(kernel, "src") and hasattr(kernel, "metadata"):
         from triton.runtime.driver import driver
 
-        driver.active.launcher_cls(kernel.src, kernel.metadata)
+        driver.active.launcher_cls(kernel.src, kernel.metadata)  # type: ignore[attr-defined]
 
 
 def compile_pool(workers: int, device: torch.device) -> ThreadPoolExecutor:

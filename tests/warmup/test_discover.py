@@ -4,6 +4,9 @@ mixed, eager and graph decode, piecewise graphs) and its sampler, the same on ev
 from __future__ import annotations
 
 import json
+import sys
+import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -48,3 +51,23 @@ def test_a_shadow_run_finds_every_kernel_of_the_plan_deterministically(qwen3_dir
     assert again.essential == first.essential and again.stages == first.stages
     assert KernelSet.from_json(first.to_json()).all == first.all
     json.loads(first.to_json())  # plain JSON: the kernel cache's plan file
+
+
+def test_a_hybrid_models_linear_attention_kernels_are_found(tmp_path, monkeypatch):
+    """Qwen3.5's Gated DeltaNet layers: the conv and delta-rule kernels of prefill and decode
+    (fla's chunked rule stands in by its shapes: it is autotuned on first use)."""
+    fla = {name: types.ModuleType(name) for name in
+           ("fla", "fla.ops", "fla.ops.gated_delta_rule")}
+    fla["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = None  # type: ignore[attr-defined]
+    for name, module in fla.items():  # not installed here; never called by a shadow run
+        monkeypatch.setitem(sys.modules, name, module)
+    with open("benchmark/configs/qwen3.5-0.8b.json") as f:
+        (tmp_path / "config.json").write_text(f.read())
+    found = discover(replace(_config(str(tmp_path)), linear_attn_backend="triton"),
+                     grammar=False)
+    assert not found.failed
+    names = {v.short_name for v in found.essential}
+    assert {"_conv_varlen_kernel", "_conv_state_kernel", "_conv_decode_kernel",
+            "_gdn_decode_kernel", "_qk_norm_rope_kernel", "_extend_kernel"} <= names
+    # the per-request vectors' alignment makes no variant
+    assert sum(v.short_name == "_conv_varlen_kernel" for v in found.essential) <= 2

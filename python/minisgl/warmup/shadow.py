@@ -8,9 +8,10 @@ fakes (nothing real is written), and every Triton launch is recorded as a ``Vari
 computed from the config alone, on any machine, in about a second of CPU time: on a GPU server
 beside the loading of the weights, in tests on a CPU.
 
-A CPU-only build of torch has fake CUDA tensors but cannot move a host tensor to them, pin host
-memory or answer device queries: there ``shadow_mode`` turns host-to-device copies into fresh fake
-tensors and answers device queries from ``ShadowTarget`` (an H200 unless told otherwise).
+A CPU-only build of torch has fake CUDA tensors but cannot move a host tensor to them, index
+them from Python or answer device queries: ``shadow_mode`` turns host-to-device copies into fresh
+fake tensors (and pins no host memory), indexes through aten ops, on every machine alike, and
+where no GPU is present answers device queries from ``ShadowTarget`` (an H200 unless told).
 Everything here is confined to the calling thread: another thread loading weights meanwhile runs
 for real.
 """
@@ -132,6 +133,11 @@ class _HostCopiesToFakes(TorchFunctionMode):
             return _getitem(*args)
         if name in ("__setitem__", "copy_"):
             return args[0] if name == "copy_" else None
+        if name in ("contiguous", "clone") and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            if name == "contiguous" and x.is_contiguous():
+                return x
+            return torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if name in ("to", "cuda") and args and isinstance(args[0], torch.Tensor):
             src = args[0]
             target = kwargs.get("device")
@@ -167,8 +173,8 @@ def shadow_mode(target: ShadowTarget | None = None) -> Iterator[Recording]:
         with ExitStack() as stack:
             rec = stack.enter_context(record_launches())
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-            if no_gpu:
-                stack.enter_context(_HostCopiesToFakes())
+            # on a GPU too: the same run on every machine (and no host memory pinned)
+            stack.enter_context(_HostCopiesToFakes())
             yield rec
     finally:
         _local.target = outer

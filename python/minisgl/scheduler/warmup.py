@@ -1,13 +1,15 @@
-"""Warm-up: run the kernel variants a live server can reach before it reports ready.
+"""Warm-up waves: synthetic requests through the scheduler before it reports ready.
 
-Triton compiles a kernel the first time it is launched with a new specialisation (its constexprs,
-dtypes, and integer arguments equal to 1 or divisible by 16), cuBLAS picks an algorithm for each new
-shape, and the grammar library builds its tables on first use. Each costs up to seconds on the
-request path, and every running stream waits meanwhile. The warm-up feeds the scheduler synthetic
-requests that reach those variants (prefill sizes across the kernels' thresholds, a prefix hit,
-mixed steps, decode batches too large for a CUDA graph, every sampler path, a grammar, prompt
-log-probs) and runs them to completion through the ordinary ``add_request`` / ``step`` path, so
-every TP rank, given the same plan, builds the same batches.
+On a GPU the kernel warm-up (``minisgl.warmup``) has compiled every Triton variant by then (the
+sampler's continue in the background); the waves run the greedy path of each size class
+(prefill sizes across the kernels' thresholds, a prefix hit, mixed steps, decode batches too
+large for a CUDA graph) so that the rest a first request would pay is paid here: cuBLAS's
+algorithm choice for each new shape, fla's autotuning, the first launch of each kernel. Without
+the kernel warm-up (it found no variants, or on a CPU) they also run every sampler path, a
+grammar and prompt log-probs, which compiles their kernels the slow way, one wave after another.
+The grammar compiler's tables are built in the background meanwhile
+(``GrammarManager.prepare``). Every request runs to completion through the ordinary
+``add_request`` / ``step`` path, so every TP rank, given the same plan, builds the same batches.
 
 What it leaves behind: the prompts' KV as evictable prefix-cache entries (valid KV, evicted first
 under pressure) and nothing else; the prefix-cache hit counter is reset.

@@ -13,6 +13,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from minisgl.engine.config import EngineConfig
 from minisgl.utils import init_logger
 
@@ -69,7 +71,7 @@ def discover(config: EngineConfig, grammar: bool,
     A probe that fails is logged and skipped: its kernels then compile on first use."""
     start = time.perf_counter()
     out = KernelSet()
-    with shadow_mode(target) as loading:
+    with shadow_mode(target, torch.device("cuda", config.device.index or 0)) as loading:
         engine = ShadowEngine(config)
         plan = plan_for(engine, grammar)
         forwards = Recording()

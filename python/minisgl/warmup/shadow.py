@@ -123,6 +123,10 @@ class _HostCopiesToFakes(TorchFunctionMode):
     memory is ordinary memory, and the Python indexing and copies that such a torch refuses on
     fake CUDA tensors go through aten ops (a write into a fake changes nothing to record)."""
 
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device  # the GPU a bare "cuda" means
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", "")
@@ -153,14 +157,18 @@ class _HostCopiesToFakes(TorchFunctionMode):
             if name == "cuda":
                 target = "cuda"
             if src.device.type == "cpu" and _cuda_device(target):
-                return torch.empty(src.shape, dtype=dtype, device="cuda")
+                device = torch.device(target)
+                device = self.device if device.index is None else device
+                return torch.empty(src.shape, dtype=dtype, device=device)
         return func(*args, **kwargs)
 
 
 @contextmanager
-def shadow_mode(target: ShadowTarget | None = None) -> Iterator[Recording]:
-    """Inside: fake tensors, Triton launches recorded (the recording is yielded), device queries
-    answered by ``target`` (default: an H200 where no GPU is present; the real GPU otherwise)."""
+def shadow_mode(target: ShadowTarget | None = None,
+                device: torch.device = torch.device("cuda", 0)) -> Iterator[Recording]:
+    """Inside: fake tensors (on ``device``), Triton launches recorded (the recording is yielded),
+    device queries answered by ``target`` (default: an H200 where no GPU is present; the real GPU
+    otherwise)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     _install_device_queries()
@@ -174,7 +182,7 @@ def shadow_mode(target: ShadowTarget | None = None) -> Iterator[Recording]:
             rec = stack.enter_context(record_launches())
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             # on a GPU too: the same run on every machine (and no host memory pinned)
-            stack.enter_context(_HostCopiesToFakes())
+            stack.enter_context(_HostCopiesToFakes(device))
             yield rec
     finally:
         _local.target = outer

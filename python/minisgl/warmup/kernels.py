@@ -22,7 +22,7 @@ import dataclasses
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
@@ -60,31 +60,35 @@ def compile_pool(workers: int, device: torch.device) -> ThreadPoolExecutor:
                               initializer=torch.cuda.set_device, initargs=(device,))
 
 
-def compile_variants(variants: list[Variant], pool: ThreadPoolExecutor,
-                     on_done: Callable[[], None] = lambda: None, load: bool = True) -> list[str]:
-    """Compile ``variants`` on ``pool`` (``compile_pool``) for the calling thread's device (no
-    launch), with their launchers, and with ``load`` their modules loaded; the errors, one line
-    each (their variants compile on first use instead)."""
-    if not variants:
-        return []
+def compile_one(variant: Variant, load: bool = True) -> str | None:
+    """Compile ``variant`` for this thread's device (no launch) with its launcher, and with
+    ``load`` its module loaded; its error in one line, if any (it then compiles on first use)."""
+    try:
+        kernel = variant.compile()
+        if kernel is not None:  # None: the interpreter
+            _prepare_launch(kernel, load)
+    except Exception as e:  # noqa: BLE001 - compiled on first use instead
+        return f"{variant.short_name}: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def make_device_caches(variants: list[Variant]) -> None:
+    """Each kernel's cache for this thread's device, made here once (threads that made it at
+    once would each keep their own, and lose all but one)."""
+    from .variants import _kernel_by_name
+
     index = torch.cuda.current_device()
-    for name in {v.kernel for v in variants}:  # each kernel's per-device cache, made once here
-        from .variants import _kernel_by_name
+    for name in {v.kernel for v in variants}:
+        caches = getattr(_kernel_by_name(name), "device_caches", None)  # None: the interpreter
+        if caches is not None:
+            _ = caches[index]
 
-        _ = _kernel_by_name(name).device_caches[index]
-    errors: list[str] = []
 
-    def one(variant: Variant) -> None:
-        try:
-            kernel = variant.compile()
-            if kernel is not None:  # None: the interpreter
-                _prepare_launch(kernel, load)
-        except Exception as e:  # noqa: BLE001 - compiled on first use instead
-            errors.append(f"{variant.short_name}: {type(e).__name__}: {str(e)[:200]}")
-        on_done()
-
-    list(pool.map(one, variants))
-    return errors
+def compile_variants(variants: list[Variant], pool: ThreadPoolExecutor,
+                     load: bool = True) -> list[Future[str | None]]:
+    """``compile_one`` of each of ``variants`` queued on ``pool`` (``compile_pool``), in order."""
+    make_device_caches(variants)
+    return [pool.submit(compile_one, v, load) for v in variants]
 
 
 class KernelWarmup:
@@ -134,10 +138,6 @@ class KernelWarmup:
         left = ", ".join(FEATURE_STAGES[self.stage:])
         return f"sampler kernels ({left}): {self.compiled} of {self.total} compiled"
 
-    def _count(self) -> None:
-        with self._lock:
-            self.compiled += 1
-
     def _run(self) -> None:
         device = self.config.device
         torch.cuda.set_device(device)
@@ -151,7 +151,7 @@ class KernelWarmup:
                 if not self.kernels.failed:  # a plan with gaps is found again next time
                     self.on_found(self.kernels)
             self.total = len(self.kernels.all)
-            self._compile(self.kernels.essential, "before ready", pool, load=True)
+            self._wait(compile_variants(self.kernels.essential, pool, load=True), "before ready")
         except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
             logger.warning("kernel warm-up failed (kernels compile on first use): %s: %s",
                            type(e).__name__, e)
@@ -159,20 +159,29 @@ class KernelWarmup:
             return
         finally:
             self._ready.set()
-        for k, stage in enumerate(self.kernels.stages):
-            # the engine captures its graphs meanwhile: no module loads here
-            self._compile(stage, f"sampler stage {FEATURE_STAGES[k]}", pool, load=False)
+        # every stage queued at once, in order (all cores busy); a stage is done when its
+        # variants and those of the stages before are. The engine captures its graphs meanwhile:
+        # no module loads here
+        queued = [compile_variants(stage, pool, load=False) for stage in self.kernels.stages]
+        for k, futures in enumerate(queued):
+            self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")
             self.stage = k + 1
         self._done.set()
-        logger.info("kernel warm-up done: %d variants", self.compiled)
+        logger.info("kernel warm-up done: %d variants compiled or loaded, %d failed "
+                    "(compiled on first use)", self.compiled, len(self.errors))
 
-    def _compile(self, variants: list[Variant], what: str, pool: ThreadPoolExecutor,
-                 load: bool) -> None:
+    def _wait(self, futures: list[Future[str | None]], what: str) -> None:
         start = time.perf_counter()
-        errors = compile_variants(variants, pool, self._count, load)
+        errors = []
+        for f in futures:
+            error = f.result()
+            if error is not None:
+                errors.append(error)
+            with self._lock:
+                self.compiled += 1
         self.errors += errors
-        logger.info("compiled %d kernel variants (%s) on %d threads in %.1f s%s", len(variants),
-                    what, self.workers, time.perf_counter() - start,
+        logger.info("kernel variants (%s): %d ready on %d threads, %.1f s%s", what, len(futures),
+                    self.workers, time.perf_counter() - start,
                     f"; {len(errors)} failed (compiled on first use): {errors[0]}" if errors
                     else "")
 

@@ -156,7 +156,7 @@ class _HostCopiesToFakes(TorchFunctionMode):
                     target = a
             if name == "cuda":
                 target = "cuda"
-            if src.device.type == "cpu" and _cuda_device(target):
+            if src.device.type == "cpu" and target is not None and _cuda_device(target):
                 device = torch.device(target)
                 device = self.device if device.index is None else device
                 return torch.empty(src.shape, dtype=dtype, device=device)

@@ -15,6 +15,7 @@ compiled ahead: their config is chosen by timing launches; they are recorded by 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import threading
@@ -24,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-# launch keywords that are options of the compiled kernel, not kernel parameters
+# integers in [-2**31, 2**31) are passed as i32, others as i64
 _INT_BOUND = 1 << 31
 
 
@@ -173,15 +174,22 @@ def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
 
 
-class _StandIn:
-    """A tensor as Triton's specialisation sees it: a dtype and an address (0: aligned)."""
+@functools.cache
+def _stand_in_class() -> type:
+    """A tensor as Triton's specialisation sees it: a dtype and an address (0: aligned); Triton's
+    own ``MockTensor`` (what ``warmup`` wraps a dtype in), with the address of an unaligned view
+    when the launch had one."""
+    from triton.runtime.jit import MockTensor
 
-    def __init__(self, dtype: torch.dtype, aligned: bool) -> None:
-        self.dtype = dtype
-        self._ptr = 0 if aligned else 2 if dtype.itemsize <= 2 else 8
+    class StandIn(MockTensor):
+        def __init__(self, dtype: torch.dtype, aligned: bool) -> None:
+            super().__init__(dtype)
+            self._ptr = 0 if aligned else 2 if dtype.itemsize <= 2 else 8
 
-    def data_ptr(self) -> int:
-        return self._ptr
+        def data_ptr(self) -> int:  # type: ignore[override]
+            return self._ptr
+
+    return StandIn
 
 
 def _stand_in(spec: tuple) -> Any:
@@ -189,7 +197,7 @@ def _stand_in(spec: tuple) -> Any:
     if kind == "const":
         return _unconst(spec[1])
     if kind == "ptr":
-        return _StandIn(getattr(torch, spec[1]), spec[2] is not False)
+        return _stand_in_class()(getattr(torch, spec[1]), spec[2] is not False)
     if kind == "none":
         return None
     if kind == "bool":

@@ -18,7 +18,7 @@ import torch
 from minisgl.engine.config import EngineConfig
 from minisgl.utils import init_logger
 
-from .plan import FEATURE_STAGES, KernelPlan, kernel_plan
+from .plan import FEATURE_STAGES, ForwardShape, KernelPlan, kernel_plan
 from .probe import ShadowEngine
 from .shadow import ShadowTarget, shadow_mode
 from .variants import Recording, Variant, record_launches
@@ -75,7 +75,8 @@ def discover(config: EngineConfig, grammar: bool,
         engine = ShadowEngine(config)
         plan = plan_for(engine, grammar)
         forwards = Recording()
-        probes = [(s.name, lambda s=s: engine.forward(s)) for s in plan.forwards]
+        shapes = list(plan.forwards) + _split_counts(engine, plan)
+        probes = [(s.name, lambda s=s: engine.forward(s)) for s in shapes]
         probes += [(f"decode graph {bs}", lambda bs=bs: engine.graph_decode(bs))
                    for bs in engine.graph_sizes]
         _run(probes, forwards, out.failed)
@@ -96,6 +97,24 @@ def discover(config: EngineConfig, grammar: bool,
                 f" ({len(out.failed)} probes failed: {'; '.join(out.failed)})" if out.failed
                 else "")
     return out
+
+
+def _split_counts(engine: ShadowEngine, plan: KernelPlan) -> list[ForwardShape]:
+    """Eager decode batches for the decode attention's split counts (a compile-time size) that
+    neither the graphs' batch sizes nor the plan's decode rows reach: a mixed step's decode rows
+    take the count of their number, any up to ``max_running_reqs``."""
+    splits = getattr(engine.attn_backend, "num_splits", None)
+    if splits is None:
+        return []
+    covered = {splits(bs) for bs in engine.graph_sizes}
+    covered |= {splits(f.decode) for f in plan.forwards if f.decode}
+    extra = []
+    for bs in range(1, engine.config.max_running_reqs + 1):
+        count = splits(bs)
+        if count not in covered:
+            covered.add(count)
+            extra.append(ForwardShape(decode=bs))
+    return extra
 
 
 def _run(probes, into: Recording, failed: list[str]) -> None:

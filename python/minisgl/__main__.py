@@ -1,4 +1,5 @@
-"""``python -m minisgl``: the OpenAI-compatible server (``--shell`` for a terminal chat)."""
+"""``python -m minisgl``: the OpenAI-compatible server (``--shell`` for a terminal chat);
+``python -m minisgl warmup``: fill a kernel cache without serving (``warmup_cli.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ def main(argv: list[str] | None = None) -> int:
     set_process_defaults()
     enable_stack_dumps()  # kill -USR1 PID: every thread's stack (any minisgl process)
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["warmup"]:  # fill a kernel cache without serving
+        from minisgl.server.launch.warmup_cli import main as warmup_main
+
+        return warmup_main(argv[1:])
     try:
         config = parse_args(argv)
     except ValueError as e:

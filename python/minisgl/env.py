@@ -19,8 +19,12 @@ class EnvVar:
 
 
 CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
-                   "where the default model is converted to and kept, and (as ``triton/``) the "
-                   "compiled kernels unless TRITON_CACHE_DIR says otherwise")
+                   "where the default model is converted to and kept, and (as ``kernels/``) "
+                   "the kernel cache unless MINISGL_KERNEL_CACHE_DIR or --cache-dir says "
+                   "otherwise")
+KERNEL_CACHE_DIR = EnvVar("MINISGL_KERNEL_CACHE_DIR", "", "the kernel cache when --cache-dir is "
+                          "not given: compiled kernels and the variants each configuration "
+                          "needs, per GPU and versions (default: $MINISGL_CACHE_DIR/kernels)")
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
 API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given (a flag is "
                  "visible to every local user through ps and /proc)")
@@ -35,15 +39,7 @@ ALLOW_LONG_MAX_MODEL_LEN = EnvVar(
 
 def set_process_defaults() -> None:
     """Settings of third-party libraries that minisgl's processes want unless the user chose:
-    tokenizers' own thread pool off (the server runs tokenizers in processes of their own), and
-    the compiled kernels kept with minisgl's cache."""
+    tokenizers' own thread pool off (the server runs tokenizers in processes of their own). The
+    compiled kernels' directory is set by the process that compiles them
+    (``minisgl.warmup.cache``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    use_kernel_cache()
-
-
-def use_kernel_cache() -> None:
-    """Triton keeps compiled kernels in ``$MINISGL_CACHE_DIR/triton`` unless ``TRITON_CACHE_DIR``
-    is set: a restart on the same machine loads them instead of compiling again. Set before the
-    first compile (Triton reads the variable when it compiles)."""
-    root = os.path.expanduser(CACHE_DIR.get())
-    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(root, "triton"))

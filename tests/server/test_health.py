@@ -27,10 +27,11 @@ from minisgl.server.launch.http_server import make_http_server
 from minisgl.utils.mp import ZmqPushQueue
 
 
-def _stats(ready: bool) -> StatsReply:
+def _stats(ready: bool, warming: str = "") -> StatsReply:
     return StatsReply(stats=SchedulerStatsMsg(
         num_running=0, num_waiting=0, num_aborted=0, num_retractions=0, kv_used_tokens=0,
-        kv_total_tokens=1000, cache_hit_tokens=0, max_context_len=2048, ready=ready))
+        kv_total_tokens=1000, cache_hit_tokens=0, max_context_len=2048, ready=ready,
+        warming=warming))
 
 
 @contextlib.contextmanager
@@ -83,6 +84,24 @@ def test_readiness_is_503_until_the_warm_up_ends():
         r = _ready(url)
         assert r.status_code == 503 and r.json()["error"]["code"] == "unhealthy"
         assert len(worker.seen) == 1
+
+
+def test_health_says_what_still_warms():
+    """Ready once the greedy path is compiled; the body says what compiles in the background,
+    and the 503 before it what the warm-up is doing."""
+    with fake_stack() as (url, app, config, scheduler, worker):
+        scheduler.put(_stats(ready=False, warming="kernels before ready: 3 of 21 compiled"))
+        assert wait_until(lambda: app.state.frontend.stats is not None)
+        r = httpx.get(f"{url}/health")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "warming_up"
+        assert "kernels before ready: 3 of 21 compiled" in r.json()["error"]["message"]
+        left = "sampler kernels (penalties, bias, grammar): 40 of 88 compiled"
+        scheduler.put(_stats(ready=True, warming=left))
+        assert wait_until(lambda: app.state.frontend.warm)
+        r = httpx.get(f"{url}/health")
+        assert r.status_code == 200 and r.json() == {"status": "ok", "warming": left}
+        scheduler.put(_stats(ready=True))
+        assert wait_until(lambda: httpx.get(f"{url}/health").json() == {"status": "ok"})
 
 
 def test_the_root_answers_a_client_probing_its_base_url():

@@ -184,9 +184,11 @@ def test_grammar_manager_compiles_in_place_under_tensor_parallelism(default_mode
     def req(uid: int, **grammar) -> Req:
         return Req(uid, [1, 2], 2, SamplingParams(max_tokens=4, **grammar), 6)
 
-    assert manager.add(req(0)) and not manager.active  # no grammar
+    manager.add(req(0))
+    assert not manager.active  # no grammar
     constrained = req(1, regex="(ab)+")
-    assert manager.add(constrained) and manager.constrains([constrained])
+    manager.add(constrained)
+    assert not manager.pending(constrained) and manager.constrains([constrained])
     mask = manager.bitmask([req(0), constrained], torch.device("cpu"))
     allowed = unpack_bitmask(mask, len(tokenizer))
     assert allowed[0].all() and 0 < allowed[1].sum() < 10

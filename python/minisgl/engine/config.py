@@ -61,6 +61,12 @@ class EngineConfig:
     # cuBLAS picks a GEMM algorithm on the host for every new shape (``batch.py``)
     pad_tokens: int = 64
     pdl: bool = True  # Triton kernels launch with programmatic dependent launch (Hopper+)
+    # compile every Triton variant the engine can reach on all cores while it starts, before
+    # its graphs are captured (``minisgl.warmup``; CUDA only)
+    precompile: bool = False
+    # the kernel cache's directory (``minisgl.warmup.cache``); None: the default, and a
+    # TRITON_CACHE_DIR of the user's is kept
+    kernel_cache_dir: str | None = None
     # kernel switches for ablations (``quant.QuantizationConfig``): one-token unquantized layers
     # through the Triton GEMV (else cuBLAS); FP8 per-channel one-token decode normalising inside
     # the GEMVs (else the RMSNorm kernels); batches' QKV/gate-up inputs quantized by the RMSNorm

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -11,9 +12,10 @@ from minisgl.context import Context
 from minisgl.core import Batch, Req
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import BaseKVCachePool, create_kvcache_pool
-from minisgl.layers.base import restore_param_dtypes
+from minisgl.kvcache.spec import CacheSpec
+from minisgl.layers.base import cast_floating, restore_param_dtypes
 from minisgl.linear_attn import create_linear_attn_backend
-from minisgl.models import BaseLLMModel, get_model_class
+from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
 from minisgl.multimodal.prompt import MultimodalPrompt
@@ -30,6 +32,15 @@ from .state import attach_state_metadata, create_state_pool
 from .window import check_pool, window
 
 logger = init_logger(__name__)
+
+_KERNEL_WAIT_S = 900  # far beyond any warm-up (a wedged one must not hold the start-up forever)
+
+
+class CompilingKernels(Protocol):
+    """The kernel warm-up (``minisgl.warmup.KernelWarmup``), started before the engine: the
+    engine waits for the variants its forwards need before it runs one."""
+
+    def wait_ready(self, timeout: float | None = None) -> bool: ...
 
 
 @dataclass
@@ -64,7 +75,8 @@ class Engine:
     and the profiling run write their K/V there. The page table's last row is the dummy request.
     """
 
-    def __init__(self, config: EngineConfig, comm: DistributedCommunicator | None = None) -> None:
+    def __init__(self, config: EngineConfig, comm: DistributedCommunicator | None = None,
+                 kernels: CompilingKernels | None = None) -> None:
         self.config = config
         self.device = config.device
         if self.device.type == "cuda":
@@ -75,8 +87,14 @@ class Engine:
             comm = (init_distributed(config.tp, config.dist_init_addr, self.device)
                     if config.tp.size > 1 else DistributedCommunicator(config.tp))
         self.comm = comm
+        # compiling the kernel variants on every core while the weights load (``minisgl.warmup``)
+        self.kernels = kernels
         self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
+        if self.kernels is not None and not self.kernels.wait_ready(_KERNEL_WAIT_S):
+            # the forwards' kernels, before any forward runs; else they compile on first use
+            logger.warning("the kernel warm-up is not done after %d s; going on without it",
+                           _KERNEL_WAIT_S)
         # the model declares its caches: KV layers and their shapes, windows, recurrent state
         self.cache_spec = self.model.cache_spec()
         # a vision-language checkpoint's tower (None: the model takes no images), loaded before
@@ -126,6 +144,7 @@ class Engine:
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
                                             self.dummy_row, max_bs, config.pdl,
                                             self.window_page_table, config.cuda_graph_sizes)
+            self.graph_runner.capture()
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
                            for a in self.cache_spec.attention}) == 1
@@ -140,6 +159,7 @@ class Engine:
                              -(-config.max_forward_tokens // STEP) * STEP)
             if max_tokens >= STEP:
                 self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens)
+                self.piecewise.capture()
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s",
             mc.architecture, self.device, config.dtype, self.num_pages, config.page_size,
@@ -162,22 +182,8 @@ class Engine:
                   ) -> tuple[BaseKVCachePool, BaseAttnBackend]:
         """A KV pool of ``num_pages`` pages (and ``window_pages`` for the sliding layers) and its
         attention backend (``memory.py`` builds a throwaway one to measure a forward)."""
-        mc, config = self.model_config, self.config
-        spec = self.cache_spec
-        pool = create_kvcache_pool(spec, num_pages, config.page_size, config.kv_dtype,
-                                   self.device, window_pages)
-        set_kv_scales(pool, self.model.kv_scales)
-        backend = create_attention_backend(
-            config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
-        )
-        try:  # refuses a window or sinks it cannot do; the model's family named
-            backend.check_layers(list(spec.attention))
-        except ValueError as exc:
-            raise ValueError(f"{mc.architecture}: {exc}") from None
-        if window_pages:
-            backend.set_window_page_table(self.window_page_table)
-        backend.pdl = config.pdl
-        return pool, backend
+        return make_pool(self.config, self.model_config, self.cache_spec, self.model.kv_scales,
+                         self.page_table, self.window_page_table, num_pages, window_pages)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -200,32 +206,7 @@ class Engine:
         return model
 
     def _load_model(self) -> BaseLLMModel:
-        cls = get_model_class(self.model_config.architecture)
-        moe = create_moe_backend(self.config.moe_backend)
-        with torch.device(self.device):
-            model = cls(self.model_config, self.comm, moe)
-            if self.config.mtp:
-                if not hasattr(model, "add_mtp"):
-                    raise ValueError(f"speculative_config: method 'mtp' needs a model with an "
-                                     f"MTP head; {self.model_config.architecture} has none")
-                model.add_mtp(self.comm, moe)
-        model = model.to(self.config.dtype).eval()
-        restore_param_dtypes(model)
-        for module in model.modules():  # the layers that launch Triton kernels: fixed here, once
-            if hasattr(module, "pdl"):
-                module.pdl = self.config.pdl
-        if self.config.dummy_weights:
-            model.load_weights(dummy_weights(self.model_config, self.config.seed, self.device,
-                                             self.config.dtype))
-        else:
-            model.load_weights(iter_weights(self.config.model_path))
-        if self.config.draft_model_path is not None:  # after the target's weights: not in them
-            from minisgl.models.eagle3 import load_eagle3
-
-            model.eagle3 = load_eagle3(self.config.draft_model_path, model, self.config.dtype,
-                                       self.device, self.config.dummy_weights, self.config.seed)
-            model.capture_aux(model.eagle3.cfg.aux_layers)
-        return model
+        return build_model(self.config, self.model_config, self.comm, self.device)
 
     def close(self) -> None:
         """Release the CUDA graphs, then leave the TP group (in this order:
@@ -328,3 +309,57 @@ class Engine:
         return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps,
                              keep)
 
+
+def build_model(config: EngineConfig, mc: ModelConfig, comm: DistributedCommunicator,
+                device: torch.device, shadow: bool = False) -> BaseLLMModel:
+    """The model of ``config`` on ``device``, its weights loaded. ``shadow``: a shadow run's
+    (``minisgl.warmup``), loaded with uninitialised dummy weights: a quantized layer's shapes
+    and dtypes come out of loading."""
+    cls = get_model_class(mc.architecture)
+    moe = create_moe_backend(config.moe_backend)
+    with torch.device(device):
+        model = cls(mc, comm, moe)
+        if config.mtp:
+            if not hasattr(model, "add_mtp"):
+                raise ValueError(f"speculative_config: method 'mtp' needs a model with an "
+                                 f"MTP head; {mc.architecture} has none")
+            model.add_mtp(comm, moe)
+    cast_floating(model, config.dtype)
+    model.eval()
+    restore_param_dtypes(model)
+    for module in model.modules():  # the layers that launch Triton kernels: fixed here, once
+        if hasattr(module, "pdl"):
+            module.pdl = config.pdl
+    dummy = config.dummy_weights or shadow
+    if dummy:
+        model.load_weights(dummy_weights(mc, config.seed, device, config.dtype,
+                                         values=not shadow))
+    else:
+        model.load_weights(iter_weights(config.model_path))
+    if config.draft_model_path is not None:  # after the target's weights: not in them
+        from minisgl.models.eagle3 import load_eagle3
+
+        model.eagle3 = load_eagle3(config.draft_model_path, model, config.dtype, device, dummy,
+                                   config.seed)
+        model.capture_aux(model.eagle3.cfg.aux_layers)
+    return model
+
+
+def make_pool(config: EngineConfig, mc: ModelConfig, spec: CacheSpec,
+              kv_scales: dict[int, dict[str, float]], page_table: torch.Tensor,
+              window_page_table: torch.Tensor | None, num_pages: int,
+              window_pages: int | None = None) -> tuple[BaseKVCachePool, BaseAttnBackend]:
+    """A KV pool of ``num_pages`` pages for the layers of ``spec`` and its attention backend."""
+    pool = create_kvcache_pool(spec, num_pages, config.page_size, config.kv_dtype,
+                               page_table.device, window_pages)
+    set_kv_scales(pool, kv_scales)
+    backend = create_attention_backend(config.attention_backend, pool, page_table,
+                                       mc.head_dim**-0.5)
+    try:  # refuses a window or sinks it cannot do; the model's family named
+        backend.check_layers(list(spec.attention))
+    except ValueError as exc:
+        raise ValueError(f"{mc.architecture}: {exc}") from None
+    if window_pages:
+        backend.set_window_page_table(window_page_table)
+    backend.pdl = config.pdl
+    return pool, backend

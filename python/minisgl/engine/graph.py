@@ -96,7 +96,19 @@ class GraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         ctx.attn_backend.init_cuda_graph(self.max_bs)
-        self._capture_all()
+
+    def dummy_batch(self, bs: int) -> Batch:
+        """The batch the graph of ``bs`` requests is captured on, its static inputs set."""
+        batch = dummy_decode_batch(self.dummy_row, bs)
+        inputs = self._inputs(bs)
+        inputs.copy_(self._host_inputs(batch, bs, False, pin=False))  # the dummy request
+        self.ctx.attn_backend.prepare_for_capture(batch, inputs[5:])
+        return batch
+
+    def run_eager(self, bs: int) -> torch.Tensor:
+        """What the graph of ``bs`` requests runs, run once without capturing it (a shadow run
+        records its kernels this way: ``minisgl.warmup``)."""
+        return self._run(self.dummy_batch(bs))
 
     def can_run(self, batch: Batch) -> bool:
         """Pure decode batches only: a mixed batch's attention metadata varies from step to step,
@@ -104,7 +116,9 @@ class GraphRunner:
         return batch.is_decode and batch.size <= self.max_bs
 
     @torch.inference_mode()
-    def _capture_all(self) -> None:
+    def capture(self) -> None:
+        """Capture every size's graph (once; their kernels are compiled first by the warm-up,
+        ``minisgl.warmup``, or else by the eager run before each capture)."""
         # NOTE: a garbage-collected CUDA graph (e.g. of an engine dropped earlier) frees itself in
         # its destructor, which is illegal while another graph is capturing: collect first, and
         # keep the collector off until every graph is captured.
@@ -118,12 +132,9 @@ class GraphRunner:
     def _capture_sizes(self) -> None:
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
-            batch = dummy_decode_batch(self.dummy_row, bs)
-            inputs = self._inputs(bs)
-            inputs.copy_(self._host_inputs(batch, bs, False, pin=False))  # the dummy request
-            self.ctx.attn_backend.prepare_for_capture(batch, inputs[5:])
+            batch = self.dummy_batch(bs)
             with torch.cuda.stream(stream):
-                self._run(batch)  # warm-up: compiles every kernel variant before capture
+                self._run(batch)  # loads (or compiles) every kernel variant before the capture
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                     self.logits[bs] = self._run(batch)

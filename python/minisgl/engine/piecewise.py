@@ -108,8 +108,7 @@ class PiecewiseRunner:
         self._bufs: tuple[torch.Tensor, ...] | None = None
         self._linear_bufs: tuple[torch.Tensor, ...] | None = None
         self.pieces: dict[int, tuple[list[torch.cuda.CUDAGraph], list[int], torch.Tensor]] = {}
-        self.pool = torch.cuda.graph_pool_handle()
-        self._capture_all()
+        self.pool = None
 
     def can_run(self, batch: Batch) -> bool:
         return not batch.is_decode and batch.input_ids.shape[0] <= self.max_tokens
@@ -137,8 +136,10 @@ class PiecewiseRunner:
         return self._linear_bufs
 
     @torch.inference_mode()
-    def _capture_all(self) -> None:
+    def capture(self) -> None:
+        """Capture every size's pieces (once)."""
         # NOTE: no graph may be garbage-collected while another captures (graph.py says why)
+        self.pool = torch.cuda.graph_pool_handle()
         gc.collect()
         gc.disable()
         try:
@@ -188,6 +189,21 @@ class PiecewiseRunner:
             else:
                 backend.forward(q, k, v, layer, batch, out=out)
         graphs[-1].replay()
+        return hidden[:n]
+
+    def run_eager(self, batch: Batch) -> torch.Tensor:
+        """What ``forward`` replays, run eagerly with the same buffers (a shadow run records its
+        kernels this way: ``minisgl.warmup``)."""
+        n = batch.input_ids.shape[0]
+        size = -(-n // STEP) * STEP
+        _, layers, hidden = self._run_cut(size, capture=False)
+        q, k, v, out = _views(self._bufs, n)
+        qkv, a, b, mixed = _views(self._linear_bufs, n)
+        for is_linear, layer in layers:
+            if is_linear:
+                self.ctx.linear_attn.forward(layer, qkv, a, b, batch, out=mixed)
+            else:
+                self.ctx.attn_backend.forward(q, k, v, layer, batch, out=out)
         return hidden[:n]
 
     def close(self) -> None:

@@ -35,6 +35,19 @@ def new_param(*shape: int, loader: WeightLoader | None = None,
     return param
 
 
+def cast_floating(model: nn.Module, dtype: torch.dtype) -> None:
+    """``model.to(dtype)`` in place: each floating parameter keeps its object (and attributes)
+    and gets data of ``dtype``. Unlike ``Module.to`` it also casts fake tensors (a shadow run's,
+    ``minisgl.warmup``), which ``Module.to`` would swap and cannot."""
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
+                module._buffers[name] = buf.to(dtype)
+
+
 def restore_param_dtypes(model: nn.Module) -> None:
     """Undo ``model.to(dtype)`` for parameters made with a fixed storage dtype (not loaded yet, so
     only the allocation changes)."""

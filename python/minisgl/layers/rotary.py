@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from minisgl.utils.fake import faking
+
 if TYPE_CHECKING:
     from minisgl.models.config import RotaryConfig
 
@@ -103,8 +105,14 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-@lru_cache(maxsize=8)
 def cos_sin_cache(cfg: RotaryConfig, device: torch.device) -> torch.Tensor:
+    """``[max_position, head_dim]``: cos then sin of every position, cached (a shadow run's
+    fake tables apart: ``utils/fake.py``)."""
+    return _cos_sin_cache(cfg, device, faking())
+
+
+@lru_cache(maxsize=8)
+def _cos_sin_cache(cfg: RotaryConfig, device: torch.device, fake: bool) -> torch.Tensor:
     positions = torch.arange(cfg.max_position, dtype=torch.float32)
     freqs = torch.outer(positions, _inv_freq(cfg))
     cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)

@@ -12,6 +12,7 @@ import torch
 
 from minisgl.attention import check_backend_name, resolve_attention_backend
 from minisgl.engine import EngineConfig
+from minisgl.env import KERNEL_CACHE_DIR
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.linear_attn import LINEAR_ATTN_BACKENDS, resolve_linear_attn_backend
 from minisgl.models import ModelConfig
@@ -84,6 +85,10 @@ class EngineOptions:
     # run every kernel variant before serving (scheduler/warmup.py); "auto": on CUDA only (the
     # CPU path compiles nothing)
     warmup: str = "auto"
+    # the kernel cache (``minisgl.warmup.cache``): compiled kernels and the variants each
+    # configuration needs, one directory to carry; None: $MINISGL_KERNEL_CACHE_DIR, else
+    # $MINISGL_CACHE_DIR/kernels
+    cache_dir: str | None = None
     # speculative decoding (minisgl/speculative/): vLLM's JSON (offline also a dict), e.g.
     # {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; or SGLang's flags
     speculative_config: str | None = None
@@ -203,6 +208,7 @@ class EngineOptions:
         batched = (self.max_num_batched_tokens
                    or self.default_batched_tokens(device, online, model_path))
         mixed = self.schedule_mode == "mixed"
+        warm = self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda")
         spec = self.spec_config()
         if spec is not None and spec.method == "eagle3":  # a bad draft fails here, not in a rank
             from minisgl.models.eagle3 import read_config
@@ -250,6 +256,8 @@ class EngineOptions:
             gemv=not self.disable_gemv,
             norm_gemv=not self.disable_norm_gemv,
             norm_quant=not self.disable_norm_quant,
+            precompile=warm and device.type == "cuda",
+            kernel_cache_dir=self.cache_dir or KERNEL_CACHE_DIR.get() or None,
         )
         return SchedulerConfig(
             engine=engine,
@@ -262,7 +270,7 @@ class EngineOptions:
             schedule_policy=self.schedule_policy,
             max_wait_steps=self.max_wait_steps,
             prefill_yield=not self.disable_prefill_yield,
-            warmup=self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda"),
+            warmup=warm,
             spec=spec,
         )
 

@@ -10,7 +10,6 @@ from typing import Sequence, Union
 from tqdm import tqdm
 
 from minisgl.core import SamplingParams
-from minisgl.env import use_kernel_cache
 from minisgl.message import TokenizeMsg
 from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
@@ -71,7 +70,6 @@ class LLM:
         options = llm_keywords({**given, **options}, _OPTIONS)
         model, tp = options.pop("model", None), options.pop("tp", 1)
         opts = EngineOptions(**options)
-        use_kernel_cache()
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp: must be a positive integer, got {tp!r}")
         self.model_path = resolve_model_path(model)

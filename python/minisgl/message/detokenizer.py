@@ -69,6 +69,8 @@ class SchedulerStatsMsg(BaseDetokenizerMsg):
     cache_hit_tokens: int
     max_context_len: int
     ready: bool = True  # False while the scheduler warms up: readiness (/health_generate) waits
+    # what still compiles in the background after ready ("" when nothing): /health shows it
+    warming: str = ""
     # hybrid models: recurrent-state slots of requests in use / in all, snapshots the radix cache
     # holds, and the state pool's bytes (all 0 for other models)
     state_slots_used: int = 0

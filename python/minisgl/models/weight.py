@@ -190,13 +190,14 @@ def _checkpoint_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]
 
 
 def dummy_weights(cfg: ModelConfig, seed: int, device: torch.device,
-                  dtype: torch.dtype) -> WeightStream:
+                  dtype: torch.dtype, values: bool = True) -> WeightStream:
     """Random weights of a realistic scale, for benchmarks without a checkpoint.
 
     Each full tensor is drawn from a generator seeded by (seed, name) and then sharded by the
     normal loader, so every TP size sees the same model. With a quantized checkpoint's config the
     projection weights come quantized, as that checkpoint would hold them
-    (``QuantizationConfig.checkpoint_tensors``); one tensor exists at a time.
+    (``QuantizationConfig.checkpoint_tensors``); one tensor exists at a time. ``values=False``:
+    uninitialised tensors (a shadow run's, ``minisgl.warmup``: only shapes and dtypes matter).
     """
     from .registry import get_model_class
 
@@ -208,8 +209,9 @@ def dummy_weights(cfg: ModelConfig, seed: int, device: torch.device,
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name, shape in shapes:
-            if name.endswith("norm.weight"):
-                yield name, torch.ones(shape, dtype=dtype, device=device)
+            if name.endswith("norm.weight") or not values:
+                yield name, (torch.ones if values else torch.empty)(shape, dtype=dtype,
+                                                                    device=device)
                 continue
             gen = torch.Generator(device=device).manual_seed(
                 seed * 1_000_003 + zlib.crc32(name.encode()))

@@ -1,14 +1,17 @@
 """Structured output in the scheduler: one grammar matcher per constrained request.
 
-A constrained request waits here while its grammar compiles on a worker thread (the scheduler
-keeps stepping the others), then joins the prefill queue. Before sampling the manager fills the
-bitmask rows of the sampled requests in one batched call (``structured.BatchMasks``: xgrammar's
-threads, a reused pinned buffer; unconstrained rows allow everything); after it, the constrained
-requests' matchers accept their sampled tokens in one call, and a grammar that has terminated ends
-its request. The mask of step N+1 depends on token N: the engine runs the forward of N+1 first
-and asks for the mask (``BatchSamplingArgs.late_bitmask``) just before sampling, while the host
-reads N back and advances the matchers, so only the sampling of a constrained batch waits for the
-host.
+A constrained request's grammar compiles on a worker thread while its prompt is prefilled: the
+request joins the prefill queue at once, and only the token that samples waits for the grammar
+(``pending``: the prefill holds its last position back meanwhile), so neither this request nor
+any batch waits for a compiler. The warm-up builds the compiler (the tokenizer's tables) and the
+``json_object`` grammar ahead, in the background (``prepare``). Before sampling the manager
+fills the bitmask rows of the sampled requests in one batched call (``structured.BatchMasks``:
+xgrammar's threads, a reused pinned buffer; unconstrained rows allow everything); after it, the
+constrained requests' matchers accept their sampled tokens in one call, and a grammar that has
+terminated ends its request. The mask of step N+1 depends on token N: the engine runs the
+forward of N+1 first and asks for the mask (``BatchSamplingArgs.late_bitmask``) just before
+sampling, while the host reads N back and advances the matchers, so only the sampling of a
+constrained batch waits for the host.
 
 With tensor parallelism every rank must build the same batches, so there compilation is
 synchronous (a worker thread would finish at a different step on each rank).
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
     from minisgl.structured import BatchMasks, GrammarCompiler, Matcher
 
 logger = init_logger(__name__)
+
+# ``response_format: json_object`` as the API hands it over (``server/openai/structured.py``)
+JSON_OBJECT = ("json_schema", '{"type": "object"}')
 
 
 class GrammarManager:
@@ -53,19 +59,37 @@ class GrammarManager:
     def active(self) -> bool:
         return bool(self.matchers or self.compiling)
 
-    def add(self, req: Req) -> bool:
-        """Start ``req``'s grammar; True if the request may be scheduled now (no grammar, or
-        compiled synchronously), False if it comes back from ``ready()`` later."""
+    def add(self, req: Req) -> None:
+        """Start ``req``'s grammar (compiled at once when synchronous, else ``pending`` until
+        ``ready()`` hands it over)."""
         grammar = req.sampling_params.grammar
         if grammar is None:
-            return True
+            return
         if self.synchronous:
             self.matchers[req.uid] = self._compile(*grammar)
-            return True
+            return
+        self.compiling[req.uid] = (req, self._worker().submit(self._compile, *grammar))
+
+    def pending(self, req: Req) -> bool:
+        """Whether ``req``'s grammar is still compiling (it must not sample yet)."""
+        return req.uid in self.compiling
+
+    def prepare(self) -> None:
+        """Build the compiler and the ``json_object`` grammar ahead of the first request that
+        needs them (in the background; at once when synchronous). Needs the tokenizer."""
+        from minisgl.utils.hf import has_tokenizer
+
+        if not has_tokenizer(self.model_path):
+            return
+        if self.synchronous:
+            self._compile(*JSON_OBJECT)
+        else:
+            self._worker().submit(self._compile, *JSON_OBJECT)
+
+    def _worker(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        self.compiling[req.uid] = (req, self._pool.submit(self._compile, *grammar))
-        return False
+        return self._pool
 
     def _compile(self, kind: str, source: str) -> Matcher:
         if self._compiler is None:
@@ -96,7 +120,7 @@ class GrammarManager:
         return done, failed
 
     def remove(self, req: Req) -> bool:
-        """Forget ``req``; True if it was still compiling (so it is in no queue)."""
+        """Forget ``req``; True if it was still compiling (its result is dropped)."""
         self.matchers.pop(req.uid, None)
         return self.compiling.pop(req.uid, None) is not None
 

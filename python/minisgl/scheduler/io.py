@@ -45,6 +45,7 @@ logger = init_logger(__name__)
 
 _STATS_INTERVAL_S = 0.5
 _IDLE_POLL_MS = 100
+_WAITING_POLL_MS = 2
 
 
 class _NoOutbox:
@@ -100,6 +101,10 @@ class SchedulerIO:
                 warm_up(self.scheduler, should_stop=lambda: alone and not self.running)
                 self.live.fed_tokens = self.scheduler.prefill.fed_tokens  # not the warm-up's
                 self.ready = True
+                kernels = self.scheduler.kernels
+                if kernels is not None and kernels.warming():
+                    logger.info("ready; compiling in the background: %s (requests that need "
+                                "them wait for them)", kernels.warming())
             watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
             while os.getppid() == self._parent:
                 watchdog.beat()
@@ -132,11 +137,14 @@ class SchedulerIO:
     def _receive(self) -> None:
         msgs: list[BackendMsg] = []
         if self.inbox is not None:
-            if self.scheduler.has_work:
+            if self.scheduler.has_work and not self.scheduler.only_waiting:
                 msgs = self.inbox.get_all_nowait()
             else:
-                # idle: wait for a request, only a glance while deferred work is left
-                first = self.inbox.get(timeout_ms=0 if self._idle_work else _IDLE_POLL_MS)
+                # idle: wait for a request, only a glance while deferred work is left; a short
+                # wait while requests wait for a compiler (no spinning beside it)
+                wait = (_WAITING_POLL_MS if self.scheduler.only_waiting else
+                        0 if self._idle_work else _IDLE_POLL_MS)
+                first = self.inbox.get(timeout_ms=wait)
                 msgs = [] if first is None else [first, *self.inbox.get_all_nowait()]
         if self.comm.info.size > 1:
             if not self.running:
@@ -235,6 +243,7 @@ class SchedulerIO:
             cache_hit_tokens=cache.num_hit_tokens,
             max_context_len=s.max_context_len,
             ready=self.ready,
+            warming=s.kernels.warming() if s.kernels is not None else "",
             **state_stats(s),
             **spec_stats(s),
         )

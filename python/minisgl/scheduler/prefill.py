@@ -24,7 +24,7 @@ cache, instead of computing the same prefix a second time in the same batch.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from typing import Callable, Iterable
 
 from minisgl.core import Feed, Req
 
@@ -56,9 +56,13 @@ def _head(req: Req) -> tuple[int, ...] | None:
 class PrefillManager:
     def __init__(self, cache: CacheCoordinator, table: TableManager, max_prefill_tokens: int,
                  policy: AdmissionPolicy | None = None, yield_to_shorter: bool = True,
-                 keep_images_whole: bool = False) -> None:
+                 keep_images_whole: bool = False,
+                 may_sample: Callable[[Req], bool] = lambda req: True) -> None:
         self.cache, self.table, self.budget = cache, table, max_prefill_tokens
         self.keep_images_whole = keep_images_whole  # a chunk never cuts an image
+        # False while what the request's first token needs still compiles (its grammar, its
+        # sampler kernels): its prompt is fed up to its last token, which waits
+        self.may_sample = may_sample
         self.yield_to_shorter = yield_to_shorter  # off: ``--disable-prefill-yield`` (ablation)
         self.policy = policy or AdmissionPolicy("fcfs", 0, cache.hit_len)
         self.waiting: deque[Req] = deque()
@@ -103,7 +107,8 @@ class PrefillManager:
             if budget <= 0:
                 break
             head = _head(req)
-            if req.pending_len == 0:
+            hold = 0 if self.may_sample(req) else 1  # its last token waits until it may sample
+            if req.pending_len <= hold:
                 computing.add(head)
                 continue  # its last chunk is in flight (overlap): it moves to decode when read back
             newly_admitted = req.table_idx < 0
@@ -117,9 +122,12 @@ class PrefillManager:
                 self.cache.match(req)
             else:
                 self.cache.before_chunk(req)
-            chunk = min(budget, req.pending_len)
-            if 1 < chunk < req.pending_len and self._yields(req, order[i + 1:],
-                                                            chunk + decode_reserve):
+            pending = req.pending_len - hold  # after the match: a prefix hit is not fed
+            if pending <= 0:  # the prefix cache holds all but its held last token
+                computing.add(head)
+                continue
+            chunk = min(budget, pending)
+            if 1 < chunk < pending and self._yields(req, order[i + 1:], chunk + decode_reserve):
                 chunk //= 2
             if req.snapshot_at > req.device_len:  # stop at the branch point (hybrid models)
                 chunk = min(chunk, req.snapshot_at - req.device_len)

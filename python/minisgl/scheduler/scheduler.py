@@ -31,6 +31,7 @@ from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
 from .validation import check_context, check_params, check_prompt
+from .warming import WarmingGate
 
 logger = init_logger(__name__)
 
@@ -38,14 +39,24 @@ logger = init_logger(__name__)
 class Scheduler:
     def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:
         self.config = config
-        self.engine = engine or Engine(config.engine)
+        # the kernel warm-up compiles beside the engine's start-up (``minisgl.warmup``)
+        self.kernels = None
+        if engine is None and config.engine.device.type == "cuda":
+            from minisgl.warmup.kernels import start_kernel_warmup
+
+            self.kernels = start_kernel_warmup(config.engine)
+        self.engine = engine or Engine(config.engine, kernels=self.kernels)
+        if self.kernels is not None and config.engine.tp.size > 1:
+            self.kernels.wait_all()  # every rank must admit the same requests at the same step
+        self.warming = WarmingGate(self.kernels)
         self.table = TableManager(config.max_running_reqs)
         self.cache = create_cache(self.engine, config.cache)
         policy = AdmissionPolicy(config.schedule_policy, config.max_wait_steps, self.cache.hit_len)
         images = self.engine.images
         self.prefill = PrefillManager(self.cache, self.table, config.max_prefill_tokens, policy,
                                       config.prefill_yield,
-                                      images is not None and images.image_blocks)
+                                      images is not None and images.image_blocks,
+                                      self._may_sample)
         self.decode = DecodeManager(self.cache, self._retract)
         self.spec = create_spec_decoder(config.spec, self.engine)
         self.planner = BatchPlanner(config, self.prefill, self.decode, self.cache,
@@ -87,11 +98,15 @@ class Scheduler:
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
             mm=mm,
         )
-        ready = self.grammar.add(req)  # False: it waits for its grammar to compile
+        self.grammar.add(req)  # compiled while the prompt is prefilled
         self.reqs[uid] = req
-        if ready:
-            self.prefill.add(req)
+        self.prefill.add(req)
         return req
+
+    def _may_sample(self, req: Req) -> bool:
+        """Whether what ``req``'s first token needs is compiled: its grammar, and its sampler
+        kernels (``warming.py``); until then its prefill stops short of its last token."""
+        return not self.grammar.pending(req) and self.warming.admits(req)
 
     def abort(self, uid: int) -> bool:
         """Drop a request wherever it is and free its KV. False if it is unknown or finished."""
@@ -104,6 +119,14 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.reqs) or self._inflight is not None
+
+    @property
+    def only_waiting(self) -> bool:
+        """Every request waits, fed up to its last token, for a compiler (its grammar, its
+        sampler kernels): a step would do nothing."""
+        return (self._inflight is None and not self.decode.running
+                and all(r.pending_len <= 1 and not self._may_sample(r)
+                        for r in self.prefill.waiting))
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -155,12 +178,10 @@ class Scheduler:
         return self._read_back(prev) if prev is not None else []
 
     def _admit_compiled(self) -> list[TokenOutput]:
-        """Queue the requests whose grammar compiled; end (abort) those whose grammar failed."""
-        done, failed = self.grammar.ready()
-        for req in done:
-            self.prefill.add(req)
+        """Hand the compiled grammars to their requests; end (abort) those whose grammar failed."""
+        _, failed = self.grammar.ready()
         for req in failed:
-            del self.reqs[req.uid]
+            self._release(req)
         return [TokenOutput(req.uid, next(iter(self.eos_token_ids), 0), "abort") for req in failed]
 
     def _launch(self, plan: StepPlan, before_mask: Callable[[], None]) -> Launched:
@@ -258,9 +279,7 @@ class Scheduler:
         """Finished or aborted: free everything the request holds."""
         if self.spec is not None:
             self.spec.finished(req)
-        if self.grammar.remove(req):  # still compiling: in no queue, holds nothing
-            del self.reqs[req.uid]
-            return
+        self.grammar.remove(req)
         if req in self.decode.running:
             self.decode.remove(req)
             self._free(req)

@@ -1,13 +1,15 @@
-"""Warm-up: run the kernel variants a live server can reach before it reports ready.
+"""Warm-up waves: synthetic requests through the scheduler before it reports ready.
 
-Triton compiles a kernel the first time it is launched with a new specialisation (its constexprs,
-dtypes, and integer arguments equal to 1 or divisible by 16), cuBLAS picks an algorithm for each new
-shape, and the grammar library builds its tables on first use. Each costs up to seconds on the
-request path, and every running stream waits meanwhile. The warm-up feeds the scheduler synthetic
-requests that reach those variants (prefill sizes across the kernels' thresholds, a prefix hit,
-mixed steps, decode batches too large for a CUDA graph, every sampler path, a grammar, prompt
-log-probs) and runs them to completion through the ordinary ``add_request`` / ``step`` path, so
-every TP rank, given the same plan, builds the same batches.
+On a GPU the kernel warm-up (``minisgl.warmup``) has compiled every Triton variant by then (the
+sampler's continue in the background); the waves run the greedy path of each size class
+(prefill sizes across the kernels' thresholds, a prefix hit, mixed steps, decode batches too
+large for a CUDA graph) so that the rest a first request would pay is paid here: cuBLAS's
+algorithm choice for each new shape, fla's autotuning, the first launch of each kernel. Without
+the kernel warm-up (it found no variants, or on a CPU) they also run every sampler path, a
+grammar and prompt log-probs, which compiles their kernels the slow way, one wave after another.
+The grammar compiler's tables are built in the background meanwhile
+(``GrammarManager.prepare``). Every request runs to completion through the ordinary
+``add_request`` / ``step`` path, so every TP rank, given the same plan, builds the same batches.
 
 What it leaves behind: the prompts' KV as evictable prefix-cache entries (valid KV, evicted first
 under pressure) and nothing else; the prefix-cache hit counter is reset.
@@ -28,9 +30,11 @@ from minisgl.utils.hf import has_tokenizer
 if TYPE_CHECKING:
     from minisgl.engine import Engine
     from minisgl.speculative import SpecDecoder
+    from minisgl.warmup.kernels import KernelWarmup
 
     from .cache import CacheCoordinator
     from .config import SchedulerConfig
+    from .grammar import GrammarManager
 
 logger = init_logger(__name__)
 
@@ -42,6 +46,8 @@ class WarmUpTarget(Protocol):
     engine: Engine
     cache: CacheCoordinator
     spec: SpecDecoder | None
+    grammar: GrammarManager
+    kernels: KernelWarmup | None
 
     @property
     def has_work(self) -> bool: ...
@@ -103,10 +109,12 @@ def sampler_variants(base: SamplingParams, grammar: bool) -> dict[str, SamplingP
 
 def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: int,
                 max_running_reqs: int, graph_max_bs: int, cuda: bool, grammar: bool,
-                avoid: frozenset[int] = frozenset()) -> list[Wave]:
+                avoid: frozenset[int] = frozenset(), sampler: bool = True) -> list[Wave]:
     """The waves to run. On CUDA every variant; on CPU (no Triton kernels, no graphs) one wave of
     one short request per sampler path, which still builds the grammar tables. ``avoid``: ids no
-    prompt may hold (a vision model's image token, which comes with an image only)."""
+    prompt may hold (a vision model's image token, which comes with an image only).
+    ``sampler=False``: no sampler waves (the kernel warm-up compiles those variants in the
+    background and holds the requests that need them, ``minisgl.warmup``)."""
     rng = random.Random(0)
     low = min(1000, vocab_size // 2)
 
@@ -140,6 +148,8 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
             for _ in range(min(max_running_reqs, rows)):
                 big.add(prompt(4), replace(base, max_tokens=4))
             waves.append(big)
+    if not sampler:
+        return waves
     length = 40 if cuda else 8
     variants = sampler_variants(base, grammar)
     for name, params in variants.items() if cuda else ():  # each alone, two rows (batched kernels)
@@ -190,7 +200,12 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
         # without a tokenizer no request can have a grammar
         grammar=has_tokenizer(config.engine.model_path),
         avoid=frozenset([engine.images.image_token_id] if engine.images is not None else []),
+        # compiled in parallel by the kernel warm-up (when it found its variants); the waves
+        # load the rest (cuBLAS, fla's autotuning, the first launch of each kernel) on the
+        # greedy path
+        sampler=scheduler.kernels is None or scheduler.kernels.kernels is None,
     )
+    scheduler.grammar.prepare()  # the grammar compiler's tables, in the background
     num = sum(len(w.requests) for w in waves)
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "
                 "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))

@@ -55,7 +55,11 @@ _LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
 
 
-@triton.jit
+# the split count and the strides it sets are runtime values (one variant for every count); the
+# int32 metadata vectors are read one entry per program, whatever their alignment (the CUDA
+# graphs' are rows of one flat buffer, aligned only for some batch sizes)
+@triton.jit(do_not_specialize=["num_splits", "stride_pb", "stride_ph", "stride_lb", "stride_lh"],
+            do_not_specialize_on_alignment=["Rows", "SeqLens", "Order", "Sinks"])
 def _decode_stage1(
     Q, K, V, PageTable, Rows, SeqLens, Order, PartOut, PartLse, Out, Sinks,
     qk_scale,  # softmax scale * log2(e) (* k_scale of an FP8 cache): scores in the log2 domain
@@ -122,7 +126,8 @@ def _window_start(seq_len, window):
     return tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_pb", "stride_ph", "stride_lb", "stride_lh"],
+            do_not_specialize_on_alignment=["SeqLens", "Sinks"])
 def _decode_stage2(
     PartOut, PartLse, SeqLens, Out, Sinks, num_splits, window,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,

@@ -29,7 +29,10 @@ from . import pdl as pdl_
 from .pdl import wait_then_release
 
 
-@triton.jit
+# one variant for every batch size: the step's vectors are rows of the graph's flat input buffer
+# (aligned for some sizes only), and a few lanes more or less cost nothing in a one-program kernel
+@triton.jit(do_not_specialize=["bs"],
+            do_not_specialize_on_alignment=["rows_ptr", "pos_ptr", "slots_ptr"])
 def _gather_kernel(rows_ptr, pos_ptr, slots_ptr, bs, pool_ptr, pool_stride, table_ptr,
                    table_stride, ids_ptr, pos_out_ptr, loc_ptr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -46,6 +49,9 @@ def _gather_kernel(rows_ptr, pos_ptr, slots_ptr, bs, pool_ptr, pool_stride, tabl
     tl.store(loc_ptr + i, slot, mask=ok)
 
 
+_GATHER_BLOCK = 128  # requests per program (one compiled variant for every batch size)
+
+
 def gather_inputs(rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                   token_pool: torch.Tensor,
                   page_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -59,11 +65,11 @@ def gather_inputs(rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tens
     ids = torch.empty(bs, dtype=token_pool.dtype, device=rows.device)
     pos = torch.empty(bs, dtype=torch.int64, device=rows.device)
     loc = torch.empty(bs, dtype=page_table.dtype, device=rows.device)
-    block = min(triton.next_power_of_2(bs), 256)
+    block = _GATHER_BLOCK
     _gather_kernel[(triton.cdiv(bs, block),)](rows, positions, slots, bs, token_pool,
                                               token_pool.stride(0), page_table,
                                               page_table.stride(0), ids, pos, loc, BLOCK=block,
-                                              num_warps=1 if bs <= 32 else 4)
+                                              num_warps=4)
     return ids, pos, loc
 
 
@@ -74,7 +80,7 @@ def _write(out_ptr, pool_ptr, rows_ptr, pos_ptr, pool_stride, r, token):
     tl.store(pool_ptr + row * pool_stride + tl.load(pos_ptr + r), token.to(tl.int32))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["flag_ptr", "rows_ptr", "pos_ptr"])
 def _partial_kernel(logits_ptr, stride, V, chunk, flag_ptr, val_ptr, idx_ptr, out_ptr, pool_ptr,
                     rows_ptr, pos_ptr, pool_stride, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
                     USE_PDL: tl.constexpr):
@@ -104,7 +110,7 @@ def _partial_kernel(logits_ptr, stride, V, chunk, flag_ptr, val_ptr, idx_ptr, ou
         tl.store(idx_ptr + r * SPLITS + s, token)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["flag_ptr", "rows_ptr", "pos_ptr"])
 def _final_kernel(flag_ptr, val_ptr, idx_ptr, out_ptr, pool_ptr, rows_ptr, pos_ptr, pool_stride,
                   SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
     wait_then_release(USE_PDL)

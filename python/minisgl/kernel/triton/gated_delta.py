@@ -47,7 +47,7 @@ def _conv_step(src, dst, x, w, w_last, cm, W: tl.constexpr, WP: tl.constexpr):
     return _silu(acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
 def _conv_decode_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, out_ptr, C, stride_x, stride_slot,
                         stride_out, W: tl.constexpr, WP: tl.constexpr, BLOCK_C: tl.constexpr):
     i = tl.program_id(0)
@@ -81,7 +81,8 @@ def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
     return out
 
 
-@triton.jit
+# per-request metadata vectors, one entry read per program: no variant per alignment
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_ptr", "seq_ptr", "init_ptr"])
 def _conv_varlen_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, cu_ptr, seq_ptr, init_ptr, out_ptr,
                         C, stride_x, stride_slot, stride_out, W: tl.constexpr, WP: tl.constexpr,
                         BLOCK_C: tl.constexpr):
@@ -112,7 +113,7 @@ def _conv_varlen_kernel(x_ptr, w_ptr, state_ptr, slots_ptr, cu_ptr, seq_ptr, ini
     tl.store(out_ptr + t * stride_out + c, _silu(acc), mask=cm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_ptr", "init_ptr"])
 def _conv_state_kernel(x_ptr, state_ptr, slots_ptr, cu_ptr, init_ptr, C, stride_x, stride_slot,
                        W: tl.constexpr, WP: tl.constexpr, BLOCK_C: tl.constexpr):
     """The window after a chunk: the last ``W - 1`` entries of ``[old window | chunk]``."""
@@ -182,7 +183,7 @@ def _delta_step(s, x, a_row, b_row, h, decay_rate, dt_bias, rows, km, v_cols, vm
     return s, tl.sum(s * q[:, None], axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
 def _gdn_decode_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr,
                        out_ptr, stride_x, stride_a, stride_b, stride_slot, stride_out, scale,
                        HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,

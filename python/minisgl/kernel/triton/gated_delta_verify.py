@@ -19,7 +19,8 @@ import triton.language as tl
 from .gated_delta import _conv_step, _delta_step
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "lengths_ptr", "slots_ptr",
+                                            "drafts_ptr"])
 def _conv_verify_kernel(x_ptr, w_ptr, state_ptr, starts_ptr, lengths_ptr, slots_ptr, drafts_ptr,
                         out_ptr, C, stride_x, stride_slot, stride_out, W: tl.constexpr,
                         WP: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -65,7 +66,8 @@ def conv_verify(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "lengths_ptr", "slots_ptr",
+                                            "drafts_ptr"])
 def _gdn_verify_kernel(x_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, starts_ptr,
                        lengths_ptr, slots_ptr, drafts_ptr, out_ptr, stride_x, stride_a, stride_b,
                        stride_slot, stride_out, scale, HK: tl.constexpr, HV: tl.constexpr,

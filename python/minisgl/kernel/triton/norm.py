@@ -27,7 +27,7 @@ from .fp8_quant import fp8_scale, saturate
 from .pdl import wait_then_release
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # a bound only: one variant for every row count
 def _rmsnorm_kernel(
     x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, s_ptr, g_ptr,
     n_rows, n_inner, stride_x0, stride_x1, stride_r, stride_y, stride_ro, dim, eps,

@@ -50,8 +50,14 @@ async def health(request: Request) -> JSONResponse:
     if not frontend.healthy:
         raise _not_ready("the server is unhealthy (a worker process died)", "unhealthy")
     if not frontend.warm:
-        raise _not_ready("the server is warming up its kernels", "warming_up")
-    return JSONResponse({"status": "ok"})
+        warming = frontend.stats.warming if frontend.stats is not None else ""
+        raise _not_ready(f"the server is warming up its kernels{': ' if warming else ''}"
+                         f"{warming}", "warming_up")
+    body = {"status": "ok"}
+    if frontend.stats is not None and frontend.stats.warming:
+        # served already; requests that need these kernels wait for them
+        body["warming"] = frontend.stats.warming
+    return JSONResponse(body)
 
 
 @router.get("/health_generate")

@@ -171,6 +171,9 @@ _HELP = {
                   "on the host for every new shape",
     "disable_pdl": "launch the Triton kernels without programmatic dependent launch (Hopper and "
                    "later; for ablations)",
+    "cache_dir": "the kernel cache: compiled kernels and the variants each configuration needs, "
+                 "per GPU and versions, one directory to carry (fill it with `python -m minisgl "
+                 "warmup`; default: $MINISGL_KERNEL_CACHE_DIR, else ~/.cache/minisgl/kernels)",
     "warmup": "run every kernel variant a request can reach before /health reports ready: "
               "auto (on CUDA), on, off (the first requests of each kind then compile kernels on "
               "the request path)",

@@ -1,0 +1,145 @@
+"""The kernel cache: one directory a deployment can carry (bake it into a container image).
+
+::
+
+    DIR/
+      <platform>/                     GPU name, capability, driver, torch and Triton versions
+        triton/                       TRITON_CACHE_DIR: compiled variants, Triton's launchers,
+                                      autotuning results (TRITON_CACHE_AUTOTUNING)
+        plans/<model key>.json        the variants a configuration needs (``KernelSet``): a
+                                      restart compiles (loads) them at once, no shadow run
+        plans/<model key>.config.json what made the key (the model's config.json, the engine's
+                                      options), for a person reading the directory
+
+Everything here is independent of the process that wrote it: Triton's cache is addressed by the
+kernel's source, its specialisation and the compiler's versions, so one directory holds any
+number of models and a mismatch only means a miss (compiled anew), never a wrong kernel. The
+platform directory keeps what one GPU and one software stack made apart from the others.
+
+``DIR``: ``--cache-dir`` (``LLM(cache_dir=...)``), else ``$MINISGL_KERNEL_CACHE_DIR``, else
+``$MINISGL_CACHE_DIR/kernels``. Without the first two, a ``TRITON_CACHE_DIR`` set by the user is
+kept as Triton's directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.engine.config import EngineConfig
+from minisgl.env import CACHE_DIR, KERNEL_CACHE_DIR
+from minisgl.utils import init_logger
+
+from .discover import KernelSet
+
+logger = init_logger(__name__)
+
+# engine options that change no kernel (sizes of pools, seeds, where things are)
+_NOT_IN_KEY = {"model_path", "num_pages", "kv_cache_memory_gb", "mem_fraction", "dummy_weights",
+               "seed", "dist_init_addr", "kernel_cache_dir", "precompile", "device"}
+
+
+@dataclass(frozen=True)
+class Platform:
+    gpu: str
+    capability: tuple[int, int]
+    driver: str
+    torch: str
+    triton: str
+
+    @classmethod
+    def current(cls, device: torch.device) -> Platform:
+        import triton
+
+        props = torch.cuda.get_device_properties(device)
+        return cls(props.name, (props.major, props.minor), _driver_version(),
+                   torch.__version__, triton.__version__)
+
+    @property
+    def dirname(self) -> str:
+        gpu = re.sub(r"[^A-Za-z0-9.]+", "-", self.gpu).strip("-")
+        torch_v = self.torch.split("+")[0]
+        return (f"{gpu}-sm{self.capability[0]}{self.capability[1]}-driver{self.driver}"
+                f"-torch{torch_v}-triton{self.triton}")
+
+
+def _driver_version() -> str:
+    """The CUDA driver's version (e.g. ``12.8``), or ``unknown``."""
+    try:
+        v = torch._C._cuda_getDriverVersion()  # type: ignore[attr-defined]
+        return f"{v // 1000}.{v % 1000 // 10}"
+    except (AttributeError, RuntimeError):
+        return "unknown"
+
+
+def default_root() -> str:
+    return os.path.expanduser(KERNEL_CACHE_DIR.get() or os.path.join(CACHE_DIR.get(), "kernels"))
+
+
+def model_key(config: EngineConfig, grammar: bool) -> tuple[str, dict]:
+    """A key of what decides the variants: the model's ``config.json``, the engine's options
+    (``_NOT_IN_KEY`` aside) and whether requests can carry a grammar; and the key's contents."""
+    path = os.path.join(config.model_path, "config.json")
+    with open(path) as f:
+        model = json.load(f)
+    engine = {f.name: str(getattr(config, f.name)) for f in dataclasses.fields(config)
+              if f.name not in _NOT_IN_KEY}
+    what = {"model": model, "engine": engine, "grammar": grammar}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
+    name = str(model.get("architectures", ["model"])[0])
+    return f"{name}-{digest}", what
+
+
+class KernelCache:
+    """The cache of one platform under ``root`` (the module docstring's layout)."""
+
+    def __init__(self, root: str, platform: Platform) -> None:
+        self.root = root
+        self.platform = platform
+        self.dir = os.path.join(root, platform.dirname)
+        self.triton_dir = os.path.join(self.dir, "triton")
+        self.plans_dir = os.path.join(self.dir, "plans")
+
+    def plan_path(self, key: str) -> str:
+        return os.path.join(self.plans_dir, f"{key}.json")
+
+    def load_plan(self, key: str) -> KernelSet | None:
+        try:
+            with open(self.plan_path(key)) as f:
+                return KernelSet.from_json(f.read())
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as e:  # an older or damaged plan: find anew
+            logger.warning("kernel cache: ignoring %s (%s)", self.plan_path(key), e)
+            return None
+
+    def save_plan(self, key: str, kernels: KernelSet, what: dict) -> None:
+        """Written whole or not at all (a rename), so a reader never sees half a plan."""
+        os.makedirs(self.plans_dir, exist_ok=True)
+        for path, text in ((self.plan_path(key), kernels.to_json()),
+                           (os.path.join(self.plans_dir, f"{key}.config.json"),
+                            json.dumps({"platform": dataclasses.asdict(self.platform), **what},
+                                       indent=1, sort_keys=True))):
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+
+
+def open_kernel_cache(root: str | None, device: torch.device) -> KernelCache:
+    """The cache for ``device`` under ``root`` (None: ``default_root()``, and a user's
+    ``TRITON_CACHE_DIR`` is kept); points Triton at it (its compiled kernels and its autotuning
+    results) before anything compiles in this process."""
+    cache = KernelCache(root or default_root(), Platform.current(device))
+    if root is not None or "TRITON_CACHE_DIR" not in os.environ:
+        os.environ["TRITON_CACHE_DIR"] = cache.triton_dir
+    os.makedirs(os.environ["TRITON_CACHE_DIR"], exist_ok=True)
+    # autotuned kernels (fla's) keep their choice with the compiled ones: read at their import
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    return cache

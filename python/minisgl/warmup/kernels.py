@@ -1,0 +1,210 @@
+"""Compiling an engine's kernel variants on every CPU core, beside its start-up.
+
+``KernelWarmup.start`` returns at once; a thread of its own finds the variants (``discover``: a
+shadow run, CPU only) and compiles them on a pool of threads, while the engine loads its weights.
+The engine waits (``wait_ready``) for the variants its forwards need before it profiles memory
+and captures CUDA graphs, so no capture compiles anything; the sampler's variants follow stage by
+stage (``plan.FEATURE_STAGES``) while the server already serves: ``stage`` is the number of
+stages done, ``warming`` says what is left.
+
+Each variant compiles once: Triton writes it to its cache (``TRITON_CACHE_DIR``), where a restart,
+or another machine given the directory (``python -m minisgl warmup --cache-dir``), finds it.
+Triton's compiler releases the GIL in its MLIR, LLVM and ptxas stages, so threads compile in
+parallel; a variant that fails to compile here is logged and compiles on first use instead.
+Triton also builds a C launcher per variant with the host's compiler and loads the module on its
+first launch: the threads do both for the variants needed before ready, and build the launchers
+(not the modules: the engine may be capturing graphs) of the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import torch
+
+from minisgl.engine.config import EngineConfig
+from minisgl.utils import init_logger
+
+from .discover import KernelSet, discover
+from .plan import FEATURE_STAGES
+from .variants import Variant
+
+logger = init_logger(__name__)
+
+
+def compile_workers(tp_size: int = 1) -> int:
+    """The threads one rank compiles on: its share of this machine's cores."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, tp_size))
+
+
+def _prepare_launch(kernel, load: bool) -> None:
+    """Triton builds each variant's launcher (C, with the host's compiler) and loads its module
+    on the first launch: do that here. ``load=False``: only the launcher, into the cache (a module
+    load while another thread captures a CUDA graph would break the capture)."""
+    if load and hasattr(kernel, "_init_handles"):
+        kernel._init_handles()
+    elif hasattr(kernel, "src") and hasattr(kernel, "metadata"):
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)  # type: ignore[attr-defined]
+
+
+def compile_pool(workers: int, device: torch.device) -> ThreadPoolExecutor:
+    """The threads ``compile_variants`` compiles on, each with ``device`` as its current one."""
+    return ThreadPoolExecutor(workers, thread_name_prefix="triton-compile",
+                              initializer=torch.cuda.set_device, initargs=(device,))
+
+
+def compile_one(variant: Variant, load: bool = True) -> str | None:
+    """Compile ``variant`` for this thread's device (no launch) with its launcher, and with
+    ``load`` its module loaded; its error in one line, if any (it then compiles on first use)."""
+    try:
+        kernel = variant.compile()
+        if kernel is not None:  # None: the interpreter
+            _prepare_launch(kernel, load)
+    except Exception as e:  # noqa: BLE001 - compiled on first use instead
+        return f"{variant.short_name}: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def make_device_caches(variants: list[Variant]) -> None:
+    """Each kernel's cache for this thread's device, made here once (threads that made it at
+    once would each keep their own, and lose all but one)."""
+    from .variants import _kernel_by_name
+
+    index = torch.cuda.current_device()
+    for name in {v.kernel for v in variants}:
+        caches = getattr(_kernel_by_name(name), "device_caches", None)  # None: the interpreter
+        if caches is not None:
+            _ = caches[index]
+
+
+def compile_variants(variants: list[Variant], pool: ThreadPoolExecutor,
+                     load: bool = True) -> list[Future[str | None]]:
+    """``compile_one`` of each of ``variants`` queued on ``pool`` (``compile_pool``), in order."""
+    make_device_caches(variants)
+    return [pool.submit(compile_one, v, load) for v in variants]
+
+
+class KernelWarmup:
+    """The kernel variants of the engine of ``config``, compiled on ``workers`` threads.
+    ``grammar``: requests may carry a grammar (the sampler's mask variants are needed);
+    ``kernels``: a set found before (the kernel cache's plan), else a shadow run finds it and
+    hands it to ``on_found``."""
+
+    def __init__(self, config: EngineConfig, grammar: bool, workers: int | None = None,
+                 kernels: KernelSet | None = None,
+                 on_found: Callable[[KernelSet], None] = lambda _: None) -> None:
+        self.config, self.grammar, self.on_found = config, grammar, on_found
+        self.workers = workers or compile_workers(config.tp.size)
+        self.kernels = kernels
+        self.stage = 0  # sampler stages compiled (``plan.FEATURE_STAGES``)
+        self.compiled = 0
+        self.total = 0
+        self.errors: list[str] = []
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> KernelWarmup:
+        self._thread = threading.Thread(target=self._run, name="kernel-warmup", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the variants needed before ready are compiled (or the attempt failed)."""
+        return self._ready.wait(timeout)
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def warming(self) -> str:
+        """What is still compiling, in words; "" when nothing is."""
+        if self._done.is_set():
+            return ""
+        if not self._ready.is_set():
+            what = "finding the kernel variants" if self.total == 0 else "kernels before ready"
+            return f"{what}: {self.compiled} of {self.total} compiled"
+        left = ", ".join(FEATURE_STAGES[self.stage:])
+        return f"sampler kernels ({left}): {self.compiled} of {self.total} compiled"
+
+    def _run(self) -> None:
+        device = self.config.device
+        torch.cuda.set_device(device)
+        with compile_pool(self.workers, device) as pool:
+            self._stages(pool)
+
+    def _stages(self, pool: ThreadPoolExecutor) -> None:
+        try:
+            if self.kernels is None:
+                self.kernels = discover(self.config, self.grammar)
+                if not self.kernels.failed:  # a plan with gaps is found again next time
+                    self.on_found(self.kernels)
+            self.total = len(self.kernels.all)
+            self._wait(compile_variants(self.kernels.essential, pool, load=True), "before ready")
+        except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
+            logger.warning("kernel warm-up failed (kernels compile on first use): %s: %s",
+                           type(e).__name__, e)
+            self._done.set()
+            return
+        finally:
+            self._ready.set()
+        # every stage queued at once, in order (all cores busy); a stage is done when its
+        # variants and those of the stages before are. The engine captures its graphs meanwhile:
+        # no module loads here
+        queued = [compile_variants(stage, pool, load=False) for stage in self.kernels.stages]
+        for k, futures in enumerate(queued):
+            self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")
+            self.stage = k + 1
+        self._done.set()
+        logger.info("kernel warm-up done: %d variants compiled or loaded, %d failed "
+                    "(compiled on first use)", self.compiled, len(self.errors))
+
+    def _wait(self, futures: list[Future[str | None]], what: str) -> None:
+        start = time.perf_counter()
+        errors = []
+        for f in futures:
+            error = f.result()
+            if error is not None:
+                errors.append(error)
+            with self._lock:
+                self.compiled += 1
+        self.errors += errors
+        logger.info("kernel variants (%s): %d ready on %d threads, %.1f s%s", what, len(futures),
+                    self.workers, time.perf_counter() - start,
+                    f"; {len(errors)} failed (compiled on first use): {errors[0]}" if errors
+                    else "")
+
+
+def start_kernel_warmup(config: EngineConfig) -> KernelWarmup | None:
+    """Open the kernel cache of the engine of ``config`` (Triton's directory is set for this
+    process) and, with ``precompile``, start its kernel warm-up from the cache's plan, if it has
+    one; None off CUDA (the CPU path compiles nothing) or without ``precompile``."""
+    if config.device.type != "cuda":
+        return None
+    from minisgl.utils.hf import has_tokenizer
+
+    from .cache import model_key, open_kernel_cache
+
+    device = config.device
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    cache = open_kernel_cache(config.kernel_cache_dir, device)
+    if not config.precompile:
+        return None
+    grammar = has_tokenizer(config.model_path)  # without one no request can carry a grammar
+    key, what = model_key(config, grammar)
+    kernels = cache.load_plan(key)
+    logger.info("kernel cache %s: %s", cache.dir, "plan found" if kernels else "no plan yet")
+    return KernelWarmup(dataclasses.replace(config, device=device), grammar, kernels=kernels,
+                        on_found=lambda found: cache.save_plan(key, found, what)).start()

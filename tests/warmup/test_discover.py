@@ -1,0 +1,73 @@
+"""The variants of a whole engine, found by a shadow run on a CPU: Qwen3's forwards (prefill,
+mixed, eager and graph decode, piecewise graphs) and its sampler, the same on every run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from dataclasses import replace
+
+import pytest
+import torch
+
+from minisgl.engine import EngineConfig
+from minisgl.warmup.discover import KernelSet, discover
+from minisgl.warmup.plan import FEATURE_STAGES
+
+pytestmark = pytest.mark.slow  # a shadow engine on fake CUDA tensors: ~10 s on two cores
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    """Qwen3-0.6B's config alone: a shadow run reads no weights."""
+    d = tmp_path_factory.mktemp("qwen3-0.6b")
+    with open("benchmark/configs/qwen3-0.6b.json") as f:
+        (d / "config.json").write_text(f.read())
+    return str(d)
+
+
+def _config(model: str) -> EngineConfig:
+    return EngineConfig(model_path=model, device=torch.device("cuda"), dtype=torch.bfloat16,
+                        attention_backend="triton", moe_backend="triton", sampler="triton",
+                        max_running_reqs=64, cuda_graph_max_bs=32,
+                        piecewise_cuda_graph_max_tokens=512, max_forward_tokens=1024)
+
+
+def test_a_shadow_run_finds_every_kernel_of_the_plan_deterministically(qwen3_dir):
+    first = discover(_config(qwen3_dir), grammar=True)
+    assert not first.failed and not first.autotuned
+    essential = {v.short_name for v in first.essential}
+    assert {"_rmsnorm_kernel", "_rope_kernel", "_extend_kernel", "_decode_stage1",
+            "_decode_stage2", "_silu_and_mul_kernel", "_gemv_kernel", "_gather_kernel",
+            "_partial_kernel", "_final_kernel"} <= essential
+    # batch sizes, token counts and graph rows collapse into few variants
+    assert sum(v.short_name == "_rmsnorm_kernel" for v in first.essential) == 2  # +- residual
+    assert sum(v.short_name == "_gather_kernel" for v in first.essential) == 1
+    assert len(first.stages) == len(FEATURE_STAGES)
+    assert sum(map(len, first.stages)) == 67  # the sampler's (test_variants.py)
+    assert not set(first.essential) & {v for s in first.stages for v in s}
+    again = discover(_config(qwen3_dir), grammar=True)
+    assert again.essential == first.essential and again.stages == first.stages
+    assert KernelSet.from_json(first.to_json()).all == first.all
+    json.loads(first.to_json())  # plain JSON: the kernel cache's plan file
+
+
+def test_a_hybrid_models_linear_attention_kernels_are_found(tmp_path, monkeypatch):
+    """Qwen3.5's Gated DeltaNet layers: the conv and delta-rule kernels of prefill and decode
+    (fla's chunked rule stands in by its shapes: it is autotuned on first use)."""
+    fla = {name: types.ModuleType(name) for name in
+           ("fla", "fla.ops", "fla.ops.gated_delta_rule")}
+    fla["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = None  # type: ignore[attr-defined]
+    for name, module in fla.items():  # not installed here; never called by a shadow run
+        monkeypatch.setitem(sys.modules, name, module)
+    with open("benchmark/configs/qwen3.5-0.8b.json") as f:
+        (tmp_path / "config.json").write_text(f.read())
+    found = discover(replace(_config(str(tmp_path)), linear_attn_backend="triton"),
+                     grammar=False)
+    assert not found.failed
+    names = {v.short_name for v in found.essential}
+    assert {"_conv_varlen_kernel", "_conv_state_kernel", "_conv_decode_kernel",
+            "_gdn_decode_kernel", "_qk_norm_rope_kernel", "_extend_kernel"} <= names
+    # the per-request vectors' alignment makes no variant
+    assert sum(v.short_name == "_conv_varlen_kernel" for v in found.essential) <= 2

@@ -1,0 +1,89 @@
+"""On the GPU: a variant compiled from its record is the very one the launch uses, and after the
+kernel warm-up no request of any kind compiles a kernel (Qwen3-0.6B's shapes, random weights)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def compiles():
+    """The kernels Triton compiles (or loads from its disk cache) from now on, on the test's
+    own thread (the warm-up's compile threads aside)."""
+    from triton import knobs
+
+    seen: list[str] = []
+
+    def hook(**kw):
+        if threading.current_thread() is threading.main_thread():
+            seen.append(kw["fn"].name)
+
+    knobs.runtime.jit_post_compile_hook = hook
+    try:
+        yield seen
+    finally:
+        knobs.runtime.jit_post_compile_hook = None
+
+
+def test_a_compiled_record_is_the_launchs_variant(compiles):
+    from minisgl.kernel.triton.norm import rms_norm
+    from minisgl.warmup.variants import record_launches
+
+    x = torch.randn(37, 2, 200, dtype=torch.bfloat16, device="cuda")[:, 1]  # a strided view
+    w = torch.randn(200, dtype=torch.bfloat16, device="cuda")
+    with record_launches() as rec:
+        rms_norm(x, w, 1e-6, pdl=True)
+    (variant,) = rec.variants
+    variant.compile()
+    assert compiles == ["_rmsnorm_kernel"]
+    rms_norm(x, w, 1e-6, pdl=True)  # the launch finds the variant compiled
+    assert compiles == ["_rmsnorm_kernel"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    sys.path.insert(0, "benchmark/online")
+    from dummy_model import write_dummy_model
+
+    return write_dummy_model("benchmark/configs/qwen3-0.6b.json",
+                             str(tmp_path_factory.mktemp("qwen3-0.6b")))
+
+
+def test_no_request_compiles_after_the_warm_up(qwen3_dir, tmp_path, compiles):
+    from minisgl import LLM
+
+    with LLM(qwen3_dir, dummy_weights=True, cache_dir=str(tmp_path), max_running_requests=64,
+             cuda_graph_max_bs=32, max_seq_len=4096) as llm:
+        kernels = llm.scheduler.kernels
+        assert kernels is not None and kernels.wait_all(600) and not kernels.errors
+        assert kernels.kernels is not None and not kernels.kernels.failed
+        # loading, memory profiling, graph capture and the greedy warm-up compiled nothing
+        assert compiles == [], f"compiled while starting: {sorted(set(compiles))}"
+        prompt = list(range(100, 400))
+        kinds = [
+            SamplingParams(temperature=0, max_tokens=8),
+            SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=1, max_tokens=8),
+            SamplingParams(temperature=0.7, presence_penalty=0.5, logprobs=True, top_logprobs=3,
+                           seed=2, max_tokens=8),
+            SamplingParams(temperature=0, logit_bias={5: 1.0}, logprobs=True, top_logprobs=20,
+                           max_tokens=8),
+            SamplingParams(temperature=0, max_tokens=8, json_schema=json.dumps(
+                {"type": "object", "properties": {"n": {"type": "integer"}}})),
+        ]
+        for params in kinds:  # each alone, then all together (the union of their switches)
+            llm.generate([prompt], params)
+        llm.generate([prompt] * len(kinds), kinds)
+        llm.generate([list(range(7, 7 + n)) for n in (1, 17, 700, 2100)],
+                     SamplingParams(temperature=0, max_tokens=3))
+        assert compiles == [], f"compiled on the request path: {sorted(set(compiles))}"
+    plans = list(tmp_path.glob("*/plans/*.json"))
+    assert any(not p.name.endswith(".config.json") for p in plans)  # the plan, for a restart

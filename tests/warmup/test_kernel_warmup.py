@@ -1,0 +1,78 @@
+"""The kernel warm-up's schedule, with the compilation itself stood in by the interpreter (CPU):
+the variants needed before ready first, then the sampler's stages in order, each done when its
+variants and those before are; what is left said in words; a failure never stops the engine."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from minisgl.engine import EngineConfig
+from minisgl.warmup import kernels as kernels_mod
+from minisgl.warmup.discover import KernelSet
+from minisgl.warmup.kernels import KernelWarmup
+from minisgl.warmup.plan import FEATURE_STAGES
+from minisgl.warmup.variants import Variant
+
+SILU = "minisgl.kernel.triton.activation:_silu_and_mul_kernel"
+
+
+def _variant(block: int) -> Variant:
+    return Variant(SILU, (("ptr", "float32", True), ("ptr", "float32", True), ("int", "any32"),
+                          ("int", "any32"), ("int", "any32"), ("const", block)))
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    """The device calls of a GPU's warm-up, answered on a CPU."""
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def _config() -> EngineConfig:
+    return EngineConfig(model_path="unused", device=torch.device("cuda", 0), dtype=torch.float16)
+
+
+def test_stages_follow_the_variants_before_ready(no_device, monkeypatch):
+    gate = threading.Event()
+    seen: list[int] = []
+
+    def compile_one(variant: Variant, load: bool = True) -> str | None:
+        block = variant.args[-1][1]
+        if block >= 100:  # the sampler's stages wait for the test
+            gate.wait(10)
+        seen.append(block)
+        return "boom" if block == 103 else None
+
+    monkeypatch.setattr(kernels_mod, "compile_one", compile_one)
+    stages = [[_variant(100 + k)] for k in range(len(FEATURE_STAGES))]
+    plan = KernelSet([_variant(1), _variant(2)], stages, [], [])
+    warm = KernelWarmup(_config(), grammar=True, workers=2, kernels=plan).start()
+    assert warm.wait_ready(10) and sorted(seen[:2]) == [1, 2]
+    assert not warm.done and warm.stage == 0
+    assert warm.warming().startswith("sampler kernels (sampled, logprobs")
+    gate.set()
+    assert warm.wait_all(10) and warm.stage == len(FEATURE_STAGES)
+    assert warm.warming() == "" and warm.compiled == 2 + len(FEATURE_STAGES)
+    assert warm.errors == ["boom"]  # logged; that variant compiles on first use
+
+
+def test_a_failed_shadow_run_lets_the_engine_start(no_device, monkeypatch):
+    def fail(config, grammar):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(kernels_mod, "discover", fail)
+    found = []
+    warm = KernelWarmup(_config(), grammar=False, workers=1, on_found=found.append).start()
+    assert warm.wait_ready(10) and warm.wait_all(10) and warm.done
+    assert warm.kernels is None and warm.warming() == "" and not found
+
+
+def test_a_found_plan_is_handed_on_and_compiled(no_device, monkeypatch):
+    plan = KernelSet([_variant(4)], [[] for _ in FEATURE_STAGES], [], [])
+    monkeypatch.setattr(kernels_mod, "discover", lambda config, grammar: plan)
+    found = []
+    warm = KernelWarmup(_config(), grammar=False, workers=1, on_found=found.append).start()
+    assert warm.wait_all(10) and found == [plan] and warm.compiled == 1 and not warm.errors

@@ -16,13 +16,13 @@ from helpers.interpreter import import_triton
 triton = import_triton()
 
 from minisgl.attention import create_attention_backend
-from minisgl.attention.spec import AttentionSpec
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.kernel.triton.decode_attention import decode_attention
 from minisgl.kernel.triton.extend_attention import extend_attention
 from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.kvcache.spec import AttentionSpec
 
 pytestmark = pytest.mark.any_device
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

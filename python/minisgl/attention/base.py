@@ -43,13 +43,12 @@ buffer.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from minisgl.core import BaseAttnMetadata
-
-from .spec import AttentionSpec, check_supported
+from minisgl.kvcache.spec import AttentionSpec
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -121,3 +120,19 @@ class BaseAttnBackend(ABC):
     def replay_metadata(self, batch: Batch, padded_bs: int) -> list[list[int]]:
         """The rows of the graph's ``bufs`` for ``batch``, padded to ``padded_bs`` (the dummy)."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+
+def check_supported(backend: str, specs: Iterable[AttentionSpec], *, window: bool = True,
+                    sinks: bool = True, softcap: bool = True) -> None:
+    """Refuse, naming the layer and the feature, a model whose layers ask for what ``backend``
+    cannot compute."""
+    for spec in specs:
+        missing = [name for name, asked, can in (
+            ("a sliding window", spec.sliding_window is not None, window),
+            ("attention sinks", spec.sinks is not None, sinks),
+            ("logit soft-capping", spec.logit_softcap is not None, softcap),
+        ) if asked and not can]
+        if missing:
+            raise ValueError(f"attention backend {backend!r} does not support "
+                             f"{' or '.join(missing)} (KV layer {spec.kv_layer}); "
+                             f"use --attn triton on CUDA or --attn torch")

@@ -16,12 +16,12 @@ from minisgl.linear_attn import create_linear_attn_backend
 from minisgl.models import BaseLLMModel, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
-from minisgl.quant.loading import load_model_config, set_kv_scales
 from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
 
 from .batch import prepare_batch, write_drafts
 from .config import EngineConfig
+from .loading import load_model_config, set_kv_scales
 from .memory import pages_from_memory
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool

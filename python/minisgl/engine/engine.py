@@ -42,7 +42,8 @@ class ForwardOutput:
     # graph gives the graph's static tokens, valid until the next forward
     sample: SampleOutput
     logits: torch.Tensor  # [B, vocab] on the device (for tests and debugging)
-    logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
+    # host copies of the sample's log-probs (and its top ids and log-probs, when asked)
+    logprobs: tuple[torch.Tensor | None, ...] | None = None
     copy_done: torch.cuda.Event | None = None
     prompt_logprobs: PromptLogprobs | None = None  # host copies (echo, logprob_start_len)
     # the MTP method (``EngineConfig.mtp``): every computed token's hidden state (device); EAGLE-3
@@ -147,7 +148,9 @@ class Engine:
         ps = self.config.page_size
         # + the scratch page, the pages a window and a forward straddle, and the page a radix
         # cache keeps for a resumable end (``scheduler/window.py``)
-        least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 3
+        window = self.cache_spec.max_window
+        assert window is not None  # a window ratio only for a model with sliding layers
+        least = -(-(window + self.config.max_forward_tokens) // ps) + 3
         return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
 
     def make_pool(self, num_pages: int, window_pages: int | None = None
@@ -164,6 +167,7 @@ class Engine:
         )
         backend.check_layers(list(spec.attention))  # refuses a window or sinks it cannot do
         if window_pages:
+            assert self.window_page_table is not None
             backend.set_window_page_table(self.window_page_table)
         backend.pdl = config.pdl
         return pool, backend
@@ -260,6 +264,7 @@ class Engine:
         """Run the model on ``batch`` (``prepare`` first) and sample from it."""
         prompt_lps, greedy, keep = None, None, None
         if self.replays_graph(batch):
+            assert self.graph_runner is not None
             logits, greedy = self.graph_runner.replay(batch, args.argmax_only)
         else:
             with self.ctx.forward_batch(batch):
@@ -284,16 +289,15 @@ class Engine:
             out = sample(logits, args, self.config.sampler)
             self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"
-        host = [out.next_tokens.to("cpu", non_blocking=non_blocking)]
+        next_tokens, logprobs = out.next_tokens.to("cpu", non_blocking=non_blocking), None
         if out.logprobs is not None:
-            host += [t.to("cpu", non_blocking=non_blocking) if t is not None else None
-                     for t in (out.logprobs, out.top_ids, out.top_logprobs)]
+            logprobs = tuple(t.to("cpu", non_blocking=non_blocking) if t is not None else None
+                             for t in (out.logprobs, out.top_ids, out.top_logprobs))
         if prompt_lps is not None:
             prompt_lps = prompt_lps.to_host(non_blocking)
         event = None
         if non_blocking:
             event = torch.cuda.Event()
             event.record()
-        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps,
-                             keep)
+        return ForwardOutput(next_tokens, out, logits, logprobs, event, prompt_lps, keep)
 

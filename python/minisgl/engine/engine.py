@@ -157,14 +157,11 @@ class Engine:
                   ) -> tuple[BaseKVCachePool, BaseAttnBackend]:
         """A KV pool of ``num_pages`` pages (and ``window_pages`` for the sliding layers) and its
         attention backend (``memory.py`` builds a throwaway one to measure a forward)."""
-        mc, config = self.model_config, self.config
-        spec = self.cache_spec
+        config, spec = self.config, self.cache_spec
         pool = create_kvcache_pool(spec, num_pages, config.page_size, config.kv_dtype,
                                    self.device, window_pages)
         set_kv_scales(pool, self.model.kv_scales)
-        backend = create_attention_backend(
-            config.attention_backend, pool, self.page_table, mc.head_dim**-0.5
-        )
+        backend = create_attention_backend(config.attention_backend, pool, self.page_table)
         backend.check_layers(list(spec.attention))  # refuses a window or sinks it cannot do
         if window_pages:
             assert self.window_page_table is not None

@@ -85,13 +85,6 @@ class AttentionSpec:
             return batch.window_out_loc
         return batch.out_loc
 
-    @classmethod
-    def plain(cls, kv_layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> AttentionSpec:
-        """A full-attention layer with no extras, its shapes read off ``q``/``k``: what a backend
-        assumes when a caller hands it a bare layer index."""
-        return cls(kv_layer, q.shape[1], k.shape[1] if k is not None else q.shape[1], q.shape[2],
-                   scale)
-
 
 @dataclass(frozen=True)
 class CacheSpec:

@@ -6,10 +6,10 @@ experts beside a shared expert (``SharedExpertMoE``) comes from the config
 
 The checkpoint is a vision-language model: the text decoder's weights live under
 ``model.language_model.``, its config under ``text_config`` (``ModelConfig`` reads it). The
-vision tower (``model.visual.``) and the MTP head (``mtp.``) are not loaded; loading says so, and
-image inputs are not accepted (the tower is ``models/vision/qwen3_5_vit.py``, its positions
-``multimodal/mrope.py``; the engine does not run them yet). Rotary positions are the text
-positions of the checkpoints' mRoPE.
+vision tower (``model.visual.``) is not loaded, and the MTP head (``mtp.``) only for the ``mtp``
+speculative method; loading says so. Image inputs are not accepted (the tower is
+``models/vision/qwen3_5_vit.py``, its positions ``multimodal/mrope.py``; the engine does not run
+them yet). Rotary positions are the text positions of the checkpoints' mRoPE.
 """
 
 from __future__ import annotations

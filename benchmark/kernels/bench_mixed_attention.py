@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 from minisgl.attention.triton_backend import TritonBackend  # noqa: E402
 from minisgl.core import Batch, Feed, Req, SamplingParams  # noqa: E402
 from minisgl.kvcache.mha_pool import MHAKVCache  # noqa: E402
+from minisgl.kvcache.spec import AttentionSpec  # noqa: E402
 
 MODELS = {"Qwen3-0.6B": (16, 8, 128), "Qwen3-8B": (32, 8, 128)}  # (q heads, kv heads, head_dim)
 # (decode rows, their context, prefill chunk tokens, the chunk's prefix)
@@ -65,9 +66,11 @@ def fi_times(pool, table, batch, q, dim: int) -> tuple[float, float, torch.Tenso
     from triton.testing import do_bench
 
     from minisgl.attention.fi_backend import FlashInferBackend
+    from minisgl.kvcache.spec import AttentionSpec
 
-    backend = FlashInferBackend(pool, table, dim**-0.5)
-    fn = lambda: backend.forward(q, None, None, 0, batch)  # noqa: E731
+    backend = FlashInferBackend(pool, table)
+    spec = AttentionSpec(0, q.shape[1], pool.k_cache(0).shape[1], dim, dim**-0.5)
+    fn = lambda: backend.forward(q, None, None, spec, batch)  # noqa: E731
     backend.prepare_metadata(batch)
     out = fn().float()  # compiles on first use
     plans = []
@@ -75,7 +78,7 @@ def fi_times(pool, table, batch, q, dim: int) -> tuple[float, float, torch.Tenso
         torch.cuda.synchronize()
         tic = time.perf_counter()
         backend.prepare_metadata(batch)
-        backend.forward(q, None, None, 0, batch)
+        backend.forward(q, None, None, spec, batch)
         torch.cuda.synchronize()
         plans.append(time.perf_counter() - tic)
     run_us = do_bench(fn, return_mode="median") * 1000
@@ -93,10 +96,11 @@ def time_case(model: str, case: tuple[int, int, int, int], fi: bool = False) -> 
     row = {"model": model, "decode_rows": decode, "context": ctx, "chunk": chunk, "prefix": prefix}
     outs = {}
     for name, flag in (("decode_kernel", True), ("extend_kernel", False)):
-        backend = TritonBackend(pool, table, dim**-0.5)
+        backend = TritonBackend(pool, table)
         backend.mixed_decode_kernel = flag
         backend.prepare_metadata(batch)
-        fn = lambda: backend.forward(q, None, None, 0, batch)  # noqa: E731
+        spec = AttentionSpec(0, hq, hkv, dim, dim**-0.5)
+        fn = lambda: backend.forward(q, None, None, spec, batch)  # noqa: E731
         outs[name] = fn().float()
         row[f"{name}_us"] = round(do_bench(fn, return_mode="median") * 1000, 1)
     row["max_abs_diff"] = float((outs["decode_kernel"] - outs["extend_kernel"]).abs().max())

@@ -267,8 +267,8 @@ def test_row_parallel_shards_are_quantized_with_whole_rows():
 
 
 def test_fp8_kv_pool_round_trips_within_fp8_error():
-    from minisgl.attention.spec import AttentionSpec
     from minisgl.kvcache import CacheSpec, create_kvcache_pool
+    from minisgl.kvcache.spec import AttentionSpec
 
     spec = CacheSpec(tuple(AttentionSpec(i, 2, 2, 16, 0.25) for i in range(2)))
     pool = create_kvcache_pool(spec, 8, 4, torch.float8_e4m3fn, "cpu")

@@ -22,11 +22,11 @@ from minisgl.attention import create_attention_backend
 from minisgl.attention.fa_backend import HybridBackend
 from minisgl.attention.fi_backend import FlashInferBackend, check_usable, import_flashinfer
 from minisgl.attention.fi_plan import gather_page_ids, paged_layout, write_pending_slots
-from minisgl.attention.spec import AttentionSpec
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.engine.graph import dummy_decode_batch
 from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.kvcache.spec import AttentionSpec
 
 HAS_FI = importlib.util.find_spec("flashinfer") is not None
 needs_fi = pytest.mark.skipif(not HAS_FI, reason="flashinfer is not installed "
@@ -100,20 +100,23 @@ class Scene:
                for h in (self.hq, self.hkv, self.hkv)]
         return batch, tuple(qkv)
 
+    def spec(self, layer: int = 0) -> AttentionSpec:
+        return AttentionSpec(layer, self.hq, self.hkv, self.dim, self.dim**-0.5)
+
     def run(self, backend, batch, qkv, layer=0):
         backend.prepare_metadata(batch)
         n = batch.out_loc.shape[0]
         self.pool.store_kv(qkv[1][:n], qkv[2][:n], batch.out_loc, 0)
-        return backend.forward(*qkv, layer, batch)
+        return backend.forward(*qkv, self.spec(layer), batch)
 
     def reference(self, batch, qkv, layer=0):
         n = batch.out_loc.shape[0]
-        torch_backend = TorchBackend(self.pool, self.page_table, self.dim**-0.5)
+        torch_backend = TorchBackend(self.pool, self.page_table)
         return self.run(torch_backend, batch, tuple(x[:n] for x in qkv), layer)
 
 
 def fake_backend(scene: Scene) -> FlashInferBackend:
-    return FlashInferBackend(scene.pool, scene.page_table, scene.dim**-0.5, fake_flashinfer)
+    return FlashInferBackend(scene.pool, scene.page_table, fake_flashinfer)
 
 
 def slots_of(layout, ids: torch.Tensor, page_size: int) -> list[list[int]]:
@@ -139,7 +142,7 @@ def test_layout_matches_triton_metadata(phase, page_size):
 
     scene = Scene.of(phase, page_size)
     batch, _ = scene.batch()
-    triton = TritonBackend(scene.pool, scene.page_table, scene.dim**-0.5)
+    triton = TritonBackend(scene.pool, scene.page_table)
     triton.prepare_metadata(batch)
     meta = batch.attn_metadata
     parts = [meta.decode, meta.prefill] if isinstance(meta, TritonMixedMetadata) else [meta]
@@ -216,7 +219,7 @@ def test_backend_matches_reference(phase, page_size):
     assert wrapper.plans == 1 and wrapper.use_cuda_graph is False
     assert wrapper.causal is (phase != "decode") and wrapper.window_left == -1
     for _ in range(3):  # every other layer of the step runs on the same plan
-        backend.forward(*qkv, 0, batch)
+        backend.forward(*qkv, scene.spec(), batch)
     assert wrapper.plans == 1
 
 
@@ -230,7 +233,7 @@ def test_padding_rows_are_left_alone():
     backend.prepare_metadata(batch)
     n = batch.out_loc.shape[0]
     scene.pool.store_kv(qkv[1][:n], qkv[2][:n], batch.out_loc, 0)
-    assert backend.forward(*qkv, 0, batch, out=out) is out
+    assert backend.forward(*qkv, scene.spec(), batch, out=out) is out
     torch.testing.assert_close(out[:n], scene.reference(batch, qkv), atol=1e-4, rtol=1e-4)
     assert bool((out[n:] == 7.0).all())
 
@@ -281,9 +284,9 @@ def test_cuda_graph_protocol():
     backend.prepare_for_capture(static, torch.zeros(0, 8, dtype=torch.int32))
     assert backend.replay_metadata(static, 8) == []
     q_static = torch.zeros(8, scene.hq, scene.dim)
-    backend.forward(q_static, None, None, 0, static)  # the warm-up: plans
-    kind = backend.kind(backend.spec_of(0, q_static, None))
-    assert kind == (8, 2, 64, backend.scale, None, None, False)
+    backend.forward(q_static, None, None, scene.spec(), static)  # the warm-up: plans
+    kind = backend.kind(scene.spec())
+    assert kind == (8, 2, 64, scene.dim**-0.5, None, None, False)
     wrapper = static.attn_metadata.planned[kind]
     assert wrapper.use_cuda_graph and wrapper.plans == 1
     batch.out_slots = [int(scene.page_table[f.table_idx, f.device_len - 1]) for f in batch.feeds]
@@ -292,7 +295,7 @@ def test_cuda_graph_protocol():
     backend.plan_replay(batch, 8)
     assert wrapper.plans == 2 and backend._graph[8] == {kind: wrapper}
     q_static[: batch.size] = qkv[0]
-    out = backend.forward(q_static, None, None, 0, static)  # what the replay runs
+    out = backend.forward(q_static, None, None, scene.spec(), static)  # what the replay runs
     assert wrapper.plans == 2
     torch.testing.assert_close(out[: batch.size], ref, atol=1e-4, rtol=1e-4)
     dummy_v = scene.pool.v_cache(0)[0]  # page 0, slot 0: the scratch the dummy attends to
@@ -305,7 +308,7 @@ def test_hybrid_pairs_with_fi():
     """``fi,torch``: prefill and mixed steps on FlashInfer (padding rows allowed, so piecewise
     graphs may run), decode on the other backend; ``torch,fi`` the other way round."""
     scene = Scene.of("mixed", 16, seed=8)
-    torch_backend = TorchBackend(scene.pool, scene.page_table, scene.dim**-0.5)
+    torch_backend = TorchBackend(scene.pool, scene.page_table)
     pair = HybridBackend(fake_backend(scene), torch_backend)
     assert pair.supports_padding and not pair.supports_cuda_graph
     batch, qkv = scene.batch()
@@ -329,7 +332,7 @@ def test_sinks_are_refused_naming_the_family():
 def test_cpu_and_float32_are_refused():
     scene = Scene.of("prefill", 1)
     with pytest.raises(ValueError, match="runs on CUDA only"):
-        create_attention_backend("fi", scene.pool, scene.page_table, 0.125)
+        create_attention_backend("fi", scene.pool, scene.page_table)
 
     class Table:  # a CUDA page table, as far as the check looks
         device = torch.device("cuda")
@@ -391,7 +394,7 @@ def test_gpu_fi_matches_torch(phase, page_size):
     size, dtype, GQA group or mask is a JIT compile of its own on a cold cache)."""
     scene = gpu_scene(phase, page_size, seed=page_size)
     batch, qkv = scene.batch(pad=7 if phase != "decode" else 0)
-    backend = create_attention_backend("fi", scene.pool, scene.page_table, scene.dim**-0.5)
+    backend = create_attention_backend("fi", scene.pool, scene.page_table)
     out = scene.run(backend, batch, qkv)
     n = batch.out_loc.shape[0]
     torch.testing.assert_close(out[:n].float(), scene.reference(batch, qkv).float(),
@@ -405,7 +408,7 @@ def test_gpu_fi_window_softcap_and_fp8(page_size):
     scene = gpu_scene("extend", page_size, seed=3)
     batch, qkv = scene.batch()
     spec = AttentionSpec(0, 32, 8, 128, scene.dim**-0.5, sliding_window=700, logit_softcap=20.0)
-    backend = create_attention_backend("fi", scene.pool, scene.page_table, scene.dim**-0.5)
+    backend = create_attention_backend("fi", scene.pool, scene.page_table)
     out = scene.run(backend, batch, qkv, spec)
     torch.testing.assert_close(out.float(), scene.reference(batch, qkv, spec).float(),
                                atol=2e-2, rtol=2e-2)
@@ -415,7 +418,7 @@ def test_gpu_fi_window_softcap_and_fp8(page_size):
     n = batch.out_loc.shape[0]
     qkv = tuple(torch.randn(n, h, 128, device="cuda", dtype=torch.bfloat16)
                 for h in (32, 8, 8))
-    backend = create_attention_backend("fi", fp8.pool, fp8.page_table, fp8.dim**-0.5)
+    backend = create_attention_backend("fi", fp8.pool, fp8.page_table)
     torch.testing.assert_close(fp8.run(backend, batch, qkv).float(),
                                fp8.reference(batch, qkv).float(), atol=3e-2, rtol=3e-2)
 
@@ -427,7 +430,7 @@ def test_gpu_fi_cuda_graph_replay(page_size):
     """A decode step captured on the dummy batch, replayed for live batches of growing contexts
     (their newest slots handed over as the scheduler does): eager results."""
     scene = gpu_scene("decode", page_size, seed=5)
-    backend = create_attention_backend("fi", scene.pool, scene.page_table, scene.dim**-0.5)
+    backend = create_attention_backend("fi", scene.pool, scene.page_table)
     backend.init_cuda_graph(8)
     static = dummy_decode_batch(backend.dummy_row, 8)
     backend.prepare_for_capture(static, torch.zeros(0, 8, dtype=torch.int32, device="cuda"))
@@ -435,10 +438,10 @@ def test_gpu_fi_cuda_graph_replay(page_size):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        backend.forward(q_static, None, None, 0, static)  # warm-up: JIT, plan
+        backend.forward(q_static, None, None, scene.spec(), static)  # warm-up: JIT, plan
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            out_static = backend.forward(q_static, None, None, 0, static)
+            out_static = backend.forward(q_static, None, None, scene.spec(), static)
     torch.cuda.current_stream().wait_stream(stream)
     for _ in range(3):
         batch, qkv = scene.batch()

@@ -12,7 +12,6 @@ import copy
 import pytest
 import torch
 
-import minisgl.models  # noqa: F401  (before minisgl.layers, which alone imports circularly)
 from helpers.interpreter import import_triton
 
 triton = import_triton()

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minisgl.models  # noqa: F401  (before minisgl.layers, which alone imports circularly)
 from helpers.interpreter import import_triton
 
 triton = import_triton()

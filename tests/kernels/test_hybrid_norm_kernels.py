@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import minisgl.models  # noqa: F401  (before minisgl.layers, which alone imports circularly)
 from helpers.interpreter import import_triton
 
 triton = import_triton()

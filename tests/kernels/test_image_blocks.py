@@ -16,11 +16,11 @@ triton = import_triton()
 
 from test_window_sinks import DEV, TOL, paged, scene  # noqa: E402
 
-from minisgl.attention.spec import AttentionSpec  # noqa: E402
 from minisgl.attention.torch_backend import TorchBackend  # noqa: E402
 from minisgl.attention.triton_backend import TritonBackend  # noqa: E402
 from minisgl.core import BatchImages  # noqa: E402
 from minisgl.kernel.triton.extend_attention import extend_attention  # noqa: E402
+from minisgl.kvcache.spec import AttentionSpec  # noqa: E402
 
 pytestmark = pytest.mark.any_device
 EXTEND, CACHED = [1, 37, 5, 70], [0, 19, 64, 3]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import minisgl.models  # noqa: F401  (before minisgl.layers, which alone imports circularly)
 from helpers import mxfp4 as ref_mx
 from helpers.interpreter import import_triton
 

@@ -25,6 +25,7 @@ from minisgl.engine.graph import dummy_decode_batch
 from minisgl.kernel.triton.decode_attention import decode_attention, longest_first
 from minisgl.kernel.triton.extend_attention import extend_attention
 from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.kvcache.spec import AttentionSpec
 
 pytestmark = pytest.mark.any_device
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -156,6 +157,7 @@ class Scene:
                                  sampling_params=SamplingParams(), max_device_len=t + 8,
                                  table_idx=table_rows[i], cached_len=c, device_len=t))
         self.gen = gen
+        self.spec = AttentionSpec(0, hq, hkv, dim, dim**-0.5)  # one plain layer
 
     def batch(self, phase: str) -> tuple[Batch, tuple[torch.Tensor, ...]]:
         batch = Batch([Feed.of(r) for r in self.reqs], phase)
@@ -171,14 +173,14 @@ class Scene:
     def run(self, backend, batch, qkv):
         backend.prepare_metadata(batch)
         self.pool.store_kv(qkv[1], qkv[2], batch.out_loc, 0)  # the attention layer's job
-        return backend.forward(*qkv, 0, batch)
+        return backend.forward(*qkv, self.spec, batch)
 
 
 def compare_backends(scene: Scene, phase: str, name: str = "triton", tol: float | None = None):
     batch, qkv = scene.batch(phase)
-    ours = create_attention_backend(name, scene.pool, scene.page_table, scene.dim**-0.5)
+    ours = create_attention_backend(name, scene.pool, scene.page_table)
     out = scene.run(ours, batch, qkv)
-    ref = scene.run(TorchBackend(scene.pool, scene.page_table, scene.dim**-0.5), batch, qkv)
+    ref = scene.run(TorchBackend(scene.pool, scene.page_table), batch, qkv)
     tol = tol or TOL[scene.dtype]
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
     return ours, batch, qkv, out
@@ -206,12 +208,12 @@ def test_backend_mixed_batch(page_size, decode_kernel):
     scene = Scene([8, 70, 3, 0, 16], [1, 1, 1, 12, 9], 8, 2, 64, torch.float32, page_size, seed=8)
     batch, qkv = scene.batch("mixed")
     batch.num_decode = 3
-    backend = TritonBackend(scene.pool, scene.page_table, scene.dim**-0.5)
+    backend = TritonBackend(scene.pool, scene.page_table)
     backend.mixed_decode_kernel = decode_kernel
     out = scene.run(backend, batch, qkv)
     assert type(batch.attn_metadata).__name__ == (
         "TritonMixedMetadata" if decode_kernel else "TritonPrefillMetadata")
-    ref = scene.run(TorchBackend(scene.pool, scene.page_table, scene.dim**-0.5), batch, qkv)
+    ref = scene.run(TorchBackend(scene.pool, scene.page_table), batch, qkv)
     torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=TOL[torch.float32])
 
 
@@ -241,7 +243,7 @@ def test_graph_contract_pads_with_the_dummy_row():
     # the live requests longest first (90, 40, 5 cached tokens), then the padding rows
     assert meta.order.tolist() == [2, 1, 0, 3, 4, 5, 6, 7]
     q = torch.cat([qkv[0], torch.randn(5, *qkv[0].shape[1:], device=qkv[0].device)])
-    out = backend.forward(q, None, None, 0, static)  # K/V: already in the pool
+    out = backend.forward(q, None, None, scene.spec, static)  # K/V: already in the pool
     if meta.num_splits == backend.num_splits(3):  # same launches: the same bits
         assert torch.equal(out[:3], eager)
     torch.testing.assert_close(out[:3], eager, atol=2e-5, rtol=2e-5)
@@ -255,12 +257,12 @@ def test_registry_and_auto():
     assert resolve_attention_backend("auto", torch.device("cuda")) == "triton"
     assert resolve_attention_backend("fa,auto", torch.device("cuda")) == "fa,triton"
     scene = Scene([0], [4], 4, 2, 16, torch.float32)
-    backend = create_attention_backend("triton", scene.pool, scene.page_table, 0.25)
+    backend = create_attention_backend("triton", scene.pool, scene.page_table)
     assert isinstance(backend, TritonBackend)
-    hybrid = create_attention_backend("torch,triton", scene.pool, scene.page_table, 0.25)
+    hybrid = create_attention_backend("torch,triton", scene.pool, scene.page_table)
     assert hybrid.supports_cuda_graph and isinstance(hybrid.decode, TritonBackend)
     with pytest.raises(ValueError, match="PREFILL,DECODE"):
-        create_attention_backend("torch,triton,torch", scene.pool, scene.page_table, 0.25)
+        create_attention_backend("torch,triton,torch", scene.pool, scene.page_table)
 
 
 def test_hybrid_matches_reference():
@@ -310,10 +312,10 @@ def test_gpu_backend_mixed_real_sizes(decode_kernel):
     scene = Scene(cached, extend, 32, 8, 128, torch.bfloat16, page_size=16, seed=9)
     batch, qkv = scene.batch("mixed")
     batch.num_decode = 4
-    backend = TritonBackend(scene.pool, scene.page_table, scene.dim**-0.5)
+    backend = TritonBackend(scene.pool, scene.page_table)
     backend.mixed_decode_kernel = decode_kernel
     out = scene.run(backend, batch, qkv)
-    ref = scene.run(TorchBackend(scene.pool, scene.page_table, scene.dim**-0.5), batch, qkv)
+    ref = scene.run(TorchBackend(scene.pool, scene.page_table), batch, qkv)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
@@ -341,10 +343,11 @@ def test_gpu_cuda_graph_replay_matches_eager():
     q_static = torch.zeros(4, 16, 128, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        backend.forward(q_static, None, None, 0, static)  # warm-up: compile, allocate workspace
+        # warm-up: compile, allocate workspace
+        backend.forward(q_static, None, None, scene.spec, static)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            out_static = backend.forward(q_static, None, None, 0, static)
+            out_static = backend.forward(q_static, None, None, scene.spec, static)
     torch.cuda.current_stream().wait_stream(stream)
     q_static[:3].copy_(qkv[0])
     refill(backend, bufs, batch)
@@ -356,7 +359,7 @@ def test_gpu_cuda_graph_replay_matches_eager():
         scene.page_table[r.table_idx, r.device_len - 1] = r.table_idx
     batch2, (q2, _, _) = scene.batch("decode")
     backend.prepare_metadata(batch2)
-    eager2 = backend.forward(q2, None, None, 0, batch2)
+    eager2 = backend.forward(q2, None, None, scene.spec, batch2)
     q_static[:3].copy_(q2)
     refill(backend, bufs, batch2)
     graph.replay()

@@ -16,13 +16,13 @@ from helpers.interpreter import import_triton
 triton = import_triton()
 
 from minisgl.attention import create_attention_backend
-from minisgl.attention.spec import AttentionSpec
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
 from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.kernel.triton.decode_attention import decode_attention
 from minisgl.kernel.triton.extend_attention import extend_attention
 from minisgl.kvcache.mha_pool import MHAKVCache
+from minisgl.kvcache.spec import AttentionSpec
 
 pytestmark = pytest.mark.any_device
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -153,7 +153,7 @@ def test_backends_window_and_sinks(cached, extend, page_size):
     spec = AttentionSpec(kv_layer=1, num_qo_heads=8, num_kv_heads=2, head_dim=32, scale=0.17,
                          sliding_window=6, sinks=torch.randn(8, generator=gen).to(DEV))
     pool, table, batch, qkv = scene(cached, extend, spec, torch.float32, page_size, seed=3)
-    ref_backend = TorchBackend(pool, table, 1.0)
+    ref_backend = TorchBackend(pool, table)
     ref = run(ref_backend, batch, qkv, spec)
     # the torch backend itself against the dense reference
     slots_of = [table[r.table_idx, : r.device_len].long() for r in batch.feeds]
@@ -162,7 +162,7 @@ def test_backends_window_and_sinks(cached, extend, page_size):
     dense = reference(qs, pool.k_cache(1), pool.v_cache(1), slots_of, cached, 0.17, 6,
                       spec.sinks)
     torch.testing.assert_close(ref.double(), dense, atol=1e-5, rtol=1e-5)
-    out = run(TritonBackend(pool, table, 1.0), batch, qkv, spec)
+    out = run(TritonBackend(pool, table), batch, qkv, spec)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
@@ -170,7 +170,7 @@ def test_torch_backend_softcap():
     spec = AttentionSpec(kv_layer=1, num_qo_heads=4, num_kv_heads=4, head_dim=16, scale=0.5,
                          logit_softcap=2.0)
     pool, table, batch, qkv = scene([3, 0], [5, 9], spec, torch.float32, 1, seed=5)
-    out = run(TorchBackend(pool, table, 1.0), batch, qkv, spec)
+    out = run(TorchBackend(pool, table), batch, qkv, spec)
     slots_of = [table[r.table_idx, : r.device_len].long() for r in batch.feeds]
     q = qkv[0]
     outs = []
@@ -190,10 +190,10 @@ def test_unsupported_features_are_refused_at_start():
     pool = MHAKVCache(1, 2, 16, 4, 1, torch.float32, DEV)
     table = torch.zeros(2, 8, dtype=torch.int32, device=DEV)
     for name in ("triton", "torch,triton"):
-        backend = create_attention_backend(name, pool, table, 0.25)
+        backend = create_attention_backend(name, pool, table)
         with pytest.raises(ValueError, match="logit soft-capping"):
             backend.check_layers([spec])
-    create_attention_backend("torch", pool, table, 0.25).check_layers([spec])
+    create_attention_backend("torch", pool, table).check_layers([spec])
 
 
 def test_spec_validation():

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from minisgl.attention.spec import AttentionSpec
 from minisgl.kvcache import (
     CacheSpec,
     MHAKVCache,
@@ -17,6 +16,7 @@ from minisgl.kvcache import (
     create_kvcache_pool,
     create_prefix_cache,
 )
+from minisgl.kvcache.spec import AttentionSpec
 
 PAGE_SIZES = pytest.mark.parametrize("p", [1, 4])
 

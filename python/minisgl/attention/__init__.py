@@ -17,32 +17,32 @@ ATTN_BACKENDS: Registry[BaseAttnBackend] = Registry("attention backend")
 
 
 @ATTN_BACKENDS.register("torch")
-def _create_torch(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float):
+def _create_torch(kv_pool: BaseKVCachePool, page_table: torch.Tensor):
     from .torch_backend import TorchBackend
 
-    return TorchBackend(kv_pool, page_table, scale)
+    return TorchBackend(kv_pool, page_table)
 
 
 @ATTN_BACKENDS.register("triton")
-def _create_triton(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float):
+def _create_triton(kv_pool: BaseKVCachePool, page_table: torch.Tensor):
     from .triton_backend import TritonBackend  # raises ImportError naming what to install
 
-    return TritonBackend(kv_pool, page_table, scale)
+    return TritonBackend(kv_pool, page_table)
 
 
 @ATTN_BACKENDS.register("fa")
-def _create_fa(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float):
+def _create_fa(kv_pool: BaseKVCachePool, page_table: torch.Tensor):
     from .fa_backend import FlashAttnBackend
 
-    return FlashAttnBackend(kv_pool, page_table, scale)
+    return FlashAttnBackend(kv_pool, page_table)
 
 
 @ATTN_BACKENDS.register("fi")
-def _create_fi(kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float):
+def _create_fi(kv_pool: BaseKVCachePool, page_table: torch.Tensor):
     from .fi_backend import FlashInferBackend, check_usable
 
     check_usable(kv_pool, page_table)
-    return FlashInferBackend(kv_pool, page_table, scale)  # raises ImportError naming the extra
+    return FlashInferBackend(kv_pool, page_table)  # raises ImportError naming the extra
 
 
 # names that other engines (and the seeds) have, refused with the reason rather than "unknown"
@@ -85,18 +85,18 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
 
 
 def create_attention_backend(
-    name: str, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float
+    name: str, kv_pool: BaseKVCachePool, page_table: torch.Tensor
 ) -> BaseAttnBackend:
     """``NAME`` or ``PREFILL,DECODE`` (e.g. ``fa,triton``): one backend per phase."""
     names = name.split(",")
     if len(names) == 2 and names[0] != names[1]:
         from .fa_backend import HybridBackend
 
-        prefill, decode = (ATTN_BACKENDS.get(n)(kv_pool, page_table, scale) for n in names)
+        prefill, decode = (ATTN_BACKENDS.get(n)(kv_pool, page_table) for n in names)
         return HybridBackend(prefill, decode)
     if len(names) > 2:
         raise ValueError(f"attention backend {name!r}: give NAME or PREFILL,DECODE")
-    return ATTN_BACKENDS.get(names[0])(kv_pool, page_table, scale)
+    return ATTN_BACKENDS.get(names[0])(kv_pool, page_table)
 
 
 __all__ = [

@@ -8,9 +8,8 @@ attention layer stores this step's K/V at ``batch.out_loc`` and then calls
 position ``cached_len + i``). ``k``/``v`` are this step's rows too, for backends that can attend
 without reading them back (no cached prefix).
 
-``spec`` is the layer's ``AttentionSpec`` (``spec.py``): its KV layer, scale, sliding window,
-sinks and soft-cap; a bare ``int`` is a plain full-attention layer at that KV index with the
-backend's default scale. ``check_layers(specs)`` is called once at start-up with every layer's
+``spec`` is the layer's ``AttentionSpec`` (``kvcache/spec.py``): its KV layer, scale, sliding
+window, sinks and soft-cap. ``check_layers(specs)`` is called once at start-up with every layer's
 spec: a backend refuses there what it cannot compute (``supports_*``).
 
 CUDA graphs (decode only). A backend that can be captured sets ``supports_cuda_graph = True``,
@@ -46,13 +45,12 @@ buffer.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from minisgl.core import BaseAttnMetadata
-
-from .spec import AttentionSpec, check_supported
+from minisgl.kvcache.spec import AttentionSpec
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
@@ -75,7 +73,6 @@ class BaseAttnBackend(ABC):
     # image blocks (``AttentionSpec.image_blocks``): checked per request with images, since a
     # model that needs them serves text on any backend
     supports_image_blocks: bool = False
-    scale: float  # the default scale: of a layer handed as a bare index
     page_table: torch.Tensor
     # the sliding layers' own page table, when the engine frees their pages past the window
     window_page_table: torch.Tensor | None = None
@@ -95,19 +92,13 @@ class BaseAttnBackend(ABC):
         check_supported(type(self).__name__, specs, window=self.supports_window,
                         sinks=self.supports_sinks, softcap=self.supports_softcap)
 
-    def spec_of(self, layer: AttentionSpec | int, q: torch.Tensor,
-                k: torch.Tensor | None) -> AttentionSpec:
-        """The spec of the layer ``forward`` was handed (a bare index: a plain layer)."""
-        return layer if isinstance(layer, AttentionSpec) else \
-            AttentionSpec.plain(layer, q, k, self.scale)
-
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
         """Fill ``batch.attn_metadata``."""
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
         batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [T, qo_heads, head_dim], k/v: [T, kv_heads, head_dim] (already in the pool)
@@ -132,3 +123,18 @@ class BaseAttnBackend(ABC):
         """Before the graph of ``padded_bs`` replays ``batch``: what its kernels read that is not
         in ``bufs`` (``batch.out_slots``: the new tokens' slots, which the graph itself writes into
         the page table)."""
+
+def check_supported(backend: str, specs: Iterable[AttentionSpec], *, window: bool = True,
+                    sinks: bool = True, softcap: bool = True) -> None:
+    """Refuse, naming the layer and the feature, a model whose layers ask for what ``backend``
+    cannot compute."""
+    for spec in specs:
+        missing = [name for name, asked, can in (
+            ("a sliding window", spec.sliding_window is not None, window),
+            ("attention sinks", spec.sinks is not None, sinks),
+            ("logit soft-capping", spec.logit_softcap is not None, softcap),
+        ) if asked and not can]
+        if missing:
+            raise ValueError(f"attention backend {backend!r} does not support "
+                             f"{' or '.join(missing)} (KV layer {spec.kv_layer}); "
+                             f"use --attn triton on CUDA or --attn torch")

@@ -91,14 +91,14 @@ class FlashAttnBackend(BaseAttnBackend):
     supports_window = supports_sinks = True  # such layers go to the Triton backend
     supports_image_blocks = True  # ... and so do image blocks
 
-    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
+    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor) -> None:
         from .triton_backend import TritonBackend, TritonPrefillMetadata  # needs triton
 
         self.impl, self.varlen = find_varlen()
-        self.triton = TritonBackend(kv_pool, page_table, scale)
+        self.triton = TritonBackend(kv_pool, page_table)
         self.graph_metadata_rows = self.triton.graph_metadata_rows
         self._prefill_meta = TritonPrefillMetadata
-        self.kv_pool, self.scale = kv_pool, scale
+        self.kv_pool = kv_pool
 
     def check_layers(self, specs: list[AttentionSpec]) -> None:
         self.triton.check_layers(specs)
@@ -110,10 +110,9 @@ class FlashAttnBackend(BaseAttnBackend):
         self.triton.prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
         batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        spec = self.spec_of(layer, q, k)
         meta = batch.attn_metadata
         usable = (
             isinstance(meta, self._prefill_meta) and meta.no_prefix
@@ -162,10 +161,10 @@ class HybridBackend(BaseAttnBackend):
         self._pick(batch).prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
         batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self._pick(batch).forward(q, k, v, layer, batch, out)
+        return self._pick(batch).forward(q, k, v, spec, batch, out)
 
     def init_cuda_graph(self, max_bs: int) -> None:
         self.decode.init_cuda_graph(max_bs)

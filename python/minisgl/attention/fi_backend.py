@@ -86,10 +86,10 @@ class FlashInferBackend(BaseAttnBackend):
     supports_padding = True  # run() sees only the rows of qo_indptr
     supports_window = supports_softcap = True
 
-    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float,
+    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor,
                  flashinfer: Any = None) -> None:
         self.fi = flashinfer if flashinfer is not None else import_flashinfer()
-        self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
+        self.kv_pool, self.page_table = kv_pool, page_table
         self.page_size = kv_pool.page_size
         self.device = page_table.device
         self.dummy_row = page_table.shape[0] - 1
@@ -110,13 +110,6 @@ class FlashInferBackend(BaseAttnBackend):
                     "paged wrappers pass sinks only to the trtllm-gen kernels of Blackwell GPUs. "
                     "Use --attn triton")
         super().check_layers(specs)
-
-    def spec_of(self, layer: AttentionSpec | int, q: torch.Tensor,
-                k: torch.Tensor | None) -> AttentionSpec:
-        if isinstance(layer, AttentionSpec):
-            return layer
-        heads = (k if k is not None else self.kv_pool.k_cache(layer)).shape[1]  # plan needs it
-        return AttentionSpec(layer, q.shape[1], heads, q.shape[2], self.scale)
 
     def kind(self, spec: AttentionSpec) -> Kind:
         windowed = spec.sliding_window is not None and self.window_page_table is not None
@@ -188,10 +181,9 @@ class FlashInferBackend(BaseAttnBackend):
     # -- forward ------------------------------------------------------------------------------
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
         batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        spec = self.spec_of(layer, q, k)
         meta = batch.attn_metadata
         assert isinstance(meta, FlashInferMetadata), "prepare_metadata was not called"
         kind = self.kind(spec)

@@ -65,8 +65,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 class TorchBackend(BaseAttnBackend):
     supports_window = supports_sinks = supports_softcap = supports_image_blocks = True
 
-    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
-        self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
+    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor) -> None:
+        self.kv_pool, self.page_table = kv_pool, page_table
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.feeds
@@ -101,10 +101,9 @@ class TorchBackend(BaseAttnBackend):
         )
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
         batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        spec = self.spec_of(layer, q, k)
         meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
         num_reqs, max_ext = meta.mask.shape[0], meta.mask.shape[2]
         q_pad = q.new_zeros(num_reqs * max_ext, *q.shape[1:])

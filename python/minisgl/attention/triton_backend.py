@@ -103,8 +103,8 @@ class TritonBackend(BaseAttnBackend):
     supports_window = supports_sinks = True  # soft-capping: not in the kernels
     supports_image_blocks = True  # the extend kernel's key limits
 
-    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor, scale: float) -> None:
-        self.kv_pool, self.page_table, self.scale = kv_pool, page_table, scale
+    def __init__(self, kv_pool: BaseKVCachePool, page_table: torch.Tensor) -> None:
+        self.kv_pool, self.page_table = kv_pool, page_table
         self.device = page_table.device
         self.num_kv_heads = kv_pool.num_kv_heads
         self.max_seq_len = page_table.shape[1]
@@ -159,10 +159,9 @@ class TritonBackend(BaseAttnBackend):
     # -- forward ------------------------------------------------------------------------------
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionSpec | int,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
         batch: Batch, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        spec = self.spec_of(layer, q, k)
         meta = batch.attn_metadata
         if isinstance(meta, TritonDecodeMetadata):
             return self._decode(q, spec, meta, out)

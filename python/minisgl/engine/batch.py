@@ -62,7 +62,7 @@ def prepare_batch(batch: Batch, page_table: torch.Tensor, token_pool: torch.Tens
     batch.out_loc = page_table[row_ids, batch.positions]
     if window_table is not None:
         batch.window_out_loc = window_table[row_ids, batch.positions]
-    batch.sample_loc = tuple(loc)
+    batch.sample_loc = (loc[0], loc[1])
 
 
 def write_drafts(token_pool: torch.Tensor, batch: Batch) -> None:

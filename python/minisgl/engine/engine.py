@@ -19,13 +19,13 @@ from minisgl.models import BaseLLMModel, ModelConfig, get_model_class
 from minisgl.models.weight import dummy_weights, iter_weights
 from minisgl.moe import create_moe_backend
 from minisgl.multimodal.prompt import MultimodalPrompt
-from minisgl.quant.loading import load_model_config, set_kv_scales
 from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
 
 from .batch import prepare_batch, write_drafts
 from .config import EngineConfig
 from .images import ImageEncoder
+from .loading import load_model_config, set_kv_scales
 from .memory import pages_from_memory
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
@@ -55,7 +55,8 @@ class ForwardOutput:
     # graph gives the graph's static tokens, valid until the next forward
     sample: SampleOutput
     logits: torch.Tensor  # [B, vocab] on the device (for tests and debugging)
-    logprobs: tuple[torch.Tensor, ...] | None = None  # host copies of the sample's log-probs
+    # host copies of the sample's log-probs (and its top ids and log-probs, when asked)
+    logprobs: tuple[torch.Tensor | None, ...] | None = None
     copy_done: torch.cuda.Event | None = None
     prompt_logprobs: PromptLogprobs | None = None  # host copies (echo, logprob_start_len)
     # the MTP method (``EngineConfig.mtp``): every computed token's hidden state (device); EAGLE-3
@@ -175,7 +176,9 @@ class Engine:
         ps = self.config.page_size
         # + the scratch page, the pages a window and a forward straddle, and the page a radix
         # cache keeps for a resumable end (``scheduler/window.py``)
-        least = -(-(self.cache_spec.max_window + self.config.max_forward_tokens) // ps) + 3
+        window = self.cache_spec.max_window
+        assert window is not None  # a window ratio only for a model with sliding layers
+        least = -(-(window + self.config.max_forward_tokens) // ps) + 3
         return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
 
     def make_pool(self, num_pages: int, window_pages: int | None = None
@@ -268,6 +271,7 @@ class Engine:
         """Run the model on ``batch`` (``prepare`` first) and sample from it."""
         prompt_lps, greedy, keep = None, None, None
         if self.replays_graph(batch):
+            assert self.graph_runner is not None
             logits, greedy = self.graph_runner.replay(batch, args.argmax_only)
         else:
             with self.ctx.forward_batch(batch):
@@ -296,18 +300,17 @@ class Engine:
             out = sample(logits, args, self.config.sampler)
             self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"
-        host = [out.next_tokens.to("cpu", non_blocking=non_blocking)]
+        next_tokens, logprobs = out.next_tokens.to("cpu", non_blocking=non_blocking), None
         if out.logprobs is not None:
-            host += [t.to("cpu", non_blocking=non_blocking) if t is not None else None
-                     for t in (out.logprobs, out.top_ids, out.top_logprobs)]
+            logprobs = tuple(t.to("cpu", non_blocking=non_blocking) if t is not None else None
+                             for t in (out.logprobs, out.top_ids, out.top_logprobs))
         if prompt_lps is not None:
             prompt_lps = prompt_lps.to_host(non_blocking)
         event = None
         if non_blocking:
             event = torch.cuda.Event()
             event.record()
-        return ForwardOutput(host[0], out, logits, tuple(host[1:]) or None, event, prompt_lps,
-                             keep)
+        return ForwardOutput(next_tokens, out, logits, logprobs, event, prompt_lps, keep)
 
 
 def build_model(config: EngineConfig, mc: ModelConfig, comm: DistributedCommunicator,
@@ -353,13 +356,13 @@ def make_pool(config: EngineConfig, mc: ModelConfig, spec: CacheSpec,
     pool = create_kvcache_pool(spec, num_pages, config.page_size, config.kv_dtype,
                                page_table.device, window_pages)
     set_kv_scales(pool, kv_scales)
-    backend = create_attention_backend(config.attention_backend, pool, page_table,
-                                       mc.head_dim**-0.5)
+    backend = create_attention_backend(config.attention_backend, pool, page_table)
     try:  # refuses a window or sinks it cannot do; the model's family named
         backend.check_layers(list(spec.attention))
     except ValueError as exc:
         raise ValueError(f"{mc.architecture}: {exc}") from None
     if window_pages:
+        assert window_page_table is not None
         backend.set_window_page_table(window_page_table)
     backend.pdl = config.pdl
     return pool, backend

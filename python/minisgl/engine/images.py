@@ -215,7 +215,7 @@ class ImageEncoder:
             from minisgl.multimodal.mrope import mrope_positions
 
             assert req.mm is not None
-            grids = [tuple(image.grid) for image in req.mm.images]
+            grids = [(image.grid[0], image.grid[1], image.grid[2]) for image in req.mm.images]
             self._positions[req.uid] = mrope_positions(req.input_ids[:req.prompt_len],
                                                        self.image_token_id, grids, self.merge)
         return self._positions[req.uid]

@@ -107,11 +107,14 @@ class PiecewiseRunner:
         # q, k, v, out (and a hybrid model's qkv, a, b, out): made by the first warm-up
         self._bufs: tuple[torch.Tensor, ...] | None = None
         self._linear_bufs: tuple[torch.Tensor, ...] | None = None
-        self.pieces: dict[int, tuple[list[torch.cuda.CUDAGraph], list[int], torch.Tensor]] = {}
+        # token count -> (its graphs, what each cut ran, the hidden states' static buffer)
+        self.pieces: dict[int, tuple[list[torch.cuda.CUDAGraph], list[tuple[bool, Any]],
+                                     torch.Tensor]] = {}
         self.pool = None
 
     def can_run(self, batch: Batch) -> bool:
-        return not batch.is_decode and batch.input_ids.shape[0] <= self.max_tokens
+        ids = batch.input_ids  # padded: more than the feeds' tokens on CUDA
+        return not batch.is_decode and ids is not None and ids.shape[0] <= self.max_tokens
 
     def buffers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                 ) -> tuple[torch.Tensor, ...]:
@@ -171,22 +174,27 @@ class PiecewiseRunner:
     def forward(self, batch: Batch) -> torch.Tensor:
         """The hidden states of a prefill or mixed batch, prepared (``prepare_batch``, attention
         metadata) and bound to the engine's context."""
-        n = batch.input_ids.shape[0]
+        ids, positions, out_loc = batch.input_ids, batch.positions, batch.out_loc
+        assert ids is not None and positions is not None and out_loc is not None  # prepared
+        n = ids.shape[0]
         size = -(-n // STEP) * STEP
-        for buf, x in ((self.input_ids, batch.input_ids), (self.positions, batch.positions),
-                       (self.out_loc, batch.out_loc)):
+        for buf, x in ((self.input_ids, ids), (self.positions, positions),
+                       (self.out_loc, out_loc)):
             buf[:n].copy_(x)
             if size > n:
                 buf[n:size].zero_()  # the dummy request's tokens
         graphs, layers, hidden = self.pieces[size]
-        q, k, v, out = _views(self._bufs, n)
-        qkv, a, b, mixed = _views(self._linear_bufs, n)  # hybrid models only
+        attn, lin = _views(self._bufs, n), _views(self._linear_bufs, n)  # lin: hybrid models
         backend, linear = self.ctx.attn_backend, self.ctx.linear_attn
         for graph, (is_linear, layer) in zip(graphs, layers):
             graph.replay()
             if is_linear:
+                assert linear is not None and lin is not None
+                qkv, a, b, mixed = lin
                 linear.forward(layer, qkv, a, b, batch, out=mixed)
             else:
+                assert attn is not None
+                q, k, v, out = attn
                 backend.forward(q, k, v, layer, batch, out=out)
         graphs[-1].replay()
         return hidden[:n]
@@ -194,15 +202,19 @@ class PiecewiseRunner:
     def run_eager(self, batch: Batch) -> torch.Tensor:
         """What ``forward`` replays, run eagerly with the same buffers (a shadow run records its
         kernels this way: ``minisgl.warmup``)."""
+        assert batch.input_ids is not None
         n = batch.input_ids.shape[0]
         size = -(-n // STEP) * STEP
         _, layers, hidden = self._run_cut(size, capture=False)
-        q, k, v, out = _views(self._bufs, n)
-        qkv, a, b, mixed = _views(self._linear_bufs, n)
+        attn, lin = _views(self._bufs, n), _views(self._linear_bufs, n)
         for is_linear, layer in layers:
             if is_linear:
+                assert self.ctx.linear_attn is not None and lin is not None
+                qkv, a, b, mixed = lin
                 self.ctx.linear_attn.forward(layer, qkv, a, b, batch, out=mixed)
             else:
+                assert attn is not None
+                q, k, v, out = attn
                 self.ctx.attn_backend.forward(q, k, v, layer, batch, out=out)
         return hidden[:n]
 
@@ -216,5 +228,5 @@ class PiecewiseRunner:
         self.pool = None
 
 
-def _views(bufs: tuple[torch.Tensor, ...] | None, n: int) -> list[torch.Tensor | None]:
-    return [buf[:n] for buf in bufs] if bufs is not None else [None] * 4
+def _views(bufs: tuple[torch.Tensor, ...] | None, n: int) -> list[torch.Tensor] | None:
+    return [buf[:n] for buf in bufs] if bufs is not None else None

@@ -70,7 +70,8 @@ class PromptLogprobs:
         def host(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to("cpu", non_blocking=non_blocking)
 
-        return PromptLogprobs(self.spans, self.targets, host(self.logprobs),
+        return PromptLogprobs(self.spans, self.targets,
+                              self.logprobs.to("cpu", non_blocking=non_blocking),
                               host(self.top_ids), host(self.top_logprobs))
 
     def entries(self) -> Iterable[tuple[int, int, list[Entry]]]:
@@ -82,7 +83,8 @@ class PromptLogprobs:
         for uid, start, count, k in self.spans:
             out = []
             for r in range(row, row + count):
-                alts = list(zip(ids[r][:k], tops[r][:k])) if k and ids is not None else []
+                alts = (list(zip(ids[r][:k], tops[r][:k]))
+                        if k and ids is not None and tops is not None else [])
                 out.append((self.targets[r], lps[r], alts))
             yield uid, start, out
             row += count

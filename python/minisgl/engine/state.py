@@ -25,7 +25,7 @@ def create_state_pool(spec: CacheSpec, config: EngineConfig,
                       device: torch.device) -> StatePool | None:
     """One slot per page-table row (the dummy row's is scratch) plus the prefix cache's snapshot
     slots; None for a model without linear-attention layers (``spec.has_state``)."""
-    if not spec.has_state:
+    if spec.state_shape is None:  # spec.has_state
         return None
     snapshots = config.num_state_snapshots
     if snapshots is None:  # a quarter of the request slots: a slot is ~1.5-3k tokens of KV

@@ -41,7 +41,7 @@ def window(mc: ModelConfig, max_seq_len: int | None) -> ModelConfig:
 
 
 def check_pool(asked: int | None, model_len: int, pool_tokens: int, page_size: int,
-               bytes_per_token: int, on_cpu: bool) -> None:
+               bytes_per_token: float, on_cpu: bool) -> None:
     """``asked``: ``--max-model-len`` (None: the model's ``model_len``); ``pool_tokens``: what the
     KV pool holds for requests (its scratch page excluded)."""
     want = asked or model_len

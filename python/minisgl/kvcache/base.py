@@ -88,6 +88,11 @@ class BaseKVCachePool(ABC):
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
+    @property
+    @abstractmethod
+    def mem_bytes(self) -> int:
+        """The bytes of every K/V buffer (what the engine's memory profile takes off its peak)."""
+
     @abstractmethod
     def k_cache(self, layer_id: int) -> torch.Tensor: ...
 

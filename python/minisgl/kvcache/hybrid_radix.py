@@ -79,6 +79,7 @@ class HybridRadixCache(RadixPrefixCache):
                 return
             self._drop(min(victims, key=lambda n: (n.last_access, n.uid)))
             snap = self.state_pool.alloc_snapshot()
+            assert snap is not None  # the victim's slot
         self.state_pool.copy_slot(snap, slot)
         node.snapshot = snap
         self._snapshots[node] = snap

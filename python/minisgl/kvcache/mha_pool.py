@@ -58,7 +58,7 @@ class MHAKVCache(BaseKVCachePool):
         else:
             check_positive_int("window_pages", window_pages)
         # a layer's buffer key: its shape and its slot space
-        keys = [(*s, bool(w)) for s, w in zip(self.layer_shapes, windowed)]
+        keys = [(h, d, bool(w)) for (h, d), w in zip(self.layer_shapes, windowed)]
         groups = sorted(set(keys))
         # layer -> (its group's buffer, its index in that buffer)
         self._where = [(groups.index(k), keys[:i].count(k)) for i, k in enumerate(keys)]
@@ -69,7 +69,10 @@ class MHAKVCache(BaseKVCachePool):
         ]
 
     def _slots(self, windowed: bool) -> int:
-        return self.window_pages * self.page_size if windowed else self.num_slots
+        if not windowed:
+            return self.num_slots
+        assert self.window_pages is not None
+        return self.window_pages * self.page_size
 
     @property
     def mem_bytes(self) -> int:

@@ -119,7 +119,8 @@ class StateMetadata:
         if draft_slots:
             # after the slots, chunk_cu (n + 1 entries, even for n = 0), token_seq and has_init
             parts = dev[b + 2 * n + 1 + t:].split(len(draft_slots))
-            verify = VerifyMetadata(*parts, cu[first] - cu[num_decode])
+            verify = VerifyMetadata(parts[0], parts[1], parts[2], parts[3],
+                                    cu[first] - cu[num_decode])
         return cls(num_decode, dev[:b], chunks, verify, list(slots), cu, list(fresh),
                    draft_slots)
 

@@ -101,6 +101,7 @@ class WindowRadixCache(RadixPrefixCache):
         assert isinstance(handle, RadixCacheHandle), f"foreign handle {handle!r}"
         parts, node = [], handle.node
         while node is not self.root:
+            assert node is not None
             parts.append(self._window_of(node))
             node = node.parent
         return torch.cat(parts[::-1]) if parts else empty_slots()
@@ -108,6 +109,12 @@ class WindowRadixCache(RadixPrefixCache):
     @staticmethod
     def _window_of(node: RadixTreeNode) -> torch.Tensor:
         return node.window if node.window is not None else torch.full_like(node.value, -1)
+
+    @classmethod
+    def _held_slots(cls, node: RadixTreeNode) -> torch.Tensor:
+        """The sliding slots ``node`` still holds."""
+        window = cls._window_of(node)
+        return window[window >= 0]
 
     # -- insertion and eviction -----------------------------------------------------------------
 
@@ -155,7 +162,7 @@ class WindowRadixCache(RadixPrefixCache):
         freed, total = [], 0
         while total < num_tokens:
             _, _, x = heapq.heappop(heap)
-            held = x.window[x.window >= 0]
+            held = self._held_slots(x)
             freed.append(held)
             total += len(held)
             self._count(x, -len(held))
@@ -170,7 +177,7 @@ class WindowRadixCache(RadixPrefixCache):
     def _on_evict(self, node: RadixTreeNode) -> None:
         held = _held(node)
         if held:
-            self._window_freed.append(node.window[node.window >= 0])
+            self._window_freed.append(self._held_slots(node))
             self._count(node, -held)
 
     def _on_lock_change(self, node: RadixTreeNode, delta: int) -> None:
@@ -202,5 +209,5 @@ class WindowRadixCache(RadixPrefixCache):
         assert len(torch.unique(held)) == len(held), "a sliding slot is stored twice"
 
     def held_window_slots(self) -> torch.Tensor:
-        parts = [x.window[x.window >= 0] for x in self._nodes() if _held(x)]
+        parts = [self._held_slots(x) for x in self._nodes() if _held(x)]
         return torch.cat(parts) if parts else empty_slots()

@@ -5,7 +5,7 @@ norms with RoPE over the whole head (norms, RoPE and the store in one kernel,
 ``kernel/triton/rotary.py``), and ``(1 + w)`` norms with partial RoPE (the hybrid models' gated
 attention: norms and RoPE in one, ``kernel/triton/partial_rope.py``).
 
-The layer carries its ``AttentionSpec`` (``attention/spec.py``): head size, KV heads, scale,
+The layer carries its ``AttentionSpec`` (``kvcache/spec.py``): head size, KV heads, scale,
 sliding window, sinks and soft-cap are arguments, defaulting to the model config's, so a family
 with local and global layers builds each with its own and no backend learns about the family."""
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import nn
 
-from minisgl.attention.spec import AttentionSpec
 from minisgl.distributed import DistributedCommunicator
+from minisgl.kvcache.spec import AttentionSpec
 
 from .base import copy_weight, new_param, shard
 from .linear import LinearQKVMerged, LinearRowParallel

@@ -199,6 +199,7 @@ class MoELayer(nn.Module):
         bias = None
         if self.w13_bias is not None:  # the down bias once over the ranks' partial sums
             bias = ExpertBias(self.w13_bias, self.w2_bias if self.comm.info.rank == 0 else None)
-        out = self.method.apply(self, self.backend, x, weights.to(x.dtype), ids, bias,
-                                self.spec.act)
+        w13, w2, scales = self.method.experts(self)
+        out = self.backend.forward(x, w13, w2, weights.to(x.dtype), ids, scales, bias=bias,
+                                   act=self.spec.act)
         return self.comm.all_reduce(out)

@@ -175,8 +175,10 @@ class Gemma4DecoderLayer(nn.Module):
 
 
 class Gemma4ForCausalLM(Gemma3ForCausalLM):
+    """Gemma 3's model (embedding scale, final soft-cap, checkpoint shapes) with Gemma 4's layer,
+    fp32 (w) norms and names."""
+
     cfg: Gemma4Config
-    softcaps_logits = True
     norm_options = {"fp32": True}
     names = NAMES
 

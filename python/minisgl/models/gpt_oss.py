@@ -27,6 +27,7 @@ from .base import BaseLLMModel
 from .config import ModelConfig, common_fields
 from .llama import LlamaDecoderLayer
 from .names import MERGED, CheckpointNames
+from .weight import attention_shapes
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -97,19 +98,13 @@ class GptOssForCausalLM(BaseLLMModel):
     def checkpoint_shapes(cfg: GptOssConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
         """An unquantized checkpoint's names and shapes (``--dummy-weights``; an MXFP4 config
         turns the experts into blocks and scales, ``Mxfp4Config.checkpoint_tensors``)."""
-        h, d, inter, e = cfg.hidden_size, cfg.head_dim, cfg.moe_intermediate_size, cfg.num_experts
-        q, kv = cfg.num_qo_heads * d, cfg.num_kv_heads * d
+        h, inter, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
         yield "model.embed_tokens.weight", (cfg.vocab_size, h)
         yield "lm_head.weight", (cfg.vocab_size, h)
         yield "model.norm.weight", (h,)
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            yield p + "input_layernorm.weight", (h,)
-            yield p + "post_attention_layernorm.weight", (h,)
-            for name, rows in (("q", q), ("k", kv), ("v", kv)):
-                yield p + f"self_attn.{name}_proj.weight", (rows, h)
-                yield p + f"self_attn.{name}_proj.bias", (rows,)
-            yield p + "self_attn.o_proj.weight", (h, q)
+            yield from attention_shapes(cfg, p)  # q/k/v biases: attention_bias
             yield p + "self_attn.o_proj.bias", (h,)
             yield p + "self_attn.sinks", (cfg.num_qo_heads,)
             yield p + "mlp.router.weight", (e, h)

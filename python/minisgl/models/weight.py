@@ -156,26 +156,33 @@ def iter_weights(model_dir: str) -> WeightStream:
     return WeightStream(names, tensors())
 
 
+def attention_shapes(cfg: ModelConfig, p: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """A Llama-style decoder layer's norms and attention tensors (their names start with
+    ``p``)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_qo_heads * d, cfg.num_kv_heads * d
+    yield p + "input_layernorm.weight", (h,)
+    yield p + "post_attention_layernorm.weight", (h,)
+    for name, rows in (("q", q), ("k", kv), ("v", kv)):
+        yield p + f"self_attn.{name}_proj.weight", (rows, h)
+        if cfg.attention_bias:
+            yield p + f"self_attn.{name}_proj.bias", (rows,)
+    yield p + "self_attn.o_proj.weight", (h, q)
+    if cfg.qk_norm:
+        yield p + "self_attn.q_norm.weight", (d,)
+        yield p + "self_attn.k_norm.weight", (d,)
+
+
 def _checkpoint_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Names and full (unsharded) shapes of a Hugging Face checkpoint of ``cfg``."""
-    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.num_qo_heads * d, cfg.num_kv_heads * d
+    h, inter = cfg.hidden_size, cfg.intermediate_size
     yield "model.embed_tokens.weight", (cfg.vocab_size, h)
     if not cfg.tie_word_embeddings:
         yield "lm_head.weight", (cfg.vocab_size, h)
     yield "model.norm.weight", (h,)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", (h,)
-        yield p + "post_attention_layernorm.weight", (h,)
-        for name, rows in (("q", q), ("k", kv), ("v", kv)):
-            yield p + f"self_attn.{name}_proj.weight", (rows, h)
-            if cfg.attention_bias:
-                yield p + f"self_attn.{name}_proj.bias", (rows,)
-        yield p + "self_attn.o_proj.weight", (h, q)
-        if cfg.qk_norm:
-            yield p + "self_attn.q_norm.weight", (d,)
-            yield p + "self_attn.k_norm.weight", (d,)
+        yield from attention_shapes(cfg, p)
         if cfg.is_sparse_layer(i):
             moe = cfg.moe_intermediate_size
             yield p + "mlp.gate.weight", (cfg.num_experts, h)

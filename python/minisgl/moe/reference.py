@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.layers.activation import silu_and_mul
+from minisgl.kernel.ops import silu_and_mul
 from minisgl.quant.fp8 import dequantize_block
 from minisgl.quant.mxfp4 import dequantize_mxfp4
 

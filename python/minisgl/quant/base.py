@@ -9,7 +9,8 @@ forward runs (``apply``). The layers shard and load; the methods decide. Fusions
 (an RMSNorm weight folded into the weight, a norm that quantizes the input, one-token
 norm + GEMV + residual) are capabilities the layers ask about once, after loading. A
 ``MoEMethod`` does the same for a layer's stacked experts: their storage, what loading leaves to
-do, and which storage the MoE backend is handed.
+do, and which storage the MoE backend is handed (the layer hands it over: a format never calls a
+backend, so ``minisgl.moe`` sits above this package).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 if TYPE_CHECKING:
     from torch import nn
 
-    from minisgl.moe import BaseMoeBackend, ExpertBias, MoeActivation
+    from minisgl.kernel.moe_types import Experts
 
 # (shape, storage dtype or None for the model's dtype, block unit of a scale's loader, deferred:
 # no storage before its first checkpoint tensor) -> parameter
@@ -95,10 +96,11 @@ class MoEMethod(ABC):
     format's storage.
 
     The layer (``layers.moe``) shards and routes; it calls ``create_weights`` once in its
-    constructor, ``process_weights_after_loading`` once, and ``apply`` every forward with the
-    routing decision. Checkpoint tensors reach the parameters through the layer's loaders, which
-    cut this rank's rows (w13) or columns (w2); ``make_param``'s ``unit`` says how many weight
-    rows (w13) or columns (w2) one index of the parameter's last sharded dimension covers.
+    constructor, ``process_weights_after_loading`` once, and every forward hands the MoE backend
+    the storage ``experts`` returns with the routing decision. Checkpoint tensors reach the
+    parameters through the layer's loaders, which cut this rank's rows (w13) or columns (w2);
+    ``make_param``'s ``unit`` says how many weight rows (w13) or columns (w2) one index of the
+    parameter's last sharded dimension covers.
     """
 
     @abstractmethod
@@ -112,10 +114,9 @@ class MoEMethod(ABC):
         """Once the layer is loaded (online quantization). Idempotent."""
 
     @abstractmethod
-    def apply(self, layer: nn.Module, backend: BaseMoeBackend, x: torch.Tensor,
-              topk_weights: torch.Tensor, topk_ids: torch.Tensor, bias: ExpertBias | None,
-              act: MoeActivation) -> torch.Tensor:
-        """``x [T, H]`` through the routed experts -> ``[T, H]``, this rank's partial sum."""
+    def experts(self, layer: nn.Module) -> Experts:
+        """``(w13, w2, scales)``: the layer's experts as the backend runs them (``scales``: None
+        in the model's dtype, ``FP8Scales`` or ``Mxfp4Scales``)."""
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,8 @@ class Fp8MoEMethod(MoEMethod):
             setattr(layer, name, nn.Parameter(q, requires_grad=False))
             setattr(layer, name + "_scale_inv", nn.Parameter(s, requires_grad=False))
 
-    def apply(self, layer, backend, x, topk_weights, topk_ids, bias, act):
-        scales = (layer.w13_scale_inv, layer.w2_scale_inv, self.block)
-        return backend.forward(x, layer.w13, layer.w2, topk_weights, topk_ids, scales, bias=bias,
-                               act=act)
+    def experts(self, layer):
+        return layer.w13, layer.w2, (layer.w13_scale_inv, layer.w2_scale_inv, self.block)
 
 
 def _quantize_experts(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

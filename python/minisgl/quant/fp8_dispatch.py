@@ -43,25 +43,23 @@ from minisgl.kernel.ops import rms_norm, silu_and_mul
 from .base import QuantizedInput
 from .fp8 import dequantize_block, dequantize_channel
 
-# the most tokens the W8A16 GEMM takes: up to 32 it beats quantizing x + ``torch._scaled_mm`` on
-# every Qwen3-8B layer (1.0-1.5x, H100), at 64 on none but o (``bench_fp8_small.py``); per-channel
-# bf16 layers take the W8A8 form instead, faster still (2-32 tokens: 1.0-1.3x the W8A16 GEMM)
+# The thresholds below are where one kernel stops beating the next on Qwen3-8B's layers (H100,
+# ``bench_fp8_small.py``; the figures in docs/performance.md, "Measurements behind the code").
+# the most tokens the W8A16 GEMM takes (beyond, quantizing x and ``torch._scaled_mm`` win; the
+# W8A8 form beats both for per-channel bf16 layers)
 W8A16_MAX_TOKENS = 32
-# the most tokens the W8A8 form takes: at 64-256 tokens it is 1.0-1.4x ``torch._scaled_mm`` on
-# Qwen3-8B's layers (H100; o and down, whose 4,096 rows make few cuBLASLt tiles, gain the most)
+# the most tokens the W8A8 form takes (beyond, ``torch._scaled_mm``)
 W8A8_MAX_TOKENS = 256
 # ... except a layer of this many rows or more beyond WIDE_W8A8_MAX_TOKENS: cuBLASLt's tiles fill
-# the SMs there, and with fast accumulation Qwen3-8B's gate-up at 224 / 256 tokens takes 47.7 /
-# 48.0 us against the W8A8 GEMM's 53.5 / 55.8 (H100; equal at 192, slower below)
+# the SMs there
 WIDE_ROWS = 16384
 WIDE_W8A8_MAX_TOKENS = 192
 
 
 # block-scaled layers (FP8 checkpoints), bf16, 33 to this many tokens: x quantized per token and
 # 128 columns + the W8A8 GEMM with block scales; more: cuBLAS's block-scaled GEMM
-# (``torch._scaled_mm``, CUDA 12.9+ on sm_90). Qwen3-8B's four layers on an H100 take 109 / 116 us
-# that way at 64 tokens, 139 / 120 at 128, 236 / 132 at 192; up to 32 the W8A16 GEMM ties the W8A8
-# one (100 / 101 us at 16) without rounding x (docs/performance.md)
+# (``torch._scaled_mm``, CUDA 12.9+ on sm_90), which overtakes it between 64 and 128 tokens; up to
+# 32 the W8A16 GEMM ties the W8A8 one without rounding x
 BLOCK_W8A8_MAX_TOKENS = 96
 
 

@@ -16,6 +16,8 @@ from typing import ClassVar, Iterator
 import torch
 from torch import nn
 
+from minisgl.kernel.moe_types import Mxfp4Scales
+
 from .base import LinearMethod, MoEMethod, QuantizationConfig
 from .mxfp4 import GROUP, quantize_mxfp4
 
@@ -43,12 +45,8 @@ class Mxfp4MoEMethod(MoEMethod):
         layer.w2_scales = make_param("w2", experts, hidden, inter // GROUP, dtype=u8, unit=GROUP)
         layer.w13_scale_inv = layer.w2_scale_inv = None
 
-    def apply(self, layer, backend, x, topk_weights, topk_ids, bias, act):
-        from minisgl.moe import Mxfp4Scales
-
-        scales = Mxfp4Scales(layer.w13_scales, layer.w2_scales)
-        return backend.forward(x, layer.w13, layer.w2, topk_weights, topk_ids, scales, bias=bias,
-                               act=act)
+    def experts(self, layer):
+        return layer.w13, layer.w2, Mxfp4Scales(layer.w13_scales, layer.w2_scales)
 
 
 @dataclass(frozen=True)

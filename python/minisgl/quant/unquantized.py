@@ -51,8 +51,8 @@ class UnquantizedMoEMethod(MoEMethod):
         layer.w2 = make_param("w2", experts, hidden, inter)
         layer.w13_scale_inv = layer.w2_scale_inv = None
 
-    def apply(self, layer, backend, x, topk_weights, topk_ids, bias, act):
-        return backend.forward(x, layer.w13, layer.w2, topk_weights, topk_ids, bias=bias, act=act)
+    def experts(self, layer):
+        return layer.w13, layer.w2, None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ def logprob_rows(out: ForwardOutput, reqs: list[Req]) -> list[tuple]:
     if out.logprobs is None:
         return [()] * len(reqs)
     logprobs, top_ids, top_logprobs = out.logprobs
+    assert logprobs is not None
     chosen = logprobs.tolist()
     ids = top_ids.tolist() if top_ids is not None else [[] for _ in reqs]
     lps = top_logprobs.tolist() if top_logprobs is not None else [[] for _ in reqs]

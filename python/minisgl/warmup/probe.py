@@ -13,16 +13,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minisgl.attention.spec import AttentionSpec
 from minisgl.context import Context
 from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator
 from minisgl.engine.batch import prepare_batch
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import build_model, make_pool
+from minisgl.engine.loading import load_model_config
 from minisgl.engine.state import attach_state_metadata, create_state_pool
 from minisgl.engine.window import window
-from minisgl.quant.loading import load_model_config
+from minisgl.kvcache.spec import AttentionSpec
 from minisgl.sampling import BatchSamplingArgs, SamplingState, sample
 
 from .plan import ForwardShape

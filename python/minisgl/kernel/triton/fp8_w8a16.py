@@ -2,13 +2,12 @@
 and its W8A8 form for larger batches.
 
 At a few tens of tokens a linear layer is still bound by reading its weight, yet the per-token
-FP8 path (quantize x, then ``torch._scaled_mm``) spends a kernel on the activations and reaches
-only 1.1-1.9 TB/s on an H100. Here the e4m3 weight tile is converted to x's dtype in registers
-and multiplied on the bf16/fp16 tensor cores: one kernel, no activation rounding, half the bytes
-of bf16. Measured (``bench_fp8_small.py``, H100, Qwen3-8B): 2-32 tokens stream qkv/o/down at
-1.3-1.6 TB/s and gate_up at 2.2-2.4, 1.0-1.5x faster than quantize + ``_scaled_mm`` with a tenth
-of its error; from 64 tokens on it is slower (the e4m3 -> bf16 register operand costs each warp
-latency, and every N tile re-reads x from L2).
+FP8 path (quantize x, then ``torch._scaled_mm``) spends a kernel on the activations and streams
+the weight slowly. Here the e4m3 weight tile is converted to x's dtype in registers and
+multiplied on the bf16/fp16 tensor cores: one kernel, no activation rounding, half the bytes of
+bf16; up to 32 tokens it is faster than quantize + ``_scaled_mm`` with a tenth of its error, from
+64 on slower (the e4m3 -> bf16 register operand costs each warp latency, and every N tile re-reads
+x from L2). Figures: docs/performance.md, "Measurements behind the code".
 
 "Swap AB": each program computes a tile of ``y^T``, ``acc[BLOCK_N, BLOCK_M] += w[BLOCK_N, BLOCK_K] @
 x[BLOCK_M, BLOCK_K]^T``, so the MMA's large dimension is N (64-128 weight rows) and M, the tokens,
@@ -23,20 +22,18 @@ Split-K: an N tile is one program, and a layer with few rows (o, down: N = 4096)
 of an H100's 132 SMs idle with the 64-128-row tiles that keep x's re-reads from L2 low (each N tile
 reads all of x; smaller tiles read it more often). ``split_k > 1`` spreads a tile's K steps over
 several programs, each writing an fp32 partial ``[M, N]``; a second small kernel sums them in a
-fixed order (deterministic, unlike atomics), adds the bias and rounds once. On o at 16 tokens:
-20.8 us unsplit, 12.4 with 4 splits, of which the second kernel is ~1.6.
+fixed order (deterministic, unlike atomics), adds the bias and rounds once.
 
 W8A8 (``fp8_w8a8_gemm``): the same program on e4m3 x quantized per token
 (``fp8_quant.quantize_tokens``), ``tl.dot`` of two e4m3 tiles on the FP8 tensor cores, the row's
 and the token's scales applied to the accumulator once. Per-channel bf16 layers run it for 2-256
-tokens: on an H100 it is 1.0-1.3x the W8A16 form at 2-32 tokens (no register conversion of the
-weight tile) and 1.0-1.4x ``torch._scaled_mm`` at 64-256, whose cuBLASLt tiles leave the layers
-with 4,096 rows (o, down) ~32 tiles for 132 SMs; here the tokens are cut into as many tiles as
-one wave holds (``_w8a8_config``). The price is x's rounding to e4m3 (what vLLM's and SGLang's
-FP8 layers do): ~2.5e-2 relative error against ~2.7e-3 for the W8A16 form. With block scales (FP8
-checkpoints) x comes quantized per token and 128 columns (``fp8_gemm.quantize_act``) and each K step
-adds its dot times the block's scale and its tokens' group scales (loaded a step ahead) to the
-fp32 accumulator: 33-96 tokens of Qwen3-8B's layers at 1.0-1.5x the per-channel form's time.
+tokens: faster than the W8A16 form (no register conversion of the weight tile) and than
+``torch._scaled_mm``, whose cuBLASLt tiles leave the layers with 4,096 rows (o, down) ~32 tiles
+for 132 SMs; here the tokens are cut into as many tiles as one wave holds (``_w8a8_config``). The
+price is x's rounding to e4m3 (what vLLM's and SGLang's FP8 layers do): ~2.5e-2 relative error
+against ~2.7e-3 for the W8A16 form. With block scales (FP8 checkpoints) x comes quantized per
+token and 128 columns (``fp8_gemm.quantize_act``) and each K step adds its dot times the block's
+scale and its tokens' group scales (loaded a step ahead) to the fp32 accumulator.
 
 ``gated=True`` reads x as ``[gate | up]`` and multiplies by ``silu(gate) * up``, rounded as
 ``gemv.load_x`` rounds (as the unfused SiLU-and-mul would). Configs come from ``pick_config`` (no
@@ -170,10 +167,9 @@ class W8A16Config:
 # NOTE: Hopper's FP8 MMA accumulates with fewer mantissa bits than fp32, and Triton chains it over
 # all of K (CUTLASS's "FP8FastAccum" schedules, which vLLM's and SGLang's FP8 GEMMs run; and
 # ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.fp8_dispatch``). Adding each K step's sum to
-# an fp32 accumulator (``max_num_imprecise_acc``) keeps the output within 3e-3 of fp32 over the same
-# operands, against 9e-3 (1.1e-2 over the down projection's 12,288), but cost the down projection
-# 16% at 192 tokens on an H100: both errors are below the ~2.5e-2 of rounding x to e4m3, so the
-# accumulation stays fast.
+# an fp32 accumulator (``max_num_imprecise_acc``) would narrow the error, but both are below the
+# ~2.5e-2 of rounding x to e4m3 and the precise form is slower, so the accumulation stays fast
+# (docs/performance.md).
 
 # W8A8 under PDL: the K steps whose weight tiles a program asks L2 for before its wait, while the
 # kernel before it (the RMSNorm or the quantization, both launching their successor at once) still

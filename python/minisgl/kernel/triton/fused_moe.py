@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.moe.base import SILU, ExpertBias, MoeActivation, Mxfp4Scales
+from minisgl.kernel.moe_types import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
@@ -178,7 +178,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H].
     ``scales``: (w13_scale_inv, w2_scale_inv, block) when w13/w2 are e4m3; ``Mxfp4Scales`` when
     they are packed MXFP4 (``w13 [E, 2I, H/2]``, ``w2 [E, H, I/2]`` uint8). ``bias``/``act``: see
-    ``minisgl.moe.base``."""
+    ``minisgl.kernel.moe_types``."""
     tokens, hidden = x.shape
     mx = isinstance(scales, Mxfp4Scales)
     n_experts, two_i, _ = w13.shape

@@ -1,22 +1,14 @@
 """Matrix-vector product for batch-1 decode: ``y[1, N] = x[1, K] @ w[N, K]^T (+ b)``.
 
 With one token a linear layer reads its whole weight to produce one row, so it is bound by HBM
-bandwidth and the only thing that matters is streaming ``w`` at full speed; cuBLAS's kernels for
-this shape reach 2.0-2.8 TB/s on an H100, this one 2.5-3.2 (``benchmark/kernels/bench_gemv.py``).
-Each program owns ``BLOCK_N`` rows of ``w`` (four: enough programs for any layer), walks K in
-``BLOCK_K`` chunks (coalesced: rows are contiguous in K) and multiply-adds into an fp32 accumulator
-per (row, k lane), summed once at the end: no tensor cores, no split-K, no second pass. At 2-8
-tokens cuBLAS is as fast or faster, so the layers use this only for one token. (Tried: 2-8 tokens
-sharing each chunk, with an accumulator of their own each, so that every token's output is bit for
-bit its one-token output and a verify step's rows equal their plain decode steps in bf16. It was
-exact, but from 4 tokens slower than cuBLAS, the accumulators taking the registers: SmolLM2-135M on
-an H100, 8 tokens of the LM head took 144 us against cuBLAS's 23, of gate-up 12.7 against 4.4.
-Also tried: 2-16 tokens on the swap-AB program of ``fp8_w8a16`` with 16-bit weights, launched with
-PDL. Per layer it ran at 0.69-1.07x cuBLAS's speed (SmolLM2-135M's small layers slower, Qwen3-8B's
-gate-up and LM head 5-7% faster, its split-K gated down far slower), and SmolLM2-135M's decode
-graph at 2 rows took 0.955 ms against cuBLAS's 0.906.)
-The first chunk of weight rows is loaded before the PDL wait (``pdl.py``): the previous kernel is
-still finishing while it arrives (Qwen3-8B batch 1, H100: 5.50 against 5.62-5.64 ms).
+bandwidth and the only thing that matters is streaming ``w`` at full speed, which this kernel does
+faster than cuBLAS's for that shape (``benchmark/kernels/bench_gemv.py``; figures in
+docs/performance.md, "Measurements behind the code"). Each program owns ``BLOCK_N`` rows of ``w``
+(four: enough programs for any layer), walks K in ``BLOCK_K`` chunks (coalesced: rows are
+contiguous in K) and multiply-adds into an fp32 accumulator per (row, k lane), summed once at the
+end: no tensor cores, no split-K, no second pass. From 2 tokens on cuBLAS is as fast or faster, so
+the layers use this only for one token. The first chunk of weight rows is loaded before the PDL
+wait (``pdl.py``): the previous kernel is still finishing while it arrives.
 
 ``gated=True`` reads x as ``[gate | up]`` (length 2K) and multiplies by ``silu(gate) * up``, rounded
 as ``silu_and_mul`` rounds: the MLP's activation costs no kernel of its own.

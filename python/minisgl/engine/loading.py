@@ -1,20 +1,19 @@
-"""Engine-side glue: the model config with its quantization resolved, and the KV pool's scales."""
+"""The model's config as the engine loads it (its quantization resolved with ``--quantization``
+and the kernel switches, checked against the device), and the checkpoint's KV-cache scales into
+the pool."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.kvcache import BaseKVCachePool
+from minisgl.models import ModelConfig
+from minisgl.quant import fp8_device_error, resolve_quantization
 from minisgl.utils import init_logger
 
-from .config import fp8_device_error, resolve_quantization
-
-if TYPE_CHECKING:
-    from minisgl.engine.config import EngineConfig
-    from minisgl.kvcache import BaseKVCachePool
-    from minisgl.models import ModelConfig
+from .config import EngineConfig
 
 logger = init_logger(__name__)
 
@@ -31,8 +30,6 @@ def _check_device(error: str | None, what: str) -> None:
 def load_model_config(config: EngineConfig, device: torch.device) -> ModelConfig:
     """``config.json`` with ``--quantization`` and the kernel switches applied, checked against
     the device. The result's ``quant`` is never None (``UnquantizedConfig`` without a format)."""
-    from minisgl.models import ModelConfig
-
     mc = ModelConfig.from_path(config.model_path)
     quant = resolve_quantization(mc.quant, config.quantization, gemv=config.gemv,
                                  norm_gemv=config.norm_gemv, norm_quant=config.norm_quant)

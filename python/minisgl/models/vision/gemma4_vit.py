@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.layers.norm import RMSNorm
+
 from .base import VisionTower
 
 
@@ -62,22 +64,6 @@ class Gemma4VisionConfig:
                    clipped_linears=bool(vc.get("use_clipped_linears")))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Gemma 4's RMSNorm: ``x / rms(x) * w`` (no scale when ``weight`` is None), in float32."""
-    y = x.float()
-    y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    return (y if weight is None else y * weight.float()).to(x.dtype)
-
-
-class Norm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
 class ClippedLinear(nn.Module):
     """A bias-free linear map; with clipping, its input and output clamped to loaded bounds."""
 
@@ -111,7 +97,10 @@ class EncoderLayer(nn.Module):
                             ("v_proj", cfg.num_kv_heads * hd)):
             setattr(self.self_attn, name, ClippedLinear(cfg, d, n_out))
         self.self_attn.o_proj = ClippedLinear(cfg, cfg.num_heads * hd, d)
-        self.self_attn.q_norm, self.self_attn.k_norm = Norm(hd, cfg.eps), Norm(hd, cfg.eps)
+        # Gemma 4's RMSNorms: ``x / rms(x) * w`` in fp32; v's without a weight
+        self.self_attn.q_norm = RMSNorm(hd, cfg.eps, fp32=True)
+        self.self_attn.k_norm = RMSNorm(hd, cfg.eps, fp32=True)
+        self.v_norm = RMSNorm(hd, cfg.eps, scale=False)
         self.mlp = nn.Module()
         for name, (n_in, n_out) in (("gate_proj", (d, cfg.intermediate_size)),
                                     ("up_proj", (d, cfg.intermediate_size)),
@@ -119,7 +108,7 @@ class EncoderLayer(nn.Module):
             setattr(self.mlp, name, ClippedLinear(cfg, n_in, n_out))
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
-            setattr(self, name, Norm(d, cfg.eps))
+            setattr(self, name, RMSNorm(d, cfg.eps, fp32=True))
 
     def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x``: one image's ``[n, d]``; ``cos``/``sin``: ``[n, 1, head_dim]``."""
@@ -131,7 +120,7 @@ class EncoderLayer(nn.Module):
 
         q = rope(attn.q_norm(attn.q_proj(x).view(n, -1, hd)))
         k = rope(attn.k_norm(attn.k_proj(x).view(n, -1, hd)))
-        v = rms_norm(attn.v_proj(x).view(n, -1, hd), None, self.cfg.eps)
+        v = self.v_norm(attn.v_proj(x).view(n, -1, hd))
         q, k, v = (t.transpose(0, 1) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, scale=1.0,
                                              enable_gqa=k.shape[0] != q.shape[0])
@@ -165,6 +154,7 @@ class Gemma4VisionTower(VisionTower):
             self.vision.register_buffer("std_scale", torch.ones(d))
         self.embed = nn.Module()
         self.embed.embedding_projection = nn.Linear(d, cfg.text_hidden_size, bias=False)
+        self.pooled_norm = RMSNorm(d, cfg.eps, scale=False)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> Gemma4VisionTower:
@@ -190,7 +180,7 @@ class Gemma4VisionTower(VisionTower):
         pooled = pooled * cfg.hidden_size ** 0.5
         if cfg.standardize:
             pooled = (pooled - self.vision.std_bias.float()) * self.vision.std_scale.float()
-        x = rms_norm(pooled.to(x.dtype), None, cfg.eps)
+        x = self.pooled_norm(pooled.to(x.dtype))
         return self.embed.embedding_projection(x)
 
     def forward(self, pixels: list[torch.Tensor], grids: list[tuple[int, ...]]

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.layers.norm import RMSNorm
+
 from .base import VisionTower
 
 
@@ -85,20 +87,6 @@ class SiglipLayer(nn.Module):
         return x + self.mlp["fc2"](h)
 
 
-class GemmaRMSNorm(nn.Module):
-    """``x / rms(x) * (1 + w)``, in float32."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
-
-
 class Gemma3VisionTower(VisionTower):
     prefixes = {"vision_tower.vision_model.": "vision.", "model.vision_tower.vision_model.":
                 "vision.", "vision_tower.": "vision.", "model.vision_tower.": "vision.",
@@ -119,7 +107,7 @@ class Gemma3VisionTower(VisionTower):
         self.projector = nn.Module()
         self.projector.mm_input_projection_weight = nn.Parameter(
             torch.zeros(d, cfg.text_hidden_size))
-        self.projector.mm_soft_emb_norm = GemmaRMSNorm(d, cfg.eps)
+        self.projector.mm_soft_emb_norm = RMSNorm(d, cfg.eps, offset=1.0)  # Gemma's (1 + w)
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> Gemma3VisionTower:

@@ -100,7 +100,10 @@ class Scene:
                for h in (self.hq, self.hkv, self.hkv)]
         return batch, tuple(qkv)
 
-    def spec(self, layer: int = 0) -> AttentionSpec:
+    def spec(self, layer: int | AttentionSpec = 0) -> AttentionSpec:
+        """Layer ``layer`` of the scene's heads (a spec passes through)."""
+        if isinstance(layer, AttentionSpec):
+            return layer
         return AttentionSpec(layer, self.hq, self.hkv, self.dim, self.dim**-0.5)
 
     def run(self, backend, batch, qkv, layer=0):

@@ -86,7 +86,7 @@ def test_triton_backend_matches_torch(window):
     batch.images = BatchImages(rows=torch.empty(0, dtype=torch.long), embeds=torch.empty(0, 8),
                                key_limits=limits)
     outs = []
-    for backend in (TorchBackend(pool, table, 0.25), TritonBackend(pool, table, 0.25)):
+    for backend in (TorchBackend(pool, table), TritonBackend(pool, table)):
         backend.check_layers([spec])
         backend.prepare_metadata(batch)
         outs.append(backend.forward(q, k, v, spec, batch))

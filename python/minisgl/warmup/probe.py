@@ -17,8 +17,8 @@ from minisgl.context import Context
 from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.distributed import DistributedCommunicator
 from minisgl.engine.batch import prepare_batch
+from minisgl.engine.build import build_model, make_pool
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.engine import build_model, make_pool
 from minisgl.engine.loading import load_model_config
 from minisgl.engine.state import attach_state_metadata, create_state_pool
 from minisgl.engine.window import window

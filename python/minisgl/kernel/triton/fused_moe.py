@@ -21,11 +21,10 @@ x's dtype, so nothing changes for the routing or the roundings above):
 - FP8 (``scales`` a tuple): the weights are read as e4m3 and each tile is scaled by its block's
   ``scale_inv``; ``BLOCK_K`` is capped at the block's column width, so a K step meets one scale
   per output column.
-- MXFP4 (``Mxfp4Scales``, ``moe_mxfp4``): a byte holds two values, the low nibbles (even k) and
-  the high ones (odd k) become two tiles in x's dtype, multiplied by x's even and odd columns (two
-  dots of half the depth, the same work as one): a quarter of bf16's weight bytes, the win of
-  batch-1 decode. Small batches scale each 32-value group's partial sums, prefill tiles the
-  weights.
+- MXFP4 (``Mxfp4Scales``, ``moe_mxfp4``): a byte holds two values (a quarter of bf16's weight
+  bytes, the win of decode), decoded in registers by bit placement; the row block picks one of
+  three kernels (a GEMV for blocks of one row, group-scaled partial sums up to 32 rows, swapped
+  operands beyond), and ``moe_configs`` the tiles tuned per GPU.
 """
 
 from __future__ import annotations

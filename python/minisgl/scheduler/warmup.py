@@ -17,7 +17,6 @@ under pressure) and nothing else; the prefix-cache hit counter is reset.
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from minisgl.core import SamplingParams
 from minisgl.utils import init_logger
 from minisgl.utils.hf import has_tokenizer
+from minisgl.warmup.plan import sampler_variants
 
 if TYPE_CHECKING:
     from minisgl.engine import Engine
@@ -64,9 +64,6 @@ WARMUP_UID_BASE = 1 << 62
 # prompt lengths of the prefill wave on CUDA: 1, odd and multiple-of-16 sizes, and one on each side
 # of the FP8 GEMM thresholds (32, 96, 256 tokens) and the piecewise-graph sizes
 _CUDA_PREFILL_LENS = (1, 2, 7, 16, 33, 64, 97, 130, 255, 300, 520, 1000, 2100, 4100)
-_SCHEMA = ('{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, '
-           '"n": {"type": "integer"}}, "required": ["name", "n"]}')
-
 
 @dataclass
 class Wave:
@@ -78,33 +75,6 @@ class Wave:
 
     def add(self, ids: list[int], params: SamplingParams, after_steps: int = 0) -> None:
         self.requests.append((after_steps, ids, params))
-
-
-def sampler_variants(base: SamplingParams, grammar: bool) -> dict[str, SamplingParams]:
-    """One ``SamplingParams`` per combination of what the sampling kernels specialise on: penalty
-    counts, a logit bias, a grammar mask (each a compile-time switch of the batch), and log-probs
-    (none, the sampled token's, the top 8 or top 32: ``sampling/kernels/launch.py``). A batch
-    takes the union of its rows' switches, so every combination is reachable."""
-    variants = {}
-    for counts, bias, mask in itertools.product((False, True), repeat=3):
-        if mask and not grammar:
-            continue
-        params = replace(base, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1)
-        if counts:
-            params = replace(params, presence_penalty=0.5, frequency_penalty=0.3,
-                             repetition_penalty=1.1)
-        if bias:
-            params = replace(params, logit_bias=((1, 2.0), (2, -2.0)))
-        if mask:
-            params = replace(params, json_schema=_SCHEMA, ignore_eos=False)
-        name = "+".join(n for n, on in (("penalties", counts), ("bias", bias), ("grammar", mask))
-                        if on) or "top-k/top-p/min-p"
-        variants[name] = params
-        for top in (0, 3, 20):  # the token's log-prob; the top 8 merge; the top 32
-            variants[f"{name}+logprobs{top}"] = replace(params, logprobs=True, top_logprobs=top)
-    variants["greedy"] = base
-    variants["prompt-log-probs"] = replace(base, prompt_logprobs=True)
-    return variants
 
 
 def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: int,

@@ -90,17 +90,16 @@ def request_features(params: SamplingParams) -> frozenset[str]:
     return frozenset(features)
 
 
-def sampler_cases(grammar: bool) -> list[SamplerCase]:
-    """Every combination of the sampling kernels' compile-time switches (``kernels/launch.py``):
-    penalty counts, a logit bias, a grammar mask (only with a tokenizer), and log-probs (none,
-    the sampled token's, the top 8 or the top 32)."""
-    base = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1,
-                          max_tokens=3, ignore_eos=True)
-    cases = []
+def sampler_variants(base: SamplingParams, grammar: bool) -> dict[str, SamplingParams]:
+    """One ``SamplingParams`` per combination of what the sampling kernels specialise on: penalty
+    counts, a logit bias, a grammar mask (each a compile-time switch of the batch), and log-probs
+    (none, the sampled token's, the top 8 or top 32: ``sampling/kernels/launch.py``). A batch
+    takes the union of its rows' switches, so every combination is reachable."""
+    variants = {}
     for counts, bias, mask in itertools.product((False, True), repeat=3):
         if mask and not grammar:
             continue
-        params = base
+        params = replace(base, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1)
         if counts:
             params = replace(params, presence_penalty=0.5, frequency_penalty=0.3,
                              repetition_penalty=1.1)
@@ -108,13 +107,23 @@ def sampler_cases(grammar: bool) -> list[SamplerCase]:
             params = replace(params, logit_bias=((1, 2.0), (2, -2.0)))
         if mask:
             params = replace(params, json_schema=SCHEMA, ignore_eos=False)
-        name = "+".join(n for n, on in (("penalties", counts), ("bias", bias),
-                                        ("grammar", mask)) if on) or "top-k/top-p/min-p"
-        for top in (None, 0, 3, 20):  # none; the token's log-prob; the top-8 and top-32 merges
-            p = params if top is None else replace(params, logprobs=True, top_logprobs=top)
-            suffix = "" if top is None else f"+logprobs{top}"
-            cases.append(SamplerCase(name + suffix, p, request_features(p)))
-    return cases
+        name = "+".join(n for n, on in (("penalties", counts), ("bias", bias), ("grammar", mask))
+                        if on) or "top-k/top-p/min-p"
+        variants[name] = params
+        for top in (0, 3, 20):  # the token's log-prob; the top 8 merge; the top 32
+            variants[f"{name}+logprobs{top}"] = replace(params, logprobs=True, top_logprobs=top)
+    variants["greedy"] = base
+    variants["prompt-log-probs"] = replace(base, prompt_logprobs=True)
+    return variants
+
+
+def sampler_cases(grammar: bool) -> list[SamplerCase]:
+    """Every combination of the sampling kernels' compile-time switches (``sampler_variants``),
+    each with the features it needs compiled."""
+    base = SamplingParams(max_tokens=3, ignore_eos=True)
+    return [SamplerCase(name, p, request_features(p))
+            for name, p in sampler_variants(base, grammar).items()
+            if name not in ("greedy", "prompt-log-probs")]
 
 
 @dataclass(frozen=True)

@@ -406,25 +406,14 @@ def test_layers_dispatch_to_triton_on_cuda():
 
 
 @gpu
-def test_engine_parity_qwen3_moe_triton_backend(tiny_checkpoints, monkeypatch):
+def test_engine_parity_qwen3_moe_triton_backend(tiny_checkpoints):
     """The tiny Qwen3-MoE checkpoint on CUDA (fp32) with the fused MoE gives HF's greedy tokens."""
-    import dataclasses
-
     from helpers.hf_models import hf_greedy, random_prompts
     from minisgl import LLM, SamplingParams
-    from minisgl.llm.config import EngineOptions
 
     path = tiny_checkpoints["qwen3_moe"]
     prompts = random_prompts(4, [5, 17, 33, 60], 256, seed=0)
-    options = {"device": "cuda", "dtype": "float32", "num_pages": 2048}
-    if "moe_backend" in {f.name for f in dataclasses.fields(EngineOptions)}:
-        options["moe_backend"] = "triton"
-    else:  # until the option exists: swap the backend in where the engine creates it
-        import minisgl.engine.engine as engine_mod
-        from minisgl.moe import create_moe_backend
-
-        monkeypatch.setattr(engine_mod, "create_moe_backend",
-                            lambda _: create_moe_backend("triton"))
+    options = {"device": "cuda", "dtype": "float32", "num_pages": 2048, "moe_backend": "triton"}
     llm = LLM(str(path), **options)
     from minisgl.layers.moe import MoELayer
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from helpers import fake_flashinfer
+from helpers.paged_scene import PagedScene
 from minisgl.attention import create_attention_backend
 from minisgl.attention.fa_backend import HybridBackend
 from minisgl.attention.fi_backend import FlashInferBackend, check_usable, import_flashinfer
@@ -25,7 +26,6 @@ from minisgl.attention.fi_plan import gather_page_ids, paged_layout, write_pendi
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.engine.graph import dummy_decode_batch
-from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.kvcache.spec import AttentionSpec
 
 HAS_FI = importlib.util.find_spec("flashinfer") is not None
@@ -40,34 +40,14 @@ PHASES = {
 }
 
 
-class Scene:
-    """A one-layer pool with requests at given (cached, extend) lengths, their pages handed out
-    at random (page 0 is scratch; the page table's last row is the dummy request)."""
+class Scene(PagedScene):
+    """``PagedScene`` whose first ``num_decode`` requests are a mixed step's decode rows."""
 
     def __init__(self, cached, extend, hq, hkv, dim, dtype, page_size, seed=0, device="cpu",
                  num_decode=0, spare_pages=0):
-        gen = torch.Generator().manual_seed(seed)
-        self.hq, self.hkv, self.dim, self.dtype = hq, hkv, dim, dtype
-        self.num_decode, self.gen, self.page_size = num_decode, gen, page_size
-        total = [c + e for c, e in zip(cached, extend)]
-        pages_per = [-(-t // page_size) for t in total]
-        num_pages = sum(pages_per) + 2 + spare_pages
-        self.pool = MHAKVCache(1, hkv, dim, num_pages, page_size, dtype, device)
-        for buf in (self.pool.k_cache(0), self.pool.v_cache(0)):
-            buf.copy_(torch.randn(buf.shape, generator=gen).to(dtype))
-        nrows = len(total) + 4
-        self.page_table = torch.zeros(nrows, max(total) + 8, dtype=torch.int32, device=device)
-        pages = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
-        table_rows = torch.randperm(nrows - 1, generator=gen).tolist()
-        self.reqs = []
-        for i, (c, t) in enumerate(zip(cached, total)):
-            mine = [pages.pop() for _ in range(pages_per[i])]
-            slots = torch.tensor([p * page_size + o for p in mine for o in range(page_size)])[:t]
-            self.page_table[table_rows[i], :t] = slots.to(torch.int32).to(device)
-            self.reqs.append(Req(uid=i, input_ids=[5] * (t + 1), prompt_len=t + 1,
-                                 sampling_params=SamplingParams(), max_device_len=t + 8,
-                                 table_idx=table_rows[i], cached_len=c, device_len=t))
-        self.free = pages  # the spare pages (and one more)
+        super().__init__(cached, extend, hq, hkv, dim, dtype, page_size, seed, device,
+                         spare_pages)
+        self.num_decode = num_decode
 
     def grow(self) -> None:
         """Every request decodes one more token: its next slot, on a fresh page when the last

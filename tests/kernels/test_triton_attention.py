@@ -14,17 +14,17 @@ import pytest
 import torch
 
 from helpers.interpreter import import_triton
+from helpers.paged_scene import PagedScene
 
 triton = import_triton()
 
 from minisgl.attention import create_attention_backend, resolve_attention_backend
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.attention.triton_backend import TritonBackend
-from minisgl.core import Batch, Feed, Req, SamplingParams
+from minisgl.core import Batch, Feed, SamplingParams
 from minisgl.engine.graph import dummy_decode_batch
 from minisgl.kernel.triton.decode_attention import decode_attention, longest_first
 from minisgl.kernel.triton.extend_attention import extend_attention
-from minisgl.kvcache.mha_pool import MHAKVCache
 from minisgl.kvcache.spec import AttentionSpec
 
 pytestmark = pytest.mark.any_device
@@ -131,32 +131,11 @@ def test_head_dim_not_a_power_of_two():
 # -- the backends, through the engine's interface ----------------------------------------------
 
 
-class Scene:
-    """A one-layer pool with requests at given (cached, extend) lengths, pages handed out at
-    random."""
+class Scene(PagedScene):
+    """``PagedScene`` with one plain layer's spec."""
 
     def __init__(self, cached, extend, hq, hkv, dim, dtype, page_size=1, seed=0, device=DEV):
-        gen = torch.Generator().manual_seed(seed)
-        self.hq, self.hkv, self.dim, self.dtype = hq, hkv, dim, dtype
-        total = [c + e for c, e in zip(cached, extend)]
-        pages_per = [-(-t // page_size) for t in total]
-        num_pages = sum(pages_per) + 2
-        self.pool = MHAKVCache(1, hkv, dim, num_pages, page_size, dtype, device)
-        self.pool.k_cache(0).copy_(torch.randn(self.pool.k_cache(0).shape, generator=gen))
-        self.pool.v_cache(0).copy_(torch.randn(self.pool.v_cache(0).shape, generator=gen))
-        nrows = len(total) + 4
-        self.page_table = torch.zeros(nrows, max(total) + 8, dtype=torch.int32, device=device)
-        pages = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()  # page 0: scratch
-        table_rows = torch.randperm(nrows - 1, generator=gen).tolist()  # last row: the dummy
-        self.reqs = []
-        for i, (c, t) in enumerate(zip(cached, total)):
-            mine = [pages.pop() for _ in range(pages_per[i])]
-            slots = torch.tensor([p * page_size + o for p in mine for o in range(page_size)])[:t]
-            self.page_table[table_rows[i], :t] = slots.to(torch.int32).to(device)
-            self.reqs.append(Req(uid=i, input_ids=[5] * (t + 1), prompt_len=t + 1,
-                                 sampling_params=SamplingParams(), max_device_len=t + 8,
-                                 table_idx=table_rows[i], cached_len=c, device_len=t))
-        self.gen = gen
+        super().__init__(cached, extend, hq, hkv, dim, dtype, page_size, seed, device)
         self.spec = AttentionSpec(0, hq, hkv, dim, dim**-0.5)  # one plain layer
 
     def batch(self, phase: str) -> tuple[Batch, tuple[torch.Tensor, ...]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.attention_reference import reference
 from helpers.interpreter import import_triton
 
 triton = import_triton()
@@ -36,26 +37,6 @@ def limits_of(cached: list[int], extend: list[int], spans) -> list[int]:
     return out
 
 
-def reference(qs, k_cache, v_cache, slots_of, cached, limits, scale, window=0):
-    outs, t = [], 0
-    for qb, slots, c in zip(qs, slots_of, cached):
-        qb = qb.double()
-        group = qb.shape[1] // k_cache.shape[1]
-        k = k_cache[slots].double().repeat_interleave(group, 1)
-        v = v_cache[slots].double().repeat_interleave(group, 1)
-        s = torch.einsum("thd,shd->hts", qb, k) * scale
-        qpos = c + torch.arange(qb.shape[0])
-        qlim = torch.tensor(limits[t: t + qb.shape[0]])
-        t += qb.shape[0]
-        kpos = torch.arange(len(slots))
-        seen = kpos[None, :] <= qlim[:, None]
-        if window:
-            seen &= kpos[None, :] > qpos[:, None] - window
-        s = s.masked_fill(~seen.to(s.device), float("-inf"))
-        outs.append(torch.einsum("hts,shd->thd", s.softmax(-1), v))
-    return torch.cat(outs)
-
-
 @pytest.mark.parametrize("window", [0, 6, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_extend_kernel_image_blocks(dtype, window):
@@ -71,10 +52,10 @@ def test_extend_kernel_image_blocks(dtype, window):
                            0.3, window=window,
                            key_limits=torch.tensor(limits, dtype=torch.int32, device=DEV))
     qs = [q[cu[b]: cu[b + 1]] for b in range(len(EXTEND))]
-    ref = reference(qs, k, v, slots_of, CACHED, limits, 0.3, window)
+    ref = reference(qs, k, v, slots_of, CACHED, 0.3, window, limits=limits)
     torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=TOL[dtype])
-    causal = reference(qs, k, v, slots_of, CACHED, limits_of(CACHED, EXTEND, [[]] * 4), 0.3,
-                       window)
+    causal = reference(qs, k, v, slots_of, CACHED, 0.3, window,
+                       limits=limits_of(CACHED, EXTEND, [[]] * 4))
     assert not torch.allclose(out.double(), causal, atol=1e-2)  # the blocks changed something
 
 

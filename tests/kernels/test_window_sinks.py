@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.attention_reference import reference
 from helpers.interpreter import import_triton
 
 triton = import_triton()
@@ -27,30 +28,6 @@ from minisgl.kvcache.spec import AttentionSpec
 pytestmark = pytest.mark.any_device
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
-
-
-def reference(q, k_cache, v_cache, slots_of, cached, scale, window=0, sinks=None):
-    """Float64: each request's new tokens over its context, a window and sinks as specified."""
-    outs = []
-    for b, (qb, slots, c) in enumerate(zip(q, slots_of, cached)):
-        qb = qb.double()
-        group = qb.shape[1] // k_cache.shape[1]
-        k = k_cache[slots].double().repeat_interleave(group, 1)
-        v = v_cache[slots].double().repeat_interleave(group, 1)
-        s = torch.einsum("thd,shd->hts", qb, k) * scale
-        qpos = c + torch.arange(qb.shape[0])
-        kpos = torch.arange(len(slots))
-        seen = kpos[None, :] <= qpos[:, None]
-        if window:
-            seen &= kpos[None, :] > qpos[:, None] - window
-        s = s.masked_fill(~seen.to(s.device), float("-inf"))
-        if sinks is not None:
-            sink = sinks.double().view(-1, 1, 1).expand(-1, s.shape[1], 1)
-            p = torch.cat([s, sink], -1).softmax(-1)[..., :-1]
-        else:
-            p = s.softmax(-1)
-        outs.append(torch.einsum("hts,shd->thd", p, v))
-    return torch.cat(outs)
 
 
 def paged(seq_lens, hkv, dim, dtype, gen):

@@ -24,8 +24,10 @@ def file_name(gpu: str, fmt: str, n: int, k: int) -> str:
 
 
 @functools.cache
-def _buckets(name: str) -> tuple[tuple[float, tuple], ...] | None:
-    path = DIR / name
+def _buckets(device: torch.device, fmt: str, n: int, k: int
+             ) -> tuple[tuple[float, tuple], ...] | None:
+    """The table of this GPU and shape, read once (``fused_moe`` asks on every call)."""
+    path = DIR / file_name(torch.cuda.get_device_name(device), fmt, n, k)
     if not path.exists():
         return None
     rows = json.loads(path.read_text())["buckets"]
@@ -36,7 +38,7 @@ def tuned(rows: float, fmt: str, n: int, k: int, device: torch.device) -> tuple 
     """The tuned tiles (``MoeConfig``'s fields in order) for ``rows`` per expert, or None."""
     if device.type != "cuda":
         return None
-    buckets = _buckets(file_name(torch.cuda.get_device_name(device), fmt, n, k))
+    buckets = _buckets(device, fmt, n, k)
     if buckets is None:
         return None
     return next((cfg for top, cfg in buckets if rows <= top), buckets[-1][1])

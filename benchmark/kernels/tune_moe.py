@@ -6,7 +6,8 @@ expert, written where ``pick_config`` reads it (``minisgl/kernel/triton/moe_conf
 
 ``--mxfp4``: gpt-oss's MXFP4 experts (2I = 5760, H = 2880; the file serves gpt-oss-20b and -120b,
 which differ in their expert count alone); else Qwen3-30B-A3B's bf16 experts. Candidates whose
-output differs from the default configuration's by more than bf16 rounding fail the run.
+output differs from the default configuration's by more than bf16 rounding, or that do not
+compile, are reported and left out.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256,
        (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
        (64, 128, 128, 64, 8, 4, 3), (128, 128, 128, 64, 4, 8, 4), (128, 128, 256, 64, 8, 8, 3)]
+# MXFP4 in bf16: the same swapped tiles through Triton's scaled dot (``scaled_dot``)
+SCALED = {"small": [(16, 64, 64, 256, 1, 4, 3, True), (16, 128, 128, 128, 1, 4, 3, True)],
+          "mid": [(32, 128, 128, 128, 4, 4, 3, True), (64, 128, 128, 128, 8, 4, 3, True)],
+          "big": [(128, 128, 128, 128, 8, 8, 3, True), (64, 128, 128, 128, 8, 4, 3, True)]}
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512
 
 
 def candidates(rows: float, mx: bool) -> list[MoeConfig]:
-    table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
-             else BIG)
-    return [MoeConfig(*c) for c in table]
+    size = "small" if rows <= 4 else "mid" if rows <= 64 else "big"
+    table = {"small": SMALL + (GEMV if mx and rows <= 1 else []), "mid": MID, "big": BIG}[size]
+    return [MoeConfig(*c) for c in table + (SCALED[size] if mx else [])]
 
 
 def main() -> None:
@@ -64,9 +69,15 @@ def main() -> None:
         for cfg in candidates(rows, a.mxfp4):
             if time.time() > deadline:
                 break
-            out = fused_moe(*args, config=cfg, **kw).float()
+            try:
+                out = fused_moe(*args, config=cfg, **kw).float()
+            except Exception as e:  # a variant this GPU's compiler refuses: reported, not kept
+                print(f"rejected {tuple(cfg.__dict__.values())}: {type(e).__name__}: {e}"[:400])
+                continue
             err = ((out - ref).abs().max() / ref.abs().max()).item()
-            assert err < 2e-2, (cfg, err)  # a few bf16 roundings of the largest output
+            if err >= 2e-2:  # more than a few bf16 roundings of the largest output: wrong
+                print(f"rejected {tuple(cfg.__dict__.values())}: max error {err:.3g}")
+                continue
             timed.append((graph_ms(lambda: fused_moe(*args, config=cfg, **kw)) * 1e3, cfg))
         if not timed:
             break

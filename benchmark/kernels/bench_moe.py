@@ -1,7 +1,8 @@
 """Fused Triton MoE vs the torch reference backend on the Qwen3-30B-A3B expert shape, bf16, or
 (``--mxfp4``) on gpt-oss-20b's MXFP4 experts (32 x 2880 x 2880, top 4, biases, clamped SwiGLU).
 
-    python benchmark/kernels/bench_moe.py [--tokens 1 16 256 4096] [--sweep] [--mxfp4] [--out DIR]
+    python benchmark/kernels/bench_moe.py [--tokens 1 16 256 4096] [--sweep] [--mxfp4] [--kernels]
+        [--out DIR]
 
 Per token count: the fused kernel eagerly and replayed from a CUDA graph (how decode runs it), and
 the torch backend (eager only: it reads expert counts back to the host). TFLOP/s counts the active
@@ -92,6 +93,23 @@ def sweep(tokens: int, args, kw, deadline: float) -> list[dict]:
     return rows
 
 
+def kernel_times(fn, reps: int = 20) -> dict[str, float]:
+    """The device time of each kernel ``fn`` launches, microseconds a call (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" and e.device_time_total > 0:
+            times[e.key[:60]] = round(e.device_time_total / reps, 1)
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 4096])
@@ -100,6 +118,8 @@ def main() -> None:
     p.add_argument("--sweep-budget", type=float, default=100.0, help="seconds for the whole sweep")
     p.add_argument("--no-torch", action="store_true", help="skip the torch reference backend")
     p.add_argument("--mxfp4", action="store_true", help="gpt-oss-20b's MXFP4 experts")
+    p.add_argument("--kernels", action="store_true",
+                   help="also each kernel's device time per call (torch.profiler)")
     a = p.parse_args()
     global H, INTER, E, K
     if a.mxfp4:
@@ -122,6 +142,8 @@ def main() -> None:
                    torch_tflops=flops / ref / 1e9 if ref else None,
                    speedup=ref / fused if ref else None,
                    graph_weight_gbps=hit * 3 * H * INTER * weight_bytes / graphed / 1e6)
+        if a.kernels:
+            row["kernels_us"] = kernel_times(lambda: fused_moe(*args, **kw))
         print(json.dumps(row), flush=True)
         results.append(row)
     if a.sweep:

@@ -39,17 +39,17 @@ def test_proportional_rotary_one_table_for_every_global_layer():
     table per config serves them all."""
     import torch
 
-    from minisgl.layers.rotary import RotaryEmbedding, cos_sin_cache
+    from minisgl.layers.rotary import RotaryEmbedding, _cos_sin_cache
     from minisgl.models.config import RotaryConfig
 
     cfg = RotaryConfig(64, 1e6, 128, scaling=(("partial_rotary_factor", 0.25),
                                               ("rope_type", "proportional")))
-    cos_sin_cache.cache_clear()
+    _cos_sin_cache.cache_clear()
     layers = [RotaryEmbedding(RotaryConfig(*dataclasses.astuple(cfg))) for _ in range(6)]
     q, k = torch.randn(3, 2, 64), torch.randn(3, 1, 64)
     pos = torch.tensor([0, 5, 127])
     outs = [layer(pos, q, k) for layer in layers]
-    assert cos_sin_cache.cache_info().currsize == 1
+    assert _cos_sin_cache.cache_info().currsize == 1
     assert all(torch.equal(o[0], outs[0][0]) for o in outs)
     # three quarters of the frequencies are zero: dims 8..31 and 40..63 pass through
     assert torch.equal(outs[0][0][..., 8:32], q[..., 8:32])

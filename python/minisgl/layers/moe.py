@@ -177,15 +177,16 @@ class MoELayer(nn.Module):
         if router_logits.is_cuda and k & (k - 1) == 0:  # one launch instead of four
             from minisgl.kernel.triton.topk_route import topk_route
 
-            return topk_route(router_logits, k, self.spec.routing == "softmax",
-                              self.spec.renormalize)
-        if self.spec.routing == "topk_softmax":
+            weights, ids = topk_route(router_logits, k, self.spec.routing == "softmax",
+                                      self.spec.renormalize)
+        elif self.spec.routing == "topk_softmax":
             values, ids = torch.topk(router_logits, k, dim=-1)
-            return values.float().softmax(dim=-1), ids
-        weights, ids = torch.topk(router_logits.float().softmax(dim=-1), k, dim=-1)
-        if self.spec.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        if self.expert_scale is not None:
+            weights = values.float().softmax(dim=-1)
+        else:
+            weights, ids = torch.topk(router_logits.float().softmax(dim=-1), k, dim=-1)
+            if self.spec.renormalize:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.expert_scale is not None:  # Gemma 4's per-expert scales, after renormalizing
             weights = weights * self.expert_scale[ids]
         return weights, ids
 

@@ -51,6 +51,8 @@ class RMSNorm(nn.Module):
         if self._triton(x):
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
+            if x.stride(-1) != 1:  # the kernel reads rows with unit stride (a pooled tower's)
+                x = x.contiguous()
             return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl,
                                    offset=self.offset != 0.0)
         return self._reference(x)

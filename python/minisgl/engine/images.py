@@ -16,7 +16,9 @@ in one step, encode it once; it is freed when consumed (or when the request leav
 images a step lacks go through the tower in one call.
 
 For Qwen (M-RoPE) every token of a batch with such a request gets its three positions: the
-prompt's from ``multimodal/mrope.py``, and ``index + delta`` after it. For Gemma, an image's
+prompt's from ``multimodal/mrope.py``, and ``index + delta`` after it; a decode batch that
+replays a CUDA graph gets only the deltas (``decode_shifts``), since its tokens' three positions
+are equal. For Gemma, an image's
 tokens attend to each other both ways: ``key_limits`` gives each token the last key position it
 sees (its image's last token, or itself), and the scheduler keeps an image inside one chunk.
 """
@@ -105,9 +107,13 @@ class ImageEncoder:
                              f"image token is {self.image_token_id}")
         mm.check(input_ids)
 
-    def needs_positions(self, batch: Batch) -> bool:
-        """Whether ``batch`` needs M-RoPE positions (a CUDA graph takes 1-D ones only)."""
-        return self.mrope and any(feed.req.mm is not None for feed in batch.feeds)
+    def decode_shifts(self, batch: Batch) -> list[int] | None:
+        """A decode batch's rotary shifts, one per request (its M-RoPE ``delta``, 0 for text),
+        which the decode graph adds to each index (``graph.py``); None: no request has one."""
+        if not self.mrope or all(feed.req.mm is None for feed in batch.feeds):
+            return None
+        return [self._prompt_positions(feed.req)[1] if feed.req.mm is not None else 0
+                for feed in batch.feeds]
 
     def forget(self, req: Req) -> None:
         """``req`` left (finished, aborted or retracted): it holds none of its images now."""

@@ -100,7 +100,7 @@ class Engine:
         self.images = ImageEncoder.load(
             config.model_path, mc.rotary.mrope is not None,
             any(spec.image_blocks for spec in self.cache_spec.attention), config.dtype,
-            self.device, config.dummy_weights)
+            self.device, config.dummy_weights, config.max_image_tokens)
         self.max_seq_len = config.max_seq_len or mc.max_position
         self.dummy_row = config.max_running_reqs
         table_shape = (config.max_running_reqs + 1, self.max_seq_len)

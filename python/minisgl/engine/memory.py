@@ -13,9 +13,12 @@ from torch.utils._pytree import tree_leaves
 
 from minisgl.context import Context
 from minisgl.core import Batch, Feed, Req, SamplingParams
+from minisgl.utils import init_logger
 
 from .batch import prepare_batch
 from .state import attach_state_metadata
+
+logger = init_logger(__name__)
 
 if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend
@@ -58,7 +61,12 @@ def pages_from_memory(engine: BuildingEngine) -> int:
     config = engine.config
     page_bytes = engine.kv_bytes_per_token * config.page_size
     if engine.device.type == "cuda":
-        peak = profile_forward(engine) + image_bytes(engine)
+        peak = profile_forward(engine)
+        if engine.images is not None:
+            tower = image_bytes(engine)
+            logger.info("vision tower: %.2f GiB reserved for a call of %d image tokens "
+                        "(--max-image-tokens)", tower / (1 << 30), engine.images.max_tokens)
+            peak += tower
         total = torch.cuda.mem_get_info(engine.device)[1]
         budget = total * config.mem_fraction - peak
     else:

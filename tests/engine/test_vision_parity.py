@@ -153,3 +153,34 @@ def test_tensor_parallel(arch, checkpoints, images):
                                  NEW_TOKENS)
     assert out.token_ids == tokens
     llm.close()
+
+
+@pytest.mark.gpu
+def test_decode_graphs_with_images(checkpoints, images):
+    """A Qwen request with images decodes through the CUDA graphs (each row's M-RoPE delta a
+    shift of its 1-D position: ``engine/graph.py``), beside a text request and a request with
+    another image in the same batch: the greedy tokens of the eager run (no graphs), which the
+    tests above hold to transformers'."""
+    path = checkpoints["qwen3_5"]
+    conversations = [chat(images[:1]), [{"role": "user", "content": "Say something."}],
+                     chat(images[1:], text="and this?")]
+    outputs = {}
+    for graphs in (True, False):
+        llm = make_llm(path, **({} if graphs else {"cuda_graph_max_bs": 0}))
+        engine = llm.scheduler.engine
+        assert (engine.graph_runner is not None) == graphs
+        replays = []
+        if graphs:
+            replay = engine.graph_runner.replay
+
+            def recorded(batch, greedy, shifts=None, replay=replay):
+                replays.append(shifts)
+                return replay(batch, greedy, shifts)
+
+            engine.graph_runner.replay = recorded
+        prompts = [llm.apply_chat_template(c) for c in conversations]
+        outputs[graphs] = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+        if graphs:  # the decode steps of the image requests replayed graphs, with their deltas
+            assert any(s is not None and any(s) for s in replays)
+        llm.close()
+    assert outputs[True] == outputs[False]

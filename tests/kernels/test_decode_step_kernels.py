@@ -74,11 +74,26 @@ def test_gather_inputs_reads_tokens_and_writes_given_slots(bs):
     given = slots >= 0
     expected_table[rows[given].long(), positions[given].long()] = slots[given].to(DEV)
     rows, positions, slots = rows.to(DEV), positions.to(DEV), slots.to(DEV)
-    ids, pos, loc = gather_inputs(rows, positions, slots, pool, table)
+    ids, pos, loc, rope = gather_inputs(rows, positions, slots, pool, table)
     assert torch.equal(ids, pool[rows.long(), positions.long()]) and ids.dtype == torch.int32
-    assert torch.equal(pos, positions.long()) and pos.dtype == torch.int64
+    assert torch.equal(pos, positions.long()) and pos.dtype == torch.int64 and rope is pos
     assert torch.equal(table, expected_table)
     assert torch.equal(loc, table[rows.long(), positions.long()]) and loc.dtype == torch.int32
+
+
+def test_gather_inputs_shifts_the_rotary_positions():
+    """M-RoPE deltas (negative after a large image) shift the rotary positions only: the token
+    and the slot are read at the index."""
+    pool = torch.arange(4 * 50, dtype=torch.int32, device=DEV).view(4, 50)
+    table = torch.arange(4 * 50, dtype=torch.int32, device=DEV).view(4, 50) + 1000
+    rows = torch.tensor([2, 0, 3], dtype=torch.int32, device=DEV)
+    positions = torch.tensor([40, 7, 0], dtype=torch.int32, device=DEV)
+    shifts = torch.tensor([-30, 0, 5], dtype=torch.int32, device=DEV)
+    slots = torch.full((3,), -1, dtype=torch.int32, device=DEV)
+    ids, pos, loc, rope = gather_inputs(rows, positions, slots, pool, table, shifts)
+    assert ids.tolist() == [140, 7, 150] and pos.tolist() == [40, 7, 0]
+    assert loc.tolist() == [1140, 1007, 1150]
+    assert rope.tolist() == [10, 7, 5] and rope.dtype == torch.int64
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 2000])

@@ -163,6 +163,45 @@ def test_anthropic_bad_images_name_their_block(server):
     assert "corrupt or truncated" in err["message"]
     err = post({"type": "file", "file_id": "f"})
     assert err["message"].startswith("messages[0].content[1].source.type: ")
+    err = post({"type": "url", "url": "https://x/y.png", "media_type": "image/png"})
+    assert err["message"].startswith("messages[0].content[1].source.media_type: unknown field")
+
+
+def test_anthropic_count_tokens_counts_images(server, origin):
+    """The count is the prompt the tokenizer worker makes for the same request (its images
+    expanded by the processor), so it equals the request's usage; a bad image is a 400
+    naming its block, as for the request itself."""
+    client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    blob = base64.b64encode(png((40, 56))).decode()
+    content = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": blob}, "cache_control": {"type": "ephemeral"}},
+               {"type": "image", "source": {"type": "url", "url": f"{origin}/cat.png"}},
+               {"type": "text", "text": "What differs?"}]
+    messages = [{"role": "user", "content": content}]
+    out = client.messages.create(model=MODEL, max_tokens=4, system="Be brief.",
+                                 messages=messages)
+    sent = sent_images(server)
+    assert out.usage.input_tokens == len(sent.input_ids) and len(sent.images) == 2
+    count = client.messages.count_tokens(model=MODEL, system="Be brief.", messages=messages)
+    assert count.input_tokens == len(sent.input_ids)
+    text = client.messages.count_tokens(model=MODEL, system="Be brief.", messages=[
+        {"role": "user", "content": "What differs?"}])
+    assert count.input_tokens - text.input_tokens >= sum(i.num_tokens for i in sent.images)
+    content[0]["source"]["data"] = base64.b64encode(b"garbage").decode()
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.count_tokens(model=MODEL, messages=messages)
+    assert e.value.body["error"]["message"].startswith("messages[0].content[0].source: ")
+
+
+def test_responses_image_fields(server, client):
+    part = {"type": "input_image", "image_url": data_url(png()), "detail": "low"}
+    text = {"type": "input_text", "text": "What is it?"}
+    out = client.responses.create(model=MODEL, input=[{"role": "user", "content": [text, part]}])
+    assert out.usage.input_tokens == len(sent_images(server).input_ids)
+    for extra, param in [({"detail": "max"}, "detail"), ({"crop": [0, 0]}, "crop")]:
+        err = bad_request(lambda: client.responses.create(
+            model=MODEL, input=[{"role": "user", "content": [text, {**part, **extra}]}]))
+        assert err["param"] == f"input[0].content[1].{param}"
 
 
 FIELD = "messages[0].content[1].image_url"
@@ -177,6 +216,9 @@ BAD = [  # (the image part, the param of the 400, a fragment of its message)
     (image_part("file:///etc/passwd"), FIELD, "not 'file'"),
     (image_part(data_url(png()), detail="max"), FIELD + ".detail", "must be one of"),
     (image_part("https://example.com/cat.png"), FIELD, "--allowed-media-domains"),
+    (image_part(data_url(png()), uuid="u1"), FIELD + ".uuid", "unknown field"),
+    ({**image_part(data_url(png())), "uuid": "u1"}, "messages[0].content[1].uuid",
+     "unknown field"),
     ({"type": "input_audio", "input_audio": {}}, "messages[0].content[1].type",
      "'input_audio' are not supported"),
 ]

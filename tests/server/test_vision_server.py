@@ -97,6 +97,23 @@ def test_anthropic_image_block(server, client):
     content = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                             "data": base64.b64encode(png).decode()}},
                {"type": "text", "text": "What is it?"}]
-    out = msgs.messages.create(model=_model(client), max_tokens=4,
-                               messages=[{"role": "user", "content": content}])
+    messages = [{"role": "user", "content": content}]
+    out = msgs.messages.create(model=_model(client), max_tokens=4, messages=messages)
     assert out.usage.input_tokens > 24 and out.usage.output_tokens >= 1
+    count = msgs.messages.count_tokens(model=_model(client), messages=messages)
+    assert count.input_tokens == out.usage.input_tokens  # the image's 24 tokens counted
+
+
+def test_responses_input_image_usage(client):
+    """The Responses API's ``input_image`` is the chat's ``image_url``: the same prompt, so the
+    same usage and (greedy) the same answer."""
+    ask = dict(model=_model(client), max_output_tokens=TOKENS, temperature=0)
+    parts = chat([IMAGE])[0]["content"]
+    content = [{"type": "input_text", "text": p["text"]} if p["type"] == "text" else
+               {"type": "input_image", "image_url": p["image_url"]["url"], "detail": "high"}
+               for p in parts]
+    out = client.responses.create(**ask, input=[{"role": "user", "content": content}])
+    chat_out = client.chat.completions.create(model=_model(client), messages=chat([IMAGE]),
+                                              max_tokens=TOKENS, temperature=0)
+    assert out.usage.input_tokens == chat_out.usage.prompt_tokens
+    assert out.output_text == chat_out.choices[0].message.content

@@ -52,6 +52,9 @@ class EngineConfig:
     # prefill/mixed forwards up to this many tokens replay piecewise CUDA graphs; 0 disables
     piecewise_cuda_graph_max_tokens: int = 0
     max_forward_tokens: int = 8192  # the largest forward (prefill budget): sizes the profiling run
+    # vision-language models: the most tokens of one image and of one vision-tower call, whose
+    # activations the profiling run reserves; None: the largest image the processor makes
+    max_image_tokens: int | None = None
     dummy_weights: bool = False
     seed: int = 0
     tp: DistributedInfo = DistributedInfo()

@@ -100,7 +100,7 @@ class Engine:
         self.images = ImageEncoder.load(
             config.model_path, mc.rotary.mrope is not None,
             any(spec.image_blocks for spec in self.cache_spec.attention), config.dtype,
-            self.device, config.dummy_weights)
+            self.device, config.dummy_weights, config.max_image_tokens)
         self.max_seq_len = config.max_seq_len or mc.max_position
         self.dummy_row = config.max_running_reqs
         table_shape = (config.max_running_reqs + 1, self.max_seq_len)
@@ -141,7 +141,8 @@ class Engine:
 
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
                                             self.dummy_row, max_bs, config.pdl,
-                                            self.window_page_table, config.cuda_graph_sizes)
+                                            self.window_page_table, config.cuda_graph_sizes,
+                                            mc.rotary.mrope is not None)
             self.graph_runner.capture()
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
@@ -223,8 +224,7 @@ class Engine:
 
     def replays_graph(self, batch: Batch) -> bool:
         """Whether ``batch`` is a decode batch that replays a CUDA graph (``graph.py``)."""
-        return (self.graph_runner is not None and self.graph_runner.can_run(batch)
-                and (self.images is None or not self.images.needs_positions(batch)))
+        return self.graph_runner is not None and self.graph_runner.can_run(batch)
 
     def check_images(self, input_ids: list[int], mm: MultimodalPrompt | None) -> None:
         """Raise ``ValueError`` (a 400 naming the field) for images this engine cannot take, or
@@ -269,7 +269,8 @@ class Engine:
         prompt_lps, greedy, keep = None, None, None
         if self.replays_graph(batch):
             assert self.graph_runner is not None
-            logits, greedy = self.graph_runner.replay(batch, args.argmax_only)
+            shifts = self.images.decode_shifts(batch) if self.images is not None else None
+            logits, greedy = self.graph_runner.replay(batch, args.argmax_only, shifts)
         else:
             with self.ctx.forward_batch(batch):
                 self.attn_backend.prepare_metadata(batch)

@@ -2,21 +2,26 @@
 
 A decode step of a small model is dominated by kernel-launch overhead; replaying a captured graph
 removes it. Everything the graph of ``bs`` requests reads from the host lives in one static int32
-buffer, ``[5 + m, bs]``::
+buffer, ``[6 + m, bs]``::
 
     row 0                            page-table row of each request (rows >= batch size: padding)
     row 1                            position of its new token
     row 2                            position of the token it samples
     row 3                            [3, 0]: 1 for a plain greedy batch
     row 4                            the new token's KV slot (``batch.out_slots``; -1: in the table)
-    rows 5 ..                        the attention backend's metadata (m = graph_metadata_rows)
+    row 5                            its rotary shift: Qwen's M-RoPE delta (0 for a text request)
+    rows 6 ..                        the attention backend's metadata (m = graph_metadata_rows)
 
-Each size reads the first ``(5 + m) * bs`` entries of one flat buffer, so that a step sends all of
+Each size reads the first ``(6 + m) * bs`` entries of one flat buffer, so that a step sends all of
 it in one contiguous copy (the columns of a ``[5 + m, max_bs]`` buffer are strided, and torch
 copies into them through a device copy kernel).
 
 The graph gathers the rest itself (``kernel/triton/decode_step.py``), as ``prepare_batch`` would:
-the input token from the token pool (where the previous step's sampler wrote it); it also writes
+the input token from the token pool (where the previous step's sampler wrote it) and, for a model
+with M-RoPE (``mrope``), the rotary position ``index + delta``: the three M-RoPE positions of a
+decode token are equal, so the rotary of that one position is M-RoPE's
+(``tests/unit/test_mrope_decode.py``) and a request with images replays the same graph as text;
+it also writes
 the new slots into the page table, which the scheduler's flush then leaves out (one copy and one
 kernel fewer a step): preparing the batch outside the graph would take eight launches (a copy,
 gathers, a cast, copies into the buffers), each a few microseconds of a one-token step.
@@ -78,18 +83,20 @@ class GraphRunner:
     backend), token pool and dummy row (the page table's last), captured for batches up to
     ``max_bs`` (the ``sizes`` among them, if given); ``pdl``: the graph's own kernels launch with
     programmatic dependent launch; ``window_table``: the sliding layers' own page table, if they
-    have a pool of their own."""
+    have a pool of their own; ``mrope``: the rotary positions are shifted by row 5 (Qwen's
+    M-RoPE deltas)."""
 
     def __init__(self, model: BaseLLMModel, ctx: Context, token_pool: torch.Tensor,
                  dummy_row: int, max_bs: int, pdl: bool,
-                 window_table: torch.Tensor | None = None, sizes: tuple[int, ...] = ()) -> None:
+                 window_table: torch.Tensor | None = None, sizes: tuple[int, ...] = (),
+                 mrope: bool = False) -> None:
         self.model, self.ctx, self.token_pool = model, ctx, token_pool
         self.window_table = window_table
-        self.dummy_row, self.pdl = dummy_row, pdl
+        self.dummy_row, self.pdl, self.mrope = dummy_row, pdl, mrope
         self.device = token_pool.device
         self.sizes = capture_sizes(max_bs, sizes)
         self.max_bs = self.sizes[-1]
-        self.rows = 5 + ctx.attn_backend.graph_metadata_rows
+        self.rows = 6 + ctx.attn_backend.graph_metadata_rows
         self.inputs = torch.zeros(self.rows * self.max_bs, dtype=torch.int32, device=self.device)
         self.tokens = torch.zeros(self.max_bs, dtype=torch.int64, device=self.device)
         self.logits: dict[int, torch.Tensor] = {}
@@ -101,8 +108,8 @@ class GraphRunner:
         """The batch the graph of ``bs`` requests is captured on, its static inputs set."""
         batch = dummy_decode_batch(self.dummy_row, bs)
         inputs = self._inputs(bs)
-        inputs.copy_(self._host_inputs(batch, bs, False, pin=False))  # the dummy request
-        self.ctx.attn_backend.prepare_for_capture(batch, inputs[5:])
+        inputs.copy_(self._host_inputs(batch, bs, False, None, pin=False))  # the dummy request
+        self.ctx.attn_backend.prepare_for_capture(batch, inputs[6:])
         return batch
 
     def run_eager(self, bs: int) -> torch.Tensor:
@@ -148,28 +155,32 @@ class GraphRunner:
         (flag set) the greedy tokens."""
         ctx = self.ctx
         inputs = self._inputs(batch.size)
-        batch.input_ids, batch.positions, batch.out_loc = gather_inputs(
-            inputs[0], inputs[1], inputs[4], self.token_pool, ctx.page_table)
+        batch.input_ids, batch.positions, batch.out_loc, rope = gather_inputs(
+            inputs[0], inputs[1], inputs[4], self.token_pool, ctx.page_table,
+            inputs[5] if self.mrope else None)
         if self.window_table is not None:  # the sliding layers' slots (flushed before the replay)
             batch.window_out_loc = self.window_table[inputs[0].long(), batch.positions]
         if ctx.linear_attn is not None:  # a hybrid model's state slots are the page-table rows
             batch.state_metadata = StateMetadata.for_decode(inputs[0])
         with ctx.forward_batch(batch):
-            hidden = self.model(batch.input_ids, batch.positions, ctx)
+            hidden = self.model(batch.input_ids, rope, ctx)
         logits = self.model.compute_logits(hidden)
         greedy_to_pool(logits, inputs[3], inputs[0], inputs[2], self.token_pool,
                        self.tokens[: batch.size], pdl=self.pdl)
         return logits
 
-    def replay(self, batch: Batch, greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def replay(self, batch: Batch, greedy: bool, shifts: list[int] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of a live decode batch and, with ``greedy`` (a plain greedy batch), its tokens,
-        already in the token pool (else None). Sets ``batch.sample_loc``. All are views of static
-        buffers, valid until the next replay (the stream orders its copy after this step's
-        sampling and host copies)."""
+        already in the token pool (else None); ``shifts``: each request's rotary shift (M-RoPE
+        delta; None: all 0). Sets ``batch.sample_loc``. All are views of static buffers, valid
+        until the next replay (the stream orders its copy after this step's sampling and host
+        copies)."""
         bs = batch.size
         padded = next(s for s in self.sizes if s >= bs)
         inputs = self._inputs(padded)
-        inputs.copy_(self._host_inputs(batch, padded, greedy, pin=True), non_blocking=True)
+        inputs.copy_(self._host_inputs(batch, padded, greedy, shifts, pin=True),
+                     non_blocking=True)
         self.ctx.attn_backend.plan_replay(batch, padded)
         self.graphs[padded].replay()
         batch.sample_loc = (inputs[0, :bs], inputs[2, :bs])
@@ -179,15 +190,18 @@ class GraphRunner:
         """The static inputs of the graph of ``bs`` requests (module docstring)."""
         return self.inputs[: self.rows * bs].view(self.rows, bs)
 
-    def _host_inputs(self, batch: Batch, padded: int, greedy: bool, pin: bool) -> torch.Tensor:
+    def _host_inputs(self, batch: Batch, padded: int, greedy: bool, shifts: list[int] | None,
+                     pin: bool) -> torch.Tensor:
         pad = padded - batch.size
         rows = [feed.table_idx for feed in batch.feeds] + [self.dummy_row] * pad
         new = [feed.device_len - 1 for feed in batch.feeds]  # decode: one token each
         slots = batch.out_slots if batch.out_slots is not None else [-1] * batch.size
         meta = self.ctx.attn_backend.replay_metadata(batch, padded)
         # padding rows: the dummy request's slot 0 of the scratch page
+        shifts = shifts if shifts is not None else [0] * batch.size
         return torch.tensor([rows, new + [0] * pad, [p + 1 for p in new] + [0] * pad,
-                             [int(greedy)] + [0] * (padded - 1), slots + [0] * pad, *meta],
+                             [int(greedy)] + [0] * (padded - 1), slots + [0] * pad,
+                             shifts + [0] * pad, *meta],
                             dtype=torch.int32, pin_memory=pin)
 
     def close(self) -> None:

@@ -16,7 +16,9 @@ in one step, encode it once; it is freed when consumed (or when the request leav
 images a step lacks go through the tower in one call.
 
 For Qwen (M-RoPE) every token of a batch with such a request gets its three positions: the
-prompt's from ``multimodal/mrope.py``, and ``index + delta`` after it. For Gemma, an image's
+prompt's from ``multimodal/mrope.py``, and ``index + delta`` after it; a decode batch that
+replays a CUDA graph gets only the deltas (``decode_shifts``), since its tokens' three positions
+are equal. For Gemma, an image's
 tokens attend to each other both ways: ``key_limits`` gives each token the last key position it
 sees (its image's last token, or itself), and the scheduler keeps an image inside one chunk.
 """
@@ -32,6 +34,8 @@ import torch
 
 from minisgl.attention import BaseAttnBackend
 from minisgl.core import Batch, BatchImages, Feed, Req
+from minisgl.models.vision import VisionTower
+from minisgl.multimodal.items import MediaError
 from minisgl.multimodal.prompt import ImageInput, MultimodalPrompt
 from minisgl.utils import init_logger
 
@@ -48,20 +52,26 @@ class ImageEncoder:
     """``tower``: the checkpoint's vision tower (``models/vision/``), loaded, on the device.
     ``image_token_id``: the placeholder token; ``mrope``: Qwen's rotary sections (None: 1-D
     positions) and ``merge``: its tower's spatial merge size; ``image_blocks``: some layer
-    attends both ways inside an image (Gemma)."""
+    attends both ways inside an image (Gemma); ``max_tokens``: the most image tokens of one
+    tower call, and so of one image (``--max-image-tokens``; the memory profile reserves such a
+    call, ``memory.py``)."""
 
-    def __init__(self, tower: torch.nn.Module, image_token_id: int, device: torch.device,
-                 mrope: bool = False, merge: int = 1, image_blocks: bool = False) -> None:
+    def __init__(self, tower: VisionTower, image_token_id: int, device: torch.device,
+                 mrope: bool = False, merge: int = 1, image_blocks: bool = False,
+                 max_tokens: int = 16384) -> None:
         self.tower, self.image_token_id, self.device = tower, image_token_id, device
         self.mrope, self.merge, self.image_blocks = mrope, merge, image_blocks
+        self.max_tokens = max_tokens
         self.kept: dict[str, _Kept] = {}
         self._positions: dict[int, tuple[np.ndarray, int]] = {}  # uid -> M-RoPE of its prompt
         self.num_encoded = 0  # images run through the tower (tests, stats)
 
     @classmethod
     def load(cls, model_path: str, rotary_mrope: bool, image_blocks: bool, dtype: torch.dtype,
-             device: torch.device, dummy: bool = False) -> ImageEncoder | None:
-        """The encoder of the checkpoint at ``model_path``, or None if it has no vision tower."""
+             device: torch.device, dummy: bool = False,
+             max_tokens: int | None = None) -> ImageEncoder | None:
+        """The encoder of the checkpoint at ``model_path``, or None if it has no vision tower;
+        ``max_tokens`` None: the largest image the family's processor makes."""
         from minisgl.models.vision import create_vision_tower, has_vision, load_vision_tower
 
         path = os.path.join(model_path, "config.json")
@@ -82,7 +92,8 @@ class ImageEncoder:
         merge = int(raw["vision_config"].get("spatial_merge_size", 1))
         logger.info("vision tower: %s, %.2f GiB", type(tower).__name__,
                     sum(p.numel() * p.element_size() for p in tower.parameters()) / (1 << 30))
-        return cls(tower, token, device, rotary_mrope, merge, image_blocks)
+        return cls(tower, token, device, rotary_mrope, merge, image_blocks,
+                   max_tokens or tower.default_max_tokens)
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -100,14 +111,23 @@ class ImageEncoder:
                 f"messages: the attention backend {type(backend).__name__} cannot let an "
                 "image's tokens attend to each other both ways, as this model needs; serve "
                 "images with --attn torch, triton or fa")
+        for image in mm.images:
+            if image.num_tokens > self.max_tokens:
+                raise MediaError(image.field, f"the image takes {image.num_tokens} tokens, more "
+                                 f"than the {self.max_tokens} an image may take "
+                                 "(--max-image-tokens); send a smaller image")
         if mm.image_token_id != self.image_token_id:
             raise ValueError(f"prompt: images on token {mm.image_token_id}, but this model's "
                              f"image token is {self.image_token_id}")
         mm.check(input_ids)
 
-    def needs_positions(self, batch: Batch) -> bool:
-        """Whether ``batch`` needs M-RoPE positions (a CUDA graph takes 1-D ones only)."""
-        return self.mrope and any(feed.req.mm is not None for feed in batch.feeds)
+    def decode_shifts(self, batch: Batch) -> list[int] | None:
+        """A decode batch's rotary shifts, one per request (its M-RoPE ``delta``, 0 for text),
+        which the decode graph adds to each index (``graph.py``); None: no request has one."""
+        if not self.mrope or all(feed.req.mm is None for feed in batch.feeds):
+            return None
+        return [self._prompt_positions(feed.req)[1] if feed.req.mm is not None else 0
+                for feed in batch.feeds]
 
     def forget(self, req: Req) -> None:
         """``req`` left (finished, aborted or retracted): it holds none of its images now."""
@@ -161,15 +181,32 @@ class ImageEncoder:
                      if image.digest not in self.kept}.values())
         if not todo:
             return
-        pixels = [image.pixels().to(self.device, non_blocking=True) for image in todo]
-        with torch.inference_mode():
-            out = self.tower(pixels, [tuple(image.grid) for image in todo])
-        for image, embeds in zip(todo, out):
+        for call in self._calls(todo):
+            pixels = [image.pixels().to(self.device, non_blocking=True) for image in call]
+            with torch.inference_mode():
+                out = self.tower(pixels, [tuple(image.grid) for image in call])
+            self._keep(call, out)
+        self.num_encoded += len(todo)
+
+    def _calls(self, images: list[ImageInput]) -> list[list[ImageInput]]:
+        """``images`` in tower calls of at most ``max_tokens`` tokens each (every image fits
+        one: ``check``), in order: no call's activations exceed what the profile reserved."""
+        calls: list[list[ImageInput]] = [[]]
+        used = 0
+        for image in images:
+            if calls[-1] and used + image.num_tokens > self.max_tokens:
+                calls.append([])
+                used = 0
+            calls[-1].append(image)
+            used += image.num_tokens
+        return calls
+
+    def _keep(self, images: list[ImageInput], out: list[torch.Tensor]) -> None:
+        for image, embeds in zip(images, out):
             if embeds.shape[0] != image.num_tokens:
                 raise RuntimeError(f"the vision tower gave {embeds.shape[0]} rows for an image "
                                    f"of {image.num_tokens} tokens")
             self.kept[image.digest] = _Kept(embeds)
-        self.num_encoded += len(todo)
 
     def _hidden_size(self, embeds: list[torch.Tensor]) -> int:
         if embeds:

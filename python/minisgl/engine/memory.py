@@ -1,18 +1,24 @@
 """How many KV pages an engine gets: a fixed budget on a CPU; on a GPU what is left under
 ``mem_fraction`` after the weights and the activations of one worst-case forward, measured by
-running it."""
+running it, and of a vision-language model's largest vision-tower call (``image_bytes``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from minisgl.context import Context
 from minisgl.core import Batch, Feed, Req, SamplingParams
+from minisgl.utils import init_logger
 
 from .batch import prepare_batch
 from .state import attach_state_metadata
+
+logger = init_logger(__name__)
 
 if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend
@@ -21,6 +27,7 @@ if TYPE_CHECKING:
     from minisgl.models import BaseLLMModel
 
     from .config import EngineConfig
+    from .images import ImageEncoder
 
 
 class BuildingEngine(Protocol):
@@ -37,6 +44,7 @@ class BuildingEngine(Protocol):
     window_ratio: float | None
     dummy_row: int
     max_seq_len: int
+    images: ImageEncoder | None
 
     @property
     def kv_bytes_per_token(self) -> float: ...
@@ -48,11 +56,17 @@ class BuildingEngine(Protocol):
 def pages_from_memory(engine: BuildingEngine) -> int:
     """Pages for ``engine`` (the ``Engine`` being built: weights loaded, no pool yet). CPU: a
     fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and the activations
-    of one worst-case forward (measured by running it)."""
+    of one worst-case forward and of the vision tower's largest call (measured by running
+    them)."""
     config = engine.config
     page_bytes = engine.kv_bytes_per_token * config.page_size
     if engine.device.type == "cuda":
         peak = profile_forward(engine)
+        if engine.images is not None:
+            tower = image_bytes(engine)
+            logger.info("vision tower: %.2f GiB reserved for a call of %d image tokens "
+                        "(--max-image-tokens)", tower / (1 << 30), engine.images.max_tokens)
+            peak += tower
         total = torch.cuda.mem_get_info(engine.device)[1]
         budget = total * config.mem_fraction - peak
     else:
@@ -101,3 +115,66 @@ def profile_forward(engine: BuildingEngine) -> int:
     del pool, backend, ctx, hidden
     torch.cuda.empty_cache()
     return peak
+
+
+@torch.inference_mode()
+def image_bytes(engine: BuildingEngine) -> int:
+    """Bytes the vision tower's largest call takes beyond what is allocated before it (its
+    pixels, activations and output), measured by running it on zeros: a call encodes at most
+    ``max_tokens`` image tokens (``ImageEncoder``), so no step with images takes more. 0 without
+    a tower. The pool is sized as if it came on top of the forward's peak: the two run one after
+    the other, but the tower's output rows stay through the forward, and the sum covers them."""
+    images = engine.images
+    if images is None:
+        return 0
+    tower, tokens = images.tower, images.max_tokens
+    return peak_bytes(lambda: tower(*tower.dummy_input(tokens)), engine.device)
+
+
+def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
+    """The most bytes ``fn`` holds at once beyond what was allocated before it: the CUDA
+    allocator's peak; on a CPU the tensors its operators create, while they live (``_LiveBytes``:
+    it misses an operator's internal scratch, which the allocator's peak counts)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        torch.cuda.empty_cache()
+        return peak
+    with _LiveBytes() as live:
+        fn()
+    return live.peak
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the storage of every tensor an operator returns (not an input's storage: a view
+    or an in-place result) until the tensor is freed; ``peak``: the most at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.owned: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            ptr, size = storage.data_ptr(), storage.nbytes()
+            if size == 0 or ptr in inputs or ptr in self.owned:
+                continue
+            self.owned.add(ptr)
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(t, self._free, ptr, size)
+        return out
+
+    def _free(self, ptr: int, size: int) -> None:
+        self.owned.discard(ptr)
+        self.live -= size

@@ -73,6 +73,10 @@ class EngineOptions:
     schedule_mode: str = "mixed"  # "mixed": decode tokens and prefill chunks share steps
     # tokens of one mixed step; None: see ``default_batched_tokens``
     max_num_batched_tokens: int | None = None
+    # vision-language models: the most tokens one image may take (a larger one is a 400); the
+    # memory profile reserves a vision-tower call of this many. None: the largest image the
+    # checkpoint's processor makes (Qwen3.5/3.6 16384, Gemma 3 256, Gemma 4 1120)
+    max_image_tokens: int | None = None
     schedule_policy: str = "lpm"  # admission order: "lpm" (longest cached prefix) or "fcfs"
     max_wait_steps: int = 64
     disable_prefill_yield: bool = False  # ablation: a long prompt's chunks never yield
@@ -114,6 +118,7 @@ class EngineOptions:
             raise ValueError(f"num_state_snapshots: must be an integer >= 0, "
                              f"got {self.num_state_snapshots!r}")
         positive("max_num_batched_tokens", allow_none=True)
+        positive("max_image_tokens", allow_none=True)
         check_schedule(self.schedule_mode, self.schedule_policy)
         if (not isinstance(self.max_wait_steps, int) or isinstance(self.max_wait_steps, bool)
                 or self.max_wait_steps < 0):
@@ -247,6 +252,7 @@ class EngineOptions:
                                              if device.type == "cuda" else 0),
             max_forward_tokens=max(batched if mixed else self.max_prefill_tokens,
                                    self.max_running_requests),
+            max_image_tokens=self.max_image_tokens,
             dummy_weights=self.dummy_weights,
             seed=self.seed,
             sampler=("triton" if device.type == "cuda" else "torch") if self.sampler == "auto"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import msgspec
 
 DETAILS = ("auto", "low", "high")
+PART_KEYS = {"type", "image_url"}
+URL_KEYS = {"url", "detail"}
 
 
 class MediaError(ValueError):
@@ -24,8 +26,9 @@ class MediaError(ValueError):
 
 class ImageRef(msgspec.Struct, frozen=True):
     """``url``: a ``data:`` URL or an ``http(s)`` URL; ``field``: where the request gave it;
-    ``detail``: OpenAI's hint (accepted as metadata: the checkpoint's preprocessor decides the
-    resolution)."""
+    ``detail``: OpenAI's hint, accepted on purpose without effect, as vLLM and SGLang do: the
+    checkpoint's preprocessor decides the resolution (and so the tokens) from the image's size;
+    OpenAI's fixed low-detail budget has no counterpart in these models."""
 
     url: str
     field: str
@@ -49,6 +52,14 @@ def image_ref(url: object, field: str, detail: object = None) -> ImageRef:
     if detail is not None and detail not in DETAILS:
         raise MediaError(f"{field}.detail", f"must be one of {', '.join(DETAILS)}")
     return ImageRef(url, field, detail)
+
+
+def check_keys(part: dict, allowed: set[str], field: str) -> None:
+    """A key of an image part that nothing reads is a 400 naming it, never silently dropped."""
+    for key in part:
+        if key not in allowed:
+            raise MediaError(f"{field}.{key}", f"unknown field (an image takes "
+                             f"{', '.join(sorted(allowed))})")
 
 
 def check_count(refs: list[ImageRef], limit: int, param: str = "messages") -> None:
@@ -83,6 +94,9 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list[ImageRef]]:
                 if message.get("role") != "user":
                     raise MediaError(where, "images are taken in user messages only")
                 image = part.get("image_url")
+                check_keys(part, PART_KEYS, where)
+                if isinstance(image, dict):
+                    check_keys(image, URL_KEYS, f"{where}.image_url")
                 url, detail = ((image.get("url"), image.get("detail")) if isinstance(image, dict)
                                else (image, None))
                 refs.append(image_ref(url, f"{where}.image_url", detail))

@@ -197,7 +197,7 @@ class ImageProcessor:
         inputs = [ImageInput(pixel_values=np.ascontiguousarray(i.pixel_values,
                                                                np.float32).tobytes(),
                              shape=tuple(i.pixel_values.shape), grid=i.grid, offset=offset,
-                             num_tokens=i.num_tokens, digest=i.digest)
-                  for i, offset in zip(images, offsets)]
+                             num_tokens=i.num_tokens, digest=i.digest, field=item.field)
+                  for i, item, offset in zip(images, items, offsets)]
         return MultimodalPrompt(input_ids=ids, images=inputs,
                                 image_token_id=self.family.image_token_id, mrope_delta=delta)

@@ -27,6 +27,7 @@ class ImageInput(msgspec.Struct, frozen=True):
     offset: int
     num_tokens: int
     digest: str
+    field: str = "messages"  # the request field it came from, which an error about it names
 
     @property
     def end(self) -> int:

@@ -85,7 +85,7 @@ class ShadowEngine:
 
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool, self.dummy_row,
                                             max_bs, config.pdl, self.window_page_table,
-                                            config.cuda_graph_sizes)
+                                            config.cuda_graph_sizes, mc.rotary.mrope is not None)
         same = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim) for a in spec.attention}) == 1
         if self.attn_backend.supports_padding and graphs and same and not windowed:
             from minisgl.engine.piecewise import STEP, PiecewiseRunner

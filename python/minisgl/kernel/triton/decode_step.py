@@ -4,7 +4,8 @@ which samples a plain greedy batch.
 ``gather_inputs``: from the step's rows, positions and new KV slots (copied from the host), the
 input tokens (from the token pool, where the previous step's sampler wrote them) and the positions,
 and the slots written into the page table (where the attention reads them), in one launch where
-torch's indexing took two and the page-table update a copy and a kernel of its own. A slot of -1
+torch's indexing took two and the page-table update a copy and a kernel of its own; for a model
+with M-RoPE also the rotary positions, each shifted by its request's delta. A slot of -1
 is read from the page table instead (a caller that updated the table itself).
 
 ``greedy_to_pool``: the argmax of each row of the logits, written as the sampled token to ``out``
@@ -32,9 +33,10 @@ from .pdl import wait_then_release
 # one variant for every batch size: the step's vectors are rows of the graph's flat input buffer
 # (aligned for some sizes only), and a few lanes more or less cost nothing in a one-program kernel
 @triton.jit(do_not_specialize=["bs"],
-            do_not_specialize_on_alignment=["rows_ptr", "pos_ptr", "slots_ptr"])
-def _gather_kernel(rows_ptr, pos_ptr, slots_ptr, bs, pool_ptr, pool_stride, table_ptr,
-                   table_stride, ids_ptr, pos_out_ptr, loc_ptr, BLOCK: tl.constexpr):
+            do_not_specialize_on_alignment=["rows_ptr", "pos_ptr", "slots_ptr", "shift_ptr"])
+def _gather_kernel(rows_ptr, pos_ptr, slots_ptr, shift_ptr, bs, pool_ptr, pool_stride, table_ptr,
+                   table_stride, ids_ptr, pos_out_ptr, loc_ptr, rope_out_ptr,
+                   HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < bs
     row = tl.load(rows_ptr + i, mask=ok, other=0).to(tl.int64)
@@ -42,6 +44,9 @@ def _gather_kernel(rows_ptr, pos_ptr, slots_ptr, bs, pool_ptr, pool_stride, tabl
     slot = tl.load(slots_ptr + i, mask=ok, other=0)
     tl.store(ids_ptr + i, tl.load(pool_ptr + row * pool_stride + pos, mask=ok), mask=ok)
     tl.store(pos_out_ptr + i, pos.to(tl.int64), mask=ok)
+    if HAS_SHIFT:
+        shift = tl.load(shift_ptr + i, mask=ok, other=0)
+        tl.store(rope_out_ptr + i, (pos + shift).to(tl.int64), mask=ok)
     entry = table_ptr + row * table_stride + pos
     given = slot >= 0
     tl.store(entry, slot, mask=ok & given)
@@ -53,24 +58,28 @@ _GATHER_BLOCK = 128  # requests per program (one compiled variant for every batc
 
 
 def gather_inputs(rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                  token_pool: torch.Tensor,
-                  page_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  token_pool: torch.Tensor, page_table: torch.Tensor,
+                  shifts: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``rows``, ``positions``, ``slots``: int32 [B], the requests' page-table rows and their new
     tokens' positions and KV slots (-1: already in the page table) -> (input tokens, positions
-    int64, KV slots): ``token_pool[rows, positions]``, ``positions``, the slots; each given slot
-    is written to ``page_table[rows, positions]``."""
+    int64, KV slots, rotary positions int64): ``token_pool[rows, positions]``, ``positions``,
+    the slots, and ``positions + shifts`` (int32 [B], Qwen's M-RoPE deltas: a decode token's
+    three positions are equal, ``multimodal/mrope.py``; None: the positions tensor itself);
+    each given slot is written to ``page_table[rows, positions]``."""
     bs = rows.shape[0]
     assert token_pool.stride(1) == 1 and page_table.stride(1) == 1
     assert rows.dtype == positions.dtype == slots.dtype == page_table.dtype == torch.int32
+    assert shifts is None or shifts.dtype == torch.int32
     ids = torch.empty(bs, dtype=token_pool.dtype, device=rows.device)
     pos = torch.empty(bs, dtype=torch.int64, device=rows.device)
     loc = torch.empty(bs, dtype=page_table.dtype, device=rows.device)
-    block = _GATHER_BLOCK
-    _gather_kernel[(triton.cdiv(bs, block),)](rows, positions, slots, bs, token_pool,
-                                              token_pool.stride(0), page_table,
-                                              page_table.stride(0), ids, pos, loc, BLOCK=block,
-                                              num_warps=4)
-    return ids, pos, loc
+    rope = pos if shifts is None else torch.empty(bs, dtype=torch.int64, device=rows.device)
+    _gather_kernel[(triton.cdiv(bs, _GATHER_BLOCK),)](
+        rows, positions, slots, positions if shifts is None else shifts, bs, token_pool,
+        token_pool.stride(0), page_table, page_table.stride(0), ids, pos, loc, rope,
+        HAS_SHIFT=shifts is not None, BLOCK=_GATHER_BLOCK, num_warps=4)
+    return ids, pos, loc, rope
 
 
 @triton.jit

@@ -9,10 +9,15 @@ output be cached by the image's content hash.
 Towers are replicated on every tensor-parallel rank: each rank sees the same batch and encodes
 the same images, so no collective is needed. The largest (Qwen3.5's 27 blocks of width 1152,
 Gemma 3's SigLIP of the same shape) hold about 0.4B parameters, 0.8 GB in bf16 per rank.
+
+The engine encodes at most ``--max-image-tokens`` image tokens in one call (each image at most
+that many) and reserves the activations of such a call when it sizes the KV pool: ``dummy_input``
+is that call's input, and ``default_max_tokens`` the largest image the family's processor makes.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import torch
@@ -28,6 +33,7 @@ class VisionTower(nn.Module):
     ``convert`` (reshape a checkpoint tensor into our parameter's layout)."""
 
     prefixes: dict[str, str] = {}
+    default_max_tokens = 16384
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> VisionTower:
@@ -37,6 +43,15 @@ class VisionTower(nn.Module):
     def forward(self, pixels: list[torch.Tensor], grids: list[tuple[int, ...]]
                 ) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def dummy_input(self, num_tokens: int) -> tuple[list[torch.Tensor], list[tuple[int, ...]]]:
+        """The input (zeros, float32, on the tower's device) of the largest call with at most
+        ``num_tokens`` image tokens, which the memory profile runs."""
+        raise NotImplementedError
+
+    def _zeros(self, *shape: int) -> torch.Tensor:
+        """Pixels as the engine hands them over: float32, on the tower's device."""
+        return torch.zeros(shape, device=next(self.parameters()).device)
 
     def local_name(self, name: str) -> str | None:
         return name
@@ -77,3 +92,9 @@ class VisionTower(nn.Module):
         if missing:
             raise ValueError(f"vision tower: the checkpoint lacks {', '.join(missing[:5])}"
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+
+
+def near_square(num_tokens: int) -> tuple[int, int]:
+    """``(a, b)``, ``a <= b``, the most tokens ``a * b <= num_tokens`` of a near-square grid."""
+    a = max(1, math.isqrt(num_tokens))
+    return a, max(1, num_tokens // a)

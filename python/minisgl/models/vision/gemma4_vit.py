@@ -24,7 +24,7 @@ from torch import nn
 
 from minisgl.layers.norm import RMSNorm
 
-from .base import VisionTower
+from .base import VisionTower, near_square
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,7 @@ class EncoderLayer(nn.Module):
 class Gemma4VisionTower(VisionTower):
     prefixes = {"model.vision_tower.": "vision.", "vision_tower.": "vision.",
                 "model.embed_vision.": "embed.", "embed_vision.": "embed."}
+    default_max_tokens = 1120  # the processor's largest max_soft_tokens
 
     def __init__(self, cfg: Gemma4VisionConfig) -> None:
         super().__init__()
@@ -159,6 +160,11 @@ class Gemma4VisionTower(VisionTower):
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> Gemma4VisionTower:
         return cls(Gemma4VisionConfig.from_dict(raw))
+
+    def dummy_input(self, num_tokens: int) -> tuple[list[torch.Tensor], list[tuple[int, ...]]]:
+        k = self.cfg.pooling_kernel_size
+        a, b = near_square(num_tokens)
+        return [self._zeros(k * a * k * b, 3 * self.cfg.patch_size ** 2)], [(k * a, k * b)]
 
     def encode(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """One image's ``[h*w, 3*P*P]`` raster-order patches -> ``[h*w / k^2, text_hidden]``."""

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import VisionTower
+from .base import VisionTower, near_square
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,9 @@ class VisionBlock(nn.Module):
 
 class Qwen3_5VisionTower(VisionTower):
     prefixes = {"model.visual.": ""}
+    # the releases' processor: at most 16 Mi pixels an image (size.longest_edge), one token for
+    # each 32 x 32 (a 16-pixel patch, merged 2 x 2)
+    default_max_tokens = 16384
 
     def __init__(self, cfg: Qwen3_5VisionConfig) -> None:
         super().__init__()
@@ -140,6 +143,11 @@ class Qwen3_5VisionTower(VisionTower):
         if name == "patch_embed.weight":  # Conv3d [out, C, T, P, P] -> linear over the patch
             return tensor.reshape(tensor.shape[0], -1)
         return tensor
+
+    def dummy_input(self, num_tokens: int) -> tuple[list[torch.Tensor], list[tuple[int, ...]]]:
+        m = self.cfg.spatial_merge_size
+        a, b = near_square(num_tokens)
+        return [self._zeros(m * a * m * b, self.cfg.patch_dim)], [(1, m * a, m * b)]
 
     def positions(self, grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The learned position embedding of each patch (resampled to the grid) and the angles

@@ -96,6 +96,7 @@ class Gemma3VisionTower(VisionTower):
     def __init__(self, cfg: SiglipConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.default_max_tokens = cfg.tokens_per_image  # every image takes as many
         d, p = cfg.hidden_size, cfg.patch_size
         self.vision = nn.Module()
         self.vision.embeddings = nn.Module()
@@ -121,6 +122,10 @@ class Gemma3VisionTower(VisionTower):
         if name.endswith("patch_embedding.weight"):  # Conv2d [out, C, P, P] -> linear
             return tensor.reshape(tensor.shape[0], -1)
         return tensor
+
+    def dummy_input(self, num_tokens: int) -> tuple[list[torch.Tensor], list[tuple[int, ...]]]:
+        side, count = self.cfg.image_size, max(1, num_tokens // self.cfg.tokens_per_image)
+        return [self._zeros(self.cfg.num_channels, side, side) for _ in range(count)], [()] * count
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         """``[B, C, S, S]`` images -> ``[B, tokens_per_image, text_hidden]``."""

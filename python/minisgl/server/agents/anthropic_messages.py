@@ -11,7 +11,6 @@ blocks of a vision model chat ``image_url`` parts: ``images.py``), tools chat fu
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
@@ -20,12 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from minisgl.core import SamplingParams
-from minisgl.message import TokenizeMsg
 from minisgl.server.agents.anthropic_stream import MessageBuilder, message_id
 from minisgl.server.agents.chat_bridge import (
     AgentStream,
     StreamFailed,
+    count_chat_tokens,
     matched_stop,
     reasoning_kwargs,
     start_chat,
@@ -281,29 +279,12 @@ async def messages(request: Request) -> Response:
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> Response:
-    """The prompt's tokens as the chat template renders it (the same text generation sees)."""
+    """The prompt's tokens as the chat template renders it (the same text generation sees),
+    each image as the tokens its size expands to."""
     try:
         req = parse(CountTokensRequest, await read_json(request))
         check_model(request, req.model)
         body = await chat_body(request, req)
-        tokens = request.app.state.tokens
-        await tokens.get()
-        if tokens.tokenizer is None:
-            raise ApiError(400, "messages: this model has no tokenizer", "messages")
-        from minisgl.tokenizer.tokenize import TokenizeManager
-
-        if any(isinstance(m.get("content"), list) for m in body["messages"]):
-            # an image's tokens depend on its size: the tokenizer worker's preprocessing
-            raise ApiError(400, "messages: the tokens of images are not counted here (send "
-                           "the request: its usage counts them)", "messages")
-
-        msg = TokenizeMsg(uid=0, sampling_params=SamplingParams(), messages=body["messages"],
-                          tools=body.get("tools") if body.get("tool_choice") != "none" else None,
-                          chat_template_kwargs=body.get("chat_template_kwargs"))
-        try:
-            ids = await asyncio.to_thread(TokenizeManager(tokens.tokenizer).tokenize, msg)
-        except ValueError as e:
-            raise ApiError(400, str(e), "messages") from None
-        return JSONResponse({"input_tokens": len(ids)})
+        return JSONResponse({"input_tokens": await count_chat_tokens(request, body, NAMES)})
     except ApiError as e:
         return error_response(e)

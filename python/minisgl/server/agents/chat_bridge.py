@@ -18,10 +18,12 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import StreamingResponse
 
-from minisgl.message import UserReply
+from minisgl.core import SamplingParams
+from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.agents.images import image_names
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.chat import run_chat
+from minisgl.server.openai.images import chat_images, load_images
 from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -158,6 +160,21 @@ async def start_chat(request: Request, body: dict, names: dict[str, str], rid: s
     names = {**names, **image_names(body.get("messages") or [])}
     try:
         return ChatRun(await run_chat(request, parse(ChatCompletionRequest, body), rid))
+    except ApiError as e:
+        raise rename(e, names) from None
+
+
+async def count_chat_tokens(request: Request, body: dict, names: dict[str, str]) -> int:
+    """The prompt tokens ``body`` (a translated chat) would take, its images expanded as the chat
+    path expands them, so the count equals that request's usage; errors carry ``names``."""
+    names = {**names, **image_names(body["messages"])}
+    try:
+        messages, refs = chat_images(request, body["messages"])
+        msg = TokenizeMsg(uid=0, sampling_params=SamplingParams(), messages=messages,
+                          tools=body.get("tools") if body.get("tool_choice") != "none" else None,
+                          chat_template_kwargs=body.get("chat_template_kwargs"),
+                          images=await load_images(request, refs))
+        return await request.app.state.prompt_counter.count(request, msg)
     except ApiError as e:
         raise rename(e, names) from None
 

@@ -7,17 +7,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from minisgl.multimodal.items import DETAILS, MediaError, check_keys
 from minisgl.server.openai.protocol import ApiError
 
 FIELD_KEY = "_field"
 MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's
+# every key each API's image part may hold; ``cache_control`` is accepted without effect (the
+# radix cache keeps every prefix, the image's included)
+RESPONSES_KEYS = {"type", "image_url", "file_id", "detail"}
+ANTHROPIC_KEYS = {"type", "source", "cache_control"}
+SOURCE_KEYS = {"base64": {"type", "media_type", "data"}, "url": {"type", "url"}}
 
 
 def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param)
 
 
+def _keys(part: dict, allowed: set[str], param: str) -> None:
+    try:
+        check_keys(part, allowed, param)
+    except MediaError as e:
+        raise ApiError(400, str(e), e.param) from None
+
+
 def responses_image(part: dict, param: str) -> dict:
+    _keys(part, RESPONSES_KEYS, param)
+    if part.get("detail") not in (None, *DETAILS):
+        raise _bad(f"{param}.detail", f"must be one of {', '.join(DETAILS)}")
     if part.get("file_id") is not None:
         raise _bad(f"{param}.file_id", "file ids are not supported (give image_url)")
     url = {"url": part.get("image_url"), "detail": part.get("detail")}
@@ -25,19 +41,21 @@ def responses_image(part: dict, param: str) -> dict:
 
 
 def anthropic_image(block: dict, param: str) -> dict:
+    _keys(block, ANTHROPIC_KEYS, param)
     source = block.get("source")
-    kind = source.get("type") if isinstance(source, dict) else None
+    if not isinstance(source, dict) or source.get("type") not in SOURCE_KEYS:
+        raise _bad(f"{param}.source.type", "must be base64 or url (file sources are not "
+                   "supported)")
+    kind = source["type"]
+    _keys(source, SOURCE_KEYS[kind], f"{param}.source")
     if kind == "base64":
         if source.get("media_type") not in MEDIA_TYPES:
             raise _bad(f"{param}.source.media_type", f"must be one of {', '.join(MEDIA_TYPES)}")
         if not isinstance(source.get("data"), str):
             raise _bad(f"{param}.source.data", "must be a base64 string")
         url = f"data:{source['media_type']};base64,{source['data']}"
-    elif kind == "url":
-        url = source.get("url")
     else:
-        raise _bad(f"{param}.source.type", "must be base64 or url (file sources are not "
-                   "supported)")
+        url = source.get("url")
     return {"type": "image_url", "image_url": {"url": url}, FIELD_KEY: f"{param}.source"}
 
 

@@ -27,7 +27,7 @@ from minisgl.server.openai import chat, completions, generate
 from minisgl.server.openai.bodies import TokenTexts
 from minisgl.server.openai.frontend import FrontendManager
 from minisgl.server.openai.generation_defaults import load_sampling_defaults, log_defaults
-from minisgl.server.openai.images import has_vision
+from minisgl.server.openai.images import PromptCounter, has_vision
 from minisgl.server.openai.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openai.options import check_options
 from minisgl.server.openai.protocol import ApiError, error_body, param_path
@@ -150,6 +150,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.harmony = Harmony.for_model(app.state.model_path)  # gpt-oss: its output format
     app.state.vision = has_vision(app.state.model_path)  # takes image content parts
+    app.state.prompt_counter = PromptCounter()  # count_tokens: prompts rendered here
     app.state.created = int(time.time())
     app.state.sampling_defaults = load_sampling_defaults(config.generation_config,
                                                          app.state.model_path)

@@ -90,6 +90,10 @@ _HELP = {
                         "decoding)",
     "limit_mm_per_prompt": "images one request may carry: a number, or vLLM's JSON "
                            "'{\"image\": N}'",
+    "max_image_tokens": "vision-language models: the most tokens one image may take (a larger "
+                        "one is a 400) and one vision-tower call encodes; the KV pool is sized "
+                        "after reserving such a call's activations (default: the largest image "
+                        "the processor makes: Qwen3.5/3.6 16384, Gemma 3 256, Gemma 4 1120)",
     "device": "cpu, cuda, cuda:N or auto",
     "dtype": "auto, float32, bfloat16 or float16 (also: half, fp16, bf16, float, fp32)",
     "quantization": "quantize a bf16/fp16 checkpoint's weights to FP8 (e4m3) at load: fp8 (one "

@@ -2,16 +2,19 @@
 (``multimodal.items.split_images``), counted against ``--limit-mm-per-prompt`` and loaded (data
 URLs decoded, ``http(s)`` URLs fetched in threads, concurrently), so that the tokenizer worker,
 which decodes and preprocesses them, never waits on the network. A model without a vision tower
-refuses any non-text part, as it always has."""
+refuses any non-text part, as it always has. ``PromptCounter`` renders a prompt, images included,
+as the tokenizer worker does, to count its tokens without running it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+from typing import Any
 
 from fastapi import Request
 
+from minisgl.message import TokenizeMsg
 from minisgl.multimodal.fetch import load_image
 from minisgl.multimodal.items import (
     ImageItem,
@@ -21,8 +24,10 @@ from minisgl.multimodal.items import (
     image_ref,
     split_images,
 )
+from minisgl.multimodal.processor import ImageProcessor
 from minisgl.server.openai.protocol import ApiError
 from minisgl.server.openai.request_context import server_config
+from minisgl.tokenizer.tokenize import TokenizeManager
 
 
 def has_vision(model_path: str | None) -> bool:
@@ -85,3 +90,37 @@ async def load_images(request: Request, refs: list[ImageRef]) -> list[ImageItem]
     except MediaError as e:
         raise ApiError(400, str(e), e.param) from None
     return list(items)
+
+
+class PromptCounter:
+    """A prompt's tokens as the tokenizer worker makes them (``/v1/messages/count_tokens``):
+    the same ``TokenizeManager``, with the checkpoint's image processor, so each image counts
+    the tokens its size expands to and the count equals the request's ``usage``. The processor
+    loads on the first count, off the loop (a request with images needs it; one without does
+    not wait for it)."""
+
+    def __init__(self) -> None:
+        self._manager: TokenizeManager | None = None
+
+    async def count(self, request: Request, msg: TokenizeMsg) -> int:
+        """``msg``'s prompt length; a bad prompt or image is a 400 naming its field."""
+        tokens = request.app.state.tokens
+        await tokens.get()
+        if tokens.tokenizer is None:
+            raise ApiError(400, "messages: this model has no tokenizer", "messages")
+        if self._manager is None:
+            self._manager = await asyncio.to_thread(self._load, request, tokens.tokenizer)
+        try:
+            return len(await asyncio.to_thread(self._manager.tokenize, msg))
+        except MediaError as e:
+            raise ApiError(400, str(e), e.param) from None
+        except ValueError as e:
+            raise ApiError(400, str(e), "messages") from None
+
+    @staticmethod
+    def _load(request: Request, tokenizer: Any) -> TokenizeManager:
+        state = request.app.state
+        images = (ImageProcessor.for_model(state.model_path, tokenizer,
+                                           server_config(request).media)
+                  if state.vision else None)
+        return TokenizeManager(tokenizer, state.harmony, images)

@@ -5,45 +5,19 @@ without speculation (exactness is the verification's)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
-from helpers.hybrid_models import make_hybrid_checkpoint
+from helpers.hybrid_models import add_mtp_head, make_hybrid_checkpoint
 from helpers.spec_spy import spy_on_proposer
 from minisgl import LLM, SamplingParams
 
 pytestmark = pytest.mark.any_device
 MTP = {"method": "mtp", "num_speculative_tokens": 3, "adaptive": False}
-
-
-def add_mtp_head(path, seed: int = 0) -> None:
-    """Give a saved checkpoint an ``mtp.`` head: its full-attention layer 3 (dense MLP or MoE,
-    whatever the model has) perturbed, plus random fc and norms; ``mtp_num_hidden_layers: 1``."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        prefix = next(k for k in f.keys() if k.endswith("layers.3.input_layernorm.weight"))
-        prefix = prefix.removesuffix("layers.3.input_layernorm.weight")
-        for key in f.keys():
-            if key.startswith(prefix + "layers.3."):
-                t = f.get_tensor(key)
-                noise = torch.randn(t.shape, generator=gen) * 0.05
-                tensors["mtp.layers.0." + key.removeprefix(prefix + "layers.3.")] = t + noise
-        hidden = f.get_tensor(prefix + "norm.weight").shape[0]
-    tensors["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) * 0.1
-    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        tensors[f"mtp.{name}.weight"] = torch.randn(hidden, generator=gen) * 0.1
-    save_file(tensors, str(path / "mtp.safetensors"))
-    config = json.loads((path / "config.json").read_text())
-    (config.get("text_config") or config)["mtp_num_hidden_layers"] = 1
-    (path / "config.json").write_text(json.dumps(config))
 
 
 @pytest.fixture(scope="module")

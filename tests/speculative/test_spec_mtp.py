@@ -13,7 +13,7 @@ from safetensors import safe_open
 from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
 from helpers.hybrid_models import add_mtp_head, make_hybrid_checkpoint
-from helpers.spec_spy import spy_on_proposer
+from helpers.spec_spy import fake_request, run_head, spy_on_proposer
 from minisgl import LLM, SamplingParams
 
 pytestmark = pytest.mark.any_device
@@ -87,10 +87,13 @@ def test_the_head_is_the_checkpoint_layout(mtp_checkpoints):
     past_k, past_v = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
     embeds, hidden = torch.randn(3, 64), torch.randn(3, 64)
     pos = torch.tensor([5, 6, 7])
-    dev = head.fc.weight.device
+    engine = llm.scheduler.engine
+    dev = engine.device
     with torch.inference_mode():
-        out, k, v = head(embeds.to(dev), hidden.to(dev), pos.to(dev), past_k.to(dev),
-                         past_v.to(dev))
+        out, k, v = run_head(
+            engine, head.layers[0].self_attn.spec.kv_layer,
+            lambda positions: head(embeds.to(dev), hidden.to(dev), positions, engine.ctx),
+            past_k.to(dev), past_v.to(dev), 3)
     ref, ref_k, ref_v = reference_head(w, embeds, hidden, pos, past_k, past_v)
     torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(k.cpu(), ref_k, atol=1e-4, rtol=1e-4)
@@ -126,10 +129,9 @@ def test_a_checkpoint_without_a_head_is_refused(tmp_path):
 
 
 def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
-    """The proposer feeds the head a step's positions at a time, against the K/V it keeps; the
-    drafts at every step equal those of a fresh proposer fed the whole history at once (the same
-    target hidden states)."""
-    from minisgl.core import Req
+    """The proposer feeds the head a step's positions at a time, against the K/V the pool keeps;
+    the drafts at every step equal those of a fresh proposer fed the whole history at once (the
+    same target hidden states)."""
     from minisgl.speculative.mtp import MtpProposer
 
     path = mtp_checkpoints["qwen3_5"]
@@ -138,13 +140,13 @@ def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
     prompt = random_prompts(1, [40], 256, seed=7)[0]
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     assert len(calls) > 5 and all(drafts for _, drafts in calls)
-    model = llm.scheduler.engine.model
+    engine = llm.scheduler.engine
     for ids, drafts in calls:
-        fresh = MtpProposer(model)
-        req = Req(uid=0, input_ids=ids, prompt_len=len(prompt), sampling_params=None,
-                  max_device_len=len(ids) + 8)
+        fresh = MtpProposer(engine)
+        req = fake_request(engine, ids, len(ids) - 1)
         fresh.record(req, 0, torch.stack([rows[p] for p in range(len(ids) - 1)]))
         assert fresh.propose(req, len(drafts)) == drafts
+        engine.page_table[0].zero_()
     llm.close()
 
 

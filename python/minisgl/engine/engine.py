@@ -119,12 +119,21 @@ class Engine:
                              and config.sliding_pool_ratio > 0 else None)
         self.window_page_table = (torch.zeros(table_shape, dtype=torch.int32, device=self.device)
                                   if self.window_ratio else None)
+        # a draft head's chained steps write their K/V to pages after the scheduler's
+        # (``speculative/head.py``): the draft positions no request owns yet
+        chain = max(config.spec_group_size - 2, 0) if self.cache_spec.draft is not None else 0
+        draft_pages = -(-config.max_running_reqs * chain // config.page_size)
         # every rank must hold the same number of pages: the schedulers make identical decisions
-        self.num_pages = self.comm.min_int(config.num_pages or pages_from_memory(self))
+        self.num_pages = self.comm.min_int(config.num_pages
+                                           or pages_from_memory(self) - draft_pages)
         self.window_pages = self._window_pages(self.num_pages)
         check_pool(config.max_seq_len, self.max_seq_len, (self.num_pages - 1) * config.page_size,
                    config.page_size, self.kv_bytes_per_token, self.device.type == "cpu")
-        self.kv_pool, self.attn_backend = self.make_pool(self.num_pages, self.window_pages)
+        self.kv_pool, self.attn_backend = self.make_pool(self.num_pages + draft_pages,
+                                                         self.window_pages)
+        self.draft_slots = torch.arange(
+            self.num_pages * config.page_size, (self.num_pages + draft_pages) * config.page_size,
+            dtype=torch.int32, device=self.device)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool,
                            self.linear_attn)
         # eager forwards' token counts are rounded up to this (batch.py says why)

@@ -40,7 +40,7 @@ class EngineConfig:
     # forward's hidden states back (``ForwardOutput.hidden``)
     mtp: bool = False
     # the ``eagle3`` speculative method: its draft's directory; the target captures the draft's
-    # aux layers and hands them back (``ForwardOutput.hidden``); decode CUDA graphs are off
+    # aux layers and hands them back (``ForwardOutput.hidden``)
     draft_model_path: str | None = None
     # > 0: the sliding-window layers get a slot space of their own, this many tokens per token of
     # the others, and their pages past the window go back to the pool (0: they share the others')

@@ -23,7 +23,7 @@ from .build import build_model, make_pool
 from .config import EngineConfig
 from .images import ImageEncoder
 from .loading import load_model_config
-from .memory import pages_from_memory
+from .memory import chain_pages, pages_from_memory
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
 from .window import check_pool, window
@@ -119,10 +119,7 @@ class Engine:
                              and config.sliding_pool_ratio > 0 else None)
         self.window_page_table = (torch.zeros(table_shape, dtype=torch.int32, device=self.device)
                                   if self.window_ratio else None)
-        # a draft head's chained steps write their K/V to pages after the scheduler's
-        # (``speculative/head.py``): the draft positions no request owns yet
-        chain = max(config.spec_group_size - 2, 0) if self.cache_spec.draft is not None else 0
-        draft_pages = -(-config.max_running_reqs * chain // config.page_size)
+        draft_pages = chain_pages(config, self.cache_spec)  # after the scheduler's
         # every rank must hold the same number of pages: the schedulers make identical decisions
         self.num_pages = self.comm.min_int(config.num_pages
                                            or pages_from_memory(self) - draft_pages)

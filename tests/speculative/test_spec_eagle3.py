@@ -24,7 +24,7 @@ from helpers.eagle3_drafts import (
     reference_step,
 )
 from helpers.hf_models import hf_model, random_prompts
-from helpers.spec_spy import spy_on_proposer
+from helpers.spec_spy import run_head, spy_on_proposer
 from minisgl import LLM, SamplingParams
 
 pytestmark = pytest.mark.any_device
@@ -53,10 +53,13 @@ def test_the_draft_forward_is_the_checkpoint_layout(checkpoints, arch):
     hidden, th = head.cfg.hidden_size, head.cfg.target_hidden_size
     past_k, past_v = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
     embeds, aux, pos = torch.randn(3, hidden), torch.randn(3, 3 * th), torch.tensor([5, 6, 7])
-    dev = head.fc.weight.device
+    engine = llm.scheduler.engine
+    dev = engine.device
     with torch.inference_mode():
-        out, k, v = head(embeds.to(dev), aux.to(dev), pos.to(dev), past_k.to(dev),
-                         past_v.to(dev), True)
+        out, k, v = run_head(
+            engine, head.spec.kv_layer,
+            lambda positions: head(embeds.to(dev), aux.to(dev), positions, engine.ctx, True),
+            past_k.to(dev), past_v.to(dev), 3)
         logits = head.lm_head(head.norm(out))
     ref, ref_k, ref_v = reference_step(w, embeds, aux @ w["fc.weight"].T, pos, past_k, past_v)
     for got, want in ((out, ref), (k, ref_k), (v, ref_v), (logits, reference_logits(w, ref))):

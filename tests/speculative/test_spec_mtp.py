@@ -5,45 +5,19 @@ without speculation (exactness is the verification's)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from helpers.device import TEST_DEVICE
 from helpers.hf_models import random_prompts
-from helpers.hybrid_models import make_hybrid_checkpoint
-from helpers.spec_spy import spy_on_proposer
+from helpers.hybrid_models import add_mtp_head, make_hybrid_checkpoint
+from helpers.spec_spy import fake_request, run_head, spy_on_proposer
 from minisgl import LLM, SamplingParams
 
 pytestmark = pytest.mark.any_device
 MTP = {"method": "mtp", "num_speculative_tokens": 3, "adaptive": False}
-
-
-def add_mtp_head(path, seed: int = 0) -> None:
-    """Give a saved checkpoint an ``mtp.`` head: its full-attention layer 3 (dense MLP or MoE,
-    whatever the model has) perturbed, plus random fc and norms; ``mtp_num_hidden_layers: 1``."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        prefix = next(k for k in f.keys() if k.endswith("layers.3.input_layernorm.weight"))
-        prefix = prefix.removesuffix("layers.3.input_layernorm.weight")
-        for key in f.keys():
-            if key.startswith(prefix + "layers.3."):
-                t = f.get_tensor(key)
-                noise = torch.randn(t.shape, generator=gen) * 0.05
-                tensors["mtp.layers.0." + key.removeprefix(prefix + "layers.3.")] = t + noise
-        hidden = f.get_tensor(prefix + "norm.weight").shape[0]
-    tensors["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) * 0.1
-    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        tensors[f"mtp.{name}.weight"] = torch.randn(hidden, generator=gen) * 0.1
-    save_file(tensors, str(path / "mtp.safetensors"))
-    config = json.loads((path / "config.json").read_text())
-    (config.get("text_config") or config)["mtp_num_hidden_layers"] = 1
-    (path / "config.json").write_text(json.dumps(config))
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +87,13 @@ def test_the_head_is_the_checkpoint_layout(mtp_checkpoints):
     past_k, past_v = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
     embeds, hidden = torch.randn(3, 64), torch.randn(3, 64)
     pos = torch.tensor([5, 6, 7])
-    dev = head.fc.weight.device
+    engine = llm.scheduler.engine
+    dev = engine.device
     with torch.inference_mode():
-        out, k, v = head(embeds.to(dev), hidden.to(dev), pos.to(dev), past_k.to(dev),
-                         past_v.to(dev))
+        out, k, v = run_head(
+            engine, head.layers[0].self_attn.spec.kv_layer,
+            lambda positions: head(embeds.to(dev), hidden.to(dev), positions, engine.ctx),
+            past_k.to(dev), past_v.to(dev), 3)
     ref, ref_k, ref_v = reference_head(w, embeds, hidden, pos, past_k, past_v)
     torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(k.cpu(), ref_k, atol=1e-4, rtol=1e-4)
@@ -152,10 +129,9 @@ def test_a_checkpoint_without_a_head_is_refused(tmp_path):
 
 
 def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
-    """The proposer feeds the head a step's positions at a time, against the K/V it keeps; the
-    drafts at every step equal those of a fresh proposer fed the whole history at once (the same
-    target hidden states)."""
-    from minisgl.core import Req
+    """The proposer feeds the head a step's positions at a time, against the K/V the pool keeps;
+    the drafts at every step equal those of a fresh proposer fed the whole history at once (the
+    same target hidden states)."""
     from minisgl.speculative.mtp import MtpProposer
 
     path = mtp_checkpoints["qwen3_5"]
@@ -164,13 +140,13 @@ def test_incremental_drafts_equal_drafts_from_scratch(mtp_checkpoints):
     prompt = random_prompts(1, [40], 256, seed=7)[0]
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     assert len(calls) > 5 and all(drafts for _, drafts in calls)
-    model = llm.scheduler.engine.model
+    engine = llm.scheduler.engine
     for ids, drafts in calls:
-        fresh = MtpProposer(model)
-        req = Req(uid=0, input_ids=ids, prompt_len=len(prompt), sampling_params=None,
-                  max_device_len=len(ids) + 8)
+        fresh = MtpProposer(engine)
+        req = fake_request(engine, ids, len(ids) - 1)
         fresh.record(req, 0, torch.stack([rows[p] for p in range(len(ids) - 1)]))
         assert fresh.propose(req, len(drafts)) == drafts
+        engine.page_table[0].zero_()
     llm.close()
 
 

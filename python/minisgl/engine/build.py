@@ -47,9 +47,8 @@ def build_model(config: EngineConfig, mc: ModelConfig, comm: DistributedCommunic
     if config.draft_model_path is not None:  # after the target's weights: not in them
         from minisgl.models.eagle3 import load_eagle3
 
-        model.eagle3 = load_eagle3(config.draft_model_path, model, config.dtype, device, dummy,
-                                   config.seed)
-        model.capture_aux(model.eagle3.cfg.aux_layers)
+        model.add_eagle3(load_eagle3(config.draft_model_path, model, config.dtype, device,
+                                     dummy, config.seed))
     return model
 
 
@@ -63,7 +62,7 @@ def make_pool(config: EngineConfig, mc: ModelConfig, spec: CacheSpec,
     set_kv_scales(pool, kv_scales)
     backend = create_attention_backend(config.attention_backend, pool, page_table)
     try:  # refuses a window or sinks it cannot do; the model's family named
-        backend.check_layers(list(spec.attention))
+        backend.check_layers(list(spec.layers))
     except ValueError as exc:
         raise ValueError(f"{mc.architecture}: {exc}") from None
     if window_pages:

@@ -30,15 +30,17 @@ class EngineConfig:
     # hybrid models: state slots the radix cache keeps snapshots in (kvcache/hybrid_radix.py);
     # None: a quarter of max_running_reqs
     num_state_snapshots: int | None = None
-    # hybrid models with speculative decoding: requests that may verify drafts in one step, each
-    # with state slots for ``spec_group_size`` (k + 1) fed tokens (``kvcache/state_pool.py``)
+    # speculative decoding: ``spec_group_size`` (k + 1) tokens fed per verifying request (a
+    # draft head's chain writes k - 1 K/V rows past the request's pages: ``Engine.draft_slots``);
+    # hybrid models: requests that may verify drafts in one step, each with state slots for
+    # those tokens (``kvcache/state_pool.py``)
     spec_state_groups: int = 0
     spec_group_size: int = 0
     # the ``mtp`` speculative method: build and load the checkpoint's MTP head, and hand each
-    # forward's hidden states back (``ForwardOutput.hidden``); decode CUDA graphs are off
+    # forward's hidden states back (``ForwardOutput.hidden``)
     mtp: bool = False
     # the ``eagle3`` speculative method: its draft's directory; the target captures the draft's
-    # aux layers and hands them back (``ForwardOutput.hidden``); decode CUDA graphs are off
+    # aux layers and hands them back (``ForwardOutput.hidden``)
     draft_model_path: str | None = None
     # > 0: the sliding-window layers get a slot space of their own, this many tokens per token of
     # the others, and their pages past the window go back to the pool (0: they share the others')

@@ -23,7 +23,7 @@ from .build import build_model, make_pool
 from .config import EngineConfig
 from .images import ImageEncoder
 from .loading import load_model_config
-from .memory import pages_from_memory
+from .memory import chain_pages, pages_from_memory
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
 from .window import check_pool, window
@@ -119,12 +119,18 @@ class Engine:
                              and config.sliding_pool_ratio > 0 else None)
         self.window_page_table = (torch.zeros(table_shape, dtype=torch.int32, device=self.device)
                                   if self.window_ratio else None)
+        draft_pages = chain_pages(config, self.cache_spec)  # after the scheduler's
         # every rank must hold the same number of pages: the schedulers make identical decisions
-        self.num_pages = self.comm.min_int(config.num_pages or pages_from_memory(self))
+        self.num_pages = self.comm.min_int(config.num_pages
+                                           or pages_from_memory(self) - draft_pages)
         self.window_pages = self._window_pages(self.num_pages)
         check_pool(config.max_seq_len, self.max_seq_len, (self.num_pages - 1) * config.page_size,
                    config.page_size, self.kv_bytes_per_token, self.device.type == "cpu")
-        self.kv_pool, self.attn_backend = self.make_pool(self.num_pages, self.window_pages)
+        self.kv_pool, self.attn_backend = self.make_pool(self.num_pages + draft_pages,
+                                                         self.window_pages)
+        self.draft_slots = torch.arange(
+            self.num_pages * config.page_size, (self.num_pages + draft_pages) * config.page_size,
+            dtype=torch.int32, device=self.device)
         self.ctx = Context(self.page_table, self.kv_pool, self.attn_backend, self.state_pool,
                            self.linear_attn)
         # eager forwards' token counts are rounded up to this (batch.py says why)
@@ -142,7 +148,8 @@ class Engine:
             self.graph_runner = GraphRunner(self.model, self.ctx, self.token_pool,
                                             self.dummy_row, max_bs, config.pdl,
                                             self.window_page_table, config.cuda_graph_sizes,
-                                            mc.rotary.mrope is not None)
+                                            mrope=mc.rotary.mrope is not None,
+                                            keep=self.keeps_rows)
             self.graph_runner.capture()
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
@@ -239,12 +246,17 @@ class Engine:
         if self.images is not None:
             self.images.forget(req)
 
+    @property
+    def keeps_rows(self) -> bool:
+        """Whether every forward hands back the rows a draft head reads (``ForwardOutput.hidden``:
+        MTP's hidden states, EAGLE-3's aux states)."""
+        return self.config.mtp or self.config.draft_model_path is not None
+
     def verifies_as_rows(self, num_rows: int) -> bool:
         """Whether a verify step of ``num_rows`` rows may run as one-token decode rows
-        (``Feed.as_rows``): not for a recurrent model (its rows would share one state slot) nor
-        with MTP or EAGLE-3 (they read the hidden states of an eager forward, per request); under
-        CUDA graphs only when a captured graph holds the rows."""
-        if self.state_pool is not None or self.config.mtp or self.config.draft_model_path:
+        (``Feed.as_rows``): not for a recurrent model (its rows would share one state slot);
+        under CUDA graphs only when a captured graph holds the rows."""
+        if self.state_pool is not None:
             return False
         return self.graph_runner is None or num_rows <= self.graph_runner.max_bs
 
@@ -266,11 +278,11 @@ class Engine:
     @torch.inference_mode()
     def forward(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """Run the model on ``batch`` (``prepare`` first) and sample from it."""
-        prompt_lps, greedy, keep = None, None, None
+        prompt_lps, greedy, rows = None, None, None
         if self.replays_graph(batch):
             assert self.graph_runner is not None
             shifts = self.images.decode_shifts(batch) if self.images is not None else None
-            logits, greedy = self.graph_runner.replay(batch, args.argmax_only, shifts)
+            logits, greedy, rows = self.graph_runner.replay(batch, args.argmax_only, shifts)
         else:
             with self.ctx.forward_batch(batch):
                 self.attn_backend.prepare_metadata(batch)
@@ -284,12 +296,14 @@ class Engine:
                     hidden = self.model(batch.input_ids, positions, self.ctx)
             hidden, aux = self.model.split_aux(hidden)  # aux: EAGLE-3's, else None
             logits = self.model.compute_logits(hidden[batch.logits_idx])
-            if self.config.mtp or aux is not None:  # a copy: graphs' outputs are reused
-                keep = ((hidden if aux is None else aux).clone(),
-                        [(f.req, f.cached_len, f.extend_len) for f in batch.feeds])
+            if self.keeps_rows:
+                rows = hidden if aux is None else aux
             # prompt log-probs, for the requests that ask (prompt_logprobs.py)
             if not batch.is_decode:
                 prompt_lps = compute_prompt_logprobs(self.model, hidden, batch, self.vocab_size)
+        keep = None
+        if rows is not None:  # a copy: graphs' outputs are reused
+            keep = rows.clone(), [(f.req, f.cached_len, f.extend_len) for f in batch.feeds]
         if args.late_bitmask is not None:  # the device computes the logits meanwhile
             args.token_bitmask = args.late_bitmask()
         if greedy is not None:  # sampled inside the graph, the tokens already in the pool

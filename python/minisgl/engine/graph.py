@@ -30,6 +30,10 @@ A plain greedy batch is also sampled inside the graph: the argmax is written to 
 the token pool, and only ``tokens`` goes back to the host, so the GPU waits only for that copy
 between two graphs.
 
+With a speculative draft head (``keep``: MTP, EAGLE-3) the graph also leaves the rows the head
+reads in a static output: the hidden states (MTP), or the captured aux states of
+``model.split_aux`` (EAGLE-3); ``replay`` hands them back as the eager forward does.
+
 Padding rows are the dummy request: token 0 at position 0, writing its K/V to slot 0 of the scratch
 page (page 0, never handed to a request) and attending over that one slot.
 
@@ -84,14 +88,14 @@ class GraphRunner:
     ``max_bs`` (the ``sizes`` among them, if given); ``pdl``: the graph's own kernels launch with
     programmatic dependent launch; ``window_table``: the sliding layers' own page table, if they
     have a pool of their own; ``mrope``: the rotary positions are shifted by row 5 (Qwen's
-    M-RoPE deltas)."""
+    M-RoPE deltas); ``keep``: the graphs keep the rows a draft head reads (module docstring)."""
 
     def __init__(self, model: BaseLLMModel, ctx: Context, token_pool: torch.Tensor,
                  dummy_row: int, max_bs: int, pdl: bool,
                  window_table: torch.Tensor | None = None, sizes: tuple[int, ...] = (),
-                 mrope: bool = False) -> None:
+                 mrope: bool = False, keep: bool = False) -> None:
         self.model, self.ctx, self.token_pool = model, ctx, token_pool
-        self.window_table = window_table
+        self.window_table, self.keep = window_table, keep
         self.dummy_row, self.pdl, self.mrope = dummy_row, pdl, mrope
         self.device = token_pool.device
         self.sizes = capture_sizes(max_bs, sizes)
@@ -100,6 +104,7 @@ class GraphRunner:
         self.inputs = torch.zeros(self.rows * self.max_bs, dtype=torch.int32, device=self.device)
         self.tokens = torch.zeros(self.max_bs, dtype=torch.int64, device=self.device)
         self.logits: dict[int, torch.Tensor] = {}
+        self.kept: dict[int, torch.Tensor] = {}  # the rows a draft head reads (``keep``)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         ctx.attn_backend.init_cuda_graph(self.max_bs)
@@ -152,7 +157,7 @@ class GraphRunner:
 
     def _run(self, batch: Batch) -> torch.Tensor:
         """The captured forward: the batch's inputs gathered from the static rows, the model, and
-        (flag set) the greedy tokens."""
+        (flag set) the greedy tokens; with ``keep``, the draft head's rows in ``kept``."""
         ctx = self.ctx
         inputs = self._inputs(batch.size)
         batch.input_ids, batch.positions, batch.out_loc, rope = gather_inputs(
@@ -164,18 +169,21 @@ class GraphRunner:
             batch.state_metadata = StateMetadata.for_decode(inputs[0])
         with ctx.forward_batch(batch):
             hidden = self.model(batch.input_ids, rope, ctx)
+        hidden, aux = self.model.split_aux(hidden)
+        if self.keep:
+            self.kept[batch.size] = hidden if aux is None else aux
         logits = self.model.compute_logits(hidden)
         greedy_to_pool(logits, inputs[3], inputs[0], inputs[2], self.token_pool,
                        self.tokens[: batch.size], pdl=self.pdl)
         return logits
 
     def replay(self, batch: Batch, greedy: bool, shifts: list[int] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits of a live decode batch and, with ``greedy`` (a plain greedy batch), its tokens,
-        already in the token pool (else None); ``shifts``: each request's rotary shift (M-RoPE
-        delta; None: all 0). Sets ``batch.sample_loc``. All are views of static buffers, valid
-        until the next replay (the stream orders its copy after this step's sampling and host
-        copies)."""
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Logits of a live decode batch; with ``greedy`` (a plain greedy batch), its tokens,
+        already in the token pool (else None); with ``keep``, the draft head's rows (else None);
+        ``shifts``: each request's rotary shift (M-RoPE delta; None: all 0). Sets
+        ``batch.sample_loc``. All are views of static buffers, valid until the next replay (the
+        stream orders its copy after this step's sampling and host copies)."""
         bs = batch.size
         padded = next(s for s in self.sizes if s >= bs)
         inputs = self._inputs(padded)
@@ -184,7 +192,8 @@ class GraphRunner:
         self.ctx.attn_backend.plan_replay(batch, padded)
         self.graphs[padded].replay()
         batch.sample_loc = (inputs[0, :bs], inputs[2, :bs])
-        return self.logits[padded][:bs], self.tokens[:bs] if greedy else None
+        kept = self.kept[padded][:bs] if self.keep else None
+        return self.logits[padded][:bs], self.tokens[:bs] if greedy else None, kept
 
     def _inputs(self, bs: int) -> torch.Tensor:
         """The static inputs of the graph of ``bs`` requests (module docstring)."""
@@ -212,4 +221,5 @@ class GraphRunner:
             graph.reset()
         self.graphs.clear()
         self.logits.clear()
+        self.kept.clear()
         self.pool = None

@@ -23,6 +23,7 @@ logger = init_logger(__name__)
 if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend
     from minisgl.kvcache import BaseKVCachePool, StatePool
+    from minisgl.kvcache.spec import CacheSpec
     from minisgl.linear_attn import BaseLinearAttnBackend
     from minisgl.models import BaseLLMModel
 
@@ -51,6 +52,14 @@ class BuildingEngine(Protocol):
 
     def make_pool(self, num_pages: int, window_pages: int | None = None
                   ) -> tuple[BaseKVCachePool, BaseAttnBackend]: ...
+
+
+def chain_pages(config: EngineConfig, spec: CacheSpec) -> int:
+    """Pages for a draft head's chained steps (``speculative/head.py``), after the scheduler's:
+    k - 1 K/V rows of the head's layer for every request that may draft, at positions it does not
+    own yet (``Engine.draft_slots``)."""
+    chain = max(config.spec_group_size - 2, 0) if spec.draft is not None else 0
+    return -(-config.max_running_reqs * chain // config.page_size)
 
 
 def pages_from_memory(engine: BuildingEngine) -> int:

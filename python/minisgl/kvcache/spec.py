@@ -25,7 +25,9 @@ itself) instead of up to its own position. A window still counts back from the q
 The engine sizes its pools from the ``CacheSpec`` alone (no probing of model attributes): the paged
 KV pool gets one layer per KV layer, each of its own ``(kv_heads, head_dim)``; the sliding layers
 and their windows are listed for the backends and the page accounting; a hybrid model's recurrent
-layers get a state pool of ``num_state_layers`` layers of ``state_shape`` per slot.
+layers get a state pool of ``num_state_layers`` layers of ``state_shape`` per slot. A speculative
+draft head (MTP, EAGLE-3) adds its attention layer as the last KV layer (``draft``): the target's
+forward never runs it, the proposer does (``speculative/head.py``), over the same page table.
 """
 
 from __future__ import annotations
@@ -93,29 +95,39 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """``attention``: the spec of every attention layer in model order; their ``kv_layer``
-    indices are ``0 .. num_kv_layers - 1`` (a layer may share another's). ``state_shape`` and
+    """``attention``: the spec of every attention layer of the model's forward, in model order;
+    with ``draft`` (a draft head's attention, after them) their ``kv_layer`` indices are
+    ``0 .. num_kv_layers - 1`` (a layer may share another's). ``state_shape`` and
     ``num_state_layers``: a hybrid model's linear-attention layers (None / 0 otherwise)."""
 
     attention: tuple[AttentionSpec, ...]
     state_shape: StateShape | None = None
     num_state_layers: int = 0
+    draft: AttentionSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.attention:
             raise ValueError("CacheSpec.attention: a model needs at least one attention layer")
-        kv = sorted({s.kv_layer for s in self.attention})
+        kv = sorted({s.kv_layer for s in self.layers})
         if kv != list(range(len(kv))):
             raise ValueError(f"CacheSpec.attention: KV layers must be 0..n-1, got {kv}")
+        if self.draft is not None and self.draft.kv_layer != kv[-1]:
+            raise ValueError("CacheSpec.draft: the draft head's KV layer must be the last")
         if (self.state_shape is None) != (self.num_state_layers == 0):
             raise ValueError("CacheSpec: state_shape and num_state_layers go together")
 
+    @property
+    def layers(self) -> tuple[AttentionSpec, ...]:
+        """Every attention layer the KV pool and the backend serve: the model's, then the draft
+        head's."""
+        return self.attention if self.draft is None else (*self.attention, self.draft)
+
     def _kv_owner(self, kv_layer: int) -> AttentionSpec:
-        return next(s for s in self.attention if s.kv_layer == kv_layer)
+        return next(s for s in self.layers if s.kv_layer == kv_layer)
 
     @property
     def num_kv_layers(self) -> int:
-        return 1 + max(s.kv_layer for s in self.attention)
+        return 1 + max(s.kv_layer for s in self.layers)
 
     @property
     def kv_layer_shapes(self) -> list[tuple[int, int]]:

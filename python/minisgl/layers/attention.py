@@ -101,14 +101,6 @@ class AttentionLayer(nn.Module):
             out = out * torch.sigmoid(gate)
         return self.o_proj(out, residual=residual)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(q ``[T, H, D]``, k, v ``[T, Hkv, D]`` normed and rotated, the gate ``[T, H * D]`` or
-        None): what the attention takes, nothing stored (the MTP head, ``models/mtp.py``, attends
-        over K/V of its own)."""
-        q, k, v, gate = self._split(self.qkv_proj(x))
-        return (*self._norm_rope(q, k, v, positions), gate)
-
     def _split(self, qkv: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         proj, d = self.qkv_proj, self.head_dim

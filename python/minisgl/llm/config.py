@@ -243,10 +243,7 @@ class EngineOptions:
             moe_backend=resolve_moe_backend(self.moe_backend, device),
             linear_attn_backend=resolve_linear_attn_backend(self.linear_attn_backend, device),
             state_dtype=self._resolve_state_dtype(model_path),
-            # MTP and EAGLE-3 read every forward's hidden states, which decode graphs keep to
-            # themselves
-            cuda_graph_max_bs=(self.cuda_graph_max_bs if device.type == "cuda"
-                               and not (spec and spec.method in ("mtp", "eagle3")) else 0),
+            cuda_graph_max_bs=self.cuda_graph_max_bs if device.type == "cuda" else 0,
             cuda_graph_sizes=tuple(self.cuda_graph_bs),
             piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
                                              if device.type == "cuda" else 0),

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.kvcache.spec import CacheSpec
+from minisgl.kvcache.spec import AttentionSpec, CacheSpec
 from minisgl.layers import ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from minisgl.layers.base import copy_weight, materialize
 from minisgl.moe import BaseMoeBackend
@@ -25,6 +25,8 @@ from .names import CheckpointNames
 
 if TYPE_CHECKING:
     from minisgl.context import Context
+
+    from .eagle3 import Eagle3Draft
 
 # per-layer FP8 KV-cache scales (``layers.N.self_attn.k_scale``), kept for the KV pool
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
@@ -80,6 +82,8 @@ class BaseLLMModel(nn.Module):
     # EAGLE-3 (``capture_aux``): the layers after which ``forward`` also returns the residual
     # stream; empty: plain hidden states
     aux_layers: tuple[int, ...] = ()
+    # a speculative draft head's attention (MTP, EAGLE-3): the last KV layer of the pool
+    draft_attention: AttentionSpec | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: Context) -> torch.Tensor:
@@ -107,6 +111,13 @@ class BaseLLMModel(nn.Module):
                              f"layers of the target's {len(self.layers)}")
         self.aux_layers = tuple(sorted(layers))
 
+    def add_eagle3(self, draft: Eagle3Draft) -> None:
+        """Attach an EAGLE-3 draft (``eagle3.load_eagle3``, its attention on the pool's KV layer
+        after this model's): capture the layers it reads, and declare its K/V."""
+        self.capture_aux(draft.cfg.aux_layers)
+        self.eagle3 = draft
+        self.draft_attention = draft.spec
+
     def split_aux(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``forward``'s rows -> (hidden states, captured streams or None): views, no copy."""
         if not self.aux_layers:
@@ -120,7 +131,8 @@ class BaseLLMModel(nn.Module):
     def cache_spec(self) -> CacheSpec:
         """The caches this model needs (``kvcache/spec.py``): by default every layer's
         ``self_attn.spec``; a family with other caches (recurrent state) overrides this."""
-        return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers))
+        return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers),
+                         draft=self.draft_attention)
 
     def checkpoint_names(self, name: str) -> tuple[str, object] | None:
         """Map a Hugging Face tensor name to (our parameter, shard id) through the family's

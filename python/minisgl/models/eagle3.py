@@ -14,7 +14,10 @@ p + 2 from them and the token at p + 1::
 (``norm_before_residual``, vLLM's option: the residual is ``hidden_norm(g)`` instead of g.) The
 embedding is the checkpoint's ``embed_tokens`` when it has one, else the target's; the LM head is
 the checkpoint's ``lm_head``, or the target's when the draft predicts over the whole vocabulary
-and has none. The draft is small and replicated on every TP rank: plain torch modules.
+and has none. The draft is small and replicated on every TP rank: plain torch modules. Its
+attention is a KV layer of the engine's paged pool after the target's (``kv_layer``, the model's
+``CacheSpec.draft``), attended by the engine's backend in a batch the proposer builds
+(``speculative/head.py``).
 
 Which target layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` counts layer outputs
 (SGLang's reading); a top-level ``eagle_aux_hidden_state_layer_ids`` (vLLM's speculators layout)
@@ -28,17 +31,21 @@ import glob
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.kvcache.spec import AttentionSpec
 from minisgl.layers import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 
 from .config import ModelConfig, RotaryConfig, rotary_config
 from .names import CheckpointNames
+
+if TYPE_CHECKING:
+    from minisgl.context import Context
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 # ``model.`` prefixes dropped; ``layers.0.`` (vLLM's name of the midlayer) is ``midlayer.``
@@ -141,12 +148,16 @@ def aux_layers(raw: dict[str, Any], num_layers: int) -> tuple[int, ...]:
 
 
 class Eagle3Layer(nn.Module):
-    """``midlayer``: a Llama decoder layer whose q/k/v read ``2 * hidden`` features."""
+    """``midlayer``: a Llama decoder layer whose q/k/v read ``2 * hidden`` features, its K/V on
+    KV layer ``kv_layer`` of the pool."""
 
-    def __init__(self, cfg: Eagle3Config) -> None:
+    def __init__(self, cfg: Eagle3Config, kv_layer: int) -> None:
         super().__init__()
         h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
         self.cfg = cfg
+        self.spec = AttentionSpec(kv_layer=kv_layer, num_qo_heads=cfg.num_heads,
+                                  num_kv_heads=cfg.num_kv_heads, head_dim=d, scale=d ** -0.5,
+                                  rotary=cfg.rotary)
         self.self_attn = nn.Module()
         self.self_attn.q_proj = nn.Linear(2 * h, cfg.num_heads * d, bias=bias)
         self.self_attn.k_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=bias)
@@ -163,9 +174,9 @@ class Eagle3Layer(nn.Module):
         self.rotary = RotaryEmbedding(cfg.rotary)
 
     def forward(self, embeds: torch.Tensor, g: torch.Tensor, positions: torch.Tensor,
-                past_k: torch.Tensor, past_v: torch.Tensor):
-        """``embeds``, ``g`` ``[T, H]`` at ``positions`` (increasing, after every past one); past
-        K/V ``[P, Hkv, D]``. Returns (out ``[T, H]``, the new rows' K/V ``[T, Hkv, D]``)."""
+                ctx: Context) -> torch.Tensor:
+        """``embeds``, ``g`` ``[T, H]`` at ``positions``, the batch bound to ``ctx``: stores the
+        K/V at its ``out_loc`` and returns out ``[T, H]``."""
         cfg, attn, t = self.cfg, self.self_attn, embeds.shape[0]
         normed = self.hidden_norm(g)
         residual = normed if cfg.norm_before_residual else g
@@ -174,19 +185,11 @@ class Eagle3Layer(nn.Module):
         k = attn.k_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
         v = attn.v_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
         q, k = self.rotary(positions, q, k)
-        keys, values = torch.cat([past_k, k]), torch.cat([past_v, v])
-        p = past_k.shape[0]
-        mask = torch.ones(t, p + t, dtype=torch.bool, device=x.device)
-        mask[:, p:] = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        rep = cfg.num_heads // cfg.num_kv_heads
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys.repeat_interleave(rep, 1).transpose(0, 1),
-            values.repeat_interleave(rep, 1).transpose(0, 1), attn_mask=mask,
-            scale=cfg.head_dim ** -0.5)
-        a = residual + attn.o_proj(out.transpose(0, 1).reshape(t, -1))
+        ctx.kv_pool.store_kv(k, v, self.spec.out_loc(ctx.batch), self.spec.kv_layer)
+        out = ctx.attn_backend.forward(q, k, v, self.spec, ctx.batch).reshape(t, -1)
+        a = residual + attn.o_proj(out)
         h = self.post_attention_layernorm(a)
-        mlp = self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
-        return a + mlp, k, v
+        return a + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
 
 
 class Eagle3Draft(nn.Module):
@@ -194,12 +197,14 @@ class Eagle3Draft(nn.Module):
     ``d2t``, maybe ``embed_tokens``). ``embed_tokens`` / ``lm_head`` are None where the target's
     serve (the proposer then calls the target's)."""
 
-    def __init__(self, cfg: Eagle3Config, own_embed: bool, own_head: bool) -> None:
+    def __init__(self, cfg: Eagle3Config, own_embed: bool, own_head: bool,
+                 kv_layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
         self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, h, bias=cfg.fc_bias)
-        self.midlayer = Eagle3Layer(cfg)
+        self.midlayer = Eagle3Layer(cfg, kv_layer)
+        self.spec = self.midlayer.spec
         self.norm = RMSNorm(h, cfg.eps)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h) if own_embed else None
         self.lm_head = None
@@ -211,11 +216,11 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                past_k: torch.Tensor, past_v: torch.Tensor, from_target: bool):
+                ctx: Context, from_target: bool) -> torch.Tensor:
         """``hidden``: the target's concatenated aux states (``from_target``) or the previous
-        step's output. Returns (out: the pre-norm output, the new K/V)."""
+        step's output. Returns out, the pre-norm output (``Eagle3Layer.forward``)."""
         g = self.fc(hidden) if from_target else hidden
-        return self.midlayer(embeds, g, positions, past_k, past_v)
+        return self.midlayer(embeds, g, positions, ctx)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -239,8 +244,8 @@ def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
                          or cfg.hidden_size != target.cfg.hidden_size):
         raise ValueError(f"{_FIELD}: lm_head.weight is missing (the target's LM head serves only "
                          "a draft of the target's vocabulary and hidden size)")
-    with torch.device(device):
-        draft = Eagle3Draft(cfg, own_embed, own_head)
+    with torch.device(device):  # its K/V: the pool's layer after the target's
+        draft = Eagle3Draft(cfg, own_embed, own_head, target.cache_spec().num_kv_layers)
     draft = draft.to(dtype).eval()
     params = dict(draft.named_parameters()) | dict(draft.named_buffers())
     loaded = set()

@@ -129,7 +129,8 @@ class HybridModel(BaseLLMModel):
         if self.cfg.hybrid.mtp_layers < 1:
             raise ValueError("speculative_config: method 'mtp' needs a checkpoint with an MTP "
                              "head (mtp_num_hidden_layers >= 1 in its config)")
-        self.mtp = MTPHead(self.cfg, comm, moe)
+        self.mtp = MTPHead(self.cfg, comm, moe, self.cache_spec().num_kv_layers)
+        self.draft_attention = self.mtp.layers[0].self_attn.spec
         self.skipped = {k: v for k, v in self.skipped.items() if k != "mtp."}
         self.names = dataclasses.replace(self.names, skipped=tuple(self.skipped))
 
@@ -139,7 +140,7 @@ class HybridModel(BaseLLMModel):
         shape = StateShape(lin.conv_dim, lin.conv_width, lin.num_v_heads, lin.k_dim, lin.v_dim)
         return CacheSpec(tuple(layer.self_attn.spec for layer in self.layers
                                if not layer.is_linear), shape,
-                         self.cfg.hybrid.count("linear_attention"))
+                         self.cfg.hybrid.count("linear_attention"), self.draft_attention)
 
     def expand_tensor(self, name: str, tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """Fused experts split per expert; a skipped part of the checkpoint is named once."""

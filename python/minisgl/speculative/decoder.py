@@ -47,7 +47,6 @@ from .stats import SpecStats
 
 if TYPE_CHECKING:
     from minisgl.engine import Engine, ForwardOutput
-    from minisgl.models import BaseLLMModel
 
 logger = init_logger(__name__)
 
@@ -80,18 +79,18 @@ def create_spec_decoder(config: SpecConfig | None, engine: Engine) -> SpecDecode
         return None
     logger.info("speculative decoding: %s, up to %d draft tokens, off above %d running requests",
                 config.method, config.max_drafts, config.disable_by_batch_size)
-    return SpecDecoder(config, engine.model)
+    return SpecDecoder(config, engine)
 
 
 class SpecDecoder:
-    def __init__(self, config: SpecConfig, model: BaseLLMModel | None = None) -> None:
-        self.config, self.model = config, model
+    def __init__(self, config: SpecConfig, engine: Engine | None = None) -> None:
+        self.config, self.engine = config, engine
         self.reset()
 
     def reset(self) -> None:
         """Forget every request and what the proposer learned, and zero the statistics (after the
         warm-up, whose random requests must not count nor teach the suffix trees)."""
-        self.proposer = create_proposer(self.config, self.model)
+        self.proposer = create_proposer(self.config, self.engine)
         self.stats = SpecStats(self.config.method)
         self.accept_state: dict[int, Acceptance] = {}
         self.ineligible: set[int] = set()

@@ -3,67 +3,109 @@
 
 Each forward hands back per-position rows of the target (``ForwardOutput.hidden``); ``record``
 keeps, per request, the rows of the positions the target computed and kept (a verify step's
-rejected positions are dropped). ``propose`` first runs the head over the recorded positions
-(position p takes the target's row at p and the token at p + 1, now known), appending their K/V
-to the request's own cache of the head's attention, then chains k steps from the last one: each
-step's output is the next one's hidden input, its draft the next token. The chained steps' K/V
-are not kept: they stand on drafts, and the verified tokens replace them at the next ``propose``
-(they are written past the cache's length, where the next append overwrites them).
+rejected positions are dropped). ``propose_many`` drafts for a step's requests together, one
+batch per head step:
 
-Positions the target never computed for a request (a prefix-cache hit) have no row, so the
-head's attention skips them: the drafts may be worse there, never wrong (verification decides
-every token). The K/V cache of a request is a dense tensor per request (the head is one layer),
-grown by doubling and dropped when the request ends.
+1. the catch-up: the head runs over every request's recorded positions (position p takes the
+   target's row at p and the token at p + 1, now known) as one prefill-like batch, a feed per
+   request attending over the head's K/V of its earlier positions;
+2. the chain, from the head's output at the last known position n - 2 (n: the request's known
+   tokens): step j feeds draft j at position n - 2 + j, with the previous step's output as its
+   hidden input, and its argmax is draft j + 1; one decode-like batch per step over the requests
+   that draft that far (the longest first, so a step runs a prefix of them).
+
+The head's K/V is a KV layer of the engine's paged pool (the model's ``CacheSpec.draft``),
+addressed through each request's page-table row like the target's layers, and attended by the
+engine's attention backend::
+
+    position   0 .............. n-2 | n-1  n  ...  n+k-3
+               the request's slots   | scratch slots (Engine.draft_slots), lent for the chain
+
+The chain's positions are not the request's yet (its verify feed allocates them after the
+drafts), so their page-table entries are lent to scratch slots while the chain runs and given
+back after (``head_batch.lent_slots``): drafted K/V never land in a request's slots. The positions
+the verification keeps are recorded and caught up at the next call. One host sync per call: the
+drafts' copy.
+
+Positions the request never computed (a prefix-cache hit) hold the head K/V the slots have: the
+request that computed them wrote them (the same tokens, so the same K/V, except at the hit's last
+position when the next token differs), or nobody did (zeros, or a stale entry): the drafts may be
+worse there, never wrong (verification decides every token).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.core import Req
+from minisgl.core import Batch, Feed, Req
+from minisgl.utils.transfer import to_device
 
+from .head_batch import head_batch, lent_slots
 from .proposer import Proposer
+
+if TYPE_CHECKING:
+    from minisgl.engine import Engine
 
 _MAX_PENDING = 64  # recorded positions a request keeps before they are fed to the head
 
 
 @dataclass
 class HeadState:
-    """A request's K/V of the head (``keys``/``values`` rows ``[:length]`` at ``positions``), the
-    target's rows not yet fed to the head, and the head's last output."""
+    """A request's recorded rows not yet fed to the head (positions ``start ..``, contiguous),
+    and the head's output at the last position fed."""
 
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    positions: list[int] = field(default_factory=list)
-    pending: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (first pos, rows)
+    start: int = 0
+    pending: list[torch.Tensor] = field(default_factory=list)
     last: tuple[int, torch.Tensor] | None = None  # (position, the head's output row there)
+
+    @property
+    def num_pending(self) -> int:
+        return sum(len(rows) for rows in self.pending)
+
+    def add(self, start: int, rows: torch.Tensor) -> None:
+        """Rows of positions from ``start``: a re-fed position (retraction) replaces what waits
+        from it on; after a gap (positions recorded by nobody: a forward read back while its
+        request was retracted) what waits before it is dropped, as the K/V it leaves unwritten
+        costs draft quality only."""
+        end = self.start + self.num_pending
+        if self.pending and self.start < start <= end:
+            kept = torch.cat(self.pending)[: start - self.start]
+            self.pending = [kept]
+        else:
+            self.start, self.pending = start, []
+        self.pending.append(rows)
+
+    def take(self, count: int) -> tuple[int, torch.Tensor]:
+        """The first ``count`` pending positions (their first, their rows), the rest kept."""
+        rows, start = torch.cat(self.pending), self.start
+        self.pending = [rows[count:]] if count < len(rows) else []
+        self.start = start + count
+        return start, rows[:count]
 
 
 class HeadProposer(Proposer):
-    """A method supplies the head's step (``run``), its token choice (``draft``) and the shape
-    of one K/V row (``kv_row``)."""
+    """A method supplies the head's step (``run``) and its token choice (``predict``); the
+    engine's context (page table, KV pool, attention backend) and scratch slots come with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Engine) -> None:
+        self.model, self.ctx, self.slots = engine.model, engine.ctx, engine.draft_slots
         self.states: dict[int, HeadState] = {}
 
     @abstractmethod
     def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-            keys: torch.Tensor, values: torch.Tensor,
-            from_target: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            from_target: bool) -> torch.Tensor:
         """The head at ``positions`` given the tokens at p + 1 and ``hidden``: the target's rows
-        (``from_target``) or the previous step's output. Returns (output, new K, new V)."""
+        (``from_target``) or the previous step's output; the batch is bound to ``self.ctx`` (its
+        K/V go to ``batch.out_loc``). Returns its output rows."""
 
     @abstractmethod
-    def draft(self, out: torch.Tensor) -> torch.Tensor:
-        """The target token id the head's output row ``out`` ``[1, H]`` predicts, ``[1]`` on the
-        device (the chain feeds it on without reading it back)."""
-
-    @abstractmethod
-    def kv_row(self) -> tuple[tuple[int, int], torch.dtype, torch.device]:
-        """(K/V heads, head dim), dtype and device of the head's K/V."""
+    def predict(self, out: torch.Tensor) -> torch.Tensor:
+        """The target token ids the head's output rows ``out`` ``[B, H]`` predict, ``[B]`` on the
+        device (the chain feeds them on without reading them back)."""
 
     def record(self, req: Req, start: int, rows: torch.Tensor) -> None:
         """The target's rows of positions ``start .. start + len(rows) - 1``. A request that
@@ -71,75 +113,82 @@ class HeadProposer(Proposer):
         ``_MAX_PENDING`` positions, so what waits stays small."""
         if len(rows):
             state = self.states.setdefault(req.uid, HeadState())
-            state.pending.append((start, rows))
-            if sum(len(r) for _, r in state.pending) >= _MAX_PENDING:
+            state.add(start, rows)
+            if state.num_pending >= _MAX_PENDING:
                 with torch.inference_mode():
-                    self._catch_up(req, state)
+                    self._catch_up([req])
+
+    def propose(self, req: Req, max_len: int) -> list[int]:
+        return self.propose_many([req], [max_len])[0]
 
     @torch.inference_mode()
-    def propose(self, req: Req, max_len: int) -> list[int]:
-        state = self.states.get(req.uid)
-        if state is None:
-            return []
-        self._catch_up(req, state)
-        n = len(req.input_ids)
-        if state.last is None or state.last[0] != n - 2 or max_len < 1:
-            return []  # the head has not seen the last fed position
-        out = state.last[1][None]
-        past = len(state.positions)
-        keys, values = self._reserve(state, past + max_len - 1)
-        # NOTE: no host sync inside the chain (one per draft would stall the GPU k times)
-        positions = torch.arange(n - 1, n - 2 + max_len, device=out.device)
-        drafts = [self.draft(out)]
-        for j in range(1, max_len):
-            row = past + j - 1  # scratch rows past the cache's length
-            out, k, v = self.run(drafts[-1], out, positions[j - 1 : j], keys[:row],
-                                 values[:row], False)
-            keys[row], values[row] = k[0], v[0]
-            drafts.append(self.draft(out))
-        return torch.cat(drafts).tolist()
+    def propose_many(self, reqs: list[Req], max_lens: list[int]) -> list[list[int]]:
+        self._catch_up(reqs)
+        found: list[list[int]] = [[] for _ in reqs]
+        ready = []  # (index, request, drafts, the head's output at n - 2)
+        for i, (req, k) in enumerate(zip(reqs, max_lens)):
+            state = self.states.get(req.uid)
+            last = state.last if state is not None else None
+            if k >= 1 and last is not None and last[0] == len(req.input_ids) - 2:
+                ready.append((i, req, k, last[1]))
+        if ready:
+            ready.sort(key=lambda item: -item[2])  # the longest chains first
+            drafts = self._chain([r for _, r, _, _ in ready], [k for _, _, k, _ in ready],
+                                 torch.stack([out for _, _, _, out in ready]))
+            for (i, _, _, _), tokens in zip(ready, drafts):
+                found[i] = tokens
+        return found
 
-    def _catch_up(self, req: Req, state: HeadState) -> None:
-        """Feed the recorded positions to the head (their next tokens are known now)."""
-        if not state.pending:
+    def _catch_up(self, reqs: list[Req]) -> None:
+        """Feed the requests' recorded positions whose next tokens are known to the head, in one
+        batch (a position whose next token is not known yet, just read back, waits)."""
+        feeds: list[Feed] = []
+        rows: list[torch.Tensor] = []
+        for req in reqs:
+            state = self.states.get(req.uid)
+            if state is None:
+                continue
+            count = min(state.num_pending, len(req.input_ids) - 1 - state.start)
+            if count > 0:
+                start, hidden = state.take(count)
+                feeds.append(Feed(req, start, start + count, 0))
+                rows.append(hidden)
+        if not feeds:
             return
-        positions = [p for start, rows in state.pending for p in range(start, start + len(rows))]
-        hidden = torch.cat([rows for _, rows in state.pending])
-        state.pending.clear()
-        # a position whose next token is not known yet (the forward just read back) waits
-        ready = sum(1 for p in positions if p + 1 < len(req.input_ids))
-        if ready < len(positions):
-            state.pending.append((positions[ready], hidden[ready:]))
-            positions, hidden = positions[:ready], hidden[:ready]
-        if not positions:
-            return
-        # a re-fed position (retraction) replaces what the cache holds from it on
-        keep = sum(1 for p in state.positions if p < positions[0])
-        del state.positions[keep:]
-        device = hidden.device
-        tokens = torch.tensor([req.input_ids[p + 1] for p in positions], device=device)
-        keys, values = self._reserve(state, keep + len(positions))
-        out, k, v = self.run(tokens, hidden, torch.tensor(positions, device=device),
-                             keys[:keep], values[:keep], True)
-        keys[keep : keep + len(positions)] = k
-        values[keep : keep + len(positions)] = v
-        state.positions += positions
-        state.last = (positions[-1], out[-1])
+        tokens, = to_device([[t for f in feeds for t in
+                              f.req.input_ids[f.cached_len + 1 : f.device_len + 1]]],
+                            torch.int64, self.ctx.page_table.device)
+        batch = head_batch(feeds, "prefill", self.ctx.page_table)
+        out = self._forward(batch, tokens, torch.cat(rows), True)
+        end = 0
+        for feed in feeds:
+            end += feed.extend_len
+            self.states[feed.uid].last = (feed.device_len - 1, out[end - 1])
 
-    def _reserve(self, state: HeadState, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Room for ``rows`` K/V rows (the first ``len(positions)`` kept): the K and V
-        buffers."""
-        if state.keys is not None and state.values is not None and rows <= state.keys.shape[0]:
-            return state.keys, state.values
-        shape, dtype, device = self.kv_row()
-        cap = max(64, 2 * rows)
-        keys = torch.empty(cap, *shape, dtype=dtype, device=device)
-        values = torch.empty(cap, *shape, dtype=dtype, device=device)
-        if state.keys is not None and state.values is not None:
-            n = len(state.positions)
-            keys[:n], values[:n] = state.keys[:n], state.values[:n]
-        state.keys, state.values = keys, values
-        return keys, values
+    def _chain(self, reqs: list[Req], lens: list[int], out: torch.Tensor) -> list[list[int]]:
+        """``lens[i]`` drafts of each request (``lens`` non-increasing) from the head's outputs
+        ``out`` at their positions n - 2."""
+        steps = [self.predict(out)]
+        with lent_slots(self.ctx.page_table, reqs, lens, self.slots) as scratch:
+            for j in range(1, lens[0]):
+                m = sum(1 for k in lens if k > j)
+                feeds = [Feed(req, len(req.input_ids) - 2 + j, len(req.input_ids) - 1 + j)
+                         for req in reqs[:m]]
+                batch = head_batch(feeds, "decode", self.ctx.page_table, scratch[:m, j - 1])
+                out = self._forward(batch, steps[-1][:m], out[:m], False)
+                steps.append(self.predict(out))
+        flat = torch.cat(steps).tolist()  # step j holds the drafts j + 1 of its requests
+        offsets = [0]
+        for step in steps:
+            offsets.append(offsets[-1] + len(step))
+        return [[flat[offsets[j] + i] for j in range(k)] for i, k in enumerate(lens)]
+
+    def _forward(self, batch: Batch, tokens: torch.Tensor, hidden: torch.Tensor,
+                 from_target: bool) -> torch.Tensor:
+        assert batch.positions is not None
+        with self.ctx.forward_batch(batch):
+            self.ctx.attn_backend.prepare_metadata(batch)
+            return self.run(tokens, hidden, batch.positions, from_target)
 
     def finished(self, req: Req, learn: bool = True) -> None:
         self.states.pop(req.uid, None)

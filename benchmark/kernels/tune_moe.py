@@ -36,17 +36,13 @@ MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256,
        (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
        (64, 128, 128, 64, 8, 4, 3), (128, 128, 128, 64, 4, 8, 4), (128, 128, 256, 64, 8, 8, 3)]
-# MXFP4 in bf16: the same swapped tiles through Triton's scaled dot (``scaled_dot``)
-SCALED = {"small": [(16, 64, 64, 256, 1, 4, 3, True), (16, 128, 128, 128, 1, 4, 3, True)],
-          "mid": [(32, 128, 128, 128, 4, 4, 3, True), (64, 128, 128, 128, 8, 4, 3, True)],
-          "big": [(128, 128, 128, 128, 8, 8, 3, True), (64, 128, 128, 128, 8, 4, 3, True)]}
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512
 
 
 def candidates(rows: float, mx: bool) -> list[MoeConfig]:
-    size = "small" if rows <= 4 else "mid" if rows <= 64 else "big"
-    table = {"small": SMALL + (GEMV if mx and rows <= 1 else []), "mid": MID, "big": BIG}[size]
-    return [MoeConfig(*c) for c in table + (SCALED[size] if mx else [])]
+    table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
+             else BIG)
+    return [MoeConfig(*c) for c in table]
 
 
 def main() -> None:

@@ -95,17 +95,10 @@ def test_fused_moe_mxfp4_ragged_k_and_no_down_bias(config):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("hidden", [64, 96])
-@pytest.mark.parametrize("config", [None, MoeConfig(16, 32, 32, 64, 1, 4, 2, scaled_dot=True),
-                                    MoeConfig(32, 16, 64, 64, 2, 4, 2, scaled_dot=True)],
-                         ids=["picked", "scaled16", "scaled32"])
-def test_fused_moe_mxfp4_fp16(config, hidden):
-    """fp16 activations, also through ``tl.dot_scaled`` (hidden 96: its last K step masked)."""
-    x, w13, w2, weights, ids, scales, bias = mx_inputs(17, hidden, 32, 8, 4, torch.float16,
-                                                       seed=2)
+def test_fused_moe_mxfp4_fp16():
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(17, 64, 32, 8, 4, torch.float16, seed=2)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    out = fused_moe(x, w13, w2, weights, ids, config=config, scales=scales, bias=bias,
-                    act=GPT_OSS)
+    out = fused_moe(x, w13, w2, weights, ids, scales=scales, bias=bias, act=GPT_OSS)
     torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
 
 
@@ -122,10 +115,8 @@ def test_fused_moe_dense_bias_and_clamped_swiglu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, MoeConfig(1, 16, 16, 256, 1, 4, 3),
-                                    MoeConfig(16, 64, 64, 256, 1, 4, 3, scaled_dot=True),
-                                    MoeConfig(64, 128, 128, 128, 8, 4, 3, scaled_dot=True)],
-                         ids=["picked", "gemv", "scaled16", "scaled64"])
+@pytest.mark.parametrize("config", [None, MoeConfig(1, 16, 16, 256, 1, 4, 3)],
+                         ids=["picked", "gemv"])
 @pytest.mark.parametrize("tokens", [1, 64, 700])
 def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens, config):
     """gpt-oss-20b's experts (32 x 2880 x 2880, top 4) in bf16 against the dequantizing

@@ -39,13 +39,7 @@ from minisgl.kernel.moe_types import SILU, ExpertBias, MoeActivation, Mxfp4Scale
 
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
-from .moe_mxfp4 import (
-    moe_gemm_mx_kernel,
-    moe_gemm_mx_scaled_kernel,
-    moe_gemm_mx_wide_kernel,
-    moe_gemv_mx_kernel,
-    mx_groups,
-)
+from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, moe_gemv_mx_kernel, mx_groups
 from .moe_tiles import epilogue, tile, tile_rows
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
@@ -60,8 +54,6 @@ class MoeConfig:
     group_m: int = 8  # row blocks that walk the N tiles together, so their rows stay in L2
     num_warps: int = 4
     num_stages: int = 4
-    # MXFP4 with bf16/fp16 activations: Triton's scaled dot (``moe_gemm_mx_scaled_kernel``)
-    scaled_dot: bool = False
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -143,9 +135,6 @@ def _moe_gemm_kernel(
              GELU)
 
 
-_X_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # tl.dot_scaled's operand names
-
-
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
           w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU):
     k_dim = w.shape[2] * (2 if mx else 1)
@@ -172,9 +161,6 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]
         moe_gemv_mx_kernel[grid](*args, **meta)
-    elif mx and cfg.scaled_dot and a.dtype in _X_FORMATS:
-        del meta["PRECISION"]
-        moe_gemm_mx_scaled_kernel[grid](*args, X_FORMAT=_X_FORMATS[a.dtype], **meta)
     elif mx and cfg.block_m > 32:
         moe_gemm_mx_wide_kernel[grid](*args, **meta)
     elif mx:

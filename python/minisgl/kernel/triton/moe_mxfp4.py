@@ -9,8 +9,7 @@ step is whole 32-value groups, each group's bytes decode without their scale, tw
 no mask, since K is a multiple of 32. Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps
 the operands so that the decoded, scaled weights feed the tensor cores from registers, and one
 dot of depth ``BLOCK_K`` does a step. Which block size wins where is measured (``moe_configs``,
-``benchmark/kernels/tune_moe.py``), as is whether Triton's own scaled dot
-(``moe_gemm_mx_scaled_kernel``, bf16 and fp16 activations) beats these decodes.
+``benchmark/kernels/tune_moe.py``).
 """
 
 from __future__ import annotations
@@ -192,61 +191,6 @@ def moe_gemm_mx_wide_kernel(
     epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
-
-@triton.jit
-def moe_gemm_mx_scaled_kernel(
-    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
-    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
-    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
-    GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, X_FORMAT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
-):
-    """``moe_gemm_mx_wide_kernel``'s swapped tiles through Triton's own scaled dot
-    (``tl.dot_scaled``: e2m1 weights with their e8m0 scales times x in bf16 or fp16), whose
-    compiler-generated upcast replaces ``decode_pair``; bytes and scales are loaded as they lie
-    (a byte's low nibble first in K, as ``tl.dot_scaled`` reads them)."""
-    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
-        return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
-        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
-    G: tl.constexpr = BLOCK_K // 32
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_b = tl.arange(0, BLOCK_K // 2)
-    offs_g = tl.arange(0, G)
-    a_ptrs = a_ptr + row[None, :] * stride_am + offs_k[:, None]
-    w_ptrs = w_ptr + expert * stride_we + offs_n_safe[:, None] * stride_wn + offs_b[None, :]
-    s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
-    up, up_s = n_out * stride_wn, n_out * stride_sn  # the up rows follow the gate rows (GATED)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k in range(tl.cdiv(k_dim, BLOCK_K)):
-        left = k_dim - k * BLOCK_K
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            acc = tl.dot_scaled(tl.load(w_ptrs), tl.load(s_ptrs), "e2m1", a, None, X_FORMAT,
-                                acc, fast_math=True)
-            if GATED:
-                acc_up = tl.dot_scaled(tl.load(w_ptrs + up), tl.load(s_ptrs + up_s), "e2m1", a,
-                                       None, X_FORMAT, acc_up, fast_math=True)
-        else:  # K is a multiple of 32: whole groups are masked
-            a = tl.load(a_ptrs, mask=(offs_k < left)[:, None], other=0.0)
-            b_ok, g_ok = (offs_b < left // 2)[None, :], (offs_g < left // 32)[None, :]
-            acc = tl.dot_scaled(tl.load(w_ptrs, mask=b_ok, other=0),
-                                tl.load(s_ptrs, mask=g_ok, other=127), "e2m1", a, None, X_FORMAT,
-                                acc, fast_math=True)
-            if GATED:
-                acc_up = tl.dot_scaled(tl.load(w_ptrs + up, mask=b_ok, other=0),
-                                       tl.load(s_ptrs + up_s, mask=g_ok, other=127), "e2m1", a,
-                                       None, X_FORMAT, acc_up, fast_math=True)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 2
-        s_ptrs += G
-    epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
-             offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
-             HAS_BIAS, CLAMPED, GELU)
-
 
 def mx_groups(k_dim: int, block_k: int) -> int:
     """32-value groups per K step: the most that divide ``k_dim`` and fit ``block_k`` values."""

@@ -175,7 +175,6 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
         # greedy path
         sampler=scheduler.kernels is None or scheduler.kernels.kernels is None,
     )
-    scheduler.grammar.prepare()  # the grammar compiler's tables, in the background
     num = sum(len(w.requests) for w in waves)
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "
                 "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))

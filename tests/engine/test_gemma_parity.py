@@ -229,9 +229,9 @@ def test_sliding_pool_under_cuda_graphs(arch, checkpoints, prompts, reference):
     assert runner is not None and llm.scheduler.cache.window.tree is not None
     replays, replay = [0], runner.replay
 
-    def counting(batch, greedy):
+    def counting(batch, *args):
         replays[0] += 1
-        return replay(batch, greedy)
+        return replay(batch, *args)
 
     runner.replay = counting
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference[arch]

@@ -41,9 +41,9 @@ def count_replays(llm: LLM) -> list[int]:
     assert runner is not None, "decode CUDA graphs are on with a draft head"
     replay = runner.replay
 
-    def spy(batch, greedy):
+    def spy(batch, *args):
         sizes.append(batch.size)
-        return replay(batch, greedy)
+        return replay(batch, *args)
 
     runner.replay = spy
     return sizes

@@ -155,6 +155,7 @@ def run_warmup(scheduler: WarmUpTarget, waves: list[Wave],
                 uid += 1
             scheduler.step()
             steps += 1
+    scheduler.cache.flush_prefix_cache()  # its random prompts are nobody's prefix
     scheduler.cache.num_hit_tokens = 0
     return time.perf_counter() - start
 

@@ -82,6 +82,10 @@ def default_root() -> str:
     return os.path.expanduser(KERNEL_CACHE_DIR.get() or os.path.join(CACHE_DIR.get(), "kernels"))
 
 
+# bumped when a plan's contents change meaning (2: launch options kept in their launch order)
+PLAN_FORMAT = 2
+
+
 def model_key(config: EngineConfig, grammar: bool) -> tuple[str, dict]:
     """A key of what decides the variants: the model's ``config.json``, the engine's options
     (``_NOT_IN_KEY`` aside) and whether requests can carry a grammar; and the key's contents."""
@@ -90,7 +94,7 @@ def model_key(config: EngineConfig, grammar: bool) -> tuple[str, dict]:
         model = json.load(f)
     engine = {f.name: str(getattr(config, f.name)) for f in dataclasses.fields(config)
               if f.name not in _NOT_IN_KEY}
-    what = {"model": model, "engine": engine, "grammar": grammar}
+    what = {"model": model, "engine": engine, "grammar": grammar, "format": PLAN_FORMAT}
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
     name = str(model.get("architectures", ["model"])[0])
     return f"{name}-{digest}", what

@@ -107,7 +107,8 @@ def arg_spec(value: Any, constexpr: bool, specialize: bool = True, align: bool =
 @dataclass(frozen=True, order=True)
 class Variant:
     """One compiled variant of a Triton kernel: its name (``module:qualname``), the spec of each
-    parameter in order (``arg_spec``) and the launch options, sorted."""
+    parameter in order (``arg_spec``) and the launch options in the order they were passed (the
+    same options in another order are another entry of Triton's cache)."""
 
     kernel: str
     args: tuple
@@ -124,7 +125,8 @@ class Variant:
         bound.apply_defaults()
         specs = tuple(arg_spec(bound.arguments[name], *flags) for name, *flags in params)
         name = f"{kernel.fn.__module__}:{kernel.fn.__qualname__}"
-        return cls(name, specs, tuple(sorted((k, _const(v)) for k, v in options.items())))
+        # in the launch's order: Triton's cache key holds the options' dict as a string
+        return cls(name, specs, tuple((k, _const(v)) for k, v in options.items()))
 
     @property
     def short_name(self) -> str:

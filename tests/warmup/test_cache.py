@@ -95,6 +95,27 @@ def test_triton_is_pointed_at_the_cache(tmp_path, monkeypatch):
     assert cache_mod.default_root() == str(tmp_path / "env")
 
 
+def test_a_moved_cache_still_hits(tmp_path, monkeypatch):
+    """Triton's group files name their kernel's files by absolute path and a lookup skips paths
+    that do not exist: a cache filled in one directory and moved (a container image) must be
+    found where it lies now."""
+    from triton.runtime.cache import FileCacheManager
+
+    monkeypatch.setattr(cache_mod.Platform, "current", classmethod(lambda cls, device: H200))
+    built = open_kernel_cache(str(tmp_path / "built"), torch.device("cuda", 0))
+    monkeypatch.setenv("TRITON_CACHE_DIR", built.triton_dir)
+    writer = FileCacheManager("k3y")
+    paths = {name: writer.put(b"binary", name) for name in ("kernel.cubin", "kernel.json")}
+    writer.put_group("kernel.json", paths)
+    os.rename(tmp_path / "built", tmp_path / "carried")
+    carried = open_kernel_cache(str(tmp_path / "carried"), torch.device("cuda", 0))
+    assert os.environ["TRITON_CACHE_DIR"] == carried.triton_dir
+    group = FileCacheManager("k3y").get_group("kernel.json")
+    assert group is not None and sorted(group) == ["kernel.cubin", "kernel.json"]
+    assert all(p.startswith(carried.triton_dir) and os.path.exists(p) for p in group.values())
+    assert cache_mod.relocate_triton_groups(carried.triton_dir) == 0  # once is enough
+
+
 def test_the_cache_dir_option_reaches_the_engine(model_dir, monkeypatch):
     monkeypatch.delenv("MINISGL_KERNEL_CACHE_DIR", raising=False)
     config = EngineOptions(cache_dir="/opt/k").scheduler_config(model_dir, ())

@@ -13,7 +13,9 @@
 
 Everything here is independent of the process that wrote it: Triton's cache is addressed by the
 kernel's source, its specialisation and the compiler's versions, so one directory holds any
-number of models and a mismatch only means a miss (compiled anew), never a wrong kernel. The
+number of models and a mismatch only means a miss (compiled anew), never a wrong kernel; the
+absolute paths inside Triton's group files are rewritten to where the directory is now when it is
+opened (``relocate_triton_groups``), so it can be moved. The
 platform directory keeps what one GPU and one software stack made apart from the others.
 
 ``DIR``: ``--cache-dir`` (``LLM(cache_dir=...)``), else ``$MINISGL_KERNEL_CACHE_DIR``, else
@@ -143,7 +145,39 @@ def open_kernel_cache(root: str | None, device: torch.device) -> KernelCache:
     cache = KernelCache(root or default_root(), Platform.current(device))
     if root is not None or "TRITON_CACHE_DIR" not in os.environ:
         os.environ["TRITON_CACHE_DIR"] = cache.triton_dir
+        os.makedirs(cache.triton_dir, exist_ok=True)
+        relocate_triton_groups(cache.triton_dir)  # it may have been carried here
     os.makedirs(os.environ["TRITON_CACHE_DIR"], exist_ok=True)
     # autotuned kernels (fla's) keep their choice with the compiled ones: read at their import
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     return cache
+
+
+def relocate_triton_groups(triton_dir: str) -> int:
+    """Point Triton's group files at this directory: each ``__grp__*`` file lists its kernel's
+    artifacts by absolute path (Triton's ``FileCacheManager``), and a lookup skips a path that
+    does not exist, so a cache written elsewhere (``minisgl warmup`` on another path, a container
+    image) would miss every kernel. An artifact lies beside its group file. Returns the files
+    rewritten."""
+    rewritten = 0
+    for folder, _, files in os.walk(triton_dir):
+        for name in files:
+            if not (name.startswith("__grp__") and name.endswith(".json")):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                with open(path) as f:
+                    group = json.load(f)
+                children = group["child_paths"]
+                moved = {c: os.path.join(folder, os.path.basename(p))
+                         for c, p in children.items()}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # not Triton's layout: left alone
+            if moved == children:
+                continue
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({**group, "child_paths": moved}, f)
+            os.replace(tmp, path)
+            rewritten += 1
+    return rewritten

@@ -40,7 +40,7 @@ def test_a_shadow_run_finds_every_kernel_of_the_plan_deterministically(qwen3_dir
     essential = {v.short_name for v in first.essential}
     assert {"_rmsnorm_kernel", "_rope_kernel", "_extend_kernel", "_decode_stage1",
             "_decode_stage2", "_silu_and_mul_kernel", "_gemv_kernel", "_gather_kernel",
-            "_partial_kernel", "_final_kernel"} <= essential
+            "_partial_kernel", "_final_kernel", "_scatter_kernel"} <= essential
     # batch sizes, token counts and graph rows collapse into few variants
     assert sum(v.short_name == "_rmsnorm_kernel" for v in first.essential) == 2  # +- residual
     assert sum(v.short_name == "_gather_kernel" for v in first.essential) == 1

@@ -79,6 +79,7 @@ def discover(config: EngineConfig, grammar: bool,
         probes = [(s.name, lambda s=s: engine.forward(s)) for s in shapes]
         probes += [(f"decode graph {bs}", lambda bs=bs: engine.graph_decode(bs))
                    for bs in engine.graph_sizes]
+        probes.append(("page-table update", engine.update_tables))
         _run(probes, forwards, out.failed)
         seen = loading.variants | forwards.variants
         out.essential = sorted(seen)

@@ -128,6 +128,14 @@ class ShadowEngine:
         return self.model.compute_logits(hidden[batch.logits_idx])
 
     @torch.inference_mode()
+    def update_tables(self) -> None:
+        """The scheduler's per-step write of new pages into the page table (and a verify step's
+        drafts into the token pool, a table of the same shape): one scatter kernel."""
+        from minisgl.kernel.triton.scatter import scatter_2d_
+
+        scatter_2d_(self.page_table, torch.zeros(3, 2, dtype=torch.int32, device=self.device))
+
+    @torch.inference_mode()
     def sample(self, params: list[SamplingParams]) -> None:
         """Sample one token for each of ``params`` (one row each)."""
         reqs = [_req(i, 8, p) for i, p in enumerate(params)]

@@ -3,12 +3,12 @@
 A constrained request's grammar compiles on a worker thread while its prompt is prefilled: the
 request joins the prefill queue at once, and only the token that samples waits for the grammar
 (``pending``: the prefill holds its last position back meanwhile), so neither this request nor
-any batch waits for a compiler. The warm-up builds the compiler (the tokenizer's tables) and the
-``json_object`` grammar ahead, in the background (``prepare``). Before sampling the manager
-fills the bitmask rows of the sampled requests in one batched call (``structured.BatchMasks``:
-xgrammar's threads, a reused pinned buffer; unconstrained rows allow everything); after it, the
-constrained requests' matchers accept their sampled tokens in one call, and a grammar that has
-terminated ends its request. The mask of step N+1 depends on token N: the engine runs the
+any batch waits for a compiler. With the warm-up on, the compiler (the tokenizer's tables) and
+the ``json_object`` grammar build in the background from the scheduler's start (``start``).
+Before sampling the manager fills the bitmask rows of the sampled requests in one batched call
+(``structured.BatchMasks``: xgrammar's threads, a reused pinned buffer; unconstrained rows allow
+everything); after it, the constrained requests' matchers accept their sampled tokens in one
+call, and a grammar that has terminated ends its request. The mask of step N+1 depends on token N: the engine runs the
 forward of N+1 first and asks for the mask (``BatchSamplingArgs.late_bitmask``) just before
 sampling, while the host reads N back and advances the matchers, so only the sampling of a
 constrained batch waits for the host.
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from minisgl.core import Req, SamplingParams
     from minisgl.structured import BatchMasks, GrammarCompiler, Matcher
 
+    from .config import SchedulerConfig
+
 logger = init_logger(__name__)
 
 # ``response_format: json_object`` as the API hands it over (``server/openai/structured.py``)
@@ -46,6 +48,19 @@ class GrammarManager:
         self._compiler: GrammarCompiler | None = None
         self._masks: BatchMasks | None = None  # built with the compiler
         self._pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def start(cls, config: SchedulerConfig) -> GrammarManager:
+        """The manager of ``config``'s scheduler; with the warm-up on, the compiler's tables and
+        ``json_object`` start building at once, beside the engine's start-up (``prepare``)."""
+        from minisgl.models.config import ModelConfig
+
+        vocab = ModelConfig.from_path(config.engine.model_path).vocab_size
+        manager = cls(config.engine.model_path, vocab, tuple(config.eos_token_ids),
+                      synchronous=config.engine.tp.size > 1)
+        if config.warmup:
+            manager.prepare()
+        return manager
 
     @staticmethod
     def check(params: SamplingParams) -> None:

@@ -15,7 +15,6 @@ from typing import Callable
 from minisgl.core import Feed, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
-from minisgl.models.config import ModelConfig
 from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.sampling import BatchSamplingArgs
 from minisgl.speculative import create_spec_decoder
@@ -40,12 +39,7 @@ logger = init_logger(__name__)
 class Scheduler:
     def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:
         self.config = config
-        self.grammar = GrammarManager(config.engine.model_path,
-                                      ModelConfig.from_path(config.engine.model_path).vocab_size,
-                                      tuple(config.eos_token_ids),
-                                      synchronous=config.engine.tp.size > 1)
-        if config.warmup:  # the grammar compiler's tables and ``json_object``, beside the start-up
-            self.grammar.prepare()
+        self.grammar = GrammarManager.start(config)  # its tables build beside the start-up
         # the kernel warm-up compiles beside the engine's start-up (``minisgl.warmup``)
         self.kernels = None
         if engine is None and config.engine.device.type == "cuda":

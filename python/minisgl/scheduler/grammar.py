@@ -8,10 +8,10 @@ the ``json_object`` grammar build in the background from the scheduler's start (
 Before sampling the manager fills the bitmask rows of the sampled requests in one batched call
 (``structured.BatchMasks``: xgrammar's threads, a reused pinned buffer; unconstrained rows allow
 everything); after it, the constrained requests' matchers accept their sampled tokens in one
-call, and a grammar that has terminated ends its request. The mask of step N+1 depends on token N: the engine runs the
-forward of N+1 first and asks for the mask (``BatchSamplingArgs.late_bitmask``) just before
-sampling, while the host reads N back and advances the matchers, so only the sampling of a
-constrained batch waits for the host.
+call, and a grammar that has terminated ends its request. The mask of step N+1 depends on
+token N: the engine runs the forward of N+1 first and asks for the mask
+(``BatchSamplingArgs.late_bitmask``) just before sampling, while the host reads N back and
+advances the matchers, so only the sampling of a constrained batch waits for the host.
 
 With tensor parallelism every rank must build the same batches, so there compilation is
 synchronous (a worker thread would finish at a different step on each rank).

@@ -112,6 +112,20 @@ def test_chunked_prefill_through_an_image(arch, checkpoints, images):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
+def test_images_with_the_sliding_layers_own_pool(arch, checkpoints, images):
+    """Few running requests: the default (``sliding_pool_ratio="auto"``) gives the sliding
+    layers a pool of their own whose pages past the window go back; an image longer than the
+    window attends both ways inside one chunk and the tokens are still transformers'."""
+    llm = make_llm(checkpoints[arch], max_running_requests=4, max_prefill_tokens=7)
+    assert llm.scheduler.engine.window_pages is not None
+    check_against_transformers(llm, checkpoints[arch], arch,
+                               [chat(images[:1]), chat(images, text="and these?")],
+                               [images[:1], images])
+    llm.close()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_5"])
 def test_prefix_cache_keys_images_by_content(arch, checkpoints, images):
     """A conversation's next turn with the same image resumes after the whole first prompt and

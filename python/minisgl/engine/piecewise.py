@@ -22,8 +22,9 @@ padded up to the next one with the dummy request's (token 0 at position 0, K/V i
 slot 0), as ``batch.py`` pads eager forwards. q/k/v and the attention output are static buffers that
 every layer and every size shares: each graph copies its layer's q/k/v there and the next reads
 ``out``. With the sliding layers in a pool of their own (``windowed``), their K/V store reads a
-second static slot buffer, ``window_out_loc``, as the others read ``out_loc``. The backend must accept padding rows (``supports_padding``), and every attention layer
-must have the same q/k/v shapes (one set of buffers; the engine checks ``cache_spec``).
+second static slot buffer, ``window_out_loc``, as the others read ``out_loc``. The backend must
+accept padding rows (``supports_padding``), and every attention layer must have the same q/k/v
+shapes (one set of buffers; the engine checks ``cache_spec``).
 """
 
 from __future__ import annotations

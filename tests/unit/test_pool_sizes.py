@@ -136,6 +136,9 @@ def test_which_models_may_get_a_sliding_pool():
     full = CacheSpec((AttentionSpec(0, 2, 2, 8, 0.5),))
     assert may_window(sliding, None) and may_window(sliding, 0.1)
     assert not may_window(sliding, 0.0) and not may_window(full, None)
+    # images that attend both ways: a chunk may run past the forward's budget (``auto``: one pool)
+    assert not may_window(sliding, None, whole_images=True)
+    assert may_window(sliding, 0.1, whole_images=True)
     recurrent = CacheSpec(sliding.attention, StateShape(8, 4, 2, 4, 4), 2)
     assert not may_window(recurrent, None)  # auto: one pool
     with pytest.raises(ValueError, match="sliding_pool_ratio: not supported with recurrent"):

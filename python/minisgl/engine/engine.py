@@ -117,7 +117,8 @@ class Engine:
         # the sliding layers in a slot space of their own whose pages past the window go back
         # (``scheduler/window.py``), when ``pool_sizes.py`` finds that it pays: its page table
         # exists while the pool is sized (the profiling run reads it)
-        windowed = may_window(self.cache_spec, config.sliding_pool_ratio)
+        windowed = may_window(self.cache_spec, config.sliding_pool_ratio,
+                              self.images is not None and self.images.image_blocks)
         self.window_page_table = (torch.zeros(table_shape, dtype=torch.int32, device=self.device)
                                   if windowed else None)
         # every rank must hold the same number of pages: the schedulers make identical decisions

@@ -57,16 +57,22 @@ def check_sliding_pool_ratio(value: object) -> float | None:
     return float(value)
 
 
-def may_window(spec: CacheSpec, ratio: float | None) -> bool:
+def may_window(spec: CacheSpec, ratio: float | None, whole_images: bool = False) -> bool:
     """Whether the sliding layers may get a pool of their own (``auto`` decides later, from the
-    memory). An explicit ratio where it cannot work (recurrent layers) is refused."""
+    memory). An explicit ratio where it cannot work (recurrent layers) is refused.
+
+    ``whole_images``: the model takes images whose tokens attend to each other both ways, so a
+    prefill chunk runs on to its image's end past ``max_forward_tokens`` (``scheduler/
+    prefill.py``) by up to an image's tokens, which the sizing does not bound (the processor
+    decides them): ``auto`` keeps one pool (a pool too small for one chunk would never admit
+    it); an explicit ratio is taken as given."""
     if spec.max_window is None or ratio == 0:
         return False
     if spec.has_state:
         if ratio is not None:
             raise ValueError("sliding_pool_ratio: not supported with recurrent layers")
         return False
-    return True
+    return ratio is not None or not whole_images
 
 
 def window_demand(window: int, config: EngineConfig, max_seq_len: int) -> int:

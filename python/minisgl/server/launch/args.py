@@ -182,7 +182,6 @@ _HELP = {
 }
 
 
-# flags whose text is not their field's type
 def _auto_or_float(text: str) -> str | float:
     if text == "auto":
         return text
@@ -192,6 +191,7 @@ def _auto_or_float(text: str) -> str | float:
         raise argparse.ArgumentTypeError(f"{text!r}: give auto or a number") from None
 
 
+# flags whose text is not their field's type
 _PARSERS = {"limit_mm_per_prompt": parse_mm_limit, "sliding_pool_ratio": _auto_or_float}
 
 

@@ -7,9 +7,10 @@ worked out by hand) and without (one pool for all layers)::
 The model is the config's layer pattern (Gemma 3 27B: 62 layers, 52 sliding of window 1024 and
 10 global) with every layer's KV shrunk alike (one KV head of 16; the hidden size too), so the
 pool fits in a CPU's memory while the ratio of full to windowed KV is the real model's: all its
-layers have the same KV shape. The budget is given in full-length requests' worth of KV without
-freeing (``--budget-requests``). The scheduler, cache manager and pools are the real ones; the
-model forward is replaced by a stub that returns token 0 (the question is memory, not speed).
+layers have the same KV shape. The vision tower is left out (text requests only). The budget is
+given in full-length requests' worth of KV without freeing (``--budget-requests``). The
+scheduler, cache manager and pools are the real ones; the model forward is replaced by a stub
+that returns token 0 (the question is memory, not speed).
 
 Reported: the most requests holding KV at once, and their mean in the steady state (after the
 first request finished, while others still wait for room), for each layout, and the ideal ratio
@@ -43,6 +44,8 @@ def shrunk_model(config: str) -> tuple[str, dict]:
         raw = json.load(f)
     text = raw.get("text_config", raw)
     text.update(SHRINK)
+    # the text layers alone: a checkpoint that takes images keeps one pool under ``auto``
+    raw.pop("vision_config", None)
     tmp = tempfile.mkdtemp(prefix="minisgl-swa-")
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(raw, f)
@@ -196,8 +199,10 @@ holds a window plus two pages for every request that may run (`auto`, `engine/po
 a window plus a prefill chunk per request (the ratio {freed['sliding_pool_ratio']:.4f}, not
 {r['window'] / r['request_tokens']:.4f}), and page rounding.
 
-What `auto` chose here: {auto['auto_why']}. At the default
-`--max-running-requests` (256) and the same budget: {auto['default_why']}.
+What `auto` chose here: {auto['auto_why'].removeprefix('auto: ')}. At the default
+`--max-running-requests` (256) and the same budget: {auto['default_why'].removeprefix('auto: ')}
+(256 windows of 1024 tokens are more than one pool holds), so a long-context deployment of this
+size sets `--max-running-requests` near what its memory holds.
 """
 
 

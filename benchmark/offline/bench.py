@@ -49,6 +49,8 @@ VARIANTS = {
     "fi": {"attn": "fi"},  # FlashInfer's paged kernels (pip install -e '.[flashinfer]')
     "fi-triton": {"attn": "fi,triton"},  # FlashInfer's prefill, the Triton decode
     "page16": {"page_size": 16},
+    # sliding-window models: one pool for every layer (the default sizes the sliding layers' own)
+    "one-pool": {"sliding_pool_ratio": 0},
     "prefill-first": {"schedule_mode": "prefill-first"},  # the ablation of mixed steps
     "sample": {"sampling": QWEN_SAMPLING},
     "sample-penalty": {"sampling": {**QWEN_SAMPLING, "presence_penalty": 1.5,

@@ -6,6 +6,8 @@ its pages freed past the window."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -152,6 +154,26 @@ def test_sliding_pool_gives_the_same_tokens(arch, setting, checkpoints, prompts,
     outputs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outputs] == reference[arch]
     llm.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
+def test_the_default_gives_the_sliding_layers_their_pool(arch, checkpoints, prompts, reference,
+                                                         caplog):
+    """``sliding_pool_ratio="auto"`` (the default): four running requests' windows of 8 tokens
+    and a forward of 16 take 57 pages, a small share of the 4096 a pool of every layer would
+    have, so the sliding layers get their own of that size, the start-up log says so, and every
+    token is transformers'. With 256 running requests' windows and forwards of 8192 tokens
+    the sliding pool would be larger than one pool: one pool stays."""
+    with caplog.at_level(logging.INFO, logger="minisgl.engine.engine"):
+        llm = make_llm(checkpoints[arch], max_running_requests=4, max_prefill_tokens=16)
+    engine = llm.scheduler.engine
+    assert engine.num_pages == 4096 and engine.window_pages == 4 * (WINDOW + 2) + 16 + 1
+    assert "4096 full-attention pages and 57 sliding-window pages" in caplog.text
+    assert llm.scheduler.cache.window is not None
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == reference[arch]
+    llm.scheduler.check_integrity()
+    llm.close()
+    assert make_llm(checkpoints[arch]).scheduler.engine.window_pages is None
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

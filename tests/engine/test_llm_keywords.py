@@ -29,6 +29,8 @@ pytestmark = pytest.mark.any_device
     ({"enable_prefix_caching": True}, {}),
     ({"enable_prefix_caching": False}, {"cache": "naive"}),
     ({"disable_radix_cache": True}, {"cache": "naive"}),
+    ({"disable_hybrid_swa_memory": True}, {"sliding_pool_ratio": 0}),
+    ({"swa_full_tokens_ratio": 0.5}, {"sliding_pool_ratio": 0.5}),
     ({"max_num_seqs": 8}, {"max_running_requests": 8}),
     ({"dtype": "half"}, {"dtype": "float16"}),
     ({"dtype": "bfloat16"}, {"dtype": "bfloat16"}),

@@ -112,6 +112,23 @@ def test_chunked_prefill_through_an_image(arch, checkpoints, images):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
+def test_images_with_the_sliding_layers_own_pool(arch, checkpoints, images):
+    """A model whose images attend both ways runs a chunk on to an image's end past the step
+    budget, which the default's sizing does not bound: ``auto`` keeps one pool for it. A ratio
+    gives the sliding layers their own pool, and an image longer than the window, attending
+    both ways inside one chunk, still gives transformers' tokens."""
+    path = checkpoints[arch]
+    assert make_llm(path, max_running_requests=4).scheduler.engine.window_pages is None
+    llm = make_llm(path, max_running_requests=4, max_prefill_tokens=7, sliding_pool_ratio=0.1)
+    assert llm.scheduler.engine.window_pages is not None
+    check_against_transformers(llm, path, arch,
+                               [chat(images[:1]), chat(images, text="and these?")],
+                               [images[:1], images])
+    llm.close()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_5"])
 def test_prefix_cache_keys_images_by_content(arch, checkpoints, images):
     """A conversation's next turn with the same image resumes after the whole first prompt and

@@ -35,6 +35,10 @@ def test_vllm_and_sglang_spellings_are_aliases():
     # vLLM's per-step token budget is a flag of ours with the same name and meaning
     assert parse_args(["--max-num-batched-tokens", "1024"]).engine.max_num_batched_tokens == 1024
     assert parse_args(["--attention-backend", "torch_native"]).engine.attn == "torch"
+    # the sliding layers' own pool: auto by default, SGLang's ratio and switch, a bad value
+    assert parse_args([]).engine.sliding_pool_ratio == "auto"
+    assert parse_args(["--swa-full-tokens-ratio", "0.5"]).engine.sliding_pool_ratio == 0.5
+    assert parse_args(["--disable-hybrid-swa-memory"]).engine.sliding_pool_ratio == 0
 
 
 @pytest.mark.parametrize("argv, message", [

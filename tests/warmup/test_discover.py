@@ -1,5 +1,6 @@
 """The variants of a whole engine, found by a shadow run on a CPU: Qwen3's forwards (prefill,
-mixed, eager and graph decode, piecewise graphs) and its sampler, the same on every run."""
+mixed, eager and graph decode, piecewise graphs) and its sampler, the same on every run; a
+sliding-window model's piecewise graphs over the sliding layers' own pool."""
 
 from __future__ import annotations
 
@@ -71,3 +72,24 @@ def test_a_hybrid_models_linear_attention_kernels_are_found(tmp_path, monkeypatc
             "_gdn_decode_kernel", "_qk_norm_rope_kernel", "_extend_kernel"} <= names
     # the per-request vectors' alignment makes no variant
     assert sum(v.short_name == "_conv_varlen_kernel" for v in found.essential) <= 2
+
+
+def test_piecewise_graphs_store_the_sliding_layers_kv_in_their_own_pool(tmp_path, monkeypatch):
+    """Gemma 3 27B may give its sliding layers a pool of their own (``sliding_pool_ratio``
+    auto), so the shadow engine does: its piecewise graphs store those layers' K/V through a
+    second static slot buffer (``window_out_loc``), and every forward of the plan runs."""
+    from minisgl.engine.piecewise import PiecewiseRunner
+
+    with open("benchmark/configs/gemma-3-27b-it.json") as f:
+        (tmp_path / "config.json").write_text(f.read())
+    windowed: list[bool] = []
+    run_eager = PiecewiseRunner.run_eager
+
+    def spy(self, batch):
+        windowed.append(self.window_out_loc is not None and batch.window_out_loc is not None)
+        return run_eager(self, batch)
+
+    monkeypatch.setattr(PiecewiseRunner, "run_eager", spy)
+    found = discover(_config(str(tmp_path)), grammar=False)
+    assert not found.failed
+    assert windowed and all(windowed)

@@ -42,9 +42,10 @@ class EngineConfig:
     # the ``eagle3`` speculative method: its draft's directory; the target captures the draft's
     # aux layers and hands them back (``ForwardOutput.hidden``)
     draft_model_path: str | None = None
-    # > 0: the sliding-window layers get a slot space of their own, this many tokens per token of
-    # the others, and their pages past the window go back to the pool (0: they share the others')
-    sliding_pool_ratio: float = 0.0
+    # the sliding-window layers in a slot space of their own whose pages past the window go back
+    # to the pool: this many tokens per token of the others; None: sized from the cache spec, and
+    # only where it pays (``pool_sizes.py``); 0: they share the others'
+    sliding_pool_ratio: float | None = None
     attention_backend: str = "torch"
     moe_backend: str = "torch"
     linear_attn_backend: str = "torch"  # hybrid models: ``minisgl.linear_attn``

@@ -23,7 +23,8 @@ from .build import build_model, make_pool
 from .config import EngineConfig
 from .images import ImageEncoder
 from .loading import load_model_config
-from .memory import chain_pages, pages_from_memory
+from .memory import chain_pages, kv_budget
+from .pool_sizes import may_window, size_pools
 from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
 from .window import check_pool, window
@@ -114,16 +115,25 @@ class Engine:
         self.linear_attn = None if self.state_pool is None else create_linear_attn_backend(
             config.linear_attn_backend, self.state_pool, self.device)
         # the sliding layers in a slot space of their own whose pages past the window go back
-        # (``scheduler/cache.py``): its page table, and its pages per page of the others
-        self.window_ratio = (config.sliding_pool_ratio if self.cache_spec.max_window
-                             and config.sliding_pool_ratio > 0 else None)
+        # (``scheduler/window.py``), when ``pool_sizes.py`` finds that it pays: its page table
+        # exists while the pool is sized (the profiling run reads it)
+        windowed = may_window(self.cache_spec, config.sliding_pool_ratio,
+                              self.images is not None and self.images.image_blocks)
         self.window_page_table = (torch.zeros(table_shape, dtype=torch.int32, device=self.device)
-                                  if self.window_ratio else None)
+                                  if windowed else None)
         draft_pages = chain_pages(config, self.cache_spec)  # after the scheduler's
         # every rank must hold the same number of pages: the schedulers make identical decisions
-        self.num_pages = self.comm.min_int(config.num_pages
-                                           or pages_from_memory(self) - draft_pages)
-        self.window_pages = self._window_pages(self.num_pages)
+        budget = None if config.num_pages else self.comm.min_int(int(kv_budget(self)))
+        sizes = size_pools(self.cache_spec, config, self.max_seq_len, budget, windowed)
+        self.num_pages = sizes.full_pages - (draft_pages if budget is not None else 0)
+        self.window_pages = sizes.window_pages
+        if self.window_pages is None:
+            self.window_page_table = None
+        if windowed:  # the sizes chosen and why (``pool_sizes.py``)
+            pools = (f"{self.num_pages} full-attention pages and {self.window_pages} "
+                     "sliding-window pages" if self.window_pages else
+                     f"one pool of {self.num_pages} pages")
+            logger.info("KV: %s of %d tokens; %s", pools, config.page_size, sizes.why)
         check_pool(config.max_seq_len, self.max_seq_len, (self.num_pages - 1) * config.page_size,
                    config.page_size, self.kv_bytes_per_token, self.device.type == "cpu")
         self.kv_pool, self.attn_backend = self.make_pool(self.num_pages + draft_pages,
@@ -154,17 +164,16 @@ class Engine:
         # piecewise graphs share one set of q/k/v buffers: every attention layer alike
         same_shapes = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim)
                            for a in self.cache_spec.attention}) == 1
-        # NOTE: piecewise graphs replay one static ``out_loc``; the sliding pool's second one
-        # (``window_out_loc``) is not among their buffers
         if (self.device.type == "cuda" and self.attn_backend.supports_padding and graphs
-                and same_shapes and self.window_page_table is None):
+                and same_shapes):
             from .piecewise import STEP, PiecewiseRunner
 
             # no forward exceeds its budget (padding included)
             max_tokens = min(config.piecewise_cuda_graph_max_tokens,
                              -(-config.max_forward_tokens // STEP) * STEP)
             if max_tokens >= STEP:
-                self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens)
+                self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens,
+                                                 self.window_pages is not None)
                 self.piecewise.capture()
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s",
@@ -172,19 +181,6 @@ class Engine:
             config.attention_backend, ", CUDA graphs" if self.graph_runner else "",
             ", piecewise CUDA graphs" if self.piecewise else "",
         )
-
-    def _window_pages(self, num_pages: int) -> int | None:
-        """The sliding layers' pages: ``sliding_pool_ratio`` of the others', and at least what
-        one request's window and one forward need."""
-        if self.window_ratio is None:
-            return None
-        ps = self.config.page_size
-        # + the scratch page, the pages a window and a forward straddle, and the page a radix
-        # cache keeps for a resumable end (``scheduler/window.py``)
-        window = self.cache_spec.max_window
-        assert window is not None  # a window ratio only for a model with sliding layers
-        least = -(-(window + self.config.max_forward_tokens) // ps) + 3
-        return self.comm.min_int(max(least, int(num_pages * self.window_ratio)))
 
     def make_pool(self, num_pages: int, window_pages: int | None = None
                   ) -> tuple[BaseKVCachePool, BaseAttnBackend]:
@@ -196,7 +192,8 @@ class Engine:
     @property
     def kv_bytes_per_token(self) -> float:
         """With a sliding pool: a token of the full layers and its share of the sliding ones."""
-        return self.cache_spec.kv_bytes_per_token(self.config.kv_dtype, self.window_ratio)
+        share = self.window_pages / self.num_pages if self.window_pages else None
+        return self.cache_spec.kv_bytes_per_token(self.config.kv_dtype, share)
 
     def _build_model(self) -> BaseLLMModel:
         """The model, loaded. Records ``weight_bytes`` (its parameters) and, on CUDA,

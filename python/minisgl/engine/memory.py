@@ -1,6 +1,7 @@
-"""How many KV pages an engine gets: a fixed budget on a CPU; on a GPU what is left under
+"""How much memory the KV cache gets: a fixed budget on a CPU; on a GPU what is left under
 ``mem_fraction`` after the weights and the activations of one worst-case forward, measured by
-running it, and of a vision-language model's largest vision-tower call (``image_bytes``)."""
+running it, and of a vision-language model's largest vision-tower call (``image_bytes``).
+``pool_sizes.py`` turns it into pages."""
 
 from __future__ import annotations
 
@@ -42,13 +43,9 @@ class BuildingEngine(Protocol):
     page_table: torch.Tensor
     window_page_table: torch.Tensor | None
     token_pool: torch.Tensor
-    window_ratio: float | None
     dummy_row: int
     max_seq_len: int
     images: ImageEncoder | None
-
-    @property
-    def kv_bytes_per_token(self) -> float: ...
 
     def make_pool(self, num_pages: int, window_pages: int | None = None
                   ) -> tuple[BaseKVCachePool, BaseAttnBackend]: ...
@@ -62,13 +59,12 @@ def chain_pages(config: EngineConfig, spec: CacheSpec) -> int:
     return -(-config.max_running_reqs * chain // config.page_size)
 
 
-def pages_from_memory(engine: BuildingEngine) -> int:
-    """Pages for ``engine`` (the ``Engine`` being built: weights loaded, no pool yet). CPU: a
-    fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and the activations
-    of one worst-case forward and of the vision tower's largest call (measured by running
-    them)."""
+def kv_budget(engine: BuildingEngine) -> float:
+    """Bytes for the KV pools of ``engine`` (the ``Engine`` being built: weights loaded, no pool
+    yet). CPU: a fixed budget. CUDA: what is left under ``mem_fraction`` after the weights and
+    the activations of one worst-case forward and of the vision tower's largest call (measured
+    by running them)."""
     config = engine.config
-    page_bytes = engine.kv_bytes_per_token * config.page_size
     if engine.device.type == "cuda":
         peak = profile_forward(engine)
         if engine.images is not None:
@@ -77,20 +73,11 @@ def pages_from_memory(engine: BuildingEngine) -> int:
                         "(--max-image-tokens)", tower / (1 << 30), engine.images.max_tokens)
             peak += tower
         total = torch.cuda.mem_get_info(engine.device)[1]
-        budget = total * config.mem_fraction - peak
-    else:
-        budget = config.kv_cache_memory_gb * (1 << 30)
-        if engine.state_pool is not None:  # one budget for both caches
-            budget -= engine.state_pool.total_bytes
-    pages = int(budget // page_bytes)
-    # more than every request at full length could ever use is wasted memory (+1: scratch page)
-    pages = min(pages, -(-config.max_running_reqs * engine.max_seq_len // config.page_size) + 1)
-    if pages < 2:
-        raise RuntimeError(
-            "no memory left for the KV cache: use a smaller model, a higher mem_fraction, "
-            "or a smaller max_prefill_tokens"
-        )
-    return pages
+        return total * config.mem_fraction - peak
+    budget = config.kv_cache_memory_gb * (1 << 30)
+    if engine.state_pool is not None:  # one budget for both caches
+        budget -= engine.state_pool.total_bytes
+    return budget
 
 
 @torch.inference_mode()
@@ -99,7 +86,8 @@ def profile_forward(engine: BuildingEngine) -> int:
     pad = engine.config.pad_tokens  # an eager forward runs at most its budget, padding included
     tokens = min(-(-engine.config.max_forward_tokens // pad) * pad, engine.max_seq_len - 1)
     pages = -(-tokens // engine.config.page_size) + 1
-    pool, backend = engine.make_pool(pages, pages if engine.window_ratio else None)
+    windowed = engine.window_page_table is not None
+    pool, backend = engine.make_pool(pages, pages if windowed else None)
     req = Req(uid=-1, input_ids=[0] * (tokens + 1), prompt_len=tokens + 1,
               sampling_params=SamplingParams(), max_device_len=tokens + 1,
               table_idx=engine.dummy_row, device_len=tokens)

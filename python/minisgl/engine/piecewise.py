@@ -21,8 +21,10 @@ Token counts are captured at every multiple of ``STEP`` up to ``max_tokens``; a 
 padded up to the next one with the dummy request's (token 0 at position 0, K/V into the scratch
 slot 0), as ``batch.py`` pads eager forwards. q/k/v and the attention output are static buffers that
 every layer and every size shares: each graph copies its layer's q/k/v there and the next reads
-``out``. The backend must accept padding rows (``supports_padding``), and every attention layer
-must have the same q/k/v shapes (one set of buffers; the engine checks ``cache_spec``).
+``out``. With the sliding layers in a pool of their own (``windowed``), their K/V store reads a
+second static slot buffer, ``window_out_loc``, as the others read ``out_loc``. The backend must
+accept padding rows (``supports_padding``), and every attention layer must have the same q/k/v
+shapes (one set of buffers; the engine checks ``cache_spec``).
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ class PiecewiseRunner:
     """The graphs of every captured token count, their static inputs, and their replay: of one
     engine's model over its forward context ``ctx`` (page table, KV pool, attention backend)."""
 
-    def __init__(self, model: BaseLLMModel, ctx: Context, max_tokens: int) -> None:
+    def __init__(self, model: BaseLLMModel, ctx: Context, max_tokens: int,
+                 windowed: bool = False) -> None:
         assert max_tokens >= STEP, f"piecewise CUDA graphs need max_tokens >= {STEP}"
         self.model, self.ctx = model, ctx
         self.sizes = list(range(STEP, max_tokens + 1, STEP))
@@ -104,6 +107,8 @@ class PiecewiseRunner:
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.out_loc = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
+        self.window_out_loc = (torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
+                               if windowed else None)
         # q, k, v, out (and a hybrid model's qkv, a, b, out): made by the first warm-up
         self._bufs: tuple[torch.Tensor, ...] | None = None
         self._linear_bufs: tuple[torch.Tensor, ...] | None = None
@@ -159,8 +164,10 @@ class PiecewiseRunner:
                     self.sizes[0], self.max_tokens)
 
     def _run_cut(self, size: int, capture: bool):
+        window_loc = self.window_out_loc[:size] if self.window_out_loc is not None else None
         batch = Batch([], "prefill", input_ids=self.input_ids[:size],
-                      positions=self.positions[:size], out_loc=self.out_loc[:size])
+                      positions=self.positions[:size], out_loc=self.out_loc[:size],
+                      window_out_loc=window_loc)
         cut = _Cut(self, capture)
         linear = _LinearCut(cut) if self.ctx.linear_attn is not None else None
         ctx = Context(self.ctx.page_table, self.ctx.kv_pool, cut,  # type: ignore[arg-type]
@@ -178,8 +185,11 @@ class PiecewiseRunner:
         assert ids is not None and positions is not None and out_loc is not None  # prepared
         n = ids.shape[0]
         size = -(-n // STEP) * STEP
-        for buf, x in ((self.input_ids, ids), (self.positions, positions),
-                       (self.out_loc, out_loc)):
+        static = [(self.input_ids, ids), (self.positions, positions), (self.out_loc, out_loc)]
+        if self.window_out_loc is not None:  # the sliding layers' slots (``batch.py``)
+            assert batch.window_out_loc is not None
+            static.append((self.window_out_loc, batch.window_out_loc))
+        for buf, x in static:
             buf[:n].copy_(x)
             if size > n:
                 buf[n:size].zero_()  # the dummy request's tokens

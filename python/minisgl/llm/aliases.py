@@ -30,6 +30,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "max_prefill_tokens": ("--chunked-prefill-size",),
     "page_size": ("--block-size",),
     "mamba_ssm_dtype": ("--mamba-ssm-cache-dtype",),
+    "sliding_pool_ratio": ("--swa-full-tokens-ratio",),  # SGLang's: sliding tokens per full one
 }
 
 # vLLM's and PyTorch's short dtype names
@@ -121,6 +122,9 @@ def llm_keywords(options: dict[str, Any], valid: set[str]) -> dict[str, Any]:
         if name in ("enable_prefix_caching", "disable_radix_cache"):
             if bool(value) == (name == "disable_radix_cache"):
                 put("cache", "naive", given)
+        elif name == "disable_hybrid_swa_memory":  # SGLang's: one pool for every layer
+            if value:
+                put("sliding_pool_ratio", 0, given)
         elif name == "trust_remote_code":
             if value:
                 logger.info("trust_remote_code: accepted; %s", ALWAYS_ON["--trust-remote-code"])
@@ -151,7 +155,8 @@ def _as_keywords(reason: str, valid: set[str]) -> str:
 
 def _did_you_mean(name: str, valid: set[str]) -> str:
     known = valid | set(_KEYWORDS) | {"enable_prefix_caching", "trust_remote_code",
-                                      "enforce_eager", "attention_backend"}
+                                      "enforce_eager", "attention_backend",
+                                      "disable_hybrid_swa_memory"}
     close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
     if close:
         return f" (did you mean {' or '.join(repr(c) for c in close)}?)"

@@ -12,6 +12,7 @@ import torch
 
 from minisgl.attention import check_backend_name, resolve_attention_backend
 from minisgl.engine import EngineConfig
+from minisgl.engine.pool_sizes import check_sliding_pool_ratio
 from minisgl.env import KERNEL_CACHE_DIR
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.linear_attn import LINEAR_ATTN_BACKENDS, resolve_linear_attn_backend
@@ -48,9 +49,10 @@ class EngineOptions:
     max_running_requests: int = 256
     # hybrid models: recurrent-state snapshots the radix cache may keep (None: max_running / 4)
     num_state_snapshots: int | None = None
-    # sliding-window models: the sliding layers' own pool, tokens per token of the full layers'
-    # (their pages past the window are freed); 0 keeps one pool for all layers
-    sliding_pool_ratio: float = 0.0
+    # sliding-window models: the sliding layers' own pool, whose pages past the window are freed:
+    # "auto" (sized from the cache spec, on where it pays: ``engine/pool_sizes.py``), tokens per
+    # token of the full layers', or 0 (one pool for all layers)
+    sliding_pool_ratio: float | str = "auto"
     max_seq_len: int | None = None
     attn: str = "auto"
     moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
@@ -164,11 +166,7 @@ class EngineOptions:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
         if not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb: must be > 0, got {self.kv_cache_memory_gb}")
-        if (isinstance(self.sliding_pool_ratio, bool)
-                or not isinstance(self.sliding_pool_ratio, (int, float))
-                or not 0 <= self.sliding_pool_ratio <= 1):
-            raise ValueError("sliding_pool_ratio: must be a number in [0, 1], got "
-                             f"{self.sliding_pool_ratio!r}")
+        check_sliding_pool_ratio(self.sliding_pool_ratio)
         device = _resolve_device(self.device)
         if self.sampler not in _SAMPLERS:
             raise ValueError(f"sampler: {self.sampler!r} is not one of {', '.join(_SAMPLERS)}")
@@ -237,7 +235,7 @@ class EngineOptions:
             spec_group_size=spec.num_speculative_tokens + 1 if spec else 0,
             mtp=spec is not None and spec.method == "mtp",
             draft_model_path=spec.model if spec is not None else None,
-            sliding_pool_ratio=float(self.sliding_pool_ratio),
+            sliding_pool_ratio=check_sliding_pool_ratio(self.sliding_pool_ratio),
             max_seq_len=self.max_seq_len,
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),

@@ -20,6 +20,7 @@ from minisgl.engine.batch import prepare_batch
 from minisgl.engine.build import build_model, make_pool
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.loading import load_model_config
+from minisgl.engine.pool_sizes import may_window
 from minisgl.engine.state import attach_state_metadata, create_state_pool
 from minisgl.engine.window import window
 from minisgl.kvcache.spec import AttentionSpec
@@ -68,7 +69,8 @@ class ShadowEngine:
                                                           self.state_pool, device)
             if hasattr(self.linear_attn, "chunk_rule"):  # fla's: autotuned, data-dependent
                 self.linear_attn.chunk_rule = _chunk_rule_shapes  # type: ignore[attr-defined]
-        windowed = bool(spec.max_window and config.sliding_pool_ratio > 0)
+        # the kernels are the same at any pool size: a sliding pool wherever one may be chosen
+        windowed = may_window(spec, config.sliding_pool_ratio)
         self.window_page_table = torch.zeros(shape, dtype=torch.int32,
                                              device=device) if windowed else None
         self.kv_pool, self.attn_backend = make_pool(
@@ -87,13 +89,13 @@ class ShadowEngine:
                                             max_bs, config.pdl, self.window_page_table,
                                             config.cuda_graph_sizes, mc.rotary.mrope is not None)
         same = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim) for a in spec.attention}) == 1
-        if self.attn_backend.supports_padding and graphs and same and not windowed:
+        if self.attn_backend.supports_padding and graphs and same:
             from minisgl.engine.piecewise import STEP, PiecewiseRunner
 
             max_tokens = min(config.piecewise_cuda_graph_max_tokens,
                              -(-config.max_forward_tokens // STEP) * STEP)
             if max_tokens >= STEP:
-                self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens)
+                self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens, windowed)
 
     @property
     def vocab_size(self) -> int:

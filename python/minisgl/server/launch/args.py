@@ -124,11 +124,13 @@ _HELP = {
     "num_state_snapshots": "hybrid (Gated DeltaNet) models: recurrent-state snapshots the radix "
                            "cache keeps for prefix hits (default: a quarter of "
                            "--max-running-requests; 0 turns prefix sharing off for them)",
-    "sliding_pool_ratio": "sliding-window models (Gemma 3): > 0 gives the sliding layers a KV "
-                          "pool of their own, this many tokens per token of the full-attention "
-                          "layers', and frees its pages past the window as requests grow (more "
+    "sliding_pool_ratio": "sliding-window models (Gemma 3/4, gpt-oss): the sliding layers' own KV "
+                          "pool, whose pages past the window go back as requests grow (more "
                           "long requests fit; a prefix hit resumes only where the window's KV "
-                          "is still held); 0: one pool",
+                          "is still held). auto: sized for every running request's window and "
+                          "a forward, and on when that saves at least a quarter of the KV "
+                          "memory; a number: this many tokens per token of the full-attention "
+                          "layers; 0: one pool for all layers (default: auto)",
     "max_seq_len": "longest sequence, prompt and output (default: the model's)",
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",
@@ -184,8 +186,17 @@ _HELP = {
 }
 
 
+def _auto_or_float(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or a number") from None
+
+
 # flags whose text is not their field's type
-_PARSERS = {"limit_mm_per_prompt": parse_mm_limit}
+_PARSERS = {"limit_mm_per_prompt": parse_mm_limit, "sliding_pool_ratio": _auto_or_float}
 
 
 def _value_type(annotation) -> type:

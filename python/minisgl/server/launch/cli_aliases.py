@@ -35,6 +35,9 @@ def add_translated_aliases(parser: argparse.ArgumentParser) -> None:
     for flag in ("--disable-radix-cache", "--no-enable-prefix-caching"):
         group.add_argument(flag, dest="cache", action="store_const", const="naive",
                            default=argparse.SUPPRESS, help="the same as --cache naive")
+    group.add_argument("--disable-hybrid-swa-memory", dest="sliding_pool_ratio",
+                       action="store_const", const=0.0, default=argparse.SUPPRESS,
+                       help="the same as --sliding-pool-ratio 0")
     group.add_argument("--skip-server-warmup", dest="warmup", action="store_const", const="off",
                        default=argparse.SUPPRESS, help="the same as --warmup off")
     for flag, meaning in ALWAYS_ON.items():

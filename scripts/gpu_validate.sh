@@ -32,6 +32,12 @@
 #                                           # offline (fp32 / bf16 state) with its
 #                                           # ceiling, batch 1, transformers; then hybrid-online:
 #                                           # concurrency 1/16/64; radix vs naive, shared prefixes
+#   scripts/gpu_validate.sh images     OUT  # Qwen3.5-9B (random weights) with a 1024x1024
+#                                           # image: one chat's time to first token and the
+#                                           # vision tower's share, 64 such chats offline,
+#                                           # transformers in the same run; needs fla-core
+#                                           # (pip install 'minisgl[hybrid]'), which
+#                                           # transformers' Gated DeltaNet takes too
 #   scripts/gpu_validate.sh hybrid-big OUT  # one GPU: Qwen3.6-35B-A3B (random weights) with
 #                                           # --quantization fp8, quantized layer by layer while
 #                                           # loading: offline and batch 1, weights and peak GPU
@@ -333,6 +339,9 @@ hybrid)
         >"$out/bench_qwen3.5-9b.log" 2>&1
     "$0" hybrid-online "$out"
     cat "$out"/offline_qwen3.5-9b_*.md ;;
+images)  # needs fla-core, as the hybrid stages
+    step 480 "$py" benchmark/offline/bench_images.py --out "$out" >"$out/bench_images.log" 2>&1
+    cat "$out"/offline_images_*.md ;;
 hybrid-online)  # SERVER_ARGS="--warmup off" starts the servers sooner; CONCURRENCY_ONLY=1 skips
     # radix vs naive
     m9=benchmark/configs/qwen3.5-9b.json here=benchmark/online tag=qwen3.5-9b
@@ -380,7 +389,7 @@ fi|fi-tests|fi-kernels|fi-offline)
         2>/dev/null; } | tee -a "$out/fi_versions.txt" ;;
 *)
     echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
-         "hybrid|hybrid-online|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
+         "hybrid|hybrid-online|images|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
          "short-behind-long|first-minute|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
     exit 2 ;;
 esac

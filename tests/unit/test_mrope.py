@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.mrope_prompts import IMAGE, MERGE, mrope_prompt
 from minisgl.multimodal.mrope import decode_positions, mrope_angles, mrope_positions
-
-IMAGE, MERGE = 99, 2
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +28,6 @@ def hf_model():
     return tf.Qwen3_5Model(cfg).eval()
 
 
-def _prompt(pieces: list) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """Text lengths and image grids in order -> token ids (text 5, image 99) and the grids."""
-    ids, grids = [], []
-    for p in pieces:
-        if isinstance(p, int):
-            ids += [5] * p
-        else:
-            grids.append(p)
-            ids += [IMAGE] * (p[0] * p[1] * p[2] // MERGE ** 2)
-    return ids, grids
-
-
 CASES = [
     [7],
     [3, (1, 8, 8), 4],
@@ -52,7 +39,7 @@ CASES = [
 
 @pytest.mark.parametrize("pieces", CASES)
 def test_positions_match_get_rope_index(hf_model, pieces):
-    ids, grids = _prompt(pieces)
+    ids, grids = mrope_prompt(pieces)
     ours, delta = mrope_positions(ids, IMAGE, grids, MERGE)
     input_ids = torch.tensor([ids])
     types = (input_ids == IMAGE).int()
@@ -70,7 +57,7 @@ def test_positions_match_get_rope_index(hf_model, pieces):
 def test_adjacent_images_each_on_their_own_grid():
     """Images with no token between them (transformers would take them for one run; Qwen's
     template always puts ``<|vision_end|><|vision_start|>`` between)."""
-    ids, grids = _prompt([(1, 6, 4), (1, 2, 2), 1])
+    ids, grids = mrope_prompt([(1, 6, 4), (1, 2, 2), 1])
     pos, delta = mrope_positions(ids, IMAGE, grids, MERGE)
     first = pos[:, :6]  # 3 x 2 tokens at start 0
     np.testing.assert_array_equal(first[1], [0, 0, 1, 1, 2, 2])
@@ -81,7 +68,7 @@ def test_adjacent_images_each_on_their_own_grid():
 
 
 def test_mismatched_images_are_refused():
-    ids, grids = _prompt([2, (1, 4, 4), 2])
+    ids, grids = mrope_prompt([2, (1, 4, 4), 2])
     with pytest.raises(ValueError, match="no run of 16 image tokens"):
         mrope_positions(ids, IMAGE, [(1, 8, 8)], MERGE)
     with pytest.raises(ValueError, match="more image tokens"):
@@ -93,7 +80,7 @@ def test_angles_match_the_text_rotary(hf_model, interleaved):
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
     rotary = Qwen3_5TextRotaryEmbedding(hf_model.config.text_config)
-    ids, grids = _prompt([2, (1, 4, 12), 3, (1, 10, 6), 5])
+    ids, grids = mrope_prompt([2, (1, 4, 12), 3, (1, 10, 6), 5])
     pos, _ = mrope_positions(ids, IMAGE, grids, MERGE)
     positions = torch.from_numpy(pos)
     section = rotary.mrope_section

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.mrope_prompts import IMAGE, MERGE, mrope_prompt
 from minisgl.core import Batch, Feed, Req, SamplingParams
 from minisgl.engine.graph import GraphRunner
 from minisgl.engine.images import ImageEncoder
@@ -26,7 +27,6 @@ from minisgl.multimodal.prompt import ImageInput, MultimodalPrompt
 # Qwen3.5 / Qwen3.6 releases (config.json's text_config): 64 rotated dims of head_dim 256
 QWEN35_ROPE = {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
                "rope_theta": 10000000, "partial_rotary_factor": 0.25}
-IMAGE, MERGE = 99, 2
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
@@ -46,13 +46,7 @@ def test_equal_positions_are_the_rotary_table(interleaved):
 def _request(uid: int, pieces: list, generated: int) -> Req:
     """A request whose prompt is ``pieces`` (text lengths, image grids) with ``generated``
     tokens after it, in decode (its next token at the last index)."""
-    ids, grids = [], []
-    for p in pieces:
-        if isinstance(p, int):
-            ids += [5] * p
-        else:
-            grids.append(p)
-            ids += [IMAGE] * (p[0] * p[1] * p[2] // MERGE ** 2)
+    ids, grids = mrope_prompt(pieces)
     prompt_len = len(ids)
     mm = None
     if grids:

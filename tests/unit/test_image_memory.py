@@ -44,26 +44,26 @@ def test_reserved_bytes_grow_with_the_limit(arch):
 
 
 def test_the_reservation_comes_off_the_kv_pool(monkeypatch):
-    """On CUDA the pool is what ``mem_fraction`` leaves after the forward's peak and the tower's
-    largest call (faked here: the forward's peak and the device's size; the tower's bytes are
-    measured on the CPU)."""
+    """On CUDA the KV budget is what ``mem_fraction`` leaves after the forward's peak and the
+    tower's largest call (faked here: the forward's peak and the device's size; the tower's bytes
+    are measured on the CPU)."""
     monkeypatch.setattr(memory, "profile_forward", lambda engine: 1 << 20)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (0, 1 << 30))
     monkeypatch.setattr(memory, "peak_bytes",
                         lambda fn, device, real=memory.peak_bytes: real(fn, CPU))
     config = SimpleNamespace(page_size=1, mem_fraction=0.5, max_running_reqs=4096)
 
-    def pages(max_tokens: int | None) -> int:
+    def budget(max_tokens: int | None) -> float:
         engine = SimpleNamespace(config=config, device=SimpleNamespace(type="cuda"),
-                                 kv_bytes_per_token=64.0, max_seq_len=1 << 20, state_pool=None,
+                                 state_pool=None,
                                  images=_encoder(max_tokens) if max_tokens else None)
-        return memory.pages_from_memory(engine)  # type: ignore[arg-type]
+        return memory.kv_budget(engine)  # type: ignore[arg-type]
 
-    none, small, large = pages(None), pages(16), pages(256)
-    assert none == ((1 << 29) - (1 << 20)) // 64
+    none, small, large = budget(None), budget(16), budget(256)
+    assert none == (1 << 29) - (1 << 20)
     assert none > small > large
     reserved = memory.image_bytes(SimpleNamespace(images=_encoder(256), device=CPU))
-    assert abs((none - large) * 64 - reserved) <= 64
+    assert none - large == reserved
 
 
 def _prompt(tokens: list[int]) -> MultimodalPrompt:

@@ -42,6 +42,12 @@ class ServerProcess:
         with open(self.log_path) as f:
             return f.read()
 
+    def openai_client(self):
+        """An ``openai`` client of this server that does not retry (a failure shows at once)."""
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         """Signal the launcher, wait for it, and make sure no descendant survives it."""
         family = self.children()
@@ -98,3 +104,8 @@ def metric(url: str, name: str) -> float | None:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     lines = [line for line in text.splitlines() if line.startswith(name)]
     return float(lines[0].split()[-1]) if lines else None
+
+
+def served_model(client) -> str:
+    """The id of the one model an ``openai`` client's server serves."""
+    return client.models.list().data[0].id

@@ -9,11 +9,10 @@ Messages API, each turned on through the template's switch."""
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from helpers.gemma_tools_model import ANSWER, THOUGHT, make_gemma4_thinking_model
-from helpers.server_utils import start_server
+from helpers.server_utils import served_model, start_server
 
 pytestmark = pytest.mark.slow
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -31,15 +30,11 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def _model(client) -> str:
-    return client.models.list().data[0].id
+    return server.openai_client()
 
 
 def _chat(client, **extra):
-    return client.chat.completions.create(model=_model(client), messages=ASK, temperature=0,
+    return client.chat.completions.create(model=served_model(client), messages=ASK, temperature=0,
                                           max_tokens=32, extra_body=extra or None)
 
 
@@ -56,8 +51,9 @@ def test_chat_thinking_on_and_off(client):
 
 def test_chat_streamed(client):
     reasoning, content = [], []
-    for chunk in client.chat.completions.create(model=_model(client), messages=ASK, stream=True,
-                                                temperature=0, max_tokens=32, extra_body=THINKING):
+    for chunk in client.chat.completions.create(model=served_model(client), messages=ASK,
+                                                stream=True, temperature=0, max_tokens=32,
+                                                extra_body=THINKING):
         for c in chunk.choices:
             reasoning.append(getattr(c.delta, "reasoning_content", None) or "")
             content.append(c.delta.content or "")
@@ -66,11 +62,11 @@ def test_chat_streamed(client):
 
 
 def test_responses_api(client):
-    r = client.responses.create(model=_model(client), input="Weather in Paris?", temperature=0,
-                                reasoning={"effort": "high"}, max_output_tokens=32)
+    r = client.responses.create(model=served_model(client), input="Weather in Paris?",
+                                temperature=0, reasoning={"effort": "high"}, max_output_tokens=32)
     (item,) = [o for o in r.output if o.type == "reasoning"]
     assert [c.text for c in item.content] == [THOUGHT] and r.output_text == ANSWER
-    quiet = client.responses.create(model=_model(client), input="Weather in Paris?",
+    quiet = client.responses.create(model=served_model(client), input="Weather in Paris?",
                                     temperature=0, reasoning={"effort": "none"},
                                     max_output_tokens=32)
     assert [o.type for o in quiet.output] == ["message"] and quiet.output_text == ANSWER
@@ -79,12 +75,12 @@ def test_responses_api(client):
 def test_anthropic_messages(server, client):
     anthropic = pytest.importorskip("anthropic")
     messages = anthropic.Anthropic(base_url=server.url, api_key="unused").messages
-    m = messages.create(model=_model(client), max_tokens=64, messages=ASK,
+    m = messages.create(model=served_model(client), max_tokens=64, messages=ASK,
                         thinking={"type": "enabled", "budget_tokens": 32},
                         extra_body={"temperature": 0})
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None))
             for b in m.content] == [("thinking", THOUGHT), ("text", ANSWER)]
-    with messages.stream(model=_model(client), max_tokens=64, messages=ASK,
+    with messages.stream(model=served_model(client), max_tokens=64, messages=ASK,
                          thinking={"type": "enabled", "budget_tokens": 32},
                          extra_body={"temperature": 0}) as stream:
         final = stream.get_final_message()

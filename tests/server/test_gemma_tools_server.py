@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from helpers.gemma_tools_model import ANSWER, make_gemma3_tools_model, make_gemma4_tools_model
-from helpers.server_utils import start_server
+from helpers.server_utils import served_model, start_server
 
 pytestmark = pytest.mark.slow
 ARGS = {"city": "Paris"}
@@ -42,15 +41,11 @@ def server(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def _model(client) -> str:
-    return client.models.list().data[0].id
+    return server.openai_client()
 
 
 def test_chat_round_trip(client):
-    model = _model(client)
+    model = served_model(client)
     r1 = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0)
     choice = r1.choices[0]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
@@ -70,15 +65,15 @@ def test_chat_round_trip(client):
 def test_without_tools_the_block_is_text(server, client):
     if server.family != "gemma3":
         pytest.skip("Gemma 3's tool_code block")
-    r = client.chat.completions.create(model=_model(client), messages=ASK, temperature=0)
+    r = client.chat.completions.create(model=served_model(client), messages=ASK, temperature=0)
     assert r.choices[0].message.content == '```tool_code\nget_weather(city="Paris")\n```'
     assert r.choices[0].message.tool_calls is None
 
 
 def test_chat_streamed(client):
     args, names, content, reasons = "", [], "", []
-    for chunk in client.chat.completions.create(model=_model(client), messages=ASK, tools=TOOLS,
-                                                temperature=0, stream=True):
+    for chunk in client.chat.completions.create(model=served_model(client), messages=ASK,
+                                                tools=TOOLS, temperature=0, stream=True):
         for c in chunk.choices:
             content += c.delta.content or ""
             for d in c.delta.tool_calls or []:
@@ -91,7 +86,7 @@ def test_chat_streamed(client):
 
 def test_responses_api(client):
     tool = {"type": "function", **TOOLS[0]["function"]}
-    r = client.responses.create(model=_model(client), input="Weather in Paris?", tools=[tool],
+    r = client.responses.create(model=served_model(client), input="Weather in Paris?", tools=[tool],
                                 temperature=0)
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == ARGS
@@ -103,7 +98,7 @@ def test_anthropic_messages(server, client):
     anthropic = pytest.importorskip("anthropic")
     messages = anthropic.Anthropic(base_url=server.url, api_key="unused").messages
     tool = {"name": "get_weather", "description": "Weather of a city", "input_schema": PARAMS}
-    m = messages.create(model=_model(client), max_tokens=64, messages=ASK, tools=[tool],
+    m = messages.create(model=served_model(client), max_tokens=64, messages=ASK, tools=[tool],
                         extra_body={"temperature": 0})
     (use,) = [b for b in m.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.input == ARGS and m.stop_reason == "tool_use"

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from helpers.harmony_model import ANSWER, ARGS, REASONING, TOOLS, make_harmony_model
-from helpers.server_utils import start_server
+from helpers.server_utils import served_model, start_server
 
 pytestmark = pytest.mark.slow
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -33,12 +33,8 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
 
 
-def _model(client) -> str:
-    return client.models.list().data[0].id
-
-
 def test_chat_round_trip(client):
-    model = _model(client)
+    model = served_model(client)
     r1 = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
                                         reasoning_effort="high", temperature=0)
     choice = r1.choices[0]
@@ -55,7 +51,7 @@ def test_chat_round_trip(client):
 
 
 def test_chat_round_trip_streamed(client):
-    model = _model(client)
+    model = served_model(client)
     calls: dict[int, dict] = {}
     reasons = []
     for chunk in client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
@@ -83,7 +79,7 @@ def test_chat_round_trip_streamed(client):
 
 
 def test_reasoning_effort_and_forced_tool_choice_are_checked(client):
-    model = _model(client)
+    model = served_model(client)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model, messages=ASK, reasoning_effort="huge")
     assert e.value.body["param"] == "reasoning_effort"
@@ -94,7 +90,7 @@ def test_reasoning_effort_and_forced_tool_choice_are_checked(client):
 
 
 def test_responses_api_round_trip(client):
-    model = _model(client)
+    model = served_model(client)
     tool = {"type": "function", **TOOLS[0]["function"]}
     r1 = client.responses.create(model=model, input="Weather in Paris?", tools=[tool],
                                  reasoning={"effort": "low"}, temperature=0)

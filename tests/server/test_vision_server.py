@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import anthropic
 import httpx
-import openai
 import pytest
 
-from helpers.server_utils import start_server
+from helpers.server_utils import served_model, start_server
 from helpers.vision_models import make_vision_checkpoint
 from helpers.vision_reference import chat, data_url, hf_vision_greedy, random_image
 
@@ -36,11 +35,7 @@ def server(checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def _model(client) -> str:
-    return client.models.list().data[0].id
+    return server.openai_client()
 
 
 PROMPT = ("<|im_start|>user\nLook:<|vision_start|><|image_pad|><|vision_end|>what is it?"
@@ -67,7 +62,7 @@ def test_generate_image_data_matches_transformers(checkpoint, server):
 
 
 def test_openai_chat_with_an_image(client):
-    ask = dict(model=_model(client), messages=chat([IMAGE]), max_tokens=TOKENS, temperature=0,
+    ask = dict(model=served_model(client), messages=chat([IMAGE]), max_tokens=TOKENS, temperature=0,
                extra_body={"ignore_eos": True})
     first = client.chat.completions.create(**ask)
     text = first.choices[0].message.content
@@ -98,22 +93,22 @@ def test_anthropic_image_block(server, client):
                                             "data": base64.b64encode(png).decode()}},
                {"type": "text", "text": "What is it?"}]
     messages = [{"role": "user", "content": content}]
-    out = msgs.messages.create(model=_model(client), max_tokens=4, messages=messages)
+    out = msgs.messages.create(model=served_model(client), max_tokens=4, messages=messages)
     assert out.usage.input_tokens > 24 and out.usage.output_tokens >= 1
-    count = msgs.messages.count_tokens(model=_model(client), messages=messages)
+    count = msgs.messages.count_tokens(model=served_model(client), messages=messages)
     assert count.input_tokens == out.usage.input_tokens  # the image's 24 tokens counted
 
 
 def test_responses_input_image_usage(client):
     """The Responses API's ``input_image`` is the chat's ``image_url``: the same prompt, so the
     same usage and (greedy) the same answer."""
-    ask = dict(model=_model(client), max_output_tokens=TOKENS, temperature=0)
+    ask = dict(model=served_model(client), max_output_tokens=TOKENS, temperature=0)
     parts = chat([IMAGE])[0]["content"]
     content = [{"type": "input_text", "text": p["text"]} if p["type"] == "text" else
                {"type": "input_image", "image_url": p["image_url"]["url"], "detail": "high"}
                for p in parts]
     out = client.responses.create(**ask, input=[{"role": "user", "content": content}])
-    chat_out = client.chat.completions.create(model=_model(client), messages=chat([IMAGE]),
+    chat_out = client.chat.completions.create(model=served_model(client), messages=chat([IMAGE]),
                                               max_tokens=TOKENS, temperature=0)
     assert out.usage.input_tokens == chat_out.usage.prompt_tokens
     assert out.output_text == chat_out.choices[0].message.content

@@ -121,9 +121,9 @@ class EncoderLayer(nn.Module):
         q = rope(attn.q_norm(attn.q_proj(x).view(n, -1, hd)))
         k = rope(attn.k_norm(attn.k_proj(x).view(n, -1, hd)))
         v = self.v_norm(attn.v_proj(x).view(n, -1, hd))
-        q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # 4-D: SDPA's fused kernels
         out = F.scaled_dot_product_attention(q, k, v, scale=1.0,
-                                             enable_gqa=k.shape[0] != q.shape[0])
+                                             enable_gqa=k.shape[1] != q.shape[1])[0]
         return attn.o_proj(out.transpose(0, 1).reshape(n, -1))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

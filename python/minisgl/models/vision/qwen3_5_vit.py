@@ -102,7 +102,8 @@ class VisionBlock(nn.Module):
         n = x.shape[0]
         q, k, v = self.attn.qkv(x).view(n, 3, self.num_heads, -1).unbind(1)
         q, k = ((t.float() * cos + rotate_half(t.float()) * sin).to(v.dtype) for t in (q, k))
-        out = [F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in seg))
+        # [1, heads, n, d]: 4-D, or SDPA takes its math path and materializes n x n scores
+        out = [F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in seg))[0]
                for seg in zip(q.split(lengths), k.split(lengths), v.split(lengths))]
         return self.attn.proj(torch.cat([o.transpose(0, 1) for o in out]).reshape(n, -1))
 

@@ -14,8 +14,16 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 __version__ = "fake"
+
+
+def _real(*tensors) -> None:
+    """FlashInfer's C++ reads the memory of what it is handed: a fake tensor (a warm-up's shadow
+    run) has none, and the real library crashes the process on it."""
+    assert not any(isinstance(t, torch.Tensor) and is_fake(t) for t in tensors), \
+        "flashinfer was handed a fake tensor: the real library would crash the process"
 
 
 class _Paged:
@@ -31,6 +39,7 @@ class _Paged:
     def _store(self, qo_indptr, kv_indptr, kv_indices, last_page_len, num_qo_heads,
                num_kv_heads, head_dim, page_size, causal, sm_scale, window_left,
                logits_soft_cap, q_data_type, kv_data_type):
+        _real(qo_indptr, kv_indptr, kv_indices, last_page_len)
         assert qo_indptr.device.type == "cpu" and kv_indptr.device.type == "cpu", \
             "plan reads the indptrs on the host: hand it host tensors"
         assert kv_indptr.dtype == last_page_len.dtype == kv_indices.dtype == torch.int32
@@ -110,6 +119,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Paged):
             v_scale: Optional[float] = None, out=None, lse=None, return_lse=False,
             enable_pdl=None, window_left=None, sinks=None):
         assert sinks is None and window_left is None
+        _real(q, *paged_kv_cache)
         return self._run(q, paged_kv_cache, k_scale, v_scale, out)
 
 
@@ -139,4 +149,5 @@ class BatchDecodeWithPagedKVCacheWrapper(_Paged):
             v_scale: Optional[float] = None, out=None, lse=None, return_lse=False,
             enable_pdl=None, window_left=None, sinks=None):
         assert sinks is None and window_left is None
+        _real(q, *paged_kv_cache)
         return self._run(q, paged_kv_cache, k_scale, v_scale, out)

@@ -93,3 +93,17 @@ def test_piecewise_graphs_store_the_sliding_layers_kv_in_their_own_pool(tmp_path
     found = discover(_config(str(tmp_path)), grammar=False)
     assert not found.failed
     assert windowed and all(windowed)
+
+
+def test_a_flashinfer_engine_is_shadowed_without_calling_flashinfer(qwen3_dir, monkeypatch):
+    """``--attn fi``: FlashInfer's C++ would read the fake tensors' memory and crash the
+    process (the stand-in asserts instead), and it has no Triton kernel to record; the shadow
+    run finds the rest of the engine's variants, and no Triton attention."""
+    from helpers import fake_flashinfer
+
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
+    found = discover(replace(_config(qwen3_dir), attention_backend="fi"), grammar=False)
+    assert not found.failed
+    names = {v.short_name for v in found.essential}
+    assert {"_rmsnorm_kernel", "_rope_kernel", "_silu_and_mul_kernel", "_gemv_kernel"} <= names
+    assert not names & {"_extend_kernel", "_decode_stage1", "_decode_stage2"}

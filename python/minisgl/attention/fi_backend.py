@@ -24,6 +24,10 @@ indptr / page-id / last-page-length buffers; the warm-up before each capture pla
 be captured). A replayed step's new slots are written into the page table by the graph itself,
 after the plan: ``plan_replay`` writes them first (``write_pending_slots``).
 
+A warm-up's shadow run (``minisgl.warmup``: fake tensors, to record Triton kernels) neither plans
+nor runs: FlashInfer's C++ would read the fake tensors' memory (and crash the process), and its
+kernels are not Triton's; ``forward`` gives an output of the right shape.
+
 Not computed: attention sinks (gpt-oss): FlashInfer's paged wrappers pass them only to the
 trtllm-gen kernels of Blackwell GPUs; such models are refused at start-up.
 """
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .base import AttentionSpec, BaseAttnBackend, BaseAttnMetadata
 from .fi_plan import PagedLayout, gather_page_ids, paged_layout, write_pending_slots
@@ -186,6 +191,8 @@ class FlashInferBackend(BaseAttnBackend):
     ) -> torch.Tensor:
         meta = batch.attn_metadata
         assert isinstance(meta, FlashInferMetadata), "prepare_metadata was not called"
+        if is_fake(q):  # a shadow run (module docstring)
+            return torch.empty_like(q) if out is None else out
         kind = self.kind(spec)
         self._q_dtype = q.dtype
         wrapper = meta.planned[kind] if kind in meta.planned else self._plan(meta, kind, q.dtype)
@@ -223,6 +230,8 @@ class FlashInferBackend(BaseAttnBackend):
     def plan_replay(self, batch: Batch, padded_bs: int) -> None:
         """Re-plan the graph wrappers of ``padded_bs`` for the live ``batch`` (its new tokens'
         slots written into the page table first: the graph writes them only when it runs)."""
+        if is_fake(self.page_table):  # a shadow run
+            return
         write_pending_slots(self.page_table, batch.feeds, batch.out_slots)
         layout = paged_layout(batch.feeds, self.page_size, padded_bs, self.dummy_row)
         meta = FlashInferMetadata(layout, decode=True, graph_bs=padded_bs)

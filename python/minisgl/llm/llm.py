@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Sequence, Union
@@ -28,6 +29,7 @@ logger = init_logger(__name__)
 
 Prompt = Union[str, Sequence[int], MultimodalPrompt]  # the last: a chat with images
 Message = dict
+_WAITING_POLL_S = 0.002  # the server's wait while requests wait for a compiler (scheduler/io.py)
 _OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)} | {"model", "tp"}
 
 
@@ -229,6 +231,8 @@ class LLM:
         bar = tqdm(total=len(uids), desc="Generating", unit="req", disable=not show)
         pending = set(uids)
         while pending:
+            if self.scheduler.only_waiting:  # for a compiler: no spinning beside its thread
+                time.sleep(_WAITING_POLL_S)
             for tok in self.scheduler.step():
                 if tok.uid not in pending:
                     continue

@@ -4,6 +4,7 @@ and OpenAI-style error bodies for every error."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -23,7 +24,7 @@ from minisgl.server.app.docs import install_docs
 from minisgl.server.app.health import router as health_router
 from minisgl.server.app.openapi import install_openapi
 from minisgl.server.config import ServerConfig
-from minisgl.server.openai import chat, completions, generate
+from minisgl.server.openai import chat, completions, generate, structured
 from minisgl.server.openai.bodies import TokenTexts
 from minisgl.server.openai.frontend import FrontendManager
 from minisgl.server.openai.generation_defaults import load_sampling_defaults, log_defaults
@@ -135,9 +136,11 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
         app.state.frontend = frontend_factory()
         app.state.frontend_created.set()
         await app.state.tokens.get()  # the tokenizer loads before the port opens, not on a request
+        parser = asyncio.create_task(asyncio.to_thread(structured.warm_parser))  # beside serving
         try:
             yield
         finally:
+            parser.cancel()
             await app.state.frontend.close()
 
     check_options(config)

@@ -7,7 +7,12 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minisgl.env import set_process_defaults
+    import os
+    import time
+
+    from minisgl.env import LAUNCHED_AT, set_process_defaults
+
+    os.environ.setdefault(LAUNCHED_AT.name, repr(time.time()))  # before the heavy imports
     from minisgl.server.launch.args import parse_args
     from minisgl.utils.stacks import enable_stack_dumps
 

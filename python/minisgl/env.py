@@ -31,6 +31,10 @@ API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given
 GRAMMAR_THREADS = EnvVar("MINISGL_GRAMMAR_THREADS", "auto", "threads that fill a batch's grammar "
                          "masks (auto: half the CPUs the scheduler may use, at most 8)")
 
+LAUNCHED_AT = EnvVar("MINISGL_LAUNCHED_AT", "", "the wall-clock time (seconds since the epoch) a "
+                     "launch began, set by ``python -m minisgl`` for the processes it starts: "
+                     "their start-up log lines count from it")
+
 ALLOW_LONG_MAX_MODEL_LEN = EnvVar(
     "MINISGL_ALLOW_LONG_MAX_MODEL_LEN", "0", "1: --max-model-len may exceed the model's "
     "max_position_embeddings (positions the model was not trained on: its output may degrade); "

@@ -17,6 +17,7 @@ from minisgl.models import BaseLLMModel
 from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
+from minisgl.utils.startup import Phases
 
 from .batch import prepare_batch, write_drafts
 from .build import build_model, make_pool
@@ -78,6 +79,7 @@ class Engine:
                  kernels: CompilingKernels | None = None) -> None:
         self.config = config
         self.device = config.device
+        phases = Phases()  # where the start-up's seconds go (the "engine ready" line)
         if self.device.type == "cuda":
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
@@ -90,10 +92,12 @@ class Engine:
         self.kernels = kernels
         self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
         self.model = self._build_model()
+        phases.mark("weights")
         if self.kernels is not None and not self.kernels.wait_ready(_KERNEL_WAIT_S):
             # the forwards' kernels, before any forward runs; else they compile on first use
             logger.warning("the kernel warm-up is not done after %d s; going on without it",
                            _KERNEL_WAIT_S)
+        phases.mark("kernels")
         # the model declares its caches: KV layers and their shapes, windows, recurrent state
         self.cache_spec = self.model.cache_spec()
         # a vision-language checkpoint's tower (None: the model takes no images), loaded before
@@ -138,6 +142,7 @@ class Engine:
                    config.page_size, self.kv_bytes_per_token, self.device.type == "cpu")
         self.kv_pool, self.attn_backend = self.make_pool(self.num_pages + draft_pages,
                                                          self.window_pages)
+        phases.mark("memory")
         self.draft_slots = torch.arange(
             self.num_pages * config.page_size, (self.num_pages + draft_pages) * config.page_size,
             dtype=torch.int32, device=self.device)
@@ -175,11 +180,12 @@ class Engine:
                 self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens,
                                                  self.window_pages is not None)
                 self.piecewise.capture()
+        phases.mark("graphs")
         logger.info(
-            "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s",
+            "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s (%s)",
             mc.architecture, self.device, config.dtype, self.num_pages, config.page_size,
             config.attention_backend, ", CUDA graphs" if self.graph_runner else "",
-            ", piecewise CUDA graphs" if self.piecewise else "",
+            ", piecewise CUDA graphs" if self.piecewise else "", phases,
         )
 
     def make_pool(self, num_pages: int, window_pages: int | None = None

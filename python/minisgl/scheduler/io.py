@@ -34,6 +34,7 @@ from minisgl.message import (
 )
 from minisgl.utils import init_logger
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+from minisgl.utils.startup import Phases, since_launch
 from minisgl.utils.watchdog import Watchdog
 
 from .output import TokenOutput
@@ -105,6 +106,9 @@ class SchedulerIO:
                 if kernels is not None and kernels.warming():
                     logger.info("ready; compiling in the background: %s (requests that need "
                                 "them wait for them)", kernels.warming())
+            launched = since_launch()
+            if launched is not None and self.primary:
+                logger.info("ready %.1f s after the launch", launched)
             watchdog = Watchdog(self.watchdog_timeout, f"scheduler rank {self.comm.info.rank}")
             while os.getppid() == self._parent:
                 watchdog.beat()
@@ -282,9 +286,10 @@ def run_scheduler_process(
     from minisgl.models import load_eos_token_ids
     from minisgl.utils.heap import freeze_heap
     from minisgl.utils.hf import load_tokenizer
-
+    phases = Phases(launch="spawned")
     try:
         eos = load_eos_token_ids(model_path, load_tokenizer(model_path))
+        phases.mark("tokenizer")
         config = options.scheduler_config(model_path, eos, online=True)
         device = config.engine.device
         if device.type == "cuda":
@@ -293,11 +298,13 @@ def run_scheduler_process(
         engine = dataclasses.replace(config.engine, tp=tp, dist_init_addr=dist_init_addr,
                                      device=device)
         scheduler = Scheduler(dataclasses.replace(config, engine=engine))
+        phases.mark("engine")
         io = SchedulerIO(scheduler, backend_addr, detokenizer_addr, log_stats_interval,
                          watchdog_timeout)
     except Exception as e:  # report any start-up failure in one line
         ready.send(("error", f"scheduler failed to start: {type(e).__name__}: {e}"))
         return
+    logger.info("scheduler rank %d started: %s", tp.rank, phases)
     ready.send(("ok", {"max_context_len": scheduler.max_context_len,
                        "max_total_num_tokens": scheduler.cache.num_tokens}))
     freeze_heap()

@@ -4,7 +4,7 @@ figure over the old one's.
     python scripts/kitchen_compare.py OLD_DIR NEW_DIR
 
 A result is keyed by its kind (the speculative workloads: workload, method, batch; the offline
-benchmark: engine); a key measured twice (``gpu_kitchen.sh`` runs the workloads twice per tree)
+benchmark: engine; a verify or EAGLE-3 step's cost: batch and drafts k); a key measured twice (``gpu_kitchen.sh`` runs the workloads twice per tree)
 keeps its best figure. Throughputs are better higher, latencies lower; the ratio says new / old
 for throughput and old / new for latency, so above 1 is faster either way.
 """
@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 # (field, higher is better)
-FIGURES = (("tokens_per_s", True), ("output_tok_per_s", True), ("ms_per_token", False))
+FIGURES = (("tokens_per_s", True), ("output_tok_per_s", True), ("ms_per_token", False),
+           ("ms_per_step", False))
 
 
 def results(folder: str) -> dict[tuple, tuple[str, float, bool]]:
@@ -24,8 +25,8 @@ def results(folder: str) -> dict[tuple, tuple[str, float, bool]]:
     best: dict[tuple, tuple[str, float, bool]] = {}
     for path in sorted(Path(folder).glob("*.json")):
         for rec in json.loads(path.read_text()):
-            key = (rec.get("model"), rec.get("workload") or rec.get("engine"),
-                   rec.get("method", ""), rec.get("batch", ""))
+            key = (rec.get("model"), rec.get("workload") or rec.get("engine") or rec.get("kind"),
+                   rec.get("method", ""), rec.get("batch", ""), rec.get("k", ""))
             for name, higher in FIGURES:
                 if rec.get(name) is None:
                     continue
@@ -39,8 +40,8 @@ def results(folder: str) -> dict[tuple, tuple[str, float, bool]]:
 
 def main() -> None:
     old, new = results(sys.argv[1]), results(sys.argv[2])
-    lines = ["| model | workload / engine | method | batch | figure | old | new | faster |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | workload / engine | method | batch | k | figure | old | new | faster |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(old.keys() & new.keys(), key=str):
         name, a, higher = old[key]
         b = new[key][1]

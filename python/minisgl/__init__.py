@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .core import SamplingParams
+from .params import SamplingParams
 
 if TYPE_CHECKING:
     from .llm import LLM

@@ -123,12 +123,14 @@ def _retry_after(status: int) -> dict[str, str]:
 
 
 def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendManager],
-               model_path: str | None = None, server_info: dict | None = None) -> FastAPI:
+               model_path: str | None = None, server_info: dict | None = None,
+               tokens: TokenTexts | None = None) -> FastAPI:
     """The app; ``frontend_factory()`` runs inside the lifespan, on the serving event loop.
 
     ``app.state.frontend`` is the FrontendManager once ``app.state.frontend_created`` (a
     ``threading.Event``) is set. ``model_path`` is the resolved checkpoint (logprob token texts);
-    ``server_info`` is merged into ``/v1/server_info`` (e.g. max_context_len, process ids).
+    ``server_info`` is merged into ``/v1/server_info`` (e.g. max_context_len, process ids);
+    ``tokens``: the token texts (their tokenizer perhaps loading already), else made here.
     """
 
     @asynccontextmanager
@@ -149,7 +151,7 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.draining = False  # set when shutdown starts (http_server): readiness turns 503
     app.state.frontend_created = threading.Event()
     app.state.model_path = model_path or config.model
-    app.state.tokens = TokenTexts(config.tokenizer or app.state.model_path)
+    app.state.tokens = tokens or TokenTexts(config.tokenizer or app.state.model_path)
     app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.harmony = Harmony.for_model(app.state.model_path)  # gpt-oss: its output format
     app.state.vision = has_vision(app.state.model_path)  # takes image content parts

@@ -66,7 +66,8 @@ class ProcessGroup:
         child_end.close()
         self.children.append(Child(name, proc, parent_end))
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start every child; ``wait``: until each reports (else call ``wait_ready``)."""
         from minisgl.distributed import DistributedInfo
         from minisgl.scheduler.io import run_scheduler_process
         from minisgl.tokenizer.server import tokenize_worker
@@ -83,7 +84,8 @@ class ProcessGroup:
                         tp=DistributedInfo(rank, cfg.tp), dist_init_addr=dist_addr,
                         local_index=local)
         if cfg.node_rank > 0:  # only node 0 talks to clients
-            self._wait_ready()
+            if wait:
+                self.wait_ready()
             return
         tokenizer = {"revision": cfg.revision if cfg.tokenizer else None,
                      "chat_template": read_chat_template(cfg.chat_template),
@@ -93,9 +95,10 @@ class ProcessGroup:
         for i in range(cfg.num_tokenizer):
             self._spawn(f"tokenizer-{i}", _worker, tokenize_worker, self.tokenizer_path, addrs,
                         tokenize=True, detokenize=False, **tokenizer)
-        self._wait_ready()
+        if wait:
+            self.wait_ready()
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         pending = list(self.children)
         while pending:
@@ -214,8 +217,6 @@ def _monitor(group: ProcessGroup, frontend_ref) -> None:
 def start_stack(config: ServerConfig):
     """Start every child and build the app: ``(group, app)``; raise ``LaunchError`` on failure."""
     from minisgl.models.weight import resolve_model_path
-    from minisgl.server.app.api_server import create_app
-    from minisgl.server.openai.frontend import FrontendManager
 
     group: ProcessGroup | None = None
     try:
@@ -223,14 +224,21 @@ def start_stack(config: ServerConfig):
         check_ssl_files(config)
         model_path = resolve_model_path(config.model, config.revision)
         group = ProcessGroup(config, model_path)
-        group.start()
+        group.start(wait=False)
+        # while the children start: the app's imports, the API process's tokenizer
+        from minisgl.server.app.api_server import create_app
+        from minisgl.server.openai.bodies import TokenTexts
+        from minisgl.server.openai.frontend import FrontendManager
+
+        tokens = TokenTexts(config.tokenizer or model_path).prefetch()
+        group.wait_ready()
     except (LaunchError, FileNotFoundError, ValueError, RuntimeError) as e:
         if group is not None:
             group.shutdown()
         raise LaunchError(str(e)) from None
     processes = {c.name: c.process.pid for c in group.children}
     app = create_app(config, lambda: FrontendManager(group.addrs), model_path,
-                     {**group.info["scheduler"], "processes": processes})
+                     {**group.info["scheduler"], "processes": processes}, tokens)
     monitor = threading.Thread(
         target=_monitor, args=(group, lambda: getattr(app.state, "frontend", None)), daemon=True
     )

@@ -4,7 +4,9 @@ log-probs in the chat and the legacy completions formats, whole responses and st
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -74,10 +76,20 @@ class TokenTexts:
     def __init__(self, model_path: str | None) -> None:
         self.model_path, self._decode = model_path, None
         self.tokenizer: Any = None  # loaded by the first ``get``
+        self._loading: concurrent.futures.Future | None = None
+
+    def prefetch(self) -> TokenTexts:
+        """Start loading on a thread now (the launcher, while its children start)."""
+        if self._loading is None:
+            self._loading = concurrent.futures.Future()
+            threading.Thread(target=lambda f=self._loading: f.set_result(self._load()),
+                             name="tokenizer-prefetch", daemon=True).start()
+        return self
 
     async def get(self) -> TokenText:
         if self._decode is None:
-            tok = self.tokenizer = await asyncio.to_thread(self._load)
+            tok = self.tokenizer = await (asyncio.wrap_future(self._loading) if self._loading
+                                          else asyncio.to_thread(self._load))
             cache: dict[int, str] = {}
             self._decode = lambda t: cache.get(t) or cache.setdefault(
                 t, tok.decode([t]) if tok is not None else f"token_id:{t}")

@@ -299,7 +299,8 @@ first-minute)  # per model (MODELS, default both; one model at most 10 minutes):
             >>"$out/first_minute_warmup_cli.txt"
         mv "$tmp/built" "$tmp/carried"  # the directory a container image would hold
         step 90 "${fm[@]}" --tag "${m}_carried" --cache-dir "$tmp/carried" -- "${srv[@]}"
-        grep -hE "kernel (plan|variants|warm-up|cache)|warm-up done|ready;|captured|started:|engine ready|after the launch" \
+        lines="kernel (plan|variants|warm-up|cache)|warm-up done|ready;|captured|started:"
+        grep -hE "$lines|engine ready|after the launch" \
             "$out/first_minute_${m}"_*.log >"$out/first_minute_${m}_warmup_lines.txt"
     done
     "$py" benchmark/online/first_minute.py --report "$out"/first_minute_*_empty.json \

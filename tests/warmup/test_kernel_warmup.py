@@ -1,6 +1,7 @@
 """The kernel warm-up's schedule, with the compilation itself stood in by the interpreter (CPU):
-the variants needed before ready first, then the sampler's stages in order, each done when its
-variants and those before are; what is left said in words; a failure never stops the engine."""
+the variants needed before ready first, then, once the engine is built, the sampler's stages in
+order, each done when its variants and those before are; what is left said in words; a failure
+never stops the engine."""
 
 from __future__ import annotations
 
@@ -51,9 +52,12 @@ def test_stages_follow_the_variants_before_ready(no_device, monkeypatch):
     plan = KernelSet([_variant(1), _variant(2)], stages, [], [])
     warm = KernelWarmup(_config(), grammar=True, workers=2, kernels=plan).start()
     assert warm.wait_ready(10) and sorted(seen[:2]) == [1, 2]
+    gate.set()
+    assert not warm.wait_all(0.5)  # the sampler's stages wait for the engine's start-up
+    assert sorted(seen) == [1, 2]
     assert not warm.done and warm.stage == 0
     assert warm.warming().startswith("sampler kernels (sampled, logprobs")
-    gate.set()
+    warm.engine_built()
     assert warm.wait_all(10) and warm.stage == len(FEATURE_STAGES)
     assert warm.warming() == "" and warm.compiled == 2 + len(FEATURE_STAGES)
     assert warm.errors == ["boom"]  # logged; that variant compiles on first use
@@ -75,4 +79,5 @@ def test_a_found_plan_is_handed_on_and_compiled(no_device, monkeypatch):
     monkeypatch.setattr(kernels_mod, "discover", lambda config, grammar: plan)
     found = []
     warm = KernelWarmup(_config(), grammar=False, workers=1, on_found=found.append).start()
+    warm.engine_built()
     assert warm.wait_all(10) and found == [plan] and warm.compiled == 1 and not warm.errors

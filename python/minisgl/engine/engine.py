@@ -37,9 +37,12 @@ _KERNEL_WAIT_S = 900  # far beyond any warm-up (a wedged one must not hold the s
 
 class CompilingKernels(Protocol):
     """The kernel warm-up (``minisgl.warmup.KernelWarmup``), started before the engine: the
-    engine waits for the variants its forwards need before it runs one."""
+    engine waits for the variants its forwards need before it runs one, and says when it is
+    built (the rest compile from then on, not beside its graph capture)."""
 
     def wait_ready(self, timeout: float | None = None) -> bool: ...
+
+    def engine_built(self) -> None: ...
 
 
 @dataclass
@@ -181,6 +184,8 @@ class Engine:
                                                  self.window_pages is not None)
                 self.piecewise.capture()
         phases.mark("graphs")
+        if self.kernels is not None:
+            self.kernels.engine_built()
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, attention %s%s%s (%s)",
             mc.architecture, self.device, config.dtype, self.num_pages, config.page_size,

@@ -108,6 +108,7 @@ class KernelWarmup:
         self.total = 0
         self.errors: list[str] = []
         self._ready = threading.Event()
+        self._built = threading.Event()  # the engine's start-up is over (``engine_built``)
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -120,6 +121,12 @@ class KernelWarmup:
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the variants needed before ready are compiled (or the attempt failed)."""
         return self._ready.wait(timeout)
+
+    def engine_built(self) -> None:
+        """The engine is built (weights, memory profile, CUDA graphs): the sampler's stages may
+        compile now (beside the start-up, their compiles' Python held the GIL against its graph
+        capture: docs/performance.md, "The first minute")."""
+        self._built.set()
 
     def wait_all(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
@@ -159,9 +166,10 @@ class KernelWarmup:
             return
         finally:
             self._ready.set()
-        # every stage queued at once, in order (all cores busy); a stage is done when its
-        # variants and those of the stages before are. The engine captures its graphs meanwhile:
-        # no module loads here
+        # once the engine is built, every stage queued at once, in order (all cores busy); a
+        # stage is done when its variants and those of the stages before are; no module loads
+        # here (the engine's thread loads on first use)
+        self._built.wait()
         queued = [compile_variants(stage, pool, load=False) for stage in self.kernels.stages]
         for k, futures in enumerate(queued):
             self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")

@@ -16,6 +16,7 @@ from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
 from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.scheduler import Scheduler, TokenOutput
+from minisgl.scheduler.scheduler import WAITING_POLL_S
 from minisgl.scheduler.warmup import warm_up
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl.tokenizer.harmony import Harmony, is_harmony_model
@@ -29,7 +30,6 @@ logger = init_logger(__name__)
 
 Prompt = Union[str, Sequence[int], MultimodalPrompt]  # the last: a chat with images
 Message = dict
-_WAITING_POLL_S = 0.002  # the server's wait while requests wait for a compiler (scheduler/io.py)
 _OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)} | {"model", "tp"}
 
 
@@ -231,8 +231,8 @@ class LLM:
         bar = tqdm(total=len(uids), desc="Generating", unit="req", disable=not show)
         pending = set(uids)
         while pending:
-            if self.scheduler.only_waiting:  # for a compiler: no spinning beside its thread
-                time.sleep(_WAITING_POLL_S)
+            if self.scheduler.only_waiting:  # for a compiler
+                time.sleep(WAITING_POLL_S)
             for tok in self.scheduler.step():
                 if tok.uid not in pending:
                     continue

@@ -38,7 +38,7 @@ from minisgl.utils.startup import Phases, since_launch
 from minisgl.utils.watchdog import Watchdog
 
 from .output import TokenOutput
-from .scheduler import Scheduler
+from .scheduler import WAITING_POLL_S, Scheduler
 from .stats import FirstForwards, LiveStats
 from .warmup import warm_up
 
@@ -46,7 +46,6 @@ logger = init_logger(__name__)
 
 _STATS_INTERVAL_S = 0.5
 _IDLE_POLL_MS = 100
-_WAITING_POLL_MS = 2
 
 
 class _NoOutbox:
@@ -146,7 +145,7 @@ class SchedulerIO:
             else:
                 # idle: wait for a request, only a glance while deferred work is left; a short
                 # wait while requests wait for a compiler (no spinning beside it)
-                wait = (_WAITING_POLL_MS if self.scheduler.only_waiting else
+                wait = (int(WAITING_POLL_S * 1000) if self.scheduler.only_waiting else
                         0 if self._idle_work else _IDLE_POLL_MS)
                 first = self.inbox.get(timeout_ms=wait)
                 msgs = [] if first is None else [first, *self.inbox.get_all_nowait()]
@@ -286,6 +285,7 @@ def run_scheduler_process(
     from minisgl.models import load_eos_token_ids
     from minisgl.utils.heap import freeze_heap
     from minisgl.utils.hf import load_tokenizer
+
     phases = Phases(launch="spawned")
     try:
         eos = load_eos_token_ids(model_path, load_tokenizer(model_path))

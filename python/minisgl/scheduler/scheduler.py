@@ -35,6 +35,10 @@ from .warming import WarmingGate
 
 logger = init_logger(__name__)
 
+# how long a loop waits while every request waits for a compiler (``only_waiting``): no spinning
+# beside the compiler's thread
+WAITING_POLL_S = 0.002
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:

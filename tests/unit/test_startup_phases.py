@@ -32,7 +32,7 @@ def test_outside_a_launch_there_is_no_launch_time(monkeypatch):
     assert str(phases).startswith("weights ")
 
 
-def test_the_cli_stamps_the_launch_for_its_children(monkeypatch, capsys):
+def test_the_cli_stamps_the_launch_for_its_children(monkeypatch):
     """``python -m minisgl`` sets the variable before anything else (a spawned child inherits
     it); a value already set (a parent launcher's) is kept."""
     from minisgl.__main__ import main

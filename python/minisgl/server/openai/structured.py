@@ -90,7 +90,8 @@ def requested_grammar(req: Any, tools_schema: str | None = None) -> Grammar | No
 
 def warm_parser() -> None:
     """Import xgrammar and parse one grammar, at start-up on a worker thread: the first
-    constrained request would pay for the import (0.2-0.6 s) in ``check``."""
+    constrained request would pay for the import in ``check`` (docs/performance.md, "The first
+    minute")."""
     from minisgl.structured import check_grammar
 
     try:

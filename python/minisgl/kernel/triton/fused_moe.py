@@ -158,6 +158,9 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if mx and cfg.block_m == 1:
+        # its 16-byte word loads: the kernel takes the alignment as given
+        assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
+            "MXFP4 GEMV: the experts' bytes must be 16-byte aligned, rows included"
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]
         moe_gemv_mx_kernel[grid](*args, **meta)

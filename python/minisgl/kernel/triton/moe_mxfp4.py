@@ -2,7 +2,9 @@
 ``mxfp4``'s): ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]`` e8m0 scales, x in its own dtype.
 
 Three shapes of the same work, chosen by the row block. Row blocks of one (a batch of a few
-tokens, each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores. Small
+tokens, each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores, its
+weights read as 32-bit words of 8 values (two shifts and two masks a value, each thread's
+products summed in its registers, no shuffles in the K loop). Small
 batches (16- or 32-row blocks: decode, a few rows per expert) take ``moe_gemm_mx_kernel``: a K
 step is whole 32-value groups, each group's bytes decode without their scale, two dots of depth
 16 (x's even and odd columns) give its partial sums and one multiply by the scale adds them in;
@@ -18,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import decode_pair, e8m0
+from .mxfp4 import decode_nibble, decode_pair, e8m0
 
 
 @triton.jit
@@ -77,9 +79,12 @@ def moe_gemv_mx_kernel(
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
 ):
     """One routed pair a program (row blocks of one, ``block_m == 1``: a batch of a few tokens),
-    no tensor cores: ``BLOCK_N`` weight rows decoded in float32, multiplied by x's K step on the
-    CUDA cores and summed per 32-value group, then scaled; a dot padded to 16 rows would decode
-    the same weights for 15 rows of padding."""
+    no tensor cores: ``BLOCK_N`` weight rows read as 32-bit words (a group's 16 bytes are 4
+    words, 8 values each, in K order), decoded in float32 and multiplied by x on the CUDA cores,
+    a word's values summed in its own registers and scaled per group; the rows' sums are
+    reduced once, after the K loop. A dot padded to 16 rows would decode the same weights for 15
+    rows of padding. ``w``'s address and strides are multiples of 16 bytes (a row holds K/2
+    bytes, K a multiple of 32; the launcher checks), so a thread loads a group's words at once."""
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
     if pid_m >= tl.load(total_ptr):
         return
@@ -87,42 +92,58 @@ def moe_gemv_mx_kernel(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, 1, BLOCK_N)
     G: tl.constexpr = BLOCK_K // 32
     offs_g = tl.arange(0, G)
-    x_ptrs = a_ptr + row * stride_am + (32 * offs_g)[:, None] + tl.arange(0, 32)[None, :]
-    w_ptrs = (w_ptr + expert * stride_we + offs_n_safe[:, None, None] * stride_wn
-              + (16 * offs_g)[None, :, None] + tl.arange(0, 16)[None, None, :])
+    offs_w = tl.arange(0, 4)
+    # x's K step as [G, 4, 8]: value j of word w of group g
+    x_ptrs = (a_ptr + row * stride_am + (32 * offs_g)[:, None, None]
+              + (8 * offs_w)[None, :, None] + tl.arange(0, 8)[None, None, :])
+    row_words = tl.multiple_of(stride_wn // 4, 4)  # a row's K/2 bytes: whole 16-byte groups
+    w_words = tl.multiple_of(w_ptr.to(tl.pointer_type(tl.int32)), 16)
+    w_ptrs = (w_words + expert * tl.multiple_of(stride_we // 4, 4)
+              + offs_n_safe[:, None, None] * row_words + (4 * offs_g)[None, :, None]
+              + offs_w[None, None, :])
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
     for k in range(tl.cdiv(k_dim, BLOCK_K)):
         g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
         if EVEN_K:
             x = tl.load(x_ptrs)
         else:
-            x = tl.load(x_ptrs, mask=g_ok[:, None], other=0.0)
-        x_even, x_odd = tl.split(tl.reshape(x.to(tl.float32), (G, 16, 2)))
-        acc += _group_dot(w_ptrs, s_ptrs, x_even, x_odd, g_ok, EVEN_K)
+            x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
+        # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a
+        x = tl.reshape(x.to(tl.float32), (G, 4, 2, 2, 2))
+        x0, x1 = tl.split(x)  # a
+        x00, x01 = tl.split(x0)  # b
+        x10, x11 = tl.split(x1)
+        xs = (tl.split(x00), tl.split(x10), tl.split(x01), tl.split(x11))  # c
+        acc += _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K)
         if GATED:
-            acc_up += _group_dot(w_ptrs + n_out * stride_wn, s_ptrs + n_out * stride_sn, x_even,
-                                 x_odd, g_ok, EVEN_K)
+            acc_up += _word_dot(w_ptrs + n_out * row_words, s_ptrs + n_out * stride_sn, xs,
+                                g_ok, EVEN_K)
         x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 2
+        w_ptrs += BLOCK_K // 8
         s_ptrs += G
-    epilogue(acc[None, :], acc_up[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
-             offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
+    acc_n = tl.sum(tl.sum(acc, axis=2), axis=1)
+    acc_up_n = tl.sum(tl.sum(acc_up, axis=2), axis=1)
+    epilogue(acc_n[None, :], acc_up_n[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid,
+             expert, offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
 
 
 @triton.jit
-def _group_dot(w_ptrs, s_ptrs, x_even, x_odd, g_ok, EVEN_K: tl.constexpr):
-    """[BLOCK_N] rows . one K step of x: each 32-value group summed unscaled, then scaled."""
+def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
+    """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each position j, by bits of
+    j), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8 products summed. Value j
+    of every word at once (``mxfp4.decode_nibble``: shifts by constants)."""
     if EVEN_K:
-        packed, s = tl.load(w_ptrs), tl.load(s_ptrs)
+        words, s = tl.load(w_ptrs), tl.load(s_ptrs)
     else:
-        packed = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
+        words = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
         s = tl.load(s_ptrs, mask=g_ok[None, :], other=0)
-    lo, hi = decode_pair(packed, tl.float32)
-    part = tl.sum(lo * x_even[None, :, :] + hi * x_odd[None, :, :], axis=2)
-    return tl.sum(part * e8m0(s), axis=1)
+    t = tl.zeros(words.shape, dtype=tl.float32)
+    for j in tl.static_range(8):
+        t += decode_nibble(words, j) * xs[j % 2 + 2 * ((j // 2) % 2)][j // 4][None, :, :]
+    return t * e8m0(s)[:, :, None]
 
 
 @triton.jit

@@ -6,7 +6,7 @@ the e2m1 value times ``2 ** -126`` (``e0 = e1 = 0, m = 1`` lands on the subnorma
 0.5's image), so one multiply by ``2 ** 126`` gives the exact value, and the group's e8m0 scale
 ``2 ** (s - 127)``, a float32 built from its exponent field, multiplies a tile of partial sums
 (small batches) or the weights (prefill tiles). A byte costs about six integer operations for
-its two values.
+its two values; read as 32-bit words (``decode_nibble``), a value costs two shifts and two masks.
 """
 
 from __future__ import annotations
@@ -25,6 +25,20 @@ def decode_pair(packed, dtype: tl.constexpr):
     two126: tl.constexpr = 8.507059173023462e37
     return ((lo.to(tl.float32, bitcast=True) * two126).to(dtype),
             (hi.to(tl.float32, bitcast=True) * two126).to(dtype))
+
+
+@triton.jit
+def decode_nibble(words, j: tl.constexpr):
+    """Value ``j`` (bits ``4j .. 4j + 3``, K order: a byte's low nibble first) of 32-bit words
+    (any shape) as float32, unscaled, by the same bit placement as ``decode_pair``: two shifts
+    by constants and two masks a value, no conversion of the byte first."""
+    if j < 6:
+        mag = (words << (22 - 4 * j)) & 0x01C00000
+    else:
+        mag = (words >> (4 * j - 22)) & 0x01C00000
+    sign = (words << (28 - 4 * j)) & -2147483648  # bit 31
+    two126: tl.constexpr = 8.507059173023462e37
+    return (mag | sign).to(tl.float32, bitcast=True) * two126
 
 
 @triton.jit

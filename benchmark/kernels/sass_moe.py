@@ -1,0 +1,119 @@
+"""The MXFP4 MoE kernels' machine code without a GPU: each kernel compiled for sm_90 (Hopper) by
+Triton's own ptxas, disassembled with its ``nvdisasm``, and the instructions of its K loop counted
+by opcode: what a change to the decoding costs, on a machine where nothing can be timed.
+
+    python benchmark/kernels/sass_moe.py [--kernel gemv small wide] [--tile BN BK]
+        [--warps W] [--stages S] [--sass DIR]
+
+Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by default the one
+the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
+3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64), 4 warps. A K step handles
+``BLOCK_N * BLOCK_K * 2`` weights (gate and up); "a weight" is the loop's instructions, summed
+over the threads, over that. Spills show as LDL/STL. Instruction counts are not times: a loop
+with fewer instructions may still wait on memory, and the Triton here may not be the GPU
+machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from minisgl.kernel.triton import moe_mxfp4  # noqa: E402
+
+ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
+    "a_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "weights_ptr": "*fp32",
+    "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "total_ptr": "*i32", "ws_ptr": "*u8",
+    "bias_ptr": "*bf16", "n_pairs": "i32", "n_out": "i32", "k_dim": "i32", "top_k": "i32",
+    "n_blocks_m": "i32", "alpha": "fp32", "limit": "fp32", "stride_am": "i32",
+    "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_se": "i32",
+    "stride_sn": "i32", "stride_be": "i32"}
+COMMON = {"GATED": True, "HAS_BIAS": True, "CLAMPED": True, "GELU": False}
+
+
+def kernel(name: str, bn: int, bk: int) -> tuple[object, dict, int]:
+    """(The JIT function, its constexprs, its rows per program) for ``name``."""
+    if name == "gemv":
+        return (moe_mxfp4.moe_gemv_mx_kernel,
+                {**COMMON, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False}, 1)
+    if name == "small":
+        return (moe_mxfp4.moe_gemm_mx_kernel,
+                {**COMMON, "BLOCK_M": 16, "BLOCK_N": bn, "GROUPS": bk // 32, "GROUP_M": 1,
+                 "PRECISION": "tf32"}, 16)
+    return (moe_mxfp4.moe_gemm_mx_wide_kernel,
+            {**COMMON, "BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
+             "EVEN_K": False, "PRECISION": "tf32"}, 64)
+
+
+def loop_opcodes(sass: str) -> collections.Counter:
+    """Opcodes of the longest backward branch's body: the K loop."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              if (m := re.match(r"^(\.L_x_\d+):", line))}
+    best = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > best[1] - best[0]:
+            best = (labels[m.group(1)], i)
+    ops = collections.Counter()
+    for line in lines[best[0]:best[1] + 1]:
+        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
+                        choices=["gemv", "small", "wide"])
+    parser.add_argument("--tile", type=int, nargs=2, default=None, metavar=("BN", "BK"))
+    parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=None, help="default: the table's")
+    parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
+    args = parser.parse_args()
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "nvdisasm")
+    tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4)}
+    for name in args.kernel:
+        bn, bk = args.tile or tiles[name][:2]
+        stages = args.stages or tiles[name][2]
+        fn, consts, rows = kernel(name, bn, bk)
+        compiled = triton.compile(ASTSource(fn=fn, signature={**ARGS, **dict.fromkeys(consts,
+                                                                   "constexpr")},
+                                            constexprs=consts),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": args.warps, "num_stages": stages})
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "kernel.cubin")
+            with open(path, "wb") as f:
+                f.write(compiled.asm["cubin"])
+            sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True,
+                                  check=True).stdout
+        if args.sass:
+            os.makedirs(args.sass, exist_ok=True)
+            with open(os.path.join(args.sass, f"{name}.sass"), "w") as f:
+                f.write(sass)
+        ops = loop_opcodes(sass)
+        total = sum(ops.values())
+        weights = bn * bk * 2
+        per_weight = total * 32 * args.warps / weights
+        print(f"{name} (rows {rows}, BLOCK_N {bn}, BLOCK_K {bk}, {args.warps} warps, {stages} "
+              f"stages): {total} instructions a K step of {weights} weights, {per_weight:.1f} a "
+              f"weight; {', '.join(f'{op} {n}' for op, n in ops.most_common(12))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -109,7 +109,9 @@ bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, 
 fi_install() {  # FlashInfer from .whl-fi/*/ (this call's and earlier calls' pieces), once
     local keep=/tmp/minisgl-fi
     mkdir -p $keep/whl
-    cp .whl-fi/*/* $keep/whl/ 2>/dev/null
+    # (apache-tvm-ffi may come with the other wheels, .whl/: .whl and .whl-fi/1 together pass the
+    # 64 MiB a call carries, so a folder of flashinfer's wheel alone goes with .whl)
+    cp .whl-fi/*/* .whl/apache_tvm_ffi-* $keep/whl/ 2>/dev/null
     export FLASHINFER_WORKSPACE_BASE=$keep/jit FLASHINFER_CUDA_ARCH_LIST=${FI_ARCH:-9.0a}
     export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONPATH=$keep/site${PYTHONPATH:+:$PYTHONPATH}
     [ -f $keep/site/.installed ] && return 0

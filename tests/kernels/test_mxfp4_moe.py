@@ -17,6 +17,7 @@ from helpers.interpreter import import_triton
 triton = import_triton()
 
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
+from minisgl.kernel.triton.mxfp4 import decode_nibble  # noqa: E402
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales  # noqa: E402
 from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
 from minisgl.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
@@ -137,3 +138,23 @@ def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens, config):
                     act=GPT_OSS)
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err <= 2e-2, err
+
+
+
+@triton.jit
+def _decode_words(words_ptr, out_ptr):
+    offs = triton.language.arange(0, 16)
+    words = triton.language.load(words_ptr + offs)
+    for j in triton.language.static_range(8):
+        triton.language.store(out_ptr + offs * 8 + j, decode_nibble(words, j))
+
+
+def test_decode_nibble_every_code_at_every_position():
+    """``mxfp4.decode_nibble`` (the GEMV's decoding of 32-bit words): each of the 16 codes at each
+    of a word's 8 positions (bits 4j .. 4j + 3), against the tests' own e2m1 table."""
+    nibbles = (torch.arange(16)[:, None] + torch.arange(8)[None, :]) % 16  # word i, position j
+    words = (nibbles << (4 * torch.arange(8))[None, :]).sum(1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    out = torch.empty(16, 8, dtype=torch.float32, device=DEV)
+    _decode_words[(1,)](words.to(DEV), out)
+    torch.testing.assert_close(out.cpu(), ref_mx.VALUES[nibbles], rtol=0, atol=0)

@@ -4,9 +4,10 @@ figure over the old one's.
     python scripts/kitchen_compare.py OLD_DIR NEW_DIR
 
 A result is keyed by its kind (the speculative workloads: workload, method, batch; the offline
-benchmark: engine; a verify or EAGLE-3 step's cost: batch and drafts k); a key measured twice (``gpu_kitchen.sh`` runs the workloads twice per tree)
-keeps its best figure. Throughputs are better higher, latencies lower; the ratio says new / old
-for throughput and old / new for latency, so above 1 is faster either way.
+benchmark: engine; a verify or EAGLE-3 step's cost: batch and drafts k); a key measured twice
+(``gpu_kitchen.sh`` runs the workloads twice per tree) keeps its best figure. Throughputs are
+better higher, latencies lower; the ratio says new / old for throughput and old / new for
+latency, so above 1 is faster either way.
 """
 
 from __future__ import annotations

@@ -104,6 +104,7 @@ step() {  # step SECONDS CMD...: one step under a time limit, its wall time prin
     timeout -k 10 "$limit" "$@"
     local rc=$?
     echo "[$stage] ${*: -1} rc=$rc $((SECONDS - t0))s" >&2
+    return $rc
 }
 bench=("$py" benchmark/offline/bench.py --out "$out")  # the offline benchmark, results in OUT
 fi_install() {  # FlashInfer from .whl-fi/*/ (this call's and earlier calls' pieces), once
@@ -297,8 +298,8 @@ first-minute)  # per model (MODELS, default both; one model at most 10 minutes):
         t0=$SECONDS
         step 180 "$py" -m minisgl warmup "${srv[@]}" --cache-dir "$tmp/built" \
             >"$out/warmup_cli_$m.log" 2>&1
-        echo "warmup --cache-dir ($m): $((SECONDS - t0)) s, $(du -sh "$tmp/built" | cut -f1)" \
-            >>"$out/first_minute_warmup_cli.txt"
+        echo "warmup --cache-dir ($m): rc=$?, $((SECONDS - t0)) s," \
+            "$(du -sh "$tmp/built" | cut -f1)" >>"$out/first_minute_warmup_cli.txt"
         mv "$tmp/built" "$tmp/carried"  # the directory a container image would hold
         step 90 "${fm[@]}" --tag "${m}_carried" --cache-dir "$tmp/carried" -- "${srv[@]}"
         lines="kernel (plan|variants|warm-up|cache)|warm-up done|ready;|captured|started:"

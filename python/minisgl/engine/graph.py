@@ -13,7 +13,7 @@ buffer, ``[6 + m, bs]``::
     rows 6 ..                        the attention backend's metadata (m = graph_metadata_rows)
 
 Each size reads the first ``(6 + m) * bs`` entries of one flat buffer, so that a step sends all of
-it in one contiguous copy (the columns of a ``[5 + m, max_bs]`` buffer are strided, and torch
+it in one contiguous copy (the columns of a ``[6 + m, max_bs]`` buffer are strided, and torch
 copies into them through a device copy kernel).
 
 The graph gathers the rest itself (``kernel/triton/decode_step.py``), as ``prepare_batch`` would:
@@ -21,10 +21,9 @@ the input token from the token pool (where the previous step's sampler wrote it)
 with M-RoPE (``mrope``), the rotary position ``index + delta``: the three M-RoPE positions of a
 decode token are equal, so the rotary of that one position is M-RoPE's
 (``tests/unit/test_mrope_decode.py``) and a request with images replays the same graph as text;
-it also writes
-the new slots into the page table, which the scheduler's flush then leaves out (one copy and one
-kernel fewer a step): preparing the batch outside the graph would take eight launches (a copy,
-gathers, a cast, copies into the buffers), each a few microseconds of a one-token step.
+it also writes the new slots into the page table, which the scheduler's flush then leaves out (one
+copy and one kernel fewer a step): preparing the batch outside the graph would take eight launches
+(a copy, gathers, a cast, copies into the buffers), each a few microseconds of a one-token step.
 
 A plain greedy batch is also sampled inside the graph: the argmax is written to ``tokens`` and to
 the token pool, and only ``tokens`` goes back to the host, so the GPU waits only for that copy

@@ -65,6 +65,9 @@ def write_dummy_model(config_json: str, out_dir: str) -> str:
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
         config = {"unk_token": "t0", "chat_template": CHAT_TEMPLATE}
+        eos = raw.get("eos_token_id")  # named by the tokenizer too, as released tokenizers do
+        if eos is not None:
+            config["eos_token"] = f"t{eos[0] if isinstance(eos, list) else eos}"
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,

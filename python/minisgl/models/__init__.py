@@ -1,6 +1,6 @@
 from .base import BaseLLMModel
-from .config import ModelConfig, RotaryConfig, load_eos_token_ids
+from .config import ModelConfig, RotaryConfig, eos_token_ids, load_eos_token_ids
 from .registry import ARCHITECTURES, get_model_class
 
-__all__ = ["ARCHITECTURES", "BaseLLMModel", "ModelConfig", "RotaryConfig", "get_model_class",
-           "load_eos_token_ids"]
+__all__ = ["ARCHITECTURES", "BaseLLMModel", "ModelConfig", "RotaryConfig", "eos_token_ids",
+           "get_model_class", "load_eos_token_ids"]

@@ -218,3 +218,15 @@ def load_eos_token_ids(model_dir: str, tokenizer=None) -> tuple[int, ...]:
                 eos = json.load(f).get("eos_token_id")
             ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
     return tuple(sorted(set(ids)))
+
+
+def eos_token_ids(model_dir: str) -> tuple[int, ...]:
+    """``load_eos_token_ids`` for a process that needs only the ids (a scheduler): the
+    tokenizer's read from its files where they settle it, so that transformers' import and the
+    tokenizer's load (seconds, beside the other processes' own) stay off its start-up."""
+    from minisgl.utils.hf import load_tokenizer, tokenizer_eos_ids
+
+    tokenizer_ids = tokenizer_eos_ids(model_dir)
+    if tokenizer_ids is None:
+        return load_eos_token_ids(model_dir, load_tokenizer(model_dir))
+    return tuple(sorted({*tokenizer_ids, *load_eos_token_ids(model_dir)}))

@@ -282,13 +282,12 @@ def run_scheduler_process(
     ``("error", line)``. ``log_stats_interval``: seconds between throughput log lines (0: none);
     ``watchdog_timeout``: seconds one loop iteration may take before the process dumps its stacks
     and exits (0: never); ``local_index``: which GPU of this machine the rank uses."""
-    from minisgl.models import load_eos_token_ids
+    from minisgl.models import eos_token_ids
     from minisgl.utils.heap import freeze_heap
-    from minisgl.utils.hf import load_tokenizer
 
     phases = Phases(launch="spawned")
     try:
-        eos = load_eos_token_ids(model_path, load_tokenizer(model_path))
+        eos = eos_token_ids(model_path)
         phases.mark("tokenizer")
         config = options.scheduler_config(model_path, eos, online=True)
         device = config.engine.device

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 from .logger import init_logger
@@ -25,11 +26,11 @@ def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: s
     """The fast tokenizer of a directory (None when it ships none: token-id-only use) or of a
     Hugging Face repo id at ``revision``; ``chat_template`` (Jinja text) replaces its template
     and must render a one-message chat (else ``ValueError`` naming chat_template)."""
-    from transformers import AutoTokenizer
-
     if not has_tokenizer(model_dir):
         logger.warning("%s has no tokenizer: only token-id prompts will work", model_dir)
         return None
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)
     # NOTE: the scheduler enforces the context window (a 400 giving both lengths); the tokenizer's
     # own limit would only log "sequence length is longer than the specified maximum" for every
@@ -44,3 +45,29 @@ def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: s
             raise ValueError(f"chat_template: does not render a chat ({type(e).__name__}: "
                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from e
     return tokenizer
+
+
+def tokenizer_eos_ids(model_dir: str) -> tuple[int, ...] | None:
+    """The tokenizer's EOS id read from its files, without transformers: the token that
+    ``tokenizer_config.json`` (or ``special_tokens_map.json``) names, mapped by ``tokenizer.json``;
+    ``()`` when they name none. None when the files do not settle it (no ``tokenizer.json``, the
+    two files disagree, a token it does not map): then only loading the tokenizer tells."""
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    named = []
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        file = os.path.join(model_dir, name)
+        if os.path.isfile(file):
+            with open(file, encoding="utf-8") as f:
+                eos = json.load(f).get("eos_token", ...)
+            if eos is not ...:
+                named.append(eos.get("content") if isinstance(eos, dict) else eos)
+    if len(set(named)) != 1:
+        return None
+    if named[0] is None:
+        return ()
+    from tokenizers import Tokenizer
+
+    token_id = Tokenizer.from_file(path).token_to_id(named[0])
+    return None if token_id is None else (token_id,)

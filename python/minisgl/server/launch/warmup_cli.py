@@ -47,14 +47,13 @@ def main(argv: list[str]) -> int:
         print("error: the warm-up compiles for this machine's GPU; none is present",
               file=sys.stderr)
         return 2
-    from minisgl.models import load_eos_token_ids
+    from minisgl.models import eos_token_ids
     from minisgl.models.weight import resolve_model_path
     from minisgl.scheduler import Scheduler
     from minisgl.scheduler.warmup import warm_up
-    from minisgl.utils.hf import load_tokenizer
 
     model_path = resolve_model_path(config.model, config.revision)
-    eos = load_eos_token_ids(model_path, load_tokenizer(model_path))
+    eos = eos_token_ids(model_path)
     scheduler = Scheduler(config.engine.scheduler_config(model_path, eos, online=True))
     try:
         kernels = scheduler.kernels

@@ -86,7 +86,7 @@
 #   scripts/gpu_validate.sh fi-tests   OUT  # tests/kernels/test_fi_attention.py -m gpu: fi vs
 #                                           # torch, CUDA graphs, greedy parity with transformers
 #   scripts/gpu_validate.sh fi-kernels OUT  # decode and mixed attention kernels, fi beside triton
-#   scripts/gpu_validate.sh fi-offline OUT  # Qwen3-8B offline, variants default and fi
+#   scripts/gpu_validate.sh fi-offline OUT  # Qwen3-8B offline: default, fi, fi-triton
 # Logs and result files go to OUT; OUT.tgz packs them. PYTHON picks the interpreter (python3).
 # On a machine whose copy of the tree has no current .git, set MINISGL_COMMIT to the commit run:
 # the result files record it.
@@ -385,7 +385,7 @@ fi|fi-tests|fi-kernels|fi-offline)
         cat "$out"/*decode_attention*.md "$out"/*mixed_attention*.md
     fi
     if [ $stage = fi ] || [ $stage = fi-offline ]; then
-        step 500 "${bench[@]}" --model $m8 --variants default,fi --hf-requests 0 --tag fi \
+        step 500 "${bench[@]}" --model $m8 --variants default,fi,fi-triton --hf-requests 0 --tag fi \
             >"$out/bench_qwen3-8b_fi.log" 2>&1
         cat "$out"/offline_*_fi.md
     fi

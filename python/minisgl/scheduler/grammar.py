@@ -19,7 +19,7 @@ synchronous (a worker thread would finish at a different step on each rank).
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -40,9 +40,11 @@ JSON_OBJECT = ("json_schema", '{"type": "object"}')
 
 class GrammarManager:
     def __init__(self, model_path: str, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 synchronous: bool = False) -> None:
+                 synchronous: bool = False, tables_dir: str | None = None) -> None:
         self.model_path, self.vocab_size, self.eos = model_path, vocab_size, eos_token_ids
         self.synchronous = synchronous
+        self.tables_dir = tables_dir  # where the tokenizer's tables are kept (``load_tables``)
+        self._prepared: Future | None = None
         self.matchers: dict[int, Matcher] = {}  # uid -> matcher of an admitted request
         self.compiling: dict[int, tuple[Req, Future]] = {}
         self._compiler: GrammarCompiler | None = None
@@ -52,12 +54,18 @@ class GrammarManager:
     @classmethod
     def start(cls, config: SchedulerConfig) -> GrammarManager:
         """The manager of ``config``'s scheduler; with the warm-up on, the compiler's tables and
-        ``json_object`` start building at once, beside the engine's start-up (``prepare``)."""
+        ``json_object`` start building at once, beside the engine's start-up (``prepare``), and
+        on a GPU the tables are kept in the kernel cache (read back by a restart)."""
         from minisgl.models.config import ModelConfig
 
+        tables_dir = None
+        if config.warmup and config.engine.device.type == "cuda":
+            from minisgl.warmup.cache import default_root
+
+            tables_dir = config.engine.kernel_cache_dir or default_root()
         vocab = ModelConfig.from_path(config.engine.model_path).vocab_size
         manager = cls(config.engine.model_path, vocab, tuple(config.eos_token_ids),
-                      synchronous=config.engine.tp.size > 1)
+                      synchronous=config.engine.tp.size > 1, tables_dir=tables_dir)
         if config.warmup:
             manager.prepare()
         return manager
@@ -99,7 +107,13 @@ class GrammarManager:
         if self.synchronous:
             self._compile(*JSON_OBJECT)
         else:
-            self._worker().submit(self._compile, *JSON_OBJECT)
+            self._prepared = self._worker().submit(self._compile, *JSON_OBJECT)
+
+    def wait_prepared(self) -> None:
+        """Block until ``prepare``'s work is over (``python -m minisgl warmup``: its tables are
+        then in the cache)."""
+        if self._prepared is not None:
+            wait([self._prepared])
 
     def _worker(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -108,13 +122,12 @@ class GrammarManager:
 
     def _compile(self, kind: str, source: str) -> Matcher:
         if self._compiler is None:
-            from minisgl.structured import BatchMasks, GrammarCompiler
-            from minisgl.utils.hf import load_tokenizer
+            from minisgl.structured import BatchMasks, GrammarCompiler, load_tables
 
-            tokenizer = load_tokenizer(self.model_path)
-            if tokenizer is None:
+            tables = load_tables(self.model_path, self.eos, self.tables_dir)
+            if tables is None:
                 raise ValueError(f"{kind}: structured output needs the model's tokenizer")
-            compiler = GrammarCompiler(tokenizer, self.vocab_size, self.eos)
+            compiler = GrammarCompiler(tables, self.vocab_size)
             self._masks, self._compiler = BatchMasks(compiler), compiler
         return self._compiler.matcher(self._compiler.compile(kind, source))
 

@@ -82,19 +82,23 @@ class GrammarCompiler:
     49,152-token tokenizer are 4,748 words, of which xgrammar writes 1,536); a constrained row's
     words past them are zero. Host masks are ``mask_vocab_size`` wide (the wider of the two) and
     cut to the logits' width. ``stop_token_ids`` are the ids that end a request once its grammar
-    is complete (the model's EOS ids). Thread-safe: the scheduler compiles on a worker thread.
+    is complete (the model's EOS ids). ``tokenizer``: a transformers tokenizer, or its tables
+    (``TokenizerTables``, which already hold the stop ids: e.g. read from a cache by
+    ``load_tables``). Thread-safe: the scheduler compiles on a worker thread.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...] = (),
                  max_threads: int = 2) -> None:
-        xgr = _xgr()
+        from .tables import TokenizerTables
+
+        tables = tokenizer if isinstance(tokenizer, TokenizerTables) \
+            else TokenizerTables.from_tokenizer(tokenizer, stop_token_ids)
         self.vocab_size = vocab_size
-        self.fill_vocab_size = (len(tokenizer) + 31) // 32 * 32
+        self.fill_vocab_size = tables.fill_vocab_size
         self.mask_vocab_size = max(vocab_size, self.fill_vocab_size)
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=self.fill_vocab_size, stop_token_ids=list(stop_token_ids) or None)
-        self.stop_token_ids = frozenset(info.stop_token_ids)  # those that can end a grammar
-        self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
+        self.stop_token_ids = frozenset(tables.info.stop_token_ids)  # those that can end a grammar
+        self._compiler = _xgr().GrammarCompiler(tables.info, max_threads=max_threads,
+                                                cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
 

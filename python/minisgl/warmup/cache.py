@@ -10,6 +10,8 @@
                                       restart compiles (loads) them at once, no shadow run
         plans/<model key>.config.json what made the key (the model's config.json, the engine's
                                       options), for a person reading the directory
+      grammar/<tokenizer key>.json    the grammar compiler's tables of a tokenizer
+                                      (``minisgl.structured.tables``: the same on every GPU)
 
 Everything here is independent of the process that wrote it: Triton's cache is addressed by the
 kernel's source, its specialisation and the compiler's versions, so one directory holds any

@@ -6,7 +6,8 @@ Takes the server's flags (give it those the server will get: the variants depend
 the dtype, the batch sizes, ...), builds the engine the server would on this GPU with random
 weights (only the model's ``config.json`` is read: no checkpoint is needed), compiles every
 kernel variant on all cores, runs the warm-up's greedy requests (autotuned kernels keep their
-choice), and writes all of it under ``--cache-dir`` (the layout of ``minisgl/warmup/cache.py``).
+choice), builds the grammar compiler's tables of the tokenizer, and writes all of it under
+``--cache-dir`` (the layout of ``minisgl/warmup/cache.py``).
 A server or ``LLM`` given that directory on a machine with the same GPU and versions starts as a
 restart does.
 """
@@ -60,6 +61,7 @@ def main(argv: list[str]) -> int:
         assert kernels is not None  # CUDA with precompile
         kernels.wait_all()
         warm_up(scheduler)
+        scheduler.grammar.wait_prepared()  # the tokenizer's tables, kept beside the kernels
         done = kernels.compiled
     finally:
         scheduler.close()

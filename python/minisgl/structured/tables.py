@@ -1,0 +1,102 @@
+"""The grammar compiler's tables of a tokenizer, and a cache of them a deployment can carry.
+
+xgrammar needs each token's bytes and the vocabulary's kind (``TokenizerInfo``); building them
+loads the tokenizer through transformers and decodes every token: on a GPU server's start that
+is seconds of Python beside the engine's graph capture, and both hold the GIL. With a cache
+directory (the kernel cache's, ``minisgl.warmup.cache``) the tables are kept as xgrammar's own
+JSON under ``DIR/grammar/``, keyed by the tokenizer's files, the stop ids and xgrammar's version,
+so a restart (or a container image filled by ``python -m minisgl warmup``) reads them back
+instead. A damaged or stale entry is built anew.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from minisgl.utils import init_logger
+
+logger = init_logger(__name__)
+
+# what a tokenizer is made of (transformers reads these); a change to any of them is a new key
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+# bumped when an entry's contents change meaning
+_FORMAT = 1
+
+
+def _xgr() -> Any:
+    from .xgrammar_backend import _xgr
+
+    return _xgr()
+
+
+@dataclass(frozen=True)
+class TokenizerTables:
+    """What the grammar compiler needs of a tokenizer: xgrammar's ``TokenizerInfo`` (its width
+    is the tokenizer's length rounded up to 32 ids, ``fill_vocab_size``) and that length."""
+
+    info: Any
+    length: int
+
+    @property
+    def fill_vocab_size(self) -> int:
+        return (self.length + 31) // 32 * 32
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any,
+                       stop_token_ids: tuple[int, ...] = ()) -> TokenizerTables:
+        length = len(tokenizer)
+        info = _xgr().TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=(length + 31) // 32 * 32,
+            stop_token_ids=list(stop_token_ids) or None)
+        return cls(info, length)
+
+
+def _key(model_dir: str, stop_token_ids: tuple[int, ...]) -> str | None:
+    """The entry's name: a digest of the tokenizer's files (None: it has none here)."""
+    from importlib.metadata import version
+
+    digest = hashlib.sha256(json.dumps([_FORMAT, version("xgrammar"), sorted(stop_token_ids)])
+                            .encode())
+    found = False
+    for name in _TOKENIZER_FILES:
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            found = True
+            digest.update(name.encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()[:24] if found else None
+
+
+def load_tables(model_dir: str, stop_token_ids: tuple[int, ...],
+                cache_dir: str | None = None) -> TokenizerTables | None:
+    """The tables of ``model_dir``'s tokenizer (None when it ships none), read from
+    ``cache_dir`` when an entry is there, else built (and written there)."""
+    from minisgl.utils.hf import load_tokenizer
+
+    key = _key(model_dir, stop_token_ids) if cache_dir and os.path.isdir(model_dir) else None
+    path = os.path.join(cache_dir, "grammar", f"{key}.json") if cache_dir and key else None
+    if path is not None and os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                entry = json.load(f)
+            return TokenizerTables(_xgr().TokenizerInfo.deserialize_json(entry["info"]),
+                                   int(entry["length"]))
+        except Exception as e:  # noqa: BLE001 - damaged, or another xgrammar's format
+            logger.warning("grammar tables: ignoring %s (%s: %s)", path, type(e).__name__, e)
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer is None:
+        return None
+    tables = TokenizerTables.from_tokenizer(tokenizer, stop_token_ids)
+    if path is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"  # written whole or not at all (a rename)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"length": tables.length, "info": tables.info.serialize_json()}, f)
+        os.replace(tmp, path)
+    return tables

@@ -81,3 +81,34 @@ def test_a_found_plan_is_handed_on_and_compiled(no_device, monkeypatch):
     warm = KernelWarmup(_config(), grammar=False, workers=1, on_found=found.append).start()
     warm.engine_built()
     assert warm.wait_all(10) and found == [plan] and warm.compiled == 1 and not warm.errors
+
+
+def test_a_new_cache_compiles_in_processes_first(no_device, monkeypatch, caplog):
+    """With no plan, compile processes start beside the shadow run and take every variant first,
+    in order (the interpreter stands in for Triton's compiler there); this process's pass follows
+    each step's, and compiles what the processes could not; none of them is left behind."""
+    import psutil
+
+    bogus = Variant("minisgl.kernel.triton.activation:not_a_kernel", ())
+    stages = [[_variant(100 + k)] for k in range(len(FEATURE_STAGES))]
+    stages[2].append(bogus)
+    plan = KernelSet([_variant(1)], stages, [], [])
+    monkeypatch.setattr(kernels_mod, "discover", lambda config, grammar: plan)
+    here: list[Variant] = []
+
+    def compile_one(variant: Variant, load: bool = True) -> str | None:
+        here.append(variant)
+        return None
+
+    monkeypatch.setattr(kernels_mod, "compile_one", compile_one)
+    caplog.set_level("INFO", logger="minisgl.warmup.kernels")
+    warm = KernelWarmup(_config(), grammar=True, workers=3).start()
+    warm.engine_built()
+    assert warm.wait_all(60) and warm.stage == len(FEATURE_STAGES) and not warm.errors
+    assert here[0] == _variant(1) and sorted(here) == sorted([_variant(1), *sum(stages, [])])
+    assert "(before ready): 1 compiled in processes" in caplog.text
+    assert "(sampler stage top-logprobs): 1 compiled in processes" in caplog.text
+    assert "1 left to this process: not_a_kernel: AttributeError" in caplog.text
+    warm._thread.join(10)
+    children = psutil.Process().children(recursive=True)
+    assert not [p for p in children if "compile_worker" in " ".join(p.cmdline())]

@@ -29,9 +29,9 @@ _FORMAT = 1
 
 
 def _xgr() -> Any:
-    from .xgrammar_backend import _xgr
+    import xgrammar
 
-    return _xgr()
+    return xgrammar
 
 
 @dataclass(frozen=True)

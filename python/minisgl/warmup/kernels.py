@@ -1,7 +1,10 @@
 """Compiling an engine's kernel variants on every CPU core, beside its start-up.
 
 ``KernelWarmup.start`` returns at once; a thread of its own finds the variants (``discover``: a
-shadow run, CPU only) and compiles them on a pool of threads, while the engine loads its weights.
+shadow run, CPU only) and compiles them, while the engine loads its weights: when it had to find
+them (a new cache), in processes of their own first (``compile_workers.py``: Triton's Python
+stages hold the GIL, and on threads held it against the engine and the warm-up's requests), then
+on a pool of threads of this process, where they are then cache hits (a restart's whole work).
 The engine waits (``wait_ready``) for the variants its forwards need before it profiles memory
 and captures CUDA graphs, so no capture compiles anything; the sampler's variants follow stage by
 stage (``plan.FEATURE_STAGES``) while the server already serves: ``stage`` is the number of
@@ -30,6 +33,7 @@ import torch
 from minisgl.engine.config import EngineConfig
 from minisgl.utils import init_logger
 
+from .compile_workers import CompileWorkers
 from .discover import KernelSet, discover
 from .plan import FEATURE_STAGES
 from .variants import Variant
@@ -79,7 +83,11 @@ def make_device_caches(variants: list[Variant]) -> None:
 
     index = torch.cuda.current_device()
     for name in {v.kernel for v in variants}:
-        caches = getattr(_kernel_by_name(name), "device_caches", None)  # None: the interpreter
+        try:
+            kernel = _kernel_by_name(name)
+        except (ImportError, AttributeError):  # a plan older than the code: ``compile_one`` says
+            continue
+        caches = getattr(kernel, "device_caches", None)  # None: the interpreter
         if caches is not None:
             _ = caches[index]
 
@@ -148,16 +156,37 @@ class KernelWarmup:
     def _run(self) -> None:
         device = self.config.device
         torch.cuda.set_device(device)
-        with compile_pool(self.workers, device) as pool:
-            self._stages(pool)
+        workers = self._start_workers() if self.kernels is None else None
+        try:
+            with compile_pool(self.workers, device) as pool:
+                self._stages(pool, workers)
+        finally:
+            if workers is not None:
+                workers.close()
 
-    def _stages(self, pool: ThreadPoolExecutor) -> None:
+    def _start_workers(self) -> CompileWorkers | None:
+        """Compile processes, started before the shadow run (their imports take seconds); one
+        core is left to the engine. None where they cannot start (compiled here instead)."""
+        try:
+            interpret = os.environ.get("TRITON_INTERPRET") == "1"
+            major, minor = (0, 0) if interpret else torch.cuda.get_device_capability(
+                self.config.device)
+            return CompileWorkers(max(1, self.workers - 1), 10 * major + minor)
+        except Exception as e:  # noqa: BLE001 - the threads compile everything instead
+            logger.warning("kernel warm-up: no compile processes (%s: %s)", type(e).__name__, e)
+            return None
+
+    def _stages(self, pool: ThreadPoolExecutor, workers: CompileWorkers | None) -> None:
+        ahead: list[list[Future[str | None]]] = []  # the processes' work: before ready, stages
         try:
             if self.kernels is None:
                 self.kernels = discover(self.config, self.grammar)
                 if not self.kernels.failed:  # a plan with gaps is found again next time
                     self.on_found(self.kernels)
             self.total = len(self.kernels.all)
+            if workers is not None:
+                ahead = [workers.submit(v) for v in (self.kernels.essential, *self.kernels.stages)]
+                self._wait_processes(ahead[0], "before ready")
             self._wait(compile_variants(self.kernels.essential, pool, load=True), "before ready")
         except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
             logger.warning("kernel warm-up failed (kernels compile on first use): %s: %s",
@@ -168,15 +197,30 @@ class KernelWarmup:
             self._ready.set()
         # once the engine is built, every stage queued at once, in order (all cores busy); a
         # stage is done when its variants and those of the stages before are; no module loads
-        # here (the engine's thread loads on first use)
+        # here (the engine's thread loads on first use). With the processes, a stage's pass
+        # here follows theirs (its variants are then cache hits)
         self._built.wait()
-        queued = [compile_variants(stage, pool, load=False) for stage in self.kernels.stages]
+        if ahead:
+            queued = []
+            for k, stage in enumerate(self.kernels.stages):
+                self._wait_processes(ahead[k + 1], f"sampler stage {FEATURE_STAGES[k]}")
+                queued.append(compile_variants(stage, pool, load=False))
+        else:
+            queued = [compile_variants(stage, pool, load=False) for stage in self.kernels.stages]
         for k, futures in enumerate(queued):
             self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")
             self.stage = k + 1
         self._done.set()
         logger.info("kernel warm-up done: %d variants compiled or loaded, %d failed "
                     "(compiled on first use)", self.compiled, len(self.errors))
+
+    def _wait_processes(self, futures: list[Future[str | None]], what: str) -> None:
+        """Wait for the processes' share of a step; what they failed, this process compiles."""
+        start = time.perf_counter()
+        failed = [error for f in futures if (error := f.result()) is not None]
+        logger.info("kernel variants (%s): %d compiled in processes, %.1f s%s", what,
+                    len(futures) - len(failed), time.perf_counter() - start,
+                    f"; {len(failed)} left to this process: {failed[0]}" if failed else "")
 
     def _wait(self, futures: list[Future[str | None]], what: str) -> None:
         start = time.perf_counter()

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import sys
 
+# runs that start no scheduler of their own: no process is started before their flags are read
+_NO_PRESTART = {"--shell", "-h", "--help", "--dp", "--data-parallel-size", "--dp-size"}
+
 
 def main(argv: list[str] | None = None) -> int:
     import os
@@ -13,13 +16,25 @@ def main(argv: list[str] | None = None) -> int:
     from minisgl.env import LAUNCHED_AT, set_process_defaults
 
     os.environ.setdefault(LAUNCHED_AT.name, repr(time.time()))  # before the heavy imports
+    set_process_defaults()
+    argv = sys.argv[1:] if argv is None else argv
+    prestarted = None
+    if argv[:1] != ["warmup"] and not _NO_PRESTART & {a.split("=")[0] for a in argv}:
+        from minisgl.server.launch.prestart import Prestarted
+
+        prestarted = Prestarted()  # its imports run beside this process's
+    try:
+        return _main(argv, prestarted)
+    finally:
+        if prestarted is not None:
+            prestarted.close()  # unless it was handed its work
+
+
+def _main(argv: list[str], prestarted) -> int:
     from minisgl.server.launch.args import parse_args
     from minisgl.utils.stacks import enable_stack_dumps
 
-    set_process_defaults()
     enable_stack_dumps()  # kill -USR1 PID: every thread's stack (any minisgl process)
-
-    argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["warmup"]:  # fill a kernel cache without serving
         from minisgl.server.launch.warmup_cli import main as warmup_main
 
@@ -43,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return launch_dp(config)
     from minisgl.server.launch.serve import launch_server
 
-    return launch_server(config)
+    return launch_server(config, prestarted)
 
 
 if __name__ == "__main__":

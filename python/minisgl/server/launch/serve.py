@@ -26,6 +26,7 @@ from minisgl.utils.heap import freeze_heap
 from minisgl.utils.mp import ServerAddrs, make_runtime_dir, remove_runtime_dir
 
 from .http_server import make_http_server
+from .prestart import Prestarted
 
 logger = init_logger(__name__)
 
@@ -46,8 +47,10 @@ class Child:
 class ProcessGroup:
     """The children of one launch, their runtime directory, and their orderly shutdown."""
 
-    def __init__(self, config: ServerConfig, model_path: str) -> None:
+    def __init__(self, config: ServerConfig, model_path: str,
+                 prestarted: Prestarted | None = None) -> None:
         self.config, self.model_path = config, model_path
+        self.prestarted = prestarted  # takes the first local scheduler rank (``prestart.py``)
         self.tokenizer_path = config.tokenizer or model_path
         self.runtime_dir = make_runtime_dir()
         self.addrs = ServerAddrs.create(self.runtime_dir)
@@ -58,6 +61,12 @@ class ProcessGroup:
 
     def _spawn(self, name: str, target, *args, **kwargs) -> None:
         """Start ``target(*args, ready=pipe, **kwargs)`` in a child; it reports on the pipe."""
+        if name.startswith("scheduler") and self.prestarted is not None:
+            prestarted, self.prestarted = self.prestarted, None
+            ready = prestarted.hand(target, *args, **kwargs)
+            if ready is not None:
+                self.children.append(Child(name, prestarted.process, ready))
+                return
         ctx = mp.get_context("spawn")
         parent_end, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=target, args=args, kwargs={**kwargs, "ready": child_end},
@@ -214,8 +223,9 @@ def _monitor(group: ProcessGroup, frontend_ref) -> None:
         time.sleep(0.2)
 
 
-def start_stack(config: ServerConfig):
-    """Start every child and build the app: ``(group, app)``; raise ``LaunchError`` on failure."""
+def start_stack(config: ServerConfig, prestarted: Prestarted | None = None):
+    """Start every child (the first scheduler rank in ``prestarted`` when given) and build the
+    app: ``(group, app)``; raise ``LaunchError`` on failure."""
     from minisgl.models.weight import resolve_model_path
 
     group: ProcessGroup | None = None
@@ -223,7 +233,7 @@ def start_stack(config: ServerConfig):
         check_port_free(config.host, config.port)
         check_ssl_files(config)
         model_path = resolve_model_path(config.model, config.revision)
-        group = ProcessGroup(config, model_path)
+        group = ProcessGroup(config, model_path, prestarted)
         group.start(wait=False)
         # while the children start: the app's imports, the API process's tokenizer
         from minisgl.server.app.api_server import create_app
@@ -246,14 +256,16 @@ def start_stack(config: ServerConfig):
     return group, app
 
 
-def launch_server(config: ServerConfig) -> int:
-    """Run the server until SIGINT/SIGTERM; return the process exit code."""
+def launch_server(config: ServerConfig, prestarted: Prestarted | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM; return the process exit code. ``prestarted``: a
+    scheduler process started before the flags were read (``prestart.py``), for the first
+    local rank."""
     if config.node_rank > 0:
-        return _serve_worker_node(config)
+        return _serve_worker_node(config, prestarted)
     if config.port == 0:  # chosen here, so that the log and the listening socket agree
         config = dataclasses.replace(config, port=_free_port())
     try:
-        group, app = start_stack(config)
+        group, app = start_stack(config, prestarted)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -267,7 +279,7 @@ def launch_server(config: ServerConfig) -> int:
     return 1 if group.failed else 0
 
 
-def _serve_worker_node(config: ServerConfig) -> int:
+def _serve_worker_node(config: ServerConfig, prestarted: Prestarted | None = None) -> int:
     """A node other than 0 runs only its scheduler ranks, until a signal or one of them exits."""
     from minisgl.models.weight import resolve_model_path
 
@@ -276,7 +288,8 @@ def _serve_worker_node(config: ServerConfig) -> int:
         signal.signal(sig, lambda *_: stop.set())
     group: ProcessGroup | None = None
     try:
-        group = ProcessGroup(config, resolve_model_path(config.model, config.revision))
+        group = ProcessGroup(config, resolve_model_path(config.model, config.revision),
+                             prestarted)
         group.start()
         logger.info("node %d: %d scheduler ranks ready", config.node_rank, len(group.children))
         while not stop.wait(0.2):

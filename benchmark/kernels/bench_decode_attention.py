@@ -15,7 +15,8 @@ FlashAttention varlen for prefill. FlashInfer (``fi`` columns): its
 ``BatchDecodeWithPagedKVCacheWrapper`` over the same page table (page size 1), planned once per
 input copy outside the graph, as
 ``--attn fi`` plans once per step (tensor cores for GQA groups of 4 and more, as the backend
-chooses); ``--prefill`` adds its paged prefill wrapper. Writes
+chooses; ``fi cc``: the same on CUDA cores, where the backend chose tensor cores for bf16 K/V);
+``--prefill`` adds its paged prefill wrapper. Writes
 ``<date>_decode_attention_<gpu>.{json,md}``.
 """
 
@@ -110,17 +111,26 @@ def fi_workspace() -> torch.Tensor:
     return _FI_WORKSPACE[0]
 
 
-def fi_decode_fns(fi, q, k_cache, v_cache, table, rows, ctx, scale) -> list:
-    """One planned FlashInfer decode per input copy (page size 1: a page per slot)."""
+def fi_tensor_cores(q, k_cache) -> bool:
+    """The backend's choice (``attention/fi_backend.py``): FP8 K/V or a GQA group of 4 or more."""
+    return k_cache.dtype != q.dtype or q.shape[1] // k_cache.shape[1] >= 4
+
+
+def fi_decode_fns(fi, q, k_cache, v_cache, table, rows, ctx, scale,
+                  tensor_cores: bool | None = None) -> list:
+    """One planned FlashInfer decode per input copy (page size 1: a page per slot);
+    ``tensor_cores``: None for the backend's choice."""
     bs, hq, dim = q.shape
     hkv = k_cache.shape[1]
+    if tensor_cores is None:
+        tensor_cores = fi_tensor_cores(q, k_cache)
     pages = (k_cache.view(-1, 1, hkv, dim), v_cache.view(-1, 1, hkv, dim))
     indptr = torch.arange(0, (bs + 1) * ctx, ctx, dtype=torch.int32)
     last = torch.ones(bs, dtype=torch.int32)
     fns = []
     for r in rows:
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-            fi_workspace(), "NHD", use_tensor_cores=k_cache.dtype != q.dtype or hq // hkv >= 4)
+            fi_workspace(), "NHD", use_tensor_cores=tensor_cores)
         wrapper.plan(indptr, table[r.long()].reshape(-1), last, hq, hkv, dim, 1, sm_scale=scale,
                      q_data_type=q.dtype, kv_data_type=k_cache.dtype)
         out = torch.empty_like(q)
@@ -167,6 +177,10 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi=None) -> dict:
         row["fi_tbps"] = nbytes / row["fi_ms"] / 1e9
         row["fi_vs_ours"] = row["ours_ms"] / row["fi_ms"]  # > 1: FlashInfer faster
         row["eager_fi_ms"] = eager_ms(fns_fi[0])
+        if fi_tensor_cores(q, k_cache) and not fp8:  # the CUDA-core decode beside the choice
+            fns_cc = fi_decode_fns(fi, q, k_cache, v_cache, table, rows, ctx, dim**-0.5,
+                                   tensor_cores=False)
+            row["fi_cc_ms"] = graph_ms(fns_cc)
     torch.cuda.synchronize()
     tic = time.perf_counter()
     for _ in range(100):
@@ -315,12 +329,15 @@ def main() -> None:
              + (f" fi: FlashInfer {fi.__version__}'s paged decode on the same pages (fi/ours > 1: "
                 "FlashInfer faster)." if fi is not None else ""), "",
              "| model | B | ctx | splits | ours us | ref us | ours TB/s | ref TB/s | ours/ref |"
-             " eager ours us | eager ref us |" + (" fi us | fi TB/s | ours/fi |" if fi else ""),
-             "|---" * (14 if fi else 11) + "|"]
+             " eager ours us | eager ref us |"
+             + (" fi us | fi TB/s | ours/fi | fi cc us |" if fi else ""),
+             "|---" * (15 if fi else 11) + "|"]
     for r in results:
         ref_ms = min(t for t in (r["flash_ms"], r["cudnn_ms"]) if t is not None)
         eager_ref = min((t for t in (r["eager_flash_ms"], r["eager_cudnn_ms"]) if t), default=0)
         fi_cols = (f" {r['fi_ms'] * 1e3:.1f} | {r['fi_tbps']:.2f} | {r['fi_vs_ours']:.2f} |"
+                   f" {r['fi_cc_ms'] * 1e3:.1f} |" if "fi_cc_ms" in r else
+                   f" {r['fi_ms'] * 1e3:.1f} | {r['fi_tbps']:.2f} | {r['fi_vs_ours']:.2f} | - |"
                    if "fi_ms" in r else "")
         lines.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['splits']} | "
                      f"{r['ours_ms'] * 1e3:.1f} | {ref_ms * 1e3:.1f} | {r['ours_tbps']:.2f} | "

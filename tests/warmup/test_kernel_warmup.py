@@ -112,3 +112,29 @@ def test_a_new_cache_compiles_in_processes_first(no_device, monkeypatch, caplog)
     warm._thread.join(10)
     children = psutil.Process().children(recursive=True)
     assert not [p for p in children if "compile_worker" in " ".join(p.cmdline())]
+
+
+def test_compile_processes_end_with_their_parent():
+    """A server killed while its compile processes work leaves none of them behind."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = ("import time; from minisgl.warmup.compile_workers import CompileWorkers\n"
+            "w = CompileWorkers(2, 0); print(' '.join(str(p.pid) for p in w._procs), flush=True)\n"
+            "time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TRITON_INTERPRET": "1"}
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 60
+    for pid in pids:
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":
+            assert time.monotonic() < deadline, "a compile process outlived its parent"
+            time.sleep(0.2)

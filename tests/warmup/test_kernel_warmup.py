@@ -83,10 +83,11 @@ def test_a_found_plan_is_handed_on_and_compiled(no_device, monkeypatch):
     assert warm.wait_all(10) and found == [plan] and warm.compiled == 1 and not warm.errors
 
 
-def test_a_new_cache_compiles_in_processes_first(no_device, monkeypatch, caplog):
-    """With no plan, compile processes start beside the shadow run and take every variant first,
-    in order (the interpreter stands in for Triton's compiler there); this process's pass follows
-    each step's, and compiles what the processes could not; none of them is left behind."""
+def test_a_new_cache_compiles_the_stages_in_processes_first(no_device, monkeypatch, caplog):
+    """With no plan, compile processes start beside the shadow run and, once the variants needed
+    before ready are compiled here, take the sampler's stages first, in order (the interpreter
+    stands in for Triton's compiler there); this process's pass over a stage follows theirs and
+    compiles what they could not; none of them is left behind."""
     import psutil
 
     bogus = Variant("minisgl.kernel.triton.activation:not_a_kernel", ())
@@ -106,7 +107,7 @@ def test_a_new_cache_compiles_in_processes_first(no_device, monkeypatch, caplog)
     warm.engine_built()
     assert warm.wait_all(60) and warm.stage == len(FEATURE_STAGES) and not warm.errors
     assert here[0] == _variant(1) and sorted(here) == sorted([_variant(1), *sum(stages, [])])
-    assert "(before ready): 1 compiled in processes" in caplog.text
+    assert "(sampler stage sampled): 1 compiled in processes" in caplog.text
     assert "(sampler stage top-logprobs): 1 compiled in processes" in caplog.text
     assert "1 left to this process: not_a_kernel: AttributeError" in caplog.text
     warm._thread.join(10)

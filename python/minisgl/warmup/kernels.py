@@ -1,10 +1,11 @@
 """Compiling an engine's kernel variants on every CPU core, beside its start-up.
 
 ``KernelWarmup.start`` returns at once; a thread of its own finds the variants (``discover``: a
-shadow run, CPU only) and compiles them, while the engine loads its weights: when it had to find
-them (a new cache), in processes of their own first (``compile_workers.py``: Triton's Python
-stages hold the GIL, and on threads held it against the engine and the warm-up's requests), then
-on a pool of threads of this process, where they are then cache hits (a restart's whole work).
+shadow run, CPU only) and compiles them on a pool of threads, while the engine loads its weights.
+When it had to find them (a new cache), the sampler's variants compile first in processes of their
+own (``compile_workers.py``) while the engine profiles its memory and captures its graphs: Triton's
+Python stages hold the GIL, and on threads they held it against the engine and the warm-up's
+requests; the threads' pass over them then finds cache hits (a restart's whole work).
 The engine waits (``wait_ready``) for the variants its forwards need before it profiles memory
 and captures CUDA graphs, so no capture compiles anything; the sampler's variants follow stage by
 stage (``plan.FEATURE_STAGES``) while the server already serves: ``stage`` is the number of
@@ -165,8 +166,9 @@ class KernelWarmup:
                 workers.close()
 
     def _start_workers(self) -> CompileWorkers | None:
-        """Compile processes, started before the shadow run (their imports take seconds); one
-        core is left to the engine. None where they cannot start (compiled here instead)."""
+        """Compile processes, started before the shadow run (their imports take seconds, beside
+        it); one core is left to the engine. None where they cannot start (the threads compile
+        everything)."""
         try:
             interpret = os.environ.get("TRITON_INTERPRET") == "1"
             major, minor = (0, 0) if interpret else torch.cuda.get_device_capability(
@@ -177,17 +179,16 @@ class KernelWarmup:
             return None
 
     def _stages(self, pool: ThreadPoolExecutor, workers: CompileWorkers | None) -> None:
-        ahead: list[list[Future[str | None]]] = []  # the processes' work: before ready, stages
+        ahead: list[list[Future[str | None]]] = []  # the processes' work, a list a stage
         try:
             if self.kernels is None:
                 self.kernels = discover(self.config, self.grammar)
                 if not self.kernels.failed:  # a plan with gaps is found again next time
                     self.on_found(self.kernels)
             self.total = len(self.kernels.all)
-            if workers is not None:
-                ahead = [workers.submit(v) for v in (self.kernels.essential, *self.kernels.stages)]
-                self._wait_processes(ahead[0], "before ready")
             self._wait(compile_variants(self.kernels.essential, pool, load=True), "before ready")
+            if workers is not None:  # from here on the engine holds the GIL: not the compilers
+                ahead = [workers.submit(stage) for stage in self.kernels.stages]
         except Exception as e:  # noqa: BLE001 - the engine then compiles on first use
             logger.warning("kernel warm-up failed (kernels compile on first use): %s: %s",
                            type(e).__name__, e)
@@ -203,7 +204,7 @@ class KernelWarmup:
         if ahead:
             queued = []
             for k, stage in enumerate(self.kernels.stages):
-                self._wait_processes(ahead[k + 1], f"sampler stage {FEATURE_STAGES[k]}")
+                self._wait_processes(ahead[k], f"sampler stage {FEATURE_STAGES[k]}")
                 queued.append(compile_variants(stage, pool, load=False))
         else:
             queued = [compile_variants(stage, pool, load=False) for stage in self.kernels.stages]

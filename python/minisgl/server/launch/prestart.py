@@ -54,7 +54,6 @@ def _wait_for_work(conn: Connection) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides (``serve._worker``)
     import minisgl.scheduler.io  # noqa: F401 - the imports, beside the launcher's
-    import minisgl.server.launch.serve  # noqa: F401 - the work's target (``serve._worker``)
 
     try:
         target, args, kwargs, env = conn.recv()

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minisgl.server.launch.prestart import Prestarted
 
 # runs that start no scheduler of their own: no process is started before their flags are read
 _NO_PRESTART = {"--shell", "-h", "--help", "--dp", "--data-parallel-size", "--dp-size"}
@@ -30,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             prestarted.close()  # unless it was handed its work
 
 
-def _main(argv: list[str], prestarted) -> int:
+def _main(argv: list[str], prestarted: Prestarted | None) -> int:
     from minisgl.server.launch.args import parse_args
     from minisgl.utils.stacks import enable_stack_dumps
 

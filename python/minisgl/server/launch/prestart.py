@@ -17,6 +17,8 @@ from multiprocessing.connection import Connection
 
 
 class Prestarted:
+    """The prestarted process (``process``) and its pipe (``conn``), spawned at once."""
+
     def __init__(self) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()

@@ -23,11 +23,7 @@ import sys
 import threading
 from concurrent.futures import Future
 
-from minisgl.utils import init_logger
-
 from .variants import Variant
-
-logger = init_logger(__name__)
 
 _STOP = None
 

@@ -69,9 +69,14 @@ def paged_cache(seq_lens, hkv, dim, dtype, gen, extra_rows=3):
 # -- kernels vs a dense reference --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("heads", HEADS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+# each case takes 7-12 s in the interpreter: two run by default (both dtypes, the first and the
+# last head layout), the rest with the slow tests
+@pytest.mark.parametrize("dtype,heads,dim", [
+    pytest.param(dtype, heads, dim, id=f"dtype{i}-heads{j}-{dim}",
+                 marks=() if (i, j, dim) in ((0, 0, 64), (1, len(HEADS) - 1, 128))
+                 else pytest.mark.slow)
+    for i, dtype in enumerate([torch.float32, torch.float16])
+    for j, heads in enumerate(HEADS) for dim in (64, 128)])
 def test_decode_kernel(dtype, heads, dim):
     hq, hkv = heads
     gen = torch.Generator().manual_seed(hq * 7 + hkv + dim)

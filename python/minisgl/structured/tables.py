@@ -29,8 +29,10 @@ _FORMAT = 1
 
 
 def _xgr() -> Any:
-    import xgrammar
-
+    try:
+        import xgrammar
+    except ImportError as e:  # a runtime dependency; only a broken install gets here
+        raise ImportError("structured output needs xgrammar: pip install xgrammar") from e
     return xgrammar
 
 

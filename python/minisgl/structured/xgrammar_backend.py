@@ -17,17 +17,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .tables import TokenizerTables, _xgr
+
 KINDS = ("json_schema", "regex", "ebnf")
 _CACHE_SIZE = 256  # compiled grammars kept (a compiled JSON schema is tens of kB)
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
-
-
-def _xgr() -> Any:
-    try:
-        import xgrammar
-    except ImportError as e:  # a runtime dependency; only a broken install gets here
-        raise ImportError("structured output needs xgrammar: pip install xgrammar") from e
-    return xgrammar
 
 
 def _message(e: BaseException) -> str:
@@ -89,8 +83,6 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...] = (),
                  max_threads: int = 2) -> None:
-        from .tables import TokenizerTables
-
         tables = tokenizer if isinstance(tokenizer, TokenizerTables) \
             else TokenizerTables.from_tokenizer(tokenizer, stop_token_ids)
         self.vocab_size = vocab_size

@@ -201,13 +201,11 @@ class KernelWarmup:
         # here (the engine's thread loads on first use). With the processes, a stage's pass
         # here follows theirs (its variants are then cache hits)
         self._built.wait()
-        if ahead:
-            queued = []
-            for k, stage in enumerate(self.kernels.stages):
+        queued = []
+        for k, stage in enumerate(self.kernels.stages):
+            if ahead:
                 self._wait_processes(ahead[k], f"sampler stage {FEATURE_STAGES[k]}")
-                queued.append(compile_variants(stage, pool, load=False))
-        else:
-            queued = [compile_variants(stage, pool, load=False) for stage in self.kernels.stages]
+            queued.append(compile_variants(stage, pool, load=False))
         for k, futures in enumerate(queued):
             self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")
             self.stage = k + 1

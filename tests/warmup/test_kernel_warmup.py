@@ -6,6 +6,7 @@ never stops the engine."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -113,6 +114,43 @@ def test_a_new_cache_compiles_the_stages_in_processes_first(no_device, monkeypat
     warm._thread.join(10)
     children = psutil.Process().children(recursive=True)
     assert not [p for p in children if "compile_worker" in " ".join(p.cmdline())]
+
+
+def test_a_stage_done_in_processes_is_ready_before_the_later_stages(no_device, monkeypatch):
+    """A sampled request waits for the processes' first stage only: while the grammar's
+    variants still compile there, the stages the processes have finished count as done."""
+    from concurrent.futures import Future
+
+    stages = [[_variant(100 + k)] for k in range(len(FEATURE_STAGES))]
+    plan = KernelSet([_variant(1)], stages, [], [])
+    monkeypatch.setattr(kernels_mod, "discover", lambda config, grammar: plan)
+    monkeypatch.setattr(kernels_mod, "compile_one", lambda variant, load=True: None)
+    later: Future[str | None] = Future()
+
+    class Processes:  # the first stage compiled at once, every later one held by the test
+        def __init__(self, n: int, arch: int) -> None:
+            pass
+
+        def submit(self, variants: list[Variant]) -> list[Future[str | None]]:
+            if variants is not stages[0]:
+                return [later]
+            done: Future[str | None] = Future()
+            done.set_result(None)
+            return [done]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(kernels_mod, "CompileWorkers", Processes)
+    warm = KernelWarmup(_config(), grammar=True, workers=2).start()
+    warm.engine_built()
+    deadline = time.monotonic() + 10
+    while warm.stage < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert warm.stage == 1 and not warm.done
+    assert warm.warming().startswith("sampler kernels (logprobs, ")
+    later.set_result(None)
+    assert warm.wait_all(10) and warm.stage == len(FEATURE_STAGES)
 
 
 def test_compile_processes_end_with_their_parent():

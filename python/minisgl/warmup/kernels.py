@@ -199,19 +199,25 @@ class KernelWarmup:
         # once the engine is built, every stage queued at once, in order (all cores busy); a
         # stage is done when its variants and those of the stages before are; no module loads
         # here (the engine's thread loads on first use). With the processes, a stage's pass
-        # here follows theirs (its variants are then cache hits)
+        # here follows theirs and takes cache hits: the stage is done then, before the next
+        # stage's processes finish (its requests wait no longer than its own compiles)
         self._built.wait()
-        queued = []
+        queued: list[list[Future[str | None]]] = []
         for k, stage in enumerate(self.kernels.stages):
             if ahead:
                 self._wait_processes(ahead[k], f"sampler stage {FEATURE_STAGES[k]}")
             queued.append(compile_variants(stage, pool, load=False))
-        for k, futures in enumerate(queued):
-            self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")
-            self.stage = k + 1
+            if ahead:
+                self._finish_stage(k, queued[k])
+        for k in range(self.stage, len(queued)):
+            self._finish_stage(k, queued[k])
         self._done.set()
         logger.info("kernel warm-up done: %d variants compiled or loaded, %d failed "
                     "(compiled on first use)", self.compiled, len(self.errors))
+
+    def _finish_stage(self, k: int, futures: list[Future[str | None]]) -> None:
+        self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")
+        self.stage = k + 1
 
     def _wait_processes(self, futures: list[Future[str | None]], what: str) -> None:
         """Wait for the processes' share of a step; what they failed, this process compiles."""

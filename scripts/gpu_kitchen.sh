@@ -47,7 +47,7 @@ run() {  # run SECONDS OLD|NEW LOG CMD...: one benchmark of one tree, its wall t
     local limit=$1 tag=$2 log=$3 t0=$SECONDS
     shift 3
     local dir=$([ "$tag" = old ] && echo "$tree" || echo "$root")
-    (cd "$dir" && PYTHONPATH="$dir/python" timeout -k 10 "$limit" "$py" "$@" \
+    (cd "$dir" && PYTHONPATH="$dir/python${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "$limit" "$py" "$@" \
         --out "$out/$tag" >>"$out/$tag/$log" 2>&1)
     echo "[kitchen] $tag $log rc=$? $((SECONDS - t0))s" >&2
 }

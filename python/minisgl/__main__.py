@@ -22,19 +22,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(LAUNCHED_AT.name, repr(time.time()))  # before the heavy imports
     set_process_defaults()
     argv = sys.argv[1:] if argv is None else argv
-    prestarted = None
+    prestarted: dict[str, Prestarted] = {}
     if argv[:1] != ["warmup"] and not _NO_PRESTART & {a.split("=")[0] for a in argv}:
-        from minisgl.server.launch.prestart import Prestarted
+        from minisgl.server.launch.prestart import prestart
 
-        prestarted = Prestarted()  # its imports run beside this process's
+        prestarted = prestart()  # their imports run beside this process's
     try:
         return _main(argv, prestarted)
     finally:
-        if prestarted is not None:
-            prestarted.close()  # unless it was handed its work
+        for p in prestarted.values():
+            p.close()  # unless it was handed its work
 
 
-def _main(argv: list[str], prestarted: Prestarted | None) -> int:
+def _main(argv: list[str], prestarted: dict[str, Prestarted]) -> int:
     from minisgl.server.launch.args import parse_args
     from minisgl.utils.stacks import enable_stack_dumps
 

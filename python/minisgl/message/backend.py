@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Union
 
-from minisgl.core import SamplingParams
 from minisgl.multimodal.prompt import MultimodalPrompt
+from minisgl.params import SamplingParams
 
 from .base import Codec, Msg
 

@@ -8,6 +8,7 @@ With ``num_tokenizer == 0`` one process has both roles and polls both inboxes.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import time
@@ -48,6 +49,7 @@ from minisgl.utils import init_logger
 from minisgl.utils.heap import freeze_heap
 from minisgl.utils.hf import load_tokenizer
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
+from minisgl.utils.startup import Phases
 
 from .detokenize import IncrementalDetokenizer, kept_special_ids
 from .harmony import Harmony
@@ -80,21 +82,25 @@ def tokenize_worker(
     ``chat_template`` replaces its template; ``model_dir`` is the checkpoint (a vision-language
     one's images are preprocessed here, under ``media``'s limits)."""
     parent = os.getppid()  # now, while the launcher surely waits for ``ready``
+    phases = Phases(launch="spawned")  # where its start-up's seconds go (the "started" line)
     try:
         if not (tokenize or detokenize):
             raise ValueError("a tokenizer worker needs at least one role")
         tokenizer = load_tokenizer(model_path, revision, chat_template)
+        phases.mark("tokenizer")
         harmony = Harmony.for_model(model_path) if tokenize else None  # gpt-oss's chat format
         images = (ImageProcessor.for_model(model_dir, tokenizer, media)
                   if tokenize and model_dir else None)
         TokenizeManager(tokenizer, harmony).warm_up()  # the first chat request pays no compile
         worker = _Worker(tokenizer, addrs, tokenize, detokenize, harmony, images)
+        phases.mark("chat template")
     except Exception as e:  # any start-up failure is reported, never raised into the void
         ready.send(("error", f"tokenizer worker failed to start: {one_line(e)}"))
         return
     try:
         flag = _StopFlag()  # after start-up: a failed start leaves the caller's handlers alone
         ready.send(("ok", None))
+        logger.info("%s started: %s", mp.current_process().name, phases)
         freeze_heap()
         worker.run(flag, parent)
     finally:

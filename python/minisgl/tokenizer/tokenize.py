@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 from minisgl.multimodal.items import MediaError
 from minisgl.multimodal.processor import ImageProcessor
 from minisgl.multimodal.prompt import MultimodalPrompt
+from minisgl.params import SamplingParams
 from minisgl.utils import init_logger
 
 from .harmony import Harmony

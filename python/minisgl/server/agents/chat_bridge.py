@@ -18,8 +18,8 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import StreamingResponse
 
-from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
+from minisgl.params import SamplingParams
 from minisgl.server.agents.images import image_names
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.chat import run_chat

@@ -18,8 +18,8 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
+from minisgl.params import SamplingParams
 from minisgl.server.openai.frontend import FrontendManager
 from minisgl.server.openai.protocol import ApiError
 

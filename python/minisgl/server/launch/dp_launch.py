@@ -31,8 +31,8 @@ from minisgl.env import API_KEY
 from minisgl.server.config import ServerConfig
 from minisgl.utils import init_logger
 
+from .checks import LaunchError, check_port_free
 from .dp_children import ROUTER_MODULE, replica_command, replica_config_json, router_command
-from .serve import LaunchError, check_port_free
 
 logger = init_logger(__name__)
 

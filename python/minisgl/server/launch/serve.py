@@ -12,7 +12,6 @@ import dataclasses
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -24,17 +23,15 @@ from minisgl.server.config import ServerConfig
 from minisgl.utils import init_logger
 from minisgl.utils.heap import freeze_heap
 from minisgl.utils.mp import ServerAddrs, make_runtime_dir, remove_runtime_dir
+from minisgl.utils.startup import since_launch
 
+from .checks import LaunchError, check_port_free, check_ssl_files, free_port, read_chat_template
 from .http_server import make_http_server
-from .prestart import Prestarted
+from .prestart import Prestarted, close_unhanded
 
 logger = init_logger(__name__)
 
 _START_TIMEOUT_S = 900.0
-
-
-class LaunchError(RuntimeError):
-    """A start-up failure, with the one line to show the user."""
 
 
 @dataclass
@@ -48,9 +45,11 @@ class ProcessGroup:
     """The children of one launch, their runtime directory, and their orderly shutdown."""
 
     def __init__(self, config: ServerConfig, model_path: str,
-                 prestarted: Prestarted | None = None) -> None:
+                 prestarted: dict[str, Prestarted] | None = None) -> None:
         self.config, self.model_path = config, model_path
-        self.prestarted = prestarted  # takes the first local scheduler rank (``prestart.py``)
+        # the children started before the flags were read, by role (``prestart.py``): the first
+        # local scheduler rank and the detokenizer take them
+        self.prestarted = dict(prestarted or {})
         self.tokenizer_path = config.tokenizer or model_path
         self.runtime_dir = make_runtime_dir()
         self.addrs = ServerAddrs.create(self.runtime_dir)
@@ -61,8 +60,8 @@ class ProcessGroup:
 
     def _spawn(self, name: str, target, *args, **kwargs) -> None:
         """Start ``target(*args, ready=pipe, **kwargs)`` in a child; it reports on the pipe."""
-        if name.startswith("scheduler") and self.prestarted is not None:
-            prestarted, self.prestarted = self.prestarted, None
+        role = "scheduler" if name.startswith("scheduler") else name
+        if (prestarted := self.prestarted.pop(role, None)) is not None:
             ready = prestarted.hand(target, *args, **kwargs)
             if ready is not None:
                 self.children.append(Child(name, prestarted.process, ready))
@@ -82,7 +81,7 @@ class ProcessGroup:
         from minisgl.tokenizer.server import tokenize_worker
 
         cfg, addrs = self.config, self.addrs
-        dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"
+        dist_addr = cfg.dist_init_addr or f"127.0.0.1:{free_port()}"
         per_node = cfg.tp // cfg.nnodes
         for local in range(per_node):
             rank = cfg.node_rank * per_node + local
@@ -93,6 +92,7 @@ class ProcessGroup:
                         tp=DistributedInfo(rank, cfg.tp), dist_init_addr=dist_addr,
                         local_index=local)
         if cfg.node_rank > 0:  # only node 0 talks to clients
+            close_unhanded(self.prestarted)
             if wait:
                 self.wait_ready()
             return
@@ -104,6 +104,7 @@ class ProcessGroup:
         for i in range(cfg.num_tokenizer):
             self._spawn(f"tokenizer-{i}", _worker, tokenize_worker, self.tokenizer_path, addrs,
                         tokenize=True, detokenize=False, **tokenizer)
+        close_unhanded(self.prestarted)
         if wait:
             self.wait_ready()
 
@@ -144,25 +145,6 @@ class ProcessGroup:
         remove_runtime_dir(self.runtime_dir)
 
 
-def read_chat_template(value: str | None) -> str | None:
-    """``--chat-template``: a file's content, or the template text itself."""
-    if value is None or "{" in value:
-        return value
-    try:
-        with open(os.path.expanduser(value), encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise LaunchError(f"chat_template: {value!r} is neither a readable file ({e.strerror}) "
-                          "nor a Jinja template") from None
-
-
-def check_ssl_files(config: ServerConfig) -> None:
-    for name in ("ssl_keyfile", "ssl_certfile"):
-        path = getattr(config, name)
-        if path is not None and not os.path.isfile(path):
-            raise LaunchError(f"{name}: no such file {path!r}")
-
-
 def _worker(target, *args, **kwargs) -> None:
     """Children ignore Ctrl-C (the terminal sends it to the whole group): the launcher decides.
     ``kill -USR1`` prints a child's stacks."""
@@ -187,21 +169,6 @@ def _thread_lock_for_progress_bars() -> None:
     tqdm.set_lock(threading.RLock())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise LaunchError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-
-
 def _monitor(group: ProcessGroup, frontend_ref) -> None:
     """Turn the server unhealthy and fail in-flight requests as soon as a child dies.
 
@@ -223,8 +190,8 @@ def _monitor(group: ProcessGroup, frontend_ref) -> None:
         time.sleep(0.2)
 
 
-def start_stack(config: ServerConfig, prestarted: Prestarted | None = None):
-    """Start every child (the first scheduler rank in ``prestarted`` when given) and build the
+def start_stack(config: ServerConfig, prestarted: dict[str, Prestarted] | None = None):
+    """Start every child (those of ``prestarted``'s roles in its processes) and build the
     app: ``(group, app)``; raise ``LaunchError`` on failure."""
     from minisgl.models.weight import resolve_model_path
 
@@ -256,21 +223,22 @@ def start_stack(config: ServerConfig, prestarted: Prestarted | None = None):
     return group, app
 
 
-def launch_server(config: ServerConfig, prestarted: Prestarted | None = None) -> int:
-    """Run the server until SIGINT/SIGTERM; return the process exit code. ``prestarted``: a
-    scheduler process started before the flags were read (``prestart.py``), for the first
-    local rank."""
+def launch_server(config: ServerConfig, prestarted: dict[str, Prestarted] | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM; return the process exit code. ``prestarted``: the
+    processes started before the flags were read (``prestart.py``), by the role they take."""
     if config.node_rank > 0:
         return _serve_worker_node(config, prestarted)
     if config.port == 0:  # chosen here, so that the log and the listening socket agree
-        config = dataclasses.replace(config, port=_free_port())
+        config = dataclasses.replace(config, port=free_port())
     try:
         group, app = start_stack(config, prestarted)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     scheme = "https" if config.ssl_certfile else "http"
-    logger.info("serving %s on %s://%s:%d", config.model_name, scheme, config.host, config.port)
+    launched = since_launch()
+    logger.info("serving %s on %s://%s:%d%s", config.model_name, scheme, config.host, config.port,
+                "" if launched is None else f" ({launched:.1f} s after the launch)")
     freeze_heap()
     try:
         make_http_server(config, app).run()
@@ -279,7 +247,8 @@ def launch_server(config: ServerConfig, prestarted: Prestarted | None = None) ->
     return 1 if group.failed else 0
 
 
-def _serve_worker_node(config: ServerConfig, prestarted: Prestarted | None = None) -> int:
+def _serve_worker_node(config: ServerConfig,
+                       prestarted: dict[str, Prestarted] | None = None) -> int:
     """A node other than 0 runs only its scheduler ranks, until a signal or one of them exits."""
     from minisgl.models.weight import resolve_model_path
 

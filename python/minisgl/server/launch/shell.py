@@ -19,7 +19,8 @@ from typing import TextIO
 
 from minisgl.server.config import ServerConfig
 
-from .serve import LaunchError, _free_port, make_http_server, start_stack
+from .checks import LaunchError, free_port
+from .serve import make_http_server, start_stack
 
 HELP = ("Type a message. /set NAME VALUE changes the sampling (/set alone shows it), /reset clears "
         "the history, /help shows this, /exit (or Ctrl-D) quits; Ctrl-C stops an answer.")
@@ -54,7 +55,7 @@ class ChatSettings:
 
 
 def run_shell(config: ServerConfig) -> int:
-    config = dataclasses.replace(config, host="127.0.0.1", port=_free_port(), ssl_keyfile=None,
+    config = dataclasses.replace(config, host="127.0.0.1", port=free_port(), ssl_keyfile=None,
                                  ssl_certfile=None)
     log_path, terminal = _logs_to_file()
     print(f"loading {config.model_name} (the log: {log_path}) ...", file=terminal, flush=True)

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from minisgl.core import SamplingParams
+from minisgl.params import SamplingParams
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from minisgl.core import SamplingParams
+from minisgl.params import SamplingParams
 from minisgl.server.openai.fields import check_fields
 from minisgl.server.openai.union_errors import first_error
 from minisgl.utils import init_logger

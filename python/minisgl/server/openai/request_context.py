@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
+from minisgl.params import SamplingParams
 from minisgl.server.config import ServerConfig
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.call import Call

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minisgl.core import SamplingParams
+from minisgl.params import SamplingParams
 from minisgl.server.openai.protocol import ApiError, param_path
 
 MAX_STOP = 16  # stop strings per request

@@ -42,6 +42,26 @@ def test_the_platform_directory_names_gpu_driver_and_versions():
     assert cache.plan_path("k") == f"/opt/kernels/{H200.dirname}/plans/k.json"
 
 
+def test_the_driver_version_is_read_from_libcuda(monkeypatch):
+    import ctypes
+
+    from minisgl.warmup import cache as cache_mod
+
+    class Driver:  # what cuDriverGetVersion answers for a 12.8 driver
+        def cuDriverGetVersion(self, out) -> int:
+            out._obj.value = 12080
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Driver())
+    assert cache_mod._driver_version() == "12.8"
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert cache_mod._driver_version() == "unknown"
+
+
 def test_the_model_key_is_what_decides_the_variants(model_dir, tmp_path):
     key, what = model_key(_engine(model_dir), grammar=True)
     assert key.startswith("Qwen3ForCausalLM-") and key == model_key(_engine(model_dir), True)[0]

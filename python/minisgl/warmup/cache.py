@@ -74,12 +74,17 @@ class Platform:
 
 
 def _driver_version() -> str:
-    """The CUDA driver's version (e.g. ``12.8``), or ``unknown``."""
+    """The CUDA driver's version (e.g. ``12.8``) from ``libcuda`` (torch exposes none), or
+    ``unknown``."""
+    import ctypes
+
     try:
-        v = torch._C._cuda_getDriverVersion()  # type: ignore[attr-defined]
-        return f"{v // 1000}.{v % 1000 // 10}"
-    except (AttributeError, RuntimeError):
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return "unknown"
+    except (OSError, AttributeError):  # no driver library (or not this one)
         return "unknown"
+    return f"{version.value // 1000}.{version.value % 1000 // 10}"
 
 
 def default_root() -> str:

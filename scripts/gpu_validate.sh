@@ -23,6 +23,9 @@
 #                                           # gpt-oss-20b in MXFP4 (random weights) offline and
 #                                           # batch 1, transformers (bf16) in the same run;
 #                                           # gpt-oss-120b on one GPU, offline and batch 1
+#   scripts/gpu_validate.sh gpt-oss-profile OUT  # where a gpt-oss-20b decode step's time goes,
+#                                           # kernel by kernel: batch 1 and 64 (profile_decode.py
+#                                           # --per-step; the MXFP4 MoE tiles' table as tuned)
 #   scripts/gpu_validate.sh moe-tune   OUT  # tune the MXFP4 MoE tiles for this GPU
 #                                           # (tune_moe.py --mxfp4 --write: copy the table from
 #                                           # OUT into python/minisgl/kernel/triton/moe_configs)
@@ -157,6 +160,12 @@ gpt-oss)
     step 200 "${bench[@]}" --model benchmark/configs/gpt-oss-120b.json --batch1 \
         --no-batch1-baseline --hf-requests 0 --num-requests 128 >"$out/bench_gpt-oss-120b.log" 2>&1
     cat "$out"/offline_gpt-oss-*.md ;;
+gpt-oss-profile)
+    for bs in 1 64; do
+        step 200 "$py" benchmark/offline/profile_decode.py --model $moss --batch $bs --tokens 32 \
+            --per-step --out "$out" >"$out/profile_gpt-oss-20b_bs$bs.log" 2>&1
+        grep -A14 "per decode step" "$out/profile_gpt-oss-20b_bs$bs.log"
+    done ;;
 moe-tune)
     step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
         >"$out/tune_moe.log" 2>&1

@@ -253,6 +253,7 @@ def start_kernel_warmup(config: EngineConfig) -> KernelWarmup | None:
 
     from .cache import model_key, open_kernel_cache
 
+    start = time.perf_counter()
     device = config.device
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -262,6 +263,9 @@ def start_kernel_warmup(config: EngineConfig) -> KernelWarmup | None:
     grammar = has_tokenizer(config.model_path)  # without one no request can carry a grammar
     key, what = model_key(config, grammar)
     kernels = cache.load_plan(key)
-    logger.info("kernel cache %s: %s", cache.dir, "plan found" if kernels else "no plan yet")
+    # the seconds: CUDA's start in this process, the cache's opening (a carried one's group
+    # files rewritten) and its plan read
+    logger.info("kernel cache %s: %s (%.1f s)", cache.dir,
+                "plan found" if kernels else "no plan yet", time.perf_counter() - start)
     return KernelWarmup(dataclasses.replace(config, device=device), grammar, kernels=kernels,
                         on_found=lambda found: cache.save_plan(key, found, what)).start()

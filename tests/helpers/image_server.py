@@ -1,4 +1,4 @@
-"""The real app and the real tokenizer role (``tokenizer/server.py``'s ``_TokenizeRole``, with a
+"""The real app and the real tokenizer role (``tokenizer/roles.py``'s ``TokenizeRole``, with a
 checkpoint's image preprocessing) in-process, a stand-in scheduler behind them that answers
 every prompt with "ok". Enough to take images through every API down to the tokenizer worker's
 output (``sent``: its ``UserMsg``s, images included) without starting an engine."""
@@ -40,12 +40,12 @@ class TokenizerThread(threading.Thread):
 
     def run(self) -> None:
         from minisgl.multimodal.processor import ImageProcessor
-        from minisgl.tokenizer.server import _TokenizeRole
+        from minisgl.tokenizer.roles import TokenizeRole
         from minisgl.utils.hf import load_tokenizer
 
         tokenizer = load_tokenizer(self.model_dir)
         images = ImageProcessor.for_model(self.model_dir, tokenizer, self.config.media)
-        role = _TokenizeRole(tokenizer, None, images)
+        role = TokenizeRole(tokenizer, None, images)
         pull = ZmqPullQueue(self.addrs.tokenizer, bind=False, codec=TOKENIZER_CODEC)
         push = ZmqPushQueue(self.addrs.frontend, bind=False, codec=FRONTEND_CODEC)
         push.put(StatsReply(stats=SchedulerStatsMsg(  # a warm scheduler's first word

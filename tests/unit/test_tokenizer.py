@@ -211,9 +211,9 @@ def test_tokenize_without_tokenizer():
 
 
 def test_detokenize_role_in_process(tok, monkeypatch):
-    from minisgl.tokenizer import server
+    from minisgl.tokenizer import roles
 
-    role = server._DetokenizeRole(tok)
+    role = roles.DetokenizeRole(tok)
     ids = tok.encode("one two three")
     first = DetokenizeMsg(uid=1, token=ids[0], prompt_len=4, stop=("two",))
     batch = [first, *(DetokenizeMsg(uid=1, token=t) for t in ids[1:])]
@@ -227,11 +227,11 @@ def test_detokenize_role_in_process(tok, monkeypatch):
     assert role.handle([DetokenizeMsg(uid=1, token=ids[0])]) == ([], [])  # late token: dropped
 
     role.handle([DetokenizeMsg(uid=3, token=ids[0])])  # aborted by the API: no more tokens
-    monkeypatch.setattr(server, "_IDLE_S", 0.0)
+    monkeypatch.setattr(roles, "_IDLE_S", 0.0)
     role.handle([RequestErrorMsg(uid=4, message="prompt: too long", param="prompt")])
     assert not role.reqs and not role.seen
 
-    front, _ = server._DetokenizeRole(None).handle([DetokenizeMsg(uid=5, token=7)])
+    front, _ = roles.DetokenizeRole(None).handle([DetokenizeMsg(uid=5, token=7)])
     assert front == [UserReply(uid=5, token_ids=[7])]  # no tokenizer: ids only
 
     # taken by the scheduler: an empty reply with the prompt's length starts the streams

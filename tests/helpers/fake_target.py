@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.engine.engine import ForwardOutput
+from minisgl.engine.types import ForwardOutput
 from minisgl.sampling import SampleOutput
 from minisgl.speculative.proposer import Proposer
 

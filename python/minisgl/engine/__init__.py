@@ -1,4 +1,5 @@
 from .config import EngineConfig
-from .engine import Engine, ForwardOutput
+from .engine import Engine
+from .types import ForwardOutput
 
 __all__ = ["Engine", "EngineConfig", "ForwardOutput"]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 
 from minisgl.attention import BaseAttnBackend
@@ -26,49 +23,14 @@ from .images import ImageEncoder
 from .loading import load_model_config
 from .memory import chain_pages, kv_budget
 from .pool_sizes import may_window, size_pools
-from .prompt_logprobs import PromptLogprobs, compute_prompt_logprobs
+from .prompt_logprobs import compute_prompt_logprobs
 from .state import attach_state_metadata, create_state_pool
+from .types import CompilingKernels, ForwardOutput
 from .window import check_pool, window
 
 logger = init_logger(__name__)
 
 _KERNEL_WAIT_S = 900  # far beyond any warm-up (a wedged one must not hold the start-up forever)
-
-
-class CompilingKernels(Protocol):
-    """The kernel warm-up (``minisgl.warmup.KernelWarmup``), started before the engine: the
-    engine waits for the variants its forwards need before it runs one, and says when it is
-    built (the rest compile from then on, not beside its graph capture)."""
-
-    def wait_ready(self, timeout: float | None = None) -> bool: ...
-
-    def engine_built(self) -> None: ...
-
-
-@dataclass
-class ForwardOutput:
-    """What one forward hands back to the scheduler: one row per sampled request.
-
-    The host copies are started without waiting; ``wait()`` before reading them.
-    """
-
-    next_tokens: torch.Tensor  # [B] int64, on the CPU (valid after wait())
-    # device tensors, including log-probabilities when asked; a greedy batch sampled inside a CUDA
-    # graph gives the graph's static tokens, valid until the next forward
-    sample: SampleOutput
-    logits: torch.Tensor  # [B, vocab] on the device (for tests and debugging)
-    # host copies of the sample's log-probs (and its top ids and log-probs, when asked)
-    logprobs: tuple[torch.Tensor | None, ...] | None = None
-    copy_done: torch.cuda.Event | None = None
-    prompt_logprobs: PromptLogprobs | None = None  # host copies (echo, logprob_start_len)
-    # the MTP method (``EngineConfig.mtp``): every computed token's hidden state (device); EAGLE-3
-    # (``draft_model_path``): its captured aux states; and per request of the batch (req, first
-    # position, tokens), taken at launch
-    hidden: tuple[torch.Tensor, list] | None = None
-
-    def wait(self) -> None:
-        if self.copy_done is not None:
-            self.copy_done.synchronize()
 
 
 class Engine:

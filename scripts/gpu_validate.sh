@@ -57,6 +57,10 @@
 #                                           # empty kernel cache, a restart on the kept one, and
 #                                           # a cache filled by `minisgl warmup` and carried
 #                                           # (Qwen3-8B, Qwen3.5-9B; MODELS picks)
+#   scripts/gpu_validate.sh autotune-choices OUT  # the choices fla's autotuned kernels make
+#                                           # for Qwen3.5-9B on this GPU (and the seconds they
+#                                           # take on an empty cache): copy OUT's JSON into
+#                                           # python/minisgl/kernel/autotune_tables to ship them
 #   scripts/gpu_validate.sh spec       OUT  # speculative decoding: the default model, batch 1,
 #                                           # code editing and chat, none/ngram/suffix (and the
 #                                           # same prompts 64 at a time), other draft lengths,
@@ -319,6 +323,10 @@ first-minute)  # per model (MODELS, default both; one model at most 10 minutes):
         "$out"/first_minute_*_restart.json "$out"/first_minute_*_carried.json \
         >"$out/first_minute.md"
     cat "$out/first_minute.md" "$out/first_minute_warmup_cli.txt" ;;
+autotune-choices)  # needs fla-core (pip install 'minisgl[hybrid]'); on an empty kernel cache
+    TRITON_CACHE_DIR=$(mktemp -d) step 500 "$py" benchmark/kernels/autotune_choices.py \
+        --model benchmark/configs/qwen3.5-9b.json --out "$out" >"$out/autotune_choices.log" 2>&1
+    tail -4 "$out/autotune_choices.log" ;;
 hybrid-tests)  # fla-core must be importable (pip install 'minisgl[hybrid]'); float32 parity:
     # fla's chunked kernels take Triton's default fp32 dot (TF32) unless told otherwise, and a
     # TF32-rounded prefill flips near-tied MoE routes of the tiny random models

@@ -9,6 +9,9 @@ one program per request, each position's state into its draft slot
 
 from __future__ import annotations
 
+import torch
+
+from minisgl.kernel.autotune_choices import seed_shipped
 from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_decode
 from minisgl.kernel.triton.gated_delta_verify import conv_verify, gdn_verify
 
@@ -21,6 +24,8 @@ def _chunk_rule():
     except ImportError as e:
         raise ImportError("hybrid (Gated DeltaNet) models on CUDA need flash-linear-attention: "
                           "pip install 'minisgl[hybrid]' (the fla-core package)") from e
+    if torch.cuda.is_available():  # its kernels autotune: this GPU's shipped choices, if any
+        seed_shipped("fla", torch.cuda.get_device_name())
     return chunk_gated_delta_rule
 
 

@@ -58,7 +58,7 @@ def test_dummy_weights_run(name, tmp_path):
 
 def test_state_stats_reported(tmp_path):
     """The scheduler's stats (what /metrics exports) give the state pool's occupancy."""
-    from minisgl.scheduler.io import state_stats
+    from minisgl.scheduler.stats import state_stats
 
     raw = _shrink(json.loads((CONFIGS / NAMES[0]).read_text()))
     (tmp_path / "config.json").write_text(json.dumps(raw))

@@ -39,7 +39,7 @@ from minisgl.utils.watchdog import Watchdog
 
 from .output import TokenOutput
 from .scheduler import WAITING_POLL_S, Scheduler
-from .stats import FirstForwards, LiveStats
+from .stats import FirstForwards, LiveStats, spec_stats, state_stats
 from .warmup import warm_up
 
 logger = init_logger(__name__)
@@ -250,27 +250,6 @@ class SchedulerIO:
             **state_stats(s),
             **spec_stats(s),
         )
-
-
-def state_stats(s: Scheduler) -> dict[str, int]:
-    """The recurrent-state pool's occupancy (hybrid models; empty otherwise)."""
-    pool = s.engine.state_pool
-    if pool is None:
-        return {}
-    return dict(state_slots_used=s.table.size - s.table.num_free,
-                state_slots_total=s.table.size,
-                state_snapshots=pool.num_snapshots - pool.num_free_snapshots,
-                state_pool_bytes=pool.total_bytes)
-
-
-def spec_stats(s: Scheduler) -> dict:
-    """Speculative decoding's counters (empty when it is off)."""
-    if s.spec is None:
-        return {}
-    st = s.spec.stats
-    return dict(spec_method=st.method, spec_verify_steps=st.verify_steps,
-                spec_draft_tokens=st.draft_tokens, spec_accepted_tokens=st.accepted_tokens,
-                spec_skipped_requests=sum(st.skipped.values()))
 
 
 def run_scheduler_process(

@@ -1,6 +1,7 @@
-"""What the scheduler process knows about time: each request's first forward, and the live log line.
+"""What the scheduler process reports: each request's first forward, the live log line, and the
+state pool's and speculation's counters of its stats.
 
-Both are read from the outside of ``Scheduler`` (its queues and outputs after each step), so the
+All are read from the outside of ``Scheduler`` (its queues and outputs after each step), so the
 scheduling code stays free of bookkeeping that only the server needs.
 """
 
@@ -9,11 +10,15 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minisgl.core import Req
 from minisgl.message import SchedulerStatsMsg
 
 from .output import TokenOutput
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
 
 
 class FirstForwards:
@@ -105,3 +110,24 @@ class LiveStats:
         self.started, self.prefill_tokens, self.decode_tokens = now, 0, 0
         self.prompt_tokens = self.hit_tokens = 0
         return line
+
+
+def state_stats(s: Scheduler) -> dict[str, int]:
+    """The recurrent-state pool's occupancy (hybrid models; empty otherwise)."""
+    pool = s.engine.state_pool
+    if pool is None:
+        return {}
+    return dict(state_slots_used=s.table.size - s.table.num_free,
+                state_slots_total=s.table.size,
+                state_snapshots=pool.num_snapshots - pool.num_free_snapshots,
+                state_pool_bytes=pool.total_bytes)
+
+
+def spec_stats(s: Scheduler) -> dict:
+    """Speculative decoding's counters (empty when it is off)."""
+    if s.spec is None:
+        return {}
+    st = s.spec.stats
+    return dict(spec_method=st.method, spec_verify_steps=st.verify_steps,
+                spec_draft_tokens=st.draft_tokens, spec_accepted_tokens=st.accepted_tokens,
+                spec_skipped_requests=sum(st.skipped.values()))

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from minisgl.core import Req
+from minisgl.core import Feed, Req
 from minisgl.engine import ForwardOutput
 from minisgl.engine.prompt_logprobs import Entry
+
+if TYPE_CHECKING:
+    from minisgl.speculative import SpecDecoder
+
+    from .cache import CacheCoordinator
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -67,3 +72,28 @@ def append_run(req: Req, run: list[tuple[int, tuple]],
             del run[n:]
             break
     return reason
+
+
+def apply_runs(live: list[tuple[Feed, list[tuple[int, tuple]]]], out: ForwardOutput,
+               spec: SpecDecoder | None, cache: CacheCoordinator,
+               eos_token_ids: frozenset[int]) -> dict[Feed, FinishReason | None]:
+    """Append each live feed's run (a verify feed's accepted one, ``spec.judge``), cut at its
+    first stop; commit the KV of what verify feeds kept; tell speculation what came back. The
+    finish reason per feed that appended (none for a prompt-only request)."""
+    reasons: dict[Feed, FinishReason | None] = {}
+    plain: list[tuple[Req, list[int]]] = []
+    for feed, run in live:
+        req = feed.req
+        if req.sampling_params.max_tokens == 0:
+            continue
+        if feed.drafts:
+            assert spec is not None  # only speculation plans drafts
+            del run[spec.judge(feed, [token for token, _ in run]) + 1:]
+        reasons[feed] = append_run(req, run, eos_token_ids)
+        if feed.drafts:  # the KV of its kept tokens, the last excepted (never fed)
+            cache.commit(req, len(req.input_ids) - 1, feed)
+        else:
+            plain.append((req, [token for token, _ in run]))
+    if spec is not None:
+        spec.observe(plain, out)
+    return reasons

@@ -12,8 +12,8 @@ import random
 import time
 from typing import Callable
 
-from minisgl.core import Feed, Req, SamplingParams
-from minisgl.engine import Engine, ForwardOutput
+from minisgl.core import Req, SamplingParams
+from minisgl.engine import Engine
 from minisgl.engine.prompt_logprobs import PromptLogprobStore
 from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.sampling import BatchSamplingArgs
@@ -24,7 +24,7 @@ from .cache import create_cache
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager
-from .output import FinishReason, TokenOutput, append_run, logprob_rows
+from .output import TokenOutput, apply_runs, logprob_rows
 from .plan import Launched, StepPlan
 from .planner import BatchPlanner
 from .policy import AdmissionPolicy
@@ -220,7 +220,7 @@ class Scheduler:
         runs = plan.split(out.next_tokens.tolist(), logprob_rows(out, rows))
         live = [(feed, run) for feed, run in zip(plan.sampled, runs)
                 if self.reqs.get(feed.uid) is feed.req]  # not finished or aborted meanwhile
-        reasons = self._apply(live, out)
+        reasons = apply_runs(live, out, self.spec, self.cache, self.eos_token_ids)
         ended: set[int] = set()  # the grammars advance in one batch: those that terminated end
         if self.grammar.active:
             going = [(feed.req, run[-1][0]) for feed, run in live
@@ -251,29 +251,6 @@ class Scheduler:
                 self.cache.cache_prefix(req)  # later requests with this prompt reuse it now
             results.append(result)
         return results
-
-    def _apply(self, live: list[tuple[Feed, list[tuple[int, tuple]]]], out: ForwardOutput
-               ) -> dict[Feed, FinishReason | None]:
-        """Append each live feed's run (a verify feed's accepted one), cut at its first stop;
-        commit what verify feeds kept; tell speculation what came back. The finish reason per
-        feed that appended (none for a prompt-only request)."""
-        reasons: dict[Feed, FinishReason | None] = {}
-        plain: list[tuple[Req, list[int]]] = []
-        for feed, run in live:
-            req = feed.req
-            if req.sampling_params.max_tokens == 0:
-                continue
-            if feed.drafts:
-                assert self.spec is not None  # only speculation plans drafts
-                del run[self.spec.judge(feed, [token for token, _ in run]) + 1:]
-            reasons[feed] = append_run(req, run, self.eos_token_ids)
-            if feed.drafts:  # the KV of its kept tokens, the last excepted (never fed)
-                self.cache.commit(req, len(req.input_ids) - 1, feed)
-            else:
-                plain.append((req, [token for token, _ in run]))
-        if self.spec is not None:
-            self.spec.observe(plain, out)
-        return reasons
 
     # ---- releasing requests -----------------------------------------------------------------
 

@@ -144,10 +144,13 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
     # reference is the installed transformers: use the version CI uses (older ones differ, e.g.
     # before 5.2x gpt-oss's experts ignore the config's swiglu_limit)
     xd=()  # test files in parallel when pytest-xdist is there (WORKERS=0: one process)
-    "$py" -c "import xdist" 2>/dev/null && [ "${WORKERS:-6}" != 0 ] \
-        && xd=(-n "${WORKERS:-6}" --dist loadfile)
+    "$py" -c "import xdist" 2>/dev/null && [ "${WORKERS:-8}" != 0 ] \
+        && xd=(-n "${WORKERS:-8}" --dist loadfile)
+    # a test stuck past 150 s fails with its stacks (pytest-timeout) and the run goes on to its
+    # summary: the stage's own limit would kill pytest before it names anything
+    to=(); "$py" -c "import pytest_timeout" 2>/dev/null && to=(--timeout 150)
     TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -q -p no:cacheprovider -rf \
-        -m "gpu or any_device" "${xd[@]}" --durations=25 \
+        -m "gpu or any_device" "${xd[@]}" "${to[@]}" --durations=25 \
         tests/engine/test_parity.py tests/engine/test_gpu.py tests/engine/test_hybrid_parity.py \
         tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py \
         tests/kernels/test_gpt_oss_triton.py tests/engine/test_gemma_parity.py \

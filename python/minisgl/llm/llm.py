@@ -6,7 +6,7 @@ import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Sequence
 
 from tqdm import tqdm
 
@@ -25,11 +25,18 @@ from minisgl.utils.hf import load_tokenizer
 
 from .aliases import llm_keywords
 from .config import EngineOptions
+from .inputs import (
+    Message,
+    Prompt,
+    as_params_list,
+    as_prompt_list,
+    checked,
+    has_non_text,
+    wants_logprobs,
+)
 
 logger = init_logger(__name__)
 
-Prompt = Union[str, Sequence[int], MultimodalPrompt]  # the last: a chat with images
-Message = dict
 _OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)} | {"model", "tp"}
 
 
@@ -109,8 +116,8 @@ class LLM:
         """Generate for every prompt (text or token ids); results come back in input order."""
         if not self._finalizer.alive:
             raise RuntimeError("LLM: generate() after close()")
-        batch = _as_prompt_list(prompts)
-        params = _as_params_list(sampling_params, len(batch))
+        batch = as_prompt_list(prompts)
+        params = as_params_list(sampling_params, len(batch))
         token_lists = [self._encode(p) for p in batch]
         uids = []
         try:
@@ -149,7 +156,7 @@ class LLM:
             prompts = [self.apply_chat_template(c, **kwargs)
                        for c in conversations]  # type: ignore[arg-type]
             return self.generate(prompts, sampling_params, use_tqdm)
-        prompts = [harmony.render(_checked(c), tools, kwargs)
+        prompts = [harmony.render(checked(c), tools, kwargs)
                    for c in conversations]  # type: ignore[arg-type]
         outputs = self.generate(prompts, sampling_params, use_tqdm)
         for out in outputs:
@@ -163,8 +170,8 @@ class LLM:
         URLs) for a model with a vision tower, whose chat becomes a ``MultimodalPrompt`` (its ids
         and images), which ``generate`` takes as it takes ids."""
         tokenizer = self._require_tokenizer("chat")
-        messages = _checked(messages)
-        if any(map(_has_non_text, messages)):
+        messages = checked(messages)
+        if any(map(has_non_text, messages)):
             return self._image_chat(messages, kwargs)
         text = tokenizer.apply_chat_template(messages, tokenize=False,
                                              add_generation_prompt=True, **kwargs)
@@ -180,7 +187,7 @@ class LLM:
 
         processor = ImageProcessor.for_model(self.model_path, self.tokenizer)
         if processor is None:
-            i = next(i for i, m in enumerate(messages) if _has_non_text(m))
+            i = next(i for i, m in enumerate(messages) if has_non_text(m))
             raise ValueError(f"messages[{i}].content: only text content parts are supported "
                              "(the model has no vision tower)")
         messages, refs = split_images(messages)
@@ -222,7 +229,7 @@ class LLM:
     def _run(self, uids, token_lists, params, use_tqdm) -> list[GenerateOutput]:
         index = {uid: i for i, uid in enumerate(uids)}
         outputs = [
-            GenerateOutput(ids, [], "", "length", [] if _wants_logprobs(sp) else None)
+            GenerateOutput(ids, [], "", "length", [] if wants_logprobs(sp) else None)
             for ids, sp in zip(token_lists, params)
         ]
         detoks = [IncrementalDetokenizer(self.tokenizer, sp.stop) if self.tokenizer else None
@@ -267,46 +274,3 @@ class LLM:
         if finish is not None:
             out.finish_reason = finish
         return finish is not None
-
-
-def _checked(messages) -> list[Message]:
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ValueError("messages: must be a list of {'role': ..., 'content': ...} dicts")
-    return messages
-
-
-def _has_non_text(message: Message) -> bool:
-    content = message.get("content")
-    return isinstance(content, list) and any(
-        not isinstance(p, dict) or p.get("type") != "text" for p in content)
-
-
-def _wants_logprobs(params: SamplingParams) -> bool:
-    return params.logprobs or params.top_logprobs > 0
-
-
-def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, (str, MultimodalPrompt)):
-        return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
-        return [prompts]  # one prompt of token ids
-    if not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError("prompts: must be a non-empty string, token-id list, or list of them")
-    for p in prompts:
-        if isinstance(p, (str, MultimodalPrompt)):
-            continue
-        if not isinstance(p, Sequence) or not all(isinstance(t, int) for t in p):
-            raise ValueError("prompts: each prompt must be a string or a list of token ids, "
-                             f"got {p!r}")
-    return list(prompts)
-
-
-def _as_params_list(params, n: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * n
-    if isinstance(params, SamplingParams):
-        return [params] * n
-    params = list(params)
-    if len(params) != n or not all(isinstance(p, SamplingParams) for p in params):
-        raise ValueError(f"sampling_params: expected one SamplingParams or a list of {n}")
-    return params

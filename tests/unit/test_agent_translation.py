@@ -13,7 +13,7 @@ from minisgl.engine.window import window
 from minisgl.models.config import ModelConfig
 from minisgl.server.agents.anthropic_stream import MessageBuilder
 from minisgl.server.agents.chat_bridge import strip_billing_header
-from minisgl.server.agents.responses_api import input_messages
+from minisgl.server.agents.responses_input import input_messages
 from minisgl.server.agents.responses_store import ResponseStore, Stored
 from minisgl.server.agents.responses_stream import ResponseBuilder
 from minisgl.server.openai.protocol import ApiError

@@ -58,8 +58,9 @@
 #                                           # a cache filled by `minisgl warmup` and carried
 #                                           # (Qwen3-8B, Qwen3.5-9B; MODELS picks)
 #   scripts/gpu_validate.sh autotune-choices OUT  # the choices fla's autotuned kernels make
-#                                           # for Qwen3.5-9B on this GPU (and the seconds they
-#                                           # take on an empty cache): copy OUT's JSON into
+#                                           # for Qwen3.5-9B on this GPU (and the run's seconds
+#                                           # on an empty cache, every kernel compiling on first
+#                                           # use): copy OUT's JSON into
 #                                           # python/minisgl/kernel/autotune_tables to ship them
 #   scripts/gpu_validate.sh spec       OUT  # speculative decoding: the default model, batch 1,
 #                                           # code editing and chat, none/ngram/suffix (and the

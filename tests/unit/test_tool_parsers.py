@@ -7,14 +7,10 @@ import json
 
 import pytest
 
+from minisgl.server.openai.call_scan import scan_value
 from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest
 from minisgl.server.openai.structured import requested_grammar
-from minisgl.server.openai.tool_parsers import (
-    ToolCallStream,
-    detect_parser,
-    parse_tool_calls,
-    scan_value,
-)
+from minisgl.server.openai.tool_parsers import ToolCallStream, detect_parser, parse_tool_calls
 from minisgl.server.openai.tools import ChatTools
 from minisgl.tokenizer.tool_prompt import describe_tools, with_argument_objects
 

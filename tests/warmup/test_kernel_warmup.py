@@ -153,6 +153,46 @@ def test_a_stage_done_in_processes_is_ready_before_the_later_stages(no_device, m
     assert warm.wait_all(10) and warm.stage == len(FEATURE_STAGES)
 
 
+def test_a_closed_warm_up_stops_and_its_processes_end(no_device, monkeypatch):
+    """Its scheduler closed (or its engine failed to start) before the engine was built: the
+    warm-up stops waiting, compiles none of the sampler's stages, and its compile processes
+    end; the variants the processes had not started are answered "cancelled"."""
+    import psutil
+
+    stages = [[_variant(100 + k)] for k in range(len(FEATURE_STAGES))]
+    plan = KernelSet([_variant(1)], stages, [], [])
+    monkeypatch.setattr(kernels_mod, "discover", lambda config, grammar: plan)
+    here: list[Variant] = []
+    monkeypatch.setattr(kernels_mod, "compile_one",
+                        lambda variant, load=True: here.append(variant))
+    warm = KernelWarmup(_config(), grammar=True, workers=2).start()
+    assert warm.wait_ready(60)
+    warm.close()
+    assert warm._thread is not None and not warm._thread.is_alive()
+    assert warm.done and here == [_variant(1)]  # the stages never came to this process
+    children = psutil.Process().children(recursive=True)
+    assert not [p for p in children if "compile_worker" in " ".join(p.cmdline())]
+
+
+def test_a_failed_engine_stops_its_warm_up(monkeypatch):
+    from minisgl.warmup import start
+
+    closed = []
+
+    class Warmup:
+        def close(self):
+            closed.append(True)
+
+    def no_engine(config, kernels=None):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(start, "start_kernel_warmup", lambda config: Warmup())
+    monkeypatch.setattr(start, "Engine", no_engine)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        start.engine_with_warmup(_config())
+    assert closed == [True]
+
+
 def test_compile_processes_end_with_their_parent():
     """A server killed while its compile processes work leaves none of them behind."""
     import os

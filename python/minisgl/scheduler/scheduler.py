@@ -44,13 +44,12 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, engine: Engine | None = None) -> None:
         self.config = config
         self.grammar = GrammarManager.start(config)  # its tables build beside the start-up
-        # the kernel warm-up compiles beside the engine's start-up (``minisgl.warmup``)
-        self.kernels = None
-        if engine is None and config.engine.device.type == "cuda":
-            from minisgl.warmup.kernels import start_kernel_warmup
+        self.kernels = None  # the kernel warm-up, compiling beside the engine's start-up
+        if engine is None:
+            from minisgl.warmup.start import engine_with_warmup
 
-            self.kernels = start_kernel_warmup(config.engine)
-        self.engine = engine or Engine(config.engine, kernels=self.kernels)
+            engine, self.kernels = engine_with_warmup(config.engine)
+        self.engine = engine
         if self.kernels is not None and config.engine.tp.size > 1:
             self.kernels.wait_all()  # every rank must admit the same requests at the same step
         self.warming = WarmingGate(self.kernels)
@@ -285,7 +284,10 @@ class Scheduler:
         logger.debug("retracted request %d at %d tokens", req.uid, len(req.input_ids))
 
     def close(self) -> None:
-        """Release the engine's device resources (CUDA graphs, the TP group)."""
+        """Release the engine's device resources (CUDA graphs, the TP group); stop the kernel
+        warm-up if it still compiles."""
+        if self.kernels is not None:
+            self.kernels.close()
         self.grammar.close()
         self.engine.close()
 

@@ -90,6 +90,22 @@ class CompileWorkers:
                     if item is not _STOP:
                         item[1].set_result("the compile processes are gone")
 
+    def cancel(self) -> None:
+        """Answer every variant not yet handed to a process with "cancelled" (those being
+        compiled finish)."""
+        stops = 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                stops += 1
+            else:
+                item[1].set_result(f"{item[0].short_name}: cancelled")
+        for _ in range(stops):  # a close's stops stay queued
+            self._queue.put(_STOP)
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the processes once the queue is done (each ends at the end of its stdin)."""
         for _ in self._procs:

@@ -22,7 +22,6 @@ first launch: the threads do both for the variants needed before ready, and buil
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -100,6 +99,9 @@ def compile_variants(variants: list[Variant], pool: ThreadPoolExecutor,
     return [pool.submit(compile_one, v, load) for v in variants]
 
 
+_CLOSE_S = 10.0  # how long ``close`` waits for the variants compiling to finish
+
+
 class KernelWarmup:
     """The kernel variants of the engine of ``config``, compiled on ``workers`` threads.
     ``grammar``: requests may carry a grammar (the sampler's mask variants are needed);
@@ -119,7 +121,9 @@ class KernelWarmup:
         self._ready = threading.Event()
         self._built = threading.Event()  # the engine's start-up is over (``engine_built``)
         self._done = threading.Event()
+        self._stop = threading.Event()  # its scheduler is gone (``close``)
         self._thread: threading.Thread | None = None
+        self._workers: CompileWorkers | None = None
         self._lock = threading.Lock()
 
     def start(self) -> KernelWarmup:
@@ -136,6 +140,16 @@ class KernelWarmup:
         compile now (beside the start-up, their compiles' Python held the GIL against its graph
         capture: docs/performance.md, "The first minute")."""
         self._built.set()
+
+    def close(self, timeout: float = _CLOSE_S) -> None:
+        """Stop, its scheduler gone: what is compiling finishes, nothing queued starts, the
+        compile processes end (a warm-up waiting for the engine's start-up stops waiting)."""
+        self._stop.set()
+        self._built.set()
+        if self._workers is not None:
+            self._workers.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def wait_all(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
@@ -157,7 +171,7 @@ class KernelWarmup:
     def _run(self) -> None:
         device = self.config.device
         torch.cuda.set_device(device)
-        workers = self._start_workers() if self.kernels is None else None
+        workers = self._workers = self._start_workers() if self.kernels is None else None
         try:
             with compile_pool(self.workers, device) as pool:
                 self._stages(pool, workers)
@@ -206,9 +220,17 @@ class KernelWarmup:
         for k, stage in enumerate(self.kernels.stages):
             if ahead:
                 self._wait_processes(ahead[k], f"sampler stage {FEATURE_STAGES[k]}")
+            if self._stop.is_set():
+                break
             queued.append(compile_variants(stage, pool, load=False))
             if ahead:
                 self._finish_stage(k, queued[k])
+        if self._stop.is_set():
+            pool.shutdown(cancel_futures=True)  # the variants compiling now finish
+            self._done.set()
+            logger.info("kernel warm-up stopped (its scheduler closed): %d variants compiled",
+                        self.compiled)
+            return
         for k in range(self.stage, len(queued)):
             self._finish_stage(k, queued[k])
         self._done.set()
@@ -241,31 +263,3 @@ class KernelWarmup:
                     self.workers, time.perf_counter() - start,
                     f"; {len(errors)} failed (compiled on first use): {errors[0]}" if errors
                     else "")
-
-
-def start_kernel_warmup(config: EngineConfig) -> KernelWarmup | None:
-    """Open the kernel cache of the engine of ``config`` (Triton's directory is set for this
-    process) and, with ``precompile``, start its kernel warm-up from the cache's plan, if it has
-    one; None off CUDA (the CPU path compiles nothing) or without ``precompile``."""
-    if config.device.type != "cuda":
-        return None
-    from minisgl.utils.hf import has_tokenizer
-
-    from .cache import model_key, open_kernel_cache
-
-    start = time.perf_counter()
-    device = config.device
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    cache = open_kernel_cache(config.kernel_cache_dir, device)
-    if not config.precompile:
-        return None
-    grammar = has_tokenizer(config.model_path)  # without one no request can carry a grammar
-    key, what = model_key(config, grammar)
-    kernels = cache.load_plan(key)
-    # the seconds: CUDA's start in this process, the cache's opening (a carried one's group
-    # files rewritten) and its plan read
-    logger.info("kernel cache %s: %s (%.1f s)", cache.dir,
-                "plan found" if kernels else "no plan yet", time.perf_counter() - start)
-    return KernelWarmup(dataclasses.replace(config, device=device), grammar, kernels=kernels,
-                        on_found=lambda found: cache.save_plan(key, found, what)).start()

@@ -218,15 +218,17 @@ class KernelWarmup:
         self._built.wait()
         queued: list[list[Future[str | None]]] = []
         for k, stage in enumerate(self.kernels.stages):
-            if ahead:
+            if ahead and not self._stop.is_set():
                 self._wait_processes(ahead[k], f"sampler stage {FEATURE_STAGES[k]}")
             if self._stop.is_set():
                 break
             queued.append(compile_variants(stage, pool, load=False))
             if ahead:
                 self._finish_stage(k, queued[k])
-        if self._stop.is_set():
-            pool.shutdown(cancel_futures=True)  # the variants compiling now finish
+        if self._stop.is_set():  # the variants compiling now finish, no other starts
+            if workers is not None:
+                workers.cancel()
+            pool.shutdown(cancel_futures=True)
             self._done.set()
             logger.info("kernel warm-up stopped (its scheduler closed): %d variants compiled",
                         self.compiled)

@@ -30,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv, prestarted)
     finally:
-        for p in prestarted.values():
-            p.close()  # unless it was handed its work
+        if prestarted:
+            from minisgl.server.launch.prestart import close_unhanded
+
+            close_unhanded(prestarted)  # those not handed their work
 
 
 def _main(argv: list[str], prestarted: dict[str, Prestarted]) -> int:

@@ -35,7 +35,6 @@ class Prestarted:
         if role not in _IMPORTS:
             raise ValueError(f"role: {role!r} is not one of {', '.join(ROLES)}")
         ctx = mp.get_context("spawn")
-        self.role = role
         self.conn, child = ctx.Pipe()
         self._env = dict(os.environ)  # what the child started with
         self.process = ctx.Process(target=_wait_for_work, args=(child, role), name=role,

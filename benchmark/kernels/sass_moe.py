@@ -47,18 +47,20 @@ ALIGNED = {"a_ptr", "w_ptr", "out_ptr", "weights_ptr", "sorted_ptr", "expert_ids
            "stride_wn", "stride_om", "stride_se", "stride_be"}
 
 
-def kernel(name: str, bn: int, bk: int) -> tuple[object, dict, int]:
-    """(The JIT function, its constexprs, its rows per program) for ``name``."""
+def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = True
+           ) -> tuple[object, dict, int]:
+    """(The JIT function, its constexprs, its rows per program) for ``name``; ``fast``: the
+    tiles decode in PTX (``mxfp4.decode_bf16``), as bf16 on Hopper does."""
     if name == "gemv":
         return (moe_mxfp4.moe_gemv_mx_kernel,
                 {**COMMON, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False}, 1)
     if name == "small":
         return (moe_mxfp4.moe_gemm_mx_kernel,
-                {**COMMON, "BLOCK_M": 16, "BLOCK_N": bn, "GROUPS": bk // 32, "GROUP_M": 1,
-                 "PRECISION": "tf32"}, 16)
+                {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUPS": bk // 32,
+                 "GROUP_M": 1, "PRECISION": "tf32", "FAST": fast}, rows or 16)
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
-            {**COMMON, "BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
-             "EVEN_K": False, "PRECISION": "tf32"}, 64)
+            {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
+             "EVEN_K": False, "PRECISION": "tf32", "FAST": fast}, rows or 64)
 
 
 def loop_opcodes(sass: str) -> collections.Counter:
@@ -84,6 +86,9 @@ def main() -> None:
     parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
                         choices=["gemv", "small", "wide"])
     parser.add_argument("--tile", type=int, nargs=2, default=None, metavar=("BN", "BK"))
+    parser.add_argument("--rows", type=int, default=None, help="row block (small, wide)")
+    parser.add_argument("--float32-decode", action="store_true",
+                        help="the tiles' decoding in float32 (other dtypes, GPUs before Hopper)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=None, help="default: the table's")
     parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
@@ -95,7 +100,7 @@ def main() -> None:
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
-        fn, consts, rows = kernel(name, bn, bk)
+        fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode)
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(ARGS) if arg in ALIGNED}
         signature = {**ARGS, **dict.fromkeys(consts, "constexpr")}
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts,

@@ -25,9 +25,9 @@ from bench_moe import graph_ms, inputs
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.kernel.triton.moe_configs import DIR, file_name
 
-# (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages); MXFP4 runs blocks of
-# one row on its GEMV kernel, up to 32 rows on its small-batch kernel, larger ones on the wide
-# (swapped) one
+# (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages[, swapped]); MXFP4 runs
+# blocks of one row on its GEMV kernel, up to 32 rows on its small-batch kernel, larger ones on
+# the wide (swapped) one, and 16 or 32 there too where ``swapped`` says so
 SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 128, 1, 4, 4),
          (16, 32, 32, 256, 1, 4, 3), (16, 64, 32, 128, 1, 4, 4)]
 # MXFP4: one routed pair a block; the word-reading GEMV keeps BLOCK_N x BLOCK_K / 8 words a K
@@ -36,6 +36,9 @@ GEMV = [(1, 16, 16, 256, 1, 4, 3), (1, 32, 32, 256, 1, 4, 3), (1, 16, 16, 512, 1
         (1, 8, 8, 512, 1, 2, 2), (1, 32, 32, 128, 1, 8, 3), (1, 16, 16, 1024, 1, 4, 2),
         (1, 8, 8, 1024, 1, 2, 2), (1, 8, 8, 256, 1, 1, 3), (1, 16, 16, 256, 1, 2, 3),
         (1, 4, 4, 1024, 1, 1, 2)]
+SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),
+           (16, 128, 128, 128, 1, 4, 3, True), (32, 128, 128, 64, 4, 4, 4, True),
+           (32, 64, 64, 128, 4, 4, 3, True)]
 MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256, 4, 4, 3),
        (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
@@ -46,6 +49,8 @@ TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E:
 def candidates(rows: float, mx: bool) -> list[MoeConfig]:
     table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
              else BIG)
+    if mx and 1 < rows <= 64:
+        table = table + SWAPPED
     return [MoeConfig(*c) for c in table]
 
 

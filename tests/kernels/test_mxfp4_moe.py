@@ -17,7 +17,7 @@ from helpers.interpreter import import_triton
 triton = import_triton()
 
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
-from minisgl.kernel.triton.mxfp4 import decode_nibble  # noqa: E402
+from minisgl.kernel.triton.mxfp4 import bf16x2_pow2, decode_bf16, decode_nibble  # noqa: E402
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales  # noqa: E402
 from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
 from minisgl.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
@@ -158,3 +158,32 @@ def test_decode_nibble_every_code_at_every_position():
     out = torch.empty(16, 8, dtype=torch.float32, device=DEV)
     _decode_words[(1,)](words.to(DEV), out)
     torch.testing.assert_close(out.cpu(), ref_mx.VALUES[nibbles], rtol=0, atol=0)
+
+
+@triton.jit
+def _decode_bytes_bf16(bytes_ptr, exp_ptr, lo_ptr, hi_ptr):
+    offs = triton.language.arange(0, 1024)
+    lo, hi = decode_bf16(triton.language.load(bytes_ptr + offs),
+                         bf16x2_pow2(triton.language.load(exp_ptr + offs)))
+    triton.language.store(lo_ptr + offs, lo)
+    triton.language.store(hi_ptr + offs, hi)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_bf16_every_byte_and_multiplier():
+    """``mxfp4.decode_bf16`` (the tiles' PTX decoding on Hopper): every byte, four times, each
+    element with its own power-of-two multiplier (the wide tiles' scales times ``2 ** -64``, and
+    ``2 ** 126``, which gives the e2m1 values themselves), exactly equal to the e2m1 table's
+    values times ``2 ** -126`` times the multiplier: the sign, the subnormal 0.5, the nibbles'
+    order and each element's own multiplier."""
+    codes = torch.arange(1024) % 256
+    exponents = torch.tensor([126, 1, 40, 60, 85, 17, 3, 33])[torch.arange(1024) % 8]
+    exponents = torch.where(torch.arange(1024) >= 512, exponents.roll(1), exponents)
+    lo = torch.empty(1024, dtype=torch.bfloat16, device="cuda")
+    hi = torch.empty_like(lo)
+    _decode_bytes_bf16[(1,)](codes.to(torch.uint8).cuda(), exponents.int().cuda(), lo, hi)
+    mult = torch.pow(2.0, exponents.double() - 126)
+    torch.testing.assert_close(lo.double().cpu(), ref_mx.VALUES[codes % 16].double() * mult,
+                               rtol=0, atol=0)
+    torch.testing.assert_close(hi.double().cpu(), ref_mx.VALUES[codes // 16].double() * mult,
+                               rtol=0, atol=0)

@@ -29,6 +29,7 @@ x's dtype, so nothing changes for the routing or the roundings above):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -54,6 +55,9 @@ class MoeConfig:
     group_m: int = 8  # row blocks that walk the N tiles together, so their rows stay in L2
     num_warps: int = 4
     num_stages: int = 4
+    # MXFP4 row blocks of 16 or 32 on the swapped-operand kernel too (``moe_gemm_mx_wide_kernel``;
+    # None: from 64 rows, the default)
+    swapped: bool | None = None
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -135,6 +139,17 @@ def _moe_gemm_kernel(
              GELU)
 
 
+def _ptx_decode(a: torch.Tensor) -> bool:
+    """MXFP4 tiles decode in PTX (``mxfp4.decode_bf16``: Hopper's packed bf16 multiply) for bf16
+    activations on sm_90 and later."""
+    return a.dtype == torch.bfloat16 and a.is_cuda and _capability(a.device.index) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
           w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU):
     k_dim = w.shape[2] * (2 if mx else 1)
@@ -164,11 +179,12 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]
         moe_gemv_mx_kernel[grid](*args, **meta)
-    elif mx and cfg.block_m > 32:
-        moe_gemm_mx_wide_kernel[grid](*args, **meta)
+    elif mx and (cfg.swapped if cfg.swapped is not None else cfg.block_m > 32):
+        moe_gemm_mx_wide_kernel[grid](*args, FAST=_ptx_decode(a), **meta)
     elif mx:
         del meta["BLOCK_K"], meta["EVEN_K"]
-        moe_gemm_mx_kernel[grid](*args, GROUPS=mx_groups(k_dim, cfg.block_k), **meta)
+        moe_gemm_mx_kernel[grid](*args, GROUPS=mx_groups(k_dim, cfg.block_k),
+                                 FAST=_ptx_decode(a), **meta)
     else:
         _moe_gemm_kernel[grid](*args, FP8_W=scaled, SCALE_BN=block[0], SCALE_BK=block[1], **meta)
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import decode_nibble, decode_pair, e8m0
+from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_bf16, decode_nibble, decode_pair, e8m0
 
 
 @triton.jit
@@ -29,13 +29,14 @@ def moe_gemm_mx_kernel(
     n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, FAST: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
 ):
     """``fused_moe``'s GEMM over MXFP4 weights for small batches. A K step is ``GROUPS``
     32-value groups (``k_dim`` a multiple of 32 * GROUPS): per group, 16 bytes a row decode into
     its even and odd values, two dots of depth 16 give the group's partial sums, and its scale
-    multiplies them into the accumulator."""
+    multiplies them into the accumulator. ``FAST`` (bf16 on Hopper): the values decode in PTX
+    (``mxfp4.decode_bf16``)."""
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -53,12 +54,12 @@ def moe_gemm_mx_kernel(
     for _ in range(k_dim // (32 * GROUPS)):
         for g in tl.static_range(GROUPS):
             a_even, a_odd = tl.split(tl.reshape(tl.load(a_ptrs + 32 * g), (BLOCK_M, 16, 2)))
-            lo, hi = decode_pair(tl.load(w_ptrs + 16 * g), dt)
+            lo, hi = _values(tl.load(w_ptrs + 16 * g), dt, FAST)
             part = tl.dot(a_even, lo, input_precision=PRECISION)
             part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
             acc += part * e8m0(tl.load(s_ptrs + g))[None, :]
             if GATED:
-                lo, hi = decode_pair(tl.load(w_ptrs + up + 16 * g), dt)
+                lo, hi = _values(tl.load(w_ptrs + up + 16 * g), dt, FAST)
                 part = tl.dot(a_even, lo, input_precision=PRECISION)
                 part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
                 acc_up += part * e8m0(tl.load(s_ptrs + up_s + g))[None, :]
@@ -68,6 +69,14 @@ def moe_gemm_mx_kernel(
     epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
              GELU)
+
+
+@triton.jit
+def _values(packed, dtype: tl.constexpr, FAST: tl.constexpr):
+    """``decode_pair`` (unscaled values), in PTX with ``FAST``."""
+    if FAST:
+        return decode_bf16(packed, tl.full(packed.shape, BF16X2_TWO126, tl.int32))
+    return decode_pair(packed, dtype)
 
 
 @triton.jit
@@ -146,10 +155,24 @@ def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
     return t * e8m0(s)[:, :, None]
 
 
+# ``FAST`` wide tiles hold the weights times 2 ** -64 (``_scaled_tile``): the sums are multiplied
+# back once, after the K loop
+_UNDER_SHIFT = tl.constexpr(64)
+_UNDER = tl.constexpr(1.8446744073709552e19)  # 2 ** 64
+
+
 @triton.jit
-def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 FAST: tl.constexpr):
     """Bytes [BLOCK_N, G, 16] and their groups' scales [BLOCK_N, G] -> weights [BLOCK_N, BLOCK_K]
-    in ``dtype``, K in order (a byte's low nibble, then its high one)."""
+    in ``dtype``, K in order (a byte's low nibble, then its high one). ``FAST`` (bf16 on Hopper:
+    ``mxfp4.decode_bf16``, the scale in the same packed multiply): the weights times
+    ``2 ** -64``, which keeps the scale's bf16 multiplier ``2 ** (s - 1 - 64)`` in range for
+    every scale up to ``2 ** 65`` (``2 ** (s - 1)`` would overflow from ``2 ** 2``)."""
+    if FAST:
+        mult = bf16x2_pow2(s.to(tl.int32) - 1 - _UNDER_SHIFT)
+        lo, hi = decode_bf16(packed, tl.broadcast_to(mult[:, :, None], packed.shape))
+        return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
     lo, hi = decode_pair(packed, tl.float32)
     scale = e8m0(s)[:, :, None]
     return tl.reshape(tl.join((lo * scale).to(dtype), (hi * scale).to(dtype)), (BLOCK_N, BLOCK_K))
@@ -161,7 +184,7 @@ def moe_gemm_mx_wide_kernel(
     n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, FAST: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
 ):
     """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill, and decode batches from about
@@ -189,26 +212,31 @@ def moe_gemm_mx_wide_kernel(
     for k in range(tl.cdiv(k_dim, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
-            w = _scaled_tile(tl.load(w_ptrs), tl.load(s_ptrs), dt, BLOCK_N, BLOCK_K)
+            w = _scaled_tile(tl.load(w_ptrs), tl.load(s_ptrs), dt, BLOCK_N, BLOCK_K, FAST)
         else:
             g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
             a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None], other=0.0)
             w = _scaled_tile(tl.load(w_ptrs, mask=g_ok[None, :, None], other=0),
-                             tl.load(s_ptrs, mask=g_ok[None, :], other=0), dt, BLOCK_N, BLOCK_K)
+                             tl.load(s_ptrs, mask=g_ok[None, :], other=0), dt, BLOCK_N, BLOCK_K,
+                             FAST)
         acc = tl.dot(w, a, acc, input_precision=PRECISION)
         if GATED:
             if EVEN_K:
                 w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn),
-                                 tl.load(s_ptrs + n_out * stride_sn), dt, BLOCK_N, BLOCK_K)
+                                 tl.load(s_ptrs + n_out * stride_sn), dt, BLOCK_N, BLOCK_K,
+                                 FAST)
             else:
                 w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn, mask=g_ok[None, :, None],
                                          other=0),
                                  tl.load(s_ptrs + n_out * stride_sn, mask=g_ok[None, :], other=0),
-                                 dt, BLOCK_N, BLOCK_K)
+                                 dt, BLOCK_N, BLOCK_K, FAST)
             acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 2
         s_ptrs += G
+    if FAST:
+        acc *= _UNDER
+        acc_up *= _UNDER
     epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)

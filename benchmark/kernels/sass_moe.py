@@ -60,7 +60,9 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
                  "GROUP_M": 1, "PRECISION": "tf32", "FAST": fast}, rows or 16)
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
             {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
-             "EVEN_K": False, "PRECISION": "tf32", "FAST": fast}, rows or 64)
+             "EVEN_K": False, "PRECISION": "tf32", "FAST": fast,
+             "PERMUTE": bk % 64 == 0 and (rows or 64) <= 32},
+            rows or 64)
 
 
 def loop_opcodes(sass: str) -> collections.Counter:

@@ -22,6 +22,7 @@ import bench_moe
 import torch
 from bench_moe import graph_ms, inputs
 
+import minisgl.kernel.triton.fused_moe as fused_moe_module
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.kernel.triton.moe_configs import DIR, file_name
 
@@ -59,8 +60,12 @@ def main() -> None:
     p.add_argument("--mxfp4", action="store_true")
     p.add_argument("--budget", type=float, default=180.0, help="seconds for the whole run")
     p.add_argument("--write", action="store_true", help="into the package's moe_configs")
+    p.add_argument("--unpermuted", action="store_true",
+                   help="the swapped kernel's small row blocks in K order (to compare)")
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
+    if a.unpermuted:
+        fused_moe_module.PERMUTE_MAX_ROWS = 0
     if a.mxfp4:
         bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
     h, inter, e, k = bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K

@@ -96,6 +96,20 @@ def test_fused_moe_mxfp4_ragged_k_and_no_down_bias(config):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("config", [MoeConfig(16, 32, 32, 64, 1, 4, 2, swapped=True),
+                                    MoeConfig(32, 16, 64, 128, 2, 4, 2, swapped=True)],
+                         ids=["rows16_k64", "rows32_k128"])
+def test_fused_moe_mxfp4_permuted_operand_order(config):
+    """16- and 32-row blocks on the swapped kernel take their tiles' columns in ``operand_k``'s
+    order and x's rows with them (float16: float32 tiles cap BLOCK_K at 32, below one 64-value
+    block). Hidden 160: GEMM 1's last K step holds one whole 64-value block and a masked half
+    one (or 32 of 128 values); GEMM 2's K of 64 is one block."""
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(19, 160, 64, 5, 2, torch.float16, seed=7)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, w13, w2, weights, ids, config=config, scales=scales, bias=bias, act=GPT_OSS)
+    torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
+
+
 def test_fused_moe_mxfp4_fp16():
     x, w13, w2, weights, ids, scales, bias = mx_inputs(17, 64, 32, 8, 4, torch.float16, seed=2)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
@@ -116,13 +130,15 @@ def test_fused_moe_dense_bias_and_clamped_swiglu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, MoeConfig(1, 16, 16, 256, 1, 4, 3)],
-                         ids=["picked", "gemv"])
-@pytest.mark.parametrize("tokens", [1, 64, 700])
+@pytest.mark.parametrize("config", [None, MoeConfig(1, 16, 16, 256, 1, 4, 3),
+                                    MoeConfig(16, 128, 128, 64, 1, 4, 4, swapped=True)],
+                         ids=["picked", "gemv", "swapped16"])
+@pytest.mark.parametrize("tokens", [1, 64, 256, 700])
 def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens, config):
     """gpt-oss-20b's experts (32 x 2880 x 2880, top 4) in bf16 against the dequantizing
-    reference: within bf16's rounding of two GEMMs; the tiles ``pick_config`` picks and the GEMV
-    kernel's."""
+    reference: within bf16's rounding of two GEMMs; the tiles ``pick_config`` picks, the GEMV
+    kernel's, and 16-row blocks on the swapped kernel (its permuted operand order, decoded in
+    PTX on Hopper)."""
     e, h, inter, top_k = 32, 2880, 2880, 4
     g = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()

@@ -139,6 +139,12 @@ def _moe_gemm_kernel(
              GELU)
 
 
+# MXFP4 row blocks up to this many on the swapped kernel take its permuted operand order
+# (``moe_mxfp4.operand_k``): x's rows are then gathered by pointer, and past 32 rows those pointers
+# spill (``benchmark/kernels/sass_moe.py``); ``tune_moe.py --unpermuted`` sets 0 to compare
+PERMUTE_MAX_ROWS = 32
+
+
 def _ptx_decode(a: torch.Tensor) -> bool:
     """MXFP4 tiles decode in PTX (``mxfp4.decode_bf16``: Hopper's packed bf16 multiply) for bf16
     activations on sm_90 and later."""
@@ -180,7 +186,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
             del meta[name]
         moe_gemv_mx_kernel[grid](*args, **meta)
     elif mx and (cfg.swapped if cfg.swapped is not None else cfg.block_m > 32):
-        moe_gemm_mx_wide_kernel[grid](*args, FAST=_ptx_decode(a), **meta)
+        permute = block_k % 64 == 0 and cfg.block_m <= PERMUTE_MAX_ROWS
+        moe_gemm_mx_wide_kernel[grid](*args, FAST=_ptx_decode(a), PERMUTE=permute, **meta)
     elif mx:
         del meta["BLOCK_K"], meta["EVEN_K"]
         moe_gemm_mx_kernel[grid](*args, GROUPS=mx_groups(k_dim, cfg.block_k),

@@ -10,8 +10,10 @@ step is whole 32-value groups, each group's bytes decode without their scale, tw
 16 (x's even and odd columns) give its partial sums and one multiply by the scale adds them in;
 no mask, since K is a multiple of 32. Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps
 the operands so that the decoded, scaled weights feed the tensor cores from registers, and one
-dot of depth ``BLOCK_K`` does a step. Which block size wins where is measured (``moe_configs``,
-``benchmark/kernels/tune_moe.py``).
+dot of depth ``BLOCK_K`` does a step; 16- and 32-row blocks can take it too (``MoeConfig.swapped``),
+their tiles' columns then in the order that gives each thread adjacent operand bytes
+(``operand_k``). bf16 tiles on Hopper decode in PTX (``FAST``: ``mxfp4.decode_bf16``). Which
+kernel and block size win where is measured (``moe_configs``, ``benchmark/kernels/tune_moe.py``).
 """
 
 from __future__ import annotations
@@ -163,19 +165,36 @@ _UNDER = tl.constexpr(1.8446744073709552e19)  # 2 ** 64
 
 @triton.jit
 def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 FAST: tl.constexpr):
+                 FAST: tl.constexpr, PERMUTE: tl.constexpr):
     """Bytes [BLOCK_N, G, 16] and their groups' scales [BLOCK_N, G] -> weights [BLOCK_N, BLOCK_K]
-    in ``dtype``, K in order (a byte's low nibble, then its high one). ``FAST`` (bf16 on Hopper:
-    ``mxfp4.decode_bf16``, the scale in the same packed multiply): the weights times
-    ``2 ** -64``, which keeps the scale's bf16 multiplier ``2 ** (s - 1 - 64)`` in range for
-    every scale up to ``2 ** 65`` (``2 ** (s - 1)`` would overflow from ``2 ** 2``)."""
+    in ``dtype``, K in order (a byte's low nibble, then its high one), or with ``PERMUTE`` in the
+    order ``operand_k`` names. ``FAST`` (bf16 on Hopper: ``mxfp4.decode_bf16``, the scale in the
+    same packed multiply): the weights times ``2 ** -64``, which keeps the scale's bf16
+    multiplier ``2 ** (s - 1 - 64)`` in range for every scale up to ``2 ** 65``
+    (``2 ** (s - 1)`` would overflow from ``2 ** 2``)."""
     if FAST:
         mult = bf16x2_pow2(s.to(tl.int32) - 1 - _UNDER_SHIFT)
         lo, hi = decode_bf16(packed, tl.broadcast_to(mult[:, :, None], packed.shape))
-        return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
-    lo, hi = decode_pair(packed, tl.float32)
-    scale = e8m0(s)[:, :, None]
-    return tl.reshape(tl.join((lo * scale).to(dtype), (hi * scale).to(dtype)), (BLOCK_N, BLOCK_K))
+    else:
+        lo, hi = decode_pair(packed, tl.float32)
+        scale = e8m0(s)[:, :, None]
+        lo, hi = (lo * scale).to(dtype), (hi * scale).to(dtype)
+    w = tl.join(lo, hi)  # [BLOCK_N, G, 16, 2]: byte c's two values
+    if PERMUTE:  # byte c = 8 q + 2 t + s of each 32 becomes operand pair 8 t + 4 s + q
+        w = tl.permute(tl.reshape(w, (BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2)), (0, 1, 3, 4, 2, 5))
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def operand_k(j):
+    """Column ``j`` of a ``PERMUTE``d tile -> its K. An MMA operand register holds two K-adjacent
+    values, one MXFP4 byte, and a thread's next register is 8 values (4 bytes) on: in K order a
+    thread's bytes are 4 apart and reach its registers one at a time. Within each 64 values the
+    tile's pair ``8 t + 4 s + q`` is K's pair ``8 q + 2 t + s``, so that the bytes a thread
+    holds (its ``q``) are 8 adjacent ones; x's rows are read in the same order, and the dot's
+    sum is unchanged."""
+    p = (j % 64) // 2
+    return (j // 64) * 64 + 2 * (8 * (p % 4) + 2 * (p // 8) + (p // 4) % 2) + j % 2
 
 
 @triton.jit
@@ -185,7 +204,8 @@ def moe_gemm_mx_wide_kernel(
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, FAST: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+    PERMUTE: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
+    GELU: tl.constexpr = False,
 ):
     """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill, and decode batches from about
     64 rows an expert), the operands swapped: ``out^T = w . x^T``. The decoded weights are the
@@ -193,7 +213,8 @@ def moe_gemm_mx_wide_kernel(
     which spans the 64-row instruction with output columns; the tokens, however few, are the
     16-wide right operand. Every load is contiguous: a K step's bytes as [BLOCK_N, groups, 16],
     one scale per group, x's rows whole; the two nibbles of a byte are joined into K order in
-    registers, so one dot of depth ``BLOCK_K`` does the step."""
+    registers, so one dot of depth ``BLOCK_K`` does the step. ``PERMUTE`` (``BLOCK_K`` a multiple
+    of 64): the tile's columns in ``operand_k``'s order, x's rows with them."""
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -202,7 +223,8 @@ def moe_gemm_mx_wide_kernel(
     G: tl.constexpr = BLOCK_K // 32
     offs_k = tl.arange(0, BLOCK_K)
     offs_g = tl.arange(0, G)
-    a_ptrs = a_ptr + row[None, :] * stride_am + offs_k[:, None]
+    k_of = operand_k(offs_k) if PERMUTE else offs_k  # x's row for each of the tile's columns
+    a_ptrs = a_ptr + row[None, :] * stride_am + k_of[:, None]
     w_ptrs = (w_ptr + expert * stride_we + offs_n_safe[:, None, None] * stride_wn
               + (16 * offs_g)[None, :, None] + tl.arange(0, 16)[None, None, :])
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
@@ -212,24 +234,25 @@ def moe_gemm_mx_wide_kernel(
     for k in range(tl.cdiv(k_dim, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
-            w = _scaled_tile(tl.load(w_ptrs), tl.load(s_ptrs), dt, BLOCK_N, BLOCK_K, FAST)
+            w = _scaled_tile(tl.load(w_ptrs), tl.load(s_ptrs), dt, BLOCK_N, BLOCK_K, FAST,
+                             PERMUTE)
         else:
             g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
-            a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None], other=0.0)
+            a = tl.load(a_ptrs, mask=(k_of < k_dim - k * BLOCK_K)[:, None], other=0.0)
             w = _scaled_tile(tl.load(w_ptrs, mask=g_ok[None, :, None], other=0),
                              tl.load(s_ptrs, mask=g_ok[None, :], other=0), dt, BLOCK_N, BLOCK_K,
-                             FAST)
+                             FAST, PERMUTE)
         acc = tl.dot(w, a, acc, input_precision=PRECISION)
         if GATED:
             if EVEN_K:
                 w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn),
                                  tl.load(s_ptrs + n_out * stride_sn), dt, BLOCK_N, BLOCK_K,
-                                 FAST)
+                                 FAST, PERMUTE)
             else:
                 w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn, mask=g_ok[None, :, None],
                                          other=0),
                                  tl.load(s_ptrs + n_out * stride_sn, mask=g_ok[None, :], other=0),
-                                 dt, BLOCK_N, BLOCK_K, FAST)
+                                 dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
             acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 2

@@ -10,8 +10,8 @@ its two values; read as 32-bit words (``decode_nibble``), a value costs two shif
 
 On Hopper, bf16 tiles decode in PTX (``decode_bf16``): four bytes spread over two registers
 (``prmt``) put each nibble at the top of a 16-bit half, a shift and two masks place two values at
-once, and one packed bf16 multiply (``mul.rn.bf16x2``) scales them: about 2.5 instructions a
-value, against 6-8 in float32 and a conversion.
+once, and one packed bf16 multiply (``mul.rn.bf16x2``) scales them: fewer instructions than the
+float32 path and its conversion.
 """
 
 from __future__ import annotations

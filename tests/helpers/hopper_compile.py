@@ -164,12 +164,35 @@ def _pdl_kernels():
                                  USE_PDL=True, HAS_SINKS=True), 4
 
 
+def _mxfp4_kernels():
+    """The MXFP4 MoE GEMMs at gpt-oss's gated tile (bf16 x, biases, clamped SwiGLU) with their
+    PTX decoding (``FAST``): the small-batch kernel, the swapped one at 16-row blocks (permuted
+    operand order) and at 64, and the GEMV."""
+    from minisgl.kernel.triton import moe_mxfp4
+
+    sig = dict(a_ptr="*bf16", w_ptr="*u8", out_ptr="*bf16", weights_ptr="*fp32",
+               sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*u8",
+               bias_ptr="*bf16", n_pairs="i32", n_out="i32", k_dim="i32", top_k="i32",
+               n_blocks_m="i32", alpha="fp32", limit="fp32", stride_am="i32", stride_we="i32",
+               stride_wn="i32", stride_om="i32", stride_se="i32", stride_sn="i32",
+               stride_be="i32")
+    common = dict(GATED=True, HAS_BIAS=True, CLAMPED=True, GELU=False)
+    yield moe_mxfp4.moe_gemm_mx_kernel, sig, dict(common, BLOCK_M=16, BLOCK_N=64, GROUPS=6,
+        GROUP_M=1, PRECISION="tf32", FAST=True), 4
+    for rows, permute in ((16, True), (64, False)):
+        yield moe_mxfp4.moe_gemm_mx_wide_kernel, sig, dict(common, BLOCK_M=rows, BLOCK_N=128,
+            BLOCK_K=64, GROUP_M=1, EVEN_K=False, PRECISION="tf32", FAST=True,
+            PERMUTE=permute), 4
+    yield moe_mxfp4.moe_gemv_mx_kernel, sig, dict(common, BLOCK_N=4, BLOCK_K=1024,
+        EVEN_K=False), 1
+
+
 def main(suite: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels}[suite]
+    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "mxfp4": _mxfp4_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
         fn = getattr(kernel, "fn", kernel)
         missing = set(kernel.arg_names) - set(sig) - set(consts)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import mxfp4 as ref_mx
+from helpers.hopper_compile import compile_for_hopper
 from helpers.interpreter import import_triton
 
 triton = import_triton()
@@ -174,6 +175,16 @@ def test_decode_nibble_every_code_at_every_position():
     out = torch.empty(16, 8, dtype=torch.float32, device=DEV)
     _decode_words[(1,)](words.to(DEV), out)
     torch.testing.assert_close(out.cpu(), ref_mx.VALUES[nibbles], rtol=0, atol=0)
+
+
+def test_the_ptx_decoding_compiles_for_hopper(tmp_path):
+    """The MXFP4 GEMMs with their PTX decoding (``mxfp4.decode_bf16``, which the interpreter
+    cannot run) through Triton's compiler and ptxas for sm_90: the small-batch kernel, the
+    swapped one with and without its permuted operand order, the GEMV."""
+    cubins = compile_for_hopper(tmp_path, "mxfp4")
+    assert [line.split()[1] for line in cubins] == [
+        "moe_gemm_mx_kernel", "moe_gemm_mx_wide_kernel", "moe_gemm_mx_wide_kernel",
+        "moe_gemv_mx_kernel"], cubins
 
 
 @triton.jit

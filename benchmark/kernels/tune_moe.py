@@ -37,9 +37,11 @@ GEMV = [(1, 16, 16, 256, 1, 4, 3), (1, 32, 32, 256, 1, 4, 3), (1, 16, 16, 512, 1
         (1, 8, 8, 512, 1, 2, 2), (1, 32, 32, 128, 1, 8, 3), (1, 16, 16, 1024, 1, 4, 2),
         (1, 8, 8, 1024, 1, 2, 2), (1, 8, 8, 256, 1, 1, 3), (1, 16, 16, 256, 1, 2, 3),
         (1, 4, 4, 1024, 1, 1, 2)]
+# MXFP4 from one token: the swapped kernel decodes each weight once a row block, as the GEMV
+# does, but in PTX, and leaves the multiply-adds to the tensor cores
 SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),
            (16, 128, 128, 128, 1, 4, 3, True), (32, 128, 128, 64, 4, 4, 4, True),
-           (32, 64, 64, 128, 4, 4, 3, True)]
+           (32, 64, 64, 128, 4, 4, 3, True), (16, 64, 64, 256, 1, 4, 3, True)]
 MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256, 4, 4, 3),
        (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
@@ -50,7 +52,7 @@ TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E:
 def candidates(rows: float, mx: bool) -> list[MoeConfig]:
     table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
              else BIG)
-    if mx and 1 < rows <= 64:
+    if mx and rows <= 64:
         table = table + SWAPPED
     return [MoeConfig(*c) for c in table]
 

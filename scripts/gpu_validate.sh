@@ -31,6 +31,9 @@
 #   scripts/gpu_validate.sh moe-tune   OUT  # tune the MXFP4 MoE tiles for this GPU
 #                                           # (tune_moe.py --mxfp4 --write: copy the table from
 #                                           # OUT into python/minisgl/kernel/triton/moe_configs)
+#   scripts/gpu_validate.sh moe-ab     OUT  # moe-tune twice in one call: the swapped kernel's
+#                                           # 16/32-row blocks in K order (OUT/unpermuted), then
+#                                           # in their permuted operand order
 #   scripts/gpu_validate.sh hybrid-tests OUT  # hybrid models on CUDA: the in-place state kernels,
 #                                           # the Triton backend vs torch, greedy parity (fp32)
 #   scripts/gpu_validate.sh hybrid     OUT  # the state kernels against bandwidth; Qwen3.5-9B:
@@ -184,6 +187,12 @@ gpt-oss-profile)
         grep -A14 "per decode step" "$out/profile_gpt-oss-20b_bs$bs.log"
     done ;;
 moe-tune)
+    step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
+        >"$out/tune_moe.log" 2>&1
+    tail -3 "$out/tune_moe.log" ;;
+moe-ab)  # the swapped kernel's small row blocks in K order, then in the permuted operand order
+    step 200 "$py" benchmark/kernels/tune_moe.py --mxfp4 --unpermuted --budget 170 \
+        --out "$out/unpermuted" >"$out/tune_moe_unpermuted.log" 2>&1
     step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
         >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
@@ -423,8 +432,9 @@ fi|fi-tests|fi-kernels|fi-offline)
         2>/dev/null; } | tee -a "$out/fi_versions.txt" ;;
 *)
     echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
-         "hybrid|hybrid-online|images|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|spec|spec-hybrid|" \
-         "short-behind-long|first-minute|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
+         "hybrid|hybrid-online|images|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|gpt-oss-profile|" \
+         "moe-tune|moe-ab|spec|spec-eagle3|spec-hybrid|short-behind-long|first-minute|" \
+         "autotune-choices|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
     exit 2 ;;
 esac
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

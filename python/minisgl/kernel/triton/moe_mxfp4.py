@@ -180,7 +180,7 @@ def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K:
         scale = e8m0(s)[:, :, None]
         lo, hi = (lo * scale).to(dtype), (hi * scale).to(dtype)
     w = tl.join(lo, hi)  # [BLOCK_N, G, 16, 2]: byte c's two values
-    if PERMUTE:  # byte c = 8 q + 2 t + s of each 32 becomes operand pair 8 t + 4 s + q
+    if PERMUTE:  # byte c = 8 q + 2 t + h of each 32 becomes operand pair 8 t + 4 h + q
         w = tl.permute(tl.reshape(w, (BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2)), (0, 1, 3, 4, 2, 5))
     return tl.reshape(w, (BLOCK_N, BLOCK_K))
 
@@ -190,7 +190,7 @@ def operand_k(j):
     """Column ``j`` of a ``PERMUTE``d tile -> its K. An MMA operand register holds two K-adjacent
     values, one MXFP4 byte, and a thread's next register is 8 values (4 bytes) on: in K order a
     thread's bytes are 4 apart and reach its registers one at a time. Within each 64 values the
-    tile's pair ``8 t + 4 s + q`` is K's pair ``8 q + 2 t + s``, so that the bytes a thread
+    tile's pair ``8 t + 4 h + q`` is K's pair ``8 q + 2 t + h``, so that the bytes a thread
     holds (its ``q``) are 8 adjacent ones; x's rows are read in the same order, and the dot's
     sum is unchanged."""
     p = (j % 64) // 2

@@ -219,7 +219,7 @@ class EngineOptions:
         warm = self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda")
         spec = self.spec_config()
         if spec is not None and spec.method == "eagle3":  # a bad draft fails here, not in a rank
-            from minisgl.models.eagle3 import read_config
+            from minisgl.models.eagle3_config import read_config
 
             read_config(spec.model, ModelConfig.from_path(model_path))
         engine = EngineConfig(

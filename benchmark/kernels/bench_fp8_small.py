@@ -48,7 +48,8 @@ from bench_fp8 import channel_weights, copy_bandwidth  # noqa: E402
 from bench_gemv import L2_FLUSH_BYTES, time_graph  # noqa: E402
 
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
-from minisgl.kernel.triton.fp8_w8a16 import W8A16Config, fp8_w8a8_gemm, fp8_w8a16_gemm, pick_config  # noqa: E402
+from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm, fp8_w8a16_gemm  # noqa: E402
+from minisgl.kernel.triton.fp8_w8a16_config import W8A16Config, pick_config  # noqa: E402
 from minisgl.layers.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from minisgl.quant.fp8 import dequantize_channel  # noqa: E402
 from minisgl.quant.fp8_dispatch import fp8_linear  # noqa: E402

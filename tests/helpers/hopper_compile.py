@@ -43,6 +43,7 @@ def _fp8_kernels():
         fp8_gemv,
         fp8_quant,
         fp8_w8a16,
+        fp8_w8a16_config,
         fused_moe,
         rotary,
     )
@@ -83,7 +84,7 @@ def _fp8_kernels():
     for (m, n, k, gated), channel, a8 in itertools.chain(
             itertools.product(w8a16_cases, (True, False), (False,)),
             itertools.product(w8a8_cases, (True, False), (True,))):
-        cfg = fp8_w8a16.pick_config(m, n, k, gated, x_bytes=1 if a8 else 2)
+        cfg = fp8_w8a16_config.pick_config(m, n, k, gated, x_bytes=1 if a8 else 2)
         if not channel:  # as ``_launch``: the tile within one 128x128 scale block
             cfg = replace(cfg, block_n=min(cfg.block_n, 128), block_k=min(cfg.block_k, 128))
         y_type = "*fp32" if cfg.split_k > 1 else "*bf16"  # split-K: fp32 partials
@@ -94,7 +95,8 @@ def _fp8_kernels():
             EVEN_K=m != 64 or a8, SPLIT=cfg.split_k > 1, DOT_PREC="tf32", BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=2 if a8 else 0,
             USE_PDL=a8), cfg.num_warps
-    cfg = fp8_w8a16.pick_config(16, 4096, 4096, x_bytes=4)  # fp32 x: 64-deep K steps, no prefetch
+    # fp32 x: 64-deep K steps, no prefetch
+    cfg = fp8_w8a16_config.pick_config(16, 4096, 4096, x_bytes=4)
     yield fp8_w8a16._w8a16_kernel, dict(w8a16_sig, x_ptr="*fp32", y_ptr="*fp32"), dict(
         CHANNEL=True, SCALE_BN=1, SCALE_BK=1, GATED=False, A8=False, HAS_BIAS=False, EVEN_M=True,
         EVEN_K=True, SPLIT=cfg.split_k > 1, DOT_PREC="ieee", BLOCK_M=cfg.block_m,

@@ -22,13 +22,8 @@ import triton  # noqa: E402
 
 from minisgl.kernel.triton.fp8_gemm import quantize_act  # noqa: E402
 from minisgl.kernel.triton.fp8_quant import quantize_tokens  # noqa: E402
-from minisgl.kernel.triton.fp8_w8a16 import (  # noqa: E402
-    SMS,
-    W8A16Config,
-    fp8_w8a8_gemm,
-    fp8_w8a16_gemm,
-    pick_config,
-)
+from minisgl.kernel.triton.fp8_w8a16 import fp8_w8a8_gemm, fp8_w8a16_gemm  # noqa: E402
+from minisgl.kernel.triton.fp8_w8a16_config import SMS, W8A16Config, pick_config  # noqa: E402
 from minisgl.layers.activation import silu_and_mul_ref  # noqa: E402
 from minisgl.quant.fp8 import (  # noqa: E402
     block_gemm_reference,

@@ -9,7 +9,7 @@ import pytest
 from minisgl.message import UserReply
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.call import Call
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 
 
 class QueuedFrontend:

@@ -46,7 +46,7 @@ def test_dummy_weights_need_only_the_config(checkpoints, tmp_path):
 def test_default_aux_layers():
     """Both engines' default: the inputs of layers 2, L/2 and L - 3, i.e. the outputs of 1,
     L/2 - 1 and L - 4; SGLang's ids count outputs, vLLM's top-level ids count inputs."""
-    from minisgl.models.eagle3 import aux_layers
+    from minisgl.models.eagle3_config import aux_layers
 
     assert aux_layers({}, 32) == (1, 15, 28)
     assert aux_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},

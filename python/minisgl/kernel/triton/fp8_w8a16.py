@@ -29,28 +29,29 @@ W8A8 (``fp8_w8a8_gemm``): the same program on e4m3 x quantized per token
 and the token's scales applied to the accumulator once. Per-channel bf16 layers run it for 2-256
 tokens: faster than the W8A16 form (no register conversion of the weight tile) and than
 ``torch._scaled_mm``, whose cuBLASLt tiles leave the layers with 4,096 rows (o, down) ~32 tiles
-for 132 SMs; here the tokens are cut into as many tiles as one wave holds (``_w8a8_config``). The
-price is x's rounding to e4m3 (what vLLM's and SGLang's FP8 layers do): ~2.5e-2 relative error
-against ~2.7e-3 for the W8A16 form. With block scales (FP8 checkpoints) x comes quantized per
-token and 128 columns (``fp8_gemm.quantize_act``) and each K step adds its dot times the block's
-scale and its tokens' group scales (loaded a step ahead) to the fp32 accumulator.
+for 132 SMs; here the tokens are cut into as many tiles as one wave holds
+(``fp8_w8a16_config``). The price is x's rounding to e4m3 (what vLLM's and SGLang's FP8 layers
+do): ~2.5e-2 relative error against ~2.7e-3 for the W8A16 form. With block scales (FP8
+checkpoints) x comes quantized per token and 128 columns (``fp8_gemm.quantize_act``) and each K
+step adds its dot times the block's scale and its tokens' group scales (loaded a step ahead) to
+the fp32 accumulator.
 
 ``gated=True`` reads x as ``[gate | up]`` and multiplies by ``silu(gate) * up``, rounded as
-``gemv.load_x`` rounds (as the unfused SiLU-and-mul would). Configs come from ``pick_config`` (no
-autotuning: the layers run inside CUDA-graph capture); ``benchmark/kernels/bench_fp8_small.py
---sweep`` times a grid of them.
+``gemv.load_x`` rounds (as the unfused SiLU-and-mul would). Configs come from
+``fp8_w8a16_config.pick_config`` (no autotuning: the layers run inside CUDA-graph capture);
+``benchmark/kernels/bench_fp8_small.py --sweep`` times a grid of them.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl as pdl_
+from .fp8_w8a16_config import SMS, W8A16Config, pick_config, sm_count
 from .gemv import load_x
 from .pdl import release, wait
 
@@ -154,16 +155,6 @@ def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS: tl.constexpr, HAS_BIA
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-@dataclass(frozen=True)
-class W8A16Config:
-    block_m: int
-    block_n: int
-    block_k: int = 128
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-
-
 # NOTE: Hopper's FP8 MMA accumulates with fewer mantissa bits than fp32, and Triton chains it over
 # all of K (CUTLASS's "FP8FastAccum" schedules, which vLLM's and SGLang's FP8 GEMMs run; and
 # ``torch._scaled_mm(use_fast_accum=True)`` in ``quant.fp8_dispatch``). Adding each K step's sum to
@@ -176,61 +167,6 @@ class W8A16Config:
 # runs. Two steps were the fastest of 0-5 offline on an H100 (docs/performance.md); as many as the
 # pipeline's stages crowd the L2 the kernel before is still using.
 PREFETCH_STEPS = 2
-
-SMS = 132  # an H100's (and H200's) SMs: what the rules below were fitted on
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    """The device's SMs, for the split-K and M-tile rules (another GPU than the H100 they were
-    fitted on still fills its own SMs)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def pick_config(m: int, n: int, k: int, gated: bool = False, x_bytes: int = 2,
-                sms: int = SMS) -> W8A16Config:
-    """Fitted to ``bench_fp8_small.py --sweep`` on an H100 (Qwen3-8B's layers, M = 4, 16, 64, 128;
-    the chosen tiles are the best or within ~10% of it). One M tile up to 128 tokens (more: several
-    M tiles, whose programs share each weight tile through L2). 64-row N tiles with 4 warps; 128
-    rows with 8 warps at <= 8 tokens, and for a gated input beyond 16 (its SiLU-and-mul is
-    recomputed by every N tile). Split-K up to 4, as long as there are at most ~4 programs per
-    SM: a program streams its weight at only ~7 GB/s (per-warp latency of the e4m3 -> bf16
-    operand path), so the small layers need many programs. fp32 activations (tests, fp32 models)
-    take half as deep K steps and two stages to fit in shared memory. e4m3 activations
-    (``x_bytes=1``) take ``_w8a8_config``. ``sms``: the device's SMs."""
-    if x_bytes == 1:
-        return _w8a8_config(m, n, sms)
-    block_m = min(128, max(16, triton.next_power_of_2(m)))
-    block_n, warps = (128, 8) if m <= 8 or gated and m > 16 else (64, 4)
-    block_k, stages = (128, 3) if x_bytes == 2 else (64, 2)
-    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    split = 4
-    while split > 1 and (tiles * split > 4 * sms or k // (block_k * split) < 4):
-        split //= 2
-    return W8A16Config(block_m, block_n, block_k, split, warps, stages)
-
-
-def _w8a8_config(m: int, n: int, sms: int) -> W8A16Config:
-    """The W8A8 form's tiles, from ``bench_fp8_small.py --sweep w8a8`` and ``w8a8-wide`` (H100,
-    Qwen3-8B's layers, M = 64, 128, 256: each choice the best of its (layer, M) or within 2% of
-    it). No split. While the 64-row N tiles make at most one wave, the tokens are cut into as many
-    M tiles as still fit in it (o and down at 64-128 tokens: 128 programs, not 64; up to 11%
-    faster) and a program streams 256-deep K steps through 4-5 stages; more tiles (gate-up; qkv
-    at 256 tokens) take 128-deep steps, with 128-row tiles and 8 warps beyond one M tile.
-
-    Larger tiles over split K, which read x from L2 fewer times, are slower (the partials' sum
-    costs more than the re-reads save). At 8-32 tokens these tiles are within 2% of the best of a
-    sweep that adds 32- and 128-row N tiles and split K (``bench_fp8_small.py --sweep
-    w8a8-small``)."""
-    tiles_n = triton.cdiv(n, 64)
-    block_m = min(128, max(16, triton.next_power_of_2(m)))
-    while block_m > 16 and tiles_n * triton.cdiv(m, block_m // 2) <= sms:
-        block_m //= 2
-    if tiles_n * triton.cdiv(m, block_m) <= sms:
-        return W8A16Config(block_m, 64, 256, 1, 4, 5 if block_m <= 64 else 4)
-    if m <= block_m:
-        return W8A16Config(block_m, 64, 128, 1, 4, 3)
-    return W8A16Config(block_m, 128, 128, 1, 8, 5)
 
 
 def fp8_w8a16_gemm(x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,

@@ -30,7 +30,8 @@ from minisgl.server.agents.chat_bridge import (
     strip_billing_header,
 )
 from minisgl.server.agents.images import anthropic_image
-from minisgl.server.openai.protocol import ApiError, parse
+from minisgl.server.openai.errors import ApiError
+from minisgl.server.openai.protocol import parse
 from minisgl.server.openai.request_context import check_model, read_json
 
 router = APIRouter()

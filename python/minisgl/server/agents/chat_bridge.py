@@ -23,8 +23,9 @@ from minisgl.params import SamplingParams
 from minisgl.server.agents.images import image_names
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.chat import run_chat
+from minisgl.server.openai.errors import ApiError
 from minisgl.server.openai.images import chat_images, load_images
-from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
+from minisgl.server.openai.protocol import ChatCompletionRequest, parse
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 

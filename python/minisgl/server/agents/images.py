@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from minisgl.multimodal.items import DETAILS, MediaError, check_keys
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 
 FIELD_KEY = "_field"
 MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's

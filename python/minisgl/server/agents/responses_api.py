@@ -31,7 +31,8 @@ from minisgl.server.agents.responses_input import bad, chat_format, input_messag
 from minisgl.server.agents.responses_store import ResponseStore, Stored
 from minisgl.server.agents.responses_stream import ResponseBuilder, _id
 from minisgl.server.agents.responses_tools import ResponsesTools
-from minisgl.server.openai.protocol import ApiError, parse
+from minisgl.server.openai.errors import ApiError
+from minisgl.server.openai.protocol import parse
 from minisgl.server.openai.request_context import (
     authorize,
     check_model,

@@ -10,7 +10,7 @@ from typing import Any
 from minisgl.server.agents.chat_bridge import strip_billing_header
 from minisgl.server.agents.images import responses_image
 from minisgl.server.agents.responses_tools import chat_name
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 
 
 def bad(param: str, message: str) -> ApiError:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 
 SEPARATOR = "__"
 

@@ -26,12 +26,12 @@ from minisgl.server.app.openapi import install_openapi
 from minisgl.server.config import ServerConfig
 from minisgl.server.openai import chat, completions, generate, structured
 from minisgl.server.openai.bodies import TokenTexts
+from minisgl.server.openai.errors import ApiError, error_body, param_path
 from minisgl.server.openai.frontend import FrontendManager
 from minisgl.server.openai.generation_defaults import load_sampling_defaults, log_defaults
 from minisgl.server.openai.images import PromptCounter, has_vision
 from minisgl.server.openai.metrics import MetricsMiddleware, ServerMetrics
 from minisgl.server.openai.options import check_options
-from minisgl.server.openai.protocol import ApiError, error_body, param_path
 from minisgl.server.openai.reasoning import ReasoningConfig
 from minisgl.server.openai.request_context import authorize, server_config
 from minisgl.server.openai.request_log import log_refused

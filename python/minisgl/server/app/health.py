@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 
 from minisgl.message import TokenizeMsg
 from minisgl.params import SamplingParams
+from minisgl.server.openai.errors import ApiError
 from minisgl.server.openai.frontend import FrontendManager
-from minisgl.server.openai.protocol import ApiError
 
 router = APIRouter()
 # a generous bound for one token behind a full batch; a slower one means the engine is stuck

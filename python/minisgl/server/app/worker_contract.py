@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 
 import minisgl
 from minisgl.message import SchedulerStatsMsg
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 from minisgl.server.openai.request_context import authorize, frontend_for, server_config
 
 router = APIRouter()

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.openai.bodies import ChoiceState, sse
-from minisgl.server.openai.protocol import ApiError, error_body
+from minisgl.server.openai.errors import ApiError, error_body
 from minisgl.server.openai.request_log import log_request
 from minisgl.utils import init_logger
 

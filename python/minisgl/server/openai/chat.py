@@ -19,9 +19,10 @@ from minisgl.message import UserReply
 from minisgl.server.openai import structured
 from minisgl.server.openai.bodies import ChoiceState, chat_logprobs, chunker, response, usage
 from minisgl.server.openai.call import respond
+from minisgl.server.openai.errors import ApiError
 from minisgl.server.openai.generation_defaults import apply_defaults
 from minisgl.server.openai.images import chat_images, load_images
-from minisgl.server.openai.protocol import ApiError, ChatCompletionRequest, parse
+from minisgl.server.openai.protocol import ChatCompletionRequest, parse
 from minisgl.server.openai.reasoning import delta_fields, message_fields
 from minisgl.server.openai.request_context import check_model, read_json, start_call, tool_parser
 from minisgl.server.openai.tools import ChatTools, tool_delta, tool_message

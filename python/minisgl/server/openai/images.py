@@ -25,7 +25,7 @@ from minisgl.multimodal.items import (
     split_images,
 )
 from minisgl.multimodal.processor import ImageProcessor
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 from minisgl.server.openai.request_context import server_config
 from minisgl.tokenizer.tokenize import TokenizeManager
 

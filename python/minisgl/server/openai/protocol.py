@@ -1,4 +1,5 @@
-"""OpenAI-compatible request models (the responses are built in ``responses.py``).
+"""OpenAI-compatible request models (the responses are built in ``bodies.py``, errors in
+``errors.py``).
 
 Requests are validated strictly (no "1" for 1, no true for 1.0), as OpenAI does, so that a client's
 mistake is a 400 naming the field instead of a silent coercion. A field that no model here declares
@@ -13,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from minisgl.params import SamplingParams
+from minisgl.server.openai.errors import ApiError, param_path
 from minisgl.server.openai.fields import check_fields
 from minisgl.server.openai.union_errors import first_error
 from minisgl.utils import init_logger
@@ -23,31 +25,6 @@ MAX_N = 128
 # the output limit of a request that sets none: the scheduler cuts it to what the context leaves
 # after the prompt (``clamp_max_tokens``), as OpenAI, vLLM and SGLang bound such a request
 TO_THE_WINDOW = 1 << 31
-
-
-class ApiError(Exception):
-    """An error answered as OpenAI's ``{"error": {...}}`` body with an HTTP status."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return error_body(self.message, kind, self.param, self.code)
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def param_path(loc: Any) -> str | None:
-    """A field's location as clients spell it: ``messages[0].content`` (None for the body)."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
-    return out or None
 
 
 def parse(model: type[M], data: Any) -> M:

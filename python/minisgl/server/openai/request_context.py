@@ -17,8 +17,8 @@ from minisgl.params import SamplingParams
 from minisgl.server.config import ServerConfig
 from minisgl.server.openai.bodies import ChoiceState
 from minisgl.server.openai.call import Call
+from minisgl.server.openai.errors import ApiError
 from minisgl.server.openai.frontend import FrontendManager
-from minisgl.server.openai.protocol import ApiError
 from minisgl.server.openai.tools import model_parser
 from minisgl.server.openai.validation import check_values, int64
 

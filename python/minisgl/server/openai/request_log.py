@@ -11,7 +11,7 @@ import time
 from typing import Any, Iterable
 
 from minisgl.server.openai.bodies import ChoiceState
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 from minisgl.utils import init_logger
 
 logger = init_logger(__name__)

@@ -11,7 +11,7 @@ import asyncio
 import json
 from typing import Any
 
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 
 Grammar = tuple[str, str, str]  # (SamplingParams field, source, request field to blame)
 

@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from minisgl.server.openai.protocol import ApiError
+from minisgl.server.openai.errors import ApiError
 from minisgl.server.openai.tool_parsers import TOOL_PARSERS, ToolCallStream, detect_parser
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

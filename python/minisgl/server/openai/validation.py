@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from minisgl.params import SamplingParams
-from minisgl.server.openai.protocol import ApiError, param_path
+from minisgl.server.openai.errors import ApiError, param_path
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 1024  # characters of one stop string

@@ -122,11 +122,11 @@ def _fp8_kernels():
             "stride_ob", "stride_oh")}), dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_D=128,
         BLOCK_N=64, DIRECT=False, DOT_PREC="tf32", HAS_ORDER=True, USE_PDL=True,
         HAS_SINKS=True), 4
-    yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32",
+    yield extend_attention._extend_kernel, dict(attn, Out="*bf16", CuSeqlens="*i32", Limits="*i32",
         qk_scale="fp32", v_scale="fp32", **{s: "i32" for s in ("stride_qt", "stride_qh",
         "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_ot", "stride_oh",
         "stride_pt")}), dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64,
-        DOT_PREC="tf32", WINDOWED=True, HAS_SINKS=True), 4
+        DOT_PREC="tf32", WINDOWED=True, HAS_SINKS=True, BLOCKS=False), 4
     yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
         cache_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16", kc_ptr="*fp8e4nv", vc_ptr="*fp8e4nv",
         loc_ptr="*i64", eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32", **{s: "i32" for s in (

@@ -56,37 +56,22 @@ def e8m0(s):
 # bf16 ``2 ** 126``, twice: the multiplier that makes ``decode_bf16``'s values the e2m1 values
 BF16X2_TWO126 = tl.constexpr(0x7E807E80)
 
-_DECODE_BF16 = tl.constexpr("""
-{
-.reg .b32 t, u, a, b, m, n;
-prmt.b32 m, $5, $6, 0x5410;
-prmt.b32 n, $7, $8, 0x5410;
-prmt.b32 t, $4, 0, 0x1404;
-prmt.b32 u, $4, 0, 0x3424;
-shr.b32 a, t, 6;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, t, 0x80008000;
-or.b32 a, a, b;
-mul.rn.bf16x2 $2, a, m;
-shr.b32 a, u, 6;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, u, 0x80008000;
-or.b32 a, a, b;
-mul.rn.bf16x2 $3, a, n;
-shl.b32 t, t, 4;
-shl.b32 u, u, 4;
-shr.b32 a, t, 6;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, t, 0x80008000;
-or.b32 a, a, b;
-mul.rn.bf16x2 $0, a, m;
-shr.b32 a, u, 6;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, u, 0x80008000;
-or.b32 a, a, b;
-mul.rn.bf16x2 $1, a, n;
-}
-""")
+
+def _place(src: str, out: str, mult: str) -> str:
+    """PTX: the nibbles at bits 12-15 and 28-31 of ``src`` -> bf16 pair ``out``, times ``mult``."""
+    return (f"shr.b32 a, {src}, 6;\nand.b32 a, a, 0x01C001C0;\nand.b32 b, {src}, 0x80008000;\n"
+            f"or.b32 a, a, b;\nmul.rn.bf16x2 {out}, a, {mult};\n")
+
+
+# outputs $0, $1: the low nibbles of bytes 0-1, 2-3; $2, $3: the high ones; $4: the four bytes;
+# $5-$8: each byte's multiplier pair (the pairs' low halves, joined as the values are)
+_DECODE_BF16 = tl.constexpr(
+    "{\n.reg .b32 t, u, a, b, m, n;\n"
+    "prmt.b32 m, $5, $6, 0x5410;\nprmt.b32 n, $7, $8, 0x5410;\n"
+    "prmt.b32 t, $4, 0, 0x1404;\nprmt.b32 u, $4, 0, 0x3424;\n"  # bytes 0, 1 (2, 3) at 8, 24
+    + _place("t", "$2", "m") + _place("u", "$3", "n")
+    + "shl.b32 t, t, 4;\nshl.b32 u, u, 4;\n"  # the low nibbles up to where the high ones were
+    + _place("t", "$0", "m") + _place("u", "$1", "n") + "}")
 
 
 @triton.jit

@@ -31,6 +31,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from minisgl.kernel.triton import moe_mxfp4  # noqa: E402
+from minisgl.kernel.triton.fused_moe import permuted_tile as permuted  # noqa: E402
 
 ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
     "a_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "weights_ptr": "*fp32",
@@ -47,8 +48,8 @@ ALIGNED = {"a_ptr", "w_ptr", "out_ptr", "weights_ptr", "sorted_ptr", "expert_ids
            "stride_wn", "stride_om", "stride_se", "stride_be"}
 
 
-def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = True
-           ) -> tuple[object, dict, int]:
+def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = True,
+           warps: int = 4) -> tuple[object, dict, int]:
     """(The JIT function, its constexprs, its rows per program) for ``name``; ``fast``: the
     tiles decode in PTX (``mxfp4.decode_bf16``), as bf16 on Hopper does."""
     if name == "gemv":
@@ -61,8 +62,7 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
             {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
              "EVEN_K": False, "PRECISION": "tf32", "FAST": fast,
-             "PERMUTE": bk % 64 == 0 and (rows or 64) <= 32},
-            rows or 64)
+             "PERMUTE": permuted(rows or 64, bn, bk, warps, True)}, rows or 64)
 
 
 def loop_opcodes(sass: str) -> collections.Counter:
@@ -102,7 +102,7 @@ def main() -> None:
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
-        fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode)
+        fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(ARGS) if arg in ALIGNED}
         signature = {**ARGS, **dict.fromkeys(consts, "constexpr")}
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts,

@@ -63,11 +63,11 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=180.0, help="seconds for the whole run")
     p.add_argument("--write", action="store_true", help="into the package's moe_configs")
     p.add_argument("--unpermuted", action="store_true",
-                   help="the swapped kernel's small row blocks in K order (to compare)")
+                   help="the swapped kernel's tiles in K order (to compare)")
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
     if a.unpermuted:
-        fused_moe_module.PERMUTE_MAX_ROWS = 0
+        fused_moe_module.PERMUTE = False
     if a.mxfp4:
         bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
     h, inter, e, k = bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K

@@ -139,10 +139,19 @@ def _moe_gemm_kernel(
              GELU)
 
 
-# MXFP4 row blocks up to this many on the swapped kernel take its permuted operand order
-# (``moe_mxfp4.operand_k``): x's rows are then gathered by pointer, and past 32 rows those pointers
-# spill (``benchmark/kernels/sass_moe.py``); ``tune_moe.py --unpermuted`` sets 0 to compare
-PERMUTE_MAX_ROWS = 32
+# the swapped MXFP4 kernel's tiles in the permuted operand order where they fit
+# (``permuted_tile``); ``tune_moe.py --unpermuted`` turns it off to compare
+PERMUTE = True
+
+
+def permuted_tile(block_m: int, block_n: int, block_k: int, warps: int, gated: bool) -> bool:
+    """Whether the swapped kernel's tile takes the permuted operand order
+    (``moe_mxfp4._operand_order``): x's K step then passes through registers, beside the decoded
+    weights and the accumulators; past about 192 values a thread the registers spill (the tiles'
+    machine code, ``benchmark/kernels/sass_moe.py``), where K order leaves x in shared memory."""
+    threads = 32 * warps
+    held = (block_n + block_m) * block_k // 2 + (2 if gated else 1) * block_n * block_m
+    return PERMUTE and block_k % 64 == 0 and held <= 192 * threads
 
 
 def _ptx_decode(a: torch.Tensor) -> bool:
@@ -186,7 +195,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
             del meta[name]
         moe_gemv_mx_kernel[grid](*args, **meta)
     elif mx and (cfg.swapped if cfg.swapped is not None else cfg.block_m > 32):
-        permute = block_k % 64 == 0 and cfg.block_m <= PERMUTE_MAX_ROWS
+        permute = permuted_tile(cfg.block_m, block_n, block_k, cfg.num_warps, gated)
         moe_gemm_mx_wide_kernel[grid](*args, FAST=_ptx_decode(a), PERMUTE=permute, **meta)
     elif mx:
         del meta["BLOCK_K"], meta["EVEN_K"]

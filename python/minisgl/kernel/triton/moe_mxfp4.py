@@ -12,7 +12,7 @@ no mask, since K is a multiple of 32. Larger blocks take ``moe_gemm_mx_wide_kern
 the operands so that the decoded, scaled weights feed the tensor cores from registers, and one
 dot of depth ``BLOCK_K`` does a step; 16- and 32-row blocks can take it too (``MoeConfig.swapped``),
 their tiles' columns then in the order that gives each thread adjacent operand bytes
-(``operand_k``). bf16 tiles on Hopper decode in PTX (``FAST``: ``mxfp4.decode_bf16``). Which
+(``_operand_order``). bf16 tiles on Hopper decode in PTX (``FAST``: ``mxfp4.decode_bf16``). Which
 kernel and block size win where is measured (``moe_configs``, ``benchmark/kernels/tune_moe.py``).
 """
 
@@ -168,9 +168,9 @@ def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K:
                  FAST: tl.constexpr, PERMUTE: tl.constexpr):
     """Bytes [BLOCK_N, G, 16] and their groups' scales [BLOCK_N, G] -> weights [BLOCK_N, BLOCK_K]
     in ``dtype``, K in order (a byte's low nibble, then its high one), or with ``PERMUTE`` in the
-    order ``operand_k`` names. ``FAST`` (bf16 on Hopper: ``mxfp4.decode_bf16``, the scale in the
-    same packed multiply): the weights times ``2 ** -64``, which keeps the scale's bf16
-    multiplier ``2 ** (s - 1 - 64)`` in range for every scale up to ``2 ** 65``
+    order ``_operand_order`` gives x's rows. ``FAST`` (bf16 on Hopper: ``mxfp4.decode_bf16``,
+    the scale in the same packed multiply): the weights times ``2 ** -64``, which keeps the
+    scale's bf16 multiplier ``2 ** (s - 1 - 64)`` in range for every scale up to ``2 ** 65``
     (``2 ** (s - 1)`` would overflow from ``2 ** 2``)."""
     if FAST:
         mult = bf16x2_pow2(s.to(tl.int32) - 1 - _UNDER_SHIFT)
@@ -186,15 +186,15 @@ def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def operand_k(j):
-    """Column ``j`` of a ``PERMUTE``d tile -> its K. An MMA operand register holds two K-adjacent
-    values, one MXFP4 byte, and a thread's next register is 8 values (4 bytes) on: in K order a
-    thread's bytes are 4 apart and reach its registers one at a time. Within each 64 values the
-    tile's pair ``8 t + 4 h + q`` is K's pair ``8 q + 2 t + h``, so that the bytes a thread
-    holds (its ``q``) are 8 adjacent ones; x's rows are read in the same order, and the dot's
-    sum is unchanged."""
-    p = (j % 64) // 2
-    return (j // 64) * 64 + 2 * (8 * (p % 4) + 2 * (p // 8) + (p // 4) % 2) + j % 2
+def _operand_order(x, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """x's K step [BLOCK_K, BLOCK_M] (rows in K order) -> its rows in a ``PERMUTE``d tile's
+    column order. An MMA operand register holds two K-adjacent values, one MXFP4 byte, and a
+    thread's next register is 8 values (4 bytes) on: in K order a thread's bytes are 4 apart and
+    reach its registers one at a time. Within each 64 values a ``PERMUTE``d tile's pair
+    ``8 t + 4 h + q`` is K's pair ``8 q + 2 t + h``, so that the bytes a thread holds (its
+    ``q``) are 8 adjacent ones; x's rows follow, so the dot's sum is unchanged."""
+    x = tl.permute(tl.reshape(x, (BLOCK_K // 64, 4, 4, 2, 2, BLOCK_M)), (0, 2, 3, 1, 4, 5))
+    return tl.reshape(x, (BLOCK_K, BLOCK_M))
 
 
 @triton.jit
@@ -214,7 +214,7 @@ def moe_gemm_mx_wide_kernel(
     16-wide right operand. Every load is contiguous: a K step's bytes as [BLOCK_N, groups, 16],
     one scale per group, x's rows whole; the two nibbles of a byte are joined into K order in
     registers, so one dot of depth ``BLOCK_K`` does the step. ``PERMUTE`` (``BLOCK_K`` a multiple
-    of 64): the tile's columns in ``operand_k``'s order, x's rows with them."""
+    of 64): the tile's columns and x's rows in ``_operand_order``'s order."""
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -223,8 +223,7 @@ def moe_gemm_mx_wide_kernel(
     G: tl.constexpr = BLOCK_K // 32
     offs_k = tl.arange(0, BLOCK_K)
     offs_g = tl.arange(0, G)
-    k_of = operand_k(offs_k) if PERMUTE else offs_k  # x's row for each of the tile's columns
-    a_ptrs = a_ptr + row[None, :] * stride_am + k_of[:, None]
+    a_ptrs = a_ptr + row[None, :] * stride_am + offs_k[:, None]
     w_ptrs = (w_ptr + expert * stride_we + offs_n_safe[:, None, None] * stride_wn
               + (16 * offs_g)[None, :, None] + tl.arange(0, 16)[None, None, :])
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
@@ -238,10 +237,12 @@ def moe_gemm_mx_wide_kernel(
                              PERMUTE)
         else:
             g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
-            a = tl.load(a_ptrs, mask=(k_of < k_dim - k * BLOCK_K)[:, None], other=0.0)
+            a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None], other=0.0)
             w = _scaled_tile(tl.load(w_ptrs, mask=g_ok[None, :, None], other=0),
                              tl.load(s_ptrs, mask=g_ok[None, :], other=0), dt, BLOCK_N, BLOCK_K,
                              FAST, PERMUTE)
+        if PERMUTE:
+            a = _operand_order(a, BLOCK_K, BLOCK_M)
         acc = tl.dot(w, a, acc, input_precision=PRECISION)
         if GATED:
             if EVEN_K:

@@ -36,8 +36,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import triton
+from decode_attention_fi import fi_decode_fns, fi_module, fi_prefill_ms, fi_tensor_cores
+from decode_attention_report import write
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
@@ -90,52 +93,6 @@ def eager_ms(fn, backend=None) -> float | None:
             return do_bench(fn, return_mode="median")
     except RuntimeError:
         return None
-
-
-def fi_module():
-    """flashinfer, or None (its columns are left out)."""
-    try:
-        import flashinfer
-    except ImportError as exc:
-        print(f"no fi columns: {exc}", flush=True)
-        return None
-    return flashinfer
-
-
-_FI_WORKSPACE: list[torch.Tensor] = []
-
-
-def fi_workspace() -> torch.Tensor:
-    if not _FI_WORKSPACE:
-        _FI_WORKSPACE.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
-    return _FI_WORKSPACE[0]
-
-
-def fi_tensor_cores(q, k_cache) -> bool:
-    """The backend's choice (``attention/fi_backend.py``): FP8 K/V or a GQA group of 4 or more."""
-    return k_cache.dtype != q.dtype or q.shape[1] // k_cache.shape[1] >= 4
-
-
-def fi_decode_fns(fi, q, k_cache, v_cache, table, rows, ctx, scale,
-                  tensor_cores: bool | None = None) -> list:
-    """One planned FlashInfer decode per input copy (page size 1: a page per slot);
-    ``tensor_cores``: None for the backend's choice."""
-    bs, hq, dim = q.shape
-    hkv = k_cache.shape[1]
-    if tensor_cores is None:
-        tensor_cores = fi_tensor_cores(q, k_cache)
-    pages = (k_cache.view(-1, 1, hkv, dim), v_cache.view(-1, 1, hkv, dim))
-    indptr = torch.arange(0, (bs + 1) * ctx, ctx, dtype=torch.int32)
-    last = torch.ones(bs, dtype=torch.int32)
-    fns = []
-    for r in rows:
-        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-            fi_workspace(), "NHD", use_tensor_cores=tensor_cores)
-        wrapper.plan(indptr, table[r.long()].reshape(-1), last, hq, hkv, dim, 1, sm_scale=scale,
-                     q_data_type=q.dtype, kv_data_type=k_cache.dtype)
-        out = torch.empty_like(q)
-        fns.append(functools.partial(wrapper.run, q, pages, out=out))
-    return fns
 
 
 def run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi=None) -> dict:
@@ -202,21 +159,6 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi=None) -> dict:
 
 EXTEND_CFG = [(64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 4),
               (128, 64, 4, 2)]  # (block_m, block_n, warps, stages)
-
-
-def fi_prefill_ms(fi, q, kc, vc, table, bs, ext, prefix, scale) -> tuple[float, torch.Tensor]:
-    """FlashInfer's paged prefill (page size 1) of the same batch: median ms, its output."""
-    hkv, dim = kc.shape[1], kc.shape[2]
-    n = ext + prefix
-    wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(fi_workspace(), "NHD")
-    wrapper.plan(torch.arange(0, (bs + 1) * ext, ext, dtype=torch.int32),
-                 torch.arange(0, (bs + 1) * n, n, dtype=torch.int32), table.reshape(-1),
-                 torch.ones(bs, dtype=torch.int32), q.shape[1], hkv, dim, 1, causal=True,
-                 sm_scale=scale, q_data_type=q.dtype, kv_data_type=kc.dtype)
-    pages = (kc.view(-1, 1, hkv, dim), vc.view(-1, 1, hkv, dim))
-    out = torch.empty_like(q)
-    run = functools.partial(wrapper.run, q, pages, out=out)
-    return do_bench(run, return_mode="median"), run()
 
 
 def prefill_bench(sweep: bool, fi=None) -> list[dict]:
@@ -317,46 +259,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"{date}_decode_attention_{slug}"
                         + ("_fp8" if a.kv_dtype == "fp8" else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump(dict(meta=meta, decode=results, prefill=prefill), f, indent=1)
-    lines = [f"# Decode attention: paged Triton vs dense SDPA, {gpu}, {date}", "",
-             f"bf16, page size 1 (shuffled slots), torch {torch.__version__}, triton "
-             f"{triton.__version__}. Times are per call, replayed from a CUDA graph (how the "
-             "engine runs decode) over enough input copies to exceed L2, median of triton's "
-             "do_bench (L2 flushed between replays); TB/s = K+V bytes / time; ref = faster "
-             "of SDPA flash / cuDNN on contiguous K/V with the GQA group packed as query rows. "
-             "Eager columns: one call per do_bench run, launch overhead included."
-             + (f" fi: FlashInfer {fi.__version__}'s paged decode on the same pages (fi/ours > 1: "
-                "FlashInfer faster)." if fi is not None else ""), "",
-             "| model | B | ctx | splits | ours us | ref us | ours TB/s | ref TB/s | ours/ref |"
-             " eager ours us | eager ref us |"
-             + (" fi us | fi TB/s | ours/fi | fi cc us |" if fi else ""),
-             "|---" * (15 if fi else 11) + "|"]
-    for r in results:
-        ref_ms = min(t for t in (r["flash_ms"], r["cudnn_ms"]) if t is not None)
-        eager_ref = min((t for t in (r["eager_flash_ms"], r["eager_cudnn_ms"]) if t), default=0)
-        fi_cols = (f" {r['fi_ms'] * 1e3:.1f} | {r['fi_tbps']:.2f} | {r['fi_vs_ours']:.2f} |"
-                   f" {r['fi_cc_ms'] * 1e3:.1f} |" if "fi_cc_ms" in r else
-                   f" {r['fi_ms'] * 1e3:.1f} | {r['fi_tbps']:.2f} | {r['fi_vs_ours']:.2f} | - |"
-                   if "fi_ms" in r else "")
-        lines.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['splits']} | "
-                     f"{r['ours_ms'] * 1e3:.1f} | {ref_ms * 1e3:.1f} | {r['ours_tbps']:.2f} | "
-                     f"{r['ref_tbps']:.2f} | {r['ratio']:.2f} | {r['eager_ours_ms'] * 1e3:.1f} | "
-                     f"{eager_ref * 1e3:.1f} |" + fi_cols)
-    if prefill:
-        lines += ["", "Prefill (Qwen3-8B heads, bf16): extend kernel vs FlashAttention varlen"
-                  + (" and FlashInfer's paged prefill" if fi else ""), "",
-                  "| B | new | prefix | triton ms | fa ms | triton TFLOP/s | fa TFLOP/s |"
-                  + (" fi ms | fi TFLOP/s |" if fi else ""), "|---" * (9 if fi else 7) + "|"]
-        for r in prefill:
-            fa = f"{r['fa_ms']:.3f} | " if "fa_ms" in r else "- | "
-            fat = f"{r['fa_tflops']:.0f}" if "fa_tflops" in r else "-"
-            fic = f" {r['fi_ms']:.3f} | {r['fi_tflops']:.0f} |" if "fi_ms" in r else ""
-            lines.append(f"| {r['batch']} | {r['extend']} | {r['prefix']} | {r['triton_ms']:.3f} | "
-                         f"{fa}{r['triton_tflops']:.0f} | {fat} |{fic}")
-    with open(stem + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write(stem, meta, results, prefill, fi)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
-from bench import LONG_JSON, gpu_name  # noqa: E402
+from bench_common import gpu_name  # noqa: E402
+from bench_runs import LONG_JSON  # noqa: E402
 
 from minisgl.models.default_model import default_model_path  # noqa: E402
 from minisgl.structured import BatchMasks, GrammarCompiler, fill_threads, new_bitmask  # noqa: E402

@@ -207,8 +207,9 @@ def moe_gemm_mx_wide_kernel(
     PERMUTE: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
     GELU: tl.constexpr = False,
 ):
-    """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill, and decode batches from about
-    64 rows an expert), the operands swapped: ``out^T = w . x^T``. The decoded weights are the
+    """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill, decode batches from about 64
+    rows an expert, and 16- or 32-row blocks where a tuned config says so), the operands
+    swapped: ``out^T = w . x^T``. The decoded weights are the
     dot's left operand, which Hopper's wgmma reads from registers (where they were decoded) and
     which spans the 64-row instruction with output columns; the tokens, however few, are the
     16-wide right operand. Every load is contiguous: a K step's bytes as [BLOCK_N, groups, 16],

@@ -30,3 +30,17 @@ def test_buckets_and_pick_config(tmp_path, monkeypatch):
     rule = pick_config(4, 32, True)  # no key: the rule
     assert pick_config(4, 32, True, ("mxfp4", 4096, 2880), cuda) == rule
     moe_configs._buckets.cache_clear()
+
+
+def test_the_shipped_tables_are_configs():
+    """Every bucket of every shipped table builds a ``MoeConfig`` (7 fields, or 8 with the MXFP4
+    kernel choice ``swapped``) with row blocks the launcher knows, in rising bucket order."""
+    paths = sorted(moe_configs.DIR.glob("*.json"))
+    assert paths
+    for path in paths:
+        buckets = json.loads(path.read_text())["buckets"]
+        tops = [b["max_rows"] for b in buckets]
+        assert tops == sorted(tops), path.name
+        for bucket in buckets:
+            cfg = MoeConfig(*bucket["config"])
+            assert cfg.block_m in (1, 16, 32, 64, 128) and cfg.swapped in (None, True, False)

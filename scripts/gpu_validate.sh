@@ -31,6 +31,8 @@
 #   scripts/gpu_validate.sh moe-tune   OUT  # tune the MXFP4 MoE tiles for this GPU
 #                                           # (tune_moe.py --mxfp4 --write: copy the table from
 #                                           # OUT into python/minisgl/kernel/triton/moe_configs)
+#   scripts/gpu_validate.sh moe-tune-bf16 OUT  # the tiles of bf16 experts (Qwen3-30B-A3B,
+#                                           # Gemma 4 26B-A4B): copy OUT's tables into moe_configs
 #   scripts/gpu_validate.sh moe-ab     OUT  # moe-tune twice in one call: the swapped kernel's
 #                                           # 16/32-row blocks in K order (OUT/unpermuted), then
 #                                           # in their permuted operand order
@@ -190,6 +192,12 @@ moe-tune)
     step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
         >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
+moe-tune-bf16)  # the fused MoE's tiles for bf16 experts: Qwen3-30B-A3B's and Gemma 4's
+    for shape in qwen3-30b-a3b gemma-4-26b-a4b; do
+        step 240 "$py" benchmark/kernels/tune_moe.py --shape $shape --budget 200 --out "$out" \
+            >"$out/tune_moe_$shape.log" 2>&1
+        tail -2 "$out/tune_moe_$shape.log"
+    done ;;
 moe-ab)  # the swapped kernel's small row blocks in K order, then in the permuted operand order
     step 200 "$py" benchmark/kernels/tune_moe.py --mxfp4 --unpermuted --budget 170 \
         --out "$out/unpermuted" >"$out/tune_moe_unpermuted.log" 2>&1
@@ -433,7 +441,7 @@ fi|fi-tests|fi-kernels|fi-offline)
 *)
     echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
          "hybrid|hybrid-online|images|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|gpt-oss-profile|" \
-         "moe-tune|moe-ab|spec|spec-eagle3|spec-hybrid|short-behind-long|first-minute|" \
+         "moe-tune|moe-tune-bf16|moe-ab|spec|spec-eagle3|spec-hybrid|short-behind-long|first-minute|" \
          "autotune-choices|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
     exit 2 ;;
 esac

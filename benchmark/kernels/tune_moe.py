@@ -2,10 +2,12 @@
 (CUDA-graph medians, L2 flushed, ``bench_moe.graph_ms``), the fastest kept per bucket of rows per
 expert, written where ``pick_config`` reads it (``minisgl/kernel/triton/moe_configs``).
 
-    python benchmark/kernels/tune_moe.py --mxfp4 [--budget 180] [--write] [--out DIR]
+    python benchmark/kernels/tune_moe.py [--mxfp4 | --shape NAME] [--budget 180] [--write]
+        [--out DIR]
 
 ``--mxfp4``: gpt-oss's MXFP4 experts (2I = 5760, H = 2880; the file serves gpt-oss-20b and -120b,
-which differ in their expert count alone); else Qwen3-30B-A3B's bf16 experts. Candidates whose
+which differ in their expert count alone); else bf16 experts of ``--shape`` (Qwen3-30B-A3B's by
+default, ``gemma-4-26b-a4b`` Gemma 4's; a table is keyed by 2I and H). Candidates whose
 output differs from the default configuration's by more than bf16 rounding, or that do not
 compile, are reported and left out.
 """
@@ -47,6 +49,8 @@ MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256,
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
        (64, 128, 128, 64, 8, 4, 3), (128, 128, 128, 64, 4, 8, 4), (128, 128, 256, 64, 8, 8, 3)]
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512
+# bf16 experts: hidden, moe_intermediate, experts, top-k
+SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "gemma-4-26b-a4b": (2816, 704, 128, 8)}
 
 
 def candidates(rows: float, mx: bool) -> list[MoeConfig]:
@@ -60,6 +64,8 @@ def candidates(rows: float, mx: bool) -> list[MoeConfig]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mxfp4", action="store_true")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b",
+                   help="whose bf16 experts (without --mxfp4)")
     p.add_argument("--budget", type=float, default=180.0, help="seconds for the whole run")
     p.add_argument("--write", action="store_true", help="into the package's moe_configs")
     p.add_argument("--unpermuted", action="store_true",
@@ -68,8 +74,8 @@ def main() -> None:
     a = p.parse_args()
     if a.unpermuted:
         fused_moe_module.PERMUTE = False
-    if a.mxfp4:
-        bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
+    shape = (2880, 2880, 32, 4) if a.mxfp4 else SHAPES[a.shape]
+    bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = shape
     h, inter, e, k = bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K
     deadline = time.time() + a.budget
     best = []
@@ -104,7 +110,8 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     name = file_name(gpu, "mxfp4" if a.mxfp4 else "bf16", 2 * inter, h)
     doc = dict(gpu=gpu, torch=torch.__version__, experts=e, top_k=k,
-               command="python benchmark/kernels/tune_moe.py" + (" --mxfp4" if a.mxfp4 else ""),
+               command="python benchmark/kernels/tune_moe.py"
+               + (" --mxfp4" if a.mxfp4 else f" --shape {a.shape}"),
                buckets=[dict(max_rows=b["max_rows"], config=b["config"], tokens=b["tokens"],
                              us=b["us"]) for b in best])
     os.makedirs(a.out, exist_ok=True)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future
+from typing import Callable
 
 from .variants import Variant
 
@@ -82,17 +83,16 @@ class CompileWorkers:
         with self._lock:  # the last one out answers what is left, so no waiter hangs
             self._alive -= 1
             if self._alive == 0:
-                while True:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is not _STOP:
-                        item[1].set_result("the compile processes are gone")
+                self._answer_queued(lambda variant: "the compile processes are gone")
 
     def cancel(self) -> None:
         """Answer every variant not yet handed to a process with "cancelled" (those being
         compiled finish)."""
+        self._answer_queued(lambda variant: f"{variant.short_name}: cancelled")
+
+    def _answer_queued(self, answer: Callable[[Variant], str]) -> None:
+        """Answer every variant still queued with ``answer(variant)``; a close's stops stay
+        queued."""
         stops = 0
         while True:
             try:
@@ -102,8 +102,8 @@ class CompileWorkers:
             if item is _STOP:
                 stops += 1
             else:
-                item[1].set_result(f"{item[0].short_name}: cancelled")
-        for _ in range(stops):  # a close's stops stay queued
+                item[1].set_result(answer(item[0]))
+        for _ in range(stops):
             self._queue.put(_STOP)
 
     def close(self, timeout: float = 5.0) -> None:

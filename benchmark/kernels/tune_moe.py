@@ -74,9 +74,8 @@ def main() -> None:
     a = p.parse_args()
     if a.unpermuted:
         fused_moe_module.PERMUTE = False
-    shape = (2880, 2880, 32, 4) if a.mxfp4 else SHAPES[a.shape]
-    bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = shape
-    h, inter, e, k = bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K
+    h, inter, e, k = (2880, 2880, 32, 4) if a.mxfp4 else SHAPES[a.shape]
+    bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = h, inter, e, k
     deadline = time.time() + a.budget
     best = []
     for tokens in TOKENS:

@@ -29,7 +29,6 @@ x's dtype, so nothing changes for the routing or the roundings above):
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -42,6 +41,7 @@ from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, moe_gemv_mx_kernel, mx_groups
 from .moe_tiles import epilogue, tile, tile_rows
+from .pdl import hopper_compiled
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
 
@@ -157,12 +157,7 @@ def permuted_tile(block_m: int, block_n: int, block_k: int, warps: int, gated: b
 def _ptx_decode(a: torch.Tensor) -> bool:
     """MXFP4 tiles decode in PTX (``mxfp4.decode_bf16``: Hopper's packed bf16 multiply) for bf16
     activations on sm_90 and later."""
-    return a.dtype == torch.bfloat16 and a.is_cuda and _capability(a.device.index) >= (9, 0)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int | None) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    return a.dtype == torch.bfloat16 and a.is_cuda and hopper_compiled(a.device.index or 0)
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,

@@ -36,14 +36,16 @@ import triton.language as tl
 
 
 @functools.cache
-def _supported(device: int) -> bool:
+def hopper_compiled(device: int) -> bool:
+    """Whether kernels launched on CUDA ``device`` are compiled (not interpreted) for Hopper or
+    later: what PDL and inline PTX of sm_90 need."""
     return (os.environ.get("TRITON_INTERPRET") != "1"
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def pdl_enabled(x: torch.Tensor, pdl: bool) -> bool:
     """Whether a kernel launched on ``x``'s device uses PDL: asked for (``pdl``) and supported."""
-    return pdl and x.is_cuda and _supported(x.device.index or 0)
+    return pdl and x.is_cuda and hopper_compiled(x.device.index or 0)
 
 
 def launch_options(x: torch.Tensor, pdl: bool) -> dict:

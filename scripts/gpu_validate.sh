@@ -28,6 +28,10 @@
 #   scripts/gpu_validate.sh gpt-oss-profile OUT  # where a gpt-oss-20b decode step's time goes,
 #                                           # kernel by kernel: batch 1 and 64 (profile_decode.py
 #                                           # --per-step; the MXFP4 MoE tiles' table as tuned)
+#   scripts/gpu_validate.sh moe-ncu    OUT  # what bounds the MXFP4 MoE GEMMs: each kernel's
+#                                           # device time at 1-256 tokens, then Nsight
+#                                           # Compute's counters (throughput, occupancy, issue,
+#                                           # stall reasons) at 1, 64 and 256 tokens
 #   scripts/gpu_validate.sh moe-tune   OUT  # tune the MXFP4 MoE tiles for this GPU
 #                                           # (tune_moe.py --mxfp4 --write: copy the table from
 #                                           # OUT into python/minisgl/kernel/triton/moe_configs)
@@ -188,6 +192,18 @@ gpt-oss-profile)
             --per-step --out "$out" >"$out/profile_gpt-oss-20b_bs$bs.log" 2>&1
         grep -A14 "per decode step" "$out/profile_gpt-oss-20b_bs$bs.log"
     done ;;
+moe-ncu)  # ncu reads the counters on Firecracker machines; the clocks are left alone
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    step 120 "$py" benchmark/kernels/bench_moe.py --mxfp4 --no-torch --kernels \
+        --tokens 1 4 16 64 256 --out "$out" >"$out/bench_moe_kernels.log" 2>&1
+    grep -h "^| " "$out"/*_moe_mxfp4_*.md
+    step 300 "$ncu" --clock-control none --kernel-name regex:moe_ge --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        "$py" benchmark/kernels/bench_moe.py --mxfp4 --once --tokens 1 64 256 \
+        >"$out/ncu_moe.txt" 2>&1
+    grep -E "tokens:|moe_ge|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|Registers Per|Waves Per SM" \
+        "$out/ncu_moe.txt" | head -120 ;;
 moe-tune)
     step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
         >"$out/tune_moe.log" 2>&1
@@ -441,7 +457,7 @@ fi|fi-tests|fi-kernels|fi-offline)
 *)
     echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
          "hybrid|hybrid-online|images|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|gpt-oss-profile|" \
-         "moe-tune|moe-tune-bf16|moe-ab|spec|spec-eagle3|spec-hybrid|short-behind-long|first-minute|" \
+         "moe-ncu|moe-tune|moe-tune-bf16|moe-ab|spec|spec-eagle3|spec-hybrid|short-behind-long|first-minute|" \
          "autotune-choices|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
     exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 (``--mxfp4``) on gpt-oss-20b's MXFP4 experts (32 x 2880 x 2880, top 4, biases, clamped SwiGLU).
 
     python benchmark/kernels/bench_moe.py [--tokens 1 16 256 4096] [--sweep] [--mxfp4] [--kernels]
-        [--out DIR]
+        [--once] [--out DIR]
 
 Per token count: the fused kernel eagerly and replayed from a CUDA graph (how decode runs it), and
 the torch backend (eager only: it reads expert counts back to the host). TFLOP/s counts the active
@@ -10,7 +10,9 @@ FLOPs, 6 * T * top_k * H * I (three GEMMs per routed pair); GB/s is the graph ti
 of the experts actually hit, the floor when decode is weight-bandwidth bound. Times are medians from
 ``triton.testing.do_bench``, which flushes L2 between runs. ``--sweep`` also times a few block
 configurations per token count (CUDA-graph replays), to guide ``pick_config``. Writes JSON and
-markdown named ``<date>_moe_<gpu>.{json,md}``.
+markdown named ``<date>_moe_<gpu>.{json,md}``. ``--once`` runs the fused MoE twice per token count
+(the first call compiles), times nothing and writes nothing: a program for ``ncu`` to profile
+(``scripts/gpu_validate.sh moe-ncu``).
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ def inputs(tokens: int, seed: int = 0, mx: bool = False) -> tuple[tuple, dict]:
                                             act=MoeActivation("swiglu_clamped", 1.702, 7.0))
 
 
+def config(tokens: int, mx: bool) -> MoeConfig:
+    """The tiles ``fused_moe`` picks for ``tokens`` (this GPU's table where there is one)."""
+    key = ("mxfp4" if mx else "bf16", 2 * INTER, H)
+    return pick_config(tokens * K, E, mx, key, torch.device("cuda"))
+
+
 def graph_ms(fn) -> float:
     fn()  # compile and warm up outside the capture
     torch.cuda.synchronize()
@@ -120,10 +128,19 @@ def main() -> None:
     p.add_argument("--mxfp4", action="store_true", help="gpt-oss-20b's MXFP4 experts")
     p.add_argument("--kernels", action="store_true",
                    help="also each kernel's device time per call (torch.profiler)")
+    p.add_argument("--once", action="store_true", help="each token count run, not timed (ncu)")
     a = p.parse_args()
     global H, INTER, E, K
     if a.mxfp4:
         H, INTER, E, K = 2880, 2880, 32, 4
+    if a.once:
+        for tokens in a.tokens:
+            args, kw = inputs(tokens, mx=a.mxfp4)
+            for _ in range(2):
+                fused_moe(*args, **kw)
+            torch.cuda.synchronize()
+            print(tokens, "tokens:", config(tokens, a.mxfp4))
+        return
     weight_bytes = 17 / 32 if a.mxfp4 else 2  # MXFP4: 16 bytes of values and a scale per 32
     gpu = torch.cuda.get_device_name()
     results = []
@@ -135,7 +152,7 @@ def main() -> None:
         graphed = graph_ms(lambda: fused_moe(*args, **kw))
         ref = None if a.no_torch else do_bench(lambda: TorchMoeBackend().forward(*args, **kw),
                                                return_mode="median")
-        cfg = pick_config(tokens * K, E, a.mxfp4)
+        cfg = config(tokens, a.mxfp4)
         row = dict(tokens=tokens, experts_hit=hit, config=asdict(cfg),
                    fused_ms=fused, fused_graph_ms=graphed, torch_ms=ref,
                    fused_tflops=flops / fused / 1e9, fused_graph_tflops=flops / graphed / 1e9,

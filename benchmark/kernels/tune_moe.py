@@ -44,6 +44,10 @@ GEMV = [(1, 16, 16, 256, 1, 4, 3), (1, 32, 32, 256, 1, 4, 3), (1, 16, 16, 512, 1
 SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),
            (16, 128, 128, 128, 1, 4, 3, True), (32, 128, 128, 64, 4, 4, 4, True),
            (32, 64, 64, 128, 4, 4, 3, True), (16, 64, 64, 256, 1, 4, 3, True)]
+# and with a few tokens, narrow tiles of one or two warps: 4 experts' 2,880 columns make 180
+# programs of 64, 720 of 16
+NARROW = [(16, 16, 16, 256, 1, 1, 3, True), (16, 32, 32, 256, 1, 1, 3, True),
+          (16, 32, 32, 128, 1, 2, 3, True), (16, 16, 32, 256, 1, 1, 3, True)]
 MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256, 4, 4, 3),
        (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
@@ -57,7 +61,7 @@ def candidates(rows: float, mx: bool) -> list[MoeConfig]:
     table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
              else BIG)
     if mx and rows <= 64:
-        table = table + SWAPPED
+        table = table + SWAPPED + (NARROW if rows <= 4 else [])
     return [MoeConfig(*c) for c in table]
 
 

@@ -111,7 +111,7 @@ def _fp8_kernels():
             stride_sn="i32", bias_ptr="*bf16", stride_be="i32", alpha="fp32",
             limit="fp32"), dict(GATED=gated, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
             EVEN_K=True, PRECISION="tf32", FP8_W=True, SCALE_BN=128, SCALE_BK=128,
-            HAS_BIAS=False, CLAMPED=False, GELU=False), 4
+            HAS_BIAS=False, CLAMPED=False, GELU=False, USE_PDL=True), 4
     attn = dict(Q="*bf16", K="*fp8e4nv", V="*fp8e4nv", PageTable="*i32", Rows="*i32",
                 SeqLens="*i32", Sinks="*fp32", window="i32")
     yield decode_attention._decode_stage1, dict(attn, Order="*i32", PartOut="*fp32",
@@ -137,8 +137,17 @@ def _fp8_kernels():
 
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
-    the FP8 ones): the GEMV, the norm, the attention reduction, the greedy sampler."""
-    from minisgl.kernel.triton import decode_attention, decode_step, gemv, norm
+    the FP8 ones, the MXFP4 suite the MoE GEMMs): the GEMV, the norm, the attention reduction,
+    the greedy sampler, and the MoE's router, alignment and top-k sum."""
+    from minisgl.kernel.triton import (
+        decode_attention,
+        decode_step,
+        fused_moe,
+        gemv,
+        moe_align,
+        norm,
+        topk_route,
+    )
 
     for gated in (False, True):
         yield gemv._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
@@ -164,6 +173,17 @@ def _pdl_kernels():
             "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_ob",
             "stride_oh")}), dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, SPLITS_PAD=16,
                                  USE_PDL=True, HAS_SINKS=True), 4
+    yield topk_route._topk_route_kernel, dict(logits_ptr="*bf16", weights_ptr="*bf16",
+        ids_ptr="*i64", n_tokens="i32", n_experts="i32", stride_t="i32"), dict(
+        K=4, BLOCK_T=16, BLOCK_E=32, SOFTMAX_FIRST=False, RENORMALIZE=False, USE_PDL=True), 4
+    yield moe_align._offsets_kernel, dict(ids_ptr="*i64", counts_ptr="*i32",
+        expert_ids_ptr="*i32", sorted_ptr="*i32", total_ptr="*i32", n_experts="i32",
+        n_pairs="i32", n_blocks="i32", capacity="i32"), dict(COUNT=True, BLOCK_M=1, BLOCK_E=32,
+        BLOCK_P=64, BLOCK_B=32, FILL=1024, USE_PDL=True), 4
+    yield moe_align._scatter_kernel, dict(ids_ptr="*i64", cursor_ptr="*i32", sorted_ptr="*i32",
+        n="i32"), dict(BLOCK=256, USE_PDL=True), 4
+    yield fused_moe._sum_kernel, dict(src_ptr="*bf16", out_ptr="*bf16", hidden="i32"), dict(
+        K=4, BLOCK=1024, USE_PDL=True), 4
 
 
 def _mxfp4_kernels():
@@ -172,13 +192,13 @@ def _mxfp4_kernels():
     operand order) and at 64, and the GEMV."""
     from minisgl.kernel.triton import moe_mxfp4
 
-    sig = dict(a_ptr="*bf16", w_ptr="*u8", out_ptr="*bf16", weights_ptr="*fp32",
+    sig = dict(a_ptr="*bf16", w_ptr="*u8", out_ptr="*bf16", weights_ptr="*bf16",
                sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*u8",
                bias_ptr="*bf16", n_pairs="i32", n_out="i32", k_dim="i32", top_k="i32",
                n_blocks_m="i32", alpha="fp32", limit="fp32", stride_am="i32", stride_we="i32",
                stride_wn="i32", stride_om="i32", stride_se="i32", stride_sn="i32",
                stride_be="i32")
-    common = dict(GATED=True, HAS_BIAS=True, CLAMPED=True, GELU=False)
+    common = dict(GATED=True, HAS_BIAS=True, CLAMPED=True, GELU=False, USE_PDL=True)
     yield moe_mxfp4.moe_gemm_mx_kernel, sig, dict(common, BLOCK_M=16, BLOCK_N=64, GROUPS=6,
         GROUP_M=1, PRECISION="tf32", FAST=True), 4
     for rows, permute in ((16, True), (64, False)):

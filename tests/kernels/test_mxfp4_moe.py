@@ -182,11 +182,13 @@ def test_decode_nibble_every_code_at_every_position():
 def test_the_ptx_decoding_compiles_for_hopper(tmp_path):
     """The MXFP4 GEMMs with their PTX decoding (``mxfp4.decode_bf16``, which the interpreter
     cannot run) through Triton's compiler and ptxas for sm_90: the small-batch kernel, the
-    swapped one with and without its permuted operand order, the GEMV."""
+    swapped one with and without its permuted operand order, the GEMV; each waiting on the
+    kernel before (PDL), as the engine launches them."""
     cubins = compile_for_hopper(tmp_path, "mxfp4")
     assert [line.split()[1] for line in cubins] == [
         "moe_gemm_mx_kernel", "moe_gemm_mx_wide_kernel", "moe_gemm_mx_wide_kernel",
         "moe_gemv_mx_kernel"], cubins
+    assert all(line.endswith("griddepcontrol") for line in cubins), cubins
 
 
 @triton.jit

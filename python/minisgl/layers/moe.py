@@ -84,6 +84,8 @@ def _read(t) -> torch.Tensor:
 
 
 class MoELayer(nn.Module):
+    pdl = False  # launch the Triton kernels with PDL; set by the engine (``kernel/triton/pdl.py``)
+
     def __init__(
         self, cfg: ModelConfig, comm: DistributedCommunicator, backend: BaseMoeBackend,
         quant: QuantizationConfig | None = None, spec: MoESpec | None = None,
@@ -171,14 +173,16 @@ class MoELayer(nn.Module):
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)
 
-    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (weights [T, K] float32, expert ids [T, K])."""
+    def route(self, router_logits: torch.Tensor, dtype: torch.dtype = torch.float32
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (weights [T, K] in ``dtype``, computed in float32; expert ids [T, K])."""
         k = self.spec.top_k
         if router_logits.is_cuda and k & (k - 1) == 0:  # one launch instead of four
             from minisgl.kernel.triton.topk_route import topk_route
 
-            weights, ids = topk_route(router_logits, k, self.spec.routing == "softmax",
-                                      self.spec.renormalize)
+            weights, ids = topk_route(
+                router_logits, k, self.spec.routing == "softmax", self.spec.renormalize,
+                dtype if self.expert_scale is None else torch.float32, self.pdl)
         elif self.spec.routing == "topk_softmax":
             values, ids = torch.topk(router_logits, k, dim=-1)
             weights = values.float().softmax(dim=-1)
@@ -188,7 +192,7 @@ class MoELayer(nn.Module):
                 weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.expert_scale is not None:  # Gemma 4's per-expert scales, after renormalizing
             weights = weights * self.expert_scale[ids]
-        return weights, ids
+        return weights.to(dtype), ids
 
     def forward(self, x: torch.Tensor, router_input: torch.Tensor | None = None) -> torch.Tensor:
         """``router_input``: what the router reads where it is not x (Gemma 4 routes on the
@@ -196,11 +200,11 @@ class MoELayer(nn.Module):
         r = x if router_input is None else router_input
         if self.router_norm is not None:
             r = self.router_norm(r) * self.router_scale * r.shape[-1] ** -0.5
-        weights, ids = self.route(self.gate(r))
+        weights, ids = self.route(self.gate(r), x.dtype)
         bias = None
         if self.w13_bias is not None:  # the down bias once over the ranks' partial sums
             bias = ExpertBias(self.w13_bias, self.w2_bias if self.comm.info.rank == 0 else None)
         w13, w2, scales = self.method.experts(self)
-        out = self.backend.forward(x, w13, w2, weights.to(x.dtype), ids, scales, bias=bias,
-                                   act=self.spec.act)
+        out = self.backend.forward(x, w13, w2, weights, ids, scales, bias=bias,
+                                   act=self.spec.act, pdl=self.pdl)
         return self.comm.all_reduce(out)

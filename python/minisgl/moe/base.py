@@ -31,6 +31,7 @@ class BaseMoeBackend(ABC):
         *,
         bias: ExpertBias | None = None,
         act: MoeActivation = SILU,
+        pdl: bool = False,
     ) -> torch.Tensor:
         """x: [T, H]; w13: [E, 2I, H] (each expert's gate rows, then its up rows); w2: [E, H, I];
         topk_*: [T, K] -> [T, H] (this rank's partial sum).
@@ -39,4 +40,5 @@ class BaseMoeBackend(ABC):
         ``(w13_scale_inv, w2_scale_inv, block)`` (layout in ``minisgl.quant.fp8``); with uint8
         ``w13 [E, 2I, H/2]`` / ``w2 [E, H, I/2]`` (two e2m1 values a byte, the even one in the
         low nibble) their ``Mxfp4Scales``. ``bias``/``act``: see ``ExpertBias``,
-        ``MoeActivation``."""
+        ``MoeActivation``. ``pdl``: launch Triton kernels with programmatic dependent launch
+        (``kernel/triton/pdl.py``); a backend that launches none accepts and ignores it."""

@@ -11,6 +11,10 @@
 3. GEMM 2: the same over ``w2[e]`` (plus its bias), times the pair's routing weight, into a
    [T, K, H] buffer that is summed over K (fp32 accumulation, in a fixed order).
 
+With ``pdl`` every kernel of the chain (alignment, GEMMs, the sum) launches while the one before
+it finishes and waits before its first read (``pdl.py``): at batch 1 the experts' work is a few
+microseconds a kernel, about what a launch and the programs' start-up cost.
+
 Every buffer is sized from T, K, E and the block size alone, and the grids over row blocks are the
 worst case (programs past the padded total return at once), so the whole path is CUDA-graph safe.
 Intermediate roundings follow the torch reference backend (``moe/reference.py``).
@@ -37,11 +41,12 @@ import triton.language as tl
 
 from minisgl.kernel.moe_types import SILU, ExpertBias, MoeActivation, Mxfp4Scales
 
+from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, moe_gemv_mx_kernel, mx_groups
 from .moe_tiles import epilogue, tile, tile_rows
-from .pdl import hopper_compiled
+from .pdl import hopper_compiled, wait_then_release
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
 
@@ -95,11 +100,13 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
     FP8_W: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     """GATED: out[pair, n] = act(a[tok] . w[e, n], a[tok] . w[e, n_out + n])
               (a = x, rows by token)
     else:     out[pair, n] = (a[pair] . w[e, n]) * weights[pair]
               (a = act, rows by pair)"""
+    wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -161,7 +168,7 @@ def _ptx_decode(a: torch.Tensor) -> bool:
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
-          w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU):
+          w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU, pdl=False):
     k_dim = w.shape[2] * (2 if mx else 1)
     n_out = w.shape[1] // 2 if gated else w.shape[1]
     n_blocks_m = sorted_ids.numel() // cfg.block_m
@@ -181,7 +188,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
                 HAS_BIAS=bias is not None, CLAMPED=act.kind == "swiglu_clamped",
                 GELU=act.kind == "gelu_tanh",
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                **pdl_.launch_options(a, pdl))
     if mx and cfg.block_m == 1:
         # its 16-byte word loads: the kernel takes the alignment as given
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
@@ -203,11 +211,12 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, config: MoeConfig | None = None,
               scales: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | Mxfp4Scales | None
-              = None, bias: ExpertBias | None = None, act: MoeActivation = SILU) -> torch.Tensor:
+              = None, bias: ExpertBias | None = None, act: MoeActivation = SILU,
+              pdl: bool = False) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H].
     ``scales``: (w13_scale_inv, w2_scale_inv, block) when w13/w2 are e4m3; ``Mxfp4Scales`` when
     they are packed MXFP4 (``w13 [E, 2I, H/2]``, ``w2 [E, H, I/2]`` uint8). ``bias``/``act``: see
-    ``minisgl.kernel.moe_types``."""
+    ``minisgl.kernel.moe_types``; ``pdl``: ``pdl.py``."""
     tokens, hidden = x.shape
     mx = isinstance(scales, Mxfp4Scales)
     n_experts, two_i, _ = w13.shape
@@ -223,7 +232,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     cfg = config or pick_config(n_pairs, n_experts, mx, (fmt, two_i, hidden), x.device)
     if x.element_size() == 4:  # fp32 tiles are twice the bytes: keep within shared memory
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
-    sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m)
+    sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:
         s13, s2, block = scales.w13, scales.w2, (1, 1)
@@ -233,11 +242,31 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         assert s13.stride(2) == 1 and s2.stride(2) == 1
     b13, b2 = bias if bias is not None else (None, None)
     _gemm(x, w13, act_out, act_out, sorted_ids, expert_ids, total, n_pairs, top_k, True,
-          cfg.block_n1, cfg, s13, block, mx, b13, act)
+          cfg.block_n1, cfg, s13, block, mx, b13, act, pdl)
     out = torch.empty((n_pairs, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)
     if not weights.is_contiguous():
         weights = weights.contiguous()
     _gemm(act_out, w2, out, weights, sorted_ids, expert_ids, total, n_pairs, 1, False,
-          cfg.block_n2, cfg, s2, block, mx, b2)
-    return out.view(tokens, top_k, hidden).sum(dim=1)
+          cfg.block_n2, cfg, s2, block, mx, b2, pdl=pdl)
+    if top_k == 1:
+        return out
+    summed = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(hidden))
+    _sum_kernel[(tokens, triton.cdiv(hidden, block))](out, summed, hidden, K=top_k, BLOCK=block,
+                                                      **pdl_.launch_options(x, pdl))
+    return summed
+
+
+@triton.jit
+def _sum_kernel(src_ptr, out_ptr, hidden, K: tl.constexpr, BLOCK: tl.constexpr,
+                USE_PDL: tl.constexpr):
+    """out[t] = the sum of src[t, 0 .. K-1] (float32, in k's order), in out's dtype."""
+    wait_then_release(USE_PDL)
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.static_range(K):
+        acc += tl.load(src_ptr + (t * K + k) * hidden + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)

@@ -3,7 +3,7 @@
 ids into their expert's segment. ``expert_ids[b]`` names the expert of row block ``b``; padding rows
 hold the sentinel ``T * K``. The order of pairs inside a segment comes from atomics and is not
 fixed; every row is computed on its own and written to its pair's slot, so results do not depend
-on it.
+on it. With ``pdl`` the three launch as a chain (``pdl.py``), each waiting before it reads.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl as pdl_
+from .pdl import wait_then_release
+
 
 def padded_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Rows after padding, worst case: every non-empty expert wastes up to ``block_m - 1`` rows."""
@@ -19,7 +22,8 @@ def padded_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, n, BLOCK: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    wait_then_release(USE_PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     e = tl.load(ids_ptr + offs, mask=mask, other=0)
@@ -30,10 +34,11 @@ def _count_kernel(ids_ptr, counts_ptr, n, BLOCK: tl.constexpr):
 def _offsets_kernel(ids_ptr, counts_ptr, expert_ids_ptr, sorted_ptr, total_ptr, n_experts, n_pairs,
                     n_blocks, capacity, COUNT: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_B: tl.constexpr,
-                    FILL: tl.constexpr):
+                    FILL: tl.constexpr, USE_PDL: tl.constexpr):
     """One program: padded segment starts (left in ``counts`` as the scatter cursors), the padded
     total, each row block's expert, and the sentinel fill of ``sorted``. With COUNT (small batches,
     i.e. decode) it also counts the pairs per expert itself, saving a memset and a launch."""
+    wait_then_release(USE_PDL)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < n_experts
     if COUNT:
@@ -59,7 +64,9 @@ def _offsets_kernel(ids_ptr, counts_ptr, expert_ids_ptr, sorted_ptr, total_ptr, 
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, n, BLOCK: tl.constexpr):
+def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, n, BLOCK: tl.constexpr,
+                    USE_PDL: tl.constexpr):
+    wait_then_release(USE_PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     e = tl.load(ids_ptr + offs, mask=mask, other=0)
@@ -70,7 +77,7 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, n, BLOCK: tl.constexpr):
 _INLINE_COUNT_PAIRS = 256  # up to here one program counts (a few loop steps) instead of atomics
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (sorted pair ids [capacity] int32, expert of each row block [capacity / block_m] int32,
     padded total [1] int32). Pair id = token * K + k; padding rows hold ``T * K``."""
@@ -85,11 +92,12 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
     expert_ids = torch.empty(cap // block_m, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
     grid = (triton.cdiv(n, 256),)
+    launch = pdl_.launch_options(topk_ids, pdl)
     if not count_inline:
-        _count_kernel[grid](ids, counts, n, BLOCK=256)
+        _count_kernel[grid](ids, counts, n, BLOCK=256, **launch)
     _offsets_kernel[(1,)](ids, counts, expert_ids, sorted_ids, total, num_experts, n,
                           cap // block_m, cap, COUNT=count_inline, BLOCK_M=block_m,
                           BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_P=64, BLOCK_B=32,
-                          FILL=1024)
-    _scatter_kernel[grid](ids, counts, sorted_ids, n, BLOCK=256)
+                          FILL=1024, **launch)
+    _scatter_kernel[grid](ids, counts, sorted_ids, n, BLOCK=256, **launch)
     return sorted_ids, expert_ids, total

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
 from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_bf16, decode_nibble, decode_pair, e8m0
+from .pdl import wait_then_release
 
 
 @triton.jit
@@ -33,12 +34,14 @@ def moe_gemm_mx_kernel(
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, FAST: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     """``fused_moe``'s GEMM over MXFP4 weights for small batches. A K step is ``GROUPS``
     32-value groups (``k_dim`` a multiple of 32 * GROUPS): per group, 16 bytes a row decode into
     its even and odd values, two dots of depth 16 give the group's partial sums, and its scale
     multiplies them into the accumulator. ``FAST`` (bf16 on Hopper): the values decode in PTX
     (``mxfp4.decode_bf16``)."""
+    wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -88,6 +91,7 @@ def moe_gemv_mx_kernel(
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
     GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     """One routed pair a program (row blocks of one, ``block_m == 1``: a batch of a few tokens),
     no tensor cores: ``BLOCK_N`` weight rows read as 32-bit words (a group's 16 bytes are 4
@@ -96,6 +100,7 @@ def moe_gemv_mx_kernel(
     reduced once, after the K loop. A dot padded to 16 rows would decode the same weights for 15
     rows of padding. ``w``'s address and strides are multiples of 16 bytes (a row holds K/2
     bytes, K a multiple of 32; the launcher checks), so a thread loads a group's words at once."""
+    wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
     if pid_m >= tl.load(total_ptr):
         return
@@ -205,7 +210,7 @@ def moe_gemm_mx_wide_kernel(
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, FAST: tl.constexpr,
     PERMUTE: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
-    GELU: tl.constexpr = False,
+    GELU: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     """``moe_gemm_mx_kernel`` for tensor-core sized tiles (prefill, decode batches from about 64
     rows an expert, and 16- or 32-row blocks where a tuned config says so), the operands
@@ -216,6 +221,7 @@ def moe_gemm_mx_wide_kernel(
     one scale per group, x's rows whole; the two nibbles of a byte are joined into K order in
     registers, so one dot of depth ``BLOCK_K`` does the step. ``PERMUTE`` (``BLOCK_K`` a multiple
     of 64): the tile's columns and x's rows in ``_operand_order``'s order."""
+    wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return

@@ -3,8 +3,8 @@ then ``softmax`` take four kernels a layer (a gather, a sort, a reduction, the s
 the experts' own GEMMs at batch 1.
 
 One program takes ``BLOCK_T`` tokens' logits (all experts in one tile), picks the largest k times
-(the lowest expert id among equal logits), and writes the weights in float32 and the ids, largest
-first as ``torch.topk`` does:
+(the lowest expert id among equal logits), and writes the weights (float32, or the experts' input
+dtype, saving the cast's launch) and the ids, largest first as ``torch.topk`` does:
 
 - ``SOFTMAX_FIRST`` (Qwen's ``softmax`` routing): softmax over every expert, the top k of it,
   renormalised to sum 1 when ``RENORMALIZE``;
@@ -17,11 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl as pdl_
+from .pdl import wait_then_release
+
 
 @triton.jit(do_not_specialize=["n_tokens"])
 def _topk_route_kernel(logits_ptr, weights_ptr, ids_ptr, n_tokens, n_experts, stride_t,
                        K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-                       SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr):
+                       SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
+                       USE_PDL: tl.constexpr):
+    wait_then_release(USE_PDL)
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.arange(0, BLOCK_E)
     t_ok = toks < n_tokens
@@ -47,21 +52,24 @@ def _topk_route_kernel(logits_ptr, weights_ptr, ids_ptr, n_tokens, n_experts, st
         vals = tl.exp(vals - tl.max(vals, axis=1)[:, None])
         vals = vals / tl.sum(vals, axis=1)[:, None]
     out = toks[:, None] * K + cols[None, :]
-    tl.store(weights_ptr + out, vals, mask=t_ok[:, None])
+    tl.store(weights_ptr + out, vals.to(weights_ptr.dtype.element_ty), mask=t_ok[:, None])
     tl.store(ids_ptr + out, ids.to(ids_ptr.dtype.element_ty), mask=t_ok[:, None])
 
 
-def topk_route(logits: torch.Tensor, k: int, softmax_first: bool, renormalize: bool = False
+def topk_route(logits: torch.Tensor, k: int, softmax_first: bool, renormalize: bool = False,
+               dtype: torch.dtype = torch.float32, pdl: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] -> (weights [T, k] float32, ids [T, k] int64); see the module docstring.
-    ``k`` must be a power of two (the tile's width): callers fall back to torch otherwise."""
+    """logits [T, E] -> (weights [T, k] in ``dtype``, computed in float32; ids [T, k] int64);
+    see the module docstring. ``k`` must be a power of two (the tile's width): callers fall back
+    to torch otherwise. ``pdl``: ``pdl.py``."""
     assert logits.stride(1) == 1 and k & (k - 1) == 0
     n_tokens, n_experts = logits.shape
-    weights = torch.empty(n_tokens, k, dtype=torch.float32, device=logits.device)
+    weights = torch.empty(n_tokens, k, dtype=dtype, device=logits.device)
     ids = torch.empty(n_tokens, k, dtype=torch.int64, device=logits.device)
     block_e = triton.next_power_of_2(n_experts)
     block_t = max(1, min(16, 4096 // block_e))
     _topk_route_kernel[(triton.cdiv(n_tokens, block_t),)](
         logits, weights, ids, n_tokens, n_experts, logits.stride(0), K=k, BLOCK_T=block_t,
-        BLOCK_E=block_e, SOFTMAX_FIRST=softmax_first, RENORMALIZE=renormalize)
+        BLOCK_E=block_e, SOFTMAX_FIRST=softmax_first, RENORMALIZE=renormalize,
+        **pdl_.launch_options(logits, pdl))
     return weights, ids

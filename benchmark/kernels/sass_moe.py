@@ -40,7 +40,7 @@ ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
     "n_blocks_m": "i32", "alpha": "fp32", "limit": "fp32", "stride_am": "i32",
     "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_se": "i32",
     "stride_sn": "i32", "stride_be": "i32"}
-COMMON = {"GATED": True, "HAS_BIAS": True, "CLAMPED": True, "GELU": False}
+COMMON = {"GATED": True, "HAS_BIAS": True, "CLAMPED": True, "GELU": False, "USE_PDL": True}
 # the arguments a launch at gpt-oss-20b's shapes passes as multiples of 16 (Triton specializes
 # on it: the runtime's code assumes those alignments, so this compile does too)
 ALIGNED = {"a_ptr", "w_ptr", "out_ptr", "weights_ptr", "sorted_ptr", "expert_ids_ptr",

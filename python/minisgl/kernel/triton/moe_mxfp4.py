@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_bf16, decode_nibble, decode_pair, e8m0
+from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_bf16, decode_pair, e8m0, nibble_bits
 from .pdl import wait_then_release
 
 
@@ -84,6 +84,11 @@ def _values(packed, dtype: tl.constexpr, FAST: tl.constexpr):
     return decode_pair(packed, dtype)
 
 
+# the GEMV's x times 2 ** 100 against its values' 2 ** -126: its sums times 2 ** 26 at the end
+_X_UP = tl.constexpr(1.2676506002282294e30)  # 2 ** 100
+_SUMS_UP = tl.constexpr(67108864.0)  # 2 ** 26
+
+
 @triton.jit
 def moe_gemv_mx_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
@@ -99,7 +104,10 @@ def moe_gemv_mx_kernel(
     a word's values summed in its own registers and scaled per group; the rows' sums are
     reduced once, after the K loop. A dot padded to 16 rows would decode the same weights for 15
     rows of padding. ``w``'s address and strides are multiples of 16 bytes (a row holds K/2
-    bytes, K a multiple of 32; the launcher checks), so a thread loads a group's words at once."""
+    bytes, K a multiple of 32; the launcher checks), so a thread loads a group's words at once.
+    The values stay ``2 ** -126`` times themselves (``mxfp4.nibble_bits``: no multiply a
+    weight), x is taken times ``2 ** 100`` (exact below ``2 ** 28``), and the sums are multiplied
+    by ``2 ** 26`` once, after the K loop."""
     wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
     if pid_m >= tl.load(total_ptr):
@@ -127,7 +135,7 @@ def moe_gemv_mx_kernel(
         else:
             x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
         # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a
-        x = tl.reshape(x.to(tl.float32), (G, 4, 2, 2, 2))
+        x = tl.reshape(x.to(tl.float32) * _X_UP, (G, 4, 2, 2, 2))
         x0, x1 = tl.split(x)  # a
         x00, x01 = tl.split(x0)  # b
         x10, x11 = tl.split(x1)
@@ -139,8 +147,8 @@ def moe_gemv_mx_kernel(
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 8
         s_ptrs += G
-    acc_n = tl.sum(tl.sum(acc, axis=2), axis=1)
-    acc_up_n = tl.sum(tl.sum(acc_up, axis=2), axis=1)
+    acc_n = tl.sum(tl.sum(acc, axis=2), axis=1) * _SUMS_UP
+    acc_up_n = tl.sum(tl.sum(acc_up, axis=2), axis=1) * _SUMS_UP
     epilogue(acc_n[None, :], acc_up_n[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid,
              expert, offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
@@ -150,7 +158,7 @@ def moe_gemv_mx_kernel(
 def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
     """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each position j, by bits of
     j), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8 products summed. Value j
-    of every word at once (``mxfp4.decode_nibble``: shifts by constants)."""
+    of every word at once (``mxfp4.nibble_bits``: shifts by constants)."""
     if EVEN_K:
         words, s = tl.load(w_ptrs), tl.load(s_ptrs)
     else:
@@ -158,7 +166,7 @@ def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
         s = tl.load(s_ptrs, mask=g_ok[None, :], other=0)
     t = tl.zeros(words.shape, dtype=tl.float32)
     for j in tl.static_range(8):
-        t += decode_nibble(words, j) * xs[j % 2 + 2 * ((j // 2) % 2)][j // 4][None, :, :]
+        t += nibble_bits(words, j) * xs[j % 2 + 2 * ((j // 2) % 2)][j // 4][None, :, :]
     return t * e8m0(s)[:, :, None]
 
 

@@ -33,17 +33,24 @@ def decode_pair(packed, dtype: tl.constexpr):
 
 
 @triton.jit
-def decode_nibble(words, j: tl.constexpr):
+def nibble_bits(words, j: tl.constexpr):
     """Value ``j`` (bits ``4j .. 4j + 3``, K order: a byte's low nibble first) of 32-bit words
-    (any shape) as float32, unscaled, by the same bit placement as ``decode_pair``: two shifts
-    by constants and two masks a value, no conversion of the byte first."""
+    (any shape) as float32 times ``2 ** -126``, by the same bit placement as ``decode_pair``:
+    two shifts by constants and two masks a value, no conversion of the byte first. A caller
+    that scales its sums anyway folds the ``2 ** 126`` in there (the MoE GEMV)."""
     if j < 6:
         mag = (words << (22 - 4 * j)) & 0x01C00000
     else:
         mag = (words >> (4 * j - 22)) & 0x01C00000
     sign = (words << (28 - 4 * j)) & -2147483648  # bit 31
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def decode_nibble(words, j: tl.constexpr):
+    """``nibble_bits`` times ``2 ** 126``: the e2m1 value, unscaled."""
     two126: tl.constexpr = 8.507059173023462e37
-    return (mag | sign).to(tl.float32, bitcast=True) * two126
+    return nibble_bits(words, j) * two126
 
 
 @triton.jit

@@ -252,9 +252,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if top_k == 1:
         return out
     summed = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
-    block = min(1024, triton.next_power_of_2(hidden))
-    _sum_kernel[(tokens, triton.cdiv(hidden, block))](out, summed, hidden, K=top_k, BLOCK=block,
-                                                      **pdl_.launch_options(x, pdl))
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _sum_kernel[(tokens, triton.cdiv(hidden, block_h))](out, summed, hidden, K=top_k,
+                                                        BLOCK=block_h,
+                                                        **pdl_.launch_options(x, pdl))
     return summed
 
 

@@ -21,10 +21,15 @@
 #   scripts/gpu_validate.sh short-behind-long OUT  # a short request's TTFT behind a 20k-token
 #                                           # prefill, with and without --disable-prefill-yield
 #   scripts/gpu_validate.sh tp         OUT  # two GPUs: TP=2 against TP=1, TP tests, 8B/14B TP=1,2
-#   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests;
-#                                           # gpt-oss-20b in MXFP4 (random weights) offline and
-#                                           # batch 1, transformers (bf16) in the same run;
-#                                           # gpt-oss-120b on one GPU, offline and batch 1
+#   scripts/gpu_validate.sh gpt-oss    OUT  # the MXFP4 MoE kernel and gpt-oss GPU tests
+#                                           # (TESTS=0: none); gpt-oss-20b in MXFP4 (random
+#                                           # weights) offline and batch 1, transformers (bf16)
+#                                           # in the same run; gpt-oss-120b on one GPU, offline
+#                                           # and batch 1
+#   scripts/gpu_validate.sh moe-tests  OUT  # the GPU tests of the MoE path alone (IEEE dots):
+#                                           # gpt-oss's parity, the MXFP4 GEMMs, Gemma 4's
+#                                           # experts, the router, PDL; after a change there,
+#                                           # before families' whole list
 #   scripts/gpu_validate.sh gpt-oss-profile OUT  # where a gpt-oss-20b decode step's time goes,
 #                                           # kernel by kernel: batch 1 and 64 (profile_decode.py
 #                                           # --per-step; the MXFP4 MoE tiles' table as tuned)
@@ -177,10 +182,13 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
         "${files[@]}" >"$out/families_tests.log" 2>&1
     tail -25 "$out/families_tests.log" ;;
 gpt-oss)
-    step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests/kernels/test_mxfp4_moe.py \
-        tests/kernels/test_gpt_oss_triton.py tests/engine/test_gpt_oss.py \
-        >"$out/gpt_oss_tests.log" 2>&1
-    tail -3 "$out/gpt_oss_tests.log"
+    if [ "${TESTS:-1}" != 0 ]; then
+        step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu \
+            tests/kernels/test_mxfp4_moe.py tests/kernels/test_gpt_oss_triton.py \
+            tests/engine/test_gpt_oss.py \
+            >"$out/gpt_oss_tests.log" 2>&1
+        tail -3 "$out/gpt_oss_tests.log"
+    fi
     step 240 "${bench[@]}" --model $moss --batch1 --no-batch1-baseline --hf-requests 8 \
         --hf-batch 8 >"$out/bench_gpt-oss-20b.log" 2>&1
     step 200 "${bench[@]}" --model benchmark/configs/gpt-oss-120b.json --batch1 \
@@ -192,6 +200,14 @@ gpt-oss-profile)
             --per-step --out "$out" >"$out/profile_gpt-oss-20b_bs$bs.log" 2>&1
         grep -A14 "per decode step" "$out/profile_gpt-oss-20b_bs$bs.log"
     done ;;
+moe-tests)
+    xd=(); "$py" -c "import xdist" 2>/dev/null && xd=(-n 8 --dist loadfile)
+    TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -q -p no:cacheprovider -rf \
+        -m "gpu or any_device" "${xd[@]}" --durations=10 tests/engine/test_gpt_oss.py \
+        tests/kernels/test_mxfp4_moe.py tests/kernels/test_gpt_oss_triton.py \
+        tests/kernels/test_gemma_moe.py tests/kernels/test_topk_route.py \
+        tests/kernels/test_pdl.py >"$out/moe_tests.log" 2>&1
+    tail -15 "$out/moe_tests.log" ;;
 moe-ncu)  # ncu reads the counters on Firecracker machines; the clocks are left alone
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
     step 120 "$py" benchmark/kernels/bench_moe.py --mxfp4 --no-torch --kernels \
@@ -457,7 +473,7 @@ fi|fi-tests|fi-kernels|fi-offline)
 *)
     echo "usage: $0 families|tests|offline|sampling|structured|fp8|online|itl|itl-shared|tp|hybrid-tests|" \
          "hybrid|hybrid-online|images|hybrid-big|hybrid-27b|hybrid-tp|gemma|gpt-oss|gpt-oss-profile|" \
-         "moe-ncu|moe-tune|moe-tune-bf16|moe-ab|spec|spec-eagle3|spec-hybrid|short-behind-long|" \
+         "moe-tests|moe-ncu|moe-tune|moe-tune-bf16|moe-ab|spec|spec-eagle3|spec-hybrid|short-behind-long|" \
          "first-minute|autotune-choices|fi|fi-tests|fi-kernels|fi-offline OUT" >&2
     exit 2 ;;
 esac

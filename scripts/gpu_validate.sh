@@ -27,9 +27,9 @@
 #                                           # in the same run; gpt-oss-120b on one GPU, offline
 #                                           # and batch 1
 #   scripts/gpu_validate.sh moe-tests  OUT  # the GPU tests of the MoE path alone (IEEE dots):
-#                                           # gpt-oss's parity, the MXFP4 GEMMs, Gemma 4's
-#                                           # experts, the router, PDL; after a change there,
-#                                           # before families' whole list
+#                                           # gpt-oss's and Qwen3-MoE's parity, the MXFP4
+#                                           # GEMMs, Gemma 4's experts, the router, PDL; after a
+#                                           # change there, before families' whole list
 #   scripts/gpu_validate.sh gpt-oss-profile OUT  # where a gpt-oss-20b decode step's time goes,
 #                                           # kernel by kernel: batch 1 and 64 (profile_decode.py
 #                                           # --per-step; the MXFP4 MoE tiles' table as tuned)
@@ -206,7 +206,8 @@ moe-tests)
         -m "gpu or any_device" "${xd[@]}" --durations=10 tests/engine/test_gpt_oss.py \
         tests/kernels/test_mxfp4_moe.py tests/kernels/test_gpt_oss_triton.py \
         tests/kernels/test_gemma_moe.py tests/kernels/test_topk_route.py \
-        tests/kernels/test_pdl.py >"$out/moe_tests.log" 2>&1
+        tests/kernels/test_pdl.py tests/engine/test_parity.py -k "qwen3_moe or not test_parity" \
+        >"$out/moe_tests.log" 2>&1
     tail -15 "$out/moe_tests.log" ;;
 moe-ncu)  # ncu reads the counters on Firecracker machines; the clocks are left alone
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)

@@ -6,7 +6,7 @@ the e2m1 value times ``2 ** -126`` (``e0 = e1 = 0, m = 1`` lands on the subnorma
 0.5's image), so one multiply by ``2 ** 126`` gives the exact value, and the group's e8m0 scale
 ``2 ** (s - 127)``, a float32 built from its exponent field, multiplies a tile of partial sums
 (small batches) or the weights (prefill tiles). A byte costs about six integer operations for
-its two values; read as 32-bit words (``decode_nibble``), a value costs two shifts and two masks.
+its two values; read as 32-bit words (``nibble_bits``), a value costs two shifts and two masks.
 
 On Hopper, bf16 tiles decode in PTX (``decode_bf16``): four bytes spread over two registers
 (``prmt``) put each nibble at the top of a 16-bit half, a shift and two masks place two values at
@@ -44,13 +44,6 @@ def nibble_bits(words, j: tl.constexpr):
         mag = (words >> (4 * j - 22)) & 0x01C00000
     sign = (words << (28 - 4 * j)) & -2147483648  # bit 31
     return (mag | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def decode_nibble(words, j: tl.constexpr):
-    """``nibble_bits`` times ``2 ** 126``: the e2m1 value, unscaled."""
-    two126: tl.constexpr = 8.507059173023462e37
-    return nibble_bits(words, j) * two126
 
 
 @triton.jit

@@ -83,6 +83,19 @@ def loop_opcodes(sass: str) -> collections.Counter:
     return ops
 
 
+def resources(bin_dir: str, cubin: bytes) -> str:
+    """Registers a thread and spilled bytes, as ``cuobjdump`` reads them from the cubin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        out = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage", path],
+                             capture_output=True, text=True, check=True).stdout
+    reg = re.search(r"REG:(\d+)", out)
+    stack = re.search(r"STACK:(\d+)", out)
+    return f"{reg.group(1) if reg else '?'} registers, stack {stack.group(1) if stack else '?'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
@@ -119,13 +132,15 @@ def main() -> None:
             os.makedirs(args.sass, exist_ok=True)
             with open(os.path.join(args.sass, f"{name}.sass"), "w") as f:
                 f.write(sass)
+        regs = resources(os.path.dirname(nvdisasm), compiled.asm["cubin"])
         ops = loop_opcodes(sass)
         total = sum(ops.values())
         weights = bn * bk * 2
         per_weight = total * 32 * args.warps / weights
+        top = ", ".join(f"{op} {n}" for op, n in ops.most_common(12))
         print(f"{name} (rows {rows}, BLOCK_N {bn}, BLOCK_K {bk}, {args.warps} warps, {stages} "
-              f"stages): {total} instructions a K step of {weights} weights, {per_weight:.1f} a "
-              f"weight; {', '.join(f'{op} {n}' for op, n in ops.most_common(12))}")
+              f"stages, {regs}): {total} instructions a K step of {weights} weights, "
+              f"{per_weight:.1f} a weight; {top}")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@
 expert, written where ``pick_config`` reads it (``minisgl/kernel/triton/moe_configs``).
 
     python benchmark/kernels/tune_moe.py [--mxfp4 | --shape NAME] [--budget 180] [--write]
-        [--out DIR]
+        [--tokens T ...] [--out DIR]
 
 ``--mxfp4``: gpt-oss's MXFP4 experts (2I = 5760, H = 2880; the file serves gpt-oss-20b and -120b,
 which differ in their expert count alone); else bf16 experts of ``--shape`` (Qwen3-30B-A3B's by
 default, ``gemma-4-26b-a4b`` Gemma 4's; a table is keyed by 2I and H). Candidates whose
 output differs from the default configuration's by more than bf16 rounding, or that do not
-compile, are reported and left out.
+compile, are reported and left out. ``--tokens`` tunes a few token counts only: their buckets
+replace those of the same counts in the shipped table, whose other buckets are kept.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 12
 GEMV = [(1, 16, 16, 256, 1, 4, 3), (1, 32, 32, 256, 1, 4, 3), (1, 16, 16, 512, 1, 4, 2),
         (1, 8, 8, 512, 1, 2, 2), (1, 32, 32, 128, 1, 8, 3), (1, 16, 16, 1024, 1, 4, 2),
         (1, 8, 8, 1024, 1, 2, 2), (1, 8, 8, 256, 1, 1, 3), (1, 16, 16, 256, 1, 2, 3),
-        (1, 4, 4, 1024, 1, 1, 2)]
+        (1, 4, 4, 1024, 1, 1, 2),
+        # a whole row a program (K = 2,880 in one masked step of 4,096): the loads of every
+        # weight the program reads in flight at once, one chain of routing reads before them
+        (1, 4, 4, 4096, 1, 4, 1), (1, 8, 8, 4096, 1, 8, 1), (1, 4, 4, 4096, 1, 8, 1),
+        (1, 2, 2, 4096, 1, 4, 1), (1, 4, 4, 2048, 1, 4, 1), (1, 8, 8, 2048, 1, 4, 1)]
 # MXFP4 from one token: the swapped kernel decodes each weight once a row block, as the GEMV
 # does, but in PTX, and leaves the multiply-adds to the tensor cores
 SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),
@@ -58,7 +63,7 @@ SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "gemma-4-26b-a4b": (2816, 704, 1
 
 
 def candidates(rows: float, mx: bool) -> list[MoeConfig]:
-    table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
+    table = (SMALL + (GEMV if mx and rows <= 2 else []) if rows <= 4 else MID if rows <= 64
              else BIG)
     if mx and rows <= 64:
         table = table + SWAPPED + (NARROW if rows <= 4 else [])
@@ -74,6 +79,8 @@ def main() -> None:
     p.add_argument("--write", action="store_true", help="into the package's moe_configs")
     p.add_argument("--unpermuted", action="store_true",
                    help="the swapped kernel's tiles in K order (to compare)")
+    p.add_argument("--tokens", type=int, nargs="+", default=TOKENS,
+                   help="token counts to tune (others keep the shipped table's buckets)")
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
     if a.unpermuted:
@@ -82,7 +89,7 @@ def main() -> None:
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = h, inter, e, k
     deadline = time.time() + a.budget
     best = []
-    for tokens in TOKENS:
+    for tokens in sorted(a.tokens):
         args, kw = inputs(tokens, mx=a.mxfp4)
         rows = tokens * k / e
         ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
@@ -107,11 +114,17 @@ def main() -> None:
                          config=list(cfg.__dict__.values()),
                          timed={str(tuple(c.__dict__.values())): round(t, 1) for t, c in timed}))
         print(json.dumps(best[-1]), flush=True)
+    gpu = torch.cuda.get_device_name()
+    name = file_name(gpu, "mxfp4" if a.mxfp4 else "bf16", 2 * inter, h)
+    if sorted(a.tokens) != TOKENS and (DIR / name).exists():  # the shipped table's other buckets
+        tuned = {b["tokens"] for b in best}
+        with open(DIR / name) as f:
+            kept = [b for b in json.load(f)["buckets"] if b["tokens"] not in tuned]
+        best = sorted(best + [dict(b, rows=b["tokens"] * k / e) for b in kept],
+                      key=lambda b: b["tokens"])
     for lo, hi in zip(best, best[1:]):  # a bucket reaches the geometric mean of two tuned counts
         lo["max_rows"] = (lo["rows"] * hi["rows"]) ** 0.5
     best[-1]["max_rows"] = 1e9  # and the last bucket all beyond
-    gpu = torch.cuda.get_device_name()
-    name = file_name(gpu, "mxfp4" if a.mxfp4 else "bf16", 2 * inter, h)
     doc = dict(gpu=gpu, torch=torch.__version__, experts=e, top_k=k,
                command="python benchmark/kernels/tune_moe.py"
                + (" --mxfp4" if a.mxfp4 else f" --shape {a.shape}"),

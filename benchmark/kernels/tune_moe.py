@@ -99,8 +99,8 @@ def main() -> None:
                 break
             try:
                 out = fused_moe(*args, config=cfg, **kw).float()
-            except Exception as e:  # a variant this GPU's compiler refuses: reported, not kept
-                print(f"rejected {tuple(cfg.__dict__.values())}: {type(e).__name__}: {e}"[:400])
+            except Exception as exc:  # a variant this GPU's compiler refuses: reported, not kept
+                print(f"rejected {tuple(cfg.__dict__.values())}: {type(exc).__name__}: {exc}"[:400])
                 continue
             err = ((out - ref).abs().max() / ref.abs().max()).item()
             if err >= 2e-2:  # more than a few bf16 roundings of the largest output: wrong

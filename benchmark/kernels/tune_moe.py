@@ -39,11 +39,7 @@ SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 12
 GEMV = [(1, 16, 16, 256, 1, 4, 3), (1, 32, 32, 256, 1, 4, 3), (1, 16, 16, 512, 1, 4, 2),
         (1, 8, 8, 512, 1, 2, 2), (1, 32, 32, 128, 1, 8, 3), (1, 16, 16, 1024, 1, 4, 2),
         (1, 8, 8, 1024, 1, 2, 2), (1, 8, 8, 256, 1, 1, 3), (1, 16, 16, 256, 1, 2, 3),
-        (1, 4, 4, 1024, 1, 1, 2),
-        # a whole row a program (K = 2,880 in one masked step of 4,096): the loads of every
-        # weight the program reads in flight at once, one chain of routing reads before them
-        (1, 4, 4, 4096, 1, 4, 1), (1, 8, 8, 4096, 1, 8, 1), (1, 4, 4, 4096, 1, 8, 1),
-        (1, 2, 2, 4096, 1, 4, 1), (1, 4, 4, 2048, 1, 4, 1), (1, 8, 8, 2048, 1, 4, 1)]
+        (1, 4, 4, 1024, 1, 1, 2)]
 # MXFP4 from one token: the swapped kernel decodes each weight once a row block, as the GEMV
 # does, but in PTX, and leaves the multiply-adds to the tensor cores
 SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),
@@ -63,7 +59,7 @@ SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "gemma-4-26b-a4b": (2816, 704, 1
 
 
 def candidates(rows: float, mx: bool) -> list[MoeConfig]:
-    table = (SMALL + (GEMV if mx and rows <= 2 else []) if rows <= 4 else MID if rows <= 64
+    table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
              else BIG)
     if mx and rows <= 64:
         table = table + SWAPPED + (NARROW if rows <= 4 else [])
@@ -127,7 +123,9 @@ def main() -> None:
     best[-1]["max_rows"] = 1e9  # and the last bucket all beyond
     doc = dict(gpu=gpu, torch=torch.__version__, experts=e, top_k=k,
                command="python benchmark/kernels/tune_moe.py"
-               + (" --mxfp4" if a.mxfp4 else f" --shape {a.shape}"),
+               + (" --mxfp4" if a.mxfp4 else f" --shape {a.shape}")
+               + ("" if sorted(a.tokens) == TOKENS
+                  else f" --tokens {' '.join(map(str, sorted(a.tokens)))} (over the last table)"),
                buckets=[dict(max_rows=b["max_rows"], config=b["config"], tokens=b["tokens"],
                              us=b["us"]) for b in best])
     os.makedirs(a.out, exist_ok=True)

@@ -42,3 +42,22 @@ def test_ties_pick_the_lowest_expert():
     weights, ids = topk_route(logits, 2, softmax_first=False)
     assert ids.tolist() == [[0, 1], [5, 0]]
     torch.testing.assert_close(weights[0], torch.full((2,), 0.5, device=DEV))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's NaN math
+@pytest.mark.parametrize("softmax_first", [False, True])
+def test_nan_rows_pick_experts_that_exist(softmax_first):
+    """A padding row's logits may be stale memory; NaN ranks above every number (as in
+    ``torch.topk``), so its ids stay in range (an id of ``experts`` would index past every
+    per-expert table), and the rows beside it are untouched."""
+    experts, k = 60, 4  # the tile is 64 wide: its padding lanes must never be picked
+    logits = torch.randn(3, experts, generator=torch.Generator().manual_seed(1)).to(DEV)
+    logits[0] = float("nan")
+    logits[1, 17] = float("nan")
+    _, ids = topk_route(logits, k, softmax_first)
+    assert ((ids >= 0) & (ids < experts)).all()
+    assert len(set(ids[0].tolist())) == k
+    if not softmax_first:  # one NaN: first, as torch.topk ranks it; the rest by value
+        assert torch.equal(ids[1:], torch.topk(logits[1:], k, dim=-1).indices)
+    _, clean = topk_route(logits[2:], k, softmax_first)
+    assert torch.equal(ids[2:], clean)

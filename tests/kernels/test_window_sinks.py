@@ -224,3 +224,23 @@ def test_real_sizes_bf16(dim, heads, window):
         want = reference(qd.unsqueeze(1), k, v, slots_of, [n - 1 for n in seq_lens],
                          dim**-0.5, window, sinks)
         torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("given_out", [False, True])
+def test_triton_backend_zeroes_padding_rows(given_out):
+    """A prefill padded to ``pad_tokens`` (the engine's dummy rows after the requests' tokens):
+    the padding rows of the output are zeros, not whatever the buffer held (stale memory may be
+    NaN, and a NaN row reaching the MoE router picked an expert id past the last)."""
+    spec = AttentionSpec(kv_layer=1, num_qo_heads=4, num_kv_heads=2, head_dim=32, scale=0.2,
+                         sliding_window=6)
+    pool, table, batch, (q, k, v) = scene([0, 5], [9, 4], spec, torch.float32, 1, seed=5)
+    backend = TritonBackend(pool, table)
+    want = run(backend, batch, (q, k, v), spec)
+    pad = 3
+    q, k, v = (torch.cat([t, torch.full((pad, *t.shape[1:]), float("nan"), device=DEV)])
+               for t in (q, k, v))
+    out = torch.full_like(q, float("nan")) if given_out else None
+    backend.prepare_metadata(batch)
+    got = backend.forward(q, k, v, spec, batch, out)
+    torch.testing.assert_close(got[:-pad], want)
+    assert torch.equal(got[-pad:], torch.zeros_like(got[-pad:]))

@@ -203,6 +203,8 @@ class FlashInferBackend(BaseAttnBackend):
         ks, vs = pool.kv_scales(spec.kv_layer) if pool.is_fp8 else (1.0, 1.0)
         wrapper.run(q[:n].contiguous(), pages, out=out[:n], k_scale=None if ks == 1.0 else ks,
                     v_scale=None if vs == 1.0 else vs, enable_pdl=self.pdl)
+        if q.shape[0] > n:  # padding rows: zeros, never stale memory (a NaN there reaches routers)
+            out[n:].zero_()
         return out
 
     # -- CUDA graphs ----------------------------------------------------------------------------

@@ -81,6 +81,7 @@ class TritonPrefillMetadata(BaseAttnMetadata):
     max_extend: int
     max_seq_len: int
     no_prefix: bool  # every request starts at position 0 (FlashAttention may skip the pool)
+    num_tokens: int  # the requests' new tokens; rows past them are padding (``pad_tokens``)
 
 
 @dataclass
@@ -153,7 +154,7 @@ class TritonBackend(BaseAttnBackend):
         return TritonPrefillMetadata(
             rows=rows, seq_lens=seq_lens, cu_seqlens=cu_seqlens,
             max_extend=max(extend), max_seq_len=max(r.device_len for r in reqs),
-            no_prefix=all(r.cached_len == 0 for r in reqs),
+            no_prefix=all(r.cached_len == 0 for r in reqs), num_tokens=cu[-1],
         )
 
     # -- forward ------------------------------------------------------------------------------
@@ -186,12 +187,15 @@ class TritonBackend(BaseAttnBackend):
     def _extend(self, q, spec: AttentionSpec, meta: TritonPrefillMetadata, out,
                 key_limits: torch.Tensor | None = None) -> torch.Tensor:
         pool, layer = self.kv_pool, spec.kv_layer
-        return extend_attention(
+        out = extend_attention(
             q, pool.k_cache(layer), pool.v_cache(layer), self.table_for(spec), meta.rows,
             meta.cu_seqlens, meta.seq_lens, meta.max_extend, spec.scale, out=out,
             kv_scales=pool.kv_scales(layer), window=spec.window, sinks=spec.sinks,
             key_limits=key_limits,
         )
+        if q.shape[0] > meta.num_tokens:  # padding rows: zeros, never stale memory (a NaN
+            out[meta.num_tokens:].zero_()  # there would reach the MoE router)
+        return out
 
     def _workspace(self, meta: TritonDecodeMetadata, q: torch.Tensor):
         """Split workspace shared by all layers of one forward (none when ``num_splits == 1``),

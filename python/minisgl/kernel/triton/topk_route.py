@@ -3,8 +3,9 @@ then ``softmax`` take four kernels a layer (a gather, a sort, a reduction, the s
 the experts' own GEMMs at batch 1.
 
 One program takes ``BLOCK_T`` tokens' logits (all experts in one tile), picks the largest k times
-(the lowest expert id among equal logits), and writes the weights (float32, or the experts' input
-dtype, saving the cast's launch) and the ids, largest first as ``torch.topk`` does:
+(the lowest expert id among equal logits; NaN above every number, as in ``torch.topk``), and
+writes the weights (float32, or the experts' input dtype, saving the cast's launch) and the ids,
+largest first as ``torch.topk`` does:
 
 - ``SOFTMAX_FIRST`` (Qwen's ``softmax`` routing): softmax over every expert, the top k of it,
   renormalised to sum 1 when ``RENORMALIZE``;
@@ -36,6 +37,10 @@ def _topk_route_kernel(logits_ptr, weights_ptr, ids_ptr, n_tokens, n_experts, st
     if SOFTMAX_FIRST:
         x = tl.exp(x - tl.max(x, axis=1)[:, None])
         x = x / tl.sum(x, axis=1)[:, None]
+    # NaN ranks above every number, as in torch.topk: a row of NaN (a padding row's garbage)
+    # still picks experts that exist, never the tile's padding
+    x = tl.where((experts < n_experts)[None, :], tl.where(x == x, x, float("inf")),
+                 -float("inf"))
     cols = tl.arange(0, K)
     vals = tl.zeros((BLOCK_T, K), dtype=tl.float32)
     ids = tl.zeros((BLOCK_T, K), dtype=tl.int32)

@@ -66,8 +66,8 @@
 #                                           # and batch 1
 #   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
 #                                           # (float32; the sliding pool under CUDA graphs and
-#                                           # with radix hits), Gemma 3 27B and Gemma 4 26B-A4B
-#                                           # offline (random weights)
+#                                           # with radix hits; TESTS=0: none), Gemma 3 27B and
+#                                           # Gemma 4 26B-A4B offline (random weights)
 #   scripts/gpu_validate.sh first-minute OUT  # /health 200 from process start and each first
 #                                           # request (greedy, sampled, JSON schema, tools) on an
 #                                           # empty kernel cache, a restart on the kept one, and
@@ -331,12 +331,16 @@ hybrid-tp)  # two GPUs: bf16 at TP=2
     step 180 "${bench[@]}" --model $m36 --tp 2 --variants "" --batch1 --no-batch1-baseline \
         --hf-requests 0 --tag tp2_batch1 >"$out/bench_qwen3.6-35b-a3b_tp2_batch1.log" 2>&1
     cat "$out"/offline_qwen3.6-35b-a3b_*_tp2*.md ;;
-gemma)
-    "$py" -m pytest -q -p no:cacheprovider -rf tests/kernels/test_window_sinks.py \
-        tests/kernels/test_gemma_triton.py tests/kernels/test_gemma_moe.py \
-        tests/engine/test_gemma_parity.py \
-        >"$out/gemma_tests.log" 2>&1
-    tail -3 "$out/gemma_tests.log"
+gemma)  # TESTS=0: the benchmarks alone
+    if [ "${TESTS:-1}" != 0 ]; then  # one file a worker, IEEE dots (as in families)
+        xd=(); "$py" -c "import xdist" 2>/dev/null && xd=(-n 8 --dist loadfile)
+        TRITON_F32_DEFAULT=ieee step 300 "$py" -m pytest -q -p no:cacheprovider -rf \
+            -m "gpu or any_device" "${xd[@]}" tests/kernels/test_window_sinks.py \
+            tests/kernels/test_topk_route.py tests/kernels/test_gemma_triton.py \
+            tests/kernels/test_gemma_moe.py tests/engine/test_gemma_parity.py \
+            >"$out/gemma_tests.log" 2>&1
+        tail -3 "$out/gemma_tests.log"
+    fi
     step 400 "${bench[@]}" --model benchmark/configs/gemma-3-27b-it.json --hf-requests 0 \
         --num-requests 64 --tag gemma3 >"$out/bench_gemma3.log" 2>&1
     # its experts run the fused Triton MoE kernel (GELU-tanh gated)

@@ -3,7 +3,7 @@ Triton's own ptxas, disassembled with its ``nvdisasm``, and the instructions of 
 by opcode: what a change to the decoding costs, on a machine where nothing can be timed.
 
     python benchmark/kernels/sass_moe.py [--kernel gemv small wide] [--tile BN BK]
-        [--warps W] [--stages S] [--sass DIR]
+        [--warps W] [--stages S] [--maxnreg R] [--sass DIR]
 
 Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by default the one
 the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
@@ -106,6 +106,7 @@ def main() -> None:
                         help="the tiles' decoding in float32 (other dtypes, GPUs before Hopper)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=None, help="default: the table's")
+    parser.add_argument("--maxnreg", type=int, default=None, help="cap on registers a thread")
     parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -121,7 +122,8 @@ def main() -> None:
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts,
                                             attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": args.warps, "num_stages": stages})
+                                  options={"num_warps": args.warps, "num_stages": stages,
+                                           **({"maxnreg": args.maxnreg} if args.maxnreg else {})})
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "kernel.cubin")
             with open(path, "wb") as f:

@@ -1,0 +1,126 @@
+# Stages of scripts/gpu_validate.sh: the kernels (the fused MoE's tests, counters and tiles;
+# fla's autotuned choices; FlashInfer). Sourced by it, which sets py, out, stage, step,
+# bench and the model paths:
+#   scripts/gpu_validate.sh moe-tests  OUT  # the GPU tests of the MoE path alone (IEEE dots):
+#                                           # gpt-oss's and Qwen3-MoE's parity, the MXFP4
+#                                           # GEMMs, Gemma 4's experts, the router, PDL; after a
+#                                           # change there, before families' whole list
+#   scripts/gpu_validate.sh moe-ncu    OUT  # what bounds the MXFP4 MoE GEMMs: each kernel's
+#                                           # device time at 1-256 tokens, then Nsight
+#                                           # Compute's counters (throughput, occupancy, issue,
+#                                           # stall reasons) at 1, 64 and 256 tokens
+#   scripts/gpu_validate.sh moe-tune   OUT  # tune the MXFP4 MoE tiles for this GPU
+#                                           # (tune_moe.py --mxfp4 --write: copy the table from
+#                                           # OUT into python/minisgl/kernel/triton/moe_configs)
+#   scripts/gpu_validate.sh moe-tune-bf16 OUT  # the tiles of bf16 experts (Qwen3-30B-A3B,
+#                                           # Gemma 4 26B-A4B): copy OUT's tables into moe_configs
+#   scripts/gpu_validate.sh moe-ab     OUT  # moe-tune twice in one call: the swapped kernel's
+#                                           # 16/32-row blocks in K order (OUT/unpermuted), then
+#                                           # in their permuted operand order
+#   scripts/gpu_validate.sh autotune-choices OUT  # the choices fla's autotuned kernels make
+#                                           # for Qwen3.5-9B on this GPU (and the run's seconds
+#                                           # on an empty cache, every kernel compiling on first
+#                                           # use): copy OUT's JSON into
+#                                           # python/minisgl/kernel/autotune_tables to ship them
+#   scripts/gpu_validate.sh fi         OUT  # FlashInfer (--attn fi): installs it from the wheels
+#                                           # carried in .whl-fi/N (scripts/fetch_flashinfer_
+#                                           # wheels.sh; carry ".whl-fi/1", and with a larger
+#                                           # wheel ".whl-fi/2" in an earlier call), its kernels
+#                                           # compiled on first use into /tmp/minisgl-fi/jit (kept
+#                                           # while the machine stays warm); then the three
+#                                           # below, which run alone too (one call each fits
+#                                           # the 10-minute limit better than all three):
+#   scripts/gpu_validate.sh fi-tests   OUT  # tests/kernels/test_fi_attention.py -m gpu: fi vs
+#                                           # torch, CUDA graphs, greedy parity with transformers
+#   scripts/gpu_validate.sh fi-kernels OUT  # decode and mixed attention kernels, fi beside triton
+#   scripts/gpu_validate.sh fi-offline OUT  # Qwen3-8B offline: default, fi, fi-triton
+fi_install() {  # FlashInfer from .whl-fi/*/ (this call's and earlier calls' pieces), once
+    local keep=/tmp/minisgl-fi
+    mkdir -p $keep/whl
+    # (apache-tvm-ffi may come with the other wheels, .whl/: .whl and .whl-fi/1 together pass the
+    # 64 MiB a call carries, so a folder of flashinfer's wheel alone goes with .whl)
+    cp .whl-fi/*/* .whl/apache_tvm_ffi-* $keep/whl/ 2>/dev/null
+    export FLASHINFER_WORKSPACE_BASE=$keep/jit FLASHINFER_CUDA_ARCH_LIST=${FI_ARCH:-9.0a}
+    export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONPATH=$keep/site${PYTHONPATH:+:$PYTHONPATH}
+    [ -f $keep/site/.installed ] && return 0
+    (cd $keep/whl || exit 1
+     for f in $(awk '{print $2}' SHA256SUMS); do  # a wheel split in pieces: join them
+         compgen -G "$f.part*" >/dev/null && cat "$f".part* >"$f"
+     done
+     sha256sum -c --quiet SHA256SUMS) || {
+        echo "[fi] wheels incomplete (have: $(ls $keep/whl | tr '\n' ' ')): carry the next" \
+             ".whl-fi/N, or run scripts/fetch_flashinfer_wheels.sh here first" >&2
+        exit 3
+    }
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target $keep/site $(awk '{print "'$keep'/whl/" $2}' $keep/whl/SHA256SUMS) || exit 3
+    touch $keep/site/.installed
+}
+case $stage in
+moe-tests)
+    xd=(); "$py" -c "import xdist" 2>/dev/null && xd=(-n 8 --dist loadfile)
+    TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -q -p no:cacheprovider -rf \
+        -m "gpu or any_device" "${xd[@]}" --durations=10 tests/engine/test_gpt_oss.py \
+        tests/kernels/test_mxfp4_moe.py tests/kernels/test_gpt_oss_triton.py \
+        tests/kernels/test_gemma_moe.py tests/kernels/test_topk_route.py \
+        tests/kernels/test_pdl.py tests/engine/test_parity.py -k "qwen3_moe or not test_parity" \
+        >"$out/moe_tests.log" 2>&1
+    tail -15 "$out/moe_tests.log" ;;
+moe-ncu)  # ncu reads the counters on Firecracker machines; the clocks are left alone
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    step 120 "$py" benchmark/kernels/bench_moe.py --mxfp4 --no-torch --kernels \
+        --tokens 1 4 16 64 256 --out "$out" >"$out/bench_moe_kernels.log" 2>&1
+    grep -h kernels_us "$out/bench_moe_kernels.log" | cut -c1-700
+    step 300 "$ncu" --clock-control none --kernel-name regex:moe_ge --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        "$py" benchmark/kernels/bench_moe.py --mxfp4 --once --tokens 1 64 256 \
+        >"$out/ncu_moe.txt" 2>&1
+    grep -E "tokens:|moe_ge|Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|\
+Registers Per|Waves Per SM" "$out/ncu_moe.txt" | head -120 ;;
+moe-tune)
+    step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
+        >"$out/tune_moe.log" 2>&1
+    tail -3 "$out/tune_moe.log" ;;
+moe-tune-bf16)  # the fused MoE's tiles for bf16 experts: Qwen3-30B-A3B's and Gemma 4's
+    for shape in qwen3-30b-a3b gemma-4-26b-a4b; do
+        step 240 "$py" benchmark/kernels/tune_moe.py --shape $shape --budget 200 --out "$out" \
+            >"$out/tune_moe_$shape.log" 2>&1
+        tail -2 "$out/tune_moe_$shape.log"
+    done ;;
+moe-ab)  # the swapped kernel's small row blocks in K order, then in the permuted operand order
+    step 200 "$py" benchmark/kernels/tune_moe.py --mxfp4 --unpermuted --budget 170 \
+        --out "$out/unpermuted" >"$out/tune_moe_unpermuted.log" 2>&1
+    step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
+        >"$out/tune_moe.log" 2>&1
+    tail -3 "$out/tune_moe.log" ;;
+autotune-choices)  # needs fla-core (pip install 'minisgl[hybrid]'); on an empty kernel cache
+    TRITON_CACHE_DIR=$(mktemp -d) step 500 "$py" benchmark/kernels/autotune_choices.py \
+        --model benchmark/configs/qwen3.5-9b.json --out "$out" >"$out/autotune_choices.log" 2>&1
+    tail -4 "$out/autotune_choices.log" ;;
+fi|fi-tests|fi-kernels|fi-offline)
+    fi_install
+    "$py" -c "import flashinfer, torch; print('flashinfer', flashinfer.__version__, 'torch',
+        torch.__version__, 'cuda', torch.version.cuda)" | tee "$out/fi_versions.txt" || exit 3
+    jit=$FLASHINFER_WORKSPACE_BASE
+    if [ $stage = fi ] || [ $stage = fi-tests ]; then  # on a cold JIT cache they compile
+        echo "JIT cache before: $(du -sh $jit 2>/dev/null | cut -f1)" >>"$out/fi_versions.txt"
+        step 560 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu --durations=12 \
+            tests/kernels/test_fi_attention.py >"$out/fi_tests.log" 2>&1
+        tail -20 "$out/fi_tests.log"
+    fi
+    if [ $stage = fi ] || [ $stage = fi-kernels ]; then
+        step 300 "$py" benchmark/kernels/bench_decode_attention.py --batch 1 32 256 \
+            --ctx 1024 4096 16384 --prefill --out "$out" >"$out/bench_decode_attention.log" 2>&1
+        step 200 "$py" benchmark/kernels/bench_mixed_attention.py --out "$out" \
+            >"$out/bench_mixed_attention.log" 2>&1
+        cat "$out"/*decode_attention*.md "$out"/*mixed_attention*.md
+    fi
+    if [ $stage = fi ] || [ $stage = fi-offline ]; then
+        step 500 "${bench[@]}" --model $m8 --variants default,fi,fi-triton --hf-requests 0 --tag fi \
+            >"$out/bench_qwen3-8b_fi.log" 2>&1
+        cat "$out"/offline_*_fi.md
+    fi
+    { echo "JIT cache after: $(du -sh $jit | cut -f1)"; ls "$jit"/.cache/flashinfer/*/*/cached_ops \
+        2>/dev/null; } | tee -a "$out/fi_versions.txt" ;;
+esac

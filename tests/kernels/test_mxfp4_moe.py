@@ -18,7 +18,7 @@ from helpers.interpreter import import_triton
 triton = import_triton()
 
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
-from minisgl.kernel.triton.mxfp4 import bf16x2_pow2, decode_bf16, nibble_bits  # noqa: E402
+from minisgl.kernel.triton.mxfp4 import bf16x2_pow2, decode_bf16, pair_bits  # noqa: E402
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales  # noqa: E402
 from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
 from minisgl.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
@@ -164,15 +164,17 @@ def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens, config):
 def _decode_words(words_ptr, out_ptr):
     offs = triton.language.arange(0, 16)
     words = triton.language.load(words_ptr + offs)
-    for j in triton.language.static_range(8):
+    for j in triton.language.static_range(4):
+        lo, hi = pair_bits(words, j)
         # the GEMV takes the 2 ** 126 back through x (2 ** 100) and its sums (2 ** 26)
-        triton.language.store(out_ptr + offs * 8 + j, nibble_bits(words, j) * 8.507059173023462e37)
+        triton.language.store(out_ptr + offs * 8 + j, lo * 8.507059173023462e37)
+        triton.language.store(out_ptr + offs * 8 + j + 4, hi * 8.507059173023462e37)
 
 
-def test_nibble_bits_every_code_at_every_position():
-    """``mxfp4.nibble_bits`` (the GEMV's decoding of 32-bit words) times ``2 ** 126``: each of
-    the 16 codes at each of a word's 8 positions (bits 4j .. 4j + 3), against the tests' own e2m1
-    table."""
+def test_pair_bits_every_code_at_every_position():
+    """``mxfp4.pair_bits`` (the GEMV's decoding of 32-bit words, two values at a time) times
+    ``2 ** 126``: each of the 16 codes at each of a word's 8 positions (bits 4j .. 4j + 3),
+    against the tests' own e2m1 table."""
     nibbles = (torch.arange(16)[:, None] + torch.arange(8)[None, :]) % 16  # word i, position j
     words = (nibbles << (4 * torch.arange(8))[None, :]).sum(1)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)

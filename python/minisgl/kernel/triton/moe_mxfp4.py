@@ -3,8 +3,8 @@
 
 Three shapes of the same work, chosen by the row block. Row blocks of one (a batch of a few
 tokens, each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores, its
-weights read as 32-bit words of 8 values (two shifts and two masks a value, each thread's
-products summed in its registers, no shuffles in the K loop). Small
+weights read as 32-bit words of 8 values (decoded two at a time, ``mxfp4.pair_bits``, each
+thread's products summed in its registers, no shuffles in the K loop). Small
 batches (16- or 32-row blocks: decode, a few rows per expert) take ``moe_gemm_mx_kernel``: a K
 step is whole 32-value groups, each group's bytes decode without their scale, two dots of depth
 16 (x's even and odd columns) give its partial sums and one multiply by the scale adds them in;
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_bf16, decode_pair, e8m0, nibble_bits
+from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_bf16, decode_pair, e8m0, pair_bits
 from .pdl import wait_then_release
 
 
@@ -105,7 +105,7 @@ def moe_gemv_mx_kernel(
     reduced once, after the K loop. A dot padded to 16 rows would decode the same weights for 15
     rows of padding. ``w``'s address and strides are multiples of 16 bytes (a row holds K/2
     bytes, K a multiple of 32; the launcher checks), so a thread loads a group's words at once.
-    The values stay ``2 ** -126`` times themselves (``mxfp4.nibble_bits``: no multiply a
+    The values stay ``2 ** -126`` times themselves (``mxfp4.pair_bits``: no multiply a
     weight), x is taken times ``2 ** 100`` (exact below ``2 ** 28``), and the sums are multiplied
     by ``2 ** 26`` once, after the K loop."""
     wait_then_release(USE_PDL)
@@ -157,16 +157,19 @@ def moe_gemv_mx_kernel(
 @triton.jit
 def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
     """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each position j, by bits of
-    j), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8 products summed. Value j
-    of every word at once (``mxfp4.nibble_bits``: shifts by constants)."""
+    j), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8 products summed. Values
+    j and j + 4 of every word at once (``mxfp4.pair_bits``: shifts by constants)."""
     if EVEN_K:
         words, s = tl.load(w_ptrs), tl.load(s_ptrs)
     else:
         words = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
         s = tl.load(s_ptrs, mask=g_ok[None, :], other=0)
     t = tl.zeros(words.shape, dtype=tl.float32)
-    for j in tl.static_range(8):
-        t += nibble_bits(words, j) * xs[j % 2 + 2 * ((j // 2) % 2)][j // 4][None, :, :]
+    for j in tl.static_range(4):  # values j and j + 4 of every word
+        lo, hi = pair_bits(words, j)
+        x_j = xs[j % 2 + 2 * ((j // 2) % 2)]
+        t += lo * x_j[0][None, :, :]  # two statements: two fused multiply-adds
+        t += hi * x_j[1][None, :, :]
     return t * e8m0(s)[:, :, None]
 
 

@@ -6,7 +6,8 @@ the e2m1 value times ``2 ** -126`` (``e0 = e1 = 0, m = 1`` lands on the subnorma
 0.5's image), so one multiply by ``2 ** 126`` gives the exact value, and the group's e8m0 scale
 ``2 ** (s - 127)``, a float32 built from its exponent field, multiplies a tile of partial sums
 (small batches) or the weights (prefill tiles). A byte costs about six integer operations for
-its two values; read as 32-bit words (``nibble_bits``), a value costs two shifts and two masks.
+its two values. Read as 32-bit words (``pair_bits``), two values (4 apart) cost a shift to the
+tops of the word's halves, a shift and two masks (a bf16 pair) and two operations to widen it.
 
 On Hopper, bf16 tiles decode in PTX (``decode_bf16``): four bytes spread over two registers
 (``prmt``) put each nibble at the top of a 16-bit half, a shift and two masks place two values at
@@ -33,17 +34,17 @@ def decode_pair(packed, dtype: tl.constexpr):
 
 
 @triton.jit
-def nibble_bits(words, j: tl.constexpr):
-    """Value ``j`` (bits ``4j .. 4j + 3``, K order: a byte's low nibble first) of 32-bit words
-    (any shape) as float32 times ``2 ** -126``, by the same bit placement as ``decode_pair``:
-    two shifts by constants and two masks a value, no conversion of the byte first. A caller
-    that scales its sums anyway folds the ``2 ** 126`` in there (the MoE GEMV)."""
-    if j < 6:
-        mag = (words << (22 - 4 * j)) & 0x01C00000
-    else:
-        mag = (words >> (4 * j - 22)) & 0x01C00000
-    sign = (words << (28 - 4 * j)) & -2147483648  # bit 31
-    return (mag | sign).to(tl.float32, bitcast=True)
+def pair_bits(words, j: tl.constexpr):
+    """Values ``j`` and ``j + 4`` (``j < 4``; value ``i`` at bits ``4i .. 4i + 3``, K order: a
+    byte's low nibble first) of 32-bit words (any shape) as float32 times ``2 ** -126``, two at a
+    time: one shift puts both nibbles at the tops of the words' 16-bit halves, where a shift and
+    two masks make the bf16 pair (``decode_bf16``'s placement), which widens exactly to float32
+    (the low value shifted up, the high one masked). A caller that scales its sums anyway folds
+    the ``2 ** 126`` in there (the MoE GEMV)."""
+    t = words << (12 - 4 * j)
+    pair = ((t >> 6) & 0x01C001C0) | (t & -2147450880)  # sign bits 15 and 31: 0x80008000
+    return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32,
+                                                                           bitcast=True)
 
 
 @triton.jit

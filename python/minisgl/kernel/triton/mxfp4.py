@@ -43,8 +43,9 @@ def pair_bits(words, j: tl.constexpr):
     the ``2 ** 126`` in there (the MoE GEMV)."""
     t = words << (12 - 4 * j)
     pair = ((t >> 6) & 0x01C001C0) | (t & -2147450880)  # sign bits 15 and 31: 0x80008000
-    return (pair << 16).to(tl.float32, bitcast=True), (pair & -65536).to(tl.float32,
-                                                                           bitcast=True)
+    lo = (pair << 16).to(tl.float32, bitcast=True)
+    hi = (pair & -65536).to(tl.float32, bitcast=True)  # the low half cleared: 0xFFFF0000
+    return lo, hi
 
 
 @triton.jit

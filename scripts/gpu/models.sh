@@ -16,7 +16,8 @@
 #                                           # and batch 1
 #   scripts/gpu_validate.sh gpt-oss-profile OUT  # where a gpt-oss-20b decode step's time goes,
 #                                           # kernel by kernel: batch 1 and 64 (profile_decode.py
-#                                           # --per-step; the MXFP4 MoE tiles' table as tuned)
+#                                           # --per-step; the MXFP4 MoE tiles' table as tuned);
+#                                           # MODEL=gemma-4-26b-a4b BATCHES=64: another model's
 #   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
 #                                           # (float32; the sliding pool under CUDA graphs and
 #                                           # with radix hits; TESTS=0: none), Gemma 3 27B and
@@ -80,11 +81,12 @@ gpt-oss)
     step 200 "${bench[@]}" --model benchmark/configs/gpt-oss-120b.json --batch1 \
         --no-batch1-baseline --hf-requests 0 --num-requests 128 >"$out/bench_gpt-oss-120b.log" 2>&1
     cat "$out"/offline_gpt-oss-*.md ;;
-gpt-oss-profile)
-    for bs in 1 64; do
-        step 200 "$py" benchmark/offline/profile_decode.py --model $moss --batch $bs --tokens 32 \
-            --per-step --out "$out" >"$out/profile_gpt-oss-20b_bs$bs.log" 2>&1
-        grep -A14 "per decode step" "$out/profile_gpt-oss-20b_bs$bs.log"
+gpt-oss-profile)  # MODEL: another config of benchmark/configs (e.g. gemma-4-26b-a4b)
+    m=${MODEL:-gpt-oss-20b}
+    for bs in ${BATCHES:-1 64}; do
+        step 200 "$py" benchmark/offline/profile_decode.py --model "benchmark/configs/$m.json" \
+            --batch $bs --tokens 32 --per-step --out "$out" >"$out/profile_${m}_bs$bs.log" 2>&1
+        grep -A14 "per decode step" "$out/profile_${m}_bs$bs.log"
     done ;;
 tests)
     "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests --durations=15 \

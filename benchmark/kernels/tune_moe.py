@@ -10,7 +10,8 @@ which differ in their expert count alone); else bf16 experts of ``--shape`` (Qwe
 default, ``gemma-4-26b-a4b`` Gemma 4's; a table is keyed by 2I and H). Candidates whose
 output differs from the default configuration's by more than bf16 rounding, or that do not
 compile, are reported and left out. ``--tokens`` tunes a few token counts only: their buckets
-replace those of the same counts in the shipped table, whose other buckets are kept.
+replace those of the same counts in the shipped table, whose other buckets are kept (as they are
+for the counts a ``--budget`` that runs out never finishes).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def candidates(rows: float, mx: bool) -> list[MoeConfig]:
     return [MoeConfig(*c) for c in table]
 
 
-def main() -> None:
+def main() -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mxfp4", action="store_true")
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b",
@@ -93,9 +94,10 @@ def main() -> None:
         args, kw = inputs(tokens, mx=a.mxfp4)
         rows = tokens * k / e
         ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
-        timed = []
+        timed, cut = [], False
         for cfg in candidates(rows, a.mxfp4):
             if time.time() > deadline:
+                cut = True
                 break
             try:
                 out = fused_moe(*args, config=cfg, **kw).float()
@@ -107,7 +109,8 @@ def main() -> None:
                 print(f"rejected {tuple(cfg.__dict__.values())}: max error {err:.3g}")
                 continue
             timed.append((graph_ms(lambda: fused_moe(*args, config=cfg, **kw)) * 1e3, cfg))
-        if not timed:
+        if cut or not timed:  # this count and the later ones keep their shipped buckets
+            print(f"{'the budget ran out' if cut else 'no candidate ran'} at {tokens} tokens")
             break
         us, cfg = min(timed, key=lambda t: t[0])
         best.append(dict(tokens=tokens, rows=rows, us=round(us, 1),
@@ -116,8 +119,12 @@ def main() -> None:
         print(json.dumps(best[-1]), flush=True)
     gpu = torch.cuda.get_device_name()
     name = file_name(gpu, "mxfp4" if a.mxfp4 else "bf16", 2 * inter, h)
-    if sorted(a.tokens) != TOKENS and (DIR / name).exists():  # the shipped table's other buckets
-        tuned = {b["tokens"] for b in best}
+    tuned = {b["tokens"] for b in best}
+    if not tuned:
+        print("nothing tuned: no table written")
+        return 1
+    partial = sorted(tuned) != TOKENS
+    if partial and (DIR / name).exists():  # the shipped table's other buckets
         with open(DIR / name) as f:
             kept = [b for b in json.load(f)["buckets"] if b["tokens"] not in tuned]
         best = sorted(best + [dict(b, rows=b["tokens"] * k / e) for b in kept],
@@ -128,8 +135,8 @@ def main() -> None:
     doc = dict(gpu=gpu, torch=torch.__version__, experts=e, top_k=k,
                command="python benchmark/kernels/tune_moe.py"
                + (" --mxfp4" if a.mxfp4 else f" --shape {a.shape}")
-               + ("" if sorted(a.tokens) == TOKENS
-                  else f" --tokens {' '.join(map(str, sorted(a.tokens)))} (over the last table)"),
+               + (f" --tokens {' '.join(map(str, sorted(tuned)))} (over the last table)"
+                  if partial else ""),
                buckets=[dict(max_rows=b["max_rows"], config=b["config"], tokens=b["tokens"],
                              us=b["us"]) for b in best])
     os.makedirs(a.out, exist_ok=True)

@@ -83,14 +83,10 @@ def loop_opcodes(sass: str) -> collections.Counter:
     return ops
 
 
-def resources(bin_dir: str, cubin: bytes) -> str:
+def resources(bin_dir: str, cubin_path: str) -> str:
     """Registers a thread and spilled bytes, as ``cuobjdump`` reads them from the cubin."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        out = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage", path],
-                             capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage",
+                          cubin_path], capture_output=True, text=True, check=True).stdout
     reg = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
     return f"{reg.group(1) if reg else '?'} registers, stack {stack.group(1) if stack else '?'}"
@@ -130,11 +126,11 @@ def main() -> None:
                 f.write(compiled.asm["cubin"])
             sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True,
                                   check=True).stdout
+            regs = resources(os.path.dirname(nvdisasm), path)
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)
             with open(os.path.join(args.sass, f"{name}.sass"), "w") as f:
                 f.write(sass)
-        regs = resources(os.path.dirname(nvdisasm), compiled.asm["cubin"])
         ops = loop_opcodes(sass)
         total = sum(ops.values())
         weights = bn * bk * 2

@@ -50,11 +50,11 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
     xd=()  # test files in parallel when pytest-xdist is there (WORKERS=0: one process)
     "$py" -c "import xdist" 2>/dev/null && [ "${WORKERS:-8}" != 0 ] \
         && xd=(-n "${WORKERS:-8}" --dist loadfile)
-    # a test stuck past 300 s fails with its stacks (pytest-timeout) and the run goes on to its
-    # summary: the stage's own limit would kill pytest before it names anything. On an empty
-    # Triton cache (8 workers compiling the same kernels at once) the whole list ran past 540 s
-    # with three failures it never named; on a warm one it passes in about 6 minutes
-    to=(); "$py" -c "import pytest_timeout" 2>/dev/null && to=(--timeout 300)
+    # a test stuck past 300 s fails with its stacks (pytest-timeout), and past 450 s no worker
+    # starts another test, so pytest reaches its summary (failures, durations) before the
+    # stage's own limit kills it; -v names every test as it ends, in case it does not. On an
+    # empty Triton cache the whole list has run past 540 s (PART=1, PART=2 split it)
+    to=(); "$py" -c "import pytest_timeout" 2>/dev/null && to=(--timeout 300 --session-timeout 450)
     files=(tests/engine/test_parity.py tests/engine/test_gpu.py tests/engine/test_hybrid_parity.py
            tests/kernels/test_window_sinks.py
            tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py
@@ -64,10 +64,11 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
         1) files=("${files[@]:0:4}") ;;
         2) files=("${files[@]:4}") ;;
     esac
-    TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -q -p no:cacheprovider -rf \
+    TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -v -p no:cacheprovider -rfE \
         -m "gpu or any_device" "${xd[@]}" "${to[@]}" --durations=25 \
         "${files[@]}" >"$out/families_tests.log" 2>&1
-    tail -25 "$out/families_tests.log" ;;
+    grep -E "(FAILED|ERROR) tests/" "$out/families_tests.log" | sort -u | head -30
+    tail -28 "$out/families_tests.log" | grep -v " PASSED \| SKIPPED " ;;
 gpt-oss)
     if [ "${TESTS:-1}" != 0 ]; then
         step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m gpu \

@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from helpers.device import TEST_DEVICE
+from helpers.device import GPU_TEST_OPTIONS, TEST_DEVICE
 from helpers.engine_utils import (
     conversation_with_radix_hits,
     prefill_logits,
@@ -58,7 +58,7 @@ def reference(checkpoints, prompts):
 
 def make_llm(path: str, **options) -> LLM:
     options.setdefault("num_pages", 4096 // options.get("page_size", 1))
-    return LLM(path, device=TEST_DEVICE, dtype="float32", **options)
+    return LLM(path, device=TEST_DEVICE, dtype="float32", **{**GPU_TEST_OPTIONS, **options})
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_tp import run_rank, run_tp
 
-from helpers.device import TEST_DEVICE
+from helpers.device import GPU_TEST_OPTIONS, TEST_DEVICE
 from helpers.engine_utils import (
     conversation_with_radix_hits,
     prefill_logits,
@@ -66,7 +66,7 @@ def reference(checkpoints, prompts):
 
 def make_llm(path, **options) -> LLM:
     options.setdefault("num_pages", 4096 // options.get("page_size", 1))
-    return LLM(str(path), device=TEST_DEVICE, dtype="float32", **options)
+    return LLM(str(path), device=TEST_DEVICE, dtype="float32", **{**GPU_TEST_OPTIONS, **options})
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.device import TEST_DEVICE
+from helpers.device import GPU_TEST_OPTIONS, TEST_DEVICE
 from helpers.engine_utils import prefill_logits, record_sampled_logits
 from helpers.hf_models import hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from helpers.hybrid_models import HYBRID_ARCHS, make_hybrid_checkpoint
@@ -49,7 +49,7 @@ def reference(checkpoints, prompts):
 
 def make_llm(path: str, **options) -> LLM:
     options.setdefault("num_pages", 4096 // options.get("page_size", 1))
-    return LLM(path, device=TEST_DEVICE, dtype="float32", **options)
+    return LLM(path, device=TEST_DEVICE, dtype="float32", **{**GPU_TEST_OPTIONS, **options})
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.device import TEST_DEVICE
+from helpers.device import GPU_TEST_OPTIONS, TEST_DEVICE
 from helpers.engine_utils import prefill_logits, record_sampled_logits
 from helpers.hf_models import ARCHS, hf_greedy, hf_model, hf_prefill_logits, random_prompts
 from minisgl import LLM, SamplingParams
@@ -45,7 +45,8 @@ def reference(tiny_checkpoints, prompts):
 
 def make_llm(path, **options) -> LLM:
     pages = 2048 // options.get("page_size", 1)
-    return LLM(str(path), device=TEST_DEVICE, dtype="float32", num_pages=pages, **options)
+    return LLM(str(path), device=TEST_DEVICE, dtype="float32", num_pages=pages,
+               **{**GPU_TEST_OPTIONS, **options})
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

@@ -2,7 +2,7 @@
 and FlashInfer's paged decode on the same pages when flashinfer is installed.
 
     python benchmark/kernels/bench_decode_attention.py [--batch 1 32 256]
-        [--ctx 512 1024 4096 16384] [--sweep] [--prefill] [--no-fi] [--out DIR]
+        [--ctx 512 1024 4096 16384] [--models ...] [--sweep] [--prefill] [--no-fi] [--out DIR]
 
 Per (batch, context, model shape): our kernel reads K/V through a shuffled page table (page size 1,
 every token in a random slot); the reference is ``scaled_dot_product_attention`` on contiguous
@@ -47,8 +47,14 @@ from triton.testing import do_bench
 from minisgl.kernel.triton.decode_attention import choose_num_splits, decode_attention
 from minisgl.kernel.triton.extend_attention import extend_attention
 
-MODELS = {"Qwen3-0.6B": (16, 8, 128), "Qwen3-8B": (32, 8, 128)}  # (q heads, kv heads, head_dim)
+MODELS = {  # (q heads, kv heads, head_dim); Gemma 4 26B-A4B's sliding and global layers
+    "Qwen3-0.6B": (16, 8, 128), "Qwen3-8B": (32, 8, 128),
+    "Gemma-4-sliding": (16, 8, 256), "Gemma-4-global": (16, 2, 512)}
 SWEEP_CFG = [(64, 4, 3), (128, 4, 2)]  # (block_n, warps, stages)
+# heads wider than 128: 32/4/2 spills with Triton 3.6 at 512 (255 registers and a 160-byte
+# stack on sm_90); 16 rows or 8 warps fit (216 and 226 registers)
+SWEEP_CFG_WIDE = [(32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 8, 2), (32, 8, 3), (16, 8, 2),
+                  (64, 8, 2)]
 SWEEP_CFG_FP8 = [(64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (256, 8, 2),
                  (64, 4, 4), (64, 2, 3)]
 ROTATE_BYTES = 256 << 20  # small cases rotate over copies of this many bytes: L2 is 50 MB
@@ -118,11 +124,13 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi=None) -> dict:
     fns = lambda f, **kw: [functools.partial(f, i, **kw) for i in range(copies)]  # noqa: E731
     t = dict(ours=graph_ms(fns(ours)), flash=graph_ms(fns(ref), SDPBackend.FLASH_ATTENTION),
              cudnn=graph_ms(fns(ref), SDPBackend.CUDNN_ATTENTION))
-    t_ref = min(x for x in (t["flash"], t["cudnn"]) if x is not None)
+    # None: neither takes the shape (FlashAttention's heads stop at 256)
+    t_ref = min((x for x in (t["flash"], t["cudnn"]) if x is not None), default=None)
     row = dict(model=model, batch=bs, ctx=ctx, splits=splits, copies=copies, max_abs_err=err,
                ours_ms=t["ours"], flash_ms=t["flash"], cudnn_ms=t["cudnn"],
-               ours_tbps=nbytes / t["ours"] / 1e9, ref_tbps=nbytes / t_ref / 1e9,
-               ratio=t_ref / t["ours"],
+               ours_tbps=nbytes / t["ours"] / 1e9,
+               ref_tbps=nbytes / t_ref / 1e9 if t_ref else None,
+               ratio=t_ref / t["ours"] if t_ref else None,
                eager_ours_ms=eager_ms(ours),
                eager_flash_ms=eager_ms(ref, SDPBackend.FLASH_ATTENTION),
                eager_cudnn_ms=eager_ms(ref, SDPBackend.CUDNN_ATTENTION))
@@ -148,12 +156,13 @@ def run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi=None) -> dict:
         row["sweep"] = []
         cands = [x for x in (1, 2, 3, 4, 8, 16, 32, 64) if splits / 4 <= x <= splits * 4]
         for s in cands:
-            for bn, w, st in SWEEP_CFG_FP8 if fp8 else SWEEP_CFG:
+            for bn, w, st in SWEEP_CFG_FP8 if fp8 else SWEEP_CFG_WIDE if dim > 128 else SWEEP_CFG:
                 ms = graph_ms(fns(ours, s=s, block_n=bn, num_warps=w, num_stages=st))
                 row["sweep"].append(dict(splits=s, block_n=bn, warps=w, stages=st, ms=ms,
                                          tbps=nbytes / ms / 1e9))
         best = min(row["sweep"], key=lambda r: r["ms"])
-        print(f"  sweep best: {best}", flush=True)
+        print(f"  sweep best ({model}, B={bs}, ctx={ctx}; default {row['ours_ms'] * 1e3:.1f} us):"
+              f" {best}", flush=True)
     return row
 
 
@@ -218,6 +227,8 @@ def main() -> None:
     p.add_argument("--prefill", action="store_true")
     p.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16",
                    help="fp8: the paged K/V in e4m3 (scale 1; the reference keeps bf16)")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=["Qwen3-0.6B", "Qwen3-8B"],
+                   help="attention shapes (Gemma-4-*: heads of 256 and 512)")
     p.add_argument("--no-fi", action="store_true", help="leave FlashInfer's columns out")
     p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     a = p.parse_args()
@@ -225,26 +236,29 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     results, start = [], time.time()
+    kv_shapes = sorted({MODELS[m][1:] for m in a.models})  # one cache serves each (Hkv, D)
     for bs in a.batch:
         for ctx in a.ctx:
-            kv_bytes = 2 * bs * ctx * 8 * 128 * 2
-            copies = max(1, min(64, ROTATE_BYTES // kv_bytes))
-            need = 2 * kv_bytes * copies * 1.3  # dense + paged K and V, + the scatter's temporary
-            if need > torch.cuda.mem_get_info()[0]:
-                print(f"skip B={bs} ctx={ctx}: needs {need / 2**30:.1f} GiB", flush=True)
-                continue
-            cache = make_cache(bs * copies, ctx, 8, 128)
-            if a.kv_dtype == "fp8":
-                cache = (*cache[:2], cache[2].to(torch.float8_e4m3fn),
-                         cache[3].to(torch.float8_e4m3fn), cache[4])
-            for model in MODELS:
-                sweep = a.sweep and (model == "Qwen3-8B" or a.kv_dtype == "fp8") \
-                    and ctx in (1024, 16384)
-                row = run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi)
-                print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
-                results.append(row)
-            del cache
-            torch.cuda.empty_cache()
+            for hkv, dim in kv_shapes:
+                kv_bytes = 2 * bs * ctx * hkv * dim * 2
+                copies = max(1, min(64, ROTATE_BYTES // kv_bytes))
+                need = 2 * kv_bytes * copies * 1.3  # dense + paged K and V, + the scatter's temp
+                if need > torch.cuda.mem_get_info()[0]:
+                    print(f"skip B={bs} ctx={ctx} D={dim}: needs {need / 2**30:.1f} GiB",
+                          flush=True)
+                    continue
+                cache = make_cache(bs * copies, ctx, hkv, dim)
+                if a.kv_dtype == "fp8":
+                    cache = (*cache[:2], cache[2].to(torch.float8_e4m3fn),
+                             cache[3].to(torch.float8_e4m3fn), cache[4])
+                for model in (m for m in a.models if MODELS[m][1:] == (hkv, dim)):
+                    sweep = a.sweep and ctx in (1024, 16384) and (
+                        model != "Qwen3-0.6B" or a.kv_dtype == "fp8")
+                    row = run_case(bs, ctx, copies, model, cache, num_sms, sweep, fi)
+                    print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
+                    results.append(row)
+                del cache
+                torch.cuda.empty_cache()
     prefill = []
     if a.prefill:
         try:

@@ -29,15 +29,17 @@ def write(stem: str, meta: dict, results: list[dict], prefill: list[dict], fi) -
              + (" fi us | fi TB/s | ours/fi | fi cc us |" if fi else ""),
              "|---" * (15 if fi else 11) + "|"]
     for r in results:
-        ref_ms = min(t for t in (r["flash_ms"], r["cudnn_ms"]) if t is not None)
+        ref_ms = min((t for t in (r["flash_ms"], r["cudnn_ms"]) if t is not None), default=None)
+        ref = (f"- | {r['ours_tbps']:.2f} | - | - |" if ref_ms is None else  # no SDPA backend
+               f"{ref_ms * 1e3:.1f} | {r['ours_tbps']:.2f} | {r['ref_tbps']:.2f} | "
+               f"{r['ratio']:.2f} |")
         eager_ref = min((t for t in (r["eager_flash_ms"], r["eager_cudnn_ms"]) if t), default=0)
         fi_cols = (f" {r['fi_ms'] * 1e3:.1f} | {r['fi_tbps']:.2f} | {r['fi_vs_ours']:.2f} |"
                    f" {r['fi_cc_ms'] * 1e3:.1f} |" if "fi_cc_ms" in r else
                    f" {r['fi_ms'] * 1e3:.1f} | {r['fi_tbps']:.2f} | {r['fi_vs_ours']:.2f} | - |"
                    if "fi_ms" in r else "")
         lines.append(f"| {r['model']} | {r['batch']} | {r['ctx']} | {r['splits']} | "
-                     f"{r['ours_ms'] * 1e3:.1f} | {ref_ms * 1e3:.1f} | {r['ours_tbps']:.2f} | "
-                     f"{r['ref_tbps']:.2f} | {r['ratio']:.2f} | {r['eager_ours_ms'] * 1e3:.1f} | "
+                     f"{r['ours_ms'] * 1e3:.1f} | {ref} {r['eager_ours_ms'] * 1e3:.1f} | "
                      f"{eager_ref * 1e3:.1f} |" + fi_cols)
     if prefill:
         lines += ["", "Prefill (Qwen3-8B heads, bf16): extend kernel vs FlashAttention varlen"

@@ -17,6 +17,10 @@
 #   scripts/gpu_validate.sh moe-ab     OUT  # moe-tune twice in one call: the swapped kernel's
 #                                           # 16/32-row blocks in K order (OUT/unpermuted), then
 #                                           # in their permuted operand order
+#   scripts/gpu_validate.sh attn-wide  OUT  # decode attention at Gemma 4's heads (256 wide,
+#                                           # 8 KV heads; 512 wide, 2) at 1-64 requests, with
+#                                           # the launch sweep that sets _launch_config's rows
+#                                           # and warps for heads wider than 128
 #   scripts/gpu_validate.sh autotune-choices OUT  # the choices fla's autotuned kernels make
 #                                           # for Qwen3.5-9B on this GPU (and the run's seconds
 #                                           # on an empty cache, every kernel compiling on first
@@ -94,6 +98,11 @@ moe-ab)  # the swapped kernel's small row blocks in K order, then in the permute
     step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
         >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
+attn-wide)
+    step 400 "$py" benchmark/kernels/bench_decode_attention.py --models Gemma-4-sliding \
+        Gemma-4-global --batch 1 16 64 --ctx 1024 4096 --sweep --no-fi --out "$out" \
+        >"$out/attn_wide.log" 2>&1
+    grep "sweep best" "$out/attn_wide.log"; cat "$out"/*_decode_attention_*.md ;;
 autotune-choices)  # needs fla-core (pip install 'minisgl[hybrid]'); on an empty kernel cache
     TRITON_CACHE_DIR=$(mktemp -d) step 500 "$py" benchmark/kernels/autotune_choices.py \
         --model benchmark/configs/qwen3.5-9b.json --out "$out" >"$out/autotune_choices.log" 2>&1

@@ -51,8 +51,8 @@ MODELS = {  # (q heads, kv heads, head_dim); Gemma 4 26B-A4B's sliding and globa
     "Qwen3-0.6B": (16, 8, 128), "Qwen3-8B": (32, 8, 128),
     "Gemma-4-sliding": (16, 8, 256), "Gemma-4-global": (16, 2, 512)}
 SWEEP_CFG = [(64, 4, 3), (128, 4, 2)]  # (block_n, warps, stages)
-# heads wider than 128: 32/4/2 spills with Triton 3.6 at 512 (255 registers and a 160-byte
-# stack on sm_90); 16 rows or 8 warps fit (216 and 226 registers)
+# heads wider than 128: _launch_config's 32/4/2 beside fewer rows or more warps a program
+# (register use at these heads: docs/performance.md, Gemma 4)
 SWEEP_CFG_WIDE = [(32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 8, 2), (32, 8, 3), (16, 8, 2),
                   (64, 8, 2)]
 SWEEP_CFG_FP8 = [(64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (256, 8, 2),

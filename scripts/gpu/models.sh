@@ -50,11 +50,12 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
     xd=()  # test files in parallel when pytest-xdist is there (WORKERS=0: one process)
     "$py" -c "import xdist" 2>/dev/null && [ "${WORKERS:-8}" != 0 ] \
         && xd=(-n "${WORKERS:-8}" --dist loadfile)
-    # a test stuck past 300 s fails with its stacks (pytest-timeout), and past 450 s no worker
-    # starts another test, so pytest reaches its summary (failures, durations) before the
-    # stage's own limit kills it; -v names every test as it ends, in case it does not. On an
-    # empty Triton cache the whole list has run past 540 s (PART=1, PART=2 split it)
-    to=(); "$py" -c "import pytest_timeout" 2>/dev/null && to=(--timeout 300 --session-timeout 450)
+    # a test stuck past 420 s fails with its stacks (pytest-timeout: the first hybrid test
+    # compiles and autotunes fla's chunked kernels, past 300 s on an empty Triton cache with
+    # eight workers), and past 450 s no worker starts another test, so pytest reaches its
+    # summary (failures, durations) before the stage's own limit kills it; -v names every test
+    # as it ends, in case it does not. PART=1, PART=2 split the list in about halves
+    to=(); "$py" -c "import pytest_timeout" 2>/dev/null && to=(--timeout 420 --session-timeout 450)
     files=(tests/engine/test_parity.py tests/engine/test_gpu.py tests/engine/test_hybrid_parity.py
            tests/kernels/test_window_sinks.py
            tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py

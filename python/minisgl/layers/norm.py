@@ -7,10 +7,11 @@
   dtype first and multiplied in it (Llama's, ``kernel.ops.rms_norm``).
 
 ``forward(x)`` normalises; ``add_norm(x, residual)`` adds the residual stream first and returns
-both (``(norm(x + r), x + r)``; residual None on layer 0: ``(norm(x), x)``). On CUDA tensors the
-Llama and offset variants run the Triton kernels of ``minisgl.kernel.triton.norm`` (one pass,
-residual add included, imported lazily so CPU-only machines never import triton); the torch code
-here is the reference they are tested against and what CPU runs.
+both (``(norm(x + r), x + r)``; residual None on layer 0: ``(norm(x), x)``); ``add_to(stream, x)``
+returns ``stream + norm(x)`` (Gemma's sandwich norms: a block's output normalised as it joins the
+stream). On CUDA tensors every variant runs the Triton kernels of ``minisgl.kernel.triton.norm``
+(one pass, the adds included, imported lazily so CPU-only machines never import triton); the torch
+code here is the reference they are tested against and what CPU runs.
 """
 
 from __future__ import annotations
@@ -44,36 +45,42 @@ class RMSNorm(nn.Module):
         norm-quantize and one-token paths) implement."""
         return self.weight is not None and not self.fp32
 
-    def _triton(self, x: torch.Tensor) -> bool:
-        return x.is_cuda and self.weight is not None and (self.plain or self.offset == 1.0)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._triton(x):
+        if x.is_cuda:
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
             if x.stride(-1) != 1:  # the kernel reads rows with unit stride (a pooled tower's)
                 x = x.contiguous()
             return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl,
-                                   offset=self.offset != 0.0)
+                                   offset=self.offset != 0.0, fp32=self.fp32)
         return self._reference(x)
+
+    def add_to(self, stream: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``stream + norm(x)``, the sum of the two rounded tensors (the reference's)."""
+        if x.is_cuda and self.fp32 and x.is_contiguous() and stream.is_contiguous():
+            from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
+
+            return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl,
+                                   offset=self.offset != 0.0, fp32=True, add=stream)
+        return stream + self.forward(x)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False
                  ) -> tuple[torch.Tensor | QuantizedInput, torch.Tensor]:
         """``(norm(x + residual), x + residual)``. ``quantize`` (CUDA, 2-D x, the plain
         variant): the norm comes back quantized per token for the FP8 layer it feeds, a
         ``QuantizedInput`` (``fusion.NormFusion.quantized_inputs``)."""
-        if self._triton(x):
+        if x.is_cuda:
             from minisgl.kernel.triton.norm import fused_add_rms_norm, rms_norm_quant
 
-            assert self.weight is not None
             if quantize:
+                assert self.weight is not None and self.plain, "quantize: the plain variant"
                 q, scale, residual = rms_norm_quant(x, self.weight, self.eps, residual,
                                                     pdl=self.pdl)
                 return QuantizedInput(q, scale, x.dtype), residual
             if residual is None:
                 return self.forward(x), x
             return fused_add_rms_norm(x, residual, self.weight, self.eps, pdl=self.pdl,
-                                      offset=self.offset != 0.0)
+                                      offset=self.offset != 0.0, fp32=self.fp32)
         if residual is not None:
             x = x + residual
         return self._reference(x), x

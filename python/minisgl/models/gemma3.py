@@ -127,9 +127,9 @@ class Gemma3DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         h = self.self_attn(self.input_layernorm(x), positions, ctx)
-        x = x + self.post_attention_layernorm(h)
+        x = self.post_attention_layernorm.add_to(x, h)
         h = self.mlp(self.pre_feedforward_layernorm(x))
-        return x + self.post_feedforward_layernorm(h)
+        return self.post_feedforward_layernorm.add_to(x, h)
 
 
 class Gemma3ForCausalLM(BaseLLMModel):

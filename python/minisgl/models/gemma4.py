@@ -165,12 +165,13 @@ class Gemma4DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         h = self.self_attn(self.input_layernorm(x), positions, ctx)
-        x = x + self.post_attention_layernorm(h)
+        x = self.post_attention_layernorm.add_to(x, h)
         h = self.mlp(self.pre_feedforward_layernorm(x))
         if self.has_moe:  # the router reads the stream before the MLP, the experts its norm
             experts = self.moe(self.pre_feedforward_layernorm_2(x), router_input=x)
-            h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(experts)
-        x = x + self.post_feedforward_layernorm(h)
+            h = self.post_feedforward_layernorm_2.add_to(self.post_feedforward_layernorm_1(h),
+                                                      experts)
+        x = self.post_feedforward_layernorm.add_to(x, h)
         return x * self.layer_scalar
 
 

@@ -10,9 +10,12 @@ the weight multiply is rounded once more. Each program normalises ``ROWS`` rows,
 quantizes its output (``fp8_quant.quantize_tokens``' arithmetic on the rounded row, held whole in
 registers), one kernel instead of two.
 
-Two conventions of the hybrid (Qwen3.5 / Qwen3-Next) checkpoints, rounded as their references
-(``layers/norm.py::RMSNorm(offset=1.0)``, ``layers/gated_delta.py::gated_rms_norm``):
-``offset``: weights stored centred on zero, ``norm(x) * (1 + w)`` in fp32 and rounded once;
+The other families' conventions, rounded as their references (``layers/norm.py::RMSNorm``,
+``layers/gated_delta.py::gated_rms_norm``):
+``fp32`` (Gemma, the hybrid checkpoints): ``norm(x) * w`` in fp32 and rounded once; ``offset``
+with it: weights stored centred on zero, ``(1 + w)``; no weight (Gemma 4's v and router norms):
+the normalised x alone; ``add``: ``add + norm(x)`` rounded as the reference's add of two rounded
+tensors (Gemma's sandwich norms, the block's output normalised as it joins the stream);
 ``gated_rms_norm``: ``(w * norm(x)) * silu(gate)``, the gate a strided per-head view.
 """
 
@@ -33,7 +36,8 @@ def _rmsnorm_kernel(
     n_rows, n_inner, stride_x0, stride_x1, stride_r, stride_y, stride_ro, dim, eps,
     g_inner, stride_g0, stride_g1,
     HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr, OFFSET: tl.constexpr = False, GATE: tl.constexpr = False,
+    USE_PDL: tl.constexpr, FP32: tl.constexpr = False, OFFSET: tl.constexpr = False,
+    HAS_W: tl.constexpr = True, POST_ADD: tl.constexpr = False, GATE: tl.constexpr = False,
 ):
     wait_then_release(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -50,11 +54,18 @@ def _rmsnorm_kernel(
         tl.store(res_out_ptr + rows[:, None] * stride_ro + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / dim + eps)
-    w = tl.load(w_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cols < dim, other=0.0).to(tl.float32)
+    else:  # times 1: exact
+        w = tl.full([BLOCK_D], 1.0, tl.float32)
     y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
-    if OFFSET:  # (1 + w) in fp32, rounded once
-        tl.store(y_ptrs, (xf * rstd[:, None] * (1.0 + w[None, :])).to(y_ptr.dtype.element_ty),
-                 mask=mask)
+    if FP32:  # w (or 1 + w) in fp32, rounded once
+        y = (xf * rstd[:, None] * (w[None, :] + 1.0 if OFFSET else w[None, :]))
+        y = y.to(y_ptr.dtype.element_ty)
+        if POST_ADD:  # res_ptr holds the addend: its sum with the rounded norm, rounded
+            a = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+            y = (y.to(tl.float32) + a.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptrs, y, mask=mask)
         return
     normed = (xf * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
     if GATE:  # (w * norm(x)) rounded, times silu(gate) in fp32
@@ -72,14 +83,18 @@ def _rmsnorm_kernel(
         tl.store(y_ptrs, (normed * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-            quant: bool = False, pdl: bool = False, offset: bool = False,
-            gate: torch.Tensor | None = None
+def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+            residual: torch.Tensor | None, quant: bool = False, pdl: bool = False,
+            offset: bool = False, gate: torch.Tensor | None = None, fp32: bool = False,
+            add: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     dim = x.shape[-1]
-    assert x.stride(-1) == 1 and weight.shape == (dim,), "last dimension must be contiguous"
-    out_dtype = x.dtype if offset or gate is not None else torch.promote_types(x.dtype,
-                                                                               weight.dtype)
+    fp32 = fp32 or offset or weight is None
+    assert x.stride(-1) == 1, "last dimension must be contiguous"
+    assert weight is None or weight.shape == (dim,)
+    assert fp32 or add is None, "add: the fp32 variants"
+    out_dtype = x.dtype if fp32 or gate is not None else torch.promote_types(x.dtype,
+                                                                             weight.dtype)
     assert not quant or out_dtype == x.dtype and x.dim() == 2, "quantized: 2-D, x's dtype"
     y = torch.empty(x.shape, dtype=torch.float8_e4m3fn if quant else out_dtype, device=x.device)
     scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device) if quant else None
@@ -91,6 +106,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         n_inner, s0, s1 = 1, xs.stride(0), 0
     n_rows = x.numel() // dim
     res_out = None
+    if add is not None:  # read through the residual's pointer: the two never meet
+        assert residual is None and add.shape == x.shape and add.is_contiguous()
+        add = add.reshape(-1, dim)
     if residual is not None:
         residual = residual.reshape(-1, dim)
         assert residual.stride(-1) == 1
@@ -105,25 +123,29 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     warps = min(16, max(4, block_d * rows // 1024))
     if n_rows:
         _rmsnorm_kernel[(triton.cdiv(n_rows, rows),)](
-            xs, residual if residual is not None else xs, weight, y,
-            res_out if res_out is not None else y, scale if quant else weight,
+            xs, residual if residual is not None else add if add is not None else xs,
+            weight if weight is not None else xs, y,
+            res_out if res_out is not None else y, scale if quant else xs,
             gate if gate is not None else xs,
             n_rows, n_inner, s0, s1,
-            residual.stride(0) if residual is not None else 0, dim,
+            residual.stride(0) if residual is not None else dim if add is not None else 0, dim,
             res_out.stride(0) if res_out is not None else 0, dim, eps, g_inner, gs0, gs1,
             HAS_RES=residual is not None, QUANT=quant, ROWS=rows, BLOCK_D=block_d,
-            OFFSET=offset, GATE=gate is not None,
+            FP32=fp32, OFFSET=offset, HAS_W=weight is not None, POST_ADD=add is not None,
+            GATE=gate is not None,
             num_warps=warps, **pdl_.launch_options(x, pdl),
         )
     return y, (res_out.view(x.shape) if res_out is not None else None), scale
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False,
-             offset: bool = False) -> torch.Tensor:
-    """``weight * norm(x)`` over the last dimension (``(1 + weight) * norm(x)`` with ``offset``);
-    x is 2-D or 3-D (may be a strided view). ``pdl`` (every launcher here): launch with
-    programmatic dependent launch (``pdl.py``)."""
-    return _launch(x, weight, eps, None, pdl=pdl, offset=offset)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool = False,
+             offset: bool = False, fp32: bool = False, add: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """``weight * norm(x)`` over the last dimension (``(1 + weight) * norm(x)`` with ``offset``,
+    ``norm(x)`` without a weight, the multiply in fp32 with ``fp32``; ``add + ...`` with ``add``,
+    x's shape, contiguous); x is 2-D or 3-D (may be a strided view). ``pdl`` (every launcher
+    here): launch with programmatic dependent launch (``pdl.py``)."""
+    return _launch(x, weight, eps, None, pdl=pdl, offset=offset, fp32=fp32, add=add)[0]
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
@@ -146,10 +168,10 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False,
-    offset: bool = False,
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+    pdl: bool = False, offset: bool = False, fp32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(x + residual), x + residual)`` in one pass; both outputs are new tensors."""
-    y, res, _ = _launch(x, weight, eps, residual, pdl=pdl, offset=offset)
+    y, res, _ = _launch(x, weight, eps, residual, pdl=pdl, offset=offset, fp32=fp32)
     assert res is not None
     return y, res

@@ -17,6 +17,9 @@
 #   scripts/gpu_validate.sh moe-ab     OUT  # moe-tune twice in one call: the swapped kernel's
 #                                           # 16/32-row blocks in K order (OUT/unpermuted), then
 #                                           # in their permuted operand order
+#   scripts/gpu_validate.sh moe-tk     OUT  # triton_kernels' matmul_ogs (carry its wheel in
+#                                           # .whl) against the fused MXFP4 MoE, eager and
+#                                           # graphed, at 1-4,096 tokens
 #   scripts/gpu_validate.sh attn-wide  OUT  # decode attention at Gemma 4's heads (256 wide,
 #                                           # 8 KV heads; 512 wide, 2) at 1-64 requests, with
 #                                           # the launch sweep that sets _launch_config's rows
@@ -98,6 +101,10 @@ moe-ab)  # the swapped kernel's small row blocks in K order, then in the permute
     step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
         >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
+moe-tk)  # triton_kernels' matmul_ogs against the fused MoE (its wheel for the installed Triton)
+    step 300 "$py" benchmark/kernels/bench_moe_triton_kernels.py --out "$out" \
+        >"$out/bench_moe_triton_kernels.log" 2>&1
+    cat "$out"/*_moe_triton_kernels_*.md ;;
 attn-wide)
     step 400 "$py" benchmark/kernels/bench_decode_attention.py --models Gemma-4-sliding \
         Gemma-4-global --batch 1 16 64 --ctx 1024 4096 --sweep --no-fi --out "$out" \

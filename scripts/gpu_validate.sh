@@ -9,7 +9,7 @@
 # the result files record it.
 set -uo pipefail
 stage=${1:-} out=${2:-}
-models="families tests tp gpt-oss gpt-oss-profile gemma hybrid-tests hybrid hybrid-online images
+models="families tests tp gpt-oss gpt-oss-ab gpt-oss-profile gemma hybrid-tests hybrid hybrid-online images
     hybrid-big hybrid-27b hybrid-tp"
 kernels="moe-tests moe-ncu moe-tune moe-tune-bf16 moe-ab moe-tk attn-wide autotune-choices fi fi-tests
     fi-kernels fi-offline"

@@ -54,6 +54,8 @@ VARIANTS = {
     # hybrid models: the delta-rule state in bf16 (half its bytes), the torch linear attention
     "state-bf16": {"mamba_ssm_dtype": "bfloat16"},
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
+    # MXFP4 experts through OpenAI's triton_kernels (pip install -e '.[triton-kernels]')
+    "triton-kernels": {"moe_backend": "triton_kernels"},
     "no-pdl": {"disable_pdl": True},  # Triton kernels without programmatic dependent launch
     "fp8-no-pdl": {"quantization": "fp8", "disable_pdl": True},
     "no-pad-tokens": {"pad_tokens": 1},  # eager forwards at their own token counts

@@ -14,6 +14,9 @@
 #                                           # weights) offline and batch 1, transformers (bf16)
 #                                           # in the same run; gpt-oss-120b on one GPU, offline
 #                                           # and batch 1
+#   scripts/gpu_validate.sh gpt-oss-ab OUT  # gpt-oss-20b offline and batch 1, the fused MoE
+#                                           # against --moe-backend triton_kernels (carry its
+#                                           # wheel in .whl), same run
 #   scripts/gpu_validate.sh gpt-oss-profile OUT  # where a gpt-oss-20b decode step's time goes,
 #                                           # kernel by kernel: batch 1 and 64 (profile_decode.py
 #                                           # --per-step; the MXFP4 MoE tiles' table as tuned);
@@ -59,7 +62,8 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
     files=(tests/engine/test_parity.py tests/engine/test_gpu.py tests/engine/test_hybrid_parity.py
            tests/kernels/test_window_sinks.py
            tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py
-           tests/kernels/test_gpt_oss_triton.py tests/engine/test_gemma_parity.py
+           tests/kernels/test_gpt_oss_triton.py tests/kernels/test_moe_matmul_ogs.py
+           tests/engine/test_gemma_parity.py
            tests/kernels/test_gemma_moe.py tests/kernels/test_gemma_triton.py)
     case ${PART:-all} in  # about half the time each
         1) files=("${files[@]:0:4}") ;;
@@ -83,6 +87,11 @@ gpt-oss)
     step 200 "${bench[@]}" --model benchmark/configs/gpt-oss-120b.json --batch1 \
         --no-batch1-baseline --hf-requests 0 --num-requests 128 >"$out/bench_gpt-oss-120b.log" 2>&1
     cat "$out"/offline_gpt-oss-*.md ;;
+gpt-oss-ab)  # the fused MoE against triton_kernels' matmul_ogs (its wheel in .whl), same run
+    step 420 "${bench[@]}" --model $moss --variants default,triton-kernels --batch1 \
+        --batch1-variants default,triton-kernels --no-batch1-baseline --hf-requests 0 \
+        --tag moe_ab >"$out/bench_gpt-oss-20b_moe_ab.log" 2>&1
+    cat "$out"/offline_gpt-oss-20b_*moe_ab.md ;;
 gpt-oss-profile)  # MODEL: another config of benchmark/configs (e.g. gemma-4-26b-a4b)
     m=${MODEL:-gpt-oss-20b}
     for bs in ${BATCHES:-1 64}; do

@@ -211,3 +211,22 @@ def test_dummy_weights_in_mxfp4(checkpoints, tmp_path):
     assert 100 < int(mlp.w13_scales.float().mean()) < 127  # groups of N(0, 0.02) values
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(out[0].token_ids) == 4
+
+
+@pytest.mark.gpu
+def test_triton_kernels_backend_matches_the_fused_moe(checkpoints, prompts):
+    """OpenAI's ``matmul_ogs`` (``--moe-backend triton_kernels``, bf16 activations only) takes the
+    layers' MXFP4 experts over and gives the fused MoE's prefill logits: the same e2m1 weights,
+    each GEMM's sums in float32 and h rounded to bf16 in both, so they differ by bf16 roundings
+    in another order (a few hundredths of the logits' size after two layers) and greedy tokens
+    agree while no two logits are that close."""
+    pytest.importorskip("triton_kernels")
+    path = checkpoints["mxfp4"]
+    ogs, fused = (LLM(str(path), device=TEST_DEVICE, dtype="bfloat16", page_size=16,
+                      num_pages=256, moe_backend=name, **GPU_TEST_OPTIONS)
+                  for name in ("triton_kernels", "triton"))
+    layer = ogs.scheduler.engine.model.layers[0].mlp
+    assert layer.layout is not None and layer.w13.numel() == 0  # the backend's copy alone
+    got = prefill_logits(ogs.scheduler, prompts).float()
+    want = prefill_logits(fused.scheduler, prompts).float()
+    torch.testing.assert_close(got, want, atol=3e-2 * float(want.abs().max()), rtol=0)

@@ -104,6 +104,7 @@ class MoELayer(nn.Module):
             self.router_norm = RMSNorm(hidden, cfg.rms_norm_eps, scale=False)
             self.router_scale, self.expert_scale = new_param(hidden), new_param(experts)
         self.w13_bias = self.w2_bias = None
+        self.layout: object | None = None  # the backend's own copy of the experts, if it keeps one
         if spec.expert_bias:
             self.w13_bias = self._new_param("w13", experts, 2 * self.inter)
             self.w2_bias = new_param(experts, hidden)  # replicated: every rank loads it whole
@@ -171,7 +172,16 @@ class MoELayer(nn.Module):
     input_linear = None
 
     def process_weights_after_loading(self) -> None:
+        if self.layout is not None:  # already taken over by the backend
+            return
         self.method.process_weights_after_loading(self)
+        self.layout = self.backend.prepare_experts(*self.method.experts(self), self._bias(),
+                                                   self.spec.act)
+        if self.layout is not None:  # the backend's copy replaces the layer's
+            for name in ("w13", "w2", "w13_scales", "w2_scales", "w13_bias", "w2_bias"):
+                param = getattr(self, name, None)
+                if isinstance(param, torch.Tensor):
+                    param.data = param.data.new_empty(0)
 
     def route(self, router_logits: torch.Tensor, dtype: torch.dtype = torch.float32
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,10 +211,13 @@ class MoELayer(nn.Module):
         if self.router_norm is not None:
             r = self.router_norm(r) * self.router_scale * r.shape[-1] ** -0.5
         weights, ids = self.route(self.gate(r), x.dtype)
-        bias = None
-        if self.w13_bias is not None:  # the down bias once over the ranks' partial sums
-            bias = ExpertBias(self.w13_bias, self.w2_bias if self.comm.info.rank == 0 else None)
         w13, w2, scales = self.method.experts(self)
-        out = self.backend.forward(x, w13, w2, weights, ids, scales, bias=bias,
-                                   act=self.spec.act, pdl=self.pdl)
+        out = self.backend.forward(x, w13, w2, weights, ids, scales, bias=self._bias(),
+                                   act=self.spec.act, pdl=self.pdl, layout=self.layout)
         return self.comm.all_reduce(out)
+
+    def _bias(self) -> ExpertBias | None:
+        if self.w13_bias is None:
+            return None
+        # the down bias once over the ranks' partial sums
+        return ExpertBias(self.w13_bias, self.w2_bias if self.comm.info.rank == 0 else None)

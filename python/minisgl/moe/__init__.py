@@ -26,6 +26,17 @@ def _create_triton() -> BaseMoeBackend:
     return TritonMoeBackend()
 
 
+@MOE_BACKENDS.register("triton_kernels")
+def _create_matmul_ogs() -> BaseMoeBackend:
+    from .matmul_ogs import MatmulOgsMoeBackend
+
+    try:
+        return MatmulOgsMoeBackend()  # imports triton_kernels
+    except ImportError as e:
+        raise ImportError("MoE backend 'triton_kernels' needs OpenAI's triton_kernels package "
+                          "(pip install 'minisgl[triton-kernels]')") from e
+
+
 def resolve_moe_backend(name: str, device) -> str:
     """Turn ``auto`` into a concrete name: the fused Triton kernel on CUDA when registered."""
     if name != "auto":

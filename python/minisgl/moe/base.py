@@ -19,6 +19,15 @@ __all__ = ["SILU", "BaseMoeBackend", "ExpertBias", "FP8Scales", "MoeActivation",
 
 
 class BaseMoeBackend(ABC):
+    def prepare_experts(self, w13: torch.Tensor, w2: torch.Tensor,
+                        scales: FP8Scales | Mxfp4Scales | None, bias: ExpertBias | None,
+                        act: MoeActivation) -> object | None:
+        """A layout of its own for a layer's loaded experts (``forward``'s arguments as the
+        layer holds them), or None (the default: the backend runs them as they are). A layout
+        returned replaces them: the layer releases its tensors and passes the layout to every
+        ``forward`` (``layout=``), whose ``w13``/``w2``/``scales``/``bias`` are then empty."""
+        return None
+
     @abstractmethod
     def forward(
         self,
@@ -32,6 +41,7 @@ class BaseMoeBackend(ABC):
         bias: ExpertBias | None = None,
         act: MoeActivation = SILU,
         pdl: bool = False,
+        layout: object | None = None,
     ) -> torch.Tensor:
         """x: [T, H]; w13: [E, 2I, H] (each expert's gate rows, then its up rows); w2: [E, H, I];
         topk_*: [T, K] -> [T, H] (this rank's partial sum).
@@ -41,4 +51,5 @@ class BaseMoeBackend(ABC):
         ``w13 [E, 2I, H/2]`` / ``w2 [E, H, I/2]`` (two e2m1 values a byte, the even one in the
         low nibble) their ``Mxfp4Scales``. ``bias``/``act``: see ``ExpertBias``,
         ``MoeActivation``. ``pdl``: launch Triton kernels with programmatic dependent launch
-        (``kernel/triton/pdl.py``); a backend that launches none accepts and ignores it."""
+        (``kernel/triton/pdl.py``); a backend that launches none accepts and ignores it.
+        ``layout``: what ``prepare_experts`` returned for this layer, if anything."""

@@ -17,7 +17,7 @@ from .base import SILU, BaseMoeBackend
 class TritonMoeBackend(BaseMoeBackend):
     def forward(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                 topk_weights: torch.Tensor, topk_ids: torch.Tensor, scales=None, *, bias=None,
-                act=SILU, pdl=False) -> torch.Tensor:
+                act=SILU, pdl=False, layout=None) -> torch.Tensor:
         if x.stride(-1) != 1:
             x = x.contiguous()
         return fused_moe(x, w13, w2, topk_weights, topk_ids, scales=scales, bias=bias, act=act,

@@ -31,7 +31,7 @@ def expert_weights(w13: torch.Tensor, w2: torch.Tensor, scales, expert: int,
 
 class TorchMoeBackend(BaseMoeBackend):
     def forward(self, x, w13, w2, topk_weights, topk_ids, scales=None, *, bias=None, act=SILU,
-                pdl=False):
+                pdl=False, layout=None):
         out = torch.zeros_like(x)
         flat_ids = topk_ids.flatten()
         order = flat_ids.argsort(stable=True)

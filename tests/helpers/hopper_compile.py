@@ -160,8 +160,8 @@ def _pdl_kernels():
             **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0", "stride_x1", "stride_r",
                                   "stride_y", "stride_ro", "dim", "g_inner", "stride_g0",
                                   "stride_g1")}), dict(
-            HAS_RES=True, QUANT=quant, ROWS=1, BLOCK_D=4096, USE_PDL=True, OFFSET=False,
-            GATE=False), 4
+            HAS_RES=True, QUANT=quant, ROWS=1, BLOCK_D=4096, USE_PDL=True, FP32=False,
+            OFFSET=False, HAS_W=True, POST_ADD=False, GATE=False), 4
     greedy_sig = dict(flag_ptr="*i64", val_ptr="*fp32", idx_ptr="*i32", out_ptr="*i64",
                       pool_ptr="*i32", rows_ptr="*i64", pos_ptr="*i64", pool_stride="i32")
     for splits in (1, 64):

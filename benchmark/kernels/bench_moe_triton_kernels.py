@@ -5,15 +5,16 @@ SwiGLU), the same weights and routing, in the same run.
     python benchmark/kernels/bench_moe_triton_kernels.py [--tokens 1 4 16 64 200 800 2048 4096]
         [--out DIR]
 
-Needs ``triton_kernels`` importable (the wheel of the installed Triton's version). Its weights are
-swizzled into its Hopper layouts (values and scales, K the MX axis; the scales padded to a
-multiple of 4 groups, which 3.6.0 reads past), gate and up rows interleaved, the SwiGLU fused
-into the first GEMM and the routing weights into the second, as vLLM calls it. Per token count:
-both MoEs eagerly (``do_bench`` medians, L2 flushed: launch overhead included) and replayed from a
-CUDA graph (how decode runs them), the ratio ours / theirs of the graph times, and the largest
-difference of the outputs relative to ours' largest magnitude. Writes
-``<date>_moe_triton_kernels_<gpu>.{json,md}`` to ``--out``.
+Needs ``triton_kernels`` importable (the package of the installed Triton's release). Both run as
+the engine runs them: ``--moe-backend triton`` (``moe/fused.py``) and ``--moe-backend
+triton_kernels`` (``moe/matmul_ogs.py``: the experts converted to its layouts once, the routing
+built from the top-k ids and weights every call). Per token count: both eagerly (``do_bench``
+medians, L2 flushed: launch overhead included) and replayed from a CUDA graph (how decode runs
+them), the ratio ours / theirs of the graph times, and the largest difference of the outputs
+relative to ours' largest magnitude. Writes ``<date>_moe_triton_kernels_<gpu>.{json,md}`` to
+``--out``.
 """
+
 import argparse
 import datetime
 import json
@@ -22,65 +23,17 @@ import re
 import sys
 
 import torch
-import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
-from triton_kernels.matmul_ogs import (
-    FlexCtx,
-    FnSpecs,
-    FusedActivation,
-    GatherIndx,
-    PrecisionConfig,
-    RoutingData,
-    ScatterIndx,
-    matmul_ogs,
-)
-from triton_kernels.numerics import InFlexData
-from triton_kernels.swiglu import swiglu_fn
-from triton_kernels.tensor import (
-    FP4,
-    convert_layout,
-    make_ragged_tensor_metadata,
-    wrap_torch_tensor,
-)
-from triton_kernels.tensor_details import layout
-from triton_kernels.topk import topk
-
 import minisgl.models  # noqa: F401  (first: importing minisgl.layers alone is circular)
-from minisgl.kernel.triton.fused_moe import fused_moe
-from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales
+from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales, create_moe_backend
 from minisgl.quant.mxfp4 import quantize_mxfp4
 
 E, K, H, INTER = 32, 4, 2880, 2880
 ALPHA, LIMIT = 1.702, 7.0
-
-
-def swizzle(w, s):
-    """[E, N, K/2] u8 and [E, N, K/32] e8m0 -> triton_kernels' Hopper layouts (K the MX axis)."""
-    s = F.pad(s, (0, -s.shape[-1] % 4))  # 3.6.0 reads past K/32 % 4 != 0 (vLLM #47303)
-    v_cls, v_opts = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
-    s_cls, s_opts = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
-    wt = convert_layout(wrap_torch_tensor(w.transpose(-2, -1), dtype=FP4), v_cls, **v_opts)
-    st = convert_layout(wrap_torch_tensor(s.transpose(-2, -1)), s_cls, **s_opts)
-    return wt, PrecisionConfig(weight_scale=st, flex_ctx=FlexCtx(rhs_data=InFlexData()))
-
-
-def interleave(t):  # [E, 2 INTER, ...] gate rows then up rows -> row 2j gate j, 2j + 1 up j
-    return torch.stack(t.chunk(2, dim=1), dim=2).flatten(1, 2).contiguous()
-
-
-def routing(logits):
-    """vLLM's path from logits: topk -> gate scales in expert order, gather/scatter indices."""
-    sm = topk(logits, K, apply_softmax=True)  # softmax over the top k (gpt-oss)
-    md = sm.mask_metadata
-    combine, dispatch = md.col_sorted_indx, md.row_sorted_indx
-    ragged = make_ragged_tensor_metadata(md.col_sum, logits.shape[0] * K)
-    gate = sm.vals.flatten()[combine]
-    rd = RoutingData(gate, md.col_sum, E, K, ragged)
-    return rd, GatherIndx(combine, dispatch), ScatterIndx(dispatch, combine), sm
 
 
 def graphed(fn):
@@ -108,26 +61,22 @@ def main():
     b13 = torch.randn(E, 2 * INTER, device=dev, dtype=torch.bfloat16) * 0.1
     b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
     act = MoeActivation("swiglu_clamped", ALPHA, LIMIT)
-    w13_t, pc13 = swizzle(interleave(w13), interleave(s13))
-    w2_t, pc2 = swizzle(w2, s2)
-    swiglu = FusedActivation(FnSpecs("swiglu", swiglu_fn, ("alpha", "limit"), reduction_n=2),
-                             (ALPHA, LIMIT))
-    b13_il, b2_f = interleave(b13).float(), b2.float()
+    scales, bias = Mxfp4Scales(s13, s2), ExpertBias(b13, b2)
+    fused, ogs = create_moe_backend("triton"), create_moe_backend("triton_kernels")
+    layout = ogs.prepare_experts(w13, w2, scales, bias, act)
+    assert layout is not None, "triton_kernels' layouts: a Hopper GPU"
     results = []
     for t in a.tokens:
         x = torch.randn(t, H, device=dev, dtype=torch.bfloat16)
-        rd, gi, si, sm = routing(torch.randn(t, E, device=dev, dtype=torch.float32))
-        ids, weights = sm.indx.to(torch.int32), sm.vals.to(torch.bfloat16)
+        weights, ids = torch.topk(torch.randn(t, E, device=dev).softmax(-1), K, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).bfloat16()
 
         def ours():
-            return fused_moe(x, w13, w2, weights, ids, scales=Mxfp4Scales(s13, s2),
-                             bias=ExpertBias(b13, b2), act=act)
+            return fused.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act)
 
         def theirs():
-            h = matmul_ogs(x, w13_t, b13_il, rd, gather_indx=gi, precision_config=pc13,
-                           fused_activation=swiglu)
-            return matmul_ogs(h, w2_t, b2_f, rd, scatter_indx=si, precision_config=pc2,
-                              gammas=rd.gate_scal)
+            return ogs.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,
+                               layout=layout)
 
         yo, yt = ours().float(), theirs().float()
         row = dict(tokens=t, rel_diff=((yo - yt).abs().max() / yo.abs().max()).item(),

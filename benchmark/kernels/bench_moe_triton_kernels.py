@@ -27,26 +27,18 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
+sys.path.insert(0, os.path.dirname(__file__))
 
-import minisgl.models  # noqa: F401  (first: importing minisgl.layers alone is circular)
-from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales, create_moe_backend
-from minisgl.quant.mxfp4 import quantize_mxfp4
+from bench_common import project_commit  # noqa: E402
+from bench_moe import graph_ms  # noqa: E402
+
+import minisgl.models  # noqa: F401, E402  (first: importing minisgl.layers alone is circular)
+from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales, create_moe_backend  # noqa: E402
+from minisgl.quant.mxfp4 import quantize_mxfp4  # noqa: E402
 
 E, K, H, INTER = 32, 4, 2880, 2880
 ALPHA, LIMIT = 1.702, 7.0
-
-
-def graphed(fn):
-    """fn captured in a CUDA graph (how the engine runs decode): its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
 
 
 def main():
@@ -82,8 +74,7 @@ def main():
         row = dict(tokens=t, rel_diff=((yo - yt).abs().max() / yo.abs().max()).item(),
                    ours_eager_us=do_bench(ours, return_mode="median") * 1e3,
                    theirs_eager_us=do_bench(theirs, return_mode="median") * 1e3,
-                   ours_graph_us=do_bench(graphed(ours), return_mode="median") * 1e3,
-                   theirs_graph_us=do_bench(graphed(theirs), return_mode="median") * 1e3)
+                   ours_graph_us=graph_ms(ours) * 1e3, theirs_graph_us=graph_ms(theirs) * 1e3)
         row["ours_over_theirs"] = row["ours_graph_us"] / row["theirs_graph_us"]
         print(json.dumps(row), flush=True)
         results.append(row)
@@ -91,7 +82,7 @@ def main():
     import triton_kernels
     meta = dict(gpu=gpu, date=date, torch=torch.__version__, triton=triton.__version__,
                 triton_kernels=getattr(triton_kernels, "__version__", None),
-                commit=os.environ.get("MINISGL_COMMIT"))
+                commit=project_commit())
     os.makedirs(a.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
     stem = os.path.join(a.out, f"{date}_moe_triton_kernels_{slug}")

@@ -57,7 +57,7 @@ class RMSNorm(nn.Module):
 
     def add_to(self, stream: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``stream + norm(x)``, the sum of the two rounded tensors (the reference's)."""
-        if x.is_cuda and self.fp32 and x.is_contiguous() and stream.is_contiguous():
+        if x.is_cuda and not self.plain and x.is_contiguous() and stream.is_contiguous():
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
             return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl,

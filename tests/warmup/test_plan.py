@@ -61,3 +61,23 @@ def test_a_request_needs_the_stages_of_its_features():
     assert request_features(penalised) == {"sampled", "penalties"}
     schema = replace(sampled, json_schema='{"type": "object"}')
     assert feature_stage(request_features(schema)) == len(FEATURE_STAGES)
+
+
+def test_a_batch_samples_on_the_reference_while_a_rows_stage_compiles():
+    from types import SimpleNamespace
+
+    from minisgl.scheduler.warming import REFERENCE, WarmingGate
+
+    stages = SimpleNamespace(stage=0, done=False)
+    gate = WarmingGate(stages)
+    greedy = SimpleNamespace(sampling_params=SamplingParams(temperature=0))
+    sampled = SimpleNamespace(sampling_params=SamplingParams(temperature=0.7, top_logprobs=3,
+                                                             logprobs=True))
+    assert gate.sampler([greedy]) is None  # greedy is compiled before ready
+    assert gate.sampler([greedy, sampled]) == REFERENCE  # one row is enough
+    stages.stage = FEATURE_STAGES.index("top-logprobs")  # sampled and logprobs, not top
+    assert gate.sampler([sampled]) == REFERENCE
+    stages.stage += 1
+    assert gate.sampler([greedy, sampled]) is None
+    stages.stage, stages.done = 0, True
+    assert gate.sampler([sampled]) is None and WarmingGate(None).sampler([sampled]) is None

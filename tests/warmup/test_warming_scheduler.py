@@ -1,6 +1,7 @@
-"""Serving while the sampler's kernels still compile: a request that needs them is prefilled up to
-its last token and samples once its stage is done, while the others run; a grammar compiles
-beside its request's prefill and ahead of the first ``json_object`` request."""
+"""Serving while the sampler's kernels still compile: a batch with a row that needs them samples
+on the torch reference (the same tokens) while the others keep the engine's sampler, and nobody
+waits; a grammar compiles beside its request's prefill and ahead of the first ``json_object``
+request."""
 
 from __future__ import annotations
 
@@ -42,26 +43,40 @@ def _run(scheduler, until, limit: int = 200) -> dict[int, list[int]]:
     return tokens
 
 
-def test_a_request_waits_for_its_sampler_stage_and_the_others_run(llm):
+def test_a_batch_whose_sampler_kernels_compile_samples_on_the_reference(llm):
+    from minisgl.scheduler.warming import REFERENCE
+
     s = llm.scheduler
     stages = Stages()
     s.warming.stages = stages
+    samplers: list[tuple[set[int], str | None]] = []  # each forward's requests and sampler
+    forward = s.engine.forward
+
+    def spy(batch, args):
+        samplers.append(({f.req.uid for f in batch.feeds}, args.sampler))
+        return forward(batch, args)
+
+    s.engine.forward = spy
     try:
         prompt = llm.tokenizer.encode("The warm-up compiles the sampler's kernels meanwhile.")
-        s.add_request(1, prompt, SamplingParams(temperature=0.7, seed=1, max_tokens=3))
+        params = SamplingParams(temperature=0.7, seed=1, max_tokens=3)
+        s.add_request(1, prompt, params)
         s.add_request(2, prompt[:5], SamplingParams(temperature=0, max_tokens=3))
-        tokens = _run(s, lambda t: len(t.get(2, [])) == 3)
-        assert len(tokens[2]) == 3 and 1 not in tokens  # greedy ran; sampled waits
-        held = s.reqs[1]
-        assert held.device_len == len(prompt) - 1  # prefilled up to the token that samples
-        assert s.only_waiting  # the loop may sleep: nothing to step
-        stages.stage = 1  # "sampled" compiled
-        assert not s.only_waiting
-        tokens = _run(s, lambda t: len(t.get(1, [])) == 3)
-        assert len(tokens[1]) == 3 and not s.reqs
+        tokens = _run(s, lambda t: len(t.get(1, [])) == 3 and len(t.get(2, [])) == 3)
+        assert len(tokens[1]) == 3 and len(tokens[2]) == 3 and not s.reqs  # nobody waited
+        assert all(sampler == REFERENCE for uids, sampler in samplers if 1 in uids)
+        assert samplers[0][0] == {1, 2}  # both prefilled at once, and sampled at once
+        alone = [sampler for uids, sampler in samplers if uids == {2}]  # after 1 ended, if any
+        assert all(sampler is None for sampler in alone)
+        stages.done = True  # every stage compiled: the engine's sampler, the same tokens
+        samplers.clear()
+        s.add_request(3, prompt, params)
+        again = _run(s, lambda t: len(t.get(3, [])) == 3)
+        assert again[3] == tokens[1] and {sampler for _, sampler in samplers} == {None}
         s.check_integrity()
     finally:
         s.warming.stages = None
+        del s.engine.forward
 
 
 def test_a_grammar_compiles_beside_the_prefill_and_json_object_ahead(llm):

@@ -279,7 +279,7 @@ class Engine:
         if greedy is not None:  # sampled inside the graph, the tokens already in the pool
             out = SampleOutput(greedy, None, None, None)
         else:
-            out = sample(logits, args, self.config.sampler)
+            out = sample(logits, args, args.sampler or self.config.sampler)
             self.token_pool[batch.sample_loc] = out.next_tokens.to(torch.int32)
         non_blocking = self.device.type == "cuda"
         next_tokens, logprobs = out.next_tokens.to("cpu", non_blocking=non_blocking), None

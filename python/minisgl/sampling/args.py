@@ -65,6 +65,9 @@ class BatchSamplingArgs:
     # when set, the engine calls it after the forward, before sampling, for ``token_bitmask``: the
     # scheduler reads the previous step back meanwhile (a grammar's mask needs its last token)
     late_bitmask: Callable[[], torch.Tensor | None] | None = None
+    # this batch's sampler (one of ``sampler.SAMPLERS``) when not the engine's: the torch
+    # reference while the engine's kernels for it still compile (``scheduler/warming.py``)
+    sampler: str | None = None
 
     @property
     def argmax_only(self) -> bool:

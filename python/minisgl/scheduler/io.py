@@ -103,8 +103,8 @@ class SchedulerIO:
                 self.ready = True
                 kernels = self.scheduler.kernels
                 if kernels is not None and kernels.warming():
-                    logger.info("ready; compiling in the background: %s (requests that need "
-                                "them wait for them)", kernels.warming())
+                    logger.info("ready; compiling in the background: %s (batches that need "
+                                "them sample on the torch reference meanwhile)", kernels.warming())
             launched = since_launch()
             if launched is not None and self.primary:
                 logger.info("ready %.1f s after the launch", launched)

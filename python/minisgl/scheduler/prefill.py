@@ -60,8 +60,8 @@ class PrefillManager:
                  may_sample: Callable[[Req], bool] = lambda req: True) -> None:
         self.cache, self.table, self.budget = cache, table, max_prefill_tokens
         self.keep_images_whole = keep_images_whole  # a chunk never cuts an image
-        # False while what the request's first token needs still compiles (its grammar, its
-        # sampler kernels): its prompt is fed up to its last token, which waits
+        # False while what the request's first token needs still compiles (its grammar): its
+        # prompt is fed up to its last token, which waits
         self.may_sample = may_sample
         self.yield_to_shorter = yield_to_shorter  # off: ``--disable-prefill-yield`` (ablation)
         self.policy = policy or AdmissionPolicy("fcfs", 0, cache.hit_len)

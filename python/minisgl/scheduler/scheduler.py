@@ -105,9 +105,10 @@ class Scheduler:
         return req
 
     def _may_sample(self, req: Req) -> bool:
-        """Whether what ``req``'s first token needs is compiled: its grammar, and its sampler
-        kernels (``warming.py``); until then its prefill stops short of its last token."""
-        return not self.grammar.pending(req) and self.warming.admits(req)
+        """Whether ``req``'s grammar is compiled (its first token needs it); until then its
+        prefill stops short of its last token. Sampler kernels still compiling hold nothing back
+        (``warming.py``: such a batch samples on the torch reference)."""
+        return not self.grammar.pending(req)
 
     def abort(self, uid: int) -> bool:
         """Drop a request wherever it is and free its KV. False if it is unknown or finished."""
@@ -123,8 +124,8 @@ class Scheduler:
 
     @property
     def only_waiting(self) -> bool:
-        """Every request waits, fed up to its last token, for a compiler (its grammar, its
-        sampler kernels): a step would do nothing."""
+        """Every request waits, fed up to its last token, for its grammar's compiler: a step
+        would do nothing."""
         return (self._inflight is None and not self.decode.running
                 and all(r.pending_len <= 1 and not self._may_sample(r)
                         for r in self.prefill.waiting))
@@ -198,6 +199,7 @@ class Scheduler:
         args = BatchSamplingArgs.from_reqs(rows, self.engine.vocab_size, self.engine.device,
                                            self.engine.sampling_state, argmax_only=not constrained,
                                            steps=steps)
+        args.sampler = self.warming.sampler(rows)
         if constrained:
             args.late_bitmask = lambda: self.grammar.bitmask(rows, self.engine.device,
                                                              before_mask)

@@ -1,12 +1,12 @@
-"""Whether a request's sampler kernels are compiled yet; until they are it does not sample.
+"""Which sampler a batch takes while the sampler's kernels still compile.
 
-After the server reports ready the sampler's variants keep compiling stage by stage
+After the server reports ready the sampler's Triton variants keep compiling stage by stage
 (``minisgl.warmup``: sampled, log-probs, top log-probs, penalties, bias, grammar). A batch
-launches the sampler variant of the union of its rows' features, so a request samples only when
-every feature it uses belongs to a finished stage: no batch it joins can then need a variant that
-is still compiling, and no running stream waits for a compiler. Meanwhile its prompt is
-prefilled up to its last token (``PrefillManager``'s ``may_sample``), so the wait costs it the
-compilation's remainder at most, not its prefill on top.
+launches the variant of the union of its rows' features; when one of them belongs to a stage
+not compiled yet, the batch samples on the torch reference (``sampling/torch_ref.py``) instead,
+which needs no compiler and draws the same tokens (the same counter-based uniforms, the same
+race: the kernels' tests hold them to it). No request waits for a compiler and no running
+stream stalls; the batches move to the kernels as their stages finish.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from minisgl.warmup.plan import feature_stage, request_features
 
 if TYPE_CHECKING:
     from minisgl.core import Req
+
+REFERENCE = "torch"  # the sampler of a batch whose kernels still compile
 
 
 class SamplerStages(Protocol):
@@ -29,14 +31,19 @@ class SamplerStages(Protocol):
 
 
 class WarmingGate:
-    """``admits(req)``: whether every sampler feature ``req`` uses is compiled (``stages`` None:
-    no kernel warm-up, everything is)."""
+    """``sampler(reqs)``: the sampler a batch of ``reqs``' rows takes while the kernels compile
+    (``stages`` None: no kernel warm-up, everything is compiled)."""
 
     def __init__(self, stages: SamplerStages | None) -> None:
         self.stages = stages
 
-    def admits(self, req: Req) -> bool:
+    def compiled(self, req: Req) -> bool:
+        """Whether every sampler feature ``req`` uses has its kernels compiled."""
         s = self.stages
         if s is None or s.done:
             return True
         return feature_stage(request_features(req.sampling_params)) <= s.stage
+
+    def sampler(self, reqs: list[Req]) -> str | None:
+        """``REFERENCE`` when a row's kernels still compile; None: the engine's own sampler."""
+        return None if all(self.compiled(r) for r in reqs) else REFERENCE

@@ -55,7 +55,7 @@ async def health(request: Request) -> JSONResponse:
                          f"{warming}", "warming_up")
     body = {"status": "ok"}
     if frontend.stats is not None and frontend.stats.warming:
-        # served already; requests that need these kernels wait for them
+        # served already; batches that need these kernels sample on the torch reference
         body["warming"] = frontend.stats.warming
     return JSONResponse(body)
 

@@ -101,6 +101,7 @@ class SchedulerIO:
                 warm_up(self.scheduler, should_stop=lambda: alone and not self.running)
                 self.live.fed_tokens = self.scheduler.prefill.fed_tokens  # not the warm-up's
                 self.ready = True
+                self._maybe_send_stats(at_once=True)  # readiness at once, not at the next interval
                 kernels = self.scheduler.kernels
                 if kernels is not None and kernels.warming():
                     logger.info("ready; compiling in the background: %s (batches that need "
@@ -216,9 +217,11 @@ class SchedulerIO:
             msg.prompt_logprobs = out.prompt_logprobs
         return msg
 
-    def _maybe_send_stats(self) -> None:
+    def _maybe_send_stats(self, at_once: bool = False) -> None:
+        """Send the stats when ``_STATS_INTERVAL_S`` has passed since the last (``at_once``:
+        now)."""
         now = time.monotonic()
-        if now - self._last_stats < _STATS_INTERVAL_S:
+        if not at_once and now - self._last_stats < _STATS_INTERVAL_S:
             return
         self._last_stats = now
         stats = self.stats()

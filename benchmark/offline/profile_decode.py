@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench import VARIANTS, model_dir  # noqa: E402
+from bench_runs import llm_options  # noqa: E402
 
 from minisgl import LLM, SamplingParams  # noqa: E402
 
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--out", default=".")
     parser.add_argument("--quantization", default=None, help="e.g. fp8")
     parser.add_argument("--variant", default="default",
-                        help="a bench.py variant whose sampling settings the requests carry")
+                        help="a bench.py variant: its engine options, environment and sampling")
     parser.add_argument("--per-step", action="store_true",
                         help="kernels' GPU time and the GPU's idle time per decode step")
     args = parser.parse_args()
@@ -110,10 +111,13 @@ def main() -> None:
     # KV for every request's whole context at once: the batch decodes together (a smaller pool
     # would run it in waves)
     pages = args.batch * (args.prompt_len + args.tokens) + 1
-    llm = LLM(path, dummy_weights=dummy, num_pages=pages, quantization=args.quantization,
-              warmup="off")  # the untimed first run compiles what the measured ones use
+    variant = VARIANTS[args.variant]
+    options = {"quantization": args.quantization, **llm_options(variant)}
+    os.environ.update(variant.get("env", {}))  # this process runs the one variant
+    # the untimed first run compiles what the measured ones use
+    llm = LLM(path, dummy_weights=dummy, num_pages=pages, warmup="off", **options)
     prompts = [[(7 * i + j) % 10000 for j in range(args.prompt_len)] for i in range(args.batch)]
-    sampling = VARIANTS[args.variant].get("sampling", {"temperature": 0})
+    sampling = variant.get("sampling", {"temperature": 0})
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, **sampling)
     llm.generate(prompts, params, use_tqdm=False)
     tic = time.perf_counter()

@@ -105,9 +105,8 @@ class Scheduler:
         return req
 
     def _may_sample(self, req: Req) -> bool:
-        """Whether ``req``'s grammar is compiled (its first token needs it); until then its
-        prefill stops short of its last token. Sampler kernels still compiling hold nothing back
-        (``warming.py``: such a batch samples on the torch reference)."""
+        """Whether ``req``'s grammar is compiled; until then its prefill stops short of its last
+        token (sampler kernels still compiling hold nothing back: ``warming.py``)."""
         return not self.grammar.pending(req)
 
     def abort(self, uid: int) -> bool:
@@ -124,8 +123,7 @@ class Scheduler:
 
     @property
     def only_waiting(self) -> bool:
-        """Every request waits, fed up to its last token, for its grammar's compiler: a step
-        would do nothing."""
+        """Every request waits, fed up to its last token, for its grammar: a step does nothing."""
         return (self._inflight is None and not self.decode.running
                 and all(r.pending_len <= 1 and not self._may_sample(r)
                         for r in self.prefill.waiting))

@@ -36,7 +36,10 @@ from minisgl.server.openai.reasoning import ReasoningConfig
 from minisgl.server.openai.request_context import authorize, server_config
 from minisgl.server.openai.request_log import log_refused
 from minisgl.tokenizer.harmony import Harmony
+from minisgl.utils import init_logger
+from minisgl.utils.startup import since_launch
 
+logger = init_logger(__name__)
 router = APIRouter()
 RETRY_AFTER_S = 1
 
@@ -138,6 +141,8 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
         app.state.frontend = frontend_factory()
         app.state.frontend_created.set()
         await app.state.tokens.get()  # the tokenizer loads before the port opens, not on a request
+        if (launched := since_launch()) is not None:  # the port opens now: the first-minute log
+            logger.info("API server up %.1f s after the launch", launched)
         parser = asyncio.create_task(asyncio.to_thread(structured.warm_parser))  # beside serving
         try:
             yield

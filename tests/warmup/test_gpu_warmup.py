@@ -87,3 +87,35 @@ def test_no_request_compiles_after_the_warm_up(qwen3_dir, tmp_path, compiles):
         assert compiles == [], f"compiled on the request path: {sorted(set(compiles))}"
     plans = list(tmp_path.glob("*/plans/*.json"))
     assert any(not p.name.endswith(".config.json") for p in plans)  # the plan, for a restart
+
+
+def test_while_the_sampler_compiles_a_batch_samples_on_the_reference(qwen3_dir):
+    """A batch with a row whose sampler stage still compiles takes the torch reference
+    (``scheduler/warming.py``): the same tokens and log-probs as the Triton sampler's."""
+    from types import SimpleNamespace
+
+    from minisgl import LLM
+    from minisgl.scheduler.warming import REFERENCE
+
+    kinds = [SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=1, max_tokens=8),
+             SamplingParams(temperature=0.7, presence_penalty=0.5, logprobs=True, top_logprobs=3,
+                            seed=2, max_tokens=8),
+             SamplingParams(temperature=0, max_tokens=8)]
+    prompts = [list(range(100 + 7 * i, 300 + 7 * i)) for i in range(len(kinds))]
+    with LLM(qwen3_dir, dummy_weights=True, warmup="off", cache="naive", max_running_requests=8,
+             cuda_graph_max_bs=8, max_seq_len=1024) as llm:
+        s = llm.scheduler
+        want = llm.generate(prompts, kinds)  # the engine's own (Triton) sampler
+        samplers: list[str | None] = []
+        forward = s.engine.forward
+        s.engine.forward = lambda batch, args: samplers.append(args.sampler) or forward(batch, args)
+        s.warming.stages = SimpleNamespace(stage=0, done=False)  # nothing compiled yet
+        try:
+            got = llm.generate(prompts, kinds)
+        finally:
+            s.warming.stages = None
+            del s.engine.forward
+    assert samplers and set(samplers) == {REFERENCE}  # every batch held a sampled row
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got[1].logprobs, want[1].logprobs):
+        assert g.token_id == w.token_id and abs(g.logprob - w.logprob) < 1e-3

@@ -7,10 +7,14 @@ other: greedy chat, sampled chat (temperature, top_p, top_k, presence penalty, l
 ``response_format`` JSON schema, and a forced tool call (``tool_choice: required``: a grammar
 from the tool's parameters). With ``--cache-dir`` the server gets that kernel cache (empty: a new
 machine; kept from an earlier run: a restart; filled by ``python -m minisgl warmup``: a carried
-cache); ``--fresh-cache``: a new empty one.
+cache); ``--fresh-cache``: a new empty one. ``--offline``: the offline ``LLM`` instead of a server
+(from process start until ``LLM(...)`` returns, then the kinds through ``LLM.chat``; no forced
+tool call there).
 
     python benchmark/online/first_minute.py --tag qwen3-8b_empty --fresh-cache -- \
         --model /tmp/qwen3-8b --dummy-weights
+    python benchmark/online/first_minute.py --tag qwen3-8b_llm --offline --fresh-cache -- \
+        --model /tmp/qwen3-8b
     python benchmark/online/first_minute.py --report OUT/first_minute_*.json  # one table
 """
 
@@ -87,6 +91,8 @@ def run(args: argparse.Namespace) -> dict:
         cmd += ["--cache-dir", cache]
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, f"first_minute_{args.tag}.log")
+    if args.offline:
+        return run_offline(args, cache, log_path)
     url = f"http://127.0.0.1:{args.port}"
     start = time.monotonic()
     with open(log_path, "w") as log:
@@ -102,6 +108,56 @@ def run(args: argparse.Namespace) -> dict:
     return {"tag": args.tag, "cache_dir": cache, "ready_s": ready_s,
             "warming_at_ready": health.get("warming", ""), "command": " ".join(cmd),
             "requests": rows}
+
+
+def offline_kinds() -> dict:
+    """``KINDS`` as the offline ``LLM``'s sampling parameters (no forced tool call there)."""
+    from minisgl import SamplingParams
+
+    kinds = {}
+    for name, fields in KINDS.items():
+        fields = dict(fields)
+        schema = fields.pop("response_format", {}).get("json_schema", {}).get("schema")
+        if "tools" in fields:
+            continue
+        kinds[name] = SamplingParams(**fields, json_schema=schema and json.dumps(schema))
+    return kinds
+
+
+def offline_child(model: str, cache: str | None) -> None:
+    """In a process of its own (started by ``run_offline``): the wall-clock time the ``LLM`` is
+    ready, then each kind twice; one JSON line on stdout."""
+    from minisgl import LLM
+
+    llm = LLM(model, dummy_weights=True, cache_dir=cache)
+    ready = time.time()
+    kernels = llm.scheduler.kernels
+    warming = kernels.warming() if kernels is not None else ""
+    rows = []
+    for name, params in offline_kinds().items():
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            llm.chat(_PROMPT, params, use_tqdm=False)
+            times.append(time.perf_counter() - t0)
+        rows.append({"kind": name, "first_s": times[0], "second_s": times[1], "error": None})
+    llm.close()
+    print(json.dumps({"ready_wall": ready, "warming": warming, "requests": rows}), flush=True)
+
+
+def run_offline(args: argparse.Namespace, cache: str | None, log_path: str) -> dict:
+    """The offline ``LLM``'s first minute, measured from its process's start."""
+    model = args.server_args[args.server_args.index("--model") + 1]
+    cmd = [sys.executable, __file__, "--offline-child", model, *(["--cache-dir", cache] if cache
+                                                                  else [])]
+    start = time.time()
+    with open(log_path, "w") as log:
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                              timeout=args.timeout, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"tag": args.tag, "cache_dir": cache, "ready_s": result["ready_wall"] - start,
+            "warming_at_ready": result["warming"], "command": " ".join(cmd),
+            "requests": result["requests"]}
 
 
 def report(paths: list[str]) -> str:
@@ -138,8 +194,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--report", nargs="+", metavar="JSON",
                         help="print one table of these runs and exit")
+    parser.add_argument("--offline", action="store_true",
+                        help="the offline LLM (of the server arguments' --model) instead")
+    parser.add_argument("--offline-child", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
+    if args.offline_child:
+        offline_child(args.offline_child, args.cache_dir)
+        return
     if args.report:
         print(report(args.report))
         return

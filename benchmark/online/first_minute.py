@@ -13,8 +13,8 @@ tool call there).
 
     python benchmark/online/first_minute.py --tag qwen3-8b_empty --fresh-cache -- \
         --model /tmp/qwen3-8b --dummy-weights
-    python benchmark/online/first_minute.py --tag qwen3-8b_llm --offline --fresh-cache -- \
-        --model /tmp/qwen3-8b
+    python benchmark/online/first_minute.py --tag qwen3-8b_llm-empty --offline --fresh-cache -- \
+        --model /tmp/qwen3-8b --dummy-weights
     python benchmark/online/first_minute.py --report OUT/first_minute_*.json  # one table
 """
 
@@ -124,12 +124,12 @@ def offline_kinds() -> dict:
     return kinds
 
 
-def offline_child(model: str, cache: str | None) -> None:
+def offline_child(model: str, cache: str | None, dummy: bool) -> None:
     """In a process of its own (started by ``run_offline``): the wall-clock time the ``LLM`` is
     ready, then each kind twice; one JSON line on stdout."""
     from minisgl import LLM
 
-    llm = LLM(model, dummy_weights=True, cache_dir=cache)
+    llm = LLM(model, dummy_weights=dummy, cache_dir=cache)
     ready = time.time()
     kernels = llm.scheduler.kernels
     warming = kernels.warming() if kernels is not None else ""
@@ -148,8 +148,9 @@ def offline_child(model: str, cache: str | None) -> None:
 def run_offline(args: argparse.Namespace, cache: str | None, log_path: str) -> dict:
     """The offline ``LLM``'s first minute, measured from its process's start."""
     model = args.server_args[args.server_args.index("--model") + 1]
-    cmd = [sys.executable, __file__, "--offline-child", model, *(["--cache-dir", cache] if cache
-                                                                  else [])]
+    cmd = [sys.executable, __file__, "--offline-child", model,
+           *(["--cache-dir", cache] if cache else []),
+           *(["--dummy-weights"] if "--dummy-weights" in args.server_args else [])]
     start = time.time()
     with open(log_path, "w") as log:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
@@ -197,10 +198,11 @@ def main() -> None:
     parser.add_argument("--offline", action="store_true",
                         help="the offline LLM (of the server arguments' --model) instead")
     parser.add_argument("--offline-child", metavar="MODEL", help=argparse.SUPPRESS)
+    parser.add_argument("--dummy-weights", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.offline_child:
-        offline_child(args.offline_child, args.cache_dir)
+        offline_child(args.offline_child, args.cache_dir, args.dummy_weights)
         return
     if args.report:
         print(report(args.report))

@@ -108,7 +108,7 @@ class StepTrace:
         self.rows: list[tuple[float, str, int, int]] = []  # (end time, phase, requests, KV tokens)
         self.overlap = sched.config.overlap
         engine = sched.engine
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+        self.weight_bytes = engine.weight_bytes
         self.kv_bytes_per_token = engine.kv_pool.mem_bytes / engine.kv_pool.num_slots
         # a hybrid model's recurrent state, read and written back by every decode row
         pool = engine.state_pool

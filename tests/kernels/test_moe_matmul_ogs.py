@@ -51,6 +51,9 @@ def test_matches_the_dequantized_reference(tokens):
     backend = create_moe_backend("triton_kernels")
     layout = backend.prepare_experts(w13, w2, scales, bias, ACT)
     assert layout is not None
+    packed = sum(t.numel() * t.element_size() for t in (w13, w2, s13, s2, *bias))
+    # the weights' bytes count the layout: the values, the scales padded, biases in fp32
+    assert packed <= layout.nbytes <= 1.25 * packed  # (Hopper layouts may pad a dimension)
     got = backend.forward(x, w13, w2, weights, ids, scales, bias=bias, act=ACT, layout=layout)
     want = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=ACT)
     assert got.shape == want.shape == (tokens, H) and got.dtype == torch.bfloat16

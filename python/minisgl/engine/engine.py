@@ -11,6 +11,7 @@ from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import BaseKVCachePool
 from minisgl.linear_attn import create_linear_attn_backend
 from minisgl.models import BaseLLMModel
+from minisgl.models.base import weight_bytes
 from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.sampling import BatchSamplingArgs, SampleOutput, SamplingState, sample
 from minisgl.utils import init_logger
@@ -169,13 +170,13 @@ class Engine:
         return self.cache_spec.kv_bytes_per_token(self.config.kv_dtype, share)
 
     def _build_model(self) -> BaseLLMModel:
-        """The model, loaded. Records ``weight_bytes`` (its parameters) and, on CUDA,
+        """The model, loaded. Records ``weight_bytes`` (``models.base.weight_bytes``) and, on CUDA,
         ``load_peak_bytes`` (the most the device held while loading: with weights quantized at
         load, about the quantized model plus one layer unquantized)."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         model = self._load_model()
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.weight_bytes = weight_bytes(model)
         self.load_peak_bytes = (torch.cuda.max_memory_allocated(self.device)
                                 if self.device.type == "cuda" else None)
         peak = "" if self.load_peak_bytes is None else \

@@ -216,6 +216,11 @@ class MoELayer(nn.Module):
                                    act=self.spec.act, pdl=self.pdl, layout=self.layout)
         return self.comm.all_reduce(out)
 
+    @property
+    def layout_bytes(self) -> int:
+        """Device bytes of the backend's own copy of the experts (0 without one)."""
+        return self.layout.nbytes if self.layout is not None else 0  # type: ignore[attr-defined]
+
     def _bias(self) -> ExpertBias | None:
         if self.w13_bias is None:
             return None

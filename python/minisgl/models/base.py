@@ -18,6 +18,7 @@ from minisgl.distributed import DistributedCommunicator
 from minisgl.kvcache.spec import AttentionSpec, CacheSpec
 from minisgl.layers import ParallelLMHead, RMSNorm, VocabParallelEmbedding
 from minisgl.layers.base import copy_weight, materialize
+from minisgl.layers.moe import MoELayer
 from minisgl.moe import BaseMoeBackend
 
 from .config import ModelConfig, common_fields
@@ -42,6 +43,13 @@ def with_images(x: torch.Tensor, ctx: Context) -> torch.Tensor:
     if images is None or images.rows.numel() == 0:
         return x
     return x.index_copy(0, images.rows, images.embeds.to(x.dtype))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Device bytes of ``model``'s weights: its parameters, and the experts a MoE backend keeps
+    in layouts of its own (``MoELayer.layout_bytes``)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return params + sum(m.layout_bytes for m in model.modules() if isinstance(m, MoELayer))
 
 
 class BaseLLMModel(nn.Module):

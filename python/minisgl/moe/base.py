@@ -25,7 +25,8 @@ class BaseMoeBackend(ABC):
         """A layout of its own for a layer's loaded experts (``forward``'s arguments as the
         layer holds them), or None (the default: the backend runs them as they are). A layout
         returned replaces them: the layer releases its tensors and passes the layout to every
-        ``forward`` (``layout=``), whose ``w13``/``w2``/``scales``/``bias`` are then empty."""
+        ``forward`` (``layout=``), whose ``w13``/``w2``/``scales``/``bias`` are then empty; its
+        ``nbytes`` is what it holds on the device (``MoELayer.layout_bytes``)."""
         return None
 
     @abstractmethod

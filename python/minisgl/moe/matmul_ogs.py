@@ -41,6 +41,14 @@ class OgsExperts:
     activation: Any  # FusedActivation: the clamped SwiGLU
     n_experts: int
 
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the experts in these layouts (the model's weights count them)."""
+        held = [self.w13.storage.data, self.w2.storage.data,
+                self.precision13.weight_scale.storage.data,
+                self.precision2.weight_scale.storage.data, self.bias13, self.bias2]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
 
 def _interleave(t: torch.Tensor) -> torch.Tensor:
     """``[E, 2I, ...]`` gate rows then up rows -> row 2j gate j, row 2j + 1 up j."""

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed import DistributedCommunicator
-from minisgl.moe import SILU, BaseMoeBackend, ExpertBias, MoeActivation
+from minisgl.moe import SILU, BaseMoeBackend, ExpertBias, ExpertLayout, MoeActivation
 from minisgl.quant import QuantizationConfig, moe_method
 
 from .base import copy_part, copy_weight, divide, materialize, new_param
@@ -104,7 +104,7 @@ class MoELayer(nn.Module):
             self.router_norm = RMSNorm(hidden, cfg.rms_norm_eps, scale=False)
             self.router_scale, self.expert_scale = new_param(hidden), new_param(experts)
         self.w13_bias = self.w2_bias = None
-        self.layout: object | None = None  # the backend's own copy of the experts, if it keeps one
+        self.layout: ExpertLayout | None = None  # the backend's own copy of the experts, if any
         if spec.expert_bias:
             self.w13_bias = self._new_param("w13", experts, 2 * self.inter)
             self.w2_bias = new_param(experts, hidden)  # replicated: every rank loads it whole
@@ -219,7 +219,7 @@ class MoELayer(nn.Module):
     @property
     def layout_bytes(self) -> int:
         """Device bytes of the backend's own copy of the experts (0 without one)."""
-        return self.layout.nbytes if self.layout is not None else 0  # type: ignore[attr-defined]
+        return self.layout.nbytes if self.layout is not None else 0
 
     def _bias(self) -> ExpertBias | None:
         if self.w13_bias is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from minisgl.utils import Registry
 
-from .base import SILU, BaseMoeBackend, ExpertBias, MoeActivation, Mxfp4Scales
+from .base import SILU, BaseMoeBackend, ExpertBias, ExpertLayout, MoeActivation, Mxfp4Scales
 
 MOE_BACKENDS: Registry[BaseMoeBackend] = Registry("MoE backend")
 
@@ -48,5 +48,5 @@ def create_moe_backend(name: str) -> BaseMoeBackend:
     return MOE_BACKENDS.get(name)()
 
 
-__all__ = ["MOE_BACKENDS", "SILU", "BaseMoeBackend", "ExpertBias", "MoeActivation",
+__all__ = ["MOE_BACKENDS", "SILU", "BaseMoeBackend", "ExpertBias", "ExpertLayout", "MoeActivation",
            "Mxfp4Scales", "create_moe_backend", "resolve_moe_backend"]

@@ -10,23 +10,33 @@ runs what it is handed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import torch
 
 from minisgl.kernel.moe_types import SILU, ExpertBias, FP8Scales, MoeActivation, Mxfp4Scales
 
-__all__ = ["SILU", "BaseMoeBackend", "ExpertBias", "FP8Scales", "MoeActivation", "Mxfp4Scales"]
+__all__ = ["SILU", "BaseMoeBackend", "ExpertBias", "ExpertLayout", "FP8Scales", "MoeActivation",
+           "Mxfp4Scales"]
+
+
+class ExpertLayout(Protocol):
+    """A backend's own copy of a layer's experts (``BaseMoeBackend.prepare_experts``)."""
+
+    @property
+    def nbytes(self) -> int:
+        """What it holds on the device (the model's weight bytes count it)."""
+        ...
 
 
 class BaseMoeBackend(ABC):
     def prepare_experts(self, w13: torch.Tensor, w2: torch.Tensor,
                         scales: FP8Scales | Mxfp4Scales | None, bias: ExpertBias | None,
-                        act: MoeActivation) -> object | None:
+                        act: MoeActivation) -> ExpertLayout | None:
         """A layout of its own for a layer's loaded experts (``forward``'s arguments as the
         layer holds them), or None (the default: the backend runs them as they are). A layout
         returned replaces them: the layer releases its tensors and passes the layout to every
-        ``forward`` (``layout=``), whose ``w13``/``w2``/``scales``/``bias`` are then empty; its
-        ``nbytes`` is what it holds on the device (``MoELayer.layout_bytes``)."""
+        ``forward`` (``layout=``), whose ``w13``/``w2``/``scales``/``bias`` are then empty."""
         return None
 
     @abstractmethod
@@ -42,7 +52,7 @@ class BaseMoeBackend(ABC):
         bias: ExpertBias | None = None,
         act: MoeActivation = SILU,
         pdl: bool = False,
-        layout: object | None = None,
+        layout: ExpertLayout | None = None,
     ) -> torch.Tensor:
         """x: [T, H]; w13: [E, 2I, H] (each expert's gate rows, then its up rows); w2: [E, H, I];
         topk_*: [T, K] -> [T, H] (this rank's partial sum).

@@ -160,10 +160,11 @@ def test_radix_hits_chunked_prefill_stops_and_suffix(hybrid_checkpoints):
     llm.scheduler.cache.flush_prefix_cache()
     spec, cache = llm.scheduler.spec, llm.scheduler.cache
     accepted, cut = {}, []  # per verify feed its accepted drafts; whether a stop cut its run
-    judge, commit = spec.judge, cache.commit
+    judge, commit_many = spec.judge, cache.commit_many
     spec.judge = lambda feed, tokens: accepted.setdefault(id(feed), judge(feed, tokens))
-    cache.commit = lambda req, kept, feed: (
-        cut.append(kept < feed.cached_len + 1 + accepted[id(feed)]), commit(req, kept, feed))
+    cache.commit_many = lambda kept: (
+        cut.extend(n < feed.cached_len + 1 + accepted[id(feed)] for _, n, feed in kept),
+        commit_many(kept))
     for at in (6, 12):  # drafts never pass max_tokens: stop tokens cut runs
         stops = [o[at] for o in expected]
         params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=stops)

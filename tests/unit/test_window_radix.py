@@ -115,6 +115,33 @@ def test_the_tree_gives_its_sliding_pages_back_under_pressure():
 
 
 @pytest.mark.parametrize("page", [1, 4])
+def test_a_step_commits_all_its_verify_feeds_at_once(page):
+    """``commit_many`` (one call for a step's verify feeds) leaves every row where ``commit``
+    one at a time would: the same lengths, the same pages kept, the rest free."""
+    (one, _, _), (many, _, _) = make(page), make(page)
+    kept = [30, 37, 40]  # cut inside a page, at one's end, nothing rejected
+    rows = {}
+    for cache in (one, many):
+        reqs = [request(row, range(100 * row, 100 * row + 40)) for row in range(3)]
+        for req in reqs:
+            cache.match(req)
+            run(cache, req, 40, reqs)
+        feeds = [(req, n, Feed(req, 29, 40, 11, list(range(10)))) for req, n in zip(reqs, kept)]
+        if cache is one:
+            for req, n, feed in feeds:
+                one.commit(req, n, feed)
+        else:
+            many.commit_many(feeds)
+        cache.check_integrity(reqs)
+        assert [req.device_len for req in reqs] == kept
+        rows[cache is one] = [cache.full.pages.host_table[req.table_idx, :cache.alloc_len(req)]
+                              .tolist() for req in reqs]
+        assert [cache.alloc_len(req) for req in reqs] == [-(-n // page) * page for n in kept]
+    assert rows[True] == rows[False]
+    assert one.free_tokens == many.free_tokens
+
+
+@pytest.mark.parametrize("page", [1, 4])
 def test_rejected_drafts_give_back_their_sliding_pages(page):
     """``commit`` (what a verify step kept of its drafts) frees the sliding pages past the kept
     length as it frees the full ones."""

@@ -158,10 +158,16 @@ class CacheCoordinator:
         positions (those of the tokens it kept, the last excepted: it was never fed). Every group
         gives back what it holds past them; the recurrent state after position ``kept - 1``
         becomes the request's."""
-        keep, end = round_up(kept, self.page_size), self.alloc_len(req)
-        req.cached_len = req.device_len = kept
+        self.commit_many([(req, kept, feed)])
+
+    def commit_many(self, kept: list[tuple[Req, int, Feed]]) -> None:
+        """``commit`` for every verify feed of a step, each group called once."""
+        commits = []
+        for req, n, feed in kept:
+            commits.append((req, round_up(n, self.page_size), self.alloc_len(req), feed))
+            req.cached_len = req.device_len = n
         for group in self.groups:
-            group.commit(req, keep, end, feed)
+            group.commit_many(commits)
 
     def release(self, req: Req) -> None:
         """Return a request's slots: its computed prefix goes to the prefix cache, the rest is

@@ -49,11 +49,21 @@ class FullAttentionManager(CacheGroup):
         self.pages.put(self.prefix_cache.evict(tokens))
 
     def commit(self, req: Req, keep: int, end: int, feed: Feed) -> None:
-        # NOTE: the device table keeps stale entries past ``keep``, which no forward reads before
-        # an allocation rewrites them
-        if end > keep:
-            self.pages.put(self.pages.host_table[req.table_idx, keep:end].clone())
-            self.pages.alloc[req.table_idx] = keep
+        self.commit_many([(req, keep, end, feed)])
+
+    def commit_many(self, commits: list[tuple[Req, int, int, Feed]]) -> None:
+        """The slots past each ``keep`` gathered in one indexing (a copy) and freed at once.
+        NOTE: the device table keeps stale entries past ``keep``, which no forward reads before
+        an allocation rewrites them."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for req, keep, end, _ in commits:
+            if end > keep:
+                rows += [req.table_idx] * (end - keep)
+                cols += range(keep, end)
+                self.pages.alloc[req.table_idx] = keep
+        if rows:
+            self.pages.put(self.pages.host_table[torch.tensor(rows), torch.tensor(cols)])
 
     def release(self, req: Req, alloc_len: int, aligned: int) -> None:
         slots = self.pages.host_table[req.table_idx, :alloc_len].clone()

@@ -52,6 +52,11 @@ class CacheGroup:
         """A verify feed was read back: ``req`` keeps its first ``req.device_len`` positions
         (``keep``: that, rounded up to a page; ``end``: what was allocated)."""
 
+    def commit_many(self, commits: list[tuple[Req, int, int, Feed]]) -> None:
+        """``commit(req, keep, end, feed)`` for each of a step's verify feeds."""
+        for req, keep, end, feed in commits:
+            self.commit(req, keep, end, feed)
+
     def release(self, req: Req, alloc_len: int, aligned: int) -> None:
         """``req`` is done with its row (finished, aborted, retracted): what it held goes back, or
         to the prefix cache for its first ``aligned`` positions (a whole number of pages)."""

@@ -82,6 +82,7 @@ def apply_runs(live: list[tuple[Feed, list[tuple[int, tuple]]]], out: ForwardOut
     finish reason per feed that appended (none for a prompt-only request)."""
     reasons: dict[Feed, FinishReason | None] = {}
     plain: list[tuple[Req, list[int]]] = []
+    kept: list[tuple[Req, int, Feed]] = []
     for feed, run in live:
         req = feed.req
         if req.sampling_params.max_tokens == 0:
@@ -91,9 +92,11 @@ def apply_runs(live: list[tuple[Feed, list[tuple[int, tuple]]]], out: ForwardOut
             del run[spec.judge(feed, [token for token, _ in run]) + 1:]
         reasons[feed] = append_run(req, run, eos_token_ids)
         if feed.drafts:  # the KV of its kept tokens, the last excepted (never fed)
-            cache.commit(req, len(req.input_ids) - 1, feed)
+            kept.append((req, len(req.input_ids) - 1, feed))
         else:
             plain.append((req, [token for token, _ in run]))
+    if kept:
+        cache.commit_many(kept)
     if spec is not None:
         spec.observe(plain, out)
     return reasons

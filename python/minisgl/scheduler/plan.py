@@ -45,10 +45,9 @@ class StepPlan:
         engine runs a verify step of ``n`` one-token rows as decode rows
         (``Engine.verifies_as_rows``)."""
         extend = verify + prefill
-        if verify and not prefill:
+        if verify and not prefill and rows_fit(len(decode) + sum(f.samples for f in verify)):
             rows = decode + [row for feed in verify for row in feed.as_rows()]
-            if rows_fit(len(rows)):
-                return cls(decode, verify, prefill, Batch(rows, "decode"))
+            return cls(decode, verify, prefill, Batch(rows, "decode"))
         if not extend:
             return cls(decode, verify, prefill, Batch(decode, "decode")) if decode else None
         if not decode:

@@ -66,12 +66,18 @@ class BatchPlanner:
                                  DraftBudget(budget - len(feeds), self.cache.draft_groups))
         plain: list[Feed] = []
         verify: list[Feed] = []
+        ends: list[int] = []
+        room = self.cache.available_tokens  # one allocation for every verify feed, below
         for feed, draft in zip(feeds, drafts):
             req, end = feed.req, feed.device_len + len(draft)
-            if not draft or self.cache.tokens_needed(req, end) > self.cache.available_tokens:
+            needed = self.cache.tokens_needed(req, end) if draft else 0
+            if not draft or needed > room:
                 plain.append(feed)
                 continue
-            self.cache.allocate(req, end)
+            room -= needed
+            ends.append(end)
             verify.append(Feed(req, feed.cached_len, end, len(draft) + 1, draft,
                                self.cache.draft_slot(len(verify))))
+        if verify:
+            self.cache.allocate_many([feed.req for feed in verify], ends)
         return plain, verify

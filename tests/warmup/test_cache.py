@@ -169,3 +169,31 @@ def test_the_warmup_command_needs_a_gpu(model_dir, tmp_path):
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": "python"})
     assert bad.returncode == 2 and "--cache-dir" in bad.stderr
+
+
+def test_the_activation_peaks_are_kept_for_the_code_that_measured_them(tmp_path, monkeypatch):
+    """The peaks that size the KV pool come back for the same key and the same sources; another
+    key, or a change to minisgl's sources, finds none (measured anew)."""
+    cache = KernelCache(str(tmp_path), H200)
+    assert cache.load_peaks("m-1") is None
+    cache.save_peaks("m-1", {"forward": 3 << 30, "tower": 0})
+    assert cache.load_peaks("m-1") == {"forward": 3 << 30, "tower": 0}
+    assert cache.load_peaks("m-2") is None
+    monkeypatch.setattr(cache_mod, "source_digest", lambda: "another tree")
+    assert cache.load_peaks("m-1") is None
+    (tmp_path / H200.dirname / "plans" / "m-3.peaks.json").write_text("{not json")
+    assert cache.load_peaks("m-3") is None
+
+
+def test_the_source_digest_follows_the_sources():
+    digest = cache_mod.source_digest()
+    assert len(digest) == 20 and digest == cache_mod.source_digest.__wrapped__()
+
+
+def test_a_warm_up_that_did_not_finish_is_not_taken_for_one_that_did(tmp_path):
+    """Without the mark a restart compiles the sampler's stages in processes, as on a new
+    cache (a first run stopped before its background stages finished left them uncompiled)."""
+    cache = KernelCache(str(tmp_path), H200)
+    assert not cache.finished("m-1")
+    cache.mark_finished("m-1")
+    assert cache.finished("m-1") and not cache.finished("m-2")

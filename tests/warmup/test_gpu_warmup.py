@@ -89,6 +89,27 @@ def test_no_request_compiles_after_the_warm_up(qwen3_dir, tmp_path, compiles):
     assert any(not p.name.endswith(".config.json") for p in plans)  # the plan, for a restart
 
 
+def test_a_restart_reads_the_activation_peaks_instead_of_measuring(qwen3_dir, tmp_path,
+                                                                     monkeypatch):
+    """The second start on a cache sizes its KV pool from the peaks the first measured (no
+    profiling forward runs) and gets the same pool."""
+    from minisgl import LLM
+    from minisgl.engine import memory
+
+    options = dict(dummy_weights=True, cache_dir=str(tmp_path), max_running_requests=16,
+                   cuda_graph_max_bs=8, max_seq_len=2048)
+    with LLM(qwen3_dir, **options) as llm:
+        first = llm.scheduler.engine.num_pages
+    assert len(list(tmp_path.glob("*/plans/*.peaks.json"))) == 1
+
+    def measured(engine):
+        raise AssertionError("the forward was profiled again")
+
+    monkeypatch.setattr(memory, "profile_forward", measured)
+    with LLM(qwen3_dir, **options) as llm:
+        assert llm.scheduler.engine.num_pages == first  # total memory x fraction - the peaks
+
+
 def test_while_the_sampler_compiles_a_batch_samples_on_the_reference(qwen3_dir):
     """A batch with a row whose sampler stage still compiles takes the torch reference
     (``scheduler/warming.py``): the same tokens and log-probs as the Triton sampler's."""

@@ -116,6 +116,27 @@ def test_a_new_cache_compiles_the_stages_in_processes_first(no_device, monkeypat
     assert not [p for p in children if "compile_worker" in " ".join(p.cmdline())]
 
 
+@pytest.mark.parametrize("finished_before", [True, False])
+def test_a_plan_whose_warm_up_did_not_finish_compiles_in_processes(no_device, monkeypatch,
+                                                                   caplog, finished_before):
+    """A kept plan whose last warm-up ended (the cache's mark) compiles its stages on this
+    process's threads (cache hits); one whose warm-up stopped before its stages were done starts
+    the compile processes, as a new cache does. The end of the warm-up is reported for the
+    mark."""
+    stages = [[_variant(100 + k)] for k in range(len(FEATURE_STAGES))]
+    plan = KernelSet([_variant(1)], stages, [], [])
+    monkeypatch.setattr(kernels_mod, "compile_one", lambda variant, load=True: None)
+    caplog.set_level("INFO", logger="minisgl.warmup.kernels")
+    done = []
+    warm = KernelWarmup(_config(), grammar=True, workers=2, kernels=plan)
+    warm.finished_before, warm.on_done = finished_before, lambda: done.append(True)
+    warm.start().engine_built()
+    assert warm.wait_all(60) and warm.stage == len(FEATURE_STAGES) and not warm.errors
+    warm._thread.join(10)
+    assert ("compiled in processes" in caplog.text) is not finished_before
+    assert done == [True]
+
+
 def test_a_stage_done_in_processes_is_ready_before_the_later_stages(no_device, monkeypatch):
     """A sampled request waits for the processes' first stage only: while the grammar's
     variants still compile there, the stages the processes have finished count as done."""

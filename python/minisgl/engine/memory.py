@@ -1,7 +1,9 @@
 """How much memory the KV cache gets: a fixed budget on a CPU; on a GPU what is left under
 ``mem_fraction`` after the weights and the activations of one worst-case forward, measured by
 running it, and of a vision-language model's largest vision-tower call (``image_bytes``).
-``pool_sizes.py`` turns it into pages."""
+``pool_sizes.py`` turns it into pages. The two peaks are kept in the kernel cache
+(``CompilingKernels.keep_peaks``): a start of the same configuration with the same code reads
+them instead of running the forward and the tower again (seconds for a hybrid VLM)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 
     from .config import EngineConfig
     from .images import ImageEncoder
+    from .types import CompilingKernels
 
 
 class BuildingEngine(Protocol):
@@ -46,6 +49,7 @@ class BuildingEngine(Protocol):
     dummy_row: int
     max_seq_len: int
     images: ImageEncoder | None
+    kernels: CompilingKernels | None
 
     def make_pool(self, num_pages: int, window_pages: int | None = None
                   ) -> tuple[BaseKVCachePool, BaseAttnBackend]: ...
@@ -66,14 +70,21 @@ def kv_budget(engine: BuildingEngine) -> float:
     by running them)."""
     config = engine.config
     if engine.device.type == "cuda":
-        peak = profile_forward(engine)
+        kernels = engine.kernels
+        peaks = kernels.known_peaks() if kernels is not None else None
+        if peaks is None:
+            peaks = {"forward": profile_forward(engine), "tower": image_bytes(engine)}
+            if kernels is not None:
+                kernels.keep_peaks(peaks)
+        else:
+            logger.info("activation peaks read from the kernel cache: forward %.2f GiB, vision "
+                        "tower %.2f GiB", peaks["forward"] / (1 << 30), peaks["tower"] / (1 << 30))
         if engine.images is not None:
-            tower = image_bytes(engine)
             logger.info("vision tower: %.2f GiB reserved for a call of %d image tokens "
-                        "(--max-image-tokens)", tower / (1 << 30), engine.images.max_tokens)
-            peak += tower
+                        "(--max-image-tokens)", peaks["tower"] / (1 << 30),
+                        engine.images.max_tokens)
         total = torch.cuda.mem_get_info(engine.device)[1]
-        return total * config.mem_fraction - peak
+        return total * config.mem_fraction - peaks["forward"] - peaks["tower"]
     budget = config.kv_cache_memory_gb * (1 << 30)
     if engine.state_pool is not None:  # one budget for both caches
         budget -= engine.state_pool.total_bytes

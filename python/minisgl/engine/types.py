@@ -23,6 +23,15 @@ class CompilingKernels(Protocol):
 
     def engine_built(self) -> None: ...
 
+    def known_peaks(self) -> dict[str, int] | None:
+        """The activation peaks an earlier start of the same configuration measured
+        (``engine/memory.py``: ``forward``, ``tower``), from the kernel cache; None if none."""
+        ...
+
+    def keep_peaks(self, peaks: dict[str, int]) -> None:
+        """Keep the peaks just measured for the next start."""
+        ...
+
 
 @dataclass
 class ForwardOutput:

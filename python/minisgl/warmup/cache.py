@@ -10,6 +10,11 @@
                                       restart compiles (loads) them at once, no shadow run
         plans/<model key>.config.json what made the key (the model's config.json, the engine's
                                       options), for a person reading the directory
+        plans/<model key>.finished    a warm-up with that plan compiled all of it (without it,
+                                      a restart compiles the rest in processes of their own)
+        plans/<model key>.peaks.json  the activation peaks that size the KV pool
+                                      (``engine/memory.py``), valid for the code that measured
+                                      them (a digest of minisgl's sources)
       grammar/<tokenizer key>.json    the grammar compiler's tables of a tokenizer
                                       (``minisgl.structured.tables``: the same on every GPU)
 
@@ -28,6 +33,7 @@ kept as Triton's directory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -143,6 +149,51 @@ class KernelCache:
             with open(tmp, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
+
+
+    def finished(self, key: str) -> bool:
+        return os.path.exists(os.path.join(self.plans_dir, f"{key}.finished"))
+
+    def mark_finished(self, key: str) -> None:
+        os.makedirs(self.plans_dir, exist_ok=True)
+        with open(os.path.join(self.plans_dir, f"{key}.finished"), "w"):
+            pass
+
+    def load_peaks(self, key: str) -> dict[str, int] | None:
+        """The peaks kept for ``key`` by this very code, else None (measured anew)."""
+        try:
+            with open(os.path.join(self.plans_dir, f"{key}.peaks.json")) as f:
+                kept = json.load(f)
+            if kept.pop("source") != source_digest():
+                return None
+            return {"forward": int(kept["forward"]), "tower": int(kept["tower"])}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def save_peaks(self, key: str, peaks: dict[str, int]) -> None:
+        os.makedirs(self.plans_dir, exist_ok=True)
+        path = os.path.join(self.plans_dir, f"{key}.peaks.json")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({**peaks, "source": source_digest()}, f)
+        os.replace(tmp, path)
+
+
+@functools.cache
+def source_digest() -> str:
+    """A digest of minisgl's Python sources: a change to the code that measured something kept
+    here (how much memory a forward takes) makes it measured again."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(package):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, package).encode())
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()[:20]
 
 
 def open_kernel_cache(root: str | None, device: torch.device) -> KernelCache:

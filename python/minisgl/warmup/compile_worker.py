@@ -40,6 +40,7 @@ def _cuda_driver_for(arch: int) -> None:
 
 def main(argv: list[str]) -> int:
     arch, parent = int(argv[0]), int(argv[1])
+    os.nice(10)  # the server's own processes (scheduler, tokenizer, API) go first
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever the compiler prints goes to stderr, not into the answers

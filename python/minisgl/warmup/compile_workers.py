@@ -9,7 +9,8 @@ server's pass (``kernels.compile_one`` on its threads) then finds it: a cache hi
 ``CompileWorkers`` runs ``n`` processes (``compile_worker.py``: plain subprocesses, since a
 scheduler is a daemonic process and may not start ``multiprocessing`` children), each driven by
 a thread of its own that hands it the next variant of one queue, in the order submitted, so the
-variants needed before ready go first. Nothing depends on them: a variant a process failed to
+variants needed before ready go first. They run at a lower priority (``nice`` 10): the server's
+own processes, serving by then, go first. Nothing depends on them: a variant a process failed to
 compile (or that was left when the processes died) is compiled by the server's pass as before.
 """
 

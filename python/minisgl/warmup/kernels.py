@@ -2,10 +2,11 @@
 
 ``KernelWarmup.start`` returns at once; a thread of its own finds the variants (``discover``: a
 shadow run, CPU only) and compiles them on a pool of threads, while the engine loads its weights.
-When it had to find them (a new cache), the sampler's variants compile first in processes of their
-own (``compile_workers.py``) while the engine profiles its memory and captures its graphs: Triton's
-Python stages hold the GIL, and on threads they held it against the engine and the warm-up's
-requests; the threads' pass over them then finds cache hits (a restart's whole work).
+When it had to find them (a new cache), or the last warm-up with its plan did not finish, the
+sampler's variants compile first in processes of their own (``compile_workers.py``) while the
+engine profiles its memory and captures its graphs: Triton's Python stages hold the GIL, and on
+threads they held it against the engine and the warm-up's requests; the threads' pass over them
+then finds cache hits (a restart's whole work).
 The engine waits (``wait_ready``) for the variants its forwards need before it profiles memory
 and captures CUDA graphs, so no capture compiles anything; the sampler's variants follow stage by
 stage (``plan.FEATURE_STAGES``) while the server already serves: ``stage`` is the number of
@@ -125,6 +126,14 @@ class KernelWarmup:
         self._thread: threading.Thread | None = None
         self._workers: CompileWorkers | None = None
         self._lock = threading.Lock()
+        # the activation peaks that size the KV pool (``engine/memory.py``): those the kernel
+        # cache kept for this configuration, and where newly measured ones go
+        self.peaks: dict[str, int] | None = None
+        self.on_peaks: Callable[[dict[str, int]], None] = lambda _: None
+        # whether a warm-up with this plan ran to its end before (the kernel cache says): if
+        # not, the sampler's stages may still need compiling, in processes as on a new cache
+        self.finished_before = kernels is not None
+        self.on_done: Callable[[], None] = lambda: None
 
     def start(self) -> KernelWarmup:
         self._thread = threading.Thread(target=self._run, name="kernel-warmup", daemon=True)
@@ -140,6 +149,16 @@ class KernelWarmup:
         compile now (beside the start-up, their compiles' Python held the GIL against its graph
         capture: docs/performance.md, "The first minute")."""
         self._built.set()
+
+    def known_peaks(self) -> dict[str, int] | None:
+        return self.peaks
+
+    def keep_peaks(self, peaks: dict[str, int]) -> None:
+        self.peaks = peaks
+        try:
+            self.on_peaks(peaks)
+        except OSError as e:  # a read-only cache: measured again next time
+            logger.warning("kernel cache: the activation peaks not kept (%s)", e)
 
     def close(self, timeout: float = _CLOSE_S) -> None:
         """Stop, its scheduler gone: what is compiling finishes, nothing queued starts, the
@@ -171,7 +190,8 @@ class KernelWarmup:
     def _run(self) -> None:
         device = self.config.device
         torch.cuda.set_device(device)
-        workers = self._workers = self._start_workers() if self.kernels is None else None
+        workers = self._workers = (None if self.finished_before and self.kernels is not None
+                                   else self._start_workers())
         try:
             with compile_pool(self.workers, device) as pool:
                 self._stages(pool, workers)
@@ -238,6 +258,10 @@ class KernelWarmup:
         self._done.set()
         logger.info("kernel warm-up done: %d variants compiled or loaded, %d failed "
                     "(compiled on first use)", self.compiled, len(self.errors))
+        try:
+            self.on_done()
+        except OSError as e:  # a read-only cache: the next start compiles as if it were new
+            logger.warning("kernel cache: the warm-up's end not recorded (%s)", e)
 
     def _finish_stage(self, k: int, futures: list[Future[str | None]]) -> None:
         self._wait(futures, f"sampler stage {FEATURE_STAGES[k]}")

@@ -19,9 +19,9 @@ plain decode step, at batch 1 and ``--batch``.
 ``--eagle3-cost``: on ``--model`` given as a config.json, with a random EAGLE-3 draft shaped
 after it (its attention and MLP sizes, a 32k draft vocabulary, the default aux layers), the time
 of a batch-1 step that drafts k tokens with the draft and verifies them, k = 1..8, against a step
-of the same engine with speculation off (decode CUDA graphs are off with eagle3, so that baseline
-is eager), and the time of one ``propose`` (the draft's catch-up and its k chained steps). A
-random draft is never accepted: each step yields one token.
+of the same engine with speculation off (under the decode CUDA graphs on a GPU, as the head's
+steps are), and the time of a step's one ``propose_many`` (the draft's catch-up and its k chained
+steps). A random draft is never accepted: each step yields one token.
 
     python benchmark/offline/bench_spec.py --out benchmark/results/cpu
     python benchmark/offline/bench_spec.py --model benchmark/configs/qwen3-8b.json --verify-cost
@@ -130,16 +130,17 @@ def bench_eagle3_cost(args, base: dict) -> list[dict]:
     spec, prompt = sched.spec, [[(7 * j) % 1000 + 10 for j in range(512)]]
     params = SamplingParams(temperature=0, max_tokens=args.cost_steps, ignore_eos=True)
     run_workload(llm, prompt, params, 1)  # untimed: every kernel of the draft and the target
-    propose, drafting = spec.proposer.propose, [0.0, 0]  # seconds in ``propose``, calls
+    # seconds in ``propose_many`` (a step's one call to the proposer), calls
+    propose, drafting = spec.proposer.propose_many, [0.0, 0]
 
-    def timed(req, max_len):  # ``propose`` reads its drafts back: its wall time is its cost
+    def timed(reqs, lens):  # it reads its drafts back: its wall time is its cost
         start = time.perf_counter()
-        out = propose(req, max_len)
+        out = propose(reqs, lens)
         drafting[0] += time.perf_counter() - start
         drafting[1] += 1
         return out
 
-    spec.proposer.propose = timed
+    spec.proposer.propose_many = timed
     for k in [0, *range(1, 9)]:
         sched.spec = spec if k else None
         spec.config = dataclasses.replace(spec.config, num_speculative_tokens=max(k, 1))

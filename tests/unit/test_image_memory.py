@@ -55,7 +55,7 @@ def test_the_reservation_comes_off_the_kv_pool(monkeypatch):
 
     def budget(max_tokens: int | None) -> float:
         engine = SimpleNamespace(config=config, device=SimpleNamespace(type="cuda"),
-                                 state_pool=None,
+                                 state_pool=None, kernels=None,
                                  images=_encoder(max_tokens) if max_tokens else None)
         return memory.kv_budget(engine)  # type: ignore[arg-type]
 
@@ -64,6 +64,45 @@ def test_the_reservation_comes_off_the_kv_pool(monkeypatch):
     assert none > small > large
     reserved = memory.image_bytes(SimpleNamespace(images=_encoder(256), device=CPU))
     assert none - large == reserved
+
+
+class _KeptPeaks:
+    """The kernel warm-up's side of the kept peaks (``CompilingKernels``)."""
+
+    def __init__(self, peaks: dict[str, int] | None) -> None:
+        self.peaks, self.kept = peaks, []
+
+    def known_peaks(self) -> dict[str, int] | None:
+        return self.peaks
+
+    def keep_peaks(self, peaks: dict[str, int]) -> None:
+        self.kept.append(peaks)
+
+
+def test_peaks_kept_by_an_earlier_start_replace_the_measurement(monkeypatch):
+    """A start whose kernel cache kept the peaks sizes the pool from them, running neither the
+    forward nor the tower; one without measures both and hands them on to be kept."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (0, 1 << 30))
+    monkeypatch.setattr(memory, "profile_forward", lambda engine: 1 << 20)
+    monkeypatch.setattr(memory, "peak_bytes", lambda fn, device: 1 << 22)
+    config = SimpleNamespace(page_size=1, mem_fraction=0.5, max_running_reqs=4096)
+
+    def engine(kernels):
+        return SimpleNamespace(config=config, device=SimpleNamespace(type="cuda"),
+                               state_pool=None, kernels=kernels, images=_encoder(16))
+
+    fresh = _KeptPeaks(None)
+    assert memory.kv_budget(engine(fresh)) == (1 << 29) - (1 << 20) - (1 << 22)  # type: ignore[arg-type]
+    assert fresh.kept == [{"forward": 1 << 20, "tower": 1 << 22}]
+
+    def measured(*args):
+        raise AssertionError("measured although the peaks were kept")
+
+    monkeypatch.setattr(memory, "profile_forward", measured)
+    monkeypatch.setattr(memory, "peak_bytes", measured)
+    kept = _KeptPeaks({"forward": 3 << 20, "tower": 1 << 21})
+    assert memory.kv_budget(engine(kept)) == (1 << 29) - (3 << 20) - (1 << 21)  # type: ignore[arg-type]
+    assert kept.kept == []
 
 
 def _prompt(tokens: list[int]) -> MultimodalPrompt:

@@ -140,16 +140,10 @@ class KernelCache:
 
     def save_plan(self, key: str, kernels: KernelSet, what: dict) -> None:
         """Written whole or not at all (a rename), so a reader never sees half a plan."""
-        os.makedirs(self.plans_dir, exist_ok=True)
-        for path, text in ((self.plan_path(key), kernels.to_json()),
-                           (os.path.join(self.plans_dir, f"{key}.config.json"),
-                            json.dumps({"platform": dataclasses.asdict(self.platform), **what},
-                                       indent=1, sort_keys=True))):
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-
+        _write_whole(self.plan_path(key), kernels.to_json())
+        _write_whole(os.path.join(self.plans_dir, f"{key}.config.json"),
+                     json.dumps({"platform": dataclasses.asdict(self.platform), **what},
+                                indent=1, sort_keys=True))
 
     def finished(self, key: str) -> bool:
         return os.path.exists(os.path.join(self.plans_dir, f"{key}.finished"))
@@ -171,12 +165,17 @@ class KernelCache:
             return None
 
     def save_peaks(self, key: str, peaks: dict[str, int]) -> None:
-        os.makedirs(self.plans_dir, exist_ok=True)
-        path = os.path.join(self.plans_dir, f"{key}.peaks.json")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({**peaks, "source": source_digest()}, f)
-        os.replace(tmp, path)
+        _write_whole(os.path.join(self.plans_dir, f"{key}.peaks.json"),
+                     json.dumps({**peaks, "source": source_digest()}))
+
+
+def _write_whole(path: str, text: str) -> None:
+    """Written whole or not at all (a rename), so a reader never sees half a file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 @functools.cache

@@ -1,10 +1,13 @@
-"""Where the time of a batch-1 speculative step goes, on the host: the wall time of the scheduler's
-phases per step, for plain decode steps (overlap on) and for verify steps of k drafts.
+"""Where the time of a speculative step goes (batch 1, or ``--batch N`` requests), on the host:
+the wall time of the scheduler's phases per step, for plain decode steps (overlap on) and for
+verify steps of k drafts.
 
     python benchmark/offline/profile_verify_step.py --model benchmark/configs/smollm2-135m.json
+    python benchmark/offline/profile_verify_step.py --batch 64 \\
+        --model benchmark/configs/qwen3-8b.json
 
 A proposer that always drafts k tokens (``--reject``: tokens the model will not pick, so every
-step rejects its drafts and gives KV back) feeds one request; each phase is timed by wrapping the
+step rejects its drafts and gives KV back) feeds each request; each phase is timed by wrapping the
 scheduler's methods: ``schedule`` (the batch, drafts included), ``flush`` (page-table copy),
 ``prepare`` (the batch's device inputs and the drafts' write), ``forward`` (the host's side of the
 launch), ``wait`` (the host waiting for the device: the GPU time left after the launch), ``finish``
@@ -79,25 +82,30 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=200, help="output tokens per run")
     parser.add_argument("--reject", action="store_true", help="drafts that are always rejected")
+    parser.add_argument("--batch", type=int, default=1, help="requests verifying together")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args()
 
     path, dummy = model_dir(args.model)
     config = {"method": "ngram", "num_speculative_tokens": 8, "adaptive": False}
-    llm = LLM(path, dummy_weights=dummy, warmup="off", speculative_config=config)
+    config["disable_by_batch_size"] = max(args.batch, 4)
+    llm = LLM(path, dummy_weights=dummy, warmup="off", speculative_config=config,
+              max_running_requests=max(args.batch, 8))
     sched = llm.scheduler
     spec = sched.spec
-    prompt = [(7 * j) % 1000 + 10 for j in range(args.prompt_len)]
+    prompts = [[(7 * j + i) % 1000 + 10 for j in range(args.prompt_len)]
+               for i in range(args.batch)]
     params = SamplingParams(temperature=0, max_tokens=args.steps, ignore_eos=True)
     acc = timed_phases(sched)
     base = dict(model=os.path.basename(args.model), gpu=gpu_name(), commit=project_commit(),
-                reject=args.reject)
+                reject=args.reject, batch=args.batch)
     records = []
     for rep in range(2):  # the first pass compiles and captures: only the second is kept
         for k in (int(x) for x in args.ks.split(",")):
             sched.spec = spec if k else None
             spec.proposer = (WrongDrafts if args.reject else FixedDrafts)(k)
-            sched.add_request(10**6 * rep + k, prompt, params)
+            for i, prompt in enumerate(prompts):
+                sched.add_request(10**6 * rep + 1000 * k + i, prompt, params)
             for _ in range(3):  # the prefill and the first steps
                 sched.step()
             acc.clear()
@@ -119,13 +127,15 @@ def main() -> None:
                 print(json.dumps(rec), flush=True)
     llm.close()
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "spec_step_phases" + ("_reject" if args.reject else ""))
+    stem = os.path.join(args.out, "spec_step_phases" + ("_reject" if args.reject else "")
+                        + (f"_bs{args.batch}" if args.batch > 1 else ""))
     with open(stem + ".json", "w") as f:
         json.dump(records, f, indent=1)
     lines = [f"`profile_verify_step.py --model {args.model}"
              + (" --reject" if args.reject else "")
              + f"` on {base['gpu']}, commit "
-             f"`{base['commit']}`: ms per step (batch 1, {args.prompt_len}-token prompt).", "",
+             f"`{base['commit']}`: ms per step (batch {args.batch}, {args.prompt_len}-token "
+             "prompts).", "",
              "| k | ms/step | ms/token | " + " | ".join(PHASES) + " |",
              "|---|---|---|" + "---|" * len(PHASES)]
     lines += [f"| {r['k']} | {r['ms_per_step']} | {r['ms_per_token']} | "

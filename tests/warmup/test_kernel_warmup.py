@@ -128,8 +128,8 @@ def test_a_plan_whose_warm_up_did_not_finish_compiles_in_processes(no_device, mo
     monkeypatch.setattr(kernels_mod, "compile_one", lambda variant, load=True: None)
     caplog.set_level("INFO", logger="minisgl.warmup.kernels")
     done = []
-    warm = KernelWarmup(_config(), grammar=True, workers=2, kernels=plan)
-    warm.finished_before, warm.on_done = finished_before, lambda: done.append(True)
+    warm = KernelWarmup(_config(), grammar=True, workers=2, kernels=plan,
+                        finished_before=finished_before, on_done=lambda: done.append(True))
     warm.start().engine_built()
     assert warm.wait_all(60) and warm.stage == len(FEATURE_STAGES) and not warm.errors
     warm._thread.join(10)

@@ -107,12 +107,22 @@ class KernelWarmup:
     """The kernel variants of the engine of ``config``, compiled on ``workers`` threads.
     ``grammar``: requests may carry a grammar (the sampler's mask variants are needed);
     ``kernels``: a set found before (the kernel cache's plan), else a shadow run finds it and
-    hands it to ``on_found``."""
+    hands it to ``on_found``. ``peaks``: the activation peaks that size the KV pool
+    (``engine/memory.py``) as the kernel cache kept them, and ``on_peaks`` where newly measured
+    ones go. ``finished_before``: whether a warm-up with this plan ran to its end before (if not,
+    the sampler's stages may still need compiling: in processes, as on a new cache; default:
+    a plan was given); ``on_done`` is told when this one does."""
 
     def __init__(self, config: EngineConfig, grammar: bool, workers: int | None = None,
                  kernels: KernelSet | None = None,
-                 on_found: Callable[[KernelSet], None] = lambda _: None) -> None:
+                 on_found: Callable[[KernelSet], None] = lambda _: None, *,
+                 peaks: dict[str, int] | None = None,
+                 on_peaks: Callable[[dict[str, int]], None] = lambda _: None,
+                 finished_before: bool | None = None,
+                 on_done: Callable[[], None] = lambda: None) -> None:
         self.config, self.grammar, self.on_found = config, grammar, on_found
+        self.peaks, self.on_peaks, self.on_done = peaks, on_peaks, on_done
+        self.finished_before = kernels is not None if finished_before is None else finished_before
         self.workers = workers or compile_workers(config.tp.size)
         self.kernels = kernels
         self.stage = 0  # sampler stages compiled (``plan.FEATURE_STAGES``)
@@ -126,14 +136,6 @@ class KernelWarmup:
         self._thread: threading.Thread | None = None
         self._workers: CompileWorkers | None = None
         self._lock = threading.Lock()
-        # the activation peaks that size the KV pool (``engine/memory.py``): those the kernel
-        # cache kept for this configuration, and where newly measured ones go
-        self.peaks: dict[str, int] | None = None
-        self.on_peaks: Callable[[dict[str, int]], None] = lambda _: None
-        # whether a warm-up with this plan ran to its end before (the kernel cache says): if
-        # not, the sampler's stages may still need compiling, in processes as on a new cache
-        self.finished_before = kernels is not None
-        self.on_done: Callable[[], None] = lambda: None
 
     def start(self) -> KernelWarmup:
         self._thread = threading.Thread(target=self._run, name="kernel-warmup", daemon=True)

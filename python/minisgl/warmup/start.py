@@ -54,10 +54,9 @@ def start_kernel_warmup(config: EngineConfig) -> KernelWarmup | None:
     # files rewritten) and its plan read
     logger.info("kernel cache %s: %s (%.1f s)", cache.dir,
                 "plan found" if kernels else "no plan yet", time.perf_counter() - start)
-    warmup = KernelWarmup(dataclasses.replace(config, device=device), grammar, kernels=kernels,
-                          on_found=lambda found: cache.save_plan(key, found, what))
-    warmup.peaks = cache.load_peaks(key)
-    warmup.on_peaks = lambda peaks: cache.save_peaks(key, peaks)
-    warmup.finished_before = cache.finished(key)
-    warmup.on_done = lambda: cache.mark_finished(key)
-    return warmup.start()
+    return KernelWarmup(dataclasses.replace(config, device=device), grammar, kernels=kernels,
+                        on_found=lambda found: cache.save_plan(key, found, what),
+                        peaks=cache.load_peaks(key),
+                        on_peaks=lambda peaks: cache.save_peaks(key, peaks),
+                        finished_before=cache.finished(key),
+                        on_done=lambda: cache.mark_finished(key)).start()

@@ -37,13 +37,12 @@ class WarmingGate:
     def __init__(self, stages: SamplerStages | None) -> None:
         self.stages = stages
 
-    def compiled(self, req: Req) -> bool:
-        """Whether every sampler feature ``req`` uses has its kernels compiled."""
+    def sampler(self, reqs: list[Req]) -> str | None:
+        """``REFERENCE`` when a row's kernels still compile; None: the engine's own sampler.
+        Every step asks: once the warm-up is done, no row is looked at."""
         s = self.stages
         if s is None or s.done:
-            return True
-        return feature_stage(request_features(req.sampling_params)) <= s.stage
-
-    def sampler(self, reqs: list[Req]) -> str | None:
-        """``REFERENCE`` when a row's kernels still compile; None: the engine's own sampler."""
-        return None if all(self.compiled(r) for r in reqs) else REFERENCE
+            return None
+        stage = s.stage
+        compiled = all(feature_stage(request_features(r.sampling_params)) <= stage for r in reqs)
+        return None if compiled else REFERENCE

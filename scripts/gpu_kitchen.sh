@@ -13,7 +13,9 @@
 #              before the redesign, under the decode graphs after it); each tree twice, in the
 #              order old, new, new, old
 #   workloads  bench_spec.py: code editing and chat, none / ngram / suffix, batch 1 and 64, on the
-#              default model (SmolLM2-135M: its weights must be in MINISGL_CACHE_DIR)
+#              default model (SmolLM2-135M: its weights must be in MINISGL_CACHE_DIR); 512 new
+#              tokens and the median of 5 runs a shape (a batch-64 run of 256 tokens lasts 0.3-0.5 s
+#              and varied by 30% within one tree)
 # The old tree is OLD_TREE (a directory holding the old revision's python/ and benchmark/, for a
 # machine whose git lacks it: `mkdir -p .kitchen-old && git archive REV python benchmark |
 # tar -x -C .kitchen-old`, then carry .kitchen-old), else a git worktree of OLD_REV (default: the
@@ -76,8 +78,8 @@ workloads)
     for pass in 1 2; do
         for tag in old new; do
             run 600 $tag bench_spec.log benchmark/offline/bench_spec.py --batch 64 \
-                --methods none,ngram,suffix --workloads code,chat --max-tokens 256 \
-                --tag workloads_$pass
+                --methods none,ngram,suffix --workloads code,chat --max-tokens 512 \
+                --repeats 5 --tag workloads_$pass
         done
     done ;;
 *)

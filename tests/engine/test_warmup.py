@@ -73,3 +73,16 @@ def test_warmup_option_resolves_by_device(default_model_dir):
 def test_every_prompt_fits_a_short_context():
     waves = warmup_plan(cuda=True, **{**PLAN, "max_context_len": 512})
     assert max(len(ids) + p.max_tokens for w in waves for _, ids, p in w.requests) <= 512
+
+
+def test_the_reference_wave_runs_every_feature_but_a_grammar_while_the_kernels_compile():
+    def sampler_waves(**kw):
+        return [w for w in warmup_plan(cuda=True, sampler=False, **PLAN, **kw)
+                if w.name.startswith("sampler")]
+
+    assert sampler_waves() == []  # the kernels are compiled: nothing samples on the reference
+    (wave,) = sampler_waves(reference=True)
+    (_, _, params), = wave.requests
+    assert wave.name == "sampler reference" and params.temperature > 0
+    assert params.presence_penalty and params.repetition_penalty != 1 and params.logit_bias
+    assert params.logprobs and params.top_logprobs and params.json_schema is None

@@ -79,12 +79,16 @@ class Wave:
 
 def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: int,
                 max_running_reqs: int, graph_max_bs: int, cuda: bool, grammar: bool,
-                avoid: frozenset[int] = frozenset(), sampler: bool = True) -> list[Wave]:
+                avoid: frozenset[int] = frozenset(), sampler: bool = True,
+                reference: bool = False) -> list[Wave]:
     """The waves to run. On CUDA every variant; on CPU (no Triton kernels, no graphs) one wave of
     one short request per sampler path, which still builds the grammar tables. ``avoid``: ids no
     prompt may hold (a vision model's image token, which comes with an image only).
     ``sampler=False``: no sampler waves (the kernel warm-up compiles those variants in the
-    background and holds the requests that need them, ``minisgl.warmup``)."""
+    background, and a batch that needs one meanwhile samples on the torch reference,
+    ``scheduler/warming.py``). ``reference``: one request with every sampler feature but a
+    grammar, run while those stages still compile, so that the reference's first launch of
+    each torch kernel (sort, scan, top-k: loaded on first use) is not a first request's."""
     rng = random.Random(0)
     low = min(1000, vocab_size // 2)
 
@@ -118,10 +122,13 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
             for _ in range(min(max_running_reqs, rows)):
                 big.add(prompt(4), replace(base, max_tokens=4))
             waves.append(big)
-    if not sampler:
-        return waves
     length = 40 if cuda else 8
     variants = sampler_variants(base, grammar)
+    if not sampler:
+        if reference:
+            waves.append(Wave("sampler reference",
+                              [(0, prompt(length), variants["penalties+bias+logprobs20"])]))
+        return waves
     for name, params in variants.items() if cuda else ():  # each alone, two rows (batched kernels)
         wave = Wave(f"sampler {name}")
         wave.add(prompt(length), params)
@@ -162,8 +169,7 @@ def run_warmup(scheduler: WarmUpTarget, waves: list[Wave],
 
 def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: False) -> None:
     """Plan the waves for ``scheduler``'s engine and run them, logging what and how long."""
-    engine = scheduler.engine
-    config = scheduler.config
+    engine, config, kernels = scheduler.engine, scheduler.config, scheduler.kernels
     waves = warmup_plan(
         vocab_size=engine.vocab_size, max_context_len=scheduler.max_context_len,
         max_prefill_tokens=config.max_prefill_tokens, max_running_reqs=config.max_running_reqs,
@@ -174,7 +180,8 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
         # compiled in parallel by the kernel warm-up (when it found its variants); the waves
         # load the rest (cuBLAS, fla's autotuning, the first launch of each kernel) on the
         # greedy path
-        sampler=scheduler.kernels is None or scheduler.kernels.kernels is None,
+        sampler=kernels is None or kernels.kernels is None,
+        reference=kernels is not None and not kernels.done,
     )
     num = sum(len(w.requests) for w in waves)
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "

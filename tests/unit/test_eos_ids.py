@@ -102,3 +102,33 @@ def test_benchmark_model_dirs(tmp_path, config):
         str(tmp_path / config))
     assert tokenizer_eos_ids(path) is not None
     assert eos_token_ids(path) == _reference(path)
+
+
+_RACE = """
+import sys, threading
+from minisgl.utils.hf import load_tokenizer
+errors = []
+def load():
+    try:
+        load_tokenizer(sys.argv[1])
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=load) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors)
+"""
+
+
+def test_tokenizers_load_on_several_threads_of_a_new_process(default_model_dir):
+    """The offline LLM loads its tokenizer beside the engine, and a scheduler its grammar tables'
+    one: transformers' first import, from two threads at once, failed without the lock."""
+    import subprocess
+    import sys
+
+    for _ in range(3):  # the race lost about four times in five
+        out = subprocess.run([sys.executable, "-c", _RACE, default_model_dir], check=True,
+                             capture_output=True, text=True, timeout=120).stdout
+        assert out.strip().splitlines()[-1] == "[]"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import threading
 
 from .logger import init_logger
 
@@ -14,6 +15,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 _NO_LIMIT = 1 << 62
+# transformers' lazy package is not safe to import from two threads at once (one of them gets
+# "cannot import name 'AutoTokenizer'"): a process's tokenizer loads (the offline LLM's, the
+# grammar tables' beside the engine's start-up) import it one at a time
+_IMPORT_LOCK = threading.Lock()
 
 
 def has_tokenizer(model_dir: str) -> bool:
@@ -29,7 +34,8 @@ def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: s
     if not has_tokenizer(model_dir):
         logger.warning("%s has no tokenizer: only token-id prompts will work", model_dir)
         return None
-    from transformers import AutoTokenizer
+    with _IMPORT_LOCK:
+        from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)
     # NOTE: the scheduler enforces the context window (a 400 giving both lengths); the tokenizer's

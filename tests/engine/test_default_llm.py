@@ -66,34 +66,3 @@ def test_stop_strings_cut_the_text(default_model_dir):
     assert free.text.startswith(cut.text) and len(cut.text) < len(free.text)
     assert not llm.scheduler.has_work  # the scheduler was told to stop the request
     llm.scheduler.check_integrity()
-
-
-def test_the_tokenizer_loads_beside_the_engine_and_its_error_closes_it(default_model_dir,
-                                                                        monkeypatch):
-    import threading
-
-    from minisgl.llm import llm as llm_module
-    from minisgl.scheduler import Scheduler
-
-    loaded_on, closed = [], []
-    load = llm_module.load_tokenizer
-
-    def spy_load(path):
-        loaded_on.append(threading.current_thread().name)
-        return load(path)
-
-    monkeypatch.setattr(llm_module, "load_tokenizer", spy_load)
-    with LLM(default_model_dir, device="cpu", warmup="off") as llm:
-        assert llm.tokenizer is not None and loaded_on[0].startswith("minisgl-tokenizer")
-        eos = llm.tokenizer.eos_token_id
-        assert eos in llm.scheduler.config.eos_token_ids  # the ids read from the files
-
-    def broken(path):
-        raise OSError("tokenizer.json: unreadable")
-
-    close = Scheduler.close
-    monkeypatch.setattr(llm_module, "load_tokenizer", broken)
-    monkeypatch.setattr(Scheduler, "close", lambda self: (closed.append(1), close(self)))
-    with pytest.raises(OSError, match="unreadable"):
-        LLM(default_model_dir, device="cpu", warmup="off")
-    assert closed

@@ -106,14 +106,16 @@ def test_benchmark_model_dirs(tmp_path, config):
 
 _RACE = """
 import sys, threading
+from minisgl.structured.tables import _xgr
 from minisgl.utils.hf import load_tokenizer
 errors = []
-def load():
+def load(what):
     try:
-        load_tokenizer(sys.argv[1])
+        what()
     except Exception as e:
         errors.append(repr(e))
-threads = [threading.Thread(target=load) for _ in range(3)]
+threads = [threading.Thread(target=load, args=(lambda: load_tokenizer(sys.argv[1]),))
+           for _ in range(2)] + [threading.Thread(target=load, args=(_xgr,))]
 for t in threads:
     t.start()
 for t in threads:
@@ -123,8 +125,9 @@ print(errors)
 
 
 def test_tokenizers_load_on_several_threads_of_a_new_process(default_model_dir):
-    """The offline LLM loads its tokenizer beside the engine, and a scheduler its grammar tables'
-    one: transformers' first import, from two threads at once, failed without the lock."""
+    """A scheduler loads a tokenizer for its EOS ids (files that do not settle them) while its
+    grammar tables import xgrammar: transformers' first import, from two threads at once, failed
+    without the lock."""
     import subprocess
     import sys
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -13,7 +12,7 @@ from tqdm import tqdm
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
-from minisgl.models.config import eos_token_ids
+from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
 from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.scheduler import Scheduler, TokenOutput
@@ -83,24 +82,16 @@ class LLM:
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp: must be a positive integer, got {tp!r}")
         self.model_path = resolve_model_path(model)
-        # the tokenizer (transformers' import: seconds) loads on a thread while the engine builds;
-        # the engine needs only the EOS ids, read from the files as the server's scheduler does
-        with ThreadPoolExecutor(1, thread_name_prefix="minisgl-tokenizer") as pool:
-            tokenizer = pool.submit(load_tokenizer, self.model_path)
-            eos = eos_token_ids(self.model_path, tokenizer.result)  # the files, where they tell
-            config = opts.scheduler_config(self.model_path, eos)
-            if tp == 1:
-                self.scheduler = Scheduler(config)
-            else:
-                from .tp import TPScheduler
+        self.tokenizer = load_tokenizer(self.model_path)
+        eos = load_eos_token_ids(self.model_path, self.tokenizer)
+        config = opts.scheduler_config(self.model_path, eos)
+        if tp == 1:
+            self.scheduler = Scheduler(config)
+        else:
+            from .tp import TPScheduler
 
-                self.scheduler = TPScheduler(config, tp)
-            self._finalizer = weakref.finalize(self, self.scheduler.close)
-            try:
-                self.tokenizer = tokenizer.result()
-            except BaseException:
-                self._finalizer()  # no engine left running for an object never returned
-                raise
+            self.scheduler = TPScheduler(config, tp)
+        self._finalizer = weakref.finalize(self, self.scheduler.close)
         self._next_uid = 0
         self._harmony: Harmony | None = None  # gpt-oss's chat format (on first use)
         if config.warmup:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -220,16 +220,13 @@ def load_eos_token_ids(model_dir: str, tokenizer=None) -> tuple[int, ...]:
     return tuple(sorted(set(ids)))
 
 
-def eos_token_ids(model_dir: str, tokenizer: Callable[[], Any] | None = None
-                  ) -> tuple[int, ...]:
+def eos_token_ids(model_dir: str) -> tuple[int, ...]:
     """``load_eos_token_ids`` for a process that needs only the ids (a scheduler): the
     tokenizer's read from its files where they settle it, so that transformers' import and the
-    tokenizer's load (seconds, beside the other processes' own) stay off its start-up. Where
-    they do not, ``tokenizer()`` gives it (default: loading it)."""
+    tokenizer's load (seconds, beside the other processes' own) stay off its start-up."""
     from minisgl.utils.hf import load_tokenizer, tokenizer_eos_ids
 
     tokenizer_ids = tokenizer_eos_ids(model_dir)
     if tokenizer_ids is None:
-        loaded = tokenizer() if tokenizer is not None else load_tokenizer(model_dir)
-        return load_eos_token_ids(model_dir, loaded)
+        return load_eos_token_ids(model_dir, load_tokenizer(model_dir))
     return tuple(sorted({*tokenizer_ids, *load_eos_token_ids(model_dir)}))

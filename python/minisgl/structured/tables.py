@@ -29,8 +29,11 @@ _FORMAT = 1
 
 
 def _xgr() -> Any:
+    from minisgl.utils.hf import TRANSFORMERS_IMPORT_LOCK
+
     try:
-        import xgrammar
+        with TRANSFORMERS_IMPORT_LOCK:  # xgrammar imports transformers
+            import xgrammar
     except ImportError as e:  # a runtime dependency; only a broken install gets here
         raise ImportError("structured output needs xgrammar: pip install xgrammar") from e
     return xgrammar

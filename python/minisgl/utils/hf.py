@@ -16,9 +16,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 _NO_LIMIT = 1 << 62
 # transformers' lazy package is not safe to import from two threads at once (one of them gets
-# "cannot import name 'AutoTokenizer'"): a process's tokenizer loads (the offline LLM's, the
-# grammar tables' beside the engine's start-up) import it one at a time
-_IMPORT_LOCK = threading.Lock()
+# "cannot import name 'AutoTokenizer'"): a scheduler loads a tokenizer for its EOS ids while its
+# grammar tables build beside the engine's start-up, and xgrammar imports transformers too.
+# Those imports hold this lock.
+TRANSFORMERS_IMPORT_LOCK = threading.Lock()
 
 
 def has_tokenizer(model_dir: str) -> bool:
@@ -34,7 +35,7 @@ def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: s
     if not has_tokenizer(model_dir):
         logger.warning("%s has no tokenizer: only token-id prompts will work", model_dir)
         return None
-    with _IMPORT_LOCK:
+    with TRANSFORMERS_IMPORT_LOCK:
         from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)

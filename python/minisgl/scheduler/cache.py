@@ -213,10 +213,10 @@ class CacheCoordinator:
             self.full.evict(n)
         return n
 
-    def check_integrity(self, live_reqs: list[Req]) -> None:
-        """Every group's allocator accounts for all it holds (free + cached + owned == total, no
-        page in two places)."""
+    def check_integrity(self, live_reqs: list[Req], thorough: bool = True) -> None:
+        """Every group's allocator accounts for all it holds (free + cached + owned == total;
+        ``thorough``: no page in two places, the trees' own accounts)."""
         live = [(req, self.alloc_len(req)) for req in live_reqs]
         for group in self.groups:
-            group.check_integrity(live)
+            group.check_integrity(live, thorough)
 

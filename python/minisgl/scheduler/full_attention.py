@@ -88,11 +88,13 @@ class FullAttentionManager(CacheGroup):
             self.pages.write(torch.full((n,), req.table_idx), torch.arange(n), result.indices)
             self.pages.put(duplicates)
 
-    def check_integrity(self, live: list[tuple[Req, int]]) -> None:
-        """free + cached + owned by live requests == total, and no page is in two places."""
-        self.prefix_cache.check_integrity()
+    def check_integrity(self, live: list[tuple[Req, int]], thorough: bool = True) -> None:
+        """free + cached + owned by live requests == total, and (``thorough``) the tree's own
+        accounts and no page in two places."""
+        if thorough:
+            self.prefix_cache.check_integrity()
         owned = [self.pages.pages(req.table_idx, req.cache_handle.cached_len
                                   if req.cache_handle is not None else 0, alloc_len)
                  for req, alloc_len in live]
         cached = self.prefix_cache.evictable_size + self.prefix_cache.protected_size
-        self.pages.check_integrity(owned, cached)
+        self.pages.check_integrity(owned, cached, thorough=thorough)

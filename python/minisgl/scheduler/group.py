@@ -77,5 +77,6 @@ class CacheGroup:
         nowhere)."""
         return -1
 
-    def check_integrity(self, live: list[tuple[Req, int]]) -> None:
-        """The group's allocator accounts for everything; ``live``: (request, alloc_len)."""
+    def check_integrity(self, live: list[tuple[Req, int]], thorough: bool = True) -> None:
+        """The group's allocator accounts for everything; ``live``: (request, alloc_len).
+        ``thorough``: also what costs a sort of the pool (no page in two places)."""

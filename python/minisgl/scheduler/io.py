@@ -86,6 +86,7 @@ class SchedulerIO:
         # a warm-up inside the loop comes first (one before run() delays the first stats)
         self.ready = not scheduler.config.warmup
         self._idle_work = False  # the scheduler has deferred work for its idle turns
+        self._stepped = False  # a step ran since the caches' accounts were last checked
 
     def run(self) -> None:
         # TP: only rank 0 acts on SIGTERM; it forwards an ExitMsg, so every rank leaves the loop
@@ -117,9 +118,12 @@ class SchedulerIO:
                     break
                 if self.scheduler.has_work:
                     self._send(self._step())
+                    self._stepped = True
                 else:
                     self._idle_work = self.scheduler.idle()
-                    self.scheduler.check_integrity()
+                    if self._stepped:  # once idle: the counts (a request arriving waits for it)
+                        self.scheduler.check_integrity(thorough=False)
+                        self._stepped = False
                 self._maybe_send_stats()
         finally:
             if self.inbox is not None:

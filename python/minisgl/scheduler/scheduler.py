@@ -296,5 +296,5 @@ class Scheduler:
         work is left."""
         return self.spec is not None and self.spec.spare(idle=True)
 
-    def check_integrity(self) -> None:
-        self.cache.check_integrity(self.decode.running + self.prefill.admitted())
+    def check_integrity(self, thorough: bool = True) -> None:
+        self.cache.check_integrity(self.decode.running + self.prefill.admitted(), thorough)

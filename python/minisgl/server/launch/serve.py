@@ -200,14 +200,18 @@ def start_stack(config: ServerConfig, prestarted: dict[str, Prestarted] | None =
         check_port_free(config.host, config.port)
         check_ssl_files(config)
         model_path = resolve_model_path(config.model, config.revision)
+        from minisgl.server.openai.bodies import TokenTexts
+
+        # the API process's tokenizer first, on a thread: transformers' import is the longest of
+        # this process's start (the port opens once it is loaded), and its file reads leave the
+        # interpreter to the imports below meanwhile
+        tokens = TokenTexts(config.tokenizer or model_path).prefetch()
         group = ProcessGroup(config, model_path, prestarted)
         group.start(wait=False)
-        # while the children start: the app's imports, the API process's tokenizer
+        # while the children start: the app's imports
         from minisgl.server.app.api_server import create_app
-        from minisgl.server.openai.bodies import TokenTexts
         from minisgl.server.openai.frontend import FrontendManager
 
-        tokens = TokenTexts(config.tokenizer or model_path).prefetch()
         group.wait_ready()
     except (LaunchError, FileNotFoundError, ValueError, RuntimeError) as e:
         if group is not None:

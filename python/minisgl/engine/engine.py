@@ -9,7 +9,7 @@ from minisgl.context import Context
 from minisgl.core import Batch, Req
 from minisgl.distributed import DistributedCommunicator, init_distributed
 from minisgl.kvcache import BaseKVCachePool
-from minisgl.linear_attn import create_linear_attn_backend, prefetch_linear_attn_backend
+from minisgl.linear_attn import create_linear_attn_backend
 from minisgl.models import BaseLLMModel
 from minisgl.models.base import weight_bytes
 from minisgl.multimodal.prompt import MultimodalPrompt
@@ -57,8 +57,6 @@ class Engine:
         # compiling the kernel variants on every core while the weights load (``minisgl.warmup``)
         self.kernels = kernels
         self.model_config = mc = window(load_model_config(config, self.device), config.max_seq_len)
-        if mc.hybrid is not None:
-            prefetch_linear_attn_backend(config.linear_attn_backend, self.device)
         self.model = self._build_model()
         phases.mark("weights")
         if self.kernels is not None and not self.kernels.wait_ready(_KERNEL_WAIT_S):

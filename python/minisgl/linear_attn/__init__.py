@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
-import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,24 +44,5 @@ def create_linear_attn_backend(name: str, state_pool: StatePool,
     return LINEAR_ATTN_BACKENDS.get(resolve_linear_attn_backend(name, device))(state_pool)
 
 
-def prefetch_linear_attn_backend(name: str, device: torch.device) -> None:
-    """Start importing what backend ``name`` will import, on a thread of its own, while the
-    weights load: fla's package imports every op it has, seconds of the start-up otherwise.
-    The backend's own import then finds it done (or waits for it); an import error is left to
-    that import, which names the package."""
-    if resolve_linear_attn_backend(name, device) != "triton":
-        return
-
-    def load() -> None:
-        try:
-            if device.type == "cuda":  # what its import asks of CUDA, of this worker's GPU
-                torch.cuda.set_device(device)
-            importlib.import_module("fla.ops.gated_delta_rule")
-        except Exception:  # noqa: BLE001 -- raised again, named, by the backend's own import
-            pass
-
-    threading.Thread(target=load, name="minisgl-import-fla", daemon=True).start()
-
-
 __all__ = ["BaseLinearAttnBackend", "LINEAR_ATTN_BACKENDS", "create_linear_attn_backend",
-           "prefetch_linear_attn_backend", "resolve_linear_attn_backend"]
+           "resolve_linear_attn_backend"]

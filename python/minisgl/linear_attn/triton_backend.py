@@ -16,17 +16,18 @@ from minisgl.kernel.triton.gated_delta import conv_decode, conv_varlen, gdn_deco
 from minisgl.kernel.triton.gated_delta_verify import conv_verify, gdn_verify
 
 from .base import BaseLinearAttnBackend
+from .fla_import import chunk_gated_delta_rule
 
 
 def _chunk_rule():
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        rule = chunk_gated_delta_rule()  # without fla's package __init__s (``fla_import``)
     except ImportError as e:
         raise ImportError("hybrid (Gated DeltaNet) models on CUDA need flash-linear-attention: "
                           "pip install 'minisgl[hybrid]' (the fla-core package)") from e
     if torch.cuda.is_available():  # its kernels autotune: this GPU's shipped choices, if any
         seed_shipped("fla", torch.cuda.get_device_name())
-    return chunk_gated_delta_rule
+    return rule
 
 
 class TritonLinearAttnBackend(BaseLinearAttnBackend):

@@ -20,6 +20,7 @@ from minisgl.utils.startup import Phases
 from .batch import prepare_batch, write_drafts
 from .build import build_model, make_pool
 from .config import EngineConfig
+from .head_graph import HeadGraphRunner
 from .images import ImageEncoder
 from .loading import load_model_config
 from .memory import chain_pages, kv_budget
@@ -118,6 +119,7 @@ class Engine:
         self.pad_tokens = (config.pad_tokens if self.device.type == "cuda"
                            and self.attn_backend.supports_padding else 1)
         self.graph_runner = self.piecewise = None
+        self.head_graphs: HeadGraphRunner | None = None  # a draft head's chain step (head_graph.py)
         # a hybrid model's graphs need a linear-attention backend that can be captured; decode
         # graphs read the sliding layers' own page table, a static buffer, as they read the other
         graphs = self.linear_attn is None or self.linear_attn.supports_cuda_graph
@@ -190,10 +192,10 @@ class Engine:
     def close(self) -> None:
         """Release the CUDA graphs, then leave the TP group (in this order:
         ``GraphRunner.close``)."""
-        for runner in (self.graph_runner, self.piecewise):
+        for runner in (self.graph_runner, self.piecewise, self.head_graphs):
             if runner is not None:
                 runner.close()
-        self.graph_runner = self.piecewise = None
+        self.graph_runner = self.piecewise = self.head_graphs = None
         self.comm.close()
 
     @property

@@ -25,13 +25,13 @@ if TYPE_CHECKING:
 class Eagle3Proposer(HeadProposer):
     name = "eagle3"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, graph_rows: int = 0) -> None:
         head = getattr(engine.model, "eagle3", None)  # the engine loads it after the target
         if not isinstance(head, Eagle3Draft):
             raise ValueError("speculative_config: method 'eagle3' needs an EAGLE-3 draft "
                              "(speculative_config.model)")
-        super().__init__(engine)
-        self.head = head
+        self.head = head  # before the graphs are captured
+        super().__init__(engine, head.cfg.hidden_size, graph_rows)
 
     def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
             from_target: bool) -> torch.Tensor:

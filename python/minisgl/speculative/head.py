@@ -25,7 +25,9 @@ The chain's positions are not the request's yet (its verify feed allocates them 
 drafts), so their page-table entries are lent to scratch slots while the chain runs and given
 back after (``head_batch.lent_slots``): drafted K/V never land in a request's slots. The positions
 the verification keeps are recorded and caught up at the next call. One host sync per call: the
-drafts' copy.
+drafts' copy. With the engine's decode CUDA graphs on, a chained step replays a graph of the head's
+step (``engine/head_graph.py``), padded to a captured size; a step of more rows runs eagerly, and
+so does the catch-up (its batches' shapes vary); a replayed step drafts what the eager one does.
 
 Positions the request never computed (a prefix-cache hit) hold the head K/V the slots have: the
 request that computed them wrote them (the same tokens, so the same K/V, except at the hit's last
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minisgl.core import Batch, Feed, Req
+from minisgl.engine.head_graph import HeadGraphRunner, chain_sizes
 from minisgl.utils.transfer import to_device
 
 from .head_batch import head_batch, lent_slots
@@ -89,11 +92,23 @@ class HeadState:
 
 class HeadProposer(Proposer):
     """A method supplies the head's step (``run``) and its token choice (``predict``); the
-    engine's context (page table, KV pool, attention backend) and scratch slots come with it."""
+    engine's context (page table, KV pool, attention backend) and scratch slots come with it.
 
-    def __init__(self, engine: Engine) -> None:
+    ``hidden_size``: the width of the head's output rows; ``graph_rows``: the most requests one
+    call drafts for (``SpecConfig.disable_by_batch_size``). Where the engine has decode CUDA
+    graphs, the first proposer captures the chained step for batches up to that many rows
+    (``Engine.head_graphs``), and every later one replays them; ``graphs`` None: eager."""
+
+    def __init__(self, engine: Engine, hidden_size: int, graph_rows: int = 0) -> None:
         self.model, self.ctx, self.slots = engine.model, engine.ctx, engine.draft_slots
         self.states: dict[int, HeadState] = {}
+        self.graphs = engine.head_graphs
+        decode = engine.graph_runner
+        if self.graphs is None and graph_rows > 0 and decode is not None:
+            self.graphs = HeadGraphRunner(self.ctx, hidden_size, engine.config.dtype,
+                                          chain_sizes(decode.sizes, graph_rows), engine.dummy_row)
+            self.graphs.capture(self._step)
+            engine.head_graphs = self.graphs
 
     @abstractmethod
     def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -174,6 +189,11 @@ class HeadProposer(Proposer):
                 m = sum(1 for k in lens if k > j)
                 feeds = [Feed(req, len(req.input_ids) - 2 + j, len(req.input_ids) - 1 + j)
                          for req in reqs[:m]]
+                if self.graphs is not None and self.graphs.fits(m):
+                    # the graph writes its K/V at the lent entries, scratch[:m, j - 1]
+                    out, predicted = self.graphs.replay(feeds, steps[-1][:m], out[:m])
+                    steps.append(predicted.clone())  # the next replay overwrites it
+                    continue
                 batch = head_batch(feeds, "decode", self.ctx.page_table, scratch[:m, j - 1])
                 out = self._forward(batch, steps[-1][:m], out[:m], False)
                 steps.append(self.predict(out))
@@ -189,6 +209,12 @@ class HeadProposer(Proposer):
         with self.ctx.forward_batch(batch):
             self.ctx.attn_backend.prepare_metadata(batch)
             return self.run(tokens, hidden, batch.positions, from_target)
+
+    def _step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chained step, the batch bound (what ``engine/head_graph.py`` captures)."""
+        out = self.run(tokens, hidden, positions, False)
+        return out, self.predict(out)
 
     def finished(self, req: Req, learn: bool = True) -> None:
         self.states.pop(req.uid, None)

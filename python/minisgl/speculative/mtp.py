@@ -23,12 +23,12 @@ if TYPE_CHECKING:
 class MtpProposer(HeadProposer):
     name = "mtp"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, graph_rows: int = 0) -> None:
         head = getattr(engine.model, "mtp", None)  # ``add_mtp`` built it
         if not isinstance(head, MTPHead):
             raise ValueError("speculative_config: method 'mtp' needs the model's MTP head")
-        super().__init__(engine)
-        self.head = head
+        self.head = head  # before the graphs are captured
+        super().__init__(engine, engine.model_config.hidden_size, graph_rows)
 
     def run(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
             from_target: bool) -> torch.Tensor:

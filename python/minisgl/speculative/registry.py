@@ -29,9 +29,9 @@ def create_proposer(config: SpecConfig, engine: Engine | None = None) -> Propose
     if config.method == "mtp":
         from .mtp import MtpProposer
 
-        return MtpProposer(engine)
+        return MtpProposer(engine, config.disable_by_batch_size)
     if config.method == "eagle3":
         from .eagle3 import Eagle3Proposer
 
-        return Eagle3Proposer(engine)
+        return Eagle3Proposer(engine, config.disable_by_batch_size)
     raise ValueError(f"speculative_config: no proposer for method {config.method!r}")

@@ -133,7 +133,8 @@ def drafts(path, spec: dict, head_graphs: bool, reqs, **options):
     """Outputs, every drafting request's (tokens, drafts), and the rows of every replayed chain
     step, with the head's graphs replayed or not (``proposer.graphs = None``: eager chain steps;
     the decode graphs on either way), up to four requests drafting together."""
-    options = {"dtype": "float32", "num_pages": 4096, "cuda_graph_max_bs": 16} | options
+    options = {"dtype": "float32", "num_pages": 4096, "cuda_graph_max_bs": 16,
+               "warmup": "off"} | options
     llm = LLM(str(path), device="cuda", speculative_config=spec | {"disable_by_batch_size": 4},
               **options)
     rows = head_replays(llm) if head_graphs else []

@@ -56,6 +56,25 @@ def test_the_rule_loads_without_the_packages_init_files(tmp_path):
     assert out.splitlines() == ["3 [] False False", "['fla.ops'] True"]
 
 
+def test_two_threads_get_the_same_rule(tmp_path):
+    """The kernel warm-up's shadow engine and the engine import it on two threads at once."""
+    files = {**FILES, "fla/ops/gated_delta_rule/chunk.py": (
+        "import time\nimport fla.ops.utils\nfrom fla.modules.norm.l2norm import l2norm\n"
+        "time.sleep(0.2)  # a slow import: the other thread arrives meanwhile\n"
+        "def chunk_gated_delta_rule(x):\n    return fla.ops.utils.chunked(l2norm(x))\n")}
+    out = _run(tmp_path, """
+        import threading, fla_log
+        from minisgl.linear_attn.fla_import import chunk_gated_delta_rule
+        rules = []
+        threads = [threading.Thread(target=lambda: rules.append(chunk_gated_delta_rule()))
+                   for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print(len(rules), rules[0] is rules[1], rules[0](5), fla_log.ran)
+    """, files)
+    assert out == "2 True 5 []"
+
+
 def test_a_rule_that_needs_a_package_init_is_imported_as_usual(tmp_path):
     files = {**FILES, "fla/ops/gated_delta_rule/chunk.py": (
         "from fla.modules import helper\n"

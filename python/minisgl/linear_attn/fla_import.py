@@ -16,19 +16,24 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 import types
 from typing import Callable
 
 # the packages whose ``__init__`` the delta rule does not need (imported parents first)
 _BARE = ("fla.ops", "fla.modules", "fla.modules.norm")
 _RULE = "fla.ops.gated_delta_rule"
+# the kernel warm-up's shadow engine and the engine build their backends on two threads: one
+# enters the bare packages at a time (the other then finds the rule loaded)
+_LOCK = threading.Lock()
 
 
 def chunk_gated_delta_rule() -> Callable:
     """``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (ImportError as fla's own import
     raises it when fla-core is missing)."""
-    if _RULE not in sys.modules and "fla.ops" not in sys.modules:
-        _import_bare()
+    with _LOCK:
+        if _RULE not in sys.modules and "fla.ops" not in sys.modules:
+            _import_bare()
     return importlib.import_module(_RULE).chunk_gated_delta_rule
 
 

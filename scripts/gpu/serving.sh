@@ -33,7 +33,8 @@
 #                                           # backend test; the verify step's cost on Qwen3.5-9B
 #                                           # (random weights), k = 1..8, batch 1 and 16
 #   scripts/gpu_validate.sh spec-eagle3 OUT # EAGLE-3 drafts: tests/speculative/test_spec_eagle3*.py
-#                                           # on CUDA (piecewise graphs carrying aux states),
+#                                           # on CUDA (piecewise graphs carrying aux states) and
+#                                           # the heads' chain-step graphs (test_spec_head_graphs),
 #                                           # then a batch-1 step drafting k = 1..8 tokens with a
 #                                           # random draft on Qwen3-8B (random weights) against
 #                                           # a step without speculation, with the drafting's own
@@ -153,7 +154,8 @@ transformers.models.auto.tokenization_auto" 2>&1 | sort -t'|' -k2 -n | tail -12 
     cat "$out/first_minute.md" "$out/first_minute_warmup_cli.txt" ;;
 spec-eagle3)
     step 300 "$py" -m pytest -q -p no:cacheprovider -rf tests/speculative/test_spec_eagle3.py \
-        tests/speculative/test_spec_eagle3_config.py >"$out/spec_eagle3_tests.log" 2>&1
+        tests/speculative/test_spec_eagle3_config.py tests/speculative/test_spec_head_graphs.py \
+        >"$out/spec_eagle3_tests.log" 2>&1
     tail -3 "$out/spec_eagle3_tests.log"
     sb=("$py" benchmark/offline/bench_spec.py --out "$out" --model $m8)
     step 240 "${sb[@]}" --eagle3-cost >"$out/bench_spec_eagle3.log" 2>&1

@@ -77,7 +77,7 @@ def test_static_rows_give_the_eager_steps_positions_and_slots():
                      for r in reqs[:m]]
             eager = head_batch(feeds, "decode", table, scratch[:m, j - 1])
             bs = runner.padded(m)
-            rows = runner.host_inputs(feeds, bs)
+            rows = runner.host_inputs(Batch(feeds, "decode"), bs)
             assert len(rows) == runner.rows and rows[2] == [7] * bs
             positions, out_loc = locate(table, torch.tensor(rows, dtype=torch.int32))
             assert eager.positions is not None and eager.out_loc is not None

@@ -88,13 +88,13 @@ class HeadGraphRunner:
         """The smallest captured size that holds ``rows``."""
         return next(s for s in self.sizes if s >= rows)
 
-    def host_inputs(self, feeds: list[Feed], padded: int) -> list[list[int]]:
-        """The static input rows of a step over ``feeds`` (one new position each, its
+    def host_inputs(self, batch: Batch, padded: int) -> list[list[int]]:
+        """The static input rows of a decode-like step ``batch`` (one new position a feed, its
         ``cached_len``), padded to ``padded`` rows with the dummy request."""
-        pad = padded - len(feeds)
-        meta = self.ctx.attn_backend.replay_metadata(Batch(feeds, "decode"), padded)
-        return [[f.table_idx for f in feeds] + [self.dummy_row] * pad,
-                [f.cached_len for f in feeds] + [0] * pad, *meta]
+        pad = padded - batch.size
+        meta = self.ctx.attn_backend.replay_metadata(batch, padded)
+        return [[f.table_idx for f in batch.feeds] + [self.dummy_row] * pad,
+                [f.cached_len for f in batch.feeds] + [0] * pad, *meta]
 
     @torch.inference_mode()
     def capture(self, step: Step) -> None:
@@ -116,7 +116,7 @@ class HeadGraphRunner:
 
         batch = dummy_decode_batch(self.dummy_row, bs)
         inputs = self._inputs(bs)
-        inputs.copy_(torch.tensor(self.host_inputs(batch.feeds, bs), dtype=torch.int32))
+        inputs.copy_(torch.tensor(self.host_inputs(batch, bs), dtype=torch.int32))
         self.ctx.attn_backend.prepare_for_capture(batch, inputs[2:])
         return batch
 
@@ -143,15 +143,15 @@ class HeadGraphRunner:
         """One chain step over ``feeds`` (each one new position, at ``cached_len``) fed
         ``tokens`` ``[m]`` and ``hidden`` ``[m, H]``: the head's output rows and their
         predictions, views of static outputs, valid until the next replay."""
-        m = len(feeds)
+        m, batch = len(feeds), Batch(feeds, "decode")
         bs = self.padded(m)
         inputs = self._inputs(bs)
-        host = torch.tensor(self.host_inputs(feeds, bs), dtype=torch.int32,
+        host = torch.tensor(self.host_inputs(batch, bs), dtype=torch.int32,
                             pin_memory=inputs.is_cuda)
         inputs.copy_(host, non_blocking=True)
         self.tokens[:m].copy_(tokens)
         self.hidden[:m].copy_(hidden)
-        self.ctx.attn_backend.plan_replay(Batch(feeds, "decode"), bs)
+        self.ctx.attn_backend.plan_replay(batch, bs)
         self.graphs[bs].replay()
         out, predicted = self.outputs[bs]
         return out[:m], predicted[:m]

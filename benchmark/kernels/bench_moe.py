@@ -37,7 +37,7 @@ import minisgl.models  # noqa: F401  (first: importing minisgl.layers alone is c
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales
 from minisgl.moe.reference import TorchMoeBackend
-from minisgl.quant.mxfp4 import quantize_mxfp4
+from minisgl.quant.mxfp4 import quantize_mxfp4, to_words
 
 H, INTER, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B: hidden, moe_intermediate, experts, top-k
 
@@ -53,7 +53,8 @@ SWEEP = {  # (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stag
 
 
 def inputs(tokens: int, seed: int = 0, mx: bool = False) -> tuple[tuple, dict]:
-    """(fused_moe's positional arguments, its keywords) for ``tokens`` routed tokens."""
+    """(fused_moe's positional arguments, its keywords) for ``tokens`` routed tokens; MXFP4
+    experts in the word layout ``fused_moe`` reads (``quant.mxfp4.to_words``)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def randn(*s):
@@ -67,8 +68,8 @@ def inputs(tokens: int, seed: int = 0, mx: bool = False) -> tuple[tuple, dict]:
         return (x, w13.bfloat16(), w2.bfloat16(), weights, ids), {}
     (w13, s13), (w2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
     bias = ExpertBias((randn(E, 2 * INTER) * 0.1).bfloat16(), (randn(E, H) * 0.1).bfloat16())
-    return (x, w13, w2, weights, ids), dict(scales=Mxfp4Scales(s13, s2), bias=bias,
-                                            act=MoeActivation("swiglu_clamped", 1.702, 7.0))
+    return (x, to_words(w13), to_words(w2), weights, ids), dict(
+        scales=Mxfp4Scales(s13, s2), bias=bias, act=MoeActivation("swiglu_clamped", 1.702, 7.0))
 
 
 def config(tokens: int, mx: bool) -> MoeConfig:
@@ -150,6 +151,7 @@ def main() -> None:
         hit = int(args[4].unique().numel())
         fused = do_bench(lambda: fused_moe(*args, **kw), return_mode="median")
         graphed = graph_ms(lambda: fused_moe(*args, **kw))
+        # timed only: on MXFP4 it reads the word layout as standard bytes (the same work)
         ref = None if a.no_torch else do_bench(lambda: TorchMoeBackend().forward(*args, **kw),
                                                return_mode="median")
         cfg = config(tokens, a.mxfp4)

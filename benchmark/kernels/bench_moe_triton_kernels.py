@@ -35,6 +35,7 @@ from bench_moe import graph_ms  # noqa: E402
 
 import minisgl.models  # noqa: F401, E402  (first: importing minisgl.layers alone is circular)
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales, create_moe_backend  # noqa: E402
+from minisgl.moe.matmul_ogs import OgsExperts  # noqa: E402
 from minisgl.quant.mxfp4 import quantize_mxfp4  # noqa: E402
 
 E, K, H, INTER = 32, 4, 2880, 2880
@@ -56,7 +57,8 @@ def main():
     scales, bias = Mxfp4Scales(s13, s2), ExpertBias(b13, b2)
     fused, ogs = create_moe_backend("triton"), create_moe_backend("triton_kernels")
     layout = ogs.prepare_experts(w13, w2, scales, bias, act)
-    assert layout is not None, "triton_kernels' layouts: a Hopper GPU"
+    words = fused.prepare_experts(w13, w2, scales, bias, act)  # the fused MoE's word layout
+    assert isinstance(layout, OgsExperts), "triton_kernels' layouts: a Hopper GPU"
     results = []
     for t in a.tokens:
         x = torch.randn(t, H, device=dev, dtype=torch.bfloat16)
@@ -64,7 +66,8 @@ def main():
         weights = (weights / weights.sum(-1, keepdim=True)).bfloat16()
 
         def ours():
-            return fused.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act)
+            return fused.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,
+                                 layout=words)
 
         def theirs():
             return ogs.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,

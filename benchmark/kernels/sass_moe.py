@@ -51,7 +51,7 @@ ALIGNED = {"a_ptr", "w_ptr", "out_ptr", "weights_ptr", "sorted_ptr", "expert_ids
 def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = True,
            warps: int = 4) -> tuple[object, dict, int]:
     """(The JIT function, its constexprs, its rows per program) for ``name``; ``fast``: the
-    tiles decode in PTX (``mxfp4.decode_bf16``), as bf16 on Hopper does."""
+    tiles decode in PTX (``mxfp4.decode_words_bf16``), as bf16 on Hopper does."""
     if name == "gemv":
         return (moe_mxfp4.moe_gemv_mx_kernel,
                 {**COMMON, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False}, 1)

@@ -1,6 +1,7 @@
 """MXFP4 experts: the torch reference (``quant.mxfp4``) against the tests' own quantizer, and the
-fused MoE kernel (MXFP4 decoded in the GEMMs; biases; gpt-oss's clamped SwiGLU) against the torch
-backend.
+fused MoE kernel (MXFP4 decoded in the GEMMs, from the word layout the Triton backend converts the
+experts to; biases; gpt-oss's clamped SwiGLU) against the torch backend, which reads the
+checkpoint's bytes.
 
 Without a GPU the kernels run under the Triton interpreter at small sizes in float32/float16 (the
 interpreter's bf16 dot is wrong); the ``gpu`` tests run gpt-oss-20b's expert shapes in bf16.
@@ -18,10 +19,10 @@ from helpers.interpreter import import_triton
 triton = import_triton()
 
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
-from minisgl.kernel.triton.mxfp4 import bf16x2_pow2, decode_bf16, pair_bits  # noqa: E402
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales  # noqa: E402
+from minisgl.moe.fused import TritonMoeBackend  # noqa: E402
 from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
-from minisgl.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+from minisgl.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4, to_words  # noqa: E402
 
 pytestmark = pytest.mark.any_device
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,7 +78,8 @@ def test_fused_moe_mxfp4_fp32(tokens, act):
     x, w13, w2, weights, ids, scales, bias = mx_inputs(tokens, 64, 64, 6, 2, torch.float32,
                                                        seed=tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=act)
-    out = fused_moe(x, w13, w2, weights, ids, scales=scales, bias=bias, act=act)
+    out = fused_moe(x, to_words(w13), to_words(w2), weights, ids, scales=scales, bias=bias,
+                    act=act)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -93,7 +95,8 @@ def test_fused_moe_mxfp4_ragged_k_and_no_down_bias(config):
     x, w13, w2, weights, ids, scales, bias = mx_inputs(23, 96, 32, 5, 3, torch.float32, seed=4)
     bias = ExpertBias(bias.w13, None)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    out = fused_moe(x, w13, w2, weights, ids, config=config, scales=scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, to_words(w13), to_words(w2), weights, ids, config=config, scales=scales,
+                    bias=bias, act=GPT_OSS)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -109,15 +112,38 @@ def test_fused_moe_mxfp4_permuted_operand_order(config):
     one block."""
     x, w13, w2, weights, ids, scales, bias = mx_inputs(19, 160, 64, 5, 2, torch.float16, seed=7)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    out = fused_moe(x, w13, w2, weights, ids, config=config, scales=scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, to_words(w13), to_words(w2), weights, ids, config=config, scales=scales,
+                    bias=bias, act=GPT_OSS)
     torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
 
 
 def test_fused_moe_mxfp4_fp16():
     x, w13, w2, weights, ids, scales, bias = mx_inputs(17, 64, 32, 8, 4, torch.float16, seed=2)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    out = fused_moe(x, w13, w2, weights, ids, scales=scales, bias=bias, act=GPT_OSS)
+    out = fused_moe(x, to_words(w13), to_words(w2), weights, ids, scales=scales, bias=bias,
+                    act=GPT_OSS)
     torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
+
+
+def test_the_triton_backend_runs_mxfp4_experts_from_its_word_layout():
+    """``prepare_experts`` converts a layer's MXFP4 experts to the word layout and holds them
+    with their scales and biases (the layer then empties its own); MXFP4 without the layout is
+    refused rather than misread; other storages keep no layout."""
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(7, 64, 32, 4, 2, torch.float32, seed=8)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    backend = TritonMoeBackend()
+    layout = backend.prepare_experts(w13, w2, scales, bias, GPT_OSS)
+    assert torch.equal(layout.w13, to_words(w13)) and torch.equal(layout.w2, to_words(w2))
+    held = (w13, w2, *scales, *bias)
+    assert layout.nbytes == sum(t.numel() * t.element_size() for t in held)
+    with pytest.raises(ValueError, match="layout"):
+        backend.forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    empty = w13.new_empty(0)
+    out = backend.forward(x, empty, empty, weights, ids, Mxfp4Scales(empty, empty), act=GPT_OSS,
+                          layout=layout)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert backend.prepare_experts(x.new_zeros(4, 8, 8), x.new_zeros(4, 8, 4), None, None,
+                                   GPT_OSS) is None
 
 
 def test_fused_moe_dense_bias_and_clamped_swiglu():
@@ -153,38 +179,14 @@ def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens, config):
                       torch.randn(e, h, device="cuda", generator=g).bfloat16() * 0.1)
     scales = Mxfp4Scales(s13, s2)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    out = fused_moe(x, w13, w2, weights, ids, config=config, scales=scales, bias=bias,
-                    act=GPT_OSS)
+    out = fused_moe(x, to_words(w13), to_words(w2), weights, ids, config=config, scales=scales,
+                    bias=bias, act=GPT_OSS)
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err <= 2e-2, err
 
 
-
-@triton.jit
-def _decode_words(words_ptr, out_ptr):
-    offs = triton.language.arange(0, 16)
-    words = triton.language.load(words_ptr + offs)
-    for j in triton.language.static_range(4):
-        lo, hi = pair_bits(words, j)
-        # the GEMV takes the 2 ** 126 back through x (2 ** 100) and its sums (2 ** 26)
-        triton.language.store(out_ptr + offs * 8 + j, lo * 8.507059173023462e37)
-        triton.language.store(out_ptr + offs * 8 + j + 4, hi * 8.507059173023462e37)
-
-
-def test_pair_bits_every_code_at_every_position():
-    """``mxfp4.pair_bits`` (the GEMV's decoding of 32-bit words, two values at a time) times
-    ``2 ** 126``: each of the 16 codes at each of a word's 8 positions (bits 4j .. 4j + 3),
-    against the tests' own e2m1 table."""
-    nibbles = (torch.arange(16)[:, None] + torch.arange(8)[None, :]) % 16  # word i, position j
-    words = (nibbles << (4 * torch.arange(8))[None, :]).sum(1)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    out = torch.empty(16, 8, dtype=torch.float32, device=DEV)
-    _decode_words[(1,)](words.to(DEV), out)
-    torch.testing.assert_close(out.cpu(), ref_mx.VALUES[nibbles], rtol=0, atol=0)
-
-
 def test_the_ptx_decoding_compiles_for_hopper(tmp_path):
-    """The MXFP4 GEMMs with their PTX decoding (``mxfp4.decode_bf16``, which the interpreter
+    """The MXFP4 GEMMs with their PTX decoding (``mxfp4.decode_words_bf16``, which the interpreter
     cannot run) through Triton's compiler and ptxas for sm_90: the small-batch kernel, the
     swapped one with and without its permuted operand order, the GEMV; each waiting on the
     kernel before (PDL), as the engine launches them."""
@@ -193,32 +195,3 @@ def test_the_ptx_decoding_compiles_for_hopper(tmp_path):
         "moe_gemm_mx_kernel", "moe_gemm_mx_wide_kernel", "moe_gemm_mx_wide_kernel",
         "moe_gemv_mx_kernel"], cubins
     assert all(line.endswith("griddepcontrol") for line in cubins), cubins
-
-
-@triton.jit
-def _decode_bytes_bf16(bytes_ptr, exp_ptr, lo_ptr, hi_ptr):
-    offs = triton.language.arange(0, 1024)
-    lo, hi = decode_bf16(triton.language.load(bytes_ptr + offs),
-                         bf16x2_pow2(triton.language.load(exp_ptr + offs)))
-    triton.language.store(lo_ptr + offs, lo)
-    triton.language.store(hi_ptr + offs, hi)
-
-
-@pytest.mark.gpu
-def test_gpu_decode_bf16_every_byte_and_multiplier():
-    """``mxfp4.decode_bf16`` (the tiles' PTX decoding on Hopper): every byte, four times, each
-    element with its own power-of-two multiplier (the wide tiles' scales times ``2 ** -64``, and
-    ``2 ** 126``, which gives the e2m1 values themselves), exactly equal to the e2m1 table's
-    values times ``2 ** -126`` times the multiplier: the sign, the subnormal 0.5, the nibbles'
-    order and each element's own multiplier."""
-    codes = torch.arange(1024) % 256
-    exponents = torch.tensor([126, 1, 40, 60, 85, 17, 3, 33])[torch.arange(1024) % 8]
-    exponents = torch.where(torch.arange(1024) >= 512, exponents.roll(1), exponents)
-    lo = torch.empty(1024, dtype=torch.bfloat16, device="cuda")
-    hi = torch.empty_like(lo)
-    _decode_bytes_bf16[(1,)](codes.to(torch.uint8).cuda(), exponents.int().cuda(), lo, hi)
-    mult = torch.pow(2.0, exponents.double() - 126)
-    torch.testing.assert_close(lo.double().cpu(), ref_mx.VALUES[codes % 16].double() * mult,
-                               rtol=0, atol=0)
-    torch.testing.assert_close(hi.double().cpu(), ref_mx.VALUES[codes // 16].double() * mult,
-                               rtol=0, atol=0)

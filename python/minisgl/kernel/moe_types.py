@@ -22,7 +22,9 @@ ACTIVATIONS = ("silu", "swiglu_clamped", "gelu_tanh")
 
 class Mxfp4Scales(NamedTuple):
     """The e8m0 scales (uint8, value ``2 ** (s - 127)``) of packed e2m1 experts, one per 32
-    values along each row's K: ``w13 [E, 2I, H/32]``, ``w2 [E, H, I/32]``."""
+    values along each row's K: ``w13 [E, 2I, H/32]``, ``w2 [E, H, I/32]``. The packed values
+    are the checkpoint's bytes (``minisgl.quant.mxfp4``), or, for the fused Triton MoE
+    (``kernel.triton.fused_moe``), the same bytes in the word layout (``to_words``)."""
 
     w13: torch.Tensor
     w2: torch.Tensor

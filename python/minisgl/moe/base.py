@@ -60,7 +60,9 @@ class BaseMoeBackend(ABC):
         ``scales``: with e4m3 ``w13``/``w2``, their block scales
         ``(w13_scale_inv, w2_scale_inv, block)`` (layout in ``minisgl.quant.fp8``); with uint8
         ``w13 [E, 2I, H/2]`` / ``w2 [E, H, I/2]`` (two e2m1 values a byte, the even one in the
-        low nibble) their ``Mxfp4Scales``. ``bias``/``act``: see ``ExpertBias``,
+        low nibble, as the checkpoint stores them) their ``Mxfp4Scales``. A backend may keep
+        them in a layout of its own (the fused Triton MoE: ``quant.mxfp4.to_words``'s word
+        layout, made by ``prepare_experts``). ``bias``/``act``: see ``ExpertBias``,
         ``MoeActivation``. ``pdl``: launch Triton kernels with programmatic dependent launch
         (``kernel/triton/pdl.py``); a backend that launches none accepts and ignores it.
         ``layout``: what ``prepare_experts`` returned for this layer, if anything."""

@@ -1,23 +1,64 @@
 """Fused Triton MoE backend: alignment plus two grouped GEMMs (``minisgl.kernel.triton.fused_moe``),
 for experts in the model's dtype, FP8 blocks or MXFP4 (decoded inside the GEMMs).
 
+MXFP4 experts run in the word layout (``minisgl.quant.mxfp4.to_words``), which ``prepare_experts``
+makes once from the checkpoint's bytes; the other storages run as the layer holds them.
+
 No host sync and buffers sized from the batch alone, so decode steps can be captured in CUDA graphs
 (the torch reference reads per-expert counts back to the host and cannot be).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from minisgl.kernel.triton.fused_moe import fused_moe
+from minisgl.quant.mxfp4 import to_words
 
-from .base import SILU, BaseMoeBackend
+from .base import SILU, BaseMoeBackend, ExpertBias, Mxfp4Scales
+
+
+@dataclass
+class WordExperts:
+    """One layer's MXFP4 experts in the word layout, with their scales and biases as loaded."""
+
+    w13: torch.Tensor  # uint8 [E, 2I, H/2], each expert's words permuted
+    w2: torch.Tensor  # uint8 [E, H, I/2]
+    scales: Mxfp4Scales
+    bias: ExpertBias | None
+
+    @property
+    def nbytes(self) -> int:
+        held = [self.w13, self.w2, *self.scales, *(self.bias or ())]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+
+def _words(blocks: torch.Tensor) -> torch.Tensor:
+    """``to_words`` one expert at a time: the conversion's temporaries stay an expert's size."""
+    out = torch.empty_like(blocks)
+    for e in range(blocks.shape[0]):
+        out[e] = to_words(blocks[e])
+    return out
 
 
 class TritonMoeBackend(BaseMoeBackend):
+    def prepare_experts(self, w13, w2, scales, bias, act) -> WordExperts | None:
+        if not isinstance(scales, Mxfp4Scales):
+            return None
+        # detached: the layer empties its parameters once this returns
+        held = ExpertBias(*(t if t is None else t.detach() for t in bias)) if bias else None
+        return WordExperts(_words(w13), _words(w2),
+                           Mxfp4Scales(scales.w13.detach(), scales.w2.detach()), held)
+
     def forward(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                 topk_weights: torch.Tensor, topk_ids: torch.Tensor, scales=None, *, bias=None,
                 act=SILU, pdl=False, layout=None) -> torch.Tensor:
+        if isinstance(layout, WordExperts):
+            w13, w2, scales, bias = layout.w13, layout.w2, layout.scales, layout.bias
+        elif isinstance(scales, Mxfp4Scales):
+            raise ValueError("MXFP4 experts run from prepare_experts' layout (the word layout)")
         if x.stride(-1) != 1:
             x = x.contiguous()
         return fused_moe(x, w13, w2, topk_weights, topk_ids, scales=scales, bias=bias, act=act,

@@ -106,7 +106,7 @@ class MatmulOgsMoeBackend(BaseMoeBackend):
                         act: MoeActivation) -> OgsExperts | None:
         if not (isinstance(scales, Mxfp4Scales) and w13.is_cuda and act.kind == "swiglu_clamped"
                 and _HOPPER <= torch.cuda.get_device_capability(w13.device) < _NEXT):
-            return None
+            return self.fused.prepare_experts(w13, w2, scales, bias, act)
         from triton_kernels.matmul_ogs import FnSpecs, FusedActivation
         from triton_kernels.swiglu import swiglu_fn
 
@@ -121,9 +121,9 @@ class MatmulOgsMoeBackend(BaseMoeBackend):
 
     def forward(self, x, w13, w2, topk_weights, topk_ids, scales=None, *, bias=None, act=SILU,
                 pdl=False, layout=None) -> torch.Tensor:
-        if layout is None:
+        if not isinstance(layout, OgsExperts):
             return self.fused.forward(x, w13, w2, topk_weights, topk_ids, scales, bias=bias,
-                                      act=act, pdl=pdl)
+                                      act=act, pdl=pdl, layout=layout)
         from triton_kernels.matmul_ogs import matmul_ogs
 
         if x.dtype != torch.bfloat16:

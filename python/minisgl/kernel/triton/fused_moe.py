@@ -26,7 +26,9 @@ x's dtype, so nothing changes for the routing or the roundings above):
   ``scale_inv``; ``BLOCK_K`` is capped at the block's column width, so a K step meets one scale
   per output column.
 - MXFP4 (``Mxfp4Scales``, ``moe_mxfp4``): a byte holds two values (a quarter of bf16's weight
-  bytes, the win of decode), decoded in registers by bit placement; the row block picks one of
+  bytes, the win of decode), the bits of each 32-bit word permuted at load time
+  (``quant.mxfp4.to_words``) so that the kernels decode them by rotations and masks; the row
+  block picks one of
   three kernels (a GEMV for blocks of one row, group-scaled partial sums up to 32 rows, swapped
   operands beyond), and ``moe_configs`` the tiles tuned per GPU.
 """
@@ -162,8 +164,8 @@ def permuted_tile(block_m: int, block_n: int, block_k: int, warps: int, gated: b
 
 
 def _ptx_decode(a: torch.Tensor) -> bool:
-    """MXFP4 tiles decode in PTX (``mxfp4.decode_bf16``: Hopper's packed bf16 multiply) for bf16
-    activations on sm_90 and later."""
+    """MXFP4 tiles decode in PTX (``mxfp4.decode_words_bf16``: Hopper's packed bf16 multiply)
+    for bf16 activations on sm_90 and later."""
     return a.dtype == torch.bfloat16 and a.is_cuda and hopper_compiled(a.device.index or 0)
 
 
@@ -190,10 +192,10 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                 **pdl_.launch_options(a, pdl))
-    if mx and cfg.block_m == 1:
-        # its 16-byte word loads: the kernel takes the alignment as given
+    if mx:  # 32-bit word loads, 4 a group: the kernels take the alignment as given
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
-            "MXFP4 GEMV: the experts' bytes must be 16-byte aligned, rows included"
+            "MXFP4 experts' bytes must be 16-byte aligned, rows included"
+    if mx and cfg.block_m == 1:
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]
         moe_gemv_mx_kernel[grid](*args, **meta)
@@ -215,7 +217,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
               pdl: bool = False) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, K] -> [T, H].
     ``scales``: (w13_scale_inv, w2_scale_inv, block) when w13/w2 are e4m3; ``Mxfp4Scales`` when
-    they are packed MXFP4 (``w13 [E, 2I, H/2]``, ``w2 [E, H, I/2]`` uint8). ``bias``/``act``: see
+    they are packed MXFP4 in the word layout (``quant.mxfp4.to_words`` of the checkpoint's
+    ``w13 [E, 2I, H/2]``, ``w2 [E, H, I/2]`` uint8; 16-byte aligned). ``bias``/``act``: see
     ``minisgl.kernel.moe_types``; ``pdl``: ``pdl.py``."""
     tokens, hidden = x.shape
     mx = isinstance(scales, Mxfp4Scales)

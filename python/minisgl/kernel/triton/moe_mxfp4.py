@@ -1,10 +1,12 @@
 """The fused MoE's GEMMs over MXFP4 experts (``fused_moe`` launches them; the decoding is
-``mxfp4``'s): ``w [E, N, K/2]`` bytes, ``ws [E, N, K/32]`` e8m0 scales, x in its own dtype.
+``mxfp4``'s): ``w [E, N, K/2]`` bytes in the word layout (``quant.mxfp4.to_words``), read as
+32-bit words, 16-byte aligned (a group's 16 bytes are 4 words), ``ws [E, N, K/32]`` e8m0 scales,
+x in its own dtype.
 
 Three shapes of the same work, chosen by the row block. Row blocks of one (a batch of a few
 tokens, each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores, its
-weights read as 32-bit words of 8 values (decoded two at a time, ``mxfp4.pair_bits``, each
-thread's products summed in its registers, no shuffles in the K loop). Small
+words decoded a pair of values at a time (``mxfp4.word_pairs``), each thread's products summed in
+its registers, no shuffles in the K loop. Small
 batches (16- or 32-row blocks: decode, a few rows per expert) take ``moe_gemm_mx_kernel``: a K
 step is whole 32-value groups, each group's bytes decode without their scale, two dots of depth
 16 (x's even and odd columns) give its partial sums and one multiply by the scale adds them in;
@@ -12,8 +14,9 @@ no mask, since K is a multiple of 32. Larger blocks take ``moe_gemm_mx_wide_kern
 the operands so that the decoded, scaled weights feed the tensor cores from registers, and one
 dot of depth ``BLOCK_K`` does a step; 16- and 32-row blocks can take it too (``MoeConfig.swapped``),
 their tiles' columns then in the order that gives each thread adjacent operand bytes
-(``_operand_order``). bf16 tiles on Hopper decode in PTX (``FAST``: ``mxfp4.decode_bf16``). Which
-kernel and block size win where is measured (``moe_configs``, ``benchmark/kernels/tune_moe.py``).
+(``_operand_order``). bf16 tiles on Hopper decode in PTX (``FAST``:
+``mxfp4.decode_words_bf16``). Which kernel and block size win where is measured
+(``moe_configs``, ``benchmark/kernels/tune_moe.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ import triton
 import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_bf16, decode_pair, e8m0, pair_bits
+from .mxfp4 import (
+    BF16X2_TWO126,
+    bf16x2_pow2,
+    decode_words,
+    decode_words_bf16,
+    e8m0,
+    widen,
+    word_pairs,
+)
 from .pdl import wait_then_release
 
 
@@ -37,21 +48,22 @@ def moe_gemm_mx_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     """``fused_moe``'s GEMM over MXFP4 weights for small batches. A K step is ``GROUPS``
-    32-value groups (``k_dim`` a multiple of 32 * GROUPS): per group, 16 bytes a row decode into
+    32-value groups (``k_dim`` a multiple of 32 * GROUPS): per group, 4 words a row decode into
     its even and odd values, two dots of depth 16 give the group's partial sums, and its scale
     multiplies them into the accumulator. ``FAST`` (bf16 on Hopper): the values decode in PTX
-    (``mxfp4.decode_bf16``)."""
+    (``mxfp4.decode_words_bf16``)."""
     wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
     pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
-    offs_b = tl.arange(0, 16)  # the bytes of one group: values 2b and 2b + 1
     a_ptrs = a_ptr + row[:, None] * stride_am + tl.arange(0, 32)[None, :]
-    w_ptrs = w_ptr + expert * stride_we + offs_n_safe[None, :] * stride_wn + offs_b[:, None]
+    row_words = tl.multiple_of(stride_wn // 4, 4)
+    w_ptrs = (_words(w_ptr, expert, stride_we) + offs_n_safe[:, None] * row_words
+              + tl.arange(0, 4)[None, :])  # a group's words, [BLOCK_N, 4]
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
-    up = n_out * stride_wn  # the up rows follow the gate rows (GATED)
+    up = n_out * row_words  # the up rows follow the gate rows (GATED)
     up_s = n_out * stride_sn
     dt = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -59,17 +71,17 @@ def moe_gemm_mx_kernel(
     for _ in range(k_dim // (32 * GROUPS)):
         for g in tl.static_range(GROUPS):
             a_even, a_odd = tl.split(tl.reshape(tl.load(a_ptrs + 32 * g), (BLOCK_M, 16, 2)))
-            lo, hi = _values(tl.load(w_ptrs + 16 * g), dt, FAST)
+            lo, hi = _values(tl.load(w_ptrs + 4 * g), dt, FAST)
             part = tl.dot(a_even, lo, input_precision=PRECISION)
             part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
             acc += part * e8m0(tl.load(s_ptrs + g))[None, :]
             if GATED:
-                lo, hi = _values(tl.load(w_ptrs + up + 16 * g), dt, FAST)
+                lo, hi = _values(tl.load(w_ptrs + up + 4 * g), dt, FAST)
                 part = tl.dot(a_even, lo, input_precision=PRECISION)
                 part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
                 acc_up += part * e8m0(tl.load(s_ptrs + up_s + g))[None, :]
         a_ptrs += 32 * GROUPS
-        w_ptrs += 16 * GROUPS
+        w_ptrs += 4 * GROUPS
         s_ptrs += GROUPS
     epilogue(acc, acc_up, out_ptr, weights_ptr, bias_ptr, pair, valid, expert, offs_n, n_ok,
              offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED, HAS_BIAS, CLAMPED,
@@ -77,11 +89,22 @@ def moe_gemm_mx_kernel(
 
 
 @triton.jit
-def _values(packed, dtype: tl.constexpr, FAST: tl.constexpr):
-    """``decode_pair`` (unscaled values), in PTX with ``FAST``."""
+def _words(w_ptr, expert, stride_we):
+    """An expert's weights as 32-bit words (strides in bytes, multiples of 16: the launcher
+    checks)."""
+    w_words = tl.multiple_of(w_ptr.to(tl.pointer_type(tl.int32)), 16)
+    return w_words + expert * tl.multiple_of(stride_we // 4, 4)
+
+
+@triton.jit
+def _values(words, dtype: tl.constexpr, FAST: tl.constexpr):
+    """A group's words [BLOCK_N, 4] -> its unscaled (even, odd) values as the dot's right
+    operands [16, BLOCK_N]; in PTX with ``FAST``."""
     if FAST:
-        return decode_bf16(packed, tl.full(packed.shape, BF16X2_TWO126, tl.int32))
-    return decode_pair(packed, dtype)
+        lo, hi = decode_words_bf16(words, tl.full(words.shape, BF16X2_TWO126, tl.int32))
+    else:
+        lo, hi = decode_words(words, dtype)
+    return tl.trans(lo), tl.trans(hi)
 
 
 # the GEMV's x times 2 ** 100 against its values' 2 ** -126: its sums times 2 ** 26 at the end
@@ -105,7 +128,7 @@ def moe_gemv_mx_kernel(
     reduced once, after the K loop. A dot padded to 16 rows would decode the same weights for 15
     rows of padding. ``w``'s address and strides are multiples of 16 bytes (a row holds K/2
     bytes, K a multiple of 32; the launcher checks), so a thread loads a group's words at once.
-    The values stay ``2 ** -126`` times themselves (``mxfp4.pair_bits``: no multiply a
+    The values stay ``2 ** -126`` times themselves (``mxfp4.word_pairs``: no multiply a
     weight), x is taken times ``2 ** 100`` (exact below ``2 ** 28``), and the sums are multiplied
     by ``2 ** 26`` once, after the K loop."""
     wait_then_release(USE_PDL)
@@ -121,10 +144,8 @@ def moe_gemv_mx_kernel(
     x_ptrs = (a_ptr + row * stride_am + (32 * offs_g)[:, None, None]
               + (8 * offs_w)[None, :, None] + tl.arange(0, 8)[None, None, :])
     row_words = tl.multiple_of(stride_wn // 4, 4)  # a row's K/2 bytes: whole 16-byte groups
-    w_words = tl.multiple_of(w_ptr.to(tl.pointer_type(tl.int32)), 16)
-    w_ptrs = (w_words + expert * tl.multiple_of(stride_we // 4, 4)
-              + offs_n_safe[:, None, None] * row_words + (4 * offs_g)[None, :, None]
-              + offs_w[None, None, :])
+    w_ptrs = (_words(w_ptr, expert, stride_we) + offs_n_safe[:, None, None] * row_words
+              + (4 * offs_g)[None, :, None] + offs_w[None, None, :])
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
     acc = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
@@ -134,12 +155,13 @@ def moe_gemv_mx_kernel(
             x = tl.load(x_ptrs)
         else:
             x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
-        # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a
+        # x's 8 values of each word apart, in registers, paired as ``word_pairs`` pairs the
+        # values: [G, 4] each, value j = 4 c + 2 b + a, a pair's two values differ in b
         x = tl.reshape(x.to(tl.float32) * _X_UP, (G, 4, 2, 2, 2))
-        x0, x1 = tl.split(x)  # a
-        x00, x01 = tl.split(x0)  # b
-        x10, x11 = tl.split(x1)
-        xs = (tl.split(x00), tl.split(x10), tl.split(x01), tl.split(x11))  # c
+        x_c0, x_c1 = tl.split(tl.permute(x, (0, 1, 3, 4, 2)))  # [G, 4, b, a] each
+        x_a0c0, x_a1c0 = tl.split(x_c0)
+        x_a0c1, x_a1c1 = tl.split(x_c1)
+        xs = (tl.split(x_a0c0), tl.split(x_a0c1), tl.split(x_a1c0), tl.split(x_a1c1))
         acc += _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K)
         if GATED:
             acc_up += _word_dot(w_ptrs + n_out * row_words, s_ptrs + n_out * stride_sn, xs,
@@ -156,20 +178,21 @@ def moe_gemv_mx_kernel(
 
 @triton.jit
 def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
-    """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each position j, by bits of
-    j), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8 products summed. Values
-    j and j + 4 of every word at once (``mxfp4.pair_bits``: shifts by constants)."""
+    """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each pair of
+    ``mxfp4.word_pairs``), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8
+    products summed. Two values of every word at once: a rotation and a mask, then two
+    operations to widen them to float32."""
     if EVEN_K:
         words, s = tl.load(w_ptrs), tl.load(s_ptrs)
     else:
         words = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
         s = tl.load(s_ptrs, mask=g_ok[None, :], other=0)
     t = tl.zeros(words.shape, dtype=tl.float32)
-    for j in tl.static_range(4):  # values j and j + 4 of every word
-        lo, hi = pair_bits(words, j)
-        x_j = xs[j % 2 + 2 * ((j // 2) % 2)]
-        t += lo * x_j[0][None, :, :]  # two statements: two fused multiply-adds
-        t += hi * x_j[1][None, :, :]
+    pairs = word_pairs(words)
+    for j in tl.static_range(4):
+        lo, hi = widen(pairs[j])
+        t += lo * xs[j][0][None, :, :]  # two statements: two fused multiply-adds
+        t += hi * xs[j][1][None, :, :]
     return t * e8m0(s)[:, :, None]
 
 
@@ -180,19 +203,19 @@ _UNDER = tl.constexpr(1.8446744073709552e19)  # 2 ** 64
 
 
 @triton.jit
-def _scaled_tile(packed, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _scaled_tile(words, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  FAST: tl.constexpr, PERMUTE: tl.constexpr):
-    """Bytes [BLOCK_N, G, 16] and their groups' scales [BLOCK_N, G] -> weights [BLOCK_N, BLOCK_K]
+    """Words [BLOCK_N, G, 4] and their groups' scales [BLOCK_N, G] -> weights [BLOCK_N, BLOCK_K]
     in ``dtype``, K in order (a byte's low nibble, then its high one), or with ``PERMUTE`` in the
-    order ``_operand_order`` gives x's rows. ``FAST`` (bf16 on Hopper: ``mxfp4.decode_bf16``,
+    order ``_operand_order`` gives x's rows. ``FAST`` (bf16 on Hopper: ``mxfp4.decode_words_bf16``,
     the scale in the same packed multiply): the weights times ``2 ** -64``, which keeps the
     scale's bf16 multiplier ``2 ** (s - 1 - 64)`` in range for every scale up to ``2 ** 65``
     (``2 ** (s - 1)`` would overflow from ``2 ** 2``)."""
     if FAST:
         mult = bf16x2_pow2(s.to(tl.int32) - 1 - _UNDER_SHIFT)
-        lo, hi = decode_bf16(packed, tl.broadcast_to(mult[:, :, None], packed.shape))
+        lo, hi = decode_words_bf16(words, tl.broadcast_to(mult[:, :, None], words.shape))
     else:
-        lo, hi = decode_pair(packed, tl.float32)
+        lo, hi = decode_words(words, tl.float32)
         scale = e8m0(s)[:, :, None]
         lo, hi = (lo * scale).to(dtype), (hi * scale).to(dtype)
     w = tl.join(lo, hi)  # [BLOCK_N, G, 16, 2]: byte c's two values
@@ -228,7 +251,7 @@ def moe_gemm_mx_wide_kernel(
     swapped: ``out^T = w . x^T``. The decoded weights are the
     dot's left operand, which Hopper's wgmma reads from registers (where they were decoded) and
     which spans the 64-row instruction with output columns; the tokens, however few, are the
-    16-wide right operand. Every load is contiguous: a K step's bytes as [BLOCK_N, groups, 16],
+    16-wide right operand. Every load is contiguous: a K step's words as [BLOCK_N, groups, 4],
     one scale per group, x's rows whole; the two nibbles of a byte are joined into K order in
     registers, so one dot of depth ``BLOCK_K`` does the step. ``PERMUTE`` (``BLOCK_K`` a multiple
     of 64): the tile's columns and x's rows in ``_operand_order``'s order."""
@@ -242,8 +265,9 @@ def moe_gemm_mx_wide_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_g = tl.arange(0, G)
     a_ptrs = a_ptr + row[None, :] * stride_am + offs_k[:, None]
-    w_ptrs = (w_ptr + expert * stride_we + offs_n_safe[:, None, None] * stride_wn
-              + (16 * offs_g)[None, :, None] + tl.arange(0, 16)[None, None, :])
+    row_words = tl.multiple_of(stride_wn // 4, 4)
+    w_ptrs = (_words(w_ptr, expert, stride_we) + offs_n_safe[:, None, None] * row_words
+              + (4 * offs_g)[None, :, None] + tl.arange(0, 4)[None, None, :])
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
     dt = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -264,17 +288,17 @@ def moe_gemm_mx_wide_kernel(
         acc = tl.dot(w, a, acc, input_precision=PRECISION)
         if GATED:
             if EVEN_K:
-                w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn),
+                w = _scaled_tile(tl.load(w_ptrs + n_out * row_words),
                                  tl.load(s_ptrs + n_out * stride_sn), dt, BLOCK_N, BLOCK_K,
                                  FAST, PERMUTE)
             else:
-                w = _scaled_tile(tl.load(w_ptrs + n_out * stride_wn, mask=g_ok[None, :, None],
+                w = _scaled_tile(tl.load(w_ptrs + n_out * row_words, mask=g_ok[None, :, None],
                                          other=0),
                                  tl.load(s_ptrs + n_out * stride_sn, mask=g_ok[None, :], other=0),
                                  dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
             acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 2
+        w_ptrs += BLOCK_K // 8
         s_ptrs += G
     if FAST:
         acc *= _UNDER

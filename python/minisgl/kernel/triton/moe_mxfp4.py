@@ -155,13 +155,15 @@ def moe_gemv_mx_kernel(
             x = tl.load(x_ptrs)
         else:
             x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
-        # x's 8 values of each word apart, in registers, paired as ``word_pairs`` pairs the
-        # values: [G, 4] each, value j = 4 c + 2 b + a, a pair's two values differ in b
+        # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a,
+        # paired as ``word_pairs`` pairs the values
         x = tl.reshape(x.to(tl.float32) * _X_UP, (G, 4, 2, 2, 2))
-        x_c0, x_c1 = tl.split(tl.permute(x, (0, 1, 3, 4, 2)))  # [G, 4, b, a] each
-        x_a0c0, x_a1c0 = tl.split(x_c0)
-        x_a0c1, x_a1c1 = tl.split(x_c1)
-        xs = (tl.split(x_a0c0), tl.split(x_a0c1), tl.split(x_a1c0), tl.split(x_a1c1))
+        x_a0, x_a1 = tl.split(x)
+        x0, x4 = tl.split(tl.split(x_a0)[0])
+        x2, x6 = tl.split(tl.split(x_a0)[1])
+        x1, x5 = tl.split(tl.split(x_a1)[0])
+        x3, x7 = tl.split(tl.split(x_a1)[1])
+        xs = ((x0, x2), (x4, x6), (x1, x3), (x5, x7))
         acc += _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K)
         if GATED:
             acc_up += _word_dot(w_ptrs + n_out * row_words, s_ptrs + n_out * stride_sn, xs,

@@ -3,19 +3,19 @@
 32-bit words, 16-byte aligned (a group's 16 bytes are 4 words), ``ws [E, N, K/32]`` e8m0 scales,
 x in its own dtype.
 
-Three shapes of the same work, chosen by the row block. Row blocks of one (a batch of a few
-tokens, each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores, its
-words decoded a pair of values at a time (``mxfp4.word_pairs``), each thread's products summed in
-its registers, no shuffles in the K loop. Small batches (16- or 32-row blocks: decode, a few rows
-per expert) take ``moe_gemm_mx_kernel``: a K step is whole 32-value groups, each group's words
-decode without their scale, two dots of depth 16 (x's even and odd columns) give its partial
-sums and one multiply by the scale adds them in; no mask, since K is a multiple of 32. Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps
-the operands so that the decoded, scaled weights feed the tensor cores from registers, and one
-dot of depth ``BLOCK_K`` does a step; 16- and 32-row blocks can take it too (``MoeConfig.swapped``),
-their tiles' columns then in the order that gives each thread adjacent operand bytes
-(``_operand_order``). bf16 tiles on Hopper decode in PTX (``FAST``:
-``mxfp4.decode_words_bf16``). Which kernel and block size win where is measured
-(``moe_configs``, ``benchmark/kernels/tune_moe.py``).
+Three shapes of the same work, chosen by the row block. Row blocks of one (a batch of a few tokens,
+each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores, its words decoded a
+pair of values at a time (``mxfp4.word_pairs``), each thread's products summed in its registers, no
+shuffles in the K loop. Small batches (16- or 32-row blocks: decode, a few rows per expert) take
+``moe_gemm_mx_kernel``: a K step is whole 32-value groups, each group's words decode without their
+scale, two dots of depth 16 (x's even and odd columns) give its partial sums and one multiply by
+the scale adds them in; no mask, since K is a multiple of 32. Larger blocks take
+``moe_gemm_mx_wide_kernel``, which swaps the operands so that the decoded, scaled weights feed the
+tensor cores from registers, and one dot of depth ``BLOCK_K`` does a step; 16- and 32-row blocks
+can take it too (``MoeConfig.swapped``), their tiles' columns then in the order that gives each
+thread adjacent operand bytes (``_operand_order``). bf16 tiles on Hopper decode in PTX (``FAST``:
+``mxfp4.decode_words_bf16``). Which kernel and block size win where is measured (``moe_configs``,
+``benchmark/kernels/tune_moe.py``).
 """
 
 from __future__ import annotations

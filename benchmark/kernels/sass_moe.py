@@ -30,7 +30,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from minisgl.kernel.triton import moe_mxfp4  # noqa: E402
+from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_gemv  # noqa: E402
 from minisgl.kernel.triton.fused_moe import permuted_tile as permuted  # noqa: E402
 
 ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
@@ -53,7 +53,7 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
     """(The JIT function, its constexprs, its rows per program) for ``name``; ``fast``: the
     tiles decode in PTX (``mxfp4.decode_words_bf16``), as bf16 on Hopper does."""
     if name == "gemv":
-        return (moe_mxfp4.moe_gemv_mx_kernel,
+        return (moe_mxfp4_gemv.moe_gemv_mx_kernel,
                 {**COMMON, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False}, 1)
     if name == "small":
         return (moe_mxfp4.moe_gemm_mx_kernel,

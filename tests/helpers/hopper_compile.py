@@ -190,7 +190,7 @@ def _mxfp4_kernels():
     """The MXFP4 MoE GEMMs at gpt-oss's gated tile (bf16 x, biases, clamped SwiGLU) with their
     PTX decoding (``FAST``): the small-batch kernel, the swapped one at 16-row blocks (permuted
     operand order) and at 64, and the GEMV."""
-    from minisgl.kernel.triton import moe_mxfp4
+    from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_gemv
 
     sig = dict(a_ptr="*bf16", w_ptr="*u8", out_ptr="*bf16", weights_ptr="*bf16",
                sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*u8",
@@ -205,7 +205,7 @@ def _mxfp4_kernels():
         yield moe_mxfp4.moe_gemm_mx_wide_kernel, sig, dict(common, BLOCK_M=rows, BLOCK_N=128,
             BLOCK_K=64, GROUP_M=1, EVEN_K=False, PRECISION="tf32", FAST=True,
             PERMUTE=permute), 4
-    yield moe_mxfp4.moe_gemv_mx_kernel, sig, dict(common, BLOCK_N=4, BLOCK_K=1024,
+    yield moe_mxfp4_gemv.moe_gemv_mx_kernel, sig, dict(common, BLOCK_N=4, BLOCK_K=1024,
         EVEN_K=False), 1
 
 

@@ -19,10 +19,10 @@ must land on bits 6-8 of a 16-bit half and its sign on bit 15 (``kernel.triton.m
 placement), and the permutation puts each pair of values where one rotation brings them there::
 
     pair (low half, high half)   register            storage bits (m, e0, e1, s of each value)
-    (v0, v2)                     W & M               6 7 8 15      22 23 24 31
-    (v4, v6)                     rotl(W, 26) & M     12 13 14 21   28 29 30 5
-    (v1, v3)                     rotl(W, 4) & M      2 3 4 11      18 19 20 27
-    (v5, v7)                     rotl(W, 6) & M'     0 1 10 9      16 17 26 25
+    (v0, v1)                     W & M               6 7 8 15      22 23 24 31
+    (v2, v3)                     rotl(W, 26) & M     12 13 14 21   28 29 30 5
+    (v4, v5)                     rotl(W, 4) & M      2 3 4 11      18 19 20 27
+    (v6, v7)                     rotl(W, 6) & M'     0 1 10 9      16 17 26 25
                                  | rotl(W, 30) & M''
 
 with ``M = 0x81C081C0``; the last pair's exponent bits come through a second rotation
@@ -36,8 +36,8 @@ import torch
 GROUP = 32  # values per e8m0 scale
 # the word layout: WORD_BITS[v][r] is the storage bit of value v's bit r (m, e0, e1, s: the
 # nibble's bits 0-3) in a word of 8 values; the table above, by value
-WORD_BITS = ((6, 7, 8, 15), (2, 3, 4, 11), (22, 23, 24, 31), (18, 19, 20, 27),
-             (12, 13, 14, 21), (0, 1, 10, 9), (28, 29, 30, 5), (16, 17, 26, 25))
+WORD_BITS = ((6, 7, 8, 15), (22, 23, 24, 31), (12, 13, 14, 21), (28, 29, 30, 5),
+             (2, 3, 4, 11), (18, 19, 20, 27), (0, 1, 10, 9), (16, 17, 26, 25))
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 # rounding boundaries between consecutive magnitudes (0.25 lies between 0 and 0.5, ...)

@@ -46,7 +46,8 @@ from minisgl.kernel.moe_types import SILU, ExpertBias, MoeActivation, Mxfp4Scale
 from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
-from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, moe_gemv_mx_kernel, mx_groups
+from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
+from .moe_mxfp4_gemv import moe_gemv_mx_kernel
 from .moe_tiles import epilogue, tile, tile_rows
 from .pdl import hopper_compiled, wait_then_release
 

@@ -4,17 +4,16 @@
 x in its own dtype.
 
 Three shapes of the same work, chosen by the row block. Row blocks of one (a batch of a few tokens,
-each routed pair its own block) take ``moe_gemv_mx_kernel``, on the CUDA cores, its words decoded a
-pair of values at a time (``mxfp4.word_pairs``), each thread's products summed in its registers, no
-shuffles in the K loop. Small batches (16- or 32-row blocks: decode, a few rows per expert) take
-``moe_gemm_mx_kernel``: a K step is whole 32-value groups, each group's words decode without their
-scale, two dots of depth 16 (x's even and odd columns) give its partial sums and one multiply by
-the scale adds them in; no mask, since K is a multiple of 32. Larger blocks take
-``moe_gemm_mx_wide_kernel``, which swaps the operands so that the decoded, scaled weights feed the
-tensor cores from registers, and one dot of depth ``BLOCK_K`` does a step; 16- and 32-row blocks
-can take it too (``MoeConfig.swapped``), their tiles' columns then in the order that gives each
-thread adjacent operand bytes (``_operand_order``). bf16 tiles on Hopper decode in PTX (``FAST``:
-``mxfp4.decode_words_bf16``). Which kernel and block size win where is measured (``moe_configs``,
+each routed pair its own block) take the GEMV on the CUDA cores (``moe_mxfp4_gemv``). Small batches
+(16- or 32-row blocks: decode, a few rows per expert) take ``moe_gemm_mx_kernel``: a K step is
+whole 32-value groups, each group's words decode without their scale, two dots of depth 16 (x's
+even and odd columns) give its partial sums and one multiply by the scale adds them in; no mask,
+since K is a multiple of 32. Larger blocks take ``moe_gemm_mx_wide_kernel``, which swaps the
+operands so that the decoded, scaled weights feed the tensor cores from registers, and one dot of
+depth ``BLOCK_K`` does a step; 16- and 32-row blocks can take it too (``MoeConfig.swapped``), their
+tiles' columns then in the order that gives each thread adjacent operand bytes
+(``_operand_order``). bf16 tiles on Hopper decode in PTX (``FAST``: ``mxfp4.decode_words_bf16``).
+Which kernel and block size win where is measured (``moe_configs``,
 ``benchmark/kernels/tune_moe.py``).
 """
 
@@ -24,15 +23,7 @@ import triton
 import triton.language as tl
 
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import (
-    BF16X2_TWO126,
-    bf16x2_pow2,
-    decode_words,
-    decode_words_bf16,
-    e8m0,
-    widen,
-    word_pairs,
-)
+from .mxfp4 import BF16X2_TWO126, bf16x2_pow2, decode_words, decode_words_bf16, e8m0
 from .pdl import wait_then_release
 
 
@@ -59,7 +50,7 @@ def moe_gemm_mx_kernel(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     a_ptrs = a_ptr + row[:, None] * stride_am + tl.arange(0, 32)[None, :]
     row_words = tl.multiple_of(stride_wn // 4, 4)
-    w_ptrs = (_words(w_ptr, expert, stride_we) + offs_n_safe[:, None] * row_words
+    w_ptrs = (expert_words(w_ptr, expert, stride_we) + offs_n_safe[:, None] * row_words
               + tl.arange(0, 4)[None, :])  # a group's words, [BLOCK_N, 4]
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
     up = n_out * row_words  # the up rows follow the gate rows (GATED)
@@ -88,7 +79,7 @@ def moe_gemm_mx_kernel(
 
 
 @triton.jit
-def _words(w_ptr, expert, stride_we):
+def expert_words(w_ptr, expert, stride_we):
     """An expert's weights as 32-bit words (strides in bytes, multiples of 16: the launcher
     checks)."""
     w_words = tl.multiple_of(w_ptr.to(tl.pointer_type(tl.int32)), 16)
@@ -104,97 +95,6 @@ def _values(words, dtype: tl.constexpr, FAST: tl.constexpr):
     else:
         lo, hi = decode_words(words, dtype)
     return tl.trans(lo), tl.trans(hi)
-
-
-# the GEMV's x times 2 ** 100 against its values' 2 ** -126: its sums times 2 ** 26 at the end
-_X_UP = tl.constexpr(1.2676506002282294e30)  # 2 ** 100
-_SUMS_UP = tl.constexpr(67108864.0)  # 2 ** 26
-
-
-@triton.jit
-def moe_gemv_mx_kernel(
-    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
-    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
-    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
-    GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False,
-):
-    """One routed pair a program (row blocks of one, ``block_m == 1``: a batch of a few tokens),
-    no tensor cores: ``BLOCK_N`` weight rows read as 32-bit words (a group's 16 bytes are 4
-    words, 8 values each, in K order), decoded in float32 and multiplied by x on the CUDA cores,
-    a word's values summed in its own registers and scaled per group; the rows' sums are
-    reduced once, after the K loop. A dot padded to 16 rows would decode the same weights for 15
-    rows of padding. ``w``'s address and strides are multiples of 16 bytes (a row holds K/2
-    bytes, K a multiple of 32; the launcher checks), so a thread loads a group's words at once.
-    The values stay ``2 ** -126`` times themselves (``mxfp4.word_pairs``: no multiply a
-    weight), x is taken times ``2 ** 100`` (exact below ``2 ** 28``), and the sums are multiplied
-    by ``2 ** 26`` once, after the K loop."""
-    wait_then_release(USE_PDL)
-    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
-    if pid_m >= tl.load(total_ptr):
-        return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
-        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, 1, BLOCK_N)
-    G: tl.constexpr = BLOCK_K // 32
-    offs_g = tl.arange(0, G)
-    offs_w = tl.arange(0, 4)
-    # x's K step as [G, 4, 8]: value j of word w of group g
-    x_ptrs = (a_ptr + row * stride_am + (32 * offs_g)[:, None, None]
-              + (8 * offs_w)[None, :, None] + tl.arange(0, 8)[None, None, :])
-    row_words = tl.multiple_of(stride_wn // 4, 4)  # a row's K/2 bytes: whole 16-byte groups
-    w_ptrs = (_words(w_ptr, expert, stride_we) + offs_n_safe[:, None, None] * row_words
-              + (4 * offs_g)[None, :, None] + offs_w[None, None, :])
-    s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
-    acc = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
-    for k in range(tl.cdiv(k_dim, BLOCK_K)):
-        g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-        else:
-            x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
-        # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a,
-        # paired as ``word_pairs`` pairs the values
-        x = tl.reshape(x.to(tl.float32) * _X_UP, (G, 4, 2, 2, 2))
-        x_a0, x_a1 = tl.split(x)
-        x0, x4 = tl.split(tl.split(x_a0)[0])
-        x2, x6 = tl.split(tl.split(x_a0)[1])
-        x1, x5 = tl.split(tl.split(x_a1)[0])
-        x3, x7 = tl.split(tl.split(x_a1)[1])
-        xs = ((x0, x2), (x4, x6), (x1, x3), (x5, x7))
-        acc += _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K)
-        if GATED:
-            acc_up += _word_dot(w_ptrs + n_out * row_words, s_ptrs + n_out * stride_sn, xs,
-                                g_ok, EVEN_K)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 8
-        s_ptrs += G
-    acc_n = tl.sum(tl.sum(acc, axis=2), axis=1) * _SUMS_UP
-    acc_up_n = tl.sum(tl.sum(acc_up, axis=2), axis=1) * _SUMS_UP
-    epilogue(acc_n[None, :], acc_up_n[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid,
-             expert, offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
-             HAS_BIAS, CLAMPED, GELU)
-
-
-@triton.jit
-def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
-    """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each pair of
-    ``mxfp4.word_pairs``), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8
-    products summed. Two values of every word at once: a rotation and a mask, then two
-    operations to widen them to float32."""
-    if EVEN_K:
-        words, s = tl.load(w_ptrs), tl.load(s_ptrs)
-    else:
-        words = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
-        s = tl.load(s_ptrs, mask=g_ok[None, :], other=0)
-    t = tl.zeros(words.shape, dtype=tl.float32)
-    pairs = word_pairs(words)
-    for j in tl.static_range(4):
-        lo, hi = widen(pairs[j])
-        t += lo * xs[j][0][None, :, :]  # two statements: two fused multiply-adds
-        t += hi * xs[j][1][None, :, :]
-    return t * e8m0(s)[:, :, None]
 
 
 # ``FAST`` wide tiles hold the weights times 2 ** -64 (``_scaled_tile``): the sums are multiplied
@@ -267,7 +167,7 @@ def moe_gemm_mx_wide_kernel(
     offs_g = tl.arange(0, G)
     a_ptrs = a_ptr + row[None, :] * stride_am + offs_k[:, None]
     row_words = tl.multiple_of(stride_wn // 4, 4)
-    w_ptrs = (_words(w_ptr, expert, stride_we) + offs_n_safe[:, None, None] * row_words
+    w_ptrs = (expert_words(w_ptr, expert, stride_we) + offs_n_safe[:, None, None] * row_words
               + (4 * offs_g)[None, :, None] + tl.arange(0, 4)[None, None, :])
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
     dt = a_ptr.dtype.element_ty

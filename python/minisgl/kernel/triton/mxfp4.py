@@ -29,8 +29,9 @@ def _rotl(w, r: tl.constexpr):
 @triton.jit
 def word_pairs(words):
     """Words in the word layout (int32, any shape) -> the bits of their bf16 pairs (uint32),
-    each value times ``2 ** -126``: (v0, v2), (v4, v6), (v1, v3), (v5, v7), the first of each
-    in the low half (``quant.mxfp4``'s table)."""
+    each value times ``2 ** -126``: (v0, v1), (v2, v3), (v4, v5), (v6, v7), the first of each
+    in the low half (``quant.mxfp4``'s table): a register holds two values adjacent in K, as an
+    MMA operand register does."""
     w = words.to(tl.uint32, bitcast=True)
     return (w & 0x81C081C0, _rotl(w, 26) & 0x81C081C0, _rotl(w, 4) & 0x81C081C0,
             (_rotl(w, 6) & 0x80C080C0) | (_rotl(w, 30) & 0x01000100))
@@ -58,10 +59,10 @@ def decode_words(words, dtype: tl.constexpr):
     fp32)."""
     two126: tl.constexpr = 8.507059173023462e37
     p0, p1, p2, p3 = word_pairs(words)
-    v0, v2 = widen(p0)
-    v4, v6 = widen(p1)
-    v1, v3 = widen(p2)
-    v5, v7 = widen(p3)
+    v0, v1 = widen(p0)
+    v2, v3 = widen(p1)
+    v4, v5 = widen(p2)
+    v6, v7 = widen(p3)
     return ((by_byte(v0, v2, v4, v6) * two126).to(dtype),
             (by_byte(v1, v3, v5, v7) * two126).to(dtype))
 
@@ -78,7 +79,7 @@ def e8m0(s):
 BF16X2_TWO126 = tl.constexpr(0x7E807E80)
 
 
-# outputs $0-$7: values 0, 2, 4, 6, 1, 3, 5, 7 of the word $8 (one bf16 each), times the pair $9
+# outputs $0-$7: values 0 .. 7 of the word $8 (one bf16 each), times the pair $9
 _DECODE_WORDS_BF16 = tl.constexpr(
     "{\n.reg .b32 p, r, t;\n"
     "and.b32 p, $8, 0x81C081C0;\nmul.rn.bf16x2 p, p, $9;\nmov.b32 {$0, $1}, p;\n"
@@ -99,11 +100,12 @@ def decode_words_bf16(words, mult):
     in PTX (Hopper's ``mul.rn.bf16x2``). A word a call (``pack=1``): the compiler orders a
     thread's elements as the dot operand wants (rows may alternate before bytes do), so four
     bytes packed into one call are not always a word; a word is. Each pair is one rotation
-    (``shf.l.wrap``) and a mask, or two and an and-or for ``(v5, v7)``, then one multiply."""
+    (``shf.l.wrap``) and a mask, or two and an and-or for ``(v6, v7)``, then one multiply; a
+    value and the next (even, odd) share a register, which the tiles join back into K order."""
     v = tl.inline_asm_elementwise(
         _DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, mult],
         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-    return by_byte(v[0], v[1], v[2], v[3]), by_byte(v[4], v[5], v[6], v[7])
+    return by_byte(v[0], v[2], v[4], v[6]), by_byte(v[1], v[3], v[5], v[7])
 
 
 @triton.jit

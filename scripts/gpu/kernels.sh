@@ -68,7 +68,8 @@ moe-tests)
     xd=(); "$py" -c "import xdist" 2>/dev/null && xd=(-n 8 --dist loadfile)
     TRITON_F32_DEFAULT=ieee step 540 "$py" -m pytest -q -p no:cacheprovider -rf \
         -m "gpu or any_device" "${xd[@]}" --durations=10 tests/engine/test_gpt_oss.py \
-        tests/kernels/test_mxfp4_moe.py tests/kernels/test_gpt_oss_triton.py \
+        tests/kernels/test_mxfp4_moe.py tests/kernels/test_mxfp4_words.py \
+        tests/kernels/test_gpt_oss_triton.py \
         tests/kernels/test_gemma_moe.py tests/kernels/test_topk_route.py \
         tests/kernels/test_pdl.py tests/engine/test_parity.py -k "qwen3_moe or not test_parity" \
         >"$out/moe_tests.log" 2>&1

@@ -61,7 +61,7 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
     to=(); "$py" -c "import pytest_timeout" 2>/dev/null && to=(--timeout 420 --session-timeout 450)
     files=(tests/engine/test_parity.py tests/engine/test_gpu.py tests/engine/test_hybrid_parity.py
            tests/kernels/test_window_sinks.py
-           tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py
+           tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py tests/kernels/test_mxfp4_words.py
            tests/kernels/test_gpt_oss_triton.py tests/kernels/test_moe_matmul_ogs.py
            tests/engine/test_gemma_parity.py
            tests/kernels/test_gemma_moe.py tests/kernels/test_gemma_triton.py)

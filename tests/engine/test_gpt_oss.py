@@ -154,13 +154,22 @@ def test_retraction_gives_the_same_tokens(checkpoints):
     tight.scheduler.check_integrity()
 
 
+def held_experts(mlp) -> tuple[torch.Tensor, ...]:
+    """An MXFP4 layer's (w13, w2, w13 scales, w2 scales) where they are held: the layer's own
+    parameters, or the backend's copy that replaced them (the Triton backend's word layout)."""
+    if mlp.layout is not None:
+        held = mlp.layout
+        return held.w13, held.w2, held.scales.w13, held.scales.w2
+    return mlp.w13, mlp.w2, mlp.w13_scales, mlp.w2_scales
+
+
 def test_mxfp4_matches_transformers_and_the_float32_path(checkpoints, prompts, reference):
     """MXFP4 experts (dequantized per expert on CPU) give transformers' tokens on the dequantized
     weights, and the engine's own float32 path on them to float32 rounding."""
     mx = make_llm(checkpoints["mxfp4"], page_size=16, max_prefill_tokens=13)
     assert [o.token_ids for o in mx.generate(prompts, GREEDY)] == reference["dequantized"]
-    layer = mx.scheduler.engine.model.layers[0].mlp
-    assert layer.w13.dtype == torch.uint8 and layer.w13_scales.shape == (4, 128, 2)
+    w13, _, w13_scales, _ = held_experts(mx.scheduler.engine.model.layers[0].mlp)
+    assert w13.dtype == torch.uint8 and w13_scales.shape == (4, 128, 2)
     mx, fp32 = (make_llm(checkpoints[name], page_size=16) for name in ("mxfp4", "dequantized"))
     got, want = prefill_logits(mx.scheduler, prompts), prefill_logits(fp32.scheduler, prompts)
     # the same exact weights, summed in another order: the MXFP4 kernel adds each 32-value
@@ -206,9 +215,9 @@ def test_dummy_weights_in_mxfp4(checkpoints, tmp_path):
     shutil.copy(checkpoints["mxfp4"] / "config.json", tmp_path / "config.json")
     llm = LLM(str(tmp_path), device=TEST_DEVICE, dtype="float32", num_pages=512,
               dummy_weights=True)
-    mlp = llm.scheduler.engine.model.layers[1].mlp
-    assert mlp.w2.dtype == torch.uint8 and mlp.w2_scales.shape == (4, 64, 2)
-    assert 100 < int(mlp.w13_scales.float().mean()) < 127  # groups of N(0, 0.02) values
+    _, w2, w13_scales, w2_scales = held_experts(llm.scheduler.engine.model.layers[1].mlp)
+    assert w2.dtype == torch.uint8 and w2_scales.shape == (4, 64, 2)
+    assert 100 < int(w13_scales.float().mean()) < 127  # groups of N(0, 0.02) values
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(out[0].token_ids) == 4
 

@@ -107,3 +107,18 @@ def test_a_flashinfer_engine_is_shadowed_without_calling_flashinfer(qwen3_dir, m
     names = {v.short_name for v in found.essential}
     assert {"_rmsnorm_kernel", "_rope_kernel", "_silu_and_mul_kernel", "_gemv_kernel"} <= names
     assert not names & {"_extend_kernel", "_decode_stage1", "_decode_stage2"}
+
+
+def test_mxfp4_experts_are_shadowed_in_their_checkpoint_format(tmp_path):
+    """gpt-oss: the shadow run's uninitialised weights come quantized as the checkpoint holds
+    them (blocks and scales), so its experts load, take the backend's layout, and the MXFP4
+    GEMMs of every bucket are found."""
+    with open("benchmark/configs/gpt-oss-20b.json") as f:
+        raw = json.load(f)
+    raw.update(num_hidden_layers=2, layer_types=raw["layer_types"][:2], vocab_size=4096)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    found = discover(_config(str(tmp_path)), grammar=False)
+    assert not found.failed
+    names = {v.short_name for v in found.essential}
+    assert {"moe_gemv_mx_kernel", "moe_gemm_mx_kernel", "moe_gemm_mx_wide_kernel",
+            "_topk_route_kernel"} <= names

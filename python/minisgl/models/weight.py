@@ -216,14 +216,16 @@ def dummy_weights(cfg: ModelConfig, seed: int, device: torch.device,
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name, shape in shapes:
-            if name.endswith("norm.weight") or not values:
+            if name.endswith("norm.weight") or not (values or quantized(name)):
                 yield name, (torch.ones if values else torch.empty)(shape, dtype=dtype,
                                                                     device=device)
                 continue
-            gen = torch.Generator(device=device).manual_seed(
-                seed * 1_000_003 + zlib.crc32(name.encode()))
-            tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02,
-                                                                              generator=gen)
+            tensor = torch.empty(shape, dtype=dtype, device=device)
+            if values:
+                gen = torch.Generator(device=device).manual_seed(
+                    seed * 1_000_003 + zlib.crc32(name.encode()))
+                tensor.normal_(0.0, 0.02, generator=gen)
+            # uninitialised ones too: the quantized names, shapes and dtypes the loader expects
             yield from cfg.quant.checkpoint_tensors(name, tensor) if quantized(name) \
                 else ((name, tensor),)
 

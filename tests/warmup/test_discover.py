@@ -109,16 +109,27 @@ def test_a_flashinfer_engine_is_shadowed_without_calling_flashinfer(qwen3_dir, m
     assert not names & {"_extend_kernel", "_decode_stage1", "_decode_stage2"}
 
 
-def test_mxfp4_experts_are_shadowed_in_their_checkpoint_format(tmp_path):
-    """gpt-oss: the shadow run's uninitialised weights come quantized as the checkpoint holds
-    them (blocks and scales), so its experts load, take the backend's layout, and the MXFP4
-    GEMMs of every bucket are found."""
-    with open("benchmark/configs/gpt-oss-20b.json") as f:
+FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]}
+
+
+@pytest.mark.parametrize("name,quant,kernels", [
+    ("gpt-oss-20b", None, {"moe_gemv_mx_kernel", "moe_gemm_mx_wide_kernel", "_topk_route_kernel"}),
+    ("qwen3-0.6b", FP8_BLOCK, {"_fp8_gemv_kernel", "_fp8_gemm_kernel", "_quantize_act_kernel"}),
+])
+def test_quantized_weights_are_shadowed_in_their_checkpoint_format(tmp_path, name, quant,
+                                                                   kernels):
+    """gpt-oss's MXFP4 experts, a block-scaled FP8 checkpoint: the shadow run's uninitialised
+    weights come quantized as the checkpoint holds them (blocks and scales), so they load, take
+    their backend's layout, and the quantized GEMMs are found."""
+    with open(f"benchmark/configs/{name}.json") as f:
         raw = json.load(f)
-    raw.update(num_hidden_layers=2, layer_types=raw["layer_types"][:2], vocab_size=4096)
+    raw.update(num_hidden_layers=2, vocab_size=4096)
+    if "layer_types" in raw:
+        raw["layer_types"] = raw["layer_types"][:2]
+    if quant is not None:
+        raw["quantization_config"] = quant
     (tmp_path / "config.json").write_text(json.dumps(raw))
     found = discover(_config(str(tmp_path)), grammar=False)
     assert not found.failed
-    names = {v.short_name for v in found.essential}
-    assert {"moe_gemv_mx_kernel", "moe_gemm_mx_kernel", "moe_gemm_mx_wide_kernel",
-            "_topk_route_kernel"} <= names
+    assert kernels <= {v.short_name for v in found.essential}

@@ -100,18 +100,74 @@ def test_a_missing_fla_raises_import_error(tmp_path):
     assert out == "ImportError fla"
 
 
+# fla's dispatch disables its wrapper, and the rule is disabled again on top (as fla 0.6 does)
+DISABLED = {**FILES, "fla/ops/gated_delta_rule/chunk.py": (
+    "import torch\n"
+    "seen = []\n"
+    "def dispatch(fn):\n    return torch.compiler.disable(fn)\n"
+    "def rule(x):\n    seen.append(torch.compiler.is_compiling())\n    return x * 2\n"
+    "chunk_gated_delta_rule = torch.compiler.disable(dispatch(rule))\n")}
+
+
+def test_the_rule_loads_without_dynamo_and_torch_keeps_its_disable(tmp_path):
+    out = _run(tmp_path, """
+        import sys, torch
+        real = torch.compiler.disable
+        from minisgl.linear_attn.fla_import import chunk_gated_delta_rule
+        rule = chunk_gated_delta_rule()
+        from fla.ops.gated_delta_rule import chunk
+        print(torch.compiler.disable is real, 'torch._dynamo' in sys.modules, rule(3), chunk.seen,
+              rule._torchdynamo_disable, rule._torchdynamo_orig_callable is chunk.rule)
+    """, DISABLED)
+    assert out == "True False 6 [False] True True"
+
+
+def test_a_deferred_disable_is_not_traced_by_a_later_compile(tmp_path):
+    """Dynamo skips the rule as it skips a really disabled function: it runs, uncompiled, between
+    two graphs (the control, the same function undisabled, is traced)."""
+    out = _run(tmp_path, """
+        import torch
+        from minisgl.linear_attn.fla_import import chunk_gated_delta_rule
+        rule = chunk_gated_delta_rule()
+        from fla.ops.gated_delta_rule import chunk
+        x = torch.ones(2)
+        disabled = torch.compile(lambda x: rule(x + 1) - 1, backend="eager")(x)
+        traced = torch.compile(lambda x: chunk.rule(x + 1) - 1, backend="eager")(x)
+        print(disabled.tolist(), traced.tolist(), chunk.seen)
+    """, DISABLED)
+    assert out == "[3.0, 3.0] [3.0, 3.0] [False, True]"
+
+
+def test_a_failed_import_restores_torch_disable(tmp_path):
+    files = {**DISABLED, "fla/ops/gated_delta_rule/chunk.py": (
+        "import torch\n@torch.compiler.disable\ndef rule(x):\n    return x\n"
+        "raise RuntimeError('broken')\n")}
+    out = _run(tmp_path, """
+        import sys, torch
+        real = torch.compiler.disable
+        from minisgl.linear_attn.fla_import import chunk_gated_delta_rule
+        try:
+            chunk_gated_delta_rule()
+        except RuntimeError as e:
+            print(e, torch.compiler.disable is real, 'torch._dynamo' in sys.modules)
+    """, files)
+    assert out == "broken True False"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla-core not installed")
 def test_the_real_fla_rule_is_the_packages_own():
     code = """
-        import sys
+        import sys, torch
+        real = torch.compiler.disable
         from minisgl.linear_attn.fla_import import chunk_gated_delta_rule
         rule = chunk_gated_delta_rule()
         bare = 'fla.modules.norm.fused_norm_gate' not in sys.modules
+        print(bare, 'torch._dynamo' in sys.modules, torch.compiler.disable is real)
         from fla.ops import chunk_gated_delta_rule as whole
-        print(bare, rule is whole)
+        print(rule is whole, rule._torchdynamo_disable, 'torch._dynamo' in sys.modules)
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "True"]
+    assert done.stdout.split() == ["True", "False", "True", "True", "True", "True"]

@@ -35,12 +35,13 @@ from minisgl.kernel.triton.moe_configs import DIR, file_name
 # the wide (swapped) one, and 16 or 32 there too where ``swapped`` says so
 SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 128, 1, 4, 4),
          (16, 32, 32, 256, 1, 4, 3), (16, 64, 32, 128, 1, 4, 4)]
-# MXFP4: one routed pair a block; the word-reading GEMV keeps BLOCK_N x BLOCK_K / 8 words a K
-# step in flight, so deeper steps and fewer warps a program are candidates too
+# MXFP4: one routed pair a block; the word-reading GEMV loads its next K step's
+# BLOCK_N x BLOCK_K / 8 words while it decodes this one's, so small steps and programs of one or
+# two warps are candidates (1,024-deep steps spill on sm_90 with the second step in registers)
 GEMV = [(1, 16, 16, 256, 1, 4, 3), (1, 32, 32, 256, 1, 4, 3), (1, 16, 16, 512, 1, 4, 2),
-        (1, 8, 8, 512, 1, 2, 2), (1, 32, 32, 128, 1, 8, 3), (1, 16, 16, 1024, 1, 4, 2),
-        (1, 8, 8, 1024, 1, 2, 2), (1, 8, 8, 256, 1, 1, 3), (1, 16, 16, 256, 1, 2, 3),
-        (1, 4, 4, 1024, 1, 1, 2)]
+        (1, 8, 8, 512, 1, 2, 2), (1, 32, 32, 128, 1, 8, 3), (1, 8, 8, 128, 1, 1, 3),
+        (1, 4, 4, 256, 1, 1, 3), (1, 8, 8, 256, 1, 1, 3), (1, 16, 16, 256, 1, 2, 3),
+        (1, 8, 8, 256, 1, 2, 3), (1, 16, 16, 128, 1, 2, 3)]
 # MXFP4 from one token: the swapped kernel decodes each weight once a row block, as the GEMV
 # does, but in PTX, and leaves the multiply-adds to the tensor cores
 SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),

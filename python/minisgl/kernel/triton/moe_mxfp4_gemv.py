@@ -1,7 +1,7 @@
 """The fused MoE's MXFP4 GEMV (``fused_moe`` launches it for row blocks of one: a batch of a few
 tokens, each routed pair its own block; the tiled kernels are ``moe_mxfp4``'s): its words decoded a
 pair of values at a time (``mxfp4.word_pairs``) on the CUDA cores, each thread's products summed
-in its registers, no shuffles in the K loop."""
+in its registers, no shuffles in the K loop, the next K step's loads in flight meanwhile."""
 
 from __future__ import annotations
 
@@ -53,30 +53,31 @@ def moe_gemv_mx_kernel(
     w_ptrs = (expert_words(w_ptr, expert, stride_we) + offs_n_safe[:, None, None] * row_words
               + (4 * offs_g)[None, :, None] + offs_w[None, None, :])
     s_ptrs = ws_ptr + expert * stride_se + offs_n_safe[:, None] * stride_sn + offs_g[None, :]
+    up_w, up_s = n_out * row_words, n_out * stride_sn  # the up rows, n_out rows on
     acc = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, G, 4), dtype=tl.float32)
-    for k in range(tl.cdiv(k_dim, BLOCK_K)):
-        g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-        else:
-            x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
+    last = tl.cdiv(k_dim, BLOCK_K) - 1
+    x, words, s, words_up, s_up = _step_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, offs_g, k_dim,
+                                              0, BLOCK_K, GATED, EVEN_K)
+    for k in range(last + 1):
+        # the next K step's loads are issued before this step's arithmetic, so their latency
+        # hides behind it (Triton pipelines only the loads that feed a dot: without this each
+        # step waited for its own words); the last step loads itself again, from the cache
+        nxt = _step_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, offs_g, k_dim,
+                          tl.minimum(k + 1, last), BLOCK_K, GATED, EVEN_K)
         # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a,
         # paired as ``word_pairs`` pairs the values
-        x = tl.reshape(x.to(tl.float32) * _X_UP, (G, 4, 2, 2, 2))
-        x_a0, x_a1 = tl.split(x)
+        xf = tl.reshape(x.to(tl.float32) * _X_UP, (G, 4, 2, 2, 2))
+        x_a0, x_a1 = tl.split(xf)
         x0, x4 = tl.split(tl.split(x_a0)[0])
         x2, x6 = tl.split(tl.split(x_a0)[1])
         x1, x5 = tl.split(tl.split(x_a1)[0])
         x3, x7 = tl.split(tl.split(x_a1)[1])
         xs = ((x0, x1), (x2, x3), (x4, x5), (x6, x7))
-        acc += _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K)
+        acc += _word_dot(words, s, xs)
         if GATED:
-            acc_up += _word_dot(w_ptrs + n_out * row_words, s_ptrs + n_out * stride_sn, xs,
-                                g_ok, EVEN_K)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 8
-        s_ptrs += G
+            acc_up += _word_dot(words_up, s_up, xs)
+        x, words, s, words_up, s_up = nxt
     acc_n = tl.sum(tl.sum(acc, axis=2), axis=1) * _SUMS_UP
     acc_up_n = tl.sum(tl.sum(acc_up, axis=2), axis=1) * _SUMS_UP
     epilogue(acc_n[None, :], acc_up_n[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid,
@@ -85,16 +86,38 @@ def moe_gemv_mx_kernel(
 
 
 @triton.jit
-def _word_dot(w_ptrs, s_ptrs, xs, g_ok, EVEN_K: tl.constexpr):
-    """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each pair of
-    ``mxfp4.word_pairs``), scaled by their groups' scales: [BLOCK_N, G, 4], each a word's 8
-    products summed. Two values of every word at once: a rotation and a mask, then two
-    operations to widen them to float32."""
+def _step_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, offs_g, k_dim, k, BLOCK_K: tl.constexpr,
+                GATED: tl.constexpr, EVEN_K: tl.constexpr):
+    """K step ``k``'s x [G, 4, 8], words [BLOCK_N, G, 4] and scales [BLOCK_N, G], and the up
+    rows' (``up_w``, ``up_s`` on; the gate rows' again where not ``GATED``); a ragged last step
+    masked (its x and words 0)."""
+    G: tl.constexpr = BLOCK_K // 32
+    x_ptrs += k * BLOCK_K
+    w_ptrs += k * (BLOCK_K // 8)
+    s_ptrs += k * G
     if EVEN_K:
-        words, s = tl.load(w_ptrs), tl.load(s_ptrs)
+        x, words, s = tl.load(x_ptrs), tl.load(w_ptrs), tl.load(s_ptrs)
+        words_up, s_up = words, s
+        if GATED:
+            words_up, s_up = tl.load(w_ptrs + up_w), tl.load(s_ptrs + up_s)
     else:
+        g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
+        x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
         words = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
         s = tl.load(s_ptrs, mask=g_ok[None, :], other=0)
+        words_up, s_up = words, s
+        if GATED:
+            words_up = tl.load(w_ptrs + up_w, mask=g_ok[None, :, None], other=0)
+            s_up = tl.load(s_ptrs + up_s, mask=g_ok[None, :], other=0)
+    return x, words, s, words_up, s_up
+
+
+@triton.jit
+def _word_dot(words, s, xs):
+    """Words [BLOCK_N, G, 4] times x (``xs``: its [G, 4] values of each pair of
+    ``mxfp4.word_pairs``), scaled by their groups' scales ``s``: [BLOCK_N, G, 4], each a word's 8
+    products summed. Two values of every word at once: a rotation and a mask, then two
+    operations to widen them to float32."""
     t = tl.zeros(words.shape, dtype=tl.float32)
     pairs = word_pairs(words)
     for j in tl.static_range(4):

@@ -173,40 +173,64 @@ def moe_gemm_mx_wide_kernel(
     dt = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k in range(tl.cdiv(k_dim, BLOCK_K)):
+    up_w, up_s = n_out * row_words, n_out * stride_sn  # the up rows, n_out rows on
+    last = tl.cdiv(k_dim, BLOCK_K) - 1
+    s, s_up = group_scales(s_ptrs, up_s, offs_g, k_dim, 0, BLOCK_K, GATED, EVEN_K)
+    for k in range(last + 1):
+        # the next step's scales loaded before this step's work: Triton stages the words and x,
+        # which feed the dot, through shared memory ahead of time, but not the scales, which
+        # only scale the words (each step waited for its own); the last loads itself again
+        nxt = group_scales(s_ptrs, up_s, offs_g, k_dim, tl.minimum(k + 1, last), BLOCK_K,
+                           GATED, EVEN_K)
         if EVEN_K:
             a = tl.load(a_ptrs)
-            w = _scaled_tile(tl.load(w_ptrs), tl.load(s_ptrs), dt, BLOCK_N, BLOCK_K, FAST,
-                             PERMUTE)
+            w = _scaled_tile(tl.load(w_ptrs), s, dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
         else:
             g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
             a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None], other=0.0)
-            w = _scaled_tile(tl.load(w_ptrs, mask=g_ok[None, :, None], other=0),
-                             tl.load(s_ptrs, mask=g_ok[None, :], other=0), dt, BLOCK_N, BLOCK_K,
-                             FAST, PERMUTE)
+            w = _scaled_tile(tl.load(w_ptrs, mask=g_ok[None, :, None], other=0), s, dt,
+                             BLOCK_N, BLOCK_K, FAST, PERMUTE)
         if PERMUTE:
             a = _operand_order(a, BLOCK_K, BLOCK_M)
         acc = tl.dot(w, a, acc, input_precision=PRECISION)
         if GATED:
             if EVEN_K:
-                w = _scaled_tile(tl.load(w_ptrs + n_out * row_words),
-                                 tl.load(s_ptrs + n_out * stride_sn), dt, BLOCK_N, BLOCK_K,
-                                 FAST, PERMUTE)
+                w = _scaled_tile(tl.load(w_ptrs + up_w), s_up, dt, BLOCK_N, BLOCK_K, FAST,
+                                 PERMUTE)
             else:
-                w = _scaled_tile(tl.load(w_ptrs + n_out * row_words, mask=g_ok[None, :, None],
-                                         other=0),
-                                 tl.load(s_ptrs + n_out * stride_sn, mask=g_ok[None, :], other=0),
-                                 dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
+                w = _scaled_tile(tl.load(w_ptrs + up_w, mask=g_ok[None, :, None], other=0),
+                                 s_up, dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
             acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 8
-        s_ptrs += G
+        s, s_up = nxt
     if FAST:
         acc *= _UNDER
         acc_up *= _UNDER
     epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
+
+@triton.jit
+def group_scales(s_ptrs, up_s, offs_g, k_dim, k, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    """K step ``k``'s group scales (``s_ptrs``: step 0's, [..., G]) and the up rows' (``up_s``
+    on; the gate rows' again where not ``GATED``); a ragged last step's missing groups 0."""
+    G: tl.constexpr = BLOCK_K // 32
+    s_ptrs += k * G
+    if EVEN_K:
+        s = tl.load(s_ptrs)
+        s_up = s
+        if GATED:
+            s_up = tl.load(s_ptrs + up_s)
+    else:
+        g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
+        s = tl.load(s_ptrs, mask=g_ok, other=0)
+        s_up = s
+        if GATED:
+            s_up = tl.load(s_ptrs + up_s, mask=g_ok, other=0)
+    return s, s_up
+
 
 def mx_groups(k_dim: int, block_k: int) -> int:
     """32-value groups per K step: the most that divide ``k_dim`` and fit ``block_k`` values."""

@@ -9,7 +9,8 @@ fed context is right; where it is not (positions after a rejected draft) a real 
 garbage, which the verdict never keeps, so the script stands in for it too.
 
 ``ScriptProposer`` drafts from the same script, wrong wherever ``wrong(uid, position)`` says: a
-rejected draft there, and the run after it cut.
+rejected draft there, and the run after it cut. With ``lookahead`` it drafts ahead too
+(``Proposer.propose_ahead``: the script after the tail, its first token the guess of the bonus).
 """
 
 from __future__ import annotations
@@ -55,15 +56,21 @@ class ScriptProposer(Proposer):
     name = "script"
 
     def __init__(self, script: dict[int, list[int]],
-                 wrong: Callable[[int, int], bool] = lambda uid, pos: False) -> None:
-        self.script, self.wrong = script, wrong
+                 wrong: Callable[[int, int], bool] = lambda uid, pos: False,
+                 lookahead: bool = False) -> None:
+        self.script, self.wrong, self.lookahead = script, wrong, lookahead
         self.proposed = 0
 
     def propose(self, req, max_len: int) -> list[int]:
-        n = len(req.input_ids)
-        tokens = self.script[req.uid][n : n + max_len]
+        return self._from(req.uid, len(req.input_ids), max_len)
+
+    def propose_ahead(self, req, tail: list[int], max_len: int) -> list[int]:
+        return self._from(req.uid, len(req.input_ids) + len(tail), max_len)
+
+    def _from(self, uid: int, n: int, max_len: int) -> list[int]:
+        tokens = self.script[uid][n : n + max_len]
         self.proposed += 1
-        return [t + 1 if self.wrong(req.uid, n + j) else t for j, t in enumerate(tokens)]
+        return [t + 1 if self.wrong(uid, n + j) else t for j, t in enumerate(tokens)]
 
 
 def scripts(prompts: list[list[int]], outputs: int, vocab: int = 200) -> dict[int, list[int]]:

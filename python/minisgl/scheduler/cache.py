@@ -156,15 +156,18 @@ class CacheCoordinator:
     def commit(self, req: Req, kept: int, feed: Feed) -> None:
         """``feed`` verified drafts and was read back: ``req`` keeps its first ``kept``
         positions (those of the tokens it kept, the last excepted: it was never fed). Every group
-        gives back what it holds past them; the recurrent state after position ``kept - 1``
-        becomes the request's."""
+        gives back what it holds past them, unless the feed kept all its positions: what lies past
+        them then belongs to a step drafted ahead on this one (``scheduler/ahead.py``), if any.
+        The recurrent state after position ``kept - 1`` becomes the request's."""
         self.commit_many([(req, kept, feed)])
 
     def commit_many(self, kept: list[tuple[Req, int, Feed]]) -> None:
         """``commit`` for every verify feed of a step, each group called once."""
         commits = []
         for req, n, feed in kept:
-            commits.append((req, round_up(n, self.page_size), self.alloc_len(req), feed))
+            keep = round_up(n, self.page_size)
+            commits.append((req, keep, keep if n == feed.device_len else self.alloc_len(req),
+                            feed))
             req.cached_len = req.device_len = n
         for group in self.groups:
             group.commit_many(commits)

@@ -20,11 +20,16 @@ in the step: its attention metadata varies step to step.
 
 Row j of a verify feed is sampled with the request's seed at output index ``j`` past its next one
 (``sample_rows``), the draw the request would make there without speculation.
+
+A plan drafted ahead (``ahead.py``) is built on verify feeds still in flight, as if they kept all
+their drafts: ``follows`` maps each of its requests to that feed, and a request whose feed
+rejected a draft (or that ended) when it was read back is ``dropped`` from this plan: its rows
+compute positions that do not exist, and what they give back is ignored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from minisgl.core import Batch, Feed, Req
@@ -37,6 +42,8 @@ class StepPlan:
     verify: list[Feed]
     prefill: list[Feed]
     batch: Batch
+    follows: dict[int, Feed] = field(default_factory=dict)  # per uid, the feed drafted ahead on
+    dropped: set[int] = field(default_factory=set)  # uids whose feed in this plan is void
 
     @classmethod
     def build(cls, decode: list[Feed], verify: list[Feed], prefill: list[Feed],
@@ -63,6 +70,12 @@ class StepPlan:
     def sampled(self) -> list[Feed]:
         """The feeds that sample (decode, verify, and prefill chunks that end their prompt)."""
         return self.decode + self.verify + [feed for feed in self.prefill if feed.samples]
+
+    @property
+    def settled(self) -> bool:
+        """Every request of the plan was dropped: the host knows all it will give back (nothing),
+        so the next step needs no read-back of it."""
+        return bool(self.dropped) and all(feed.uid in self.dropped for feed in self.sampled)
 
     def sample_rows(self) -> tuple[list[Req], list[int] | None]:
         """Per sampled row, its request, and the output index it draws at when a feed verifies

@@ -20,6 +20,7 @@ from minisgl.sampling import BatchSamplingArgs
 from minisgl.speculative import create_spec_decoder
 from minisgl.utils import init_logger
 
+from .ahead import AheadPlanner
 from .cache import create_cache
 from .config import SchedulerConfig
 from .decode import DecodeManager
@@ -65,6 +66,8 @@ class Scheduler:
         self.spec = create_spec_decoder(config.spec, self.engine)
         self.planner = BatchPlanner(config, self.prefill, self.decode, self.cache,
                                     lambda: self.num_retractions, self.engine.verifies_as_rows)
+        self.ahead = AheadPlanner(self.spec, self.prefill, self.decode, self.cache,
+                                  config.max_num_batched_tokens, self.engine.verifies_as_rows)
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.num_retractions = 0
@@ -139,13 +142,18 @@ class Scheduler:
         grammar's mask for step N+1 needs token N: the forward of N+1 is launched first, and its
         sampler waits while the host reads N back and advances the grammars (``_launch``'s
         ``before_mask``). A step that drafts needs every last token on the host: it reads the
-        forward in flight back before it is planned, and is read back at once itself.
+        forward in flight back before it is planned, unless it can be drafted ahead on that
+        forward (``ahead.py``); a verify step is read back at once unless the next may be.
         """
         start = time.perf_counter()
         prev, self._inflight = self._inflight, None
         outputs: list[TokenOutput] = self._admit_compiled()
         drafting = self.spec is not None and self.spec.active(self.decode.running)
-        if prev is not None and (drafting or not self.config.overlap):
+        plan = None
+        if prev is not None and drafting and self.config.overlap:
+            plan = self.ahead.plan(prev.plan)
+        if plan is None and prev is not None and not prev.plan.settled and (
+                drafting or prev.plan.verify or not self.config.overlap):
             outputs, prev = outputs + self._read_back(prev), None
 
         def read_prev() -> None:
@@ -153,8 +161,9 @@ class Scheduler:
             if prev is not None:
                 done, prev = prev, None
                 outputs.extend(self._read_back(done))
+                self.ahead.drop_rejected(done.plan, plan, self.reqs)
 
-        plan = self.planner.plan(self.spec if drafting else None)
+        plan = plan or self.planner.plan(self.spec if drafting else None)
         launched = self._launch(plan, read_prev) if plan is not None else None
         if launched is None:
             self.cache.flush()
@@ -162,7 +171,7 @@ class Scheduler:
             self.spec.spare(idle=False)  # while the forward computes
         read_prev()
         if plan is not None and launched is not None:
-            if self.config.overlap and not plan.verify:
+            if self.config.overlap and (not plan.verify or self.ahead.may_follow(plan)):
                 self._inflight = launched
             else:
                 outputs += self._read_back(launched)
@@ -207,18 +216,19 @@ class Scheduler:
         """Read a forward back and apply it: append its tokens, commit what verify feeds kept,
         check stops, release finished requests.
 
-        A request may have finished or been aborted since the forward was launched: its tokens are
-        dropped. A retracted one keeps its token (it re-feeds everything it has when re-admitted).
-        A verify feed's request gets its accepted run (``SpecDecoder.judge``), cut at the first
-        stop, and keeps the KV of what it kept (``CacheCoordinator.commit``).
+        A request may have finished or been aborted since the forward was launched, or its feed
+        been dropped (``ahead.py``): its tokens are dropped. A retracted one keeps its token (it
+        re-feeds everything it has when re-admitted). A verify feed's request gets its accepted
+        run (``SpecDecoder.judge``), cut at the first stop, and keeps the KV of what it kept
+        (``CacheCoordinator.commit``).
         """
         plan, out = launched.plan, launched.out
         out.wait()
         self.prompt_logprobs.add(out.prompt_logprobs, self.reqs)
         rows, _ = plan.sample_rows()
         runs = plan.split(out.next_tokens.tolist(), logprob_rows(out, rows))
-        live = [(feed, run) for feed, run in zip(plan.sampled, runs)
-                if self.reqs.get(feed.uid) is feed.req]  # not finished or aborted meanwhile
+        live = [(feed, run) for feed, run in zip(plan.sampled, runs)  # not finished meanwhile
+                if self.reqs.get(feed.uid) is feed.req and feed.uid not in plan.dropped]
         reasons = apply_runs(live, out, self.spec, self.cache, self.eos_token_ids)
         ended: set[int] = set()  # the grammars advance in one batch: those that terminated end
         if self.grammar.active:

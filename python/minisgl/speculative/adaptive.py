@@ -32,12 +32,14 @@ class Acceptance:
     tokens that come."""
 
     ema: float
+    full: float = 1.0  # recent share of verify steps that kept all their drafts
     misses: int = 0  # steps in a row that asked for a draft and the proposer had none
     shadow: list[int] = field(default_factory=list)
     shadow_hits: int = 0
 
     def record(self, accepted: int, drafted: int) -> None:
         self.ema = (1 - _DECAY) * self.ema + _DECAY * accepted
+        self.full = (1 - _DECAY) * self.full + _DECAY * (accepted == drafted)
 
     def draft_len(self, k_max: int, threshold: float) -> int:
         """0: do not speculate this step (shadow drafting only)."""

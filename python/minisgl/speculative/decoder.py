@@ -22,8 +22,10 @@ without speculation, not only the same distribution. Penalties are not applied p
 position (their counts would need the drafts), so such requests do not speculate.
 
 A step that drafts needs every request's last token on the host, so the forward in flight is read
-back first, and a verify step is read back at once: speculation trades overlap scheduling for
-several tokens per forward, and only while the batch is small (``disable_by_batch_size``).
+back first: speculation trades overlap scheduling for several tokens per forward, and only while
+the batch is small (``disable_by_batch_size``). With a ``lookahead`` proposer the step after a
+verify step in flight may instead be drafted as if that step kept all its drafts
+(``draft_ahead``, ``scheduler/ahead.py``).
 
 Hybrid models: the linear-attention layers cannot give back a token, so a verifying request feeds
 its k + 1 tokens through them one at a time, leaving the state after each in a draft group of the
@@ -50,6 +52,10 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+# how often a request's recent verify steps must have kept all their drafts for the next step to
+# be drafted on one in flight: a step drafted ahead in vain costs a forward, one that stands saves
+# the host's planning (the read-back's wait); above one in two it pays
+AHEAD_MIN = 0.5
 # the proposer's deferred work done per forward launched, and per idle turn of the scheduler
 # (``Proposer.spare``): a slice small enough to hide behind a small model's forward
 STEP_WORK, IDLE_WORK = 8, 256
@@ -135,6 +141,30 @@ class SpecDecoder:
             state = self.accept_state[req.uid]
             state.misses = 0 if found[id(req)] else state.misses + 1
         return [found.get(id(req), []) for req in reqs]
+
+    def draft_ahead(self, feeds: list[Feed], budget: DraftBudget) -> list[list[int]] | None:
+        """Drafts for the step after ``feeds`` (verify feeds in flight), as if each kept all its
+        drafts: the proposer drafts one token more after them, the first a guess of the token the
+        target adds (which the next step feeds first, from the token pool: right whatever the
+        guess, and the verdict holds whatever was drafted). None if one of them gets no draft, or
+        its requests' verify steps reject drafts too often (``AHEAD_MIN``)."""
+        if not self.proposer.lookahead:
+            return None
+        drafts: list[list[int]] = []
+        tokens = budget.tokens
+        for feed in feeds:
+            req = feed.req
+            state = self.accept_state.get(req.uid)
+            if state is None or self.config.adaptive and state.full < AHEAD_MIN:
+                return None
+            # NOTE: the next step samples up to position feed.device_len + k, < max_device_len
+            k = min(self._draft_len(req), tokens, req.max_device_len - feed.device_len - 2)
+            draft = self.proposer.propose_ahead(req, feed.drafts, k + 1)[1:] if k > 0 else []
+            if not draft:
+                return None
+            drafts.append(draft)
+            tokens -= len(draft)
+        return drafts
 
     def judge(self, feed: Feed, sampled: list[int]) -> int:
         """How many of ``feed``'s drafts the target's ``sampled`` tokens (one per position)

@@ -18,22 +18,26 @@ from .proposer import Proposer
 
 class TokenHistory:
     """A request's tokens as a growing int64 array (amortised doubling); tokens are only ever
-    appended, so a sync copies the new ones."""
+    appended, so a sync copies the new ones. A ``tail`` (drafts not yet accepted) is written
+    past them and not counted: the next sync overwrites it."""
 
     def __init__(self) -> None:
         self.buf = np.zeros(256, dtype=np.int64)
         self.len = 0
 
-    def sync(self, ids: list[int]) -> np.ndarray:
+    def sync(self, ids: list[int], tail: list[int] | None = None) -> np.ndarray:
         n = len(ids)
         start = min(self.len, n)
-        if n > len(self.buf):
-            grown = np.zeros(max(n, 2 * len(self.buf)), dtype=np.int64)
+        end = n + len(tail) if tail else n
+        if end > len(self.buf):
+            grown = np.zeros(max(end, 2 * len(self.buf)), dtype=np.int64)
             grown[:start] = self.buf[:start]
             self.buf = grown
         self.buf[start:n] = ids[start:]
+        if tail:
+            self.buf[n:end] = tail
         self.len = n
-        return self.buf[:n]
+        return self.buf[:end]
 
 
 def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
@@ -58,6 +62,7 @@ def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
 
 class NgramProposer(Proposer):
     name = "ngram"
+    lookahead = True
 
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max
@@ -65,6 +70,10 @@ class NgramProposer(Proposer):
 
     def propose(self, req: Req, max_len: int) -> list[int]:
         tokens = self.history.setdefault(req.uid, TokenHistory()).sync(req.input_ids)
+        return lookup(tokens, self.n_min, self.n_max, max_len)
+
+    def propose_ahead(self, req: Req, tail: list[int], max_len: int) -> list[int]:
+        tokens = self.history.setdefault(req.uid, TokenHistory()).sync(req.input_ids, tail)
         return lookup(tokens, self.n_min, self.n_max, max_len)
 
     def finished(self, req: Req, learn: bool = True) -> None:

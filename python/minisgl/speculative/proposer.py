@@ -23,10 +23,17 @@ class Proposer(ABC):
     speculating request every step, between two forwards."""
 
     name: str = ""
+    lookahead: bool = False  # it drafts after tokens not yet accepted (``propose_ahead``)
 
     @abstractmethod
     def propose(self, req: Req, max_len: int) -> list[int]:
         """Up to ``max_len`` tokens likely to follow ``req.input_ids`` (maybe none)."""
+
+    def propose_ahead(self, req: Req, tail: list[int], max_len: int) -> list[int]:
+        """``propose`` as if ``tail`` (drafts still being verified) followed ``req.input_ids``;
+        what the proposer keeps of the request is built from ``input_ids`` alone. Only for a
+        ``lookahead`` proposer."""
+        raise NotImplementedError(f"{self.name} drafts from accepted tokens only")
 
     def propose_many(self, reqs: list[Req], max_lens: list[int]) -> list[list[int]]:
         """``propose`` for a step's requests at once (a method with a draft model runs them as

@@ -16,6 +16,8 @@ class SpecStats:
     verify_steps: int = 0  # (request, step) pairs that verified at least one draft
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    ahead_feeds: int = 0  # verify feeds drafted on a verify step in flight (``draft_ahead``)
+    ahead_dropped: int = 0  # of those, dropped: the step before rejected a draft
     # requests that never speculate, by reason ("penalties", "grammar")
     skipped: dict[str, int] = field(default_factory=dict)
 

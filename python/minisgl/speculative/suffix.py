@@ -85,6 +85,7 @@ class _State:
 
 class SuffixProposer(Proposer):
     name = "suffix"
+    lookahead = True
 
     def __init__(self, depth: int, max_cached_requests: int, max_spec_factor: float,
                  min_token_prob: float) -> None:
@@ -113,14 +114,24 @@ class SuffixProposer(Proposer):
         predicts better, but a trie cut at D tokens holds only D - n of what followed an n-token
         match)."""
         state = self._sync(req)
-        tokens = state.history.sync(req.input_ids)
+        return self._draft(state.history.sync(req.input_ids), state.shared, max_len)
+
+    def propose_ahead(self, req: Req, tail: list[int], max_len: int) -> list[int]:
+        state = self._sync(req)
+        nodes = state.shared
+        for token in tail:
+            nodes = self.shared.advance(nodes, token)
+        return self._draft(state.history.sync(req.input_ids, tail), nodes, max_len)
+
+    def _draft(self, tokens: np.ndarray, nodes: list[int], max_len: int) -> list[int]:
+        """``propose`` for a text and its nodes in the global trie (``nodes[j]``: the node of its
+        last j + 1 tokens)."""
         candidates = []
         levels = _own_match(tokens, self.depth) if len(tokens) > 1 else []
         for n in self._match_lengths(len(levels), max_len):
             candidates.append(_own_walk(tokens, levels[n - 1], self._limit(n, max_len),
                                         self.min_prob))
-        nodes = state.shared  # nodes[j]: the last j + 1 tokens; the deepest with a continuation
-        children = self.shared.children
+        children = self.shared.children  # the deepest node with a continuation
         deepest = next((j + 1 for j in range(len(nodes) - 1, -1, -1) if children[nodes[j]]), 0)
         for n in self._match_lengths(deepest, max_len):
             candidates.append(self.shared.walk(nodes[n - 1], self._limit(n, max_len),

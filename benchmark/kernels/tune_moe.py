@@ -50,13 +50,18 @@ SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),
            # 8 warps: fewer registers a thread (32 x 128 x 64: 98 against 155 on sm_90 with
            # Triton 3.6), so more warps an SM where the 4-warp tiles issue every second cycle
            (32, 128, 128, 64, 4, 8, 4, True), (32, 128, 128, 128, 4, 8, 3, True),
-           (16, 128, 128, 64, 1, 8, 4, True)]
+           (16, 128, 128, 64, 1, 8, 4, True),
+           # the word layout's 2.9 instructions a weight leave room for wider and deeper steps
+           # (sm_90: 126, 165 and 94 registers)
+           (16, 256, 256, 64, 1, 8, 4, True), (32, 256, 256, 64, 4, 8, 3, True),
+           (16, 128, 128, 128, 1, 8, 3, True)]
 # and with a few tokens, narrow tiles: 4 experts' 2,880 columns make 180 programs of 64, 720
 # of 16 (tiles whose gated K step spills on sm_90 left out: 16 x 256 on one warp, 32 x 256)
 NARROW = [(16, 16, 16, 128, 1, 1, 3, True), (16, 16, 16, 128, 1, 2, 3, True),
           (16, 32, 32, 128, 1, 2, 3, True), (16, 64, 64, 64, 1, 4, 4, True)]
 MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256, 4, 4, 3),
-       (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3)]
+       (32, 128, 128, 128, 4, 4, 3), (64, 128, 128, 64, 8, 4, 4), (64, 128, 128, 128, 8, 4, 3),
+       (64, 128, 128, 64, 8, 8, 4)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
        (64, 128, 128, 64, 8, 4, 3), (128, 128, 128, 64, 4, 8, 4), (128, 128, 256, 64, 8, 8, 3)]
 TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512

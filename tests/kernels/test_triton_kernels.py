@@ -272,6 +272,21 @@ def test_gemv(shape, dtype, bias):
                                atol=ULP[dtype] * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("shape,config", [((40, 384), (2, 128, 4)), ((37, 300), (4, 128, 4)),
+                                          ((37, 300), (2, 64, 2))],
+                         ids=["even", "ragged", "ragged_many"])
+def test_gemv_walks_k_in_chunks(shape, config):
+    """Several K chunks, each asked for while the one before is multiplied: whole ones, and a
+    last one cut short (300 = 2 x 128 + 44, 4 x 64 + 44), rows cut short too."""
+    n, k = shape
+    g = torch.Generator().manual_seed(k)
+    x, w, b = (torch.randn(*s, generator=g).to(DEV) for s in [(1, k), (n, k), (n,)])
+    y = gemv(x, w, b, config=config)
+    ref = linear_fp32(x, w, b)
+    torch.testing.assert_close(y, ref, rtol=ULP[torch.float32],
+                               atol=ULP[torch.float32] * ref.abs().max().item())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("config", [None, (2, 128, 4)])  # the second walks K in three chunks
 def test_gemv_gated_is_silu_and_mul_then_gemv(dtype, config):

@@ -175,34 +175,27 @@ def moe_gemm_mx_wide_kernel(
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     up_w, up_s = n_out * row_words, n_out * stride_sn  # the up rows, n_out rows on
     last = tl.cdiv(k_dim, BLOCK_K) - 1
-    s, s_up = group_scales(s_ptrs, up_s, offs_g, k_dim, 0, BLOCK_K, GATED, EVEN_K)
+    s, s_up = group_loads(s_ptrs, up_s, offs_g, k_dim, 0, BLOCK_K, GATED, EVEN_K, False)
     for k in range(last + 1):
         # the next step's scales loaded before this step's work: Triton stages the words and x,
         # which feed the dot, through shared memory ahead of time, but not the scales, which
         # only scale the words (each step waited for its own); the last loads itself again
-        nxt = group_scales(s_ptrs, up_s, offs_g, k_dim, tl.minimum(k + 1, last), BLOCK_K,
-                           GATED, EVEN_K)
+        nxt = group_loads(s_ptrs, up_s, offs_g, k_dim, tl.minimum(k + 1, last), BLOCK_K,
+                          GATED, EVEN_K, False)
+        words, words_up = group_loads(w_ptrs, up_w, offs_g, k_dim, k, BLOCK_K, GATED, EVEN_K,
+                                      True)
         if EVEN_K:
             a = tl.load(a_ptrs)
-            w = _scaled_tile(tl.load(w_ptrs), s, dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
         else:
-            g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
             a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None], other=0.0)
-            w = _scaled_tile(tl.load(w_ptrs, mask=g_ok[None, :, None], other=0), s, dt,
-                             BLOCK_N, BLOCK_K, FAST, PERMUTE)
         if PERMUTE:
             a = _operand_order(a, BLOCK_K, BLOCK_M)
+        w = _scaled_tile(words, s, dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
         acc = tl.dot(w, a, acc, input_precision=PRECISION)
         if GATED:
-            if EVEN_K:
-                w = _scaled_tile(tl.load(w_ptrs + up_w), s_up, dt, BLOCK_N, BLOCK_K, FAST,
-                                 PERMUTE)
-            else:
-                w = _scaled_tile(tl.load(w_ptrs + up_w, mask=g_ok[None, :, None], other=0),
-                                 s_up, dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
+            w = _scaled_tile(words_up, s_up, dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)
             acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 8
         s, s_up = nxt
     if FAST:
         acc *= _UNDER
@@ -211,25 +204,32 @@ def moe_gemm_mx_wide_kernel(
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
 
+
 @triton.jit
-def group_scales(s_ptrs, up_s, offs_g, k_dim, k, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-                 EVEN_K: tl.constexpr):
-    """K step ``k``'s group scales (``s_ptrs``: step 0's, [..., G]) and the up rows' (``up_s``
-    on; the gate rows' again where not ``GATED``); a ragged last step's missing groups 0."""
+def group_loads(ptrs, up, offs_g, k_dim, k, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+                EVEN_K: tl.constexpr, WORDS: tl.constexpr):
+    """K step ``k``'s group scales (``ptrs``: step 0's, [..., G]) or, with ``WORDS``, words
+    ([..., G, 4]), and the up rows' (``up`` on; the gate rows' again where not ``GATED``); a
+    ragged last step's missing groups 0."""
     G: tl.constexpr = BLOCK_K // 32
-    s_ptrs += k * G
+    if WORDS:
+        ptrs += k * (4 * G)
+    else:
+        ptrs += k * G
     if EVEN_K:
-        s = tl.load(s_ptrs)
-        s_up = s
+        v = tl.load(ptrs)
+        v_up = v
         if GATED:
-            s_up = tl.load(s_ptrs + up_s)
+            v_up = tl.load(ptrs + up)
     else:
         g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
-        s = tl.load(s_ptrs, mask=g_ok, other=0)
-        s_up = s
+        if WORDS:
+            g_ok = g_ok[:, None]
+        v = tl.load(ptrs, mask=g_ok, other=0)
+        v_up = v
         if GATED:
-            s_up = tl.load(s_ptrs + up_s, mask=g_ok, other=0)
-    return s, s_up
+            v_up = tl.load(ptrs + up, mask=g_ok, other=0)
+    return v, v_up
 
 
 def mx_groups(k_dim: int, block_k: int) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .moe_mxfp4 import expert_words, group_scales
+from .moe_mxfp4 import expert_words, group_loads
 from .moe_tiles import epilogue, tile, tile_rows
 from .mxfp4 import e8m0, widen, word_pairs
 from .pdl import wait_then_release
@@ -91,21 +91,14 @@ def _step_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, offs_g, k_dim, k, BLOCK_K: t
     """K step ``k``'s x [G, 4, 8], words [BLOCK_N, G, 4] and scales [BLOCK_N, G], and the up
     rows' (``up_w``, ``up_s`` on; the gate rows' again where not ``GATED``); a ragged last step
     masked (its x and words 0)."""
-    s, s_up = group_scales(s_ptrs, up_s, offs_g, k_dim, k, BLOCK_K, GATED, EVEN_K)
+    words, words_up = group_loads(w_ptrs, up_w, offs_g, k_dim, k, BLOCK_K, GATED, EVEN_K, True)
+    s, s_up = group_loads(s_ptrs, up_s, offs_g, k_dim, k, BLOCK_K, GATED, EVEN_K, False)
     x_ptrs += k * BLOCK_K
-    w_ptrs += k * (BLOCK_K // 8)
     if EVEN_K:
-        x, words = tl.load(x_ptrs), tl.load(w_ptrs)
-        words_up = words
-        if GATED:
-            words_up = tl.load(w_ptrs + up_w)
+        x = tl.load(x_ptrs)
     else:
         g_ok = offs_g < (k_dim - k * BLOCK_K) // 32  # K is a multiple of 32
         x = tl.load(x_ptrs, mask=g_ok[:, None, None], other=0.0)
-        words = tl.load(w_ptrs, mask=g_ok[None, :, None], other=0)
-        words_up = words
-        if GATED:
-            words_up = tl.load(w_ptrs + up_w, mask=g_ok[None, :, None], other=0)
     return x, words, s, words_up, s_up
 
 

@@ -5,9 +5,8 @@ bandwidth and the only thing that matters is streaming ``w`` at full speed, whic
 faster than cuBLAS's for that shape (``benchmark/kernels/bench_gemv.py``; figures in
 docs/performance.md, "Measurements behind the code"). Each program owns ``BLOCK_N`` rows of ``w``
 (four: enough programs for any layer), walks K in ``BLOCK_K`` chunks (coalesced: rows are
-contiguous in K), asking for the next chunk before it multiply-adds this one into an fp32
-accumulator per (row, k lane), summed once at the end: no tensor cores, no split-K, no second
-pass. From 2 tokens on cuBLAS is as fast or faster, so
+contiguous in K) and multiply-adds into an fp32 accumulator per (row, k lane), summed once at the
+end: no tensor cores, no split-K, no second pass. From 2 tokens on cuBLAS is as fast or faster, so
 the layers use this only for one token. The first chunk of weight rows is loaded before the PDL
 wait (``pdl.py``): the previous kernel is still finishing while it arrives.
 
@@ -64,18 +63,12 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
     w = load_w(w_ptrs, row_ok, ks < K, EVEN)
     wait_then_release(USE_PDL)
     dt = y_ptr.dtype.element_ty
-    x = load_x(x_ptr, K, ks, ks < K, dt, GATED)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(BLOCK_K, K + BLOCK_K, BLOCK_K):
-        # the next chunk is asked for before this one's multiply-adds, so its latency hides
-        # behind them (Triton pipelines only the loads that feed a dot: each chunk waited for
-        # its own); past the end, masked off (EVEN: the last chunk again, from the cache)
-        nk = tl.minimum(k0, K - BLOCK_K) if EVEN else k0
-        k_ok = nk + ks < K
-        w_next = load_w(w_ptrs + nk, row_ok, k_ok, EVEN)
-        x_next = load_x(x_ptr, K, nk + ks, k_ok, dt, GATED)
-        acc += w.to(tl.float32) * x[None, :]
-        w, x = w_next, x_next
+    acc = w.to(tl.float32) * load_x(x_ptr, K, ks, ks < K, dt, GATED)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w_ptrs += BLOCK_K
+        k_ok = k0 + ks < K
+        w = load_w(w_ptrs, row_ok, k_ok, EVEN)
+        acc += w.to(tl.float32) * load_x(x_ptr, K, k0 + ks, k_ok, dt, GATED)[None, :]
     out = tl.sum(acc, axis=1)
     if HAS_BIAS:
         out += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)

@@ -135,10 +135,11 @@ def bench_workloads(args, base: dict) -> list[dict]:
                 gc_secs[method].append(GC_CLOCK.seconds - before)
                 spec = decoders[method]
                 last[method] = (outs, tokens, spec and (
-                    spec.stats.verify_steps, spec.stats.draft_tokens, spec.stats.accepted_tokens))
+                    spec.stats.verify_steps, spec.stats.draft_tokens, spec.stats.accepted_tokens,
+                    spec.stats.ahead_feeds, spec.stats.ahead_dropped))
         for method in methods:
             outs, tokens, stats = last[method]
-            steps, drafts, accepted = stats or (0, 0, 0)
+            steps, drafts, accepted, ahead, dropped = stats or (0, 0, 0, 0, 0)
             secs = sorted(times[method])[len(times[method]) // 2]
             rec = dict(base, kind="workload", workload=name, method=method, batch=batch,
                        num_spec_tokens=stats and decoders[method].config.num_speculative_tokens,
@@ -148,7 +149,7 @@ def bench_workloads(args, base: dict) -> list[dict]:
                        tokens_per_s=round(tokens / secs, 2),
                        mean_accepted_len=round((accepted + steps) / steps, 3) if steps else 0,
                        acceptance_rate=round(accepted / drafts, 3) if drafts else 0,
-                       verify_steps=steps,
+                       verify_steps=steps, drafted_ahead=ahead, dropped=dropped,
                        identical_to_baseline=outs == last.get("none", last[methods[0]])[0])
             records.append(rec)
             print(json.dumps(rec), flush=True)

@@ -105,6 +105,35 @@ def test_suffix_trie_reuses_freed_nodes_and_rematches():
     assert p.states[r.uid].shared == p.states[fresh.uid].shared
 
 
+def test_suffix_ahead_nodes_are_taken_once_the_tail_is_accepted():
+    """A draft made ahead on a tail not yet accepted: once the tail is accepted the next draft
+    starts from the nodes matched then (no second walk over the tail) and equals a fresh
+    request's; a tail that was not accepted in full is matched again from the request's tokens."""
+    p = create_proposer(SpecConfig(method="suffix", max_tree_depth=8))
+    p.finished(req([0, 1, 2, 3, 4, 5, 6, 7, 8], uid=1, prompt_len=1))
+    p.spare(None)
+    calls = []
+    advance = p.shared.advance
+    p.shared.advance = lambda nodes, token: calls.append(token) or advance(nodes, token)
+    r = req([9, 1, 2], uid=2)
+    assert p.propose(r, 2) == [3, 4]
+    assert p.propose_ahead(r, [3, 4], 2) == [5, 6]
+    calls.clear()
+    r.input_ids += [3, 4]
+    fresh = req(list(r.input_ids), uid=3)
+    assert p.propose(r, 2) == [5, 6]
+    assert calls == []  # the tail's nodes were the ahead draft's
+    assert p.propose(fresh, 2) == [5, 6]
+    assert p.states[r.uid].shared == p.states[fresh.uid].shared
+    p.propose_ahead(r, [5, 6], 2)
+    r.input_ids += [5, 99]  # the tail's second token rejected
+    calls.clear()
+    fresh = req(list(r.input_ids), uid=4)
+    assert p.propose(r, 2) == p.propose(fresh, 2)
+    assert calls[:2] == [5, 99]  # matched again over the accepted tokens
+    assert p.states[r.uid].shared == p.states[fresh.uid].shared
+
+
 def test_adaptive_length_backs_off_and_recovers_through_the_shadow():
     a = Acceptance(4.0)
     assert a.draft_len(4, 0.5) == 4

@@ -81,6 +81,9 @@ class _State:
         self.shared: list[int] = []  # shared[j]: the node of the last j + 1 tokens, if any
         self.removals = 0  # the trie's ``removals`` when they were matched
         self.seen = 0
+        # the last ``propose_ahead``'s tail and its nodes: a sync that finds those tokens accepted
+        # takes the nodes instead of advancing over them again
+        self.ahead: tuple[list[int], list[int]] | None = None
 
 
 class SuffixProposer(Proposer):
@@ -103,6 +106,11 @@ class SuffixProposer(Proposer):
             start, state.shared, state.removals = 0, [], self.shared.removals
         if len(ids) - start >= self.depth:  # the nodes depend on the last D tokens only
             start, state.shared = len(ids) - self.depth, []
+        elif state.ahead is not None and start == state.seen:
+            tail, nodes = state.ahead
+            if ids[start : start + len(tail)] == tail:
+                start, state.shared = start + len(tail), nodes
+        state.ahead = None
         for token in ids[start:]:
             state.shared = self.shared.advance(state.shared, token)
         state.seen = len(ids)
@@ -121,6 +129,7 @@ class SuffixProposer(Proposer):
         nodes = state.shared
         for token in tail:
             nodes = self.shared.advance(nodes, token)
+        state.ahead = (list(tail), nodes)
         return self._draft(state.history.sync(req.input_ids, tail), nodes, max_len)
 
     def _draft(self, tokens: np.ndarray, nodes: list[int], max_len: int) -> list[int]:

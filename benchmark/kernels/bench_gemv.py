@@ -3,9 +3,10 @@
     python benchmark/kernels/bench_gemv.py [--sweep] [--out DIR]
 
 Shapes are the linear layers of Qwen3-0.6B and Qwen3-8B (merged QKV, o, merged gate-up, down, LM
-head), bf16. Each case is timed the way decode runs it: a CUDA graph replays many calls back to
-back, cycling over enough copies of the weight that none is still in L2 (decode streams every
-layer's weight once per step). TB/s counts the weight bytes; ``ratio`` is cuBLAS time / Triton time.
+head) and gpt-oss-20b's dense ones (QKV, o, LM head), bf16. Each case is timed the way decode runs
+it: a CUDA graph replays many calls back to back, cycling over enough copies of the weight that
+none is still in L2 (decode streams every layer's weight once per step). TB/s counts the weight
+bytes; ``ratio`` is cuBLAS time / Triton time.
 ``--sweep`` also times a grid of (block_n, block_k, num_warps) per case, to guide ``pick_config``.
 Writes JSON and markdown named ``<date>_gemv_<gpu>.{json,md}``.
 """
@@ -35,8 +36,10 @@ SHAPES = {  # (N, K) of nn.Linear weights
                    "down": (1024, 3072), "lm_head": (151936, 1024)},
     "qwen3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
                  "down": (4096, 12288), "lm_head": (151936, 4096)},
+    # K = 2,880 is no multiple of a power-of-two chunk: every chunk masked
+    "gpt-oss-20b": {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)},
 }
-SWEEP = list(itertools.product([2, 4, 8], [512, 1024, 2048], [4, 8]))
+SWEEP = list(itertools.product([2, 4, 8], [512, 1024, 2048, 4096], [4, 8]))
 L2_FLUSH_BYTES = 512 << 20  # the weights cycled through in one replay: far more than any L2
 
 

@@ -276,8 +276,8 @@ def test_gemv(shape, dtype, bias):
                                           ((37, 300), (2, 64, 2))],
                          ids=["even", "ragged", "ragged_many"])
 def test_gemv_walks_k_in_chunks(shape, config):
-    """Several K chunks, each asked for while the one before is multiplied: whole ones, and a
-    last one cut short (300 = 2 x 128 + 44, 4 x 64 + 44), rows cut short too."""
+    """K in several chunks: whole ones, and a last one cut short (300 = 2 x 128 + 44,
+    4 x 64 + 44), rows cut short too."""
     n, k = shape
     g = torch.Generator().manual_seed(k)
     x, w, b = (torch.randn(*s, generator=g).to(DEV) for s in [(1, k), (n, k), (n,)])

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from minisgl import LLM
 from minisgl.core import SamplingParams
 from minisgl.engine.types import ForwardOutput
 from minisgl.sampling import SampleOutput
@@ -92,3 +93,15 @@ def run(scheduler, prompts: list[list[int]], params: SamplingParams,
         after_step()
     scheduler.check_integrity()
     return tokens
+
+
+def scripted_llm(model, script: dict[int, list[int]], wrong: Callable[[int, int], bool],
+                 page: int, k: int, lookahead: bool = False, **options) -> LLM:
+    """A float32 CPU ``LLM`` with ngram speculation of ``k`` fixed drafts, its proposer replaced
+    by ``ScriptProposer(script, wrong, lookahead)``; its forward is still the model's."""
+    options.setdefault("num_pages", 2048 // page)
+    llm = LLM(str(model), device="cpu", dtype="float32", page_size=page, cache="naive",
+              speculative_config={"method": "ngram", "num_speculative_tokens": k,
+                                  "adaptive": False}, **options)
+    llm.scheduler.spec.proposer = ScriptProposer(script, wrong, lookahead=lookahead)
+    return llm

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.fake_target import ScriptProposer, run, scripted_forward, scripts
+from helpers.fake_target import run, scripted_forward, scripted_llm, scripts
 from helpers.hf_models import random_prompts
 from minisgl import LLM, SamplingParams
 
@@ -20,12 +20,7 @@ K = 4
 
 
 def make_llm(model, script, wrong=lambda uid, pos: False, **options) -> LLM:
-    options.setdefault("num_pages", 2048 // PAGE)
-    llm = LLM(str(model), device="cpu", dtype="float32", page_size=PAGE, cache="naive",
-              speculative_config={"method": "ngram", "num_speculative_tokens": K,
-                                  "adaptive": False}, **options)
-    llm.scheduler.spec.proposer = ScriptProposer(script, wrong)
-    return llm
+    return scripted_llm(model, script, wrong, PAGE, K, **options)
 
 
 def round_up(n: int) -> int:

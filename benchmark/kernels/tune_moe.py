@@ -30,9 +30,9 @@ import minisgl.kernel.triton.fused_moe as fused_moe_module
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.kernel.triton.moe_configs import DIR, file_name
 
-# (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages[, swapped]); MXFP4 runs
-# blocks of one row on its GEMV kernel, up to 32 rows on its small-batch kernel, larger ones on
-# the wide (swapped) one, and 16 or 32 there too where ``swapped`` says so
+# (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages[, swapped[, maxnreg]]);
+# MXFP4 runs blocks of one row on its GEMV kernel, up to 32 rows on its small-batch kernel,
+# larger ones on the wide (swapped) one, and 16 or 32 there too where ``swapped`` says so
 SMALL = [(16, 32, 64, 256, 1, 4, 3), (16, 64, 64, 256, 1, 4, 3), (16, 64, 64, 128, 1, 4, 4),
          (16, 32, 32, 256, 1, 4, 3), (16, 64, 32, 128, 1, 4, 4)]
 # MXFP4: one routed pair a block; the word-reading GEMV loads its next K step's
@@ -54,7 +54,12 @@ SWAPPED = [(16, 64, 64, 128, 1, 4, 3, True), (16, 128, 128, 64, 1, 4, 4, True),
            # the word layout's 2.9 instructions a weight leave room for wider and deeper steps
            # (sm_90: 126, 165 and 94 registers)
            (16, 256, 256, 64, 1, 8, 4, True), (32, 256, 256, 64, 4, 8, 3, True),
-           (16, 128, 128, 128, 1, 8, 3, True)]
+           (16, 128, 128, 128, 1, 8, 3, True),
+           # registers capped (sass_moe, sm_90) for one more program an SM: 16 x 128 on 8 warps
+           # 73 -> 64 (3 -> 4 programs, no spill), 32 x 128 on 8 warps 95 -> 80 (2 -> 3, 24 bytes
+           # of stack), on 4 warps 164 -> 128 (3 -> 4, 18 local loads and stores a K step)
+           (16, 128, 128, 64, 1, 8, 4, True, 64), (32, 128, 128, 64, 4, 8, 4, True, 80),
+           (32, 128, 128, 64, 4, 4, 4, True, 128)]
 # and with a few tokens, narrow tiles: 4 experts' 2,880 columns make 180 programs of 64, 720
 # of 16 (tiles whose gated K step spills on sm_90 left out: 16 x 256 on one warp, 32 x 256)
 NARROW = [(16, 16, 16, 128, 1, 1, 3, True), (16, 16, 16, 128, 1, 2, 3, True),

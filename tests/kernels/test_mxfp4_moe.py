@@ -107,14 +107,15 @@ def test_fused_moe_mxfp4_ragged_k_and_no_down_bias(config):
 
 @pytest.mark.parametrize("config", [MoeConfig(16, 32, 32, 64, 1, 4, 2, swapped=True),
                                     MoeConfig(32, 16, 64, 128, 2, 4, 2, swapped=True),
+                                    MoeConfig(32, 16, 64, 128, 2, 4, 2, swapped=True, maxnreg=64),
                                     MoeConfig(64, 32, 64, 128, 2, 4, 2)],
-                         ids=["rows16_k64", "rows32_k128", "rows64_k128"])
+                         ids=["rows16_k64", "rows32_k128", "rows32_k128_maxnreg64", "rows64_k128"])
 def test_fused_moe_mxfp4_permuted_operand_order(config):
     """The swapped kernel's tiles (16 and 32 rows where a config asks, 64 by default) in the
     permuted operand order, x's rows with them (``moe_mxfp4._operand_order``; float16: float32
-    tiles cap BLOCK_K at 32, below one 64-value block). Hidden 160: GEMM 1's last K step holds
-    one whole 64-value block and a masked half one (or 32 of 128 values); GEMM 2's K of 64 is
-    one block."""
+    tiles cap BLOCK_K at 32, below one 64-value block; one capped at 64 registers a thread).
+    Hidden 160: GEMM 1's last K step holds one whole 64-value block and a masked half one (or 32
+    of 128 values); GEMM 2's K of 64 is one block."""
     x, w13, w2, weights, ids, scales, bias = mx_inputs(19, 160, 64, 5, 2, torch.float16, seed=7)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     out = fused_moe(x, to_words(w13), to_words(w2), weights, ids, config=config, scales=scales,

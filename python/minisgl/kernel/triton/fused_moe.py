@@ -66,6 +66,9 @@ class MoeConfig:
     # MXFP4 row blocks of 16 or 32 on the swapped-operand kernel too (``moe_gemm_mx_wide_kernel``;
     # None: from 64 rows, the default)
     swapped: bool | None = None
+    # a cap on a thread's registers (ptxas's ``maxnreg``; None: none): more programs an SM where
+    # the tile's registers, not its shared memory, limit them
+    maxnreg: int | None = None
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -192,6 +195,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 HAS_BIAS=bias is not None, CLAMPED=act.kind == "swiglu_clamped",
                 GELU=act.kind == "gelu_tanh",
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                 **pdl_.launch_options(a, pdl))
     if mx:  # 32-bit word loads, 4 a group: the kernels take the alignment as given
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \

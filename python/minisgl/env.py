@@ -25,6 +25,13 @@ CACHE_DIR = EnvVar("MINISGL_CACHE_DIR", "~/.cache/minisgl",
 KERNEL_CACHE_DIR = EnvVar("MINISGL_KERNEL_CACHE_DIR", "", "the kernel cache when --cache-dir is "
                           "not given: compiled kernels and the variants each configuration "
                           "needs, per GPU and versions (default: $MINISGL_CACHE_DIR/kernels)")
+
+
+def kernel_cache_root() -> str:
+    """The kernel cache's directory (``minisgl.warmup.cache``) when no ``--cache-dir`` names one."""
+    return os.path.expanduser(KERNEL_CACHE_DIR.get() or os.path.join(CACHE_DIR.get(), "kernels"))
+
+
 LOG_LEVEL = EnvVar("MINISGL_LOG_LEVEL", "INFO", "logging level of every minisgl process")
 API_KEY = EnvVar("MINISGL_API_KEY", "", "the API key when --api-key is not given (a flag is "
                  "visible to every local user through ps and /proc)")

@@ -19,7 +19,7 @@ from minisgl.server.launch.prestart import ROLES, Prestarted
 
 @pytest.mark.parametrize("role,imported", [
     ("scheduler", "minisgl.scheduler.io"),
-    ("detokenizer", "transformers.models.auto.tokenization_auto"),  # AutoTokenizer's, and torch
+    ("detokenizer", "transformers.tokenization_utils_base"),  # every tokenizer class's
 ])
 def test_handed_work_runs_with_the_launchers_environment(monkeypatch, role, imported):
     prestarted = Prestarted(role)

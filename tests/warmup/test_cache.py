@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from minisgl.engine import EngineConfig
+from minisgl.env import kernel_cache_root
 from minisgl.llm.config import EngineOptions
 from minisgl.server.launch.warmup_cli import parse
 from minisgl.warmup import cache as cache_mod
@@ -112,7 +113,7 @@ def test_triton_is_pointed_at_the_cache(tmp_path, monkeypatch):
     assert os.environ["TRITON_CACHE_DIR"] == given.triton_dir
     assert given.triton_dir.startswith(str(tmp_path / "carried"))
     monkeypatch.setenv("MINISGL_KERNEL_CACHE_DIR", str(tmp_path / "env"))
-    assert cache_mod.default_root() == str(tmp_path / "env")
+    assert kernel_cache_root() == str(tmp_path / "env")
 
 
 def test_a_moved_cache_still_hits(tmp_path, monkeypatch):

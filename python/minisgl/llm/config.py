@@ -13,7 +13,7 @@ import torch
 from minisgl.attention import check_backend_name, resolve_attention_backend
 from minisgl.engine import EngineConfig
 from minisgl.engine.pool_sizes import check_sliding_pool_ratio
-from minisgl.env import KERNEL_CACHE_DIR
+from minisgl.env import KERNEL_CACHE_DIR, kernel_cache_root
 from minisgl.kvcache import PREFIX_CACHES
 from minisgl.linear_attn import LINEAR_ATTN_BACKENDS, resolve_linear_attn_backend
 from minisgl.llm.resolve import (
@@ -191,6 +191,14 @@ class EngineOptions:
         if sglang is not None and self.speculative_config:
             raise ValueError("speculative_config: give it or --speculative-algorithm, not both")
         return parse_speculative_config(sglang if sglang is not None else self.speculative_config)
+
+    def tokenizer_cache_dir(self) -> str | None:
+        """Where the class ``AutoTokenizer`` chose for the tokenizer is kept
+        (``utils/tokenizer_class.py``): the kernel cache, where the warm-up uses one (a GPU), as
+        the grammar tables are; else None."""
+        if self.warmup == "off" or resolve_device(self.device).type != "cuda":
+            return None
+        return self.cache_dir or kernel_cache_root()
 
     def default_batched_tokens(self, device: torch.device, online: bool,
                                model_path: str | None = None) -> int:

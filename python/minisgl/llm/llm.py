@@ -82,7 +82,7 @@ class LLM:
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp: must be a positive integer, got {tp!r}")
         self.model_path = resolve_model_path(model)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path, cache_dir=opts.tokenizer_cache_dir())
         eos = load_eos_token_ids(self.model_path, self.tokenizer)
         config = opts.scheduler_config(self.model_path, eos)
         if tp == 1:

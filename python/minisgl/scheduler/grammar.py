@@ -60,9 +60,9 @@ class GrammarManager:
 
         tables_dir = None
         if config.warmup and config.engine.device.type == "cuda":
-            from minisgl.warmup.cache import default_root
+            from minisgl.env import kernel_cache_root
 
-            tables_dir = config.engine.kernel_cache_dir or default_root()
+            tables_dir = config.engine.kernel_cache_dir or kernel_cache_root()
         vocab = ModelConfig.from_path(config.engine.model_path).vocab_size
         manager = cls(config.engine.model_path, vocab, tuple(config.eos_token_ids),
                       synchronous=config.engine.tp.size > 1, tables_dir=tables_dir)

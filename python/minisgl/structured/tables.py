@@ -94,7 +94,7 @@ def load_tables(model_dir: str, stop_token_ids: tuple[int, ...],
                                    int(entry["length"]))
         except Exception as e:  # noqa: BLE001 - damaged, or another xgrammar's format
             logger.warning("grammar tables: ignoring %s (%s: %s)", path, type(e).__name__, e)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir, cache_dir=cache_dir)
     if tokenizer is None:
         return None
     tables = TokenizerTables.from_tokenizer(tokenizer, stop_token_ids)

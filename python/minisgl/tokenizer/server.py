@@ -49,18 +49,20 @@ def tokenize_worker(
     model_path: str, addrs: ServerAddrs, *, tokenize: bool, detokenize: bool, ready: Connection,
     revision: str | None = None, chat_template: str | None = None,
     model_dir: str | None = None, media: MediaOptions | None = None,
+    cache_dir: str | None = None,
 ) -> None:
     """Child-process entry point. Reports ``("ok", None)`` or ``("error", line)`` on ``ready``,
     then serves until SIGTERM/SIGINT or until its parent dies (no orphan outlives the server).
     ``model_path`` is where the tokenizer is (a directory or a repo id at ``revision``);
     ``chat_template`` replaces its template; ``model_dir`` is the checkpoint (a vision-language
-    one's images are preprocessed here, under ``media``'s limits)."""
+    one's images are preprocessed here, under ``media``'s limits); ``cache_dir``: where the
+    tokenizer's class is kept (``load_tokenizer``)."""
     parent = os.getppid()  # now, while the launcher surely waits for ``ready``
     phases = Phases(launch="spawned")  # where its start-up's seconds go (the "started" line)
     try:
         if not (tokenize or detokenize):
             raise ValueError("a tokenizer worker needs at least one role")
-        tokenizer = load_tokenizer(model_path, revision, chat_template)
+        tokenizer = load_tokenizer(model_path, revision, chat_template, cache_dir)
         phases.mark("tokenizer")
         harmony = Harmony.for_model(model_path) if tokenize else None  # gpt-oss's chat format
         images = (ImageProcessor.for_model(model_dir, tokenizer, media)

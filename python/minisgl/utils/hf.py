@@ -28,17 +28,31 @@ def has_tokenizer(model_dir: str) -> bool:
         glob.glob(os.path.join(model_dir, name)) for name in _TOKENIZER_FILES)
 
 
-def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: str | None = None):
+def load_tokenizer(model_dir: str, revision: str | None = None, chat_template: str | None = None,
+                   cache_dir: str | None = None):
     """The fast tokenizer of a directory (None when it ships none: token-id-only use) or of a
     Hugging Face repo id at ``revision``; ``chat_template`` (Jinja text) replaces its template
-    and must render a one-message chat (else ``ValueError`` naming chat_template)."""
+    and must render a one-message chat (else ``ValueError`` naming chat_template).
+    ``cache_dir``: the kernel cache, where the class ``AutoTokenizer`` chose for a directory is
+    kept, so that a later load imports that class alone (``tokenizer_class.py``)."""
     if not has_tokenizer(model_dir):
         logger.warning("%s has no tokenizer: only token-id prompts will work", model_dir)
         return None
-    with TRANSFORMERS_IMPORT_LOCK:
-        from transformers import AutoTokenizer
+    entry = None
+    if cache_dir and os.path.isdir(model_dir):
+        from .tokenizer_class import TokenizerClassEntry
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)
+        entry = TokenizerClassEntry(model_dir, cache_dir)
+    with TRANSFORMERS_IMPORT_LOCK:
+        cls = entry.load_class() if entry is not None else None  # AutoTokenizer's last step
+        chooses = cls is None
+        if cls is None:
+            from transformers import AutoTokenizer
+
+            cls = AutoTokenizer
+    tokenizer = cls.from_pretrained(model_dir, revision=revision)
+    if chooses and entry is not None:
+        entry.save(tokenizer)
     # NOTE: the scheduler enforces the context window (a 400 giving both lengths); the tokenizer's
     # own limit would only log "sequence length is longer than the specified maximum" for every
     # long prompt, and nothing here truncates to it

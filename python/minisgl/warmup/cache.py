@@ -17,6 +17,8 @@
                                       them (a digest of minisgl's sources)
       grammar/<tokenizer key>.json    the grammar compiler's tables of a tokenizer
                                       (``minisgl.structured.tables``: the same on every GPU)
+      tokenizers/<tokenizer key>.json the class AutoTokenizer chose for a tokenizer, which a
+                                      restart imports alone (``utils/tokenizer_class.py``)
 
 Everything here is independent of the process that wrote it: Triton's cache is addressed by the
 kernel's source, its specialisation and the compiler's versions, so one directory holds any
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.engine.config import EngineConfig
-from minisgl.env import CACHE_DIR, KERNEL_CACHE_DIR
+from minisgl.env import kernel_cache_root
 from minisgl.utils import init_logger
 
 from .discover import KernelSet
@@ -91,10 +93,6 @@ def _driver_version() -> str:
     except (OSError, AttributeError):  # no driver library (or not this one)
         return "unknown"
     return f"{version.value // 1000}.{version.value % 1000 // 10}"
-
-
-def default_root() -> str:
-    return os.path.expanduser(KERNEL_CACHE_DIR.get() or os.path.join(CACHE_DIR.get(), "kernels"))
 
 
 # bumped when a plan's contents change meaning (2: launch options kept in their launch order)
@@ -196,10 +194,10 @@ def source_digest() -> str:
 
 
 def open_kernel_cache(root: str | None, device: torch.device) -> KernelCache:
-    """The cache for ``device`` under ``root`` (None: ``default_root()``, and a user's
+    """The cache for ``device`` under ``root`` (None: ``env.kernel_cache_root()``, and a user's
     ``TRITON_CACHE_DIR`` is kept); points Triton at it (its compiled kernels and its autotuning
     results) before anything compiles in this process."""
-    cache = KernelCache(root or default_root(), Platform.current(device))
+    cache = KernelCache(root or kernel_cache_root(), Platform.current(device))
     if root is not None or "TRITON_CACHE_DIR" not in os.environ:
         os.environ["TRITON_CACHE_DIR"] = cache.triton_dir
         os.makedirs(cache.triton_dir, exist_ok=True)

@@ -156,7 +156,8 @@ def create_app(config: ServerConfig, frontend_factory: Callable[[], FrontendMana
     app.state.draining = False  # set when shutdown starts (http_server): readiness turns 503
     app.state.frontend_created = threading.Event()
     app.state.model_path = model_path or config.model
-    app.state.tokens = tokens or TokenTexts(config.tokenizer or app.state.model_path)
+    app.state.tokens = tokens or TokenTexts(config.tokenizer or app.state.model_path,
+                                             config.engine.tokenizer_cache_dir())
     app.state.reasoning = ReasoningConfig(config.reasoning_parser)
     app.state.harmony = Harmony.for_model(app.state.model_path)  # gpt-oss: its output format
     app.state.vision = has_vision(app.state.model_path)  # takes image content parts

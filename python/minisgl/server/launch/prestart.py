@@ -1,7 +1,7 @@
 """The children a launch starts before it reads its flags.
 
 A server's start waits on its scheduler and its tokenizer worker, and the first seconds of each
-are imports (torch and the engine; transformers, which imports torch, for the tokenizer): on a cold
+are imports (torch and the engine; transformers' tokenizer base for the tokenizer): on a cold
 machine as long as the launcher's own, which it needs to read its flags (they name the engine's
 options). Spawned after them, each child paid both in turn. ``prestart()`` spawns one process a
 role (``ROLES``) first thing: each imports its role's modules while the launcher parses, then
@@ -19,10 +19,12 @@ import os
 from multiprocessing.connection import Connection
 
 # the children every server launch starts, and what each imports while it waits: the first
-# scheduler rank, and the detokenizer (which tokenizes too unless --num-tokenizer is given)
+# scheduler rank, and the detokenizer (which tokenizes too unless --num-tokenizer is given): what
+# every tokenizer class needs, not AutoTokenizer's machinery (torch among it), which a start with
+# the tokenizer's class kept in the kernel cache never imports (``utils/tokenizer_class.py``)
 _IMPORTS = {
     "scheduler": ("minisgl.scheduler.io",),
-    "detokenizer": ("minisgl.tokenizer.server", "transformers.models.auto.tokenization_auto"),
+    "detokenizer": ("minisgl.tokenizer.server", "transformers.tokenization_utils_base"),
 }
 ROLES = tuple(_IMPORTS)
 

@@ -98,7 +98,8 @@ class ProcessGroup:
             return
         tokenizer = {"revision": cfg.revision if cfg.tokenizer else None,
                      "chat_template": read_chat_template(cfg.chat_template),
-                     "model_dir": self.model_path, "media": cfg.media}
+                     "model_dir": self.model_path, "media": cfg.media,
+                     "cache_dir": cfg.engine.tokenizer_cache_dir()}
         self._spawn("detokenizer", _worker, tokenize_worker, self.tokenizer_path, addrs,
                     tokenize=cfg.num_tokenizer == 0, detokenize=True, **tokenizer)
         for i in range(cfg.num_tokenizer):
@@ -205,7 +206,8 @@ def start_stack(config: ServerConfig, prestarted: dict[str, Prestarted] | None =
         # the API process's tokenizer first, on a thread: transformers' import is the longest of
         # this process's start (the port opens once it is loaded), and its file reads leave the
         # interpreter to the imports below meanwhile
-        tokens = TokenTexts(config.tokenizer or model_path).prefetch()
+        tokens = TokenTexts(config.tokenizer or model_path,
+                            config.engine.tokenizer_cache_dir()).prefetch()
         group = ProcessGroup(config, model_path, prestarted)
         group.start(wait=False)
         # while the children start: the app's imports

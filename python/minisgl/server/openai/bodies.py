@@ -73,8 +73,8 @@ def usage(choices: list[ChoiceState]) -> dict:
 class TokenTexts:
     """The text of single tokens (for logprobs); the tokenizer loads on first use, off the loop."""
 
-    def __init__(self, model_path: str | None) -> None:
-        self.model_path, self._decode = model_path, None
+    def __init__(self, model_path: str | None, cache_dir: str | None = None) -> None:
+        self.model_path, self.cache_dir, self._decode = model_path, cache_dir, None
         self.tokenizer: Any = None  # loaded by the first ``get``
         self._loading: concurrent.futures.Future | None = None
 
@@ -99,7 +99,8 @@ class TokenTexts:
         from minisgl.utils.hf import load_tokenizer
 
         try:
-            return load_tokenizer(self.model_path) if self.model_path else None
+            return (load_tokenizer(self.model_path, cache_dir=self.cache_dir) if self.model_path
+                    else None)
         except Exception:
             logger.exception("no tokenizer in the API process: logprob tokens are shown as ids, no "
                              "reasoning split")

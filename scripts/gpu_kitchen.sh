@@ -16,6 +16,10 @@
 #              default model (SmolLM2-135M: its weights must be in MINISGL_CACHE_DIR); 512 new
 #              tokens and the median of 5 runs a shape (a batch-64 run of 256 tokens lasts 0.3-0.5 s
 #              and varied by 30% within one tree)
+#   ab         the workloads' batch-1 comparison with both trees timed in the same minutes
+#              (benchmark/offline/spec_ab.py: one engine a tree in a process of its own, the same
+#              prompts' token ids sent to both, runs alternating; "workloads" runs each tree's own
+#              prompt files, which differ between revisions, one tree after the other)
 # The old tree is OLD_TREE (a directory holding the old revision's python/ and benchmark/, for a
 # machine whose git lacks it: `mkdir -p .kitchen-old && git archive REV python benchmark |
 # tar -x -C .kitchen-old`, then carry .kitchen-old), else a git worktree of OLD_REV (default: the
@@ -82,8 +86,16 @@ workloads)
                 --repeats 5 --tag workloads_$pass
         done
     done ;;
+ab)  # the workloads with both trees in the same minutes, run by run (spec_ab.py: one engine a
+    # tree, the same prompts' token ids, alternating): batch BATCH (default 1)
+    t0=$SECONDS
+    timeout -k 10 560 "$py" benchmark/offline/spec_ab.py --old-tree "$tree" --out "$out" \
+        --batch "${BATCH:-1}" >"$out/spec_ab.log" 2>&1
+    echo "[kitchen] ab rc=$? $((SECONDS - t0))s" >&2
+    cat "$out/spec_ab_batch${BATCH:-1}.md"
+    exit 0 ;;
 *)
-    echo "gpu_kitchen: STAGE is offline, spec-cost or workloads" >&2
+    echo "gpu_kitchen: STAGE is offline, spec-cost, workloads or ab" >&2
     exit 2 ;;
 esac
 "$py" scripts/kitchen_compare.py "$out/old" "$out/new" | tee "$out/kitchen.md"

@@ -1,0 +1,247 @@
+"""Two trees' speculative decoding, timed run by run in the same minutes: ``bench_spec.py``'s
+code and chat workloads, one engine a tree, the trees alternating.
+
+At batch 1 on a small model the host sets a step's time, and the GPU machine's host varies: a
+fixed pure-Python loop took 0.20-0.38 s in processes of one 10-minute call, so two trees run one
+after the other (each pass minutes long) differ by what the machine did meanwhile. Here each tree
+runs in a process of its own (its ``python/`` first on the path), loads the model once and
+waits; the driver sends both the same prompts (token ids, from this tree's prompt files: each
+tree's ``spec_workloads.py`` would read its own sources) and asks each in turn for one timed run,
+alternating which goes first, so a drift in the machine's speed falls on both. A pair's ratio is
+``new / old`` of two adjacent runs; the record has each tree's median and the median of the pairs'
+ratios.
+
+    python benchmark/offline/spec_ab.py --old-tree DIR --out OUT [--methods none,ngram,suffix]
+        [--workloads code,chat] [--batch 1] [--max-tokens 512] [--repeats 7]
+
+``DIR`` holds the other revision's ``python/`` (``git archive REV python | tar -x -C DIR``). The
+worker speaks JSON lines on its standard streams and uses only the package's public pieces (the
+``LLM``, its scheduler's ``spec`` and the speculative decoders' factory, under either package
+name), so it runs on trees from before the speculative package's rename.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+
+# ---- the worker: one tree's engine, in its own process -----------------------------------------
+
+def _decoder_factory():
+    try:
+        from minisgl.speculative import create_spec_decoder, parse_speculative_config
+    except ImportError:  # a tree from before the package's rename
+        from minisgl.spec import create_spec_decoder, parse_speculative_config  # type: ignore
+    return create_spec_decoder, parse_speculative_config
+
+
+def worker(model: str | None, device: str, configs: dict[str, dict | None]) -> None:
+    import torch
+
+    from minisgl import LLM, SamplingParams
+
+    create, parse = _decoder_factory()
+    first = next((c for c in configs.values() if c), None)
+    llm = LLM(model, device=device, mem_fraction=0.45, speculative_config=first)
+    sched = llm.scheduler
+    takes_cache = len(inspect.signature(create).parameters) > 2
+    decoders = {m: c and create(parse(c), sched.engine, *([sched.cache] if takes_cache else []))
+                for m, c in configs.items()}
+    reply = sys.stdout
+    sys.stdout = sys.stderr  # the package's own prints stay off the protocol
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "quit":
+            break
+        if cmd["cmd"] == "prompts":  # the chat template applied here, once
+            out = {name: [llm.apply_chat_template([{"role": "user", "content": text}])
+                          for text in texts] for name, texts in cmd["texts"].items()}
+        else:  # "run": prefill the prompts (the prefix cache), then time their decode
+            spec = sched.spec = decoders[cmd["method"]]
+            if spec is not None:  # nothing learned from an earlier run of the same prompts
+                spec.reset()
+            prompts, batch = cmd["prompts"], cmd["batch"]
+            params = SamplingParams(temperature=0, max_tokens=cmd["max_tokens"])
+            secs, outs = 0.0, []
+            for i in range(0, len(prompts), batch):
+                group = prompts[i : i + batch]
+                llm.generate(group, SamplingParams(max_tokens=1), use_tqdm=False)
+                start = time.perf_counter()
+                outs += [o.token_ids for o in llm.generate(group, params, use_tqdm=False)]
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                secs += time.perf_counter() - start
+            stats = spec and spec.stats
+            out = {"secs": secs, "tokens": sum(map(len, outs)), "outs": outs,
+                   "verify_steps": stats.verify_steps if stats else 0}
+        reply.write(json.dumps(out) + "\n")
+        reply.flush()
+    llm.close()
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+class Tree:
+    """One tree's worker process."""
+
+    def __init__(self, name: str, tree: str, args, configs: dict) -> None:
+        self.name = name
+        env = dict(os.environ, PYTHONPATH=os.path.join(tree, "python") + os.pathsep
+                   + os.environ.get("PYTHONPATH", ""))
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--device", args.device,
+               "--configs", json.dumps(configs)] + (["--model", args.model] if args.model else [])
+        self.proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def ask(self, **cmd) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} tree's worker ended (exit code "
+                               f"{self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask(cmd="quit")
+            except (OSError, RuntimeError):
+                pass
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def prompt_texts() -> dict[str, list[str]]:
+    """The workloads' prompts as text, from this tree's files (``spec_workloads.py``)."""
+    sys.path.insert(0, HERE)
+    from spec_workloads import CHATS, SOURCES
+
+    code = []
+    for path, old, new in SOURCES:
+        with open(os.path.join(ROOT, path)) as f:
+            source = f.read()
+        code.append(f"Here is a Python file:\n\n```python\n{source}```\n\nRename the class "
+                    f"`{old}` to `{new}` everywhere. Reply with the whole updated file and "
+                    "nothing else.")
+    return {"code": code, "chat": list(CHATS)}
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
+def compare(args) -> list[dict]:
+    methods = args.methods.split(",")
+    configs = {m: None if m == "none" else {"method": m, **json.loads(args.spec_options or "{}")}
+               for m in methods}
+    trees = {"new": Tree("new", ROOT, args, configs),
+             "old": Tree("old", os.path.abspath(args.old_tree), args, configs)}
+    try:
+        texts = {w: t for w, t in prompt_texts().items() if w in args.workloads.split(",")}
+        prompts = trees["new"].ask(cmd="prompts", texts=texts)
+        shapes = [(w, p if args.batch == 1 else (p * -(-args.batch // len(p)))[: args.batch])
+                  for w, p in prompts.items()]
+        runs: dict[tuple, dict[str, list]] = {}
+
+        def run(tree: str, workload: str, group, method: str, max_tokens: int) -> dict:
+            return trees[tree].ask(cmd="run", method=method, prompts=group, batch=args.batch,
+                                   max_tokens=max_tokens)
+
+        for workload, group in shapes:  # untimed: every kernel each shape meets
+            for method in methods:
+                for tree in trees:
+                    run(tree, workload, group, method, 16)
+        for r in range(args.repeats):
+            order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
+            for workload, group in shapes:
+                for method in methods[r % len(methods):] + methods[: r % len(methods)]:
+                    got = runs.setdefault((workload, method), {"old": [], "new": []})
+                    for tree in order:
+                        got[tree].append(run(tree, workload, group, method, args.max_tokens))
+        records = []
+        for (workload, method), got in runs.items():
+            tps = {t: [o["tokens"] / o["secs"] for o in got[t]] for t in got}
+            pairs = [n / o for n, o in zip(tps["new"], tps["old"])]
+            records.append(dict(
+                workload=workload, method=method, batch=args.batch,
+                old_tokens_per_s=round(median(tps["old"]), 1),
+                new_tokens_per_s=round(median(tps["new"]), 1),
+                ratio_of_medians=round(median(tps["new"]) / median(tps["old"]), 3),
+                median_pair_ratio=round(median(pairs), 3),
+                pair_ratios=[round(p, 3) for p in pairs],
+                same_tokens=all(n["outs"] == o["outs"] for n, o in zip(got["new"], got["old"])),
+                verify_steps={t: got[t][-1]["verify_steps"] for t in got}))
+            print(json.dumps(records[-1]), flush=True)
+        return records
+    finally:
+        for tree in trees.values():
+            tree.close()
+
+
+def command() -> str:
+    """This run's command line, without where it wrote."""
+    argv = list(sys.argv)
+    if "--out" in argv:
+        del argv[argv.index("--out") : argv.index("--out") + 2]
+    return "python benchmark/offline/spec_ab.py " + " ".join(argv[1:])
+
+
+def write(records: list[dict], args) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    tag = f"spec_ab_batch{args.batch}"
+    with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
+        json.dump(dict(date=datetime.date.today().isoformat(), command=command(),
+                       records=records), f, indent=1)
+    lines = [f"`{command()}`, {datetime.date.today().isoformat()}: each tree's median "
+             "output tok/s, and the median of the ratios of adjacent runs (new / old).", "",
+             "| workload | method | batch | old | new | new / old (medians) | "
+             "new / old (median pair) | same tokens |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['workload']} | {r['method']} | {r['batch']} | {r['old_tokens_per_s']:,} | "
+              f"{r['new_tokens_per_s']:,} | {r['ratio_of_medians']}x | "
+              f"{r['median_pair_ratio']}x | {r['same_tokens']} |" for r in records]
+    with open(os.path.join(args.out, f"{tag}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--old-tree", help="a directory holding the other revision's python/")
+    p.add_argument("--model", default=None, help="default: the built-in SmolLM2-135M")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--methods", default="none,ngram,suffix")
+    p.add_argument("--workloads", default="code,chat")
+    p.add_argument("--spec-options", default=None, help="more of the speculative config (JSON)")
+    p.add_argument("--batch", type=int, default=1, help="prompts at a time")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=7, help="timed runs a tree and shape")
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--configs", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.model, args.device, json.loads(args.configs))
+        return
+    if not args.old_tree:
+        p.error("--old-tree is required")
+    write(compare(args), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,14 +85,18 @@ def load_tables(model_dir: str, stop_token_ids: tuple[int, ...],
     ``cache_dir`` when an entry is there, else built (and written there)."""
     from minisgl.utils.hf import load_tokenizer
 
+    start = time.perf_counter()  # the start-up log says where a start's seconds went
     key = _key(model_dir, stop_token_ids) if cache_dir and os.path.isdir(model_dir) else None
     path = os.path.join(cache_dir, "grammar", f"{key}.json") if cache_dir and key else None
     if path is not None and os.path.isfile(path):
         try:
             with open(path, encoding="utf-8") as f:
                 entry = json.load(f)
-            return TokenizerTables(_xgr().TokenizerInfo.deserialize_json(entry["info"]),
-                                   int(entry["length"]))
+            tables = TokenizerTables(_xgr().TokenizerInfo.deserialize_json(entry["info"]),
+                                     int(entry["length"]))
+            logger.info("grammar tables: read from the cache in %.1f s",
+                        time.perf_counter() - start)
+            return tables
         except Exception as e:  # noqa: BLE001 - damaged, or another xgrammar's format
             logger.warning("grammar tables: ignoring %s (%s: %s)", path, type(e).__name__, e)
     tokenizer = load_tokenizer(model_dir, cache_dir=cache_dir)
@@ -104,4 +109,5 @@ def load_tables(model_dir: str, stop_token_ids: tuple[int, ...],
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"length": tables.length, "info": tables.info.serialize_json()}, f)
         os.replace(tmp, path)
+    logger.info("grammar tables: built in %.1f s", time.perf_counter() - start)
     return tables

@@ -100,6 +100,27 @@ def test_damaged_entry_is_built_anew(model_dir, tmp_path, caplog):
     assert json.load(open(os.path.join(cache, "grammar", entry)))["length"] == tables.length
 
 
+def test_a_missing_entry_is_built_in_a_process_of_its_own(model_dir, tmp_path, caplog,
+                                                         monkeypatch):
+    """The tokenizer's load and every token's decoding leave the caller's interpreter free (a
+    scheduler starting its engine); the caller only reads the entry back."""
+    import logging
+
+    from minisgl.structured import tables as tables_mod
+
+    def in_this_process(*args):
+        raise AssertionError("built in the caller's process")
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(tables_mod.TokenizerTables, "from_tokenizer", in_this_process)
+    cache = str(tmp_path / "cache")
+    tables = load_tables(model_dir, (2,), cache)
+    assert tables is not None and len(_entries(cache)) == 1
+    assert "grammar tables: built in a process of their own" in caplog.text
+    monkeypatch.undo()
+    assert load_tables(model_dir, (2,), None).length == tables.length  # no cache: built here
+
+
 def test_no_tokenizer_no_tables(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert load_tables(str(tmp_path), (2,), str(tmp_path / "cache")) is None

@@ -82,32 +82,83 @@ def _key(model_dir: str, stop_token_ids: tuple[int, ...]) -> str | None:
 def load_tables(model_dir: str, stop_token_ids: tuple[int, ...],
                 cache_dir: str | None = None) -> TokenizerTables | None:
     """The tables of ``model_dir``'s tokenizer (None when it ships none), read from
-    ``cache_dir`` when an entry is there, else built (and written there)."""
-    from minisgl.utils.hf import load_tokenizer
-
+    ``cache_dir`` when an entry is there, else built (and written there). With a cache directory
+    a missing entry is built in a process of its own and read back: loading the tokenizer and
+    decoding every token is seconds of Python that would hold this process's interpreter while
+    its engine starts (the scheduler's kernel discovery, its graph capture)."""
     start = time.perf_counter()  # the start-up log says where a start's seconds went
     key = _key(model_dir, stop_token_ids) if cache_dir and os.path.isdir(model_dir) else None
     path = os.path.join(cache_dir, "grammar", f"{key}.json") if cache_dir and key else None
-    if path is not None and os.path.isfile(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                entry = json.load(f)
-            tables = TokenizerTables(_xgr().TokenizerInfo.deserialize_json(entry["info"]),
-                                     int(entry["length"]))
-            logger.info("grammar tables: read from the cache in %.1f s",
-                        time.perf_counter() - start)
+    if path is not None:
+        how = "read from the cache"
+        if not os.path.isfile(path) and _build_elsewhere(model_dir, stop_token_ids, cache_dir,
+                                                         path):
+            how = "built in a process of their own"
+        tables = _read(path) if os.path.isfile(path) else None
+        if tables is not None:
+            logger.info("grammar tables: %s in %.1f s", how, time.perf_counter() - start)
             return tables
-        except Exception as e:  # noqa: BLE001 - damaged, or another xgrammar's format
-            logger.warning("grammar tables: ignoring %s (%s: %s)", path, type(e).__name__, e)
+    tables = _build(model_dir, stop_token_ids, cache_dir, path)
+    if tables is not None:
+        logger.info("grammar tables: built in %.1f s", time.perf_counter() - start)
+    return tables
+
+
+def _build(model_dir: str, stop_token_ids: tuple[int, ...], cache_dir: str | None,
+           path: str | None) -> TokenizerTables | None:
+    """The tables built from the tokenizer, in this process (written to ``path``, if any)."""
+    from minisgl.utils.hf import load_tokenizer
+
     tokenizer = load_tokenizer(model_dir, cache_dir=cache_dir)
     if tokenizer is None:
         return None
     tables = TokenizerTables.from_tokenizer(tokenizer, stop_token_ids)
     if path is not None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"  # written whole or not at all (a rename)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"length": tables.length, "info": tables.info.serialize_json()}, f)
-        os.replace(tmp, path)
-    logger.info("grammar tables: built in %.1f s", time.perf_counter() - start)
+        _write(path, tables)
     return tables
+
+
+def _read(path: str) -> TokenizerTables | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            entry = json.load(f)
+        return TokenizerTables(_xgr().TokenizerInfo.deserialize_json(entry["info"]),
+                               int(entry["length"]))
+    except Exception as e:  # noqa: BLE001 - damaged, or another xgrammar's format
+        logger.warning("grammar tables: ignoring %s (%s: %s)", path, type(e).__name__, e)
+        return None
+
+
+def _write(path: str, tables: TokenizerTables) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"  # written whole or not at all (a rename)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"length": tables.length, "info": tables.info.serialize_json()}, f)
+    os.replace(tmp, path)
+
+
+def _build_elsewhere(model_dir: str, stop_token_ids: tuple[int, ...], cache_dir: str,
+                     path: str) -> bool:
+    """Build the entry at ``path`` in a child process (whether it did). A plain subprocess: the
+    scheduler runs in a daemonic process, which multiprocessing forbids children."""
+    import subprocess
+    import sys
+
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    code = ("import json, sys; from minisgl.structured.tables import _build; "
+            "model_dir, stops, cache_dir, path = json.loads(sys.argv[1]); "
+            "_build(model_dir, tuple(stops), cache_dir, path)")
+    args = json.dumps([model_dir, list(stop_token_ids), cache_dir, path])
+    try:
+        run = subprocess.run([sys.executable, "-c", code, args], env=env, capture_output=True,
+                             text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        logger.warning("grammar tables: the child that builds them failed (%s)", e)
+        return False
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        logger.warning("grammar tables: the child that builds them failed (%s)", last)
+        return False
+    return True

@@ -63,7 +63,9 @@ def worker(model: str | None, device: str, configs: dict[str, dict | None]) -> N
         cmd = json.loads(line)
         if cmd["cmd"] == "quit":
             break
-        if cmd["cmd"] == "prompts":  # the chat template applied here, once
+        if cmd["cmd"] == "ping":  # started: its engine is built
+            out = {}
+        elif cmd["cmd"] == "prompts":  # the chat template applied here, once
             out = {name: [llm.apply_chat_template([{"role": "user", "content": text}])
                           for text in texts] for name, texts in cmd["texts"].items()}
         else:  # "run": prefill the prompts (the prefix cache), then time their decode
@@ -149,11 +151,13 @@ def compare(args) -> list[dict]:
     methods = args.methods.split(",")
     configs = {m: None if m == "none" else {"method": m, **json.loads(args.spec_options or "{}")}
                for m in methods}
-    trees = {"new": Tree("new", ROOT, args, configs),
-             "old": Tree("old", os.path.abspath(args.old_tree), args, configs)}
+    # one engine after the other: each sizes its KV pool from the memory it finds free
+    trees = {"new": Tree("new", ROOT, args, configs)}
     try:
         texts = {w: t for w, t in prompt_texts().items() if w in args.workloads.split(",")}
         prompts = trees["new"].ask(cmd="prompts", texts=texts)
+        trees["old"] = Tree("old", os.path.abspath(args.old_tree), args, configs)
+        trees["old"].ask(cmd="ping")
         shapes = [(w, p if args.batch == 1 else (p * -(-args.batch // len(p)))[: args.batch])
                   for w, p in prompts.items()]
         runs: dict[tuple, dict[str, list]] = {}

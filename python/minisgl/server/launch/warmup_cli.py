@@ -15,6 +15,7 @@ restart does.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
     from minisgl.models.weight import resolve_model_path
     from minisgl.scheduler import Scheduler
     from minisgl.scheduler.warmup import warm_up
+    from minisgl.utils.hf import load_tokenizer
 
     model_path = resolve_model_path(config.model, config.revision)
     eos = eos_token_ids(model_path)
@@ -62,6 +64,10 @@ def main(argv: list[str]) -> int:
         kernels.wait_all()
         warm_up(scheduler)
         scheduler.grammar.wait_prepared()  # the tokenizer's tables, kept beside the kernels
+        # and the class AutoTokenizer chooses, which the tokenizer workers import alone
+        # (``utils/tokenizer_class.py``: keyed by the directory too, so serve from the same path)
+        if os.path.isdir(tokenizer_dir := config.tokenizer or model_path):
+            load_tokenizer(tokenizer_dir, cache_dir=config.engine.tokenizer_cache_dir())
         done = kernels.compiled
     finally:
         scheduler.close()

@@ -123,10 +123,13 @@ first-minute)  # per model (MODELS, default both; one model at most 10 minutes):
     # process start on an empty kernel cache, on the kept cache (a restart), and on a cache filled
     # by `python -m minisgl warmup` and moved elsewhere (carried), then each kind of request twice;
     # then the offline LLM from process start, on an empty cache and on it kept. First, alone:
-    # the tokenizer worker's imports (about 10 s on a gVisor machine: its file operations)
+    # the tokenizer worker's imports (about 10 s on a gVisor machine: its file operations), with
+    # AutoTokenizer (a first start) and with the tokenizer's class kept (a restart: the base)
     "$py" -X importtime -c "import minisgl.tokenizer.server, \
 transformers.models.auto.tokenization_auto" 2>&1 | sort -t'|' -k2 -n | tail -12 \
         >"$out/first_minute_imports.txt"
+    "$py" -X importtime -c "import minisgl.tokenizer.server, transformers.tokenization_utils_base" \
+        2>&1 | sort -t'|' -k2 -n | tail -4 >>"$out/first_minute_imports.txt"
     for m in ${MODELS:-qwen3-8b qwen3.5-9b}; do
         tmp=$(mktemp -d) dir=$tmp/$m
         "$py" benchmark/online/dummy_model.py "benchmark/configs/$m.json" "$dir" >/dev/null

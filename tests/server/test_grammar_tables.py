@@ -121,6 +121,21 @@ def test_a_missing_entry_is_built_in_a_process_of_its_own(model_dir, tmp_path, c
     assert load_tables(model_dir, (2,), None).length == tables.length  # no cache: built here
 
 
+def test_the_child_dies_with_its_parent(model_dir, tmp_path):
+    """The build's child ends with the process that asked: one whose asker is already gone
+    builds nothing (and a live one gets the kernel's parent-death signal on Linux)."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "cache" / "grammar" / "x.json")
+    args = json.dumps([model_dir, [2], str(tmp_path / "cache"), path])
+    code = "import sys; from minisgl.structured.tables import _child; _child(sys.argv[1], 1)"
+    run = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not os.path.exists(path)  # its parent is not pid 1: it left at once
+
+
 def test_no_tokenizer_no_tables(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert load_tables(str(tmp_path), (2,), str(tmp_path / "cache")) is None

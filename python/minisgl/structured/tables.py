@@ -147,13 +147,12 @@ def _build_elsewhere(model_dir: str, stop_token_ids: tuple[int, ...], cache_dir:
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
-    code = ("import json, sys; from minisgl.structured.tables import _build; "
-            "model_dir, stops, cache_dir, path = json.loads(sys.argv[1]); "
-            "_build(model_dir, tuple(stops), cache_dir, path)")
+    code = ("import sys; from minisgl.structured.tables import _child; "
+            "_child(sys.argv[1], int(sys.argv[2]))")
     args = json.dumps([model_dir, list(stop_token_ids), cache_dir, path])
     try:
-        run = subprocess.run([sys.executable, "-c", code, args], env=env, capture_output=True,
-                             text=True, timeout=600)
+        run = subprocess.run([sys.executable, "-c", code, args, str(os.getpid())], env=env,
+                             capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as e:
         logger.warning("grammar tables: the child that builds them failed (%s)", e)
         return False
@@ -162,3 +161,19 @@ def _build_elsewhere(model_dir: str, stop_token_ids: tuple[int, ...], cache_dir:
         logger.warning("grammar tables: the child that builds them failed (%s)", last)
         return False
     return True
+
+
+def _child(args: str, parent: int) -> None:
+    """The child's work: build the entry, and die with the process that asked (killed or ended
+    meanwhile: Linux's parent-death signal; elsewhere it finishes its build and ends)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it ended before the line above
+        return
+    model_dir, stops, cache_dir, path = json.loads(args)
+    _build(model_dir, tuple(stops), cache_dir, path)

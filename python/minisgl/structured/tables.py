@@ -19,19 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from minisgl.utils import init_logger
+from minisgl.utils.hf import TRANSFORMERS_IMPORT_LOCK, load_tokenizer
+from minisgl.utils.tokenizer_files import TOKENIZER_FILES, digest_files
 
 logger = init_logger(__name__)
 
-# what a tokenizer is made of (transformers reads these); a change to any of them is a new key
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
 # bumped when an entry's contents change meaning
 _FORMAT = 1
 
 
 def _xgr() -> Any:
-    from minisgl.utils.hf import TRANSFORMERS_IMPORT_LOCK
-
     try:
         with TRANSFORMERS_IMPORT_LOCK:  # xgrammar imports transformers
             import xgrammar
@@ -68,14 +65,7 @@ def _key(model_dir: str, stop_token_ids: tuple[int, ...]) -> str | None:
 
     digest = hashlib.sha256(json.dumps([_FORMAT, version("xgrammar"), sorted(stop_token_ids)])
                             .encode())
-    found = False
-    for name in _TOKENIZER_FILES:
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            found = True
-            digest.update(name.encode() + b"\0")
-            with open(path, "rb") as f:
-                digest.update(hashlib.sha256(f.read()).digest())
+    found = digest_files(digest, model_dir, TOKENIZER_FILES)  # a change to any: a new key
     return digest.hexdigest()[:24] if found else None
 
 
@@ -107,8 +97,6 @@ def load_tables(model_dir: str, stop_token_ids: tuple[int, ...],
 def _build(model_dir: str, stop_token_ids: tuple[int, ...], cache_dir: str | None,
            path: str | None) -> TokenizerTables | None:
     """The tables built from the tokenizer, in this process (written to ``path``, if any)."""
-    from minisgl.utils.hf import load_tokenizer
-
     tokenizer = load_tokenizer(model_dir, cache_dir=cache_dir)
     if tokenizer is None:
         return None

@@ -30,13 +30,13 @@ import os
 from typing import Any
 
 from .logger import init_logger
+from .tokenizer_files import TOKENIZER_FILES, digest_files
 
 logger = init_logger(__name__)
 
 # what AutoTokenizer reads to choose (config.json: the model type, a tokenizer_class), and the
 # files the tokenizer is made of
-_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
-          "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+_FILES = ("config.json", *TOKENIZER_FILES)
 # bumped when an entry's contents change meaning
 _FORMAT = 1
 
@@ -82,12 +82,7 @@ def _key(model_dir: str) -> str:
 
     digest = hashlib.sha256(json.dumps(
         [_FORMAT, version("transformers"), os.path.realpath(model_dir)]).encode())
-    for name in _FILES:
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            digest.update(name.encode() + b"\0")
-            with open(path, "rb") as f:
-                digest.update(hashlib.sha256(f.read()).digest())
+    digest_files(digest, model_dir, _FILES)
     return digest.hexdigest()[:24]
 
 

@@ -130,16 +130,9 @@ class Tree:
 def prompt_texts() -> dict[str, list[str]]:
     """The workloads' prompts as text, from this tree's files (``spec_workloads.py``)."""
     sys.path.insert(0, HERE)
-    from spec_workloads import CHATS, SOURCES
+    from spec_workloads import CHATS, code_texts
 
-    code = []
-    for path, old, new in SOURCES:
-        with open(os.path.join(ROOT, path)) as f:
-            source = f.read()
-        code.append(f"Here is a Python file:\n\n```python\n{source}```\n\nRename the class "
-                    f"`{old}` to `{new}` everywhere. Reply with the whole updated file and "
-                    "nothing else.")
-    return {"code": code, "chat": list(CHATS)}
+    return {"code": code_texts(), "chat": list(CHATS)}
 
 
 def median(xs: list[float]) -> float:

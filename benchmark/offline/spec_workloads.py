@@ -31,16 +31,22 @@ CHATS = ["What are the main differences between a process and a thread?",
 METHODS = ("none", "ngram", "suffix")
 
 
-def code_prompts(llm: LLM) -> list[list[int]]:
+def code_texts() -> list[str]:
+    """The code-editing requests: a source file of this tree and a rename in it."""
     root = os.path.join(HERE, "..", "..")
-    prompts = []
+    texts = []
     for path, old, new in SOURCES:
         with open(os.path.join(root, path)) as f:
             source = f.read()
-        text = (f"Here is a Python file:\n\n```python\n{source}```\n\nRename the class `{old}` to "
-                f"`{new}` everywhere. Reply with the whole updated file and nothing else.")
-        prompts.append(llm.apply_chat_template([{"role": "user", "content": text}]))
-    return prompts
+        texts.append(f"Here is a Python file:\n\n```python\n{source}```\n\nRename the class "
+                     f"`{old}` to `{new}` everywhere. Reply with the whole updated file and "
+                     "nothing else.")
+    return texts
+
+
+def code_prompts(llm: LLM) -> list[list[int]]:
+    return [llm.apply_chat_template([{"role": "user", "content": text}])
+            for text in code_texts()]
 
 
 def chat_prompts(llm: LLM) -> list[list[int]]:

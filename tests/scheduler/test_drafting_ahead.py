@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.fake_target import run, scripted_forward, scripted_llm, scripts
+from helpers.fake_target import ScriptProposer, run, scripted_forward, scripted_llm, scripts
 from helpers.hf_models import random_prompts
 from minisgl import LLM, SamplingParams
+from minisgl.speculative import create_spec_decoder, parse_speculative_config
 
 PAGE = 4
 K = 4
@@ -117,4 +118,24 @@ def test_drafting_ahead_beside_retraction(llama):
     assert tokens == {uid: s[len(prompts[uid]):] for uid, s in script.items()}
     assert llm.scheduler.num_retractions > 0
     assert llm.scheduler.spec.stats.ahead_feeds > 0
+    llm.close()
+
+
+def test_a_swapped_decoder_drafts_ahead_too(llama):
+    """The benchmarks swap the scheduler's decoder between runs (``sched.spec = ...``): the steps
+    drafted ahead use the one in place, never the one the scheduler was built with."""
+    prompts = random_prompts(2, [9, 11], 200, seed=15)
+    script = scripts(prompts, 40)
+    llm = make_llm(llama, script)
+    sched, built = llm.scheduler, llm.scheduler.spec
+    swapped = create_spec_decoder(parse_speculative_config(
+        {"method": "ngram", "num_speculative_tokens": K, "adaptive": False}), sched.engine)
+    assert swapped is not None
+    swapped.proposer = ScriptProposer(script, lambda uid, pos: pos % 5 == 0, lookahead=True)
+    sched.spec = swapped
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    tokens = run(sched, prompts, params, checked(sched, script))
+    assert tokens == {uid: s[len(prompts[uid]):] for uid, s in script.items()}
+    assert swapped.stats.ahead_feeds > swapped.stats.ahead_dropped > 0
+    assert built.stats.ahead_feeds == built.stats.verify_steps == 0
     llm.close()

@@ -39,25 +39,26 @@ from .prefill import PrefillManager
 
 class AheadPlanner:
     """``budget``: the step's token budget; ``rows_fit(n)``: whether ``n`` rows run as decode
-    rows (``StepPlan.build``)."""
+    rows (``StepPlan.build``). The speculative decoder is the scheduler's, passed in each call
+    (the scheduler's ``spec`` may be swapped between runs, as the benchmarks do)."""
 
-    def __init__(self, spec: SpecDecoder | None, prefill: PrefillManager, decode: DecodeManager,
-                 cache: CacheCoordinator, budget: int, rows_fit: Callable[[int], bool]) -> None:
-        self.spec, self.prefill, self.decode, self.cache = spec, prefill, decode, cache
+    def __init__(self, prefill: PrefillManager, decode: DecodeManager, cache: CacheCoordinator,
+                 budget: int, rows_fit: Callable[[int], bool]) -> None:
+        self.prefill, self.decode, self.cache = prefill, decode, cache
         self.budget, self.rows_fit = budget, rows_fit
 
-    def may_follow(self, plan: StepPlan) -> bool:
+    def may_follow(self, plan: StepPlan, spec: SpecDecoder | None) -> bool:
         """Whether a step may be drafted ahead on ``plan`` once it is launched (else it is read
         back at once, as a step that drafts would read it first)."""
-        return (self.spec is not None and self.spec.proposer.lookahead and bool(plan.verify)
+        return (spec is not None and spec.proposer.lookahead and bool(plan.verify)
                 and not plan.decode and not plan.prefill and plan.batch.is_decode
                 and not len(self.prefill))
 
-    def plan(self, prev: StepPlan) -> StepPlan | None:
+    def plan(self, prev: StepPlan, spec: SpecDecoder | None) -> StepPlan | None:
         """The step after ``prev`` (in flight), drafted as if each of its verify feeds kept all
         its drafts; None where it cannot be (read ``prev`` back and plan as usual)."""
-        spec, feeds = self.spec, prev.verify
-        if (spec is None or prev.dropped or not self.may_follow(prev)
+        feeds = prev.verify
+        if (spec is None or prev.dropped or not self.may_follow(prev, spec)
                 or {id(f.req) for f in feeds} != set(map(id, self.decode.running))):
             return None
         drafts = spec.draft_ahead(feeds, DraftBudget(self.budget - len(feeds)))
@@ -76,8 +77,8 @@ class AheadPlanner:
         spec.stats.ahead_feeds += len(ahead)
         return plan
 
-    def drop_rejected(self, prev: StepPlan, successor: StepPlan | None,
-                      live: dict[int, Req]) -> None:
+    def drop_rejected(self, prev: StepPlan, successor: StepPlan | None, live: dict[int, Req],
+                      spec: SpecDecoder | None) -> None:
         """``prev`` was read back (``live``: the requests still known, by uid): drop from
         ``successor`` (drafted ahead on it) each request whose feed in ``prev`` kept less than
         all of it, or that ended."""
@@ -87,5 +88,5 @@ class AheadPlanner:
             if successor.follows.get(feed.uid) is feed and (
                     live.get(feed.uid) is not feed.req or feed.req.device_len != feed.device_len):
                 successor.dropped.add(feed.uid)
-                if self.spec is not None:
-                    self.spec.stats.ahead_dropped += 1
+                if spec is not None:
+                    spec.stats.ahead_dropped += 1

@@ -66,7 +66,7 @@ class Scheduler:
         self.spec = create_spec_decoder(config.spec, self.engine)
         self.planner = BatchPlanner(config, self.prefill, self.decode, self.cache,
                                     lambda: self.num_retractions, self.engine.verifies_as_rows)
-        self.ahead = AheadPlanner(self.spec, self.prefill, self.decode, self.cache,
+        self.ahead = AheadPlanner(self.prefill, self.decode, self.cache,
                                   config.max_num_batched_tokens, self.engine.verifies_as_rows)
         self.reqs: dict[int, Req] = {}
         self.eos_token_ids = frozenset(config.eos_token_ids)
@@ -151,7 +151,7 @@ class Scheduler:
         drafting = self.spec is not None and self.spec.active(self.decode.running)
         plan = None
         if prev is not None and drafting and self.config.overlap:
-            plan = self.ahead.plan(prev.plan)
+            plan = self.ahead.plan(prev.plan, self.spec)
         if plan is None and prev is not None and not prev.plan.settled and (
                 drafting or prev.plan.verify or not self.config.overlap):
             outputs, prev = outputs + self._read_back(prev), None
@@ -161,7 +161,7 @@ class Scheduler:
             if prev is not None:
                 done, prev = prev, None
                 outputs.extend(self._read_back(done))
-                self.ahead.drop_rejected(done.plan, plan, self.reqs)
+                self.ahead.drop_rejected(done.plan, plan, self.reqs, self.spec)
 
         plan = plan or self.planner.plan(self.spec if drafting else None)
         launched = self._launch(plan, read_prev) if plan is not None else None
@@ -171,7 +171,7 @@ class Scheduler:
             self.spec.spare(idle=False)  # while the forward computes
         read_prev()
         if plan is not None and launched is not None:
-            if self.config.overlap and (not plan.verify or self.ahead.may_follow(plan)):
+            if self.config.overlap and (not plan.verify or self.ahead.may_follow(plan, self.spec)):
                 self._inflight = launched
             else:
                 outputs += self._read_back(launched)

@@ -54,8 +54,11 @@ def main(argv: list[str]) -> int:
             error = compile_one(Variant.from_json(json.loads(line)), load=False)
         except Exception as e:  # noqa: BLE001 - a line it cannot read: answered, not fatal
             error = f"{type(e).__name__}: {str(e)[:200]}"
-        answers.write(json.dumps(error) + "\n")
-        answers.flush()
+        try:
+            answers.write(json.dumps(error) + "\n")
+            answers.flush()
+        except BrokenPipeError:  # the parent stopped listening (it is shutting down)
+            os._exit(0)
     return 0
 
 

@@ -90,7 +90,7 @@ ab)  # the workloads with both trees in the same minutes, run by run (spec_ab.py
     # tree, the same prompts' token ids, alternating): batch BATCH (default 1)
     t0=$SECONDS
     timeout -k 10 560 "$py" benchmark/offline/spec_ab.py --old-tree "$tree" --out "$out" \
-        --batch "${BATCH:-1}" >"$out/spec_ab.log" 2>&1
+        --batch "${BATCH:-1}" >"$out/spec_ab_batch${BATCH:-1}.log" 2>&1
     echo "[kitchen] ab rc=$? $((SECONDS - t0))s" >&2
     cat "$out/spec_ab_batch${BATCH:-1}.md"
     exit 0 ;;

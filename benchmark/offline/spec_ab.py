@@ -69,14 +69,15 @@ def graph_replay_us(engine, replays: int) -> float | None:
     return median(times)
 
 
-def worker(model: str | None, device: str, configs: dict[str, dict | None]) -> None:
+def worker(model: str | None, device: str, configs: dict[str, dict | None], dummy: bool) -> None:
     import torch
 
     from minisgl import LLM, SamplingParams
 
     create, parse = _decoder_factory()
     first = next((c for c in configs.values() if c), None)
-    llm = LLM(model, device=device, mem_fraction=0.45, speculative_config=first)
+    llm = LLM(model, device=device, mem_fraction=0.45, speculative_config=first,
+              **({"dummy_weights": True} if dummy else {}))
     sched = llm.scheduler
     takes_cache = len(inspect.signature(create).parameters) > 2
     decoders = {m: c and create(parse(c), sched.engine, *([sched.cache] if takes_cache else []))
@@ -119,6 +120,11 @@ def worker(model: str | None, device: str, configs: dict[str, dict | None]) -> N
 
 # ---- the driver ----------------------------------------------------------------------------------
 
+def model_arg(model: str) -> str:
+    """A local model directory as an absolute path: each worker runs in its own tree."""
+    return os.path.abspath(model) if os.path.exists(model) else model
+
+
 class Tree:
     """One tree's worker process."""
 
@@ -127,7 +133,9 @@ class Tree:
         env = dict(os.environ, PYTHONPATH=os.path.join(tree, "python") + os.pathsep
                    + os.environ.get("PYTHONPATH", ""))
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--device", args.device,
-               "--configs", json.dumps(configs)] + (["--model", args.model] if args.model else [])
+               "--configs", json.dumps(configs)]
+        cmd += (["--model", model_arg(args.model)] if args.model else []) \
+            + (["--dummy-weights"] if args.dummy_weights else [])
         self.proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
 
@@ -155,7 +163,7 @@ class Tree:
 
 def prompt_texts() -> dict[str, list[str]]:
     """The workloads' prompts as text, from this tree's files (``spec_workloads.py``)."""
-    sys.path.insert(0, HERE)
+    sys.path[:0] = [HERE, os.path.join(ROOT, "python")]  # this tree's package, installed or not
     from spec_workloads import CHATS, code_texts
 
     return {"code": code_texts(), "chat": list(CHATS)}
@@ -263,6 +271,9 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--old-tree", help="a directory holding the other revision's python/")
     p.add_argument("--model", default=None, help="default: the built-in SmolLM2-135M")
+    p.add_argument("--dummy-weights", action="store_true",
+                   help="random weights of --model's config (its tokenizer still needed): a plain "
+                        "step costs what it does with the real ones, drafts' acceptance does not")
     p.add_argument("--device", default="auto")
     p.add_argument("--methods", default="none,ngram,suffix")
     p.add_argument("--workloads", default="code,chat")
@@ -277,7 +288,7 @@ def main() -> None:
     p.add_argument("--configs", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.model, args.device, json.loads(args.configs))
+        worker(args.model, args.device, json.loads(args.configs), args.dummy_weights)
         return
     if not args.old_tree:
         p.error("--old-tree is required")

@@ -155,7 +155,8 @@ def test_radix_hits_chunked_prefill_stops_and_suffix(hybrid_checkpoints):
     base.close()
     llm.close()
     # stops inside accepted runs, page size 1 (state snapshots at any length)
-    base, llm = make_llm(path), make_llm(path, {"method": "suffix", "num_speculative_tokens": 4})
+    base = make_llm(path)
+    llm = make_llm(path, {"method": "suffix", "num_speculative_tokens": 4, "adaptive": False})
     generate(llm, prompts)  # the suffix tree learns the outputs; the prefix cache forgets them
     llm.scheduler.cache.flush_prefix_cache()
     spec, cache = llm.scheduler.spec, llm.scheduler.cache

@@ -241,12 +241,16 @@ def command() -> str:
 
 
 def write(records: list[dict], args) -> None:
+    sys.path.insert(0, HERE)
+    from bench_common import project_commit
+
     os.makedirs(args.out, exist_ok=True)
     tag = f"spec_ab_batch{args.batch}"
     with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
-        json.dump(dict(date=datetime.date.today().isoformat(), command=command(),
-                       records=records), f, indent=1)
-    lines = [f"`{command()}`, {datetime.date.today().isoformat()}: each tree's median "
+        json.dump(dict(date=datetime.date.today().isoformat(), commit=project_commit(),
+                       command=command(), records=records), f, indent=1)
+    lines = [f"`{command()}` at `{project_commit()}`, {datetime.date.today().isoformat()}: each "
+             "tree's median "
              "output tok/s, and the median of the ratios of adjacent runs (new / old).", "",
              "| workload | method | batch | old | new | new / old (medians) | "
              "new / old (median pair) | same tokens |", "|---|---|---|---|---|---|---|---|"]

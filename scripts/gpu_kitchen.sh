@@ -16,6 +16,9 @@
 #              default model (SmolLM2-135M: its weights must be in MINISGL_CACHE_DIR); 512 new
 #              tokens and the median of 5 runs a shape (a batch-64 run of 256 tokens lasts 0.3-0.5 s
 #              and varied by 30% within one tree)
+#   mtp-cost   bench_spec.py --mtp-cost on Qwen3.5-9B (random weights): a batch-1 step drafting k
+#              tokens with the model's MTP head (eager, decode graphs off, before the redesign;
+#              the head's graphs and the decode graphs after it), old, new, new, old
 #   ab         the workloads' batch-1 comparison with both trees timed in the same minutes
 #              (benchmark/offline/spec_ab.py: one engine a tree in a process of its own, the same
 #              prompts' token ids sent to both, runs alternating; "workloads" runs each tree's own
@@ -78,6 +81,15 @@ spec-cost)  # old, new, new, old: the second run of a call ran 3-6% faster (the 
         run 100 $tag eagle3_cost.log benchmark/offline/bench_spec.py --model $m8 --eagle3-cost \
             --tag eagle3_cost_$pass
     done ;;
+mtp-cost)  # --mtp-cost on Qwen3.5-9B (random weights, needs fla-core): this tree's script on
+    # both (the old one has no --mtp-cost; the script runs on the old package), old, new, new, old
+    pass=0
+    for tag in old new new old; do
+        pass=$((pass + 1))
+        MINISGL_COMMIT=$([ $tag = old ] && echo "${OLD_NAME:-old tree}" || echo "${MINISGL_COMMIT:-}") \
+            run 140 $tag mtp_cost.log "$root/benchmark/offline/bench_spec.py" --model $m9 \
+            --mtp-cost --tag mtp_cost_$pass
+    done ;;
 workloads)
     for pass in 1 2; do
         for tag in old new; do
@@ -95,7 +107,7 @@ ab)  # the workloads with both trees in the same minutes, run by run (spec_ab.py
     cat "$out/spec_ab_batch${BATCH:-1}.md"
     exit 0 ;;
 *)
-    echo "gpu_kitchen: STAGE is offline, spec-cost, workloads or ab" >&2
+    echo "gpu_kitchen: STAGE is offline, spec-cost, mtp-cost, workloads or ab" >&2
     exit 2 ;;
 esac
 "$py" scripts/kitchen_compare.py "$out/old" "$out/new" | tee "$out/kitchen.md"

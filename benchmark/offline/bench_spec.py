@@ -21,11 +21,15 @@ after it (its attention and MLP sizes, a 32k draft vocabulary, the default aux l
 of a batch-1 step that drafts k tokens with the draft and verifies them, k = 1..8, against a step
 of the same engine with speculation off (under the decode CUDA graphs on a GPU, as the head's
 steps are), and the time of a step's one ``propose_many`` (the draft's catch-up and its k chained
-steps). A random draft is never accepted: each step yields one token.
+steps). A random draft is never accepted: each step yields one token. ``--mtp-cost``: the same
+with the target's own multi-token-prediction head (a config with ``mtp_num_hidden_layers``, e.g.
+Qwen3.5); it also runs on a tree from before the speculative package's rename (the head drafted
+eagerly there, one ``propose`` a request, with the decode graphs off).
 
     python benchmark/offline/bench_spec.py --out benchmark/results/cpu
     python benchmark/offline/bench_spec.py --model benchmark/configs/qwen3-8b.json --verify-cost
     python benchmark/offline/bench_spec.py --model benchmark/configs/qwen3-8b.json --eagle3-cost
+    python benchmark/offline/bench_spec.py --model benchmark/configs/qwen3.5-9b.json --mtp-cost
 """
 
 from __future__ import annotations
@@ -42,7 +46,11 @@ from bench_common import gpu_name, model_dir, project_commit
 from spec_workloads import bench_workloads, run_workload
 
 from minisgl import LLM, SamplingParams
-from minisgl.speculative.proposer import Proposer
+
+try:
+    from minisgl.speculative.proposer import Proposer
+except ImportError:  # a tree from before the package's rename (``--mtp-cost`` against it)
+    from minisgl.spec.proposer import Proposer  # type: ignore
 
 
 class FixedDrafts(Proposer):
@@ -117,36 +125,40 @@ def eagle3_draft_config(target: str, out: str) -> str:
     return out
 
 
-def bench_eagle3_cost(args, base: dict) -> list[dict]:
-    """One engine with a random EAGLE-3 draft; batch 1; k = 0 (speculation off), 1..8."""
+def bench_head_cost(args, base: dict, method: str) -> list[dict]:
+    """One engine drafting with a head (``eagle3``: a random draft shaped after the target;
+    ``mtp``: the target's own MTP head); batch 1; k = 0 (speculation off), 1..8."""
     path, dummy = model_dir(args.model)
-    assert dummy, "--eagle3-cost takes a config.json (random target and draft weights)"
-    draft = eagle3_draft_config(args.model, os.path.join(path, "eagle3-draft"))
-    config = {"method": "eagle3", "model": draft, "num_speculative_tokens": 8,
-              "adaptive": False}
+    assert dummy, f"--{method}-cost takes a config.json (random target and draft weights)"
+    config = {"method": method, "num_speculative_tokens": 8, "adaptive": False}
+    if method == "eagle3":
+        config["model"] = eagle3_draft_config(args.model, os.path.join(path, "eagle3-draft"))
     llm = LLM(path, device=args.device, dummy_weights=True, warmup="off",
               speculative_config=config)
     sched, records = llm.scheduler, []
     spec, prompt = sched.spec, [[(7 * j) % 1000 + 10 for j in range(512)]]
     params = SamplingParams(temperature=0, max_tokens=args.cost_steps, ignore_eos=True)
     run_workload(llm, prompt, params, 1)  # untimed: every kernel of the draft and the target
-    # seconds in ``propose_many`` (a step's one call to the proposer), calls
-    propose, drafting = spec.proposer.propose_many, [0.0, 0]
+    # seconds in the step's one call to the proposer (``propose_many``; ``propose`` a request in
+    # a tree from before the redesign), calls; the call reads its drafts back: its wall time is
+    # its cost
+    name = "propose_many" if hasattr(spec.proposer, "propose_many") else "propose"
+    propose, drafting = getattr(spec.proposer, name), [0.0, 0]
 
-    def timed(reqs, lens):  # it reads its drafts back: its wall time is its cost
+    def timed(*a):
         start = time.perf_counter()
-        out = propose(reqs, lens)
+        out = propose(*a)
         drafting[0] += time.perf_counter() - start
         drafting[1] += 1
         return out
 
-    spec.proposer.propose_many = timed
+    setattr(spec.proposer, name, timed)
     for k in [0, *range(1, 9)]:
         sched.spec = spec if k else None
         spec.config = dataclasses.replace(spec.config, num_speculative_tokens=max(k, 1))
         drafting[:] = [0.0, 0]
         _, secs, tokens = run_workload(llm, prompt, params, 1)
-        rec = dict(base, kind="eagle3_cost", batch=1, k=k,
+        rec = dict(base, kind=f"{method}_cost", batch=1, k=k,
                    ms_per_step=round(secs * 1000 / tokens, 3),
                    draft_ms=round(drafting[0] * 1000 / max(drafting[1], 1), 3))
         records.append(rec)
@@ -174,9 +186,9 @@ def write(records: list[dict], out: str, tag: str, command: str) -> None:
         lines += [f"| {r['workload']} | {r['batch']} | {r['method']} | {r['tokens_per_s']} | "
                   f"{r['speedup']} | {r['mean_accepted_len']} | {r['acceptance_rate']} | "
                   f"{r['identical_to_baseline']} |" for r in work]
-    cost = [r for r in records if r["kind"] in ("verify_cost", "eagle3_cost")]
+    cost = [r for r in records if r["kind"] in ("verify_cost", "eagle3_cost", "mtp_cost")]
     if cost:
-        drafting = "draft_ms" in cost[0]  # --eagle3-cost: the proposer's own time too
+        drafting = "draft_ms" in cost[0]  # a head's cost: the proposer's own time too
         lines += ["", "| batch | k | ms/step | x decode step |" + (" ms drafting |" * drafting),
                   "|---|---|---|---|" + ("---|" * drafting)]
         lines += [f"| {r['batch']} | {r['k']} | {r['ms_per_step']} | {r['cost_vs_decode']} |"
@@ -205,6 +217,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="also run the prompts N at a time")
     parser.add_argument("--verify-cost", action="store_true")
     parser.add_argument("--eagle3-cost", action="store_true")
+    parser.add_argument("--mtp-cost", action="store_true")
     parser.add_argument("--cost-steps", type=int, default=32)
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     parser.add_argument("--tag", default=None)
@@ -216,8 +229,9 @@ def main() -> None:
     gpu = gpu_name() if device != "cpu" else "cpu"
     base = {"model": args.model or "SmolLM2-135M-Instruct", "gpu": gpu,
             "date": datetime.date.today().isoformat(), "commit": project_commit()}
-    if args.eagle3_cost:
-        records, tag = bench_eagle3_cost(args, base), "eagle3_cost"
+    if args.eagle3_cost or args.mtp_cost:
+        method = "eagle3" if args.eagle3_cost else "mtp"
+        records, tag = bench_head_cost(args, base, method), f"{method}_cost"
     elif args.verify_cost:
         records, tag = bench_verify_cost(args, base), "verify_cost"
     else:

@@ -99,10 +99,14 @@ workloads)
         done
     done ;;
 ab)  # the workloads with both trees in the same minutes, run by run (spec_ab.py: one engine a
-    # tree, the same prompts' token ids, alternating): batch BATCH (default 1)
+    # tree, the same prompts' token ids, alternating): batch BATCH (default 1), on MODEL (default:
+    # the default model, whose GGUF is 98 MB to carry)
     t0=$SECONDS
+    # MODEL=DIR DUMMY=1: random weights on the config and tokenizer in DIR (spec_ab.py
+    # --save-config DIR on a machine with the default model): no weights to carry
     timeout -k 10 560 "$py" benchmark/offline/spec_ab.py --old-tree "$tree" --out "$out" \
-        --batch "${BATCH:-1}" >"$out/spec_ab_batch${BATCH:-1}.log" 2>&1
+        --batch "${BATCH:-1}" ${MODEL:+--model "$MODEL"} ${DUMMY:+--dummy-weights} \
+        >"$out/spec_ab_batch${BATCH:-1}.log" 2>&1
     echo "[kitchen] ab rc=$? $((SECONDS - t0))s" >&2
     cat "$out/spec_ab_batch${BATCH:-1}.md"
     exit 0 ;;

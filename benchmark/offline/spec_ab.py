@@ -14,8 +14,11 @@ ratios.
     python benchmark/offline/spec_ab.py --old-tree DIR --out OUT [--methods none,ngram,suffix]
         [--workloads code,chat] [--batch 1] [--max-tokens 512] [--repeats 7]
 
-``DIR`` holds the other revision's ``python/`` (``git archive REV python | tar -x -C DIR``). The
-worker speaks JSON lines on its standard streams and uses only the package's public pieces (the
+``--dummy-weights`` with ``--model`` a directory of the default model's config and tokenizer
+(``--save-config DIR`` writes one) needs no weights on the GPU machine: a plain step costs what it
+does with the real weights, but the drafts' acceptance is that of random ones. The
+``--old-tree`` directory holds the other revision's ``python/`` (``git archive REV python |
+tar -x -C DIR``). The worker speaks JSON lines on its standard streams and uses only the package's public pieces (the
 ``LLM``, its scheduler's ``spec`` and the speculative decoders' factory, under either package
 name), so it runs on trees from before the speculative package's rename.
 """
@@ -232,6 +235,20 @@ def compare(args) -> list[dict]:
             tree.close()
 
 
+def save_config(out: str) -> None:
+    """The default model's files but its weights, into ``out``."""
+    import shutil
+
+    from minisgl.models.default_model import default_model_path
+
+    source = default_model_path()
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(source):
+        if name.endswith(".json"):  # config, generation config, tokenizer and its config
+            shutil.copy(os.path.join(source, name), os.path.join(out, name))
+    print(f"{source} -> {out} (no weights)")
+
+
 def command() -> str:
     """This run's command line, without where it wrote."""
     argv = list(sys.argv)
@@ -278,6 +295,9 @@ def main() -> None:
     p.add_argument("--dummy-weights", action="store_true",
                    help="random weights of --model's config (its tokenizer still needed): a plain "
                         "step costs what it does with the real ones, drafts' acceptance does not")
+    p.add_argument("--save-config", metavar="DIR",
+                   help="only copy the default model's config and tokenizer into DIR (a model "
+                        "for --dummy-weights on a machine without its weights) and stop")
     p.add_argument("--device", default="auto")
     p.add_argument("--methods", default="none,ngram,suffix")
     p.add_argument("--workloads", default="code,chat")
@@ -293,6 +313,9 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         worker(args.model, args.device, json.loads(args.configs), args.dummy_weights)
+        return
+    if args.save_config:
+        save_config(args.save_config)
         return
     if not args.old_tree:
         p.error("--old-tree is required")

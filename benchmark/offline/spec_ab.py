@@ -18,9 +18,10 @@ ratios.
 (``--save-config DIR`` writes one) needs no weights on the GPU machine: a plain step costs what it
 does with the real weights, but the drafts' acceptance is that of random ones. The
 ``--old-tree`` directory holds the other revision's ``python/`` (``git archive REV python |
-tar -x -C DIR``). The worker speaks JSON lines on its standard streams and uses only the package's public pieces (the
-``LLM``, its scheduler's ``spec`` and the speculative decoders' factory, under either package
-name), so it runs on trees from before the speculative package's rename.
+tar -x -C DIR``). The worker speaks JSON lines on its standard streams and uses only the
+package's public pieces (the ``LLM``, its scheduler's ``spec`` and the speculative decoders'
+factory, under either package name), so it runs on trees from before the speculative package's
+rename.
 """
 
 from __future__ import annotations

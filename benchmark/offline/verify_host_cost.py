@@ -167,6 +167,10 @@ def run_decode(sched, device: SimDevice, prompts, script, params, profile: bool)
                   wall_ms=1e3 * wall / n,
                   host_ms=1e3 * (wall - device.waited) / n,
                   ms_per_token=1e3 * wall / max(decode_tokens, 1))
+    stats = sched.spec.stats if sched.spec is not None else None
+    if stats is not None:  # the proposer's side (``ahead_*``: drafting ahead, newer trees)
+        result["spec"] = {k: getattr(stats, k) for k in ("verify_steps", "draft_tokens",
+                          "accepted_tokens", "ahead_feeds", "ahead_dropped") if hasattr(stats, k)}
     if profiler is not None:
         result["profile"] = profiler
     return result
@@ -232,7 +236,8 @@ def main() -> None:
                 tok_v = best["tokens"] / best["forwards"]
                 print(f"{method:>7} {batch:>5} {device_ms:>9} {best['forwards']:>5} "
                       f"{best['verify']:>6} {tok_v:>5.2f} {best['wall_ms']:>8.3f} "
-                      f"{best['host_ms']:>8.3f} {best['ms_per_token']:>7.4f}", flush=True)
+                      f"{best['host_ms']:>8.3f} {best['ms_per_token']:>7.4f}"
+                      + (f"  {best['spec']}" if "spec" in best else ""), flush=True)
                 if "profile" in best:
                     stats = pstats.Stats(best["profile"])
                     stats.sort_stats("tottime").print_stats(args.top)

@@ -10,6 +10,7 @@ from minisgl.llm.config import EngineOptions
 from minisgl.server.launch.args import parse_args
 from minisgl.speculative import SpecConfig, create_proposer, parse_speculative_config
 from minisgl.speculative.adaptive import Acceptance, StepCost
+from minisgl.speculative.decoder import AHEAD_MIN
 from minisgl.speculative.ngram import lookup
 
 
@@ -144,6 +145,18 @@ def test_adaptive_length_backs_off_and_recovers_through_the_shadow():
         a.shadow = [1, 2, 3]
         a.observe([1, 2, 3])
     assert a.draft_len(4, 0.5) >= 3
+
+
+def test_drafting_ahead_needs_most_recent_verify_steps_to_keep_all():
+    """``full`` (the gate of drafting ahead) is the share of about the last eight verify steps
+    that kept all their drafts: a request rejecting every other step stays under ``AHEAD_MIN``
+    even right after a kept step, one rejecting one step in five stays over it."""
+    half, most = Acceptance(4.0), Acceptance(4.0)
+    for i in range(64):
+        half.record(4 if i % 2 else 1, 4)
+        most.record(1 if i % 5 == 4 else 4, 4)
+        if i >= 24:
+            assert half.full < AHEAD_MIN < most.full
 
 
 def test_step_cost_is_measured_and_the_plain_step_probed_again():

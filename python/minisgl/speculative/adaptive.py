@@ -21,6 +21,10 @@ import math
 from dataclasses import dataclass, field
 
 _DECAY = 0.5  # weight of the newest observation: a few steps decide
+# the newest verify step's weight in ``full``, which gates drafting ahead: about the last eight
+# steps (at ``_DECAY`` one kept step after a rejection read as 0.75, and text edited every 12-16
+# tokens was drafted ahead in vain half the time or more: verify_host_cost.py)
+_FULL_DECAY = 0.125
 # steps in a row without a draft after which a request stops asking for one (a step that may draft
 # reads the forward in flight back first, losing overlap) until its shadow proposal finds one
 MISSES = 2
@@ -39,7 +43,7 @@ class Acceptance:
 
     def record(self, accepted: int, drafted: int) -> None:
         self.ema = (1 - _DECAY) * self.ema + _DECAY * accepted
-        self.full = (1 - _DECAY) * self.full + _DECAY * (accepted == drafted)
+        self.full = (1 - _FULL_DECAY) * self.full + _FULL_DECAY * (accepted == drafted)
 
     def draft_len(self, k_max: int, threshold: float) -> int:
         """0: do not speculate this step (shadow drafting only)."""

@@ -9,7 +9,7 @@ waits; the driver sends both the same prompts (token ids, from this tree's promp
 tree's ``spec_workloads.py`` would read its own sources) and asks each in turn for one timed run,
 alternating which goes first, so a drift in the machine's speed falls on both. A pair's ratio is
 ``new / old`` of two adjacent runs; the record has each tree's median and the median of the pairs'
-ratios.
+ratios. The worker is ``spec_ab_worker.py``.
 
     python benchmark/offline/spec_ab.py --old-tree DIR --out OUT [--methods none,ngram,suffix]
         [--workloads code,chat] [--batch 1] [--max-tokens 512] [--repeats 7]
@@ -18,108 +18,20 @@ ratios.
 (``--save-config DIR`` writes one) needs no weights on the GPU machine: a plain step costs what it
 does with the real weights, but the drafts' acceptance is that of random ones. The
 ``--old-tree`` directory holds the other revision's ``python/`` (``git archive REV python |
-tar -x -C DIR``). The worker speaks JSON lines on its standard streams and uses only the
-package's public pieces (the ``LLM``, its scheduler's ``spec`` and the speculative decoders'
-factory, under either package name), so it runs on trees from before the speculative package's
-rename.
+tar -x -C DIR``), which may predate the speculative package's rename.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import inspect
 import json
 import os
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-
-
-# ---- the worker: one tree's engine, in its own process -----------------------------------------
-
-def _decoder_factory():
-    try:
-        from minisgl.speculative import create_spec_decoder, parse_speculative_config
-    except ImportError:  # a tree from before the package's rename
-        from minisgl.spec import create_spec_decoder, parse_speculative_config  # type: ignore
-    return create_spec_decoder, parse_speculative_config
-
-
-def graph_replay_us(engine, replays: int) -> float | None:
-    """The device time of one replay of the batch-1 decode graph (µs; the median of three timings
-    of ``replays`` back-to-back replays), None without graphs. Replays what the last step left in
-    the graph's inputs, so it runs after every timed run: it may write into freed KV slots."""
-    import torch
-
-    runner = getattr(engine, "graph_runner", None)
-    if runner is None or 1 not in runner.graphs:
-        return None
-    graph = runner.graphs[1]
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / replays)
-    return median(times)
-
-
-def worker(model: str | None, device: str, configs: dict[str, dict | None], dummy: bool) -> None:
-    import torch
-
-    from minisgl import LLM, SamplingParams
-
-    create, parse = _decoder_factory()
-    first = next((c for c in configs.values() if c), None)
-    llm = LLM(model, device=device, mem_fraction=0.45, speculative_config=first,
-              **({"dummy_weights": True} if dummy else {}))
-    sched = llm.scheduler
-    takes_cache = len(inspect.signature(create).parameters) > 2
-    decoders = {m: c and create(parse(c), sched.engine, *([sched.cache] if takes_cache else []))
-                for m, c in configs.items()}
-    reply = sys.stdout
-    sys.stdout = sys.stderr  # the package's own prints stay off the protocol
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["cmd"] == "quit":
-            break
-        if cmd["cmd"] == "ping":  # started: its engine is built
-            out = {}
-        elif cmd["cmd"] == "graph":  # after the timed runs: the decode graph's device time
-            out = {"us": graph_replay_us(sched.engine, cmd["replays"])}
-        elif cmd["cmd"] == "prompts":  # the chat template applied here, once
-            out = {name: [llm.apply_chat_template([{"role": "user", "content": text}])
-                          for text in texts] for name, texts in cmd["texts"].items()}
-        else:  # "run": prefill the prompts (the prefix cache), then time their decode
-            spec = sched.spec = decoders[cmd["method"]]
-            if spec is not None:  # nothing learned from an earlier run of the same prompts
-                spec.reset()
-            prompts, batch = cmd["prompts"], cmd["batch"]
-            params = SamplingParams(temperature=0, max_tokens=cmd["max_tokens"])
-            secs, outs = 0.0, []
-            for i in range(0, len(prompts), batch):
-                group = prompts[i : i + batch]
-                llm.generate(group, SamplingParams(max_tokens=1), use_tqdm=False)
-                start = time.perf_counter()
-                outs += [o.token_ids for o in llm.generate(group, params, use_tqdm=False)]
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                secs += time.perf_counter() - start
-            stats = spec and spec.stats
-            out = {"secs": secs, "tokens": sum(map(len, outs)), "outs": outs,
-                   "verify_steps": stats.verify_steps if stats else 0}
-        reply.write(json.dumps(out) + "\n")
-        reply.flush()
-    llm.close()
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -136,7 +48,7 @@ class Tree:
         self.name = name
         env = dict(os.environ, PYTHONPATH=os.path.join(tree, "python") + os.pathsep
                    + os.environ.get("PYTHONPATH", ""))
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--device", args.device,
+        cmd = [sys.executable, os.path.join(HERE, "spec_ab_worker.py"), "--device", args.device,
                "--configs", json.dumps(configs)]
         cmd += (["--model", model_arg(args.model)] if args.model else []) \
             + (["--dummy-weights"] if args.dummy_weights else [])
@@ -268,8 +180,8 @@ def write(records: list[dict], args) -> None:
         json.dump(dict(date=datetime.date.today().isoformat(), commit=project_commit(),
                        command=command(), records=records), f, indent=1)
     lines = [f"`{command()}` at `{project_commit()}`, {datetime.date.today().isoformat()}: each "
-             "tree's median "
-             "output tok/s, and the median of the ratios of adjacent runs (new / old).", "",
+             "tree's median output tok/s, and the median of the ratios of adjacent runs "
+             "(new / old).", "",
              "| workload | method | batch | old | new | new / old (medians) | "
              "new / old (median pair) | same tokens |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['method']} | {r['batch']} | {r['old_tokens_per_s']:,} | "
@@ -309,12 +221,7 @@ def main() -> None:
     p.add_argument("--graph-replays", type=int, default=300,
                    help="time the batch-1 decode graph's replay on the device (0: no)")
     p.add_argument("--out", default="bench-out")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--configs", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.worker:
-        worker(args.model, args.device, json.loads(args.configs), args.dummy_weights)
-        return
     if args.save_config:
         save_config(args.save_config)
         return

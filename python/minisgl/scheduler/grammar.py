@@ -127,7 +127,7 @@ class GrammarManager:
             tables = load_tables(self.model_path, self.eos, self.tables_dir)
             if tables is None:
                 raise ValueError(f"{kind}: structured output needs the model's tokenizer")
-            compiler = GrammarCompiler(tables, self.vocab_size, cache_dir=self.tables_dir)
+            compiler = GrammarCompiler(tables, self.vocab_size)
             self._masks, self._compiler = BatchMasks(compiler), compiler
         return self._compiler.matcher(self._compiler.compile(kind, source))
 

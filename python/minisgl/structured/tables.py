@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from minisgl.utils import init_logger
@@ -40,13 +40,10 @@ def _xgr() -> Any:
 @dataclass(frozen=True)
 class TokenizerTables:
     """What the grammar compiler needs of a tokenizer: xgrammar's ``TokenizerInfo`` (its width
-    is the tokenizer's length rounded up to 32 ids, ``fill_vocab_size``) and that length; ``key``:
-    their entry's name in a cache directory (None without one), which also names the compiled
-    grammars kept for this tokenizer (``grammar_store.py``)."""
+    is the tokenizer's length rounded up to 32 ids, ``fill_vocab_size``) and that length."""
 
     info: Any
     length: int
-    key: str | None = None
 
     @property
     def fill_vocab_size(self) -> int:
@@ -90,11 +87,10 @@ def load_tables(model_dir: str, stop_token_ids: tuple[int, ...],
         tables = _read(path) if os.path.isfile(path) else None
         if tables is not None:
             logger.info("grammar tables: %s in %.1f s", how, time.perf_counter() - start)
-            return replace(tables, key=key)
+            return tables
     tables = _build(model_dir, stop_token_ids, cache_dir, path)
     if tables is not None:
         logger.info("grammar tables: built in %.1f s", time.perf_counter() - start)
-        tables = replace(tables, key=key if path is not None else None)
     return tables
 
 

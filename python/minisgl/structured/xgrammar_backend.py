@@ -17,7 +17,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .grammar_store import GrammarStore
 from .tables import TokenizerTables, _xgr
 
 KINDS = ("json_schema", "regex", "ebnf")
@@ -79,17 +78,13 @@ class GrammarCompiler:
     cut to the logits' width. ``stop_token_ids`` are the ids that end a request once its grammar
     is complete (the model's EOS ids). ``tokenizer``: a transformers tokenizer, or its tables
     (``TokenizerTables``, which already hold the stop ids: e.g. read from a cache by
-    ``load_tables``). ``cache_dir``: with tables kept there, grammars compiled before are read
-    back from it and new ones written to it (``grammar_store.py``). Thread-safe: the scheduler
-    compiles on a worker thread.
+    ``load_tables``). Thread-safe: the scheduler compiles on a worker thread.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...] = (),
-                 max_threads: int = 2, cache_dir: str | None = None) -> None:
+                 max_threads: int = 2) -> None:
         tables = tokenizer if isinstance(tokenizer, TokenizerTables) \
             else TokenizerTables.from_tokenizer(tokenizer, stop_token_ids)
-        self.store = GrammarStore(cache_dir, tables.key, tables.info) \
-            if cache_dir and tables.key else None
         self.vocab_size = vocab_size
         self.fill_vocab_size = tables.fill_vocab_size
         self.mask_vocab_size = max(vocab_size, self.fill_vocab_size)
@@ -106,27 +101,21 @@ class GrammarCompiler:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        compiled = self.store.load(kind, source) if self.store is not None else None
-        if compiled is None:
-            compiled = self._compile(kind, source)
-            if self.store is not None:
-                self.store.save_later(kind, source, compiled)
+        check_grammar(kind, source)
+        try:
+            if kind == "json_schema":
+                compiled = self._compiler.compile_grammar(_json_schema_grammar(source))
+            elif kind == "regex":
+                compiled = self._compiler.compile_regex(source)
+            else:
+                compiled = self._compiler.compile_grammar(source)
+        except Exception as e:
+            raise ValueError(f"{kind}: cannot compile: {_message(e)}") from None
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
-
-    def _compile(self, kind: str, source: str) -> Any:
-        check_grammar(kind, source)
-        try:
-            if kind == "json_schema":
-                return self._compiler.compile_grammar(_json_schema_grammar(source))
-            if kind == "regex":
-                return self._compiler.compile_regex(source)
-            return self._compiler.compile_grammar(source)
-        except Exception as e:
-            raise ValueError(f"{kind}: cannot compile: {_message(e)}") from None
 
     def matcher(self, compiled: Any) -> Matcher:
         return Matcher(_xgr().GrammarMatcher(compiled), self.fill_vocab_size // 32)

@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -83,11 +84,6 @@ def prompt_texts() -> dict[str, list[str]]:
     from spec_workloads import CHATS, code_texts
 
     return {"code": code_texts(), "chat": list(CHATS)}
-
-
-def median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
 
 def compare(args) -> list[dict]:

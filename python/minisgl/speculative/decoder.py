@@ -55,7 +55,7 @@ logger = init_logger(__name__)
 # how often a request's recent verify steps must have kept all their drafts for the next step to
 # be drafted on one in flight: a step drafted ahead in vain costs a verify forward, one that stands
 # saves the host's planning (the read-back's wait); in the CPU simulation of a batch-1 step
-# (verify_host_cost.py) it paid from about three in five kept
+# (verify_host_cost.py) it lost at about one in two kept, and broke even or won from two in three
 AHEAD_MIN = 0.6
 # the proposer's deferred work done per forward launched, and per idle turn of the scheduler
 # (``Proposer.spare``): a slice small enough to hide behind a small model's forward

@@ -73,3 +73,48 @@ def test_piecewise_sizes_follow_the_step_budget(tiny_checkpoints):
               piecewise_cuda_graph_max_tokens=0)
     assert llm.scheduler.engine.piecewise is None
     llm.close()
+
+
+def test_a_size_whose_kernel_is_not_loaded_is_captured_after_an_eager_run(tiny_checkpoints):
+    """``capture(loaded=True)`` runs only the largest size eagerly; a smaller size that launches a
+    kernel not yet loaded (no module may load while a stream captures) is run eagerly and
+    captured again, and its graph launches that kernel."""
+    import triton
+    import triton.language as tl
+
+    from minisgl.engine.piecewise import PiecewiseRunner
+
+    @triton.jit
+    def _mark(ptr, VALUE: tl.constexpr):
+        tl.store(ptr, VALUE)
+
+    llm = LLM(str(tiny_checkpoints["qwen3"]), device="cuda", dtype="float32", num_pages=512,
+              max_prefill_tokens=128, max_num_batched_tokens=128, max_running_requests=8)
+    engine = llm.scheduler.engine
+    mark = torch.zeros(1, dtype=torch.int32, device="cuda")
+    forward = engine.model.forward
+
+    def marked(input_ids, positions, ctx):
+        if input_ids.shape[0] == 64:  # only the smaller size launches it
+            _mark[(1,)](mark, VALUE=7)
+        return forward(input_ids, positions, ctx)
+
+    engine.model.forward = marked
+    runner = PiecewiseRunner(engine.model, engine.ctx, 128)
+    eager: list[int] = []
+    run_cut = runner._run_cut
+
+    def counted(size, capture):
+        if not capture:
+            eager.append(size)
+        return run_cut(size, capture)
+
+    runner._run_cut = counted
+    runner.capture(loaded=True)
+    assert eager == [128, 64]
+    graphs, _, _ = runner.pieces[64]
+    graphs[0].replay()  # the embedding and layer 0 up to its attention, after the mark
+    torch.cuda.synchronize()
+    assert mark.item() == 7
+    runner.close()
+    llm.close()

@@ -147,7 +147,8 @@ class Engine:
             if max_tokens >= STEP:
                 self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens,
                                                  self.window_pages is not None)
-                self.piecewise.capture()
+                self.piecewise.capture(loaded=self.kernels is not None
+                                       and self.kernels.forwards_loaded)
         phases.mark("graphs")
         if self.kernels is not None:
             self.kernels.engine_built()

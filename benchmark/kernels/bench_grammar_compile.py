@@ -1,5 +1,6 @@
 """What a grammar never seen costs on its first request: compiling tool-call schemas with xgrammar
-on 1 to N threads (``GrammarCompiler(max_threads=...)``, 2 in the scheduler), on one tokenizer.
+on 1 to N threads (``GrammarCompiler(max_threads=...)``: 2 to 4 in the scheduler, by the CPUs),
+on one tokenizer.
 
     python benchmark/kernels/bench_grammar_compile.py [--tokenizer DIR] [--schemas 8]
         [--threads 1,2,4,8] [--out DIR]

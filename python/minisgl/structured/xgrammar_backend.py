@@ -82,13 +82,15 @@ class GrammarCompiler:
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...] = (),
-                 max_threads: int = 2) -> None:
+                 max_threads: int | None = None) -> None:
         tables = tokenizer if isinstance(tokenizer, TokenizerTables) \
             else TokenizerTables.from_tokenizer(tokenizer, stop_token_ids)
         self.vocab_size = vocab_size
         self.fill_vocab_size = tables.fill_vocab_size
         self.mask_vocab_size = max(vocab_size, self.fill_vocab_size)
         self.stop_token_ids = frozenset(tables.info.stop_token_ids)  # those that can end a grammar
+        if max_threads is None:  # a schema's compile stopped gaining beyond four threads
+            max_threads = min(4, max(2, fill_threads()))
         self._compiler = _xgr().GrammarCompiler(tables.info, max_threads=max_threads,
                                                 cache_enabled=False)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()

@@ -47,6 +47,7 @@ linear-attention kernels update in place; padding rows update the dummy row's sc
 from __future__ import annotations
 
 import gc
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -133,12 +134,15 @@ class GraphRunner:
         # NOTE: a garbage-collected CUDA graph (e.g. of an engine dropped earlier) frees itself in
         # its destructor, which is illegal while another graph is capturing: collect first, and
         # keep the collector off until every graph is captured.
+        start = time.perf_counter()
         gc.collect()
         gc.disable()
         try:
             self._capture_sizes()
         finally:
             gc.enable()
+        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s", self.sizes,
+                    time.perf_counter() - start)
 
     def _capture_sizes(self) -> None:
         stream = torch.cuda.Stream()
@@ -152,7 +156,6 @@ class GraphRunner:
             torch.cuda.current_stream().wait_stream(stream)
             self.pool = graph.pool()
             self.graphs[bs] = graph
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def _run(self, batch: Batch) -> torch.Tensor:
         """The captured forward: the batch's inputs gathered from the static rows, the model, and

@@ -30,6 +30,7 @@ shapes (one set of buffers; the engine checks ``cache_spec``).
 from __future__ import annotations
 
 import gc
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -167,6 +168,7 @@ class PiecewiseRunner:
         skip a forward's device time each. A size whose capture still fails runs eagerly and is
         captured again."""
         # NOTE: no graph may be garbage-collected while another captures (graph.py says why)
+        start = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
         gc.collect()
         gc.disable()
@@ -179,8 +181,8 @@ class PiecewiseRunner:
             torch.cuda.current_stream().wait_stream(stream)
         finally:
             gc.enable()
-        logger.info("captured piecewise CUDA graphs for prefill/mixed forwards of %d to %d tokens",
-                    self.sizes[0], self.max_tokens)
+        logger.info("captured piecewise CUDA graphs for prefill/mixed forwards of %d to %d tokens "
+                    "in %.1f s", self.sizes[0], self.max_tokens, time.perf_counter() - start)
 
     def _capture(self, size: int, loaded: bool):
         if loaded:

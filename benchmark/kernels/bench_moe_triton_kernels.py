@@ -1,18 +1,23 @@
-"""OpenAI's ``triton_kernels`` (``matmul_ogs``, the MXFP4 MoE GEMMs vLLM and SGLang run on Hopper)
-against minisgl's fused MoE at gpt-oss-20b's experts (32 x 2880 x 2880, top 4, biases, clamped
-SwiGLU), the same weights and routing, in the same run.
+"""A library's MXFP4 MoE against minisgl's fused MoE at gpt-oss-20b's experts (32 x 2880 x 2880,
+top 4, biases, clamped SwiGLU), the same weights and routing, in the same run: OpenAI's
+``triton_kernels`` (``matmul_ogs``, what vLLM and SGLang run on Hopper; the default) or
+FlashInfer's CUTLASS fused MoE with MXFP4 weights and bf16 activations (``--library
+flashinfer``, Hopper's mixed-input grouped GEMMs; vLLM's other Hopper path for gpt-oss).
 
-    python benchmark/kernels/bench_moe_triton_kernels.py [--tokens 1 4 16 64 200 800 2048 4096]
-        [--out DIR]
+    python benchmark/kernels/bench_moe_triton_kernels.py [--library triton_kernels|flashinfer]
+        [--tokens 1 4 16 64 200 800 2048 4096] [--out DIR]
 
-Needs ``triton_kernels`` importable (the package of the installed Triton's release). Both run as
-the engine runs them: ``--moe-backend triton`` (``moe/fused.py``) and ``--moe-backend
-triton_kernels`` (``moe/matmul_ogs.py``: the experts converted to its layouts once, the routing
-built from the top-k ids and weights every call). Per token count: both eagerly (``do_bench``
-medians, L2 flushed: launch overhead included) and replayed from a CUDA graph (how decode runs
-them), the ratio ours / theirs of the graph times, and the largest difference of the outputs
-relative to ours' largest magnitude. Writes ``<date>_moe_triton_kernels_<gpu>.{json,md}`` to
-``--out``.
+Needs the library importable (``triton_kernels``: the package of the installed Triton's release;
+FlashInfer: ``scripts/gpu_validate.sh moe-fi`` installs it, its kernels compiled on first use).
+Ours runs as the engine runs it (``--moe-backend triton``, ``moe/fused.py``). ``triton_kernels``
+runs as ``--moe-backend triton_kernels`` (``moe/matmul_ogs.py``: the experts converted to its
+layouts once, the routing built from the top-k ids and weights every call). FlashInfer's kernel
+(``flashinfer_layout``) wants K a multiple of 128 (its scales interleaved four groups at a
+time): gpt-oss's 2,880 is padded to 3,072 with zero weights, and every call pads x and slices the
+output (both timed). Per token count: both eagerly (``do_bench`` medians, L2 flushed: launch
+overhead included) and replayed from a CUDA graph (how decode runs them), the ratio ours /
+theirs of the graph times, and the largest difference of the outputs relative to ours' largest
+magnitude. Writes ``<date>_moe_<library>_<gpu>.{json,md}`` to ``--out``.
 """
 
 import argparse
@@ -35,15 +40,79 @@ from bench_moe import graph_ms  # noqa: E402
 
 import minisgl.models  # noqa: F401, E402  (first: importing minisgl.layers alone is circular)
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales, create_moe_backend  # noqa: E402
-from minisgl.moe.matmul_ogs import OgsExperts  # noqa: E402
 from minisgl.quant.mxfp4 import quantize_mxfp4  # noqa: E402
 
 E, K, H, INTER = 32, 4, 2880, 2880
 ALPHA, LIMIT = 1.702, 7.0
+PADDED = 3072  # FlashInfer's K: a multiple of 128 (its scales go four groups at a time)
+
+
+def _pad(t: torch.Tensor, dim: int, size: int, value: int = 0) -> torch.Tensor:
+    pad = [0, 0] * (t.dim() - 1 - dim) + [0, size - t.shape[dim]]
+    return torch.nn.functional.pad(t, pad, value=value)
+
+
+def _up_first(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[E, 2I, ...]`` gate rows then up rows -> each half padded to ``rows``, up first."""
+    gate, up = t.chunk(2, dim=1)
+    return torch.cat([_pad(up, 1, rows), _pad(gate, 1, rows)], dim=1)
+
+
+def _by_four(scales: torch.Tensor) -> torch.Tensor:
+    """``[E, N, K/32]`` e8m0 -> ``[E, K/128, 4N]``: four consecutive groups of a row together."""
+    e, n, groups = scales.shape
+    return scales.reshape(e, n, groups // 4, 4).permute(0, 2, 1, 3).reshape(e, groups // 4, 4 * n)
+
+
+def flashinfer_layout(w13, w2, scales, bias):
+    """The experts as FlashInfer's Hopper MXFP4 MoE reads them, H and I padded to ``PADDED``:
+    fc1 ``[E, 2I', H'/2]`` up rows first, fc2 ``[E, H', I'/2]``, their scales grouped by four,
+    biases in bf16; zero weights (and biases) where padded."""
+    w13p = _pad(_up_first(w13, PADDED), 2, PADDED // 2)
+    s13p = _by_four(_pad(_up_first(scales.w13, PADDED), 2, PADDED // 32, 127))
+    w2p = _pad(_pad(w2, 1, PADDED), 2, PADDED // 2)
+    s2p = _by_four(_pad(_pad(scales.w2, 1, PADDED, 127), 2, PADDED // 32, 127))
+    return (w13p.contiguous(), w2p.contiguous(), [s13p.contiguous(), s2p.contiguous()],
+            _up_first(bias.w13[..., None], PADDED)[..., 0].contiguous(),
+            _pad(bias.w2, 1, PADDED).contiguous())
+
+
+def flashinfer_forward(prepared, act: MoeActivation):
+    """A call of FlashInfer's fused MoE on the prepared experts: (x, weights, ids) -> [T, H].
+    Its tactic per token count is picked by its autotuner on the first call of that count; the
+    top-k sum is the deterministic one (the fused epilogue's atomics are not: greedy decoding
+    must not depend on the run). beta 1: gpt-oss's ``(up + 1)``."""
+    from flashinfer.autotuner import autotune
+    from flashinfer.fused_moe import cutlass_fused_moe
+
+    w13p, w2p, quant_scales, b13p, b2p = prepared
+    dev = w13p.device
+    alpha, beta, limit = (torch.full((E,), v, device=dev) for v in (act.alpha, 1.0, act.limit))
+    tuned: set[int] = set()
+
+    def call(x, weights, ids):
+        out = cutlass_fused_moe(_pad(x, 1, PADDED), ids.to(torch.int32), weights.float(), w13p,
+                                w2p, torch.bfloat16, quant_scales, fc1_expert_biases=b13p,
+                                fc2_expert_biases=b2p, swiglu_alpha=alpha, swiglu_beta=beta,
+                                swiglu_limit=limit, use_w4_group_scaling=True,
+                                use_fused_finalize=False)
+        return out[:, :H]
+
+    def run(x, weights, ids):
+        if x.shape[0] not in tuned:
+            tuned.add(x.shape[0])
+            with autotune(True):
+                call(x, weights, ids)
+            torch.cuda.synchronize()
+        return call(x, weights, ids)
+
+    return run
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--library", choices=["triton_kernels", "flashinfer"],
+                   default="triton_kernels")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 200, 800, 2048, 4096])
     p.add_argument("--out", default="bench-out", help="results (./bench-out)")
     a = p.parse_args()
@@ -55,10 +124,20 @@ def main():
     b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
     act = MoeActivation("swiglu_clamped", ALPHA, LIMIT)
     scales, bias = Mxfp4Scales(s13, s2), ExpertBias(b13, b2)
-    fused, ogs = create_moe_backend("triton"), create_moe_backend("triton_kernels")
-    layout = ogs.prepare_experts(w13, w2, scales, bias, act)
+    fused = create_moe_backend("triton")
     words = fused.prepare_experts(w13, w2, scales, bias, act)  # the fused MoE's word layout
-    assert isinstance(layout, OgsExperts), "triton_kernels' layouts: a Hopper GPU"
+    if a.library == "flashinfer":
+        library = flashinfer_forward(flashinfer_layout(w13, w2, scales, bias), act)
+    else:
+        from minisgl.moe.matmul_ogs import OgsExperts
+
+        ogs = create_moe_backend("triton_kernels")
+        layout = ogs.prepare_experts(w13, w2, scales, bias, act)
+        assert isinstance(layout, OgsExperts), "triton_kernels' layouts: a Hopper GPU"
+
+        def library(x, weights, ids):
+            return ogs.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,
+                               layout=layout)
     results = []
     for t in a.tokens:
         x = torch.randn(t, H, device=dev, dtype=torch.bfloat16)
@@ -70,8 +149,7 @@ def main():
                                  layout=words)
 
         def theirs():
-            return ogs.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,
-                               layout=layout)
+            return library(x, weights, ids)
 
         yo, yt = ours().float(), theirs().float()
         row = dict(tokens=t, rel_diff=((yo - yt).abs().max() / yo.abs().max()).item(),
@@ -82,18 +160,18 @@ def main():
         print(json.dumps(row), flush=True)
         results.append(row)
     gpu, date = torch.cuda.get_device_name(), datetime.date.today().isoformat()
-    import triton_kernels
+    lib = __import__(a.library)
     meta = dict(gpu=gpu, date=date, torch=torch.__version__, triton=triton.__version__,
-                triton_kernels=getattr(triton_kernels, "__version__", None),
+                library=a.library, version=getattr(lib, "__version__", None),
                 commit=project_commit())
     os.makedirs(a.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
-    stem = os.path.join(a.out, f"{date}_moe_triton_kernels_{slug}")
+    stem = os.path.join(a.out, f"{date}_moe_{a.library}_{slug}")
     with open(stem + ".json", "w") as f:
         json.dump(dict(meta=meta, results=results), f, indent=1)
-    lines = [f"# MXFP4 MoE: minisgl's fused MoE against triton_kernels' matmul_ogs, {gpu}, {date}",
+    lines = [f"# MXFP4 MoE: minisgl's fused MoE against {a.library}, {gpu}, {date}",
              "", f"gpt-oss-20b's experts, bf16 activations; torch {torch.__version__}, triton "
-             f"{triton.__version__}. Median us (L2 flushed).", "",
+             f"{triton.__version__}, {a.library} {meta['version']}. Median us (L2 flushed).", "",
              "| tokens | ours eager | theirs eager | ours graph | theirs graph | ours / theirs "
              "(graph) | max rel diff |", "|---" * 7 + "|"]
     lines += [f"| {r['tokens']} | {r['ours_eager_us']:.1f} | {r['theirs_eager_us']:.1f} | "

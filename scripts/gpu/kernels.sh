@@ -20,6 +20,9 @@
 #   scripts/gpu_validate.sh moe-tk     OUT  # triton_kernels' matmul_ogs (carry its wheel in
 #                                           # .whl) against the fused MXFP4 MoE, eager and
 #                                           # graphed, at 1-4,096 tokens
+#   scripts/gpu_validate.sh moe-fi     OUT  # FlashInfer's CUTLASS MoE (MXFP4 weights, bf16
+#                                           # activations, Hopper) the same way; installs it
+#                                           # as `fi` does (carry .whl-fi/1 with .whl)
 #   scripts/gpu_validate.sh attn-wide  OUT  # decode attention at Gemma 4's heads (256 wide,
 #                                           # 8 KV heads; 512 wide, 2) at 1-64 requests, with
 #                                           # the launch sweep that sets _launch_config's rows
@@ -102,6 +105,11 @@ moe-ab)  # the swapped kernel's small row blocks in K order, then in the permute
     step 240 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 200 --out "$out" \
         >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
+moe-fi)  # FlashInfer's CUTLASS MXFP4 MoE against the fused MoE (its JIT kernels compile first)
+    fi_install
+    step 560 "$py" benchmark/kernels/bench_moe_triton_kernels.py --library flashinfer \
+        --out "$out" >"$out/bench_moe_flashinfer.log" 2>&1
+    tail -4 "$out/bench_moe_flashinfer.log"; cat "$out"/*_moe_flashinfer_*.md ;;
 moe-tk)  # triton_kernels' matmul_ogs against the fused MoE (its wheel for the installed Triton)
     step 300 "$py" benchmark/kernels/bench_moe_triton_kernels.py --out "$out" \
         >"$out/bench_moe_triton_kernels.log" 2>&1

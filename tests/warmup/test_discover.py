@@ -54,23 +54,6 @@ def test_a_shadow_run_finds_every_kernel_of_the_plan_deterministically(qwen3_dir
     json.loads(first.to_json())  # plain JSON: the kernel cache's plan file
 
 
-def test_the_shadow_run_reaches_every_piecewise_size(qwen3_dir, monkeypatch):
-    """With the plan loaded the engine captures its piecewise sizes without an eager run each
-    (``PiecewiseRunner.capture``), so the plan holds the kernels of every size."""
-    from minisgl.engine.piecewise import STEP, PiecewiseRunner
-
-    seen: set[int] = set()
-    run_eager = PiecewiseRunner.run_eager
-
-    def spy(self, batch):
-        seen.add(-(-batch.input_ids.shape[0] // STEP) * STEP)
-        return run_eager(self, batch)
-
-    monkeypatch.setattr(PiecewiseRunner, "run_eager", spy)
-    discover(_config(qwen3_dir), grammar=False)
-    assert seen == set(range(STEP, 512 + 1, STEP))
-
-
 def test_a_hybrid_models_linear_attention_kernels_are_found(tmp_path, monkeypatch):
     """Qwen3.5's Gated DeltaNet layers: the conv and delta-rule kernels of prefill and decode
     (fla's chunked rule stands in by its shapes: it is autotuned on first use)."""

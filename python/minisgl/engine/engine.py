@@ -147,8 +147,7 @@ class Engine:
             if max_tokens >= STEP:
                 self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens,
                                                  self.window_pages is not None)
-                self.piecewise.capture(loaded=self.kernels is not None
-                                       and self.kernels.forwards_loaded)
+                self.piecewise.capture()
         phases.mark("graphs")
         if self.kernels is not None:
             self.kernels.engine_built()

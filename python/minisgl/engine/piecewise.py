@@ -68,20 +68,6 @@ class _Cut:
         if self.capture:
             self.graphs[-1].capture_end()
 
-    def abandon(self) -> None:
-        """End a capture that an error broke off (its graph is invalid) and drop its graphs."""
-        if self.capture and self.graphs:
-            try:
-                self.graphs[-1].capture_end()
-            except RuntimeError:
-                pass
-            for graph in self.graphs:
-                try:
-                    graph.reset()
-                except RuntimeError:
-                    pass
-            self.graphs.clear()
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Any,
                 batch: Batch, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.cut(self.runner.buffers(q, k, v), (q, k, v), (False, spec))
@@ -159,14 +145,8 @@ class PiecewiseRunner:
         return self._linear_bufs
 
     @torch.inference_mode()
-    def capture(self, loaded: bool = False) -> None:
-        """Capture every size's pieces (once). No kernel module may load while a stream
-        captures, so a size's forward runs eagerly before its capture, loading what it launches.
-        ``loaded``: the kernel warm-up has loaded every size's kernels (``minisgl.warmup``; its
-        plan holds each size), so only the first, largest size runs eagerly (it allocates the
-        static buffers and starts the libraries' handles on the capturing stream) and the rest
-        skip a forward's device time each. A size whose capture still fails runs eagerly and is
-        captured again."""
+    def capture(self) -> None:
+        """Capture every size's pieces (once)."""
         # NOTE: no graph may be garbage-collected while another captures (graph.py says why)
         start = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
@@ -176,23 +156,14 @@ class PiecewiseRunner:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                for i, size in enumerate(reversed(self.sizes)):  # largest first: the rest
-                    self.pieces[size] = self._capture(size, loaded and i > 0)  # reuse its memory
+                for size in reversed(self.sizes):  # largest first: the rest reuse its memory
+                    self._run_cut(size, capture=False)  # warm-up: compiles and tunes every kernel
+                    self.pieces[size] = self._run_cut(size, capture=True)
             torch.cuda.current_stream().wait_stream(stream)
         finally:
             gc.enable()
         logger.info("captured piecewise CUDA graphs for prefill/mixed forwards of %d to %d tokens "
                     "in %.1f s", self.sizes[0], self.max_tokens, time.perf_counter() - start)
-
-    def _capture(self, size: int, loaded: bool):
-        if loaded:
-            try:
-                return self._run_cut(size, capture=True)
-            except RuntimeError as e:  # a kernel the plan missed tried to load while capturing
-                logger.warning("piecewise graphs of %d tokens: captured again after an eager run "
-                               "(%s)", size, str(e).splitlines()[0])
-        self._run_cut(size, capture=False)  # loads (or compiles) every kernel it launches
-        return self._run_cut(size, capture=True)
 
     def _run_cut(self, size: int, capture: bool):
         window_loc = self.window_out_loc[:size] if self.window_out_loc is not None else None
@@ -204,12 +175,8 @@ class PiecewiseRunner:
         ctx = Context(self.ctx.page_table, self.ctx.kv_pool, cut,  # type: ignore[arg-type]
                       self.ctx.state_pool, linear)  # type: ignore[arg-type]
         cut.begin()
-        try:
-            with ctx.forward_batch(batch):
-                hidden = self.model(batch.input_ids, batch.positions, ctx)
-        except BaseException:
-            cut.abandon()
-            raise
+        with ctx.forward_batch(batch):
+            hidden = self.model(batch.input_ids, batch.positions, ctx)
         cut.end()
         return cut.graphs, cut.layers, hidden
 

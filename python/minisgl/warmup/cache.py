@@ -95,9 +95,8 @@ def _driver_version() -> str:
     return f"{version.value // 1000}.{version.value % 1000 // 10}"
 
 
-# bumped when a plan's contents change meaning (2: launch options kept in their launch order;
-# 3: every piecewise graph's token count, which the engine then captures without an eager run)
-PLAN_FORMAT = 3
+# bumped when a plan's contents change meaning (2: launch options kept in their launch order)
+PLAN_FORMAT = 2
 
 
 def model_key(config: EngineConfig, grammar: bool) -> tuple[str, dict]:

@@ -2,10 +2,9 @@
 must be compiled before the server reports ready and what may follow.
 
 ``KernelSet.essential``: everything the forwards reach (every prefill, mixed and decode shape of
-the plan, every piecewise graph's token count, the decode graphs of every captured batch size
-with their in-graph greedy sampling) and what loading the model launches;
-``KernelSet.stages[k]``: the sampler variants that stage k + 1 of ``plan.FEATURE_STAGES`` adds.
-Deterministic for a configuration and a GPU.
+the plan, the decode graphs of every captured batch size with their in-graph greedy sampling) and
+what loading the model launches; ``KernelSet.stages[k]``: the sampler variants that stage k + 1 of
+``plan.FEATURE_STAGES`` adds. Deterministic for a configuration and a GPU.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ def discover(config: EngineConfig, grammar: bool,
         engine = ShadowEngine(config)
         plan = plan_for(engine, grammar)
         forwards = Recording()
-        shapes = list(plan.forwards) + _split_counts(engine, plan) + _piecewise_sizes(engine, plan)
+        shapes = list(plan.forwards) + _split_counts(engine, plan)
         probes = [(s.name, lambda s=s: engine.forward(s)) for s in shapes]
         probes += [(f"decode graph {bs}", lambda bs=bs: engine.graph_decode(bs))
                    for bs in engine.graph_sizes]
@@ -99,27 +98,6 @@ def discover(config: EngineConfig, grammar: bool,
                 f" ({len(out.failed)} probes failed: {'; '.join(out.failed)})" if out.failed
                 else "")
     return out
-
-
-def _piecewise_sizes(engine: ShadowEngine, plan: KernelPlan) -> list[ForwardShape]:
-    """A prefill of each piecewise graph's token count that no forward of the plan pads to (a
-    size may launch other variants: a GEMM's tile table by rows): with the plan loaded, the
-    engine captures those sizes without running each eagerly first (``PiecewiseRunner``)."""
-    runner = engine.piecewise
-    if runner is None:
-        return []
-    step = runner.sizes[0]
-    covered = {-(-(f.decode + sum(f.extends)) // step) * step for f in plan.forwards}
-    config = engine.config
-    longest = max(1, min(config.max_forward_tokens, engine.max_seq_len - 2))
-    extra = []
-    for size in runner.sizes:
-        tokens = min(size, config.max_forward_tokens)  # the largest size may be padding's
-        chunks = (longest,) * (tokens // longest) + ((tokens % longest,) if tokens % longest
-                                                     else ())
-        if size not in covered and len(chunks) <= config.max_running_reqs:
-            extra.append(ForwardShape(extends=chunks))
-    return extra
 
 
 def _split_counts(engine: ShadowEngine, plan: KernelPlan) -> list[ForwardShape]:

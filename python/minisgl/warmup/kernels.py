@@ -146,14 +146,6 @@ class KernelWarmup:
         """Block until the variants needed before ready are compiled (or the attempt failed)."""
         return self._ready.wait(timeout)
 
-    @property
-    def forwards_loaded(self) -> bool:
-        """Whether every kernel of the engine's forwards is loaded in this process: the plan
-        whole (no probe failed), its variants before ready compiled, none autotuned."""
-        k = self.kernels
-        return (self._ready.is_set() and k is not None and not k.failed and not k.autotuned
-                and not self.errors)
-
     def engine_built(self) -> None:
         """The engine is built (weights, memory profile, CUDA graphs): the sampler's stages may
         compile now (beside the start-up, their compiles' Python held the GIL against its graph

@@ -9,12 +9,11 @@ flashinfer``, Hopper's mixed-input grouped GEMMs; vLLM's other Hopper path for g
 
 Needs the library importable (``triton_kernels``: the package of the installed Triton's release;
 FlashInfer: ``scripts/gpu_validate.sh moe-fi`` installs it, its kernels compiled on first use).
-Ours runs as the engine runs it (``--moe-backend triton``, ``moe/fused.py``). ``triton_kernels``
-runs as ``--moe-backend triton_kernels`` (``moe/matmul_ogs.py``: the experts converted to its
-layouts once, the routing built from the top-k ids and weights every call). FlashInfer's kernel
-(``flashinfer_layout``) wants K a multiple of 128 (its scales interleaved four groups at a
-time): gpt-oss's 2,880 is padded to 3,072 with zero weights, and every call pads x and slices the
-output (both timed). Per token count: both eagerly (``do_bench`` medians, L2 flushed: launch
+Each runs as the engine runs it: ours as ``--moe-backend triton`` (``moe/fused.py``), the library
+as ``--moe-backend LIBRARY`` (``moe/matmul_ogs.py``: the experts converted to its layouts once,
+the routing built from the top-k ids and weights every call; ``moe/flashinfer_mxfp4.py``: the
+sizes padded to 3,072, x padded and the output sliced every call, the autotuner's pick on each
+token count's first call). Per token count: both eagerly (``do_bench`` medians, L2 flushed: launch
 overhead included) and replayed from a CUDA graph (how decode runs them), the ratio ours /
 theirs of the graph times, and the largest difference of the outputs relative to ours' largest
 magnitude. Writes ``<date>_moe_<library>_<gpu>.{json,md}`` to ``--out``.
@@ -40,73 +39,11 @@ from bench_moe import graph_ms  # noqa: E402
 
 import minisgl.models  # noqa: F401, E402  (first: importing minisgl.layers alone is circular)
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales, create_moe_backend  # noqa: E402
+from minisgl.moe.fused import WordExperts  # noqa: E402
 from minisgl.quant.mxfp4 import quantize_mxfp4  # noqa: E402
 
 E, K, H, INTER = 32, 4, 2880, 2880
 ALPHA, LIMIT = 1.702, 7.0
-PADDED = 3072  # FlashInfer's K: a multiple of 128 (its scales go four groups at a time)
-
-
-def _pad(t: torch.Tensor, dim: int, size: int, value: int = 0) -> torch.Tensor:
-    pad = [0, 0] * (t.dim() - 1 - dim) + [0, size - t.shape[dim]]
-    return torch.nn.functional.pad(t, pad, value=value)
-
-
-def _up_first(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[E, 2I, ...]`` gate rows then up rows -> each half padded to ``rows``, up first."""
-    gate, up = t.chunk(2, dim=1)
-    return torch.cat([_pad(up, 1, rows), _pad(gate, 1, rows)], dim=1)
-
-
-def _by_four(scales: torch.Tensor) -> torch.Tensor:
-    """``[E, N, K/32]`` e8m0 -> ``[E, K/128, 4N]``: four consecutive groups of a row together."""
-    e, n, groups = scales.shape
-    return scales.reshape(e, n, groups // 4, 4).permute(0, 2, 1, 3).reshape(e, groups // 4, 4 * n)
-
-
-def flashinfer_layout(w13, w2, scales, bias):
-    """The experts as FlashInfer's Hopper MXFP4 MoE reads them, H and I padded to ``PADDED``:
-    fc1 ``[E, 2I', H'/2]`` up rows first, fc2 ``[E, H', I'/2]``, their scales grouped by four,
-    biases in bf16; zero weights (and biases) where padded."""
-    w13p = _pad(_up_first(w13, PADDED), 2, PADDED // 2)
-    s13p = _by_four(_pad(_up_first(scales.w13, PADDED), 2, PADDED // 32, 127))
-    w2p = _pad(_pad(w2, 1, PADDED), 2, PADDED // 2)
-    s2p = _by_four(_pad(_pad(scales.w2, 1, PADDED, 127), 2, PADDED // 32, 127))
-    return (w13p.contiguous(), w2p.contiguous(), [s13p.contiguous(), s2p.contiguous()],
-            _up_first(bias.w13[..., None], PADDED)[..., 0].contiguous(),
-            _pad(bias.w2, 1, PADDED).contiguous())
-
-
-def flashinfer_forward(prepared, act: MoeActivation):
-    """A call of FlashInfer's fused MoE on the prepared experts: (x, weights, ids) -> [T, H].
-    Its tactic per token count is picked by its autotuner on the first call of that count; the
-    top-k sum is the deterministic one (the fused epilogue's atomics are not: greedy decoding
-    must not depend on the run). beta 1: gpt-oss's ``(up + 1)``."""
-    from flashinfer.autotuner import autotune
-    from flashinfer.fused_moe import cutlass_fused_moe
-
-    w13p, w2p, quant_scales, b13p, b2p = prepared
-    dev = w13p.device
-    alpha, beta, limit = (torch.full((E,), v, device=dev) for v in (act.alpha, 1.0, act.limit))
-    tuned: set[int] = set()
-
-    def call(x, weights, ids):
-        out = cutlass_fused_moe(_pad(x, 1, PADDED), ids.to(torch.int32), weights.float(), w13p,
-                                w2p, torch.bfloat16, quant_scales, fc1_expert_biases=b13p,
-                                fc2_expert_biases=b2p, swiglu_alpha=alpha, swiglu_beta=beta,
-                                swiglu_limit=limit, use_w4_group_scaling=True,
-                                use_fused_finalize=False)
-        return out[:, :H]
-
-    def run(x, weights, ids):
-        if x.shape[0] not in tuned:
-            tuned.add(x.shape[0])
-            with autotune(True):
-                call(x, weights, ids)
-            torch.cuda.synchronize()
-        return call(x, weights, ids)
-
-    return run
 
 
 def main():
@@ -124,20 +61,10 @@ def main():
     b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
     act = MoeActivation("swiglu_clamped", ALPHA, LIMIT)
     scales, bias = Mxfp4Scales(s13, s2), ExpertBias(b13, b2)
-    fused = create_moe_backend("triton")
+    fused, theirs = create_moe_backend("triton"), create_moe_backend(a.library)
     words = fused.prepare_experts(w13, w2, scales, bias, act)  # the fused MoE's word layout
-    if a.library == "flashinfer":
-        library = flashinfer_forward(flashinfer_layout(w13, w2, scales, bias), act)
-    else:
-        from minisgl.moe.matmul_ogs import OgsExperts
-
-        ogs = create_moe_backend("triton_kernels")
-        layout = ogs.prepare_experts(w13, w2, scales, bias, act)
-        assert isinstance(layout, OgsExperts), "triton_kernels' layouts: a Hopper GPU"
-
-        def library(x, weights, ids):
-            return ogs.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,
-                               layout=layout)
+    layout = theirs.prepare_experts(w13, w2, scales, bias, act)
+    assert not isinstance(layout, WordExperts), f"{a.library}'s layouts: a Hopper GPU"
     results = []
     for t in a.tokens:
         x = torch.randn(t, H, device=dev, dtype=torch.bfloat16)
@@ -148,14 +75,15 @@ def main():
             return fused.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,
                                  layout=words)
 
-        def theirs():
-            return library(x, weights, ids)
+        def library():
+            return theirs.forward(x, w13, w2, weights, ids, scales, bias=bias, act=act,
+                                  layout=layout)
 
-        yo, yt = ours().float(), theirs().float()
+        yo, yt = ours().float(), library().float()
         row = dict(tokens=t, rel_diff=((yo - yt).abs().max() / yo.abs().max()).item(),
                    ours_eager_us=do_bench(ours, return_mode="median") * 1e3,
-                   theirs_eager_us=do_bench(theirs, return_mode="median") * 1e3,
-                   ours_graph_us=graph_ms(ours) * 1e3, theirs_graph_us=graph_ms(theirs) * 1e3)
+                   theirs_eager_us=do_bench(library, return_mode="median") * 1e3,
+                   ours_graph_us=graph_ms(ours) * 1e3, theirs_graph_us=graph_ms(library) * 1e3)
         row["ours_over_theirs"] = row["ours_graph_us"] / row["theirs_graph_us"]
         print(json.dumps(row), flush=True)
         results.append(row)

@@ -56,6 +56,8 @@ VARIANTS = {
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
     # MXFP4 experts through OpenAI's triton_kernels (pip install -e '.[triton-kernels]')
     "triton-kernels": {"moe_backend": "triton_kernels"},
+    # MXFP4 experts through FlashInfer's CUTLASS fused MoE (pip install -e '.[flashinfer]')
+    "flashinfer-moe": {"moe_backend": "flashinfer"},
     "no-pdl": {"disable_pdl": True},  # Triton kernels without programmatic dependent launch
     "fp8-no-pdl": {"quantization": "fp8", "disable_pdl": True},
     "no-pad-tokens": {"pad_tokens": 1},  # eager forwards at their own token counts

@@ -37,6 +37,17 @@ def _create_matmul_ogs() -> BaseMoeBackend:
                           "(pip install 'minisgl[triton-kernels]')") from e
 
 
+@MOE_BACKENDS.register("flashinfer")
+def _create_flashinfer() -> BaseMoeBackend:
+    from .flashinfer_mxfp4 import FlashInferMoeBackend
+
+    try:
+        return FlashInferMoeBackend()  # imports flashinfer
+    except ImportError as e:
+        raise ImportError("MoE backend 'flashinfer' needs FlashInfer "
+                          "(pip install 'minisgl[flashinfer]')") from e
+
+
 def resolve_moe_backend(name: str, device) -> str:
     """Turn ``auto`` into a concrete name: the fused Triton kernel on CUDA when registered."""
     if name != "auto":

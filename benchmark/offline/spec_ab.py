@@ -130,7 +130,8 @@ def compare(args) -> list[dict]:
                 median_pair_ratio=round(median(pairs), 3),
                 pair_ratios=[round(p, 3) for p in pairs],
                 same_tokens=all(n["outs"] == o["outs"] for n, o in zip(got["new"], got["old"])),
-                verify_steps={t: got[t][-1]["verify_steps"] for t in got}))
+                verify_steps={t: got[t][-1]["verify_steps"] for t in got},
+                spec={t: got[t][-1].get("spec", {}) for t in got}))  # the last run's
             if method == "none" and args.batch == 1 and all(graph_us.values()):
                 # a plain batch-1 step against its decode graph's device time: the rest is the
                 # host's share of the step that overlap did not hide

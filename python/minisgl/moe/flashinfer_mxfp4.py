@@ -107,7 +107,7 @@ def flashinfer_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         e.tuned.add(x.shape[0])
         with autotune(True):
             call()
-    return call()[:, :e.hidden]
+    return call()[:, :e.hidden].contiguous()  # the layers after read whole rows
 
 
 class FlashInferMoeBackend(BaseMoeBackend):

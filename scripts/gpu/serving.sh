@@ -148,7 +148,7 @@ transformers.models.auto.tokenization_auto" 2>&1 | sort -t'|' -k2 -n | tail -12 
         step 230 "${fm[@]}" --tag "${m}_llm-empty" --offline --cache-dir "$tmp/llm" -- "${srv[@]}"
         step 90 "${fm[@]}" --tag "${m}_llm-restart" --offline --cache-dir "$tmp/llm" -- "${srv[@]}"
         lines="kernel (plan|variants|warm-up|cache)|warm-up done|ready;|captured|started:|grammar tables"
-        grep -hE "$lines|engine ready|after the launch" \
+        grep -hE "$lines|engine ready|LLM ready|after the launch" \
             "$out/first_minute_${m}"_*.log >"$out/first_minute_${m}_warmup_lines.txt"
     done
     "$py" benchmark/online/first_minute.py --report "$out"/first_minute_*_empty.json \

@@ -47,3 +47,19 @@ def test_the_cli_stamps_the_launch_for_its_children(monkeypatch):
     with pytest.raises(SystemExit):
         main(["--no-such-flag"])
     assert os.environ[LAUNCHED_AT.name] == "12.5"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux's /proc")
+def test_a_process_knows_its_age():
+    """The offline ``LLM`` counts from its process's start: a child started 0.3 s ago says so."""
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(0.3); from minisgl.utils.startup import process_age; "
+            "print(process_age())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert 0.3 <= float(out) < 10.0  # its own start-up, the sleep and the import
+    phases = Phases(launch="before LLM()", launched=1.5)
+    phases.mark("tokenizer")
+    assert str(phases).startswith("before LLM() 1.5 s, tokenizer 0.0 s")

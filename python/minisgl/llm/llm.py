@@ -22,6 +22,7 @@ from minisgl.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl.tokenizer.harmony import Harmony, is_harmony_model
 from minisgl.utils import init_logger
 from minisgl.utils.hf import load_tokenizer
+from minisgl.utils.startup import Phases, process_age
 
 from .aliases import llm_keywords
 from .config import EngineOptions
@@ -81,8 +82,12 @@ class LLM:
         opts = EngineOptions(**options)
         if not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp: must be a positive integer, got {tp!r}")
+        # where the start-up's seconds go (the "LLM ready" line): the first part is the process's
+        # life before this call (Python's start, the imports, the caller's own work)
+        phases = Phases(launch="before LLM()", launched=process_age())
         self.model_path = resolve_model_path(model)
         self.tokenizer = load_tokenizer(self.model_path, cache_dir=opts.tokenizer_cache_dir())
+        phases.mark("tokenizer")
         eos = load_eos_token_ids(self.model_path, self.tokenizer)
         config = opts.scheduler_config(self.model_path, eos)
         if tp == 1:
@@ -94,8 +99,11 @@ class LLM:
         self._finalizer = weakref.finalize(self, self.scheduler.close)
         self._next_uid = 0
         self._harmony: Harmony | None = None  # gpt-oss's chat format (on first use)
+        phases.mark("engine")
         if config.warmup:
             warm_up(self.scheduler)
+            phases.mark("warm-up")
+        logger.info("LLM ready: %s", phases)
 
     def close(self) -> None:
         """Release the engine now (idempotent); the object cannot generate afterwards."""

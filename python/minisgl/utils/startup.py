@@ -3,7 +3,20 @@
 
 from __future__ import annotations
 
+import os
 import time
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux's ``/proc``: the offline ``LLM`` has no launch
+    to count from), None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:  # field 22, starttime: clock ticks after the boot
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def since_launch() -> float | None:
@@ -19,11 +32,13 @@ def since_launch() -> float | None:
 class Phases:
     """``mark(name)`` ends a phase that began at the previous mark (or at creation); ``str()``
     lists them. ``launch``: the first part's name for the time from the launch to the creation
-    (in a spawned process: Python's start, its imports, the parent's work before spawning it)."""
+    (in a spawned process: Python's start, its imports, the parent's work before spawning it);
+    ``launched``: those seconds when they are not the launch's (``process_age``)."""
 
-    def __init__(self, launch: str | None = None) -> None:
+    def __init__(self, launch: str | None = None, launched: float | None = None) -> None:
         self._last = time.perf_counter()
-        launched = since_launch() if launch else None
+        if launch and launched is None:
+            launched = since_launch()
         self._parts = [] if launched is None else [(launch, launched)]
 
     def mark(self, name: str) -> None:

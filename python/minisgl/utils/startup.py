@@ -39,7 +39,7 @@ class Phases:
         self._last = time.perf_counter()
         if launch and launched is None:
             launched = since_launch()
-        self._parts = [] if launched is None else [(launch, launched)]
+        self._parts = [(launch, launched)] if launch and launched is not None else []
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()

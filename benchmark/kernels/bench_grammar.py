@@ -37,6 +37,7 @@ from bench_runs import LONG_JSON  # noqa: E402
 
 from minisgl.models.default_model import default_model_path  # noqa: E402
 from minisgl.structured import BatchMasks, GrammarCompiler, fill_threads, new_bitmask  # noqa: E402
+from minisgl.utils import usable_cpus  # noqa: E402
 from minisgl.utils.hf import load_tokenizer  # noqa: E402
 
 VOCAB = 151_936
@@ -122,7 +123,7 @@ def main() -> None:
                        "total_us_per_constrained_row": round(ms["total"] / n * 1e3, 2)})
         print(json.dumps(result[-1]), flush=True)
     speedup = result[0]["total_ms"] / result[1]["total_ms"]
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cpus()
     where = gpu_name() if device.type == "cuda" else f"cpu{cpus}"
     date = datetime.date.today().isoformat()
     os.makedirs(args.out, exist_ok=True)

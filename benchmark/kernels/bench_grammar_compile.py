@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 from bench_common import project_commit  # noqa: E402
 
 from minisgl.structured import GrammarCompiler, TokenizerTables  # noqa: E402
+from minisgl.utils import usable_cpus  # noqa: E402
 from minisgl.utils.hf import load_tokenizer  # noqa: E402
 
 
@@ -67,7 +68,7 @@ def main() -> None:
         rows.append({"how": f"compile, {threads} threads",
                      "ms": round(statistics.median(times) * 1e3, 2)})
         print(json.dumps(rows[-1]), flush=True)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = usable_cpus()
     where = f"cpu{cpus}"
     info = {"date": datetime.date.today().isoformat(), "commit": project_commit(), "cpus": cpus,
             "tokenizer_vocab": tables.length, "schemas": args.schemas, "rows": rows}

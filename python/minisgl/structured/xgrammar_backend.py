@@ -8,7 +8,6 @@ bit ``id % 32`` of word ``id // 32`` set means allowed; the sampler reads the sa
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -16,6 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+
+from minisgl.utils import usable_cpus
 
 from .tables import TokenizerTables, _xgr
 
@@ -57,8 +58,7 @@ def fill_threads() -> int:
 
     if GRAMMAR_THREADS.get() != "auto":
         return max(1, int(GRAMMAR_THREADS.get()))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, (cpus or 2) // 2))
+    return max(1, min(8, usable_cpus() // 2))
 
 
 def new_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:

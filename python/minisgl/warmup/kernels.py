@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from minisgl.engine.config import EngineConfig
-from minisgl.utils import init_logger
+from minisgl.utils import init_logger, usable_cpus
 
 from .compile_workers import CompileWorkers
 from .discover import KernelSet, discover
@@ -44,7 +44,7 @@ logger = init_logger(__name__)
 
 def compile_workers(tp_size: int = 1) -> int:
     """The threads one rank compiles on: its share of this machine's cores."""
-    return max(1, len(os.sched_getaffinity(0)) // max(1, tp_size))
+    return max(1, usable_cpus() // max(1, tp_size))
 
 
 def _prepare_launch(kernel, load: bool) -> None:

@@ -49,9 +49,9 @@ def graph_replay_us(engine, replays: int) -> float | None:
     return statistics.median(times)
 
 
-def _counts(stats) -> dict[str, int]:
+def spec_counts(stats) -> dict[str, int]:
     """A decoder's counters that its tree has (``ahead_*``: drafting ahead, newer trees)."""
-    names = ("verify_steps", "accepted_tokens", "ahead_feeds", "ahead_dropped")
+    names = ("verify_steps", "draft_tokens", "accepted_tokens", "ahead_feeds", "ahead_dropped")
     return {k: getattr(stats, k) for k in names if hasattr(stats, k)} if stats else {}
 
 
@@ -86,7 +86,7 @@ def worker(model: str | None, device: str, configs: dict[str, dict | None], dumm
             if spec is not None:  # nothing learned from an earlier run of the same prompts
                 spec.reset()
             prompts, batch = cmd["prompts"], cmd["batch"]
-            before = _counts(spec and spec.stats)
+            before = spec_counts(spec and spec.stats)
             params = SamplingParams(temperature=0, max_tokens=cmd["max_tokens"])
             secs, outs = 0.0, []
             for i in range(0, len(prompts), batch):
@@ -100,7 +100,7 @@ def worker(model: str | None, device: str, configs: dict[str, dict | None], dumm
             stats = spec and spec.stats
             out = {"secs": secs, "tokens": sum(map(len, outs)), "outs": outs,
                    "verify_steps": stats.verify_steps if stats else 0,
-                   "spec": {k: v - before.get(k, 0) for k, v in _counts(stats).items()}}
+                   "spec": {k: v - before.get(k, 0) for k, v in spec_counts(stats).items()}}
         reply.write(json.dumps(out) + "\n")
         reply.flush()
     llm.close()

@@ -40,6 +40,7 @@ import time
 import types
 
 import torch
+from spec_ab_worker import spec_counts  # this directory: the script's own
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
@@ -167,10 +168,8 @@ def run_decode(sched, device: SimDevice, prompts, script, params, profile: bool)
                   wall_ms=1e3 * wall / n,
                   host_ms=1e3 * (wall - device.waited) / n,
                   ms_per_token=1e3 * wall / max(decode_tokens, 1))
-    stats = sched.spec.stats if sched.spec is not None else None
-    if stats is not None:  # the proposer's side (``ahead_*``: drafting ahead, newer trees)
-        result["spec"] = {k: getattr(stats, k) for k in ("verify_steps", "draft_tokens",
-                          "accepted_tokens", "ahead_feeds", "ahead_dropped") if hasattr(stats, k)}
+    if sched.spec is not None:  # the proposer's side
+        result["spec"] = spec_counts(sched.spec.stats)
     if profiler is not None:
         result["profile"] = profiler
     return result

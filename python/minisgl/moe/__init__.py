@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from minisgl.utils import Registry
 
 from .base import SILU, BaseMoeBackend, ExpertBias, ExpertLayout, MoeActivation, Mxfp4Scales
@@ -26,26 +28,29 @@ def _create_triton() -> BaseMoeBackend:
     return TritonMoeBackend()
 
 
+def _library(create: Callable[[], BaseMoeBackend], name: str, what: str,
+             extra: str) -> BaseMoeBackend:
+    """A backend of an outside library; without the library, an error saying what to install."""
+    try:
+        return create()  # imports the library
+    except ImportError as e:
+        raise ImportError(f"MoE backend {name!r} needs {what} "
+                          f"(pip install 'minisgl[{extra}]')") from e
+
+
 @MOE_BACKENDS.register("triton_kernels")
 def _create_matmul_ogs() -> BaseMoeBackend:
     from .matmul_ogs import MatmulOgsMoeBackend
 
-    try:
-        return MatmulOgsMoeBackend()  # imports triton_kernels
-    except ImportError as e:
-        raise ImportError("MoE backend 'triton_kernels' needs OpenAI's triton_kernels package "
-                          "(pip install 'minisgl[triton-kernels]')") from e
+    return _library(MatmulOgsMoeBackend, "triton_kernels", "OpenAI's triton_kernels package",
+                    "triton-kernels")
 
 
 @MOE_BACKENDS.register("flashinfer")
 def _create_flashinfer() -> BaseMoeBackend:
     from .flashinfer_mxfp4 import FlashInferMoeBackend
 
-    try:
-        return FlashInferMoeBackend()  # imports flashinfer
-    except ImportError as e:
-        raise ImportError("MoE backend 'flashinfer' needs FlashInfer "
-                          "(pip install 'minisgl[flashinfer]')") from e
+    return _library(FlashInferMoeBackend, "flashinfer", "FlashInfer", "flashinfer")
 
 
 def resolve_moe_backend(name: str, device) -> str:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import SILU, BaseMoeBackend, ExpertBias, ExpertLayout, MoeActivation, Mxfp4Scales
-from .fused import TritonMoeBackend
+from .base import ExpertBias, MoeActivation, Mxfp4Scales
+from .library import LibraryMoeBackend
 
 _HOPPER, _NEXT = (9, 0), (10, 0)
 PAD = 256  # hidden and intermediate sizes padded to a multiple of this
@@ -110,26 +110,16 @@ def flashinfer_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     return call()[:, :e.hidden].contiguous()  # the layers after read whole rows
 
 
-class FlashInferMoeBackend(BaseMoeBackend):
+class FlashInferMoeBackend(LibraryMoeBackend):
+    name, capabilities, layout_type = "flashinfer", (_HOPPER, _NEXT), FlashInferExperts
+
     def __init__(self) -> None:
         import flashinfer.fused_moe  # noqa: F401  (fail at start-up, not at the first step)
 
-        self.fused = TritonMoeBackend()
+        super().__init__()
 
-    def prepare_experts(self, w13, w2, scales, bias: ExpertBias | None,
-                        act: MoeActivation) -> ExpertLayout | None:
-        if not (isinstance(scales, Mxfp4Scales) and w13.is_cuda and act.kind == "swiglu_clamped"
-                and _HOPPER <= torch.cuda.get_device_capability(w13.device) < _NEXT):
-            return self.fused.prepare_experts(w13, w2, scales, bias, act)
+    def convert(self, w13, w2, scales, bias, act) -> FlashInferExperts:
         return flashinfer_experts(w13, w2, scales, bias, act)
 
-    def forward(self, x, w13, w2, topk_weights, topk_ids, scales=None, *, bias=None, act=SILU,
-                pdl=False, layout=None) -> torch.Tensor:
-        if not isinstance(layout, FlashInferExperts):
-            return self.fused.forward(x, w13, w2, topk_weights, topk_ids, scales, bias=bias,
-                                      act=act, pdl=pdl, layout=layout)
-        if x.dtype != torch.bfloat16:
-            raise ValueError(f"MoE backend flashinfer: bf16 activations, got {x.dtype}")
-        if x.shape[0] == 0:
-            return torch.zeros_like(x)
-        return flashinfer_moe(x.contiguous(), topk_weights, topk_ids, layout)
+    def run(self, x, topk_weights, topk_ids, layout: FlashInferExperts) -> torch.Tensor:
+        return flashinfer_moe(x, topk_weights, topk_ids, layout)

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .base import SILU, BaseMoeBackend, ExpertBias, MoeActivation, Mxfp4Scales
-from .fused import TritonMoeBackend
+from .library import LibraryMoeBackend
 
 _HOPPER, _NEXT = (9, 0), (11, 0)  # the capabilities whose layouts triton_kernels ships
 
@@ -96,17 +95,15 @@ def routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, n_experts: int):
             GatherIndx(combine, dispatch), ScatterIndx(dispatch, combine))
 
 
-class MatmulOgsMoeBackend(BaseMoeBackend):
+class MatmulOgsMoeBackend(LibraryMoeBackend):
+    name, capabilities, layout_type = "triton_kernels", (_HOPPER, _NEXT), OgsExperts
+
     def __init__(self) -> None:
         import triton_kernels.matmul_ogs  # noqa: F401  (fail at start-up, not at the first step)
 
-        self.fused = TritonMoeBackend()
+        super().__init__()
 
-    def prepare_experts(self, w13, w2, scales, bias: ExpertBias | None,
-                        act: MoeActivation) -> OgsExperts | None:
-        if not (isinstance(scales, Mxfp4Scales) and w13.is_cuda and act.kind == "swiglu_clamped"
-                and _HOPPER <= torch.cuda.get_device_capability(w13.device) < _NEXT):
-            return self.fused.prepare_experts(w13, w2, scales, bias, act)
+    def convert(self, w13, w2, scales, bias, act) -> OgsExperts:
         from triton_kernels.matmul_ogs import FnSpecs, FusedActivation
         from triton_kernels.swiglu import swiglu_fn
 
@@ -119,20 +116,12 @@ class MatmulOgsMoeBackend(BaseMoeBackend):
                           None if b13 is None else _interleave(b13).float(),
                           None if b2 is None else b2.float(), swiglu, w13.shape[0])
 
-    def forward(self, x, w13, w2, topk_weights, topk_ids, scales=None, *, bias=None, act=SILU,
-                pdl=False, layout=None) -> torch.Tensor:
-        if not isinstance(layout, OgsExperts):
-            return self.fused.forward(x, w13, w2, topk_weights, topk_ids, scales, bias=bias,
-                                      act=act, pdl=pdl, layout=layout)
+    def run(self, x, topk_weights, topk_ids, layout: OgsExperts) -> torch.Tensor:
         from triton_kernels.matmul_ogs import matmul_ogs
 
-        if x.dtype != torch.bfloat16:
-            raise ValueError(f"MoE backend triton_kernels: bf16 activations, got {x.dtype}")
-        if x.shape[0] == 0:
-            return torch.zeros_like(x)
-        e: OgsExperts = layout
+        e = layout
         data, gather, scatter = routing(topk_ids, topk_weights.to(x.dtype), e.n_experts)
-        h = matmul_ogs(x.contiguous(), e.w13, e.bias13, data, gather_indx=gather,
+        h = matmul_ogs(x, e.w13, e.bias13, data, gather_indx=gather,
                        precision_config=e.precision13, fused_activation=e.activation)
         return matmul_ogs(h, e.w2, e.bias2, data, scatter_indx=scatter,
                           precision_config=e.precision2, gammas=data.gate_scal)

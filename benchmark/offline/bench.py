@@ -37,6 +37,8 @@ VARIANTS = {
     "default": {},
     "no-cuda-graph": {"cuda_graph_max_bs": 0, "piecewise_cuda_graph_max_tokens": 0},
     "no-piecewise": {"piecewise_cuda_graph_max_tokens": 0},  # prefill/mixed steps all eager
+    # piecewise graphs every 64 tokens up to 4,096 (the default is coarser past 1,024)
+    "piecewise-every-64": {"piecewise_cuda_graph_tokens": tuple(range(64, 4097, 64))},
     "no-overlap": {"disable_overlap": True},
     "torch-attn": {"attn": "torch"},
     "fi": {"attn": "fi"},  # FlashInfer's paged kernels (pip install -e '.[flashinfer]')

@@ -102,6 +102,29 @@ def test_cuda_graph_batch_sizes():
             parse_args(["--cuda-graph-bs", *bad])
 
 
+def test_piecewise_graph_token_counts():
+    """SGLang's --piecewise-cuda-graph-tokens: the prefill/mixed token counts captured, each up to
+    --piecewise-cuda-graph-max-tokens, which is always captured; by default every 64 tokens up to
+    1,024, then every 128 up to 2,048, then every 256: a forward pads to the smallest that holds
+    it, never by more than an eighth of its tokens past 1,024."""
+    from minisgl.engine.piecewise import capture_sizes
+
+    engine = parse_args(["--piecewise-cuda-graph-tokens", "64", "512"]).engine
+    assert engine.piecewise_cuda_graph_tokens == [64, 512]
+    assert capture_sizes(4096, (64, 512)) == [64, 512, 4096]
+    sizes = capture_sizes(4096)
+    assert sizes[:16] == list(range(64, 1025, 64)) and len(sizes) == 32
+    assert sizes[16:24] == list(range(1152, 2049, 128))
+    assert sizes[24:] == list(range(2304, 4097, 256))
+    assert capture_sizes(192) == [64, 128, 192] and capture_sizes(3008)[-2:] == [2816, 3008]
+    for n in range(1025, 4097):  # the padding a forward of n tokens gets
+        padded = next(s for s in sizes if s >= n)
+        assert padded - n < n / 8
+    for bad in (["0"], ["64", "8192"]):
+        with pytest.raises(ValueError, match="piecewise_cuda_graph_tokens"):
+            parse_args(["--piecewise-cuda-graph-tokens", *bad])
+
+
 def test_api_key_from_the_environment(monkeypatch):
     monkeypatch.delenv("MINISGL_API_KEY", raising=False)
     assert parse_args([]).api_key is None

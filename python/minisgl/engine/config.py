@@ -54,6 +54,7 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] = ()  # the batch sizes captured (): 1, 2, 4, 8, 16k
     # prefill/mixed forwards up to this many tokens replay piecewise CUDA graphs; 0 disables
     piecewise_cuda_graph_max_tokens: int = 0
+    piecewise_cuda_graph_sizes: tuple[int, ...] = ()  # the token counts captured (): piecewise.py
     max_forward_tokens: int = 8192  # the largest forward (prefill budget): sizes the profiling run
     # vision-language models: the most tokens of one image and of one vision-tower call, whose
     # activations the profiling run reserves; None: the largest image the processor makes

@@ -139,14 +139,11 @@ class Engine:
                            for a in self.cache_spec.attention}) == 1
         if (self.device.type == "cuda" and self.attn_backend.supports_padding and graphs
                 and same_shapes):
-            from .piecewise import STEP, PiecewiseRunner
+            from .piecewise import piecewise_runner
 
-            # no forward exceeds its budget (padding included)
-            max_tokens = min(config.piecewise_cuda_graph_max_tokens,
-                             -(-config.max_forward_tokens // STEP) * STEP)
-            if max_tokens >= STEP:
-                self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens,
-                                                 self.window_pages is not None)
+            self.piecewise = piecewise_runner(self.model, self.ctx, config,
+                                              self.window_pages is not None)
+            if self.piecewise is not None:
                 self.piecewise.capture()
         phases.mark("graphs")
         if self.kernels is not None:

@@ -17,9 +17,13 @@ A hybrid model's linear-attention layers are cut points too: their token mixer r
 the requests' state slots, which differ from batch to batch, so it runs eagerly between graphs on
 static qkv / a / b / out buffers of its own, as attention does.
 
-Token counts are captured at every multiple of ``STEP`` up to ``max_tokens``; a forward's tokens are
-padded up to the next one with the dummy request's (token 0 at position 0, K/V into the scratch
-slot 0), as ``batch.py`` pads eager forwards. q/k/v and the attention output are static buffers that
+Token counts are captured at the multiples of 64 up to 1,024, of 128 up to 2,048 and of 256 beyond,
+up to ``max_tokens`` (``capture_sizes``; ``--piecewise-cuda-graph-tokens`` names others); a
+forward's tokens are padded up to the smallest that holds them with the dummy request's (token 0 at
+position 0, K/V into the scratch slot 0), as ``batch.py`` pads eager forwards. Past 1,024 tokens a
+step's matrix work is long enough that an eighth more tokens of padding at most costs less than
+capturing every multiple of 64 would at start-up (each size is one eager forward and one capture of
+every piece). q/k/v and the attention output are static buffers that
 every layer and every size shares: each graph copies its layer's q/k/v there and the next reads
 ``out``. With the sliding layers in a pool of their own (``windowed``), their K/V store reads a
 second static slot buffer, ``window_out_loc``, as the others read ``out_loc``. The backend must
@@ -29,6 +33,7 @@ shapes (one set of buffers; the engine checks ``cache_spec``).
 
 from __future__ import annotations
 
+import bisect
 import gc
 import time
 from typing import TYPE_CHECKING, Any
@@ -42,9 +47,39 @@ from minisgl.utils import init_logger
 if TYPE_CHECKING:
     from minisgl.models import BaseLLMModel
 
+    from .config import EngineConfig
+
 logger = init_logger(__name__)
 
-STEP = 64  # captured token counts: STEP, 2 * STEP, ..., max_tokens
+STEP = 64  # the smallest token count captured; the largest is a multiple of it
+# (up to this many tokens, the step between captured counts): 64 up to 1,024, then 128, then 256
+_STEPS = ((1024, STEP), (2048, 128))
+_LAST_STEP = 256
+
+
+def capture_sizes(max_tokens: int, sizes: tuple[int, ...] = ()) -> list[int]:
+    """The token counts to capture: ``sizes`` up to ``max_tokens``, else the module docstring's;
+    ``max_tokens`` always (every forward up to it replays)."""
+    if not sizes:
+        n, chosen = STEP, []
+        while n <= max_tokens:
+            chosen.append(n)
+            n += next((step for end, step in _STEPS if n < end), _LAST_STEP)
+        sizes = tuple(chosen)
+    return sorted({s for s in sizes if s <= max_tokens} | {max_tokens})
+
+
+def piecewise_runner(model: BaseLLMModel, ctx: Context, config: EngineConfig,
+                     windowed: bool) -> PiecewiseRunner | None:
+    """The engine's piecewise runner (not captured yet), or None when no forward fits its
+    smallest size: the largest size is ``piecewise_cuda_graph_max_tokens``, but never above the
+    largest forward (``max_forward_tokens``, rounded up to a multiple of ``STEP``)."""
+    max_tokens = min(config.piecewise_cuda_graph_max_tokens,
+                     -(-config.max_forward_tokens // STEP) * STEP)
+    if max_tokens < STEP:
+        return None
+    return PiecewiseRunner(model, ctx, capture_sizes(max_tokens, config.piecewise_cuda_graph_sizes),
+                           windowed)
 
 
 class _Cut:
@@ -98,12 +133,12 @@ class PiecewiseRunner:
     """The graphs of every captured token count, their static inputs, and their replay: of one
     engine's model over its forward context ``ctx`` (page table, KV pool, attention backend)."""
 
-    def __init__(self, model: BaseLLMModel, ctx: Context, max_tokens: int,
+    def __init__(self, model: BaseLLMModel, ctx: Context, sizes: list[int],
                  windowed: bool = False) -> None:
-        assert max_tokens >= STEP, f"piecewise CUDA graphs need max_tokens >= {STEP}"
+        assert sizes and sizes == sorted(sizes) and sizes[0] > 0, sizes
         self.model, self.ctx = model, ctx
-        self.sizes = list(range(STEP, max_tokens + 1, STEP))
-        self.max_tokens = self.sizes[-1]
+        self.sizes = sizes
+        self.max_tokens = sizes[-1]
         self.device = device = ctx.page_table.device
         self.input_ids = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_tokens, dtype=torch.int64, device=device)
@@ -121,6 +156,11 @@ class PiecewiseRunner:
     def can_run(self, batch: Batch) -> bool:
         ids = batch.input_ids  # padded: more than the feeds' tokens on CUDA
         return not batch.is_decode and ids is not None and ids.shape[0] <= self.max_tokens
+
+    def size_for(self, n: int) -> int:
+        """The captured token count a forward of ``n`` tokens pads to: the smallest that holds
+        it."""
+        return self.sizes[bisect.bisect_left(self.sizes, n)]
 
     def buffers(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                 ) -> tuple[torch.Tensor, ...]:
@@ -162,8 +202,9 @@ class PiecewiseRunner:
             torch.cuda.current_stream().wait_stream(stream)
         finally:
             gc.enable()
-        logger.info("captured piecewise CUDA graphs for prefill/mixed forwards of %d to %d tokens "
-                    "in %.1f s", self.sizes[0], self.max_tokens, time.perf_counter() - start)
+        logger.info("captured piecewise CUDA graphs for prefill/mixed forwards of %d token counts "
+                    "from %d to %d in %.1f s", len(self.sizes), self.sizes[0], self.max_tokens,
+                    time.perf_counter() - start)
 
     def _run_cut(self, size: int, capture: bool):
         window_loc = self.window_out_loc[:size] if self.window_out_loc is not None else None
@@ -186,7 +227,7 @@ class PiecewiseRunner:
         ids, positions, out_loc = batch.input_ids, batch.positions, batch.out_loc
         assert ids is not None and positions is not None and out_loc is not None  # prepared
         n = ids.shape[0]
-        size = -(-n // STEP) * STEP
+        size = self.size_for(n)
         static = [(self.input_ids, ids), (self.positions, positions), (self.out_loc, out_loc)]
         if self.window_out_loc is not None:  # the sliding layers' slots (``batch.py``)
             assert batch.window_out_loc is not None
@@ -216,7 +257,7 @@ class PiecewiseRunner:
         kernels this way: ``minisgl.warmup``)."""
         assert batch.input_ids is not None
         n = batch.input_ids.shape[0]
-        size = -(-n // STEP) * STEP
+        size = self.size_for(n)
         _, layers, hidden = self._run_cut(size, capture=False)
         attn, lin = _views(self._bufs, n), _views(self._linear_bufs, n)
         for is_linear, layer in layers:

@@ -70,6 +70,9 @@ class EngineOptions:
     cuda_graph_bs: tuple[int, ...] = ()
     # prefill/mixed forwards of up to this many tokens: piecewise CUDA graphs (0: off; GPU only)
     piecewise_cuda_graph_max_tokens: int = 4096
+    # their token counts (SGLang's --piecewise-cuda-graph-tokens); (): multiples of 64 to 1,024, of
+    # 128 to 2,048, of 256 beyond
+    piecewise_cuda_graph_tokens: tuple[int, ...] = ()
     disable_overlap: bool = False  # read every forward back before launching the next
     # kernel ablations (``EngineConfig``'s gemv, norm_gemv, norm_quant): one-token unquantized
     # layers through cuBLAS; fp8 one-token decode through the RMSNorm kernels; fp8 batches' inputs
@@ -167,6 +170,13 @@ class EngineOptions:
                 or self.piecewise_cuda_graph_max_tokens < 0):
             raise ValueError("piecewise_cuda_graph_max_tokens: must be an integer >= 0, got "
                              f"{self.piecewise_cuda_graph_max_tokens!r}")
+        if any(not isinstance(n, int) or isinstance(n, bool)
+               or not 0 < n <= self.piecewise_cuda_graph_max_tokens
+               for n in self.piecewise_cuda_graph_tokens):
+            raise ValueError("piecewise_cuda_graph_tokens: token counts from 1 to "
+                             f"piecewise_cuda_graph_max_tokens "
+                             f"({self.piecewise_cuda_graph_max_tokens}), got "
+                             f"{list(self.piecewise_cuda_graph_tokens)}")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction}")
         if not self.kv_cache_memory_gb > 0:
@@ -258,6 +268,7 @@ class EngineOptions:
             cuda_graph_sizes=tuple(self.cuda_graph_bs),
             piecewise_cuda_graph_max_tokens=(self.piecewise_cuda_graph_max_tokens
                                              if device.type == "cuda" else 0),
+            piecewise_cuda_graph_sizes=tuple(self.piecewise_cuda_graph_tokens),
             max_forward_tokens=max(batched if mixed else self.max_prefill_tokens,
                                    self.max_running_requests),
             max_image_tokens=self.max_image_tokens,

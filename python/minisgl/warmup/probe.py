@@ -90,12 +90,9 @@ class ShadowEngine:
                                             config.cuda_graph_sizes, mc.rotary.mrope is not None)
         same = len({(a.num_qo_heads, a.num_kv_heads, a.head_dim) for a in spec.attention}) == 1
         if self.attn_backend.supports_padding and graphs and same:
-            from minisgl.engine.piecewise import STEP, PiecewiseRunner
+            from minisgl.engine.piecewise import piecewise_runner
 
-            max_tokens = min(config.piecewise_cuda_graph_max_tokens,
-                             -(-config.max_forward_tokens // STEP) * STEP)
-            if max_tokens >= STEP:
-                self.piecewise = PiecewiseRunner(self.model, self.ctx, max_tokens, windowed)
+            self.piecewise = piecewise_runner(self.model, self.ctx, config, windowed)
 
     @property
     def vocab_size(self) -> int:

@@ -167,8 +167,12 @@ _HELP = {
                      "16 32 ...: every step of up to 16 rows runs the same kernels, so greedy "
                      "tokens with speculation equal those without it in bf16 too",
     "piecewise_cuda_graph_max_tokens": "prefill and mixed forwards of up to this many tokens "
-                                       "replay CUDA graphs of all but attention, captured per "
-                                       "multiple of 64 tokens (0: off; GPU only)",
+                                       "replay CUDA graphs of all but attention (0: off; GPU "
+                                       "only)",
+    "piecewise_cuda_graph_tokens": "the token counts those graphs are captured for (default: "
+                                   "multiples of 64 up to 1024, of 128 up to 2048, of 256 "
+                                   "beyond, and the largest); a forward pads to the smallest "
+                                   "that holds it",
     "seed": "seed of the sampling of requests that give none",
     "sampler": "auto (the Triton kernels on CUDA, the torch reference on CPU), torch (the "
                "reference on CUDA too) or triton-row (the one-program-per-row kernel alone, "
@@ -262,6 +266,8 @@ DEVICE_ONLY = {
     "cuda_graph_bs": ("cuda", "--cuda-graph-bs", "no CUDA graphs on a CPU"),
     "piecewise_cuda_graph_max_tokens": ("cuda", "--piecewise-cuda-graph-max-tokens",
                                         "no CUDA graphs on a CPU"),
+    "piecewise_cuda_graph_tokens": ("cuda", "--piecewise-cuda-graph-tokens",
+                                    "no CUDA graphs on a CPU"),
     "disable_pdl": ("cuda", "--disable-pdl", "a CPU runs no Triton kernels"),
     "disable_gemv": ("cuda", "--disable-gemv", "a CPU runs no Triton kernels"),
 }

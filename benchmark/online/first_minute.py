@@ -86,13 +86,13 @@ def measure(client: httpx.Client, model: str) -> list[dict]:
 def run(args: argparse.Namespace) -> dict:
     cache = tempfile.mkdtemp(prefix="kernels-") if args.fresh_cache else args.cache_dir
     server_args = [a for a in args.server_args if a != "--"]
-    cmd = [sys.executable, "-m", "minisgl", "--port", str(args.port), *server_args]
     if cache:
-        cmd += ["--cache-dir", cache]
+        server_args += ["--cache-dir", cache]
+    cmd = [sys.executable, "-m", "minisgl", "--port", str(args.port), *server_args]
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, f"first_minute_{args.tag}.log")
     if args.offline:
-        return run_offline(args, cache, log_path)
+        return run_offline(args, server_args, log_path)
     url = f"http://127.0.0.1:{args.port}"
     start = time.monotonic()
     with open(log_path, "w") as log:
@@ -124,12 +124,19 @@ def offline_kinds() -> dict:
     return kinds
 
 
-def offline_child(model: str, cache: str | None, dummy: bool) -> None:
-    """In a process of its own (started by ``run_offline``): the wall-clock time the ``LLM`` is
-    ready, then each kind twice; one JSON line on stdout."""
-    from minisgl import LLM
+def offline_child(server_args: list[str]) -> None:
+    """In a process of its own (started by ``run_offline``): the ``LLM`` the server's arguments
+    describe (every engine option the server would take), the wall-clock time it is ready, then
+    each kind twice; one JSON line on stdout."""
+    from dataclasses import fields
 
-    llm = LLM(model, dummy_weights=dummy, cache_dir=cache)
+    from minisgl import LLM
+    from minisgl.server.launch.args import parse_args
+
+    config = parse_args(server_args)
+    options = {f.name: getattr(config.engine, f.name) for f in fields(config.engine)
+               if getattr(config.engine, f.name) != f.default}
+    llm = LLM(config.model, **options)
     ready = time.time()
     kernels = llm.scheduler.kernels
     warming = kernels.warming() if kernels is not None else ""
@@ -142,23 +149,24 @@ def offline_child(model: str, cache: str | None, dummy: bool) -> None:
             times.append(time.perf_counter() - t0)
         rows.append({"kind": name, "first_s": times[0], "second_s": times[1], "error": None})
     llm.close()
-    print(json.dumps({"ready_wall": ready, "warming": warming, "requests": rows}), flush=True)
+    print(json.dumps({"ready_wall": ready, "warming": warming, "requests": rows,
+                      "options": {k: str(v) for k, v in options.items()}}), flush=True)
 
 
-def run_offline(args: argparse.Namespace, cache: str | None, log_path: str) -> dict:
-    """The offline ``LLM``'s first minute, measured from its process's start."""
-    model = args.server_args[args.server_args.index("--model") + 1]
-    cmd = [sys.executable, __file__, "--offline-child", model,
-           *(["--cache-dir", cache] if cache else []),
-           *(["--dummy-weights"] if "--dummy-weights" in args.server_args else [])]
+def run_offline(args: argparse.Namespace, server_args: list[str], log_path: str) -> dict:
+    """The offline ``LLM`` of the server's arguments, its first minute measured from its
+    process's start."""
+    cmd = [sys.executable, __file__, "--offline-child", "--", *server_args]
     start = time.time()
     with open(log_path, "w") as log:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                               timeout=args.timeout, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    cache = server_args[server_args.index("--cache-dir") + 1] if "--cache-dir" in server_args \
+        else None
     return {"tag": args.tag, "cache_dir": cache, "ready_s": result["ready_wall"] - start,
             "warming_at_ready": result["warming"], "command": " ".join(cmd),
-            "requests": result["requests"]}
+            "options": result["options"], "requests": result["requests"]}
 
 
 def report(paths: list[str]) -> str:
@@ -197,12 +205,11 @@ def main() -> None:
                         help="print one table of these runs and exit")
     parser.add_argument("--offline", action="store_true",
                         help="the offline LLM (of the server arguments' --model) instead")
-    parser.add_argument("--offline-child", metavar="MODEL", help=argparse.SUPPRESS)
-    parser.add_argument("--dummy-weights", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--offline-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.offline_child:
-        offline_child(args.offline_child, args.cache_dir, args.dummy_weights)
+        offline_child([a for a in args.server_args if a != "--"])
         return
     if args.report:
         print(report(args.report))

@@ -1,5 +1,6 @@
-"""The first-minute benchmark's offline mode: the ``LLM`` started in a process of its own, its
-time to ready from that process's start, then each kind of request twice."""
+"""The first-minute benchmark's offline mode: the ``LLM`` of the server's arguments started in a
+process of its own, its time to ready from that process's start, then each kind of request
+twice."""
 
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ def test_the_offline_llms_first_minute(tmp_path):
     out = tmp_path / "out"
     subprocess.run([sys.executable, "benchmark/online/first_minute.py", "--out", str(out),
                     "--tag", "tiny_llm-empty", "--offline", "--cache-dir", str(tmp_path / "k"),
-                    "--timeout", "300", "--", "--model", model, "--dummy-weights"],
+                    "--timeout", "300", "--", "--model", model, "--dummy-weights",
+                    "--max-running-requests", "3"],
                    check=True, timeout=400, capture_output=True)
     result = json.loads((out / "first_minute_tiny_llm-empty.json").read_text())
     assert 0 < result["ready_s"] < 300
+    # the server's arguments are the LLM's options, every one of them
+    assert result["options"]["max_running_requests"] == "3"
+    assert result["options"]["cache_dir"] == str(tmp_path / "k")
     kinds = {row["kind"]: row for row in result["requests"]}
     assert set(kinds) == {"greedy", "sampled", "json_schema"}  # no forced tool call offline
     assert all(row["first_s"] > 0 and row["second_s"] > 0 and row["error"] is None

@@ -75,7 +75,7 @@ def test_every_prompt_fits_a_short_context():
     assert max(len(ids) + p.max_tokens for w in waves for _, ids, p in w.requests) <= 512
 
 
-def test_the_reference_wave_runs_every_feature_but_a_grammar_while_the_kernels_compile():
+def test_the_reference_wave_runs_every_feature_while_the_kernels_compile():
     def sampler_waves(**kw):
         return [w for w in warmup_plan(cuda=True, sampler=False, **PLAN, **kw)
                 if w.name.startswith("sampler")]
@@ -85,4 +85,8 @@ def test_the_reference_wave_runs_every_feature_but_a_grammar_while_the_kernels_c
     (_, _, params), = wave.requests
     assert wave.name == "sampler reference" and params.temperature > 0
     assert params.presence_penalty and params.repetition_penalty != 1 and params.logit_bias
-    assert params.logprobs and params.top_logprobs and params.json_schema is None
+    assert params.logprobs and params.top_logprobs and params.json_schema is not None
+    (wave,) = [w for w in warmup_plan(cuda=True, sampler=False, reference=True,
+                                      **{**PLAN, "grammar": False})  # no tokenizer
+               if w.name.startswith("sampler")]
+    assert wave.requests[0][2].json_schema is None

@@ -86,9 +86,10 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
     prompt may hold (a vision model's image token, which comes with an image only).
     ``sampler=False``: no sampler waves (the kernel warm-up compiles those variants in the
     background, and a batch that needs one meanwhile samples on the torch reference,
-    ``scheduler/warming.py``). ``reference``: one request with every sampler feature but a
-    grammar, run while those stages still compile, so that the reference's first launch of
-    each torch kernel (sort, scan, top-k: loaded on first use) is not a first request's."""
+    ``scheduler/warming.py``). ``reference``: one request with every sampler feature, a grammar
+    too where one can be compiled, run while those stages still compile, so that the
+    reference's first launch of each torch kernel (sort, scan, top-k, the mask's: loaded on
+    first use) is not a first request's, nor the wait for the grammar compiler's tables."""
     rng = random.Random(0)
     low = min(1000, vocab_size // 2)
 
@@ -126,8 +127,8 @@ def warmup_plan(*, vocab_size: int, max_context_len: int, max_prefill_tokens: in
     variants = sampler_variants(base, grammar)
     if not sampler:
         if reference:
-            waves.append(Wave("sampler reference",
-                              [(0, prompt(length), variants["penalties+bias+logprobs20"])]))
+            every = "penalties+bias+grammar+logprobs20" if grammar else "penalties+bias+logprobs20"
+            waves.append(Wave("sampler reference", [(0, prompt(length), variants[every])]))
         return waves
     for name, params in variants.items() if cuda else ():  # each alone, two rows (batched kernels)
         wave = Wave(f"sampler {name}")
@@ -187,6 +188,9 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
     logger.info("warm-up: %d requests in %d waves (prefill sizes, mixed steps, %d sampler "
                 "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))
     seconds = run_warmup(scheduler, waves, should_stop)
+    # ready means a constrained request compiles at once: the compiler's tables, built in the
+    # background on an empty cache (seconds beside the kernels' compilation), are waited for
+    scheduler.grammar.wait_prepared()
     if scheduler.spec is not None:
         scheduler.spec.reset()
     logger.info("warm-up done in %.1f s", seconds)

@@ -22,7 +22,10 @@
 #                                           # graphed, at 1-4,096 tokens
 #   scripts/gpu_validate.sh moe-fi     OUT  # FlashInfer's CUTLASS MoE (MXFP4 weights, bf16
 #                                           # activations, Hopper) the same way; installs it
-#                                           # as `fi` does (carry .whl-fi/1 with .whl)
+#                                           # as `fi` does (carry .whl-fi/1 with .whl). Its
+#                                           # module builds first (~250 CUTLASS units: more
+#                                           # than a call; again on the warm machine, ninja
+#                                           # goes on from the units built)
 #   scripts/gpu_validate.sh attn-wide  OUT  # decode attention at Gemma 4's heads (256 wide,
 #                                           # 8 KV heads; 512 wide, 2) at 1-64 requests, with
 #                                           # the launch sweep that sets _launch_config's rows

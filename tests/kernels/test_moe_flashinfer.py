@@ -1,7 +1,7 @@
-"""FlashInfer's CUTLASS fused MoE as the MXFP4 MoE backend (``moe/flashinfer_mxfp4.py``): its
-layout of the experts, on any machine (up rows first, sizes padded to a multiple of 256 with zero
-weights, scales four groups a row at a time; the backend against the reference:
-``test_moe_libraries.py``)."""
+"""FlashInfer's CUTLASS fused MoE as the MXFP4 MoE backend (``moe/flashinfer_mxfp4.py``): the
+experts' padding and order before FlashInfer interleaves them, on any machine (up rows first,
+sizes padded to a multiple of 256 with zero weights and scales; the interleaving is FlashInfer's,
+and the backend against the reference is ``test_moe_libraries.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales
-from minisgl.moe.flashinfer_mxfp4 import flashinfer_experts
+from minisgl.moe.flashinfer_mxfp4 import padded_experts
 from minisgl.quant.mxfp4 import quantize_mxfp4
 
 ACT = MoeActivation("swiglu_clamped", 1.702, 7.0)
@@ -24,30 +24,25 @@ def _experts(e: int, hidden: int, inter: int):
     return w13, w2, Mxfp4Scales(s13, s2), bias
 
 
-def _ungroup(scales: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[E, K/128, 4N]`` back to ``[E, N, K/32]``."""
-    e = scales.shape[0]
-    return scales.reshape(e, -1, rows, 4).permute(0, 2, 1, 3).reshape(e, rows, -1)
-
-
 def test_the_layout_puts_up_rows_first_and_pads_with_zero_weights():
     e, hidden, inter = 3, 320, 96  # padded to 512 and 256
     w13, w2, scales, bias = _experts(e, hidden, inter)
-    lay = flashinfer_experts(w13, w2, scales, bias, ACT)
+    lay = padded_experts(w13, w2, scales, bias, ACT)
     hp, ip = 512, 256
     assert lay.w13.shape == (e, 2 * ip, hp // 2) and lay.w2.shape == (e, hp, ip // 2)
-    assert lay.scales[0].shape == (e, hp // 128, 8 * ip)
-    assert lay.scales[1].shape == (e, ip // 128, 4 * hp)
+    assert lay.scales[0].shape == (e, 2 * ip, hp // 32)
+    assert lay.scales[1].shape == (e, hp, ip // 32)
     gate, up = w13[:, :inter], w13[:, inter:]
     assert torch.equal(lay.w13[:, :inter, :hidden // 2], up)
     assert torch.equal(lay.w13[:, ip:ip + inter, :hidden // 2], gate)
     assert not lay.w13[:, inter:ip].any() and not lay.w13[:, ip + inter:].any()
     assert not lay.w13[..., hidden // 2:].any()
     assert torch.equal(lay.w2[:, :hidden, :inter // 2], w2) and not lay.w2[:, hidden:].any()
-    s13 = _ungroup(lay.scales[0], 2 * ip)
+    s13, s2 = lay.scales
     assert torch.equal(s13[:, :inter, :hidden // 32], scales.w13[:, inter:])
     assert torch.equal(s13[:, ip:ip + inter, :hidden // 32], scales.w13[:, :inter])
-    assert torch.equal(_ungroup(lay.scales[1], hp)[:, :hidden, :inter // 32], scales.w2)
+    assert not s13[:, inter:ip].any() and not s13[..., hidden // 32:].any()
+    assert torch.equal(s2[:, :hidden, :inter // 32], scales.w2) and not s2[:, hidden:].any()
     assert lay.bias13 is not None and lay.bias2 is not None
     assert torch.equal(lay.bias13[:, :inter], bias.w13[:, inter:])
     assert torch.equal(lay.bias13[:, ip:ip + inter], bias.w13[:, :inter])

@@ -155,3 +155,31 @@ def test_manager_keeps_its_tables_in_the_kernel_cache(model_dir, tmp_path):
         assert manager._compiler is not None
     finally:
         manager.close()
+
+
+def test_waiting_for_the_tables_has_a_limit(model_dir, monkeypatch):
+    """The warm-up waits for the tables before ready, but not forever: a build that hangs
+    leaves ``wait_prepared(timeout)`` False after the timeout (the server is then ready without
+    them), True once they are there."""
+    import threading
+
+    from minisgl.scheduler import grammar as grammar_module
+    from minisgl.scheduler.grammar import GrammarManager
+
+    release = threading.Event()
+    load = grammar_module.GrammarManager._compile
+
+    def slow(self, kind, source):
+        release.wait(30)
+        return load(self, kind, source)
+
+    monkeypatch.setattr(GrammarManager, "_compile", slow)
+    manager = GrammarManager(model_dir, 50_000, (2,))
+    try:
+        manager.prepare()
+        assert manager.wait_prepared(0.2) is False
+        release.set()
+        assert manager.wait_prepared(30) is True and manager._compiler is not None
+    finally:
+        release.set()
+        manager.close()

@@ -109,11 +109,13 @@ class GrammarManager:
         else:
             self._prepared = self._worker().submit(self._compile, *JSON_OBJECT)
 
-    def wait_prepared(self) -> None:
-        """Block until ``prepare``'s work is over (``python -m minisgl warmup``: its tables are
-        then in the cache)."""
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        """Block until ``prepare``'s work is over, or ``timeout`` seconds; whether it is
+        (``python -m minisgl warmup``: its tables are then in the cache)."""
         if self._prepared is not None:
-            wait([self._prepared])
+            wait([self._prepared], timeout)
+            return self._prepared.done()
+        return True
 
     def _worker(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+TABLES_WAIT_S = 60  # the longest the warm-up waits for the grammar tables after its waves
+
 
 class WarmUpTarget(Protocol):
     """What the warm-up drives: a ``Scheduler``, or the offline TP front that forwards to one."""
@@ -189,8 +191,11 @@ def warm_up(scheduler: WarmUpTarget, should_stop: Callable[[], bool] = lambda: F
                 "variants)", num, len(waves), sum(w.name.startswith("sampler") for w in waves))
     seconds = run_warmup(scheduler, waves, should_stop)
     # ready means a constrained request compiles at once: the compiler's tables, built in the
-    # background on an empty cache (seconds beside the kernels' compilation), are waited for
-    scheduler.grammar.wait_prepared()
+    # background on an empty cache (seconds beside the kernels' compilation), are waited for,
+    # within reason (a constrained request waits for the rest)
+    if not scheduler.grammar.wait_prepared(TABLES_WAIT_S):
+        logger.warning("warm-up: the grammar compiler's tables are not built after %d s more; "
+                       "ready without them (constrained requests wait for them)", TABLES_WAIT_S)
     if scheduler.spec is not None:
         scheduler.spec.reset()
     logger.info("warm-up done in %.1f s", seconds)

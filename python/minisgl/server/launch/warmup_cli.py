@@ -62,8 +62,9 @@ def main(argv: list[str]) -> int:
         kernels = scheduler.kernels
         assert kernels is not None  # CUDA with precompile
         kernels.wait_all()
-        warm_up(scheduler)  # it waits for the tokenizer's tables, kept beside the kernels
-        # the class AutoTokenizer chooses, which the tokenizer workers import alone
+        warm_up(scheduler)
+        scheduler.grammar.wait_prepared()  # the tokenizer's tables, kept beside the kernels
+        # and the class AutoTokenizer chooses, which the tokenizer workers import alone
         # (``utils/tokenizer_class.py``: keyed by the directory too, so serve from the same path)
         if os.path.isdir(tokenizer_dir := config.tokenizer or model_path):
             load_tokenizer(tokenizer_dir, cache_dir=config.engine.tokenizer_cache_dir())

@@ -8,7 +8,8 @@ algorithm choice for each new shape, fla's autotuning, the first launch of each 
 the kernel warm-up (it found no variants, or on a CPU) they also run every sampler path, a
 grammar and prompt log-probs, which compiles their kernels the slow way, one wave after another.
 The grammar compiler's tables are built in the background meanwhile
-(``GrammarManager.prepare``). Every request runs to completion through the ordinary
+(``GrammarManager.prepare``) and waited for at the end (``TABLES_WAIT_S`` at most), so that a
+first constrained request after ready does not wait for them. Every request runs to completion through the ordinary
 ``add_request`` / ``step`` path, so every TP rank, given the same plan, builds the same batches.
 
 What it leaves behind: the prompts' KV as evictable prefix-cache entries (valid KV, evicted first

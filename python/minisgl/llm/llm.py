@@ -16,7 +16,7 @@ from minisgl.models import load_eos_token_ids
 from minisgl.models.weight import resolve_model_path
 from minisgl.multimodal.prompt import MultimodalPrompt
 from minisgl.scheduler import Scheduler, TokenOutput
-from minisgl.scheduler.scheduler import WAITING_POLL_S
+from minisgl.scheduler.config import WAITING_POLL_S
 from minisgl.scheduler.warmup import warm_up
 from minisgl.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl.tokenizer.harmony import Harmony, is_harmony_model

@@ -8,6 +8,9 @@ from minisgl.speculative.config import SpecConfig
 from .policy import POLICIES
 
 SCHEDULE_MODES = ("mixed", "prefill-first")
+# how long a loop waits while every request waits for a compiler (``Scheduler.only_waiting``): no
+# spinning beside the compiler's thread
+WAITING_POLL_S = 0.002
 
 
 def check_schedule(mode: str, policy: str) -> None:

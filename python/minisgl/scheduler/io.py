@@ -37,8 +37,9 @@ from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue
 from minisgl.utils.startup import Phases, since_launch
 from minisgl.utils.watchdog import Watchdog
 
+from .config import WAITING_POLL_S
 from .output import TokenOutput
-from .scheduler import WAITING_POLL_S, Scheduler
+from .scheduler import Scheduler
 from .stats import FirstForwards, LiveStats, spec_stats, state_stats
 from .warmup import warm_up
 

@@ -31,14 +31,10 @@ from .planner import BatchPlanner
 from .policy import AdmissionPolicy
 from .prefill import PrefillManager
 from .table import TableManager
-from .validation import check_context, check_params, check_prompt
+from .validation import check_request
 from .warming import WarmingGate
 
 logger = init_logger(__name__)
-
-# how long a loop waits while every request waits for a compiler (``only_waiting``): no spinning
-# beside the compiler's thread
-WAITING_POLL_S = 0.002
 
 
 class Scheduler:
@@ -87,21 +83,11 @@ class Scheduler:
         """Queue a request (``mm``: its images); raise ``ValueError`` for an unusable prompt."""
         if uid in self.reqs:
             raise ValueError(f"request id {uid} is already in use")
-        vocab = self.engine.vocab_size
-        check_prompt(input_ids, vocab, self.max_context_len)
-        check_params(params, vocab, self.grammar)
-        check_context(len(input_ids), params, self.max_context_len)
-        mm = mm if mm is not None and mm.images else None
-        self.engine.check_images(input_ids, mm)
-        req = Req(
-            uid=uid,
-            input_ids=list(input_ids),
-            prompt_len=len(input_ids),
-            sampling_params=params,
-            max_device_len=min(len(input_ids) + params.max_tokens, self.max_context_len),
-            seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
-            mm=mm,
-        )
+        mm = check_request(input_ids, params, mm, self.engine, self.grammar, self.max_context_len)
+        req = Req(uid=uid, input_ids=list(input_ids), prompt_len=len(input_ids),
+                  sampling_params=params, mm=mm,
+                  max_device_len=min(len(input_ids) + params.max_tokens, self.max_context_len),
+                  seed=params.seed if params.seed is not None else self._seeds.getrandbits(63))
         self.grammar.add(req)  # compiled while the prompt is prefilled
         self.reqs[uid] = req
         self.prefill.add(req)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from minisgl.core import SamplingParams
+    from minisgl.engine import Engine
+    from minisgl.multimodal.prompt import MultimodalPrompt
 
     from .grammar import GrammarManager
 
@@ -19,6 +21,19 @@ class ContextLengthError(ValueError):
     """Prompt + max_tokens over the context; ``param`` names the request field to blame."""
 
     param = "max_tokens"
+
+
+def check_request(input_ids: list[int], params: SamplingParams, mm: MultimodalPrompt | None,
+                  engine: Engine, grammar: GrammarManager,
+                  max_context: int) -> MultimodalPrompt | None:
+    """Every check below, and the engine's of the images; the request's images (None for
+    none)."""
+    check_prompt(input_ids, engine.vocab_size, max_context)
+    check_params(params, engine.vocab_size, grammar)
+    check_context(len(input_ids), params, max_context)
+    mm = mm if mm is not None and mm.images else None
+    engine.check_images(input_ids, mm)
+    return mm
 
 
 def check_prompt(input_ids: list[int], vocab: int, max_context: int) -> None:

@@ -9,8 +9,9 @@ the kernel warm-up (it found no variants, or on a CPU) they also run every sampl
 grammar and prompt log-probs, which compiles their kernels the slow way, one wave after another.
 The grammar compiler's tables are built in the background meanwhile
 (``GrammarManager.prepare``) and waited for at the end (``TABLES_WAIT_S`` at most), so that a
-first constrained request after ready does not wait for them. Every request runs to completion through the ordinary
-``add_request`` / ``step`` path, so every TP rank, given the same plan, builds the same batches.
+first constrained request after ready does not wait for them. Every request runs to completion
+through the ordinary ``add_request`` / ``step`` path, so every TP rank, given the same plan,
+builds the same batches.
 
 What it leaves behind: the prompts' KV as evictable prefix-cache entries (valid KV, evicted first
 under pressure) and nothing else; the prefix-cache hit counter is reset.

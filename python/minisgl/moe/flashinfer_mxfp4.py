@@ -17,7 +17,7 @@ other GPUs) take the fused Triton MoE (``moe.fused``).
 
 The module is FlashInfer's ``fused_moe_90``, compiled on first use (its JIT cache keeps it):
 FlashInfer 0.6.18 builds it from about 250 CUTLASS units, every type pair's grouped GEMMs (219
-generated, 23 of them bf16 x MXFP4), which is tens of minutes on a 16-core host.
+generated, 23 of them bf16 x MXFP4).
 """
 
 from __future__ import annotations

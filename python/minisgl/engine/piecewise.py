@@ -21,11 +21,11 @@ Token counts are captured at the multiples of 64 up to 1,024, of 128 up to 2,048
 up to ``max_tokens`` (``capture_sizes``; ``--piecewise-cuda-graph-tokens`` names others); a
 forward's tokens are padded up to the smallest that holds them with the dummy request's (token 0 at
 position 0, K/V into the scratch slot 0), as ``batch.py`` pads eager forwards. Past 1,024 tokens a
-forward pads by under an eighth of its tokens, and half as many counts as every multiple of 64
-take half the start-up (each is an eager forward and a capture of every piece; what the offline
-benchmark and a restart measured: docs/performance.md). q/k/v and the attention output are static
-buffers that every layer and every size shares: each graph copies its layer's q/k/v there and the
-next reads ``out``. With the sliding layers in a pool of their own (``windowed``), their K/V store reads a
+forward pads by under an eighth of its tokens, and half as many counts as every multiple of 64 take
+half the start-up (each is an eager forward and a capture of every piece; what the offline benchmark
+and a restart measured: docs/performance.md). q/k/v and the attention output are static buffers that
+every layer and every size shares: each graph copies its layer's q/k/v there and the next reads
+``out``. With the sliding layers in a pool of their own (``windowed``), their K/V store reads a
 second static slot buffer, ``window_out_loc``, as the others read ``out_loc``. The backend must
 accept padding rows (``supports_padding``), and every attention layer must have the same q/k/v
 shapes (one set of buffers; the engine checks ``cache_spec``).

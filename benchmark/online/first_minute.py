@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> dict:
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, f"first_minute_{args.tag}.log")
     if args.offline:
-        return run_offline(args, server_args, log_path)
+        return run_offline(args, server_args, cache, log_path)
     url = f"http://127.0.0.1:{args.port}"
     start = time.monotonic()
     with open(log_path, "w") as log:
@@ -153,17 +153,16 @@ def offline_child(server_args: list[str]) -> None:
                       "options": {k: str(v) for k, v in options.items()}}), flush=True)
 
 
-def run_offline(args: argparse.Namespace, server_args: list[str], log_path: str) -> dict:
-    """The offline ``LLM`` of the server's arguments, its first minute measured from its
-    process's start."""
+def run_offline(args: argparse.Namespace, server_args: list[str], cache: str | None,
+                log_path: str) -> dict:
+    """The offline ``LLM`` of the server's arguments (``cache`` among them), its first minute
+    measured from its process's start."""
     cmd = [sys.executable, __file__, "--offline-child", "--", *server_args]
     start = time.time()
     with open(log_path, "w") as log:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                               timeout=args.timeout, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    cache = server_args[server_args.index("--cache-dir") + 1] if "--cache-dir" in server_args \
-        else None
     return {"tag": args.tag, "cache_dir": cache, "ready_s": result["ready_wall"] - start,
             "warming_at_ready": result["warming"], "command": " ".join(cmd),
             "options": result["options"], "requests": result["requests"]}

@@ -69,7 +69,7 @@ def wait_ready(url: str, proc: subprocess.Popen, start: float,
 def measure(client: httpx.Client, model: str) -> list[dict]:
     rows = []
     for name, fields in KINDS.items():
-        times, error = [], None
+        times, tokens, error = [], [], None
         for _ in range(2):
             body = {"model": model, **fields, "messages": _PROMPT}
             t0 = time.perf_counter()
@@ -78,9 +78,16 @@ def measure(client: httpx.Client, model: str) -> list[dict]:
             if r.status_code != 200:
                 error = f"{r.status_code}: {r.text[:200]}"
                 break
-        rows.append({"kind": name, "first_s": times[0],
-                     "second_s": times[1] if len(times) > 1 else None, "error": error})
+            tokens.append(r.json()["usage"]["completion_tokens"])
+        rows.append(_row(name, times, tokens, error))
     return rows
+
+
+def _row(kind: str, times: list[float], tokens: list[int], error: str | None) -> dict:
+    """A kind's two requests: their seconds and output tokens (a request that ends at its first
+    token measures nothing of its kind's decoding)."""
+    return {"kind": kind, "first_s": times[0], "second_s": times[1] if len(times) > 1 else None,
+            "tokens": tokens, "error": error}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -142,12 +149,13 @@ def offline_child(server_args: list[str]) -> None:
     warming = kernels.warming() if kernels is not None else ""
     rows = []
     for name, params in offline_kinds().items():
-        times = []
+        times, tokens = [], []
         for _ in range(2):
             t0 = time.perf_counter()
-            llm.chat(_PROMPT, params, use_tqdm=False)
+            out = llm.chat(_PROMPT, params, use_tqdm=False)[0]
             times.append(time.perf_counter() - t0)
-        rows.append({"kind": name, "first_s": times[0], "second_s": times[1], "error": None})
+            tokens.append(len(out.token_ids))
+        rows.append(_row(name, times, tokens, None))
     llm.close()
     print(json.dumps({"ready_wall": ready, "warming": warming, "requests": rows,
                       "options": {k: str(v) for k, v in options.items()}}), flush=True)
@@ -185,7 +193,9 @@ def report(paths: list[str]) -> str:
             elif row["error"]:
                 cells.append(f"error {row['error'][:40]}")
             else:
-                cells.append(f"{row['first_s']:.3f} / {row['second_s']:.3f} s")
+                n = "/".join(map(str, row.get("tokens", [])))
+                cells.append(f"{row['first_s']:.3f} / {row['second_s']:.3f} s"
+                             + (f" ({n} tokens)" if n else ""))
         lines.append(f"| {r['tag']} | {r['ready_s']:.1f} s | {r['warming_at_ready'] or '-'} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -327,7 +327,8 @@ def test_benchmark_client_tokens_match_the_counters(server, tmp_path):
 
 def test_dummy_model_dir_streams_text_for_every_token(tmp_path):
     """benchmark/online/dummy_model.py: a config plus a tokenizer over the whole vocabulary, so a
-    random-weight model served for benchmarks detokenizes every id it samples to text."""
+    random-weight model served for benchmarks detokenizes every id it samples to text, and a
+    grammar's JSON can be written in it (ids 0-255 are the bytes)."""
     from helpers.hf_models import make_tiny_checkpoint
     from minisgl import LLM, SamplingParams
     from minisgl.utils.hf import load_tokenizer
@@ -338,11 +339,15 @@ def test_dummy_model_dir_streams_text_for_every_token(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = make_tiny_checkpoint("qwen3", tmp_path / "ckpt") / "config.json"
+    config.write_text(json.dumps({**json.load(open(config)), "vocab_size": 512}))  # bytes + words
     path = module.write_dummy_model(str(config), str(tmp_path / "dummy"))
-    vocab = json.load(open(config))["vocab_size"]
+    vocab = 512
     tok = load_tokenizer(path)
-    assert len(tok) == vocab and tok.decode([0, 7, vocab - 1]) == f"t0 t7 t{vocab - 1}"
+    assert len(tok) == vocab and tok.decode([65, 300, vocab - 1]) == f"A t300 t{vocab - 1}"
+    text = '{"n": [1, "x"]}'
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     out = LLM(path, device="cpu", dummy_weights=True).generate(
         [[3, 4, 5]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     assert len(out.token_ids) == 8
-    assert out.text.split() == [f"t{t}" for t in out.token_ids]
+    assert out.text == tok.decode(out.token_ids)
+    assert all(tok.decode([t]) == f" t{t}" for t in out.token_ids if t >= 256)

@@ -34,3 +34,6 @@ def test_the_offline_llms_first_minute(tmp_path):
     assert set(kinds) == {"greedy", "sampled", "json_schema"}  # no forced tool call offline
     assert all(row["first_s"] > 0 and row["second_s"] > 0 and row["error"] is None
                for row in kinds.values())
+    # the dummy tokenizer can write JSON: the schema's request decodes past its first token
+    assert kinds["json_schema"]["tokens"][0] > 1
+    assert kinds["greedy"]["tokens"] == [8, 8]

@@ -8,7 +8,8 @@ the ``json_object`` grammar build in the background from the scheduler's start (
 Before sampling the manager fills the bitmask rows of the sampled requests in one batched call
 (``structured.BatchMasks``: xgrammar's threads, a reused pinned buffer; unconstrained rows allow
 everything); after it, the constrained requests' matchers accept their sampled tokens in one
-call, and a grammar that has terminated ends its request. The mask of step N+1 depends on
+call, and a grammar that has terminated ends its request (one that rejected its token aborts
+it: a grammar no token of the vocabulary can follow). The mask of step N+1 depends on
 token N: the engine runs the forward of N+1 first and asks for the mask
 (``BatchSamplingArgs.late_bitmask``) just before sampling, while the host reads N back and
 advances the matchers, so only the sampling of a constrained batch waits for the host.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from minisgl.structured import BatchMasks, GrammarCompiler, Matcher
 
     from .config import SchedulerConfig
+    from .output import FinishReason
 
 logger = init_logger(__name__)
 
@@ -172,26 +174,29 @@ class GrammarManager:
             return None
         return self._masks.to_device(self._masks.fill(matchers), device)
 
-    def accept(self, reqs: list[Req], tokens: list[int]) -> set[int]:
+    def accept(self, reqs: list[Req], tokens: list[int]) -> dict[int, FinishReason]:
         """Advance the grammars of ``reqs`` (one batch) by their tokens, in one call to xgrammar;
-        the uids of the requests that must end (their grammar terminated, or, which the mask
-        should make impossible, rejected the token)."""
+        the requests that must end, uid -> finish reason: ``stop`` where the grammar terminated,
+        ``abort`` where it rejected the token (the mask should make that impossible; it happens
+        when the grammar allows no token of the vocabulary at all, and the token sampled from an
+        empty mask is not an answer)."""
         rows = [(req, token, self.matchers[req.uid]) for req, token in zip(reqs, tokens)
                 if req.uid in self.matchers]
         if not rows:
-            return set()
+            return {}
         from minisgl.structured import BatchMasks
 
-        ended = set()
+        ended: dict[int, FinishReason] = {}
         assert self._compiler is not None  # a matcher exists: the compiler built it
         stops = self._compiler.stop_token_ids
         accepted = BatchMasks.accept([m for _, _, m in rows], [t for _, t, _ in rows])
         for (req, token, matcher), ok in zip(rows, accepted):
             if not ok:
-                logger.error("request %d: token %d breaks its grammar; ending it", req.uid, token)
-                ended.add(req.uid)
+                logger.error("request %d: token %d breaks its grammar; aborting it", req.uid,
+                             token)
+                ended[req.uid] = "abort"
             elif token in stops and matcher.terminated:  # only a stop token terminates
-                ended.add(req.uid)
+                ended[req.uid] = "stop"
         return ended
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from .cache import create_cache
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager
-from .output import TokenOutput, apply_runs, logprob_rows
+from .output import FinishReason, TokenOutput, apply_runs, logprob_rows
 from .plan import Launched, StepPlan
 from .planner import BatchPlanner
 from .policy import AdmissionPolicy
@@ -216,7 +216,7 @@ class Scheduler:
         live = [(feed, run) for feed, run in zip(plan.sampled, runs)  # not finished meanwhile
                 if self.reqs.get(feed.uid) is feed.req and feed.uid not in plan.dropped]
         reasons = apply_runs(live, out, self.spec, self.cache, self.eos_token_ids)
-        ended: set[int] = set()  # the grammars advance in one batch: those that terminated end
+        ended: dict[int, FinishReason] = {}  # the grammars advance in one batch; some end
         if self.grammar.active:
             going = [(feed.req, run[-1][0]) for feed, run in live
                      if feed in reasons and reasons[feed] is None]
@@ -232,7 +232,7 @@ class Scheduler:
                 continue
             reason = reasons[feed]
             if reason is None and req.uid in ended:
-                reason = "stop"  # the grammar is complete
+                reason = ended[req.uid]  # the grammar is complete, or rejected the token
             results += [TokenOutput(req.uid, token, None, *lp) for token, lp in run[:-1]]
             result = TokenOutput(req.uid, run[-1][0], reason, *run[-1][1])
             if req.output_len == 1:

@@ -182,3 +182,27 @@ def test_extreme_aspect_ratio_is_a_media_error(checkpoints):
     with pytest.raises(MediaError, match="cannot be preprocessed") as e:
         ours(path, chat_text(path, 1), [encoded("PNG", (2, 600))])
     assert e.value.param == "messages[0].content[0].image_url"
+
+
+def test_background_load_serves_the_same_and_reports_a_failed_load(checkpoints, tmp_path):
+    """The tokenizer worker loads the image processor on a thread (ready without waiting for it):
+    the first image request waits for it and gets the same prompt; a load that failed fails
+    every image request with its reason."""
+    import shutil
+
+    import transformers as tf
+
+    path = checkpoints["qwen3_5"]
+    tok = tf.AutoTokenizer.from_pretrained(path)
+    text, blobs = chat_text(path, 1), [encoded("PNG", (37, 53))]
+    items = [ImageItem(blobs[0], "messages[0].content[0].image_url")]
+    encode = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
+    late = ImageProcessor.for_model(str(path), tok, background=True)
+    assert late.prompt(text, items, encode).input_ids == ours(path, text, blobs)[1].input_ids
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    (broken / "preprocessor_config.json").write_text("{not json")
+    late = ImageProcessor.for_model(str(broken), tok, background=True)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="^the image processor failed to load: "):
+            late.prompt(text, items, encode)

@@ -19,15 +19,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from minisgl.utils import init_logger
+
 from .config import MediaOptions
 from .decode import decode_image
 from .items import ImageItem, MediaError
 from .prompt import ImageInput, MultimodalPrompt, image_offsets
+
+logger = init_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -136,15 +143,30 @@ FAMILIES: dict[str, type[_Family]] = {
 
 
 class ImageProcessor:
-    """Decodes, preprocesses and places one request's images for a checkpoint."""
+    """Decodes, preprocesses and places one request's images for a checkpoint. Its family (the
+    transformers image processor: seconds of imports on a slow host) may still be loading
+    (``for_model(..., background=True)``): the first image request waits for it, and a load
+    that failed fails every image request with its reason."""
 
-    def __init__(self, family: _Family, opts: MediaOptions) -> None:
-        self.family, self.opts = family, opts
+    def __init__(self, family: _Family | Future[_Family], opts: MediaOptions) -> None:
+        self._family, self.opts = family, opts
+
+    @property
+    def family(self) -> _Family:
+        if isinstance(self._family, Future):
+            try:
+                family = self._family.result()
+            except Exception as e:  # the server's fault, not the request's (a 500)
+                raise RuntimeError(f"the image processor failed to load: {e}") from None
+            self._family = family
+        return self._family
 
     @classmethod
-    def for_model(cls, model_dir: str, tokenizer: Any,
-                  opts: MediaOptions | None = None) -> ImageProcessor | None:
-        """None for a checkpoint without a vision tower (or without a tokenizer)."""
+    def for_model(cls, model_dir: str, tokenizer: Any, opts: MediaOptions | None = None,
+                  background: bool = False) -> ImageProcessor | None:
+        """None for a checkpoint without a vision tower (or without a tokenizer). ``background``:
+        the family loads on a thread of its own (a server's tokenizer worker reports ready
+        without waiting for it)."""
         from minisgl.models.vision import has_vision
 
         path = os.path.join(model_dir, "config.json")
@@ -154,8 +176,22 @@ class ImageProcessor:
             raw = json.load(f)
         if not has_vision(raw) or raw["architectures"][0] not in FAMILIES:
             return None
-        family = FAMILIES[raw["architectures"][0]](raw, tokenizer, model_dir)
-        return cls(family, opts or MediaOptions())
+        family_cls, opts = FAMILIES[raw["architectures"][0]], opts or MediaOptions()
+        if not background:
+            return cls(family_cls(raw, tokenizer, model_dir), opts)
+        future: Future[_Family] = Future()
+
+        def load() -> None:
+            start = time.perf_counter()
+            try:
+                future.set_result(family_cls(raw, tokenizer, model_dir))
+                logger.info("image processor loaded in %.1f s", time.perf_counter() - start)
+            except Exception as e:  # reported by every image request
+                logger.exception("loading the image processor failed")
+                future.set_exception(e)
+
+        threading.Thread(target=load, name="image-processor", daemon=True).start()
+        return cls(future, opts)
 
     def preprocess(self, item: ImageItem) -> ProcessedImage:
         image = decode_image(item.data, item.field, self.opts.max_image_pixels)

@@ -65,8 +65,8 @@ def tokenize_worker(
         tokenizer = load_tokenizer(model_path, revision, chat_template, cache_dir)
         phases.mark("tokenizer")
         harmony = Harmony.for_model(model_path) if tokenize else None  # gpt-oss's chat format
-        images = (ImageProcessor.for_model(model_dir, tokenizer, media)
-                  if tokenize and model_dir else None)
+        images = (ImageProcessor.for_model(model_dir, tokenizer, media, background=True)
+                  if tokenize and model_dir else None)  # ready without waiting for it
         TokenizeManager(tokenizer, harmony).warm_up()  # the first chat request pays no compile
         worker = _Worker(tokenizer, addrs, tokenize, detokenize, harmony, images)
         phases.mark("chat template")

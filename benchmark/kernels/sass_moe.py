@@ -30,7 +30,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_gemv  # noqa: E402
+from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_frag, moe_mxfp4_gemv  # noqa: E402
 from minisgl.kernel.triton.fused_moe import permuted_tile as permuted  # noqa: E402
 
 ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
@@ -59,6 +59,10 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
         return (moe_mxfp4.moe_gemm_mx_kernel,
                 {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUPS": bk // 32,
                  "GROUP_M": 1, "PRECISION": "tf32", "FAST": fast}, rows or 16)
+    if name == "frag":  # the fragment layout's GEMM: BLOCK_N / 16 warps, K steps of 64
+        return (moe_mxfp4_frag.moe_gemm_mx_frag_kernel,
+                {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUP_M": 1,
+                 "PRECISION": "tf32", "FAST": fast}, rows or 16)
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
             {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
              "EVEN_K": False, "PRECISION": "tf32", "FAST": fast,
@@ -95,7 +99,7 @@ def resources(bin_dir: str, cubin_path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
-                        choices=["gemv", "small", "wide"])
+                        choices=["gemv", "small", "wide", "frag"])
     parser.add_argument("--tile", type=int, nargs=2, default=None, metavar=("BN", "BK"))
     parser.add_argument("--rows", type=int, default=None, help="row block (small, wide)")
     parser.add_argument("--float32-decode", action="store_true",
@@ -108,7 +112,8 @@ def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                             "nvdisasm")
-    tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4)}
+    tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4),
+             "frag": (128, 64, 4)}
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]

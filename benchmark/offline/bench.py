@@ -58,6 +58,8 @@ VARIANTS = {
     "fp8+fp8-kv": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
     # MXFP4 experts through OpenAI's triton_kernels (pip install -e '.[triton-kernels]')
     "triton-kernels": {"moe_backend": "triton_kernels"},
+    # MXFP4 experts in the fragment layout, every batch on its GEMM (quant/mxfp4_fragments.py)
+    "moe-fragments": {"moe_backend": "triton_fragments"},
     # MXFP4 experts through FlashInfer's CUTLASS fused MoE (pip install -e '.[flashinfer]')
     "flashinfer-moe": {"moe_backend": "flashinfer"},
     "no-pdl": {"disable_pdl": True},  # Triton kernels without programmatic dependent launch

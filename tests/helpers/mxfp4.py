@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales
+
 VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
@@ -36,3 +38,25 @@ def quantized_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     weights they stand for)."""
     blocks, scales = quantize(w)
     return blocks.flatten(-2).contiguous(), scales, dequantize(blocks, scales)
+
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+GPT_OSS = MoeActivation("swiglu_clamped", alpha=1.702, limit=7.0)
+
+
+def mx_inputs(tokens, hidden, inter, experts, top_k, dtype, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g)
+    w13, s13, _ = quantized_experts(torch.randn(experts, 2 * inter, hidden, generator=g)
+                                           / hidden**0.5)
+    w2, s2, _ = quantized_experts(torch.randn(experts, hidden, inter, generator=g)
+                                         / inter**0.5)
+    logits = torch.randn(tokens, experts, generator=g)
+    values, ids = torch.topk(logits, top_k, dim=-1)
+    weights = values.softmax(-1)
+    b = None
+    if bias:
+        b = ExpertBias(torch.randn(experts, 2 * inter, generator=g).to(DEV, dtype),
+                       torch.randn(experts, hidden, generator=g).to(DEV, dtype) * 0.1)
+    return (x.to(DEV, dtype), w13.to(DEV), w2.to(DEV), weights.to(DEV, dtype), ids.to(DEV),
+            Mxfp4Scales(s13.to(DEV), s2.to(DEV)), b)

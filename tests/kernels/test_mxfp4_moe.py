@@ -15,6 +15,7 @@ import torch
 from helpers import mxfp4 as ref_mx
 from helpers.hopper_compile import compile_for_hopper
 from helpers.interpreter import import_triton
+from helpers.mxfp4 import DEV, GPT_OSS, mx_inputs
 
 triton = import_triton()
 
@@ -25,8 +26,6 @@ from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
 from minisgl.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4, to_words  # noqa: E402
 
 pytestmark = pytest.mark.any_device
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-GPT_OSS = MoeActivation("swiglu_clamped", alpha=1.702, limit=7.0)
 
 
 def test_dequantize_matches_the_tests_quantizer():
@@ -52,24 +51,6 @@ def test_quantize_round_trip():
     assert torch.equal(dequantize_mxfp4(*quantize_mxfp4(back)), back)  # (up to the sign of 0)
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_mxfp4(torch.zeros(2, 48))
-
-
-def mx_inputs(tokens, hidden, inter, experts, top_k, dtype, seed=0, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(tokens, hidden, generator=g)
-    w13, s13, _ = ref_mx.quantized_experts(torch.randn(experts, 2 * inter, hidden, generator=g)
-                                           / hidden**0.5)
-    w2, s2, _ = ref_mx.quantized_experts(torch.randn(experts, hidden, inter, generator=g)
-                                         / inter**0.5)
-    logits = torch.randn(tokens, experts, generator=g)
-    values, ids = torch.topk(logits, top_k, dim=-1)
-    weights = values.softmax(-1)
-    b = None
-    if bias:
-        b = ExpertBias(torch.randn(experts, 2 * inter, generator=g).to(DEV, dtype),
-                       torch.randn(experts, hidden, generator=g).to(DEV, dtype) * 0.1)
-    return (x.to(DEV, dtype), w13.to(DEV), w2.to(DEV), weights.to(DEV, dtype), ids.to(DEV),
-            Mxfp4Scales(s13.to(DEV), s2.to(DEV)), b)
 
 
 @pytest.mark.parametrize("tokens", [1, 9, 40])

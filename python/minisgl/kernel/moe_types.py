@@ -30,6 +30,11 @@ class Mxfp4Scales(NamedTuple):
     w2: torch.Tensor
 
 
+class FragmentScales(Mxfp4Scales):
+    """``Mxfp4Scales`` of experts in the fragment layout (``quant.mxfp4_fragments``), scales in
+    that layout's order too: the fused Triton MoE runs its fragment GEMM on them."""
+
+
 class ExpertBias(NamedTuple):
     """Per-expert biases (gpt-oss): ``w13 [E, 2I]`` (gate, then up) added to GEMM 1 before the
     activation, ``w2 [E, H]`` added to GEMM 2 before the routing weight; either may be None

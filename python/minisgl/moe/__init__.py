@@ -28,6 +28,13 @@ def _create_triton() -> BaseMoeBackend:
     return TritonMoeBackend()
 
 
+@MOE_BACKENDS.register("triton_fragments")
+def _create_triton_fragments() -> BaseMoeBackend:
+    from .fused import TritonFragmentsMoeBackend  # the fragment layout's MXFP4 GEMM
+
+    return TritonFragmentsMoeBackend()
+
+
 def _library(create: Callable[[], BaseMoeBackend], name: str, what: str,
              extra: str) -> BaseMoeBackend:
     """A backend of an outside library; without the library, an error saying what to install."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.kernel.moe_types import FragmentScales
 from minisgl.kernel.triton.fused_moe import fused_moe
 from minisgl.quant.mxfp4 import to_words
 
@@ -63,3 +64,27 @@ class TritonMoeBackend(BaseMoeBackend):
             x = x.contiguous()
         return fused_moe(x, w13, w2, topk_weights, topk_ids, scales=scales, bias=bias, act=act,
                          pdl=pdl)
+
+
+def _fragments(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``to_fragments`` one expert at a time."""
+    from minisgl.quant.mxfp4_fragments import to_fragments
+
+    words, frag_scales = torch.empty_like(blocks), torch.empty_like(scales)
+    for e in range(blocks.shape[0]):
+        words[e], frag_scales[e] = to_fragments(blocks[e], scales[e])
+    return words, frag_scales
+
+
+class TritonFragmentsMoeBackend(TritonMoeBackend):
+    """The fused Triton MoE with MXFP4 experts in the fragment layout
+    (``quant.mxfp4_fragments``): every batch on the fragment GEMM, 16-row blocks at least (no
+    GEMV for a few tokens). Experts whose rows are not a multiple of 16 or whose K is not of 64
+    are refused."""
+
+    def prepare_experts(self, w13, w2, scales, bias, act) -> WordExperts | None:
+        if not isinstance(scales, Mxfp4Scales):
+            return None
+        held = ExpertBias(*(t if t is None else t.detach() for t in bias)) if bias else None
+        (f13, t13), (f2, t2) = _fragments(w13, scales.w13), _fragments(w2, scales.w2)
+        return WordExperts(f13, f2, FragmentScales(t13, t2), held)

@@ -41,12 +41,13 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernel.moe_types import SILU, ExpertBias, MoeActivation, Mxfp4Scales
+from minisgl.kernel.moe_types import SILU, ExpertBias, FragmentScales, MoeActivation, Mxfp4Scales
 
 from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
+from .moe_mxfp4_frag import moe_gemm_mx_frag_kernel
 from .moe_mxfp4_gemv import moe_gemv_mx_kernel
 from .moe_tiles import epilogue, tile, tile_rows
 from .pdl import hopper_compiled, wait_then_release
@@ -174,7 +175,7 @@ def _ptx_decode(a: torch.Tensor) -> bool:
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
-          w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU, pdl=False):
+          w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU, pdl=False, frag=False):
     k_dim = w.shape[2] * (2 if mx else 1)
     n_out = w.shape[1] // 2 if gated else w.shape[1]
     n_blocks_m = sorted_ids.numel() // cfg.block_m
@@ -200,7 +201,12 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
     if mx:  # 32-bit word loads, 4 a group: the kernels take the alignment as given
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
-    if mx and cfg.block_m == 1:
+    if frag:  # BLOCK_N / 16 warps of 16 rows, K steps of 64
+        for name in ("BLOCK_K", "EVEN_K"):
+            del meta[name]
+        meta["num_warps"] = block_n // 16
+        moe_gemm_mx_frag_kernel[grid](*args, FAST=_ptx_decode(a), **meta)
+    elif mx and cfg.block_m == 1:
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]
         moe_gemv_mx_kernel[grid](*args, **meta)
@@ -240,6 +246,9 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     cfg = config or pick_config(n_pairs, n_experts, mx, (fmt, two_i, hidden), x.device)
     if x.element_size() == 4:  # fp32 tiles are twice the bytes: keep within shared memory
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
+    frag = isinstance(scales, FragmentScales)
+    if frag and cfg.block_m < 16:  # the wgmma tile's token side
+        cfg = replace(cfg, block_m=16, block_n1=64, block_n2=64, swapped=True)
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:
@@ -250,13 +259,13 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         assert s13.stride(2) == 1 and s2.stride(2) == 1
     b13, b2 = bias if bias is not None else (None, None)
     _gemm(x, w13, act_out, act_out, sorted_ids, expert_ids, total, n_pairs, top_k, True,
-          cfg.block_n1, cfg, s13, block, mx, b13, act, pdl)
+          cfg.block_n1, cfg, s13, block, mx, b13, act, pdl, frag)
     out = torch.empty((n_pairs, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)
     if not weights.is_contiguous():
         weights = weights.contiguous()
     _gemm(act_out, w2, out, weights, sorted_ids, expert_ids, total, n_pairs, 1, False,
-          cfg.block_n2, cfg, s2, block, mx, b2, pdl=pdl)
+          cfg.block_n2, cfg, s2, block, mx, b2, pdl=pdl, frag=frag)
     if top_k == 1:
         return out
     summed = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)

@@ -1,0 +1,91 @@
+"""gpt-oss-20b's fused MXFP4 MoE over the fragment layout (``quant.mxfp4_fragments``, the
+``moe_mxfp4_frag`` GEMM) against the shipped word-layout kernels (this GPU's table), the same
+weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
+
+    python benchmark/kernels/bench_moe_fragments.py [--tokens 16 64 128 256 512] [--out DIR]
+
+Per token count: the shipped table's time, then each fragment tile (rows, BLOCK_N for both
+GEMMs, stages, register cap), the best, and the ratio of the shipped time to it; the outputs of
+the two layouts compared (largest difference over the largest value). Writes
+``moe_fragments_<gpu>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
+
+import bench_moe  # noqa: E402
+import torch  # noqa: E402
+from bench_common import project_commit  # noqa: E402
+from bench_moe import config, graph_ms, inputs  # noqa: E402
+
+from minisgl.kernel.moe_types import FragmentScales  # noqa: E402
+from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
+from minisgl.quant.mxfp4 import from_words  # noqa: E402
+from minisgl.quant.mxfp4_fragments import to_fragments  # noqa: E402
+
+# (block_m, block_n (both GEMMs; num_warps = block_n / 16), num_stages, maxnreg)
+TILES = [(16, 128, 4, None), (16, 128, 4, 64), (16, 64, 4, None), (32, 128, 4, 80),
+         (32, 128, 3, None), (32, 64, 4, None), (64, 128, 3, None)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[16, 64, 128, 256, 512])
+    p.add_argument("--out", default="bench-out")
+    a = p.parse_args()
+    bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
+    rows = []
+    for tokens in a.tokens:
+        args, kw = inputs(tokens, mx=True)
+        x, w13, w2, weights, ids = args
+        (f13, t13), (f2, t2) = (to_fragments(from_words(w), s)
+                                for w, s in ((w13, kw["scales"].w13), (w2, kw["scales"].w2)))
+        fkw = dict(kw, scales=FragmentScales(t13, t2))
+        shipped = graph_ms(lambda: fused_moe(*args, **kw)) * 1e3
+        ref = fused_moe(*args, **kw).float()
+        row = {"tokens": tokens, "shipped_config": list(vars(config(tokens, True)).values()),
+               "shipped_us": round(shipped, 1), "tiles": []}
+        for bm, bn, stages, reg in TILES:
+            if bm > 16 and tokens * 4 / 32 < 8:
+                continue  # rows an expert: 16-row blocks already hold them
+            cfg = MoeConfig(bm, bn, bn, 64, 1 if bm == 16 else 4, bn // 16, stages, True, reg)
+            fn = lambda c=cfg: fused_moe(x, f13, f2, weights, ids, config=c, **fkw)  # noqa: E731
+            try:
+                us = graph_ms(fn) * 1e3
+                diff = (fn().float() - ref).abs().max().item() / ref.abs().max().item()
+                row["tiles"].append({"tile": [bm, bn, stages, reg], "us": round(us, 1),
+                                     "max_diff": round(diff, 5)})
+            except Exception as e:  # e.g. out of shared memory
+                row["tiles"].append({"tile": [bm, bn, stages, reg], "error": str(e)[:160]})
+        timed = [t for t in row["tiles"] if "us" in t]
+        best = min(timed, key=lambda t: t["us"])
+        row["best"], row["ratio"] = best, round(shipped / best["us"], 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
+    os.makedirs(a.out, exist_ok=True)
+    stem = os.path.join(a.out, f"moe_fragments_{gpu}")
+    with open(stem + ".json", "w") as f:
+        json.dump({"commit": project_commit(), "gpu": torch.cuda.get_device_name(),
+                   "rows": rows}, f, indent=1)
+    lines = [f"gpt-oss-20b's fused MoE (32 x 2880 x 2880, top 4), {torch.cuda.get_device_name()}, "
+             f"commit `{project_commit()}`: fragment layout against the shipped word layout, "
+             "us a call from CUDA graphs.", "",
+             "| tokens | shipped (word layout) | fragment, best tile | tile (rows, BLOCK_N, "
+             "stages, maxnreg) | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {r['tokens']} | {r['shipped_us']} | {r['best']['us']} | {r['best']['tile']} | "
+              f"{r['ratio']}x |" for r in rows]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The fragment layout of MXFP4 experts (``quant.mxfp4_fragments``) and the swapped GEMM that
+reads it (``kernel.triton.moe_mxfp4_frag``): each word holds the values its wgmma lane's A
+fragment takes, the layout inverts exactly, and the fused MoE over it matches the torch backend
+(float16 under the interpreter; the ``gpu`` test at gpt-oss-20b's shapes in bf16 with the PTX
+decoding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.interpreter import import_triton
+
+triton = import_triton()
+
+from helpers.mxfp4 import GPT_OSS, mx_inputs  # noqa: E402
+from minisgl.kernel.moe_types import FragmentScales  # noqa: E402
+from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
+from minisgl.moe import ExpertBias, Mxfp4Scales  # noqa: E402
+from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
+from minisgl.quant.mxfp4 import from_words, quantize_mxfp4  # noqa: E402
+from minisgl.quant.mxfp4_fragments import from_fragments, to_fragments  # noqa: E402
+
+pytestmark = pytest.mark.any_device
+
+
+def test_each_word_holds_its_lanes_fragment_and_the_layout_inverts():
+    blocks, scales = quantize_mxfp4(torch.randn(3, 48, 192, generator=torch.Generator()
+                                                .manual_seed(0)))
+    words, s = to_fragments(blocks, scales)
+    assert (words.shape, s.shape) == (blocks.shape, scales.shape)
+    back = from_fragments(words, s)
+    assert torch.equal(back[0], blocks) and torch.equal(back[1], scales)
+    nib = torch.stack([blocks & 15, blocks >> 4], -1).reshape(3, 48, 192)
+    plain = from_words(words.reshape(3, -1, 4)).reshape(3, 3, 3, 8, 4, 4, 4)  # b, s, r, q, hg
+    units = s.reshape(3, 3, 3, 8, 4)
+    for e, b, step, r, q, h, g in [(0, 0, 0, 0, 0, 0, 0), (1, 2, 1, 5, 3, 1, 1),
+                                   (2, 1, 2, 7, 2, 0, 1)]:
+        word = plain[e, b, step, r, q, 2 * h + g]
+        values = [(int(byte) >> (4 * i)) & 15 for byte in word for i in (0, 1)]
+        row, k0 = 16 * b + 8 * h + r, 64 * step + 32 * g + 2 * q
+        assert values == [int(nib[e, row, k0 + d]) for d in (0, 1, 8, 9, 16, 17, 24, 25)]
+        assert units[e, b, step, r, 2 * h + g] == scales[e, row, 2 * step + g]
+    with pytest.raises(ValueError, match="multiple of 16"):
+        to_fragments(blocks[:, :40], scales[:, :40])
+
+
+@pytest.mark.parametrize("config", [MoeConfig(16, 32, 64, 64, 1, 4, 2, swapped=True),
+                                    MoeConfig(32, 64, 32, 64, 2, 4, 2, swapped=True),
+                                    MoeConfig(1, 16, 16, 256, 1, 4, 3)],
+                         ids=["rows16", "rows32", "gemv_config"])
+def test_fused_moe_over_the_fragment_layout(config):
+    """Hidden 192 (three K steps), intermediate 64 (GEMM 2's one step; GEMM 1's 128 rows of gate
+    and up); 32-row tiles leave GEMM 2's last row block ragged (192 = 3 x 64 rows of 32 x 2);
+    a GEMV config runs 16-row tiles."""
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(19, 192, 64, 5, 2, torch.float16, seed=7)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    f13, s13 = to_fragments(w13, scales.w13)
+    f2, s2 = to_fragments(w2, scales.w2)
+    out = fused_moe(x, f13, f2, weights, ids, config=config,
+                    scales=FragmentScales(s13, s2), bias=bias, act=GPT_OSS)
+    torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16, 256, 700])
+def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens):
+    """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference."""
+    e, h, inter, top_k = 32, 2880, 2880, 4
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
+    w13, s13 = quantize_mxfp4(torch.randn(e, 2 * inter, h, device="cuda", generator=g) * 0.02)
+    w2, s2 = quantize_mxfp4(torch.randn(e, h, inter, device="cuda", generator=g) * 0.02)
+    values, ids = torch.topk(torch.randn(tokens, e, device="cuda", generator=g), top_k)
+    weights = values.softmax(-1).bfloat16()
+    bias = ExpertBias(torch.randn(e, 2 * inter, device="cuda", generator=g).bfloat16() * 0.1,
+                      torch.randn(e, h, device="cuda", generator=g).bfloat16() * 0.1)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, Mxfp4Scales(s13, s2), bias=bias,
+                                    act=GPT_OSS)
+    (f13, t13), (f2, t2) = to_fragments(w13, s13), to_fragments(w2, s2)
+    out = fused_moe(x, f13, f2, weights, ids, scales=FragmentScales(t13, t2),
+                    bias=bias, act=GPT_OSS)
+    err = (out.float() - ref.float()).norm() / ref.float().norm()
+    assert err <= 2e-2, err
+
+
+def test_the_fragments_backend_converts_a_layers_experts():
+    """``--moe-backend triton_fragments``: ``prepare_experts`` holds the layer's experts in the
+    fragment layout, and its forward matches the torch backend."""
+    from minisgl.moe import create_moe_backend
+
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(9, 128, 64, 4, 2, torch.float16, seed=3)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    backend = create_moe_backend("triton_fragments")
+    layout = backend.prepare_experts(w13, w2, scales, bias, GPT_OSS)
+    assert isinstance(layout.scales, FragmentScales)
+    assert torch.equal(layout.w13[1], to_fragments(w13[1], scales.w13[1])[0])
+    empty = w13.new_empty(0)
+    out = backend.forward(x, empty, empty, weights, ids, Mxfp4Scales(empty, empty),
+                          act=GPT_OSS, layout=layout)
+    torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)

@@ -47,12 +47,13 @@ def test_each_word_holds_its_lanes_fragment_and_the_layout_inverts():
 
 @pytest.mark.parametrize("config", [MoeConfig(16, 32, 64, 64, 1, 4, 2, swapped=True),
                                     MoeConfig(32, 64, 32, 64, 2, 4, 2, swapped=True),
-                                    MoeConfig(1, 16, 16, 256, 1, 4, 3)],
-                         ids=["rows16", "rows32", "gemv_config"])
+                                    MoeConfig(64, 64, 64, 64, 2, 4, 2, swapped=True),
+                                    MoeConfig(1, 16, 16, 256, 1, 4, 3), None],
+                         ids=["rows16", "rows32", "rows64_as_32", "gemv_config", "picked"])
 def test_fused_moe_over_the_fragment_layout(config):
     """Hidden 192 (three K steps), intermediate 64 (GEMM 2's one step; GEMM 1's 128 rows of gate
     and up); 32-row tiles leave GEMM 2's last row block ragged (192 = 3 x 64 rows of 32 x 2);
-    a GEMV config runs 16-row tiles."""
+    a GEMV config runs 16-row tiles, a 64-row one 32-row tiles."""
     x, w13, w2, weights, ids, scales, bias = mx_inputs(19, 192, 64, 5, 2, torch.float16, seed=7)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     f13, s13 = to_fragments(w13, scales.w13)
@@ -63,7 +64,7 @@ def test_fused_moe_over_the_fragment_layout(config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 16, 256, 700])
+@pytest.mark.parametrize("tokens", [1, 16, 256, 700, 2048])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference."""
     e, h, inter, top_k = 32, 2880, 2880, 4

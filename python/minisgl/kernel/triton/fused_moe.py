@@ -47,7 +47,7 @@ from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
-from .moe_mxfp4_frag import moe_gemm_mx_frag_kernel
+from .moe_mxfp4_frag import frag_tile, moe_gemm_mx_frag_kernel
 from .moe_mxfp4_gemv import moe_gemv_mx_kernel
 from .moe_tiles import epilogue, tile, tile_rows
 from .pdl import hopper_compiled, wait_then_release
@@ -247,8 +247,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if x.element_size() == 4:  # fp32 tiles are twice the bytes: keep within shared memory
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
     frag = isinstance(scales, FragmentScales)
-    if frag and cfg.block_m < 16:  # the wgmma tile's token side
-        cfg = replace(cfg, block_m=16, block_n1=64, block_n2=64, swapped=True)
+    if frag and config is None:
+        bm, bn, stages, reg = frag_tile(n_pairs / n_experts)
+        cfg = MoeConfig(bm, bn, bn, 64, 1 if bm == 16 else 4, bn // 16, stages, True, reg)
+    elif frag:  # the wgmma tile's token side: 16 or 32 rows (``moe_mxfp4_frag.FRAG_TILES``)
+        cfg = replace(cfg, block_m=min(max(cfg.block_m, 16), 32), swapped=True)
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:

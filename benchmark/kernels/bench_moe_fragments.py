@@ -2,10 +2,10 @@
 ``moe_mxfp4_frag`` GEMM) against the shipped word-layout kernels (this GPU's table), the same
 weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
 
-    python benchmark/kernels/bench_moe_fragments.py [--tokens 16 64 128 256 512] [--out DIR]
+    python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512] [--out DIR]
 
-Per token count: the shipped table's time, then each fragment tile (rows, BLOCK_N for both
-GEMMs, stages, register cap), the best, and the ratio of the shipped time to it; the outputs of
+Per token count: the shipped table's time, then each fragment tile (``MoeConfig``'s fields; the
+GEMV up to one row an expert), the best, and the ratio of the shipped time to it; the outputs of
 the two layouts compared (largest difference over the largest value). Writes
 ``moe_fragments_<gpu>.{json,md}``.
 """
@@ -30,14 +30,18 @@ from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
 from minisgl.quant.mxfp4 import from_words  # noqa: E402
 from minisgl.quant.mxfp4_fragments import to_fragments  # noqa: E402
 
-# (block_m, block_n (both GEMMs; num_warps = block_n / 16), num_stages, maxnreg)
-TILES = [(16, 128, 4, None), (16, 128, 4, 64), (16, 64, 4, None), (32, 128, 4, 80),
-         (32, 128, 3, None), (32, 64, 4, None), (64, 128, 3, None)]
+# ``MoeConfig``'s fields: the GEMV (row blocks of one; block_k its step), then wgmma tiles (16 or
+# 32 rows, K steps of 64, num_warps = block_n / 16)
+GEMV = [(1, 16, 16, 64, 1, 1, 2), (1, 16, 16, 128, 1, 1, 2), (1, 16, 16, 256, 1, 2, 2),
+        (1, 32, 32, 128, 1, 2, 2), (1, 16, 16, 128, 1, 2, 2)]
+TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64),
+         (16, 64, 64, 64, 1, 4, 4, True), (32, 128, 128, 64, 4, 8, 4, True, 80),
+         (32, 128, 128, 64, 4, 8, 3, True), (32, 64, 64, 64, 4, 4, 4, True)]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=[16, 64, 128, 256, 512])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
@@ -52,18 +56,19 @@ def main() -> None:
         ref = fused_moe(*args, **kw).float()
         row = {"tokens": tokens, "shipped_config": list(vars(config(tokens, True)).values()),
                "shipped_us": round(shipped, 1), "tiles": []}
-        for bm, bn, stages, reg in TILES:
-            if bm > 16 and tokens * 4 / 32 < 8:
-                continue  # rows an expert: 16-row blocks already hold them
-            cfg = MoeConfig(bm, bn, bn, 64, 1 if bm == 16 else 4, bn // 16, stages, True, reg)
+        rows_an_expert = tokens * 4 / 32
+        for fields in (GEMV if rows_an_expert <= 1 else []) + TILES:
+            cfg = MoeConfig(*fields)
+            if cfg.block_m > 16 and rows_an_expert < 8:
+                continue  # 16-row blocks already hold them
             fn = lambda c=cfg: fused_moe(x, f13, f2, weights, ids, config=c, **fkw)  # noqa: E731
             try:
                 us = graph_ms(fn) * 1e3
                 diff = (fn().float() - ref).abs().max().item() / ref.abs().max().item()
-                row["tiles"].append({"tile": [bm, bn, stages, reg], "us": round(us, 1),
+                row["tiles"].append({"tile": list(fields), "us": round(us, 1),
                                      "max_diff": round(diff, 5)})
             except Exception as e:  # e.g. out of shared memory
-                row["tiles"].append({"tile": [bm, bn, stages, reg], "error": str(e)[:160]})
+                row["tiles"].append({"tile": list(fields), "error": str(e)[:160]})
         timed = [t for t in row["tiles"] if "us" in t]
         best = min(timed, key=lambda t: t["us"])
         row["best"], row["ratio"] = best, round(shipped / best["us"], 3)
@@ -78,8 +83,8 @@ def main() -> None:
     lines = [f"gpt-oss-20b's fused MoE (32 x 2880 x 2880, top 4), {torch.cuda.get_device_name()}, "
              f"commit `{project_commit()}`: fragment layout against the shipped word layout, "
              "us a call from CUDA graphs.", "",
-             "| tokens | shipped (word layout) | fragment, best tile | tile (rows, BLOCK_N, "
-             "stages, maxnreg) | ratio |", "|---|---|---|---|---|"]
+             "| tokens | shipped (word layout) | fragment, best tile | tile (MoeConfig) | ratio |",
+             "|---|---|---|---|---|"]
     lines += [f"| {r['tokens']} | {r['shipped_us']} | {r['best']['us']} | {r['best']['tile']} | "
               f"{r['ratio']}x |" for r in rows]
     with open(stem + ".md", "w") as f:

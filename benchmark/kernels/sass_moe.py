@@ -63,6 +63,9 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
         return (moe_mxfp4_frag.moe_gemm_mx_frag_kernel,
                 {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUP_M": 1,
                  "PRECISION": "tf32", "FAST": fast}, rows or 16)
+    if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
+        return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,
+                {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
             {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
              "EVEN_K": False, "PRECISION": "tf32", "FAST": fast,
@@ -99,7 +102,7 @@ def resources(bin_dir: str, cubin_path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
-                        choices=["gemv", "small", "wide", "frag"])
+                        choices=["gemv", "small", "wide", "frag", "fgemv"])
     parser.add_argument("--tile", type=int, nargs=2, default=None, metavar=("BN", "BK"))
     parser.add_argument("--rows", type=int, default=None, help="row block (small, wide)")
     parser.add_argument("--float32-decode", action="store_true",
@@ -113,7 +116,7 @@ def main() -> None:
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                             "nvdisasm")
     tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4),
-             "frag": (128, 64, 4)}
+             "frag": (128, 64, 4), "fgemv": (16, 256, 2)}
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]

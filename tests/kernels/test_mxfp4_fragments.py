@@ -48,12 +48,15 @@ def test_each_word_holds_its_lanes_fragment_and_the_layout_inverts():
 @pytest.mark.parametrize("config", [MoeConfig(16, 32, 64, 64, 1, 4, 2, swapped=True),
                                     MoeConfig(32, 64, 32, 64, 2, 4, 2, swapped=True),
                                     MoeConfig(64, 64, 64, 64, 2, 4, 2, swapped=True),
-                                    MoeConfig(1, 16, 16, 256, 1, 4, 3), None],
-                         ids=["rows16", "rows32", "rows64_as_32", "gemv_config", "picked"])
+                                    MoeConfig(1, 16, 16, 128, 1, 4, 3),
+                                    MoeConfig(1, 32, 16, 64, 1, 1, 3), None],
+                         ids=["rows16", "rows32", "rows64_as_32", "gemv_k128", "gemv_k64",
+                              "picked"])
 def test_fused_moe_over_the_fragment_layout(config):
     """Hidden 192 (three K steps), intermediate 64 (GEMM 2's one step; GEMM 1's 128 rows of gate
     and up); 32-row tiles leave GEMM 2's last row block ragged (192 = 3 x 64 rows of 32 x 2);
-    a GEMV config runs 16-row tiles, a 64-row one 32-row tiles."""
+    a 64-row config runs 32-row tiles; the GEMV takes two 64-deep units a K step (GEMM 1's
+    last one half masked) or one."""
     x, w13, w2, weights, ids, scales, bias = mx_inputs(19, 192, 64, 5, 2, torch.float16, seed=7)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     f13, s13 = to_fragments(w13, scales.w13)

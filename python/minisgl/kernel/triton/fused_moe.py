@@ -47,7 +47,7 @@ from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
-from .moe_mxfp4_frag import frag_tile, moe_gemm_mx_frag_kernel
+from .moe_mxfp4_frag import frag_tile, moe_gemm_mx_frag_kernel, moe_gemv_mx_frag_kernel
 from .moe_mxfp4_gemv import moe_gemv_mx_kernel
 from .moe_tiles import epilogue, tile, tile_rows
 from .pdl import hopper_compiled, wait_then_release
@@ -201,7 +201,13 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
     if mx:  # 32-bit word loads, 4 a group: the kernels take the alignment as given
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
-    if frag:  # BLOCK_N / 16 warps of 16 rows, K steps of 64
+    if frag and cfg.block_m == 1:  # BLOCK_K / 64 units a K step
+        units = max(1, block_k // 64)
+        for name in ("BLOCK_M", "GROUP_M", "PRECISION", "BLOCK_K"):
+            del meta[name]
+        meta["EVEN_K"] = (k_dim // 64) % units == 0
+        moe_gemv_mx_frag_kernel[grid](*args, UNITS=units, **meta)
+    elif frag:  # BLOCK_N / 16 warps of 16 rows, K steps of 64
         for name in ("BLOCK_K", "EVEN_K"):
             del meta[name]
         meta["num_warps"] = block_n // 16
@@ -248,10 +254,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
     frag = isinstance(scales, FragmentScales)
     if frag and config is None:
-        bm, bn, stages, reg = frag_tile(n_pairs / n_experts)
-        cfg = MoeConfig(bm, bn, bn, 64, 1 if bm == 16 else 4, bn // 16, stages, True, reg)
-    elif frag:  # the wgmma tile's token side: 16 or 32 rows (``moe_mxfp4_frag.FRAG_TILES``)
-        cfg = replace(cfg, block_m=min(max(cfg.block_m, 16), 32), swapped=True)
+        cfg = MoeConfig(*frag_tile(n_pairs / n_experts))
+    elif frag:  # the GEMV, or a wgmma tile of 16 or 32 rows (``moe_mxfp4_frag.FRAG_TILES``)
+        cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else
+                      min(max(cfg.block_m, 16), 32), block_n1=max(cfg.block_n1, 16),
+                      block_n2=max(cfg.block_n2, 16))
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:

@@ -189,8 +189,8 @@ def _pdl_kernels():
 def _mxfp4_kernels():
     """The MXFP4 MoE GEMMs at gpt-oss's gated tile (bf16 x, biases, clamped SwiGLU) with their
     PTX decoding (``FAST``): the small-batch kernel, the swapped one at 16-row blocks (permuted
-    operand order) and at 64, and the GEMV."""
-    from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_gemv
+    operand order) and at 64, the GEMV, and the fragment layout's GEMM and GEMV."""
+    from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_frag, moe_mxfp4_gemv
 
     sig = dict(a_ptr="*bf16", w_ptr="*u8", out_ptr="*bf16", weights_ptr="*bf16",
                sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*u8",
@@ -207,6 +207,11 @@ def _mxfp4_kernels():
             PERMUTE=permute), 4
     yield moe_mxfp4_gemv.moe_gemv_mx_kernel, sig, dict(common, BLOCK_N=4, BLOCK_K=1024,
         EVEN_K=False), 1
+    # the fragment layout's GEMM (32-row blocks, 8 warps of 16 rows) and GEMV
+    yield moe_mxfp4_frag.moe_gemm_mx_frag_kernel, sig, dict(common, BLOCK_M=32, BLOCK_N=128,
+        GROUP_M=4, PRECISION="tf32", FAST=True), 8
+    yield moe_mxfp4_frag.moe_gemv_mx_frag_kernel, sig, dict(common, BLOCK_N=16, UNITS=4,
+        EVEN_K=False), 2
 
 
 def main(suite: str) -> None:

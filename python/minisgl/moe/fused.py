@@ -23,9 +23,10 @@ from .base import SILU, BaseMoeBackend, ExpertBias, Mxfp4Scales
 
 @dataclass
 class WordExperts:
-    """One layer's MXFP4 experts in the word layout, with their scales and biases as loaded."""
+    """One layer's MXFP4 experts in the word layout (or the fragment layout, with
+    ``FragmentScales``), with their scales and biases as loaded."""
 
-    w13: torch.Tensor  # uint8 [E, 2I, H/2], each expert's words permuted
+    w13: torch.Tensor  # uint8 [E, 2I, H/2], each expert's words permuted (or in fragments)
     w2: torch.Tensor  # uint8 [E, H, I/2]
     scales: Mxfp4Scales
     bias: ExpertBias | None
@@ -50,8 +51,12 @@ class TritonMoeBackend(BaseMoeBackend):
             return None
         # detached: the layer empties its parameters once this returns
         held = ExpertBias(*(t if t is None else t.detach() for t in bias)) if bias else None
-        return WordExperts(_words(w13), _words(w2),
-                           Mxfp4Scales(scales.w13.detach(), scales.w2.detach()), held)
+        return WordExperts(*self._layout(w13, w2, scales), held)
+
+    @staticmethod
+    def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:
+        """A layer's MXFP4 experts and scales as the fused MoE reads them: the word layout."""
+        return _words(w13), _words(w2), Mxfp4Scales(scales.w13.detach(), scales.w2.detach())
 
     def forward(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                 topk_weights: torch.Tensor, topk_ids: torch.Tensor, scales=None, *, bias=None,
@@ -78,13 +83,11 @@ def _fragments(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
 
 class TritonFragmentsMoeBackend(TritonMoeBackend):
     """The fused Triton MoE with MXFP4 experts in the fragment layout
-    (``quant.mxfp4_fragments``): every batch on the fragment GEMM, 16-row blocks at least (no
-    GEMV for a few tokens). Experts whose rows are not a multiple of 16 or whose K is not of 64
-    are refused."""
+    (``quant.mxfp4_fragments``): every batch on that layout's GEMV and GEMM
+    (``kernel.triton.moe_mxfp4_frag``). Experts whose rows are not a multiple of 16 or whose K
+    is not of 64 are refused (``ValueError``)."""
 
-    def prepare_experts(self, w13, w2, scales, bias, act) -> WordExperts | None:
-        if not isinstance(scales, Mxfp4Scales):
-            return None
-        held = ExpertBias(*(t if t is None else t.detach() for t in bias)) if bias else None
+    @staticmethod
+    def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:
         (f13, t13), (f2, t2) = _fragments(w13, scales.w13), _fragments(w2, scales.w2)
-        return WordExperts(f13, f2, FragmentScales(t13, t2), held)
+        return f13, f2, FragmentScales(t13, t2)

@@ -99,8 +99,8 @@ def _values(words, dtype: tl.constexpr, FAST: tl.constexpr):
 
 # ``FAST`` wide tiles hold the weights times 2 ** -64 (``_scaled_tile``): the sums are multiplied
 # back once, after the K loop
-_UNDER_SHIFT = tl.constexpr(64)
-_UNDER = tl.constexpr(1.8446744073709552e19)  # 2 ** 64
+UNDER_SHIFT = tl.constexpr(64)
+UNDER = tl.constexpr(1.8446744073709552e19)  # 2 ** 64
 
 
 @triton.jit
@@ -113,7 +113,7 @@ def _scaled_tile(words, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: 
     scale's bf16 multiplier ``2 ** (s - 1 - 64)`` in range for every scale up to ``2 ** 65``
     (``2 ** (s - 1)`` would overflow from ``2 ** 2``)."""
     if FAST:
-        mult = bf16x2_pow2(s.to(tl.int32) - 1 - _UNDER_SHIFT)
+        mult = bf16x2_pow2(s.to(tl.int32) - 1 - UNDER_SHIFT)
         lo, hi = decode_words_bf16(words, tl.broadcast_to(mult[:, :, None], words.shape))
     else:
         lo, hi = decode_words(words, tl.float32)
@@ -198,8 +198,8 @@ def moe_gemm_mx_wide_kernel(
         a_ptrs += BLOCK_K
         s, s_up = nxt
     if FAST:
-        acc *= _UNDER
-        acc_up *= _UNDER
+        acc *= UNDER
+        acc_up *= UNDER
     epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)

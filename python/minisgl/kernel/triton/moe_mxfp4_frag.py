@@ -12,10 +12,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .moe_mxfp4 import _UNDER, _UNDER_SHIFT, expert_words
-from .moe_mxfp4_gemv import _SUMS_UP, _X_UP
+from .moe_mxfp4 import UNDER, UNDER_SHIFT, expert_words
+from .moe_mxfp4_gemv import SUMS_UP, X_UP
 from .moe_tiles import epilogue, tile, tile_rows
-from .mxfp4 import _DECODE_WORDS_BF16, bf16x2_pow2, e8m0, widen, word_pairs
+from .mxfp4 import DECODE_WORDS_BF16, bf16x2_pow2, e8m0, widen, word_pairs
 from .pdl import wait_then_release
 
 
@@ -25,9 +25,9 @@ def _frag_tile(words, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, FAST: tl.co
     ``dtype`` (``FAST``: times ``2 ** -64``): row 16 nb + 8 h + r, K 32 g + 16 j + 8 e + 2 q + p
     for the word's pair (j, e) and element p."""
     if FAST:
-        mult = bf16x2_pow2(s.to(tl.int32) - 1 - _UNDER_SHIFT)
+        mult = bf16x2_pow2(s.to(tl.int32) - 1 - UNDER_SHIFT)
         v = tl.inline_asm_elementwise(
-            _DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, mult],
+            DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, mult],
             dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
         two126: tl.constexpr = 8.507059173023462e37
@@ -92,8 +92,8 @@ def moe_gemm_mx_frag_kernel(
             acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
         a_ptrs += 64
     if FAST:
-        acc *= _UNDER
-        acc_up *= _UNDER
+        acc *= UNDER
+        acc_up *= UNDER
     epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
@@ -148,14 +148,14 @@ def moe_gemv_mx_frag_kernel(
     for k in range(steps):
         nxt = _gemv_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, units,
                           tl.minimum(k + 1, steps - 1), UNITS, GATED, EVEN_K)
-        xf = tl.reshape(x.to(tl.float32) * _X_UP, (UNITS, 4, 4, 4, 2))  # [u, q, hg, pair, p]
+        xf = tl.reshape(x.to(tl.float32) * X_UP, (UNITS, 4, 4, 4, 2))  # [u, q, hg, pair, p]
         xs = _pairs_of(xf)
         acc += _frag_word_dot(words, s, xs)
         if GATED:
             acc_up += _frag_word_dot(words_up, s_up, xs)
         x, words, s, words_up, s_up = nxt
-    out = _rows(acc, NB, UNITS) * _SUMS_UP
-    out_up = _rows(acc_up, NB, UNITS) * _SUMS_UP
+    out = _rows(acc, NB, UNITS) * SUMS_UP
+    out_up = _rows(acc_up, NB, UNITS) * SUMS_UP
     epilogue(out[None, :], out_up[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
@@ -225,8 +225,9 @@ def _rows(acc, NB: tl.constexpr, UNITS: tl.constexpr):
 
 # (rows an expert at most, ``MoeConfig``'s fields): the H200's best tiles at gpt-oss-20b's shapes
 # (``benchmark/kernels/bench_moe_fragments.py``: 1 | 4 | 16, 64 | 128 | 256 | 512 tokens; row
-# blocks of one take the GEMV, ``block_k`` its step); 64-row tiles disagreed with the word layout's output
-# by up to 8% of its largest value there (not under the interpreter): rows stay in blocks of 32
+# blocks of one take the GEMV, ``block_k`` its step); 64-row tiles disagreed with the word
+# layout's output by up to 8% of its largest value there (not under the interpreter): rows stay
+# in blocks of 32
 FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 2, None, None)),
               (1.0, (1, 16, 16, 128, 1, 1, 2, None, None)),
               (8.0, (16, 128, 128, 64, 1, 8, 4, True, None)),

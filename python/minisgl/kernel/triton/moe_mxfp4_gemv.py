@@ -14,8 +14,8 @@ from .mxfp4 import e8m0, widen, word_pairs
 from .pdl import wait_then_release
 
 # the GEMV's x times 2 ** 100 against its values' 2 ** -126: its sums times 2 ** 26 at the end
-_X_UP = tl.constexpr(1.2676506002282294e30)  # 2 ** 100
-_SUMS_UP = tl.constexpr(67108864.0)  # 2 ** 26
+X_UP = tl.constexpr(1.2676506002282294e30)  # 2 ** 100
+SUMS_UP = tl.constexpr(67108864.0)  # 2 ** 26
 
 
 @triton.jit
@@ -67,7 +67,7 @@ def moe_gemv_mx_kernel(
                           tl.minimum(k + 1, last), BLOCK_K, GATED, EVEN_K)
         # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a,
         # paired as ``word_pairs`` pairs the values
-        xf = tl.reshape(x.to(tl.float32) * _X_UP, (G, 4, 2, 2, 2))
+        xf = tl.reshape(x.to(tl.float32) * X_UP, (G, 4, 2, 2, 2))
         x_a0, x_a1 = tl.split(xf)
         x0, x4 = tl.split(tl.split(x_a0)[0])
         x2, x6 = tl.split(tl.split(x_a0)[1])
@@ -78,8 +78,8 @@ def moe_gemv_mx_kernel(
         if GATED:
             acc_up += _word_dot(words_up, s_up, xs)
         x, words, s, words_up, s_up = nxt
-    acc_n = tl.sum(tl.sum(acc, axis=2), axis=1) * _SUMS_UP
-    acc_up_n = tl.sum(tl.sum(acc_up, axis=2), axis=1) * _SUMS_UP
+    acc_n = tl.sum(tl.sum(acc, axis=2), axis=1) * SUMS_UP
+    acc_up_n = tl.sum(tl.sum(acc_up, axis=2), axis=1) * SUMS_UP
     epilogue(acc_n[None, :], acc_up_n[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid,
              expert, offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)

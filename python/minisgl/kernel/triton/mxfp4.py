@@ -80,7 +80,7 @@ BF16X2_TWO126 = tl.constexpr(0x7E807E80)
 
 
 # outputs $0-$7: values 0 .. 7 of the word $8 (one bf16 each), times the pair $9
-_DECODE_WORDS_BF16 = tl.constexpr(
+DECODE_WORDS_BF16 = tl.constexpr(
     "{\n.reg .b32 p, r, t;\n"
     "and.b32 p, $8, 0x81C081C0;\nmul.rn.bf16x2 p, p, $9;\nmov.b32 {$0, $1}, p;\n"
     "shf.l.wrap.b32 r, $8, $8, 26;\nand.b32 p, r, 0x81C081C0;\nmul.rn.bf16x2 p, p, $9;\n"
@@ -103,7 +103,7 @@ def decode_words_bf16(words, mult):
     (``shf.l.wrap``) and a mask, or two and an and-or for ``(v6, v7)``, then one multiply; a
     value and the next (even, odd) share a register, which the tiles join back into K order."""
     v = tl.inline_asm_elementwise(
-        _DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, mult],
+        DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, mult],
         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
     return by_byte(v[0], v[2], v[4], v[6]), by_byte(v[1], v[3], v[5], v[7])
 

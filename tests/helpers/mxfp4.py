@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.moe import ExpertBias, MoeActivation, Mxfp4Scales
+from minisgl.quant.mxfp4 import quantize_mxfp4
 
 VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -60,3 +61,18 @@ def mx_inputs(tokens, hidden, inter, experts, top_k, dtype, seed=0, bias=True):
                        torch.randn(experts, hidden, generator=g).to(DEV, dtype) * 0.1)
     return (x.to(DEV, dtype), w13.to(DEV), w2.to(DEV), weights.to(DEV, dtype), ids.to(DEV),
             Mxfp4Scales(s13.to(DEV), s2.to(DEV)), b)
+
+
+def gpt_oss_20b_case(tokens: int):
+    """gpt-oss-20b's experts (32 x 2880 x 2880, top 4) on the GPU, random (standard MXFP4
+    bytes), with a bf16 x, routing and biases: (x, w13, w2, weights, ids, scales, bias)."""
+    e, h, inter, top_k = 32, 2880, 2880, 4
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
+    w13, s13 = quantize_mxfp4(torch.randn(e, 2 * inter, h, device="cuda", generator=g) * 0.02)
+    w2, s2 = quantize_mxfp4(torch.randn(e, h, inter, device="cuda", generator=g) * 0.02)
+    values, ids = torch.topk(torch.randn(tokens, e, device="cuda", generator=g), top_k)
+    weights = values.softmax(-1).bfloat16()
+    bias = ExpertBias(torch.randn(e, 2 * inter, device="cuda", generator=g).bfloat16() * 0.1,
+                      torch.randn(e, h, device="cuda", generator=g).bfloat16() * 0.1)
+    return x, w13, w2, weights, ids, Mxfp4Scales(s13, s2), bias

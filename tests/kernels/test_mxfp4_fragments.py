@@ -13,10 +13,10 @@ from helpers.interpreter import import_triton
 
 triton = import_triton()
 
-from helpers.mxfp4 import GPT_OSS, mx_inputs  # noqa: E402
+from helpers.mxfp4 import GPT_OSS, gpt_oss_20b_case, mx_inputs  # noqa: E402
 from minisgl.kernel.moe_types import FragmentScales  # noqa: E402
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
-from minisgl.moe import ExpertBias, Mxfp4Scales  # noqa: E402
+from minisgl.moe import Mxfp4Scales  # noqa: E402
 from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
 from minisgl.quant.mxfp4 import from_words, quantize_mxfp4  # noqa: E402
 from minisgl.quant.mxfp4_fragments import from_fragments, to_fragments  # noqa: E402
@@ -70,20 +70,11 @@ def test_fused_moe_over_the_fragment_layout(config):
 @pytest.mark.parametrize("tokens", [1, 16, 256, 700, 2048])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference."""
-    e, h, inter, top_k = 32, 2880, 2880, 4
-    g = torch.Generator(device="cuda").manual_seed(tokens)
-    x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
-    w13, s13 = quantize_mxfp4(torch.randn(e, 2 * inter, h, device="cuda", generator=g) * 0.02)
-    w2, s2 = quantize_mxfp4(torch.randn(e, h, inter, device="cuda", generator=g) * 0.02)
-    values, ids = torch.topk(torch.randn(tokens, e, device="cuda", generator=g), top_k)
-    weights = values.softmax(-1).bfloat16()
-    bias = ExpertBias(torch.randn(e, 2 * inter, device="cuda", generator=g).bfloat16() * 0.1,
-                      torch.randn(e, h, device="cuda", generator=g).bfloat16() * 0.1)
-    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, Mxfp4Scales(s13, s2), bias=bias,
-                                    act=GPT_OSS)
-    (f13, t13), (f2, t2) = to_fragments(w13, s13), to_fragments(w2, s2)
-    out = fused_moe(x, f13, f2, weights, ids, scales=FragmentScales(t13, t2),
-                    bias=bias, act=GPT_OSS)
+    x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
+    out = fused_moe(x, f13, f2, weights, ids, scales=FragmentScales(t13, t2), bias=bias,
+                    act=GPT_OSS)
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err <= 2e-2, err
 

@@ -15,7 +15,7 @@ import torch
 from helpers import mxfp4 as ref_mx
 from helpers.hopper_compile import compile_for_hopper
 from helpers.interpreter import import_triton
-from helpers.mxfp4 import DEV, GPT_OSS, mx_inputs
+from helpers.mxfp4 import DEV, GPT_OSS, gpt_oss_20b_case, mx_inputs
 
 triton = import_triton()
 
@@ -155,16 +155,7 @@ def test_gpu_fused_moe_mxfp4_gpt_oss_20b_shapes(tokens, config):
     reference: within bf16's rounding of two GEMMs; the tiles ``pick_config`` picks, the GEMV
     kernel's, and 16-row blocks on the swapped kernel (its permuted operand order, decoded in
     PTX on Hopper)."""
-    e, h, inter, top_k = 32, 2880, 2880, 4
-    g = torch.Generator(device="cuda").manual_seed(tokens)
-    x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
-    w13, s13 = quantize_mxfp4(torch.randn(e, 2 * inter, h, device="cuda", generator=g) * 0.02)
-    w2, s2 = quantize_mxfp4(torch.randn(e, h, inter, device="cuda", generator=g) * 0.02)
-    values, ids = torch.topk(torch.randn(tokens, e, device="cuda", generator=g), top_k)
-    weights = values.softmax(-1).bfloat16()
-    bias = ExpertBias(torch.randn(e, 2 * inter, device="cuda", generator=g).bfloat16() * 0.1,
-                      torch.randn(e, h, device="cuda", generator=g).bfloat16() * 0.1)
-    scales = Mxfp4Scales(s13, s2)
+    x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     out = fused_moe(x, to_words(w13), to_words(w2), weights, ids, config=config, scales=scales,
                     bias=bias, act=GPT_OSS)
@@ -176,8 +167,7 @@ def test_the_ptx_decoding_compiles_for_hopper(tmp_path):
     """The MXFP4 GEMMs with their PTX decoding (``mxfp4.decode_words_bf16``, which the interpreter
     cannot run) through Triton's compiler and ptxas for sm_90: the small-batch kernel, the
     swapped one with and without its permuted operand order, the GEMV, the fragment layout's
-    GEMM and GEMV; each waiting on the
-    kernel before (PDL), as the engine launches them."""
+    GEMM and GEMV; each waiting on the kernel before (PDL), as the engine launches them."""
     cubins = compile_for_hopper(tmp_path, "mxfp4")
     assert [line.split()[1] for line in cubins] == [
         "moe_gemm_mx_kernel", "moe_gemm_mx_wide_kernel", "moe_gemm_mx_wide_kernel",

@@ -36,7 +36,10 @@ GEMV = [(1, 16, 16, 64, 1, 1, 2), (1, 16, 16, 128, 1, 1, 2), (1, 16, 16, 256, 1,
         (1, 32, 32, 128, 1, 2, 2), (1, 16, 16, 128, 1, 2, 2)]
 TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64),
          (16, 64, 64, 64, 1, 4, 4, True), (32, 128, 128, 64, 4, 8, 4, True, 80),
-         (32, 128, 128, 64, 4, 8, 3, True), (32, 64, 64, 64, 4, 4, 4, True)]
+         (32, 128, 128, 64, 4, 8, 3, True), (32, 64, 64, 64, 4, 4, 4, True),
+         # from 64 rows two stages (three raced on the H200: a few wrong outputs a call)
+         (64, 128, 128, 64, 4, 8, 2, True), (64, 64, 64, 64, 4, 4, 2, True),
+         (128, 64, 64, 64, 8, 4, 2, True), (128, 128, 128, 64, 8, 8, 2, True)]
 
 
 def main() -> None:
@@ -59,8 +62,8 @@ def main() -> None:
         rows_an_expert = tokens * 4 / 32
         for fields in (GEMV if rows_an_expert <= 1 else []) + TILES:
             cfg = MoeConfig(*fields)
-            if cfg.block_m > 16 and rows_an_expert < 8:
-                continue  # 16-row blocks already hold them
+            if cfg.block_m > 16 and rows_an_expert < 8 or cfg.block_m > 32 and rows_an_expert < 32:
+                continue  # smaller blocks already hold them
             fn = lambda c=cfg: fused_moe(x, f13, f2, weights, ids, config=c, **fkw)  # noqa: E731
             try:
                 us = graph_ms(fn) * 1e3

@@ -255,10 +255,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     frag = isinstance(scales, FragmentScales)
     if frag and config is None:
         cfg = MoeConfig(*frag_tile(n_pairs / n_experts))
-    elif frag:  # the GEMV, or a wgmma tile of 16 or 32 rows (``moe_mxfp4_frag.FRAG_TILES``)
-        cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else
-                      min(max(cfg.block_m, 16), 32), block_n1=max(cfg.block_n1, 16),
-                      block_n2=max(cfg.block_n2, 16))
+    elif frag:  # the GEMV, or a wgmma tile of 16 rows or more (``moe_mxfp4_frag.FRAG_TILES``)
+        cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else max(cfg.block_m, 16),
+                      block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
+                      num_stages=cfg.num_stages if cfg.block_m <= 32 else min(cfg.num_stages, 2))
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:

@@ -224,17 +224,16 @@ def _rows(acc, NB: tl.constexpr, UNITS: tl.constexpr):
 
 
 # (rows an expert at most, ``MoeConfig``'s fields): the H200's best tiles at gpt-oss-20b's shapes
-# (``benchmark/kernels/bench_moe_fragments.py``: 1 | 4 | 16, 64 | 128 | 256 | 512 tokens; row
-# blocks of one take the GEMV, ``block_k`` its step); 64-row tiles disagreed with the word
-# layout's output by up to 8% of its largest value there (not under the interpreter): rows stay
-# in blocks of 32
+# (``benchmark/kernels/bench_moe_fragments.py``: 1 | 4 | 16, 64 | 128 | 256 | 512, 1,024 | 4,096
+# tokens; row blocks of one take the GEMV, ``block_k`` its step). From 64 rows two stages: with
+# three the 64-row, 8-warp tiles raced on the H200 (a few wrong outputs a call, never with two)
 FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 2, None, None)),
               (1.0, (1, 16, 16, 128, 1, 1, 2, None, None)),
               (8.0, (16, 128, 128, 64, 1, 8, 4, True, None)),
               (16.0, (16, 64, 64, 64, 1, 4, 4, True, None)),
               (32.0, (32, 128, 128, 64, 4, 8, 4, True, 80)),
-              (float("inf"), (32, 64, 64, 64, 4, 4, 4, True, None)))
-
+              (128.0, (32, 64, 64, 64, 4, 4, 4, True, None)),
+              (float("inf"), (64, 64, 64, 64, 4, 4, 2, True, None)))
 
 def frag_tile(rows: float) -> tuple:
     """The fragment layout's ``MoeConfig`` fields for ``rows`` routed rows an expert."""

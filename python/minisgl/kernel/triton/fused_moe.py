@@ -47,7 +47,7 @@ from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
-from .moe_mxfp4_frag import frag_tile, moe_gemm_mx_frag_kernel, moe_gemv_mx_frag_kernel
+from .moe_mxfp4_frag import frag_tile, launch_frag
 from .moe_mxfp4_gemv import moe_gemv_mx_kernel
 from .moe_tiles import epilogue, tile, tile_rows
 from .pdl import hopper_compiled, wait_then_release
@@ -201,17 +201,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
     if mx:  # 32-bit word loads, 4 a group: the kernels take the alignment as given
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
-    if frag and cfg.block_m == 1:  # BLOCK_K / 64 units a K step
-        units = max(1, block_k // 64)
-        for name in ("BLOCK_M", "GROUP_M", "PRECISION", "BLOCK_K"):
-            del meta[name]
-        meta["EVEN_K"] = (k_dim // 64) % units == 0
-        moe_gemv_mx_frag_kernel[grid](*args, UNITS=units, **meta)
-    elif frag:  # BLOCK_N / 16 warps of 16 rows, K steps of 64
-        for name in ("BLOCK_K", "EVEN_K"):
-            del meta[name]
-        meta["num_warps"] = block_n // 16
-        moe_gemm_mx_frag_kernel[grid](*args, FAST=_ptx_decode(a), **meta)
+    if frag:
+        launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a))
     elif mx and cfg.block_m == 1:
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]

@@ -238,3 +238,22 @@ FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 2, None, None)),
 def frag_tile(rows: float) -> tuple:
     """The fragment layout's ``MoeConfig`` fields for ``rows`` routed rows an expert."""
     return next(tile for most, tile in FRAG_TILES if rows <= most)
+
+
+def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,
+                k_dim: int, fast: bool) -> None:
+    """Launch the GEMV (row blocks of one, ``block_k / 64`` units a K step) or the GEMM
+    (``block_n / 16`` warps of 16 rows, K steps of 64) with ``fused_moe._gemm``'s arguments and
+    compile-time options."""
+    meta = dict(meta)
+    if gemv:
+        units = max(1, block_k // 64)
+        for name in ("BLOCK_M", "GROUP_M", "PRECISION", "BLOCK_K"):
+            del meta[name]
+        meta["EVEN_K"] = (k_dim // 64) % units == 0
+        moe_gemv_mx_frag_kernel[grid](*args, UNITS=units, **meta)
+    else:
+        for name in ("BLOCK_K", "EVEN_K"):
+            del meta[name]
+        meta["num_warps"] = block_n // 16
+        moe_gemm_mx_frag_kernel[grid](*args, FAST=fast, **meta)

@@ -2,7 +2,8 @@
 for experts in the model's dtype, FP8 blocks or MXFP4 (decoded inside the GEMMs).
 
 MXFP4 experts run in the word layout (``minisgl.quant.mxfp4.to_words``), which ``prepare_experts``
-makes once from the checkpoint's bytes; the other storages run as the layer holds them.
+makes once from the checkpoint's bytes (``triton_fragments``: the fragment layout,
+``minisgl.quant.mxfp4_fragments``); the other storages run as the layer holds them.
 
 No host sync and buffers sized from the batch alone, so decode steps can be captured in CUDA graphs
 (the torch reference reads per-expert counts back to the host and cannot be).
@@ -17,6 +18,7 @@ import torch
 from minisgl.kernel.moe_types import FragmentScales
 from minisgl.kernel.triton.fused_moe import fused_moe
 from minisgl.quant.mxfp4 import to_words
+from minisgl.quant.mxfp4_fragments import to_fragments
 
 from .base import SILU, BaseMoeBackend, ExpertBias, Mxfp4Scales
 
@@ -73,8 +75,6 @@ class TritonMoeBackend(BaseMoeBackend):
 
 def _fragments(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``to_fragments`` one expert at a time."""
-    from minisgl.quant.mxfp4_fragments import to_fragments
-
     words, frag_scales = torch.empty_like(blocks), torch.empty_like(scales)
     for e in range(blocks.shape[0]):
         words[e], frag_scales[e] = to_fragments(blocks[e], scales[e])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .mxfp4 import GROUP, to_words
+from .mxfp4 import GROUP, from_words, to_words
 
 ROWS, DEPTH = 16, 64  # a unit: one warp's rows and one K step
 
@@ -71,8 +71,6 @@ def to_fragments(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tens
 
 def from_fragments(words: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of ``to_fragments``: standard (blocks, scales)."""
-    from .mxfp4 import from_words
-
     n, k = _check(words, scales)
     lead = words.shape[:-2]
     nd = len(lead)

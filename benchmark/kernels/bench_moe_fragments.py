@@ -2,8 +2,7 @@
 ``moe_mxfp4_frag`` GEMM) against the shipped word-layout kernels (this GPU's table), the same
 weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
 
-    python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512]
-        [--block-k 64 128] [--out DIR]
+    python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512] [--out DIR]
 
 Per token count: the shipped table's time, then each fragment tile (``MoeConfig``'s fields; the
 GEMV up to one row an expert), the best, and the ratio of the shipped time to it; the outputs of
@@ -32,7 +31,7 @@ from minisgl.quant.mxfp4 import from_words  # noqa: E402
 from minisgl.quant.mxfp4_fragments import to_fragments  # noqa: E402
 
 # ``MoeConfig``'s fields: the GEMV (row blocks of one; block_k its step), then wgmma tiles (16 or
-# 32 rows, num_warps = block_n / 16; each timed at every ``--block-k``)
+# 32 rows, K steps of 64, num_warps = block_n / 16)
 GEMV = [(1, 16, 16, 64, 1, 1, 2), (1, 16, 16, 128, 1, 1, 2), (1, 16, 16, 256, 1, 2, 2),
         (1, 32, 32, 128, 1, 2, 2), (1, 16, 16, 128, 1, 2, 2)]
 TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64),
@@ -46,8 +45,6 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
-    p.add_argument("--block-k", type=int, nargs="+", default=[64, 128],
-                   help="the wgmma tiles' K steps to time (64, 128: two units a step)")
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
@@ -63,8 +60,7 @@ def main() -> None:
         row = {"tokens": tokens, "shipped_config": list(vars(config(tokens, True)).values()),
                "shipped_us": round(shipped, 1), "tiles": []}
         rows_an_expert = tokens * 4 / 32
-        tiles = [t[:3] + (k,) + t[4:] for k in a.block_k for t in TILES]
-        for fields in (GEMV if rows_an_expert <= 1 else []) + tiles:
+        for fields in (GEMV if rows_an_expert <= 1 else []) + TILES:
             cfg = MoeConfig(*fields)
             if cfg.block_m > 16 and rows_an_expert < 8 or cfg.block_m > 32 and rows_an_expert < 32:
                 continue  # smaller blocks already hold them

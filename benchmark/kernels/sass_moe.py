@@ -59,10 +59,10 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
         return (moe_mxfp4.moe_gemm_mx_kernel,
                 {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUPS": bk // 32,
                  "GROUP_M": 1, "PRECISION": "tf32", "FAST": fast}, rows or 16)
-    if name == "frag":  # the fragment layout's GEMM: BLOCK_N / 16 warps, K steps of 64 or 128
+    if name == "frag":  # the fragment layout's GEMM: BLOCK_N / 16 warps, K steps of 64
         return (moe_mxfp4_frag.moe_gemm_mx_frag_kernel,
                 {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUP_M": 1,
-                 "PRECISION": "tf32", "FAST": fast, "UNITS": 2 if bk >= 128 else 1}, rows or 16)
+                 "PRECISION": "tf32", "FAST": fast}, rows or 16)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
         return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,
                 {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)

@@ -46,12 +46,11 @@ def test_each_word_holds_its_lanes_fragment_and_the_layout_inverts():
 
 
 @pytest.mark.parametrize("config", [MoeConfig(16, 32, 64, 64, 1, 4, 2, swapped=True),
-                                    MoeConfig(16, 32, 64, 128, 1, 4, 2, swapped=True),
                                     MoeConfig(32, 64, 32, 64, 2, 4, 2, swapped=True),
                                     MoeConfig(64, 64, 64, 64, 2, 4, 2, swapped=True),
                                     MoeConfig(1, 16, 16, 128, 1, 4, 3),
                                     MoeConfig(1, 32, 16, 64, 1, 1, 3), None],
-                         ids=["rows16", "rows16_k128", "rows32", "rows64_as_32", "gemv_k128", "gemv_k64",
+                         ids=["rows16", "rows32", "rows64_as_32", "gemv_k128", "gemv_k64",
                               "picked"])
 def test_fused_moe_over_the_fragment_layout(config):
     """Hidden 192 (three K steps), intermediate 64 (GEMM 2's one step; GEMM 1's 128 rows of gate
@@ -68,19 +67,14 @@ def test_fused_moe_over_the_fragment_layout(config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens,config", [
-    (1, None), (16, None), (256, None), (700, None), (2048, None),
-    (256, MoeConfig(32, 128, 128, 128, 4, 8, 4, swapped=True)),
-    (2048, MoeConfig(64, 64, 64, 128, 4, 4, 2, swapped=True))],
-    ids=["1", "16", "256", "700", "2048", "256_k128", "2048_k128"])
-def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, config):
-    """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference (the
-    picked tiles, and K steps of two units: K = 2,880 is 45 of them, the last one alone)."""
+@pytest.mark.parametrize("tokens", [1, 16, 256, 700, 2048])
+def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens):
+    """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
-    out = fused_moe(x, f13, f2, weights, ids, config=config, scales=FragmentScales(t13, t2),
-                    bias=bias, act=GPT_OSS)
+    out = fused_moe(x, f13, f2, weights, ids, scales=FragmentScales(t13, t2), bias=bias,
+                    act=GPT_OSS)
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err <= 2e-2, err
 

@@ -50,51 +50,6 @@ def _frag_tile(words, s, dtype: tl.constexpr, BLOCK_N: tl.constexpr, FAST: tl.co
 
 
 @triton.jit
-def _frag_step(w_ptrs, s_ptrs, a_ptrs, acc, acc_up, up_w, up_s, dt: tl.constexpr,
-               BLOCK_N: tl.constexpr, UNITS: tl.constexpr, GATED: tl.constexpr,
-               PRECISION: tl.constexpr, FAST: tl.constexpr):
-    """One K step of ``UNITS`` 64-deep units (words and scales ``[NB, UNITS, 8, 4, 4]``, x
-    ``[64 UNITS, BLOCK_M]``): the gate (and up) tiles' dots added to ``acc`` (``acc_up``)."""
-    a = tl.load(a_ptrs)
-    w = _units_tile(tl.load(w_ptrs), tl.load(s_ptrs), dt, BLOCK_N, UNITS, FAST)
-    acc = tl.dot(w, a, acc, input_precision=PRECISION)
-    if GATED:
-        w = _units_tile(tl.load(w_ptrs + up_w), tl.load(s_ptrs + up_s), dt, BLOCK_N, UNITS, FAST)
-        acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
-    return acc, acc_up
-
-
-@triton.jit
-def _units_tile(words, s, dt: tl.constexpr, BLOCK_N: tl.constexpr, UNITS: tl.constexpr,
-                FAST: tl.constexpr):
-    """Words and scales ``[NB, UNITS, 8, 4, 4]`` -> the tile ``[BLOCK_N, 64 UNITS]`` (one or
-    two units: each unit's ``_frag_tile``, side by side in K)."""
-    NB: tl.constexpr = BLOCK_N // 16
-    if UNITS == 1:
-        return _frag_tile(tl.reshape(words, (NB, 8, 4, 4)), tl.reshape(s, (NB, 8, 4, 4)), dt,
-                          BLOCK_N, FAST)
-    else:
-        w0, w1 = tl.split(tl.permute(words, (0, 2, 3, 4, 1)))
-        s0, s1 = tl.split(tl.permute(s, (0, 2, 3, 4, 1)))
-        t = tl.join(_frag_tile(w0, s0, dt, BLOCK_N, FAST), _frag_tile(w1, s1, dt, BLOCK_N, FAST))
-        return tl.reshape(tl.permute(t, (0, 2, 1)), (BLOCK_N, 128))
-
-
-@triton.jit
-def _unit_ptrs(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, units, UNITS: tl.constexpr):
-    """Pointers to the first ``UNITS`` units' words and scales of row blocks ``nb``:
-    ``[NB, UNITS, 8 (r), 4 (q), 4 (h, g)]`` (a lane's four scales are the same for its q)."""
-    u = tl.arange(0, UNITS)[None, :, None, None, None]
-    r = tl.arange(0, 8)[None, None, :, None, None]
-    q = tl.arange(0, 4)[None, None, None, :, None]
-    hg = tl.arange(0, 4)[None, None, None, None, :]
-    unit0 = nb[:, None, None, None, None] * units + u
-    w_ptrs = expert_words(w_ptr, expert, stride_we) + unit0 * 128 + r * 16 + q * 4 + hg
-    s_ptrs = ws_ptr + expert * stride_se + unit0 * 32 + r * 4 + 0 * q + hg
-    return w_ptrs, s_ptrs
-
-
-@triton.jit
 def moe_gemm_mx_frag_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
@@ -102,11 +57,9 @@ def moe_gemm_mx_frag_kernel(
     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr, FAST: tl.constexpr, HAS_BIAS: tl.constexpr,
     CLAMPED: tl.constexpr, GELU: tl.constexpr = False, USE_PDL: tl.constexpr = False,
-    UNITS: tl.constexpr = 1,
 ):
     """``out^T = w . x^T`` over the fragment layout (``n_out`` a multiple of 16, ``k_dim`` of
-    64; the strides in bytes, as the word-layout kernels take them). A K step is ``UNITS``
-    (one or two) 64-deep units; an odd last unit takes a step of its own."""
+    64; the strides in bytes, as the word-layout kernels take them)."""
     wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
@@ -114,26 +67,30 @@ def moe_gemm_mx_frag_kernel(
     pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, BLOCK_M, BLOCK_N)
     NB: tl.constexpr = BLOCK_N // 16
-    units = k_dim // 64
+    steps = k_dim // 64
     nb = pid_n * NB + tl.arange(0, NB)
     nb = tl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
-    w_ptrs, s_ptrs = _unit_ptrs(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, units, UNITS)
-    up_w, up_s = (n_out // 16) * units * 128, (n_out // 16) * units * 32
-    a_ptrs = a_ptr + row[None, :] * stride_am + tl.arange(0, 64 * UNITS)[:, None]
+    lane = (tl.arange(0, 8) * 16)[None, :, None, None] + (tl.arange(0, 4) * 4)[None, None, :, None]
+    hg = tl.arange(0, 4)[None, None, None, :]
+    w_ptrs = expert_words(w_ptr, expert, stride_we) + nb[:, None, None, None] * (steps * 128) \
+        + lane + hg
+    # each word's scale: [nb, r, 4 (h, g)] bytes, the same for the lane's four q
+    s_ptrs = ws_ptr + expert * stride_se + nb[:, None, None, None] * (steps * 32) \
+        + (tl.arange(0, 8) * 4)[None, :, None, None] + 0 * lane + hg
+    up_w, up_s = (n_out // 16) * steps * 128, (n_out // 16) * steps * 32
+    a_ptrs = a_ptr + row[None, :] * stride_am + tl.arange(0, 64)[:, None]
     dt = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k in range(units // UNITS):
-        acc, acc_up = _frag_step(w_ptrs + k * 128 * UNITS, s_ptrs + k * 32 * UNITS,
-                                 a_ptrs + k * 64 * UNITS, acc, acc_up, up_w, up_s, dt, BLOCK_N,
-                                 UNITS, GATED, PRECISION, FAST)
-    if UNITS > 1:
-        if units % UNITS:
-            last = units - 1
-            w_last, s_last = _unit_ptrs(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, units, 1)
-            a_last = a_ptr + row[None, :] * stride_am + tl.arange(0, 64)[:, None] + last * 64
-            acc, acc_up = _frag_step(w_last + last * 128, s_last + last * 32, a_last, acc, acc_up,
-                                     up_w, up_s, dt, BLOCK_N, 1, GATED, PRECISION, FAST)
+    for k in range(steps):
+        a = tl.load(a_ptrs)
+        w = _frag_tile(tl.load(w_ptrs + k * 128), tl.load(s_ptrs + k * 32), dt, BLOCK_N, FAST)
+        acc = tl.dot(w, a, acc, input_precision=PRECISION)
+        if GATED:
+            w = _frag_tile(tl.load(w_ptrs + up_w + k * 128), tl.load(s_ptrs + up_s + k * 32),
+                           dt, BLOCK_N, FAST)
+            acc_up = tl.dot(w, a, acc_up, input_precision=PRECISION)
+        a_ptrs += 64
     if FAST:
         acc *= UNDER
         acc_up *= UNDER
@@ -169,7 +126,13 @@ def moe_gemv_mx_frag_kernel(
     units = k_dim // 64
     nb = pid_n * NB + tl.arange(0, NB)
     nb = tl.where(nb * 16 < n_out, nb, 0)
-    w_ptrs, s_ptrs = _unit_ptrs(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, units, UNITS)
+    u = tl.arange(0, UNITS)[None, :, None, None, None]
+    r = tl.arange(0, 8)[None, None, :, None, None]
+    q = tl.arange(0, 4)[None, None, None, :, None]
+    hg = tl.arange(0, 4)[None, None, None, None, :]
+    unit0 = nb[:, None, None, None, None] * units + u  # [NB, UNITS, 1, 1, 1]
+    w_ptrs = expert_words(w_ptr, expert, stride_we) + unit0 * 128 + r * 16 + q * 4 + hg
+    s_ptrs = ws_ptr + expert * stride_se + unit0 * 32 + r * 4 + 0 * q + hg
     up_w, up_s = (n_out // 16) * units * 128, (n_out // 16) * units * 32
     # x of value i of word (h, g) of lane q: K 64 u + 32 g + (0, 1, 8, 9, 16, 17, 24, 25)[i] + 2 q
     xu = tl.arange(0, UNITS)[:, None, None, None]
@@ -280,7 +243,7 @@ def frag_tile(rows: float) -> tuple:
 def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,
                 k_dim: int, fast: bool) -> None:
     """Launch the GEMV (row blocks of one, ``block_k / 64`` units a K step) or the GEMM
-    (``block_n / 16`` warps of 16 rows, K steps of 64, or 128 where ``block_k`` is) with ``fused_moe._gemm``'s arguments and
+    (``block_n / 16`` warps of 16 rows, K steps of 64) with ``fused_moe._gemm``'s arguments and
     compile-time options."""
     meta = dict(meta)
     if gemv:
@@ -293,5 +256,4 @@ def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k
         for name in ("BLOCK_K", "EVEN_K"):
             del meta[name]
         meta["num_warps"] = block_n // 16
-        moe_gemm_mx_frag_kernel[grid](*args, FAST=fast, UNITS=2 if block_k >= 128 else 1,
-                                      **meta)
+        moe_gemm_mx_frag_kernel[grid](*args, FAST=fast, **meta)

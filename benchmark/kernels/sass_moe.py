@@ -49,12 +49,12 @@ ALIGNED = {"a_ptr", "w_ptr", "out_ptr", "weights_ptr", "sorted_ptr", "expert_ids
 
 
 def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = True,
-           warps: int = 4, ahead: int = 1) -> tuple[object, dict, int]:
+           warps: int = 4) -> tuple[object, dict, int]:
     """(The JIT function, its constexprs, its rows per program) for ``name``; ``fast``: the
     tiles decode in PTX (``mxfp4.decode_words_bf16``), as bf16 on Hopper does."""
     if name == "gemv":
         return (moe_mxfp4_gemv.moe_gemv_mx_kernel,
-                {**COMMON, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False, "AHEAD": ahead}, 1)
+                {**COMMON, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False}, 1)
     if name == "small":
         return (moe_mxfp4.moe_gemm_mx_kernel,
                 {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUPS": bk // 32,
@@ -65,7 +65,7 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
                  "PRECISION": "tf32", "FAST": fast}, rows or 16)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
         return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,
-                {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False, "AHEAD": ahead}, 1)
+                {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
             {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
              "EVEN_K": False, "PRECISION": "tf32", "FAST": fast,
@@ -110,7 +110,6 @@ def main() -> None:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=None, help="default: the table's")
     parser.add_argument("--maxnreg", type=int, default=None, help="cap on registers a thread")
-    parser.add_argument("--ahead", type=int, default=1, help="the GEMVs' K steps loaded ahead")
     parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -121,8 +120,7 @@ def main() -> None:
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
-        fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps,
-                                  args.ahead)
+        fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(ARGS) if arg in ALIGNED}
         signature = {**ARGS, **dict.fromkeys(consts, "constexpr")}
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts,

@@ -206,12 +206,12 @@ def _mxfp4_kernels():
             BLOCK_K=64, GROUP_M=1, EVEN_K=False, PRECISION="tf32", FAST=True,
             PERMUTE=permute), 4
     yield moe_mxfp4_gemv.moe_gemv_mx_kernel, sig, dict(common, BLOCK_N=4, BLOCK_K=1024,
-        EVEN_K=False, AHEAD=2), 1
+        EVEN_K=False), 1
     # the fragment layout's GEMM (32-row blocks, 8 warps of 16 rows) and GEMV
     yield moe_mxfp4_frag.moe_gemm_mx_frag_kernel, sig, dict(common, BLOCK_M=32, BLOCK_N=128,
         GROUP_M=4, PRECISION="tf32", FAST=True), 8
     yield moe_mxfp4_frag.moe_gemv_mx_frag_kernel, sig, dict(common, BLOCK_N=16, UNITS=4,
-        EVEN_K=False, AHEAD=2), 2
+        EVEN_K=False), 2
 
 
 def main(suite: str) -> None:

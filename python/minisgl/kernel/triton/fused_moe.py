@@ -202,12 +202,11 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
     if frag:
-        launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a),
-                    _ahead(cfg))
+        launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a))
     elif mx and cfg.block_m == 1:
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]
-        moe_gemv_mx_kernel[grid](*args, AHEAD=_ahead(cfg), **meta)
+        moe_gemv_mx_kernel[grid](*args, **meta)
     elif mx and (cfg.swapped if cfg.swapped is not None else cfg.block_m > 32):
         permute = permuted_tile(cfg.block_m, block_n, block_k, cfg.num_warps, gated)
         moe_gemm_mx_wide_kernel[grid](*args, FAST=_ptx_decode(a), PERMUTE=permute, **meta)
@@ -217,12 +216,6 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                                  FAST=_ptx_decode(a), **meta)
     else:
         _moe_gemm_kernel[grid](*args, FP8_W=scaled, SCALE_BN=block[0], SCALE_BK=block[1], **meta)
-
-
-def _ahead(cfg: MoeConfig) -> int:
-    """The MXFP4 GEMVs' K steps loaded ahead of the one they multiply: one, or two from three
-    stages (they pipeline their loads themselves)."""
-    return 2 if cfg.num_stages >= 3 else 1
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

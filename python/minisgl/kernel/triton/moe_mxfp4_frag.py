@@ -106,7 +106,7 @@ def moe_gemv_mx_frag_kernel(
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
     GATED: tl.constexpr, BLOCK_N: tl.constexpr, UNITS: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False, AHEAD: tl.constexpr = 1,
+    USE_PDL: tl.constexpr = False,
 ):
     """``moe_mxfp4_gemv``'s GEMV over the fragment layout: one routed pair a program,
     ``BLOCK_N`` rows (16-row units) and ``UNITS`` 64-deep units a K step (``EVEN_K``: ``k_dim``
@@ -145,13 +145,9 @@ def moe_gemv_mx_frag_kernel(
     steps = tl.cdiv(units, UNITS)
     x, words, s, words_up, s_up = _gemv_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, units, 0,
                                               UNITS, GATED, EVEN_K)
-    later = _gemv_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, units,
-                        tl.minimum(AHEAD - 1, steps - 1), UNITS, GATED, EVEN_K)
     for k in range(steps):
         nxt = _gemv_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, units,
-                          tl.minimum(k + AHEAD, steps - 1), UNITS, GATED, EVEN_K)
-        if AHEAD > 1:
-            nxt, later = later, nxt
+                          tl.minimum(k + 1, steps - 1), UNITS, GATED, EVEN_K)
         xf = tl.reshape(x.to(tl.float32) * X_UP, (UNITS, 4, 4, 4, 2))  # [u, q, hg, pair, p]
         xs = _pairs_of(xf)
         acc += _frag_word_dot(words, s, xs)
@@ -231,7 +227,7 @@ def _rows(acc, NB: tl.constexpr, UNITS: tl.constexpr):
 # (``benchmark/kernels/bench_moe_fragments.py``: 1 | 4 | 16, 64 | 128 | 256 | 512, 1,024 | 4,096
 # tokens; row blocks of one take the GEMV, ``block_k`` its step). From 64 rows two stages: with
 # three the 64-row, 8-warp tiles raced on the H200 (a few wrong outputs a call, never with two)
-FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 3, None, None)),
+FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 2, None, None)),
               (1.0, (1, 16, 16, 128, 1, 1, 2, None, None)),
               (8.0, (16, 128, 128, 64, 1, 8, 4, True, None)),
               (16.0, (16, 64, 64, 64, 1, 4, 4, True, None)),
@@ -245,7 +241,7 @@ def frag_tile(rows: float) -> tuple:
 
 
 def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,
-                k_dim: int, fast: bool, ahead: int = 1) -> None:
+                k_dim: int, fast: bool) -> None:
     """Launch the GEMV (row blocks of one, ``block_k / 64`` units a K step) or the GEMM
     (``block_n / 16`` warps of 16 rows, K steps of 64) with ``fused_moe._gemm``'s arguments and
     compile-time options."""
@@ -255,7 +251,7 @@ def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k
         for name in ("BLOCK_M", "GROUP_M", "PRECISION", "BLOCK_K"):
             del meta[name]
         meta["EVEN_K"] = (k_dim // 64) % units == 0
-        moe_gemv_mx_frag_kernel[grid](*args, UNITS=units, AHEAD=ahead, **meta)
+        moe_gemv_mx_frag_kernel[grid](*args, UNITS=units, **meta)
     else:
         for name in ("BLOCK_K", "EVEN_K"):
             del meta[name]

@@ -25,7 +25,7 @@ def moe_gemv_mx_kernel(
     stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
     GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False, AHEAD: tl.constexpr = 1,
+    USE_PDL: tl.constexpr = False,
 ):
     """One routed pair a program (row blocks of one, ``block_m == 1``: a batch of a few tokens),
     no tensor cores: ``BLOCK_N`` weight rows read as 32-bit words (a group's 16 bytes are 4
@@ -59,17 +59,12 @@ def moe_gemv_mx_kernel(
     last = tl.cdiv(k_dim, BLOCK_K) - 1
     x, words, s, words_up, s_up = _step_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, offs_g, k_dim,
                                               0, BLOCK_K, GATED, EVEN_K)
-    later = _step_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, offs_g, k_dim,
-                        tl.minimum(AHEAD - 1, last), BLOCK_K, GATED, EVEN_K)
     for k in range(last + 1):
-        # the loads of the K step ``AHEAD`` on are issued before this step's arithmetic, so
-        # their latency hides behind it (Triton pipelines only the loads that feed a dot:
-        # without this each step waited for its own words); past the last step the last loads
-        # itself again, from the cache
+        # the next K step's loads are issued before this step's arithmetic, so their latency
+        # hides behind it (Triton pipelines only the loads that feed a dot: without this each
+        # step waited for its own words); the last step loads itself again, from the cache
         nxt = _step_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, offs_g, k_dim,
-                          tl.minimum(k + AHEAD, last), BLOCK_K, GATED, EVEN_K)
-        if AHEAD > 1:
-            nxt, later = later, nxt
+                          tl.minimum(k + 1, last), BLOCK_K, GATED, EVEN_K)
         # x's 8 values of each word apart, in registers: [G, 4] each, value j = 4 c + 2 b + a,
         # paired as ``word_pairs`` pairs the values
         xf = tl.reshape(x.to(tl.float32) * X_UP, (G, 4, 2, 2, 2))

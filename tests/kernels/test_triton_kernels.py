@@ -96,7 +96,7 @@ def moe_fp32_truth(x, w13, w2, weights, ids) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("block_m", [16, 32])
-@pytest.mark.parametrize("tokens", [37, 300])  # one-program counting / atomic counting
+@pytest.mark.parametrize("tokens", [37, 300])  # one program (two chunks of pairs) / atomics
 def test_moe_align_segments(block_m, tokens):
     experts, top_k = 8, 2
     _, ids = skewed_routing(tokens, experts, top_k, seed=1)
@@ -110,7 +110,9 @@ def test_moe_align_segments(block_m, tokens):
     for e in range(experts):
         seg = sorted_ids[start : start + int(padded[e])]
         real = seg[seg < n]
-        assert sorted(real.tolist()) == sorted((flat == e).nonzero().flatten().tolist())
+        mine = (flat == e).nonzero().flatten().tolist()
+        # one program (up to 256 pairs) scatters them in pair order; atomics in any order
+        assert (real.tolist() if n <= 256 else sorted(real.tolist())) == mine
         assert (seg[int(counts[e]):] == n).all()  # padding after the real rows
         assert (expert_ids[start // block_m : (start + int(padded[e])) // block_m] == e).all()
         start += int(padded[e])

@@ -144,7 +144,8 @@ class LinearRowParallel(_Linear):
         self.comm, tp = comm, comm.info
         self.local_in = divide(in_features, tp.size, "row-parallel input")
         self._init_weight(out_features, self.local_in, quant)
-        # NOTE: the bias is added after the all-reduce, so it is counted once, not tp times.
+        # NOTE: the bias is added after the all-reduce, so it is counted once, not tp times (on
+        # one rank, by the matmul itself: no launch of its own)
         self.bias = new_param(out_features) if bias else None
 
     def _place(self, shard_id: None) -> tuple[int, int, int]:
@@ -155,7 +156,9 @@ class LinearRowParallel(_Linear):
         """``gated``: x is ``[gate | up]`` of twice the input width; the input is silu(gate) * up.
         ``residual``: added to the output inside the FP8 layer's kernel (one rank only)."""
         assert residual is None or self.comm.info.size == 1, "the fused residual add is TP=1's"
-        y = self.comm.all_reduce(self._matmul(x, gated=gated, residual=residual))
+        if self.comm.info.size == 1:
+            return self._matmul(x, self.bias, gated=gated, residual=residual)
+        y = self.comm.all_reduce(self._matmul(x, gated=gated))
         return y if self.bias is None else y + self.bias
 
 

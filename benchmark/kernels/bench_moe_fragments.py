@@ -3,6 +3,7 @@
 weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
 
     python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512] [--out DIR]
+        [--profile]
 
 Per token count: the shipped table's time, then each fragment tile (``MoeConfig``'s fields; the
 GEMV up to one row an expert), the best, and the ratio of the shipped time to it; the outputs of
@@ -46,6 +47,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
     p.add_argument("--out", default="bench-out")
+    p.add_argument("--profile", action="store_true",
+                   help="no timing: the fragment layout's picked tiles, three calls a token "
+                        "count, for a profiler (ncu --launch-skip 2 --launch-count 2: GEMM 1 and "
+                        "GEMM 2 of the second call)")
     a = p.parse_args()
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
     rows = []
@@ -55,6 +60,11 @@ def main() -> None:
         (f13, t13), (f2, t2) = (to_fragments(from_words(w), s)
                                 for w, s in ((w13, kw["scales"].w13), (w2, kw["scales"].w2)))
         fkw = dict(kw, scales=FragmentScales(t13, t2))
+        if a.profile:
+            for _ in range(3):
+                fused_moe(x, f13, f2, weights, ids, **fkw)
+            torch.cuda.synchronize()
+            continue
         shipped = graph_ms(lambda: fused_moe(*args, **kw)) * 1e3
         ref = fused_moe(*args, **kw).float()
         row = {"tokens": tokens, "shipped_config": list(vars(config(tokens, True)).values()),
@@ -77,6 +87,8 @@ def main() -> None:
         row["best"], row["ratio"] = best, round(shipped / best["us"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if a.profile:
+        return
     gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"moe_fragments_{gpu}")

@@ -3,7 +3,7 @@
 weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
 
     python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512] [--out DIR]
-        [--profile]
+        [--gluon] [--profile]
 
 Per token count: the shipped table's time, then each fragment tile (``MoeConfig``'s fields; the
 GEMV up to one row an expert), the best, and the ratio of the shipped time to it; the outputs of
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from bench_common import project_commit  # noqa: E402
 from bench_moe import config, graph_ms, inputs  # noqa: E402
 
-from minisgl.kernel.moe_types import FragmentScales  # noqa: E402
+from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales  # noqa: E402
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
 from minisgl.quant.mxfp4 import from_words  # noqa: E402
 from minisgl.quant.mxfp4_fragments import to_fragments  # noqa: E402
@@ -41,12 +41,17 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
          # from 64 rows two stages (three raced on the H200: a few wrong outputs a call)
          (64, 128, 128, 64, 4, 8, 2, True), (64, 64, 64, 64, 4, 4, 2, True),
          (128, 64, 64, 64, 8, 4, 2, True), (128, 128, 128, 64, 8, 8, 2, True)]
+# ``--gluon``: the Gluon kernel's row blocks of 8 and 16 (``moe_mxfp4_gluon``; block_n / 16 warps)
+GLUON = [(8, 64, 64, 64, 1, 4, 1, True), (8, 128, 128, 64, 1, 8, 1, True),
+         (16, 64, 64, 64, 1, 4, 1, True), (16, 128, 128, 64, 1, 8, 1, True)]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
     p.add_argument("--out", default="bench-out")
+    p.add_argument("--gluon", action="store_true",
+                   help="also the Gluon kernel's tiles (GLUON) and the table it picks")
     p.add_argument("--profile", action="store_true",
                    help="no timing: the fragment layout's picked tiles, three calls a token "
                         "count, for a profiler (ncu --launch-skip 2 --launch-count 2: GEMM 1 and "
@@ -60,6 +65,7 @@ def main() -> None:
         (f13, t13), (f2, t2) = (to_fragments(from_words(w), s)
                                 for w, s in ((w13, kw["scales"].w13), (w2, kw["scales"].w2)))
         fkw = dict(kw, scales=FragmentScales(t13, t2))
+        gkw = dict(kw, scales=GluonFragmentScales(t13, t2))
         if a.profile:
             for _ in range(3):
                 fused_moe(x, f13, f2, weights, ids, **fkw)
@@ -70,18 +76,24 @@ def main() -> None:
         row = {"tokens": tokens, "shipped_config": list(vars(config(tokens, True)).values()),
                "shipped_us": round(shipped, 1), "tiles": []}
         rows_an_expert = tokens * 4 / 32
-        for fields in (GEMV if rows_an_expert <= 1 else []) + TILES:
-            cfg = MoeConfig(*fields)
-            if cfg.block_m > 16 and rows_an_expert < 8 or cfg.block_m > 32 and rows_an_expert < 32:
+        tiles = [(f, fkw) for f in (GEMV if rows_an_expert <= 1 else []) + TILES]
+        if a.gluon:
+            tiles += [(f, gkw) for f in [None] + [g for g in GLUON if g[0] >= rows_an_expert]]
+        for fields, scales_kw in tiles:
+            cfg = MoeConfig(*fields) if fields else None  # None: the table's pick
+            if cfg and (cfg.block_m > 16 and rows_an_expert < 8
+                        or cfg.block_m > 32 and rows_an_expert < 32):
                 continue  # smaller blocks already hold them
-            fn = lambda c=cfg: fused_moe(x, f13, f2, weights, ids, config=c, **fkw)  # noqa: E731
+            fn = lambda c=cfg, k=scales_kw: fused_moe(  # noqa: E731
+                x, f13, f2, weights, ids, config=c, **k)
+            name = (["gluon"] if scales_kw is gkw else []) + list(fields or ["picked"])
             try:
                 us = graph_ms(fn) * 1e3
                 diff = (fn().float() - ref).abs().max().item() / ref.abs().max().item()
-                row["tiles"].append({"tile": list(fields), "us": round(us, 1),
+                row["tiles"].append({"tile": name, "us": round(us, 1),
                                      "max_diff": round(diff, 5)})
             except Exception as e:  # e.g. out of shared memory
-                row["tiles"].append({"tile": list(fields), "error": str(e)[:160]})
+                row["tiles"].append({"tile": name, "error": str(e)[:160]})
         timed = [t for t in row["tiles"] if "us" in t]
         best = min(timed, key=lambda t: t["us"])
         row["best"], row["ratio"] = best, round(shipped / best["us"], 3)

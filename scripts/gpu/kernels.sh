@@ -17,6 +17,12 @@
 #   scripts/gpu_validate.sh moe-ab     OUT  # moe-tune twice in one call: the swapped kernel's
 #                                           # 16/32-row blocks in K order (OUT/unpermuted), then
 #                                           # in their permuted operand order
+#   scripts/gpu_validate.sh moe-gluon  OUT  # the fragment layout's Gluon GEMM (row blocks of
+#                                           # 8 and 16, moe_mxfp4_gluon.py): its GPU tests, its
+#                                           # tiles against the Triton ones at 16-256 tokens
+#                                           # (bench_moe_fragments.py --gluon), then
+#                                           # gpt-oss-20b offline and batch 1 with it
+#                                           # (moe-fragments, moe-gluon, the default)
 #   scripts/gpu_validate.sh moe-tk     OUT  # triton_kernels' matmul_ogs (carry its wheel in
 #                                           # .whl) against the fused MXFP4 MoE, eager and
 #                                           # graphed, at 1-4,096 tokens
@@ -113,6 +119,17 @@ moe-fi)  # FlashInfer's CUTLASS MXFP4 MoE against the fused MoE (its JIT kernels
     step 560 "$py" benchmark/kernels/bench_moe_triton_kernels.py --library flashinfer \
         --out "$out" >"$out/bench_moe_flashinfer.log" 2>&1
     tail -4 "$out/bench_moe_flashinfer.log"; cat "$out"/*_moe_flashinfer_*.md ;;
+moe-gluon)  # the Gluon GEMM: correct first, then its tiles, then the engine with it
+    step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
+        tests/kernels/test_mxfp4_fragments.py >"$out/gluon_tests.log" 2>&1
+    tail -3 "$out/gluon_tests.log"
+    step 200 "$py" benchmark/kernels/bench_moe_fragments.py --gluon --tokens 16 64 128 256 \
+        --out "$out" >"$out/bench_moe_gluon.log" 2>&1
+    cat "$out"/moe_fragments_*.md
+    step 280 "${bench[@]}" --model "$moss" --variants default,moe-fragments,moe-gluon --batch1 \
+        --batch1-variants default,moe-fragments,moe-gluon --no-batch1-baseline --hf-requests 0 \
+        --tag gluon_ab >"$out/bench_gluon_ab.log" 2>&1
+    head -12 "$out"/offline_gpt-oss-20b*gluon_ab.md ;;
 moe-tk)  # triton_kernels' matmul_ogs against the fused MoE (its wheel for the installed Triton)
     step 300 "$py" benchmark/kernels/bench_moe_triton_kernels.py --out "$out" \
         >"$out/bench_moe_triton_kernels.log" 2>&1

@@ -214,19 +214,44 @@ def _mxfp4_kernels():
         EVEN_K=False), 2
 
 
+def _gluon_kernels():
+    """The fragment layout's Gluon GEMM (``moe_mxfp4_gluon``) at gpt-oss-20b's tiles: gated with
+    row blocks of 8 and 16, and GEMM 2 (not gated); its pointers and strides 16-aligned, as a
+    launch at those shapes specializes them (its ``cp.async`` of x needs 16-byte rows)."""
+    from minisgl.kernel.triton import moe_mxfp4_gluon
+
+    sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",
+               sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*i32",
+               bias_ptr="*bf16", n_pairs="i32", n_out="i32", top_k="i32", alpha="fp32",
+               limit="fp32", stride_am="i32", stride_we="i32", stride_om="i32", stride_se="i32",
+               stride_be="i32")
+    for gated, rows in ((True, 8), (True, 16), (False, 16)):
+        yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
+            GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, HAS_BIAS=True, CLAMPED=True,
+            USE_PDL=True, num_warps=4), 4
+
+
 def main(suite: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "mxfp4": _mxfp4_kernels}[suite]
+    kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "mxfp4": _mxfp4_kernels,
+               "gluon": _gluon_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
         fn = getattr(kernel, "fn", kernel)
         missing = set(kernel.arg_names) - set(sig) - set(consts)
         assert not missing, f"{fn.__name__}: no type for {missing}"
         full = dict(sig, **{name: "constexpr" for name in consts})
+        kw = {}
+        if suite == "gluon":
+            from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+            kw["attrs"] = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
+                           for n in sig if n.endswith("_ptr") or n.startswith("stride")
+                           or n == "n_out"}
         src = ASTSource(fn=kernel, signature={n: full[n] for n in kernel.arg_names},
-                        constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+                        constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()},
+                        **kw)
         try:
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                       options={"num_warps": warps})
@@ -237,7 +262,9 @@ def main(suite: str) -> None:
             print("FAILED", fn.__name__, consts, str(e)[-2000:])
             continue
         ptx = compiled.asm["ptx"]
-        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
+        mma = ptx.find("wgmma.mma_async")  # CTA barriers once the first wgmma is issued
+        after = ptx[mma:].count("bar.sync") if mma >= 0 else 0
+        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]), f"barriers-after-mma={after}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

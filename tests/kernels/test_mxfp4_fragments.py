@@ -13,8 +13,9 @@ from helpers.interpreter import import_triton
 
 triton = import_triton()
 
+from helpers.hopper_compile import compile_for_hopper  # noqa: E402
 from helpers.mxfp4 import GPT_OSS, gpt_oss_20b_case, mx_inputs  # noqa: E402
-from minisgl.kernel.moe_types import FragmentScales  # noqa: E402
+from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales  # noqa: E402
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
 from minisgl.moe import Mxfp4Scales  # noqa: E402
 from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
@@ -49,46 +50,73 @@ def test_each_word_holds_its_lanes_fragment_and_the_layout_inverts():
                                     MoeConfig(32, 64, 32, 64, 2, 4, 2, swapped=True),
                                     MoeConfig(64, 64, 64, 64, 2, 4, 2, swapped=True),
                                     MoeConfig(1, 16, 16, 128, 1, 4, 3),
-                                    MoeConfig(1, 32, 16, 64, 1, 1, 3), None],
+                                    MoeConfig(1, 32, 16, 64, 1, 1, 3), None, "gluon"],
                          ids=["rows16", "rows32", "rows64_as_32", "gemv_k128", "gemv_k64",
-                              "picked"])
+                              "picked", "gluon_scales_picked"])
 def test_fused_moe_over_the_fragment_layout(config):
     """Hidden 192 (three K steps), intermediate 64 (GEMM 2's one step; GEMM 1's 128 rows of gate
     and up); 32-row tiles leave GEMM 2's last row block ragged (192 = 3 x 64 rows of 32 x 2);
     a 64-row config runs 32-row tiles; the GEMV takes two 64-deep units a K step (GEMM 1's
-    last one half masked) or one."""
+    last one half masked) or one. ``GluonFragmentScales`` where the Gluon kernel cannot run
+    (float16, the interpreter) pick the Triton kernels' tiles."""
+    kind = GluonFragmentScales if config == "gluon" else FragmentScales
+    config = None if config == "gluon" else config
     x, w13, w2, weights, ids, scales, bias = mx_inputs(19, 192, 64, 5, 2, torch.float16, seed=7)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     f13, s13 = to_fragments(w13, scales.w13)
     f2, s2 = to_fragments(w2, scales.w2)
-    out = fused_moe(x, f13, f2, weights, ids, config=config,
-                    scales=FragmentScales(s13, s2), bias=bias, act=GPT_OSS)
+    out = fused_moe(x, f13, f2, weights, ids, config=config, scales=kind(s13, s2), bias=bias,
+                    act=GPT_OSS)
     torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 16, 256, 700, 2048])
-def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens):
-    """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference."""
+@pytest.mark.parametrize("tokens,gluon,config", [
+    (1, False, None), (16, False, None), (256, False, None), (700, False, None),
+    (2048, False, None), (16, True, None), (64, True, None), (128, True, None),
+    (256, True, None), (64, True, MoeConfig(8, 128, 128, 64, 1, 8, 1, swapped=True)),
+    (128, True, MoeConfig(16, 128, 128, 64, 1, 8, 1, swapped=True))],
+    ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
+         "gluon64_rows8_8warps", "gluon128_rows16_8warps"])
+def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
+    """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
+    ``GluonFragmentScales`` the row blocks of 8 and 16 on the Gluon kernel (16-128 tokens: rows
+    of 2-16 an expert), 256 tokens past them on the Triton tiles."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
-    out = fused_moe(x, f13, f2, weights, ids, scales=FragmentScales(t13, t2), bias=bias,
+    kind = GluonFragmentScales if gluon else FragmentScales
+    out = fused_moe(x, f13, f2, weights, ids, config=config, scales=kind(t13, t2), bias=bias,
                     act=GPT_OSS)
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err <= 2e-2, err
 
 
-def test_the_fragments_backend_converts_a_layers_experts():
-    """``--moe-backend triton_fragments``: ``prepare_experts`` holds the layer's experts in the
-    fragment layout, and its forward matches the torch backend."""
+def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
+    """The fragment layout's Gluon GEMM (``moe_mxfp4_gluon``) through Triton's compiler and ptxas
+    for sm_90, gated at row blocks of 8 and 16 and not gated: its decoded words are the wgmma
+    operand as loaded (``convert_layout(..., assert_trivial=True)`` compiles only then), it waits
+    on the kernel before (PDL), and no CTA barrier follows its first wgmma (x staged once)."""
+    pytest.importorskip("triton.experimental.gluon")
+    cubins = compile_for_hopper(tmp_path, "gluon")
+    assert len(cubins) == 3, cubins
+    assert all("barriers-after-mma=0" in line and line.endswith("griddepcontrol")
+               for line in cubins), cubins
+
+
+@pytest.mark.parametrize("name,kind", [("triton_fragments", FragmentScales),
+                                       ("triton_fragments_gluon", GluonFragmentScales)])
+def test_the_fragments_backend_converts_a_layers_experts(name, kind):
+    """``--moe-backend triton_fragments`` (and ``_gluon``): ``prepare_experts`` holds the layer's
+    experts in the fragment layout, and its forward matches the torch backend (here, in
+    float16 under the interpreter, on the Triton kernels for both)."""
     from minisgl.moe import create_moe_backend
 
     x, w13, w2, weights, ids, scales, bias = mx_inputs(9, 128, 64, 4, 2, torch.float16, seed=3)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    backend = create_moe_backend("triton_fragments")
+    backend = create_moe_backend(name)
     layout = backend.prepare_experts(w13, w2, scales, bias, GPT_OSS)
-    assert isinstance(layout.scales, FragmentScales)
+    assert type(layout.scales) is kind
     assert torch.equal(layout.w13[1], to_fragments(w13[1], scales.w13[1])[0])
     empty = w13.new_empty(0)
     out = backend.forward(x, empty, empty, weights, ids, Mxfp4Scales(empty, empty),

@@ -35,6 +35,11 @@ class FragmentScales(Mxfp4Scales):
     that layout's order too: the fused Triton MoE runs its fragment GEMM on them."""
 
 
+class GluonFragmentScales(FragmentScales):
+    """``FragmentScales`` whose row blocks of 8 and 16 take the Gluon kernel
+    (``kernel.triton.moe_mxfp4_gluon``; bf16 on Hopper, gpt-oss's SwiGLU), the rest as there."""
+
+
 class ExpertBias(NamedTuple):
     """Per-expert biases (gpt-oss): ``w13 [E, 2I]`` (gate, then up) added to GEMM 1 before the
     activation, ``w2 [E, H]`` added to GEMM 2 before the routing weight; either may be None

@@ -35,6 +35,13 @@ def _create_triton_fragments() -> BaseMoeBackend:
     return TritonFragmentsMoeBackend()
 
 
+@MOE_BACKENDS.register("triton_fragments_gluon")
+def _create_triton_fragments_gluon() -> BaseMoeBackend:
+    from .fused import GluonFragmentsMoeBackend  # its small row blocks on the Gluon kernel
+
+    return GluonFragmentsMoeBackend()
+
+
 def _library(create: Callable[[], BaseMoeBackend], name: str, what: str,
              extra: str) -> BaseMoeBackend:
     """A backend of an outside library; without the library, an error saying what to install."""

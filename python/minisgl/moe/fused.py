@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.kernel.moe_types import FragmentScales
+from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales
 from minisgl.kernel.triton.fused_moe import fused_moe
 from minisgl.quant.mxfp4 import to_words
 from minisgl.quant.mxfp4_fragments import to_fragments
@@ -91,3 +91,14 @@ class TritonFragmentsMoeBackend(TritonMoeBackend):
     def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:
         (f13, t13), (f2, t2) = _fragments(w13, scales.w13), _fragments(w2, scales.w2)
         return f13, f2, FragmentScales(t13, t2)
+
+
+class GluonFragmentsMoeBackend(TritonFragmentsMoeBackend):
+    """``triton_fragments`` with its row blocks of 8 and 16 on the Gluon kernel
+    (``kernel.triton.moe_mxfp4_gluon``: bf16 on Hopper, gpt-oss's SwiGLU; elsewhere the Triton
+    tiles). Experimental: its first GPU run is ``gpu_validate.sh moe-gluon``."""
+
+    @staticmethod
+    def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:
+        f13, f2, frag = TritonFragmentsMoeBackend._layout(w13, w2, scales)
+        return f13, f2, GluonFragmentScales(*frag)

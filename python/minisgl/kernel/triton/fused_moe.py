@@ -47,7 +47,7 @@ from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
 from .moe_configs import tuned
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
-from .moe_mxfp4_frag import frag_tile, launch_frag
+from .moe_mxfp4_frag import frag_tile, launch_frag, takes_gluon
 from .moe_mxfp4_gemv import moe_gemv_mx_kernel
 from .moe_tiles import epilogue, tile, tile_rows
 from .pdl import hopper_compiled, wait_then_release
@@ -175,7 +175,8 @@ def _ptx_decode(a: torch.Tensor) -> bool:
 
 
 def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gated, block_n, cfg,
-          w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU, pdl=False, frag=False):
+          w_scale=None, block=(1, 1), mx=False, bias=None, act=SILU, pdl=False, frag=False,
+          gluon=False):
     k_dim = w.shape[2] * (2 if mx else 1)
     n_out = w.shape[1] // 2 if gated else w.shape[1]
     n_blocks_m = sorted_ids.numel() // cfg.block_m
@@ -202,7 +203,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
     if frag:
-        launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a))
+        launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a),
+                    gluon)
     elif mx and cfg.block_m == 1:
         for name in ("BLOCK_M", "GROUP_M", "PRECISION"):
             del meta[name]
@@ -244,10 +246,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if x.element_size() == 4:  # fp32 tiles are twice the bytes: keep within shared memory
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
     frag = isinstance(scales, FragmentScales)
+    gluon = frag and takes_gluon(scales, _ptx_decode(x), act)
     if frag and config is None:
-        cfg = MoeConfig(*frag_tile(n_pairs / n_experts))
-    elif frag:  # the GEMV, or a wgmma tile of 16 rows or more (``moe_mxfp4_frag.FRAG_TILES``)
-        cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else max(cfg.block_m, 16),
+        cfg = MoeConfig(*frag_tile(n_pairs / n_experts, gluon))
+    elif frag:  # the GEMV, or a wgmma tile of 16 rows or more (8 on the Gluon kernel)
+        least = 8 if gluon else 16
+        cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else max(cfg.block_m, least),
                       block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
                       num_stages=cfg.num_stages if cfg.block_m <= 32 else min(cfg.num_stages, 2))
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
@@ -260,13 +264,13 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         assert s13.stride(2) == 1 and s2.stride(2) == 1
     b13, b2 = bias if bias is not None else (None, None)
     _gemm(x, w13, act_out, act_out, sorted_ids, expert_ids, total, n_pairs, top_k, True,
-          cfg.block_n1, cfg, s13, block, mx, b13, act, pdl, frag)
+          cfg.block_n1, cfg, s13, block, mx, b13, act, pdl, frag, gluon)
     out = torch.empty((n_pairs, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)
     if not weights.is_contiguous():
         weights = weights.contiguous()
     _gemm(act_out, w2, out, weights, sorted_ids, expert_ids, total, n_pairs, 1, False,
-          cfg.block_n2, cfg, s2, block, mx, b2, pdl=pdl, frag=frag)
+          cfg.block_n2, cfg, s2, block, mx, b2, pdl=pdl, frag=frag, gluon=gluon)
     if top_k == 1:
         return out
     summed = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales, MoeActivation
+
 from .moe_mxfp4 import UNDER, UNDER_SHIFT, expert_words
 from .moe_mxfp4_gemv import SUMS_UP, X_UP
 from .moe_tiles import epilogue, tile, tile_rows
@@ -234,19 +236,35 @@ FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 2, None, None)),
               (32.0, (32, 128, 128, 64, 4, 8, 4, True, 80)),
               (128.0, (32, 64, 64, 64, 4, 4, 4, True, None)),
               (float("inf"), (64, 64, 64, 64, 4, 4, 2, True, None)))
+# with ``GluonFragmentScales``: row blocks of 8 and 16 on the Gluon kernel (``moe_mxfp4_gluon``;
+# ``block_n`` 64, 4 warps), first guesses, not yet timed on a GPU
+GLUON_TILES = (FRAG_TILES[:2] + ((4.0, (8, 64, 64, 64, 1, 4, 1, True, None)),
+                                 (16.0, (16, 64, 64, 64, 1, 4, 1, True, None)))
+               + FRAG_TILES[4:])
 
-def frag_tile(rows: float) -> tuple:
+
+def frag_tile(rows: float, gluon: bool = False) -> tuple:
     """The fragment layout's ``MoeConfig`` fields for ``rows`` routed rows an expert."""
-    return next(tile for most, tile in FRAG_TILES if rows <= most)
+    return next(tile for most, tile in (GLUON_TILES if gluon else FRAG_TILES) if rows <= most)
+
+
+def takes_gluon(scales: FragmentScales, fast: bool, act: MoeActivation) -> bool:
+    """Whether row blocks of 8 and 16 take the Gluon kernel: ``GluonFragmentScales``, the PTX
+    decoding (bf16 on Hopper) and gpt-oss's clamped SwiGLU; else the Triton kernels' tiles."""
+    return isinstance(scales, GluonFragmentScales) and fast and act.kind == "swiglu_clamped"
 
 
 def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,
-                k_dim: int, fast: bool) -> None:
+                k_dim: int, fast: bool, gluon: bool = False) -> None:
     """Launch the GEMV (row blocks of one, ``block_k / 64`` units a K step) or the GEMM
-    (``block_n / 16`` warps of 16 rows, K steps of 64) with ``fused_moe._gemm``'s arguments and
-    compile-time options."""
+    (``block_n / 16`` warps of 16 rows, K steps of 64; with ``gluon``, row blocks of 8 and 16 on
+    ``moe_mxfp4_gluon``) with ``fused_moe._gemm``'s arguments and compile-time options."""
     meta = dict(meta)
-    if gemv:
+    if gluon and not gemv and meta["BLOCK_M"] in (8, 16):
+        from .moe_mxfp4_gluon import launch_gluon  # Gluon: Triton 3.6 and later
+
+        launch_gluon(grid, args, meta, block_n, k_dim)
+    elif gemv:
         units = max(1, block_k // 64)
         for name in ("BLOCK_M", "GROUP_M", "PRECISION", "BLOCK_K"):
             del meta[name]

@@ -135,7 +135,8 @@ _HELP = {
     "attn": f"attention backend: auto, {', '.join(ATTN_BACKENDS.names)}, or PREFILL,DECODE",
     "dummy_weights": "random weights (benchmarks without a checkpoint)",
     "moe_backend": "MoE backend: auto, torch, triton, triton_fragments (triton with MXFP4 "
-                   "experts in the fragment layout), triton_kernels (OpenAI's MXFP4 GEMMs, "
+                   "experts in the fragment layout), triton_fragments_gluon (its small batches "
+                   "on a Gluon kernel; experimental), triton_kernels (OpenAI's MXFP4 GEMMs, "
                    "Hopper) or flashinfer (FlashInfer's CUTLASS MXFP4 MoE, Hopper)",
     "linear_attn_backend": "hybrid (Gated DeltaNet) models: auto, torch (the reference) or triton "
                            "(CUDA: in-place state kernels and fla-core's chunked rule)",

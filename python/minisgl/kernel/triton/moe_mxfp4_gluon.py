@@ -1,0 +1,227 @@
+"""The fragment layout's swapped MXFP4 GEMM for small row blocks, in Gluon (Triton's explicit-
+layout dialect): the same work as ``moe_mxfp4_frag.moe_gemm_mx_frag_kernel`` for row blocks of 8
+or 16 pairs, without a CTA barrier in its K loop.
+
+The Triton kernel stages x and the words through shared memory every 64-deep K unit, and its 8
+warps meet at a barrier each unit (Nsight Compute at 256 tokens: 2.1 of 10.3 cycles a warp
+waits an instruction). Here a block's x rows, all K of them, are copied to shared memory once
+(``cp.async``; 46 KB at 8 rows, 92 KB at 16 for K = 2,880), and each thread loads its 16 bytes
+of a unit straight into its registers two units ahead (a ring of three units' registers, the K
+loop unrolled by three so that no register is copied), decodes them where they land (they are
+the wgmma A operand as loaded: ``convert_layout(..., assert_trivial=True)`` proves it at compile
+time) and multiplies them by x's unit in shared memory, one unit's wgmmas left in flight. K loop:
+160 instructions a 64-deep unit a thread at gpt-oss-20b's gated tile (2.5 a weight) against
+the Triton tile's 221 (Triton 3.6, sm_90). Its epilogue is ``moe_tiles.epilogue``'s: biases,
+the clamped SwiGLU (gpt-oss's) or the routing weight, stored by pair id; other activations take
+the Triton kernel (``launch_frag``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .moe_mxfp4 import UNDER, UNDER_SHIFT
+from .mxfp4 import DECODE_WORDS_BF16
+
+# Triton 3.6 names the cp.async copy async_copy_global_to_shared, later versions async_load
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# and the CTA barrier thread_barrier, later barrier
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@gluon.jit
+def _unit_tile(words, s, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
+    """A unit's words and scales [NB, 8 (r), 4 (q), 4 (h, g)] -> the wgmma A operand
+    [BLOCK_N, 64] (times 2 ** -64), in its register layout as decoded."""
+    NB: gl.constexpr = BLOCK_N // 16
+    hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(
+        2, words.type.layout))))
+    byte = (s[:, :, :, None] >> (8 * hg[None, None, None, :])) & 0xFF
+    mult = (byte + (126 - UNDER_SHIFT)) * 0x00800080  # the bf16 pair (2 ** e, 2 ** e)
+    v = gl.inline_asm_elementwise(DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                  [words, mult], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    # a join's new dimension is the last: value 4 j1 + 2 j0 + p of pair (j1, j0) -> [.., p, j0, j1]
+    t = gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
+                gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
+    t = gl.reshape(t, (NB, 8, 4, 2, 2, 2, 2, 2))  # [nb, r, q, h, g, p, j0, j1]
+    # row 16 nb + 8 h + r, K 32 g + 16 j1 + 8 j0 + 2 q + p
+    t = gl.permute(t, (0, 3, 1, 4, 7, 6, 2, 5))
+    return gl.convert_layout(gl.reshape(t, (BLOCK_N, 64)), a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _unit_loads(w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
+    """Unit ``u``'s words [NB, 8, 4, 4] and scale words [NB, 8, 4], gate rows then up rows (the
+    gate rows' again where not ``GATED``)."""
+    w = gl.load(w_ptrs + u * 128)
+    s = gl.load(s_ptrs + u * 8)
+    wu = w
+    su = s
+    if GATED:
+        wu = gl.load(w_ptrs + up_w + u * 128)
+        su = gl.load(s_ptrs + up_s + u * 8)
+    return w, s, wu, su
+
+
+@gluon.jit
+def _unit_mma(w, s, wu, su, x_smem, u, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
+              GATED: gl.constexpr):
+    """Unit ``u``'s wgmma of the gate (and up) rows by x's unit, left in flight: at most the
+    previous unit's still running after it."""
+    xt = x_smem.index(u).permute((1, 0))
+    acc = warpgroup_mma(_unit_tile(w, s, BLOCK_N, a_layout), xt, acc, is_async=True)
+    if GATED:
+        acc_up = warpgroup_mma(_unit_tile(wu, su, BLOCK_N, a_layout), xt, acc_up, is_async=True)
+        acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    return acc, acc_up
+
+
+@gluon.jit
+def moe_gemm_mx_frag_gluon_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
+    GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
+    HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert: the block's x rows,
+    all K of them, copied to shared memory once; each thread's words loaded into its registers
+    two units ahead, decoded where they land (the A operand), and multiplied by x's unit in
+    shared memory (``w_ptr`` and ``ws_ptr`` int32 words, ``stride_we`` and ``stride_se`` in
+    words). ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    NB: gl.constexpr = BLOCK_N // 16
+    n_tiles = gl.cdiv(n_out, BLOCK_N)
+    pid = gl.program_id(0)
+    pid_m = pid // n_tiles
+    pid_n = pid % n_tiles
+    if pid_m * BLOCK_M >= gl.load(total_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+
+    # x: the block's rows, every unit, into shared memory (one barrier)
+    x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    x_smem = gl.allocate_shared_memory(
+        gl.bfloat16, [K_UNITS, BLOCK_M, 64],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16))
+    xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+    xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
+    xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
+    xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
+    x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
+    for u in range(K_UNITS):
+        _cp_async(x_smem.index(u), x_ptrs + u * 64)
+    async_copy.commit_group()
+
+    # each thread's words: warp nb, lane (r, q), the word's (h, g) in its registers
+    w_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NB, 1, 1, 1],
+                                              [3, 2, 1, 0])
+    nb = pid_n * NB + gl.arange(0, NB, layout=gl.SliceLayout(
+        1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
+    nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
+    r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
+    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, w_layout))))
+    hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, w_layout))))
+    unit0 = nb[:, None, None, None].to(gl.int64) * K_UNITS
+    w_ptrs = (w_ptr + expert * stride_we + unit0 * 128 + r[None, :, None, None] * 16
+              + q[None, None, :, None] * 4 + hg[None, None, None, :])
+    # a lane's four scales (one a word) are one 32-bit word: [NB, 8 (r), 4 (q)]
+    s_layout: gl.constexpr = gl.SliceLayout(3, w_layout)
+    snb = pid_n * NB + gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, s_layout)))
+    snb = gl.where(snb * 16 < n_out, snb, 0)
+    sr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, s_layout)))
+    sq = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, s_layout)))
+    s_ptrs = (ws_ptr + expert * stride_se + snb[:, None, None].to(gl.int64) * (K_UNITS * 8)
+              + sr[None, :, None] * 1 + sq[None, None, :] * 0)
+    up_w = (n_out // 16) * K_UNITS * 128
+    up_s = (n_out // 16) * K_UNITS * 8
+
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    acc = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
+    acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
+    # a ring of three units' loads (A, B, C), unrolled by three so that no register moves: A and
+    # B in flight at each group's start, each unit's step loads the unit two on
+    a_w, a_s, a_wu, a_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, GATED)
+    last: gl.constexpr = K_UNITS - 1
+    b_w, b_s, b_wu, b_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(1, last), GATED)
+    async_copy.wait_group(0)
+    fence_async_shared()
+    _cta_barrier()
+    for u0 in range(0, K_UNITS - K_UNITS % 3, 3):
+        c_w, c_s, c_wu, c_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 2, last),
+                                           GATED)
+        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, x_smem, u0, acc, acc_up, BLOCK_N,
+                                a_layout, GATED)
+        a_w, a_s, a_wu, a_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 3, last),
+                                           GATED)
+        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, x_smem, u0 + 1, acc, acc_up, BLOCK_N,
+                                a_layout, GATED)
+        b_w, b_s, b_wu, b_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 4, last),
+                                           GATED)
+        acc, acc_up = _unit_mma(c_w, c_s, c_wu, c_su, x_smem, u0 + 2, acc, acc_up, BLOCK_N,
+                                a_layout, GATED)
+    if K_UNITS % 3 >= 1:
+        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, x_smem, K_UNITS - K_UNITS % 3, acc, acc_up,
+                                BLOCK_N, a_layout, GATED)
+    if K_UNITS % 3 == 2:
+        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, x_smem, K_UNITS - 1, acc, acc_up, BLOCK_N,
+                                a_layout, GATED)
+    acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+
+    # epilogue: biases, the clamped SwiGLU (GATED) or the routing weight, stored by pair id
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    n_ok = offs_n < n_out
+    offs_safe = gl.where(n_ok, offs_n, 0)
+    pair = gl.load(sorted_ptr + pid_m * BLOCK_M
+                   + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+    valid = pair < n_pairs
+    pair = gl.where(valid, pair, 0).to(gl.int64)
+    acc = acc * UNDER  # the values' 2 ** -64 (``moe_mxfp4.UNDER_SHIFT``)
+    acc_up = acc_up * UNDER
+    dt: gl.constexpr = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        b_ptrs = bias_ptr + expert * stride_be + offs_safe
+        acc += gl.load(b_ptrs).to(gl.float32)[:, None]
+        if GATED:
+            acc_up += gl.load(b_ptrs + n_out).to(gl.float32)[:, None]
+    gate = acc.to(dt).to(gl.float32)
+    if GATED:
+        up = acc_up.to(dt).to(gl.float32)
+        if CLAMPED:
+            gate = gl.minimum(gate, limit)
+            up = gl.minimum(gl.maximum(up, -limit), limit)
+        res = ((up + 1.0) * (gate / (1.0 + gl.exp(-alpha * gate)))).to(dt)
+    else:
+        rw = gl.load(weights_ptr + pair, mask=valid, other=0.0).to(gl.float32)
+        res = (gate * rw[None, :]).to(dt)
+    gl.store(out_ptr + pair[None, :] * stride_om + offs_n[:, None], res,
+             mask=valid[None, :] & n_ok[:, None])
+
+
+def launch_gluon(grid, args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
+    """Launch for ``fused_moe._gemm``'s arguments (``w`` and its scales viewed as int32 words,
+    their expert strides in words): ``block_n / 16`` warps, K in 64-deep units."""
+    (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k, _,
+     alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
+    w32 = w.reshape(w.shape[0], -1).view(torch.int32)
+    s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
+    moe_gemm_mx_frag_gluon_kernel[grid](
+        a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
+        alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,
+        GATED=meta["GATED"], BLOCK_M=meta["BLOCK_M"], BLOCK_N=block_n, K_UNITS=k_dim // 64,
+        HAS_BIAS=meta["HAS_BIAS"], CLAMPED=meta["CLAMPED"], USE_PDL=meta["USE_PDL"],
+        num_warps=block_n // 16, **({"launch_pdl": True} if meta.get("launch_pdl") else {}))

@@ -2,12 +2,14 @@
 Triton's own ptxas, disassembled with its ``nvdisasm``, and the instructions of its K loop counted
 by opcode: what a change to the decoding costs, on a machine where nothing can be timed.
 
-    python benchmark/kernels/sass_moe.py [--kernel gemv small wide] [--tile BN BK]
+    python benchmark/kernels/sass_moe.py [--kernel gemv small wide frag fgemv gluon] [--tile BN BK]
         [--warps W] [--stages S] [--maxnreg R] [--sass DIR]
 
 Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by default the one
 the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
-3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64), 4 warps. A K step handles
+3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64), 4 warps; the fragment layout's
+``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``; its loop holds
+three 64-deep units, counted a unit). A K step handles
 ``BLOCK_N * BLOCK_K * 2`` weights (gate and up); "a weight" is the loop's instructions, summed
 over the threads, over that. Spills show as LDL/STL. Instruction counts are not times: a loop
 with fewer instructions may still wait on memory, and the Triton here may not be the GPU
@@ -29,8 +31,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_frag, moe_mxfp4_gemv  # noqa: E402
+from minisgl.kernel.triton import (  # noqa: E402
+    moe_mxfp4,
+    moe_mxfp4_frag,
+    moe_mxfp4_gemv,
+    moe_mxfp4_gluon,
+)
 from minisgl.kernel.triton.fused_moe import permuted_tile as permuted  # noqa: E402
 
 ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
@@ -43,6 +51,12 @@ ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
 COMMON = {"GATED": True, "HAS_BIAS": True, "CLAMPED": True, "GELU": False, "USE_PDL": True}
 # the arguments a launch at gpt-oss-20b's shapes passes as multiples of 16 (Triton specializes
 # on it: the runtime's code assumes those alignments, so this compile does too)
+# the Gluon GEMM's (``moe_mxfp4_gluon.launch_gluon``: words and scales as int32)
+GLUON_ARGS = {"a_ptr": "*bf16", "w_ptr": "*i32", "out_ptr": "*bf16", "weights_ptr": "*fp32",
+              "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "total_ptr": "*i32",
+              "ws_ptr": "*i32", "bias_ptr": "*bf16", "n_pairs": "i32", "n_out": "i32",
+              "top_k": "i32", "alpha": "fp32", "limit": "fp32", "stride_am": "i32",
+              "stride_we": "i32", "stride_om": "i32", "stride_se": "i32", "stride_be": "i32"}
 ALIGNED = {"a_ptr", "w_ptr", "out_ptr", "weights_ptr", "sorted_ptr", "expert_ids_ptr",
            "total_ptr", "ws_ptr", "bias_ptr", "n_out", "k_dim", "stride_am", "stride_we",
            "stride_wn", "stride_om", "stride_se", "stride_be"}
@@ -63,6 +77,11 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
         return (moe_mxfp4_frag.moe_gemm_mx_frag_kernel,
                 {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUP_M": 1,
                  "PRECISION": "tf32", "FAST": fast}, rows or 16)
+    if name == "gluon":  # the fragment layout's Gluon GEMM: BLOCK_N / 16 warps, K = 2,880
+        return (moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel,
+                {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
+                | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "num_warps": bn // 16},
+                rows or 16)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
         return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,
                 {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)
@@ -102,7 +121,7 @@ def resources(bin_dir: str, cubin_path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
-                        choices=["gemv", "small", "wide", "frag", "fgemv"])
+                        choices=["gemv", "small", "wide", "frag", "fgemv", "gluon"])
     parser.add_argument("--tile", type=int, nargs=2, default=None, metavar=("BN", "BK"))
     parser.add_argument("--rows", type=int, default=None, help="row block (small, wide)")
     parser.add_argument("--float32-decode", action="store_true",
@@ -116,17 +135,20 @@ def main() -> None:
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                             "nvdisasm")
     tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4),
-             "frag": (128, 64, 4), "fgemv": (16, 256, 2)}
+             "frag": (128, 64, 4), "fgemv": (16, 256, 2), "gluon": (64, 64, 1)}
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
-        attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(ARGS) if arg in ALIGNED}
-        signature = {**ARGS, **dict.fromkeys(consts, "constexpr")}
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts,
-                                            attrs=attrs),
+        gluon = name == "gluon"  # its K loop unrolled by three units
+        source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
+        warps = bn // 16 if gluon else args.warps
+        attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kargs) if arg in ALIGNED}
+        signature = {**kargs, **dict.fromkeys(consts, "constexpr")}
+        compiled = triton.compile(source(fn=fn, signature=signature, constexprs=consts,
+                                         attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": args.warps, "num_stages": stages,
+                                  options={"num_warps": warps, "num_stages": stages,
                                            **({"maxnreg": args.maxnreg} if args.maxnreg else {})})
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "kernel.cubin")
@@ -141,10 +163,13 @@ def main() -> None:
                 f.write(sass)
         ops = loop_opcodes(sass)
         total = sum(ops.values())
+        if gluon:  # a K step per unit of 64 (the loop body holds three)
+            total, bk = total // 3, 64
         weights = bn * bk * 2
-        per_weight = total * 32 * args.warps / weights
-        top = ", ".join(f"{op} {n}" for op, n in ops.most_common(12))
-        print(f"{name} (rows {rows}, BLOCK_N {bn}, BLOCK_K {bk}, {args.warps} warps, {stages} "
+        per_weight = total * 32 * warps / weights
+        top = ("the loop's three units: " if gluon else "") + ", ".join(
+            f"{op} {n}" for op, n in ops.most_common(12))
+        print(f"{name} (rows {rows}, BLOCK_N {bn}, BLOCK_K {bk}, {warps} warps, {stages} "
               f"stages, {regs}): {total} instructions a K step of {weights} weights, "
               f"{per_weight:.1f} a weight; {top}")
 

@@ -246,7 +246,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if x.element_size() == 4:  # fp32 tiles are twice the bytes: keep within shared memory
         cfg = replace(cfg, block_k=min(cfg.block_k, 32), num_stages=min(cfg.num_stages, 2))
     frag = isinstance(scales, FragmentScales)
-    gluon = frag and takes_gluon(scales, _ptx_decode(x), act)
+    gluon = frag and takes_gluon(scales, x, _ptx_decode(x), act)
     if frag and config is None:
         cfg = MoeConfig(*frag_tile(n_pairs / n_experts, gluon))
     elif frag:  # the GEMV, or a wgmma tile of 16 rows or more (8 on the Gluon kernel)

@@ -9,6 +9,7 @@ epilogue and ``2 ** -64`` bookkeeping of the packed bf16 multiply (``FAST``).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -248,10 +249,12 @@ def frag_tile(rows: float, gluon: bool = False) -> tuple:
     return next(tile for most, tile in (GLUON_TILES if gluon else FRAG_TILES) if rows <= most)
 
 
-def takes_gluon(scales: FragmentScales, fast: bool, act: MoeActivation) -> bool:
+def takes_gluon(scales: FragmentScales, x: torch.Tensor, fast: bool, act: MoeActivation) -> bool:
     """Whether row blocks of 8 and 16 take the Gluon kernel: ``GluonFragmentScales``, the PTX
-    decoding (bf16 on Hopper) and gpt-oss's clamped SwiGLU; else the Triton kernels' tiles."""
-    return isinstance(scales, GluonFragmentScales) and fast and act.kind == "swiglu_clamped"
+    decoding (``fast``: bf16 on Hopper), gpt-oss's clamped SwiGLU and x's rows 16-byte aligned
+    (its ``cp.async``); else the Triton kernels' tiles."""
+    return (isinstance(scales, GluonFragmentScales) and fast and act.kind == "swiglu_clamped"
+            and x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0)
 
 
 def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,

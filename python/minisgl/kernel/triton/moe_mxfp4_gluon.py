@@ -10,10 +10,12 @@ of a unit straight into its registers two units ahead (a ring of three units' re
 loop unrolled by three so that no register is copied), decodes them where they land (they are
 the wgmma A operand as loaded: ``convert_layout(..., assert_trivial=True)`` proves it at compile
 time) and multiplies them by x's unit in shared memory, one unit's wgmmas left in flight. K loop:
-160 instructions a 64-deep unit a thread at gpt-oss-20b's gated tile (2.5 a weight) against
-the Triton tile's 221 (Triton 3.6, sm_90). Its epilogue is ``moe_tiles.epilogue``'s: biases,
-the clamped SwiGLU (gpt-oss's) or the routing weight, stored by pair id; other activations take
-the Triton kernel (``launch_frag``).
+160 instructions a 64-deep unit a thread at gpt-oss-20b's gated 16-row tile (2.5 a weight)
+against the Triton tile's 224 (Triton 3.6, sm_90: ``sass_moe.py --kernel gluon frag``). Triton
+3.6 puts a CTA barrier before each unit's copy of x (45 at K = 2,880, before the K loop; 3.9
+none). Not yet run on a GPU: ``gpu_validate.sh moe-gluon``. Its epilogue is
+``moe_tiles.epilogue``'s: biases, the clamped SwiGLU (gpt-oss's) or the routing weight, stored by
+pair id; other activations take the Triton kernel (``moe_mxfp4_frag.takes_gluon``).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def moe_gemm_mx_frag_gluon_kernel(
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
 
-    # x: the block's rows, every unit, into shared memory (one barrier)
+    # x: the block's rows, every unit, into shared memory, waited for once
     x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     x_smem = gl.allocate_shared_memory(
         gl.bfloat16, [K_UNITS, BLOCK_M, 64],

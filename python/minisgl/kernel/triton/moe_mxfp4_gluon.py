@@ -12,8 +12,8 @@ the wgmma A operand as loaded: ``convert_layout(..., assert_trivial=True)`` prov
 time) and multiplies them by x's unit in shared memory, one unit's wgmmas left in flight. K loop:
 160 instructions a 64-deep unit a thread at gpt-oss-20b's gated 16-row tile (2.5 a weight)
 against the Triton tile's 224 (Triton 3.6, sm_90: ``sass_moe.py --kernel gluon frag``). Triton
-places a CTA barrier before each unit's copy of x (45 at K = 2,880, all before the K loop). Not
-yet run on a GPU: ``gpu_validate.sh moe-gluon``. Its epilogue is
+3.6 places a CTA barrier before each unit's copy of x (45 at K = 2,880, all before the K loop;
+3.9 none). Not yet run on a GPU: ``gpu_validate.sh moe-gluon``. Its epilogue is
 ``moe_tiles.epilogue``'s: biases, the clamped SwiGLU (gpt-oss's) or the routing weight, stored by
 pair id; other activations take the Triton kernel (``moe_mxfp4_frag.takes_gluon``).
 """
@@ -123,7 +123,7 @@ def moe_gemm_mx_frag_gluon_kernel(
     xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
     xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
     x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
-    for u in range(K_UNITS):
+    for u in gl.static_range(K_UNITS):  # unrolled: Triton 3.9 then puts no barrier between
         _cp_async(x_smem.index(u), x_ptrs + u * 64)
     async_copy.commit_group()
 

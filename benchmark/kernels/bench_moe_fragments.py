@@ -41,9 +41,8 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
          # from 64 rows two stages (three raced on the H200: a few wrong outputs a call)
          (64, 128, 128, 64, 4, 8, 2, True), (64, 64, 64, 64, 4, 4, 2, True),
          (128, 64, 64, 64, 8, 4, 2, True), (128, 128, 128, 64, 8, 8, 2, True)]
-# ``--gluon``: the Gluon kernel's row blocks of 8 and 16 (``moe_mxfp4_gluon``; block_n / 16 warps)
-GLUON = [(8, 64, 64, 64, 1, 4, 1, True), (8, 128, 128, 64, 1, 8, 1, True),
-         (16, 64, 64, 64, 1, 4, 1, True), (16, 128, 128, 64, 1, 8, 1, True)]
+# ``--gluon``: the Gluon kernel's row blocks of 8 (``moe_mxfp4_gluon``; block_n / 16 warps)
+GLUON = [(8, 64, 64, 64, 1, 4, 1, True), (8, 128, 128, 64, 1, 8, 1, True)]
 
 
 def main() -> None:

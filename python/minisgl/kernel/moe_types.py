@@ -36,7 +36,7 @@ class FragmentScales(Mxfp4Scales):
 
 
 class GluonFragmentScales(FragmentScales):
-    """``FragmentScales`` whose row blocks of 8 and 16 take the Gluon kernel
+    """``FragmentScales`` whose row blocks of 8 take the Gluon kernel
     (``kernel.triton.moe_mxfp4_gluon``; bf16 on Hopper, gpt-oss's SwiGLU), the rest as there."""
 
 

@@ -94,9 +94,10 @@ class TritonFragmentsMoeBackend(TritonMoeBackend):
 
 
 class GluonFragmentsMoeBackend(TritonFragmentsMoeBackend):
-    """``triton_fragments`` with its row blocks of 8 and 16 on the Gluon kernel
+    """``triton_fragments`` with its row blocks of 8 on the Gluon kernel
     (``kernel.triton.moe_mxfp4_gluon``: bf16 on Hopper, gpt-oss's SwiGLU; elsewhere the Triton
-    tiles). Experimental: its first GPU run is ``gpu_validate.sh moe-gluon``."""
+    tiles). Experimental: its kernel is tested and timed on the GPU, the engine with it not yet
+    (``gpu_validate.sh moe-gluon``)."""
 
     @staticmethod
     def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:

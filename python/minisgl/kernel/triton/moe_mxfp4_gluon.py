@@ -141,14 +141,10 @@ def moe_gemm_mx_frag_gluon_kernel(
     unit0 = nb[:, None, None, None].to(gl.int64) * K_UNITS
     w_ptrs = (w_ptr + expert * stride_we + unit0 * 128 + r[None, :, None, None] * 16
               + q[None, None, :, None] * 4 + hg[None, None, None, :])
-    # a lane's four scales (one a word) are one 32-bit word: [NB, 8 (r), 4 (q)]
-    s_layout: gl.constexpr = gl.SliceLayout(3, w_layout)
-    snb = pid_n * NB + gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, s_layout)))
-    snb = gl.where(snb * 16 < n_out, snb, 0)
-    sr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, s_layout)))
-    sq = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, s_layout)))
-    s_ptrs = (ws_ptr + expert * stride_se + snb[:, None, None].to(gl.int64) * (K_UNITS * 8)
-              + sr[None, :, None] * 1 + sq[None, None, :] * 0)
+    # a lane's four scales (one a word) are one 32-bit word: [NB, 8 (r), 4 (q)], the words'
+    # layout less its (h, g)
+    s_ptrs = (ws_ptr + expert * stride_se + nb[:, None, None].to(gl.int64) * (K_UNITS * 8)
+              + r[None, :, None] + q[None, None, :] * 0)
     up_w = (n_out // 16) * K_UNITS * 128
     up_s = (n_out // 16) * K_UNITS * 8
 

@@ -41,8 +41,12 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
          # from 64 rows two stages (three raced on the H200: a few wrong outputs a call)
          (64, 128, 128, 64, 4, 8, 2, True), (64, 64, 64, 64, 4, 4, 2, True),
          (128, 64, 64, 64, 8, 4, 2, True), (128, 128, 128, 64, 8, 8, 2, True)]
-# ``--gluon``: the Gluon kernel's row blocks of 8 (``moe_mxfp4_gluon``; block_n / 16 warps)
-GLUON = [(8, 64, 64, 64, 1, 4, 1, True), (8, 128, 128, 64, 1, 8, 1, True)]
+# ``--gluon``: the Gluon kernel's tiles (``moe_mxfp4_gluon``; block_n / 16 warps): x copied once
+# (``num_stages`` 1), or through ``num_stages`` stages of ``block_k`` (``x_stages``)
+GLUON = [(8, 64, 64, 64, 1, 4, 1, True, None, True), (8, 128, 128, 64, 1, 8, 1, True, None, True),
+         (16, 64, 64, 192, 1, 4, 4, True, None, True), (16, 64, 64, 576, 1, 4, 3, True, None, True),
+         (32, 64, 64, 192, 1, 4, 4, True, None, True), (32, 64, 64, 192, 1, 4, 3, True, None, True),
+         (32, 64, 64, 192, 1, 4, 4, True, 168, True), (32, 64, 64, 576, 1, 4, 3, True, None, True)]
 
 
 def main() -> None:
@@ -77,7 +81,8 @@ def main() -> None:
         rows_an_expert = tokens * 4 / 32
         tiles = [(f, fkw) for f in (GEMV if rows_an_expert <= 1 else []) + TILES]
         if a.gluon:
-            tiles += [(f, gkw) for f in [None] + [g for g in GLUON if g[0] >= rows_an_expert]]
+            tiles += [(f, gkw) for f in [None] + [g for g in GLUON
+                                                  if g[0] <= max(8, 2 * rows_an_expert)]]
         for fields, scales_kw in tiles:
             cfg = MoeConfig(*fields) if fields else None  # None: the table's pick
             if cfg and (cfg.block_m > 16 and rows_an_expert < 8

@@ -216,8 +216,9 @@ def _mxfp4_kernels():
 
 def _gluon_kernels():
     """The fragment layout's Gluon GEMM (``moe_mxfp4_gluon``) at gpt-oss-20b's tiles: gated with
-    row blocks of 8 and 16, and GEMM 2 (not gated); its pointers and strides 16-aligned, as a
-    launch at those shapes specializes them (its ``cp.async`` of x needs 16-byte rows)."""
+    row blocks of 8 and 16 and GEMM 2 (not gated), x copied once; gated and not with row blocks
+    of 32, x through a ring of four stages of three units. Its pointers and strides 16-aligned,
+    as a launch at those shapes specializes them (its ``cp.async`` of x needs 16-byte rows)."""
     from minisgl.kernel.triton import moe_mxfp4_gluon
 
     sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",
@@ -225,10 +226,11 @@ def _gluon_kernels():
                bias_ptr="*bf16", n_pairs="i32", n_out="i32", top_k="i32", alpha="fp32",
                limit="fp32", stride_am="i32", stride_we="i32", stride_om="i32", stride_se="i32",
                stride_be="i32")
-    for gated, rows in ((True, 8), (True, 16), (False, 16)):
+    for gated, rows, units, stages in ((True, 8, 45, 1), (True, 16, 45, 1), (False, 16, 45, 1),
+                                       (True, 32, 3, 4), (False, 32, 3, 4)):
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
-            GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, HAS_BIAS=True, CLAMPED=True,
-            USE_PDL=True, num_warps=4), 4
+            GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
+            HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=4), 4
 
 
 def main(suite: str) -> None:
@@ -264,7 +266,9 @@ def main(suite: str) -> None:
         ptx = compiled.asm["ptx"]
         mma = ptx.find("wgmma.mma_async")  # CTA barriers once the first wgmma is issued
         after = ptx[mma:].count("bar.sync") if mma >= 0 else 0
-        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]), f"barriers-after-mma={after}",
+        print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
+              ",".join(f"{k}={v}" for k, v in consts.items() if k in ("GATED", "BLOCK_M")),
+              f"barriers-after-mma={after}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

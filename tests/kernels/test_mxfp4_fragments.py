@@ -74,13 +74,20 @@ def test_fused_moe_over_the_fragment_layout(config):
 @pytest.mark.parametrize("tokens,gluon,config", [
     (1, False, None), (16, False, None), (256, False, None), (700, False, None),
     (2048, False, None), (16, True, None), (64, True, None), (128, True, None),
-    (256, True, None), (64, True, MoeConfig(8, 128, 128, 64, 1, 8, 1, swapped=True))],
+    (256, True, None), (64, True, MoeConfig(8, 128, 128, 64, 1, 8, 1, True, gluon=True)),
+    (64, True, MoeConfig(16, 64, 64, 192, 1, 4, 4, True, gluon=True)),
+    (128, True, MoeConfig(16, 64, 64, 576, 1, 4, 3, True, gluon=True)),
+    (256, True, MoeConfig(32, 64, 64, 192, 1, 4, 4, True, gluon=True)),
+    (700, True, MoeConfig(32, 64, 64, 192, 1, 4, 3, True, 168, gluon=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
-         "gluon64_rows8_8warps"])
+         "gluon64_rows8_8warps", "gluon64_rows16_x3x4", "gluon128_rows16_x9x3",
+         "gluon256_rows32_x3x4", "gluon700_rows32_x3x3_maxnreg168"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
-    ``GluonFragmentScales`` the row blocks of 8 on the Gluon kernel (16 tokens: 2 rows an expert;
-    64, with 8 warps), the larger ones on the Triton tiles."""
+    ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
+    expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 16 and 32
+    with x through rings of stages (three or nine units a stage, three or four stages; a
+    register cap of 168)."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
@@ -89,18 +96,25 @@ def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
                     act=GPT_OSS)
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err <= 2e-2, err
+    if gluon:  # the same sums as the Triton tiles' (a stale unit of x would stand out)
+        triton_out = fused_moe(x, f13, f2, weights, ids, scales=FragmentScales(t13, t2),
+                               bias=bias, act=GPT_OSS)
+        assert (out.float() - triton_out.float()).abs().max() <= 1e-2 * ref.float().abs().max()
 
 
 def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     """The fragment layout's Gluon GEMM (``moe_mxfp4_gluon``) through Triton's compiler and ptxas
-    for sm_90, gated at row blocks of 8 and 16 and not gated: its decoded words are the wgmma
-    operand as loaded (``convert_layout(..., assert_trivial=True)`` compiles only then), it waits
-    on the kernel before (PDL), and no CTA barrier follows its first wgmma (x staged once)."""
+    for sm_90, gated at row blocks of 8 and 16 and not gated with x copied once, and at row
+    blocks of 32 with x through a ring of stages: its decoded words are the wgmma operand as
+    loaded (``convert_layout(..., assert_trivial=True)`` compiles only then), it waits on the
+    kernel before (PDL), and after its first wgmma no CTA barrier where x is copied once, two
+    a stage where it is staged (``cp.async.wait_group``'s own and the one after the fence)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
-    assert len(cubins) == 3, cubins
-    assert all("barriers-after-mma=0" in line and line.endswith("griddepcontrol")
-               for line in cubins), cubins
+    assert len(cubins) == 5, cubins
+    assert all(line.endswith("griddepcontrol") for line in cubins), cubins
+    assert all("barriers-after-mma=0" in line for line in cubins[:3]), cubins
+    assert all("BLOCK_M=32 barriers-after-mma=2" in line for line in cubins[3:]), cubins
 
 
 @pytest.mark.parametrize("name,kind", [("triton_fragments", FragmentScales),

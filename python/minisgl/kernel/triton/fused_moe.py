@@ -70,6 +70,10 @@ class MoeConfig:
     # a cap on a thread's registers (ptxas's ``maxnreg``; None: none): more programs an SM where
     # the tile's registers, not its shared memory, limit them
     maxnreg: int | None = None
+    # the fragment layout's Gluon GEMM (``moe_mxfp4_gluon``; ``block_k`` and ``num_stages`` its
+    # stages of x, ``moe_mxfp4_gluon.x_stages``) where the experts' scales are
+    # ``GluonFragmentScales``; the Triton tiles elsewhere
+    gluon: bool = False
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -250,10 +254,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if frag and config is None:
         cfg = MoeConfig(*frag_tile(n_pairs / n_experts, gluon))
     elif frag:  # the GEMV, or a wgmma tile of 16 rows or more (8 on the Gluon kernel)
-        least = 8 if gluon else 16
+        least = 8 if gluon and cfg.gluon else 16
         cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else max(cfg.block_m, least),
                       block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
                       num_stages=cfg.num_stages if cfg.block_m <= 32 else min(cfg.num_stages, 2))
+    gluon = gluon and cfg.gluon
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:

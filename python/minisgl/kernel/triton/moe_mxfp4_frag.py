@@ -241,7 +241,8 @@ FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 2, None, None)),
 # (``moe_mxfp4_gluon``; ``block_n`` 64, 4 warps: 179.3 against 207.3 us at 16 tokens on the
 # H200); from 8 rows its 92 KB of x a 16-row block leave two programs an SM, and the Triton
 # tiles win (306.2 against 215.8 us at 64 tokens, 379.1 against 262.0 at 128)
-GLUON_TILES = FRAG_TILES[:2] + ((4.0, (8, 64, 64, 64, 1, 4, 1, True, None)),) + FRAG_TILES[2:]
+GLUON_TILES = (FRAG_TILES[:2] + ((4.0, (8, 64, 64, 64, 1, 4, 1, True, None, True)),)
+               + FRAG_TILES[2:])
 
 
 def frag_tile(rows: float, gluon: bool = False) -> tuple:
@@ -263,7 +264,7 @@ def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k
     (``block_n / 16`` warps of 16 rows, K steps of 64; with ``gluon``, row blocks of 8 on
     ``moe_mxfp4_gluon``) with ``fused_moe._gemm``'s arguments and compile-time options."""
     meta = dict(meta)
-    if gluon and not gemv and meta["BLOCK_M"] == 8:
+    if gluon and not gemv:
         from .moe_mxfp4_gluon import launch_gluon  # Gluon: Triton 3.6 and later
 
         launch_gluon(grid, args, meta, block_n, k_dim)

@@ -77,11 +77,25 @@ def _unit_loads(w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
 
 
 @gluon.jit
-def _unit_mma(w, s, wu, su, x_smem, u, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
+def _x_stage(x_smem, x_ptrs, j, X_UNITS: gl.constexpr, X_STAGES: gl.constexpr):
+    """Copy stage ``j`` of x (units ``j X_UNITS`` on) into its slots of the ring, one commit
+    group (``cp.async``; Triton 3.6 puts a CTA barrier before each unit's copy)."""
+    for v in gl.static_range(X_UNITS):
+        _cp_async(x_smem.index(j % X_STAGES * X_UNITS + v), x_ptrs + (j * X_UNITS + v) * 64)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _x_unit(x_smem, u, X_UNITS: gl.constexpr, X_STAGES: gl.constexpr):
+    """x's unit ``u`` in its stage's slots, [64, BLOCK_M]."""
+    return x_smem.index(u % (X_UNITS * X_STAGES)).permute((1, 0))
+
+
+@gluon.jit
+def _unit_mma(w, s, wu, su, xt, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
               GATED: gl.constexpr):
-    """Unit ``u``'s wgmma of the gate (and up) rows by x's unit, left in flight: at most the
+    """A unit's wgmma of the gate (and up) rows by x's unit ``xt``, left in flight: at most the
     previous unit's still running after it."""
-    xt = x_smem.index(u).permute((1, 0))
     acc = warpgroup_mma(_unit_tile(w, s, BLOCK_N, a_layout), xt, acc, is_async=True)
     if GATED:
         acc_up = warpgroup_mma(_unit_tile(wu, su, BLOCK_N, a_layout), xt, acc_up, is_async=True)
@@ -96,7 +110,8 @@ def moe_gemm_mx_frag_gluon_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
     GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
-    HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+    X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr,
+    USE_PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert: the block's x rows,
     all K of them, copied to shared memory once; each thread's words loaded into its registers
@@ -115,19 +130,25 @@ def moe_gemm_mx_frag_gluon_kernel(
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
 
-    # x: the block's rows, every unit, into shared memory, waited for once
+    # x: the block's rows, every unit, copied once (``X_STAGES`` 1), or through a ring of
+    # ``X_STAGES`` stages of ``X_UNITS`` units (a multiple of three), ``X_STAGES - 2`` of them
+    # in flight: a stage's first group of three waits for its copies, every thread's (a CTA
+    # barrier), which also finds every warp past the previous stage's first unit and so its
+    # wgmmas of the stage before retired: that stage's slots take the copy X_STAGES - 2 on
+    STAGED: gl.constexpr = X_STAGES > 1
+    gl.static_assert(not STAGED or (X_STAGES >= 3 and X_UNITS % 3 == 0
+                                    and K_UNITS % X_UNITS == 0))
     x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     x_smem = gl.allocate_shared_memory(
-        gl.bfloat16, [K_UNITS, BLOCK_M, 64],
+        gl.bfloat16, [X_STAGES * X_UNITS, BLOCK_M, 64],
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16))
     xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
     xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
     xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
     x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
-    for u in gl.static_range(K_UNITS):  # unrolled: Triton 3.9 then puts no barrier between
-        _cp_async(x_smem.index(u), x_ptrs + u * 64)
-    async_copy.commit_group()
+    for first in gl.static_range(X_STAGES - 2 if STAGED else 1):  # unrolled: Triton 3.9 then
+        _x_stage(x_smem, x_ptrs, first, X_UNITS, X_STAGES)  # puts no barrier between copies
 
     # each thread's words: warp nb, lane (r, q), the word's (h, g) in its registers
     w_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NB, 1, 1, 1],
@@ -158,28 +179,39 @@ def moe_gemm_mx_frag_gluon_kernel(
     a_w, a_s, a_wu, a_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, GATED)
     last: gl.constexpr = K_UNITS - 1
     b_w, b_s, b_wu, b_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(1, last), GATED)
-    async_copy.wait_group(0)
-    fence_async_shared()
-    _cta_barrier()
+    if not STAGED:
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _cta_barrier()
     for u0 in range(0, K_UNITS - K_UNITS % 3, 3):
+        if STAGED:
+            if u0 % X_UNITS == 0:
+                async_copy.wait_group(X_STAGES - 3)
+                fence_async_shared()
+                _cta_barrier()
+                j = u0 // X_UNITS + X_STAGES - 2
+                if j < K_UNITS // X_UNITS:
+                    _x_stage(x_smem, x_ptrs, j, X_UNITS, X_STAGES)
+                else:
+                    async_copy.commit_group()  # empty: the stages after each stay its groups
         c_w, c_s, c_wu, c_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 2, last),
                                            GATED)
-        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, x_smem, u0, acc, acc_up, BLOCK_N,
-                                a_layout, GATED)
+        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, _x_unit(x_smem, u0, X_UNITS, X_STAGES),
+                                acc, acc_up, BLOCK_N, a_layout, GATED)
         a_w, a_s, a_wu, a_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 3, last),
                                            GATED)
-        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, x_smem, u0 + 1, acc, acc_up, BLOCK_N,
-                                a_layout, GATED)
+        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, _x_unit(x_smem, u0 + 1, X_UNITS, X_STAGES),
+                                acc, acc_up, BLOCK_N, a_layout, GATED)
         b_w, b_s, b_wu, b_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 4, last),
                                            GATED)
-        acc, acc_up = _unit_mma(c_w, c_s, c_wu, c_su, x_smem, u0 + 2, acc, acc_up, BLOCK_N,
-                                a_layout, GATED)
-    if K_UNITS % 3 >= 1:
-        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, x_smem, K_UNITS - K_UNITS % 3, acc, acc_up,
-                                BLOCK_N, a_layout, GATED)
+        acc, acc_up = _unit_mma(c_w, c_s, c_wu, c_su, _x_unit(x_smem, u0 + 2, X_UNITS, X_STAGES),
+                                acc, acc_up, BLOCK_N, a_layout, GATED)
+    if K_UNITS % 3 >= 1:  # only where not staged
+        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, x_smem.index(K_UNITS - K_UNITS % 3).permute(
+            (1, 0)), acc, acc_up, BLOCK_N, a_layout, GATED)
     if K_UNITS % 3 == 2:
-        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, x_smem, K_UNITS - 1, acc, acc_up, BLOCK_N,
-                                a_layout, GATED)
+        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, x_smem.index(K_UNITS - 1).permute((1, 0)),
+                                acc, acc_up, BLOCK_N, a_layout, GATED)
     acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
 
     # epilogue: biases, the clamped SwiGLU (GATED) or the routing weight, stored by pair id
@@ -212,16 +244,29 @@ def moe_gemm_mx_frag_gluon_kernel(
              mask=valid[None, :] & n_ok[:, None])
 
 
+def x_stages(k_units: int, block_k: int, num_stages: int) -> tuple[int, int]:
+    """x's stages (units a stage, stages) for a tile's ``block_k`` and ``num_stages``: one
+    stage of every unit where ``num_stages`` is 1; else a ring of ``num_stages`` stages of
+    ``block_k / 64`` units where that divides K in stages of whole groups of three (else one)."""
+    units = block_k // 64
+    if num_stages >= 3 and units % 3 == 0 and k_units % units == 0 and units < k_units:
+        return units, num_stages
+    return k_units, 1
+
+
 def launch_gluon(grid, args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``w`` and its scales viewed as int32 words,
-    their expert strides in words): ``block_n / 16`` warps, K in 64-deep units."""
+    their expert strides in words): ``block_n / 16`` warps, K in 64-deep units, x in the stages
+    of ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``."""
     (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k, _,
      alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
     w32 = w.reshape(w.shape[0], -1).view(torch.int32)
     s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
+    x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_K"], meta["num_stages"])
     moe_gemm_mx_frag_gluon_kernel[grid](
         a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
         alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,
         GATED=meta["GATED"], BLOCK_M=meta["BLOCK_M"], BLOCK_N=block_n, K_UNITS=k_dim // 64,
-        HAS_BIAS=meta["HAS_BIAS"], CLAMPED=meta["CLAMPED"], USE_PDL=meta["USE_PDL"],
-        num_warps=block_n // 16, **({"launch_pdl": True} if meta.get("launch_pdl") else {}))
+        X_UNITS=x_units, X_STAGES=n_stages, HAS_BIAS=meta["HAS_BIAS"], CLAMPED=meta["CLAMPED"],
+        USE_PDL=meta["USE_PDL"], num_warps=block_n // 16,
+        **{k: meta[k] for k in ("launch_pdl", "maxnreg") if meta.get(k)})

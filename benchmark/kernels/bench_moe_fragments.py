@@ -46,7 +46,10 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
 GLUON = [(8, 64, 64, 64, 1, 4, 1, True, None, True), (8, 128, 128, 64, 1, 8, 1, True, None, True),
          (16, 64, 64, 192, 1, 4, 4, True, None, True), (16, 64, 64, 576, 1, 4, 3, True, None, True),
          (32, 64, 64, 192, 1, 4, 4, True, None, True), (32, 64, 64, 192, 1, 4, 3, True, None, True),
-         (32, 64, 64, 192, 1, 4, 4, True, 168, True), (32, 64, 64, 576, 1, 4, 3, True, None, True)]
+         (32, 64, 64, 192, 1, 4, 4, True, 168, True), (32, 64, 64, 576, 1, 4, 3, True, None, True),
+         (64, 64, 64, 192, 1, 4, 4, True, None, True),
+         (64, 128, 128, 192, 1, 8, 4, True, None, True),
+         (128, 64, 64, 192, 1, 4, 3, True, None, True)]
 
 
 def main() -> None:
@@ -81,8 +84,8 @@ def main() -> None:
         rows_an_expert = tokens * 4 / 32
         tiles = [(f, fkw) for f in (GEMV if rows_an_expert <= 1 else []) + TILES]
         if a.gluon:
-            tiles += [(f, gkw) for f in [None] + [g for g in GLUON
-                                                  if g[0] <= max(8, 2 * rows_an_expert)]]
+            tiles += [(f, gkw) for f in [None] + [  # blocks of an eighth to twice the rows
+                g for g in GLUON if rows_an_expert / 8 <= g[0] <= max(8, 2 * rows_an_expert)]]
         for fields, scales_kw in tiles:
             cfg = MoeConfig(*fields) if fields else None  # None: the table's pick
             if cfg and (cfg.block_m > 16 and rows_an_expert < 8

@@ -78,15 +78,18 @@ def test_fused_moe_over_the_fragment_layout(config):
     (64, True, MoeConfig(16, 64, 64, 192, 1, 4, 4, True, gluon=True)),
     (128, True, MoeConfig(16, 64, 64, 576, 1, 4, 3, True, gluon=True)),
     (256, True, MoeConfig(32, 64, 64, 192, 1, 4, 4, True, gluon=True)),
-    (700, True, MoeConfig(32, 64, 64, 192, 1, 4, 3, True, 168, gluon=True))],
+    (700, True, MoeConfig(32, 64, 64, 192, 1, 4, 3, True, 168, gluon=True)),
+    (2048, True, MoeConfig(64, 64, 64, 192, 1, 4, 4, True, gluon=True)),
+    (2048, True, MoeConfig(128, 64, 64, 192, 1, 4, 3, True, gluon=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x4", "gluon128_rows16_x9x3",
-         "gluon256_rows32_x3x4", "gluon700_rows32_x3x3_maxnreg168"])
+         "gluon256_rows32_x3x4", "gluon700_rows32_x3x3_maxnreg168", "gluon2048_rows64_x3x4",
+         "gluon2048_rows128_x3x3"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
     expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 16 and 32
-    with x through rings of stages (three or nine units a stage, three or four stages; a
+    to 128 with x through rings of stages (three or nine units a stage, three or four stages; a
     register cap of 168)."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)

@@ -253,12 +253,13 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     gluon = frag and takes_gluon(scales, x, _ptx_decode(x), act)
     if frag and config is None:
         cfg = MoeConfig(*frag_tile(n_pairs / n_experts, gluon))
-    elif frag:  # the GEMV, or a wgmma tile of 16 rows or more (8 on the Gluon kernel)
-        least = 8 if gluon and cfg.gluon else 16
+    gluon = gluon and cfg.gluon
+    if frag and config is not None:  # the GEMV, or wgmma tiles of 16 rows or more (Gluon's: 8)
+        least = 8 if gluon else 16
         cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else max(cfg.block_m, least),
                       block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
-                      num_stages=cfg.num_stages if cfg.block_m <= 32 else min(cfg.num_stages, 2))
-    gluon = gluon and cfg.gluon
+                      num_stages=cfg.num_stages if cfg.block_m <= 32 or gluon
+                      else min(cfg.num_stages, 2))
     sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:

@@ -244,13 +244,16 @@ def moe_gemm_mx_frag_gluon_kernel(
              mask=valid[None, :] & n_ok[:, None])
 
 
-def x_stages(k_units: int, block_k: int, num_stages: int) -> tuple[int, int]:
-    """x's stages (units a stage, stages) for a tile's ``block_k`` and ``num_stages``: one
-    stage of every unit where ``num_stages`` is 1; else a ring of ``num_stages`` stages of
-    ``block_k / 64`` units where that divides K in stages of whole groups of three (else one)."""
+def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple[int, int]:
+    """x's stages (units a stage, stages) for a tile's ``block_k`` and ``num_stages``: a ring of
+    ``num_stages`` (three or more) stages of ``block_k / 64`` units where that is a multiple of
+    three dividing K's units; else one stage of every unit, where it fits in shared memory."""
     units = block_k // 64
     if num_stages >= 3 and units % 3 == 0 and k_units % units == 0 and units < k_units:
         return units, num_stages
+    if k_units * block_m * 128 > 160 * 1024:
+        raise ValueError(f"block_k {block_k} and num_stages {num_stages}: x's {k_units} units of "
+                         f"{block_m} rows do not fit in shared memory at once, and are no ring")
     return k_units, 1
 
 
@@ -262,7 +265,8 @@ def launch_gluon(grid, args: tuple, meta: dict, block_n: int, k_dim: int) -> Non
      alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
     w32 = w.reshape(w.shape[0], -1).view(torch.int32)
     s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
-    x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_K"], meta["num_stages"])
+    x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
+                                 meta["num_stages"])
     moe_gemm_mx_frag_gluon_kernel[grid](
         a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
         alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,

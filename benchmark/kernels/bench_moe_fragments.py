@@ -3,7 +3,7 @@
 weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
 
     python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512] [--out DIR]
-        [--gluon] [--profile]
+        [--gluon | --gluon-only] [--profile]
 
 Per token count: the shipped table's time, then each fragment tile (``MoeConfig``'s fields; the
 GEMV up to one row an expert), the best, and the ratio of the shipped time to it; the outputs of
@@ -58,6 +58,9 @@ def main() -> None:
     p.add_argument("--out", default="bench-out")
     p.add_argument("--gluon", action="store_true",
                    help="also the Gluon kernel's tiles (GLUON) and the table it picks")
+    p.add_argument("--gluon-only", action="store_true",
+                   help="the Gluon kernel's tiles and the table it picks against the Triton "
+                        "tiles' table alone (no sweep of TILES)")
     p.add_argument("--profile", action="store_true",
                    help="no timing: the fragment layout's picked tiles, three calls a token "
                         "count, for a profiler (ncu --launch-skip 2 --launch-count 2: GEMM 1 and "
@@ -82,8 +85,9 @@ def main() -> None:
         row = {"tokens": tokens, "shipped_config": list(vars(config(tokens, True)).values()),
                "shipped_us": round(shipped, 1), "tiles": []}
         rows_an_expert = tokens * 4 / 32
-        tiles = [(f, fkw) for f in (GEMV if rows_an_expert <= 1 else []) + TILES]
-        if a.gluon:
+        tiles = [(f, fkw) for f in ([None] if a.gluon_only
+                                    else (GEMV if rows_an_expert <= 1 else []) + TILES)]
+        if a.gluon or a.gluon_only:
             tiles += [(f, gkw) for f in [None] + [  # blocks of an eighth to twice the rows
                 g for g in GLUON if rows_an_expert / 8 <= g[0] <= max(8, 2 * rows_an_expert)]]
         for fields, scales_kw in tiles:

@@ -8,8 +8,9 @@ by opcode: what a change to the decoding costs, on a machine where nothing can b
 Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by default the one
 the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
 3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64), 4 warps; the fragment layout's
-``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``; its loop holds
-three 64-deep units, counted a unit). A K step handles
+``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``, x copied
+once; ``--tile BN 192 --stages 4 --rows 32``, x through a ring of four stages of three units; its
+loop holds three 64-deep units, counted a unit). A K step handles
 ``BLOCK_N * BLOCK_K * 2`` weights (gate and up); "a weight" is the loop's instructions, summed
 over the threads, over that. Spills show as LDL/STL. Instruction counts are not times: a loop
 with fewer instructions may still wait on memory, and the Triton here may not be the GPU
@@ -141,6 +142,8 @@ def main() -> None:
         stages = args.stages or tiles[name][2]
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
         gluon = name == "gluon"  # its K loop unrolled by three units
+        if gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
+            consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
         warps = bn // 16 if gluon else args.warps
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kargs) if arg in ALIGNED}

@@ -42,14 +42,17 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
          (64, 128, 128, 64, 4, 8, 2, True), (64, 64, 64, 64, 4, 4, 2, True),
          (128, 64, 64, 64, 8, 4, 2, True), (128, 128, 128, 64, 8, 8, 2, True)]
 # ``--gluon``: the Gluon kernel's tiles (``moe_mxfp4_gluon``; block_n / 16 warps): x copied once
-# (``num_stages`` 1), or through ``num_stages`` stages of ``block_k`` (``x_stages``)
-GLUON = [(8, 64, 64, 64, 1, 4, 1, True, None, True), (8, 128, 128, 64, 1, 8, 1, True, None, True),
-         (16, 64, 64, 192, 1, 4, 4, True, None, True), (16, 64, 64, 576, 1, 4, 3, True, None, True),
-         (32, 64, 64, 192, 1, 4, 4, True, None, True), (32, 64, 64, 192, 1, 4, 3, True, None, True),
-         (32, 64, 64, 192, 1, 4, 4, True, 168, True), (32, 64, 64, 576, 1, 4, 3, True, None, True),
-         (64, 64, 64, 192, 1, 4, 4, True, None, True),
-         (64, 128, 128, 192, 1, 8, 4, True, None, True),
-         (128, 64, 64, 192, 1, 4, 3, True, None, True)]
+# (``num_stages`` 1), or through ``num_stages`` stages of ``block_k`` (``x_stages``); the words
+# two units ahead, or ``gluon_ahead``
+_G = (True, None, True)  # swapped, no register cap, Gluon
+GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 4),
+         (8, 64, 64, 64, 1, 4, 1, *_G, 5), (8, 128, 128, 64, 1, 8, 1, *_G),
+         (16, 64, 64, 192, 1, 4, 4, *_G), (16, 64, 64, 576, 1, 4, 3, *_G),
+         (16, 64, 64, 320, 1, 4, 4, *_G, 4), (32, 64, 64, 192, 1, 4, 4, *_G),
+         (32, 64, 64, 192, 1, 4, 3, *_G), (32, 64, 64, 192, 1, 4, 4, True, 168, True),
+         (32, 64, 64, 576, 1, 4, 3, *_G), (32, 64, 64, 320, 1, 4, 3, *_G, 4),
+         (64, 64, 64, 192, 1, 4, 4, *_G), (64, 128, 128, 192, 1, 8, 4, *_G),
+         (128, 64, 64, 192, 1, 4, 3, *_G)]
 
 
 def main() -> None:

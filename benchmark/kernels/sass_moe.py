@@ -81,7 +81,8 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
     if name == "gluon":  # the fragment layout's Gluon GEMM: BLOCK_N / 16 warps, K = 2,880
         return (moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel,
                 {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
-                | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "num_warps": bn // 16},
+                | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "AHEAD": 2,
+                   "num_warps": bn // 16},
                 rows or 16)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
         return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,

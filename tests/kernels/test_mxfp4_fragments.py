@@ -79,18 +79,21 @@ def test_fused_moe_over_the_fragment_layout(config):
     (128, True, MoeConfig(16, 64, 64, 576, 1, 4, 3, True, gluon=True)),
     (256, True, MoeConfig(32, 64, 64, 192, 1, 4, 4, True, gluon=True)),
     (700, True, MoeConfig(32, 64, 64, 192, 1, 4, 3, True, 168, gluon=True)),
+    (4, True, MoeConfig(8, 64, 64, 64, 1, 4, 1, True, gluon=True, gluon_ahead=5)),
+    (256, True, MoeConfig(32, 64, 64, 320, 1, 4, 3, True, gluon=True, gluon_ahead=4)),
     (2048, True, MoeConfig(64, 64, 64, 192, 1, 4, 4, True, gluon=True)),
     (2048, True, MoeConfig(128, 64, 64, 192, 1, 4, 3, True, gluon=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x4", "gluon128_rows16_x9x3",
-         "gluon256_rows32_x3x4", "gluon700_rows32_x3x3_maxnreg168", "gluon2048_rows64_x3x4",
+         "gluon256_rows32_x3x4", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
+         "gluon256_rows32_x5x3_ahead4", "gluon2048_rows64_x3x4",
          "gluon2048_rows128_x3x3"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
     expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 16 and 32
-    to 128 with x through rings of stages (three or nine units a stage, three or four stages; a
-    register cap of 168)."""
+    to 128 with x through rings of stages (three, five or nine units a stage, three or four
+    stages; a register cap of 168), the words two, four or five units ahead."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
@@ -111,7 +114,8 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     blocks of 32 with x through a ring of stages: its decoded words are the wgmma operand as
     loaded (``convert_layout(..., assert_trivial=True)`` compiles only then), it waits on the
     kernel before (PDL), and after its first wgmma no CTA barrier where x is copied once, two
-    a stage where it is staged (``cp.async.wait_group``'s own and the one after the fence)."""
+    a stage where it is staged (``cp.async.wait_group``'s own and the one after the fence); its
+    words two, four or five units ahead (the K loop unrolled by three, five or six)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
     assert len(cubins) == 5, cubins

@@ -74,6 +74,9 @@ class MoeConfig:
     # stages of x, ``moe_mxfp4_gluon.x_stages``) where the experts' scales are
     # ``GluonFragmentScales``; the Triton tiles elsewhere
     gluon: bool = False
+    # the Gluon GEMM's units of words in flight, loaded into registers ahead of their unit (its K
+    # loop unrolled by one more)
+    gluon_ahead: int = 2
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -207,6 +210,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
         assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
     if frag:
+        if gluon:
+            meta["AHEAD"] = cfg.gluon_ahead
         launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a),
                     gluon)
     elif mx and cfg.block_m == 1:

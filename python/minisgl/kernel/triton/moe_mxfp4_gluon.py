@@ -110,8 +110,8 @@ def moe_gemm_mx_frag_gluon_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
     GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
-    X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr,
-    USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+    X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, HAS_BIAS: gl.constexpr,
+    CLAMPED: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert: the block's x rows,
     all K of them, copied to shared memory once; each thread's words loaded into its registers
@@ -136,7 +136,7 @@ def moe_gemm_mx_frag_gluon_kernel(
     # barrier), which also finds every warp past the previous stage's first unit and so its
     # wgmmas of the stage before retired: that stage's slots take the copy X_STAGES - 2 on
     STAGED: gl.constexpr = X_STAGES > 1
-    gl.static_assert(not STAGED or (X_STAGES >= 3 and X_UNITS % 3 == 0
+    gl.static_assert(not STAGED or (X_STAGES >= 3 and X_UNITS % (AHEAD + 1) == 0
                                     and K_UNITS % X_UNITS == 0))
     x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     x_smem = gl.allocate_shared_memory(
@@ -174,16 +174,19 @@ def moe_gemm_mx_frag_gluon_kernel(
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     acc = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
     acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
-    # a ring of three units' loads (A, B, C), unrolled by three so that no register moves: A and
-    # B in flight at each group's start, each unit's step loads the unit two on
-    a_w, a_s, a_wu, a_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, GATED)
+    # a ring of AHEAD units' loads in flight, the K loop unrolled by AHEAD + 1 so that no
+    # register moves: each unit's step loads the unit AHEAD on, then multiplies the oldest
+    RING: gl.constexpr = AHEAD + 1
     last: gl.constexpr = K_UNITS - 1
-    b_w, b_s, b_wu, b_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(1, last), GATED)
+    ring = (_unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, GATED),)
+    for i in gl.static_range(1, AHEAD):
+        ring = ring + (_unit_loads(w_ptrs, s_ptrs, up_w, up_s, i if i < last else last,
+                                   GATED),)
     if not STAGED:
         async_copy.wait_group(0)
         fence_async_shared()
         _cta_barrier()
-    for u0 in range(0, K_UNITS - K_UNITS % 3, 3):
+    for u0 in range(0, K_UNITS - K_UNITS % RING, RING):
         if STAGED:
             if u0 % X_UNITS == 0:
                 async_copy.wait_group(X_STAGES - 3)
@@ -194,24 +197,17 @@ def moe_gemm_mx_frag_gluon_kernel(
                     _x_stage(x_smem, x_ptrs, j, X_UNITS, X_STAGES)
                 else:
                     async_copy.commit_group()  # empty: the stages after each stay its groups
-        c_w, c_s, c_wu, c_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 2, last),
-                                           GATED)
-        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, _x_unit(x_smem, u0, X_UNITS, X_STAGES),
-                                acc, acc_up, BLOCK_N, a_layout, GATED)
-        a_w, a_s, a_wu, a_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 3, last),
-                                           GATED)
-        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, _x_unit(x_smem, u0 + 1, X_UNITS, X_STAGES),
-                                acc, acc_up, BLOCK_N, a_layout, GATED)
-        b_w, b_s, b_wu, b_su = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + 4, last),
-                                           GATED)
-        acc, acc_up = _unit_mma(c_w, c_s, c_wu, c_su, _x_unit(x_smem, u0 + 2, X_UNITS, X_STAGES),
-                                acc, acc_up, BLOCK_N, a_layout, GATED)
-    if K_UNITS % 3 >= 1:  # only where not staged
-        acc, acc_up = _unit_mma(a_w, a_s, a_wu, a_su, x_smem.index(K_UNITS - K_UNITS % 3).permute(
+        for i in gl.static_range(RING):
+            ahead = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + i + AHEAD, last),
+                                GATED)
+            w, sc, wu, su = ring[0]
+            acc, acc_up = _unit_mma(w, sc, wu, su, _x_unit(x_smem, u0 + i, X_UNITS, X_STAGES),
+                                    acc, acc_up, BLOCK_N, a_layout, GATED)
+            ring = ring[1:] + (ahead,)
+    for i in gl.static_range(K_UNITS % RING):  # only where not staged
+        w, sc, wu, su = ring[i]
+        acc, acc_up = _unit_mma(w, sc, wu, su, x_smem.index(K_UNITS - K_UNITS % RING + i).permute(
             (1, 0)), acc, acc_up, BLOCK_N, a_layout, GATED)
-    if K_UNITS % 3 == 2:
-        acc, acc_up = _unit_mma(b_w, b_s, b_wu, b_su, x_smem.index(K_UNITS - 1).permute((1, 0)),
-                                acc, acc_up, BLOCK_N, a_layout, GATED)
     acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
 
     # epilogue: biases, the clamped SwiGLU (GATED) or the routing weight, stored by pair id
@@ -244,12 +240,15 @@ def moe_gemm_mx_frag_gluon_kernel(
              mask=valid[None, :] & n_ok[:, None])
 
 
-def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple[int, int]:
+def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int,
+             ahead: int = 2) -> tuple[int, int]:
     """x's stages (units a stage, stages) for a tile's ``block_k`` and ``num_stages``: a ring of
     ``num_stages`` (three or more) stages of ``block_k / 64`` units where that is a multiple of
-    three dividing K's units; else one stage of every unit, where it fits in shared memory."""
+    the K loop's unroll (``ahead + 1``) dividing K's units; else one stage of every unit, where
+    it fits in shared memory."""
     units = block_k // 64
-    if num_stages >= 3 and units % 3 == 0 and k_units % units == 0 and units < k_units:
+    if (num_stages >= 3 and units % (ahead + 1) == 0 and k_units % units == 0
+            and units < k_units):
         return units, num_stages
     if k_units * block_m * 128 > 160 * 1024:
         raise ValueError(f"block_k {block_k} and num_stages {num_stages}: x's {k_units} units of "
@@ -260,17 +259,19 @@ def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple
 def launch_gluon(grid, args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``w`` and its scales viewed as int32 words,
     their expert strides in words): ``block_n / 16`` warps, K in 64-deep units, x in the stages
-    of ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``."""
+    of ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``, the words ``AHEAD`` units
+    ahead."""
     (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k, _,
      alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
     w32 = w.reshape(w.shape[0], -1).view(torch.int32)
     s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
+    ahead = meta["AHEAD"]
     x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
-                                 meta["num_stages"])
+                                 meta["num_stages"], ahead)
     moe_gemm_mx_frag_gluon_kernel[grid](
         a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
         alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,
         GATED=meta["GATED"], BLOCK_M=meta["BLOCK_M"], BLOCK_N=block_n, K_UNITS=k_dim // 64,
-        X_UNITS=x_units, X_STAGES=n_stages, HAS_BIAS=meta["HAS_BIAS"], CLAMPED=meta["CLAMPED"],
-        USE_PDL=meta["USE_PDL"], num_warps=block_n // 16,
+        X_UNITS=x_units, X_STAGES=n_stages, AHEAD=ahead, HAS_BIAS=meta["HAS_BIAS"],
+        CLAMPED=meta["CLAMPED"], USE_PDL=meta["USE_PDL"], num_warps=block_n // 16,
         **{k: meta[k] for k in ("launch_pdl", "maxnreg") if meta.get(k)})

@@ -119,17 +119,20 @@ moe-fi)  # FlashInfer's CUTLASS MXFP4 MoE against the fused MoE (its JIT kernels
     step 560 "$py" benchmark/kernels/bench_moe_triton_kernels.py --library flashinfer \
         --out "$out" >"$out/bench_moe_flashinfer.log" 2>&1
     tail -4 "$out/bench_moe_flashinfer.log"; cat "$out"/*_moe_flashinfer_*.md ;;
-moe-gluon)  # the Gluon GEMM: correct first, then its tiles, then the engine with it
+moe-gluon)  # the Gluon GEMM: correct first, then its tiles against the Triton table's picks
     step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
         tests/kernels/test_mxfp4_fragments.py >"$out/gluon_tests.log" 2>&1
     tail -3 "$out/gluon_tests.log"
-    step 200 "$py" benchmark/kernels/bench_moe_fragments.py --gluon --tokens 16 64 128 256 \
-        --out "$out" >"$out/bench_moe_gluon.log" 2>&1
-    cat "$out"/moe_fragments_*.md
-    step 280 "${bench[@]}" --model "$moss" --variants default,moe-fragments,moe-gluon --batch1 \
-        --batch1-variants default,moe-fragments,moe-gluon --no-batch1-baseline --hf-requests 0 \
+    step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
+        --tokens 256 128 64 1 4 16 2048 512 --out "$out" >"$out/bench_moe_gluon.log" 2>&1
+    cat "$out"/moe_fragments_*.md ;;
+moe-gluon-ab)  # the engine with the Gluon GEMM's table against the default and the Triton tiles
+    step 330 "${bench[@]}" --model "$moss" --variants default,moe-fragments,moe-gluon --hf-requests 0 \
         --tag gluon_ab >"$out/bench_gluon_ab.log" 2>&1
-    head -12 "$out"/offline_gpt-oss-20b*gluon_ab.md ;;
+    step 200 "${bench[@]}" --model "$moss" --variants '' --batch1 \
+        --batch1-variants default,moe-fragments,moe-gluon --no-batch1-baseline --hf-requests 0 \
+        --tag gluon_b1 >"$out/bench_gluon_b1.log" 2>&1
+    head -12 "$out"/offline_gpt-oss-20b*gluon_ab.md "$out"/offline_gpt-oss-20b*gluon_b1.md ;;
 moe-tk)  # triton_kernels' matmul_ogs against the fused MoE (its wheel for the installed Triton)
     step 300 "$py" benchmark/kernels/bench_moe_triton_kernels.py --out "$out" \
         >"$out/bench_moe_triton_kernels.log" 2>&1

@@ -1,23 +1,20 @@
-"""The fragment layout's swapped MXFP4 GEMM for small row blocks, in Gluon (Triton's explicit-
-layout dialect): the same work as ``moe_mxfp4_frag.moe_gemm_mx_frag_kernel`` for row blocks of 8
-or 16 pairs, without a CTA barrier in its K loop.
+"""The fragment layout's swapped MXFP4 GEMM in Gluon (Triton's explicit-layout dialect): the
+same work as ``moe_mxfp4_frag.moe_gemm_mx_frag_kernel``, without a CTA barrier a K unit.
 
-The Triton kernel stages x and the words through shared memory every 64-deep K unit, and its 8
-warps meet at a barrier each unit (Nsight Compute at 256 tokens: 2.1 of 10.3 cycles a warp
-waits an instruction). Here a block's x rows, all K of them, are copied to shared memory once
-(``cp.async``; 46 KB at 8 rows, 92 KB at 16 for K = 2,880), and each thread loads its 16 bytes
-of a unit straight into its registers two units ahead (a ring of three units' registers, the K
-loop unrolled by three so that no register is copied), decodes them where they land (they are
-the wgmma A operand as loaded: ``convert_layout(..., assert_trivial=True)`` proves it at compile
-time) and multiplies them by x's unit in shared memory, one unit's wgmmas left in flight. K loop:
-160 instructions a 64-deep unit a thread at gpt-oss-20b's gated 16-row tile (2.5 a weight)
-against the Triton tile's 224 (Triton 3.6, sm_90: ``sass_moe.py --kernel gluon frag``). Triton
-3.6 places a CTA barrier before each unit's copy of x (45 at K = 2,880, all before the K loop;
-3.9 none). On the H200 its row blocks of 8 are 1.13-1.16x the Triton tiles at 16-32 tokens;
-its blocks of 16 lose (92 KB of x a program: two programs an SM), so the engine gives it blocks
-of 8 alone (``moe_mxfp4_frag.GLUON_TILES``). Its epilogue is
-``moe_tiles.epilogue``'s: biases, the clamped SwiGLU (gpt-oss's) or the routing weight, stored by
-pair id; other activations take the Triton kernel (``moe_mxfp4_frag.takes_gluon``).
+The Triton kernel stages x and the words through shared memory every 64-deep K unit, and its
+warps meet at a barrier each unit. Here each thread loads its 16 bytes of a unit straight into
+its registers ``AHEAD`` units ahead (a ring of register sets, the K loop unrolled by ``AHEAD +
+1`` so that no register is copied), decodes them where they land (they are the wgmma A operand
+as loaded: ``convert_layout(..., assert_trivial=True)`` proves it at compile time) and
+multiplies them by x's unit in shared memory, one unit's wgmmas left in flight. x, the block's
+rows, is either copied to shared memory once, all of K (``X_STAGES`` 1: 46 KB for 8 rows at
+K = 2,880, no barrier after the first wgmma), or goes through a ring of ``X_STAGES`` stages of
+``X_UNITS`` units, ``X_STAGES - 2`` in flight, with one CTA barrier a stage (``x_stages`` picks
+from a tile's ``block_k`` and ``num_stages``), which lets row blocks of 16 to 128 keep several
+programs an SM. The instruction counts, registers and timings are in docs/performance.md
+(``benchmark/kernels/sass_moe.py --kernel gluon`` counts them). Its epilogue is
+``moe_tiles.epilogue``'s: biases, the clamped SwiGLU (gpt-oss's) or the routing weight, stored
+by pair id; other activations take the Triton kernel (``moe_mxfp4_frag.takes_gluon``).
 """
 
 from __future__ import annotations
@@ -113,11 +110,11 @@ def moe_gemm_mx_frag_gluon_kernel(
     X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, HAS_BIAS: gl.constexpr,
     CLAMPED: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert: the block's x rows,
-    all K of them, copied to shared memory once; each thread's words loaded into its registers
-    two units ahead, decoded where they land (the A operand), and multiplied by x's unit in
-    shared memory (``w_ptr`` and ``ws_ptr`` int32 words, ``stride_we`` and ``stride_se`` in
-    words). ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``)."""
+    """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert: the block's x rows
+    in shared memory (all of K, or a ring of stages); each thread's words loaded into its
+    registers ``AHEAD`` units ahead, decoded where they land (the A operand), and multiplied by
+    x's unit (``w_ptr`` and ``ws_ptr`` int32 words, ``stride_we`` and ``stride_se`` in words).
+    ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``)."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -131,8 +128,8 @@ def moe_gemm_mx_frag_gluon_kernel(
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
 
     # x: the block's rows, every unit, copied once (``X_STAGES`` 1), or through a ring of
-    # ``X_STAGES`` stages of ``X_UNITS`` units (a multiple of three), ``X_STAGES - 2`` of them
-    # in flight: a stage's first group of three waits for its copies, every thread's (a CTA
+    # ``X_STAGES`` stages of ``X_UNITS`` units (a multiple of the K loop's unroll), ``X_STAGES
+    # - 2`` of them in flight: a stage's first unit waits for its copies, every thread's (a CTA
     # barrier), which also finds every warp past the previous stage's first unit and so its
     # wgmmas of the stage before retired: that stage's slots take the copy X_STAGES - 2 on
     STAGED: gl.constexpr = X_STAGES > 1

@@ -36,8 +36,9 @@ class FragmentScales(Mxfp4Scales):
 
 
 class GluonFragmentScales(FragmentScales):
-    """``FragmentScales`` whose row blocks of 8 take the Gluon kernel
-    (``kernel.triton.moe_mxfp4_gluon``; bf16 on Hopper, gpt-oss's SwiGLU), the rest as there."""
+    """``FragmentScales`` whose tiles marked ``gluon`` (``moe_mxfp4_frag.GLUON_TILES``) take the
+    Gluon kernel (``kernel.triton.moe_mxfp4_gluon``; bf16 on Hopper, gpt-oss's SwiGLU), the rest
+    as there."""
 
 
 class ExpertBias(NamedTuple):

@@ -251,9 +251,9 @@ def frag_tile(rows: float, gluon: bool = False) -> tuple:
 
 
 def takes_gluon(scales: FragmentScales, x: torch.Tensor, fast: bool, act: MoeActivation) -> bool:
-    """Whether row blocks of 8 take the Gluon kernel: ``GluonFragmentScales``, the PTX
-    decoding (``fast``: bf16 on Hopper), gpt-oss's clamped SwiGLU and x's rows 16-byte aligned
-    (its ``cp.async``); else the Triton kernels' tiles."""
+    """Whether the tiles marked ``gluon`` may take the Gluon kernel: ``GluonFragmentScales``,
+    the PTX decoding (``fast``: bf16 on Hopper), gpt-oss's clamped SwiGLU and x's rows 16-byte
+    aligned (its ``cp.async``); else the Triton kernels' tiles."""
     return (isinstance(scales, GluonFragmentScales) and fast and act.kind == "swiglu_clamped"
             and x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0)
 
@@ -261,8 +261,8 @@ def takes_gluon(scales: FragmentScales, x: torch.Tensor, fast: bool, act: MoeAct
 def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,
                 k_dim: int, fast: bool, gluon: bool = False) -> None:
     """Launch the GEMV (row blocks of one, ``block_k / 64`` units a K step) or the GEMM
-    (``block_n / 16`` warps of 16 rows, K steps of 64; with ``gluon``, row blocks of 8 on
-    ``moe_mxfp4_gluon``) with ``fused_moe._gemm``'s arguments and compile-time options."""
+    (``block_n / 16`` warps of 16 rows, K steps of 64; with ``gluon``, on ``moe_mxfp4_gluon``)
+    with ``fused_moe._gemm``'s arguments and compile-time options."""
     meta = dict(meta)
     if gluon and not gemv:
         from .moe_mxfp4_gluon import launch_gluon  # Gluon: Triton 3.6 and later

@@ -3,14 +3,15 @@ Triton's own ptxas, disassembled with its ``nvdisasm``, and the instructions of 
 by opcode: what a change to the decoding costs, on a machine where nothing can be timed.
 
     python benchmark/kernels/sass_moe.py [--kernel gemv small wide frag fgemv gluon] [--tile BN BK]
-        [--warps W] [--stages S] [--maxnreg R] [--sass DIR]
+        [--warps W] [--stages S] [--maxnreg R] [--ahead A] [--split] [--sass DIR]
 
 Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by default the one
 the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
 3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64), 4 warps; the fragment layout's
 ``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``, x copied
-once; ``--tile BN 192 --stages 4 --rows 32``, x through a ring of four stages of three units; its
-loop holds three 64-deep units, counted a unit). A K step handles
+once; ``--tile BN 192 --stages 4 --rows 32``, x through a ring of four stages of three units;
+``--ahead A``, the words A units ahead, its loop holding A + 1 64-deep units, counted a unit;
+``--split``, GEMM 1's gate and up rows in separate warps). A K step handles
 ``BLOCK_N * BLOCK_K * 2`` weights (gate and up); "a weight" is the loop's instructions, summed
 over the threads, over that. Spills show as LDL/STL. Instruction counts are not times: a loop
 with fewer instructions may still wait on memory, and the Triton here may not be the GPU
@@ -81,7 +82,7 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
     if name == "gluon":  # the fragment layout's Gluon GEMM: BLOCK_N / 16 warps, K = 2,880
         return (moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel,
                 {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
-                | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "AHEAD": 2,
+                | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "AHEAD": 2, "SPLIT": False,
                    "num_warps": bn // 16},
                 rows or 16)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
@@ -131,6 +132,10 @@ def main() -> None:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=None, help="default: the table's")
     parser.add_argument("--maxnreg", type=int, default=None, help="cap on registers a thread")
+    parser.add_argument("--ahead", type=int, default=2,
+                        help="gluon: units of words loaded ahead (the loop unrolled by one more)")
+    parser.add_argument("--split", action="store_true",
+                        help="gluon: gate and up rows in separate warps")
     parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -144,7 +149,9 @@ def main() -> None:
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
         gluon = name == "gluon"  # its K loop unrolled by three units
         if gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
-            consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
+            consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
+            consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages,
+                                                                             args.ahead)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
         warps = bn // 16 if gluon else args.warps
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kargs) if arg in ALIGNED}
@@ -167,11 +174,11 @@ def main() -> None:
                 f.write(sass)
         ops = loop_opcodes(sass)
         total = sum(ops.values())
-        if gluon:  # a K step per unit of 64 (the loop body holds three)
-            total, bk = total // 3, 64
-        weights = bn * bk * 2
+        if gluon:  # a K step per unit of 64 (the loop body holds ahead + 1)
+            total, bk = total // (args.ahead + 1), 64
+        weights = bn * bk * (1 if gluon and args.split else 2)  # split: gate or up rows a warp
         per_weight = total * 32 * warps / weights
-        top = ("the loop's three units: " if gluon else "") + ", ".join(
+        top = (f"the loop's {args.ahead + 1} units: " if gluon else "") + ", ".join(
             f"{op} {n}" for op, n in ops.most_common(12))
         print(f"{name} (rows {rows}, BLOCK_N {bn}, BLOCK_K {bk}, {warps} warps, {stages} "
               f"stages, {regs}): {total} instructions a K step of {weights} weights, "

@@ -216,10 +216,11 @@ def _mxfp4_kernels():
 
 def _gluon_kernels():
     """The fragment layout's Gluon GEMM (``moe_mxfp4_gluon``) at gpt-oss-20b's tiles: gated with
-    row blocks of 8, the words two and five units ahead, and GEMM 2 (not gated) at 16, x copied
-    once; row blocks of 32 with x through rings of stages (four of three units, gated; three of
-    five, words four ahead, not gated). Its pointers and strides 16-aligned, as a launch at those
-    shapes specializes them (its ``cp.async`` of x needs 16-byte rows)."""
+    row blocks of 8 (the words two units ahead; five, gate and up rows apart), GEMM 2 (not
+    gated) at 16, x copied once; row blocks of 32 with x through rings of stages (gated, four
+    stages of three units; gated with gate and up apart and GEMM 2, three of five, the words
+    four ahead). Its pointers and strides 16-aligned, as a launch at those shapes specializes
+    them (its ``cp.async`` of x needs 16-byte rows)."""
     from minisgl.kernel.triton import moe_mxfp4_gluon
 
     sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",
@@ -227,12 +228,12 @@ def _gluon_kernels():
                bias_ptr="*bf16", n_pairs="i32", n_out="i32", top_k="i32", alpha="fp32",
                limit="fp32", stride_am="i32", stride_we="i32", stride_om="i32", stride_se="i32",
                stride_be="i32")
-    for gated, rows, units, stages, ahead in ((True, 8, 45, 1, 2), (True, 8, 45, 1, 5),
-                                              (False, 16, 45, 1, 2), (True, 32, 3, 4, 2),
-                                              (False, 32, 5, 3, 4)):
+    for gated, rows, units, stages, ahead, split in (
+            (True, 8, 45, 1, 2, False), (True, 8, 45, 1, 5, True), (False, 16, 45, 1, 2, False),
+            (True, 32, 3, 4, 2, False), (True, 32, 5, 3, 4, True), (False, 32, 5, 3, 4, False)):
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
-            AHEAD=ahead, HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=4), 4
+            AHEAD=ahead, SPLIT=split, HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=4), 4
 
 
 def main(suite: str) -> None:
@@ -269,7 +270,8 @@ def main(suite: str) -> None:
         mma = ptx.find("wgmma.mma_async")  # CTA barriers once the first wgmma is issued
         after = ptx[mma:].count("bar.sync") if mma >= 0 else 0
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
-              ",".join(f"{k}={v}" for k, v in consts.items() if k in ("GATED", "BLOCK_M")),
+              ",".join(f"{k}={v}" for k, v in consts.items()
+                       if k in ("GATED", "BLOCK_M", "SPLIT")),
               f"barriers-after-mma={after}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 

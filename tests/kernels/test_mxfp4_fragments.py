@@ -70,30 +70,39 @@ def test_fused_moe_over_the_fragment_layout(config):
     torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
 
 
+def _gluon(*fields, **kw) -> MoeConfig:
+    """A tile of the Gluon kernel (``MoeConfig``'s fields from ``block_m``, swapped)."""
+    return MoeConfig(*fields, swapped=True, gluon=True, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens,gluon,config", [
     (1, False, None), (16, False, None), (256, False, None), (700, False, None),
     (2048, False, None), (16, True, None), (64, True, None), (128, True, None),
-    (256, True, None), (64, True, MoeConfig(8, 128, 128, 64, 1, 8, 1, True, gluon=True)),
-    (64, True, MoeConfig(16, 64, 64, 192, 1, 4, 4, True, gluon=True)),
-    (128, True, MoeConfig(16, 64, 64, 576, 1, 4, 3, True, gluon=True)),
-    (256, True, MoeConfig(32, 64, 64, 192, 1, 4, 4, True, gluon=True)),
-    (700, True, MoeConfig(32, 64, 64, 192, 1, 4, 3, True, 168, gluon=True)),
-    (4, True, MoeConfig(8, 64, 64, 64, 1, 4, 1, True, gluon=True, gluon_ahead=5)),
-    (256, True, MoeConfig(32, 64, 64, 320, 1, 4, 3, True, gluon=True, gluon_ahead=4)),
-    (2048, True, MoeConfig(64, 64, 64, 192, 1, 4, 4, True, gluon=True)),
-    (2048, True, MoeConfig(128, 64, 64, 192, 1, 4, 3, True, gluon=True))],
+    (256, True, None), (64, True, _gluon(8, 128, 128, 64, 1, 8, 1)),
+    (64, True, _gluon(16, 64, 64, 192, 1, 4, 4)), (128, True, _gluon(16, 64, 64, 576, 1, 4, 3)),
+    (256, True, _gluon(32, 64, 64, 192, 1, 4, 4)),
+    (700, True, _gluon(32, 64, 64, 192, 1, 4, 3, maxnreg=168)),
+    (4, True, _gluon(8, 64, 64, 64, 1, 4, 1, gluon_ahead=5)),
+    (256, True, _gluon(32, 64, 64, 320, 1, 4, 3, gluon_ahead=4)),
+    (2048, True, _gluon(64, 64, 64, 192, 1, 4, 4)),
+    (2048, True, _gluon(128, 64, 64, 192, 1, 4, 3)),
+    (16, True, _gluon(8, 64, 64, 64, 1, 4, 1, gluon_split=True)),
+    (256, True, _gluon(32, 64, 64, 320, 1, 4, 3, gluon_ahead=4, gluon_split=True)),
+    (2048, True, _gluon(128, 128, 128, 192, 1, 8, 3, gluon_split=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x4", "gluon128_rows16_x9x3",
          "gluon256_rows32_x3x4", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
-         "gluon256_rows32_x5x3_ahead4", "gluon2048_rows64_x3x4",
-         "gluon2048_rows128_x3x3"])
+         "gluon256_rows32_x5x3_ahead4", "gluon2048_rows64_x3x4", "gluon2048_rows128_x3x3",
+         "gluon16_rows8_split", "gluon256_rows32_x5x3_ahead4_split",
+         "gluon2048_rows128_8warps_x3x3_split"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
     expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 16 and 32
     to 128 with x through rings of stages (three, five or nine units a stage, three or four
-    stages; a register cap of 168), the words two, four or five units ahead."""
+    stages; a register cap of 168), the words two, four or five units ahead, GEMM 1's gate and
+    up rows in the same warps or apart."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
@@ -114,14 +123,17 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     blocks of 32 with x through a ring of stages: its decoded words are the wgmma operand as
     loaded (``convert_layout(..., assert_trivial=True)`` compiles only then), it waits on the
     kernel before (PDL), and after its first wgmma no CTA barrier where x is copied once, two
-    a stage where it is staged (``cp.async.wait_group``'s own and the one after the fence); its
+    a stage where it is staged (``cp.async.wait_group``'s own and the one after the fence), two
+    more where gate and up rows are apart (the epilogue pairs them through shared memory); its
     words two, four or five units ahead (the K loop unrolled by three, five or six)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
-    assert len(cubins) == 5, cubins
+    assert len(cubins) == 6, cubins
     assert all(line.endswith("griddepcontrol") for line in cubins), cubins
-    assert all("barriers-after-mma=0" in line for line in cubins[:3]), cubins
-    assert all("BLOCK_M=32 barriers-after-mma=2" in line for line in cubins[3:]), cubins
+    # gate and up rows apart: two more, before the epilogue's store of the sums (its shared
+    # memory may be x's) and between it and the loads of the pairs
+    assert [line.split("barriers-after-mma=")[1].split()[0] for line in cubins] == [
+        "0", "2", "0", "2", "4", "2"], cubins
 
 
 @pytest.mark.parametrize("name,kind", [("triton_fragments", FragmentScales),

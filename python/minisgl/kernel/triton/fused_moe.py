@@ -77,6 +77,9 @@ class MoeConfig:
     # the Gluon GEMM's units of words in flight, loaded into registers ahead of their unit (its K
     # loop unrolled by one more)
     gluon_ahead: int = 2
+    # the Gluon GEMM 1's gate rows in half the warps and the up rows in the other half (one
+    # accumulator a warp, half the registers, ``block_n1 / 2`` outputs a tile)
+    gluon_split: bool = False
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -211,7 +214,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
     if frag:
         if gluon:
-            meta["AHEAD"] = cfg.gluon_ahead
+            meta["AHEAD"], meta["SPLIT"] = cfg.gluon_ahead, cfg.gluon_split
         launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a),
                     gluon)
     elif mx and cfg.block_m == 1:

@@ -267,7 +267,7 @@ def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k
     if gluon and not gemv:
         from .moe_mxfp4_gluon import launch_gluon  # Gluon: Triton 3.6 and later
 
-        launch_gluon(grid, args, meta, block_n, k_dim)
+        launch_gluon(args, meta, block_n, k_dim)
     elif gemv:
         units = max(1, block_k // 64)
         for name in ("BLOCK_M", "GROUP_M", "PRECISION", "BLOCK_K"):

@@ -107,19 +107,26 @@ def moe_gemm_mx_frag_gluon_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
     GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
-    X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, HAS_BIAS: gl.constexpr,
-    CLAMPED: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+    X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, SPLIT: gl.constexpr,
+    HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert: the block's x rows
     in shared memory (all of K, or a ring of stages); each thread's words loaded into its
     registers ``AHEAD`` units ahead, decoded where they land (the A operand), and multiplied by
     x's unit (``w_ptr`` and ``ws_ptr`` int32 words, ``stride_we`` and ``stride_se`` in words).
-    ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``)."""
+    ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``): each warp's rows hold gate
+    and up rows, two accumulators; with ``SPLIT`` the first half of the warps hold the tile's
+    gate rows and the second its up rows, one accumulator (half the registers; ``BLOCK_N / 2``
+    outputs a tile), paired through shared memory in the epilogue."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     NB: gl.constexpr = BLOCK_N // 16
-    n_tiles = gl.cdiv(n_out, BLOCK_N)
+    gl.static_assert(not SPLIT or (GATED and NB % 2 == 0))
+    TWO: gl.constexpr = GATED and not SPLIT  # gate and up rows in each warp
+    COLS: gl.constexpr = BLOCK_N // 2 if SPLIT else BLOCK_N  # outputs a tile
+    n_tiles = gl.cdiv(n_out, COLS)
     pid = gl.program_id(0)
     pid_m = pid // n_tiles
     pid_n = pid % n_tiles
@@ -150,9 +157,13 @@ def moe_gemm_mx_frag_gluon_kernel(
     # each thread's words: warp nb, lane (r, q), the word's (h, g) in its registers
     w_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NB, 1, 1, 1],
                                               [3, 2, 1, 0])
-    nb = pid_n * NB + gl.arange(0, NB, layout=gl.SliceLayout(
-        1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
-    nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
+    nb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
+    if SPLIT:  # warps of the second half: the up rows of the first half's blocks
+        blk = pid_n * (NB // 2) + nb % (NB // 2)
+        nb = gl.where(blk * 16 < n_out, blk, 0) + gl.where(nb >= NB // 2, n_out // 16, 0)
+    else:
+        nb = pid_n * NB + nb
+        nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
     r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
     q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, w_layout))))
     hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, w_layout))))
@@ -170,15 +181,16 @@ def moe_gemm_mx_frag_gluon_kernel(
                                                   instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     acc = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
-    acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
+    acc_up = acc
+    if TWO:
+        acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
     # a ring of AHEAD units' loads in flight, the K loop unrolled by AHEAD + 1 so that no
     # register moves: each unit's step loads the unit AHEAD on, then multiplies the oldest
     RING: gl.constexpr = AHEAD + 1
     last: gl.constexpr = K_UNITS - 1
-    ring = (_unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, GATED),)
+    ring = (_unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, TWO),)
     for i in gl.static_range(1, AHEAD):
-        ring = ring + (_unit_loads(w_ptrs, s_ptrs, up_w, up_s, i if i < last else last,
-                                   GATED),)
+        ring = ring + (_unit_loads(w_ptrs, s_ptrs, up_w, up_s, i if i < last else last, TWO),)
     if not STAGED:
         async_copy.wait_group(0)
         fence_async_shared()
@@ -196,27 +208,45 @@ def moe_gemm_mx_frag_gluon_kernel(
                     async_copy.commit_group()  # empty: the stages after each stay its groups
         for i in gl.static_range(RING):
             ahead = _unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u0 + i + AHEAD, last),
-                                GATED)
+                                TWO)
             w, sc, wu, su = ring[0]
             acc, acc_up = _unit_mma(w, sc, wu, su, _x_unit(x_smem, u0 + i, X_UNITS, X_STAGES),
-                                    acc, acc_up, BLOCK_N, a_layout, GATED)
+                                    acc, acc_up, BLOCK_N, a_layout, TWO)
             ring = ring[1:] + (ahead,)
     for i in gl.static_range(K_UNITS % RING):  # only where not staged
         w, sc, wu, su = ring[i]
         acc, acc_up = _unit_mma(w, sc, wu, su, x_smem.index(K_UNITS - K_UNITS % RING + i).permute(
-            (1, 0)), acc, acc_up, BLOCK_N, a_layout, GATED)
+            (1, 0)), acc, acc_up, BLOCK_N, a_layout, TWO)
     acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+    acc = acc * UNDER  # the values' 2 ** -64 (``moe_mxfp4.UNDER_SHIFT``)
+    if SPLIT:  # gate rows above, up rows below: each to its output's thread
+        e_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])
+        e_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [0, 1]), acc)
+        _epilogue(e_smem.slice(0, COLS).load(e_layout), e_smem.slice(COLS, COLS).load(e_layout),
+                  out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert, n_pairs,
+                  n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M, COLS, HAS_BIAS,
+                  CLAMPED, e_layout)
+    else:
+        _epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
+                  expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
+                  COLS, HAS_BIAS, CLAMPED, mma)
 
-    # epilogue: biases, the clamped SwiGLU (GATED) or the routing weight, stored by pair id
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+
+@gluon.jit
+def _epilogue(acc, acc_up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert,
+              n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED: gl.constexpr,
+              BLOCK_M: gl.constexpr, COLS: gl.constexpr, HAS_BIAS: gl.constexpr,
+              CLAMPED: gl.constexpr, layout: gl.constexpr):
+    """Biases, the clamped SwiGLU (``GATED``: ``acc`` the gate's sums, ``acc_up`` the up's) or
+    the routing weight, stored by pair id: outputs [COLS, BLOCK_M] in ``layout``."""
+    offs_n = pid_n * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(1, layout))
     n_ok = offs_n < n_out
     offs_safe = gl.where(n_ok, offs_n, 0)
     pair = gl.load(sorted_ptr + pid_m * BLOCK_M
-                   + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+                   + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout)))
     valid = pair < n_pairs
     pair = gl.where(valid, pair, 0).to(gl.int64)
-    acc = acc * UNDER  # the values' 2 ** -64 (``moe_mxfp4.UNDER_SHIFT``)
-    acc_up = acc_up * UNDER
     dt: gl.constexpr = out_ptr.dtype.element_ty
     if HAS_BIAS:
         b_ptrs = bias_ptr + expert * stride_be + offs_safe
@@ -253,22 +283,23 @@ def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int,
     return k_units, 1
 
 
-def launch_gluon(grid, args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
+def launch_gluon(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``w`` and its scales viewed as int32 words,
     their expert strides in words): ``block_n / 16`` warps, K in 64-deep units, x in the stages
     of ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``, the words ``AHEAD`` units
-    ahead."""
-    (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k, _,
-     alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
+    ahead, a gated tile's gate and up rows in separate warps where ``SPLIT``."""
+    (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k,
+     n_blocks_m, alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
     w32 = w.reshape(w.shape[0], -1).view(torch.int32)
     s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
-    ahead = meta["AHEAD"]
+    ahead, split = meta["AHEAD"], meta["GATED"] and meta["SPLIT"]
     x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
                                  meta["num_stages"], ahead)
+    grid = (n_blocks_m * -(-n_out // (block_n // 2 if split else block_n)),)
     moe_gemm_mx_frag_gluon_kernel[grid](
         a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
         alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,
         GATED=meta["GATED"], BLOCK_M=meta["BLOCK_M"], BLOCK_N=block_n, K_UNITS=k_dim // 64,
-        X_UNITS=x_units, X_STAGES=n_stages, AHEAD=ahead, HAS_BIAS=meta["HAS_BIAS"],
+        X_UNITS=x_units, X_STAGES=n_stages, AHEAD=ahead, SPLIT=split, HAS_BIAS=meta["HAS_BIAS"],
         CLAMPED=meta["CLAMPED"], USE_PDL=meta["USE_PDL"], num_warps=block_n // 16,
         **{k: meta[k] for k in ("launch_pdl", "maxnreg") if meta.get(k)})

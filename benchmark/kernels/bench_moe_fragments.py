@@ -130,6 +130,15 @@ def main() -> None:
              "|---|---|---|---|---|"]
     lines += [f"| {r['tokens']} | {r['shipped_us']} | {r['best']['us']} | {r['best']['tile']} | "
               f"{r['ratio']}x |" for r in rows]
+    if a.gluon or a.gluon_only:  # the Gluon tiles against the Triton tiles' best
+        lines += ["", "| tokens | Triton tiles' best | Gluon, best tile | tile (MoeConfig) | ratio "
+                  "| largest difference |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            timed = [t for t in r["tiles"] if "us" in t]
+            tri = min((t for t in timed if t["tile"][0] != "gluon"), key=lambda t: t["us"])
+            glu = min((t for t in timed if t["tile"][0] == "gluon"), key=lambda t: t["us"])
+            lines.append(f"| {r['tokens']} | {tri['us']} | {glu['us']} | {glu['tile'][1:]} | "
+                         f"{tri['us'] / glu['us']:.3f}x | {glu['max_diff']} |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

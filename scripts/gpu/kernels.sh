@@ -120,11 +120,11 @@ moe-fi)  # FlashInfer's CUTLASS MXFP4 MoE against the fused MoE (its JIT kernels
         --out "$out" >"$out/bench_moe_flashinfer.log" 2>&1
     tail -4 "$out/bench_moe_flashinfer.log"; cat "$out"/*_moe_flashinfer_*.md ;;
 moe-gluon)  # the Gluon GEMM: correct first, then its tiles against the Triton table's picks
-    step 240 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
+    step 200 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
         tests/kernels/test_mxfp4_fragments.py >"$out/gluon_tests.log" 2>&1
     tail -3 "$out/gluon_tests.log"
-    step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
-        --tokens 256 128 64 1 4 16 2048 512 --out "$out" >"$out/bench_moe_gluon.log" 2>&1
+    step 320 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
+        --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1
     cat "$out"/moe_fragments_*.md ;;
 moe-gluon-ab)  # the engine with the Gluon GEMM's table against the default and the Triton tiles
     step 330 "${bench[@]}" --model "$moss" --variants default,moe-fragments,moe-gluon --hf-requests 0 \

@@ -37,7 +37,7 @@ def _create_triton_fragments() -> BaseMoeBackend:
 
 @MOE_BACKENDS.register("triton_fragments_gluon")
 def _create_triton_fragments_gluon() -> BaseMoeBackend:
-    from .fused import GluonFragmentsMoeBackend  # its small row blocks on the Gluon kernel
+    from .fused import GluonFragmentsMoeBackend  # its table's Gluon tiles on the Gluon kernel
 
     return GluonFragmentsMoeBackend()
 

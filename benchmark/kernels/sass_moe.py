@@ -12,10 +12,10 @@ the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_
 once; ``--tile BN 192 --stages 4 --rows 32``, x through a ring of four stages of three units;
 ``--ahead A``, the words A units ahead, its loop holding A + 1 64-deep units, counted a unit;
 ``--split``, GEMM 1's gate and up rows in separate warps). A K step handles
-``BLOCK_N * BLOCK_K * 2`` weights (gate and up); "a weight" is the loop's instructions, summed
-over the threads, over that. Spills show as LDL/STL. Instruction counts are not times: a loop
-with fewer instructions may still wait on memory, and the Triton here may not be the GPU
-machine's.
+``BLOCK_N * BLOCK_K * 2`` weights (gate and up; half with ``--split``); "a weight" is the loop's
+instructions, summed over the threads, over that. Spills show as LDL/STL. Instruction counts
+are not times: a loop with fewer instructions may still wait on memory, and the Triton here may
+not be the GPU machine's.
 """
 
 from __future__ import annotations
@@ -82,8 +82,7 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
     if name == "gluon":  # the fragment layout's Gluon GEMM: BLOCK_N / 16 warps, K = 2,880
         return (moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel,
                 {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
-                | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "AHEAD": 2, "SPLIT": False,
-                   "num_warps": bn // 16},
+                | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "num_warps": bn // 16},
                 rows or 16)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
         return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,
@@ -147,7 +146,7 @@ def main() -> None:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
-        gluon = name == "gluon"  # its K loop unrolled by three units
+        gluon = name == "gluon"  # its K loop unrolled by ahead + 1 units
         if gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
             consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
             consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages,

@@ -127,8 +127,8 @@ moe-gluon)  # the Gluon GEMM: correct first, then its tiles against the Triton t
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1
     cat "$out"/moe_fragments_*.md ;;
 moe-gluon-ab)  # the engine with the Gluon GEMM's table against the default and the Triton tiles
-    step 330 "${bench[@]}" --model "$moss" --variants default,moe-fragments,moe-gluon --hf-requests 0 \
-        --tag gluon_ab >"$out/bench_gluon_ab.log" 2>&1
+    step 330 "${bench[@]}" --model "$moss" --variants default,moe-fragments,moe-gluon \
+        --hf-requests 0 --tag gluon_ab >"$out/bench_gluon_ab.log" 2>&1
     step 200 "${bench[@]}" --model "$moss" --variants '' --batch1 \
         --batch1-variants default,moe-fragments,moe-gluon --no-batch1-baseline --hf-requests 0 \
         --tag gluon_b1 >"$out/bench_gluon_b1.log" 2>&1

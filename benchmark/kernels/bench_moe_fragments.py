@@ -57,6 +57,16 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          (128, 128, 128, 192, 1, 8, 3, *_G, 2, True)]
 
 
+def candidates(rows: float, gluon_only: bool = False) -> list[tuple]:
+    """The tiles worth timing at ``rows`` routed rows an expert: the GEMV up to one row, the
+    Triton tiles from the smallest blocks that hold the rows, or the Gluon kernel's tiles of an
+    eighth to twice the rows."""
+    if gluon_only:
+        return [g for g in GLUON if rows / 8 <= g[0] <= max(8, 2 * rows)]
+    return (GEMV if rows <= 1 else []) + [
+        t for t in TILES if not (t[0] > 16 and rows < 8 or t[0] > 32 and rows < 32)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
@@ -90,16 +100,12 @@ def main() -> None:
         row = {"tokens": tokens, "shipped_config": list(vars(config(tokens, True)).values()),
                "shipped_us": round(shipped, 1), "tiles": []}
         rows_an_expert = tokens * 4 / 32
-        tiles = [(f, fkw) for f in ([None] if a.gluon_only
-                                    else (GEMV if rows_an_expert <= 1 else []) + TILES)]
+        tiles = [(f, fkw) for f in [None] if a.gluon_only]  # None: the table's pick
+        tiles += [(f, fkw) for f in ([] if a.gluon_only else candidates(rows_an_expert))]
         if a.gluon or a.gluon_only:
-            tiles += [(f, gkw) for f in [None] + [  # blocks of an eighth to twice the rows
-                g for g in GLUON if rows_an_expert / 8 <= g[0] <= max(8, 2 * rows_an_expert)]]
+            tiles += [(f, gkw) for f in [None] + candidates(rows_an_expert, gluon_only=True)]
         for fields, scales_kw in tiles:
-            cfg = MoeConfig(*fields) if fields else None  # None: the table's pick
-            if cfg and (cfg.block_m > 16 and rows_an_expert < 8
-                        or cfg.block_m > 32 and rows_an_expert < 32):
-                continue  # smaller blocks already hold them
+            cfg = MoeConfig(*fields) if fields else None
             fn = lambda c=cfg, k=scales_kw: fused_moe(  # noqa: E731
                 x, f13, f2, weights, ids, config=c, **k)
             name = (["gluon"] if scales_kw is gkw else []) + list(fields or ["picked"])

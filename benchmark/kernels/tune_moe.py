@@ -2,8 +2,8 @@
 (CUDA-graph medians, L2 flushed, ``bench_moe.graph_ms``), the fastest kept per bucket of rows per
 expert, written where ``pick_config`` reads it (``minisgl/kernel/triton/moe_configs``).
 
-    python benchmark/kernels/tune_moe.py [--mxfp4 | --shape NAME] [--budget 180] [--write]
-        [--tokens T ...] [--out DIR]
+    python benchmark/kernels/tune_moe.py [--mxfp4 [--layout words|fragments|gluon] | --shape NAME]
+        [--budget 180] [--write] [--tokens T ...] [--out DIR]
 
 ``--mxfp4``: gpt-oss's MXFP4 experts (2I = 5760, H = 2880; the file serves gpt-oss-20b and -120b,
 which differ in their expert count alone); else bf16 experts of ``--shape`` (Qwen3-30B-A3B's by
@@ -11,7 +11,11 @@ default, ``gemma-4-26b-a4b`` Gemma 4's; a table is keyed by 2I and H). Candidate
 output differs from the default configuration's by more than bf16 rounding, or that do not
 compile, are reported and left out. ``--tokens`` tunes a few token counts only: their buckets
 replace those of the same counts in the shipped table, whose other buckets are kept (as they are
-for the counts a ``--budget`` that runs out never finishes).
+for the counts a ``--budget`` that runs out never finishes). ``--layout fragments``: the experts in
+the fragment layout (``--moe-backend triton_fragments``), its GEMV and Triton tiles; ``gluon``:
+those and the Gluon kernel's (``triton_fragments_gluon``); each its own table, which
+``moe_mxfp4_frag.frag_tile`` reads before its built-in one (``benchmark/kernels/
+bench_moe_fragments.py``'s candidates).
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ import sys
 import time
 
 import bench_moe
+import bench_moe_fragments
 import torch
 from bench_moe import graph_ms, inputs
 
 import minisgl.kernel.triton.fused_moe as fused_moe_module
+from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.kernel.triton.moe_configs import DIR, file_name
+from minisgl.quant.mxfp4 import from_words
+from minisgl.quant.mxfp4_fragments import to_fragments
 
 # (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages[, swapped[, maxnreg]]);
 # MXFP4 runs blocks of one row on its GEMV kernel, up to 32 rows on its small-batch kernel,
@@ -78,7 +86,10 @@ TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E:
 SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "gemma-4-26b-a4b": (2816, 704, 128, 8)}
 
 
-def candidates(rows: float, mx: bool) -> list[MoeConfig]:
+def candidates(rows: float, mx: bool, layout: str = "words") -> list[MoeConfig]:
+    if layout != "words":  # the fragment layout's (and the Gluon kernel's)
+        return [MoeConfig(*c) for c in bench_moe_fragments.candidates(rows) + (
+            bench_moe_fragments.candidates(rows, gluon_only=True) if layout == "gluon" else [])]
     table = (SMALL + (GEMV if mx and rows <= 1 else []) if rows <= 4 else MID if rows <= 64
              else BIG)
     if mx and rows <= 64:
@@ -86,9 +97,23 @@ def candidates(rows: float, mx: bool) -> list[MoeConfig]:
     return [MoeConfig(*c) for c in table]
 
 
+def in_layout(args: tuple, kw: dict, layout: str) -> tuple[tuple, dict]:
+    """``inputs``' MXFP4 experts in ``layout``: as they are (``words``), or in the fragment
+    layout with the scales that pick its Triton tiles or (``gluon``) the Gluon kernel's too."""
+    if layout == "words":
+        return args, kw
+    x, w13, w2, weights, ids = args
+    (f13, t13), (f2, t2) = (to_fragments(from_words(w), s)
+                            for w, s in ((w13, kw["scales"].w13), (w2, kw["scales"].w2)))
+    kind = GluonFragmentScales if layout == "gluon" else FragmentScales
+    return (x, f13, f2, weights, ids), dict(kw, scales=kind(t13, t2))
+
+
 def main() -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mxfp4", action="store_true")
+    p.add_argument("--layout", choices=["words", "fragments", "gluon"], default="words",
+                   help="with --mxfp4: the experts' layout, and so the kernels tuned")
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b",
                    help="whose bf16 experts (without --mxfp4)")
     p.add_argument("--budget", type=float, default=180.0, help="seconds for the whole run")
@@ -99,6 +124,8 @@ def main() -> int | None:
                    help="token counts to tune (others keep the shipped table's buckets)")
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
+    if a.layout != "words" and not a.mxfp4:
+        p.error("--layout fragments|gluon tunes MXFP4 experts: add --mxfp4")
     if a.unpermuted:
         fused_moe_module.PERMUTE = False
     h, inter, e, k = (2880, 2880, 32, 4) if a.mxfp4 else SHAPES[a.shape]
@@ -109,8 +136,9 @@ def main() -> int | None:
         args, kw = inputs(tokens, mx=a.mxfp4)
         rows = tokens * k / e
         ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
+        args, kw = in_layout(args, kw, a.layout)
         timed, cut = [], False
-        for cfg in candidates(rows, a.mxfp4):
+        for cfg in candidates(rows, a.mxfp4, a.layout):
             if time.time() > deadline:
                 cut = True
                 break
@@ -133,7 +161,8 @@ def main() -> int | None:
                          timed={str(tuple(c.__dict__.values())): round(t, 1) for t, c in timed}))
         print(json.dumps(best[-1]), flush=True)
     gpu = torch.cuda.get_device_name()
-    name = file_name(gpu, "mxfp4" if a.mxfp4 else "bf16", 2 * inter, h)
+    fmt = ("mxfp4" if a.layout == "words" else f"mxfp4_{a.layout}") if a.mxfp4 else "bf16"
+    name = file_name(gpu, fmt, 2 * inter, h)
     tuned = {b["tokens"] for b in best}
     if not tuned:
         print("nothing tuned: no table written")
@@ -149,7 +178,8 @@ def main() -> int | None:
     best[-1]["max_rows"] = 1e9  # and the last bucket all beyond
     doc = dict(gpu=gpu, torch=torch.__version__, experts=e, top_k=k,
                command="python benchmark/kernels/tune_moe.py"
-               + (" --mxfp4" if a.mxfp4 else f" --shape {a.shape}")
+               + (" --mxfp4" + (f" --layout {a.layout}" if a.layout != "words" else "")
+                  if a.mxfp4 else f" --shape {a.shape}")
                + (f" --tokens {' '.join(map(str, sorted(tuned)))} (over the last table)"
                   if partial else ""),
                buckets=[dict(max_rows=b["max_rows"], config=b["config"], tokens=b["tokens"],

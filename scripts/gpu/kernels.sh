@@ -102,6 +102,11 @@ moe-tune)  # a budget that runs out keeps the shipped buckets of the counts it d
     step 300 "$py" benchmark/kernels/tune_moe.py --mxfp4 --budget 260 --out "$out" \
         >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
+moe-tune-gluon)  # the fragment layout's table with the Gluon kernel's tiles (LAYOUT=fragments:
+    # the Triton tiles alone); OUT holds the table for moe_configs, TOKENS a part of the counts
+    step 540 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout "${LAYOUT:-gluon}" \
+        --budget 500 ${TOKENS:+--tokens $TOKENS} --out "$out" >"$out/tune_moe.log" 2>&1
+    tail -3 "$out/tune_moe.log" ;;
 moe-tune-bf16)  # the fused MoE's tiles for bf16 experts: Qwen3-30B-A3B's and Gemma 4's
     for shape in qwen3-30b-a3b gemma-4-26b-a4b; do
         step 240 "$py" benchmark/kernels/tune_moe.py --shape $shape --budget 200 --out "$out" \

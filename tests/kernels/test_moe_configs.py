@@ -1,5 +1,6 @@
 """Tuned fused-MoE tiles (``kernel/triton/moe_configs``): the file a GPU and expert shape name,
-the bucket a row count falls in, and ``pick_config`` taking them over its rule."""
+the bucket a row count falls in, and ``pick_config`` (``frag_tile`` for the fragment layout)
+taking them over its rule."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from minisgl.kernel.triton import moe_configs
 from minisgl.kernel.triton.fused_moe import MoeConfig, pick_config
+from minisgl.kernel.triton.moe_mxfp4_frag import frag_tile
 
 
 def test_buckets_and_pick_config(tmp_path, monkeypatch):
@@ -32,9 +34,27 @@ def test_buckets_and_pick_config(tmp_path, monkeypatch):
     moe_configs._buckets.cache_clear()
 
 
+def test_frag_tile_takes_a_tuned_table(tmp_path, monkeypatch):
+    """The fragment layout's tiles: this GPU's tuned table for the layout (the Gluon kernel's
+    its own) over the built-in one, which serves where none is."""
+    gluon_tile = [8, 64, 64, 64, 1, 4, 1, True, None, True, 5, True]
+    (tmp_path / moe_configs.file_name("NVIDIA H200", "mxfp4_gluon", 5760, 2880)).write_text(
+        json.dumps({"buckets": [{"max_rows": 1e9, "config": gluon_tile}]}))
+    monkeypatch.setattr(moe_configs, "DIR", tmp_path)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    moe_configs._buckets.cache_clear()
+    cuda = torch.device("cuda")
+    assert frag_tile(0.5, True, (5760, 2880), cuda) == tuple(gluon_tile)
+    assert MoeConfig(*gluon_tile).gluon_split
+    assert frag_tile(0.5, False, (5760, 2880), cuda) == frag_tile(0.5)  # no fragments table
+    assert frag_tile(0.5, True, (5760, 2880), torch.device("cpu")) == frag_tile(0.5, True)
+    moe_configs._buckets.cache_clear()
+
+
 def test_the_shipped_tables_are_configs():
-    """Every bucket of every shipped table builds a ``MoeConfig`` (7 fields, or 8 with the MXFP4
-    kernel choice ``swapped``) with row blocks the launcher knows, in rising bucket order."""
+    """Every bucket of every shipped table builds a ``MoeConfig`` (7 fields, or more with the
+    MXFP4 kernel choice ``swapped`` and the fragment layout's) with row blocks the launcher
+    knows (8 on the Gluon kernel alone), in rising bucket order."""
     paths = sorted(moe_configs.DIR.glob("*.json"))
     assert paths
     for path in paths:
@@ -43,4 +63,5 @@ def test_the_shipped_tables_are_configs():
         assert tops == sorted(tops), path.name
         for bucket in buckets:
             cfg = MoeConfig(*bucket["config"])
-            assert cfg.block_m in (1, 16, 32, 64, 128) and cfg.swapped in (None, True, False)
+            assert cfg.block_m in (1, 16, 32, 64, 128) or cfg.gluon and cfg.block_m == 8
+            assert cfg.swapped in (None, True, False)

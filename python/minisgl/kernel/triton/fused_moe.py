@@ -260,7 +260,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     frag = isinstance(scales, FragmentScales)
     gluon = frag and takes_gluon(scales, x, _ptx_decode(x), act)
     if frag and config is None:
-        cfg = MoeConfig(*frag_tile(n_pairs / n_experts, gluon))
+        cfg = MoeConfig(*frag_tile(n_pairs / n_experts, gluon, (two_i, hidden), x.device))
     gluon = gluon and cfg.gluon
     if frag and config is not None:  # the GEMV, or wgmma tiles of 16 rows or more (Gluon's: 8)
         least = 8 if gluon else 16

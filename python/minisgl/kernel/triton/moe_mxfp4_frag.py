@@ -15,6 +15,7 @@ import triton.language as tl
 
 from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales, MoeActivation
 
+from .moe_configs import tuned
 from .moe_mxfp4 import UNDER, UNDER_SHIFT, expert_words
 from .moe_mxfp4_gemv import SUMS_UP, X_UP
 from .moe_tiles import epilogue, tile, tile_rows
@@ -245,8 +246,15 @@ GLUON_TILES = (FRAG_TILES[:2] + ((4.0, (8, 64, 64, 64, 1, 4, 1, True, None, True
                + FRAG_TILES[2:])
 
 
-def frag_tile(rows: float, gluon: bool = False) -> tuple:
-    """The fragment layout's ``MoeConfig`` fields for ``rows`` routed rows an expert."""
+def frag_tile(rows: float, gluon: bool = False, key: tuple[int, int] | None = None,
+              device: torch.device | None = None) -> tuple:
+    """The fragment layout's ``MoeConfig`` fields for ``rows`` routed rows an expert: this GPU's
+    tuned table for the experts' ``key`` (2I, H) where ``moe_configs`` has one
+    (``tune_moe.py --mxfp4 --layout fragments|gluon``), else the built-in one."""
+    if key is not None and device is not None:
+        fields = tuned(rows, "mxfp4_gluon" if gluon else "mxfp4_fragments", *key, device)
+        if fields is not None:
+            return fields
     return next(tile for most, tile in (GLUON_TILES if gluon else FRAG_TILES) if rows <= most)
 
 

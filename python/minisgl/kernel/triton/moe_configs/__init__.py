@@ -2,7 +2,10 @@
 
 One JSON file a (GPU, weight format, 2I, H): buckets of routed rows per expert (``T * top_k /
 E``), each with the fastest configuration measured at one token count in it. ``fused_moe``'s
-``pick_config`` takes the bucket's tiles where a file matches and its own rule elsewhere.
+``pick_config`` takes the bucket's tiles where a file matches and its own rule elsewhere; MXFP4
+experts in the fragment layout have formats of their own (``mxfp4_fragments``, and
+``mxfp4_gluon`` with the Gluon kernel's tiles), read by ``moe_mxfp4_frag.frag_tile`` before its
+built-in table.
 """
 
 from __future__ import annotations

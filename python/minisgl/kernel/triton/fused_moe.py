@@ -70,15 +70,11 @@ class MoeConfig:
     # a cap on a thread's registers (ptxas's ``maxnreg``; None: none): more programs an SM where
     # the tile's registers, not its shared memory, limit them
     maxnreg: int | None = None
-    # the fragment layout's Gluon GEMM (``moe_mxfp4_gluon``; ``block_k`` and ``num_stages`` its
-    # stages of x, ``moe_mxfp4_gluon.x_stages``) where the experts' scales are
-    # ``GluonFragmentScales``; the Triton tiles elsewhere
+    # the fragment layout's Gluon GEMM (``moe_mxfp4_gluon``, with ``GluonFragmentScales``;
+    # ``block_k`` and ``num_stages`` its stages of x), its units of words loaded ahead, and its
+    # GEMM 1's gate and up rows in separate warps (half the registers, ``block_n1 / 2`` outputs)
     gluon: bool = False
-    # the Gluon GEMM's units of words in flight, loaded into registers ahead of their unit (its K
-    # loop unrolled by one more)
     gluon_ahead: int = 2
-    # the Gluon GEMM 1's gate rows in half the warps and the up rows in the other half (one
-    # accumulator a warp, half the registers, ``block_n1 / 2`` outputs a tile)
     gluon_split: bool = False
 
 

@@ -33,9 +33,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .moe_mxfp4 import UNDER, UNDER_SHIFT
 from .mxfp4 import DECODE_WORDS_BF16
 
-# Triton 3.6 names the cp.async copy async_copy_global_to_shared, later versions async_load
+# Triton 3.6 names the cp.async copy async_copy_global_to_shared and the CTA barrier
+# thread_barrier, later versions async_load and barrier
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-# and the CTA barrier thread_barrier, later barrier
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
@@ -108,17 +108,13 @@ def moe_gemm_mx_frag_gluon_kernel(
     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
     GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
     X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, SPLIT: gl.constexpr,
-    HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr,
-    num_warps: gl.constexpr,
+    HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert: the block's x rows
-    in shared memory (all of K, or a ring of stages); each thread's words loaded into its
-    registers ``AHEAD`` units ahead, decoded where they land (the A operand), and multiplied by
-    x's unit (``w_ptr`` and ``ws_ptr`` int32 words, ``stride_we`` and ``stride_se`` in words).
-    ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``): each warp's rows hold gate
-    and up rows, two accumulators; with ``SPLIT`` the first half of the warps hold the tile's
-    gate rows and the second its up rows, one accumulator (half the registers; ``BLOCK_N / 2``
-    outputs a tile), paired through shared memory in the epilogue."""
+    """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert (``w_ptr`` and
+    ``ws_ptr`` int32 words, their strides in words). ``GATED`` takes gpt-oss's SwiGLU (clamped
+    where ``CLAMPED``): each warp holds gate and up rows, two accumulators, or with ``SPLIT``
+    the first half of the warps the tile's gate rows and the second its up rows (``BLOCK_N /
+    2`` outputs a tile), paired through shared memory in the epilogue."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -215,8 +211,8 @@ def moe_gemm_mx_frag_gluon_kernel(
             ring = ring[1:] + (ahead,)
     for i in gl.static_range(K_UNITS % RING):  # only where not staged
         w, sc, wu, su = ring[i]
-        acc, acc_up = _unit_mma(w, sc, wu, su, x_smem.index(K_UNITS - K_UNITS % RING + i).permute(
-            (1, 0)), acc, acc_up, BLOCK_N, a_layout, TWO)
+        xt = _x_unit(x_smem, K_UNITS - K_UNITS % RING + i, X_UNITS, X_STAGES)
+        acc, acc_up = _unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N, a_layout, TWO)
     acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
     acc = acc * UNDER  # the values' 2 ** -64 (``moe_mxfp4.UNDER_SHIFT``)
     if SPLIT:  # gate rows above, up rows below: each to its output's thread

@@ -175,7 +175,10 @@ def main() -> int | None:
                       key=lambda b: b["tokens"])
     for lo, hi in zip(best, best[1:]):  # a bucket reaches the geometric mean of two tuned counts
         lo["max_rows"] = (lo["rows"] * hi["rows"]) ** 0.5
-    best[-1]["max_rows"] = 1e9  # and the last bucket all beyond
+    # and the last bucket all beyond, where the last count was tuned; else up to the next count
+    # (beyond it the caller's rule: a budget cut short leaves the largest batches to it)
+    untuned = [t * k / e for t in TOKENS if t > best[-1]["tokens"]]
+    best[-1]["max_rows"] = (best[-1]["rows"] * untuned[0]) ** 0.5 if untuned else 1e9
     doc = dict(gpu=gpu, torch=torch.__version__, experts=e, top_k=k,
                command="python benchmark/kernels/tune_moe.py"
                + (" --mxfp4" + (f" --layout {a.layout}" if a.layout != "words" else "")

@@ -124,11 +124,17 @@ moe-fi)  # FlashInfer's CUTLASS MXFP4 MoE against the fused MoE (its JIT kernels
     step 560 "$py" benchmark/kernels/bench_moe_triton_kernels.py --library flashinfer \
         --out "$out" >"$out/bench_moe_flashinfer.log" 2>&1
     tail -4 "$out/bench_moe_flashinfer.log"; cat "$out"/*_moe_flashinfer_*.md ;;
-moe-gluon)  # the Gluon GEMM: correct first, then its tiles against the Triton table's picks
+moe-gluon)  # the Gluon GEMM: correct first, then the fragment layout's tiles and the Gluon
+    # kernel's tuned from one token up (OUT holds the table for moe_configs; a budget cut short
+    # leaves the larger batches to the built-in table; moe-tune-gluon: a longer budget)
     step 200 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
         tests/kernels/test_mxfp4_fragments.py >"$out/gluon_tests.log" 2>&1
     tail -3 "$out/gluon_tests.log"
-    step 320 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
+    step 330 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout gluon --budget 290 \
+        --out "$out" >"$out/tune_moe.log" 2>&1
+    tail -3 "$out/tune_moe.log" ;;
+moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table for the results
+    step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1
     cat "$out"/moe_fragments_*.md ;;
 moe-gluon-ab)  # the engine with the Gluon GEMM's table against the default and the Triton tiles

@@ -36,16 +36,18 @@ def test_buckets_and_pick_config(tmp_path, monkeypatch):
 
 def test_frag_tile_takes_a_tuned_table(tmp_path, monkeypatch):
     """The fragment layout's tiles: this GPU's tuned table for the layout (the Gluon kernel's
-    its own) over the built-in one, which serves where none is."""
+    its own) over the built-in one, which serves where none is and beyond a table's last
+    bucket."""
     gluon_tile = [8, 64, 64, 64, 1, 4, 1, True, None, True, 5, True]
     (tmp_path / moe_configs.file_name("NVIDIA H200", "mxfp4_gluon", 5760, 2880)).write_text(
-        json.dumps({"buckets": [{"max_rows": 1e9, "config": gluon_tile}]}))
+        json.dumps({"buckets": [{"max_rows": 4.0, "config": gluon_tile}]}))  # a tuning cut short
     monkeypatch.setattr(moe_configs, "DIR", tmp_path)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     moe_configs._buckets.cache_clear()
     cuda = torch.device("cuda")
     assert frag_tile(0.5, True, (5760, 2880), cuda) == tuple(gluon_tile)
     assert MoeConfig(*gluon_tile).gluon_split
+    assert frag_tile(64.0, True, (5760, 2880), cuda) == frag_tile(64.0, True)  # beyond it
     assert frag_tile(0.5, False, (5760, 2880), cuda) == frag_tile(0.5)  # no fragments table
     assert frag_tile(0.5, True, (5760, 2880), torch.device("cpu")) == frag_tile(0.5, True)
     moe_configs._buckets.cache_clear()

@@ -38,10 +38,11 @@ def _buckets(device: torch.device, fmt: str, n: int, k: int
 
 
 def tuned(rows: float, fmt: str, n: int, k: int, device: torch.device) -> tuple | None:
-    """The tuned tiles (``MoeConfig``'s fields in order) for ``rows`` per expert, or None."""
+    """The tuned tiles (``MoeConfig``'s fields in order) for ``rows`` per expert, or None (no
+    table, or rows beyond its last bucket: a tuning its budget cut short)."""
     if device.type != "cuda":
         return None
     buckets = _buckets(device, fmt, n, k)
     if buckets is None:
         return None
-    return next((cfg for top, cfg in buckets if rows <= top), buckets[-1][1])
+    return next((cfg for top, cfg in buckets if rows <= top), None)

@@ -57,6 +57,14 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          (128, 128, 128, 192, 1, 8, 3, *_G, 2, True)]
 
 
+def fragment_experts(w13, w2, scales) -> tuple:
+    """``bench_moe.inputs``' MXFP4 experts (word layout, ``Mxfp4Scales``) in the fragment
+    layout: (w13, w2, w13's scales, w2's)."""
+    (f13, t13), (f2, t2) = (to_fragments(from_words(w), s)
+                            for w, s in ((w13, scales.w13), (w2, scales.w2)))
+    return f13, f2, t13, t2
+
+
 def candidates(rows: float, gluon_only: bool = False) -> list[tuple]:
     """The tiles worth timing at ``rows`` routed rows an expert: the GEMV up to one row, the
     Triton tiles from the smallest blocks that hold the rows, or the Gluon kernel's tiles of an
@@ -86,8 +94,7 @@ def main() -> None:
     for tokens in a.tokens:
         args, kw = inputs(tokens, mx=True)
         x, w13, w2, weights, ids = args
-        (f13, t13), (f2, t2) = (to_fragments(from_words(w), s)
-                                for w, s in ((w13, kw["scales"].w13), (w2, kw["scales"].w2)))
+        f13, f2, t13, t2 = fragment_experts(w13, w2, kw["scales"])
         fkw = dict(kw, scales=FragmentScales(t13, t2))
         gkw = dict(kw, scales=GluonFragmentScales(t13, t2))
         if a.profile:

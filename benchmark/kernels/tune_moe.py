@@ -35,8 +35,6 @@ import minisgl.kernel.triton.fused_moe as fused_moe_module
 from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe, pick_config
 from minisgl.kernel.triton.moe_configs import DIR, file_name
-from minisgl.quant.mxfp4 import from_words
-from minisgl.quant.mxfp4_fragments import to_fragments
 
 # (block_m, block_n1, block_n2, block_k, group_m, num_warps, num_stages[, swapped[, maxnreg]]);
 # MXFP4 runs blocks of one row on its GEMV kernel, up to 32 rows on its small-batch kernel,
@@ -103,8 +101,7 @@ def in_layout(args: tuple, kw: dict, layout: str) -> tuple[tuple, dict]:
     if layout == "words":
         return args, kw
     x, w13, w2, weights, ids = args
-    (f13, t13), (f2, t2) = (to_fragments(from_words(w), s)
-                            for w, s in ((w13, kw["scales"].w13), (w2, kw["scales"].w2)))
+    f13, f2, t13, t2 = bench_moe_fragments.fragment_experts(w13, w2, kw["scales"])
     kind = GluonFragmentScales if layout == "gluon" else FragmentScales
     return (x, f13, f2, weights, ids), dict(kw, scales=kind(t13, t2))
 

@@ -42,19 +42,20 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
          (64, 128, 128, 64, 4, 8, 2, True), (64, 64, 64, 64, 4, 4, 2, True),
          (128, 64, 64, 64, 8, 4, 2, True), (128, 128, 128, 64, 8, 8, 2, True)]
 # ``--gluon``: the Gluon kernel's tiles (``moe_mxfp4_gluon``; block_n / 16 warps): x copied once
-# (``num_stages`` 1), or through ``num_stages`` stages of ``block_k`` (``x_stages``); the words
-# ``gluon_ahead`` units ahead; GEMM 1's gate and up rows in separate warps (``gluon_split``)
+# (``num_stages`` 1), or through a ring of ``num_stages`` stages of ``block_k`` (``x_stages``: a
+# ring of three stages of three units is the K loop's nine); the words ``gluon_ahead`` units
+# ahead; GEMM 1's gate and up rows in separate warps (``gluon_split``)
 _G = (True, None, True)  # swapped, no register cap, Gluon
 GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
-         (8, 128, 128, 64, 1, 8, 1, *_G), (16, 64, 64, 192, 1, 4, 4, *_G),
-         (32, 64, 64, 192, 1, 4, 4, *_G), (32, 64, 64, 320, 1, 4, 3, *_G, 4),
-         (64, 64, 64, 192, 1, 4, 4, *_G),
+         (8, 128, 128, 64, 1, 8, 1, *_G), (16, 64, 64, 192, 1, 4, 3, *_G),
+         (16, 64, 64, 192, 1, 4, 5, *_G), (32, 64, 64, 192, 1, 4, 3, *_G),
+         (32, 64, 64, 320, 1, 4, 3, *_G, 4), (64, 64, 64, 192, 1, 4, 3, *_G),
          # split
          (8, 64, 64, 64, 1, 4, 1, *_G, 2, True), (8, 64, 64, 64, 1, 4, 1, *_G, 5, True),
-         (16, 64, 64, 192, 1, 4, 4, *_G, 2, True), (32, 64, 64, 192, 1, 4, 4, *_G, 2, True),
-         (32, 64, 64, 320, 1, 4, 3, *_G, 4, True), (64, 64, 64, 192, 1, 4, 4, *_G, 2, True),
-         (64, 128, 128, 192, 1, 8, 4, *_G, 2, True), (128, 64, 64, 192, 1, 4, 3, *_G, 2, True),
-         (128, 128, 128, 192, 1, 8, 3, *_G, 2, True)]
+         (16, 64, 64, 192, 1, 4, 3, *_G, 2, True), (32, 64, 64, 192, 1, 4, 3, *_G, 2, True),
+         (32, 64, 64, 192, 1, 4, 5, *_G, 2, True), (32, 64, 64, 320, 1, 4, 3, *_G, 4, True),
+         (64, 64, 64, 192, 1, 4, 3, *_G, 2, True), (64, 128, 128, 192, 1, 8, 3, *_G, 2, True),
+         (128, 64, 64, 192, 1, 4, 3, *_G, 2, True), (128, 128, 128, 192, 1, 8, 3, *_G, 2, True)]
 
 
 def fragment_experts(w13, w2, scales) -> tuple:

@@ -9,7 +9,7 @@ Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by
 the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
 3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64), 4 warps; the fragment layout's
 ``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``, x copied
-once; ``--tile BN 192 --stages 4 --rows 32``, x through a ring of four stages of three units;
+once; ``--tile BN 192 --stages 3 --rows 32``, x through a ring of three stages of three units;
 ``--ahead A``, the words A units ahead, its loop holding A + 1 64-deep units, counted a unit;
 ``--split``, GEMM 1's gate and up rows in separate warps). A K step handles
 ``BLOCK_N * BLOCK_K * 2`` weights (gate and up; half with ``--split``); "a weight" is the loop's
@@ -173,11 +173,14 @@ def main() -> None:
                 f.write(sass)
         ops = loop_opcodes(sass)
         total = sum(ops.values())
-        if gluon:  # a K step per unit of 64 (the loop body holds ahead + 1)
-            total, bk = total // (args.ahead + 1), 64
+        units = 1
+        if gluon:  # a K step per unit of 64 (the loop body holds ahead + 1, or the ring's)
+            x_units, x_rings = consts["X_UNITS"], consts["X_STAGES"]
+            units = x_units * x_rings if x_rings > 1 else args.ahead + 1
+            total, bk = total // units, 64
         weights = bn * bk * (1 if gluon and args.split else 2)  # split: gate or up rows a warp
         per_weight = total * 32 * warps / weights
-        top = (f"the loop's {args.ahead + 1} units: " if gluon else "") + ", ".join(
+        top = (f"the loop's {units} units: " if gluon else "") + ", ".join(
             f"{op} {n}" for op, n in ops.most_common(12))
         print(f"{name} (rows {rows}, BLOCK_N {bn}, BLOCK_K {bk}, {warps} warps, {stages} "
               f"stages, {regs}): {total} instructions a K step of {weights} weights, "

@@ -217,7 +217,7 @@ def _mxfp4_kernels():
 def _gluon_kernels():
     """The fragment layout's Gluon GEMM (``moe_mxfp4_gluon``) at gpt-oss-20b's tiles: gated with
     row blocks of 8 (the words two units ahead; five, gate and up rows apart), GEMM 2 (not
-    gated) at 16, x copied once; row blocks of 32 with x through rings of stages (gated, four
+    gated) at 16, x copied once; row blocks of 32 with x through rings of stages (gated, three
     stages of three units; gated with gate and up apart and GEMM 2, three of five, the words
     four ahead). Its pointers and strides 16-aligned, as a launch at those shapes specializes
     them (its ``cp.async`` of x needs 16-byte rows)."""
@@ -230,7 +230,7 @@ def _gluon_kernels():
                stride_be="i32")
     for gated, rows, units, stages, ahead, split in (
             (True, 8, 45, 1, 2, False), (True, 8, 45, 1, 5, True), (False, 16, 45, 1, 2, False),
-            (True, 32, 3, 4, 2, False), (True, 32, 5, 3, 4, True), (False, 32, 5, 3, 4, False)):
+            (True, 32, 3, 3, 2, False), (True, 32, 5, 3, 4, True), (False, 32, 5, 3, 4, False)):
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
             AHEAD=ahead, SPLIT=split, HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=4), 4

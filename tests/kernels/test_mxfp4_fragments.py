@@ -80,28 +80,28 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (1, False, None), (16, False, None), (256, False, None), (700, False, None),
     (2048, False, None), (16, True, None), (64, True, None), (128, True, None),
     (256, True, None), (64, True, _gluon(8, 128, 128, 64, 1, 8, 1)),
-    (64, True, _gluon(16, 64, 64, 192, 1, 4, 4)), (128, True, _gluon(16, 64, 64, 576, 1, 4, 3)),
-    (256, True, _gluon(32, 64, 64, 192, 1, 4, 4)),
+    (64, True, _gluon(16, 64, 64, 192, 1, 4, 3)), (128, True, _gluon(16, 64, 64, 192, 1, 4, 5)),
+    (256, True, _gluon(32, 64, 64, 192, 1, 4, 3)),
     (700, True, _gluon(32, 64, 64, 192, 1, 4, 3, maxnreg=168)),
     (4, True, _gluon(8, 64, 64, 64, 1, 4, 1, gluon_ahead=5)),
     (256, True, _gluon(32, 64, 64, 320, 1, 4, 3, gluon_ahead=4)),
-    (2048, True, _gluon(64, 64, 64, 192, 1, 4, 4)),
+    (2048, True, _gluon(64, 64, 64, 192, 1, 4, 3)),
     (2048, True, _gluon(128, 64, 64, 192, 1, 4, 3)),
     (16, True, _gluon(8, 64, 64, 64, 1, 4, 1, gluon_split=True)),
     (256, True, _gluon(32, 64, 64, 320, 1, 4, 3, gluon_ahead=4, gluon_split=True)),
     (2048, True, _gluon(128, 128, 128, 192, 1, 8, 3, gluon_split=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
-         "gluon64_rows8_8warps", "gluon64_rows16_x3x4", "gluon128_rows16_x9x3",
-         "gluon256_rows32_x3x4", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
-         "gluon256_rows32_x5x3_ahead4", "gluon2048_rows64_x3x4", "gluon2048_rows128_x3x3",
+         "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
+         "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
+         "gluon256_rows32_x5x3_ahead4", "gluon2048_rows64_x3x3", "gluon2048_rows128_x3x3",
          "gluon16_rows8_split", "gluon256_rows32_x5x3_ahead4_split",
          "gluon2048_rows128_8warps_x3x3_split"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
     expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 16 and 32
-    to 128 with x through rings of stages (three, five or nine units a stage, three or four
-    stages; a register cap of 168), the words two, four or five units ahead, GEMM 1's gate and
+    to 128 with x through rings of stages (three or five units a stage, three or five stages;
+    a register cap of 168), the words two, four or five units ahead, GEMM 1's gate and
     up rows in the same warps or apart."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
@@ -122,18 +122,35 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     for sm_90, gated at row blocks of 8 and 16 and not gated with x copied once, and at row
     blocks of 32 with x through a ring of stages: its decoded words are the wgmma operand as
     loaded (``convert_layout(..., assert_trivial=True)`` compiles only then), it waits on the
-    kernel before (PDL), and after its first wgmma no CTA barrier where x is copied once, two
-    a stage where it is staged (``cp.async.wait_group``'s own and the one after the fence), two
-    more where gate and up rows are apart (the epilogue pairs them through shared memory); its
-    words two, four or five units ahead (the K loop unrolled by three, five or six)."""
+    kernel before (PDL), and after its first wgmma no CTA barrier where x is copied once, one
+    a stage where it is staged, two more where gate and up rows are apart (the epilogue pairs
+    them through shared memory); its words two, four or five units ahead (the K loop unrolled
+    by three or six, or by the ring's units)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
     assert len(cubins) == 6, cubins
     assert all(line.endswith("griddepcontrol") for line in cubins), cubins
-    # gate and up rows apart: two more, before the epilogue's store of the sums (its shared
-    # memory may be x's) and between it and the loads of the pairs
+    # staged: one a stage (the loop's three: each of the ring's slots is an allocation of its
+    # own, so Triton adds none between the copies and the wgmmas); gate and up rows apart: two
+    # more, before the epilogue's store of the sums (its shared memory may be x's) and between
+    # it and the loads of the pairs
     assert [line.split("barriers-after-mma=")[1].split()[0] for line in cubins] == [
-        "0", "2", "0", "2", "4", "2"], cubins
+        "0", "2", "0", "3", "5", "3"], cubins
+
+
+def test_x_stages_picks_a_ring_or_all_of_k():
+    """``moe_mxfp4_gluon.x_stages``: below three stages x is copied once, all of K (where it
+    fits in shared memory); from three, a ring whose stages are a multiple of the K loop's
+    unroll and whose units divide K's; anything else is refused, not run otherwise."""
+    from minisgl.kernel.triton.moe_mxfp4_gluon import x_stages
+
+    assert x_stages(45, 8, 64, 1) == (45, 1)
+    assert x_stages(45, 32, 192, 3) == (3, 3)
+    assert x_stages(45, 32, 320, 3, ahead=4) == (5, 3)
+    assert x_stages(45, 16, 192, 5) == (3, 5)
+    for args in ((45, 32, 192, 4), (45, 32, 320, 3), (45, 64, 64, 1)):
+        with pytest.raises(ValueError):
+            x_stages(*args)
 
 
 @pytest.mark.parametrize("name,kind", [("triton_fragments", FragmentScales),

@@ -17,12 +17,14 @@
 #   scripts/gpu_validate.sh moe-ab     OUT  # moe-tune twice in one call: the swapped kernel's
 #                                           # 16/32-row blocks in K order (OUT/unpermuted), then
 #                                           # in their permuted operand order
-#   scripts/gpu_validate.sh moe-gluon  OUT  # the fragment layout's Gluon GEMM (row blocks of
-#                                           # 8 and 16, moe_mxfp4_gluon.py): its GPU tests, its
-#                                           # tiles against the Triton ones at 16-256 tokens
-#                                           # (bench_moe_fragments.py --gluon), then
-#                                           # gpt-oss-20b offline and batch 1 with it
-#                                           # (moe-fragments, moe-gluon, the default)
+#   scripts/gpu_validate.sh moe-gluon  OUT  # the fragment layout's Gluon GEMM
+#                                           # (moe_mxfp4_gluon.py): its GPU tests, then its
+#                                           # tiles and the Triton ones tuned from one token up
+#                                           # (copy OUT's mxfp4_gluon table into moe_configs;
+#                                           # moe-tune-gluon: a longer budget)
+#   scripts/gpu_validate.sh moe-gluon-sweep OUT  # every Gluon tile against the Triton pick
+#   scripts/gpu_validate.sh moe-gluon-ab OUT  # gpt-oss-20b offline and batch 1: the default,
+#                                           # moe-fragments and moe-gluon
 #   scripts/gpu_validate.sh moe-tk     OUT  # triton_kernels' matmul_ogs (carry its wheel in
 #                                           # .whl) against the fused MXFP4 MoE, eager and
 #                                           # graphed, at 1-4,096 tokens

@@ -44,7 +44,8 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
 # ``--gluon``: the Gluon kernel's tiles (``moe_mxfp4_gluon``; block_n / 16 warps): x copied once
 # (``num_stages`` 1), or through a ring of ``num_stages`` stages of ``block_k`` (``x_stages``: a
 # ring of three stages of three units is the K loop's nine); the words ``gluon_ahead`` units
-# ahead; GEMM 1's gate and up rows in separate warps (``gluon_split``)
+# ahead; GEMM 1's gate and up rows in separate warps (``gluon_split``). Those of a sixteenth to
+# twice the rows an expert are timed
 _G = (True, None, True)  # swapped, no register cap, Gluon
 GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          (8, 128, 128, 64, 1, 8, 1, *_G), (16, 64, 64, 192, 1, 4, 3, *_G),
@@ -56,7 +57,10 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          (16, 64, 64, 192, 1, 4, 3, *_G, 2, True), (32, 64, 64, 192, 1, 4, 3, *_G, 2, True),
          (32, 64, 64, 192, 1, 4, 5, *_G, 2, True), (32, 64, 64, 320, 1, 4, 3, *_G, 4, True),
          (64, 64, 64, 192, 1, 4, 3, *_G, 2, True), (64, 128, 128, 192, 1, 8, 3, *_G, 2, True),
-         (128, 64, 64, 192, 1, 4, 3, *_G, 2, True), (128, 128, 128, 192, 1, 8, 3, *_G, 2, True)]
+         (128, 64, 64, 192, 1, 4, 3, *_G, 2, True), (128, 128, 128, 192, 1, 8, 3, *_G, 2, True),
+         # prefill: rings of one-unit stages (a barrier a unit, but 16 KB a stage at 128 rows)
+         (64, 128, 128, 64, 1, 8, 5, *_G, 2, True), (128, 64, 64, 64, 1, 4, 5, *_G, 2, True),
+         (128, 128, 128, 64, 1, 8, 5, *_G, 2, True), (256, 128, 128, 64, 1, 8, 3, *_G, 2, True)]
 
 
 def fragment_experts(w13, w2, scales) -> tuple:
@@ -69,10 +73,10 @@ def fragment_experts(w13, w2, scales) -> tuple:
 
 def candidates(rows: float, gluon_only: bool = False) -> list[tuple]:
     """The tiles worth timing at ``rows`` routed rows an expert: the GEMV up to one row, the
-    Triton tiles from the smallest blocks that hold the rows, or the Gluon kernel's tiles of an
-    eighth to twice the rows."""
+    Triton tiles from the smallest blocks that hold the rows, or the Gluon kernel's tiles of a
+    sixteenth to twice the rows."""
     if gluon_only:
-        return [g for g in GLUON if rows / 8 <= g[0] <= max(8, 2 * rows)]
+        return [g for g in GLUON if rows / 16 <= g[0] <= max(8, 2 * rows)]
     return (GEMV if rows <= 1 else []) + [
         t for t in TILES if not (t[0] > 16 and rows < 8 or t[0] > 32 and rows < 32)]
 

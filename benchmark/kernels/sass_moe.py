@@ -149,8 +149,7 @@ def main() -> None:
         gluon = name == "gluon"  # its K loop unrolled by ahead + 1 units
         if gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
             consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
-            consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages,
-                                                                             args.ahead)
+            consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
         warps = bn // 16 if gluon else args.warps
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kargs) if arg in ALIGNED}

@@ -90,20 +90,23 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (16, True, _gluon(8, 64, 64, 64, 1, 4, 1, gluon_split=True)),
     (32, True, _gluon(8, 64, 64, 192, 1, 4, 3, gluon_split=True)),
     (256, True, _gluon(32, 64, 64, 320, 1, 4, 3, gluon_ahead=4, gluon_split=True)),
-    (2048, True, _gluon(128, 128, 128, 192, 1, 8, 3, gluon_split=True))],
+    (2048, True, _gluon(128, 128, 128, 192, 1, 8, 3, gluon_split=True)),
+    (2048, True, _gluon(128, 64, 64, 64, 1, 4, 5, gluon_split=True)),
+    (2048, True, _gluon(256, 128, 128, 64, 1, 8, 3, gluon_split=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
          "gluon256_rows32_x5x3_ahead4", "gluon2048_rows64_x3x3", "gluon2048_rows128_x3x3",
          "gluon16_rows8_split", "gluon32_rows8_x3x3_split", "gluon256_rows32_x5x3_ahead4_split",
-         "gluon2048_rows128_8warps_x3x3_split"])
+         "gluon2048_rows128_8warps_x3x3_split", "gluon2048_rows128_x1x5_split",
+         "gluon2048_rows256_8warps_x1x3_split"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
-    expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 8 to 128
-    with x through rings of stages (three or five units a stage, three or five stages;
-    a register cap of 168), the words two, four or five units ahead, GEMM 1's gate and
-    up rows in the same warps or apart."""
+    expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 8 to 256
+    with x through rings of stages (one, three or five units a stage, three or five stages;
+    a register cap of 168), the words two, four or five units ahead, GEMM 1's gate and up rows
+    in the same warps or apart."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
@@ -141,15 +144,15 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
 
 def test_x_stages_picks_a_ring_or_all_of_k():
     """``moe_mxfp4_gluon.x_stages``: below three stages x is copied once, all of K (where it
-    fits in shared memory); from three, a ring whose stages are a multiple of the K loop's
-    unroll and whose units divide K's; anything else is refused, not run otherwise."""
+    fits in shared memory); from three, a ring whose units divide K's; anything else is
+    refused, not run otherwise."""
     from minisgl.kernel.triton.moe_mxfp4_gluon import x_stages
 
     assert x_stages(45, 8, 64, 1) == (45, 1)
     assert x_stages(45, 32, 192, 3) == (3, 3)
-    assert x_stages(45, 32, 320, 3, ahead=4) == (5, 3)
-    assert x_stages(45, 16, 192, 5) == (3, 5)
-    for args in ((45, 32, 192, 4), (45, 32, 320, 3), (45, 64, 64, 1)):
+    assert x_stages(45, 32, 320, 3) == (5, 3)
+    assert x_stages(45, 128, 64, 5) == (1, 5)
+    for args in ((45, 32, 192, 4), (45, 32, 128, 3), (45, 64, 64, 1)):
         with pytest.raises(ValueError):
             x_stages(*args)
 

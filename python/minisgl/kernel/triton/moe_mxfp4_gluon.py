@@ -59,15 +59,14 @@ def moe_gemm_mx_frag_gluon_kernel(
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
 
     # x: the block's rows, all of K copied once, or through a ring of ``X_STAGES`` stages of
-    # ``X_UNITS`` units (a multiple of the K loop's unroll), ``X_STAGES - 2`` in flight, each
-    # slot an allocation of its own (the loop unrolled by the ring: Triton's barrier analysis
-    # then adds no CTA barrier between copies and wgmmas): a stage's first unit waits for its
+    # ``X_UNITS`` units, ``X_STAGES - 2`` in flight, each slot an allocation of its own (the
+    # loop unrolled by the ring: Triton's barrier analysis then adds no CTA barrier between
+    # copies and wgmmas, and the stages' boundaries are static): a stage's first unit waits for its
     # copies, every thread's (the one barrier a stage), which also finds every warp past the
     # previous stage's first unit, so its wgmmas of the stage before retired: that stage's
     # slots take the copy X_STAGES - 2 on
     STAGED: gl.constexpr = X_STAGES > 1
-    gl.static_assert(not STAGED or (X_STAGES >= 3 and X_UNITS % (AHEAD + 1) == 0
-                                    and K_UNITS % (X_UNITS * X_STAGES) == 0))
+    gl.static_assert(not STAGED or (X_STAGES >= 3 and K_UNITS % (X_UNITS * X_STAGES) == 0))
     x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     x_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
     xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
@@ -203,22 +202,19 @@ def _epilogue(acc, acc_up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pi
              mask=valid[None, :] & n_ok[:, None])
 
 
-def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int,
-             ahead: int = 2) -> tuple[int, int]:
+def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple[int, int]:
     """x's stages (units a stage, stages) for a tile's ``block_k`` and ``num_stages``: below
     three stages, one stage of every unit (it must fit in shared memory); else a ring of
-    ``num_stages`` stages of ``block_k / 64`` units, a multiple of the K loop's unroll
-    (``ahead + 1``), the ring's units dividing K's."""
+    ``num_stages`` stages of ``block_k / 64`` units, the ring's units dividing K's."""
     units = block_k // 64
     if num_stages < 3:
         if k_units * block_m * 128 > 160 * 1024:
             raise ValueError(f"x's {k_units} units of {block_m} rows do not fit in shared "
                              f"memory at once: take num_stages >= 3 (a ring)")
         return k_units, 1
-    if units % (ahead + 1) or k_units % (units * num_stages):
-        raise ValueError(f"a ring of {num_stages} stages of {units} units (block_k {block_k}) "
-                         f"needs a multiple of {ahead + 1} units a stage (ahead + 1) and the "
-                         f"ring's units dividing K's {k_units}")
+    if k_units % (units * num_stages):
+        raise ValueError(f"a ring of {num_stages} stages of {units} units (block_k {block_k}): "
+                         f"its units must divide K's {k_units}")
     return units, num_stages
 
 
@@ -233,7 +229,7 @@ def launch_gluon(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
     ahead, split = meta["AHEAD"], meta["GATED"] and meta["SPLIT"]
     x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
-                                 meta["num_stages"], ahead)
+                                 meta["num_stages"])
     grid = (n_blocks_m * -(-n_out // (block_n // 2 if split else block_n)),)
     moe_gemm_mx_frag_gluon_kernel[grid](
         a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,

@@ -61,10 +61,10 @@ def moe_gemm_mx_frag_gluon_kernel(
     # x: the block's rows, all of K copied once, or through a ring of ``X_STAGES`` stages of
     # ``X_UNITS`` units, ``X_STAGES - 2`` in flight, each slot an allocation of its own (the
     # loop unrolled by the ring: Triton's barrier analysis then adds no CTA barrier between
-    # copies and wgmmas, and the stages' boundaries are static): a stage's first unit waits for its
-    # copies, every thread's (the one barrier a stage), which also finds every warp past the
-    # previous stage's first unit, so its wgmmas of the stage before retired: that stage's
-    # slots take the copy X_STAGES - 2 on
+    # copies and wgmmas, and the stages' boundaries are static): a stage's first unit waits
+    # for its copies, every thread's (the one barrier a stage), which also finds every warp
+    # past the previous stage's first unit, so its wgmmas of the stage before retired: that
+    # stage's slots take the copy X_STAGES - 2 on
     STAGED: gl.constexpr = X_STAGES > 1
     gl.static_assert(not STAGED or (X_STAGES >= 3 and K_UNITS % (X_UNITS * X_STAGES) == 0))
     x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
@@ -116,8 +116,9 @@ def moe_gemm_mx_frag_gluon_kernel(
     acc_up = acc
     if TWO:
         acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
-    # a ring of AHEAD units' loads in flight, the K loop unrolled by AHEAD + 1 so that no
-    # register moves: each unit's step loads the unit AHEAD on, then multiplies the oldest
+    # a ring of AHEAD units' loads in flight, each unit's step loading the unit AHEAD on, then
+    # multiplying the oldest: the K loop unrolled by AHEAD + 1 (the ring of x: by its units) so
+    # that no register moves
     RING: gl.constexpr = AHEAD + 1
     last: gl.constexpr = K_UNITS - 1
     ring = (unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, TWO),)

@@ -91,9 +91,9 @@ def main() -> None:
                    help="the Gluon kernel's tiles and the table it picks against the Triton "
                         "tiles' table alone (no sweep of TILES)")
     p.add_argument("--profile", action="store_true",
-                   help="no timing: the fragment layout's picked tiles, three calls a token "
-                        "count, for a profiler (ncu --launch-skip 2 --launch-count 2: GEMM 1 and "
-                        "GEMM 2 of the second call)")
+                   help="no timing: the fragment layout's picked tiles (with --gluon: the Gluon "
+                        "backend's), three calls a token count, for a profiler (ncu "
+                        "--launch-skip 2 --launch-count 2: GEMM 1 and GEMM 2 of the second call)")
     a = p.parse_args()
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
     rows = []
@@ -103,9 +103,9 @@ def main() -> None:
         f13, f2, t13, t2 = fragment_experts(w13, w2, kw["scales"])
         fkw = dict(kw, scales=FragmentScales(t13, t2))
         gkw = dict(kw, scales=GluonFragmentScales(t13, t2))
-        if a.profile:
+        if a.profile:  # the Triton tiles' table, or with --gluon(-only) the Gluon backend's
             for _ in range(3):
-                fused_moe(x, f13, f2, weights, ids, **fkw)
+                fused_moe(x, f13, f2, weights, ids, **(gkw if a.gluon or a.gluon_only else fkw))
             torch.cuda.synchronize()
             continue
         shipped = graph_ms(lambda: fused_moe(*args, **kw)) * 1e3

@@ -23,6 +23,8 @@
 #                                           # (copy OUT's mxfp4_gluon table into moe_configs;
 #                                           # moe-tune-gluon: a longer budget)
 #   scripts/gpu_validate.sh moe-gluon-sweep OUT  # every Gluon tile against the Triton pick
+#   scripts/gpu_validate.sh moe-ncu-gluon OUT  # Nsight Compute on the Gluon backend's picks at
+#                                           # 16, 256 and 2,048 tokens (TOKENS), stall reasons
 #   scripts/gpu_validate.sh moe-gluon-ab OUT  # gpt-oss-20b offline and batch 1: the default,
 #                                           # moe-fragments and moe-gluon
 #   scripts/gpu_validate.sh moe-tk     OUT  # triton_kernels' matmul_ogs (carry its wheel in
@@ -135,6 +137,15 @@ moe-gluon)  # the Gluon GEMM: correct first, then the fragment layout's tiles an
     step 330 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout gluon --budget 290 \
         --out "$out" >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
+moe-ncu-gluon)  # the Gluon backend's picked tiles under Nsight Compute (its table in moe_configs)
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    step 400 "$ncu" --clock-control none --kernel-name regex:moe_gemm_mx_frag \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        "$py" benchmark/kernels/bench_moe_fragments.py --profile --gluon \
+        --tokens ${TOKENS:-16 256 2048} >"$out/ncu_moe_gluon.txt" 2>&1
+    grep -E "moe_gemm_mx_frag|Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|\
+Registers Per|Waves Per SM|Stall" "$out/ncu_moe_gluon.txt" | head -150 ;;
 moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table for the results
     step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1

@@ -131,10 +131,10 @@ moe-fi)  # FlashInfer's CUTLASS MXFP4 MoE against the fused MoE (its JIT kernels
 moe-gluon)  # the Gluon GEMM: correct first, then the fragment layout's tiles and the Gluon
     # kernel's tuned from one token up (OUT holds the table for moe_configs; a budget cut short
     # leaves the larger batches to the built-in table; moe-tune-gluon: a longer budget)
-    step 200 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
+    step 250 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
         tests/kernels/test_mxfp4_fragments.py >"$out/gluon_tests.log" 2>&1
     tail -3 "$out/gluon_tests.log"
-    step 330 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout gluon --budget 290 \
+    step 290 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout gluon --budget 250 \
         --out "$out" >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
 moe-ncu-gluon)  # the Gluon backend's picked tiles under Nsight Compute (its table in moe_configs)

@@ -27,7 +27,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .moe_mxfp4 import UNDER
-from .moe_mxfp4_gluon_unit import cp_async, cta_barrier, unit_loads, unit_mma, unit_step, x_stage
+from .moe_mxfp4_gluon_unit import (
+    cp_async,
+    cta_barrier,
+    epilogue,
+    unit_loads,
+    unit_mma,
+    unit_step,
+    word_pointers,
+    words_layout,
+    x_stage,
+)
 
 
 @gluon.jit
@@ -86,9 +96,7 @@ def moe_gemm_mx_frag_gluon_kernel(
             cp_async(x_all.index(u), x_ptrs + u * 64)
         async_copy.commit_group()
 
-    # each thread's words: warp nb, lane (r, q), the word's (h, g) in its registers
-    w_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NB, 1, 1, 1],
-                                              [3, 2, 1, 0])
+    w_layout: gl.constexpr = words_layout(NB)
     nb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
     if SPLIT:  # warps of the second half: the up rows of the first half's blocks
         blk = pid_n * (NB // 2) + nb % (NB // 2)
@@ -96,16 +104,8 @@ def moe_gemm_mx_frag_gluon_kernel(
     else:
         nb = pid_n * NB + nb
         nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
-    r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
-    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, w_layout))))
-    hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, w_layout))))
-    unit0 = nb[:, None, None, None].to(gl.int64) * K_UNITS
-    w_ptrs = (w_ptr + expert * stride_we + unit0 * 128 + r[None, :, None, None] * 16
-              + q[None, None, :, None] * 4 + hg[None, None, None, :])
-    # a lane's four scales (one a word) are one 32-bit word: [NB, 8 (r), 4 (q)], the words'
-    # layout less its (h, g)
-    s_ptrs = (ws_ptr + expert * stride_se + nb[:, None, None].to(gl.int64) * (K_UNITS * 8)
-              + r[None, :, None] + q[None, None, :] * 0)
+    w_ptrs, s_ptrs = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, K_UNITS,
+                                   w_layout)
     up_w = (n_out // 16) * K_UNITS * 128
     up_s = (n_out // 16) * K_UNITS * 8
 
@@ -159,48 +159,14 @@ def moe_gemm_mx_frag_gluon_kernel(
         e_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])
         e_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
                                            gl.SwizzledSharedLayout(1, 1, 1, [0, 1]), acc)
-        _epilogue(e_smem.slice(0, COLS).load(e_layout), e_smem.slice(COLS, COLS).load(e_layout),
+        epilogue(e_smem.slice(0, COLS).load(e_layout), e_smem.slice(COLS, COLS).load(e_layout),
                   out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert, n_pairs,
                   n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M, COLS, HAS_BIAS,
                   CLAMPED, e_layout)
     else:
-        _epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
+        epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
                   expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
                   COLS, HAS_BIAS, CLAMPED, mma)
-
-
-@gluon.jit
-def _epilogue(acc, acc_up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert,
-              n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED: gl.constexpr,
-              BLOCK_M: gl.constexpr, COLS: gl.constexpr, HAS_BIAS: gl.constexpr,
-              CLAMPED: gl.constexpr, layout: gl.constexpr):
-    """Biases, the clamped SwiGLU (``GATED``: ``acc`` the gate's sums, ``acc_up`` the up's) or
-    the routing weight, stored by pair id: outputs [COLS, BLOCK_M] in ``layout``."""
-    offs_n = pid_n * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(1, layout))
-    n_ok = offs_n < n_out
-    offs_safe = gl.where(n_ok, offs_n, 0)
-    pair = gl.load(sorted_ptr + pid_m * BLOCK_M
-                   + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout)))
-    valid = pair < n_pairs
-    pair = gl.where(valid, pair, 0).to(gl.int64)
-    dt: gl.constexpr = out_ptr.dtype.element_ty
-    if HAS_BIAS:
-        b_ptrs = bias_ptr + expert * stride_be + offs_safe
-        acc += gl.load(b_ptrs).to(gl.float32)[:, None]
-        if GATED:
-            acc_up += gl.load(b_ptrs + n_out).to(gl.float32)[:, None]
-    gate = acc.to(dt).to(gl.float32)
-    if GATED:
-        up = acc_up.to(dt).to(gl.float32)
-        if CLAMPED:
-            gate = gl.minimum(gate, limit)
-            up = gl.minimum(gl.maximum(up, -limit), limit)
-        res = ((up + 1.0) * (gate / (1.0 + gl.exp(-alpha * gate)))).to(dt)
-    else:
-        rw = gl.load(weights_ptr + pair, mask=valid, other=0.0).to(gl.float32)
-        res = (gate * rw[None, :]).to(dt)
-    gl.store(out_ptr + pair[None, :] * stride_om + offs_n[:, None], res,
-             mask=valid[None, :] & n_ok[:, None])
 
 
 def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple[int, int]:

@@ -1,6 +1,8 @@
-"""One 64-deep K unit of the Gluon MXFP4 GEMM (``moe_mxfp4_gluon``): a thread's words and
-scales loaded into its registers, decoded as the wgmma A operand, the wgmma by x's unit in
-shared memory left in flight; x's stages copied into their ring's slots."""
+"""The parts of the Gluon MXFP4 GEMMs over the fragment layout (``moe_mxfp4_gluon`` on wgmma,
+``moe_mxfp4_gluon_mma`` on mma.sync): a thread's words and scales of a 64-deep K unit loaded
+into its registers and decoded as the A operand (one warp's fragment is the same for both), the
+wgmma by x's unit in shared memory left in flight, x's stages copied into their ring's slots,
+and the epilogue."""
 
 from __future__ import annotations
 
@@ -38,6 +40,30 @@ def unit_tile(words, s, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
     return gl.convert_layout(gl.reshape(t, (BLOCK_N, 64)), a_layout, assert_trivial=True)
 
 
+@gluon.constexpr_function
+def words_layout(NB):
+    """Each thread's words of a unit: warp nb, lane (r, q), the word's (h, g) in its registers:
+    [NB, 8 (r), 4 (q), 4 (h, g)]."""
+    return gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [NB, 1, 1, 1], [3, 2, 1, 0])
+
+
+@gluon.jit
+def word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, K_UNITS: gl.constexpr,
+                  layout: gl.constexpr):
+    """Unit 0's words [NB, 8, 4, 4] and scale words [NB, 8, 4] of the 16-row blocks ``nb`` of
+    ``expert`` (``layout``: ``words_layout``)."""
+    r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, layout))))
+    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout))))
+    hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, layout))))
+    unit0 = nb[:, None, None, None].to(gl.int64) * K_UNITS
+    w_ptrs = (w_ptr + expert * stride_we + unit0 * 128 + r[None, :, None, None] * 16
+              + q[None, None, :, None] * 4 + hg[None, None, None, :])
+    # a lane's four scales (one a word) are one 32-bit word: the words' layout less its (h, g)
+    s_ptrs = (ws_ptr + expert * stride_se + nb[:, None, None].to(gl.int64) * (K_UNITS * 8)
+              + r[None, :, None] + q[None, None, :] * 0)
+    return w_ptrs, s_ptrs
+
+
 @gluon.jit
 def unit_loads(w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
     """Unit ``u``'s words [NB, 8, 4, 4] and scale words [NB, 8, 4], gate rows then up rows (the
@@ -64,8 +90,8 @@ def x_stage(x_smem, x_ptrs, j, slot: gl.constexpr, X_UNITS: gl.constexpr):
 
 @gluon.jit
 def unit_step(ring, w_ptrs, s_ptrs, up_w, up_s, u, xt, acc, acc_up, AHEAD: gl.constexpr,
-               K_UNITS: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
-               TWO: gl.constexpr):
+              K_UNITS: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
+              TWO: gl.constexpr):
     """Unit ``u``: load the unit ``AHEAD`` on into the ring, multiply the oldest by x's unit
     ``xt`` ([64, BLOCK_M] in shared memory)."""
     ahead = unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u + AHEAD, K_UNITS - 1), TWO)
@@ -76,7 +102,7 @@ def unit_step(ring, w_ptrs, s_ptrs, up_w, up_s, u, xt, acc, acc_up, AHEAD: gl.co
 
 @gluon.jit
 def unit_mma(w, s, wu, su, xt, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
-              GATED: gl.constexpr):
+             GATED: gl.constexpr):
     """A unit's wgmma of the gate (and up) rows by x's unit ``xt``, left in flight: at most the
     previous unit's still running after it."""
     acc = warpgroup_mma(unit_tile(w, s, BLOCK_N, a_layout), xt, acc, is_async=True)
@@ -86,3 +112,37 @@ def unit_mma(w, s, wu, su, xt, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.
     else:
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     return acc, acc_up
+
+
+@gluon.jit
+def epilogue(acc, acc_up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert,
+              n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED: gl.constexpr,
+              BLOCK_M: gl.constexpr, COLS: gl.constexpr, HAS_BIAS: gl.constexpr,
+              CLAMPED: gl.constexpr, layout: gl.constexpr):
+    """Biases, the clamped SwiGLU (``GATED``: ``acc`` the gate's sums, ``acc_up`` the up's) or
+    the routing weight, stored by pair id: outputs [COLS, BLOCK_M] in ``layout``."""
+    offs_n = pid_n * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(1, layout))
+    n_ok = offs_n < n_out
+    offs_safe = gl.where(n_ok, offs_n, 0)
+    pair = gl.load(sorted_ptr + pid_m * BLOCK_M
+                   + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout)))
+    valid = pair < n_pairs
+    pair = gl.where(valid, pair, 0).to(gl.int64)
+    dt: gl.constexpr = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        b_ptrs = bias_ptr + expert * stride_be + offs_safe
+        acc += gl.load(b_ptrs).to(gl.float32)[:, None]
+        if GATED:
+            acc_up += gl.load(b_ptrs + n_out).to(gl.float32)[:, None]
+    gate = acc.to(dt).to(gl.float32)
+    if GATED:
+        up = acc_up.to(dt).to(gl.float32)
+        if CLAMPED:
+            gate = gl.minimum(gate, limit)
+            up = gl.minimum(gl.maximum(up, -limit), limit)
+        res = ((up + 1.0) * (gate / (1.0 + gl.exp(-alpha * gate)))).to(dt)
+    else:
+        rw = gl.load(weights_ptr + pair, mask=valid, other=0.0).to(gl.float32)
+        res = (gate * rw[None, :]).to(dt)
+    gl.store(out_ptr + pair[None, :] * stride_om + offs_n[:, None], res,
+             mask=valid[None, :] & n_ok[:, None])

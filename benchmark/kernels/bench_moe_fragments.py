@@ -44,8 +44,9 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
 # ``--gluon``: the Gluon kernel's tiles (``moe_mxfp4_gluon``; block_n / 16 warps): x copied once
 # (``num_stages`` 1), or through a ring of ``num_stages`` stages of ``block_k`` (``x_stages``: a
 # ring of three stages of three units is the K loop's nine); the words ``gluon_ahead`` units
-# ahead; GEMM 1's gate and up rows in separate warps (``gluon_split``). Those of a sixteenth to
-# twice the rows an expert are timed
+# ahead; GEMM 1's gate and up rows in separate warps (``gluon_split``); row blocks of up to 8
+# on its mma.sync kernel (``gluon_mma``). Those of a sixteenth to twice the rows an expert are
+# timed
 _G = (True, None, True)  # swapped, no register cap, Gluon
 GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          (8, 128, 128, 64, 1, 8, 1, *_G), (16, 64, 64, 192, 1, 4, 3, *_G),
@@ -60,7 +61,11 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          (128, 64, 64, 192, 1, 4, 3, *_G, 2, True), (128, 128, 128, 192, 1, 8, 3, *_G, 2, True),
          # prefill: rings of one-unit stages (a barrier a unit, but 16 KB a stage at 128 rows)
          (64, 128, 128, 64, 1, 8, 5, *_G, 2, True), (128, 64, 64, 64, 1, 4, 5, *_G, 2, True),
-         (128, 128, 128, 64, 1, 8, 5, *_G, 2, True), (256, 128, 128, 64, 1, 8, 3, *_G, 2, True)]
+         (128, 128, 128, 64, 1, 8, 5, *_G, 2, True), (256, 128, 128, 64, 1, 8, 3, *_G, 2, True),
+         # row blocks of 1-8 on the mma.sync kernel (block_n / 16 warps, no shared memory)
+         *[(m, n, n, 64, 1, n // 16, 1, *_G, ahead, False, True)
+           for m, n, ahead in ((1, 16, 2), (1, 16, 4), (1, 32, 4), (2, 16, 4), (4, 16, 4),
+                               (4, 32, 4), (8, 16, 4), (8, 32, 4), (8, 64, 4))]]
 
 
 def fragment_experts(w13, w2, scales) -> tuple:

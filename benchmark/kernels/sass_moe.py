@@ -11,7 +11,8 @@ the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_
 ``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``, x copied
 once; ``--tile BN 192 --stages 3 --rows 32``, x through a ring of three stages of three units;
 ``--ahead A``, the words A units ahead, its loop holding A + 1 64-deep units, counted a unit;
-``--split``, GEMM 1's gate and up rows in separate warps). A K step handles
+``--split``, GEMM 1's gate and up rows in separate warps) and its mma.sync GEMM ``gmma``
+(``--tile BN 64 --rows 1..8``: BN / 16 warps, the words ``--ahead`` units ahead). A K step handles
 ``BLOCK_N * BLOCK_K * 2`` weights (gate and up; half with ``--split``); "a weight" is the loop's
 instructions, summed over the threads, over that. Spills show as LDL/STL. Instruction counts
 are not times: a loop with fewer instructions may still wait on memory, and the Triton here may
@@ -40,6 +41,7 @@ from minisgl.kernel.triton import (  # noqa: E402
     moe_mxfp4_frag,
     moe_mxfp4_gemv,
     moe_mxfp4_gluon,
+    moe_mxfp4_gluon_mma,
 )
 from minisgl.kernel.triton.fused_moe import permuted_tile as permuted  # noqa: E402
 
@@ -84,6 +86,11 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
                 {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
                 | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "num_warps": bn // 16},
                 rows or 16)
+    if name == "gmma":  # the fragment layout's mma.sync GEMM (row blocks of up to 8)
+        return (moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel,
+                {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
+                | {"ROWS": rows or 1, "BLOCK_N": bn, "K_UNITS": 45, "num_warps": bn // 16},
+                rows or 1)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
         return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,
                 {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)
@@ -123,7 +130,7 @@ def resources(bin_dir: str, cubin_path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
-                        choices=["gemv", "small", "wide", "frag", "fgemv", "gluon"])
+                        choices=["gemv", "small", "wide", "frag", "fgemv", "gluon", "gmma"])
     parser.add_argument("--tile", type=int, nargs=2, default=None, metavar=("BN", "BK"))
     parser.add_argument("--rows", type=int, default=None, help="row block (small, wide)")
     parser.add_argument("--float32-decode", action="store_true",
@@ -141,13 +148,16 @@ def main() -> None:
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                             "nvdisasm")
     tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4),
-             "frag": (128, 64, 4), "fgemv": (16, 256, 2), "gluon": (64, 64, 1)}
+             "frag": (128, 64, 4), "fgemv": (16, 256, 2), "gluon": (64, 64, 1),
+             "gmma": (16, 64, 1)}
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
-        gluon = name == "gluon"  # its K loop unrolled by ahead + 1 units
-        if gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
+        gluon = name in ("gluon", "gmma")  # their K loops unrolled by ahead + 1 units
+        if name == "gmma":
+            consts["AHEAD"] = args.ahead
+        elif gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
             consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
             consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
@@ -174,7 +184,7 @@ def main() -> None:
         total = sum(ops.values())
         units = 1
         if gluon:  # a K step per unit of 64 (the loop body holds ahead + 1, or the ring's)
-            x_units, x_rings = consts["X_UNITS"], consts["X_STAGES"]
+            x_units, x_rings = consts.get("X_UNITS", 1), consts.get("X_STAGES", 1)
             units = x_units * x_rings if x_rings > 1 else args.ahead + 1
             total, bk = total // units, 64
         weights = bn * bk * (1 if gluon and args.split else 2)  # split: gate or up rows a warp

@@ -221,7 +221,7 @@ def _gluon_kernels():
     stages of three units; gated with gate and up apart and GEMM 2, three of five, the words
     four ahead). Its pointers and strides 16-aligned, as a launch at those shapes specializes
     them (its ``cp.async`` of x needs 16-byte rows)."""
-    from minisgl.kernel.triton import moe_mxfp4_gluon
+    from minisgl.kernel.triton import moe_mxfp4_gluon, moe_mxfp4_gluon_mma
 
     sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",
                sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*i32",
@@ -234,6 +234,12 @@ def _gluon_kernels():
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
             AHEAD=ahead, SPLIT=split, HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=4), 4
+    # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
+    # words four ahead; GEMM 2 of row blocks of 8 on two warps
+    for gated, rows, warps, ahead in ((True, 1, 1, 4), (False, 8, 2, 2)):
+        yield moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel, sig, dict(
+            GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead, HAS_BIAS=True,
+            CLAMPED=True, USE_PDL=True, num_warps=warps), warps
 
 
 def main(suite: str) -> None:
@@ -271,8 +277,9 @@ def main(suite: str) -> None:
         after = ptx[mma:].count("bar.sync") if mma >= 0 else 0
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
               ",".join(f"{k}={v}" for k, v in consts.items()
-                       if k in ("GATED", "BLOCK_M", "SPLIT")),
-              f"barriers-after-mma={after}",
+                       if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT")),
+              f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
+              f"shared={compiled.metadata.shared}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

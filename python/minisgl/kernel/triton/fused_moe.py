@@ -71,11 +71,13 @@ class MoeConfig:
     # the tile's registers, not its shared memory, limit them
     maxnreg: int | None = None
     # the fragment layout's Gluon GEMM (``moe_mxfp4_gluon``, with ``GluonFragmentScales``;
-    # ``block_k`` and ``num_stages`` its stages of x), its units of words loaded ahead, and its
-    # GEMM 1's gate and up rows in separate warps (half the registers, ``block_n1 / 2`` outputs)
+    # ``block_k`` and ``num_stages`` its stages of x), its units of words loaded ahead, its
+    # GEMM 1's gate and up rows in separate warps (half the registers, ``block_n1 / 2`` outputs),
+    # or row blocks of up to 8 on its mma.sync kernel (``moe_mxfp4_gluon_mma``)
     gluon: bool = False
     gluon_ahead: int = 2
     gluon_split: bool = False
+    gluon_mma: bool = False
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -210,7 +212,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
     if frag:
         if gluon:
-            meta["AHEAD"], meta["SPLIT"] = cfg.gluon_ahead, cfg.gluon_split
+            meta.update(AHEAD=cfg.gluon_ahead, SPLIT=cfg.gluon_split, MMA=cfg.gluon_mma)
         launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a),
                     gluon)
     elif mx and cfg.block_m == 1:
@@ -259,7 +261,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         cfg = MoeConfig(*frag_tile(n_pairs / n_experts, gluon, (two_i, hidden), x.device))
     gluon = gluon and cfg.gluon
     if frag and config is not None:  # the GEMV, or wgmma tiles of 16 rows or more (Gluon's: 8)
-        least = 8 if gluon else 16
+        least = (1 if cfg.gluon_mma else 8) if gluon else 16
         cfg = replace(cfg, block_m=cfg.block_m if cfg.block_m == 1 else max(cfg.block_m, least),
                       block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
                       num_stages=cfg.num_stages if cfg.block_m <= 32 or gluon

@@ -269,10 +269,15 @@ def takes_gluon(scales: FragmentScales, x: torch.Tensor, fast: bool, act: MoeAct
 def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,
                 k_dim: int, fast: bool, gluon: bool = False) -> None:
     """Launch the GEMV (row blocks of one, ``block_k / 64`` units a K step) or the GEMM
-    (``block_n / 16`` warps of 16 rows, K steps of 64; with ``gluon``, on ``moe_mxfp4_gluon``)
-    with ``fused_moe._gemm``'s arguments and compile-time options."""
+    (``block_n / 16`` warps of 16 rows, K steps of 64; with ``gluon``, on ``moe_mxfp4_gluon``,
+    or on ``moe_mxfp4_gluon_mma`` where ``meta["MMA"]``) with ``fused_moe._gemm``'s arguments
+    and compile-time options."""
     meta = dict(meta)
-    if gluon and not gemv:
+    if gluon and meta["MMA"]:
+        from .moe_mxfp4_gluon_mma import launch_gluon_mma  # Gluon: Triton 3.6 and later
+
+        launch_gluon_mma(args, meta, block_n, k_dim)
+    elif gluon and not gemv:
         from .moe_mxfp4_gluon import launch_gluon  # Gluon: Triton 3.6 and later
 
         launch_gluon(args, meta, block_n, k_dim)

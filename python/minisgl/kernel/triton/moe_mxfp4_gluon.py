@@ -161,12 +161,12 @@ def moe_gemm_mx_frag_gluon_kernel(
                                            gl.SwizzledSharedLayout(1, 1, 1, [0, 1]), acc)
         epilogue(e_smem.slice(0, COLS).load(e_layout), e_smem.slice(COLS, COLS).load(e_layout),
                   out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert, n_pairs,
-                  n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M, COLS, HAS_BIAS,
-                  CLAMPED, e_layout)
+                  n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M, BLOCK_M, COLS,
+                  HAS_BIAS, CLAMPED, e_layout)
     else:
         epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
                   expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
-                  COLS, HAS_BIAS, CLAMPED, mma)
+                  BLOCK_M, COLS, HAS_BIAS, CLAMPED, mma)
 
 
 def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple[int, int]:

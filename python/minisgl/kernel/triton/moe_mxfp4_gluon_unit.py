@@ -116,17 +116,18 @@ def unit_mma(w, s, wu, su, xt, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.
 
 @gluon.jit
 def epilogue(acc, acc_up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert,
-              n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED: gl.constexpr,
-              BLOCK_M: gl.constexpr, COLS: gl.constexpr, HAS_BIAS: gl.constexpr,
-              CLAMPED: gl.constexpr, layout: gl.constexpr):
+             n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED: gl.constexpr,
+             BLOCK_M: gl.constexpr, ROWS: gl.constexpr, COLS: gl.constexpr,
+             HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, layout: gl.constexpr):
     """Biases, the clamped SwiGLU (``GATED``: ``acc`` the gate's sums, ``acc_up`` the up's) or
-    the routing weight, stored by pair id: outputs [COLS, BLOCK_M] in ``layout``."""
+    the routing weight, stored by pair id: outputs [COLS, BLOCK_M] in ``layout``, of which the
+    first ``ROWS`` columns are the row block's pairs."""
     offs_n = pid_n * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(1, layout))
     n_ok = offs_n < n_out
     offs_safe = gl.where(n_ok, offs_n, 0)
-    pair = gl.load(sorted_ptr + pid_m * BLOCK_M
-                   + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout)))
-    valid = pair < n_pairs
+    col = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
+    pair = gl.load(sorted_ptr + pid_m * ROWS + col % ROWS)
+    valid = (pair < n_pairs) & (col < ROWS)
     pair = gl.where(valid, pair, 0).to(gl.int64)
     dt: gl.constexpr = out_ptr.dtype.element_ty
     if HAS_BIAS:

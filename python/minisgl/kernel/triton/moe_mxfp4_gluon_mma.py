@@ -1,0 +1,127 @@
+"""The fragment layout's MXFP4 GEMM for row blocks of up to 8 pairs on mma.sync (Gluon), with
+no shared memory and no CTA barrier: batch 1 and small batches.
+
+A warp's 16 rows (and their up rows where gated) are one mma.sync m16n8k16 A operand a 16-deep
+K slice, the same per-warp fragment as the wgmma kernel's (``moe_mxfp4_gluon``), so each thread
+decodes its words where they land (``unit_tile``). The B operand, x's unit [64, 8], is loaded
+by each thread straight from global memory in the operand's own layout: column n is the block's
+pair n (the block's pairs repeated where it has fewer than 8), the same rows for every program
+of the expert, so the loads hit L1 and L2. The words, scales and x come ``AHEAD`` units ahead.
+Where the wgmma kernel needs a warpgroup (64 rows) a program and x in shared memory, a program
+here is any number of warps, so one token's four experts spread over as many programs as 16-row
+blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .moe_mxfp4 import UNDER
+from .moe_mxfp4_gluon_unit import epilogue, unit_loads, unit_tile, word_pointers, words_layout
+
+
+@gluon.jit
+def _loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u, GATED: gl.constexpr):
+    """Unit ``u``'s words and scales (gate rows, up rows) and x [64, 8]."""
+    w, s, wu, su = unit_loads(w_ptrs, s_ptrs, up_w, up_s, u, GATED)
+    return w, s, wu, su, gl.load(x_ptrs + u * 64)
+
+
+@gluon.jit
+def _step(ring, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u, acc, acc_up, AHEAD: gl.constexpr,
+          K_UNITS: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
+          GATED: gl.constexpr):
+    """Unit ``u``: load the unit ``AHEAD`` on into the ring, multiply the oldest."""
+    ahead = _loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, gl.minimum(u + AHEAD, K_UNITS - 1), GATED)
+    w, s, wu, su, xb = ring[0]
+    acc = mma_v2(unit_tile(w, s, BLOCK_N, a_layout), xb, acc)
+    if GATED:
+        acc_up = mma_v2(unit_tile(wu, su, BLOCK_N, a_layout), xb, acc_up)
+    return ring[1:] + (ahead,), acc, acc_up
+
+
+@gluon.jit
+def moe_gemm_mx_frag_mma_kernel(
+    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
+    n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
+    GATED: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
+    AHEAD: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """``out^T = w . x^T`` for row blocks of ``ROWS`` (at most 8) pairs of one expert, ``BLOCK_N``
+    rows a program (a warp's 16; ``w_ptr`` and ``ws_ptr`` int32 words, their strides in words).
+    ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``), gate and up rows in each
+    warp."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    NB: gl.constexpr = BLOCK_N // 16
+    gl.static_assert(ROWS <= 8 and NB == num_warps)
+    n_tiles = gl.cdiv(n_out, BLOCK_N)
+    pid = gl.program_id(0)
+    pid_m = pid // n_tiles
+    pid_n = pid % n_tiles
+    if pid_m * ROWS >= gl.load(total_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, 8])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    # x: column n the block's pair n % ROWS (padding pairs read token 0; never stored)
+    xn = gl.arange(0, 8, layout=gl.SliceLayout(0, b_layout))
+    xpair = gl.load(sorted_ptr + pid_m * ROWS + xn % ROWS)
+    xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
+    xk = gl.arange(0, 64, layout=gl.SliceLayout(1, b_layout))
+    x_ptrs = a_ptr + xrow[None, :] * stride_am + xk[:, None]
+
+    w_layout: gl.constexpr = words_layout(NB)
+    nb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
+    nb = pid_n * NB + nb
+    nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
+    w_ptrs, s_ptrs = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, K_UNITS,
+                                   w_layout)
+    up_w = (n_out // 16) * K_UNITS * 128
+    up_s = (n_out // 16) * K_UNITS * 8
+
+    acc = gl.zeros((BLOCK_N, 8), gl.float32, layout=mma)
+    acc_up = acc
+    # a ring of AHEAD units' loads in flight, the K loop unrolled by AHEAD + 1
+    RING: gl.constexpr = AHEAD + 1
+    ring = (_loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, 0, GATED),)
+    for i in gl.static_range(1, AHEAD):
+        ring = ring + (_loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, gl.minimum(i, K_UNITS - 1),
+                              GATED),)
+    for u0 in range(0, K_UNITS - K_UNITS % RING, RING):
+        for i in gl.static_range(RING):
+            ring, acc, acc_up = _step(ring, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u0 + i, acc,
+                                      acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, GATED)
+    for i in gl.static_range(K_UNITS % RING):
+        w, s, wu, su, xb = ring[i]
+        acc = mma_v2(unit_tile(w, s, BLOCK_N, a_layout), xb, acc)
+        if GATED:
+            acc_up = mma_v2(unit_tile(wu, su, BLOCK_N, a_layout), xb, acc_up)
+    epilogue(acc * UNDER, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m,
+             pid_n, expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, 8, ROWS,
+             BLOCK_N, HAS_BIAS, CLAMPED, mma)
+
+
+def launch_gluon_mma(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
+    """Launch for ``fused_moe._gemm``'s arguments: row blocks of ``BLOCK_M`` (at most 8),
+    ``block_n / 16`` warps, the words ``AHEAD`` units ahead."""
+    (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k,
+     n_blocks_m, alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
+    w32 = w.reshape(w.shape[0], -1).view(torch.int32)
+    s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
+    moe_gemm_mx_frag_mma_kernel[(n_blocks_m * -(-n_out // block_n),)](
+        a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
+        alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,
+        GATED=meta["GATED"], ROWS=meta["BLOCK_M"], BLOCK_N=block_n, K_UNITS=k_dim // 64,
+        AHEAD=meta["AHEAD"], HAS_BIAS=meta["HAS_BIAS"], CLAMPED=meta["CLAMPED"],
+        USE_PDL=meta["USE_PDL"], num_warps=block_n // 16,
+        **{k: meta[k] for k in ("launch_pdl", "maxnreg") if meta.get(k)})

@@ -79,9 +79,11 @@ def fragment_experts(w13, w2, scales) -> tuple:
 def candidates(rows: float, gluon_only: bool = False) -> list[tuple]:
     """The tiles worth timing at ``rows`` routed rows an expert: the GEMV up to one row, the
     Triton tiles from the smallest blocks that hold the rows, or the Gluon kernel's tiles of a
-    sixteenth to twice the rows."""
+    sixteenth to twice the rows (its mma.sync tiles up to 8 rows, of half to twice them)."""
     if gluon_only:
-        return [g for g in GLUON if rows / 16 <= g[0] <= max(8, 2 * rows)]
+        return [g for g in GLUON if (rows <= 8 and min(rows, 8) / 2 <= g[0] <= max(1, 2 * rows)
+                                     if g[12:13] == (True,) else
+                                     rows / 16 <= g[0] <= max(8, 2 * rows))]
     return (GEMV if rows <= 1 else []) + [
         t for t in TILES if not (t[0] > 16 and rows < 8 or t[0] > 32 and rows < 32)]
 

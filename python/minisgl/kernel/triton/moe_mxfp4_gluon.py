@@ -17,7 +17,6 @@ gluon``) and timings. The epilogue is ``moe_tiles.epilogue``'s: biases, the clam
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -31,6 +30,7 @@ from .moe_mxfp4_gluon_unit import (
     cp_async,
     cta_barrier,
     epilogue,
+    row_block,
     unit_loads,
     unit_mma,
     unit_step,
@@ -53,17 +53,11 @@ def moe_gemm_mx_frag_gluon_kernel(
     where ``CLAMPED``): each warp holds gate and up rows, two accumulators, or with ``SPLIT``
     the first half of the warps the tile's gate rows and the second its up rows (``BLOCK_N /
     2`` outputs a tile), paired through shared memory in the epilogue."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     NB: gl.constexpr = BLOCK_N // 16
     gl.static_assert(not SPLIT or (GATED and NB % 2 == 0))
     TWO: gl.constexpr = GATED and not SPLIT  # gate and up rows in each warp
     COLS: gl.constexpr = BLOCK_N // 2 if SPLIT else BLOCK_N  # outputs a tile
-    n_tiles = gl.cdiv(n_out, COLS)
-    pid = gl.program_id(0)
-    pid_m = pid // n_tiles
-    pid_n = pid % n_tiles
+    pid_m, pid_n = row_block(n_out, COLS, USE_PDL)
     if pid_m * BLOCK_M >= gl.load(total_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -104,10 +98,8 @@ def moe_gemm_mx_frag_gluon_kernel(
     else:
         nb = pid_n * NB + nb
         nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
-    w_ptrs, s_ptrs = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, K_UNITS,
-                                   w_layout)
-    up_w = (n_out // 16) * K_UNITS * 128
-    up_s = (n_out // 16) * K_UNITS * 8
+    w_ptrs, s_ptrs, up_w, up_s = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb,
+                                               n_out, K_UNITS, w_layout)
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BLOCK_M, 16])

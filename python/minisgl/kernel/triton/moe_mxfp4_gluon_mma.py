@@ -15,13 +15,19 @@ blocks.
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .moe_mxfp4 import UNDER
-from .moe_mxfp4_gluon_unit import epilogue, unit_loads, unit_tile, word_pointers, words_layout
+from .moe_mxfp4_gluon_unit import (
+    epilogue,
+    row_block,
+    unit_loads,
+    unit_tile,
+    word_pointers,
+    words_layout,
+)
 
 
 @gluon.jit
@@ -56,15 +62,9 @@ def moe_gemm_mx_frag_mma_kernel(
     rows a program (a warp's 16; ``w_ptr`` and ``ws_ptr`` int32 words, their strides in words).
     ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``), gate and up rows in each
     warp."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     NB: gl.constexpr = BLOCK_N // 16
     gl.static_assert(ROWS <= 8 and NB == num_warps)
-    n_tiles = gl.cdiv(n_out, BLOCK_N)
-    pid = gl.program_id(0)
-    pid_m = pid // n_tiles
-    pid_n = pid % n_tiles
+    pid_m, pid_n = row_block(n_out, BLOCK_N, USE_PDL)
     if pid_m * ROWS >= gl.load(total_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -84,10 +84,8 @@ def moe_gemm_mx_frag_mma_kernel(
     nb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
     nb = pid_n * NB + nb
     nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
-    w_ptrs, s_ptrs = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, K_UNITS,
-                                   w_layout)
-    up_w = (n_out // 16) * K_UNITS * 128
-    up_s = (n_out // 16) * K_UNITS * 8
+    w_ptrs, s_ptrs, up_w, up_s = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb,
+                                               n_out, K_UNITS, w_layout)
 
     acc = gl.zeros((BLOCK_N, 8), gl.float32, layout=mma)
     acc_up = acc

@@ -6,6 +6,7 @@ and the epilogue."""
 
 from __future__ import annotations
 
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -40,6 +41,17 @@ def unit_tile(words, s, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
     return gl.convert_layout(gl.reshape(t, (BLOCK_N, 64)), a_layout, assert_trivial=True)
 
 
+@gluon.jit
+def row_block(n_out, COLS: gl.constexpr, USE_PDL: gl.constexpr):
+    """This program's (row block, tile of ``COLS`` outputs), after the kernel before (PDL)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    n_tiles = gl.cdiv(n_out, COLS)
+    pid = gl.program_id(0)
+    return pid // n_tiles, pid % n_tiles
+
+
 @gluon.constexpr_function
 def words_layout(NB):
     """Each thread's words of a unit: warp nb, lane (r, q), the word's (h, g) in its registers:
@@ -48,10 +60,10 @@ def words_layout(NB):
 
 
 @gluon.jit
-def word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, K_UNITS: gl.constexpr,
-                  layout: gl.constexpr):
+def word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, n_out,
+                  K_UNITS: gl.constexpr, layout: gl.constexpr):
     """Unit 0's words [NB, 8, 4, 4] and scale words [NB, 8, 4] of the 16-row blocks ``nb`` of
-    ``expert`` (``layout``: ``words_layout``)."""
+    ``expert`` (``layout``: ``words_layout``), and the offsets of their up rows (in words)."""
     r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, layout))))
     q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout))))
     hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, layout))))
@@ -61,7 +73,7 @@ def word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb, K_UNITS: gl.c
     # a lane's four scales (one a word) are one 32-bit word: the words' layout less its (h, g)
     s_ptrs = (ws_ptr + expert * stride_se + nb[:, None, None].to(gl.int64) * (K_UNITS * 8)
               + r[None, :, None] + q[None, None, :] * 0)
-    return w_ptrs, s_ptrs
+    return w_ptrs, s_ptrs, (n_out // 16) * K_UNITS * 128, (n_out // 16) * K_UNITS * 8
 
 
 @gluon.jit

@@ -16,7 +16,6 @@ gluon``) and timings. The epilogue is ``moe_tiles.epilogue``'s: biases, the clam
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -30,6 +29,7 @@ from .moe_mxfp4_gluon_unit import (
     cp_async,
     cta_barrier,
     epilogue,
+    launch_args,
     row_block,
     unit_loads,
     unit_mma,
@@ -178,22 +178,13 @@ def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple
 
 
 def launch_gluon(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
-    """Launch for ``fused_moe._gemm``'s arguments (``w`` and its scales viewed as int32 words,
-    their expert strides in words): ``block_n / 16`` warps, K in 64-deep units, x in the stages
-    of ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``, the words ``AHEAD`` units
-    ahead, a gated tile's gate and up rows in separate warps where ``SPLIT``."""
-    (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k,
-     n_blocks_m, alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
-    w32 = w.reshape(w.shape[0], -1).view(torch.int32)
-    s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
-    ahead, split = meta["AHEAD"], meta["GATED"] and meta["SPLIT"]
+    """Launch for ``fused_moe._gemm``'s arguments (``launch_args``): x in the stages of
+    ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``, a gated tile's gate and up rows
+    in separate warps where ``SPLIT``."""
+    n_blocks_m, n_out, run, common = launch_args(args, meta, block_n, k_dim)
+    split = meta["GATED"] and meta["SPLIT"]
     x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
                                  meta["num_stages"])
     grid = (n_blocks_m * -(-n_out // (block_n // 2 if split else block_n)),)
-    moe_gemm_mx_frag_gluon_kernel[grid](
-        a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
-        alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,
-        GATED=meta["GATED"], BLOCK_M=meta["BLOCK_M"], BLOCK_N=block_n, K_UNITS=k_dim // 64,
-        X_UNITS=x_units, X_STAGES=n_stages, AHEAD=ahead, SPLIT=split, HAS_BIAS=meta["HAS_BIAS"],
-        CLAMPED=meta["CLAMPED"], USE_PDL=meta["USE_PDL"], num_warps=block_n // 16,
-        **{k: meta[k] for k in ("launch_pdl", "maxnreg") if meta.get(k)})
+    moe_gemm_mx_frag_gluon_kernel[grid](*run, BLOCK_M=meta["BLOCK_M"], X_UNITS=x_units,
+                                        X_STAGES=n_stages, SPLIT=split, **common)

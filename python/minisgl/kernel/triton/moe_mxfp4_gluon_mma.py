@@ -14,7 +14,6 @@ blocks.
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -22,6 +21,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from .moe_mxfp4 import UNDER
 from .moe_mxfp4_gluon_unit import (
     epilogue,
+    launch_args,
     row_block,
     unit_loads,
     unit_tile,
@@ -43,11 +43,19 @@ def _step(ring, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u, acc, acc_up, AHEAD: gl.co
           GATED: gl.constexpr):
     """Unit ``u``: load the unit ``AHEAD`` on into the ring, multiply the oldest."""
     ahead = _loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, gl.minimum(u + AHEAD, K_UNITS - 1), GATED)
-    w, s, wu, su, xb = ring[0]
+    acc, acc_up = _mma(ring[0], acc, acc_up, BLOCK_N, a_layout, GATED)
+    return ring[1:] + (ahead,), acc, acc_up
+
+
+@gluon.jit
+def _mma(loaded, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
+         GATED: gl.constexpr):
+    """A unit's mma.sync of its decoded gate (and up) rows by its x (``_loads``' tuple)."""
+    w, s, wu, su, xb = loaded
     acc = mma_v2(unit_tile(w, s, BLOCK_N, a_layout), xb, acc)
     if GATED:
         acc_up = mma_v2(unit_tile(wu, su, BLOCK_N, a_layout), xb, acc_up)
-    return ring[1:] + (ahead,), acc, acc_up
+    return acc, acc_up
 
 
 @gluon.jit
@@ -100,26 +108,15 @@ def moe_gemm_mx_frag_mma_kernel(
             ring, acc, acc_up = _step(ring, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u0 + i, acc,
                                       acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, GATED)
     for i in gl.static_range(K_UNITS % RING):
-        w, s, wu, su, xb = ring[i]
-        acc = mma_v2(unit_tile(w, s, BLOCK_N, a_layout), xb, acc)
-        if GATED:
-            acc_up = mma_v2(unit_tile(wu, su, BLOCK_N, a_layout), xb, acc_up)
+        acc, acc_up = _mma(ring[i], acc, acc_up, BLOCK_N, a_layout, GATED)
     epilogue(acc * UNDER, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m,
              pid_n, expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, 8, ROWS,
              BLOCK_N, HAS_BIAS, CLAMPED, mma)
 
 
 def launch_gluon_mma(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
-    """Launch for ``fused_moe._gemm``'s arguments: row blocks of ``BLOCK_M`` (at most 8),
-    ``block_n / 16`` warps, the words ``AHEAD`` units ahead."""
-    (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k,
-     n_blocks_m, alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
-    w32 = w.reshape(w.shape[0], -1).view(torch.int32)
-    s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
+    """Launch for ``fused_moe._gemm``'s arguments (``launch_args``): row blocks of ``BLOCK_M``
+    (at most 8)."""
+    n_blocks_m, n_out, run, common = launch_args(args, meta, block_n, k_dim)
     moe_gemm_mx_frag_mma_kernel[(n_blocks_m * -(-n_out // block_n),)](
-        a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
-        alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be,
-        GATED=meta["GATED"], ROWS=meta["BLOCK_M"], BLOCK_N=block_n, K_UNITS=k_dim // 64,
-        AHEAD=meta["AHEAD"], HAS_BIAS=meta["HAS_BIAS"], CLAMPED=meta["CLAMPED"],
-        USE_PDL=meta["USE_PDL"], num_warps=block_n // 16,
-        **{k: meta[k] for k in ("launch_pdl", "maxnreg") if meta.get(k)})
+        *run, ROWS=meta["BLOCK_M"], **common)

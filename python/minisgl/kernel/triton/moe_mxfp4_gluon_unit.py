@@ -2,10 +2,11 @@
 ``moe_mxfp4_gluon_mma`` on mma.sync): a thread's words and scales of a 64-deep K unit loaded
 into its registers and decoded as the A operand (one warp's fragment is the same for both), the
 wgmma by x's unit in shared memory left in flight, x's stages copied into their ring's slots,
-and the epilogue."""
+the epilogue, and the arguments both launchers pass."""
 
 from __future__ import annotations
 
+import torch
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -159,3 +160,20 @@ def epilogue(acc, acc_up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid
         res = (gate * rw[None, :]).to(dt)
     gl.store(out_ptr + pair[None, :] * stride_om + offs_n[:, None], res,
              mask=valid[None, :] & n_ok[:, None])
+
+
+def launch_args(args: tuple, meta: dict, block_n: int, k_dim: int) -> tuple:
+    """(row blocks, outputs, the kernels' run-time arguments, their common compile-time ones)
+    from ``fused_moe._gemm``'s: ``w`` and its scales viewed as int32 words, their expert
+    strides in words; ``block_n / 16`` warps, K in 64-deep units, the words ``AHEAD`` ahead."""
+    (a, w, out, weights, sorted_ids, expert_ids, total, ws, bias, n_pairs, n_out, _, top_k,
+     n_blocks_m, alpha, limit, stride_am, _, _, stride_om, _, _, stride_be) = args
+    w32 = w.reshape(w.shape[0], -1).view(torch.int32)
+    s32 = ws.reshape(ws.shape[0], -1).view(torch.int32)
+    run = (a, w32, out, weights, sorted_ids, expert_ids, total, s32, bias, n_pairs, n_out, top_k,
+           alpha, limit, stride_am, w32.stride(0), stride_om, s32.stride(0), stride_be)
+    common = dict(GATED=meta["GATED"], BLOCK_N=block_n, K_UNITS=k_dim // 64, AHEAD=meta["AHEAD"],
+                  HAS_BIAS=meta["HAS_BIAS"], CLAMPED=meta["CLAMPED"], USE_PDL=meta["USE_PDL"],
+                  num_warps=block_n // 16,
+                  **{k: meta[k] for k in ("launch_pdl", "maxnreg") if meta.get(k)})
+    return n_blocks_m, n_out, run, common

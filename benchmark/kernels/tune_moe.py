@@ -79,7 +79,9 @@ MID = [(16, 64, 64, 256, 1, 4, 3), (32, 64, 64, 128, 4, 4, 4), (32, 64, 64, 256,
        (64, 128, 128, 64, 8, 8, 4)]
 BIG = [(64, 128, 128, 64, 8, 4, 4), (128, 128, 128, 64, 8, 8, 4), (128, 128, 128, 128, 8, 8, 3),
        (64, 128, 128, 64, 8, 4, 3), (128, 128, 128, 64, 4, 8, 4), (128, 128, 256, 64, 8, 8, 3)]
-TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096]  # rows per expert T * K / E: 1/8 .. 512
+# rows per expert T * K / E: gpt-oss's 1/8 .. 1,024; 8,192 tokens: an offline mixed step (the
+# default max_prefill_tokens), whose tiles the last bucket serves
+TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 4096, 8192]
 # bf16 experts: hidden, moe_intermediate, experts, top-k
 SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "gemma-4-26b-a4b": (2816, 704, 128, 8)}
 

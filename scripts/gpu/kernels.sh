@@ -19,9 +19,9 @@
 #                                           # in their permuted operand order
 #   scripts/gpu_validate.sh moe-gluon  OUT  # the fragment layout's Gluon GEMM
 #                                           # (moe_mxfp4_gluon.py): its GPU tests, then its
-#                                           # tiles and the Triton ones tuned from one token up
-#                                           # (copy OUT's mxfp4_gluon table into moe_configs;
-#                                           # moe-tune-gluon: a longer budget)
+#                                           # tiles and the Triton ones tuned at 1-256 and
+#                                           # 8,192 tokens (copy OUT's mxfp4_gluon table into
+#                                           # moe_configs; moe-tune-gluon: the other counts)
 #   scripts/gpu_validate.sh moe-gluon-sweep OUT  # every Gluon tile against the Triton pick
 #   scripts/gpu_validate.sh moe-ncu-gluon OUT  # Nsight Compute on the Gluon backend's picks at
 #                                           # 16, 256 and 2,048 tokens (TOKENS), stall reasons
@@ -129,13 +129,15 @@ moe-fi)  # FlashInfer's CUTLASS MXFP4 MoE against the fused MoE (its JIT kernels
         --out "$out" >"$out/bench_moe_flashinfer.log" 2>&1
     tail -4 "$out/bench_moe_flashinfer.log"; cat "$out"/*_moe_flashinfer_*.md ;;
 moe-gluon)  # the Gluon GEMM: correct first, then the fragment layout's tiles and the Gluon
-    # kernel's tuned from one token up (OUT holds the table for moe_configs; a budget cut short
-    # leaves the larger batches to the built-in table; moe-tune-gluon: a longer budget)
+    # kernel's tuned at the offline benchmark's step sizes first (decode up to 256 requests, mixed
+    # steps of 8,192 tokens; OUT holds the table for moe_configs; a budget cut short leaves the
+    # larger batches to the built-in table): TOKENS="512 1024 4096" moe-tune-gluon adds a
+    # server's chunks over it
     step 250 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
         tests/kernels/test_mxfp4_fragments.py >"$out/gluon_tests.log" 2>&1
     tail -3 "$out/gluon_tests.log"
     step 290 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout gluon --budget 250 \
-        --out "$out" >"$out/tune_moe.log" 2>&1
+        --tokens ${TOKENS:-1 4 16 64 128 256 8192} --out "$out" >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
 moe-ncu-gluon)  # the Gluon backend's picked tiles under Nsight Compute (its table in moe_configs)
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)

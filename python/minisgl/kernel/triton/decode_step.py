@@ -136,8 +136,8 @@ def _final_kernel(flag_ptr, val_ptr, idx_ptr, out_ptr, pool_ptr, rows_ptr, pos_p
 
 def pick_splits(rows: int) -> int:
     """Programs per row: 64 up to 16 rows, then fewer, 16 from 64 rows: a few rows need many
-    programs each to fill the GPU, many rows fill it with few (on an H100, 151,936 columns: 3.0 us
-    for one row, 31.5 for 256, 4x and 2x faster than torch's argmax, cast and index-put)."""
+    programs each to fill the GPU, many rows fill it with few (docs/performance.md, "Tuned
+    kernels")."""
     return max(16, min(64, 1024 // triton.next_power_of_2(rows)))
 
 

@@ -239,9 +239,9 @@ FRAG_TILES = ((0.25, (1, 16, 16, 256, 1, 2, 2, None, None)),
               (128.0, (32, 64, 64, 64, 4, 4, 4, True, None)),
               (float("inf"), (64, 64, 64, 64, 4, 4, 2, True, None)))
 # with ``GluonFragmentScales``: up to 4 rows an expert, row blocks of 8 on the Gluon kernel
-# (``moe_mxfp4_gluon``; ``block_n`` 64, 4 warps: 179.3 against 207.3 us at 16 tokens on the
-# H200); from 8 rows its 92 KB of x a 16-row block leave two programs an SM, and the Triton
-# tiles win (306.2 against 215.8 us at 64 tokens, 379.1 against 262.0 at 128)
+# (``moe_mxfp4_gluon``; ``block_n`` 64, 4 warps), faster there; from 8 rows the 92 KB of x a
+# 16-row block copies whole leave two programs an SM, and the Triton tiles win
+# (docs/performance.md, "A Gluon kernel for the small row blocks")
 GLUON_TILES = (FRAG_TILES[:2] + ((4.0, (8, 64, 64, 64, 1, 4, 1, True, None, True)),)
                + FRAG_TILES[2:])
 

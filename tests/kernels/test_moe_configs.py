@@ -55,8 +55,9 @@ def test_frag_tile_takes_a_tuned_table(tmp_path, monkeypatch):
 
 def test_the_shipped_tables_are_configs():
     """Every bucket of every shipped table builds a ``MoeConfig`` (7 fields, or more with the
-    MXFP4 kernel choice ``swapped`` and the fragment layout's) with row blocks the launcher
-    knows (8 on the Gluon kernel alone), in rising bucket order."""
+    MXFP4 kernel choice ``swapped`` and the fragment layout's) with row blocks its kernel knows
+    (the Triton tiles' and the GEMV's; the Gluon wgmma kernel's multiples of 8 up to 256; its
+    mma.sync kernel's 1 to 8), in rising bucket order."""
     paths = sorted(moe_configs.DIR.glob("*.json"))
     assert paths
     for path in paths:
@@ -65,5 +66,10 @@ def test_the_shipped_tables_are_configs():
         assert tops == sorted(tops), path.name
         for bucket in buckets:
             cfg = MoeConfig(*bucket["config"])
-            assert cfg.block_m in (1, 16, 32, 64, 128) or cfg.gluon and cfg.block_m == 8
+            if cfg.gluon_mma:
+                assert cfg.gluon and 1 <= cfg.block_m <= 8, (path.name, bucket)
+            elif cfg.gluon:
+                assert cfg.block_m in (8, 16, 32, 64, 128, 256), (path.name, bucket)
+            else:
+                assert cfg.block_m in (1, 16, 32, 64, 128), (path.name, bucket)
             assert cfg.swapped in (None, True, False)

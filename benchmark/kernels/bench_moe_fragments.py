@@ -82,7 +82,7 @@ def candidates(rows: float, gluon_only: bool = False) -> list[tuple]:
     sixteenth to twice the rows (its mma.sync tiles up to 8 rows, of half to twice them)."""
     if gluon_only:
         return [g for g in GLUON if (rows <= 8 and min(rows, 8) / 2 <= g[0] <= max(1, 2 * rows)
-                                     if g[12:13] == (True,) else
+                                     if MoeConfig(*g).gluon_mma else
                                      rows / 16 <= g[0] <= max(8, 2 * rows))]
     return (GEMV if rows <= 1 else []) + [
         t for t in TILES if not (t[0] > 16 and rows < 8 or t[0] > 32 and rows < 32)]

@@ -25,6 +25,8 @@ from typing import Any, Iterator
 
 import torch
 
+from minisgl.kernel import aligned16
+
 # integers in [-2**31, 2**31) are passed as i32, others as i64
 _INT_BOUND = 1 << 31
 
@@ -42,12 +44,6 @@ def _int_class(value: int, specialize: bool) -> str:
 
 # a value of each integer class that Triton specialises the same way
 _INT_OF_CLASS = {"1": 1, "d1632": 16, "any32": 3, "d1664": 1 << 34, "any64": (1 << 33) + 1}
-
-
-def _tensor_aligned(t: torch.Tensor) -> bool:
-    """Whether ``t``'s data starts 16-byte aligned. Allocations are (CUDA's caching allocator
-    gives 512-byte blocks), so only the view's offset decides; fake tensors have no address."""
-    return t.storage_offset() * t.element_size() % 16 == 0
 
 
 def _const(value: Any) -> Any:
@@ -90,7 +86,7 @@ def arg_spec(value: Any, constexpr: bool, specialize: bool = True, align: bool =
         return ("const", _const(value))
     if isinstance(value, torch.Tensor):
         return ("ptr", str(value.dtype).removeprefix("torch."),
-                _tensor_aligned(value) if align else None)
+                aligned16(value) if align else None)
     if value is None:
         return ("none",)
     if isinstance(value, bool):

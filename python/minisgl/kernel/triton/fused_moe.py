@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernel import aligned16
 from minisgl.kernel.moe_types import SILU, ExpertBias, FragmentScales, MoeActivation, Mxfp4Scales
 
 from . import pdl as pdl_
@@ -208,7 +209,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
                 **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
                 **pdl_.launch_options(a, pdl))
     if mx:  # 32-bit word loads, 4 a group: the kernels take the alignment as given
-        assert w.data_ptr() % 16 == 0 and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
+        assert aligned16(w) and w.stride(0) % 16 == 0 and w.stride(1) % 16 == 0, \
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
     if frag:
         if gluon:

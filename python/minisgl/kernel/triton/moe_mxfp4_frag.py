@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernel import aligned16
 from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales, MoeActivation
 
 from .moe_configs import tuned
@@ -263,7 +264,7 @@ def takes_gluon(scales: FragmentScales, x: torch.Tensor, fast: bool, act: MoeAct
     the PTX decoding (``fast``: bf16 on Hopper), gpt-oss's clamped SwiGLU and x's rows 16-byte
     aligned (its ``cp.async``); else the Triton kernels' tiles."""
     return (isinstance(scales, GluonFragmentScales) and fast and act.kind == "swiglu_clamped"
-            and x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0)
+            and aligned16(x) and x.stride(0) % 8 == 0)
 
 
 def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k: int,

@@ -5,6 +5,8 @@ steps, retraction, both page sizes and TP=2."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -84,12 +86,14 @@ def test_prefill_and_decode_logits_match_transformers(arch, checkpoints, prompts
         # transformers' own decode (its cache, the token-by-token rule), as the engine decodes:
         # re-reading the answer as one prefill would compare the chunked rule with the
         # recurrent one, whose float32 rounding the MoE family's near-tied routes amplify
+        # (the cache is ``cache`` from transformers 5.25 on, ``past_key_values`` before)
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else \
+            "past_key_values"
         with torch.no_grad():
             step = model(torch.tensor([prompt]), use_cache=True)
             ref = [step.logits[0, -1]]
             for token in out.token_ids[:-1]:
-                step = model(torch.tensor([[token]]), past_key_values=step.past_key_values,
-                             use_cache=True)
+                step = model(torch.tensor([[token]]), use_cache=True, **{name: step[name]})
                 ref.append(step.logits[0, -1])
         torch.testing.assert_close(torch.stack(recorded[uid]).cpu(), torch.stack(ref),
                                    atol=atol, rtol=0)

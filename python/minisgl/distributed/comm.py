@@ -39,7 +39,9 @@ class DistributedCommunicator:
         x = x.contiguous()
         out = torch.empty((self.info.size * x.shape[0], *x.shape[1:]), dtype=x.dtype,
                           device=x.device)
-        dist.all_gather_into_tensor(out, x, group=self.group)
+        # all_gather_single is the name from torch 2.13 on (all_gather_into_tensor before)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, x, group=self.group)
         return torch.cat(out.chunk(self.info.size, dim=0), dim=dim)
 
     def min_int(self, value: int) -> int:

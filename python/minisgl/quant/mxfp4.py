@@ -70,7 +70,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     k = w.shape[-1]
     if k % GROUP:
         raise ValueError(f"MXFP4 rows must be a multiple of {GROUP} values long, got {k}")
-    groups = w.float().reshape(*w.shape[:-1], k // GROUP, GROUP)
+    groups = w.float().contiguous().reshape(*w.shape[:-1], k // GROUP, GROUP)
     amax = groups.abs().amax(dim=-1, keepdim=True)
     exp = torch.where(amax > 0, torch.floor(torch.log2(amax)) - _EMAX, torch.full_like(amax, -127))
     exp = exp.clamp(-127, 127)

@@ -82,13 +82,13 @@ def test_prefill_and_decode_logits_match_transformers(arch, checkpoints, prompts
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate(prompts, params)
     model = hf_model(path)
+    # the cache is ``cache`` from transformers 5.25 on, ``past_key_values`` before
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else \
+        "past_key_values"
     for uid, (out, prompt) in enumerate(zip(outputs, prompts)):
         # transformers' own decode (its cache, the token-by-token rule), as the engine decodes:
         # re-reading the answer as one prefill would compare the chunked rule with the
         # recurrent one, whose float32 rounding the MoE family's near-tied routes amplify
-        # (the cache is ``cache`` from transformers 5.25 on, ``past_key_values`` before)
-        name = "cache" if "cache" in inspect.signature(model.forward).parameters else \
-            "past_key_values"
         with torch.no_grad():
             step = model(torch.tensor([prompt]), use_cache=True)
             ref = [step.logits[0, -1]]

@@ -56,8 +56,8 @@ def test_frag_tile_takes_a_tuned_table(tmp_path, monkeypatch):
 def test_the_shipped_tables_are_configs():
     """Every bucket of every shipped table builds a ``MoeConfig`` (7 fields, or more with the
     MXFP4 kernel choice ``swapped`` and the fragment layout's) with row blocks its kernel knows
-    (the Triton tiles' and the GEMV's; the Gluon wgmma kernel's multiples of 8 up to 256; its
-    mma.sync kernel's 1 to 8), in rising bucket order."""
+    (the Triton tiles' and the GEMV's; the Gluon wgmma kernel's powers of two from 8 to 256;
+    its mma.sync kernel's 1 to 8), in rising bucket order."""
     paths = sorted(moe_configs.DIR.glob("*.json"))
     assert paths
     for path in paths:

@@ -20,7 +20,8 @@
 #   scripts/gpu_validate.sh gpt-oss-profile OUT  # where a gpt-oss-20b decode step's time goes,
 #                                           # kernel by kernel: batch 1 and 64 (profile_decode.py
 #                                           # --per-step; the MXFP4 MoE tiles' table as tuned);
-#                                           # MODEL=gemma-4-26b-a4b BATCHES=64: another model's
+#                                           # MODEL=gemma-4-26b-a4b BATCHES=64: another model's;
+#                                           # VARIANT=moe-gluon: a bench.py variant's engine
 #   scripts/gpu_validate.sh gemma      OUT  # window/sink kernels, Gemma 3/4 parity on CUDA
 #                                           # (float32; the sliding pool under CUDA graphs and
 #                                           # with radix hits; TESTS=0: none), Gemma 3 27B and
@@ -94,11 +95,12 @@ gpt-oss-ab)  # the fused MoE against triton_kernels' matmul_ogs (its wheel in .w
         --tag moe_ab >"$out/bench_gpt-oss-20b_moe_ab.log" 2>&1
     cat "$out"/offline_gpt-oss-20b_*moe_ab.md ;;
 gpt-oss-profile)  # MODEL: another config of benchmark/configs (e.g. gemma-4-26b-a4b)
-    m=${MODEL:-gpt-oss-20b}
+    m=${MODEL:-gpt-oss-20b} v=${VARIANT:-default}
     for bs in ${BATCHES:-1 64}; do
         step 200 "$py" benchmark/offline/profile_decode.py --model "benchmark/configs/$m.json" \
-            --batch $bs --tokens 32 --per-step --out "$out" >"$out/profile_${m}_bs$bs.log" 2>&1
-        grep -A14 "per decode step" "$out/profile_${m}_bs$bs.log"
+            --batch $bs --tokens 32 --per-step --variant "$v" --out "$out" \
+            >"$out/profile_${m}_${v}_bs$bs.log" 2>&1
+        grep -A14 "per decode step" "$out/profile_${m}_${v}_bs$bs.log"
     done ;;
 tests)
     "$py" -m pytest -q -p no:cacheprovider -rf -m gpu tests --durations=15 \

@@ -39,6 +39,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from minisgl.kernel.triton import (  # noqa: E402
     moe_mxfp4,
     moe_mxfp4_frag,
+    moe_mxfp4_frag_gemv,
     moe_mxfp4_gemv,
     moe_mxfp4_gluon,
     moe_mxfp4_gluon_mma,
@@ -92,7 +93,7 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
                 | {"ROWS": rows or 1, "BLOCK_N": bn, "K_UNITS": 45, "num_warps": bn // 16},
                 rows or 1)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
-        return (moe_mxfp4_frag.moe_gemv_mx_frag_kernel,
+        return (moe_mxfp4_frag_gemv.moe_gemv_mx_frag_kernel,
                 {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
             {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,

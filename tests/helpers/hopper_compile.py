@@ -190,7 +190,12 @@ def _mxfp4_kernels():
     """The MXFP4 MoE GEMMs at gpt-oss's gated tile (bf16 x, biases, clamped SwiGLU) with their
     PTX decoding (``FAST``): the small-batch kernel, the swapped one at 16-row blocks (permuted
     operand order) and at 64, the GEMV, and the fragment layout's GEMM and GEMV."""
-    from minisgl.kernel.triton import moe_mxfp4, moe_mxfp4_frag, moe_mxfp4_gemv
+    from minisgl.kernel.triton import (
+        moe_mxfp4,
+        moe_mxfp4_frag,
+        moe_mxfp4_frag_gemv,
+        moe_mxfp4_gemv,
+    )
 
     sig = dict(a_ptr="*bf16", w_ptr="*u8", out_ptr="*bf16", weights_ptr="*bf16",
                sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*u8",
@@ -210,8 +215,9 @@ def _mxfp4_kernels():
     # the fragment layout's GEMM (32-row blocks, 8 warps of 16 rows) and GEMV
     yield moe_mxfp4_frag.moe_gemm_mx_frag_kernel, sig, dict(common, BLOCK_M=32, BLOCK_N=128,
         GROUP_M=4, PRECISION="tf32", FAST=True), 8
-    yield moe_mxfp4_frag.moe_gemv_mx_frag_kernel, sig, dict(common, BLOCK_N=16, UNITS=4,
-        EVEN_K=False), 2
+    for units, warps in ((4, 2), (2, 1)):
+        yield moe_mxfp4_frag_gemv.moe_gemv_mx_frag_kernel, sig, dict(
+            common, BLOCK_N=16, UNITS=units, EVEN_K=False), warps
 
 
 def _gluon_kernels():
@@ -240,6 +246,21 @@ def _gluon_kernels():
         yield moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel, sig, dict(
             GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead, HAS_BIAS=True,
             CLAMPED=True, USE_PDL=True, num_warps=warps), warps
+
+
+def loop_conversions(ttgir: str) -> int:
+    """Layout conversions (``ttg.convert_layout``) inside the first loop of a kernel's TTGIR: its
+    K loop, where one may cost shared-memory stores, loads and CTA barriers every step."""
+    count, depth = 0, None
+    for line in ttgir.splitlines():
+        if depth is None and "scf.for" in line:
+            depth = 0
+        if depth is not None:
+            count += line.count("ttg.convert_layout")
+            depth += line.count("{") - line.count("}")
+            if depth <= 0 and "}" in line:
+                break
+    return count
 
 
 def main(suite: str) -> None:
@@ -280,6 +301,7 @@ def main(suite: str) -> None:
                        if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT")),
               f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
               f"shared={compiled.metadata.shared}",
+              f"loop-conversions={loop_conversions(compiled.asm['ttgir'])}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

@@ -167,9 +167,13 @@ def test_the_ptx_decoding_compiles_for_hopper(tmp_path):
     """The MXFP4 GEMMs with their PTX decoding (``mxfp4.decode_words_bf16``, which the interpreter
     cannot run) through Triton's compiler and ptxas for sm_90: the small-batch kernel, the
     swapped one with and without its permuted operand order, the GEMV, the fragment layout's
-    GEMM and GEMV; each waiting on the kernel before (PDL), as the engine launches them."""
+    GEMM and GEMV (two and one warps); each waiting on the kernel before (PDL), as the engine
+    launches them. The fragment GEMV's K loop converts no layout: x loads straight into the
+    registers its words' lanes use, no round trip through shared memory behind CTA barriers."""
     cubins = compile_for_hopper(tmp_path, "mxfp4")
     assert [line.split()[1] for line in cubins] == [
         "moe_gemm_mx_kernel", "moe_gemm_mx_wide_kernel", "moe_gemm_mx_wide_kernel",
-        "moe_gemv_mx_kernel", "moe_gemm_mx_frag_kernel", "moe_gemv_mx_frag_kernel"], cubins
+        "moe_gemv_mx_kernel", "moe_gemm_mx_frag_kernel", "moe_gemv_mx_frag_kernel",
+        "moe_gemv_mx_frag_kernel"], cubins
     assert all(line.endswith("griddepcontrol") for line in cubins), cubins
+    assert all("loop-conversions=0" in line for line in cubins[-2:]), cubins[-2:]

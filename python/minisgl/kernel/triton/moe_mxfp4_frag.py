@@ -18,7 +18,7 @@ from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales, MoeAct
 
 from .moe_configs import tuned
 from .moe_mxfp4 import UNDER, UNDER_SHIFT, expert_words
-from .moe_mxfp4_gemv import SUMS_UP, X_UP
+from .moe_mxfp4_frag_gemv import moe_gemv_mx_frag_kernel
 from .moe_tiles import epilogue, tile, tile_rows
 from .mxfp4 import DECODE_WORDS_BF16, bf16x2_pow2, e8m0, widen, word_pairs
 from .pdl import wait_then_release
@@ -102,130 +102,6 @@ def moe_gemm_mx_frag_kernel(
     epilogue(tl.trans(acc), tl.trans(acc_up), out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
              offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
              HAS_BIAS, CLAMPED, GELU)
-
-
-@triton.jit
-def moe_gemv_mx_frag_kernel(
-    a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
-    n_pairs, n_out, k_dim, top_k, n_blocks_m, alpha, limit,
-    stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn, stride_be,
-    GATED: tl.constexpr, BLOCK_N: tl.constexpr, UNITS: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, GELU: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False,
-):
-    """``moe_mxfp4_gemv``'s GEMV over the fragment layout: one routed pair a program,
-    ``BLOCK_N`` rows (16-row units) and ``UNITS`` 64-deep units a K step (``EVEN_K``: ``k_dim``
-    a multiple of ``64 * UNITS``; else the last step's missing units are masked). A thread's
-    words are decoded and multiplied by x on the CUDA cores, each word's eight products summed
-    in its registers and scaled by its own scale; a row's values lie in four lanes (``q``),
-    summed once after the K loop. The next step's loads are issued before this step's
-    arithmetic. Values ``2 ** -126`` times themselves, x times ``2 ** 100``, the sums times
-    ``2 ** 26`` at the end, as there."""
-    wait_then_release(USE_PDL)
-    pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
-    if pid_m >= tl.load(total_ptr):
-        return
-    pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
-        sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, 1, BLOCK_N)
-    NB: tl.constexpr = BLOCK_N // 16
-    units = k_dim // 64
-    nb = pid_n * NB + tl.arange(0, NB)
-    nb = tl.where(nb * 16 < n_out, nb, 0)
-    u = tl.arange(0, UNITS)[None, :, None, None, None]
-    r = tl.arange(0, 8)[None, None, :, None, None]
-    q = tl.arange(0, 4)[None, None, None, :, None]
-    hg = tl.arange(0, 4)[None, None, None, None, :]
-    unit0 = nb[:, None, None, None, None] * units + u  # [NB, UNITS, 1, 1, 1]
-    w_ptrs = expert_words(w_ptr, expert, stride_we) + unit0 * 128 + r * 16 + q * 4 + hg
-    s_ptrs = ws_ptr + expert * stride_se + unit0 * 32 + r * 4 + 0 * q + hg
-    up_w, up_s = (n_out // 16) * units * 128, (n_out // 16) * units * 32
-    # x of value i of word (h, g) of lane q: K 64 u + 32 g + (0, 1, 8, 9, 16, 17, 24, 25)[i] + 2 q
-    xu = tl.arange(0, UNITS)[:, None, None, None]
-    xq = tl.arange(0, 4)[None, :, None, None]
-    xg = (tl.arange(0, 4) % 2)[None, None, :, None]
-    i = tl.arange(0, 8)[None, None, None, :]
-    x_ptrs = a_ptr + row * stride_am + 64 * xu + 32 * xg + 8 * (i // 2 % 4) + i % 2 + 2 * xq
-    acc = tl.zeros((NB, UNITS, 8, 4, 4), dtype=tl.float32)
-    acc_up = tl.zeros((NB, UNITS, 8, 4, 4), dtype=tl.float32)
-    steps = tl.cdiv(units, UNITS)
-    x, words, s, words_up, s_up = _gemv_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, units, 0,
-                                              UNITS, GATED, EVEN_K)
-    for k in range(steps):
-        nxt = _gemv_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, units,
-                          tl.minimum(k + 1, steps - 1), UNITS, GATED, EVEN_K)
-        xf = tl.reshape(x.to(tl.float32) * X_UP, (UNITS, 4, 4, 4, 2))  # [u, q, hg, pair, p]
-        xs = _pairs_of(xf)
-        acc += _frag_word_dot(words, s, xs)
-        if GATED:
-            acc_up += _frag_word_dot(words_up, s_up, xs)
-        x, words, s, words_up, s_up = nxt
-    out = _rows(acc, NB, UNITS) * SUMS_UP
-    out_up = _rows(acc_up, NB, UNITS) * SUMS_UP
-    epilogue(out[None, :], out_up[None, :], out_ptr, weights_ptr, bias_ptr, pair, valid, expert,
-             offs_n, n_ok, offs_n_safe, n_out, stride_om, stride_be, alpha, limit, GATED,
-             HAS_BIAS, CLAMPED, GELU)
-
-
-@triton.jit
-def _gemv_loads(x_ptrs, w_ptrs, s_ptrs, up_w, up_s, units, k, UNITS: tl.constexpr,
-                GATED: tl.constexpr, EVEN_K: tl.constexpr):
-    """K step ``k``'s x [UNITS, 4, 4, 8], words [NB, UNITS, 8, 4, 4] and scales (the same shape),
-    and the up rows' (the gate rows' again where not ``GATED``); units past ``units`` 0."""
-    if EVEN_K:
-        x = tl.load(x_ptrs + k * 64 * UNITS)
-        words = tl.load(w_ptrs + k * 128 * UNITS)
-        s = tl.load(s_ptrs + k * 32 * UNITS)
-    else:
-        u = k * UNITS + tl.arange(0, UNITS)
-        x_ok = (u < units)[:, None, None, None]
-        ok = (u < units)[None, :, None, None, None]
-        x = tl.load(x_ptrs + k * 64 * UNITS, mask=x_ok, other=0.0)
-        words = tl.load(w_ptrs + k * 128 * UNITS, mask=ok, other=0)
-        s = tl.load(s_ptrs + k * 32 * UNITS, mask=ok, other=0)
-    words_up, s_up = words, s
-    if GATED:
-        if EVEN_K:
-            words_up = tl.load(w_ptrs + up_w + k * 128 * UNITS)
-            s_up = tl.load(s_ptrs + up_s + k * 32 * UNITS)
-        else:
-            words_up = tl.load(w_ptrs + up_w + k * 128 * UNITS, mask=ok, other=0)
-            s_up = tl.load(s_ptrs + up_s + k * 32 * UNITS, mask=ok, other=0)
-    return x, words, s, words_up, s_up
-
-
-@triton.jit
-def _pairs_of(xf):
-    """x [UNITS, q, hg, pair, p] -> per pair j of ``word_pairs`` its (low, high) x values, each
-    [UNITS, q, hg]."""
-    a, b = tl.split(tl.reshape(xf, xf.shape[:3] + (2, 2, 2)))  # [.., j1, j0] by p
-    a0, a1 = tl.split(a)
-    b0, b1 = tl.split(b)
-    a00, a10 = tl.split(a0)
-    a01, a11 = tl.split(a1)
-    b00, b10 = tl.split(b0)
-    b01, b11 = tl.split(b1)
-    return (a00, b00), (a01, b01), (a10, b10), (a11, b11)
-
-
-@triton.jit
-def _frag_word_dot(words, s, xs):
-    """Words [NB, UNITS, 8, 4, 4] times their x (``xs``), each word's 8 products summed and
-    scaled by its scale: [NB, UNITS, 8, 4, 4]."""
-    t = tl.zeros(words.shape, dtype=tl.float32)
-    pairs = word_pairs(words)
-    for j in tl.static_range(4):
-        lo, hi = widen(pairs[j])
-        t += lo * xs[j][0][None, :, None, :, :]
-        t += hi * xs[j][1][None, :, None, :, :]
-    return t * e8m0(s)
-
-
-@triton.jit
-def _rows(acc, NB: tl.constexpr, UNITS: tl.constexpr):
-    """[NB, UNITS, r, q, (h, g)] sums -> each row's, [BLOCK_N] in the order 16 nb + 8 h + r."""
-    t = tl.sum(tl.sum(acc, axis=3), axis=1)  # [NB, r, hg]
-    t = tl.sum(tl.reshape(t, (NB, 8, 2, 2)), axis=3)  # [NB, r, h]
-    return tl.reshape(tl.permute(t, (0, 2, 1)), (NB * 16,))
 
 
 # (rows an expert at most, ``MoeConfig``'s fields): the H200's best tiles at gpt-oss-20b's shapes

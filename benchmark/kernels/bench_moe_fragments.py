@@ -47,8 +47,8 @@ TILES = [(16, 128, 128, 64, 1, 8, 4, True), (16, 128, 128, 64, 1, 8, 4, True, 64
 # (``num_stages`` 1), or through a ring of ``num_stages`` stages of ``block_k`` (``x_stages``: a
 # ring of three stages of three units is the K loop's nine); the words ``gluon_ahead`` units
 # ahead; GEMM 1's gate and up rows in separate warps (``gluon_split``); row blocks of up to 8
-# on its mma.sync kernel (``gluon_mma``). Those of a sixteenth to twice the rows an expert are
-# timed
+# on its mma.sync kernel (``gluon_mma``); the words through x's ring (``gluon_staged``). Those
+# of a sixteenth to twice the rows an expert are timed
 _G = (True, None, True)  # swapped, no register cap, Gluon
 GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          (8, 128, 128, 64, 1, 8, 1, *_G), (16, 64, 64, 192, 1, 4, 3, *_G),
@@ -67,6 +67,15 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          # prefill: rings of one-unit stages (a barrier a unit, but 16 KB a stage at 128 rows)
          (64, 128, 128, 64, 1, 8, 5, *_G, 2, True), (128, 64, 64, 64, 1, 4, 5, *_G, 2, True),
          (128, 128, 128, 64, 1, 8, 5, *_G, 2, True), (256, 128, 128, 64, 1, 8, 3, *_G, 2, True),
+         # the words through x's ring with it (each thread its own 16 bytes a unit, read back
+         # from shared memory): ``num_stages - 2`` stages in flight, no register ring
+         *[(m, n, n, bk, 1, n // 16, st, *_G, 2, split, False, True)
+           for m, n, bk, st, split in ((8, 64, 64, 9, True), (16, 64, 64, 5, True),
+                                       (16, 64, 64, 9, True), (16, 64, 192, 3, False),
+                                       (32, 64, 192, 3, False), (32, 64, 64, 5, True),
+                                       (32, 64, 64, 9, True), (32, 64, 64, 9, False),
+                                       (32, 128, 64, 9, True), (64, 64, 64, 9, True),
+                                       (64, 128, 64, 9, True), (128, 128, 64, 5, True))],
          # row blocks of 1-8 on the mma.sync kernel (block_n / 16 warps, no shared memory)
          *[(m, n, n, 64, 1, n // 16, 1, *_G, ahead, False, True)
            for m, n, ahead in ((1, 16, 2), (1, 16, 4), (1, 32, 4), (2, 16, 4), (4, 16, 4),

@@ -3,7 +3,7 @@ Triton's own ptxas, disassembled with its ``nvdisasm``, and the instructions of 
 by opcode: what a change to the decoding costs, on a machine where nothing can be timed.
 
     python benchmark/kernels/sass_moe.py [--kernel gemv small wide frag fgemv gluon] [--tile BN BK]
-        [--warps W] [--stages S] [--maxnreg R] [--ahead A] [--split] [--sass DIR]
+        [--warps W] [--stages S] [--maxnreg R] [--ahead A] [--split] [--staged] [--sass DIR]
 
 Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by default the one
 the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
@@ -11,7 +11,8 @@ the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_
 ``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``, x copied
 once; ``--tile BN 192 --stages 3 --rows 32``, x through a ring of three stages of three units;
 ``--ahead A``, the words A units ahead, its loop holding A + 1 64-deep units, counted a unit;
-``--split``, GEMM 1's gate and up rows in separate warps) and its mma.sync GEMM ``gmma``
+``--split``, GEMM 1's gate and up rows in separate warps; ``--staged``, the words through x's
+ring, ``--stages`` 3 or more) and its mma.sync GEMM ``gmma``
 (``--tile BN 64 --rows 1..8``: BN / 16 warps, the words ``--ahead`` units ahead). A K step handles
 ``BLOCK_N * BLOCK_K * 2`` weights (gate and up; half with ``--split``); "a weight" is the loop's
 instructions, summed over the threads, over that. Spills show as LDL/STL. Instruction counts
@@ -143,6 +144,8 @@ def main() -> None:
                         help="gluon: units of words loaded ahead (the loop unrolled by one more)")
     parser.add_argument("--split", action="store_true",
                         help="gluon: gate and up rows in separate warps")
+    parser.add_argument("--staged", action="store_true",
+                        help="gluon: the words through x's ring of stages (--stages 3 or more)")
     parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -160,6 +163,7 @@ def main() -> None:
             consts["AHEAD"] = args.ahead
         elif gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
             consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
+            consts["W_STAGED"] = args.staged
             consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
         warps = bn // 16 if gluon else args.warps

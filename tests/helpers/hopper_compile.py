@@ -234,12 +234,16 @@ def _gluon_kernels():
                bias_ptr="*bf16", n_pairs="i32", n_out="i32", top_k="i32", alpha="fp32",
                limit="fp32", stride_am="i32", stride_we="i32", stride_om="i32", stride_se="i32",
                stride_be="i32")
-    for gated, rows, units, stages, ahead, split in (
-            (True, 8, 45, 1, 2, False), (True, 8, 45, 1, 5, True), (False, 16, 45, 1, 2, False),
-            (True, 32, 3, 3, 2, False), (True, 32, 5, 3, 4, True), (False, 32, 5, 3, 4, False)):
+    for gated, rows, units, stages, ahead, split, staged in (
+            (True, 8, 45, 1, 2, False, False), (True, 8, 45, 1, 5, True, False),
+            (False, 16, 45, 1, 2, False, False), (True, 32, 3, 3, 2, False, False),
+            (True, 32, 5, 3, 4, True, False), (False, 32, 5, 3, 4, False, False),
+            (True, 32, 3, 3, 2, False, True), (True, 32, 1, 9, 2, True, True),
+            (False, 32, 1, 5, 2, False, True)):
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
-            AHEAD=ahead, SPLIT=split, HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=4), 4
+            AHEAD=ahead, SPLIT=split, W_STAGED=staged, HAS_BIAS=True, CLAMPED=True,
+            USE_PDL=True, num_warps=4), 4
     # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
     # words four ahead; GEMM 2 of row blocks of 8 on two warps
     for gated, rows, warps, ahead in ((True, 1, 1, 4), (False, 8, 2, 2)):
@@ -298,7 +302,7 @@ def main(suite: str) -> None:
         after = ptx[mma:].count("bar.sync") if mma >= 0 else 0
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
               ",".join(f"{k}={v}" for k, v in consts.items()
-                       if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT")),
+                       if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT", "W_STAGED")),
               f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
               f"shared={compiled.metadata.shared}",
               f"loop-conversions={loop_conversions(compiled.asm['ttgir'])}",

@@ -74,11 +74,13 @@ class MoeConfig:
     # the fragment layout's Gluon GEMM (``moe_mxfp4_gluon``, with ``GluonFragmentScales``;
     # ``block_k`` and ``num_stages`` its stages of x), its units of words loaded ahead, its
     # GEMM 1's gate and up rows in separate warps (half the registers, ``block_n1 / 2`` outputs),
-    # or row blocks of up to 8 on its mma.sync kernel (``moe_mxfp4_gluon_mma``)
+    # or row blocks of up to 8 on its mma.sync kernel (``moe_mxfp4_gluon_mma``); its words
+    # through x's ring of stages in shared memory instead of ``gluon_ahead`` units in registers
     gluon: bool = False
     gluon_ahead: int = 2
     gluon_split: bool = False
     gluon_mma: bool = False
+    gluon_staged: bool = False
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
@@ -213,7 +215,8 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
             "MXFP4 experts' bytes must be 16-byte aligned, rows included"
     if frag:
         if gluon:
-            meta.update(AHEAD=cfg.gluon_ahead, SPLIT=cfg.gluon_split, MMA=cfg.gluon_mma)
+            meta.update(AHEAD=cfg.gluon_ahead, SPLIT=cfg.gluon_split, MMA=cfg.gluon_mma,
+                        W_STAGED=cfg.gluon_staged)
         launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a),
                     gluon)
     elif mx and cfg.block_m == 1:

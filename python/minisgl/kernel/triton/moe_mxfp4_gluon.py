@@ -8,10 +8,12 @@ it) and multiplies them by x's unit in shared memory, one unit's wgmmas left in 
 block's rows, is copied to shared memory once, all of K (``X_STAGES`` 1: 46 KB for 8 rows at
 K = 2,880), or goes through a ring of ``X_STAGES`` stages of ``X_UNITS`` units with one CTA
 barrier a stage (``x_stages``), which lets row blocks of 16 to 128 keep several programs an
-SM. docs/performance.md has the instruction counts (``benchmark/kernels/sass_moe.py --kernel
-gluon``) and timings. The epilogue is ``moe_tiles.epilogue``'s: biases, the clamped SwiGLU
-(gpt-oss's) or the routing weight, stored by pair id; other activations take the Triton kernel
-(``moe_mxfp4_frag.takes_gluon``).
+SM. Through a ring, the words may travel with x (``W_STAGED``): each thread copies its own 16
+bytes a unit into the stage's slot and reads them back (no other thread's copy to wait for),
+so the stages in flight hold the words, not the registers. docs/performance.md has the
+instruction counts (``benchmark/kernels/sass_moe.py --kernel gluon``) and timings. The epilogue
+is ``moe_tiles.epilogue``'s: biases, the clamped SwiGLU (gpt-oss's) or the routing weight,
+stored by pair id; other activations take the Triton kernel (``moe_mxfp4_frag.takes_gluon``).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from .moe_mxfp4_gluon_unit import (
     epilogue,
     launch_args,
     row_block,
+    slot_loads,
     unit_loads,
     unit_mma,
     unit_step,
     word_pointers,
+    word_slots,
     words_layout,
     x_stage,
 )
@@ -46,13 +50,17 @@ def moe_gemm_mx_frag_gluon_kernel(
     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
     GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
     X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, SPLIT: gl.constexpr,
-    HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr,
+    W_STAGED: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert (``w_ptr`` and
     ``ws_ptr`` int32 words, their strides in words). ``GATED`` takes gpt-oss's SwiGLU (clamped
     where ``CLAMPED``): each warp holds gate and up rows, two accumulators, or with ``SPLIT``
     the first half of the warps the tile's gate rows and the second its up rows (``BLOCK_N /
-    2`` outputs a tile), paired through shared memory in the epilogue."""
+    2`` outputs a tile), paired through shared memory in the epilogue. With ``W_STAGED`` (x
+    through a ring) the words travel with x's stages, each thread copying its own into the
+    stage's slot and reading them back as its unit comes: ``X_STAGES - 2`` stages of words in
+    flight in shared memory instead of ``AHEAD`` units in registers."""
     NB: gl.constexpr = BLOCK_N // 16
     gl.static_assert(not SPLIT or (GATED and NB % 2 == 0))
     TWO: gl.constexpr = GATED and not SPLIT  # gate and up rows in each warp
@@ -78,12 +86,14 @@ def moe_gemm_mx_frag_gluon_kernel(
     xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
     xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
     x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
+    gl.static_assert(STAGED or not W_STAGED)
     if STAGED:
         x_smem = ()
+        w_smem = ()
         for i in gl.static_range(X_STAGES * X_UNITS):
             x_smem = x_smem + (gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, 64], x_shared),)
-        for j in gl.static_range(X_STAGES - 2):
-            x_stage(x_smem, x_ptrs, j, j, X_UNITS)
+            if W_STAGED:
+                w_smem = w_smem + (word_slots(NB, TWO),)
     else:  # the K loop reads it by a unit index that is not static: one allocation
         x_all = gl.allocate_shared_memory(gl.bfloat16, [K_UNITS, BLOCK_M, 64], x_shared)
         for u in gl.static_range(K_UNITS):
@@ -101,6 +111,11 @@ def moe_gemm_mx_frag_gluon_kernel(
     w_ptrs, s_ptrs, up_w, up_s = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb,
                                                n_out, K_UNITS, w_layout)
 
+    if STAGED:  # the ring's first stages (after the words' pointers, which they may copy)
+        for j in gl.static_range(X_STAGES - 2):
+            x_stage(x_smem, x_ptrs, j, j, X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s,
+                    W_STAGED, TWO)
+
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -110,12 +125,14 @@ def moe_gemm_mx_frag_gluon_kernel(
         acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
     # a ring of AHEAD units' loads in flight, each unit's step loading the unit AHEAD on, then
     # multiplying the oldest: the K loop unrolled by AHEAD + 1 (the ring of x: by its units) so
-    # that no register moves
+    # that no register moves; none where the words are staged with x
     RING: gl.constexpr = AHEAD + 1
     last: gl.constexpr = K_UNITS - 1
-    ring = (unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, TWO),)
-    for i in gl.static_range(1, AHEAD):
-        ring = ring + (unit_loads(w_ptrs, s_ptrs, up_w, up_s, i if i < last else last, TWO),)
+    ring = ()
+    if not W_STAGED:
+        ring = (unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, TWO),)
+        for i in gl.static_range(1, AHEAD):
+            ring = ring + (unit_loads(w_ptrs, s_ptrs, up_w, up_s, i if i < last else last, TWO),)
     if STAGED:
         for u0 in range(0, K_UNITS, X_STAGES * X_UNITS):
             for st in gl.static_range(X_STAGES):
@@ -124,14 +141,20 @@ def moe_gemm_mx_frag_gluon_kernel(
                 fence_async_shared()
                 nxt = u0 // X_UNITS + st + X_STAGES - 2
                 if nxt < K_UNITS // X_UNITS:
-                    x_stage(x_smem, x_ptrs, nxt, (st + X_STAGES - 2) % X_STAGES, X_UNITS)
+                    x_stage(x_smem, x_ptrs, nxt, (st + X_STAGES - 2) % X_STAGES, X_UNITS,
+                            w_smem, w_ptrs, s_ptrs, up_w, up_s, W_STAGED, TWO)
                 else:
                     async_copy.commit_group()  # empty: the stages after each stay its groups
                 for v in gl.static_range(X_UNITS):
                     xt = x_smem[st * X_UNITS + v].permute((1, 0))
-                    ring, acc, acc_up = unit_step(
-                        ring, w_ptrs, s_ptrs, up_w, up_s, u0 + st * X_UNITS + v, xt, acc,
-                        acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO)
+                    if W_STAGED:
+                        w, sc, wu, su = slot_loads(w_smem[st * X_UNITS + v], w_layout, TWO)
+                        acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N,
+                                               a_layout, TWO)
+                    else:
+                        ring, acc, acc_up = unit_step(
+                            ring, w_ptrs, s_ptrs, up_w, up_s, u0 + st * X_UNITS + v, xt, acc,
+                            acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO)
     else:
         async_copy.wait_group(0)
         cta_barrier()
@@ -180,11 +203,14 @@ def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple
 def launch_gluon(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``launch_args``): x in the stages of
     ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``, a gated tile's gate and up rows
-    in separate warps where ``SPLIT``."""
+    in separate warps where ``SPLIT``, the words through x's ring where ``W_STAGED``."""
     n_blocks_m, n_out, run, common = launch_args(args, meta, block_n, k_dim)
     split = meta["GATED"] and meta["SPLIT"]
     x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
                                  meta["num_stages"])
     grid = (n_blocks_m * -(-n_out // (block_n // 2 if split else block_n)),)
+    if meta["W_STAGED"] and n_stages < 3:
+        raise ValueError("the words travel through x's ring: num_stages must be 3 or more")
     moe_gemm_mx_frag_gluon_kernel[grid](*run, BLOCK_M=meta["BLOCK_M"], X_UNITS=x_units,
-                                        X_STAGES=n_stages, SPLIT=split, **common)
+                                        X_STAGES=n_stages, SPLIT=split,
+                                        W_STAGED=meta["W_STAGED"], **common)

@@ -92,13 +92,52 @@ def unit_loads(w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
 
 
 @gluon.jit
-def x_stage(x_smem, x_ptrs, j, slot: gl.constexpr, X_UNITS: gl.constexpr):
+def x_stage(x_smem, x_ptrs, j, slot: gl.constexpr, X_UNITS: gl.constexpr, w_smem, w_ptrs,
+            s_ptrs, up_w, up_s, W_STAGED: gl.constexpr, GATED: gl.constexpr):
     """Copy stage ``j`` of x (units ``j X_UNITS`` on) into the ring's ``slot``, one commit
     group (``cp.async``; each unit an allocation of its own, so that Triton's barrier analysis
-    puts no CTA barrier between the copies nor between them and the other slots' wgmmas)."""
+    puts no CTA barrier between the copies nor between them and the other slots' wgmmas); with
+    ``W_STAGED``, the units' words and scales too, into ``w_smem`` (``word_slots``), each
+    thread its own (``GATED``: the up rows' as well)."""
     for v in gl.static_range(X_UNITS):
         cp_async(x_smem[slot * X_UNITS + v], x_ptrs + (j * X_UNITS + v) * 64)
+        if W_STAGED:
+            u = j * X_UNITS + v
+            w_slot = w_smem[slot * X_UNITS + v]
+            cp_async(w_slot[0], w_ptrs + u * 128)
+            cp_async(w_slot[1], s_ptrs + u * 8)
+            if GATED:
+                cp_async(w_slot[2], w_ptrs + up_w + u * 128)
+                cp_async(w_slot[3], s_ptrs + up_s + u * 8)
     async_copy.commit_group()
+
+
+@gluon.jit
+def word_slots(NB: gl.constexpr, GATED: gl.constexpr):
+    """One ring slot's shared memory for a unit's words [NB, 8, 4, 4] and scale words
+    [NB, 8, 4] (and the up rows' where ``GATED``): each thread copies its own 16 and 4 bytes
+    there and reads them back (``slot_loads``), so no other thread's copy is waited for."""
+    w_shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
+    s_shared: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    slot = (gl.allocate_shared_memory(gl.int32, [NB, 8, 4, 4], w_shared),
+            gl.allocate_shared_memory(gl.int32, [NB, 8, 4], s_shared))
+    if GATED:
+        slot = slot + (gl.allocate_shared_memory(gl.int32, [NB, 8, 4, 4], w_shared),
+                       gl.allocate_shared_memory(gl.int32, [NB, 8, 4], s_shared))
+    return slot
+
+
+@gluon.jit
+def slot_loads(w_slot, layout: gl.constexpr, GATED: gl.constexpr):
+    """A slot's words and scale words in ``words_layout`` (``unit_loads``' from a ring slot)."""
+    w = w_slot[0].load(layout)
+    s = w_slot[1].load(gl.SliceLayout(3, layout))
+    wu = w
+    su = s
+    if GATED:
+        wu = w_slot[2].load(layout)
+        su = w_slot[3].load(gl.SliceLayout(3, layout))
+    return w, s, wu, su
 
 
 @gluon.jit

@@ -6,8 +6,7 @@
    ``BLOCK_M`` block of one expert's rows, gathers the token rows of x and multiplies by the gate
    and the up rows of ``w13[e]``, adds the expert's biases (gpt-oss), and writes
    ``act(gate, up)`` [T*K, I] by pair id (``silu(gate) * up``, gpt-oss's clamped SwiGLU, or
-   Gemma's ``gelu_tanh(gate) * up``). The
-   [T*K, 2I] tensor never exists.
+   Gemma's ``gelu_tanh(gate) * up``). The [T*K, 2I] tensor never exists.
 3. GEMM 2: the same over ``w2[e]`` (plus its bias), times the pair's routing weight, into a
    [T, K, H] buffer that is summed over K (fp32 accumulation, in a fixed order).
 
@@ -28,9 +27,8 @@ x's dtype, so nothing changes for the routing or the roundings above):
 - MXFP4 (``Mxfp4Scales``, ``moe_mxfp4``): a byte holds two values (a quarter of bf16's weight
   bytes, the win of decode), the bits of each 32-bit word permuted at load time
   (``quant.mxfp4.to_words``) so that the kernels decode them by rotations and masks; the row
-  block picks one of
-  three kernels (a GEMV for blocks of one row, group-scaled partial sums up to 32 rows, swapped
-  operands beyond), and ``moe_configs`` the tiles tuned per GPU.
+  block picks one of three kernels (a GEMV for blocks of one row, group-scaled partial sums up
+  to 32 rows, swapped operands beyond), and ``moe_configs`` the tiles tuned per GPU.
 """
 
 from __future__ import annotations

@@ -50,14 +50,16 @@ def test_each_word_holds_its_lanes_fragment_and_the_layout_inverts():
                                     MoeConfig(32, 64, 32, 64, 2, 4, 2, swapped=True),
                                     MoeConfig(64, 64, 64, 64, 2, 4, 2, swapped=True),
                                     MoeConfig(1, 16, 16, 128, 1, 4, 3),
-                                    MoeConfig(1, 32, 16, 64, 1, 1, 3), None, "gluon"],
+                                    MoeConfig(1, 32, 16, 64, 1, 1, 3),
+                                    MoeConfig(1, 16, 16, 256, 1, 2, 2), None, "gluon"],
                          ids=["rows16", "rows32", "rows64_as_32", "gemv_k128", "gemv_k64",
-                              "picked", "gluon_scales_picked"])
+                              "gemv_k256", "picked", "gluon_scales_picked"])
 def test_fused_moe_over_the_fragment_layout(config):
     """Hidden 192 (three K steps), intermediate 64 (GEMM 2's one step; GEMM 1's 128 rows of gate
     and up); 32-row tiles leave GEMM 2's last row block ragged (192 = 3 x 64 rows of 32 x 2);
     a 64-row config runs 32-row tiles; the GEMV takes two 64-deep units a K step (GEMM 1's
-    last one half masked) or one. ``GluonFragmentScales`` where the Gluon kernel cannot run
+    last one half masked), one, or four (all of K in one step, a unit masked; GEMM 2's one
+    unit of four). ``GluonFragmentScales`` where the Gluon kernel cannot run
     (float16, the interpreter) pick the Triton kernels' tiles."""
     kind = GluonFragmentScales if config == "gluon" else FragmentScales
     config = None if config == "gluon" else config

@@ -81,7 +81,11 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          # row blocks of 1-8 on the mma.sync kernel (block_n / 16 warps, no shared memory)
          *[(m, n, n, 64, 1, n // 16, 1, *_G, ahead, False, True)
            for m, n, ahead in ((1, 16, 2), (1, 16, 4), (1, 32, 4), (2, 16, 4), (4, 16, 4),
-                               (4, 32, 4), (8, 16, 4), (8, 32, 4), (8, 64, 4))]]
+                               (4, 32, 4), (8, 16, 4), (8, 32, 4), (8, 64, 4))],
+         # the same with the words through a ring of ``num_stages`` slots in shared memory
+         *[(m, n, n, 64, 1, n // 16, st, *_G, 2, False, True, True)
+           for m, n, st in ((1, 16, 8), (1, 16, 15), (1, 32, 9), (2, 16, 9), (4, 16, 9),
+                            (4, 32, 9), (8, 16, 9), (8, 16, 15))]]
 
 
 def fragment_experts(w13, w2, scales) -> tuple:

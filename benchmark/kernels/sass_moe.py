@@ -160,7 +160,7 @@ def main() -> None:
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
         gluon = name in ("gluon", "gmma")  # their K loops unrolled by ahead + 1 units
         if name == "gmma":
-            consts["AHEAD"] = args.ahead
+            consts["AHEAD"], consts["STAGES"] = args.ahead, stages if args.staged else 0
         elif gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
             consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
             consts["W_STAGED"] = args.staged
@@ -190,7 +190,8 @@ def main() -> None:
         units = 1
         if gluon:  # a K step per unit of 64 (the loop body holds ahead + 1, or the ring's)
             x_units, x_rings = consts.get("X_UNITS", 1), consts.get("X_STAGES", 1)
-            units = x_units * x_rings if x_rings > 1 else args.ahead + 1
+            units = (x_units * x_rings if x_rings > 1 else consts.get("STAGES")
+                     or args.ahead + 1)
             total, bk = total // units, 64
         weights = bn * bk * (1 if gluon and args.split else 2)  # split: gate or up rows a warp
         per_weight = total * 32 * warps / weights

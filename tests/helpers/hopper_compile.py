@@ -245,11 +245,13 @@ def _gluon_kernels():
             AHEAD=ahead, SPLIT=split, W_STAGED=staged, HAS_BIAS=True, CLAMPED=True,
             USE_PDL=True, num_warps=4), 4
     # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
-    # words four ahead; GEMM 2 of row blocks of 8 on two warps
-    for gated, rows, warps, ahead in ((True, 1, 1, 4), (False, 8, 2, 2)):
+    # words four ahead; GEMM 2 of row blocks of 8 on two warps; the same through a ring of
+    # words in shared memory, eight slots (45 units: a tail of five after the ring) and five
+    for gated, rows, warps, ahead, stages in ((True, 1, 1, 4, 0), (False, 8, 2, 2, 0),
+                                              (True, 1, 1, 2, 8), (False, 4, 2, 2, 5)):
         yield moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel, sig, dict(
-            GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead, HAS_BIAS=True,
-            CLAMPED=True, USE_PDL=True, num_warps=warps), warps
+            GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead, STAGES=stages,
+            HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=warps), warps
 
 
 def loop_conversions(ttgir: str) -> int:
@@ -302,7 +304,8 @@ def main(suite: str) -> None:
         after = ptx[mma:].count("bar.sync") if mma >= 0 else 0
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
               ",".join(f"{k}={v}" for k, v in consts.items()
-                       if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT", "W_STAGED")),
+                       if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT", "W_STAGED",
+                                "STAGES")),
               f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
               f"shared={compiled.metadata.shared}",
               f"loop-conversions={loop_conversions(compiled.asm['ttgir'])}",

@@ -102,7 +102,10 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (256, True, _gluon(32, 64, 64, 192, 1, 4, 3, gluon_staged=True)),
     (256, True, _gluon(32, 64, 64, 64, 1, 4, 9, gluon_split=True, gluon_staged=True)),
     (64, True, _gluon(16, 64, 64, 64, 1, 4, 5, gluon_split=True, gluon_staged=True)),
-    (2048, True, _gluon(64, 128, 128, 64, 1, 8, 9, gluon_split=True, gluon_staged=True))],
+    (2048, True, _gluon(64, 128, 128, 64, 1, 8, 9, gluon_split=True, gluon_staged=True)),
+    (1, True, _gluon(1, 16, 16, 64, 1, 1, 8, gluon_mma=True, gluon_staged=True)),
+    (4, True, _gluon(2, 32, 32, 64, 1, 2, 5, gluon_ahead=4, gluon_mma=True, gluon_staged=True)),
+    (64, True, _gluon(8, 16, 16, 64, 1, 1, 15, gluon_mma=True, gluon_staged=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
@@ -112,7 +115,8 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "gluon2048_rows256_8warps_x1x3_split", "mma1_rows1_1warp_ahead4",
          "mma4_rows2_2warps_ahead4", "mma16_rows4_4warps", "mma64_rows8_1warp_ahead4",
          "gluon256_rows32_x3x3_staged", "gluon256_rows32_x1x9_split_staged",
-         "gluon64_rows16_x1x5_split_staged", "gluon2048_rows64_8warps_x1x9_split_staged"])
+         "gluon64_rows16_x1x5_split_staged", "gluon2048_rows64_8warps_x1x9_split_staged",
+         "mma1_rows1_1warp_ring8", "mma4_rows2_2warps_ring5_ahead4", "mma64_rows8_1warp_ring15"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
@@ -120,7 +124,7 @@ def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     with x through rings of stages (one, three or five units a stage, three or five stages;
     a register cap of 168), the words two, four or five units ahead or through x's ring with
     it, GEMM 1's gate and up rows in the same warps or apart; row blocks of 1 to 8 on the
-    mma.sync kernel, 1 to 4 warps."""
+    mma.sync kernel, 1 to 4 warps, the words in registers or through a ring of 5-15 slots."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)
@@ -147,12 +151,14 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     three units, gate and up apart in nine of one, GEMM 2 in five of one: still one barrier a
     stage, each thread reading back only the words it copied). Its mma.sync kernel
     (``moe_mxfp4_gluon_mma``, one token gated on a warp, GEMM 2 of row blocks of 8 on two): no
-    CTA barrier and no shared memory at all."""
+    CTA barrier and no shared memory at all, unless its words go through a ring of slots in
+    shared memory (eight slots of a warp's gate and up words: 10 KB)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
-    assert len(cubins) == 11, cubins
+    assert len(cubins) == 13, cubins
     assert all(line.endswith("griddepcontrol") for line in cubins), cubins
-    assert all("barriers=0 shared=0" in line for line in cubins[9:]), cubins[9:]
+    assert all("barriers=0 shared=0" in line for line in cubins[9:11]), cubins[9:11]
+    assert "shared=10240" in cubins[11], cubins[11]
     # staged: one a stage (the loop's three: each of the ring's slots is an allocation of its
     # own, so Triton adds none between the copies and the wgmmas); gate and up rows apart: two
     # more, before the epilogue's store of the sums (its shared memory may be x's) and between

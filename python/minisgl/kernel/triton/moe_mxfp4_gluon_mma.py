@@ -10,22 +10,32 @@ of the expert, so the loads hit L1 and L2. The words, scales and x come ``AHEAD`
 Where the wgmma kernel needs a warpgroup (64 rows) a program and x in shared memory, a program
 here is any number of warps, so one token's four experts spread over as many programs as 16-row
 blocks.
+
+A program's units form one chain: with ``AHEAD`` units in flight it takes about ``K_UNITS /
+AHEAD`` memory latencies, and more units in registers cost more registers than programs an SM
+can spare (four ahead: 128 registers; six: 249). With ``STAGES`` (3 or more) the words and
+scales go through a ring of ``STAGES`` slots in shared memory instead (``cp.async``, each thread
+its own 16 and 4 bytes a unit, ``STAGES - 1`` units in flight), only x ``AHEAD`` units ahead
+in registers.
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .moe_mxfp4 import UNDER
 from .moe_mxfp4_gluon_unit import (
+    cp_async,
     epilogue,
     launch_args,
     row_block,
+    slot_loads,
     unit_loads,
     unit_tile,
     word_pointers,
+    word_slots,
     words_layout,
 )
 
@@ -59,17 +69,45 @@ def _mma(loaded, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
 
 
 @gluon.jit
+def _slot_copy(slot, w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
+    """Copy unit ``u``'s words and scales (gate rows, up rows) into a ring ``slot``
+    (``word_slots``), one commit group."""
+    cp_async(slot[0], w_ptrs + u * 128)
+    cp_async(slot[1], s_ptrs + u * 8)
+    if GATED:
+        cp_async(slot[2], w_ptrs + up_w + u * 128)
+        cp_async(slot[3], s_ptrs + up_s + u * 8)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _staged_step(slots, xs, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u, i: gl.constexpr, acc, acc_up,
+                 STAGES: gl.constexpr, AHEAD: gl.constexpr, K_UNITS: gl.constexpr,
+                 BLOCK_N: gl.constexpr, w_layout: gl.constexpr, a_layout: gl.constexpr,
+                 GATED: gl.constexpr):
+    """Unit ``u`` (in slot ``i``): copy the unit ``STAGES - 1`` on into the slot the unit before
+    emptied, load x's unit ``AHEAD`` on, wait for this unit's copies and multiply it."""
+    _slot_copy(slots[(i + STAGES - 1) % STAGES], w_ptrs, s_ptrs, up_w, up_s,
+               gl.minimum(u + STAGES - 1, K_UNITS - 1), GATED)
+    x_ahead = gl.load(x_ptrs + gl.minimum(u + AHEAD, K_UNITS - 1) * 64)
+    async_copy.wait_group(STAGES - 1)
+    w, s, wu, su = slot_loads(slots[i], w_layout, GATED)
+    acc, acc_up = _mma((w, s, wu, su, xs[0]), acc, acc_up, BLOCK_N, a_layout, GATED)
+    return xs[1:] + (x_ahead,), acc, acc_up
+
+
+@gluon.jit
 def moe_gemm_mx_frag_mma_kernel(
     a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, expert_ids_ptr, total_ptr, ws_ptr, bias_ptr,
     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
     GATED: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
-    AHEAD: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr,
-    num_warps: gl.constexpr,
+    AHEAD: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr,
+    USE_PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """``out^T = w . x^T`` for row blocks of ``ROWS`` (at most 8) pairs of one expert, ``BLOCK_N``
     rows a program (a warp's 16; ``w_ptr`` and ``ws_ptr`` int32 words, their strides in words).
     ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``), gate and up rows in each
-    warp."""
+    warp; ``STAGES`` (0: none) the words' ring of slots in shared memory."""
     NB: gl.constexpr = BLOCK_N // 16
     gl.static_assert(ROWS <= 8 and NB == num_warps)
     pid_m, pid_n = row_block(n_out, BLOCK_N, USE_PDL)
@@ -97,18 +135,44 @@ def moe_gemm_mx_frag_mma_kernel(
 
     acc = gl.zeros((BLOCK_N, 8), gl.float32, layout=mma)
     acc_up = acc
-    # a ring of AHEAD units' loads in flight, the K loop unrolled by AHEAD + 1
-    RING: gl.constexpr = AHEAD + 1
-    ring = (_loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, 0, GATED),)
-    for i in gl.static_range(1, AHEAD):
-        ring = ring + (_loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, gl.minimum(i, K_UNITS - 1),
-                              GATED),)
-    for u0 in range(0, K_UNITS - K_UNITS % RING, RING):
-        for i in gl.static_range(RING):
-            ring, acc, acc_up = _step(ring, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u0 + i, acc,
-                                      acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, GATED)
-    for i in gl.static_range(K_UNITS % RING):
-        acc, acc_up = _mma(ring[i], acc, acc_up, BLOCK_N, a_layout, GATED)
+    if STAGES > 0:
+        # the words' ring: STAGES - 1 units' copies in flight, the K loop unrolled by the ring
+        # (static slots); x AHEAD units ahead in registers
+        gl.static_assert(STAGES >= 3 and K_UNITS >= STAGES)
+        slots = ()
+        for i in gl.static_range(STAGES):
+            slots = slots + (word_slots(NB, GATED),)
+        for i in gl.static_range(STAGES - 1):
+            _slot_copy(slots[i], w_ptrs, s_ptrs, up_w, up_s, i, GATED)
+        xs = (gl.load(x_ptrs),)
+        for i in gl.static_range(1, AHEAD):
+            xs = xs + (gl.load(x_ptrs + gl.minimum(i, K_UNITS - 1) * 64),)
+        for u0 in range(0, K_UNITS - K_UNITS % STAGES, STAGES):
+            for i in gl.static_range(STAGES):
+                xs, acc, acc_up = _staged_step(
+                    slots, xs, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u0 + i, i, acc, acc_up,
+                    STAGES, AHEAD, K_UNITS, BLOCK_N, w_layout, a_layout, GATED)
+        async_copy.wait_group(0)  # the last units' copies were issued in the loop
+        for i in gl.static_range(K_UNITS % STAGES):
+            if i < AHEAD:
+                xb = xs[i]
+            else:
+                xb = gl.load(x_ptrs + (K_UNITS - K_UNITS % STAGES + i) * 64)
+            w, s, wu, su = slot_loads(slots[i], w_layout, GATED)
+            acc, acc_up = _mma((w, s, wu, su, xb), acc, acc_up, BLOCK_N, a_layout, GATED)
+    else:
+        # a ring of AHEAD units' loads in flight, the K loop unrolled by AHEAD + 1
+        RING: gl.constexpr = AHEAD + 1
+        ring = (_loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s, 0, GATED),)
+        for i in gl.static_range(1, AHEAD):
+            ring = ring + (_loads(w_ptrs, s_ptrs, x_ptrs, up_w, up_s,
+                                  gl.minimum(i, K_UNITS - 1), GATED),)
+        for u0 in range(0, K_UNITS - K_UNITS % RING, RING):
+            for i in gl.static_range(RING):
+                ring, acc, acc_up = _step(ring, w_ptrs, s_ptrs, x_ptrs, up_w, up_s, u0 + i, acc,
+                                          acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, GATED)
+        for i in gl.static_range(K_UNITS % RING):
+            acc, acc_up = _mma(ring[i], acc, acc_up, BLOCK_N, a_layout, GATED)
     epilogue(acc * UNDER, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m,
              pid_n, expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, 8, ROWS,
              BLOCK_N, HAS_BIAS, CLAMPED, mma)
@@ -116,7 +180,10 @@ def moe_gemm_mx_frag_mma_kernel(
 
 def launch_gluon_mma(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``launch_args``): row blocks of ``BLOCK_M``
-    (at most 8)."""
+    (at most 8); where ``W_STAGED``, the words through a ring of ``num_stages`` slots."""
     n_blocks_m, n_out, run, common = launch_args(args, meta, block_n, k_dim)
+    stages = meta["num_stages"] if meta.get("W_STAGED") else 0
+    if stages and not 3 <= stages <= k_dim // 64:
+        raise ValueError(f"the words' ring needs 3 to {k_dim // 64} slots, got {stages}")
     moe_gemm_mx_frag_mma_kernel[(n_blocks_m * -(-n_out // block_n),)](
-        *run, ROWS=meta["BLOCK_M"], **common)
+        *run, ROWS=meta["BLOCK_M"], STAGES=stages, **common)

@@ -73,7 +73,8 @@ class MoeConfig:
     # ``block_k`` and ``num_stages`` its stages of x), its units of words loaded ahead, its
     # GEMM 1's gate and up rows in separate warps (half the registers, ``block_n1 / 2`` outputs),
     # or row blocks of up to 8 on its mma.sync kernel (``moe_mxfp4_gluon_mma``); its words
-    # through x's ring of stages in shared memory instead of ``gluon_ahead`` units in registers
+    # through shared memory (``gluon_staged``: x's ring of stages; the mma.sync kernel's, a ring
+    # of ``num_stages`` slots) instead of ``gluon_ahead`` units in registers
     gluon: bool = False
     gluon_ahead: int = 2
     gluon_split: bool = False

@@ -27,10 +27,10 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .moe_mxfp4 import UNDER
 from .moe_mxfp4_gluon_unit import (
-    cp_async,
     epilogue,
     launch_args,
     row_block,
+    slot_copy,
     slot_loads,
     unit_loads,
     unit_tile,
@@ -70,13 +70,8 @@ def _mma(loaded, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
 
 @gluon.jit
 def _slot_copy(slot, w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
-    """Copy unit ``u``'s words and scales (gate rows, up rows) into a ring ``slot``
-    (``word_slots``), one commit group."""
-    cp_async(slot[0], w_ptrs + u * 128)
-    cp_async(slot[1], s_ptrs + u * 8)
-    if GATED:
-        cp_async(slot[2], w_ptrs + up_w + u * 128)
-        cp_async(slot[3], s_ptrs + up_s + u * 8)
+    """Copy unit ``u``'s words and scales into a ring ``slot``, one commit group."""
+    slot_copy(slot, w_ptrs, s_ptrs, up_w, up_s, u, GATED)
     async_copy.commit_group()
 
 

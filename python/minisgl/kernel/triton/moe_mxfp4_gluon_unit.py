@@ -102,13 +102,8 @@ def x_stage(x_smem, x_ptrs, j, slot: gl.constexpr, X_UNITS: gl.constexpr, w_smem
     for v in gl.static_range(X_UNITS):
         cp_async(x_smem[slot * X_UNITS + v], x_ptrs + (j * X_UNITS + v) * 64)
         if W_STAGED:
-            u = j * X_UNITS + v
-            w_slot = w_smem[slot * X_UNITS + v]
-            cp_async(w_slot[0], w_ptrs + u * 128)
-            cp_async(w_slot[1], s_ptrs + u * 8)
-            if GATED:
-                cp_async(w_slot[2], w_ptrs + up_w + u * 128)
-                cp_async(w_slot[3], s_ptrs + up_s + u * 8)
+            slot_copy(w_smem[slot * X_UNITS + v], w_ptrs, s_ptrs, up_w, up_s, j * X_UNITS + v,
+                      GATED)
     async_copy.commit_group()
 
 
@@ -125,6 +120,17 @@ def word_slots(NB: gl.constexpr, GATED: gl.constexpr):
         slot = slot + (gl.allocate_shared_memory(gl.int32, [NB, 8, 4, 4], w_shared),
                        gl.allocate_shared_memory(gl.int32, [NB, 8, 4], s_shared))
     return slot
+
+
+@gluon.jit
+def slot_copy(w_slot, w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
+    """Copy unit ``u``'s words and scale words (gate rows, up rows) into a ring slot
+    (``word_slots``; ``cp.async``, the caller commits the group)."""
+    cp_async(w_slot[0], w_ptrs + u * 128)
+    cp_async(w_slot[1], s_ptrs + u * 8)
+    if GATED:
+        cp_async(w_slot[2], w_ptrs + up_w + u * 128)
+        cp_async(w_slot[3], s_ptrs + up_s + u * 8)
 
 
 @gluon.jit

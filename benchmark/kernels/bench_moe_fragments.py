@@ -32,9 +32,8 @@ from minisgl.quant.mxfp4 import from_words  # noqa: E402
 from minisgl.quant.mxfp4_fragments import to_fragments  # noqa: E402
 
 # ``MoeConfig``'s fields: the GEMV (row blocks of one; block_k its step: 512-1,024 deep, a
-# program's chain of dependent K steps three to six long where 256 makes it eleven, fit 126-168
-# registers without a spill since x loads into the words' lanes), then wgmma tiles (16 or 32
-# rows, K steps of 64, num_warps = block_n / 16)
+# program's chain of dependent K steps three to six long where 256 makes it eleven), then wgmma
+# tiles (16 or 32 rows, K steps of 64, num_warps = block_n / 16)
 GEMV = [(1, 16, 16, 64, 1, 1, 2), (1, 16, 16, 128, 1, 1, 2), (1, 16, 16, 256, 1, 2, 2),
         (1, 32, 32, 128, 1, 2, 2), (1, 16, 16, 128, 1, 2, 2), (1, 16, 16, 256, 1, 1, 2),
         (1, 32, 32, 256, 1, 2, 2), (1, 16, 16, 512, 1, 2, 2), (1, 16, 16, 512, 1, 4, 2),

@@ -4,10 +4,10 @@ CUDA cores, the next K step's loads in flight), each thread reading the 16 bytes
 wgmma lane holds, with the x values of its own words.
 
 Where x is one load whose values every row's lanes share, Triton gives it a layout of its own and
-converts it to the words' in the K loop, through shared memory between CTA barriers (8 stores,
-16 barriers and 40 shared loads a step, the machine code on sm_90 showed). Loaded as tensors with
-fewer elements than the program's threads, Triton's layout pass does not keep their loads'
-layouts: it loads them in the layout their use takes, each thread its own values.
+converts it to the words' in the K loop, through shared memory between CTA barriers. Loaded as
+tensors with fewer elements than the program's threads, Triton's layout pass does not keep their
+loads' layouts: it loads them in the layout their use takes, each thread its own values
+(docs/performance.md, "Why the fragment layout is slower at batch 1").
 """
 
 from __future__ import annotations

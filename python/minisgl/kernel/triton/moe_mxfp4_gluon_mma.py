@@ -12,8 +12,8 @@ here is any number of warps, so one token's four experts spread over as many pro
 blocks.
 
 A program's units form one chain: with ``AHEAD`` units in flight it takes about ``K_UNITS /
-AHEAD`` memory latencies, and more units in registers cost more registers than programs an SM
-can spare (four ahead: 128 registers; six: 249). With ``STAGES`` (3 or more) the words and
+AHEAD`` memory latencies, and more units in registers cost more registers than the programs an
+SM holds can spare. With ``STAGES`` (3 or more) the words and
 scales go through a ring of ``STAGES`` slots in shared memory instead (``cp.async``, each thread
 its own 16 and 4 bytes a unit, ``STAGES - 1`` units in flight), only x ``AHEAD`` units ahead
 in registers.

@@ -55,6 +55,8 @@ ARGS = {  # the launcher's arguments (``fused_moe._gemm``), as Triton types
     "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32", "stride_se": "i32",
     "stride_sn": "i32", "stride_be": "i32"}
 COMMON = {"GATED": True, "HAS_BIAS": True, "CLAMPED": True, "GELU": False, "USE_PDL": True}
+# a GEMV's pairs in pair order, its experts the top-k ids (int64): no sorted pairs nor total
+DIRECT = {"sorted_ptr": None, "total_ptr": None}
 # the arguments a launch at gpt-oss-20b's shapes passes as multiples of 16 (Triton specializes
 # on it: the runtime's code assumes those alignments, so this compile does too)
 # the Gluon GEMM's (``moe_mxfp4_gluon.launch_gluon``: words and scales as int32)
@@ -72,9 +74,9 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
            warps: int = 4) -> tuple[object, dict, int]:
     """(The JIT function, its constexprs, its rows per program) for ``name``; ``fast``: the
     tiles decode in PTX (``mxfp4.decode_words_bf16``), as bf16 on Hopper does."""
-    if name == "gemv":
+    if name == "gemv":  # the GEMVs as fused_moe runs them: no alignment (DIRECT)
         return (moe_mxfp4_gemv.moe_gemv_mx_kernel,
-                {**COMMON, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False}, 1)
+                {**COMMON, **DIRECT, "BLOCK_N": bn, "BLOCK_K": bk, "EVEN_K": False}, 1)
     if name == "small":
         return (moe_mxfp4.moe_gemm_mx_kernel,
                 {**COMMON, "BLOCK_M": rows or 16, "BLOCK_N": bn, "GROUPS": bk // 32,
@@ -95,7 +97,7 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
                 rows or 1)
     if name == "fgemv":  # the fragment layout's GEMV: BLOCK_K / 64 units a step
         return (moe_mxfp4_frag_gemv.moe_gemv_mx_frag_kernel,
-                {**COMMON, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)
+                {**COMMON, **DIRECT, "BLOCK_N": bn, "UNITS": bk // 64, "EVEN_K": False}, 1)
     return (moe_mxfp4.moe_gemm_mx_wide_kernel,
             {**COMMON, "BLOCK_M": rows or 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1,
              "EVEN_K": False, "PRECISION": "tf32", "FAST": fast,
@@ -166,6 +168,8 @@ def main() -> None:
             consts["W_STAGED"] = args.staged
             consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
+        if "sorted_ptr" in consts:
+            kargs = dict(kargs, expert_ids_ptr="*i64")
         warps = bn // 16 if gluon else args.warps
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kargs) if arg in ALIGNED}
         signature = {**kargs, **dict.fromkeys(consts, "constexpr")}

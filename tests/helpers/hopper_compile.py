@@ -189,7 +189,8 @@ def _pdl_kernels():
 def _mxfp4_kernels():
     """The MXFP4 MoE GEMMs at gpt-oss's gated tile (bf16 x, biases, clamped SwiGLU) with their
     PTX decoding (``FAST``): the small-batch kernel, the swapped one at 16-row blocks (permuted
-    operand order) and at 64, the GEMV, and the fragment layout's GEMM and GEMV."""
+    operand order) and at 64, the GEMV, and the fragment layout's GEMM and GEMV (the GEMVs
+    without the alignment's sorted pairs and total, as ``fused_moe`` runs them)."""
     from minisgl.kernel.triton import (
         moe_mxfp4,
         moe_mxfp4_frag,
@@ -210,14 +211,16 @@ def _mxfp4_kernels():
         yield moe_mxfp4.moe_gemm_mx_wide_kernel, sig, dict(common, BLOCK_M=rows, BLOCK_N=128,
             BLOCK_K=64, GROUP_M=1, EVEN_K=False, PRECISION="tf32", FAST=True,
             PERMUTE=permute), 4
-    yield moe_mxfp4_gemv.moe_gemv_mx_kernel, sig, dict(common, BLOCK_N=4, BLOCK_K=1024,
-        EVEN_K=False), 1
+    # the GEMVs as fused_moe launches them: no alignment, each pair's expert from the top-k ids
+    direct, direct_sig = dict(sorted_ptr=None, total_ptr=None), dict(sig, expert_ids_ptr="*i64")
+    yield moe_mxfp4_gemv.moe_gemv_mx_kernel, direct_sig, dict(common, **direct, BLOCK_N=4,
+        BLOCK_K=1024, EVEN_K=False), 1
     # the fragment layout's GEMM (32-row blocks, 8 warps of 16 rows) and GEMV
     yield moe_mxfp4_frag.moe_gemm_mx_frag_kernel, sig, dict(common, BLOCK_M=32, BLOCK_N=128,
         GROUP_M=4, PRECISION="tf32", FAST=True), 8
     for units, warps in ((4, 2), (2, 1)):
-        yield moe_mxfp4_frag_gemv.moe_gemv_mx_frag_kernel, sig, dict(
-            common, BLOCK_N=16, UNITS=units, EVEN_K=False), warps
+        yield moe_mxfp4_frag_gemv.moe_gemv_mx_frag_kernel, direct_sig, dict(
+            common, **direct, BLOCK_N=16, UNITS=units, EVEN_K=False), warps
 
 
 def _gluon_kernels():

@@ -189,7 +189,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
           gluon=False):
     k_dim = w.shape[2] * (2 if mx else 1)
     n_out = w.shape[1] // 2 if gated else w.shape[1]
-    n_blocks_m = sorted_ids.numel() // cfg.block_m
+    n_blocks_m = n_pairs if sorted_ids is None else sorted_ids.numel() // cfg.block_m
     block_k = min(cfg.block_k, max(32 if mx else 16, triton.next_power_of_2(k_dim)))
     if w_scale is not None and not mx:
         block_k = min(block_k, block[1])
@@ -269,7 +269,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
                       block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
                       num_stages=cfg.num_stages if cfg.block_m <= 32 or gluon
                       else min(cfg.num_stages, 2))
-    sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
+    if mx and cfg.block_m == 1 and not (gluon and cfg.gluon_mma):
+        # the GEMVs: a program a pair in pair order, its expert read from the top-k ids (no
+        # alignment kernel: at batch 1 a launch a layer in the chain)
+        sorted_ids, expert_ids, total = None, topk_ids.reshape(-1), None
+    else:
+        sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)
     act_out = torch.empty((n_pairs, inter), dtype=x.dtype, device=x.device)
     if mx:
         s13, s2, block = scales.w13, scales.w2, (1, 1)

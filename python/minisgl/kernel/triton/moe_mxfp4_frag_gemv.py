@@ -43,8 +43,9 @@ def moe_gemv_mx_frag_kernel(
     ``2 ** 100``, the sums times ``2 ** 26`` at the end, as there."""
     wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
-    if pid_m >= tl.load(total_ptr):
-        return
+    if total_ptr is not None:  # else one program a pair, in pair order (``tile_rows``)
+        if pid_m >= tl.load(total_ptr):
+            return
     pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, 1, BLOCK_N)
     NB: tl.constexpr = BLOCK_N // 16

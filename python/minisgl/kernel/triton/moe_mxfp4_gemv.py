@@ -39,8 +39,9 @@ def moe_gemv_mx_kernel(
     by ``2 ** 26`` once, after the K loop."""
     wait_then_release(USE_PDL)
     pid_m, pid_n = tile(tl.cdiv(n_out, BLOCK_N), n_blocks_m, 1)
-    if pid_m >= tl.load(total_ptr):
-        return
+    if total_ptr is not None:  # else one program a pair, in pair order (``tile_rows``)
+        if pid_m >= tl.load(total_ptr):
+            return
     pair, valid, row, expert, offs_n, n_ok, offs_n_safe = tile_rows(
         sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out, 1, BLOCK_N)
     G: tl.constexpr = BLOCK_K // 32

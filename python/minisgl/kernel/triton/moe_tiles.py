@@ -23,8 +23,13 @@ def tile(n_tiles_n, n_blocks_m, GROUP_M: tl.constexpr):
 @triton.jit
 def tile_rows(sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's pairs, their x rows, its expert and output columns."""
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    """This program's pairs, their x rows, its expert and output columns; without ``sorted_ptr``
+    (None) row blocks of one in pair order, ``expert_ids_ptr`` each pair's expert (the top-k ids:
+    ``fused_moe``'s GEMVs, which need no alignment)."""
+    if sorted_ptr is None:
+        pair = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    else:
+        pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < n_pairs
     pair = tl.where(valid, pair, 0).to(tl.int64)  # padding rows read row 0; never stored
     row = pair // top_k  # GEMM 1 gathers token rows of x; GEMM 2 passes top_k=1 (pair rows)

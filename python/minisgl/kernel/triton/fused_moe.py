@@ -1,7 +1,8 @@
 """Fused MoE: token-to-expert alignment, then two grouped GEMMs over the experts' padded row blocks.
 
 1. Alignment (``moe_align``): every (token, k) pair lands in its expert's segment, padded to
-   ``BLOCK_M`` rows; ``expert_ids[b]`` names the expert of row block ``b``.
+   ``BLOCK_M`` rows; ``expert_ids[b]`` names the expert of row block ``b``. MXFP4's GEMVs (row
+   blocks of one) skip it: a program a pair, in pair order, its expert the pair's top-k id.
 2. GEMM 1 (gate and up together, the activation in the epilogue): each program takes one
    ``BLOCK_M`` block of one expert's rows, gathers the token rows of x and multiplies by the gate
    and the up rows of ``w13[e]``, adds the expert's biases (gpt-oss), and writes
@@ -269,9 +270,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
                       block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
                       num_stages=cfg.num_stages if cfg.block_m <= 32 or gluon
                       else min(cfg.num_stages, 2))
-    if mx and cfg.block_m == 1 and not (gluon and cfg.gluon_mma):
-        # the GEMVs: a program a pair in pair order, its expert read from the top-k ids (no
-        # alignment kernel: at batch 1 a launch a layer in the chain)
+    if mx and cfg.block_m == 1 and not (gluon and cfg.gluon_mma):  # the GEMVs: no alignment
         sorted_ids, expert_ids, total = None, topk_ids.reshape(-1), None
     else:
         sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)

@@ -34,7 +34,7 @@ x's dtype, so nothing changes for the routing or the roundings above):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import triton
@@ -45,7 +45,7 @@ from minisgl.kernel.moe_types import SILU, ExpertBias, FragmentScales, MoeActiva
 
 from . import pdl as pdl_
 from .moe_align import moe_align, padded_capacity
-from .moe_configs import tuned
+from .moe_configs import MoeConfig, pick_config
 from .moe_mxfp4 import moe_gemm_mx_kernel, moe_gemm_mx_wide_kernel, mx_groups
 from .moe_mxfp4_frag import frag_tile, launch_frag, takes_gluon
 from .moe_mxfp4_gemv import moe_gemv_mx_kernel
@@ -53,60 +53,6 @@ from .moe_tiles import epilogue, tile, tile_rows
 from .pdl import hopper_compiled, wait_then_release
 
 __all__ = ["MoeConfig", "fused_moe", "moe_align", "padded_capacity", "pick_config"]
-
-
-@dataclass(frozen=True)
-class MoeConfig:
-    block_m: int
-    block_n1: int  # columns of I per program in GEMM 1 (gate and up each)
-    block_n2: int  # columns of H per program in GEMM 2
-    block_k: int
-    group_m: int = 8  # row blocks that walk the N tiles together, so their rows stay in L2
-    num_warps: int = 4
-    num_stages: int = 4
-    # MXFP4 row blocks of 16 or 32 on the swapped-operand kernel too (``moe_gemm_mx_wide_kernel``;
-    # None: from 64 rows, the default)
-    swapped: bool | None = None
-    # a cap on a thread's registers (ptxas's ``maxnreg``; None: none): more programs an SM where
-    # the tile's registers, not its shared memory, limit them
-    maxnreg: int | None = None
-    # the fragment layout's Gluon GEMM (``moe_mxfp4_gluon``, with ``GluonFragmentScales``;
-    # ``block_k`` and ``num_stages`` its stages of x), its units of words loaded ahead, its
-    # GEMM 1's gate and up rows in separate warps (half the registers, ``block_n1 / 2`` outputs),
-    # or row blocks of up to 8 on its mma.sync kernel (``moe_mxfp4_gluon_mma``); its words
-    # through shared memory (``gluon_staged``: x's ring of stages; the mma.sync kernel's, a ring
-    # of ``num_stages`` slots) instead of ``gluon_ahead`` units in registers
-    gluon: bool = False
-    gluon_ahead: int = 2
-    gluon_split: bool = False
-    gluon_mma: bool = False
-    gluon_staged: bool = False
-
-
-def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
-                key: tuple[str, int, int] | None = None, device: torch.device | None = None
-                ) -> MoeConfig:
-    """Block sizes by expected rows per expert: the tiles tuned for this GPU and ``key``
-    (weight format, 2I, H) where ``moe_configs`` has them; else small blocks when each expert
-    sees a few rows (decode is weight-bandwidth bound: more programs in flight), tensor-core
-    sized tiles in prefill. MXFP4 keeps 16-row blocks longer: decoding, not the dot, bounds its
-    small batches."""
-    rows = num_pairs / num_experts  # picked from sweeps on an H100 (benchmark/kernels/bench_moe.py)
-    if key is not None and device is not None:
-        fields = tuned(rows, *key, device)
-        if fields is not None:
-            return MoeConfig(*fields)
-    if mx and rows <= 16:  # an H200 sweep at gpt-oss-20b's shapes
-        return MoeConfig(16, 32 if rows <= 4 else 64, 64, 256, 1, 4, 3)
-    if mx:
-        return MoeConfig(128 if rows > 128 else 64, 128, 128, 64, 8, 8 if rows > 128 else 4, 4)
-    if rows <= 4:  # narrow GEMM-1 tiles: with T=1 there are only top_k row blocks to spread
-        return MoeConfig(16, 32, 64, 256, 1, 4, 3)
-    if rows <= 32:
-        return MoeConfig(32, 64, 64, 128, 4, 4, 4)
-    if rows <= 128:
-        return MoeConfig(64, 128, 128, 64, 8, 4, 3)
-    return MoeConfig(128, 128, 256, 64, 8, 8, 3)
 
 
 @triton.jit

@@ -64,7 +64,7 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
            tests/kernels/test_window_sinks.py
            tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py tests/kernels/test_mxfp4_words.py
            tests/kernels/test_gpt_oss_triton.py tests/kernels/test_moe_matmul_ogs.py
-           tests/kernels/test_moe_libraries.py
+           tests/kernels/test_moe_libraries.py tests/kernels/test_router_topk.py
            tests/engine/test_gemma_parity.py
            tests/kernels/test_gemma_moe.py tests/kernels/test_gemma_triton.py)
     case ${PART:-all} in  # about half the time each

@@ -105,6 +105,8 @@ class MoELayer(nn.Module):
             self.router_scale, self.expert_scale = new_param(hidden), new_param(experts)
         self.w13_bias = self.w2_bias = None
         self.layout: ExpertLayout | None = None  # the backend's own copy of the experts, if any
+        # the fused router's partials and ticket (``kernel/triton/router_topk.py``), on CUDA
+        self.router_ws: tuple[torch.Tensor, torch.Tensor] | None = None
         if spec.expert_bias:
             self.w13_bias = self._new_param("w13", experts, 2 * self.inter)
             self.w2_bias = new_param(experts, hidden)  # replicated: every rank loads it whole
@@ -172,6 +174,10 @@ class MoELayer(nn.Module):
     input_linear = None
 
     def process_weights_after_loading(self) -> None:
+        if self.router_ws is None and self.gate.weight.is_cuda:
+            from minisgl.kernel.triton.router_topk import router_workspace
+
+            self.router_ws = router_workspace(self.gate.weight)
         if self.layout is not None:  # already taken over by the backend
             return
         self.method.process_weights_after_loading(self)
@@ -183,23 +189,37 @@ class MoELayer(nn.Module):
                 if isinstance(param, torch.Tensor):
                     param.data = param.data.new_empty(0)
 
-    def route(self, router_logits: torch.Tensor, dtype: torch.dtype = torch.float32
+    def route(self, r: torch.Tensor, dtype: torch.dtype = torch.float32
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (weights [T, K] in ``dtype``, computed in float32; expert ids [T, K])."""
-        k = self.spec.top_k
-        if router_logits.is_cuda and k & (k - 1) == 0:  # one launch instead of four
+        """The router's input r [T, H] -> (weights [T, K] in ``dtype``, computed in float32;
+        expert ids [T, K]). On CUDA the top-k is one launch (torch's take four), and for a few
+        tokens the router's linear layer joins it (``router_topk``)."""
+        k, softmax_first = self.spec.top_k, self.spec.routing == "softmax"
+        out_dtype = dtype if self.expert_scale is None else torch.float32
+        if r.is_cuda and k & (k - 1) == 0:  # Triton on CUDA only (imported there)
+            from minisgl.kernel.triton.router_topk import fits, router_topk
             from minisgl.kernel.triton.topk_route import topk_route
 
-            weights, ids = topk_route(
-                router_logits, k, self.spec.routing == "softmax", self.spec.renormalize,
-                dtype if self.expert_scale is None else torch.float32, self.pdl)
-        elif self.spec.routing == "topk_softmax":
+            ws, w = self.router_ws, self.gate.weight
+            if ws is not None and ws[0].device == r.device and fits(r.shape[0], w):
+                weights, ids = router_topk(r, w, self.gate.bias, k, softmax_first,
+                                           self.spec.renormalize, ws, out_dtype, self.pdl)
+            else:
+                weights, ids = topk_route(self.gate(r), k, softmax_first, self.spec.renormalize,
+                                          out_dtype, self.pdl)
+            return self._scaled(weights, ids, dtype)
+        router_logits = self.gate(r)
+        if self.spec.routing == "topk_softmax":
             values, ids = torch.topk(router_logits, k, dim=-1)
             weights = values.float().softmax(dim=-1)
         else:
             weights, ids = torch.topk(router_logits.float().softmax(dim=-1), k, dim=-1)
             if self.spec.renormalize:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self._scaled(weights, ids, dtype)
+
+    def _scaled(self, weights: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.expert_scale is not None:  # Gemma 4's per-expert scales, after renormalizing
             weights = weights * self.expert_scale[ids]
         return weights.to(dtype), ids
@@ -210,7 +230,7 @@ class MoELayer(nn.Module):
         r = x if router_input is None else router_input
         if self.router_norm is not None:
             r = self.router_norm(r) * self.router_scale * r.shape[-1] ** -0.5
-        weights, ids = self.route(self.gate(r), x.dtype)
+        weights, ids = self.route(r, x.dtype)
         w13, w2, scales = self.method.experts(self)
         out = self.backend.forward(x, w13, w2, weights, ids, scales, bias=self._bias(),
                                    act=self.spec.act, pdl=self.pdl, layout=self.layout)

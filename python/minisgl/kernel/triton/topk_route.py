@@ -22,25 +22,19 @@ from . import pdl as pdl_
 from .pdl import wait_then_release
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
-def _topk_route_kernel(logits_ptr, weights_ptr, ids_ptr, n_tokens, n_experts, stride_t,
-                       K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-                       SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
-                       USE_PDL: tl.constexpr):
-    wait_then_release(USE_PDL)
-    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    experts = tl.arange(0, BLOCK_E)
-    t_ok = toks < n_tokens
-    x = tl.load(logits_ptr + tl.where(t_ok, toks, 0)[:, None].to(tl.int64) * stride_t
-                + experts[None, :], mask=(experts < n_experts)[None, :], other=-float("inf"))
-    x = x.to(tl.float32)  # rows past n_tokens repeat row 0 and are never stored
+@triton.jit
+def pick_topk(x, experts, n_experts, K: tl.constexpr, BLOCK_T: tl.constexpr,
+              BLOCK_E: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """Logits x [BLOCK_T, BLOCK_E] (float32; lanes from ``n_experts`` on any value) -> the
+    routing weights and expert ids [BLOCK_T, K], largest first (the module docstring)."""
+    valid = (experts < n_experts)[None, :]
+    x = tl.where(valid, x, -float("inf"))
     if SOFTMAX_FIRST:
         x = tl.exp(x - tl.max(x, axis=1)[:, None])
         x = x / tl.sum(x, axis=1)[:, None]
     # NaN ranks above every number, as in torch.topk: a row of NaN (a padding row's garbage)
     # still picks experts that exist, never the tile's padding
-    x = tl.where((experts < n_experts)[None, :], tl.where(x == x, x, float("inf")),
-                 -float("inf"))
+    x = tl.where(valid, tl.where(x == x, x, float("inf")), -float("inf"))
     cols = tl.arange(0, K)
     vals = tl.zeros((BLOCK_T, K), dtype=tl.float32)
     ids = tl.zeros((BLOCK_T, K), dtype=tl.int32)
@@ -56,9 +50,32 @@ def _topk_route_kernel(logits_ptr, weights_ptr, ids_ptr, n_tokens, n_experts, st
     else:
         vals = tl.exp(vals - tl.max(vals, axis=1)[:, None])
         vals = vals / tl.sum(vals, axis=1)[:, None]
-    out = toks[:, None] * K + cols[None, :]
+    return vals, ids
+
+
+@triton.jit
+def store_topk(weights_ptr, ids_ptr, toks, t_ok, vals, ids, K: tl.constexpr):
+    """Tokens ``toks``' weights and ids [T, K] (``pick_topk``'s), where ``t_ok``."""
+    out = toks[:, None] * K + tl.arange(0, K)[None, :]
     tl.store(weights_ptr + out, vals.to(weights_ptr.dtype.element_ty), mask=t_ok[:, None])
     tl.store(ids_ptr + out, ids.to(ids_ptr.dtype.element_ty), mask=t_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["n_tokens"])
+def _topk_route_kernel(logits_ptr, weights_ptr, ids_ptr, n_tokens, n_experts, stride_t,
+                       K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                       SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
+                       USE_PDL: tl.constexpr):
+    wait_then_release(USE_PDL)
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    experts = tl.arange(0, BLOCK_E)
+    t_ok = toks < n_tokens
+    x = tl.load(logits_ptr + tl.where(t_ok, toks, 0)[:, None].to(tl.int64) * stride_t
+                + experts[None, :], mask=(experts < n_experts)[None, :])
+    # rows past n_tokens repeat row 0 and are never stored
+    vals, ids = pick_topk(x.to(tl.float32), experts, n_experts, K, BLOCK_T, BLOCK_E,
+                          SOFTMAX_FIRST, RENORMALIZE)
+    store_topk(weights_ptr, ids_ptr, toks, t_ok, vals, ids, K)
 
 
 def topk_route(logits: torch.Tensor, k: int, softmax_first: bool, renormalize: bool = False,

@@ -1,0 +1,121 @@
+"""The MoE router's linear layer and its top-k in one launch, for a decode step of a few tokens
+(``layers.moe.MoELayer`` on CUDA).
+
+At batch 1 the router is two dependent launches a layer (a GEMV over a few programs, then
+``topk_route``): the few programs read the router's weight [E, H] in dependent chunks, and the
+top-k waits for them to finish. Here each of ``S`` programs takes a ``BLOCK_K`` slice of H: it
+loads its slice of the weight before the PDL wait (no kernel writes it), multiplies the tokens'
+slice of x by it (``tl.dot``, float32 sums) and stores its partial logits [16, E] (float32) in
+a workspace. A ticket counter says which program finishes last (each program's partials stored,
+then a CTA barrier and one acquire-release increment, the order of CUTLASS's split-K
+semaphore); that program sums the ``S`` partials in slice order (the same sums in the same
+order every call), adds the bias, rounds the logits to x's dtype as the linear layer's output
+is rounded, picks the top k (``topk_route.pick_topk``) and sets the ticket back to zero for the
+next call, so a captured graph replays it as it is.
+
+``router_workspace`` allocates a layer's partials and ticket (per layer: two engines on one
+device never share one); ``fits`` says whether a batch takes this path (up to 16 tokens, and a
+tile of partials that fits in the registers of 16 warps).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import pdl as pdl_
+from .pdl import wait_then_release
+from .topk_route import pick_topk, store_topk
+
+TOKENS = 16  # the tile's rows: the batches this path takes
+BLOCK_K = 256
+MAX_TILE = 32768  # a tile's elements (partials: slices x 16 x experts; the weight's slice)
+
+
+@triton.jit(do_not_specialize=["n_tokens"])
+def _router_topk_kernel(x_ptr, w_ptr, b_ptr, part_ptr, ticket_ptr, weights_ptr, ids_ptr,
+                        n_tokens, n_experts, hidden, stride_x,
+                        K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
+                        USE_PDL: tl.constexpr):
+    s = tl.program_id(0)
+    n_slices = tl.num_programs(0)
+    experts = tl.arange(0, BLOCK_E)
+    e_ok = experts < n_experts
+    ks = s * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = ks < hidden
+    # no kernel writes the router's weight: its slice is asked for before the wait
+    w = tl.load(w_ptr + experts[:, None] * hidden + ks[None, :],
+                mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+    wait_then_release(USE_PDL)
+    toks = tl.arange(0, BLOCK_T)
+    t_ok = toks < n_tokens
+    x = tl.load(x_ptr + toks[:, None] * stride_x + ks[None, :],
+                mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+    if x_ptr.dtype.element_ty == tl.float32:
+        part = tl.dot(x, tl.trans(w), input_precision="ieee")
+    else:
+        part = tl.dot(x, tl.trans(w))
+    tile = toks[:, None] * BLOCK_E + experts[None, :]
+    tl.store(part_ptr + s * (BLOCK_T * BLOCK_E) + tile, part)
+    tl.debug_barrier()  # every thread's partials stored before the ticket is taken
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == n_slices - 1:  # the last program: every partial is in the workspace
+        slices = tl.arange(0, BLOCK_S)
+        parts = tl.load(part_ptr + slices[:, None, None] * (BLOCK_T * BLOCK_E) + tile[None, :, :],
+                        mask=(slices < n_slices)[:, None, None], other=0.0,
+                        cache_modifier=".cg")
+        logits = tl.sum(parts, axis=0)
+        if HAS_BIAS:
+            logits += tl.load(b_ptr + experts, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+        logits = logits.to(x_ptr.dtype.element_ty).to(tl.float32)  # the linear layer's output
+        vals, ids = pick_topk(logits, experts, n_experts, K, BLOCK_T, BLOCK_E, SOFTMAX_FIRST,
+                              RENORMALIZE)
+        store_topk(weights_ptr, ids_ptr, toks, t_ok, vals, ids, K)
+        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+
+
+def _tiles(w: torch.Tensor) -> tuple[int, int, int]:
+    """(slices, BLOCK_S, BLOCK_E) of a router weight [E, H]."""
+    experts, hidden = w.shape
+    slices = triton.cdiv(hidden, BLOCK_K)
+    return slices, triton.next_power_of_2(slices), max(16, triton.next_power_of_2(experts))
+
+
+def fits(n_tokens: int, w: torch.Tensor) -> bool:
+    """Whether ``n_tokens`` tokens route through this kernel with router weight ``w``."""
+    _, block_s, block_e = _tiles(w)
+    return (0 < n_tokens <= TOKENS and block_s * TOKENS * block_e <= MAX_TILE
+            and block_e * BLOCK_K <= MAX_TILE)
+
+
+def router_workspace(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A router's partial logits (float32, one tile a slice) and its ticket (zero)."""
+    slices, _, block_e = _tiles(w)
+    return (torch.empty(slices * TOKENS * block_e, dtype=torch.float32, device=w.device),
+            torch.zeros(1, dtype=torch.int32, device=w.device))
+
+
+def router_topk(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, k: int,
+                softmax_first: bool, renormalize: bool,
+                workspace: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype = torch.float32,
+                pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] (``fits``), the router's weight [E, H] (contiguous) and bias [E] -> (weights
+    [T, k] in ``dtype``, ids [T, k] int64), as ``topk_route(x @ w.T + b, ...)`` with the
+    logits rounded to x's dtype; ``workspace`` from ``router_workspace(w)``."""
+    n_tokens, hidden = x.shape
+    assert fits(n_tokens, w) and w.shape[1] == hidden and x.stride(1) == 1
+    assert w.is_contiguous() and k & (k - 1) == 0
+    slices, block_s, block_e = _tiles(w)
+    part, ticket = workspace
+    weights = torch.empty(n_tokens, k, dtype=dtype, device=x.device)
+    ids = torch.empty(n_tokens, k, dtype=torch.int64, device=x.device)
+    warps = max(4, min(16, block_s * TOKENS * block_e // 2048))
+    _router_topk_kernel[(slices,)](
+        x, w, w if b is None else b, part, ticket, weights, ids, n_tokens, w.shape[0], hidden,
+        x.stride(0), K=k, BLOCK_T=TOKENS, BLOCK_E=block_e, BLOCK_K=BLOCK_K, BLOCK_S=block_s,
+        HAS_BIAS=b is not None, SOFTMAX_FIRST=softmax_first, RENORMALIZE=renormalize,
+        num_warps=warps, **pdl_.launch_options(x, pdl))
+    return weights, ids

@@ -1,0 +1,82 @@
+"""The router's linear layer and top-k in one launch (``kernel/triton/router_topk.py``) against
+the two launches it replaces (the linear layer, its output in x's dtype, then ``topk_route``):
+gpt-oss's router (32 experts, H 2,880, a bias), Qwen3-MoE's and Gemma 4's (128 experts), a
+count of experts that is not a power of two and an H that is not a multiple of the slice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.interpreter import import_triton
+
+triton = import_triton()
+
+from minisgl.kernel.triton.router_topk import (  # noqa: E402
+    TOKENS,
+    fits,
+    router_topk,
+    router_workspace,
+)
+from minisgl.kernel.triton.topk_route import topk_route  # noqa: E402
+
+pytestmark = pytest.mark.any_device
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# bf16 on the GPU only: the interpreter's bf16 dot is wrong (as ``test_mxfp4_moe.py`` notes)
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEV == "cuda" else [])
+
+
+def _router(experts, hidden, bias, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(experts, hidden, generator=g) * hidden ** -0.5).to(DEV, dtype)
+    b = (torch.randn(experts, generator=g) * 0.1).to(DEV, dtype) if bias else None
+    return w, b
+
+
+def _reference(x, w, b, k, routing):
+    logits = x.float() @ w.float().T + (0 if b is None else b.float())
+    return topk_route(logits.to(x.dtype), k, routing != "topk_softmax",
+                      routing == "softmax_renorm")
+
+
+@pytest.mark.parametrize("tokens", [1, 3, TOKENS])
+@pytest.mark.parametrize("experts,hidden,k,bias,routing", [
+    (32, 2880, 4, True, "topk_softmax"),      # gpt-oss
+    (128, 2048, 8, False, "softmax_renorm"),  # Qwen3-MoE
+    (128, 2816, 8, False, "softmax"),         # Gemma 4 (its scales come after)
+    (60, 300, 4, True, "softmax"),            # ragged experts and slices
+])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_the_linear_layer_then_topk(tokens, experts, hidden, k, bias, routing, dtype):
+    w, b = _router(experts, hidden, bias, dtype)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)).to(DEV, dtype)
+    assert fits(tokens, w)
+    ws = router_workspace(w)
+    ref_w, ref_ids = _reference(x, w, b, k, routing)
+    for _ in range(2):  # the ticket is back at zero after each call
+        weights, ids = router_topk(x, w, b, k, routing != "topk_softmax",
+                                   routing == "softmax_renorm", ws)
+        assert ws[1].item() == 0
+        assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+
+
+def test_weights_in_the_experts_dtype_and_strided_rows():
+    """x may be a view with a row stride (the MoE layer's input), the weights in the experts'
+    dtype (bf16)."""
+    w, b = _router(32, 512, True, DTYPES[-1], seed=3)
+    big = torch.randn(5, 1024, generator=torch.Generator().manual_seed(4)).to(DEV, DTYPES[-1])
+    x = big[:, :512]
+    weights, ids = router_topk(x, w, b, 4, False, False, router_workspace(w),
+                               dtype=torch.bfloat16)
+    ref_w, ref_ids = _reference(x, w, b, 4, "topk_softmax")
+    assert weights.dtype == torch.bfloat16 and torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights.float(), ref_w, rtol=1e-2, atol=1e-3)
+
+
+def test_fits_the_small_batches_only():
+    w, _ = _router(32, 2880, False, torch.bfloat16)
+    assert fits(1, w) and fits(TOKENS, w) and not fits(TOKENS + 1, w) and not fits(0, w)
+    huge, _ = _router(512, 8192, False, torch.bfloat16)  # 32 slices x 16 x 512: past the tile
+    assert not fits(1, huge)

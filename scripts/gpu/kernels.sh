@@ -119,8 +119,11 @@ moe-tune)  # a budget that runs out keeps the shipped buckets of the counts it d
     tail -3 "$out/tune_moe.log" ;;
 moe-tune-gluon)  # the fragment layout's table with the Gluon kernel's tiles (LAYOUT=fragments:
     # the Triton tiles alone); OUT holds the table for moe_configs, TOKENS a part of the counts
-    step 540 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout "${LAYOUT:-gluon}" \
-        --budget 500 ${TOKENS:+--tokens $TOKENS} --out "$out" >"$out/tune_moe.log" 2>&1
+    # (each call merges them into the table in moe_configs: copy OUT's there between calls),
+    # BUDGET its seconds (500; less leaves time for another stage in the same call)
+    step $((${BUDGET:-500} + 40)) "$py" benchmark/kernels/tune_moe.py --mxfp4 \
+        --layout "${LAYOUT:-gluon}" --budget "${BUDGET:-500}" ${TOKENS:+--tokens $TOKENS} \
+        --out "$out" >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
 moe-tune-bf16)  # the fused MoE's tiles for bf16 experts: Qwen3-30B-A3B's and Gemma 4's
     for shape in qwen3-30b-a3b gemma-4-26b-a4b; do

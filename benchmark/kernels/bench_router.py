@@ -1,5 +1,6 @@
 """The MoE router of a decode step: its linear layer then ``topk_route`` (two launches: the GEMV
-at one token, cuBLAS from two) against ``router_topk`` (one launch), as the layers chain them.
+at one token, cuBLAS from two) against ``router_topk`` (one launch), as the layers chain them,
+at the decode batches it takes (up to 256 tokens at 32 experts, 64 at 128).
 
     python benchmark/kernels/bench_router.py [--tokens 1 4 16] [--out DIR]
 
@@ -71,7 +72,7 @@ def time_layers(route, xs: list[torch.Tensor], norm_w: torch.Tensor) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 16, 64, 128, 256])
     parser.add_argument("--out", default="bench-out", help="results (./bench-out)")
     args = parser.parse_args()
 

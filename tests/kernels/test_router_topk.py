@@ -13,8 +13,8 @@ from helpers.interpreter import import_triton
 triton = import_triton()
 
 from minisgl.kernel.triton.router_topk import (  # noqa: E402
-    TOKENS,
     fits,
+    max_tokens,
     router_topk,
     router_workspace,
 )
@@ -39,7 +39,7 @@ def _reference(x, w, b, k, routing):
                       routing == "softmax_renorm")
 
 
-@pytest.mark.parametrize("tokens", [1, 3, TOKENS])
+@pytest.mark.parametrize("tokens", [1, 3, 16, 37, 64])  # one, three token blocks
 @pytest.mark.parametrize("experts,hidden,k,bias,routing", [
     (32, 2880, 4, True, "topk_softmax"),      # gpt-oss
     (128, 2048, 8, False, "softmax_renorm"),  # Qwen3-MoE
@@ -53,10 +53,10 @@ def test_matches_the_linear_layer_then_topk(tokens, experts, hidden, k, bias, ro
     assert fits(tokens, w)
     ws = router_workspace(w)
     ref_w, ref_ids = _reference(x, w, b, k, routing)
-    for _ in range(2):  # the ticket is back at zero after each call
+    for _ in range(2):  # the tickets are back at zero after each call
         weights, ids = router_topk(x, w, b, k, routing != "topk_softmax",
                                    routing == "softmax_renorm", ws)
-        assert ws[1].item() == 0
+        assert not ws[1].any()
         assert ids.dtype == torch.int64 and weights.dtype == torch.float32
         assert torch.equal(ids, ref_ids)
         torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
@@ -75,8 +75,22 @@ def test_weights_in_the_experts_dtype_and_strided_rows():
     torch.testing.assert_close(weights.float(), ref_w, rtol=1e-2, atol=1e-3)
 
 
-def test_fits_the_small_batches_only():
+def test_the_largest_batch_of_gpt_oss_router():
+    """256 tokens (16 token blocks, each its own ticket) at gpt-oss's router."""
+    w, b = _router(32, 2880, True, torch.float32, seed=5)
+    assert max_tokens(w) == 256
+    x = torch.randn(256, 2880, generator=torch.Generator().manual_seed(6)).to(DEV)
+    ws = router_workspace(w)
+    weights, ids = router_topk(x, w, b, 4, False, False, ws)
+    ref_w, ref_ids = _reference(x, w, b, 4, "topk_softmax")
+    assert torch.equal(ids, ref_ids) and not ws[1].any() and ws[1].numel() == 16
+    torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+
+
+def test_fits_the_decode_batches_only():
     w, _ = _router(32, 2880, False, torch.bfloat16)
-    assert fits(1, w) and fits(TOKENS, w) and not fits(TOKENS + 1, w) and not fits(0, w)
+    assert fits(1, w) and fits(256, w) and not fits(257, w) and not fits(0, w)
+    wide, _ = _router(128, 2048, False, torch.bfloat16)  # 128 experts: 64 tokens
+    assert max_tokens(wide) == 64 and fits(64, wide) and not fits(65, wide)
     huge, _ = _router(512, 8192, False, torch.bfloat16)  # 32 slices x 16 x 512: past the tile
-    assert not fits(1, huge)
+    assert max_tokens(huge) == 0 and not fits(1, huge)

@@ -1,21 +1,24 @@
-"""The MoE router's linear layer and its top-k in one launch, for a decode step of a few tokens
+"""The MoE router's linear layer and its top-k in one launch, for decode steps of up to 256 tokens
 (``layers.moe.MoELayer`` on CUDA).
 
 At batch 1 the router is two dependent launches a layer (a GEMV over a few programs, then
 ``topk_route``): the few programs read the router's weight [E, H] in dependent chunks, and the
-top-k waits for them to finish. Here each of ``S`` programs takes a ``BLOCK_K`` slice of H: it
-loads its slice of the weight before the PDL wait (no kernel writes it), multiplies the tokens'
-slice of x by it (``tl.dot``, float32 sums) and stores its partial logits [16, E] (float32) in
-a workspace. A ticket counter says which program finishes last (each program's partials stored,
-then a CTA barrier and one acquire-release increment, the order of CUTLASS's split-K
-semaphore); that program sums the ``S`` partials in slice order (the same sums in the same
-order every call), adds the bias, rounds the logits to x's dtype as the linear layer's output
-is rounded, picks the top k (``topk_route.pick_topk``) and sets the ticket back to zero for the
-next call, so a captured graph replays it as it is.
+top-k waits for them to finish; from two tokens on, a cuBLAS GEMM (split over K, with a reduction
+kernel of its own) then the top-k. Here the grid is slices of H by blocks of 16 tokens: each
+program loads its ``BLOCK_K`` slice of the weight before the PDL wait (no kernel writes it),
+multiplies its tokens' slice of x by it (``tl.dot``, float32 sums) and stores its partial logits
+[16, E] (float32) in a workspace. A ticket counter a token block says which of the block's
+programs finishes last (each program's partials stored, then a CTA barrier and one
+acquire-release increment, the order of CUTLASS's split-K semaphore); that program sums the
+block's partials in slice order (the same sums in the same order every call), adds the bias,
+rounds the logits to x's dtype as the linear layer's output is rounded, picks the top k
+(``topk_route.pick_topk``) and sets the ticket back to zero for the next call, so a captured
+graph replays it as it is.
 
-``router_workspace`` allocates a layer's partials and ticket (per layer: two engines on one
-device never share one); ``fits`` says whether a batch takes this path (up to 16 tokens, and a
-tile of partials that fits in the registers of 16 warps).
+``router_workspace`` allocates a layer's partials and tickets (per layer: two engines on one
+device never share one); ``fits`` says whether a batch takes this path (``max_tokens``: 256
+tokens at 32 experts, fewer with more, and a tile of partials that fits in the registers of 16
+warps).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from . import pdl as pdl_
 from .pdl import wait_then_release
 from .topk_route import pick_topk, store_topk
 
-TOKENS = 16  # the tile's rows: the batches this path takes
+BLOCK_T = 16  # a program's tokens
 BLOCK_K = 256
 MAX_TILE = 32768  # a tile's elements (partials: slices x 16 x experts; the weight's slice)
+MAX_PARTIALS = 8192  # tokens x experts of a layer's workspace (32 experts: 256 tokens)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
@@ -42,6 +46,9 @@ def _router_topk_kernel(x_ptr, w_ptr, b_ptr, part_ptr, ticket_ptr, weights_ptr, 
                         USE_PDL: tl.constexpr):
     s = tl.program_id(0)
     n_slices = tl.num_programs(0)
+    block = tl.program_id(1)  # the token block: its partials and ticket
+    part_ptr += block * n_slices * (BLOCK_T * BLOCK_E)
+    ticket_ptr += block
     experts = tl.arange(0, BLOCK_E)
     e_ok = experts < n_experts
     ks = s * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -50,19 +57,20 @@ def _router_topk_kernel(x_ptr, w_ptr, b_ptr, part_ptr, ticket_ptr, weights_ptr, 
     w = tl.load(w_ptr + experts[:, None] * hidden + ks[None, :],
                 mask=e_ok[:, None] & k_ok[None, :], other=0.0)
     wait_then_release(USE_PDL)
-    toks = tl.arange(0, BLOCK_T)
+    rows = tl.arange(0, BLOCK_T)
+    toks = block * BLOCK_T + rows
     t_ok = toks < n_tokens
-    x = tl.load(x_ptr + toks[:, None] * stride_x + ks[None, :],
+    x = tl.load(x_ptr + toks[:, None].to(tl.int64) * stride_x + ks[None, :],
                 mask=t_ok[:, None] & k_ok[None, :], other=0.0)
     if x_ptr.dtype.element_ty == tl.float32:
         part = tl.dot(x, tl.trans(w), input_precision="ieee")
     else:
         part = tl.dot(x, tl.trans(w))
-    tile = toks[:, None] * BLOCK_E + experts[None, :]
+    tile = rows[:, None] * BLOCK_E + experts[None, :]
     tl.store(part_ptr + s * (BLOCK_T * BLOCK_E) + tile, part)
     tl.debug_barrier()  # every thread's partials stored before the ticket is taken
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-    if ticket == n_slices - 1:  # the last program: every partial is in the workspace
+    if ticket == n_slices - 1:  # the block's last program: all its partials are stored
         slices = tl.arange(0, BLOCK_S)
         parts = tl.load(part_ptr + slices[:, None, None] * (BLOCK_T * BLOCK_E) + tile[None, :, :],
                         mask=(slices < n_slices)[:, None, None], other=0.0,
@@ -84,18 +92,27 @@ def _tiles(w: torch.Tensor) -> tuple[int, int, int]:
     return slices, triton.next_power_of_2(slices), max(16, triton.next_power_of_2(experts))
 
 
+def max_tokens(w: torch.Tensor) -> int:
+    """The most tokens router weight ``w`` [E, H] takes through this kernel (0: none)."""
+    _, block_s, block_e = _tiles(w)
+    if block_s * BLOCK_T * block_e > MAX_TILE or block_e * BLOCK_K > MAX_TILE:
+        return 0
+    return min(256, MAX_PARTIALS // block_e) // BLOCK_T * BLOCK_T
+
+
 def fits(n_tokens: int, w: torch.Tensor) -> bool:
     """Whether ``n_tokens`` tokens route through this kernel with router weight ``w``."""
-    _, block_s, block_e = _tiles(w)
-    return (0 < n_tokens <= TOKENS and block_s * TOKENS * block_e <= MAX_TILE
-            and block_e * BLOCK_K <= MAX_TILE)
+    return 0 < n_tokens <= max_tokens(w)
 
 
 def router_workspace(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A router's partial logits (float32, one tile a slice) and its ticket (zero)."""
+    """A router's partial logits (float32, a tile a slice and token block) and its tickets
+    (zero, one a token block)."""
     slices, _, block_e = _tiles(w)
-    return (torch.empty(slices * TOKENS * block_e, dtype=torch.float32, device=w.device),
-            torch.zeros(1, dtype=torch.int32, device=w.device))
+    blocks = max(1, max_tokens(w) // BLOCK_T)
+    return (torch.empty(blocks * slices * BLOCK_T * block_e, dtype=torch.float32,
+                        device=w.device),
+            torch.zeros(blocks, dtype=torch.int32, device=w.device))
 
 
 def router_topk(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, k: int,
@@ -112,10 +129,10 @@ def router_topk(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, k: int
     part, ticket = workspace
     weights = torch.empty(n_tokens, k, dtype=dtype, device=x.device)
     ids = torch.empty(n_tokens, k, dtype=torch.int64, device=x.device)
-    warps = max(4, min(16, block_s * TOKENS * block_e // 2048))
-    _router_topk_kernel[(slices,)](
+    warps = max(4, min(16, block_s * BLOCK_T * block_e // 2048))
+    _router_topk_kernel[(slices, triton.cdiv(n_tokens, BLOCK_T))](
         x, w, w if b is None else b, part, ticket, weights, ids, n_tokens, w.shape[0], hidden,
-        x.stride(0), K=k, BLOCK_T=TOKENS, BLOCK_E=block_e, BLOCK_K=BLOCK_K, BLOCK_S=block_s,
+        x.stride(0), K=k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_K=BLOCK_K, BLOCK_S=block_s,
         HAS_BIAS=b is not None, SOFTMAX_FIRST=softmax_first, RENORMALIZE=renormalize,
         num_warps=warps, **pdl_.launch_options(x, pdl))
     return weights, ids

@@ -86,10 +86,10 @@ def main() -> None:
         spaces = [router_workspace(w) for w in ws]
         norm_w = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
         for tokens in args.tokens:
-            if not fits(tokens, ws[0]):
-                continue
             xs = [torch.randn(tokens, hidden, device="cuda", generator=g, dtype=torch.bfloat16)
                   for _ in range(LAYERS)]
+            if not fits(xs[0], ws[0]):
+                continue
 
             def two(i, h):
                 return topk_route(linear(h, ws[i], bs[i], pdl=True), k, softmax_first,

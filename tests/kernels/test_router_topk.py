@@ -50,7 +50,7 @@ def _reference(x, w, b, k, routing):
 def test_matches_the_linear_layer_then_topk(tokens, experts, hidden, k, bias, routing, dtype):
     w, b = _router(experts, hidden, bias, dtype)
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)).to(DEV, dtype)
-    assert fits(tokens, w)
+    assert fits(x, w)
     ws = router_workspace(w)
     ref_w, ref_ids = _reference(x, w, b, k, routing)
     for _ in range(2):  # the tickets are back at zero after each call
@@ -89,8 +89,14 @@ def test_the_largest_batch_of_gpt_oss_router():
 
 def test_fits_the_decode_batches_only():
     w, _ = _router(32, 2880, False, torch.bfloat16)
-    assert fits(1, w) and fits(256, w) and not fits(257, w) and not fits(0, w)
+
+    def x(tokens, dtype=torch.bfloat16):
+        return torch.zeros(tokens, 2880, dtype=dtype, device=DEV)
+
+    assert fits(x(1), w) and fits(x(256), w) and not fits(x(257), w) and not fits(x(0), w)
+    assert not fits(x(4, torch.float32), w)  # the dot takes one dtype
+    assert not fits(x(4).t().contiguous().t(), w)  # rows of unit stride only
     wide, _ = _router(128, 2048, False, torch.bfloat16)  # 128 experts: 64 tokens
-    assert max_tokens(wide) == 64 and fits(64, wide) and not fits(65, wide)
+    assert max_tokens(wide) == 64
     huge, _ = _router(512, 8192, False, torch.bfloat16)  # 32 slices x 16 x 512: past the tile
-    assert max_tokens(huge) == 0 and not fits(1, huge)
+    assert max_tokens(huge) == 0

@@ -201,7 +201,7 @@ class MoELayer(nn.Module):
             from minisgl.kernel.triton.topk_route import topk_route
 
             ws, w = self.router_ws, self.gate.weight
-            if ws is not None and ws[0].device == r.device and fits(r.shape[0], w):
+            if ws is not None and ws[0].device == r.device and fits(r, w):
                 weights, ids = router_topk(r, w, self.gate.bias, k, softmax_first,
                                            self.spec.renormalize, ws, out_dtype, self.pdl)
             else:

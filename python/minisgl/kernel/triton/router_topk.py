@@ -100,9 +100,11 @@ def max_tokens(w: torch.Tensor) -> int:
     return min(256, MAX_PARTIALS // block_e) // BLOCK_T * BLOCK_T
 
 
-def fits(n_tokens: int, w: torch.Tensor) -> bool:
-    """Whether ``n_tokens`` tokens route through this kernel with router weight ``w``."""
-    return 0 < n_tokens <= max_tokens(w)
+def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether tokens x [T, H] route through this kernel with router weight ``w`` [E, H]: at
+    most ``max_tokens(w)`` of them, rows of unit stride, ``w`` contiguous in x's dtype."""
+    return (x.dim() == 2 and x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype
+            and x.shape[1] == w.shape[1] and 0 < x.shape[0] <= max_tokens(w))
 
 
 def router_workspace(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,9 +124,8 @@ def router_topk(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, k: int
     """x [T, H] (``fits``), the router's weight [E, H] (contiguous) and bias [E] -> (weights
     [T, k] in ``dtype``, ids [T, k] int64), as ``topk_route(x @ w.T + b, ...)`` with the
     logits rounded to x's dtype; ``workspace`` from ``router_workspace(w)``."""
+    assert fits(x, w) and k & (k - 1) == 0
     n_tokens, hidden = x.shape
-    assert fits(n_tokens, w) and w.shape[1] == hidden and x.stride(1) == 1
-    assert w.is_contiguous() and k & (k - 1) == 0
     slices, block_s, block_e = _tiles(w)
     part, ticket = workspace
     weights = torch.empty(n_tokens, k, dtype=dtype, device=x.device)

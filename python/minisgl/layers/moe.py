@@ -192,8 +192,8 @@ class MoELayer(nn.Module):
     def route(self, r: torch.Tensor, dtype: torch.dtype = torch.float32
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The router's input r [T, H] -> (weights [T, K] in ``dtype``, computed in float32;
-        expert ids [T, K]). On CUDA the top-k is one launch (torch's take four), and for a few
-        tokens the router's linear layer joins it (``router_topk``)."""
+        expert ids [T, K]). On CUDA the top-k is one launch (torch's take four), and for a
+        decode step's tokens the router's linear layer joins it (``router_topk.fits``)."""
         k, softmax_first = self.spec.top_k, self.spec.routing == "softmax"
         out_dtype = dtype if self.expert_scale is None else torch.float32
         if r.is_cuda and k & (k - 1) == 0:  # Triton on CUDA only (imported there)

@@ -175,9 +175,10 @@ class MoELayer(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         if self.router_ws is None and self.gate.weight.is_cuda:
-            from minisgl.kernel.triton.router_topk import router_workspace
+            from minisgl.kernel.triton.router_topk import max_tokens, router_workspace
 
-            self.router_ws = router_workspace(self.gate.weight)
+            if max_tokens(self.gate.weight):
+                self.router_ws = router_workspace(self.gate.weight)
         if self.layout is not None:  # already taken over by the backend
             return
         self.method.process_weights_after_loading(self)

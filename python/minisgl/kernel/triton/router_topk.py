@@ -111,7 +111,8 @@ def router_workspace(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A router's partial logits (float32, a tile a slice and token block) and its tickets
     (zero, one a token block)."""
     slices, _, block_e = _tiles(w)
-    blocks = max(1, max_tokens(w) // BLOCK_T)
+    blocks = max_tokens(w) // BLOCK_T
+    assert blocks, "this router takes no token through router_topk (max_tokens)"
     return (torch.empty(blocks * slices * BLOCK_T * block_e, dtype=torch.float32,
                         device=w.device),
             torch.zeros(blocks, dtype=torch.int32, device=w.device))

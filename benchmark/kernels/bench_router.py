@@ -9,7 +9,9 @@ the layer's input (the kernel before the router in every MoE layer) then its rou
 PDL, cycling over 48 copies of the router's weight (as many as a model's layers: none is in L2
 from the layer before). ``router us`` is a layer's time less that of the norm alone in the same
 graph; ``ratio`` the two launches' time over the fused one's. The routers are gpt-oss's (32
-experts, a bias, top 4), Qwen3-30B-A3B's (128, top 8) and Gemma 4 26B-A4B's (128, top 8).
+experts, a bias, top 4), Qwen3-30B-A3B's (128, top 8) and Gemma 4 26B-A4B's (128, top 8, with
+its scales: the input's two multiplies, the experts' scales and the cast, five launches of
+torch, in the unfused path as ``MoELayer`` ran them).
 Writes JSON and markdown named ``<date>_router_<gpu>.{json,md}``.
 """
 
@@ -33,10 +35,10 @@ from minisgl.kernel.triton.router_topk import fits, router_topk, router_workspac
 from minisgl.kernel.triton.topk_route import topk_route  # noqa: E402
 from minisgl.quant.unquantized import linear  # noqa: E402
 
-ROUTERS = {  # experts, hidden, top k, bias, softmax first
-    "gpt-oss-20b": (32, 2880, 4, True, False),
-    "qwen3-30b-a3b": (128, 2048, 8, False, True),
-    "gemma-4-26b-a4b": (128, 2816, 8, False, True),
+ROUTERS = {  # experts, hidden, top k, bias, softmax first, Gemma 4's scales
+    "gpt-oss-20b": (32, 2880, 4, True, False, False),
+    "qwen3-30b-a3b": (128, 2048, 8, False, True, False),
+    "gemma-4-26b-a4b": (128, 2816, 8, False, True, True),
 }
 LAYERS = 48
 
@@ -77,13 +79,19 @@ def main() -> None:
     args = parser.parse_args()
 
     records = []
-    for model, (experts, hidden, k, has_bias, softmax_first) in ROUTERS.items():
+    for model, (experts, hidden, k, has_bias, softmax_first, scales) in ROUTERS.items():
         g = torch.Generator(device="cuda").manual_seed(0)
         ws = [torch.randn(experts, hidden, device="cuda", generator=g, dtype=torch.bfloat16)
               * hidden ** -0.5 for _ in range(LAYERS)]
         bs = [torch.randn(experts, device="cuda", generator=g, dtype=torch.bfloat16) * 0.1
               if has_bias else None for _ in range(LAYERS)]
         spaces = [router_workspace(w) for w in ws]
+        in_scale = es = None
+        mult = hidden ** -0.5
+        if scales:
+            in_scale = 1 + 0.1 * torch.randn(hidden, device="cuda", generator=g,
+                                             dtype=torch.bfloat16)
+            es = 1 + 0.1 * torch.randn(experts, device="cuda", generator=g, dtype=torch.bfloat16)
         norm_w = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
         for tokens in args.tokens:
             xs = [torch.randn(tokens, hidden, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -92,12 +100,16 @@ def main() -> None:
                 continue
 
             def two(i, h):
-                return topk_route(linear(h, ws[i], bs[i], pdl=True), k, softmax_first,
-                                  softmax_first, torch.bfloat16, pdl=True)
+                if in_scale is None:
+                    return topk_route(linear(h, ws[i], bs[i], pdl=True), k, softmax_first,
+                                      softmax_first, torch.bfloat16, pdl=True)
+                weights, ids = topk_route(linear(h * in_scale * mult, ws[i], bs[i], pdl=True),
+                                          k, softmax_first, softmax_first, pdl=True)
+                return (weights * es[ids]).to(torch.bfloat16), ids
 
             def one(i, h):
                 return router_topk(h, ws[i], bs[i], k, softmax_first, softmax_first, spaces[i],
-                                   torch.bfloat16, pdl=True)
+                                   torch.bfloat16, True, in_scale, mult, es)
 
             h = rms_norm(xs[0], norm_w, 1e-5)
             (w2, i2), (w1, i1) = two(0, h), one(0, h)

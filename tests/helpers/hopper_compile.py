@@ -138,8 +138,9 @@ def _fp8_kernels():
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
     the FP8 ones, the MXFP4 suite the MoE GEMMs): the GEMV, the norm, the attention reduction,
-    the greedy sampler, and the MoE's router (its top-k, and the two fused for a few tokens:
-    gpt-oss's 32 experts with a bias, 128 without), alignment and top-k sum."""
+    the greedy sampler, and the MoE's router (its top-k, and the two fused for a decode step:
+    gpt-oss's 32 experts with a bias, Gemma 4's 128 with its scales), alignment and top-k
+    sum."""
     from minisgl.kernel.triton import (
         decode_attention,
         decode_step,
@@ -181,9 +182,11 @@ def _pdl_kernels():
     for k, experts, bias, slices, warps in ((4, 32, True, 16, 4), (8, 128, False, 16, 16)):
         yield router_topk._router_topk_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
             part_ptr="*fp32", ticket_ptr="*i32", weights_ptr="*bf16", ids_ptr="*i64",
-            n_tokens="i32", n_experts="i32", hidden="i32", stride_x="i32"), dict(
+            in_scale_ptr="*bf16", es_ptr="*bf16", n_tokens="i32", n_experts="i32",
+            hidden="i32", stride_x="i32", in_mult="fp32"), dict(
             K=k, BLOCK_T=16, BLOCK_E=experts, BLOCK_K=256, BLOCK_S=slices, HAS_BIAS=bias,
-            SOFTMAX_FIRST=not bias, RENORMALIZE=False, USE_PDL=True), warps
+            IN_SCALE=not bias, EXPERT_SCALE=not bias, SOFTMAX_FIRST=not bias, RENORMALIZE=False,
+            USE_PDL=True), warps
     yield moe_align._offsets_kernel, dict(ids_ptr="*i64", counts_ptr="*i32",
         expert_ids_ptr="*i32", sorted_ptr="*i32", total_ptr="*i32", n_experts="i32",
         n_pairs="i32", n_blocks="i32", capacity="i32"), dict(COUNT=True, BLOCK_M=1, BLOCK_E=32,

@@ -62,6 +62,27 @@ def test_matches_the_linear_layer_then_topk(tokens, experts, hidden, k, bias, ro
         torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("tokens", [1, 20])
+def test_gemma4_router_scales(tokens):
+    """Gemma 4's router (``MoELayer``'s torch path): the normalised input times its learned
+    scale and ``hidden ** -0.5`` (each product rounded), the linear layer, the top-k, each
+    weight times its expert's scale, then the experts' dtype."""
+    experts, hidden, k = 128, 2816, 8
+    dtype = DTYPES[-1]
+    w, _ = _router(experts, hidden, False, dtype, seed=7)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(tokens, hidden, generator=g).to(DEV, dtype)
+    in_scale = (1 + 0.5 * torch.randn(hidden, generator=g)).to(DEV, dtype)
+    es = (1 + 0.5 * torch.randn(experts, generator=g)).to(DEV, dtype)
+    mult = hidden ** -0.5
+    ref_w, ref_ids = _reference(x * in_scale * mult, w, None, k, "softmax_renorm")
+    ref_w = (ref_w * es[ref_ids]).to(dtype)
+    weights, ids = router_topk(x, w, None, k, True, True, router_workspace(w), dtype,
+                               in_scale=in_scale, in_mult=mult, expert_scale=es)
+    assert torch.equal(ids, ref_ids) and weights.dtype == dtype
+    torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+
+
 def test_weights_in_the_experts_dtype_and_strided_rows():
     """x may be a view with a row stride (the MoE layer's input), the weights in the experts'
     dtype (bf16)."""

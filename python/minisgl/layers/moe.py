@@ -192,24 +192,26 @@ class MoELayer(nn.Module):
 
     def route(self, r: torch.Tensor, dtype: torch.dtype = torch.float32
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The router's input r [T, H] -> (weights [T, K] in ``dtype``, computed in float32;
-        expert ids [T, K]). On CUDA the top-k is one launch (torch's take four), and for a
-        decode step's tokens the router's linear layer joins it (``router_topk.fits``)."""
+        """The router's input r [T, H] (Gemma 4: normalised, not yet scaled) -> (weights [T, K]
+        in ``dtype``, computed in float32; expert ids [T, K]). On CUDA the top-k is one launch
+        (torch's take four), and for a decode step's tokens the router's linear layer and
+        Gemma 4's scales join it (``router_topk.fits``)."""
         k, softmax_first = self.spec.top_k, self.spec.routing == "softmax"
-        out_dtype = dtype if self.expert_scale is None else torch.float32
+        mult = r.shape[-1] ** -0.5
         if r.is_cuda and k & (k - 1) == 0:  # Triton on CUDA only (imported there)
             from minisgl.kernel.triton.router_topk import fits, router_topk
             from minisgl.kernel.triton.topk_route import topk_route
 
             ws, w = self.router_ws, self.gate.weight
             if ws is not None and ws[0].device == r.device and fits(r, w):
-                weights, ids = router_topk(r, w, self.gate.bias, k, softmax_first,
-                                           self.spec.renormalize, ws, out_dtype, self.pdl)
-            else:
-                weights, ids = topk_route(self.gate(r), k, softmax_first, self.spec.renormalize,
-                                          out_dtype, self.pdl)
+                return router_topk(r, w, self.gate.bias, k, softmax_first, self.spec.renormalize,
+                                   ws, dtype, self.pdl, self.router_scale, mult,
+                                   self.expert_scale)
+            weights, ids = topk_route(
+                self.gate(self._scaled_input(r, mult)), k, softmax_first, self.spec.renormalize,
+                dtype if self.expert_scale is None else torch.float32, self.pdl)
             return self._scaled(weights, ids, dtype)
-        router_logits = self.gate(r)
+        router_logits = self.gate(self._scaled_input(r, mult))
         if self.spec.routing == "topk_softmax":
             values, ids = torch.topk(router_logits, k, dim=-1)
             weights = values.float().softmax(dim=-1)
@@ -218,6 +220,10 @@ class MoELayer(nn.Module):
             if self.spec.renormalize:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
         return self._scaled(weights, ids, dtype)
+
+    def _scaled_input(self, r: torch.Tensor, mult: float) -> torch.Tensor:
+        """Gemma 4's router input: times ``router_scale`` and ``hidden ** -0.5``."""
+        return r if self.router_scale is None else r * self.router_scale * mult
 
     def _scaled(self, weights: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +236,7 @@ class MoELayer(nn.Module):
         stream before the norm whose output enters the experts)."""
         r = x if router_input is None else router_input
         if self.router_norm is not None:
-            r = self.router_norm(r) * self.router_scale * r.shape[-1] ** -0.5
+            r = self.router_norm(r)
         weights, ids = self.route(r, x.dtype)
         w13, w2, scales = self.method.experts(self)
         out = self.backend.forward(x, w13, w2, weights, ids, scales, bias=self._bias(),

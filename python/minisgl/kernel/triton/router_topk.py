@@ -15,6 +15,11 @@ rounds the logits to x's dtype as the linear layer's output is rounded, picks th
 (``topk_route.pick_topk``) and sets the ticket back to zero for the next call, so a captured
 graph replays it as it is.
 
+Gemma 4's router scales join it too (``in_scale``, ``in_mult``, ``expert_scale``): x's slice times
+the learned ``router_scale`` and times ``hidden ** -0.5``, each product rounded to x's dtype as
+torch's two multiplies round it, and the picked weights times their experts' scales (float32,
+as torch's multiply of the float32 weights promotes): five launches of torch a layer fewer.
+
 ``router_workspace`` allocates a layer's partials and tickets (per layer: two engines on one
 device never share one); ``fits`` says whether a batch takes this path (``max_tokens``: 256
 tokens at 32 experts, fewer with more, and a tile of partials that fits in the registers of 16
@@ -39,9 +44,10 @@ MAX_PARTIALS = 8192  # tokens x experts of a layer's workspace (32 experts: 256 
 
 @triton.jit(do_not_specialize=["n_tokens"])
 def _router_topk_kernel(x_ptr, w_ptr, b_ptr, part_ptr, ticket_ptr, weights_ptr, ids_ptr,
-                        n_tokens, n_experts, hidden, stride_x,
+                        in_scale_ptr, es_ptr, n_tokens, n_experts, hidden, stride_x, in_mult,
                         K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        IN_SCALE: tl.constexpr, EXPERT_SCALE: tl.constexpr,
                         SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
                         USE_PDL: tl.constexpr):
     s = tl.program_id(0)
@@ -62,7 +68,12 @@ def _router_topk_kernel(x_ptr, w_ptr, b_ptr, part_ptr, ticket_ptr, weights_ptr, 
     t_ok = toks < n_tokens
     x = tl.load(x_ptr + toks[:, None].to(tl.int64) * stride_x + ks[None, :],
                 mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-    if x_ptr.dtype.element_ty == tl.float32:
+    dt = x_ptr.dtype.element_ty
+    if IN_SCALE:  # (x * router_scale) * in_mult, each rounded to x's dtype
+        x_scale = tl.load(in_scale_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * x_scale[None, :]).to(dt)
+        x = (x.to(tl.float32) * in_mult).to(dt)
+    if dt == tl.float32:
         part = tl.dot(x, tl.trans(w), input_precision="ieee")
     else:
         part = tl.dot(x, tl.trans(w))
@@ -78,9 +89,11 @@ def _router_topk_kernel(x_ptr, w_ptr, b_ptr, part_ptr, ticket_ptr, weights_ptr, 
         logits = tl.sum(parts, axis=0)
         if HAS_BIAS:
             logits += tl.load(b_ptr + experts, mask=e_ok, other=0.0).to(tl.float32)[None, :]
-        logits = logits.to(x_ptr.dtype.element_ty).to(tl.float32)  # the linear layer's output
+        logits = logits.to(dt).to(tl.float32)  # the linear layer's output
         vals, ids = pick_topk(logits, experts, n_experts, K, BLOCK_T, BLOCK_E, SOFTMAX_FIRST,
                               RENORMALIZE)
+        if EXPERT_SCALE:
+            vals = vals * tl.load(es_ptr + ids).to(tl.float32)
         store_topk(weights_ptr, ids_ptr, toks, t_ok, vals, ids, K)
         tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
 
@@ -121,10 +134,13 @@ def router_workspace(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def router_topk(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, k: int,
                 softmax_first: bool, renormalize: bool,
                 workspace: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype = torch.float32,
-                pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                pdl: bool = False, in_scale: torch.Tensor | None = None, in_mult: float = 1.0,
+                expert_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] (``fits``), the router's weight [E, H] (contiguous) and bias [E] -> (weights
     [T, k] in ``dtype``, ids [T, k] int64), as ``topk_route(x @ w.T + b, ...)`` with the
-    logits rounded to x's dtype; ``workspace`` from ``router_workspace(w)``."""
+    logits rounded to x's dtype; ``workspace`` from ``router_workspace(w)``. ``in_scale`` [H]
+    (with ``in_mult``): x taken as ``x * in_scale * in_mult``; ``expert_scale`` [E]: each
+    weight times its expert's (the module docstring)."""
     assert fits(x, w) and k & (k - 1) == 0
     n_tokens, hidden = x.shape
     slices, block_s, block_e = _tiles(w)
@@ -133,8 +149,11 @@ def router_topk(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, k: int
     ids = torch.empty(n_tokens, k, dtype=torch.int64, device=x.device)
     warps = max(4, min(16, block_s * BLOCK_T * block_e // 2048))
     _router_topk_kernel[(slices, triton.cdiv(n_tokens, BLOCK_T))](
-        x, w, w if b is None else b, part, ticket, weights, ids, n_tokens, w.shape[0], hidden,
-        x.stride(0), K=k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_K=BLOCK_K, BLOCK_S=block_s,
-        HAS_BIAS=b is not None, SOFTMAX_FIRST=softmax_first, RENORMALIZE=renormalize,
-        num_warps=warps, **pdl_.launch_options(x, pdl))
+        x, w, w if b is None else b, part, ticket, weights, ids,
+        x if in_scale is None else in_scale, w if expert_scale is None else expert_scale,
+        n_tokens, w.shape[0], hidden, x.stride(0), in_mult, K=k, BLOCK_T=BLOCK_T,
+        BLOCK_E=block_e, BLOCK_K=BLOCK_K, BLOCK_S=block_s, HAS_BIAS=b is not None,
+        IN_SCALE=in_scale is not None, EXPERT_SCALE=expert_scale is not None,
+        SOFTMAX_FIRST=softmax_first, RENORMALIZE=renormalize, num_warps=warps,
+        **pdl_.launch_options(x, pdl))
     return weights, ids

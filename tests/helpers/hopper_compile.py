@@ -129,18 +129,20 @@ def _fp8_kernels():
         DOT_PREC="tf32", WINDOWED=True, HAS_SINKS=True, BLOCKS=False), 4
     yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
         cache_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16", kc_ptr="*fp8e4nv", vc_ptr="*fp8e4nv",
-        loc_ptr="*i64", eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32", **{s: "i32" for s in (
+        loc_ptr="*i64", eps="fp32", v_eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32",
+        **{s: "i32" for s in (
             "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h",
             "c_stride_slot", "c_stride_h", "n_q", "n_k", "cache_stride")}), dict(
-        HAS_NORM=True, STORE=True, FP8=True, HALF=64, BLOCK_Q=32, BLOCK_K=8, USE_PDL=True), 8
+        HAS_NORM=True, FP32_NORM=False, OFFSET=False, V_NORM=False, STORE=True, FP8=True,
+        HALF=64, BLOCK_Q=32, BLOCK_K=8, USE_PDL=True), 8
 
 
 def _pdl_kernels():
     """The bf16 kernels of a decode step with programmatic dependent launch (the FP8 suite has
     the FP8 ones, the MXFP4 suite the MoE GEMMs): the GEMV, the norm, the attention reduction,
-    the greedy sampler, and the MoE's router (its top-k, and the two fused for a decode step:
-    gpt-oss's 32 experts with a bias, Gemma 4's 128 with its scales), alignment and top-k
-    sum."""
+    the greedy sampler, Gemma 4's fused norms, RoPE and KV store, and the MoE's router (its
+    top-k, and the two fused for a decode step: gpt-oss's 32 experts with a bias, Gemma 4's 128
+    with its scales), alignment and top-k sum."""
     from minisgl.kernel.triton import (
         decode_attention,
         decode_step,
@@ -148,6 +150,7 @@ def _pdl_kernels():
         gemv,
         moe_align,
         norm,
+        rotary,
         router_topk,
         topk_route,
     )
@@ -187,6 +190,16 @@ def _pdl_kernels():
             K=k, BLOCK_T=16, BLOCK_E=experts, BLOCK_K=256, BLOCK_S=slices, HAS_BIAS=bias,
             IN_SCALE=not bias, EXPERT_SCALE=not bias, SOFTMAX_FIRST=not bias, RENORMALIZE=False,
             USE_PDL=True), warps
+    # Gemma 4's global layers' norms (float32 weights, the weightless v norm), RoPE and store:
+    # 16 heads of 512 a program
+    yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
+        cache_ptr="*fp32", qw_ptr="*fp32", kw_ptr="*fp32", kc_ptr="*bf16", vc_ptr="*bf16",
+        loc_ptr="*i64", eps="fp32", v_eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32",
+        **{s: "i32" for s in (
+            "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h",
+            "c_stride_slot", "c_stride_h", "n_q", "n_k", "cache_stride")}), dict(
+        HAS_NORM=True, FP32_NORM=True, OFFSET=False, V_NORM=True, STORE=True, FP8=False,
+        HALF=256, BLOCK_Q=16, BLOCK_K=2, USE_PDL=True), 8
     yield moe_align._offsets_kernel, dict(ids_ptr="*i64", counts_ptr="*i32",
         expert_ids_ptr="*i32", sorted_ptr="*i32", total_ptr="*i32", n_experts="i32",
         n_pairs="i32", n_blocks="i32", capacity="i32"), dict(COUNT=True, BLOCK_M=1, BLOCK_E=32,

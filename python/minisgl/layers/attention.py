@@ -1,9 +1,9 @@
 """Self-attention of one decoder layer: merged QKV, optional per-head q/k (and v) norms, RoPE, the
 K/V store into the paged pool, the attention backend over it, optionally an output gate, and the
-row-parallel output projection. On CUDA two variants run fused Triton kernels: plain RMSNorm q/k
-norms with RoPE over the whole head (norms, RoPE and the store in one kernel,
-``kernel/triton/rotary.py``), and ``(1 + w)`` norms with partial RoPE (the hybrid models' gated
-attention: norms and RoPE in one, ``kernel/triton/partial_rope.py``).
+row-parallel output projection. On CUDA two variants run fused Triton kernels: q/k norms (any
+with a weight, and Gemma 4's weightless v norm) with RoPE over the whole head (norms, RoPE and the
+store in one kernel, ``kernel/triton/rotary.py``), and ``(1 + w)`` norms with partial RoPE (the
+hybrid models' gated attention: norms and RoPE in one, ``kernel/triton/partial_rope.py``).
 
 The layer carries its ``AttentionSpec`` (``kvcache/spec.py``): head size, KV heads, scale,
 sliding window, sinks and soft-cap are arguments, defaulting to the model config's, so a family
@@ -80,10 +80,11 @@ class AttentionLayer(nn.Module):
         )
         # which fused CUDA kernel computes this layer's norms and RoPE (see the module docstring)
         rot = self.rotary.cfg.head_dim
-        fusable = type(self.rotary) is RotaryEmbedding and self.v_norm is None and pow2(head_dim)
+        fusable = type(self.rotary) is RotaryEmbedding and pow2(head_dim)
         self._fused_store = (fusable and rot == head_dim
-                             and (self.q_norm is None or self.q_norm.plain))
-        self._fused_partial = (fusable and rot < head_dim and pow2(rot)
+                             and (self.q_norm is None or self.q_norm.weight is not None)
+                             and (self.v_norm is None or self.v_norm.weight is None))
+        self._fused_partial = (fusable and rot < head_dim and pow2(rot) and self.v_norm is None
                                and self.q_norm is not None and self.q_norm.offset == 1.0)
 
     def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object) -> None:
@@ -123,12 +124,16 @@ class AttentionLayer(nn.Module):
                 and pool.dtype in (q.dtype, torch.float8_e4m3fn)):
             from minisgl.kernel.triton.rotary import norm_rope_store_
 
-            qw = self.q_norm.weight if self.q_norm is not None else None
-            kw = self.k_norm.weight if self.k_norm is not None else None
-            eps = self.q_norm.eps if self.q_norm is not None else 0.0
+            qn, kn = self.q_norm, self.k_norm
+            qw = kw = None
+            eps, fp32, offset = 0.0, False, False
+            if qn is not None and kn is not None:
+                qw, kw, eps, fp32, offset = qn.weight, kn.weight, qn.eps, qn.fp32, qn.offset != 0
             table, rows = self.rotary.table(positions, q.device)
             norm_rope_store_(rows, q, k, v, table, pool.k_cache(layer), pool.v_cache(layer),
-                             out_loc, qw, kw, eps, pool.kv_scales(layer), pdl=self.pdl)
+                             out_loc, qw, kw, eps, pool.kv_scales(layer), pdl=self.pdl,
+                             fp32_norm=fp32, offset=offset,
+                             v_norm_eps=None if self.v_norm is None else self.v_norm.eps)
             return q, k, v
         q, k, v = self._norm_rope(q, k, v, positions)
         pool.store_kv(k, v, out_loc, layer)

@@ -11,7 +11,10 @@ rounded to the activation dtype and each product and the sum are rounded to it, 
 match.
 
 ``norm_rope_store_`` is what a decoder layer runs on CUDA between the QKV projection and attention:
-one launch instead of five (q norm, k norm, RoPE, K store, V store).
+one launch instead of five (q norm, k norm, RoPE, K store, V store). Its norms are Llama's and
+Qwen3's (the normalised row rounded, then times the weight) or Gemma's (``fp32_norm``: times the
+weight, or ``1 + weight`` with ``offset``, in float32, rounded once), and Gemma 4's weightless v
+norm (``v_norm_eps``: v normalised in place and so stored): six launches instead of one there.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from .pdl import wait_then_release
 
 @triton.jit
 def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
-                       HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-                       first=0):
-    """Norm (optional) and rotate one token's heads ``first ..`` in place; return the rotated
-    halves."""
+                       HAS_NORM: tl.constexpr, FP32_NORM: tl.constexpr, OFFSET: tl.constexpr,
+                       BLOCK_H: tl.constexpr, HALF: tl.constexpr, first=0):
+    """Norm (optional; ``FP32_NORM``: the weight, ``1 + w`` with ``OFFSET``, multiplied in
+    float32, one rounding) and rotate one token's heads ``first ..`` in place; return the
+    rotated halves."""
     heads = first + tl.arange(0, BLOCK_H)
     cols = tl.arange(0, HALF)
     mask = (heads < n_heads)[:, None]
@@ -41,8 +45,15 @@ def _norm_rotate_heads(ptr, tok, stride_t, stride_h, n_heads, c, s, w_ptr, eps,
         rstd = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
         w1 = tl.load(w_ptr + cols).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)[None, :]
-        x1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-        x2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        if FP32_NORM:
+            if OFFSET:
+                w1 = w1 + 1.0
+                w2 = w2 + 1.0
+            x1 = (x1 * rstd[:, None] * w1).to(dt).to(tl.float32)
+            x2 = (x2 * rstd[:, None] * w2).to(dt).to(tl.float32)
+        else:
+            x1 = ((x1 * rstd[:, None]).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            x2 = ((x2 * rstd[:, None]).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     o1 = ((x1 * c).to(dt).to(tl.float32) - (x2 * s).to(dt).to(tl.float32)).to(dt)
     o2 = ((x2 * c).to(dt).to(tl.float32) + (x1 * s).to(dt).to(tl.float32)).to(dt)
     tl.store(p, o1, mask=mask)
@@ -59,12 +70,21 @@ def _to_cache(x, inv_scale, dst_ptr, FP8: tl.constexpr):
 
 
 @triton.jit
-def _copy_heads(src, src_off, stride_h, dst, dst_off, dst_stride_h, n_heads, inv_scale,
-                BLOCK_H: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr):
+def _copy_heads(src, src_off, stride_h, dst, dst_off, dst_stride_h, n_heads, inv_scale, eps,
+                BLOCK_H: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr,
+                NORM: tl.constexpr):
+    """Heads of ``src`` into the cache ``dst``; with ``NORM``, RMS-normalised first (no weight,
+    float32, one rounding) and so written back in place too."""
     heads = tl.arange(0, BLOCK_H)
     cols = tl.arange(0, DIM)
     mask = (heads < n_heads)[:, None]
-    x = tl.load(src + src_off + heads[:, None] * stride_h + cols[None, :], mask=mask)
+    src_ptrs = src + src_off + heads[:, None] * stride_h + cols[None, :]
+    x = tl.load(src_ptrs, mask=mask)
+    if NORM:
+        xf = x.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / DIM + eps)
+        x = (xf * rstd[:, None]).to(src.dtype.element_ty)
+        tl.store(src_ptrs, x, mask=mask)
     tl.store(dst + dst_off + heads[:, None] * dst_stride_h + cols[None, :],
              _to_cache(x, inv_scale, dst, FP8), mask=mask)
 
@@ -73,8 +93,9 @@ def _copy_heads(src, src_off, stride_h, dst, dst_off, dst_stride_h, n_heads, inv
 def _rope_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr, kc_ptr, vc_ptr, loc_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-    c_stride_slot, c_stride_h, n_q, n_k, cache_stride, eps, k_inv_scale, v_inv_scale,
-    HAS_NORM: tl.constexpr, STORE: tl.constexpr, FP8: tl.constexpr,
+    c_stride_slot, c_stride_h, n_q, n_k, cache_stride, eps, v_eps, k_inv_scale, v_inv_scale,
+    HAS_NORM: tl.constexpr, FP32_NORM: tl.constexpr, OFFSET: tl.constexpr,
+    V_NORM: tl.constexpr, STORE: tl.constexpr, FP8: tl.constexpr,
     HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)
@@ -86,11 +107,11 @@ def _rope_kernel(
     s = tl.load(cache_ptr + pos * cache_stride + HALF + cols).to(dt).to(tl.float32)[None, :]
     block = tl.program_id(1)
     _norm_rotate_heads(q_ptr, tok, q_stride_t, q_stride_h, n_q, c, s, qw_ptr, eps,
-                       HAS_NORM, BLOCK_Q, HALF, block * BLOCK_Q)
+                       HAS_NORM, FP32_NORM, OFFSET, BLOCK_Q, HALF, block * BLOCK_Q)
     if block != 0:
         return
     k1, k2 = _norm_rotate_heads(k_ptr, tok, k_stride_t, k_stride_h, n_k, c, s, kw_ptr, eps,
-                                HAS_NORM, BLOCK_K, HALF)
+                                HAS_NORM, FP32_NORM, OFFSET, BLOCK_K, HALF)
     if STORE:
         slot = tl.load(loc_ptr + tok).to(tl.int64)
         heads = tl.arange(0, BLOCK_K)
@@ -99,7 +120,7 @@ def _rope_kernel(
         tl.store(kc, _to_cache(k1, k_inv_scale, kc_ptr, FP8), mask=mask)
         tl.store(kc + HALF, _to_cache(k2, k_inv_scale, kc_ptr, FP8), mask=mask)
         _copy_heads(v_ptr, tok * v_stride_t, v_stride_h, vc_ptr, slot * c_stride_slot, c_stride_h,
-                    n_k, v_inv_scale, BLOCK_K, 2 * HALF, FP8)
+                    n_k, v_inv_scale, v_eps, BLOCK_K, 2 * HALF, FP8, V_NORM)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> None:
@@ -111,7 +132,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> None:
 
 
 def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc,
-            kv_scales=(1.0, 1.0), pdl=False):
+            kv_scales=(1.0, 1.0), pdl=False, fp32_norm=False, offset=False, v_norm_eps=None):
     tokens, n_q, dim = q.shape
     n_k = k.shape[1]
     if tokens == 0:
@@ -126,8 +147,10 @@ def _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cac
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0) if store else 0, v.stride(1) if store else 0,
         k_cache.stride(0) if store else 0, k_cache.stride(1) if store else 0,
-        n_q, n_k, cos_sin.stride(0), eps, 1.0 / kv_scales[0], 1.0 / kv_scales[1],
-        HAS_NORM=has_norm, STORE=store, FP8=store and k_cache.dtype == torch.float8_e4m3fn,
+        n_q, n_k, cos_sin.stride(0), eps, v_norm_eps or 0.0, 1.0 / kv_scales[0],
+        1.0 / kv_scales[1], HAS_NORM=has_norm, FP32_NORM=fp32_norm, OFFSET=offset,
+        V_NORM=v_norm_eps is not None, STORE=store,
+        FP8=store and k_cache.dtype == torch.float8_e4m3fn,
         HALF=dim // 2, BLOCK_Q=block_q, BLOCK_K=block_k,
         num_warps=warps, **pdl_.launch_options(q, pdl),
     )
@@ -145,17 +168,20 @@ def norm_rope_store_(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
     q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 0.0,
-    kv_scales: tuple[float, float] = (1.0, 1.0), pdl: bool = False,
+    kv_scales: tuple[float, float] = (1.0, 1.0), pdl: bool = False, fp32_norm: bool = False,
+    offset: bool = False, v_norm_eps: float | None = None,
 ) -> None:
-    """q/k: per-head RMSNorm with ``q_weight``/``k_weight`` (when given), then RoPE, in place; then
-    rotated k and v [T, Hk, D] go to slots ``out_loc`` [T] of ``k_cache``/``v_cache``
-    [slots, Hk, D]. An FP8 cache (float8_e4m3fn) stores ``k / kv_scales[0]`` and
-    ``v / kv_scales[1]``, saturated."""
+    """q/k: per-head RMSNorm with ``q_weight``/``k_weight`` (when given; ``fp32_norm``,
+    ``offset``: Gemma's variants, the module docstring), then RoPE, in place; v normalised in
+    place where ``v_norm_eps`` is given (no weight); then rotated k and v [T, Hk, D] go to slots
+    ``out_loc`` [T] of ``k_cache``/``v_cache`` [slots, Hk, D]. An FP8 cache (float8_e4m3fn)
+    stores ``k / kv_scales[0]`` and ``v / kv_scales[1]``, saturated."""
     _check(q, k, cos_sin)
     assert v.shape == k.shape and v.stride(-1) == 1 and out_loc.shape == (q.shape[0],)
     assert k_cache.shape[1:] == k.shape[1:] and v_cache.stride() == k_cache.stride()
     assert k_cache.stride(-1) == 1 and v.dtype == k.dtype and v_cache.dtype == k_cache.dtype
     assert k_cache.dtype in (k.dtype, torch.float8_e4m3fn)
     assert (q_weight is None) == (k_weight is None)
+    assert not (offset and not fp32_norm), "an offset norm multiplies in float32"
     _launch(positions, q, k, v, cos_sin, q_weight, k_weight, eps, k_cache, v_cache, out_loc,
-            kv_scales, pdl)
+            kv_scales, pdl, fp32_norm, offset, v_norm_eps)

@@ -6,8 +6,9 @@
 #                                           # GEMMs, Gemma 4's experts, the router, PDL; after a
 #                                           # change there, before families' whole list
 #   scripts/gpu_validate.sh moe-router OUT  # the router's linear layer and top-k in one launch
-#                                           # (router_topk.py): its GPU tests, then against the
-#                                           # two launches in a graph of 48 layers with PDL
+#                                           # (router_topk.py): its GPU tests (TESTS=0: none),
+#                                           # then against the two launches in a graph of 48
+#                                           # layers with PDL
 #   scripts/gpu_validate.sh moe-ncu    OUT  # what bounds the MXFP4 MoE GEMMs: each kernel's
 #                                           # device time at 1-256 tokens, then Nsight
 #                                           # Compute's counters (throughput, occupancy, issue,
@@ -94,11 +95,13 @@ moe-tests)
         tests/kernels/test_pdl.py tests/engine/test_parity.py -k "qwen3_moe or not test_parity" \
         >"$out/moe_tests.log" 2>&1
     tail -15 "$out/moe_tests.log" ;;
-moe-router)
-    step 200 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
-        tests/kernels/test_router_topk.py tests/kernels/test_topk_route.py \
-        >"$out/router_tests.log" 2>&1
-    tail -3 "$out/router_tests.log"
+moe-router)  # TESTS=0: the benchmark alone
+    if [ "${TESTS:-1}" != 0 ]; then
+        step 200 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
+            tests/kernels/test_router_topk.py tests/kernels/test_topk_route.py \
+            >"$out/router_tests.log" 2>&1
+        tail -3 "$out/router_tests.log"
+    fi
     step 200 "$py" benchmark/kernels/bench_router.py --out "$out" >"$out/bench_router.log" 2>&1
     cat "$out"/*_router_*.md ;;
 moe-ncu)  # ncu reads the counters on Firecracker machines; the clocks are left alone

@@ -162,12 +162,12 @@ def _pdl_kernels():
     for quant in (False, True):  # the norm, and the norm quantizing for an FP8 layer
         yield norm._rmsnorm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16",
             y_ptr="*fp8e4nv" if quant else "*bf16", res_out_ptr="*bf16", s_ptr="*fp32",
-            g_ptr="*bf16", eps="fp32",
+            g_ptr="*bf16", m_ptr="*bf16", eps="fp32",
             **{s: "i32" for s in ("n_rows", "n_inner", "stride_x0", "stride_x1", "stride_r",
                                   "stride_y", "stride_ro", "dim", "g_inner", "stride_g0",
                                   "stride_g1")}), dict(
             HAS_RES=True, QUANT=quant, ROWS=1, BLOCK_D=4096, USE_PDL=True, FP32=False,
-            OFFSET=False, HAS_W=True, POST_ADD=False, GATE=False), 4
+            OFFSET=False, HAS_W=True, POST_ADD=False, GATE=False, POST_MULT=False), 4
     greedy_sig = dict(flag_ptr="*i64", val_ptr="*fp32", idx_ptr="*i32", out_ptr="*i64",
                       pool_ptr="*i32", rows_ptr="*i64", pos_ptr="*i64", pool_stride="i32")
     for splits in (1, 64):

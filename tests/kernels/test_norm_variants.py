@@ -80,6 +80,18 @@ def test_norm_then_stream_add_matches_the_reference(variant) -> None:
 
 
 @pytest.mark.any_device
+@pytest.mark.parametrize("variant", ["fp32", "offset"])
+def test_norm_then_stream_add_times_a_scalar(variant) -> None:
+    """Gemma 4's layer end: ``(stream + norm(h)) * layer_scalar``, each step rounded."""
+    norm = _norm(variant, 96)
+    h, stream = _randn(5, 96, seed=6, scale=4.0), _randn(5, 96, seed=7)
+    mult = torch.tensor([0.3]).to(stream.dtype)
+    out = triton_norm.rms_norm(h.to(DEV), add=stream.to(DEV), mult=mult.to(DEV), **_flags(norm))
+    torch.testing.assert_close(out.cpu(), norm.add_to(stream, h, mult), **TOL)
+    torch.testing.assert_close(norm.add_to(stream, h, mult), (stream + norm(h)) * mult)
+
+
+@pytest.mark.any_device
 def test_no_weight_on_strided_heads() -> None:
     """Gemma 4's v norm reads the v heads as a strided view of the fused projection."""
     norm = _norm("no_weight", 64)

@@ -55,14 +55,17 @@ class RMSNorm(nn.Module):
                                    offset=self.offset != 0.0, fp32=self.fp32)
         return self._reference(x)
 
-    def add_to(self, stream: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``stream + norm(x)``, the sum of the two rounded tensors (the reference's)."""
+    def add_to(self, stream: torch.Tensor, x: torch.Tensor,
+               mult: torch.Tensor | None = None) -> torch.Tensor:
+        """``stream + norm(x)``, the sum of the two rounded tensors (the reference's); times
+        ``mult`` (one value: Gemma 4's layer scalar) after it where given."""
         if x.is_cuda and not self.plain and x.is_contiguous() and stream.is_contiguous():
             from minisgl.kernel.triton.norm import rms_norm as triton_rms_norm
 
             return triton_rms_norm(x, self.weight, self.eps, pdl=self.pdl,
-                                   offset=self.offset != 0.0, fp32=True, add=stream)
-        return stream + self.forward(x)
+                                   offset=self.offset != 0.0, fp32=True, add=stream, mult=mult)
+        out = stream + self.forward(x)
+        return out if mult is None else out * mult
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, quantize: bool = False
                  ) -> tuple[torch.Tensor | QuantizedInput, torch.Tensor]:

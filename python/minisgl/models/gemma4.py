@@ -171,8 +171,7 @@ class Gemma4DecoderLayer(nn.Module):
             experts = self.moe(self.pre_feedforward_layernorm_2(x), router_input=x)
             h = self.post_feedforward_layernorm_2.add_to(self.post_feedforward_layernorm_1(h),
                                                       experts)
-        x = self.post_feedforward_layernorm.add_to(x, h)
-        return x * self.layer_scalar
+        return self.post_feedforward_layernorm.add_to(x, h, self.layer_scalar)
 
 
 class Gemma4ForCausalLM(Gemma3ForCausalLM):

@@ -15,7 +15,8 @@ The other families' conventions, rounded as their references (``layers/norm.py::
 ``fp32`` (Gemma, the hybrid checkpoints): ``norm(x) * w`` in fp32 and rounded once; ``offset``
 with it: weights stored centred on zero, ``(1 + w)``; no weight (Gemma 4's v and router norms):
 the normalised x alone; ``add``: ``add + norm(x)`` rounded as the reference's add of two rounded
-tensors (Gemma's sandwich norms, the block's output normalised as it joins the stream);
+tensors (Gemma's sandwich norms, the block's output normalised as it joins the stream), times a
+one-element ``mult`` after it where given (Gemma 4's layer scalar, rounded again);
 ``gated_rms_norm``: ``(w * norm(x)) * silu(gate)``, the gate a strided per-head view.
 """
 
@@ -32,12 +33,13 @@ from .pdl import wait_then_release
 
 @triton.jit(do_not_specialize=["n_rows"])  # a bound only: one variant for every row count
 def _rmsnorm_kernel(
-    x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, s_ptr, g_ptr,
+    x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, s_ptr, g_ptr, m_ptr,
     n_rows, n_inner, stride_x0, stride_x1, stride_r, stride_y, stride_ro, dim, eps,
     g_inner, stride_g0, stride_g1,
     HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr, FP32: tl.constexpr = False, OFFSET: tl.constexpr = False,
     HAS_W: tl.constexpr = True, POST_ADD: tl.constexpr = False, GATE: tl.constexpr = False,
+    POST_MULT: tl.constexpr = False,
 ):
     wait_then_release(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -65,6 +67,8 @@ def _rmsnorm_kernel(
         if POST_ADD:  # res_ptr holds the addend: its sum with the rounded norm, rounded
             a = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
             y = (y.to(tl.float32) + a.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        if POST_MULT:  # the sum times m_ptr's one value, rounded
+            y = (y.to(tl.float32) * tl.load(m_ptr).to(tl.float32)).to(y_ptr.dtype.element_ty)
         tl.store(y_ptrs, y, mask=mask)
         return
     normed = (xf * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -86,13 +90,14 @@ def _rmsnorm_kernel(
 def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             residual: torch.Tensor | None, quant: bool = False, pdl: bool = False,
             offset: bool = False, gate: torch.Tensor | None = None, fp32: bool = False,
-            add: torch.Tensor | None = None
+            add: torch.Tensor | None = None, mult: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     dim = x.shape[-1]
     fp32 = fp32 or offset or weight is None
     assert x.stride(-1) == 1, "last dimension must be contiguous"
     assert weight is None or weight.shape == (dim,)
     assert fp32 or add is None, "add: the fp32 variants"
+    assert mult is None or add is not None and mult.numel() == 1, "mult: after an add"
     out_dtype = x.dtype if fp32 or gate is not None else torch.promote_types(x.dtype,
                                                                              weight.dtype)
     assert not quant or out_dtype == x.dtype and x.dim() == 2, "quantized: 2-D, x's dtype"
@@ -126,26 +131,28 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             xs, residual if residual is not None else add if add is not None else xs,
             weight if weight is not None else xs, y,
             res_out if res_out is not None else y, scale if quant else xs,
-            gate if gate is not None else xs,
+            gate if gate is not None else xs, mult if mult is not None else xs,
             n_rows, n_inner, s0, s1,
             residual.stride(0) if residual is not None else dim if add is not None else 0, dim,
             res_out.stride(0) if res_out is not None else 0, dim, eps, g_inner, gs0, gs1,
             HAS_RES=residual is not None, QUANT=quant, ROWS=rows, BLOCK_D=block_d,
             FP32=fp32, OFFSET=offset, HAS_W=weight is not None, POST_ADD=add is not None,
-            GATE=gate is not None,
+            GATE=gate is not None, POST_MULT=mult is not None,
             num_warps=warps, **pdl_.launch_options(x, pdl),
         )
     return y, (res_out.view(x.shape) if res_out is not None else None), scale
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool = False,
-             offset: bool = False, fp32: bool = False, add: torch.Tensor | None = None
-             ) -> torch.Tensor:
+             offset: bool = False, fp32: bool = False, add: torch.Tensor | None = None,
+             mult: torch.Tensor | None = None) -> torch.Tensor:
     """``weight * norm(x)`` over the last dimension (``(1 + weight) * norm(x)`` with ``offset``,
     ``norm(x)`` without a weight, the multiply in fp32 with ``fp32``; ``add + ...`` with ``add``,
-    x's shape, contiguous); x is 2-D or 3-D (may be a strided view). ``pdl`` (every launcher
-    here): launch with programmatic dependent launch (``pdl.py``)."""
-    return _launch(x, weight, eps, None, pdl=pdl, offset=offset, fp32=fp32, add=add)[0]
+    x's shape, contiguous, and that sum times ``mult`` [1] where given); x is 2-D or 3-D (may be
+    a strided view). ``pdl`` (every launcher here): launch with programmatic dependent launch
+    (``pdl.py``)."""
+    return _launch(x, weight, eps, None, pdl=pdl, offset=offset, fp32=fp32, add=add,
+                   mult=mult)[0]
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,

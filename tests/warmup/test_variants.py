@@ -47,7 +47,7 @@ def test_a_variant_is_its_specialisation_not_its_values():
 
     def launch(rows: int, dim: int = 256) -> Variant:
         x = torch.empty(rows, dim, dtype=torch.float16)
-        args = (x, x, x[0], x, x, x, x, rows, 1, dim, 0, 0, dim, 0, dim, 1e-6, 1, 0, 0)
+        args = (x, x, x[0], x, x, x, x, x, rows, 1, dim, 0, 0, dim, 0, dim, 1e-6, 1, 0, 0)
         with record_launches() as rec:
             _rmsnorm_kernel[(1,)](*args, HAS_RES=False, QUANT=False, ROWS=4, BLOCK_D=256,
                                   USE_PDL=False, num_warps=4)

@@ -6,9 +6,10 @@ at the decode batches it takes (up to 256 tokens at 32 experts, 64 at 128).
 
 Each case is timed the way decode runs it: one CUDA graph replays 48 layers, each an RMSNorm of
 the layer's input (the kernel before the router in every MoE layer) then its router, all with
-PDL, cycling over 48 copies of the router's weight (as many as a model's layers: none is in L2
-from the layer before). ``router us`` is a layer's time less that of the norm alone in the same
-graph; ``ratio`` the two launches' time over the fused one's. The routers are gpt-oss's (32
+PDL, over 48 copies of the router's weight (as many as a model's layers), L2 flushed before each
+replay (in a decode step the experts' gigabytes stream between two layers' routers). ``router
+us`` is a layer's time less that of the norm alone in the same graph; ``ratio`` the two
+launches' time over the fused one's. The routers are gpt-oss's (32
 experts, a bias, top 4), Qwen3-30B-A3B's (128, top 8) and Gemma 4 26B-A4B's (128, top 8, with
 its scales: the input's two multiplies, the experts' scales and the cast, five launches of
 torch, in the unfused path as ``MoELayer`` ran them).
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "offline"))
 
 from bench_common import gpu_name  # noqa: E402
+from bench_moe import graph_ms  # noqa: E402
 
 from minisgl.kernel.triton.norm import rms_norm  # noqa: E402
 from minisgl.kernel.triton.router_topk import fits, router_topk, router_workspace  # noqa: E402
@@ -44,31 +46,15 @@ LAYERS = 48
 
 
 def time_layers(route, xs: list[torch.Tensor], norm_w: torch.Tensor) -> float:
-    """Seconds a layer: one graph of ``LAYERS`` (norm, ``route(layer, normed)``), median of 5."""
+    """Seconds a layer: one graph of ``LAYERS`` (norm, ``route(layer, normed)``), L2 flushed
+    before each replay (``bench_moe.graph_ms``)."""
     def step():
         for i, x in enumerate(xs):
             h = rms_norm(x, norm_w, 1e-5, pdl=True)
             if route is not None:
                 route(i, h)
 
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / LAYERS)
-    return sorted(times)[2]
+    return graph_ms(step) / 1e3 / LAYERS
 
 
 def main() -> None:

@@ -127,14 +127,20 @@ def _fp8_kernels():
         "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_ot", "stride_oh",
         "stride_pt")}), dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64,
         DOT_PREC="tf32", WINDOWED=True, HAS_SINKS=True, BLOCKS=False), 4
-    yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
-        cache_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16", kc_ptr="*fp8e4nv", vc_ptr="*fp8e4nv",
-        loc_ptr="*i64", eps="fp32", v_eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32",
-        **{s: "i32" for s in (
-            "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h",
-            "c_stride_slot", "c_stride_h", "n_q", "n_k", "cache_stride")}), dict(
+    yield rotary._rope_kernel, _rope_sig("*bf16", "*fp8e4nv"), dict(
         HAS_NORM=True, FP32_NORM=False, OFFSET=False, V_NORM=False, STORE=True, FP8=True,
         HALF=64, BLOCK_Q=32, BLOCK_K=8, USE_PDL=True), 8
+
+
+def _rope_sig(weights: str, cache: str) -> dict:
+    """``rotary._rope_kernel``'s argument types: bf16 q, k and v, the norms' weights and the
+    cache as given."""
+    return dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", cache_ptr="*fp32",
+                qw_ptr=weights, kw_ptr=weights, kc_ptr=cache, vc_ptr=cache, loc_ptr="*i64",
+                eps="fp32", v_eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32",
+                **{s: "i32" for s in (
+                    "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t",
+                    "v_stride_h", "c_stride_slot", "c_stride_h", "n_q", "n_k", "cache_stride")})
 
 
 def _pdl_kernels():
@@ -192,12 +198,7 @@ def _pdl_kernels():
             USE_PDL=True), warps
     # Gemma 4's global layers' norms (float32 weights, the weightless v norm), RoPE and store:
     # 16 heads of 512 a program
-    yield rotary._rope_kernel, dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
-        cache_ptr="*fp32", qw_ptr="*fp32", kw_ptr="*fp32", kc_ptr="*bf16", vc_ptr="*bf16",
-        loc_ptr="*i64", eps="fp32", v_eps="fp32", k_inv_scale="fp32", v_inv_scale="fp32",
-        **{s: "i32" for s in (
-            "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h",
-            "c_stride_slot", "c_stride_h", "n_q", "n_k", "cache_stride")}), dict(
+    yield rotary._rope_kernel, _rope_sig("*fp32", "*bf16"), dict(
         HAS_NORM=True, FP32_NORM=True, OFFSET=False, V_NORM=True, STORE=True, FP8=False,
         HALF=256, BLOCK_Q=16, BLOCK_K=2, USE_PDL=True), 8
     yield moe_align._offsets_kernel, dict(ids_ptr="*i64", counts_ptr="*i32",

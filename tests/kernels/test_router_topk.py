@@ -1,7 +1,8 @@
 """The router's linear layer and top-k in one launch (``kernel/triton/router_topk.py``) against
 the two launches it replaces (the linear layer, its output in x's dtype, then ``topk_route``):
 gpt-oss's router (32 experts, H 2,880, a bias), Qwen3-MoE's and Gemma 4's (128 experts), a
-count of experts that is not a power of two and an H that is not a multiple of the slice."""
+count of experts that is not a power of two and an H that is not a multiple of the slice. The
+values are exact sums (``_values``), so the ids must match exactly on the GPU too."""
 
 from __future__ import annotations
 
@@ -26,10 +27,18 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEV == "cuda" else [])
 
 
-def _router(experts, hidden, bias, dtype, seed=0):
+def _values(*shape, seed: int, dtype=torch.float32, scale: float = 1 / 16) -> torch.Tensor:
+    """Multiples of ``scale`` up to 8 of them: every product and partial sum of the router is
+    exact in float32, so its logits do not depend on the order of the sums (the tensor cores',
+    the interpreter's and torch's differ) and round to bf16 alike; ties are frequent, so the
+    pick's tie rule (the lowest expert) is exercised too."""
     g = torch.Generator().manual_seed(seed)
-    w = (torch.randn(experts, hidden, generator=g) * hidden ** -0.5).to(DEV, dtype)
-    b = (torch.randn(experts, generator=g) * 0.1).to(DEV, dtype) if bias else None
+    return (torch.randint(-8, 9, shape, generator=g).float() * scale).to(DEV, dtype)
+
+
+def _router(experts, hidden, bias, dtype, seed=0):
+    w = _values(experts, hidden, seed=seed, dtype=dtype)
+    b = _values(experts, seed=seed + 1, dtype=dtype) if bias else None
     return w, b
 
 
@@ -49,7 +58,7 @@ def _reference(x, w, b, k, routing):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matches_the_linear_layer_then_topk(tokens, experts, hidden, k, bias, routing, dtype):
     w, b = _router(experts, hidden, bias, dtype)
-    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)).to(DEV, dtype)
+    x = _values(tokens, hidden, seed=tokens, dtype=dtype)
     assert fits(x, w)
     ws = router_workspace(w)
     ref_w, ref_ids = _reference(x, w, b, k, routing)
@@ -70,11 +79,12 @@ def test_gemma4_router_scales(tokens):
     experts, hidden, k = 128, 2816, 8
     dtype = DTYPES[-1]
     w, _ = _router(experts, hidden, False, dtype, seed=7)
-    g = torch.Generator().manual_seed(8)
-    x = torch.randn(tokens, hidden, generator=g).to(DEV, dtype)
-    in_scale = (1 + 0.5 * torch.randn(hidden, generator=g)).to(DEV, dtype)
-    es = (1 + 0.5 * torch.randn(experts, generator=g)).to(DEV, dtype)
-    mult = hidden ** -0.5
+    x = _values(tokens, hidden, seed=8, dtype=dtype)
+    # eighths from 1/8 to 2 and a power of two (Gemma's hidden ** -0.5 in the model): x's scaled
+    # values stay exact in bf16, so the sums stay exact (``_values``)
+    in_scale = _values(hidden, seed=9, dtype=dtype, scale=1 / 8).abs() + 0.125
+    es = (1 + _values(experts, seed=10, dtype=torch.float32)).to(dtype)
+    mult = 0.25
     ref_w, ref_ids = _reference(x * in_scale * mult, w, None, k, "softmax_renorm")
     ref_w = (ref_w * es[ref_ids]).to(dtype)
     weights, ids = router_topk(x, w, None, k, True, True, router_workspace(w), dtype,
@@ -87,8 +97,7 @@ def test_weights_in_the_experts_dtype_and_strided_rows():
     """x may be a view with a row stride (the MoE layer's input), the weights in the experts'
     dtype (bf16)."""
     w, b = _router(32, 512, True, DTYPES[-1], seed=3)
-    big = torch.randn(5, 1024, generator=torch.Generator().manual_seed(4)).to(DEV, DTYPES[-1])
-    x = big[:, :512]
+    x = _values(5, 1024, seed=4, dtype=DTYPES[-1])[:, :512]
     weights, ids = router_topk(x, w, b, 4, False, False, router_workspace(w),
                                dtype=torch.bfloat16)
     ref_w, ref_ids = _reference(x, w, b, 4, "topk_softmax")
@@ -98,9 +107,9 @@ def test_weights_in_the_experts_dtype_and_strided_rows():
 
 def test_the_largest_batch_of_gpt_oss_router():
     """256 tokens (16 token blocks, each its own ticket) at gpt-oss's router."""
-    w, b = _router(32, 2880, True, torch.float32, seed=5)
+    w, b = _router(32, 2880, True, DTYPES[-1], seed=5)
     assert max_tokens(w) == 256
-    x = torch.randn(256, 2880, generator=torch.Generator().manual_seed(6)).to(DEV)
+    x = _values(256, 2880, seed=6, dtype=DTYPES[-1])
     ws = router_workspace(w)
     weights, ids = router_topk(x, w, b, 4, False, False, ws)
     ref_w, ref_ids = _reference(x, w, b, 4, "topk_softmax")

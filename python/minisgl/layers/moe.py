@@ -105,8 +105,6 @@ class MoELayer(nn.Module):
             self.router_scale, self.expert_scale = new_param(hidden), new_param(experts)
         self.w13_bias = self.w2_bias = None
         self.layout: ExpertLayout | None = None  # the backend's own copy of the experts, if any
-        # the fused router's partials and ticket (``kernel/triton/router_topk.py``), on CUDA
-        self.router_ws: tuple[torch.Tensor, torch.Tensor] | None = None
         if spec.expert_bias:
             self.w13_bias = self._new_param("w13", experts, 2 * self.inter)
             self.w2_bias = new_param(experts, hidden)  # replicated: every rank loads it whole
@@ -174,11 +172,6 @@ class MoELayer(nn.Module):
     input_linear = None
 
     def process_weights_after_loading(self) -> None:
-        if self.router_ws is None and self.gate.weight.is_cuda:
-            from minisgl.kernel.triton.router_topk import max_tokens, router_workspace
-
-            if max_tokens(self.gate.weight):
-                self.router_ws = router_workspace(self.gate.weight)
         if self.layout is not None:  # already taken over by the backend
             return
         self.method.process_weights_after_loading(self)
@@ -194,19 +187,14 @@ class MoELayer(nn.Module):
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The router's input r [T, H] (Gemma 4: normalised, not yet scaled) -> (weights [T, K]
         in ``dtype``, computed in float32; expert ids [T, K]). On CUDA the top-k is one launch
-        (torch's take four), and for a decode step's tokens the router's linear layer and
-        Gemma 4's scales join it (``router_topk.fits``)."""
+        (torch's take four). The router's linear layer stays a launch of its own: with it in
+        the top-k's launch (``kernel/triton/router_topk.py``) the router measured 1.3-7.5x slower
+        on the H200 (docs/performance.md)."""
         k, softmax_first = self.spec.top_k, self.spec.routing == "softmax"
         mult = r.shape[-1] ** -0.5
         if r.is_cuda and k & (k - 1) == 0:  # Triton on CUDA only (imported there)
-            from minisgl.kernel.triton.router_topk import fits, router_topk
             from minisgl.kernel.triton.topk_route import topk_route
 
-            ws, w = self.router_ws, self.gate.weight
-            if ws is not None and ws[0].device == r.device and fits(r, w):
-                return router_topk(r, w, self.gate.bias, k, softmax_first, self.spec.renormalize,
-                                   ws, dtype, self.pdl, self.router_scale, mult,
-                                   self.expert_scale)
             weights, ids = topk_route(
                 self.gate(self._scaled_input(r, mult)), k, softmax_first, self.spec.renormalize,
                 dtype if self.expert_scale is None else torch.float32, self.pdl)

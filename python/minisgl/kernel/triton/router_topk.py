@@ -1,5 +1,6 @@
-"""The MoE router's linear layer and its top-k in one launch, for decode steps of up to 256 tokens
-(``layers.moe.MoELayer`` on CUDA).
+"""The MoE router's linear layer and its top-k in one launch, for decode steps of up to 256 tokens.
+Correct on the H200 but slower there than the two launches it would replace (``MoELayer`` keeps
+those; ``benchmark/kernels/bench_router.py``, docs/performance.md): kept to be profiled.
 
 At batch 1 the router is two dependent launches a layer (a GEMV over a few programs, then
 ``topk_route``): the few programs read the router's weight [E, H] in dependent chunks, and the

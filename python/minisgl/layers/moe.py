@@ -183,38 +183,23 @@ class MoELayer(nn.Module):
                 if isinstance(param, torch.Tensor):
                     param.data = param.data.new_empty(0)
 
-    def route(self, r: torch.Tensor, dtype: torch.dtype = torch.float32
+    def route(self, router_logits: torch.Tensor, dtype: torch.dtype = torch.float32
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The router's input r [T, H] (Gemma 4: normalised, not yet scaled) -> (weights [T, K]
-        in ``dtype``, computed in float32; expert ids [T, K]). On CUDA the top-k is one launch
-        (torch's take four). The router's linear layer stays a launch of its own: with it in
-        the top-k's launch (``kernel/triton/router_topk.py``) the router measured 1.3-7.5x slower
-        on the H200 (docs/performance.md)."""
-        k, softmax_first = self.spec.top_k, self.spec.routing == "softmax"
-        mult = r.shape[-1] ** -0.5
-        if r.is_cuda and k & (k - 1) == 0:  # Triton on CUDA only (imported there)
+        """-> (weights [T, K] in ``dtype``, computed in float32; expert ids [T, K])."""
+        k = self.spec.top_k
+        if router_logits.is_cuda and k & (k - 1) == 0:  # one launch instead of four
             from minisgl.kernel.triton.topk_route import topk_route
 
             weights, ids = topk_route(
-                self.gate(self._scaled_input(r, mult)), k, softmax_first, self.spec.renormalize,
+                router_logits, k, self.spec.routing == "softmax", self.spec.renormalize,
                 dtype if self.expert_scale is None else torch.float32, self.pdl)
-            return self._scaled(weights, ids, dtype)
-        router_logits = self.gate(self._scaled_input(r, mult))
-        if self.spec.routing == "topk_softmax":
+        elif self.spec.routing == "topk_softmax":
             values, ids = torch.topk(router_logits, k, dim=-1)
             weights = values.float().softmax(dim=-1)
         else:
             weights, ids = torch.topk(router_logits.float().softmax(dim=-1), k, dim=-1)
             if self.spec.renormalize:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
-        return self._scaled(weights, ids, dtype)
-
-    def _scaled_input(self, r: torch.Tensor, mult: float) -> torch.Tensor:
-        """Gemma 4's router input: times ``router_scale`` and ``hidden ** -0.5``."""
-        return r if self.router_scale is None else r * self.router_scale * mult
-
-    def _scaled(self, weights: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.expert_scale is not None:  # Gemma 4's per-expert scales, after renormalizing
             weights = weights * self.expert_scale[ids]
         return weights.to(dtype), ids
@@ -224,8 +209,8 @@ class MoELayer(nn.Module):
         stream before the norm whose output enters the experts)."""
         r = x if router_input is None else router_input
         if self.router_norm is not None:
-            r = self.router_norm(r)
-        weights, ids = self.route(r, x.dtype)
+            r = self.router_norm(r) * self.router_scale * r.shape[-1] ** -0.5
+        weights, ids = self.route(self.gate(r), x.dtype)
         w13, w2, scales = self.method.experts(self)
         out = self.backend.forward(x, w13, w2, weights, ids, scales, bias=self._bias(),
                                    act=self.spec.act, pdl=self.pdl, layout=self.layout)

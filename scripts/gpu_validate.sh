@@ -11,7 +11,7 @@ set -uo pipefail
 stage=${1:-} out=${2:-}
 models="families tests tp gpt-oss gpt-oss-ab gpt-oss-profile gemma hybrid-tests hybrid hybrid-online images
     hybrid-big hybrid-27b hybrid-tp"
-kernels="moe-tests moe-router moe-ncu moe-tune moe-tune-gluon moe-tune-bf16 moe-ab moe-gluon moe-gluon-sweep moe-ncu-gluon
+kernels="moe-tests moe-ncu moe-tune moe-tune-gluon moe-tune-bf16 moe-ab moe-gluon moe-gluon-sweep moe-ncu-gluon
     moe-gluon-ab moe-tk moe-fi attn-wide autotune-choices fi fi-tests fi-kernels fi-offline"
 serving="offline sampling structured fp8 online itl itl-shared short-behind-long first-minute spec
     spec-hybrid spec-eagle3"

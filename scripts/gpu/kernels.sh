@@ -5,10 +5,6 @@
 #                                           # gpt-oss's and Qwen3-MoE's parity, the MXFP4
 #                                           # GEMMs, Gemma 4's experts, the router, PDL; after a
 #                                           # change there, before families' whole list
-#   scripts/gpu_validate.sh moe-router OUT  # the router's linear layer and top-k in one launch
-#                                           # (router_topk.py): its GPU tests (TESTS=0: none),
-#                                           # then against the two launches in a graph of 48
-#                                           # layers with PDL
 #   scripts/gpu_validate.sh moe-ncu    OUT  # what bounds the MXFP4 MoE GEMMs: each kernel's
 #                                           # device time at 1-256 tokens, then Nsight
 #                                           # Compute's counters (throughput, occupancy, issue,
@@ -91,19 +87,9 @@ moe-tests)
         tests/kernels/test_mxfp4_moe.py tests/kernels/test_mxfp4_words.py \
         tests/kernels/test_gpt_oss_triton.py \
         tests/kernels/test_gemma_moe.py tests/kernels/test_topk_route.py \
-        tests/kernels/test_router_topk.py \
         tests/kernels/test_pdl.py tests/engine/test_parity.py -k "qwen3_moe or not test_parity" \
         >"$out/moe_tests.log" 2>&1
     tail -15 "$out/moe_tests.log" ;;
-moe-router)  # TESTS=0: the benchmark alone
-    if [ "${TESTS:-1}" != 0 ]; then
-        step 200 "$py" -m pytest -q -p no:cacheprovider -rf -m "gpu or any_device" \
-            tests/kernels/test_router_topk.py tests/kernels/test_topk_route.py \
-            >"$out/router_tests.log" 2>&1
-        tail -3 "$out/router_tests.log"
-    fi
-    step 200 "$py" benchmark/kernels/bench_router.py --out "$out" >"$out/bench_router.log" 2>&1
-    cat "$out"/*_router_*.md ;;
 moe-ncu)  # ncu reads the counters on Firecracker machines; the clocks are left alone
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
     step 120 "$py" benchmark/kernels/bench_moe.py --mxfp4 --no-torch --kernels \

@@ -64,7 +64,7 @@ families)  # the tiny random models against CPU transformers in float32: Triton'
            tests/kernels/test_window_sinks.py
            tests/engine/test_gpt_oss.py tests/kernels/test_mxfp4_moe.py tests/kernels/test_mxfp4_words.py
            tests/kernels/test_gpt_oss_triton.py tests/kernels/test_moe_matmul_ogs.py
-           tests/kernels/test_moe_libraries.py tests/kernels/test_router_topk.py
+           tests/kernels/test_moe_libraries.py
            tests/engine/test_gemma_parity.py tests/kernels/test_norm_rope_gemma.py
            tests/kernels/test_gemma_moe.py tests/kernels/test_gemma_triton.py)
     case ${PART:-all} in  # about half the time each
@@ -141,7 +141,7 @@ gemma)  # TESTS=0: the benchmarks alone
         TRITON_F32_DEFAULT=ieee step 300 "$py" -m pytest -q -p no:cacheprovider -rf \
             -m "gpu or any_device" "${xd[@]}" tests/kernels/test_window_sinks.py \
             tests/kernels/test_topk_route.py tests/kernels/test_gemma_triton.py \
-            tests/kernels/test_router_topk.py tests/kernels/test_norm_rope_gemma.py \
+            tests/kernels/test_norm_rope_gemma.py \
             tests/kernels/test_gemma_moe.py tests/engine/test_gemma_parity.py \
             >"$out/gemma_tests.log" 2>&1
         tail -3 "$out/gemma_tests.log"

@@ -157,7 +157,6 @@ def _pdl_kernels():
         moe_align,
         norm,
         rotary,
-        router_topk,
         topk_route,
     )
 
@@ -188,14 +187,6 @@ def _pdl_kernels():
     yield topk_route._topk_route_kernel, dict(logits_ptr="*bf16", weights_ptr="*bf16",
         ids_ptr="*i64", n_tokens="i32", n_experts="i32", stride_t="i32"), dict(
         K=4, BLOCK_T=16, BLOCK_E=32, SOFTMAX_FIRST=False, RENORMALIZE=False, USE_PDL=True), 4
-    for k, experts, bias, slices, warps in ((4, 32, True, 16, 4), (8, 128, False, 16, 16)):
-        yield router_topk._router_topk_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16",
-            part_ptr="*fp32", ticket_ptr="*i32", weights_ptr="*bf16", ids_ptr="*i64",
-            in_scale_ptr="*bf16", es_ptr="*bf16", n_tokens="i32", n_experts="i32",
-            hidden="i32", stride_x="i32", in_mult="fp32"), dict(
-            K=k, BLOCK_T=16, BLOCK_E=experts, BLOCK_K=256, BLOCK_S=slices, HAS_BIAS=bias,
-            IN_SCALE=not bias, EXPERT_SCALE=not bias, SOFTMAX_FIRST=not bias, RENORMALIZE=False,
-            USE_PDL=True), warps
     # Gemma 4's global layers' norms (float32 weights, the weightless v norm), RoPE and store:
     # 16 heads of 512 a program
     yield rotary._rope_kernel, _rope_sig("*fp32", "*bf16"), dict(

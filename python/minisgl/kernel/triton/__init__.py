@@ -9,8 +9,7 @@ each one imports triton, and this package file stays free of it so that it impor
 - ``fp8_w8a16``: 2-256-token linear layers with e4m3 weights: bf16 x on the bf16 tensor cores
   (W8A16) or per-token e4m3 x on the FP8 tensor cores (W8A8); their tiles in ``fp8_w8a16_config``
 - ``fp8_quant``, ``fp8_gemm``: activation quantization and the block-scaled FP8 GEMM
-- ``topk_route``: the MoE router's top-k; ``router_topk``: the router's linear layer and top-k in
-  one launch (slower on the H200 than the two launches, so no layer runs it: docs/performance.md)
+- ``topk_route``: the MoE router's top-k
 - ``fused_moe``: the two grouped expert GEMMs (model dtype, FP8 blocks, MXFP4), after
   ``moe_align``'s token-to-expert alignment; ``mxfp4``: e2m1/e8m0 decoding in registers
 - ``sampling``, ``sampling_rows``, ``sampling_split``: the sampler

@@ -156,10 +156,12 @@ moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table fo
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1
     cat "$out"/moe_fragments_*.md ;;
 moe-gluon-ab)  # the engine with the Gluon GEMM's table against the default and the Triton tiles
-    step 330 "${bench[@]}" --model "$moss" --variants default,moe-fragments,moe-gluon \
+    # (VARIANTS: fewer of them, e.g. default,moe-gluon)
+    v=${VARIANTS:-default,moe-fragments,moe-gluon}
+    step 330 "${bench[@]}" --model "$moss" --variants "$v" \
         --hf-requests 0 --tag gluon_ab >"$out/bench_gluon_ab.log" 2>&1
     step 200 "${bench[@]}" --model "$moss" --variants '' --batch1 \
-        --batch1-variants default,moe-fragments,moe-gluon --no-batch1-baseline --hf-requests 0 \
+        --batch1-variants "$v" --no-batch1-baseline --hf-requests 0 \
         --tag gluon_b1 >"$out/bench_gluon_b1.log" 2>&1
     head -12 "$out"/offline_gpt-oss-20b*gluon_ab.md "$out"/offline_gpt-oss-20b*gluon_b1.md ;;
 moe-tk)  # triton_kernels' matmul_ogs against the fused MoE (its wheel for the installed Triton)

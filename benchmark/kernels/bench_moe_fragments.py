@@ -77,7 +77,7 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
                                        (32, 64, 64, 9, True), (32, 64, 64, 9, False),
                                        (32, 128, 64, 9, True), (64, 64, 64, 9, True),
                                        (64, 128, 64, 9, True), (128, 128, 64, 5, True),
-                                       # 256 rows on 16 warps; a ring of 15
+                                       # 16 rows on 128; 256 rows on 16 warps; a ring of 15
                                        (16, 128, 64, 9, True), (16, 256, 64, 9, True),
                                        (32, 256, 64, 9, True), (32, 128, 64, 15, True))],
          # row blocks of 1-8 on the mma.sync kernel (block_n / 16 warps, no shared memory)

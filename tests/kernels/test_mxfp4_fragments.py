@@ -127,8 +127,8 @@ def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     with x through rings of stages (one, three or five units a stage, three or five stages;
     a register cap of 168), the words two, four or five units ahead or through x's ring with
     it (a ring of nine on 8 or 16 warps), GEMM 1's gate and up rows in the same warps or
-    apart; row blocks of 1 to 8 on the
-    mma.sync kernel, 1 to 4 warps, the words in registers or through a ring of 5-15 slots."""
+    apart; row blocks of 1 to 8 on the mma.sync kernel, 1 to 4 warps, the words in registers
+    or through a ring of 5-15 slots."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)

@@ -223,19 +223,22 @@ def test_dummy_weights_in_mxfp4(checkpoints, tmp_path):
 
 
 @pytest.mark.gpu
-def test_triton_kernels_backend_matches_the_fused_moe(checkpoints, prompts):
-    """OpenAI's ``matmul_ogs`` (``--moe-backend triton_kernels``, bf16 activations only) takes the
-    layers' MXFP4 experts over and gives the fused MoE's prefill logits: the same e2m1 weights,
-    each GEMM's sums in float32 and h rounded to bf16 in both, so they differ by bf16 roundings
-    in another order (a few hundredths of the logits' size after two layers) and greedy tokens
-    agree while no two logits are that close."""
-    pytest.importorskip("triton_kernels")
+@pytest.mark.parametrize("name", ["triton_kernels", "triton_fragments", "triton_fragments_gluon"])
+def test_moe_backends_match_the_fused_moe(name, checkpoints, prompts):
+    """A backend that holds the layers' MXFP4 experts in a layout of its own (OpenAI's
+    ``matmul_ogs``; the fragment layout on the Triton kernels, or on the Gluon ones where its
+    tiles pick them) takes them over and gives the fused MoE's prefill logits: the same e2m1
+    weights, each GEMM's sums in float32 and h rounded to bf16 in both, so they differ by bf16
+    roundings in another order (a few hundredths of the logits' size after two layers), and
+    their greedy tokens agree while no two logits are that close."""
+    if name == "triton_kernels":
+        pytest.importorskip("triton_kernels")
     path = checkpoints["mxfp4"]
-    ogs, fused = (LLM(str(path), device=TEST_DEVICE, dtype="bfloat16", page_size=16,
-                      num_pages=256, moe_backend=name, **GPU_TEST_OPTIONS)
-                  for name in ("triton_kernels", "triton"))
-    layer = ogs.scheduler.engine.model.layers[0].mlp
+    own, fused = (LLM(str(path), device=TEST_DEVICE, dtype="bfloat16", page_size=16,
+                      num_pages=256, moe_backend=backend, **GPU_TEST_OPTIONS)
+                  for backend in (name, "triton"))
+    layer = own.scheduler.engine.model.layers[0].mlp
     assert layer.layout is not None and layer.w13.numel() == 0  # the backend's copy alone
-    got = prefill_logits(ogs.scheduler, prompts).float()
+    got = prefill_logits(own.scheduler, prompts).float()
     want = prefill_logits(fused.scheduler, prompts).float()
     torch.testing.assert_close(got, want, atol=3e-2 * float(want.abs().max()), rtol=0)

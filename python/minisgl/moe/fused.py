@@ -96,8 +96,9 @@ class TritonFragmentsMoeBackend(TritonMoeBackend):
 class GluonFragmentsMoeBackend(TritonFragmentsMoeBackend):
     """``triton_fragments`` with the tiles of ``GLUON_TILES`` on the Gluon kernel
     (``kernel.triton.moe_mxfp4_gluon``: bf16 on Hopper, gpt-oss's SwiGLU; elsewhere the Triton
-    tiles). Experimental: its row blocks of 8 are tested and timed on the GPU, its staged tiles
-    and the engine with it not yet (``gpu_validate.sh moe-gluon``, ``moe-gluon-ab``)."""
+    tiles). Its tiles are tested against the word layout's GEMMs and timed per GPU
+    (``gpu_validate.sh moe-gluon``, ``moe-tune-gluon``), the engine with it against the default
+    (``moe-gluon-ab``)."""
 
     @staticmethod
     def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:

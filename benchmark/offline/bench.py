@@ -60,8 +60,11 @@ VARIANTS = {
     "triton-kernels": {"moe_backend": "triton_kernels"},
     # MXFP4 experts in the fragment layout, every batch on its GEMM (quant/mxfp4_fragments.py)
     "moe-fragments": {"moe_backend": "triton_fragments"},
-    # and its row blocks of 8 and 16 on the Gluon kernel (kernel/triton/moe_mxfp4_gluon.py)
+    # and its table's tiles on the Gluon kernels (kernel/triton/moe_mxfp4_gluon.py; the default
+    # on Hopper)
     "moe-gluon": {"moe_backend": "triton_fragments_gluon"},
+    # MXFP4 experts in the word layout (quant/mxfp4.py; the default elsewhere)
+    "moe-words": {"moe_backend": "triton"},
     # MXFP4 experts through FlashInfer's CUTLASS fused MoE (pip install -e '.[flashinfer]')
     "flashinfer-moe": {"moe_backend": "flashinfer"},
     "no-pdl": {"disable_pdl": True},  # Triton kernels without programmatic dependent launch

@@ -19,7 +19,7 @@ from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales  # noqa
 from minisgl.kernel.triton.fused_moe import MoeConfig, fused_moe  # noqa: E402
 from minisgl.moe import Mxfp4Scales  # noqa: E402
 from minisgl.moe.reference import TorchMoeBackend  # noqa: E402
-from minisgl.quant.mxfp4 import from_words, quantize_mxfp4  # noqa: E402
+from minisgl.quant.mxfp4 import from_words, quantize_mxfp4, to_words  # noqa: E402
 from minisgl.quant.mxfp4_fragments import from_fragments, to_fragments  # noqa: E402
 
 pytestmark = pytest.mark.any_device
@@ -204,3 +204,30 @@ def test_the_fragments_backend_converts_a_layers_experts(name, kind):
     out = backend.forward(x, empty, empty, weights, ids, Mxfp4Scales(empty, empty),
                           act=GPT_OSS, layout=layout)
     torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
+
+
+def test_auto_takes_the_gluon_tiles_on_hopper_only():
+    from minisgl.moe import auto_cuda_backend, resolve_moe_backend
+
+    assert auto_cuda_backend((9, 0)) == "triton_fragments_gluon"
+    assert auto_cuda_backend((8, 0)) == auto_cuda_backend((10, 0)) == "triton"
+    assert resolve_moe_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_moe_backend("triton", torch.device("cpu")) == "triton"
+
+
+def test_experts_the_fragment_layout_cannot_hold_run_in_the_word_layout():
+    """K = 96 (a unit and a half): both fragment backends keep these experts in the word layout
+    and give the torch backend's output."""
+    from minisgl.moe import create_moe_backend
+
+    x, w13, w2, weights, ids, scales, bias = mx_inputs(5, 96, 64, 4, 2, torch.float16, seed=5)
+    ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
+    for name in ("triton_fragments", "triton_fragments_gluon"):
+        layout = create_moe_backend(name).prepare_experts(w13, w2, scales, bias, GPT_OSS)
+        assert type(layout.scales) is Mxfp4Scales
+        assert torch.equal(layout.w13, torch.stack([to_words(w) for w in w13]))
+        empty = w13.new_empty(0)
+        out = create_moe_backend(name).forward(x, empty, empty, weights, ids,
+                                               Mxfp4Scales(empty, empty), act=GPT_OSS,
+                                               layout=layout)
+        torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)

@@ -60,7 +60,7 @@ class EngineOptions:
     sliding_pool_ratio: float | str = "auto"
     max_seq_len: int | None = None
     attn: str = "auto"
-    moe_backend: str = "auto"  # "auto": triton on CUDA, torch on CPU
+    moe_backend: str = "auto"  # "auto": torch on CPU; CUDA: triton (Hopper: triton_fragments_gluon)
     # hybrid models: the linear-attention backend ("auto": triton on CUDA, torch on CPU) and the
     # delta-rule state's dtype ("auto": the checkpoint's mamba_ssm_dtype, else float32)
     linear_attn_backend: str = "auto"

@@ -68,10 +68,21 @@ def _create_flashinfer() -> BaseMoeBackend:
 
 
 def resolve_moe_backend(name: str, device) -> str:
-    """Turn ``auto`` into a concrete name: the fused Triton kernel on CUDA when registered."""
+    """Turn ``auto`` into a concrete name: the fused Triton kernel on CUDA when registered, on
+    Hopper with MXFP4 experts in the fragment layout on its Gluon tiles (other experts run as
+    ``triton`` there)."""
     if name != "auto":
         return name
-    return "triton" if device.type == "cuda" and "triton" in MOE_BACKENDS else "torch"
+    if device.type != "cuda" or "triton" not in MOE_BACKENDS:
+        return "torch"
+    import torch
+
+    return auto_cuda_backend(torch.cuda.get_device_capability(device))
+
+
+def auto_cuda_backend(capability: tuple[int, int]) -> str:
+    """``auto``'s pick on a CUDA GPU of this compute capability."""
+    return "triton_fragments_gluon" if capability == (9, 0) else "triton"
 
 
 def create_moe_backend(name: str) -> BaseMoeBackend:

@@ -18,9 +18,12 @@ import torch
 from minisgl.kernel.moe_types import FragmentScales, GluonFragmentScales
 from minisgl.kernel.triton.fused_moe import fused_moe
 from minisgl.quant.mxfp4 import to_words
-from minisgl.quant.mxfp4_fragments import to_fragments
+from minisgl.quant.mxfp4_fragments import DEPTH, ROWS, fits_fragments, to_fragments
+from minisgl.utils import init_logger
 
 from .base import SILU, BaseMoeBackend, ExpertBias, Mxfp4Scales
+
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -84,11 +87,16 @@ def _fragments(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
 class TritonFragmentsMoeBackend(TritonMoeBackend):
     """The fused Triton MoE with MXFP4 experts in the fragment layout
     (``quant.mxfp4_fragments``): every batch on that layout's GEMV and GEMM
-    (``kernel.triton.moe_mxfp4_frag``). Experts whose rows are not a multiple of 16 or whose K
-    is not of 64 are refused (``ValueError``)."""
+    (``kernel.triton.moe_mxfp4_frag``). Experts the layout cannot hold (rows not a multiple of
+    16, or K not of 64) run in the word layout, with a warning."""
 
     @staticmethod
     def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:
+        if not all(fits_fragments(w.shape[-2], 2 * w.shape[-1]) for w in (w13, w2)):
+            logger.warning("MXFP4 experts of %s and %s: the fragment layout needs rows a "
+                           "multiple of %d and K of %d, so they run in the word layout",
+                           tuple(w13.shape), tuple(w2.shape), ROWS, DEPTH)
+            return TritonMoeBackend._layout(w13, w2, scales)
         (f13, t13), (f2, t2) = _fragments(w13, scales.w13), _fragments(w2, scales.w2)
         return f13, f2, FragmentScales(t13, t2)
 
@@ -103,4 +111,6 @@ class GluonFragmentsMoeBackend(TritonFragmentsMoeBackend):
     @staticmethod
     def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:
         f13, f2, frag = TritonFragmentsMoeBackend._layout(w13, w2, scales)
+        if not isinstance(frag, FragmentScales):  # the word layout
+            return f13, f2, frag
         return f13, f2, GluonFragmentScales(*frag)

@@ -27,12 +27,17 @@ from .mxfp4 import GROUP, from_words, to_words
 ROWS, DEPTH = 16, 64  # a unit: one warp's rows and one K step
 
 
+def fits_fragments(n: int, k: int) -> bool:
+    """Whether the layout holds a matrix of ``n`` rows and ``k`` values a row: whole units."""
+    return n % ROWS == 0 and k % DEPTH == 0
+
+
 def _check(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[int, int]:
     n, half_k = blocks.shape[-2:]
     k = 2 * half_k
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ValueError("MXFP4 blocks and scales must be uint8")
-    if n % ROWS or k % DEPTH or scales.shape[-2:] != (n, k // GROUP):
+    if not fits_fragments(n, k) or scales.shape[-2:] != (n, k // GROUP):
         raise ValueError(f"the fragment layout needs N a multiple of {ROWS} and K of {DEPTH} "
                          f"with one scale per {GROUP} values: blocks {tuple(blocks.shape)}, "
                          f"scales {tuple(scales.shape)}")

@@ -25,8 +25,8 @@
 #   scripts/gpu_validate.sh moe-gluon-sweep OUT  # every Gluon tile against the Triton pick
 #   scripts/gpu_validate.sh moe-ncu-gluon OUT  # Nsight Compute on the Gluon backend's picks at
 #                                           # 16, 256 and 2,048 tokens (TOKENS), stall reasons
-#   scripts/gpu_validate.sh moe-gluon-ab OUT  # gpt-oss-20b offline and batch 1: the default,
-#                                           # moe-fragments and moe-gluon
+#   scripts/gpu_validate.sh moe-gluon-ab OUT  # gpt-oss-20b offline and batch 1: moe-words,
+#                                           # moe-fragments and the default (Gluon on Hopper)
 #   scripts/gpu_validate.sh moe-tk     OUT  # triton_kernels' matmul_ogs (carry its wheel in
 #                                           # .whl) against the fused MXFP4 MoE, eager and
 #                                           # graphed, at 1-4,096 tokens
@@ -155,9 +155,9 @@ moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table fo
     step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1
     cat "$out"/moe_fragments_*.md ;;
-moe-gluon-ab)  # the engine with the Gluon GEMM's table against the default and the Triton tiles
-    # (VARIANTS: fewer of them, e.g. default,moe-gluon)
-    v=${VARIANTS:-default,moe-fragments,moe-gluon}
+moe-gluon-ab)  # the engine with the Gluon GEMM's table (the default on Hopper) against the word
+    # layout and the fragment layout's Triton tiles (VARIANTS: fewer of them, e.g. moe-words,default)
+    v=${VARIANTS:-moe-words,moe-fragments,default}
     step 330 "${bench[@]}" --model "$moss" --variants "$v" \
         --hf-requests 0 --tag gluon_ab >"$out/bench_gluon_ab.log" 2>&1
     step 200 "${bench[@]}" --model "$moss" --variants '' --batch1 \

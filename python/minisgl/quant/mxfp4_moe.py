@@ -86,8 +86,8 @@ class Mxfp4Config(QuantizationConfig):
         # one expert at a time: a float copy of a whole layer's experts (8 GB for gpt-oss-120b's
         # gate_up) does not fit beside the rest of a 63 GB model on an 80 GB GPU
         parts = [quantize_mxfp4(expert.transpose(0, 1)) for expert in tensor]
-        scales = torch.stack([s for _, s in parts])
-        yield name + "_blocks", torch.stack([b for b, _ in parts]).reshape(*scales.shape, GROUP // 2)
+        blocks, scales = (torch.stack(list(t)) for t in zip(*parts))
+        yield name + "_blocks", blocks.reshape(*scales.shape, GROUP // 2)
         yield name + "_scales", scales
 
     def checkpoint_names(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:

@@ -79,7 +79,10 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
                                        (64, 128, 64, 9, True), (128, 128, 64, 5, True),
                                        # 16 rows on 128; 256 rows on 16 warps; a ring of 15
                                        (16, 128, 64, 9, True), (16, 256, 64, 9, True),
-                                       (32, 256, 64, 9, True), (32, 128, 64, 15, True))],
+                                       (32, 256, 64, 9, True), (32, 128, 64, 15, True),
+                                       # three units a stage: a CTA barrier every three
+                                       (16, 128, 192, 3, True), (32, 128, 192, 3, True),
+                                       (64, 128, 192, 3, True), (32, 256, 192, 3, True))],
          # row blocks of 1-8 on the mma.sync kernel (block_n / 16 warps, no shared memory)
          *[(m, n, n, 64, 1, n // 16, 1, *_G, ahead, False, True)
            for m, n, ahead in ((1, 16, 2), (1, 16, 4), (1, 32, 4), (2, 16, 4), (4, 16, 4),

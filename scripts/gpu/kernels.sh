@@ -147,10 +147,14 @@ moe-ncu-gluon)  # the Gluon backend's picked tiles under Nsight Compute (its tab
     step 400 "$ncu" --clock-control none --kernel-name regex:moe_gemm_mx_frag \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
         "$py" benchmark/kernels/bench_moe_fragments.py --profile --gluon \
         --tokens ${TOKENS:-16 256 2048} >"$out/ncu_moe_gluon.txt" 2>&1
+    # the stall reasons of a warp an issued instruction, the larger ones (barrier, long and
+    # short scoreboard, wait, math pipe throttle, ...)
     grep -E "moe_gemm_mx_frag|Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|\
-Registers Per|Waves Per SM|Stall" "$out/ncu_moe_gluon.txt" | head -150 ;;
+Registers Per|Waves Per SM|stalled_[a-z_]+_per_issue_active.ratio +inst +([1-9]|0\.[1-9])" \
+        "$out/ncu_moe_gluon.txt" | head -200 ;;
 moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table for the results
     step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1

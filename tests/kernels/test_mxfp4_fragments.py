@@ -217,14 +217,18 @@ def test_auto_takes_the_gluon_tiles_on_hopper_only():
     assert resolve_moe_backend("triton", torch.device("cpu")) == "triton"
 
 
-def test_experts_the_fragment_layout_cannot_hold_run_in_the_word_layout():
+def test_experts_the_fragment_layout_cannot_hold_run_in_the_word_layout(caplog):
     """K = 96 (a unit and a half): both fragment backends keep these experts in the word layout
-    and give the torch backend's output."""
+    and give the torch backend's output; the warning comes once for the shape, not once a
+    layer."""
     from minisgl.moe import create_moe_backend
+    from minisgl.moe.fused import _warn_word_layout
 
+    _warn_word_layout.cache_clear()
+    caplog.set_level("WARNING", logger="minisgl.moe.fused")
     x, w13, w2, weights, ids, scales, bias = mx_inputs(5, 96, 64, 4, 2, torch.float16, seed=5)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
-    for name in ("triton_fragments", "triton_fragments_gluon"):
+    for name in ("triton_fragments", "triton_fragments_gluon", "triton_fragments_gluon"):
         layout = create_moe_backend(name).prepare_experts(w13, w2, scales, bias, GPT_OSS)
         assert type(layout.scales) is Mxfp4Scales
         assert torch.equal(layout.w13, torch.stack([to_words(w) for w in w13]))
@@ -233,3 +237,4 @@ def test_experts_the_fragment_layout_cannot_hold_run_in_the_word_layout():
                                                Mxfp4Scales(empty, empty), act=GPT_OSS,
                                                layout=layout)
         torch.testing.assert_close(out, ref, rtol=5e-3, atol=5e-3)
+    assert caplog.text.count("so they run in the word layout") == 1

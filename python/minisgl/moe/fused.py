@@ -11,6 +11,7 @@ No host sync and buffers sized from the batch alone, so decode steps can be capt
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,13 @@ def _fragments(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
     return words, frag_scales
 
 
+@functools.cache
+def _warn_word_layout(w13: tuple[int, ...], w2: tuple[int, ...]) -> None:
+    """Once a shape (every layer of a model has the same)."""
+    logger.warning("MXFP4 experts of %s and %s: the fragment layout needs rows a multiple of %d "
+                   "and K of %d, so they run in the word layout", w13, w2, ROWS, DEPTH)
+
+
 class TritonFragmentsMoeBackend(TritonMoeBackend):
     """The fused Triton MoE with MXFP4 experts in the fragment layout
     (``quant.mxfp4_fragments``): every batch on that layout's GEMV and GEMM
@@ -93,9 +101,7 @@ class TritonFragmentsMoeBackend(TritonMoeBackend):
     @staticmethod
     def _layout(w13, w2, scales: Mxfp4Scales) -> tuple[torch.Tensor, torch.Tensor, Mxfp4Scales]:
         if not all(fits_fragments(w.shape[-2], 2 * w.shape[-1]) for w in (w13, w2)):
-            logger.warning("MXFP4 experts of %s and %s: the fragment layout needs rows a "
-                           "multiple of %d and K of %d, so they run in the word layout",
-                           tuple(w13.shape), tuple(w2.shape), ROWS, DEPTH)
+            _warn_word_layout(tuple(w13.shape), tuple(w2.shape))
             return TritonMoeBackend._layout(w13, w2, scales)
         (f13, t13), (f2, t2) = _fragments(w13, scales.w13), _fragments(w2, scales.w2)
         return f13, f2, FragmentScales(t13, t2)

@@ -44,6 +44,7 @@ from minisgl.kernel.triton import (  # noqa: E402
     moe_mxfp4_gemv,
     moe_mxfp4_gluon,
     moe_mxfp4_gluon_mma,
+    moe_mxfp4_gluon_ws,
 )
 from minisgl.kernel.triton.fused_moe import permuted_tile as permuted  # noqa: E402
 
@@ -90,6 +91,11 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
                 {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
                 | {"BLOCK_M": rows or 16, "BLOCK_N": bn, "K_UNITS": 45, "num_warps": bn // 16},
                 rows or 16)
+    if name == "gws":  # the warp-specialized Gluon GEMM: 128 rows, 4 + 4 + 4 warps
+        return (moe_mxfp4_gluon_ws.moe_gemm_mx_frag_ws_kernel,
+                {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
+                | {"BLOCK_M": rows or 32, "BLOCK_N": 128, "K_UNITS": 45, "num_warps": 4},
+                rows or 32)
     if name == "gmma":  # the fragment layout's mma.sync GEMM (row blocks of up to 8)
         return (moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel,
                 {k: COMMON[k] for k in ("GATED", "HAS_BIAS", "CLAMPED", "USE_PDL")}
@@ -134,7 +140,8 @@ def resources(bin_dir: str, cubin_path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", nargs="+", default=["gemv", "small", "wide"],
-                        choices=["gemv", "small", "wide", "frag", "fgemv", "gluon", "gmma"])
+                        choices=["gemv", "small", "wide", "frag", "fgemv", "gluon", "gmma",
+                                 "gws"])
     parser.add_argument("--tile", type=int, nargs=2, default=None, metavar=("BN", "BK"))
     parser.add_argument("--rows", type=int, default=None, help="row block (small, wide)")
     parser.add_argument("--float32-decode", action="store_true",
@@ -155,13 +162,15 @@ def main() -> None:
                             "nvdisasm")
     tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4),
              "frag": (128, 64, 4), "fgemv": (16, 256, 2), "gluon": (64, 64, 1),
-             "gmma": (16, 64, 1)}
+             "gmma": (16, 64, 1), "gws": (128, 64, 9)}
     for name in args.kernel:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
-        gluon = name in ("gluon", "gmma")  # their K loops unrolled by ahead + 1 units
-        if name == "gmma":
+        gluon = name in ("gluon", "gmma", "gws")  # their K loops unrolled by ahead + 1 units
+        if name == "gws":  # a ring of ``stages`` one-unit slots, its loops not unrolled
+            consts["SLOTS"], consts["AHEAD"] = stages, 0
+        elif name == "gmma":
             consts["AHEAD"], consts["STAGES"] = args.ahead, stages if args.staged else 0
         elif gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
             consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
@@ -170,14 +179,15 @@ def main() -> None:
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
         if "sorted_ptr" in consts:
             kargs = dict(kargs, expert_ids_ptr="*i64")
-        warps = bn // 16 if gluon else args.warps
+        warps = 4 if name == "gws" else bn // 16 if gluon else args.warps
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kargs) if arg in ALIGNED}
         signature = {**kargs, **dict.fromkeys(consts, "constexpr")}
         compiled = triton.compile(source(fn=fn, signature=signature, constexprs=consts,
                                          attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": warps, "num_stages": stages,
-                                           **({"maxnreg": args.maxnreg} if args.maxnreg else {})})
+                                           **({"maxnreg": args.maxnreg or 80} if args.maxnreg
+                                              or name == "gws" else {})})
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "kernel.cubin")
             with open(path, "wb") as f:
@@ -192,12 +202,15 @@ def main() -> None:
         ops = loop_opcodes(sass)
         total = sum(ops.values())
         units = 1
-        if gluon:  # a K step per unit of 64 (the loop body holds ahead + 1, or the ring's)
+        if name == "gws":  # the longest loop: a warpgroup's, one unit of its 64 rows
+            bk = 64
+        elif gluon:  # a K step per unit of 64 (the loop body holds ahead + 1, or the ring's)
             x_units, x_rings = consts.get("X_UNITS", 1), consts.get("X_STAGES", 1)
             units = (x_units * x_rings if x_rings > 1 else consts.get("STAGES")
                      or args.ahead + 1)
             total, bk = total // units, 64
-        weights = bn * bk * (1 if gluon and args.split else 2)  # split: gate or up rows a warp
+        # split: gate or up rows a warp; gws: a warpgroup's 64 rows
+        weights = 64 * bk if name == "gws" else bn * bk * (1 if gluon and args.split else 2)
         per_weight = total * 32 * warps / weights
         top = (f"the loop's {units} units: " if gluon else "") + ", ".join(
             f"{op} {n}" for op, n in ops.most_common(12))

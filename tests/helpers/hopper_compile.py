@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -246,7 +247,7 @@ def _gluon_kernels():
     stages of three units; gated with gate and up apart and GEMM 2, three of five, the words
     four ahead). Its pointers and strides 16-aligned, as a launch at those shapes specializes
     them (its ``cp.async`` of x needs 16-byte rows)."""
-    from minisgl.kernel.triton import moe_mxfp4_gluon, moe_mxfp4_gluon_mma
+    from minisgl.kernel.triton import moe_mxfp4_gluon, moe_mxfp4_gluon_mma, moe_mxfp4_gluon_ws
 
     sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",
                sorted_ptr="*i32", expert_ids_ptr="*i32", total_ptr="*i32", ws_ptr="*i32",
@@ -271,6 +272,15 @@ def _gluon_kernels():
         yield moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel, sig, dict(
             GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead, STAGES=stages,
             HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=warps), warps
+    # the warp-specialized staged tile (``moe_mxfp4_gluon_ws``): 128 rows, GEMM 1 and GEMM 2 at
+    # row blocks of 32 through a ring of eight one-unit slots
+    for gated in (True, False):
+        yield moe_mxfp4_gluon_ws.moe_gemm_mx_frag_ws_kernel, sig, dict(
+            GATED=gated, BLOCK_M=32, BLOCK_N=128, K_UNITS=45, SLOTS=8, AHEAD=0, HAS_BIAS=True,
+            CLAMPED=True, USE_PDL=True, num_warps=4), 4
+
+
+CTA_BARRIER = re.compile(r"bar\.sync\s+\d+;")  # every thread of the CTA (no thread count)
 
 
 def loop_conversions(ttgir: str) -> int:
@@ -310,8 +320,10 @@ def main(suite: str) -> None:
                         constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()},
                         **kw)
         try:
+            ws = "SLOTS" in consts  # warp-specialized: its launch caps the registers
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                      options={"num_warps": warps})
+                                      options={"num_warps": warps,
+                                               **({"maxnreg": 80} if ws else {})})
         except Exception as e:  # noqa: BLE001  (CompilationError, RuntimeError: report them all)
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 print("NO-TOOLCHAIN", e)
@@ -328,6 +340,9 @@ def main(suite: str) -> None:
               f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
               f"shared={compiled.metadata.shared}",
               f"loop-conversions={loop_conversions(compiled.asm['ttgir'])}",
+              f"mbarrier-waits={ptx.count('mbarrier.try_wait')}",
+              f"copy-arrivals={ptx.count('cp.async.mbarrier.arrive.noinc')}",
+              f"cta-barriers={len(CTA_BARRIER.findall(ptx))}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

@@ -108,7 +108,10 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (64, True, _gluon(8, 16, 16, 64, 1, 1, 15, gluon_mma=True, gluon_staged=True)),
     (128, True, _gluon(32, 128, 128, 64, 1, 8, 9, gluon_split=True, gluon_staged=True)),
     (256, True, _gluon(32, 256, 256, 64, 1, 16, 9, gluon_split=True, gluon_staged=True)),
-    (128, True, _gluon(32, 128, 128, 192, 1, 8, 3, gluon_split=True, gluon_staged=True))],
+    (128, True, _gluon(32, 128, 128, 192, 1, 8, 3, gluon_split=True, gluon_staged=True)),
+    (128, True, _gluon(32, 128, 128, 64, 1, 8, 8, gluon_staged=True, gluon_ws=True)),
+    (64, True, _gluon(16, 128, 128, 64, 1, 8, 8, gluon_staged=True, gluon_ws=True)),
+    (2048, True, _gluon(64, 128, 128, 64, 1, 8, 4, gluon_staged=True, gluon_ws=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
@@ -121,7 +124,8 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "gluon64_rows16_x1x5_split_staged", "gluon2048_rows64_8warps_x1x9_split_staged",
          "mma1_rows1_1warp_ring8", "mma4_rows2_2warps_ring5_ahead4", "mma64_rows8_1warp_ring15",
          "gluon128_rows32_8warps_x1x9_split_staged", "gluon256_rows32_16warps_x1x9_split_staged",
-         "gluon128_rows32_8warps_x3x3_split_staged"])
+         "gluon128_rows32_8warps_x3x3_split_staged", "gluon128_rows32_ws_ring8",
+         "gluon64_rows16_ws_ring8", "gluon2048_rows64_ws_ring4"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
@@ -129,7 +133,8 @@ def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     with x through rings of stages (one, three or five units a stage, three or five stages;
     a register cap of 168), the words two, four or five units ahead or through x's ring with
     it (nine stages of a unit on 8 or 16 warps, or three of three units), GEMM 1's gate and up
-    rows in the same warps or apart; row blocks of 1 to 8 on the mma.sync kernel, 1 to 4
+    rows in the same warps or apart; the warp-specialized 128-row tile (row blocks of 16 to
+    64, rings of four and eight slots); row blocks of 1 to 8 on the mma.sync kernel, 1 to 4
     warps, the words in registers or through a ring of 5-15 slots."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
@@ -158,10 +163,17 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     stage, each thread reading back only the words it copied). Its mma.sync kernel
     (``moe_mxfp4_gluon_mma``, one token gated on a warp, GEMM 2 of row blocks of 8 on two): no
     CTA barrier and no shared memory at all, unless its words go through a ring of slots in
-    shared memory (eight slots of a warp's gate and up words: 10 KB)."""
+    shared memory (eight slots of a warp's gate and up words: 10 KB). Its warp-specialized
+    tile (``moe_mxfp4_gluon_ws``, GEMM 1 and GEMM 2): no CTA barrier at all, its partitions
+    meeting on mbarriers, each copying thread's ``cp.async`` completion an arrival, in 80 KB
+    of shared memory (two programs an SM)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
-    assert len(cubins) == 13, cubins
+    assert len(cubins) == 15, cubins
+    for line in cubins[13:]:
+        assert "moe_gemm_mx_frag_ws_kernel" in line and "cta-barriers=0" in line, line
+        assert "copy-arrivals=1" in line and "mbarrier-waits=0" not in line, line
+        assert int(line.split("shared=")[1].split()[0]) <= 84 * 1024, line
     assert all(line.endswith("griddepcontrol") for line in cubins), cubins
     assert all("barriers=0 shared=0" in line for line in cubins[9:11]), cubins[9:11]
     assert "shared=10240" in cubins[11], cubins[11]

@@ -147,13 +147,18 @@ def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k
                 k_dim: int, fast: bool, gluon: bool = False) -> None:
     """Launch the GEMV (row blocks of one, ``block_k / 64`` units a K step) or the GEMM
     (``block_n / 16`` warps of 16 rows, K steps of 64; with ``gluon``, on ``moe_mxfp4_gluon``,
-    or on ``moe_mxfp4_gluon_mma`` where ``meta["MMA"]``) with ``fused_moe._gemm``'s arguments
+    on ``moe_mxfp4_gluon_mma`` where ``meta["MMA"]``, on ``moe_mxfp4_gluon_ws`` where
+    ``meta["WS"]``) with ``fused_moe._gemm``'s arguments
     and compile-time options."""
     meta = dict(meta)
     if gluon and meta["MMA"]:
         from .moe_mxfp4_gluon_mma import launch_gluon_mma  # Gluon: Triton 3.6 and later
 
         launch_gluon_mma(args, meta, block_n, k_dim)
+    elif gluon and meta["WS"]:
+        from .moe_mxfp4_gluon_ws import launch_gluon_ws
+
+        launch_gluon_ws(args, meta, block_n, k_dim)
     elif gluon and not gemv:
         from .moe_mxfp4_gluon import launch_gluon  # Gluon: Triton 3.6 and later
 

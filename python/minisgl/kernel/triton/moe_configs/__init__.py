@@ -69,12 +69,15 @@ class MoeConfig:
     # GEMM 1's gate and up rows in separate warps (half the registers, ``block_n1 / 2`` outputs),
     # or row blocks of up to 8 on its mma.sync kernel (``moe_mxfp4_gluon_mma``); its words
     # through shared memory (``gluon_staged``: x's ring of stages; the mma.sync kernel's, a ring
-    # of ``num_stages`` slots) instead of ``gluon_ahead`` units in registers
+    # of ``num_stages`` slots) instead of ``gluon_ahead`` units in registers; ``gluon_ws``: the
+    # staged 128-row tile with its warps specialized (``moe_mxfp4_gluon_ws``: a copy warpgroup
+    # and two MMA warpgroups, mbarriers instead of a CTA barrier a unit)
     gluon: bool = False
     gluon_ahead: int = 2
     gluon_split: bool = False
     gluon_mma: bool = False
     gluon_staged: bool = False
+    gluon_ws: bool = False
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,

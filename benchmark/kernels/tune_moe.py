@@ -121,6 +121,8 @@ def main() -> int | None:
                    help="the swapped kernel's tiles in K order (to compare)")
     p.add_argument("--tokens", type=int, nargs="+", default=TOKENS,
                    help="token counts to tune (others keep the shipped table's buckets)")
+    p.add_argument("--no-ws", action="store_true",
+                   help="--layout gluon without the warp-specialized tiles (to compare)")
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
     if a.layout != "words" and not a.mxfp4:
@@ -138,6 +140,8 @@ def main() -> int | None:
         args, kw = in_layout(args, kw, a.layout)
         timed, cut = [], False
         for cfg in candidates(rows, a.mxfp4, a.layout):
+            if a.no_ws and cfg.gluon_ws:
+                continue
             if time.time() > deadline:
                 cut = True
                 break

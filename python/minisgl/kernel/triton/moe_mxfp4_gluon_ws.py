@@ -81,52 +81,36 @@ def moe_gemm_mx_frag_ws_kernel(
          stride_be)
     smem = (x_ring, w_ring, s_ring, sums, full, empty, done)
     gl.warp_specialize([
-        (_first_mma, (p, smem, GATED, BLOCK_M, K_UNITS, SLOTS, HAS_BIAS, CLAMPED)),
-        (_second_mma, (p, smem, GATED, BLOCK_M, K_UNITS, SLOTS, HAS_BIAS, CLAMPED)),
-        (_copies, (p, smem, GATED, BLOCK_M, K_UNITS, SLOTS, HAS_BIAS, CLAMPED)),
+        (_mma, (p, smem, 0, GATED, BLOCK_M, K_UNITS, SLOTS, HAS_BIAS, CLAMPED)),
+        (_mma, (p, smem, 1, GATED, BLOCK_M, K_UNITS, SLOTS, HAS_BIAS, CLAMPED)),
+        (_copies, (p, smem, 0, GATED, BLOCK_M, K_UNITS, SLOTS, HAS_BIAS, CLAMPED)),
     ], [4, 4], [MMA_REGS, COPY_REGS])
 
 
 @gluon.jit
-def _first_mma(p, smem, GATED: gl.constexpr, BLOCK_M: gl.constexpr, K_UNITS: gl.constexpr,
-               SLOTS: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr):
-    """Rows 0-63 of the tile (GEMM 1's gate rows); with ``GATED`` the SwiGLU of its sums and
-    the second warpgroup's, else its own 64 outputs."""
+def _mma(p, smem, HALF: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr,
+         K_UNITS: gl.constexpr, SLOTS: gl.constexpr, HAS_BIAS: gl.constexpr,
+         CLAMPED: gl.constexpr):
+    """An MMA warpgroup: the tile's rows ``64 HALF`` on. GEMM 1's up rows (``HALF`` 1) hand
+    their sums to the gate rows' warpgroup (``sums``, then ``done``), which stores the SwiGLU
+    of both; GEMM 2's halves each store their own 64 outputs."""
     (a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, ws_ptr, bias_ptr, expert, pid_m, pid_n,
      n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se,
      stride_be) = p
     x_ring, w_ring, s_ring, sums, full, empty, done = smem
     mma: gl.constexpr = _mma_layout(BLOCK_M)
-    acc = _mma_loop(x_ring, w_ring, s_ring, full, empty, 0, BLOCK_M, K_UNITS, SLOTS)
-    if GATED:
-        mbarrier.wait(done.index(0), 0)
-        epilogue(acc, sums.load(mma), out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m,
-                 pid_n, expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED,
-                 BLOCK_M, BLOCK_M, 64, HAS_BIAS, CLAMPED, mma)
-    else:
-        epilogue(acc, acc, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, 2 * pid_n,
-                 expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
-                 BLOCK_M, 64, HAS_BIAS, CLAMPED, mma)
-
-
-@gluon.jit
-def _second_mma(p, smem, GATED: gl.constexpr, BLOCK_M: gl.constexpr, K_UNITS: gl.constexpr,
-                SLOTS: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr):
-    """Rows 64-127 of the tile: GEMM 1's up rows, their sums handed to the first warpgroup
-    (``sums``, then ``done``), or GEMM 2's second 64 outputs, stored here."""
-    (a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, ws_ptr, bias_ptr, expert, pid_m, pid_n,
-     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se,
-     stride_be) = p
-    x_ring, w_ring, s_ring, sums, full, empty, done = smem
-    mma: gl.constexpr = _mma_layout(BLOCK_M)
-    acc = _mma_loop(x_ring, w_ring, s_ring, full, empty, 1, BLOCK_M, K_UNITS, SLOTS)
-    if GATED:
+    acc = _mma_loop(x_ring, w_ring, s_ring, full, empty, HALF, BLOCK_M, K_UNITS, SLOTS)
+    if GATED and HALF == 1:
         sums.store(acc)
         mbarrier.arrive(done.index(0), count=1)
     else:
-        epilogue(acc, acc, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, 2 * pid_n + 1,
-                 expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
-                 BLOCK_M, 64, HAS_BIAS, CLAMPED, mma)
+        up = acc
+        if GATED:
+            mbarrier.wait(done.index(0), 0)
+            up = sums.load(mma)
+        epilogue(acc, up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m,
+                 pid_n if GATED else 2 * pid_n + HALF, expert, n_pairs, n_out, alpha, limit,
+                 stride_om, stride_be, GATED, BLOCK_M, BLOCK_M, 64, HAS_BIAS, CLAMPED, mma)
 
 
 @gluon.jit
@@ -161,10 +145,12 @@ def _mma_layout(BLOCK_M):
 
 
 @gluon.jit
-def _copies(p, smem, GATED: gl.constexpr, BLOCK_M: gl.constexpr, K_UNITS: gl.constexpr,
-            SLOTS: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr):
-    """The copy warpgroup: each unit's x rows, words and scale words into its slot once the
-    slot's last unit is released; each thread's copies, when complete, arrive on ``full``."""
+def _copies(p, smem, HALF: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr,
+            K_UNITS: gl.constexpr, SLOTS: gl.constexpr, HAS_BIAS: gl.constexpr,
+            CLAMPED: gl.constexpr):
+    """The copy warpgroup (``_mma``'s arguments, as worker partitions share theirs): each
+    unit's x rows, words and scale words into its slot once the slot's last unit is released;
+    each thread's copies, when complete, arrive on ``full``."""
     (a_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, ws_ptr, bias_ptr, expert, pid_m, pid_n,
      n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se,
      stride_be) = p

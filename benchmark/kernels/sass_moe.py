@@ -110,16 +110,22 @@ def kernel(name: str, bn: int, bk: int, rows: int | None = None, fast: bool = Tr
              "PERMUTE": permuted(rows or 64, bn, bk, warps, True)}, rows or 64)
 
 
-def loop_opcodes(sass: str) -> collections.Counter:
-    """Opcodes of the longest backward branch's body: the K loop."""
+def loop_opcodes(sass: str, holding: str = "") -> collections.Counter:
+    """Opcodes of the longest backward branch's body: the K loop; with ``holding``, the
+    shortest whose text holds it (a warp-specialized kernel's MMA loop: ``HGMMA``; its
+    partitions run inside a loop of their own)."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines)
               if (m := re.match(r"^(\.L_x_\d+):", line))}
-    best = (0, 0)
+    loops = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
-        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > best[1] - best[0]:
-            best = (labels[m.group(1)], i)
+        if m and labels.get(m.group(1), i) < i:
+            loops.append((labels[m.group(1)], i))
+    if holding:
+        loops = [lp for lp in loops if holding in "\n".join(lines[lp[0]:lp[1]])]
+    best = ((min if holding else max)(loops, key=lambda lp: lp[1] - lp[0])
+            if loops else (0, 0))
     ops = collections.Counter()
     for line in lines[best[0]:best[1] + 1]:
         m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
@@ -199,7 +205,7 @@ def main() -> None:
             os.makedirs(args.sass, exist_ok=True)
             with open(os.path.join(args.sass, f"{name}.sass"), "w") as f:
                 f.write(sass)
-        ops = loop_opcodes(sass)
+        ops = loop_opcodes(sass, "HGMMA" if name == "gws" else "")
         total = sum(ops.values())
         units = 1
         if name == "gws":  # the longest loop: a warpgroup's, one unit of its 64 rows

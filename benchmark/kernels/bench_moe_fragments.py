@@ -3,7 +3,7 @@
 weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
 
     python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512] [--out DIR]
-        [--gluon | --gluon-only] [--profile]
+        [--gluon | --gluon-only] [--profile | --kernels]
 
 Per token count: the shipped table's time, then each fragment tile (``MoeConfig``'s fields; the
 GEMV up to one row an expert), the best, and the ratio of the shipped time to it; the outputs of
@@ -130,6 +130,9 @@ def main() -> None:
                    help="no timing: the fragment layout's picked tiles (with --gluon: the Gluon "
                         "backend's), three calls a token count, for a profiler (ncu "
                         "--launch-skip 2 --launch-count 2: GEMM 1 and GEMM 2 of the second call)")
+    p.add_argument("--kernels", action="store_true",
+                   help="no sweep: each kernel's device time (torch.profiler, L2 not flushed) "
+                        "of the word layout's table and of the Gluon backend's, a token count")
     a = p.parse_args()
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = 2880, 2880, 32, 4
     rows = []
@@ -143,6 +146,11 @@ def main() -> None:
             for _ in range(3):
                 fused_moe(x, f13, f2, weights, ids, **(gkw if a.gluon or a.gluon_only else fkw))
             torch.cuda.synchronize()
+            continue
+        if a.kernels:  # where a step's MoE time goes: the GEMMs, the alignment, the sum
+            print(json.dumps({"tokens": tokens, "words_us": bench_moe.kernel_times(
+                lambda: fused_moe(*args, **kw)), "gluon_us": bench_moe.kernel_times(
+                lambda: fused_moe(x, f13, f2, weights, ids, **gkw))}), flush=True)
             continue
         shipped = graph_ms(lambda: fused_moe(*args, **kw)) * 1e3
         ref = fused_moe(*args, **kw).float()
@@ -170,7 +178,7 @@ def main() -> None:
         row["best"], row["ratio"] = best, round(shipped / best["us"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if a.profile:
+    if a.profile or a.kernels:
         return
     gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
     os.makedirs(a.out, exist_ok=True)

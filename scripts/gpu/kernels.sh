@@ -161,7 +161,7 @@ moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table fo
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1
     cat "$out"/moe_fragments_*.md ;;
 moe-gluon-ab)  # the engine with the Gluon GEMM's table (the default on Hopper) against the word
-    # layout and the fragment layout's Triton tiles (VARIANTS: fewer of them, e.g. moe-words,default)
+    # layout and the fragment layout's Triton tiles (VARIANTS: fewer, e.g. moe-words,default)
     v=${VARIANTS:-moe-words,moe-fragments,default}
     step 330 "${bench[@]}" --model "$moss" --variants "$v" \
         --hf-requests 0 --tag gluon_ab >"$out/bench_gluon_ab.log" 2>&1

@@ -173,7 +173,7 @@ def main() -> None:
         bn, bk = args.tile or tiles[name][:2]
         stages = args.stages or tiles[name][2]
         fn, consts, rows = kernel(name, bn, bk, args.rows, not args.float32_decode, args.warps)
-        gluon = name in ("gluon", "gmma", "gws")  # their K loops unrolled by ahead + 1 units
+        gluon = name in ("gluon", "gmma", "gws")  # Gluon kernels (GluonASTSource, int32 words)
         if name == "gws":  # a ring of ``stages`` one-unit slots, its loops not unrolled
             consts["SLOTS"], consts["AHEAD"] = stages, 0
         elif name == "gmma":
@@ -186,14 +186,15 @@ def main() -> None:
         if "sorted_ptr" in consts:
             kargs = dict(kargs, expert_ids_ptr="*i64")
         warps = 4 if name == "gws" else bn // 16 if gluon else args.warps
+        # the warp-specialized tile's launch caps the registers where the tile does not
+        maxnreg = args.maxnreg or (moe_mxfp4_gluon_ws.MAXNREG if name == "gws" else None)
         attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kargs) if arg in ALIGNED}
         signature = {**kargs, **dict.fromkeys(consts, "constexpr")}
         compiled = triton.compile(source(fn=fn, signature=signature, constexprs=consts,
                                          attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": warps, "num_stages": stages,
-                                           **({"maxnreg": args.maxnreg or 80} if args.maxnreg
-                                              or name == "gws" else {})})
+                                           **({"maxnreg": maxnreg} if maxnreg else {})})
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "kernel.cubin")
             with open(path, "wb") as f:
@@ -208,7 +209,7 @@ def main() -> None:
         ops = loop_opcodes(sass, "HGMMA" if name == "gws" else "")
         total = sum(ops.values())
         units = 1
-        if name == "gws":  # the longest loop: a warpgroup's, one unit of its 64 rows
+        if name == "gws":  # the MMA loop: a warpgroup's unit of its 64 rows
             bk = 64
         elif gluon:  # a K step per unit of 64 (the loop body holds ahead + 1, or the ring's)
             x_units, x_rings = consts.get("X_UNITS", 1), consts.get("X_STAGES", 1)

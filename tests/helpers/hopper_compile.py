@@ -303,6 +303,8 @@ def main(suite: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from minisgl.kernel.triton.moe_mxfp4_gluon_ws import MAXNREG as WS_MAXNREG
+
     kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "mxfp4": _mxfp4_kernels,
                "gluon": _gluon_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
@@ -323,7 +325,7 @@ def main(suite: str) -> None:
             ws = "SLOTS" in consts  # warp-specialized: its launch caps the registers
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                       options={"num_warps": warps,
-                                               **({"maxnreg": 80} if ws else {})})
+                                               **({"maxnreg": WS_MAXNREG} if ws else {})})
         except Exception as e:  # noqa: BLE001  (CompilationError, RuntimeError: report them all)
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 print("NO-TOOLCHAIN", e)

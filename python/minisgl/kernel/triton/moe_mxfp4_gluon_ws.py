@@ -35,8 +35,10 @@ from .moe_mxfp4_gluon_unit import (
     words_layout,
 )
 
-# registers a thread of the copy warpgroup and of the second MMA warpgroup
+# registers a thread of the copy warpgroup and of the second MMA warpgroup, and the cap on a
+# thread's registers the launch sets where the tile sets none (two programs an SM)
 COPY_REGS, MMA_REGS = gl.constexpr(40), gl.constexpr(96)
+MAXNREG = 80
 
 
 @gluon.jit
@@ -183,11 +185,11 @@ def _copies(p, smem, HALF: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.conste
 def launch_gluon_ws(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``launch_args``): a ring of
     ``num_stages`` one-unit slots, 128-row tiles (``block_n``), the registers capped at
-    ``maxnreg`` (80 where the tile sets none: two programs an SM)."""
+    ``maxnreg`` (``MAXNREG`` where the tile sets none)."""
     if block_n != 128:
         raise ValueError(f"the warp-specialized Gluon tile is 128 rows wide, not {block_n}")
     n_blocks_m, n_out, run, common = launch_args(args, meta, block_n, k_dim)
-    common.update(num_warps=4, maxnreg=meta.get("maxnreg") or 80)
+    common.update(num_warps=4, maxnreg=meta.get("maxnreg") or MAXNREG)
     grid = (n_blocks_m * -(-n_out // (64 if meta["GATED"] else 128)),)
     moe_gemm_mx_frag_ws_kernel[grid](*run, BLOCK_M=meta["BLOCK_M"], SLOTS=meta["num_stages"],
                                      **common)

@@ -267,11 +267,14 @@ def _gluon_kernels():
     # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
     # words four ahead; GEMM 2 of row blocks of 8 on two warps; the same through a ring of
     # words in shared memory, eight slots (45 units: a tail of five after the ring) and five
+    # (one-pair blocks as fused_moe launches them: no alignment, the experts the top-k ids)
+    direct, direct_sig = dict(sorted_ptr=None, total_ptr=None), dict(sig, expert_ids_ptr="*i64")
     for gated, rows, warps, ahead, stages in ((True, 1, 1, 4, 0), (False, 8, 2, 2, 0),
                                               (True, 1, 1, 2, 8), (False, 4, 2, 2, 5)):
-        yield moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel, sig, dict(
-            GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead, STAGES=stages,
-            HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=warps), warps
+        yield moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel, direct_sig if rows == 1 else sig, \
+            dict(GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead,
+                 STAGES=stages, HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=warps,
+                 **(direct if rows == 1 else {})), warps
     # the warp-specialized staged tile (``moe_mxfp4_gluon_ws``): 128 rows, GEMM 1 and GEMM 2 at
     # row blocks of 32 through a ring of eight one-unit slots
     for gated in (True, False):

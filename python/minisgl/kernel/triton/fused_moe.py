@@ -216,7 +216,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
                       block_n1=max(cfg.block_n1, 16), block_n2=max(cfg.block_n2, 16),
                       num_stages=cfg.num_stages if cfg.block_m <= 32 or gluon
                       else min(cfg.num_stages, 2))
-    if mx and cfg.block_m == 1 and not (gluon and cfg.gluon_mma):  # the GEMVs: no alignment
+    if mx and cfg.block_m == 1:  # the GEMVs and the mma.sync kernel's one-pair blocks: no alignment
         sorted_ids, expert_ids, total = None, topk_ids.reshape(-1), None
     else:
         sorted_ids, expert_ids, total = moe_align(topk_ids, n_experts, cfg.block_m, pdl)

@@ -27,6 +27,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .moe_mxfp4 import UNDER
 from .moe_mxfp4_gluon_unit import (
+    block_pairs,
     epilogue,
     launch_args,
     row_block,
@@ -102,11 +103,15 @@ def moe_gemm_mx_frag_mma_kernel(
     """``out^T = w . x^T`` for row blocks of ``ROWS`` (at most 8) pairs of one expert, ``BLOCK_N``
     rows a program (a warp's 16; ``w_ptr`` and ``ws_ptr`` int32 words, their strides in words).
     ``GATED`` takes gpt-oss's SwiGLU (clamped where ``CLAMPED``), gate and up rows in each
-    warp; ``STAGES`` (0: none) the words' ring of slots in shared memory."""
+    warp; ``STAGES`` (0: none) the words' ring of slots in shared memory. With no
+    ``sorted_ptr`` and ``total_ptr`` (``ROWS`` 1) program row ``m`` is pair ``m`` and
+    ``expert_ids_ptr`` the top-k ids, as the GEMVs take them: no alignment kernel."""
     NB: gl.constexpr = BLOCK_N // 16
     gl.static_assert(ROWS <= 8 and NB == num_warps)
     pid_m, pid_n = row_block(n_out, BLOCK_N, USE_PDL)
-    if pid_m * ROWS >= gl.load(total_ptr):
+    if sorted_ptr is None:  # a pair a program, its expert its top-k id (no alignment)
+        gl.static_assert(ROWS == 1)
+    elif pid_m * ROWS >= gl.load(total_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
 
@@ -116,7 +121,7 @@ def moe_gemm_mx_frag_mma_kernel(
     b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     # x: column n the block's pair n % ROWS (padding pairs read token 0; never stored)
     xn = gl.arange(0, 8, layout=gl.SliceLayout(0, b_layout))
-    xpair = gl.load(sorted_ptr + pid_m * ROWS + xn % ROWS)
+    xpair = block_pairs(sorted_ptr, pid_m, ROWS, xn)
     xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
     xk = gl.arange(0, 64, layout=gl.SliceLayout(1, b_layout))
     x_ptrs = a_ptr + xrow[None, :] * stride_am + xk[:, None]

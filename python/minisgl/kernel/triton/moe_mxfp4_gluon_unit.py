@@ -53,6 +53,16 @@ def row_block(n_out, COLS: gl.constexpr, USE_PDL: gl.constexpr):
     return pid // n_tiles, pid % n_tiles
 
 
+@gluon.jit
+def block_pairs(sorted_ptr, pid_m, ROWS: gl.constexpr, idx):
+    """The pair ids at ``idx % ROWS`` of row block ``pid_m``: the aligned pairs', or where
+    ``sorted_ptr`` is None (one pair a block, in pair order: no alignment) ``pid_m``."""
+    if sorted_ptr is None:
+        return pid_m + idx * 0
+    else:
+        return gl.load(sorted_ptr + pid_m * ROWS + idx % ROWS)
+
+
 @gluon.constexpr_function
 def words_layout(NB):
     """Each thread's words of a unit: warp nb, lane (r, q), the word's (h, g) in its registers:
@@ -184,7 +194,7 @@ def epilogue(acc, acc_up, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid
     n_ok = offs_n < n_out
     offs_safe = gl.where(n_ok, offs_n, 0)
     col = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
-    pair = gl.load(sorted_ptr + pid_m * ROWS + col % ROWS)
+    pair = block_pairs(sorted_ptr, pid_m, ROWS, col)
     valid = (pair < n_pairs) & (col < ROWS)
     pair = gl.where(valid, pair, 0).to(gl.int64)
     dt: gl.constexpr = out_ptr.dtype.element_ty

@@ -84,9 +84,10 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
                                        (16, 128, 192, 3, True), (32, 128, 192, 3, True),
                                        (64, 128, 192, 3, True), (32, 256, 192, 3, True))],
          # the staged 128-row tile with its warps specialized (a copy warpgroup, two MMA
-         # warpgroups, mbarriers): rings of eight and four one-unit slots
+         # warpgroups, mbarriers): rings of eight and four one-unit slots, row blocks of 16
+         # and 32 (the launcher refuses 64)
          *[(m, 128, 128, 64, 1, 8, st, *_G, 2, False, False, True, True)
-           for m, st in ((16, 8), (32, 8), (32, 4), (64, 4), (64, 8))],
+           for m, st in ((16, 8), (32, 8), (32, 4))],
          # row blocks of 1-8 on the mma.sync kernel (block_n / 16 warps, no shared memory)
          *[(m, n, n, 64, 1, n // 16, 1, *_G, ahead, False, True)
            for m, n, ahead in ((1, 16, 2), (1, 16, 4), (1, 32, 4), (2, 16, 4), (4, 16, 4),

@@ -112,7 +112,7 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (128, True, _gluon(32, 128, 128, 192, 1, 8, 3, gluon_split=True, gluon_staged=True)),
     (128, True, _gluon(32, 128, 128, 64, 1, 8, 8, gluon_staged=True, gluon_ws=True)),
     (64, True, _gluon(16, 128, 128, 64, 1, 8, 8, gluon_staged=True, gluon_ws=True)),
-    (2048, True, _gluon(64, 128, 128, 64, 1, 8, 4, gluon_staged=True, gluon_ws=True))],
+    (2048, True, _gluon(32, 128, 128, 64, 1, 8, 4, gluon_staged=True, gluon_ws=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
@@ -127,7 +127,7 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "mma1_rows1_1warp_ring8", "mma4_rows2_2warps_ring5_ahead4", "mma64_rows8_1warp_ring15",
          "gluon128_rows32_8warps_x1x9_split_staged", "gluon256_rows32_16warps_x1x9_split_staged",
          "gluon128_rows32_8warps_x3x3_split_staged", "gluon128_rows32_ws_ring8",
-         "gluon64_rows16_ws_ring8", "gluon2048_rows64_ws_ring4"])
+         "gluon64_rows16_ws_ring8", "gluon2048_rows32_ws_ring4"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
@@ -135,8 +135,8 @@ def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     with x through rings of stages (one, three or five units a stage, three or five stages;
     a register cap of 168), the words two, four or five units ahead or through x's ring with
     it (nine stages of a unit on 8 or 16 warps, or three of three units), GEMM 1's gate and up
-    rows in the same warps or apart; the warp-specialized 128-row tile (row blocks of 16 to
-    64, rings of four and eight slots); row blocks of 1 to 8 on the mma.sync kernel, 1 to 4
+    rows in the same warps or apart; the warp-specialized 128-row tile (row blocks of 16 and
+    32, rings of four and eight slots); row blocks of 1 to 8 on the mma.sync kernel, 1 to 4
     warps, the words in registers or through a ring of 5-15 slots."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
@@ -185,6 +185,18 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     # it and the loads of the pairs
     assert [line.split("barriers-after-mma=")[1].split()[0] for line in cubins[:9]] == [
         "0", "2", "0", "3", "5", "3", "3", "11", "5"], cubins
+
+
+def test_the_warp_specialized_tile_refuses_what_it_cannot_run():
+    """``launch_gluon_ws`` takes 128-row tiles of row blocks of 16 or 32 pairs; anything else
+    (64-row blocks came out NaN on the GPU) is a ``ValueError`` naming it, before a launch."""
+    pytest.importorskip("triton.experimental.gluon")
+    from minisgl.kernel.triton.moe_mxfp4_gluon_ws import launch_gluon_ws
+
+    with pytest.raises(ValueError, match="row blocks of 16 or 32 pairs, not 64"):
+        launch_gluon_ws((), {"BLOCK_M": 64}, 128, 2880)
+    with pytest.raises(ValueError, match="128 rows wide, not 64"):
+        launch_gluon_ws((), {"BLOCK_M": 32}, 64, 2880)
 
 
 def test_x_stages_picks_a_ring_or_all_of_k():

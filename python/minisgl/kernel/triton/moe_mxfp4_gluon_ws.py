@@ -184,10 +184,13 @@ def _copies(p, smem, HALF: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.conste
 
 def launch_gluon_ws(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``launch_args``): a ring of
-    ``num_stages`` one-unit slots, 128-row tiles (``block_n``), the registers capped at
-    ``maxnreg`` (``MAXNREG`` where the tile sets none)."""
+    ``num_stages`` one-unit slots, 128-row tiles (``block_n``), row blocks of 16 or 32 pairs,
+    the registers capped at ``maxnreg`` (``MAXNREG`` where the tile sets none)."""
     if block_n != 128:
         raise ValueError(f"the warp-specialized Gluon tile is 128 rows wide, not {block_n}")
+    if meta["BLOCK_M"] not in (16, 32):  # at 64 its sums came out NaN on the GPU
+        raise ValueError(f"the warp-specialized Gluon tile takes row blocks of 16 or 32 pairs, "
+                         f"not {meta['BLOCK_M']}")
     n_blocks_m, n_out, run, common = launch_args(args, meta, block_n, k_dim)
     common.update(num_warps=4, maxnreg=meta.get("maxnreg") or MAXNREG)
     grid = (n_blocks_m * -(-n_out // (64 if meta["GATED"] else 128)),)

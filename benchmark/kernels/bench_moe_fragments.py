@@ -83,6 +83,12 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
                                        # three units a stage: a CTA barrier every three
                                        (16, 128, 192, 3, True), (32, 128, 192, 3, True),
                                        (64, 128, 192, 3, True), (32, 256, 192, 3, True))],
+         # the staged 128-row tile over a ring of five with its registers capped, for more
+         # warps an SM (the 9-stage tile: 110 registers and 83 KB, two programs; sass_moe,
+         # sm_90, no spill): 32 rows at 64 (63 registers, four programs) and 80 (67, three),
+         # 16 rows at 56 (42, five)
+         *[(m, 128, 128, 64, 1, 8, 5, True, cap, True, 2, True, False, True)
+           for m, cap in ((32, 64), (32, 80), (16, 56))],
          # the staged 128-row tile with its warps specialized (a copy warpgroup, two MMA
          # warpgroups, mbarriers): rings of eight and four one-unit slots, row blocks of 16
          # and 32 (the launcher refuses 64)

@@ -112,7 +112,9 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (128, True, _gluon(32, 128, 128, 192, 1, 8, 3, gluon_split=True, gluon_staged=True)),
     (128, True, _gluon(32, 128, 128, 64, 1, 8, 8, gluon_staged=True, gluon_ws=True)),
     (64, True, _gluon(16, 128, 128, 64, 1, 8, 8, gluon_staged=True, gluon_ws=True)),
-    (2048, True, _gluon(32, 128, 128, 64, 1, 8, 4, gluon_staged=True, gluon_ws=True))],
+    (2048, True, _gluon(32, 128, 128, 64, 1, 8, 4, gluon_staged=True, gluon_ws=True)),
+    (128, True, _gluon(32, 128, 128, 64, 1, 8, 5, maxnreg=64, gluon_split=True,
+                       gluon_staged=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
@@ -127,17 +129,18 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "mma1_rows1_1warp_ring8", "mma4_rows2_2warps_ring5_ahead4", "mma64_rows8_1warp_ring15",
          "gluon128_rows32_8warps_x1x9_split_staged", "gluon256_rows32_16warps_x1x9_split_staged",
          "gluon128_rows32_8warps_x3x3_split_staged", "gluon128_rows32_ws_ring8",
-         "gluon64_rows16_ws_ring8", "gluon2048_rows32_ws_ring4"])
+         "gluon64_rows16_ws_ring8", "gluon2048_rows32_ws_ring4",
+         "gluon128_rows32_8warps_x1x5_split_staged_maxnreg64"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
     expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 8 to 256
     with x through rings of stages (one, three or five units a stage, three or five stages;
-    a register cap of 168), the words two, four or five units ahead or through x's ring with
-    it (nine stages of a unit on 8 or 16 warps, or three of three units), GEMM 1's gate and up
-    rows in the same warps or apart; the warp-specialized 128-row tile (row blocks of 16 and
-    32, rings of four and eight slots); row blocks of 1 to 8 on the mma.sync kernel, 1 to 4
-    warps, the words in registers or through a ring of 5-15 slots."""
+    register caps of 168 and 64), the words two, four or five units ahead or through x's ring
+    with it (nine or five stages of a unit on 8 or 16 warps, or three of three units), GEMM 1's
+    gate and up rows in the same warps or apart; the warp-specialized 128-row tile (row blocks
+    of 16 and 32, rings of four and eight slots); row blocks of 1 to 8 on the mma.sync kernel,
+    1 to 4 warps, the words in registers or through a ring of 5-15 slots."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
     ref = TorchMoeBackend().forward(x, w13, w2, weights, ids, scales, bias=bias, act=GPT_OSS)
     (f13, t13), (f2, t2) = to_fragments(w13, scales.w13), to_fragments(w2, scales.w2)

@@ -17,6 +17,10 @@ from dataclasses import replace
 
 import pytest
 
+# the MoE kernels as fused_moe launches its GEMVs and one-pair blocks: no alignment's sorted
+# pairs or total, each pair's expert from the top-k ids (int64)
+NO_ALIGNMENT = dict(sorted_ptr=None, total_ptr=None)
+
 
 def compile_for_hopper(tmp_path, suite: str) -> list[str]:
     """The ``CUBIN name size [griddepcontrol]`` lines, one per compiled kernel variant."""
@@ -229,15 +233,15 @@ def _mxfp4_kernels():
             BLOCK_K=64, GROUP_M=1, EVEN_K=False, PRECISION="tf32", FAST=True,
             PERMUTE=permute), 4
     # the GEMVs as fused_moe launches them: no alignment, each pair's expert from the top-k ids
-    direct, direct_sig = dict(sorted_ptr=None, total_ptr=None), dict(sig, expert_ids_ptr="*i64")
-    yield moe_mxfp4_gemv.moe_gemv_mx_kernel, direct_sig, dict(common, **direct, BLOCK_N=4,
+    direct_sig = dict(sig, expert_ids_ptr="*i64")
+    yield moe_mxfp4_gemv.moe_gemv_mx_kernel, direct_sig, dict(common, **NO_ALIGNMENT, BLOCK_N=4,
         BLOCK_K=1024, EVEN_K=False), 1
     # the fragment layout's GEMM (32-row blocks, 8 warps of 16 rows) and GEMV
     yield moe_mxfp4_frag.moe_gemm_mx_frag_kernel, sig, dict(common, BLOCK_M=32, BLOCK_N=128,
         GROUP_M=4, PRECISION="tf32", FAST=True), 8
     for units, warps in ((4, 2), (2, 1)):
         yield moe_mxfp4_frag_gemv.moe_gemv_mx_frag_kernel, direct_sig, dict(
-            common, **direct, BLOCK_N=16, UNITS=units, EVEN_K=False), warps
+            common, **NO_ALIGNMENT, BLOCK_N=16, UNITS=units, EVEN_K=False), warps
 
 
 def _gluon_kernels():
@@ -267,14 +271,14 @@ def _gluon_kernels():
     # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
     # words four ahead; GEMM 2 of row blocks of 8 on two warps; the same through a ring of
     # words in shared memory, eight slots (45 units: a tail of five after the ring) and five
-    # (one-pair blocks as fused_moe launches them: no alignment, the experts the top-k ids)
-    direct, direct_sig = dict(sorted_ptr=None, total_ptr=None), dict(sig, expert_ids_ptr="*i64")
+    # (one-pair blocks as fused_moe launches them: NO_ALIGNMENT)
+    direct_sig = dict(sig, expert_ids_ptr="*i64")
     for gated, rows, warps, ahead, stages in ((True, 1, 1, 4, 0), (False, 8, 2, 2, 0),
                                               (True, 1, 1, 2, 8), (False, 4, 2, 2, 5)):
         yield moe_mxfp4_gluon_mma.moe_gemm_mx_frag_mma_kernel, direct_sig if rows == 1 else sig, \
             dict(GATED=gated, ROWS=rows, BLOCK_N=16 * warps, K_UNITS=45, AHEAD=ahead,
                  STAGES=stages, HAS_BIAS=True, CLAMPED=True, USE_PDL=True, num_warps=warps,
-                 **(direct if rows == 1 else {})), warps
+                 **(NO_ALIGNMENT if rows == 1 else {})), warps
     # the warp-specialized staged tile (``moe_mxfp4_gluon_ws``): 128 rows, GEMM 1 and GEMM 2 at
     # row blocks of 32 through a ring of eight one-unit slots
     for gated in (True, False):

@@ -3,7 +3,7 @@
 weights, routing and biases, each replayed from a CUDA graph (median of ``do_bench``).
 
     python benchmark/kernels/bench_moe_fragments.py [--tokens 1 4 16 64 128 256 512] [--out DIR]
-        [--gluon | --gluon-only] [--profile | --kernels]
+        [--gluon | --gluon-only] [--profile [--config FIELDS] | --kernels]
 
 Per token count: the shipped table's time, then each fragment tile (``MoeConfig``'s fields; the
 GEMV up to one row an expert), the best, and the ratio of the shipped time to it; the outputs of
@@ -14,6 +14,7 @@ the two layouts compared (largest difference over the largest value). Writes
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -137,6 +138,10 @@ def main() -> None:
                    help="no timing: the fragment layout's picked tiles (with --gluon: the Gluon "
                         "backend's), three calls a token count, for a profiler (ncu "
                         "--launch-skip 2 --launch-count 2: GEMM 1 and GEMM 2 of the second call)")
+    p.add_argument("--config", type=ast.literal_eval,
+                   help="with --profile: this tile in place of the table's, ``MoeConfig``'s "
+                        "fields as a tuple (the tuner's keys, e.g. '(16, 128, 128, 64, 1, 8, 9, "
+                        "True, None, True, 2, True, False, True, False)')")
     p.add_argument("--kernels", action="store_true",
                    help="no sweep: each kernel's device time (torch.profiler, L2 not flushed) "
                         "of the word layout's table and of the Gluon backend's, a token count")
@@ -150,8 +155,10 @@ def main() -> None:
         fkw = dict(kw, scales=FragmentScales(t13, t2))
         gkw = dict(kw, scales=GluonFragmentScales(t13, t2))
         if a.profile:  # the Triton tiles' table, or with --gluon(-only) the Gluon backend's
+            cfg = MoeConfig(*a.config) if a.config else None
             for _ in range(3):
-                fused_moe(x, f13, f2, weights, ids, **(gkw if a.gluon or a.gluon_only else fkw))
+                fused_moe(x, f13, f2, weights, ids, config=cfg,
+                          **(gkw if a.gluon or a.gluon_only else fkw))
             torch.cuda.synchronize()
             continue
         if a.kernels:  # where a step's MoE time goes: the GEMMs, the alignment, the sum

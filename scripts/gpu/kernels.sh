@@ -143,18 +143,24 @@ moe-gluon)  # the Gluon GEMM: correct first, then the fragment layout's tiles an
     step 290 "$py" benchmark/kernels/tune_moe.py --mxfp4 --layout gluon --budget 250 \
         --tokens ${TOKENS:-1 4 16 64 128 256 8192} --out "$out" >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
-moe-ncu-gluon)  # the Gluon backend's picked tiles under Nsight Compute (its table in moe_configs)
+moe-ncu-gluon)  # the Gluon backend's picked tiles under Nsight Compute (its table in moe_configs;
+    # CONFIG: one tile's MoeConfig fields as a tuple in place of the table's), with the L2's
+    # traffic (an expert's row blocks each read its weights), issue and the ALU pipe
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
     step 400 "$ncu" --clock-control none --kernel-name regex:moe_gemm_mx_frag \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+        --section InstructionStats --section ComputeWorkloadAnalysis \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,\
+dram__bytes_read.sum,lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum" \
         "$py" benchmark/kernels/bench_moe_fragments.py --profile --gluon \
+        ${CONFIG:+--config "$CONFIG"} \
         --tokens ${TOKENS:-16 256 2048} >"$out/ncu_moe_gluon.txt" 2>&1
     # the stall reasons of a warp an issued instruction, the larger ones (barrier, long and
     # short scoreboard, wait, math pipe throttle, ...)
-    grep -E "moe_gemm_mx_frag|Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|\
-Registers Per|Waves Per SM|stalled_[a-z_]+_per_issue_active.ratio +inst +([1-9]|0\.[1-9])" \
+    grep -E "moe_gemm_mx_frag|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|\
+Issue Slots Busy|Registers Per|Waves Per SM|dram__bytes|lts__t_bytes|lookup_hit|highest-utilized|\
+Executed Instructions  |stalled_[a-z_]+_per_issue_active.ratio +inst +([1-9]|0\.[1-9])" \
         "$out/ncu_moe_gluon.txt" | head -200 ;;
 moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table for the results
     step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \

@@ -15,7 +15,8 @@ once; ``--tile BN 192 --stages 3 --rows 32``, x through a ring of three stages o
 ring, ``--stages`` 3 or more) and its mma.sync GEMM ``gmma``
 (``--tile BN 64 --rows 1..8``: BN / 16 warps, the words ``--ahead`` units ahead). A K step handles
 ``BLOCK_N * BLOCK_K * 2`` weights (gate and up; half with ``--split``); "a weight" is the loop's
-instructions, summed over the threads, over that. Spills show as LDL/STL. Instruction counts
+instructions, summed over the threads, over that. Spills show as LDL/STL; wgmmas that ptxas
+serialized (each waited on before the next) are counted. Instruction counts
 are not times: a loop with fewer instructions may still wait on memory, and the Triton here may
 not be the GPU machine's.
 """
@@ -134,6 +135,18 @@ def loop_opcodes(sass: str, holding: str = "") -> collections.Counter:
     return ops
 
 
+def serialized_wgmmas(sass: str) -> tuple[int, int]:
+    """(wgmmas waited on at once, wgmmas): an ``HGMMA`` whose next instruction (or the one
+    after) waits for every wgmma group (``WARPGROUP.DEPBAR.LE gsb0, 0x0``) runs alone, its
+    latency exposed; ptxas does this to a whole function where it cannot keep its register
+    operands apart (its info C7513, "wgmma.mma_async instructions are serialized")."""
+    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    hgmma = [i for i, line in enumerate(lines) if "HGMMA" in line]
+    waited = sum(any("WARPGROUP.DEPBAR.LE gsb0, 0x0" in line for line in lines[i + 1:i + 3])
+                 for i in hgmma)
+    return waited, len(hgmma)
+
+
 def resources(bin_dir: str, cubin_path: str) -> str:
     """Registers a thread and spilled bytes, as ``cuobjdump`` reads them from the cubin."""
     out = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage",
@@ -221,9 +234,11 @@ def main() -> None:
         per_weight = total * 32 * warps / weights
         top = (f"the loop's {units} units: " if gluon else "") + ", ".join(
             f"{op} {n}" for op, n in ops.most_common(12))
+        waited, n_mma = serialized_wgmmas(sass)
+        serial = f"; wgmmas serialized: {waited} of {n_mma}" if n_mma else ""
         print(f"{name} (rows {rows}, BLOCK_N {bn}, BLOCK_K {bk}, {warps} warps, {stages} "
               f"stages, {regs}): {total} instructions a K step of {weights} weights, "
-              f"{per_weight:.1f} a weight; {top}")
+              f"{per_weight:.1f} a weight; {top}{serial}")
 
 
 if __name__ == "__main__":

@@ -138,8 +138,8 @@ def loop_opcodes(sass: str, holding: str = "") -> collections.Counter:
 def serialized_wgmmas(sass: str) -> tuple[int, int]:
     """(wgmmas waited on at once, wgmmas): an ``HGMMA`` whose next instruction (or the one
     after) waits for every wgmma group (``WARPGROUP.DEPBAR.LE gsb0, 0x0``) runs alone, its
-    latency exposed; ptxas does this to a whole function where it cannot keep its register
-    operands apart (its info C7513, "wgmma.mma_async instructions are serialized")."""
+    latency exposed: ptxas serializes a whole function's wgmmas so (its info C7513,
+    "wgmma.mma_async instructions are serialized due to ...")."""
     lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     hgmma = [i for i, line in enumerate(lines) if "HGMMA" in line]
     waited = sum(any("WARPGROUP.DEPBAR.LE gsb0, 0x0" in line for line in lines[i + 1:i + 3])

@@ -3,22 +3,22 @@ Triton's own ptxas, disassembled with its ``nvdisasm``, and the instructions of 
 by opcode: what a change to the decoding costs, on a machine where nothing can be timed.
 
     python benchmark/kernels/sass_moe.py [--kernel gemv small wide frag fgemv gluon] [--tile BN BK]
-        [--warps W] [--stages S] [--maxnreg R] [--ahead A] [--split] [--staged] [--sass DIR]
+        [--warps W] [--stages S] [--maxnreg R] [--ahead A] [--split] [--staged] [--gemm2]
+        [--sass DIR]
 
-Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU), by default the one
-the H200 table (``moe_configs``) picks for it: row blocks of 1 (``gemv``: BLOCK_N 16, BLOCK_K 256,
-3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64), 4 warps; the fragment layout's
-``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64 --rows 8|16``, x copied
-once; ``--tile BN 192 --stages 3 --rows 32``, x through a ring of three stages of three units;
-``--ahead A``, the words A units ahead, its loop holding A + 1 64-deep units, counted a unit;
-``--split``, GEMM 1's gate and up rows in separate warps; ``--staged``, the words through x's
-ring, ``--stages`` 3 or more) and its mma.sync GEMM ``gmma``
-(``--tile BN 64 --rows 1..8``: BN / 16 warps, the words ``--ahead`` units ahead). A K step handles
-``BLOCK_N * BLOCK_K * 2`` weights (gate and up; half with ``--split``); "a weight" is the loop's
+Every kernel takes gpt-oss-20b's gated tile (bf16 x, biases, clamped SwiGLU; ``--gemm2``: GEMM 2's,
+not gated), by default the one the H200 table (``moe_configs``) picks for it: row blocks of 1
+(``gemv``: BLOCK_N 16, BLOCK_K 256, 3 stages), 16 (``small``: 64, 128) and 64 (``wide``: 128, 64),
+4 warps; the fragment layout's ``frag`` and ``fgemv``, and its Gluon GEMM ``gluon`` (``--tile BN 64
+--rows 8|16``, x copied once; ``--tile BN 192 --stages 3 --rows 32``, x through a ring of three
+stages of three units; ``--ahead A``, the words A units ahead, its loop holding A + 1 64-deep
+units, counted a unit; ``--split``, GEMM 1's gate and up rows in separate warps; ``--staged``, the
+words through x's ring, ``--stages`` 3 or more) and its mma.sync GEMM ``gmma`` (``--tile BN 64
+--rows 1..8``: BN / 16 warps, the words ``--ahead`` units ahead). A K step handles ``BLOCK_N *
+BLOCK_K * 2`` weights (gate and up; half with ``--split`` or ``--gemm2``); "a weight" is the loop's
 instructions, summed over the threads, over that. Spills show as LDL/STL; wgmmas that ptxas
-serialized (each waited on before the next) are counted. Instruction counts
-are not times: a loop with fewer instructions may still wait on memory, and the Triton here may
-not be the GPU machine's.
+serialized (each waited on before the next) are counted. Instruction counts are not times: a loop
+with fewer instructions may still wait on memory, and the Triton here may not be the GPU machine's.
 """
 
 from __future__ import annotations
@@ -174,8 +174,11 @@ def main() -> None:
                         help="gluon: gate and up rows in separate warps")
     parser.add_argument("--staged", action="store_true",
                         help="gluon: the words through x's ring of stages (--stages 3 or more)")
+    parser.add_argument("--gemm2", action="store_true",
+                        help="GEMM 2's tile (not gated; --split does not apply)")
     parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
     args = parser.parse_args()
+    COMMON["GATED"] = not args.gemm2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                             "nvdisasm")
@@ -192,7 +195,7 @@ def main() -> None:
         elif name == "gmma":
             consts["AHEAD"], consts["STAGES"] = args.ahead, stages if args.staged else 0
         elif gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
-            consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split
+            consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split and not args.gemm2
             consts["W_STAGED"] = args.staged
             consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
@@ -230,7 +233,8 @@ def main() -> None:
                      or args.ahead + 1)
             total, bk = total // units, 64
         # split: gate or up rows a warp; gws: a warpgroup's 64 rows
-        weights = 64 * bk if name == "gws" else bn * bk * (1 if gluon and args.split else 2)
+        weights = 64 * bk if name == "gws" else bn * bk * (
+            1 if args.gemm2 or gluon and args.split else 2)
         per_weight = total * 32 * warps / weights
         top = (f"the loop's {units} units: " if gluon else "") + ", ".join(
             f"{op} {n}" for op, n in ops.most_common(12))

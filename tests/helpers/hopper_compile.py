@@ -249,8 +249,10 @@ def _gluon_kernels():
     row blocks of 8 (the words two units ahead; five, gate and up rows apart), GEMM 2 (not
     gated) at 16, x copied once; row blocks of 32 with x through rings of stages (gated, three
     stages of three units; gated with gate and up apart and GEMM 2, three of five, the words
-    four ahead). Its pointers and strides 16-aligned, as a launch at those shapes specializes
-    them (its ``cp.async`` of x needs 16-byte rows)."""
+    four ahead), and with the words staged (three of three units; nine and five of one, gate
+    and up apart and GEMM 2; row blocks of 8 through nine, gate and up apart: x's copies 8
+    bytes a thread). Its pointers and strides 16-aligned, as a launch at those shapes
+    specializes them (its ``cp.async`` of x needs 16-byte rows)."""
     from minisgl.kernel.triton import moe_mxfp4_gluon, moe_mxfp4_gluon_mma, moe_mxfp4_gluon_ws
 
     sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",
@@ -263,7 +265,7 @@ def _gluon_kernels():
             (False, 16, 45, 1, 2, False, False), (True, 32, 3, 3, 2, False, False),
             (True, 32, 5, 3, 4, True, False), (False, 32, 5, 3, 4, False, False),
             (True, 32, 3, 3, 2, False, True), (True, 32, 1, 9, 2, True, True),
-            (False, 32, 1, 5, 2, False, True)):
+            (False, 32, 1, 5, 2, False, True), (True, 8, 1, 9, 2, True, True)):
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
             AHEAD=ahead, SPLIT=split, W_STAGED=staged, HAS_BIAS=True, CLAMPED=True,
@@ -288,6 +290,28 @@ def _gluon_kernels():
 
 
 CTA_BARRIER = re.compile(r"bar\.sync\s+\d+;")  # every thread of the CTA (no thread count)
+
+
+def serialized_wgmmas(cubin: bytes) -> int:
+    """wgmmas the machine code waits on one at a time (``sass_moe.serialized_wgmmas``): ptxas
+    serializes a kernel's wgmmas so (its info C7513), as it did the Gluon tile's where two warps
+    copied the same values of x."""
+    import tempfile
+
+    import triton
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "benchmark", "kernels"))
+    from sass_moe import serialized_wgmmas as count
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return count(sass)[0]
 
 
 def loop_conversions(ttgir: str) -> int:
@@ -352,6 +376,7 @@ def main(suite: str) -> None:
               f"mbarrier-waits={ptx.count('mbarrier.try_wait')}",
               f"copy-arrivals={ptx.count('cp.async.mbarrier.arrive.noinc')}",
               f"cta-barriers={len(CTA_BARRIER.findall(ptx))}",
+              f"wgmma-serialized={serialized_wgmmas(compiled.asm['cubin']) if mma >= 0 else 0}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

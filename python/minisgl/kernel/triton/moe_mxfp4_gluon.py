@@ -79,7 +79,7 @@ def moe_gemm_mx_frag_gluon_kernel(
     # stage's slots take the copy X_STAGES - 2 on
     STAGED: gl.constexpr = X_STAGES > 1
     gl.static_assert(not STAGED or (X_STAGES >= 3 and K_UNITS % (X_UNITS * X_STAGES) == 0))
-    x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    x_layout: gl.constexpr = x_copy_layout(BLOCK_M, num_warps)
     x_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
     xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
@@ -182,6 +182,18 @@ def moe_gemm_mx_frag_gluon_kernel(
         epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
                   expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
                   BLOCK_M, COLS, HAS_BIAS, CLAMPED, mma)
+
+
+@gluon.constexpr_function
+def x_copy_layout(BLOCK_M, num_warps):
+    """x's [BLOCK_M, 64] unit over the program's threads, 16 bytes a thread where the rows fill
+    its warps (four rows a warp), else fewer, so that no two threads copy the same values down
+    to 4 bytes a thread (row blocks of two a warp). A copy of the same values by two warps
+    makes ptxas serialize every wgmma of the kernel (its info C7513: "non wgmma instructions
+    defining input registers of a wgmma between start and end of the pipeline stage"), each
+    waited on before the next: so did the row blocks of 16 on 8 warps and of 8 on 4."""
+    vec = max(2, min(8, 2 * BLOCK_M // num_warps))  # bf16 values a thread
+    return gl.BlockedLayout([1, vec], [vec // 2, 64 // vec], [num_warps, 1], [1, 0])
 
 
 def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple[int, int]:

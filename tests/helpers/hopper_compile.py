@@ -268,8 +268,8 @@ def _gluon_kernels():
             (False, 32, 1, 5, 2, False, True), (True, 8, 1, 9, 2, True, True)):
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
-            AHEAD=ahead, SPLIT=split, W_STAGED=staged, HAS_BIAS=True, CLAMPED=True,
-            USE_PDL=True, num_warps=4), 4
+            AHEAD=ahead, SPLIT=split, W_STAGED=staged, HALVES=False, HAS_BIAS=True,
+            CLAMPED=True, USE_PDL=True, num_warps=4), 4
     # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
     # words four ahead; GEMM 2 of row blocks of 8 on two warps; the same through a ring of
     # words in shared memory, eight slots (45 units: a tail of five after the ring) and five
@@ -287,6 +287,14 @@ def _gluon_kernels():
         yield moe_mxfp4_gluon_ws.moe_gemm_mx_frag_ws_kernel, sig, dict(
             GATED=gated, BLOCK_M=32, BLOCK_N=128, K_UNITS=45, SLOTS=8, AHEAD=0, HAS_BIAS=True,
             CLAMPED=True, USE_PDL=True, num_warps=4), 4
+    # the staged 128-row tile in halves (``HALVES``) with its registers capped as the tuner's
+    # candidates are (``maxnreg``, not a kernel argument): row blocks of 32 at 64 registers
+    # (gate and up apart) and GEMM 2's, row blocks of 16 gate and up apart at 56
+    for gated, rows, cap in ((True, 32, 64), (False, 32, 64), (True, 16, 56)):
+        yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
+            GATED=gated, BLOCK_M=rows, BLOCK_N=128, K_UNITS=45, X_UNITS=1, X_STAGES=5,
+            AHEAD=2, SPLIT=gated, W_STAGED=True, HALVES=True, HAS_BIAS=True, CLAMPED=True,
+            USE_PDL=True, num_warps=8, maxnreg=cap), 8
 
 
 CTA_BARRIER = re.compile(r"bar\.sync\s+\d+;")  # every thread of the CTA (no thread count)
@@ -339,6 +347,8 @@ def main(suite: str) -> None:
     kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "mxfp4": _mxfp4_kernels,
                "gluon": _gluon_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
+        # a register cap: the warp-specialized tile's launch sets one, a case may name its own
+        maxnreg = consts.pop("maxnreg", WS_MAXNREG if "SLOTS" in consts else None)
         fn = getattr(kernel, "fn", kernel)
         missing = set(kernel.arg_names) - set(sig) - set(consts)
         assert not missing, f"{fn.__name__}: no type for {missing}"
@@ -353,10 +363,9 @@ def main(suite: str) -> None:
                         constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()},
                         **kw)
         try:
-            ws = "SLOTS" in consts  # warp-specialized: its launch caps the registers
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                       options={"num_warps": warps,
-                                               **({"maxnreg": WS_MAXNREG} if ws else {})})
+                                               **({"maxnreg": maxnreg} if maxnreg else {})})
         except Exception as e:  # noqa: BLE001  (CompilationError, RuntimeError: report them all)
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 print("NO-TOOLCHAIN", e)
@@ -369,7 +378,8 @@ def main(suite: str) -> None:
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
               ",".join(f"{k}={v}" for k, v in consts.items()
                        if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT", "W_STAGED",
-                                "STAGES")),
+                                "STAGES", "HALVES")),
+              f"maxnreg={maxnreg}" if maxnreg else "",
               f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
               f"shared={compiled.metadata.shared}",
               f"loop-conversions={loop_conversions(compiled.asm['ttgir'])}",

@@ -95,10 +95,11 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
            for m, cap in ((32, 64), (32, 80), (16, 56), (16, 80))],
          # the same, each unit's wgmma in two 32-deep halves (``gluon_halves``): under a cap
          # its wgmmas stay pipelined (sass_moe --halves, sm_90): 32 rows at 64 and 72 registers
-         # (four and three programs an SM), 16 rows at 56 and 64 (four); 128 rows uncapped
-         # (prefill: 128 registers against 164, two programs an SM instead of one)
+         # (four and three programs an SM), 16 rows at 56 and 64 (four); 128 rows for prefill,
+         # uncapped (GEMM 1 128 registers against 164, two programs an SM instead of one; GEMM 2
+         # 205) and at 128 (GEMM 2 too, spilling in its epilogue only)
          *[(m, 128, 128, 64, 1, 8, 5, True, cap, True, 2, True, False, True, False, True)
-           for m, cap in ((32, 64), (32, 72), (16, 56), (16, 64), (128, None))],
+           for m, cap in ((32, 64), (32, 72), (16, 56), (16, 64), (128, None), (128, 128))],
          # the staged 128-row tile with its warps specialized (a copy warpgroup, two MMA
          # warpgroups, mbarriers): rings of eight and four one-unit slots, row blocks of 16
          # and 32 (the launcher refuses 64)

@@ -123,8 +123,8 @@ def _gluon(*fields, **kw) -> MoeConfig:
                        gluon_staged=True, gluon_halves=True)),
     (128, True, _gluon(16, 128, 128, 64, 1, 8, 5, maxnreg=56, gluon_split=True,
                        gluon_staged=True, gluon_halves=True)),
-    (2048, True, _gluon(128, 128, 128, 64, 1, 8, 5, gluon_split=True, gluon_staged=True,
-                        gluon_halves=True)),
+    (2048, True, _gluon(128, 128, 128, 64, 1, 8, 5, maxnreg=128, gluon_split=True,
+                        gluon_staged=True, gluon_halves=True)),
     (16, True, _gluon(16, 64, 64, 64, 1, 4, 1, gluon_ahead=3, gluon_halves=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
@@ -147,7 +147,8 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "gluon2048_rows256_8warps_x1x5_split_staged",
          "gluon128_rows32_8warps_x1x5_split_staged_maxnreg64_halves",
          "gluon128_rows16_8warps_x1x5_split_staged_maxnreg56_halves",
-         "gluon2048_rows128_8warps_x1x5_split_staged_halves", "gluon16_rows16_ahead3_halves"])
+         "gluon2048_rows128_8warps_x1x5_split_staged_maxnreg128_halves",
+         "gluon16_rows16_ahead3_halves"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an

@@ -100,6 +100,8 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          # 205) and at 128 (GEMM 2 too, spilling in its epilogue only)
          *[(m, 128, 128, 64, 1, 8, 5, True, cap, True, 2, True, False, True, False, True)
            for m, cap in ((32, 64), (32, 72), (16, 56), (16, 64), (128, None), (128, 128))],
+         # row blocks of 8 with x copied once, in halves: 86 registers against 144
+         (8, 64, 64, 64, 1, 4, 1, *_G, 2, False, False, False, False, True),
          # the staged 128-row tile with its warps specialized (a copy warpgroup, two MMA
          # warpgroups, mbarriers): rings of eight and four one-unit slots, row blocks of 16
          # and 32 (the launcher refuses 64)

@@ -194,27 +194,28 @@ def unit_step(ring, w_ptrs, s_ptrs, up_w, up_s, u, xt, acc, acc_up, AHEAD: gl.co
 def unit_mma(w, s, wu, su, xt, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
              GATED: gl.constexpr, HALVES: gl.constexpr = False):
     """A unit's wgmma of the gate (and up) rows by x's unit ``xt``, left in flight: at most the
-    previous unit's still running after it. ``HALVES``: two wgmmas 32 deep, each half decoded
-    while the one before runs (half the A registers live: less for ptxas to hold in flight)."""
-    if HALVES:
-        for g in gl.static_range(2):
-            xg = xt.slice(32 * g, 32)
-            acc = warpgroup_mma(half_tile(w, s, g, BLOCK_N, a_layout), xg, acc, is_async=True)
-            if GATED:
-                acc_up = warpgroup_mma(half_tile(wu, su, g, BLOCK_N, a_layout), xg, acc_up,
-                                       is_async=True)
-                acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-    else:
-        acc = warpgroup_mma(unit_tile(w, s, BLOCK_N, a_layout), xt, acc, is_async=True)
+    previous unit's still running after it. ``HALVES``: two wgmmas 32 deep (``half_tile``),
+    each half decoded while the one before runs (half the A registers live)."""
+    for g in gl.static_range(2 if HALVES else 1):
+        xg = xt.slice(32 * g, 32) if HALVES else xt
+        acc = warpgroup_mma(a_tile(w, s, g if HALVES else -1, BLOCK_N, a_layout), xg, acc,
+                            is_async=True)
         if GATED:
-            acc_up = warpgroup_mma(unit_tile(wu, su, BLOCK_N, a_layout), xt, acc_up,
-                                   is_async=True)
+            acc_up = warpgroup_mma(a_tile(wu, su, g if HALVES else -1, BLOCK_N, a_layout), xg,
+                                   acc_up, is_async=True)
             acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
         else:
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     return acc, acc_up
+
+
+@gluon.jit
+def a_tile(words, s, G: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
+    """The A operand of a unit's words: all of it (``G`` -1, ``unit_tile``) or half ``G``."""
+    if G < 0:
+        return unit_tile(words, s, BLOCK_N, a_layout)
+    else:
+        return half_tile(words, s, G, BLOCK_N, a_layout)
 
 
 @gluon.jit

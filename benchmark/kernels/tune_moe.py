@@ -11,7 +11,8 @@ default, ``gemma-4-26b-a4b`` Gemma 4's; a table is keyed by 2I and H). Candidate
 output differs from the default configuration's by more than bf16 rounding, or that do not
 compile, are reported and left out. ``--tokens`` tunes a few token counts only: their buckets
 replace those of the same counts in the shipped table, whose other buckets are kept (as they are
-for the counts a ``--budget`` that runs out never finishes). ``--layout fragments``: the experts in
+for the counts a ``--budget`` that runs out never finishes: they are tuned in the order given,
+the most wanted first). ``--layout fragments``: the experts in
 the fragment layout (``--moe-backend triton_fragments``), its GEMV and Triton tiles; ``gluon``:
 those and the Gluon kernel's (``triton_fragments_gluon``); each its own table, which
 ``moe_mxfp4_frag.frag_tile`` reads before its built-in one (``benchmark/kernels/
@@ -133,7 +134,7 @@ def main() -> int | None:
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = h, inter, e, k
     deadline = time.time() + a.budget
     best = []
-    for tokens in sorted(a.tokens):
+    for tokens in a.tokens:  # in the order given: a budget that runs out cuts the last ones
         args, kw = inputs(tokens, mx=a.mxfp4)
         rows = tokens * k / e
         ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
@@ -174,8 +175,8 @@ def main() -> int | None:
     if partial and (DIR / name).exists():  # the shipped table's other buckets
         with open(DIR / name) as f:
             kept = [b for b in json.load(f)["buckets"] if b["tokens"] not in tuned]
-        best = sorted(best + [dict(b, rows=b["tokens"] * k / e) for b in kept],
-                      key=lambda b: b["tokens"])
+        best = best + [dict(b, rows=b["tokens"] * k / e) for b in kept]
+    best = sorted(best, key=lambda b: b["tokens"])
     for lo, hi in zip(best, best[1:]):  # a bucket reaches the geometric mean of two tuned counts
         lo["max_rows"] = (lo["rows"] * hi["rows"]) ** 0.5
     # and the last bucket all beyond, where the last count was tuned; else up to the next count

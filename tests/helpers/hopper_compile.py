@@ -251,8 +251,9 @@ def _gluon_kernels():
     stages of three units; gated with gate and up apart and GEMM 2, three of five, the words
     four ahead), and with the words staged (three of three units; nine and five of one, gate
     and up apart and GEMM 2; row blocks of 8 through nine, gate and up apart: x's copies 8
-    bytes a thread). Its pointers and strides 16-aligned, as a launch at those shapes
-    specializes them (its ``cp.async`` of x needs 16-byte rows)."""
+    bytes a thread), and each unit's wgmma in two halves under a register cap (row blocks of 32
+    at 64 registers, gated and GEMM 2; of 16 at 56). Its pointers and strides 16-aligned, as
+    a launch at those shapes specializes them (its ``cp.async`` of x needs 16-byte rows)."""
     from minisgl.kernel.triton import moe_mxfp4_gluon, moe_mxfp4_gluon_mma, moe_mxfp4_gluon_ws
 
     sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",

@@ -23,19 +23,25 @@ cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
+def decoded_words(words, byte):
+    """Words [..., W] and their scale bytes (e8m0) [..., W] -> the values times 2 ** -64 in bf16
+    [..., W, 2 (p), 2 (j0), 2 (j1)]: value 4 j1 + 2 j0 + p of each word (``DECODE_WORDS_BF16``)."""
+    mult = (byte + (126 - UNDER_SHIFT)) * 0x00800080  # the bf16 pair (2 ** e, 2 ** e)
+    v = gl.inline_asm_elementwise(DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                  [words, mult], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    # a join's new dimension is the last: value 4 j1 + 2 j0 + p of pair (j1, j0) -> [.., p, j0, j1]
+    return gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
+                   gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
+
+
+@gluon.jit
 def unit_tile(words, s, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
     """A unit's words and scales [NB, 8 (r), 4 (q), 4 (h, g)] -> the wgmma A operand
     [BLOCK_N, 64] (times 2 ** -64), in its register layout as decoded."""
     NB: gl.constexpr = BLOCK_N // 16
     hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(
         2, words.type.layout))))
-    byte = (s[:, :, :, None] >> (8 * hg[None, None, None, :])) & 0xFF
-    mult = (byte + (126 - UNDER_SHIFT)) * 0x00800080  # the bf16 pair (2 ** e, 2 ** e)
-    v = gl.inline_asm_elementwise(DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
-                                  [words, mult], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-    # a join's new dimension is the last: value 4 j1 + 2 j0 + p of pair (j1, j0) -> [.., p, j0, j1]
-    t = gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
-                gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
+    t = decoded_words(words, (s[:, :, :, None] >> (8 * hg[None, None, None, :])) & 0xFF)
     t = gl.reshape(t, (NB, 8, 4, 2, 2, 2, 2, 2))  # [nb, r, q, h, g, p, j0, j1]
     # row 16 nb + 8 h + r, K 32 g + 16 j1 + 8 j0 + 2 q + p
     t = gl.permute(t, (0, 3, 1, 4, 7, 6, 2, 5))
@@ -53,13 +59,8 @@ def half_tile(words, s, G: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.con
     h = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(
         2, w.type.layout))))
     s = gl.convert_layout(s, gl.SliceLayout(3, w.type.layout), assert_trivial=True)
-    byte = (s[:, :, :, None] >> (8 * (2 * h[None, None, None, :] + G))) & 0xFF
-    mult = (byte + (126 - UNDER_SHIFT)) * 0x00800080
-    v = gl.inline_asm_elementwise(DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
-                                  [w, mult], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-    t = gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
-                gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))  # [nb, r, q, h, p, j0, j1]
-    # row 16 nb + 8 h + r, K (within the half) 16 j1 + 8 j0 + 2 q + p
+    t = decoded_words(w, (s[:, :, :, None] >> (8 * (2 * h[None, None, None, :] + G))) & 0xFF)
+    # [nb, r, q, h, p, j0, j1]: row 16 nb + 8 h + r, K (within the half) 16 j1 + 8 j0 + 2 q + p
     t = gl.permute(t, (0, 3, 1, 6, 5, 2, 4))
     return gl.convert_layout(gl.reshape(t, (BLOCK_N, 32)), a_layout, assert_trivial=True)
 

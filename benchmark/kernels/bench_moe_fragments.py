@@ -78,7 +78,10 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
                                        (32, 64, 64, 9, True), (32, 64, 64, 9, False),
                                        (32, 128, 64, 9, True), (64, 64, 64, 9, True),
                                        (64, 128, 64, 9, True), (128, 128, 64, 5, True),
-                                       # 16 rows on 128; 256 rows on 16 warps; a ring of 15
+                                       # 256 rows (prefill: 255 registers, 185 KB, one
+                                       # program an SM); 16 rows on 128; 256 rows on 16
+                                       # warps; a ring of 15
+                                       (256, 128, 64, 5, True),
                                        (16, 128, 64, 9, True), (16, 256, 64, 9, True),
                                        (32, 256, 64, 9, True), (32, 128, 64, 15, True),
                                        # three units a stage: a CTA barrier every three
@@ -87,9 +90,18 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
          # the staged 128-row tile over a ring of five with its registers capped, for more
          # warps an SM (the 9-stage tile: 110 registers and 83 KB, two programs; sass_moe,
          # sm_90, no spill): 32 rows at 64 (63 registers, four programs) and 80 (67, three),
-         # 16 rows at 56 (42, five)
+         # 16 rows at 56 (55, five; its wgmmas serialized) and 80 (80, three; not)
          *[(m, 128, 128, 64, 1, 8, 5, True, cap, True, 2, True, False, True)
-           for m, cap in ((32, 64), (32, 80), (16, 56))],
+           for m, cap in ((32, 64), (32, 80), (16, 56), (16, 80))],
+         # the same, each unit's wgmma in two 32-deep halves (``gluon_halves``): under a cap
+         # its wgmmas stay pipelined (sass_moe --halves, sm_90): 32 rows at 64 and 72 registers
+         # (four and three programs an SM), 16 rows at 56 and 64 (four); 128 rows for prefill,
+         # uncapped (GEMM 1 128 registers against 164, two programs an SM instead of one; GEMM 2
+         # 205) and at 128 (GEMM 2 too, spilling in its epilogue only)
+         *[(m, 128, 128, 64, 1, 8, 5, True, cap, True, 2, True, False, True, False, True)
+           for m, cap in ((32, 64), (32, 72), (16, 56), (16, 64), (128, None), (128, 128))],
+         # row blocks of 8 with x copied once, in halves: 86 registers against 144
+         (8, 64, 64, 64, 1, 4, 1, *_G, 2, False, False, False, False, True),
          # the staged 128-row tile with its warps specialized (a copy warpgroup, two MMA
          # warpgroups, mbarriers): rings of eight and four one-unit slots, row blocks of 16
          # and 32 (the launcher refuses 64)

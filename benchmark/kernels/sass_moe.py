@@ -174,6 +174,8 @@ def main() -> None:
                         help="gluon: gate and up rows in separate warps")
     parser.add_argument("--staged", action="store_true",
                         help="gluon: the words through x's ring of stages (--stages 3 or more)")
+    parser.add_argument("--halves", action="store_true",
+                        help="gluon: each unit's two 32-deep halves decoded and multiplied apart")
     parser.add_argument("--gemm2", action="store_true",
                         help="GEMM 2's tile (not gated; --split does not apply)")
     parser.add_argument("--sass", default=None, help="keep each kernel's disassembly here")
@@ -196,7 +198,7 @@ def main() -> None:
             consts["AHEAD"], consts["STAGES"] = args.ahead, stages if args.staged else 0
         elif gluon:  # x copied once (1 stage), or a ring of ``stages`` stages of BK
             consts["AHEAD"], consts["SPLIT"] = args.ahead, args.split and not args.gemm2
-            consts["W_STAGED"] = args.staged
+            consts["W_STAGED"], consts["HALVES"] = args.staged, args.halves
             consts["X_UNITS"], consts["X_STAGES"] = moe_mxfp4_gluon.x_stages(45, rows, bk, stages)
         source, kargs = (GluonASTSource, GLUON_ARGS) if gluon else (ASTSource, ARGS)
         if "sorted_ptr" in consts:

@@ -249,8 +249,11 @@ def _gluon_kernels():
     row blocks of 8 (the words two units ahead; five, gate and up rows apart), GEMM 2 (not
     gated) at 16, x copied once; row blocks of 32 with x through rings of stages (gated, three
     stages of three units; gated with gate and up apart and GEMM 2, three of five, the words
-    four ahead). Its pointers and strides 16-aligned, as a launch at those shapes specializes
-    them (its ``cp.async`` of x needs 16-byte rows)."""
+    four ahead), and with the words staged (three of three units; nine and five of one, gate
+    and up apart and GEMM 2; row blocks of 8 through nine, gate and up apart: x's copies 8
+    bytes a thread), and each unit's wgmma in two halves under a register cap (row blocks of 32
+    at 64 registers, gated and GEMM 2; of 16 at 56). Its pointers and strides 16-aligned, as
+    a launch at those shapes specializes them (its ``cp.async`` of x needs 16-byte rows)."""
     from minisgl.kernel.triton import moe_mxfp4_gluon, moe_mxfp4_gluon_mma, moe_mxfp4_gluon_ws
 
     sig = dict(a_ptr="*bf16", w_ptr="*i32", out_ptr="*bf16", weights_ptr="*bf16",
@@ -263,11 +266,11 @@ def _gluon_kernels():
             (False, 16, 45, 1, 2, False, False), (True, 32, 3, 3, 2, False, False),
             (True, 32, 5, 3, 4, True, False), (False, 32, 5, 3, 4, False, False),
             (True, 32, 3, 3, 2, False, True), (True, 32, 1, 9, 2, True, True),
-            (False, 32, 1, 5, 2, False, True)):
+            (False, 32, 1, 5, 2, False, True), (True, 8, 1, 9, 2, True, True)):
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
-            AHEAD=ahead, SPLIT=split, W_STAGED=staged, HAS_BIAS=True, CLAMPED=True,
-            USE_PDL=True, num_warps=4), 4
+            AHEAD=ahead, SPLIT=split, W_STAGED=staged, HALVES=False, HAS_BIAS=True,
+            CLAMPED=True, USE_PDL=True, num_warps=4), 4
     # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
     # words four ahead; GEMM 2 of row blocks of 8 on two warps; the same through a ring of
     # words in shared memory, eight slots (45 units: a tail of five after the ring) and five
@@ -285,9 +288,39 @@ def _gluon_kernels():
         yield moe_mxfp4_gluon_ws.moe_gemm_mx_frag_ws_kernel, sig, dict(
             GATED=gated, BLOCK_M=32, BLOCK_N=128, K_UNITS=45, SLOTS=8, AHEAD=0, HAS_BIAS=True,
             CLAMPED=True, USE_PDL=True, num_warps=4), 4
+    # the staged 128-row tile in halves (``HALVES``) with its registers capped as the tuner's
+    # candidates are (``maxnreg``, not a kernel argument): row blocks of 32 at 64 registers
+    # (gate and up apart) and GEMM 2's, row blocks of 16 gate and up apart at 56
+    for gated, rows, cap in ((True, 32, 64), (False, 32, 64), (True, 16, 56)):
+        yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
+            GATED=gated, BLOCK_M=rows, BLOCK_N=128, K_UNITS=45, X_UNITS=1, X_STAGES=5,
+            AHEAD=2, SPLIT=gated, W_STAGED=True, HALVES=True, HAS_BIAS=True, CLAMPED=True,
+            USE_PDL=True, num_warps=8, maxnreg=cap), 8
 
 
 CTA_BARRIER = re.compile(r"bar\.sync\s+\d+;")  # every thread of the CTA (no thread count)
+
+
+def serialized_wgmmas(cubin: bytes) -> int:
+    """wgmmas the machine code waits on one at a time (``sass_moe.serialized_wgmmas``): ptxas
+    serializes a kernel's wgmmas so (its info C7513), as it did the Gluon tile's where two warps
+    copied the same values of x."""
+    import tempfile
+
+    import triton
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "benchmark", "kernels"))
+    from sass_moe import serialized_wgmmas as count
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return count(sass)[0]
 
 
 def loop_conversions(ttgir: str) -> int:
@@ -315,6 +348,8 @@ def main(suite: str) -> None:
     kernels = {"fp8": _fp8_kernels, "pdl": _pdl_kernels, "mxfp4": _mxfp4_kernels,
                "gluon": _gluon_kernels}[suite]
     for kernel, sig, consts, warps in kernels():
+        # a register cap: the warp-specialized tile's launch sets one, a case may name its own
+        maxnreg = consts.pop("maxnreg", WS_MAXNREG if "SLOTS" in consts else None)
         fn = getattr(kernel, "fn", kernel)
         missing = set(kernel.arg_names) - set(sig) - set(consts)
         assert not missing, f"{fn.__name__}: no type for {missing}"
@@ -329,10 +364,9 @@ def main(suite: str) -> None:
                         constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()},
                         **kw)
         try:
-            ws = "SLOTS" in consts  # warp-specialized: its launch caps the registers
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                       options={"num_warps": warps,
-                                               **({"maxnreg": WS_MAXNREG} if ws else {})})
+                                               **({"maxnreg": maxnreg} if maxnreg else {})})
         except Exception as e:  # noqa: BLE001  (CompilationError, RuntimeError: report them all)
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 print("NO-TOOLCHAIN", e)
@@ -345,13 +379,15 @@ def main(suite: str) -> None:
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
               ",".join(f"{k}={v}" for k, v in consts.items()
                        if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT", "W_STAGED",
-                                "STAGES")),
+                                "STAGES", "HALVES")),
+              f"maxnreg={maxnreg}" if maxnreg else "",
               f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
               f"shared={compiled.metadata.shared}",
               f"loop-conversions={loop_conversions(compiled.asm['ttgir'])}",
               f"mbarrier-waits={ptx.count('mbarrier.try_wait')}",
               f"copy-arrivals={ptx.count('cp.async.mbarrier.arrive.noinc')}",
               f"cta-barriers={len(CTA_BARRIER.findall(ptx))}",
+              f"wgmma-serialized={serialized_wgmmas(compiled.asm['cubin']) if mma >= 0 else 0}",
               "griddepcontrol" if "griddepcontrol.wait" in ptx else "")
 
 

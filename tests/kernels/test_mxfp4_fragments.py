@@ -114,7 +114,18 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (64, True, _gluon(16, 128, 128, 64, 1, 8, 8, gluon_staged=True, gluon_ws=True)),
     (2048, True, _gluon(32, 128, 128, 64, 1, 8, 4, gluon_staged=True, gluon_ws=True)),
     (128, True, _gluon(32, 128, 128, 64, 1, 8, 5, maxnreg=64, gluon_split=True,
-                       gluon_staged=True))],
+                       gluon_staged=True)),
+    (128, True, _gluon(16, 128, 128, 64, 1, 8, 5, maxnreg=80, gluon_split=True,
+                       gluon_staged=True)),
+    (16, True, _gluon(8, 64, 64, 64, 1, 4, 9, gluon_split=True, gluon_staged=True)),
+    (2048, True, _gluon(256, 128, 128, 64, 1, 8, 5, gluon_split=True, gluon_staged=True)),
+    (128, True, _gluon(32, 128, 128, 64, 1, 8, 5, maxnreg=64, gluon_split=True,
+                       gluon_staged=True, gluon_halves=True)),
+    (128, True, _gluon(16, 128, 128, 64, 1, 8, 5, maxnreg=56, gluon_split=True,
+                       gluon_staged=True, gluon_halves=True)),
+    (2048, True, _gluon(128, 128, 128, 64, 1, 8, 5, maxnreg=128, gluon_split=True,
+                        gluon_staged=True, gluon_halves=True)),
+    (16, True, _gluon(16, 64, 64, 64, 1, 4, 1, gluon_ahead=3, gluon_halves=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
@@ -130,15 +141,24 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "gluon128_rows32_8warps_x1x9_split_staged", "gluon256_rows32_16warps_x1x9_split_staged",
          "gluon128_rows32_8warps_x3x3_split_staged", "gluon128_rows32_ws_ring8",
          "gluon64_rows16_ws_ring8", "gluon2048_rows32_ws_ring4",
-         "gluon128_rows32_8warps_x1x5_split_staged_maxnreg64"])
+         "gluon128_rows32_8warps_x1x5_split_staged_maxnreg64",
+         "gluon128_rows16_8warps_x1x5_split_staged_maxnreg80",
+         "gluon16_rows8_4warps_x1x9_split_staged",
+         "gluon2048_rows256_8warps_x1x5_split_staged",
+         "gluon128_rows32_8warps_x1x5_split_staged_maxnreg64_halves",
+         "gluon128_rows16_8warps_x1x5_split_staged_maxnreg56_halves",
+         "gluon2048_rows128_8warps_x1x5_split_staged_maxnreg128_halves",
+         "gluon16_rows16_ahead3_halves"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
     expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 8 to 256
     with x through rings of stages (one, three or five units a stage, three or five stages;
-    register caps of 168 and 64), the words two, four or five units ahead or through x's ring
-    with it (nine or five stages of a unit on 8 or 16 warps, or three of three units), GEMM 1's
-    gate and up rows in the same warps or apart; the warp-specialized 128-row tile (row blocks
+    register caps of 168, 80, 64 and 56; x's copies of 16 rows on 8 warps and of 8 on 4, its
+    threads 8 bytes each; each unit's wgmma in two 32-deep halves, x staged or copied once),
+    the words two, four or five units ahead or through x's ring with it (nine or five stages
+    of a unit on 4, 8 or 16 warps, or three of three units), GEMM 1's gate and up rows in the
+    same warps or apart; the warp-specialized 128-row tile (row blocks
     of 16 and 32, rings of four and eight slots); row blocks of 1 to 8 on the mma.sync kernel,
     1 to 4 warps, the words in registers or through a ring of 5-15 slots."""
     x, w13, w2, weights, ids, scales, bias = gpt_oss_20b_case(tokens)
@@ -174,20 +194,43 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     of shared memory (two programs an SM)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
-    assert len(cubins) == 15, cubins
-    for line in cubins[13:]:
+    assert len(cubins) == 19, cubins
+    for line in cubins[14:16]:
         assert "moe_gemm_mx_frag_ws_kernel" in line and "cta-barriers=0" in line, line
         assert "copy-arrivals=1" in line and "mbarrier-waits=0" not in line, line
         assert int(line.split("shared=")[1].split()[0]) <= 84 * 1024, line
     assert all(line.endswith("griddepcontrol") for line in cubins), cubins
-    assert all("barriers=0 shared=0" in line for line in cubins[9:11]), cubins[9:11]
-    assert "shared=10240" in cubins[11], cubins[11]
+    assert all("barriers=0 shared=0" in line for line in cubins[10:12]), cubins[10:12]
+    assert "shared=10240" in cubins[12], cubins[12]
+    # x's copies of row blocks of 8 on four warps, each thread its own values: its wgmmas
+    # pipelined (a warp copying another's values made ptxas serialize all of them)
+    assert "BLOCK_M=8,SPLIT=True,W_STAGED=True" in cubins[9], cubins[9]
+    assert "wgmma-serialized=0" in cubins[9], cubins[9]
+    # each unit's wgmma in two halves under the tuner's register caps (64 at row blocks of 32,
+    # 56 at 16): the wgmmas still pipelined (whole units at those caps: 13 of 20 and 19 of 20
+    # serialized)
+    for line in cubins[16:]:
+        assert "HALVES=True" in line and "maxnreg=" in line, line
+        assert "wgmma-serialized=0" in line, line
     # staged: one a stage (the loop's three: each of the ring's slots is an allocation of its
     # own, so Triton adds none between the copies and the wgmmas); gate and up rows apart: two
     # more, before the epilogue's store of the sums (its shared memory may be x's) and between
     # it and the loads of the pairs
-    assert [line.split("barriers-after-mma=")[1].split()[0] for line in cubins[:9]] == [
-        "0", "2", "0", "3", "5", "3", "3", "11", "5"], cubins
+    assert [line.split("barriers-after-mma=")[1].split()[0] for line in cubins[:10]] == [
+        "0", "2", "0", "3", "5", "3", "3", "11", "5", "11"], cubins
+
+
+def test_halves_are_the_wgmma_tiles_own():
+    """``gluon_halves`` splits the wgmma tile's units: with the mma.sync kernel, the
+    warp-specialized tile or one-row blocks it is a ``ValueError`` before any launch."""
+    from minisgl.kernel.triton.moe_mxfp4_frag import launch_frag
+
+    meta = dict(HALVES=True, MMA=False, WS=False)
+    for bad in (dict(MMA=True), dict(WS=True)):
+        with pytest.raises(ValueError, match="gluon_halves"):
+            launch_frag((1,), (), dict(meta, **bad), False, 128, 64, 2880, True, gluon=True)
+    with pytest.raises(ValueError, match="gluon_halves"):
+        launch_frag((1,), (), meta, True, 16, 64, 2880, True, gluon=True)
 
 
 def test_the_warp_specialized_tile_refuses_what_it_cannot_run():

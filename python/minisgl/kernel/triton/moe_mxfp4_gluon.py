@@ -10,7 +10,10 @@ K = 2,880), or goes through a ring of ``X_STAGES`` stages of ``X_UNITS`` units w
 barrier a stage (``x_stages``), which lets row blocks of 16 to 128 keep several programs an
 SM. Through a ring, the words may travel with x (``W_STAGED``): each thread copies its own 16
 bytes a unit into the stage's slot and reads them back (no other thread's copy to wait for),
-so the stages in flight hold the words, not the registers. docs/performance.md has the
+so the stages in flight hold the words, not the registers. With ``HALVES`` each unit's wgmma is
+two, 32 deep, the second half decoded while the first runs: half the A registers live, so
+under a register cap (more programs an SM) ptxas still keeps the wgmmas in flight where whole
+units would have them wait one by one (its info C7513). docs/performance.md has the
 instruction counts (``benchmark/kernels/sass_moe.py --kernel gluon``) and timings. The epilogue
 is ``moe_tiles.epilogue``'s: biases, the clamped SwiGLU (gpt-oss's) or the routing weight,
 stored by pair id; other activations take the Triton kernel (``moe_mxfp4_frag.takes_gluon``).
@@ -50,7 +53,8 @@ def moe_gemm_mx_frag_gluon_kernel(
     n_pairs, n_out, top_k, alpha, limit, stride_am, stride_we, stride_om, stride_se, stride_be,
     GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
     X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, SPLIT: gl.constexpr,
-    W_STAGED: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr, USE_PDL: gl.constexpr,
+    W_STAGED: gl.constexpr, HALVES: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr,
+    USE_PDL: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert (``w_ptr`` and
@@ -79,7 +83,7 @@ def moe_gemm_mx_frag_gluon_kernel(
     # stage's slots take the copy X_STAGES - 2 on
     STAGED: gl.constexpr = X_STAGES > 1
     gl.static_assert(not STAGED or (X_STAGES >= 3 and K_UNITS % (X_UNITS * X_STAGES) == 0))
-    x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    x_layout: gl.constexpr = x_copy_layout(BLOCK_M, num_warps)
     x_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
     xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
@@ -150,11 +154,11 @@ def moe_gemm_mx_frag_gluon_kernel(
                     if W_STAGED:
                         w, sc, wu, su = slot_loads(w_smem[st * X_UNITS + v], w_layout, TWO)
                         acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N,
-                                               a_layout, TWO)
+                                               a_layout, TWO, HALVES)
                     else:
                         ring, acc, acc_up = unit_step(
                             ring, w_ptrs, s_ptrs, up_w, up_s, u0 + st * X_UNITS + v, xt, acc,
-                            acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO)
+                            acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO, HALVES)
     else:
         async_copy.wait_group(0)
         cta_barrier()
@@ -163,11 +167,12 @@ def moe_gemm_mx_frag_gluon_kernel(
             for i in gl.static_range(RING):
                 ring, acc, acc_up = unit_step(
                     ring, w_ptrs, s_ptrs, up_w, up_s, u0 + i, x_all.index(u0 + i).permute((1, 0)),
-                    acc, acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO)
+                    acc, acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO, HALVES)
         for i in gl.static_range(K_UNITS % RING):
             w, sc, wu, su = ring[i]
             xt = x_all.index(K_UNITS - K_UNITS % RING + i).permute((1, 0))
-            acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N, a_layout, TWO)
+            acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N, a_layout, TWO,
+                                   HALVES)
     acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
     acc = acc * UNDER  # the values' 2 ** -64 (``moe_mxfp4.UNDER_SHIFT``)
     if SPLIT:  # gate rows above, up rows below: each to its output's thread
@@ -182,6 +187,18 @@ def moe_gemm_mx_frag_gluon_kernel(
         epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
                   expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
                   BLOCK_M, COLS, HAS_BIAS, CLAMPED, mma)
+
+
+@gluon.constexpr_function
+def x_copy_layout(BLOCK_M, num_warps):
+    """x's [BLOCK_M, 64] unit over the program's threads, 16 bytes a thread where the rows fill
+    its warps (four rows a warp), else fewer, so that no two threads copy the same values down
+    to 4 bytes a thread (row blocks of two a warp). A copy of the same values by two warps
+    makes ptxas serialize every wgmma of the kernel (its info C7513: "non wgmma instructions
+    defining input registers of a wgmma between start and end of the pipeline stage"), each
+    waited on before the next: so did the row blocks of 16 on 8 warps and of 8 on 4."""
+    vec = max(2, min(8, 2 * BLOCK_M // num_warps))  # bf16 values a thread
+    return gl.BlockedLayout([1, vec], [vec // 2, 64 // vec], [num_warps, 1], [1, 0])
 
 
 def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple[int, int]:
@@ -213,4 +230,5 @@ def launch_gluon(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
         raise ValueError("the words travel through x's ring: num_stages must be 3 or more")
     moe_gemm_mx_frag_gluon_kernel[grid](*run, BLOCK_M=meta["BLOCK_M"], X_UNITS=x_units,
                                         X_STAGES=n_stages, SPLIT=split,
-                                        W_STAGED=meta["W_STAGED"], **common)
+                                        W_STAGED=meta["W_STAGED"],
+                                        HALVES=meta["HALVES"], **common)

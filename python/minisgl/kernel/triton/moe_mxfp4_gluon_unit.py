@@ -23,23 +23,46 @@ cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
+def decoded_words(words, byte):
+    """Words [..., W] and their scale bytes (e8m0) [..., W] -> the values times 2 ** -64 in bf16
+    [..., W, 2 (p), 2 (j0), 2 (j1)]: value 4 j1 + 2 j0 + p of each word (``DECODE_WORDS_BF16``)."""
+    mult = (byte + (126 - UNDER_SHIFT)) * 0x00800080  # the bf16 pair (2 ** e, 2 ** e)
+    v = gl.inline_asm_elementwise(DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                  [words, mult], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    # a join's new dimension is the last: value 4 j1 + 2 j0 + p of pair (j1, j0) -> [.., p, j0, j1]
+    return gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
+                   gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
+
+
+@gluon.jit
 def unit_tile(words, s, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
     """A unit's words and scales [NB, 8 (r), 4 (q), 4 (h, g)] -> the wgmma A operand
     [BLOCK_N, 64] (times 2 ** -64), in its register layout as decoded."""
     NB: gl.constexpr = BLOCK_N // 16
     hg = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(
         2, words.type.layout))))
-    byte = (s[:, :, :, None] >> (8 * hg[None, None, None, :])) & 0xFF
-    mult = (byte + (126 - UNDER_SHIFT)) * 0x00800080  # the bf16 pair (2 ** e, 2 ** e)
-    v = gl.inline_asm_elementwise(DECODE_WORDS_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
-                                  [words, mult], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-    # a join's new dimension is the last: value 4 j1 + 2 j0 + p of pair (j1, j0) -> [.., p, j0, j1]
-    t = gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
-                gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
+    t = decoded_words(words, (s[:, :, :, None] >> (8 * hg[None, None, None, :])) & 0xFF)
     t = gl.reshape(t, (NB, 8, 4, 2, 2, 2, 2, 2))  # [nb, r, q, h, g, p, j0, j1]
     # row 16 nb + 8 h + r, K 32 g + 16 j1 + 8 j0 + 2 q + p
     t = gl.permute(t, (0, 3, 1, 4, 7, 6, 2, 5))
     return gl.convert_layout(gl.reshape(t, (BLOCK_N, 64)), a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def half_tile(words, s, G: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
+    """Half ``G`` of a unit (K ``32 G`` to ``32 G + 31``: each row's words of group ``g = G``)
+    -> the wgmma A operand [BLOCK_N, 32] (times 2 ** -64), in its register layout as decoded:
+    ``unit_tile``'s decode, a 32-deep wgmma's worth at a time."""
+    NB: gl.constexpr = BLOCK_N // 16
+    w0, w1 = gl.split(gl.reshape(words, (NB, 8, 4, 2, 2)))  # [.., (h, g)] -> g's [.., h]
+    w = w1 if G else w0
+    h = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(
+        2, w.type.layout))))
+    s = gl.convert_layout(s, gl.SliceLayout(3, w.type.layout), assert_trivial=True)
+    t = decoded_words(w, (s[:, :, :, None] >> (8 * (2 * h[None, None, None, :] + G))) & 0xFF)
+    # [nb, r, q, h, p, j0, j1]: row 16 nb + 8 h + r, K (within the half) 16 j1 + 8 j0 + 2 q + p
+    t = gl.permute(t, (0, 3, 1, 6, 5, 2, 4))
+    return gl.convert_layout(gl.reshape(t, (BLOCK_N, 32)), a_layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -159,27 +182,41 @@ def slot_loads(w_slot, layout: gl.constexpr, GATED: gl.constexpr):
 @gluon.jit
 def unit_step(ring, w_ptrs, s_ptrs, up_w, up_s, u, xt, acc, acc_up, AHEAD: gl.constexpr,
               K_UNITS: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
-              TWO: gl.constexpr):
+              TWO: gl.constexpr, HALVES: gl.constexpr = False):
     """Unit ``u``: load the unit ``AHEAD`` on into the ring, multiply the oldest by x's unit
     ``xt`` ([64, BLOCK_M] in shared memory)."""
     ahead = unit_loads(w_ptrs, s_ptrs, up_w, up_s, gl.minimum(u + AHEAD, K_UNITS - 1), TWO)
     w, sc, wu, su = ring[0]
-    acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N, a_layout, TWO)
+    acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N, a_layout, TWO, HALVES)
     return ring[1:] + (ahead,), acc, acc_up
 
 
 @gluon.jit
 def unit_mma(w, s, wu, su, xt, acc, acc_up, BLOCK_N: gl.constexpr, a_layout: gl.constexpr,
-             GATED: gl.constexpr):
+             GATED: gl.constexpr, HALVES: gl.constexpr = False):
     """A unit's wgmma of the gate (and up) rows by x's unit ``xt``, left in flight: at most the
-    previous unit's still running after it."""
-    acc = warpgroup_mma(unit_tile(w, s, BLOCK_N, a_layout), xt, acc, is_async=True)
-    if GATED:
-        acc_up = warpgroup_mma(unit_tile(wu, su, BLOCK_N, a_layout), xt, acc_up, is_async=True)
-        acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
-    else:
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    previous unit's still running after it. ``HALVES``: two wgmmas 32 deep (``half_tile``),
+    each half decoded while the one before runs (half the A registers live)."""
+    for g in gl.static_range(2 if HALVES else 1):
+        xg = xt.slice(32 * g, 32) if HALVES else xt
+        acc = warpgroup_mma(a_tile(w, s, g if HALVES else -1, BLOCK_N, a_layout), xg, acc,
+                            is_async=True)
+        if GATED:
+            acc_up = warpgroup_mma(a_tile(wu, su, g if HALVES else -1, BLOCK_N, a_layout), xg,
+                                   acc_up, is_async=True)
+            acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     return acc, acc_up
+
+
+@gluon.jit
+def a_tile(words, s, G: gl.constexpr, BLOCK_N: gl.constexpr, a_layout: gl.constexpr):
+    """The A operand of a unit's words: all of it (``G`` -1, ``unit_tile``) or half ``G``."""
+    if G < 0:
+        return unit_tile(words, s, BLOCK_N, a_layout)
+    else:
+        return half_tile(words, s, G, BLOCK_N, a_layout)
 
 
 @gluon.jit

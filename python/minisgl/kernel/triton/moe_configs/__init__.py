@@ -71,13 +71,16 @@ class MoeConfig:
     # through shared memory (``gluon_staged``: x's ring of stages; the mma.sync kernel's, a ring
     # of ``num_stages`` slots) instead of ``gluon_ahead`` units in registers; ``gluon_ws``: the
     # staged 128-row tile with its warps specialized (``moe_mxfp4_gluon_ws``: a copy warpgroup
-    # and two MMA warpgroups, mbarriers instead of a CTA barrier a unit)
+    # and two MMA warpgroups, mbarriers instead of a CTA barrier a unit); ``gluon_halves``: each
+    # unit's wgmma in two 32-deep halves, one decoded while the other runs (fewer registers live,
+    # so a register cap leaves its wgmmas pipelined)
     gluon: bool = False
     gluon_ahead: int = 2
     gluon_split: bool = False
     gluon_mma: bool = False
     gluon_staged: bool = False
     gluon_ws: bool = False
+    gluon_halves: bool = False
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,

@@ -24,7 +24,8 @@
 #                                           # moe_configs; moe-tune-gluon: the other counts)
 #   scripts/gpu_validate.sh moe-gluon-sweep OUT  # every Gluon tile against the Triton pick
 #   scripts/gpu_validate.sh moe-ncu-gluon OUT  # Nsight Compute on the Gluon backend's picks at
-#                                           # 16, 256 and 2,048 tokens (TOKENS), stall reasons
+#                                           # 16, 256 and 2,048 tokens (TOKENS), stall reasons;
+#                                           # SOURCE=1: GEMM 1's stalls by instruction too
 #   scripts/gpu_validate.sh moe-gluon-ab OUT  # gpt-oss-20b offline and batch 1: moe-words,
 #                                           # moe-fragments and the default (Gluon on Hopper)
 #   scripts/gpu_validate.sh moe-tk     OUT  # triton_kernels' matmul_ogs (carry its wheel in
@@ -161,7 +162,18 @@ dram__bytes_read.sum,lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_read_lookup_
     grep -E "moe_gemm_mx_frag|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|\
 Issue Slots Busy|Registers Per|Waves Per SM|dram__bytes|lts__t_bytes|lookup_hit|highest-utilized|\
 Executed Instructions  |stalled_[a-z_]+_per_issue_active.ratio +inst +([1-9]|0\.[1-9])" \
-        "$out/ncu_moe_gluon.txt" | head -200 ;;
+        "$out/ncu_moe_gluon.txt" | head -200
+    if [ -n "${SOURCE:-}" ]; then  # GEMM 1 of the first token count's second call, by instruction
+        t=${TOKENS:-16 256 2048}
+        step 300 "$ncu" --clock-control none --kernel-name regex:moe_gemm_mx_frag \
+            --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
+            -f -o "$out/ncu_source" "$py" benchmark/kernels/bench_moe_fragments.py --profile \
+            --gluon ${CONFIG:+--config "$CONFIG"} --tokens "${t%% *}" >"$out/ncu_source.log" 2>&1
+        "$ncu" -i "$out/ncu_source.ncu-rep" --page source --csv --print-source sass \
+            >"$out/ncu_source.csv" 2>&1
+        "$py" benchmark/kernels/ncu_source.py "$out/ncu_source.csv" --top 30 \
+            | tee "$out/ncu_source.md"
+    fi ;;
 moe-gluon-sweep)  # every Gluon tile against the Triton table's pick, a table for the results
     step 330 "$py" benchmark/kernels/bench_moe_fragments.py --gluon-only \
         --tokens ${TOKENS:-256 128 64 1 16 2048} --out "$out" >"$out/bench_moe_gluon.log" 2>&1

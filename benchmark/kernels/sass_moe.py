@@ -147,10 +147,25 @@ def serialized_wgmmas(sass: str) -> tuple[int, int]:
     return waited, len(hgmma)
 
 
-def resources(bin_dir: str, cubin_path: str) -> str:
+def _tool(name: str, cubin: bytes, *flags: str) -> str:
+    """The standard output of Triton's own CUDA binary tool ``name`` on a cubin."""
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([os.path.join(bin_dir, name), *flags, path], capture_output=True,
+                              text=True, check=True).stdout
+
+
+def disassemble(cubin: bytes) -> str:
+    """A cubin's machine code (SASS), as ``nvdisasm`` prints it."""
+    return _tool("nvdisasm", cubin, "-c")
+
+
+def resources(cubin: bytes) -> str:
     """Registers a thread and spilled bytes, as ``cuobjdump`` reads them from the cubin."""
-    out = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage",
-                          cubin_path], capture_output=True, text=True, check=True).stdout
+    out = _tool("cuobjdump", cubin, "--dump-resource-usage")
     reg = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
     return f"{reg.group(1) if reg else '?'} registers, stack {stack.group(1) if stack else '?'}"
@@ -182,8 +197,6 @@ def main() -> None:
     args = parser.parse_args()
     COMMON["GATED"] = not args.gemm2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "nvdisasm")
     tiles = {"gemv": (16, 256, 3), "small": (64, 128, 4), "wide": (128, 64, 4),
              "frag": (128, 64, 4), "fgemv": (16, 256, 2), "gluon": (64, 64, 1),
              "gmma": (16, 64, 1), "gws": (128, 64, 9)}
@@ -213,13 +226,7 @@ def main() -> None:
                                   target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": warps, "num_stages": stages,
                                            **({"maxnreg": maxnreg} if maxnreg else {})})
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "kernel.cubin")
-            with open(path, "wb") as f:
-                f.write(compiled.asm["cubin"])
-            sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True,
-                                  check=True).stdout
-            regs = resources(os.path.dirname(nvdisasm), path)
+        sass, regs = disassemble(compiled.asm["cubin"]), resources(compiled.asm["cubin"])
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)
             with open(os.path.join(args.sass, f"{name}.sass"), "w") as f:

@@ -305,22 +305,12 @@ def serialized_wgmmas(cubin: bytes) -> int:
     """wgmmas the machine code waits on one at a time (``sass_moe.serialized_wgmmas``): ptxas
     serializes a kernel's wgmmas so (its info C7513), as it did the Gluon tile's where two warps
     copied the same values of x."""
-    import tempfile
-
-    import triton
-
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                     "benchmark", "kernels"))
+    from sass_moe import disassemble
     from sass_moe import serialized_wgmmas as count
 
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    return count(sass)[0]
+    return count(disassemble(cubin))[0]
 
 
 def loop_conversions(ttgir: str) -> int:

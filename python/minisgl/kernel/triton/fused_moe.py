@@ -84,12 +84,12 @@ def _moe_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(tl.cdiv(k_dim, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
+        if EVEN_K:  # a padding row's x is not read (zeros; its outputs are not stored)
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
             w = tl.load(w_ptrs)
         else:
             k_ok = offs_k < k_dim - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
         if FP8_W:
             kb = k * BLOCK_K // SCALE_BK

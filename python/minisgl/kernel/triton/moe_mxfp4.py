@@ -60,7 +60,8 @@ def moe_gemm_mx_kernel(
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(k_dim // (32 * GROUPS)):
         for g in tl.static_range(GROUPS):
-            a_even, a_odd = tl.split(tl.reshape(tl.load(a_ptrs + 32 * g), (BLOCK_M, 16, 2)))
+            a = tl.load(a_ptrs + 32 * g, mask=valid[:, None], other=0.0)  # padding rows: not read
+            a_even, a_odd = tl.split(tl.reshape(a, (BLOCK_M, 16, 2)))
             lo, hi = _values(tl.load(w_ptrs + 4 * g), dt, FAST)
             part = tl.dot(a_even, lo, input_precision=PRECISION)
             part = tl.dot(a_odd, hi, part, input_precision=PRECISION)
@@ -184,10 +185,11 @@ def moe_gemm_mx_wide_kernel(
                           GATED, EVEN_K, False)
         words, words_up = group_loads(w_ptrs, up_w, offs_g, k_dim, k, BLOCK_K, GATED, EVEN_K,
                                       True)
-        if EVEN_K:
-            a = tl.load(a_ptrs)
+        if EVEN_K:  # a padding row's x is not read (zeros; its outputs are not stored)
+            a = tl.load(a_ptrs, mask=valid[None, :], other=0.0)
         else:
-            a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None], other=0.0)
+            a = tl.load(a_ptrs, mask=(offs_k < k_dim - k * BLOCK_K)[:, None] & valid[None, :],
+                        other=0.0)
         if PERMUTE:
             a = _operand_order(a, BLOCK_K, BLOCK_M)
         w = _scaled_tile(words, s, dt, BLOCK_N, BLOCK_K, FAST, PERMUTE)

@@ -88,7 +88,7 @@ def moe_gemm_mx_frag_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(steps):
-        a = tl.load(a_ptrs)
+        a = tl.load(a_ptrs, mask=valid[None, :], other=0.0)  # padding rows' x is not read
         w = _frag_tile(tl.load(w_ptrs + k * 128), tl.load(s_ptrs + k * 32), dt, BLOCK_N, FAST)
         acc = tl.dot(w, a, acc, input_precision=PRECISION)
         if GATED:

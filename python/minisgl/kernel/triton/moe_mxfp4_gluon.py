@@ -88,8 +88,10 @@ def moe_gemm_mx_frag_gluon_kernel(
     xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
     xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
-    xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
+    x_ok = xpair < n_pairs  # a padding row's x is not read (zeros; its outputs are not stored)
+    xrow = gl.where(x_ok, xpair, 0).to(gl.int64) // top_k
     x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
+    x_ok = x_ok[:, None]
     gl.static_assert(STAGED or not W_STAGED)
     if STAGED:
         x_smem = ()
@@ -101,7 +103,7 @@ def moe_gemm_mx_frag_gluon_kernel(
     else:  # the K loop reads it by a unit index that is not static: one allocation
         x_all = gl.allocate_shared_memory(gl.bfloat16, [K_UNITS, BLOCK_M, 64], x_shared)
         for u in gl.static_range(K_UNITS):
-            cp_async(x_all.index(u), x_ptrs + u * 64)
+            cp_async(x_all.index(u), x_ptrs + u * 64, mask=x_ok)
         async_copy.commit_group()
 
     w_layout: gl.constexpr = words_layout(NB)
@@ -117,7 +119,7 @@ def moe_gemm_mx_frag_gluon_kernel(
 
     if STAGED:  # the ring's first stages (after the words' pointers, which they may copy)
         for j in gl.static_range(X_STAGES - 2):
-            x_stage(x_smem, x_ptrs, j, j, X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s,
+            x_stage(x_smem, x_ptrs, x_ok, j, j, X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s,
                     W_STAGED, TWO)
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -145,8 +147,8 @@ def moe_gemm_mx_frag_gluon_kernel(
                 fence_async_shared()
                 nxt = u0 // X_UNITS + st + X_STAGES - 2
                 if nxt < K_UNITS // X_UNITS:
-                    x_stage(x_smem, x_ptrs, nxt, (st + X_STAGES - 2) % X_STAGES, X_UNITS,
-                            w_smem, w_ptrs, s_ptrs, up_w, up_s, W_STAGED, TWO)
+                    x_stage(x_smem, x_ptrs, x_ok, nxt, (st + X_STAGES - 2) % X_STAGES,
+                            X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s, W_STAGED, TWO)
                 else:
                     async_copy.commit_group()  # empty: the stages after each stay its groups
                 for v in gl.static_range(X_UNITS):

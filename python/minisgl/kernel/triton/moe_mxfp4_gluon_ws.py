@@ -161,8 +161,10 @@ def _copies(p, smem, HALF: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.conste
     xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
     xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
-    xrow = gl.where(xpair < n_pairs, xpair, 0).to(gl.int64) // top_k
+    x_ok = xpair < n_pairs  # a padding row's x is not read (zeros; its outputs are not stored)
+    xrow = gl.where(x_ok, xpair, 0).to(gl.int64) // top_k
     x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
+    x_ok = x_ok[:, None]
     w_layout: gl.constexpr = words_layout(4)  # four warps, two 16-row blocks each
     nb = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
     if GATED:  # blocks 4-7: the up rows of blocks 0-3
@@ -176,7 +178,7 @@ def _copies(p, smem, HALF: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.conste
     for u in range(K_UNITS):
         slot = u % SLOTS
         mbarrier.wait(empty.index(slot), ((u // SLOTS) & 1) ^ 1)  # the first round: at once
-        cp_async(x_ring.index(slot), x_ptrs + u * 64)
+        cp_async(x_ring.index(slot), x_ptrs + u * 64, mask=x_ok)
         cp_async(w_ring.index(slot), w_ptrs + u * 128)
         cp_async(s_ring.index(slot), s_ptrs + u * 8)
         async_copy.mbarrier_arrive(full.index(slot), increment_count=False)

@@ -31,7 +31,7 @@ def tile_rows(sorted_ptr, expert_ids_ptr, pid_m, pid_n, n_pairs, top_k, n_out,
     else:
         pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < n_pairs
-    pair = tl.where(valid, pair, 0).to(tl.int64)  # padding rows read row 0; never stored
+    pair = tl.where(valid, pair, 0).to(tl.int64)  # padding: row 0 (tiles mask it), never stored
     row = pair // top_k  # GEMM 1 gathers token rows of x; GEMM 2 passes top_k=1 (pair rows)
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

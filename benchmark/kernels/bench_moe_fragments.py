@@ -102,6 +102,11 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
            for m, cap in ((32, 64), (32, 72), (16, 56), (16, 64), (128, None), (128, 128))],
          # row blocks of 8 with x copied once, in halves: 86 registers against 144
          (8, 64, 64, 64, 1, 4, 1, *_G, 2, False, False, False, False, True),
+         # 256 weight rows on 16 warps in halves: a row block's x read once for 128 outputs of
+         # GEMM 1 instead of 64 (half the L2's traffic of x), 61-71 registers at 8-32 rows and
+         # 93 at 64 (sass_moe, sm_90, none serialized): two programs an SM, 32 warps
+         *[(m, 256, 256, 64, 1, 16, 5, True, None, True, 2, True, False, True, False, True)
+           for m in (8, 16, 32, 64)],
          # the staged 128-row tile with its warps specialized (a copy warpgroup, two MMA
          # warpgroups, mbarriers): rings of eight and four one-unit slots, row blocks of 16
          # and 32 (the launcher refuses 64)

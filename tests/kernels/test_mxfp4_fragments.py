@@ -125,7 +125,11 @@ def _gluon(*fields, **kw) -> MoeConfig:
                        gluon_staged=True, gluon_halves=True)),
     (2048, True, _gluon(128, 128, 128, 64, 1, 8, 5, maxnreg=128, gluon_split=True,
                         gluon_staged=True, gluon_halves=True)),
-    (16, True, _gluon(16, 64, 64, 64, 1, 4, 1, gluon_ahead=3, gluon_halves=True))],
+    (16, True, _gluon(16, 64, 64, 64, 1, 4, 1, gluon_ahead=3, gluon_halves=True)),
+    (128, True, _gluon(16, 256, 256, 64, 1, 16, 5, gluon_split=True, gluon_staged=True,
+                       gluon_halves=True)),
+    (64, True, _gluon(8, 256, 256, 64, 1, 16, 5, gluon_split=True, gluon_staged=True,
+                      gluon_halves=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
@@ -148,14 +152,17 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "gluon128_rows32_8warps_x1x5_split_staged_maxnreg64_halves",
          "gluon128_rows16_8warps_x1x5_split_staged_maxnreg56_halves",
          "gluon2048_rows128_8warps_x1x5_split_staged_maxnreg128_halves",
-         "gluon16_rows16_ahead3_halves"])
+         "gluon16_rows16_ahead3_halves",
+         "gluon128_rows16_16warps_x1x5_split_staged_halves",
+         "gluon64_rows8_16warps_x1x5_split_staged_halves"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
     expert: 16 tokens) and the Gluon kernel's tiles: row blocks of 8 on 8 warps, of 8 to 256
     with x through rings of stages (one, three or five units a stage, three or five stages;
     register caps of 168, 80, 64 and 56; x's copies of 16 rows on 8 warps and of 8 on 4, its
-    threads 8 bytes each; each unit's wgmma in two 32-deep halves, x staged or copied once),
+    threads 8 bytes each; each unit's wgmma in two 32-deep halves, x staged or copied once,
+    256 weight rows on 16 warps in halves),
     the words two, four or five units ahead or through x's ring with it (nine or five stages
     of a unit on 4, 8 or 16 warps, or three of three units), GEMM 1's gate and up rows in the
     same warps or apart; the warp-specialized 128-row tile (row blocks

@@ -128,11 +128,11 @@ def unit_loads(w_ptrs, s_ptrs, up_w, up_s, u, GATED: gl.constexpr):
 def x_stage(x_smem, x_ptrs, x_ok, j, slot: gl.constexpr, X_UNITS: gl.constexpr, w_smem, w_ptrs,
             s_ptrs, up_w, up_s, W_STAGED: gl.constexpr, GATED: gl.constexpr):
     """Copy stage ``j`` of x (units ``j X_UNITS`` on; the rows where ``x_ok``, zeros in the
-    others) into the ring's ``slot``, one commit
-    group (``cp.async``; each unit an allocation of its own, so that Triton's barrier analysis
-    puts no CTA barrier between the copies nor between them and the other slots' wgmmas); with
-    ``W_STAGED``, the units' words and scales too, into ``w_smem`` (``word_slots``), each
-    thread its own (``GATED``: the up rows' as well)."""
+    others) into the ring's ``slot``, one commit group (``cp.async``; each unit an allocation
+    of its own, so that Triton's barrier analysis puts no CTA barrier between the copies nor
+    between them and the other slots' wgmmas); with ``W_STAGED``, the units' words and scales
+    too, into ``w_smem`` (``word_slots``), each thread its own (``GATED``: the up rows' as
+    well)."""
     for v in gl.static_range(X_UNITS):
         cp_async(x_smem[slot * X_UNITS + v], x_ptrs + (j * X_UNITS + v) * 64, mask=x_ok)
         if W_STAGED:

@@ -43,6 +43,7 @@ from .moe_mxfp4_gluon_unit import (
     word_pointers,
     word_slots,
     words_layout,
+    x_rows,
     x_stage,
 )
 
@@ -85,13 +86,7 @@ def moe_gemm_mx_frag_gluon_kernel(
     gl.static_assert(not STAGED or (X_STAGES >= 3 and K_UNITS % (X_UNITS * X_STAGES) == 0))
     x_layout: gl.constexpr = x_copy_layout(BLOCK_M, num_warps)
     x_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
-    xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
-    xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
-    xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
-    x_ok = xpair < n_pairs  # a padding row's x is not read (zeros; its outputs are not stored)
-    xrow = gl.where(x_ok, xpair, 0).to(gl.int64) // top_k
-    x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
-    x_ok = x_ok[:, None]
+    x_ptrs, x_ok = x_rows(a_ptr, sorted_ptr, pid_m, n_pairs, top_k, stride_am, BLOCK_M, x_layout)
     gl.static_assert(STAGED or not W_STAGED)
     if STAGED:
         x_smem = ()

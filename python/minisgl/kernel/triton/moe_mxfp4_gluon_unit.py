@@ -86,6 +86,20 @@ def block_pairs(sorted_ptr, pid_m, ROWS: gl.constexpr, idx):
         return gl.load(sorted_ptr + pid_m * ROWS + idx % ROWS)
 
 
+@gluon.jit
+def x_rows(a_ptr, sorted_ptr, pid_m, n_pairs, top_k, stride_am, BLOCK_M: gl.constexpr,
+           x_layout: gl.constexpr):
+    """Pointers to the first 64 columns of row block ``pid_m``'s rows of x (each pair's token),
+    in ``x_layout``, and the rows that are pairs: a padding row's x is not read (its copies
+    masked, zeros; its outputs are not stored)."""
+    xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+    xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
+    xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
+    x_ok = xpair < n_pairs
+    xrow = gl.where(x_ok, xpair, 0).to(gl.int64) // top_k
+    return a_ptr + xrow[:, None] * stride_am + xk[None, :], x_ok[:, None]
+
+
 @gluon.constexpr_function
 def words_layout(NB):
     """Each thread's words of a unit: warp nb, lane (r, q), the word's (h, g) in its registers:

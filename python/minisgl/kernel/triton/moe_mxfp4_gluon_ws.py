@@ -33,6 +33,7 @@ from .moe_mxfp4_gluon_unit import (
     unit_mma,
     word_pointers,
     words_layout,
+    x_rows,
 )
 
 # registers a thread of the copy warpgroup and of the second MMA warpgroup, and the cap on a
@@ -158,13 +159,7 @@ def _copies(p, smem, HALF: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.conste
      stride_be) = p
     x_ring, w_ring, s_ring, sums, full, empty, done = smem
     x_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
-    xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_layout))
-    xpair = gl.load(sorted_ptr + pid_m * BLOCK_M + xm)
-    x_ok = xpair < n_pairs  # a padding row's x is not read (zeros; its outputs are not stored)
-    xrow = gl.where(x_ok, xpair, 0).to(gl.int64) // top_k
-    x_ptrs = a_ptr + xrow[:, None] * stride_am + xk[None, :]
-    x_ok = x_ok[:, None]
+    x_ptrs, x_ok = x_rows(a_ptr, sorted_ptr, pid_m, n_pairs, top_k, stride_am, BLOCK_M, x_layout)
     w_layout: gl.constexpr = words_layout(4)  # four warps, two 16-row blocks each
     nb = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
     if GATED:  # blocks 4-7: the up rows of blocks 0-3

@@ -98,6 +98,18 @@ def candidates(rows: float, mx: bool, layout: str = "words") -> list[MoeConfig]:
     return [MoeConfig(*c) for c in table]
 
 
+def shortlist(tokens: int, fmt: str, n: int, k: int) -> list[MoeConfig]:
+    """The tiles that any GPU's shipped table of this format and shape picks for a count within
+    a factor of four of ``tokens``, each once: what won on a sibling chip, timed on this one."""
+    seen: dict[tuple, MoeConfig] = {}
+    for path in sorted(DIR.glob("*" + file_name("", fmt, n, k))):
+        for b in json.loads(path.read_text())["buckets"]:
+            if tokens / 4 <= b["tokens"] <= tokens * 4:
+                cfg = MoeConfig(*b["config"])
+                seen.setdefault(tuple(cfg.__dict__.values()), cfg)
+    return list(seen.values())
+
+
 def in_layout(args: tuple, kw: dict, layout: str) -> tuple[tuple, dict]:
     """``inputs``' MXFP4 experts in ``layout``: as they are (``words``), or in the fragment
     layout with the scales that pick its Triton tiles or (``gluon``) the Gluon kernel's too."""
@@ -124,6 +136,9 @@ def main() -> int | None:
                    help="token counts to tune (others keep the shipped table's buckets)")
     p.add_argument("--no-ws", action="store_true",
                    help="--layout gluon without the warp-specialized tiles (to compare)")
+    p.add_argument("--shortlist", action="store_true",
+                   help="time only the tiles the shipped tables (every GPU's) pick at a quarter "
+                        "to four times each count: a new GPU's table in a minute or two")
     p.add_argument("--out", default="bench-out")
     a = p.parse_args()
     if a.layout != "words" and not a.mxfp4:
@@ -133,6 +148,7 @@ def main() -> int | None:
     h, inter, e, k = (2880, 2880, 32, 4) if a.mxfp4 else SHAPES[a.shape]
     bench_moe.H, bench_moe.INTER, bench_moe.E, bench_moe.K = h, inter, e, k
     deadline = time.time() + a.budget
+    fmt = ("mxfp4" if a.layout == "words" else f"mxfp4_{a.layout}") if a.mxfp4 else "bf16"
     best = []
     for tokens in a.tokens:  # in the order given: a budget that runs out cuts the last ones
         args, kw = inputs(tokens, mx=a.mxfp4)
@@ -140,7 +156,9 @@ def main() -> int | None:
         ref = fused_moe(*args, config=pick_config(tokens * k, e, a.mxfp4), **kw).float()
         args, kw = in_layout(args, kw, a.layout)
         timed, cut = [], False
-        for cfg in candidates(rows, a.mxfp4, a.layout):
+        tiles = (shortlist(tokens, fmt, 2 * inter, h) if a.shortlist
+                 else candidates(rows, a.mxfp4, a.layout))
+        for cfg in tiles:
             if a.no_ws and cfg.gluon_ws:
                 continue
             if time.time() > deadline:
@@ -165,7 +183,6 @@ def main() -> int | None:
                          timed={str(tuple(c.__dict__.values())): round(t, 1) for t, c in timed}))
         print(json.dumps(best[-1]), flush=True)
     gpu = torch.cuda.get_device_name()
-    fmt = ("mxfp4" if a.layout == "words" else f"mxfp4_{a.layout}") if a.mxfp4 else "bf16"
     name = file_name(gpu, fmt, 2 * inter, h)
     tuned = {b["tokens"] for b in best}
     if not tuned:
@@ -187,6 +204,7 @@ def main() -> int | None:
                command="python benchmark/kernels/tune_moe.py"
                + (" --mxfp4" + (f" --layout {a.layout}" if a.layout != "words" else "")
                   if a.mxfp4 else f" --shape {a.shape}")
+               + (" --shortlist" if a.shortlist else "")
                + (f" --tokens {' '.join(map(str, sorted(tuned)))} (over the last table)"
                   if partial else ""),
                buckets=[dict(max_rows=b["max_rows"], config=b["config"], tokens=b["tokens"],

@@ -3,7 +3,7 @@
 expert, written where ``pick_config`` reads it (``minisgl/kernel/triton/moe_configs``).
 
     python benchmark/kernels/tune_moe.py [--mxfp4 [--layout words|fragments|gluon] | --shape NAME]
-        [--budget 180] [--write] [--tokens T ...] [--out DIR]
+        [--budget 180] [--write] [--tokens T ...] [--shortlist] [--out DIR]
 
 ``--mxfp4``: gpt-oss's MXFP4 experts (2I = 5760, H = 2880; the file serves gpt-oss-20b and -120b,
 which differ in their expert count alone); else bf16 experts of ``--shape`` (Qwen3-30B-A3B's by
@@ -12,7 +12,9 @@ output differs from the default configuration's by more than bf16 rounding, or t
 compile, are reported and left out. ``--tokens`` tunes a few token counts only: their buckets
 replace those of the same counts in the shipped table, whose other buckets are kept (as they are
 for the counts a ``--budget`` that runs out never finishes: they are tuned in the order given,
-the most wanted first). ``--layout fragments``: the experts in
+the most wanted first). ``--shortlist`` times only the tiles some GPU's shipped table of the
+same format and shape picks within a factor of four of each count (a sibling chip's winners
+on a new one, in a minute or two of device time). ``--layout fragments``: the experts in
 the fragment layout (``--moe-backend triton_fragments``), its GEMV and Triton tiles; ``gluon``:
 those and the Gluon kernel's (``triton_fragments_gluon``); each its own table, which
 ``moe_mxfp4_frag.frag_tile`` reads before its built-in one (``benchmark/kernels/

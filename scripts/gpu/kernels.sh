@@ -111,10 +111,10 @@ moe-tune-gluon)  # the fragment layout's table with the Gluon kernel's tiles (LA
     # the Triton tiles alone); OUT holds the table for moe_configs, TOKENS a part of the counts
     # (each call merges them into the table in moe_configs: copy OUT's there between calls),
     # BUDGET its seconds (500; less leaves time for another stage in the same call), NO_WS=1
-    # without the warp-specialized tiles
+    # without the warp-specialized tiles, SHORTLIST=1 the tiles other GPUs' tables pick alone
     step $((${BUDGET:-500} + 40)) "$py" benchmark/kernels/tune_moe.py --mxfp4 \
         --layout "${LAYOUT:-gluon}" --budget "${BUDGET:-500}" ${TOKENS:+--tokens $TOKENS} \
-        ${NO_WS:+--no-ws} --out "$out" >"$out/tune_moe.log" 2>&1
+        ${NO_WS:+--no-ws} ${SHORTLIST:+--shortlist} --out "$out" >"$out/tune_moe.log" 2>&1
     tail -3 "$out/tune_moe.log" ;;
 moe-tune-bf16)  # the fused MoE's tiles for bf16 experts: Qwen3-30B-A3B's and Gemma 4's
     for shape in qwen3-30b-a3b gemma-4-26b-a4b; do

@@ -103,13 +103,10 @@ def candidates(rows: float, mx: bool, layout: str = "words") -> list[MoeConfig]:
 def shortlist(tokens: int, fmt: str, n: int, k: int) -> list[MoeConfig]:
     """The tiles that any GPU's shipped table of this format and shape picks for a count within
     a factor of four of ``tokens``, each once: what won on a sibling chip, timed on this one."""
-    seen: dict[tuple, MoeConfig] = {}
-    for path in sorted(DIR.glob("*" + file_name("", fmt, n, k))):
-        for b in json.loads(path.read_text())["buckets"]:
-            if tokens / 4 <= b["tokens"] <= tokens * 4:
-                cfg = MoeConfig(*b["config"])
-                seen.setdefault(tuple(cfg.__dict__.values()), cfg)
-    return list(seen.values())
+    paths = sorted(DIR.glob("*" + file_name("", fmt, n, k)))
+    return list(dict.fromkeys(  # MoeConfig is frozen: equal tiles hash alike, the first kept
+        MoeConfig(*b["config"]) for path in paths for b in json.loads(path.read_text())["buckets"]
+        if tokens / 4 <= b["tokens"] <= tokens * 4))
 
 
 def in_layout(args: tuple, kw: dict, layout: str) -> tuple[tuple, dict]:

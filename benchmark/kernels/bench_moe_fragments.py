@@ -102,10 +102,6 @@ GLUON = [(8, 64, 64, 64, 1, 4, 1, *_G), (8, 64, 64, 64, 1, 4, 1, *_G, 5),
            for m, cap in ((32, 64), (32, 72), (16, 56), (16, 64), (128, None), (128, 128))],
          # row blocks of 8 with x copied once, in halves: 86 registers against 144
          (8, 64, 64, 64, 1, 4, 1, *_G, 2, False, False, False, False, True),
-         # x copied once for two or four tiles of outputs a program in turn (``gluon_tiles``):
-         # the L2 gives a row block's x once for all of them, a quarter to half as often
-         *[(m, 64, 64, 64, 1, 4, 1, *_G, 3, True, False, False, False, False, n)
-           for m in (8, 16) for n in (2, 4)],
          # 256 weight rows on 16 warps in halves: a row block's x read once for 128 outputs of
          # GEMM 1 instead of 64 (half the L2's traffic of x), 61-71 registers at 8-32 rows and
          # 93 at 64 (sass_moe, sm_90, none serialized): two programs an SM, 32 warps

@@ -270,7 +270,7 @@ def _gluon_kernels():
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=units, X_STAGES=stages,
             AHEAD=ahead, SPLIT=split, W_STAGED=staged, HALVES=False, HAS_BIAS=True,
-            CLAMPED=True, USE_PDL=True, num_warps=4, N_TILES=1), 4
+            CLAMPED=True, USE_PDL=True, num_warps=4), 4
     # the mma.sync kernel (``moe_mxfp4_gluon_mma``): one token's gated rows on one warp, the
     # words four ahead; GEMM 2 of row blocks of 8 on two warps; the same through a ring of
     # words in shared memory, eight slots (45 units: a tail of five after the ring) and five
@@ -295,14 +295,7 @@ def _gluon_kernels():
         yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
             GATED=gated, BLOCK_M=rows, BLOCK_N=128, K_UNITS=45, X_UNITS=1, X_STAGES=5,
             AHEAD=2, SPLIT=gated, W_STAGED=True, HALVES=True, HAS_BIAS=True, CLAMPED=True,
-            USE_PDL=True, num_warps=8, maxnreg=cap, N_TILES=1), 8
-    # x copied once for several tiles of outputs in turn (``N_TILES``): row blocks of 16, gate
-    # and up apart, four tiles a program; GEMM 2's row blocks of 8, three
-    for gated, rows, n_tiles in ((True, 16, 4), (False, 8, 3)):
-        yield moe_mxfp4_gluon.moe_gemm_mx_frag_gluon_kernel, sig, dict(
-            GATED=gated, BLOCK_M=rows, BLOCK_N=64, K_UNITS=45, X_UNITS=45, X_STAGES=1,
-            AHEAD=3, SPLIT=gated, W_STAGED=False, HALVES=False, HAS_BIAS=True, CLAMPED=True,
-            USE_PDL=True, num_warps=4, N_TILES=n_tiles), 4
+            USE_PDL=True, num_warps=8, maxnreg=cap), 8
 
 
 CTA_BARRIER = re.compile(r"bar\.sync\s+\d+;")  # every thread of the CTA (no thread count)
@@ -376,7 +369,7 @@ def main(suite: str) -> None:
         print("CUBIN", fn.__name__, len(compiled.asm["cubin"]),
               ",".join(f"{k}={v}" for k, v in consts.items()
                        if k in ("GATED", "BLOCK_M", "ROWS", "SPLIT", "W_STAGED",
-                                "STAGES", "HALVES", "N_TILES")),
+                                "STAGES", "HALVES")),
               f"maxnreg={maxnreg}" if maxnreg else "",
               f"barriers-after-mma={after}", f"barriers={ptx.count('bar.sync')}",
               f"shared={compiled.metadata.shared}",

@@ -129,9 +129,7 @@ def _gluon(*fields, **kw) -> MoeConfig:
     (128, True, _gluon(16, 256, 256, 64, 1, 16, 5, gluon_split=True, gluon_staged=True,
                        gluon_halves=True)),
     (64, True, _gluon(8, 256, 256, 64, 1, 16, 5, gluon_split=True, gluon_staged=True,
-                      gluon_halves=True)),
-    (64, True, _gluon(16, 64, 64, 64, 1, 4, 1, gluon_ahead=3, gluon_split=True, gluon_tiles=4)),
-    (32, True, _gluon(8, 64, 64, 64, 1, 4, 1, gluon_tiles=7))],
+                      gluon_halves=True))],
     ids=["1", "16", "256", "700", "2048", "gluon16", "gluon64", "gluon128", "gluon256",
          "gluon64_rows8_8warps", "gluon64_rows16_x3x3", "gluon128_rows16_x3x5",
          "gluon256_rows32_x3x3", "gluon700_rows32_x3x3_maxnreg168", "gluon4_rows8_ahead5",
@@ -156,8 +154,7 @@ def _gluon(*fields, **kw) -> MoeConfig:
          "gluon2048_rows128_8warps_x1x5_split_staged_maxnreg128_halves",
          "gluon16_rows16_ahead3_halves",
          "gluon128_rows16_16warps_x1x5_split_staged_halves",
-         "gluon64_rows8_16warps_x1x5_split_staged_halves",
-         "gluon64_rows16_ahead3_split_tiles4", "gluon32_rows8_tiles7_ragged"])
+         "gluon64_rows8_16warps_x1x5_split_staged_halves"])
 def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     """gpt-oss-20b's experts in bf16, decoded in PTX, against the dequantizing reference; with
     ``GluonFragmentScales`` the table's picks (the Gluon kernel's row blocks of 8 up to 4 rows an
@@ -165,8 +162,7 @@ def test_gpu_fragment_moe_gpt_oss_20b_shapes(tokens, gluon, config):
     with x through rings of stages (one, three or five units a stage, three or five stages;
     register caps of 168, 80, 64 and 56; x's copies of 16 rows on 8 warps and of 8 on 4, its
     threads 8 bytes each; each unit's wgmma in two 32-deep halves, x staged or copied once,
-    256 weight rows on 16 warps in halves; x copied once for four or seven tiles of outputs a
-    program, seven leaving a ragged last group),
+    256 weight rows on 16 warps in halves),
     the words two, four or five units ahead or through x's ring with it (nine or five stages
     of a unit on 4, 8 or 16 warps, or three of three units), GEMM 1's gate and up rows in the
     same warps or apart; the warp-specialized 128-row tile (row blocks
@@ -202,17 +198,10 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     shared memory (eight slots of a warp's gate and up words: 10 KB). Its warp-specialized
     tile (``moe_mxfp4_gluon_ws``, GEMM 1 and GEMM 2): no CTA barrier at all, its partitions
     meeting on mbarriers, each copying thread's ``cp.async`` completion an arrival, in 80 KB
-    of shared memory (two programs an SM). x copied once for several tiles of outputs in turn
-    (``N_TILES``): its shared memory x's alone (and the epilogue's pairing where gate and up are
-    apart), the tiles a loop, not unrolled: the kernel no larger than a one-tile program's."""
+    of shared memory (two programs an SM)."""
     pytest.importorskip("triton.experimental.gluon")
     cubins = compile_for_hopper(tmp_path, "gluon")
-    assert len(cubins) == 21, cubins
-    tiles = cubins[19:]
-    assert ["N_TILES=4" in tiles[0], "N_TILES=3" in tiles[1]] == [True, True], tiles
-    assert "shared=46080" in tiles[1] and "cta-barriers=1" in tiles[1], tiles
-    assert int(tiles[0].split("shared=")[1].split()[0]) < 100 * 1024, tiles
-    assert int(tiles[0].split()[2]) < int(cubins[1].split()[2]) * 1.2, (tiles, cubins[1])
+    assert len(cubins) == 19, cubins
     for line in cubins[14:16]:
         assert "moe_gemm_mx_frag_ws_kernel" in line and "cta-barriers=0" in line, line
         assert "copy-arrivals=1" in line and "mbarrier-waits=0" not in line, line
@@ -227,7 +216,7 @@ def test_the_gluon_kernel_compiles_for_hopper(tmp_path):
     # each unit's wgmma in two halves under the tuner's register caps (64 at row blocks of 32,
     # 56 at 16): the wgmmas still pipelined (whole units at those caps: 13 of 20 and 19 of 20
     # serialized)
-    for line in cubins[16:19]:
+    for line in cubins[16:]:
         assert "HALVES=True" in line and "maxnreg=" in line, line
         assert "wgmma-serialized=0" in line, line
     # staged: one a stage (the loop's three: each of the ring's slots is an allocation of its
@@ -249,21 +238,6 @@ def test_halves_are_the_wgmma_tiles_own():
             launch_frag((1,), (), dict(meta, **bad), False, 128, 64, 2880, True, gluon=True)
     with pytest.raises(ValueError, match="gluon_halves"):
         launch_frag((1,), (), meta, True, 16, 64, 2880, True, gluon=True)
-
-
-def test_tiles_of_outputs_a_program_take_x_copied_once():
-    """``gluon_tiles`` runs the wgmma tile over several tiles of outputs with x copied once:
-    with the mma.sync kernel, the warp-specialized tile, one-row blocks or x through a ring
-    of stages it is a ``ValueError`` naming it, before any launch."""
-    from minisgl.kernel.triton.moe_mxfp4_frag import launch_frag
-
-    meta = dict(HALVES=False, MMA=False, WS=False, N_TILES=4, BLOCK_M=16, BLOCK_K=64,
-                W_STAGED=False)
-    for bad, gemv in ((dict(MMA=True), False), (dict(WS=True), False), ({}, True)):
-        with pytest.raises(ValueError, match="gluon_tiles"):
-            launch_frag((1,), (), dict(meta, **bad), gemv, 64, 64, 2880, True, gluon=True)
-    with pytest.raises(ValueError, match="gluon_tiles"):
-        launch_frag((1,), (), dict(meta, num_stages=5), False, 64, 64, 2880, True, gluon=True)
 
 
 def test_the_warp_specialized_tile_refuses_what_it_cannot_run():

@@ -162,8 +162,7 @@ def _gemm(a, w, out, weights, sorted_ids, expert_ids, total, n_pairs, top_k, gat
     if frag:
         if gluon:
             meta.update(AHEAD=cfg.gluon_ahead, SPLIT=cfg.gluon_split, MMA=cfg.gluon_mma,
-                        W_STAGED=cfg.gluon_staged, WS=cfg.gluon_ws, HALVES=cfg.gluon_halves,
-                        N_TILES=cfg.gluon_tiles)
+                        W_STAGED=cfg.gluon_staged, WS=cfg.gluon_ws, HALVES=cfg.gluon_halves)
         launch_frag(grid, args, meta, cfg.block_m == 1, block_n, block_k, k_dim, _ptx_decode(a),
                     gluon)
     elif mx and cfg.block_m == 1:

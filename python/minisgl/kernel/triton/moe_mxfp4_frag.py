@@ -154,9 +154,6 @@ def launch_frag(grid, args: tuple, meta: dict, gemv: bool, block_n: int, block_k
     if gluon and meta["HALVES"] and (meta["MMA"] or meta["WS"] or gemv):
         raise ValueError("gluon_halves splits the wgmma tile's units: not with gluon_mma, "
                          "gluon_ws or one-row blocks")
-    if gluon and meta["N_TILES"] > 1 and (meta["MMA"] or meta["WS"] or gemv):
-        raise ValueError("gluon_tiles runs the wgmma tile over several tiles of outputs: not "
-                         "with gluon_mma, gluon_ws or one-row blocks")
     if gluon and meta["MMA"]:
         from .moe_mxfp4_gluon_mma import launch_gluon_mma  # Gluon: Triton 3.6 and later
 

@@ -55,7 +55,8 @@ def moe_gemm_mx_frag_gluon_kernel(
     GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, K_UNITS: gl.constexpr,
     X_UNITS: gl.constexpr, X_STAGES: gl.constexpr, AHEAD: gl.constexpr, SPLIT: gl.constexpr,
     W_STAGED: gl.constexpr, HALVES: gl.constexpr, HAS_BIAS: gl.constexpr, CLAMPED: gl.constexpr,
-    USE_PDL: gl.constexpr, num_warps: gl.constexpr, N_TILES: gl.constexpr = 1,
+    USE_PDL: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """``out^T = w . x^T`` for row blocks of ``BLOCK_M`` pairs of one expert (``w_ptr`` and
     ``ws_ptr`` int32 words, their strides in words). ``GATED`` takes gpt-oss's SwiGLU (clamped
@@ -64,13 +65,12 @@ def moe_gemm_mx_frag_gluon_kernel(
     2`` outputs a tile), paired through shared memory in the epilogue. With ``W_STAGED`` (x
     through a ring) the words travel with x's stages, each thread copying its own into the
     stage's slot and reading them back as its unit comes: ``X_STAGES - 2`` stages of words in
-    flight in shared memory instead of ``AHEAD`` units in registers. x copied once (no ring)
-    serves ``N_TILES`` tiles of outputs in turn: the L2 gives it once for all of them."""
+    flight in shared memory instead of ``AHEAD`` units in registers."""
     NB: gl.constexpr = BLOCK_N // 16
     gl.static_assert(not SPLIT or (GATED and NB % 2 == 0))
     TWO: gl.constexpr = GATED and not SPLIT  # gate and up rows in each warp
     COLS: gl.constexpr = BLOCK_N // 2 if SPLIT else BLOCK_N  # outputs a tile
-    pid_m, pid_g = row_block(n_out, COLS * N_TILES, USE_PDL)
+    pid_m, pid_n = row_block(n_out, COLS, USE_PDL)
     if pid_m * BLOCK_M >= gl.load(total_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -102,97 +102,88 @@ def moe_gemm_mx_frag_gluon_kernel(
         async_copy.commit_group()
 
     w_layout: gl.constexpr = words_layout(NB)
-    nb_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout)))
+    nb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, w_layout))))
+    if SPLIT:  # warps of the second half: the up rows of the first half's blocks
+        blk = pid_n * (NB // 2) + nb % (NB // 2)
+        nb = gl.where(blk * 16 < n_out, blk, 0) + gl.where(nb >= NB // 2, n_out // 16, 0)
+    else:
+        nb = pid_n * NB + nb
+        nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
+    w_ptrs, s_ptrs, up_w, up_s = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb,
+                                               n_out, K_UNITS, w_layout)
+
+    if STAGED:  # the ring's first stages (after the words' pointers, which they may copy)
+        for j in gl.static_range(X_STAGES - 2):
+            x_stage(x_smem, x_ptrs, x_ok, j, j, X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s,
+                    W_STAGED, TWO)
+
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    # x copied once serves ``N_TILES`` tiles of outputs in turn (a ragged group's last tile
-    # repeats the layer's last, storing the same values again)
-    gl.static_assert(N_TILES == 1 or not STAGED)
-    last_tile = gl.cdiv(n_out, COLS) - 1
-    for t in range(N_TILES):
-        pid_n = gl.minimum(pid_g * N_TILES + t, last_tile)
-        nb = gl.arange(0, NB, layout=nb_layout)
-        if SPLIT:  # warps of the second half: the up rows of the first half's blocks
-            blk = pid_n * (NB // 2) + nb % (NB // 2)
-            nb = gl.where(blk * 16 < n_out, blk, 0) + gl.where(nb >= NB // 2, n_out // 16, 0)
-        else:
-            nb = pid_n * NB + nb
-            nb = gl.where(nb * 16 < n_out, nb, 0)  # a ragged last tile reads block 0; never stored
-        w_ptrs, s_ptrs, up_w, up_s = word_pointers(w_ptr, ws_ptr, expert, stride_we, stride_se, nb,
-                                                   n_out, K_UNITS, w_layout)
-
-        if STAGED:  # the ring's first stages (after the words' pointers, which they may copy)
-            for j in gl.static_range(X_STAGES - 2):
-                x_stage(x_smem, x_ptrs, x_ok, j, j, X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s,
-                        W_STAGED, TWO)
-
-        acc = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
-        acc_up = acc
-        if TWO:
-            acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
-        # a ring of AHEAD units' loads in flight, each unit's step loading the unit AHEAD on, then
-        # multiplying the oldest: the K loop unrolled by AHEAD + 1 (the ring of x: by its units) so
-        # that no register moves; none where the words are staged with x
-        RING: gl.constexpr = AHEAD + 1
-        last: gl.constexpr = K_UNITS - 1
-        ring = ()
-        if not W_STAGED:
-            ring = (unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, TWO),)
-            for i in gl.static_range(1, AHEAD):
-                ring = ring + (unit_loads(w_ptrs, s_ptrs, up_w, up_s,
-                                          i if i < last else last, TWO),)
-        if STAGED:
-            for u0 in range(0, K_UNITS, X_STAGES * X_UNITS):
-                for st in gl.static_range(X_STAGES):
-                    async_copy.wait_group(X_STAGES - 3)  # the barrier next: Triton adds none
-                    cta_barrier()
-                    fence_async_shared()
-                    nxt = u0 // X_UNITS + st + X_STAGES - 2
-                    if nxt < K_UNITS // X_UNITS:
-                        x_stage(x_smem, x_ptrs, x_ok, nxt, (st + X_STAGES - 2) % X_STAGES,
-                                X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s, W_STAGED, TWO)
+    acc = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
+    acc_up = acc
+    if TWO:
+        acc_up = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
+    # a ring of AHEAD units' loads in flight, each unit's step loading the unit AHEAD on, then
+    # multiplying the oldest: the K loop unrolled by AHEAD + 1 (the ring of x: by its units) so
+    # that no register moves; none where the words are staged with x
+    RING: gl.constexpr = AHEAD + 1
+    last: gl.constexpr = K_UNITS - 1
+    ring = ()
+    if not W_STAGED:
+        ring = (unit_loads(w_ptrs, s_ptrs, up_w, up_s, 0, TWO),)
+        for i in gl.static_range(1, AHEAD):
+            ring = ring + (unit_loads(w_ptrs, s_ptrs, up_w, up_s, i if i < last else last, TWO),)
+    if STAGED:
+        for u0 in range(0, K_UNITS, X_STAGES * X_UNITS):
+            for st in gl.static_range(X_STAGES):
+                async_copy.wait_group(X_STAGES - 3)  # the barrier next: Triton adds none
+                cta_barrier()
+                fence_async_shared()
+                nxt = u0 // X_UNITS + st + X_STAGES - 2
+                if nxt < K_UNITS // X_UNITS:
+                    x_stage(x_smem, x_ptrs, x_ok, nxt, (st + X_STAGES - 2) % X_STAGES,
+                            X_UNITS, w_smem, w_ptrs, s_ptrs, up_w, up_s, W_STAGED, TWO)
+                else:
+                    async_copy.commit_group()  # empty: the stages after each stay its groups
+                for v in gl.static_range(X_UNITS):
+                    xt = x_smem[st * X_UNITS + v].permute((1, 0))
+                    if W_STAGED:
+                        w, sc, wu, su = slot_loads(w_smem[st * X_UNITS + v], w_layout, TWO)
+                        acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N,
+                                               a_layout, TWO, HALVES)
                     else:
-                        async_copy.commit_group()  # empty: the stages after each stay its groups
-                    for v in gl.static_range(X_UNITS):
-                        xt = x_smem[st * X_UNITS + v].permute((1, 0))
-                        if W_STAGED:
-                            w, sc, wu, su = slot_loads(w_smem[st * X_UNITS + v], w_layout, TWO)
-                            acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N,
-                                                   a_layout, TWO, HALVES)
-                        else:
-                            ring, acc, acc_up = unit_step(
-                                ring, w_ptrs, s_ptrs, up_w, up_s, u0 + st * X_UNITS + v, xt, acc,
-                                acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO, HALVES)
-        else:
-            async_copy.wait_group(0)
-            cta_barrier()
-            fence_async_shared()
-            for u0 in range(0, K_UNITS - K_UNITS % RING, RING):
-                for i in gl.static_range(RING):
-                    xt = x_all.index(u0 + i).permute((1, 0))
-                    ring, acc, acc_up = unit_step(
-                        ring, w_ptrs, s_ptrs, up_w, up_s, u0 + i, xt, acc, acc_up, AHEAD,
-                        K_UNITS, BLOCK_N, a_layout, TWO, HALVES)
-            for i in gl.static_range(K_UNITS % RING):
-                w, sc, wu, su = ring[i]
-                xt = x_all.index(K_UNITS - K_UNITS % RING + i).permute((1, 0))
-                acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N, a_layout, TWO,
-                                       HALVES)
-        acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
-        acc = acc * UNDER  # the values' 2 ** -64 (``moe_mxfp4.UNDER_SHIFT``)
-        if SPLIT:  # gate rows above, up rows below: each to its output's thread
-            e_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])
-            e_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
-                                               gl.SwizzledSharedLayout(1, 1, 1, [0, 1]), acc)
-            epilogue(e_smem.slice(0, COLS).load(e_layout), e_smem.slice(COLS, COLS).load(e_layout),
-                      out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert, n_pairs,
-                      n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M, BLOCK_M, COLS,
-                      HAS_BIAS, CLAMPED, e_layout)
-        else:
-            epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
-                      expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
-                      BLOCK_M, COLS, HAS_BIAS, CLAMPED, mma)
+                        ring, acc, acc_up = unit_step(
+                            ring, w_ptrs, s_ptrs, up_w, up_s, u0 + st * X_UNITS + v, xt, acc,
+                            acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO, HALVES)
+    else:
+        async_copy.wait_group(0)
+        cta_barrier()
+        fence_async_shared()
+        for u0 in range(0, K_UNITS - K_UNITS % RING, RING):
+            for i in gl.static_range(RING):
+                ring, acc, acc_up = unit_step(
+                    ring, w_ptrs, s_ptrs, up_w, up_s, u0 + i, x_all.index(u0 + i).permute((1, 0)),
+                    acc, acc_up, AHEAD, K_UNITS, BLOCK_N, a_layout, TWO, HALVES)
+        for i in gl.static_range(K_UNITS % RING):
+            w, sc, wu, su = ring[i]
+            xt = x_all.index(K_UNITS - K_UNITS % RING + i).permute((1, 0))
+            acc, acc_up = unit_mma(w, sc, wu, su, xt, acc, acc_up, BLOCK_N, a_layout, TWO,
+                                   HALVES)
+    acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+    acc = acc * UNDER  # the values' 2 ** -64 (``moe_mxfp4.UNDER_SHIFT``)
+    if SPLIT:  # gate rows above, up rows below: each to its output's thread
+        e_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])
+        e_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [0, 1]), acc)
+        epilogue(e_smem.slice(0, COLS).load(e_layout), e_smem.slice(COLS, COLS).load(e_layout),
+                  out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n, expert, n_pairs,
+                  n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M, BLOCK_M, COLS,
+                  HAS_BIAS, CLAMPED, e_layout)
+    else:
+        epilogue(acc, acc_up * UNDER, out_ptr, weights_ptr, sorted_ptr, bias_ptr, pid_m, pid_n,
+                  expert, n_pairs, n_out, alpha, limit, stride_om, stride_be, GATED, BLOCK_M,
+                  BLOCK_M, COLS, HAS_BIAS, CLAMPED, mma)
 
 
 @gluon.constexpr_function
@@ -226,19 +217,15 @@ def x_stages(k_units: int, block_m: int, block_k: int, num_stages: int) -> tuple
 def launch_gluon(args: tuple, meta: dict, block_n: int, k_dim: int) -> None:
     """Launch for ``fused_moe._gemm``'s arguments (``launch_args``): x in the stages of
     ``x_stages`` for the tile's ``BLOCK_K`` and ``num_stages``, a gated tile's gate and up rows
-    in separate warps where ``SPLIT``, the words through x's ring where ``W_STAGED``, and x
-    copied once for ``N_TILES`` tiles of outputs a program."""
-    x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
-                                 meta["num_stages"])
-    if meta["W_STAGED"] and n_stages < 3:
-        raise ValueError("the words travel through x's ring: num_stages must be 3 or more")
-    n_tiles = meta["N_TILES"]
-    if n_tiles > 1 and n_stages > 1:
-        raise ValueError("gluon_tiles: x copied once for several tiles of outputs, not through "
-                         "a ring (num_stages < 3)")
+    in separate warps where ``SPLIT``, the words through x's ring where ``W_STAGED``."""
     n_blocks_m, n_out, run, common = launch_args(args, meta, block_n, k_dim)
     split = meta["GATED"] and meta["SPLIT"]
-    tiles = -(-n_out // (block_n // 2 if split else block_n))
-    moe_gemm_mx_frag_gluon_kernel[(n_blocks_m * -(-tiles // n_tiles),)](
-        *run, BLOCK_M=meta["BLOCK_M"], X_UNITS=x_units, X_STAGES=n_stages, SPLIT=split,
-        W_STAGED=meta["W_STAGED"], HALVES=meta["HALVES"], N_TILES=n_tiles, **common)
+    x_units, n_stages = x_stages(k_dim // 64, meta["BLOCK_M"], meta["BLOCK_K"],
+                                 meta["num_stages"])
+    grid = (n_blocks_m * -(-n_out // (block_n // 2 if split else block_n)),)
+    if meta["W_STAGED"] and n_stages < 3:
+        raise ValueError("the words travel through x's ring: num_stages must be 3 or more")
+    moe_gemm_mx_frag_gluon_kernel[grid](*run, BLOCK_M=meta["BLOCK_M"], X_UNITS=x_units,
+                                        X_STAGES=n_stages, SPLIT=split,
+                                        W_STAGED=meta["W_STAGED"],
+                                        HALVES=meta["HALVES"], **common)

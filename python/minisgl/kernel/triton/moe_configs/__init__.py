@@ -73,8 +73,7 @@ class MoeConfig:
     # staged 128-row tile with its warps specialized (``moe_mxfp4_gluon_ws``: a copy warpgroup
     # and two MMA warpgroups, mbarriers instead of a CTA barrier a unit); ``gluon_halves``: each
     # unit's wgmma in two 32-deep halves, one decoded while the other runs (fewer registers live,
-    # so a register cap leaves its wgmmas pipelined); ``gluon_tiles``: x copied once (no ring)
-    # for that many tiles of outputs a program in turn, read from the L2 once for all of them
+    # so a register cap leaves its wgmmas pipelined)
     gluon: bool = False
     gluon_ahead: int = 2
     gluon_split: bool = False
@@ -82,7 +81,6 @@ class MoeConfig:
     gluon_staged: bool = False
     gluon_ws: bool = False
     gluon_halves: bool = False
-    gluon_tiles: int = 1
 
 
 def pick_config(num_pairs: int, num_experts: int, mx: bool = False,
